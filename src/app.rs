@@ -1,0 +1,212 @@
+//! Wiring: open the store, start the flusher, dispatcher and pruner, serve HTTP, and shut down in
+//! order (stop accepting, finish requests, stop dispatching, flush).
+
+use crate::config::Config;
+use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
+use crate::dispatch::{self, DispatchHandle, DispatchSettings};
+use crate::intake::auth::{CidrList, TokenSet};
+use crate::ops::metrics::Metrics;
+use crate::store::{GroupCommit, Store, StoreError};
+use actix_web::{web, App, HttpServer};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// State every handler shares.
+pub struct Shared {
+    pub store: Store,
+    pub commit: GroupCommit,
+    pub dispatch: DispatchHandle,
+    pub metrics: Metrics,
+    pub webhook_tokens: TokenSet,
+    pub webhook_cidrs: CidrList,
+    pub admin_tokens: TokenSet,
+    pub admin_cidrs: CidrList,
+    pub max_body_bytes: usize,
+    pub body_read_timeout: Duration,
+    pub shutting_down: AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("server failed: {0}")]
+    Server(std::io::Error),
+}
+
+/// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
+pub async fn serve(config: Config) -> Result<(), AppError> {
+    let data = DataDir::new(&config.store.data_dir);
+    let io_err = |source| AppError::DataDir { path: config.store.data_dir.display().to_string(), source };
+    data.create().map_err(io_err)?;
+
+    let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
+        let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
+        (vec![t], generated)
+    } else {
+        (config.webhook.tokens.clone(), false)
+    };
+    let admin_token = if config.admin.token.is_empty() {
+        data.secret(ADMIN_TOKEN_FILE).map_err(io_err)?.0
+    } else {
+        config.admin.token.clone()
+    };
+
+    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    let metrics = Metrics::new()?;
+    let sizes = store.sizes();
+    metrics.state_entries.with_label_values(&["conversations"]).set(sizes.conversations as i64);
+    metrics.state_entries.with_label_values(&["end_users"]).set(sizes.end_users as i64);
+    metrics.state_entries.with_label_values(&["bots"]).set(sizes.bots as i64);
+    metrics.quarantine_entries.set(sizes.quarantine as i64);
+
+    let flush_metrics = metrics.clone();
+    let commit = GroupCommit::start(
+        store.db(),
+        Arc::new(move |took, writers| {
+            flush_metrics.flush_seconds.observe(took.as_secs_f64());
+            flush_metrics.flush_writers.observe(writers as f64);
+        }),
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let settings = DispatchSettings { concurrency: config.dispatch.concurrency, batch_size: config.dispatch.batch_size };
+    let (dispatch, dispatcher) = dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
+    let pruner = tokio::spawn(prune_loop(store.clone(), metrics.clone(), config.clone(), stop_rx));
+
+    let shared = web::Data::new(Shared {
+        store: store.clone(),
+        commit,
+        dispatch,
+        metrics,
+        webhook_tokens: TokenSet::new(webhook_token.clone()),
+        webhook_cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
+        admin_tokens: TokenSet::new(vec![admin_token]),
+        admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
+        max_body_bytes: config.webhook.max_body_bytes,
+        body_read_timeout: config.server.body_read_timeout,
+        shutting_down: AtomicBool::new(false),
+    });
+
+    let webhook_path = config.webhook.path.clone();
+    let app_data = shared.clone();
+    let workers = match config.server.workers {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    let addr = config.listen_addr();
+    let server = HttpServer::new(move || {
+        let path = webhook_path.clone();
+        App::new()
+            .app_data(app_data.clone())
+            .configure(|cfg| crate::intake::routes(cfg, &path))
+            .configure(crate::ops::routes)
+            .configure(crate::ops::admin::routes)
+            .default_service(web::to(crate::http_error::not_found))
+    })
+    .workers(workers)
+    .max_connections(config.server.max_connections)
+    .client_request_timeout(config.server.client_request_timeout)
+    .keep_alive(config.server.keep_alive)
+    .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
+    .disable_signals()
+    .bind(addr)
+    .map_err(|source| AppError::Bind { addr: addr.to_string(), source })?;
+    let bound = server.addrs().first().copied().unwrap_or(addr);
+    let server = server.run();
+    let handle = server.handle();
+
+    data.write_daemon_info(&DaemonInfo { pid: std::process::id(), listen: bound.to_string() }).map_err(io_err)?;
+    // Machine-readable start line on stdout (tests and scripts wait for it).
+    println!("listening: http://{bound}");
+    let token_shown = if generated_webhook {
+        // First start with a generated token: show it once so it can be registered.
+        webhook_token.first().map_or("<token>".to_owned(), |t| t.expose().to_owned())
+    } else {
+        format!("<token in {} or config>", data.root().join(WEBHOOK_TOKEN_FILE).display())
+    };
+    println!("webhook url: http://{bound}{}/{token_shown}", config.webhook.path);
+    tracing::info!(%bound, data_dir = %data.root().display(), "handoff-bridge started");
+
+    let mut server_task = tokio::spawn(server);
+    let server_result = tokio::select! {
+        signal = shutdown_signal() => {
+            tracing::info!(signal, "shutting down");
+            None
+        }
+        res = &mut server_task => Some(res),
+    };
+
+    shared.shutting_down.store(true, Ordering::Relaxed);
+    if server_result.is_none() {
+        // Stop accepting; requests in flight finish (they wait for their flush) within the timeout.
+        handle.stop(true).await;
+        let _ = server_task.await;
+    }
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(config.server.shutdown_timeout, dispatcher).await.is_err() {
+        tracing::warn!("dispatcher did not stop in time; its events stay in the inbox");
+    }
+    let _ = pruner.await;
+    let flushed = tokio::task::spawn_blocking(move || store.flush()).await;
+    data.remove_daemon_info();
+    match flushed {
+        Ok(Ok(())) => tracing::info!("stopped cleanly"),
+        Ok(Err(e)) => tracing::error!(error = %e, "final flush failed"),
+        Err(e) => tracing::error!(error = %e, "final flush task failed"),
+    }
+    match server_result {
+        Some(Ok(Err(e))) => Err(AppError::Server(e)),
+        _ => Ok(()),
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Retention: drop dedupe records and processed log entries past their windows.
+async fn prune_loop(store: Store, metrics: Metrics, config: Config, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(config.store.prune_interval);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = crate::clock::now_millis();
+        let dedupe_before = now - millis(config.webhook.dedupe_retention);
+        let events_before = now - millis(config.store.event_retention);
+        let store = store.clone();
+        match tokio::task::spawn_blocking(move || store.prune(dedupe_before, events_before, 10_000)).await {
+            Ok(Ok(p)) => {
+                metrics.pruned.with_label_values(&["dedupe"]).inc_by(p.dedupe_records);
+                metrics.pruned.with_label_values(&["events"]).inc_by(p.events);
+                if p.dedupe_records + p.events > 0 {
+                    tracing::debug!(dedupe = p.dedupe_records, events = p.events, "pruned");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "prune failed"),
+            Err(e) => tracing::warn!(error = %e, "prune task failed"),
+        }
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

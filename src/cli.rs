@@ -1,0 +1,277 @@
+//! Command line: `serve`, `check`, `state`, `quarantine`.
+//!
+//! Store-reading commands talk to the running daemon's admin API when it runs (sled allows one
+//! process), and open the store directly when it does not. Both paths print the same JSON.
+
+use crate::config::{Config, ConfigError, Overrides};
+use crate::datadir::{DataDir, ADMIN_TOKEN_FILE};
+use crate::store::Store;
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "handoff-bridge", version, about = "Bridge between a chatbot-builder service and a help desk")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConfigArgs {
+    /// TOML config file (merged over the embedded defaults).
+    #[arg(long, env = "HANDOFF_BRIDGE_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Data directory (store, generated tokens).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon.
+    Serve {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Validate the configuration and print the effective config, secrets masked.
+    Check {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Read per-conversation and end-user state.
+    State {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        action: StateCommand,
+    },
+    /// Inspect and re-process quarantined deliveries.
+    Quarantine {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        action: QuarantineCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StateCommand {
+    /// One conversation's state.
+    Show { conversation_id: String },
+    /// An end user by messenger identity, with their newest conversation.
+    Find {
+        #[arg(long)]
+        platform: String,
+        #[arg(long)]
+        user_key: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QuarantineCommand {
+    /// Every quarantined delivery or event.
+    List,
+    /// One record, with its body.
+    Show { id: u64 },
+    /// Run a record (or all) through current validation; valid ones are accepted.
+    Reprocess {
+        id: Option<u64>,
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    App(#[from] crate::app::AppError),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("admin API: {0}")]
+    Admin(String),
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Config(_) | CliError::Usage(_) => ExitCode::from(2),
+            _ => ExitCode::from(1),
+        }
+    }
+}
+
+fn load(args: &ConfigArgs, listen: Option<String>) -> Result<Config, ConfigError> {
+    Config::load(args.config.as_deref(), &Overrides { listen, data_dir: args.data_dir.clone() })
+}
+
+/// Run a parsed command. `serve` blocks until shutdown.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve { config, listen } => {
+            let config = load(&config, listen)?;
+            crate::telemetry::init(&config.log);
+            actix_web::rt::System::new().block_on(crate::app::serve(config))?;
+            Ok(())
+        }
+        Command::Check { config, listen } => {
+            let config = load(&config, listen)?;
+            println!("# configuration is valid; effective values (secrets masked):");
+            print!("{}", config.to_masked_toml());
+            Ok(())
+        }
+        Command::State { config, action } => {
+            let config = load(&config, None)?;
+            match action {
+                StateCommand::Show { conversation_id } => {
+                    let path = format!("/admin/v1/conversations/{}", enc(&conversation_id));
+                    let value = read(&config, "GET", &path, |store| {
+                        let state = store.conversation(&conversation_id.as_str().into())?;
+                        Ok(state.map(|s| serde_json::to_value(s).unwrap_or(Value::Null)))
+                    })?;
+                    print_found(value, || format!("no conversation {conversation_id}"))
+                }
+                StateCommand::Find { platform, user_key } => {
+                    let path = format!("/admin/v1/endusers?platform={}&userKey={}", enc(&platform), enc(&user_key));
+                    let value = read(&config, "GET", &path, |store| crate::queries::find_end_user(store, &platform, &user_key))?;
+                    print_found(value, || format!("no end user {user_key} on {platform}"))
+                }
+            }
+        }
+        Command::Quarantine { config, action } => {
+            let config = load(&config, None)?;
+            match action {
+                QuarantineCommand::List => {
+                    let value = read(&config, "GET", "/admin/v1/quarantine", |store| {
+                        let list: Vec<Value> = store.quarantined()?.iter().map(crate::queries::quarantine_view).collect();
+                        Ok(Some(Value::Array(list)))
+                    })?;
+                    print_found(value, String::new)
+                }
+                QuarantineCommand::Show { id } => {
+                    let value = read(&config, "GET", &format!("/admin/v1/quarantine/{id}"), |store| {
+                        Ok(store.quarantined_one(id)?.map(|r| crate::queries::quarantine_view(&r)))
+                    })?;
+                    print_found(value, || format!("no quarantine record {id}"))
+                }
+                QuarantineCommand::Reprocess { id, all } => {
+                    let ids: Vec<u64> = match (id, all) {
+                        (Some(id), _) => vec![id],
+                        (None, true) => {
+                            let list = read(&config, "GET", "/admin/v1/quarantine", |store| {
+                                let list: Vec<Value> = store.quarantined()?.iter().map(crate::queries::quarantine_view).collect();
+                                Ok(Some(Value::Array(list)))
+                            })?;
+                            list.and_then(|v| v.as_array().cloned())
+                                .unwrap_or_default()
+                                .iter()
+                                .filter_map(|r| r.get("id").and_then(Value::as_u64))
+                                .collect()
+                        }
+                        (None, false) => return Err(CliError::Usage("give a quarantine id or --all".into())),
+                    };
+                    let mut results = Vec::new();
+                    for id in ids {
+                        let value = read(&config, "POST", &format!("/admin/v1/quarantine/{id}/reprocess"), |store| {
+                            let out = crate::intake::reprocess(store, id, crate::clock::now_millis())?;
+                            store.flush()?;
+                            Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
+                        })?;
+                        match value {
+                            Some(v) => results.push(v),
+                            None => return Err(CliError::NotFound(format!("no quarantine record {id}"))),
+                        }
+                    }
+                    println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result<(), CliError> {
+    match value {
+        Some(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            Ok(())
+        }
+        None => Err(CliError::NotFound(missing())),
+    }
+}
+
+fn enc(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// Ask the running daemon; if none runs, open the store and ask it directly.
+fn read(
+    config: &Config,
+    method: &str,
+    path: &str,
+    offline: impl FnOnce(&Store) -> Result<Option<Value>, crate::store::StoreError>,
+) -> Result<Option<Value>, CliError> {
+    let data = DataDir::new(&config.store.data_dir);
+    if let Some(info) = data.daemon_info() {
+        let token = if config.admin.token.is_empty() {
+            data.read_secret(ADMIN_TOKEN_FILE).map(|s| s.expose().to_owned()).unwrap_or_default()
+        } else {
+            config.admin.token.expose().to_owned()
+        };
+        match admin_call(&info.listen, &token, method, path) {
+            Ok(found) => return Ok(found),
+            Err(AdminCallError::Unreachable) => {} // stale daemon.json: the daemon is gone
+            Err(AdminCallError::Failed(msg)) => return Err(CliError::Admin(msg)),
+        }
+    }
+    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    Ok(offline(&store)?)
+}
+
+enum AdminCallError {
+    Unreachable,
+    Failed(String),
+}
+
+fn admin_call(listen: &str, token: &str, method: &str, path: &str) -> Result<Option<Value>, AdminCallError> {
+    let mut addr: std::net::SocketAddr = listen.parse().map_err(|_| AdminCallError::Unreachable)?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let url = format!("http://{addr}{path}");
+    let method = actix_web::http::Method::from_bytes(method.as_bytes()).map_err(|e| AdminCallError::Failed(e.to_string()))?;
+    let token = token.to_owned();
+    let result = actix_web::rt::System::new().block_on(async move {
+        let client = awc::Client::builder().timeout(std::time::Duration::from_secs(30)).finish();
+        let mut resp = match client.request(method, &url).bearer_auth(token).send().await {
+            Ok(r) => r,
+            Err(awc::error::SendRequestError::Connect(_)) => return Err(AdminCallError::Unreachable),
+            Err(e) => return Err(AdminCallError::Failed(e.to_string())),
+        };
+        let status = resp.status();
+        let body = resp.body().limit(64 * 1024 * 1024).await.map_err(|e| AdminCallError::Failed(e.to_string()))?;
+        Ok((status, body))
+    })?;
+    let (status, body) = result;
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if status.is_success() || status == actix_web::http::StatusCode::CONFLICT {
+        Ok(Some(value))
+    } else if status == actix_web::http::StatusCode::NOT_FOUND {
+        Ok(None)
+    } else {
+        let msg = value.pointer("/error/message").and_then(Value::as_str).unwrap_or("unexpected answer");
+        Err(AdminCallError::Failed(format!("{status}: {msg}")))
+    }
+}

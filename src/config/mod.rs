@@ -1,0 +1,417 @@
+//! Configuration: embedded defaults, then a TOML file, then `HANDOFF_BRIDGE_*` variables, then
+//! flags. Validated once; every problem is reported together, with the key, the value and why.
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The embedded defaults (every key the daemon reads).
+pub const DEFAULTS: &str = include_str!("defaults.toml");
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub webhook: WebhookConfig,
+    pub store: StoreConfig,
+    pub dispatch: DispatchConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on; port 0 picks a free port (the bound address is printed).
+    pub listen: String,
+    /// HTTP worker threads; 0 means one per core.
+    pub workers: usize,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// Time a client has to send its request head.
+    #[serde(with = "humantime_serde")]
+    pub client_request_timeout: Duration,
+    /// Time a client has to send the whole body (slow senders are cut off).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub keep_alive: Duration,
+    /// Open connections per worker.
+    pub max_connections: usize,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Path prefix; the token is the last segment: `{path}/{token}`.
+    pub path: String,
+    /// Valid tokens; several at once allow rotation. Empty: one is generated on first start.
+    pub tokens: Vec<Secret>,
+    /// Source addresses allowed to deliver; empty allows any.
+    pub allow_cidrs: Vec<IpNet>,
+    pub max_body_bytes: usize,
+    /// How long event and delivery ids are remembered to drop re-sent deliveries.
+    #[serde(with = "humantime_serde")]
+    pub dedupe_retention: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub data_dir: PathBuf,
+    /// sled's page cache; bounds most of the daemon's memory.
+    pub cache_capacity_bytes: u64,
+    /// How long processed events stay in the event log.
+    #[serde(with = "humantime_serde")]
+    pub event_retention: Duration,
+    #[serde(with = "humantime_serde")]
+    pub prune_interval: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchConfig {
+    /// Conversations processed at once.
+    pub concurrency: usize,
+    /// Events of one conversation folded in one transaction.
+    pub batch_size: usize,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Bearer token of the admin API. Empty: one is generated on first start.
+    pub token: Secret,
+    /// Source addresses allowed to call the admin API (loopback by default).
+    pub allow_cidrs: Vec<IpNet>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// Default filter when `RUST_LOG` is not set.
+    pub level: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// A secret string: never printed, logged or serialized in clear.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"****\"" })
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.0.is_empty() { "" } else { "****" })
+    }
+}
+
+/// One thing wrong with the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub value: String,
+    pub why: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {}: {}", self.key, self.value, self.why)
+    }
+}
+
+/// Every problem found, or a file that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("invalid configuration:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+}
+
+/// Overrides given on the command line.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Named environment variables and the key each sets. Any key can also be set as
+/// `HANDOFF_BRIDGE__SECTION__KEY`.
+pub const ENV_KEYS: &[(&str, &str)] = &[
+    ("HANDOFF_BRIDGE_LISTEN", "server.listen"),
+    ("HANDOFF_BRIDGE_DATA_DIR", "store.data_dir"),
+    ("HANDOFF_BRIDGE_WEBHOOK_TOKENS", "webhook.tokens"),
+    ("HANDOFF_BRIDGE_ADMIN_TOKEN", "admin.token"),
+    ("HANDOFF_BRIDGE_LOG_FORMAT", "log.format"),
+    ("HANDOFF_BRIDGE_LOG_LEVEL", "log.level"),
+];
+
+impl Config {
+    /// Load from the process environment.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Self::load_from(file, std::env::vars(), overrides)
+    }
+
+    /// Load with an explicit environment (tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let defaults: toml::Table = toml::from_str(DEFAULTS).map_err(|e| ConfigError::Syntax {
+            path: "<embedded defaults>".into(),
+            message: e.to_string(),
+        })?;
+        let mut merged = defaults.clone();
+        let mut problems = Vec::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Syntax {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            merge(&mut merged, table, &defaults, "", &mut problems);
+        }
+        for (name, value) in env {
+            let key = if let Some((_, key)) = ENV_KEYS.iter().find(|(n, _)| *n == name) {
+                (*key).to_owned()
+            } else if let Some(rest) = name.strip_prefix("HANDOFF_BRIDGE__") {
+                rest.to_lowercase().replace("__", ".")
+            } else {
+                continue;
+            };
+            set_path(&mut merged, &defaults, &key, &value, &format!("env {name}"), &mut problems);
+        }
+        if let Some(listen) = &overrides.listen {
+            set_path(&mut merged, &defaults, "server.listen", listen, "--listen", &mut problems);
+        }
+        if let Some(dir) = &overrides.data_dir {
+            let dir = dir.display().to_string();
+            set_path(&mut merged, &defaults, "store.data_dir", &dir, "--data-dir", &mut problems);
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid(problems));
+        }
+        let config: Config = match merged.try_into() {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(ConfigError::Invalid(vec![Problem {
+                    key: "(config)".into(),
+                    value: String::new(),
+                    why: e.to_string().trim().to_owned(),
+                }]))
+            }
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Semantic checks, all at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut p = Vec::new();
+        let mut bad = |key: &str, value: &dyn fmt::Display, why: &str| {
+            p.push(Problem {
+                key: key.into(),
+                value: value.to_string(),
+                why: why.into(),
+            })
+        };
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            bad("server.listen", &self.server.listen, "not an IP:port socket address");
+        }
+        if self.server.max_connections == 0 {
+            bad("server.max_connections", &0, "must be at least 1");
+        }
+        if self.server.shutdown_timeout.is_zero() {
+            bad("server.shutdown_timeout", &"0s", "must be longer than zero");
+        }
+        if !self.webhook.path.starts_with('/') || self.webhook.path.ends_with('/') {
+            bad("webhook.path", &self.webhook.path, "must start with '/' and not end with '/'");
+        }
+        for (i, t) in self.webhook.tokens.iter().enumerate() {
+            if t.expose().len() < 16 || !t.expose().chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                bad(&format!("webhook.tokens[{i}]"), &"****", "must be at least 16 characters of A-Z a-z 0-9 - _");
+            }
+        }
+        if self.webhook.max_body_bytes < 1024 {
+            bad("webhook.max_body_bytes", &self.webhook.max_body_bytes, "must be at least 1024");
+        }
+        if self.webhook.dedupe_retention < Duration::from_secs(60) {
+            bad("webhook.dedupe_retention", &humantime::format_duration(self.webhook.dedupe_retention), "must be at least 1m");
+        }
+        if self.store.event_retention < self.webhook.dedupe_retention {
+            bad("store.event_retention", &humantime::format_duration(self.store.event_retention), "must be at least webhook.dedupe_retention (the log drives dedupe pruning)");
+        }
+        if self.store.prune_interval < Duration::from_secs(1) {
+            bad("store.prune_interval", &humantime::format_duration(self.store.prune_interval), "must be at least 1s");
+        }
+        if self.store.cache_capacity_bytes < 1024 * 1024 {
+            bad("store.cache_capacity_bytes", &self.store.cache_capacity_bytes, "must be at least 1 MiB");
+        }
+        if self.dispatch.concurrency == 0 || self.dispatch.concurrency > 1024 {
+            bad("dispatch.concurrency", &self.dispatch.concurrency, "must be 1..=1024");
+        }
+        if self.dispatch.batch_size == 0 || self.dispatch.batch_size > 10_000 {
+            bad("dispatch.batch_size", &self.dispatch.batch_size, "must be 1..=10000");
+        }
+        if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
+            bad("admin.token", &"****", "must be at least 16 characters");
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            bad("log.level", &self.log.level, "not a tracing filter (e.g. info, handoff_bridge=debug)");
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(p))
+        }
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        // Validated in `validate`; the fallback is never reached for a loaded config.
+        self.server
+            .listen
+            .parse()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080)))
+    }
+
+    /// The effective configuration as TOML, secrets masked.
+    pub fn to_masked_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Deep-merge `src` into `dst`, checking each key and type against the defaults.
+fn merge(dst: &mut toml::Table, src: toml::Table, defaults: &toml::Table, prefix: &str, problems: &mut Vec<Problem>) {
+    for (key, value) in src {
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        let Some(default) = defaults.get(&key) else {
+            problems.push(Problem { value: shown(&path, &value), key: path, why: "unknown key".into() });
+            continue;
+        };
+        match (value, default) {
+            (toml::Value::Table(sub), toml::Value::Table(def_sub)) => {
+                if let Some(toml::Value::Table(dst_sub)) = dst.get_mut(&key) {
+                    merge(dst_sub, sub, def_sub, &path, problems);
+                }
+            }
+            (value, default) if same_type(&value, default) => {
+                dst.insert(key, value);
+            }
+            (value, default) => problems.push(Problem {
+                value: shown(&path, &value),
+                key: path,
+                why: format!("expected {}, found {}", default.type_str(), value.type_str()),
+            }),
+        }
+    }
+}
+
+/// Set a dotted key from a text value (env or flag), coerced to the default's type.
+fn set_path(dst: &mut toml::Table, defaults: &toml::Table, key: &str, text: &str, source: &str, problems: &mut Vec<Problem>) {
+    let parts: Vec<&str> = key.split('.').collect();
+    let (Some((leaf, sections)), true) = (parts.split_last(), parts.len() >= 2) else {
+        problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+        return;
+    };
+    let mut table = dst;
+    let mut def = defaults;
+    for section in sections {
+        match (table.get_mut(*section), def.get(*section)) {
+            (Some(toml::Value::Table(t)), Some(toml::Value::Table(d))) => {
+                table = t;
+                def = d;
+            }
+            _ => {
+                problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+                return;
+            }
+        }
+    }
+    let Some(default) = def.get(*leaf) else {
+        problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+        return;
+    };
+    let value = match default {
+        toml::Value::String(_) => Some(toml::Value::String(text.to_owned())),
+        toml::Value::Integer(_) => text.trim().parse::<i64>().ok().map(toml::Value::Integer),
+        toml::Value::Boolean(_) => text.trim().parse::<bool>().ok().map(toml::Value::Boolean),
+        toml::Value::Array(_) => Some(toml::Value::Array(
+            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+        )),
+        _ => None,
+    };
+    match value {
+        Some(v) => {
+            table.insert((*leaf).to_owned(), v);
+        }
+        None => problems.push(Problem {
+            key: key.into(),
+            value: if SECRET_KEYS.contains(&key) { format!("**** ({source})") } else { format!("{text:?} ({source})") },
+            why: format!("expected {}", default.type_str()),
+        }),
+    }
+}
+
+fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// Keys whose values are never shown, even in error messages.
+const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token"];
+
+fn shown(path: &str, value: &toml::Value) -> String {
+    if SECRET_KEYS.iter().any(|k| path == *k || path.starts_with(&format!("{k}."))) {
+        "****".into()
+    } else {
+        short(value)
+    }
+}
+
+fn short(value: &toml::Value) -> String {
+    let text = value.to_string();
+    if text.len() > 60 {
+        format!("{}…", &text[..text.char_indices().nth(57).map_or(text.len(), |(i, _)| i)])
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests;

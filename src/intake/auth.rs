@@ -1,0 +1,79 @@
+//! Who may call: secret tokens compared in constant time, and source-address allow-lists.
+
+use crate::config::Secret;
+use ipnet::IpNet;
+use std::net::IpAddr;
+use subtle::ConstantTimeEq;
+
+/// Several valid tokens at once, so a token can be rotated without downtime.
+#[derive(Clone)]
+pub struct TokenSet(Vec<Secret>);
+
+impl TokenSet {
+    pub fn new(tokens: Vec<Secret>) -> Self {
+        TokenSet(tokens.into_iter().filter(|t| !t.is_empty()).collect())
+    }
+
+    /// Every configured token is compared (no early exit), each in constant time.
+    pub fn accepts(&self, candidate: &str) -> bool {
+        let mut ok = subtle::Choice::from(0);
+        for token in &self.0 {
+            ok |= token.expose().as_bytes().ct_eq(candidate.as_bytes());
+        }
+        bool::from(ok)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An empty list allows every address.
+#[derive(Clone, Debug)]
+pub struct CidrList(Vec<IpNet>);
+
+impl CidrList {
+    pub fn new(nets: Vec<IpNet>) -> Self {
+        CidrList(nets)
+    }
+
+    pub fn allows(&self, ip: Option<IpAddr>) -> bool {
+        if self.0.is_empty() {
+            return true;
+        }
+        let Some(ip) = ip else { return false };
+        // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_of_several_tokens_is_accepted_and_nothing_else() {
+        let set = TokenSet::new(vec![Secret::new("old-token-0123456789"), Secret::new("new-token-0123456789"), Secret::new("")]);
+        assert!(set.accepts("old-token-0123456789"));
+        assert!(set.accepts("new-token-0123456789"));
+        assert!(!set.accepts(""));
+        assert!(!set.accepts("new-token-012345678"));
+        assert!(!set.accepts("new-token-01234567890"));
+        assert!(!TokenSet::new(vec![]).accepts(""));
+    }
+
+    #[test]
+    fn cidr_list_matches_v4_v6_and_mapped_addresses() {
+        let list = CidrList::new(vec!["127.0.0.0/8".parse().expect("net"), "::1/128".parse().expect("net")]);
+        assert!(list.allows(Some("127.0.0.1".parse().expect("ip"))));
+        assert!(list.allows(Some("::1".parse().expect("ip"))));
+        assert!(list.allows(Some("::ffff:127.0.0.9".parse().expect("ip"))));
+        assert!(!list.allows(Some("10.1.2.3".parse().expect("ip"))));
+        assert!(!list.allows(None));
+        assert!(CidrList::new(vec![]).allows(None));
+    }
+}

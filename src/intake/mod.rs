@@ -1,0 +1,358 @@
+//! Webhook intake: authenticate, bound and read the body, validate, store, flush, answer.
+//!
+//! The answer is 200 only once everything the delivery brought is durable (accepted events, or the
+//! quarantined body). Authenticated bodies that are not valid deliveries are quarantined and
+//! answered 200: the service disables a webhook after three non-200 answers, and a disabled
+//! webhook loses every later event.
+
+pub mod auth;
+
+use crate::app::Shared;
+use crate::http_error::ApiError;
+use crate::ids::DeliveryId;
+use crate::store::{Accepted, QuarantineRecord, Store, StoreError};
+use crate::webhook::{self, IncomingEvent};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
+use base64::Engine;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+
+/// Routes of the intake, mounted at the configured path.
+pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
+    cfg.service(
+        web::resource(format!("{path}/{{token}}"))
+            .route(web::post().to(receive))
+            .default_service(web::to(crate::http_error::method_not_allowed)),
+    )
+    .service(
+        web::resource(path)
+            .route(web::post().to(receive_without_token))
+            .default_service(web::to(crate::http_error::method_not_allowed)),
+    );
+}
+
+/// The answer to an authenticated delivery (always 200).
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Receipt {
+    /// `accepted`, `duplicate` or `quarantined`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+    pub accepted: usize,
+    pub duplicates: usize,
+    pub quarantined: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantine_id: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+async fn receive_without_token(req: HttpRequest, payload: web::Payload, shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    receive_inner(req, None, payload, shared).await
+}
+
+async fn receive(req: HttpRequest, token: web::Path<String>, payload: web::Payload, shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    receive_inner(req, Some(token.into_inner()), payload, shared).await
+}
+
+async fn receive_inner(
+    req: HttpRequest,
+    path_token: Option<String>,
+    payload: web::Payload,
+    shared: web::Data<Shared>,
+) -> Result<HttpResponse, ApiError> {
+    let metrics = &shared.metrics;
+    let outcome = |name: &str| metrics.deliveries.with_label_values(&[name]).inc();
+
+    if !shared.webhook_cidrs.allows(req.peer_addr().map(|a| a.ip())) {
+        outcome("forbidden");
+        return Err(ApiError::forbidden("source address not allowed"));
+    }
+    // The token may be the last path segment or a `token` query parameter (both forms appear in
+    // registered URLs).
+    let query_token = web::Query::<TokenQuery>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.into_inner().token);
+    let authenticated = [path_token.as_deref(), query_token.as_deref()]
+        .into_iter()
+        .flatten()
+        .fold(false, |ok, t| shared.webhook_tokens.accepts(t) | ok);
+    if !authenticated {
+        outcome("unauthorized");
+        return Err(ApiError::unauthorized("missing or invalid webhook token"));
+    }
+
+    let limit = shared.max_body_bytes;
+    if let Some(len) = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            outcome("too_large");
+            return Err(too_large(limit));
+        }
+    }
+    let body = match read_body(payload, limit, shared.body_read_timeout).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            outcome("too_large");
+            return Err(too_large(limit));
+        }
+        Err(BodyError::Timeout) => {
+            outcome("timeout");
+            return Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", "request body was not received in time"));
+        }
+        Err(BodyError::Read(e)) => {
+            outcome("timeout");
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "body_read_failed", format!("request body could not be read: {e}")));
+        }
+    };
+
+    let content_type = req.content_type().to_owned();
+    let result = if is_json(&content_type) {
+        ingest(&shared.store, &body, Some(&content_type), crate::clock::now_millis())
+    } else {
+        let why = if content_type.is_empty() { "no content type".to_owned() } else { format!("content type {content_type} is not JSON") };
+        quarantine_delivery(&shared.store, &body, Some(&content_type), "unsupported_content_type", &why, crate::clock::now_millis())
+    };
+    let ingested = match result {
+        Ok(i) => i,
+        Err(e) => {
+            outcome("unavailable");
+            tracing::error!(error = %e, "cannot store delivery");
+            return Err(ApiError::unavailable("the store cannot accept the delivery now; retry later"));
+        }
+    };
+    if let Err(e) = shared.commit.durable().await {
+        outcome("unavailable");
+        tracing::error!(error = %e, "cannot make delivery durable");
+        return Err(ApiError::unavailable("the store cannot persist the delivery now; retry later"));
+    }
+    record_metrics(&shared, &ingested);
+    shared.dispatch.notify(ingested.accepted.new.clone());
+    let receipt = ingested.receipt();
+    outcome(&receipt.status);
+    if let Some(reason) = &receipt.reason {
+        tracing::warn!(reason = %reason, quarantine_id = ?receipt.quarantine_id, "delivery quarantined");
+    } else {
+        tracing::debug!(delivery_id = ?receipt.delivery_id, accepted = receipt.accepted, duplicates = receipt.duplicates, "delivery stored");
+    }
+    Ok(HttpResponse::Ok().json(receipt))
+}
+
+fn record_metrics(shared: &Shared, ingested: &Ingested) {
+    let m = &shared.metrics;
+    for event in &ingested.new_events {
+        m.events.with_label_values(&[event.kind.metric_label()]).inc();
+        if event.unknown_platform {
+            m.unknown_platforms.inc();
+        }
+    }
+    m.duplicate_events.inc_by(ingested.accepted.duplicate_events as u64);
+    for (reason, _) in &ingested.quarantined {
+        m.quarantined.with_label_values(&[reason.as_str()]).inc();
+        m.quarantine_entries.inc();
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body exceeds the limit of {limit} bytes"))
+}
+
+fn is_json(content_type: &str) -> bool {
+    let ct = content_type.trim().to_ascii_lowercase();
+    ct == "application/json" || (ct.starts_with("application/") && ct.ends_with("+json"))
+}
+
+enum BodyError {
+    TooLarge,
+    Timeout,
+    Read(String),
+}
+
+/// Read at most `limit` bytes; stop reading as soon as the limit is passed.
+async fn read_body(mut payload: web::Payload, limit: usize, timeout: std::time::Duration) -> Result<bytes::BytesMut, BodyError> {
+    let read = async {
+        let mut buf = bytes::BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
+            if buf.len() + chunk.len() > limit {
+                return Err(BodyError::TooLarge);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf)
+    };
+    tokio::time::timeout(timeout, read).await.map_err(|_| BodyError::Timeout)?
+}
+
+/// What storing one body did (before it is durable).
+#[derive(Debug, Default)]
+pub struct Ingested {
+    pub delivery_id: Option<DeliveryId>,
+    pub accepted: Accepted,
+    pub new_events: Vec<IncomingEvent>,
+    /// (reason code, quarantine id) of each quarantined part.
+    pub quarantined: Vec<(String, u64)>,
+    pub whole_delivery: Option<(String, String)>,
+}
+
+impl Ingested {
+    pub fn receipt(&self) -> Receipt {
+        let new = self.accepted.new.len();
+        let status = if new > 0 {
+            "accepted"
+        } else if !self.quarantined.is_empty() {
+            "quarantined"
+        } else {
+            "duplicate"
+        };
+        let (reason, detail) = match &self.whole_delivery {
+            Some((r, d)) => (Some(r.clone()), Some(d.clone())),
+            None if new == 0 && !self.quarantined.is_empty() => (Some("invalid_event".to_owned()), None),
+            None => (None, None),
+        };
+        Receipt {
+            status: status.to_owned(),
+            delivery_id: self.delivery_id.as_ref().map(|d| d.to_string()),
+            accepted: new,
+            duplicates: self.accepted.duplicate_events + usize::from(self.accepted.duplicate_delivery),
+            quarantined: self.quarantined.len(),
+            reason,
+            detail,
+            quarantine_id: self.quarantined.first().map(|(_, id)| *id),
+        }
+    }
+}
+
+/// Validate and store a body (not yet durable). Shared by the handler and quarantine
+/// re-processing so both judge input alike.
+pub fn ingest(store: &Store, body: &[u8], content_type: Option<&str>, now: i64) -> Result<Ingested, StoreError> {
+    match webhook::parse_delivery(body) {
+        Err(e) => quarantine_delivery(store, body, content_type, e.code(), &e.to_string(), now),
+        Ok(parsed) => {
+            let accepted = store.accept(&parsed.id, &parsed.events, now)?;
+            let mut out = Ingested {
+                delivery_id: Some(parsed.id.clone()),
+                ..Ingested::default()
+            };
+            if !accepted.duplicate_delivery {
+                // Invalid events of a delivery seen before were quarantined the first time.
+                for bad in &parsed.invalid {
+                    let id = store.quarantine(QuarantineRecord {
+                        id: 0,
+                        received_at: now,
+                        scope: "event".into(),
+                        reason: "invalid_event".into(),
+                        detail: bad.reason.clone(),
+                        delivery_id: Some(parsed.id.to_string()),
+                        content_type: content_type.map(str::to_owned),
+                        body_base64: b64(bad.raw.as_bytes()),
+                    })?;
+                    out.quarantined.push(("invalid_event".into(), id));
+                }
+            }
+            let fresh = accepted.new_index.iter().filter_map(|&i| parsed.events.get(i).cloned()).collect();
+            out.new_events = fresh;
+            out.accepted = accepted;
+            Ok(out)
+        }
+    }
+}
+
+fn quarantine_delivery(store: &Store, body: &[u8], content_type: Option<&str>, reason: &str, detail: &str, now: i64) -> Result<Ingested, StoreError> {
+    let id = store.quarantine(QuarantineRecord {
+        id: 0,
+        received_at: now,
+        scope: "delivery".into(),
+        reason: reason.to_owned(),
+        detail: detail.to_owned(),
+        delivery_id: None,
+        content_type: content_type.map(str::to_owned),
+        body_base64: b64(body),
+    })?;
+    Ok(Ingested {
+        quarantined: vec![(reason.to_owned(), id)],
+        whole_delivery: Some((reason.to_owned(), detail.to_owned())),
+        ..Ingested::default()
+    })
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Outcome of re-processing one quarantine record.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Reprocessed {
+    pub quarantine_id: u64,
+    /// `accepted` (its events are in the inbox), `duplicate`, or `still_invalid` (left in place).
+    pub status: String,
+    pub accepted: usize,
+    pub duplicates: usize,
+    pub detail: Option<String>,
+    /// Sequence numbers of events now in the inbox, for the dispatcher.
+    #[serde(skip)]
+    pub new: Vec<(u64, crate::ids::PartitionKey)>,
+}
+
+/// Run a quarantined body through today's validation. A body that now passes is stored like a
+/// fresh delivery (dedupe applies) and leaves quarantine; one that still fails stays. Not durable
+/// until a flush.
+pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>, StoreError> {
+    let Some(record) = store.quarantined_one(id)? else { return Ok(None) };
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(&record.body_base64)
+        .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+    let still_invalid = |detail: String| Reprocessed {
+        quarantine_id: id,
+        status: "still_invalid".into(),
+        accepted: 0,
+        duplicates: 0,
+        detail: Some(detail),
+        new: Vec::new(),
+    };
+    let accepted = if record.scope == "event" {
+        let raw = match serde_json::from_slice::<Box<serde_json::value::RawValue>>(&body) {
+            Ok(raw) => raw,
+            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+        };
+        let event = match webhook::validate_event(&raw) {
+            Ok(ev) => ev,
+            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+        };
+        // Its delivery id is already recorded (its siblings were accepted), so use one of its own.
+        store.accept(&DeliveryId::new(format!("quarantine:{id}")), &[event], now)?
+    } else {
+        match webhook::parse_delivery(&body) {
+            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+            Ok(parsed) if !parsed.invalid.is_empty() && parsed.events.is_empty() => {
+                return Ok(Some(still_invalid(parsed.invalid[0].reason.clone())))
+            }
+            Ok(_) => {
+                let ingested = ingest(store, &body, record.content_type.as_deref(), now)?;
+                ingested.accepted
+            }
+        }
+    };
+    store.release_quarantined(id)?;
+    let status = if accepted.new.is_empty() { "duplicate" } else { "accepted" };
+    Ok(Some(Reprocessed {
+        quarantine_id: id,
+        status: status.into(),
+        accepted: accepted.new.len(),
+        duplicates: accepted.duplicate_events + usize::from(accepted.duplicate_delivery),
+        detail: None,
+        new: accepted.new,
+    }))
+}

@@ -1,0 +1,20 @@
+//! handoff-bridge: a sidecar between a chatbot-builder service and a help desk.
+//!
+//! Data flows one way: [`intake`] -> [`store`] -> [`dispatch`] -> [`state`]; [`ops`] and the CLI
+//! sit at the edges. Start reading at `ARCHITECTURE.md`.
+
+pub mod app;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod datadir;
+pub mod dispatch;
+pub mod http_error;
+pub mod ids;
+pub mod intake;
+pub mod ops;
+pub mod queries;
+pub mod state;
+pub mod store;
+pub mod telemetry;
+pub mod webhook;

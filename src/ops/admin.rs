@@ -1,0 +1,127 @@
+//! The admin API (`/admin/v1`): read state, inspect and re-process quarantine. Bearer token of its
+//! own, and loopback-only unless configured otherwise.
+
+use crate::app::Shared;
+use crate::http_error::ApiError;
+use crate::ids::{ConversationId, EventId};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/admin/v1")
+            .wrap(actix_web::middleware::from_fn(guard))
+            .route("/conversations/{id}", web::get().to(conversation))
+            .route("/endusers", web::get().to(find_end_user))
+            .route("/events/{id}", web::get().to(event))
+            .route("/quarantine", web::get().to(quarantine_list))
+            .route("/quarantine/{id}", web::get().to(quarantine_show))
+            .route("/quarantine/{id}/reprocess", web::post().to(quarantine_reprocess))
+            .default_service(web::to(crate::http_error::not_found)),
+    );
+}
+
+async fn guard(
+    req: ServiceRequest,
+    next: Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>, actix_web::Error> {
+    let Some(shared) = req.app_data::<web::Data<Shared>>().cloned() else {
+        return Err(ApiError::unavailable("admin API not configured").into());
+    };
+    if !shared.admin_cidrs.allows(req.peer_addr().map(|a| a.ip())) {
+        return Ok(req.error_response(ApiError::forbidden("admin API is not open to this address")).map_into_right_body());
+    }
+    let token = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !token.is_some_and(|t| shared.admin_tokens.accepts(t)) {
+        return Ok(req.error_response(ApiError::unauthorized("missing or invalid admin token")).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
+fn store_error(e: crate::store::StoreError) -> ApiError {
+    tracing::error!(error = %e, "admin read failed");
+    ApiError::unavailable("the store cannot be read now")
+}
+
+async fn conversation(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = ConversationId::new(id.into_inner());
+    match shared.store.conversation(&id).map_err(store_error)? {
+        Some(state) => Ok(HttpResponse::Ok().json(state)),
+        None => Err(ApiError::not_found(format!("no conversation {id}"))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FindQuery {
+    platform: String,
+    user_key: String,
+}
+
+/// An end user by `(platform, userKey)`, with their newest conversation.
+async fn find_end_user(shared: web::Data<Shared>, q: web::Query<FindQuery>) -> Result<HttpResponse, ApiError> {
+    let found = crate::queries::find_end_user(&shared.store, &q.platform, &q.user_key).map_err(store_error)?;
+    match found {
+        Some(v) => Ok(HttpResponse::Ok().json(v)),
+        None => Err(ApiError::not_found(format!("no end user {} on {}", q.user_key, q.platform))),
+    }
+}
+
+async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = EventId::new(id.into_inner());
+    match shared.store.event_by_id(&id).map_err(store_error)? {
+        Some(record) => {
+            let pending = shared.store.is_pending(record.seq).map_err(store_error)?;
+            Ok(HttpResponse::Ok().json(json!({"record": record, "pending": pending})))
+        }
+        None => Err(ApiError::not_found(format!("no event {id} within the dedupe window"))),
+    }
+}
+
+async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let records = shared.store.quarantined().map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(records))
+}
+
+fn parse_id(text: &str) -> Result<u64, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::new(actix_web::http::StatusCode::BAD_REQUEST, "invalid_id", "quarantine id must be a number"))
+}
+
+async fn quarantine_show(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    match shared.store.quarantined_one(id).map_err(store_error)? {
+        Some(r) => Ok(HttpResponse::Ok().json(r)),
+        None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
+    }
+}
+
+async fn quarantine_reprocess(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let outcome = crate::intake::reprocess(&shared.store, id, crate::clock::now_millis()).map_err(store_error)?;
+    let Some(outcome) = outcome else {
+        return Err(ApiError::not_found(format!("no quarantine record {id}")));
+    };
+    shared
+        .commit
+        .durable()
+        .await
+        .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
+    if outcome.status != "still_invalid" {
+        shared.metrics.quarantine_entries.dec();
+    }
+    shared.dispatch.notify(outcome.new.clone());
+    let status = if outcome.status == "still_invalid" {
+        actix_web::http::StatusCode::CONFLICT
+    } else {
+        actix_web::http::StatusCode::OK
+    };
+    Ok(HttpResponse::build(status).json(outcome))
+}

@@ -1,0 +1,46 @@
+//! Operations endpoints: liveness, readiness, metrics, and the admin API.
+
+pub mod admin;
+pub mod metrics;
+
+use crate::app::Shared;
+use actix_web::{web, HttpResponse};
+use serde_json::json;
+use std::sync::atomic::Ordering;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+/// Alive: the process answers.
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+/// Ready: the store is open and its last flush worked, and the daemon is not shutting down.
+async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
+    let store_ok = shared.commit.is_healthy();
+    let stopping = shared.shutting_down.load(Ordering::Relaxed);
+    let body = json!({
+        "status": if store_ok && !stopping { "ready" } else { "not_ready" },
+        "checks": {
+            "store": if store_ok { "ok" } else { "failing" },
+            "shutting_down": stopping,
+            "inbox_depth": shared.metrics.inbox_depth.get(),
+        }
+    });
+    if store_ok && !stopping {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
+    shared.metrics.store_bytes.set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(shared.metrics.render())
+}

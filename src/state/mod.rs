@@ -1,0 +1,366 @@
+//! Per-conversation, per-end-user and per-bot state, and the pure fold that applies one event.
+//!
+//! Events arrive out of order and are sometimes re-sent, so every field is a last-writer-wins
+//! register stamped with the (timestamp, event id) of the event that set it, counters only grow,
+//! and "last seen" times take the maximum. Applying the same set of events in any order therefore
+//! gives the same state: an older event never rolls state back. (Exactly-once application is the
+//! store's job; the fold itself does not dedupe.)
+
+use crate::ids::{BotId, ConversationId, EndUserId, EventId, UserKey};
+use crate::webhook::model::{
+    AgentRef, Bot, Conversation, EndUser, Event, EventKind, Message, Millis, Navigation, Payload,
+    Platform, Sender,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Version of the persisted state layout; bump with a migration when the shape changes.
+pub const STATE_VERSION: u32 = 1;
+
+/// Total order on events, used to decide which of two writes is newer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Stamp {
+    pub at: Millis,
+    pub event: String,
+}
+
+impl Stamp {
+    pub fn of(event: &Event) -> Self {
+        Stamp {
+            at: event.timestamp,
+            event: event.id.as_str().to_owned(),
+        }
+    }
+}
+
+/// A value with the stamp of the event that wrote it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lww<T> {
+    pub value: T,
+    pub stamp: Stamp,
+}
+
+impl<T> Lww<T> {
+    /// Write `value` if `stamp` is newer than the current one.
+    fn set(&mut self, value: T, stamp: &Stamp) {
+        if *stamp > self.stamp {
+            self.value = value;
+            self.stamp = stamp.clone();
+        }
+    }
+}
+
+/// Where a conversation stands in the agent-call lifecycle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandoffPhase {
+    #[default]
+    Bot,
+    Requested,
+    Connected,
+    Cancelled,
+    Ended,
+}
+
+impl HandoffPhase {
+    fn from_event(kind: &EventKind) -> Option<Self> {
+        match kind {
+            EventKind::AgentCallRequested => Some(HandoffPhase::Requested),
+            EventKind::AgentCallConnected => Some(HandoffPhase::Connected),
+            EventKind::AgentCallCancelled => Some(HandoffPhase::Cancelled),
+            EventKind::AgentCallDisconnected => Some(HandoffPhase::Ended),
+            _ => None,
+        }
+    }
+}
+
+/// The handoff as derived from `agent_call_*` events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Handoff {
+    /// Current phase; its stamp's time is when the phase began.
+    pub phase: Lww<HandoffPhase>,
+    pub requested_at: Option<Millis>,
+    pub connected_at: Option<Millis>,
+    pub cancelled_at: Option<Millis>,
+    pub ended_at: Option<Millis>,
+    /// The agent who answered last (from `meta.sender` of agent messages).
+    pub agent: Lww<Option<AgentRef>>,
+}
+
+/// Message counters and last-message times by sender.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MessageStats {
+    pub user_messages: u64,
+    pub bot_messages: u64,
+    pub agent_messages: u64,
+    pub last_user_message_at: Option<Millis>,
+    pub last_bot_message_at: Option<Millis>,
+    pub last_agent_message_at: Option<Millis>,
+    /// Id and sender of the newest message.
+    pub last_message: Lww<Option<LastMessage>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastMessage {
+    pub id: String,
+    pub sender: Sender,
+}
+
+/// What the bridge knows about one conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConversationState {
+    pub version: u32,
+    pub id: ConversationId,
+    pub bot_id: Option<BotId>,
+    pub end_user_id: Option<EndUserId>,
+    pub platform: Option<Platform>,
+    pub user_key: Option<UserKey>,
+    pub params: Lww<Map<String, Value>>,
+    pub navigation: Lww<Navigation>,
+    /// `context.manual.status` as last reported by the service.
+    pub manual_status: Lww<Option<String>>,
+    pub handoff: Handoff,
+    pub messages: MessageStats,
+    pub created_at: Option<Millis>,
+    pub deleted_at: Option<Millis>,
+    /// Events applied to this conversation; with exactly-once processing this equals the number
+    /// of distinct events stored for it.
+    pub events_applied: u64,
+    pub first_event_at: Millis,
+    pub last_event_at: Millis,
+}
+
+impl ConversationState {
+    pub fn new(id: ConversationId) -> Self {
+        ConversationState {
+            version: STATE_VERSION,
+            id,
+            bot_id: None,
+            end_user_id: None,
+            platform: None,
+            user_key: None,
+            params: Lww::default(),
+            navigation: Lww::default(),
+            manual_status: Lww::default(),
+            handoff: Handoff::default(),
+            messages: MessageStats::default(),
+            created_at: None,
+            deleted_at: None,
+            events_applied: 0,
+            first_event_at: Millis::MAX,
+            last_event_at: Millis::MIN,
+        }
+    }
+
+    /// Fold one conversation or message event in.
+    pub fn apply(&mut self, event: &Event) {
+        let stamp = Stamp::of(event);
+        self.events_applied += 1;
+        self.first_event_at = self.first_event_at.min(event.timestamp);
+        self.last_event_at = self.last_event_at.max(event.timestamp);
+        if self.bot_id.is_none() {
+            self.bot_id = Some(event.source_id.clone());
+        }
+        match &event.payload {
+            Payload::Conversation(c) => self.apply_conversation(&event.kind, c, &stamp),
+            Payload::Message(m) => self.apply_message(m, &stamp),
+            _ => {}
+        }
+    }
+
+    fn apply_conversation(&mut self, kind: &EventKind, c: &Conversation, stamp: &Stamp) {
+        fill(&mut self.bot_id, c.bot_id.as_ref());
+        fill(&mut self.end_user_id, c.end_user_id.as_ref());
+        fill(&mut self.platform, c.platform.as_ref());
+        fill(&mut self.user_key, c.user_key.as_ref());
+        if let Some(params) = &c.params {
+            self.params.set(params.clone(), stamp);
+        }
+        if let Some(nav) = c.effective_navigation() {
+            self.navigation.set(nav.clone(), stamp);
+        }
+        if let Some(status) = c.manual_status() {
+            self.manual_status.set(Some(status.to_owned()), stamp);
+        }
+        let at = stamp.at;
+        match kind {
+            EventKind::ConversationCreated => self.created_at = min_some(self.created_at, at),
+            EventKind::ConversationDeleted => self.deleted_at = max_some(self.deleted_at, at),
+            _ => {}
+        }
+        if let Some(phase) = HandoffPhase::from_event(kind) {
+            let h = &mut self.handoff;
+            h.phase.set(phase, stamp);
+            let slot = match phase {
+                HandoffPhase::Requested => &mut h.requested_at,
+                HandoffPhase::Connected => &mut h.connected_at,
+                HandoffPhase::Cancelled => &mut h.cancelled_at,
+                HandoffPhase::Ended | HandoffPhase::Bot => &mut h.ended_at,
+            };
+            *slot = max_some(*slot, at);
+        }
+    }
+
+    fn apply_message(&mut self, m: &Message, stamp: &Stamp) {
+        fill(&mut self.end_user_id, m.end_user_id.as_ref());
+        let at = stamp.at;
+        let stats = &mut self.messages;
+        let sender = m.sender();
+        match sender {
+            Sender::User => {
+                stats.user_messages += 1;
+                stats.last_user_message_at = max_some(stats.last_user_message_at, at);
+            }
+            Sender::Bot => {
+                stats.bot_messages += 1;
+                stats.last_bot_message_at = max_some(stats.last_bot_message_at, at);
+            }
+            Sender::Agent => {
+                stats.agent_messages += 1;
+                stats.last_agent_message_at = max_some(stats.last_agent_message_at, at);
+                let agent = m.meta.as_ref().and_then(|meta| meta.sender.clone());
+                if agent.is_some() {
+                    self.handoff.agent.set(agent, stamp);
+                }
+            }
+        }
+        let last = LastMessage {
+            id: m.id.clone(),
+            sender,
+        };
+        stats.last_message.set(Some(last), stamp);
+    }
+}
+
+/// What the bridge knows about one end user.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndUserState {
+    pub version: u32,
+    pub id: EndUserId,
+    pub bot_id: Option<BotId>,
+    pub platform: Option<Platform>,
+    pub user_key: Option<UserKey>,
+    pub params: Lww<Map<String, Value>>,
+    /// The user's newest conversation: conversation ids change with every session.
+    pub last_conversation_id: Lww<Option<ConversationId>>,
+    pub deleted_at: Option<Millis>,
+    pub events_applied: u64,
+    pub last_event_at: Millis,
+}
+
+impl EndUserState {
+    pub fn new(id: EndUserId) -> Self {
+        EndUserState {
+            version: STATE_VERSION,
+            id,
+            bot_id: None,
+            platform: None,
+            user_key: None,
+            params: Lww::default(),
+            last_conversation_id: Lww::default(),
+            deleted_at: None,
+            events_applied: 0,
+            last_event_at: Millis::MIN,
+        }
+    }
+
+    /// Fold one `bot.end_user.*` event in.
+    pub fn apply(&mut self, event: &Event, user: &EndUser) {
+        let stamp = Stamp::of(event);
+        self.events_applied += 1;
+        self.last_event_at = self.last_event_at.max(event.timestamp);
+        fill(&mut self.bot_id, user.bot_id.as_ref().or(Some(&event.source_id)));
+        fill(&mut self.platform, Some(&user.platform));
+        fill(&mut self.user_key, Some(&user.user_key));
+        if let Some(params) = &user.params {
+            self.params.set(params.clone(), &stamp);
+        }
+        if let Some(conv) = &user.last_conversation_id {
+            self.last_conversation_id.set(Some(conv.clone()), &stamp);
+        }
+        if event.kind == EventKind::EndUserDeleted {
+            self.deleted_at = max_some(self.deleted_at, event.timestamp);
+        }
+    }
+
+    /// A conversation event names its end user: remember the conversation as theirs. This does not
+    /// count as an event applied to the end user.
+    pub fn observe_conversation(&mut self, event: &Event, c: &Conversation) {
+        fill(&mut self.bot_id, c.bot_id.as_ref());
+        fill(&mut self.platform, c.platform.as_ref());
+        fill(&mut self.user_key, c.user_key.as_ref());
+        self.last_conversation_id
+            .set(Some(c.id.clone()), &Stamp::of(event));
+    }
+}
+
+/// What the bridge knows about one bot.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BotState {
+    pub version: u32,
+    pub id: BotId,
+    pub info: Lww<Option<Bot>>,
+    pub deleted_at: Option<Millis>,
+    /// Events of types the bridge does not know, attributed to the bot that sent them.
+    pub unknown_events: u64,
+    pub events_applied: u64,
+    pub last_event_at: Millis,
+}
+
+impl BotState {
+    pub fn new(id: BotId) -> Self {
+        BotState {
+            version: STATE_VERSION,
+            id,
+            info: Lww::default(),
+            deleted_at: None,
+            unknown_events: 0,
+            events_applied: 0,
+            last_event_at: Millis::MIN,
+        }
+    }
+
+    /// Fold a `bot.*` event, or an event of an unknown type, in.
+    pub fn apply(&mut self, event: &Event) {
+        self.events_applied += 1;
+        self.last_event_at = self.last_event_at.max(event.timestamp);
+        match &event.payload {
+            Payload::Bot(bot) => {
+                self.info.set(Some(bot.clone()), &Stamp::of(event));
+                if event.kind == EventKind::BotDeleted {
+                    self.deleted_at = max_some(self.deleted_at, event.timestamp);
+                }
+            }
+            _ => self.unknown_events += 1,
+        }
+    }
+}
+
+fn fill<T: Clone>(slot: &mut Option<T>, value: Option<&T>) {
+    if slot.is_none() {
+        if let Some(v) = value {
+            *slot = Some(v.clone());
+        }
+    }
+}
+
+fn max_some(current: Option<Millis>, at: Millis) -> Option<Millis> {
+    Some(current.map_or(at, |c| c.max(at)))
+}
+
+fn min_some(current: Option<Millis>, at: Millis) -> Option<Millis> {
+    Some(current.map_or(at, |c| c.min(at)))
+}
+
+/// Re-key helper for the `(platform, userKey)` index.
+pub fn user_index_parts(platform: &Platform, user_key: &UserKey) -> (String, String) {
+    (platform.as_str().to_owned(), user_key.as_str().to_owned())
+}
+
+/// Used by tests and tools that build events by hand.
+pub fn event_id(text: &str) -> EventId {
+    EventId::new(text)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,578 @@
+//! The durable store: event log, inbox, dedupe records, per-conversation state and quarantine, in
+//! sled. This is the only module that imports sled; keys are built in [`keys`].
+//!
+//! Invariants kept here:
+//! - accepting an event writes its dedupe record, log entry and inbox entry in one transaction, so
+//!   an event is either fully accepted or not at all;
+//! - folding an event into state removes its inbox entry in the same transaction, so a crash can
+//!   neither lose nor repeat the fold.
+
+pub mod commit;
+pub mod keys;
+
+use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
+use crate::state::{BotState, ConversationState, EndUserState};
+use crate::webhook::model::{Event, Millis, Payload};
+use crate::webhook::IncomingEvent;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+use std::collections::HashMap;
+use std::path::Path;
+
+pub use commit::GroupCommit;
+
+/// Layout version written on first open; a newer one refuses to open.
+const LAYOUT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O failed: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("store is corrupt: {0}")]
+    Corrupt(String),
+    #[error("store layout version {found} is newer than this binary supports ({supported})")]
+    TooNew { found: u32, supported: u32 },
+    #[error("the store at {path} is in use by another process (is the daemon running?)")]
+    Locked { path: String },
+}
+
+impl From<TransactionError<String>> for StoreError {
+    fn from(e: TransactionError<String>) -> Self {
+        match e {
+            TransactionError::Abort(msg) => StoreError::Corrupt(msg),
+            TransactionError::Storage(e) => StoreError::Sled(e),
+        }
+    }
+}
+
+/// One accepted event as kept in the event log.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub seq: u64,
+    pub id: EventId,
+    pub delivery: DeliveryId,
+    pub received_at: Millis,
+    pub partition: String,
+    pub kind: String,
+    /// The event exactly as the service sent it.
+    pub event: Box<RawValue>,
+}
+
+/// What `accept` did with a delivery.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Newly stored events: (sequence number, partition), in delivery order.
+    pub new: Vec<(u64, PartitionKey)>,
+    /// Position in the given slice of each newly stored event.
+    pub new_index: Vec<usize>,
+    /// Events already stored earlier (or twice in this delivery).
+    pub duplicate_events: usize,
+    /// The delivery id itself was seen before: nothing was looked at.
+    pub duplicate_delivery: bool,
+}
+
+/// A quarantined body: a whole delivery or one event of one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QuarantineRecord {
+    pub id: u64,
+    pub received_at: Millis,
+    /// `delivery` or `event`.
+    pub scope: String,
+    /// Stable reason code (`invalid_json`, `invalid_format`, `empty_batch`,
+    /// `unsupported_content_type`, `invalid_event`).
+    pub reason: String,
+    pub detail: String,
+    pub delivery_id: Option<String>,
+    pub content_type: Option<String>,
+    /// The body as received, base64 so any bytes survive.
+    pub body_base64: String,
+}
+
+/// Counts of stored records, for metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Sizes {
+    pub conversations: u64,
+    pub end_users: u64,
+    pub bots: u64,
+    pub quarantine: u64,
+    pub inbox: u64,
+    pub events: u64,
+}
+
+/// What folding a batch did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub applied: usize,
+    pub skipped: usize,
+    pub new_conversations: u64,
+    pub new_end_users: u64,
+    pub new_bots: u64,
+}
+
+/// What a prune pass removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub dedupe_records: u64,
+    pub events: u64,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    seen: sled::Tree,
+    deliveries: sled::Tree,
+    events: sled::Tree,
+    inbox: sled::Tree,
+    conversations: sled::Tree,
+    end_users: sled::Tree,
+    user_index: sled::Tree,
+    bots: sled::Tree,
+    quarantine: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl Store {
+    /// Open (or create) the store under `dir`.
+    pub fn open(dir: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_capacity)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    StoreError::Locked {
+                        path: dir.display().to_string(),
+                    }
+                }
+                sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
+                    path: dir.display().to_string(),
+                },
+                other => StoreError::Sled(other),
+            })?;
+        let t = |name: &str| db.open_tree(name);
+        let store = Store {
+            seen: t(keys::tree::SEEN)?,
+            deliveries: t(keys::tree::DELIVERIES)?,
+            events: t(keys::tree::EVENTS)?,
+            inbox: t(keys::tree::INBOX)?,
+            conversations: t(keys::tree::CONVERSATIONS)?,
+            end_users: t(keys::tree::END_USERS)?,
+            user_index: t(keys::tree::USER_INDEX)?,
+            bots: t(keys::tree::BOTS)?,
+            quarantine: t(keys::tree::QUARANTINE)?,
+            meta: t(keys::tree::META)?,
+            db,
+        };
+        store.check_layout()?;
+        Ok(store)
+    }
+
+    fn check_layout(&self) -> Result<(), StoreError> {
+        match self.meta.get(keys::meta::LAYOUT_VERSION)? {
+            None => {
+                self.meta
+                    .insert(keys::meta::LAYOUT_VERSION, &LAYOUT_VERSION.to_be_bytes())?;
+                Ok(())
+            }
+            Some(v) => {
+                let found = v
+                    .as_ref()
+                    .try_into()
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| StoreError::Corrupt("layout version unreadable".into()))?;
+                if found > LAYOUT_VERSION {
+                    Err(StoreError::TooNew {
+                        found,
+                        supported: LAYOUT_VERSION,
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The sled handle, for the group-commit flusher.
+    pub fn db(&self) -> sled::Db {
+        self.db.clone()
+    }
+
+    /// Blocking flush, for offline tools and shutdown.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Store the new events of a delivery, dedupe the rest. Not durable until a flush.
+    pub fn accept(
+        &self,
+        delivery: &DeliveryId,
+        events: &[IncomingEvent],
+        now: Millis,
+    ) -> Result<Accepted, StoreError> {
+        // Ids are drawn before the transaction: sled deadlocks if `generate_id` runs inside one.
+        // Unused ids (duplicates) leave gaps, which nothing relies on.
+        let seqs = events
+            .iter()
+            .map(|_| self.db.generate_id())
+            .collect::<Result<Vec<u64>, _>>()?;
+        let result = (&self.deliveries, &self.seen, &self.events, &self.inbox).transaction(
+            |(deliveries, seen, log, inbox)| {
+                if deliveries.get(delivery.as_str())?.is_some() {
+                    return Ok(Accepted {
+                        duplicate_delivery: true,
+                        ..Accepted::default()
+                    });
+                }
+                let mut out = Accepted::default();
+                let mut in_batch = std::collections::HashSet::new();
+                for (index, ev) in events.iter().enumerate() {
+                    if !in_batch.insert(ev.id.as_str()) || seen.get(ev.id.as_str())?.is_some() {
+                        out.duplicate_events += 1;
+                        continue;
+                    }
+                    let seq = seqs[index];
+                    let raw = RawValue::from_string(ev.raw.clone()).map_err(abort)?;
+                    let record = EventRecord {
+                        seq,
+                        id: ev.id.clone(),
+                        delivery: delivery.clone(),
+                        received_at: now,
+                        partition: ev.partition.encode(),
+                        kind: ev.kind.as_str().to_owned(),
+                        event: raw,
+                    };
+                    let bytes = serde_json::to_vec(&record).map_err(abort)?;
+                    log.insert(&keys::seq(seq), bytes)?;
+                    inbox.insert(&keys::seq(seq), ev.partition.encode().as_bytes())?;
+                    seen.insert(ev.id.as_str(), &keys::seq(seq))?;
+                    out.new.push((seq, ev.partition.clone()));
+                    out.new_index.push(index);
+                }
+                if !out.new.is_empty() {
+                    deliveries.insert(delivery.as_str(), &now.to_be_bytes())?;
+                }
+                Ok(out)
+            },
+        );
+        Ok(result?)
+    }
+
+    /// Everything still waiting in the inbox, oldest first (used on start).
+    pub fn pending(&self) -> Result<Vec<(u64, PartitionKey)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.inbox.iter() {
+            let (k, v) = item?;
+            let seq = keys::parse_seq(&k).ok_or_else(|| corrupt("inbox key"))?;
+            let text = std::str::from_utf8(&v).map_err(|_| corrupt("inbox partition"))?;
+            let partition = PartitionKey::decode(text).ok_or_else(|| corrupt("inbox partition"))?;
+            out.push((seq, partition));
+        }
+        Ok(out)
+    }
+
+    /// One event of the log.
+    pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
+        match self.events.get(keys::seq(seq))? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode(&bytes, "event record")?)),
+        }
+    }
+
+    /// The log entry of an event id, while its dedupe record is retained.
+    pub fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
+        match self.seen.get(id.as_str())? {
+            None => Ok(None),
+            Some(seq) => match keys::parse_seq(&seq) {
+                Some(seq) => self.event(seq),
+                None => Err(corrupt("dedupe record")),
+            },
+        }
+    }
+
+    /// Visit the event log in acceptance order.
+    pub fn for_each_event(
+        &self,
+        mut f: impl FnMut(EventRecord, bool),
+    ) -> Result<(), StoreError> {
+        for item in self.events.iter() {
+            let (k, v) = item?;
+            let record: EventRecord = decode(&v, "event record")?;
+            let pending = self.inbox.contains_key(&k)?;
+            f(record, pending);
+        }
+        Ok(())
+    }
+
+    /// Fold a batch of one partition's events into state, each exactly once: an event whose inbox
+    /// entry is already gone was folded before and is skipped.
+    pub fn apply(&self, batch: &[(u64, Event)]) -> Result<Applied, StoreError> {
+        let trees = (
+            &self.inbox,
+            &self.conversations,
+            &self.end_users,
+            &self.user_index,
+            &self.bots,
+        );
+        let result = trees.transaction(|(inbox, convs, users, index, bots)| {
+            let mut out = Applied::default();
+            let mut conv_cache: HashMap<ConversationId, ConversationState> = HashMap::new();
+            let mut user_cache: HashMap<EndUserId, EndUserState> = HashMap::new();
+            let mut bot_cache: HashMap<String, BotState> = HashMap::new();
+            for (seq, event) in batch {
+                if inbox.remove(&keys::seq(*seq))?.is_none() {
+                    out.skipped += 1;
+                    continue;
+                }
+                out.applied += 1;
+                match &event.payload {
+                    Payload::Conversation(_) | Payload::Message(_) => {
+                        let id = match &event.payload {
+                            Payload::Conversation(c) => c.id.clone(),
+                            Payload::Message(m) => m.conversation_id.clone(),
+                            _ => unreachable_partition()?,
+                        };
+                        if !conv_cache.contains_key(&id) {
+                            let state = match convs.get(id.as_str())? {
+                                Some(b) => decode(&b, "conversation state").map_err(abort)?,
+                                None => {
+                                    out.new_conversations += 1;
+                                    ConversationState::new(id.clone())
+                                }
+                            };
+                            conv_cache.insert(id.clone(), state);
+                        }
+                        if let Some(state) = conv_cache.get_mut(&id) {
+                            state.apply(event);
+                        }
+                        if let Payload::Conversation(c) = &event.payload {
+                            if let Some(uid) = &c.end_user_id {
+                                let user = load_user(users, &mut user_cache, uid, &mut out)?;
+                                user.observe_conversation(event, c);
+                            }
+                        }
+                    }
+                    Payload::EndUser(u) => {
+                        let user = load_user(users, &mut user_cache, &u.id, &mut out)?;
+                        user.apply(event, u);
+                    }
+                    Payload::Bot(_) | Payload::Unknown(_) => {
+                        let id = match &event.payload {
+                            Payload::Bot(b) => b.id.clone(),
+                            _ => event.source_id.clone(),
+                        };
+                        let key = id.as_str().to_owned();
+                        if !bot_cache.contains_key(&key) {
+                            let state = match bots.get(key.as_bytes())? {
+                                Some(b) => decode(&b, "bot state").map_err(abort)?,
+                                None => {
+                                    out.new_bots += 1;
+                                    BotState::new(id)
+                                }
+                            };
+                            bot_cache.insert(key.clone(), state);
+                        }
+                        if let Some(state) = bot_cache.get_mut(&key) {
+                            state.apply(event);
+                        }
+                    }
+                }
+            }
+            for (id, state) in &conv_cache {
+                convs.insert(id.as_str(), encode(state).map_err(abort)?)?;
+            }
+            for (id, state) in &user_cache {
+                if let (Some(p), Some(k)) = (&state.platform, &state.user_key) {
+                    index.insert(keys::user_index(p.as_str(), k.as_str()), id.as_str())?;
+                }
+                users.insert(id.as_str(), encode(state).map_err(abort)?)?;
+            }
+            for (id, state) in &bot_cache {
+                bots.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
+            }
+            Ok(out)
+        });
+        Ok(result?)
+    }
+
+    pub fn conversation(&self, id: &ConversationId) -> Result<Option<ConversationState>, StoreError> {
+        self.conversations
+            .get(id.as_str())?
+            .map(|b| decode(&b, "conversation state"))
+            .transpose()
+    }
+
+    pub fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
+        self.end_users
+            .get(id.as_str())?
+            .map(|b| decode(&b, "end-user state"))
+            .transpose()
+    }
+
+    pub fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
+        self.bots
+            .get(id.as_bytes())?
+            .map(|b| decode(&b, "bot state"))
+            .transpose()
+    }
+
+    /// Look an end user up by their messenger identity.
+    pub fn find_end_user(&self, platform: &str, user_key: &str) -> Result<Option<EndUserState>, StoreError> {
+        match self.user_index.get(keys::user_index(platform, user_key))? {
+            None => Ok(None),
+            Some(id) => {
+                let id = std::str::from_utf8(&id).map_err(|_| corrupt("user index"))?;
+                self.end_user(&EndUserId::new(id))
+            }
+        }
+    }
+
+    /// Put a body in quarantine; returns its id.
+    pub fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
+        record.id = self.db.generate_id()?;
+        self.quarantine
+            .insert(keys::seq(record.id), encode(&record)?)?;
+        Ok(record.id)
+    }
+
+    pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
+        self.quarantine
+            .iter()
+            .map(|item| decode(&item?.1, "quarantine record"))
+            .collect()
+    }
+
+    pub fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
+        self.quarantine
+            .get(keys::seq(id))?
+            .map(|b| decode(&b, "quarantine record"))
+            .transpose()
+    }
+
+    /// Whether an event still waits to be folded.
+    pub fn is_pending(&self, seq: u64) -> Result<bool, StoreError> {
+        Ok(self.inbox.contains_key(keys::seq(seq))?)
+    }
+
+    /// Take an entry out of the inbox without folding it (it was quarantined instead).
+    pub fn drop_from_inbox(&self, seq: u64) -> Result<(), StoreError> {
+        self.inbox.remove(keys::seq(seq))?;
+        Ok(())
+    }
+
+    /// Remove a quarantine record (after it was re-processed).
+    pub fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
+        Ok(self.quarantine.remove(keys::seq(id))?.is_some())
+    }
+
+    /// Record counts. Linear in the store size: call on start, then track changes.
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            conversations: self.conversations.len() as u64,
+            end_users: self.end_users.len() as u64,
+            bots: self.bots.len() as u64,
+            quarantine: self.quarantine.len() as u64,
+            inbox: self.inbox.len() as u64,
+            events: self.events.len() as u64,
+        }
+    }
+
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    /// Drop dedupe records older than `dedupe_before` and processed log entries older than
+    /// `events_before`, at most `limit` of each per call. Driven by the event log, which is in
+    /// acceptance (and so receive-time) order.
+    pub fn prune(
+        &self,
+        dedupe_before: Millis,
+        events_before: Millis,
+        limit: usize,
+    ) -> Result<Pruned, StoreError> {
+        let mut out = Pruned::default();
+        let start = self
+            .meta
+            .get(keys::meta::DEDUPE_PRUNED_THROUGH)?
+            .and_then(|b| keys::parse_seq(&b))
+            .map_or(0, |s| s.saturating_add(1));
+        let mut through = None;
+        for item in self.events.range(keys::seq(start)..).take(limit) {
+            let (k, v) = item?;
+            let record: EventRecord = decode(&v, "event record")?;
+            if record.received_at >= dedupe_before {
+                break;
+            }
+            self.seen.remove(record.id.as_str())?;
+            self.deliveries.remove(record.delivery.as_str())?;
+            through = keys::parse_seq(&k);
+            out.dedupe_records += 1;
+        }
+        if let Some(seq) = through {
+            self.meta
+                .insert(keys::meta::DEDUPE_PRUNED_THROUGH, &keys::seq(seq))?;
+        }
+        for item in self.events.iter().take(limit) {
+            let (k, v) = item?;
+            let record: EventRecord = decode(&v, "event record")?;
+            // Never prune what is still waiting, nor what the dedupe window still covers.
+            if record.received_at >= events_before
+                || record.received_at >= dedupe_before
+                || self.inbox.contains_key(&k)?
+            {
+                break;
+            }
+            self.events.remove(&k)?;
+            out.events += 1;
+        }
+        Ok(out)
+    }
+}
+
+fn load_user<'a>(
+    users: &sled::transaction::TransactionalTree,
+    cache: &'a mut HashMap<EndUserId, EndUserState>,
+    id: &EndUserId,
+    out: &mut Applied,
+) -> Result<&'a mut EndUserState, ConflictableTransactionError<String>> {
+    if !cache.contains_key(id) {
+        let state = match users.get(id.as_str())? {
+            Some(b) => decode(&b, "end-user state").map_err(abort)?,
+            None => {
+                out.new_end_users += 1;
+                EndUserState::new(id.clone())
+            }
+        };
+        cache.insert(id.clone(), state);
+    }
+    cache
+        .get_mut(id)
+        .ok_or_else(|| ConflictableTransactionError::Abort("end-user cache".to_owned()))
+}
+
+fn unreachable_partition<T>() -> Result<T, ConflictableTransactionError<String>> {
+    Err(ConflictableTransactionError::Abort(
+        "payload changed kind".to_owned(),
+    ))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Corrupt(format!("encode: {e}")))
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("unreadable {what}"))
+}
+
+fn abort(e: impl std::fmt::Display) -> ConflictableTransactionError<String> {
+    ConflictableTransactionError::Abort(e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,300 @@
+//! The service's webhook format: typed models and the validation that decides, per delivery and
+//! per event, whether it is accepted or quarantined.
+//!
+//! Parsing is pure (bytes in, verdict out) so the intake handler, quarantine re-processing and the
+//! dispatcher all judge input the same way.
+
+pub mod model;
+
+use crate::ids::{DeliveryId, EventId, PartitionKey};
+use model::{Delivery, Event, EventHeader, EventKind, Payload};
+use serde_json::value::RawValue;
+
+/// A delivery that passed envelope validation. Individual events may still be invalid.
+#[derive(Debug)]
+pub struct ParsedDelivery {
+    pub id: DeliveryId,
+    pub events: Vec<IncomingEvent>,
+    pub invalid: Vec<InvalidEvent>,
+}
+
+/// A valid event, still in the exact bytes the service sent (that is what gets stored).
+#[derive(Debug, Clone)]
+pub struct IncomingEvent {
+    pub id: EventId,
+    pub kind: EventKind,
+    pub partition: PartitionKey,
+    pub timestamp: model::Millis,
+    pub raw: String,
+    /// The platform named by the event, when it is one the bridge does not know.
+    pub unknown_platform: bool,
+}
+
+/// An event of an otherwise valid delivery that cannot be processed.
+#[derive(Debug, Clone)]
+pub struct InvalidEvent {
+    pub raw: String,
+    pub reason: String,
+}
+
+/// Why a whole delivery is refused (and quarantined).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("body does not match the delivery format: {0}")]
+    InvalidFormat(String),
+    #[error("delivery has no events")]
+    EmptyBatch,
+}
+
+impl DeliveryError {
+    /// Stable reason code, used in answers, quarantine records and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DeliveryError::InvalidJson(_) => "invalid_json",
+            DeliveryError::InvalidFormat(_) => "invalid_format",
+            DeliveryError::EmptyBatch => "empty_batch",
+        }
+    }
+}
+
+/// Why one event cannot be processed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("event does not match the format: {0}")]
+    Format(String),
+    #[error("event field `{0}` must not be empty")]
+    Empty(&'static str),
+}
+
+/// Validate a delivery body. Envelope errors reject the whole delivery; event errors only that
+/// event.
+pub fn parse_delivery(body: &[u8]) -> Result<ParsedDelivery, DeliveryError> {
+    let delivery: Delivery<'_> = serde_json::from_slice(body).map_err(classify)?;
+    if delivery.id.trim().is_empty() {
+        return Err(DeliveryError::InvalidFormat(
+            "field `id` must not be empty".into(),
+        ));
+    }
+    if delivery.messages.is_empty() {
+        return Err(DeliveryError::EmptyBatch);
+    }
+    let mut events = Vec::with_capacity(delivery.messages.len());
+    let mut invalid = Vec::new();
+    for raw in delivery.messages {
+        match validate_event(raw) {
+            Ok(event) => events.push(event),
+            Err(err) => invalid.push(InvalidEvent {
+                raw: raw.get().to_owned(),
+                reason: err.to_string(),
+            }),
+        }
+    }
+    Ok(ParsedDelivery {
+        id: DeliveryId::new(delivery.id),
+        events,
+        invalid,
+    })
+}
+
+/// Validate one event (as found in `messages[]`) and work out where it is processed.
+pub fn validate_event(raw: &RawValue) -> Result<IncomingEvent, EventError> {
+    let event = parse_event(raw.get())?;
+    let unknown_platform = match &event.payload {
+        Payload::EndUser(u) => !u.platform.is_known(),
+        Payload::Conversation(c) => c.platform.as_ref().is_some_and(|p| !p.is_known()),
+        _ => false,
+    };
+    Ok(IncomingEvent {
+        partition: partition_of(&event),
+        id: event.id,
+        kind: event.kind,
+        timestamp: event.timestamp,
+        raw: raw.get().to_owned(),
+        unknown_platform,
+    })
+}
+
+/// Parse a stored or incoming event into its typed form.
+pub fn parse_event(raw: &str) -> Result<Event, EventError> {
+    let header: EventHeader<'_> =
+        serde_json::from_str(raw).map_err(|e| EventError::Format(e.to_string()))?;
+    if header.id.as_str().trim().is_empty() {
+        return Err(EventError::Empty("id"));
+    }
+    if header.source_id.as_str().is_empty() {
+        return Err(EventError::Empty("sourceId"));
+    }
+    let payload = match header.event.data_key() {
+        None => Payload::Unknown(
+            serde_json::from_str(header.data.get()).map_err(|e| EventError::Format(e.to_string()))?,
+        ),
+        Some(key) => typed_payload(key, header.data.get())?,
+    };
+    Ok(Event {
+        id: header.id,
+        kind: header.event,
+        source_id: header.source_id,
+        timestamp: header.timestamp,
+        payload,
+    })
+}
+
+fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Data {
+        bot: Option<model::Bot>,
+        end_user: Option<model::EndUser>,
+        conversation: Option<model::Conversation>,
+        message: Option<model::Message>,
+    }
+    let data: Data = serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
+    let missing = || EventError::Format(format!("data.{key} is required for this event type"));
+    let payload = match key {
+        "bot" => Payload::Bot(data.bot.ok_or_else(missing)?),
+        "endUser" => Payload::EndUser(data.end_user.ok_or_else(missing)?),
+        "conversation" => Payload::Conversation(data.conversation.ok_or_else(missing)?),
+        _ => Payload::Message(data.message.ok_or_else(missing)?),
+    };
+    let empty = match &payload {
+        Payload::Bot(b) => b.id.as_str().is_empty().then_some("data.bot.id"),
+        Payload::EndUser(u) => u.id.as_str().is_empty().then_some("data.endUser.id"),
+        Payload::Conversation(c) => c.id.as_str().is_empty().then_some("data.conversation.id"),
+        Payload::Message(m) => m
+            .conversation_id
+            .as_str()
+            .is_empty()
+            .then_some("data.message.conversationId"),
+        Payload::Unknown(_) => None,
+    };
+    match empty {
+        Some(field) => Err(EventError::Empty(field)),
+        None => Ok(payload),
+    }
+}
+
+/// The ordering domain of an event.
+pub fn partition_of(event: &Event) -> PartitionKey {
+    match &event.payload {
+        Payload::Conversation(c) => PartitionKey::Conversation(c.id.clone()),
+        Payload::Message(m) => PartitionKey::Conversation(m.conversation_id.clone()),
+        Payload::EndUser(u) => PartitionKey::EndUser(u.id.clone()),
+        Payload::Bot(b) => PartitionKey::Bot(b.id.clone()),
+        Payload::Unknown(_) => PartitionKey::Bot(event.source_id.clone()),
+    }
+}
+
+fn classify(err: serde_json::Error) -> DeliveryError {
+    use serde_json::error::Category;
+    match err.classify() {
+        Category::Syntax | Category::Eof | Category::Io => DeliveryError::InvalidJson(err.to_string()),
+        Category::Data => DeliveryError::InvalidFormat(err.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use model::{MessageType, Platform, Sender};
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../shared/fixtures/webhooks/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn every_shared_fixture_parses_without_invalid_events() {
+        let dir = format!("{}/../shared/fixtures/webhooks", env!("CARGO_MANIFEST_DIR"));
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).expect("fixtures dir") {
+            let path = entry.expect("entry").path();
+            let body = std::fs::read(&path).expect("read fixture");
+            let parsed = parse_delivery(&body).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            assert!(parsed.invalid.is_empty(), "{path:?}: {:?}", parsed.invalid);
+            assert!(!parsed.events.is_empty());
+            for e in &parsed.events {
+                assert!(e.kind.is_known(), "{path:?}: {}", e.kind);
+                parse_event(&e.raw).expect("stored raw re-parses");
+            }
+            seen += 1;
+        }
+        assert!(seen >= 18, "expected the shared fixtures, saw {seen}");
+    }
+
+    #[test]
+    fn agent_message_is_told_apart_by_meta_sender_or_persona() {
+        let parsed = parse_delivery(&fixture("message-sent-agent-text.json")).expect("parse");
+        let event = parse_event(&parsed.events[0].raw).expect("event");
+        let Payload::Message(m) = event.payload else { panic!("not a message") };
+        assert_eq!(m.sender(), Sender::Agent);
+        assert_eq!(m.data.kind, MessageType::Text);
+
+        let persona = r#"{"id":"m","conversationId":"c","isUser":false,"meta":{"persona":{"name":"x"}},"data":{"type":"text","text":"hi"}}"#;
+        let m: model::Message = serde_json::from_str(persona).expect("persona message");
+        assert_eq!(m.sender(), Sender::Agent);
+        let bot = r#"{"id":"m","conversationId":"c","isUser":false,"meta":{"custom":"x"},"data":{"type":"text"}}"#;
+        let m: model::Message = serde_json::from_str(bot).expect("bot message");
+        assert_eq!(m.sender(), Sender::Bot);
+    }
+
+    #[test]
+    fn unknown_event_types_platforms_and_message_types_are_kept() {
+        let body = br#"{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[
+            {"id":"e1","event":"bot.something.new","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{"weird":[1,2]}},
+            {"id":"e2","event":"bot.end_user.created","sourceType":"bot","sourceId":"B1","timestamp":2,
+             "data":{"endUser":{"id":"u1","platform":"telegram","userKey":"k"}}},
+            {"id":"e3","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":3,
+             "data":{"message":{"id":"m","conversationId":"c1","isUser":true,"meta":null,"data":{"type":"sticker","sticker":{}}}}}
+        ]}"#;
+        let parsed = parse_delivery(body).expect("parse");
+        assert!(parsed.invalid.is_empty(), "{:?}", parsed.invalid);
+        assert_eq!(parsed.events[0].kind, EventKind::Other("bot.something.new".into()));
+        assert_eq!(parsed.events[0].partition, PartitionKey::Bot("B1".into()));
+        assert!(parsed.events[1].unknown_platform);
+        let e2 = parse_event(&parsed.events[1].raw).expect("e2");
+        let Payload::EndUser(u) = e2.payload else { panic!() };
+        assert_eq!(u.platform, Platform::Other("telegram".into()));
+        let e3 = parse_event(&parsed.events[2].raw).expect("e3");
+        let Payload::Message(m) = e3.payload else { panic!() };
+        assert_eq!(m.data.kind, MessageType::Other("sticker".into()));
+    }
+
+    #[test]
+    fn manual_status_is_read_from_the_undocumented_context_field() {
+        let c: model::Conversation = serde_json::from_str(
+            r#"{"id":"c","context":{"manual":{"status":"HANDOVER"}},"navigation":{}}"#,
+        )
+        .expect("conversation");
+        assert_eq!(c.manual_status(), Some("HANDOVER"));
+        assert!(c.effective_navigation().is_none());
+    }
+
+    #[test]
+    fn bad_envelopes_are_classified() {
+        assert!(matches!(parse_delivery(b"{not json"), Err(DeliveryError::InvalidJson(_))));
+        assert!(matches!(parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[{"id":"e""#), Err(DeliveryError::InvalidJson(_))));
+        assert!(matches!(parse_delivery(br#"{"id":5,"webhookId":"w","webhookUrl":"u","messages":[]}"#), Err(DeliveryError::InvalidFormat(_))));
+        assert!(matches!(parse_delivery(br#"{"webhookId":"w","webhookUrl":"u","messages":[]}"#), Err(DeliveryError::InvalidFormat(_))));
+        assert_eq!(parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[]}"#).map(|_| ()), Err(DeliveryError::EmptyBatch));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(matches!(parse_delivery(deep.as_bytes()), Err(DeliveryError::InvalidJson(_) | DeliveryError::InvalidFormat(_))));
+    }
+
+    #[test]
+    fn an_event_missing_its_payload_is_invalid_but_its_siblings_are_not() {
+        let body = br#"{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[
+            {"id":"e1","event":"bot.conversation.updated","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{}},
+            {"id":"e2","event":"bot.conversation.updated","sourceType":"bot","sourceId":"B1","timestamp":"soon","data":{}},
+            {"id":"e3","event":"bot.updated","sourceType":"bot","sourceId":"B1","timestamp":3,"data":{"bot":{"id":"B1"}}}
+        ]}"#;
+        let parsed = parse_delivery(body).expect("envelope ok");
+        assert_eq!(parsed.events.len(), 1);
+        assert_eq!(parsed.invalid.len(), 2);
+        assert!(parsed.invalid[0].reason.contains("data.conversation"), "{}", parsed.invalid[0].reason);
+    }
+}
