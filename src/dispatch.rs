@@ -21,6 +21,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 #[derive(Clone)]
 pub struct DispatchHandle {
     tx: mpsc::UnboundedSender<Vec<(u64, PartitionKey)>>,
+    /// Changes whenever the dispatcher's queue depth changes.
+    progress: watch::Receiver<usize>,
 }
 
 impl DispatchHandle {
@@ -29,6 +31,23 @@ impl DispatchHandle {
     pub fn notify(&self, entries: Vec<(u64, PartitionKey)>) {
         if !entries.is_empty() {
             let _ = self.tx.send(entries);
+        }
+    }
+
+    /// Wait until the durable inbox is empty (everything accepted so far is folded), or the
+    /// timeout passes. Returns whether it drained. Woken by dispatcher progress, not polling.
+    pub async fn wait_drained(&self, store: &Store, timeout: Duration) -> Result<bool, crate::store::StoreError> {
+        let mut progress = self.progress.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            progress.borrow_and_update();
+            if store.inbox_is_empty()? {
+                return Ok(true);
+            }
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Ok(store.inbox_is_empty()?),
+            }
         }
     }
 }
@@ -47,6 +66,7 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (progress_tx, progress) = watch::channel(0);
     let mut queues = Queues::default();
     for (seq, partition) in store.pending()? {
         queues.push(partition, seq);
@@ -55,8 +75,8 @@ pub fn start(
     if queues.depth > 0 {
         tracing::info!(pending = queues.depth, "resuming inbox");
     }
-    let task = tokio::spawn(run(store, metrics, settings, queues, rx, stop));
-    Ok((DispatchHandle { tx }, task))
+    let task = tokio::spawn(run(store, metrics, settings, queues, rx, stop, progress_tx));
+    Ok((DispatchHandle { tx, progress }, task))
 }
 
 #[derive(Default)]
@@ -121,6 +141,7 @@ async fn run(
     mut queues: Queues,
     mut rx: mpsc::UnboundedReceiver<Vec<(u64, PartitionKey)>>,
     mut stop: watch::Receiver<bool>,
+    progress: watch::Sender<usize>,
 ) {
     let mut inflight: JoinSet<BatchResult> = JoinSet::new();
     let mut open = true;
@@ -152,6 +173,7 @@ async fn run(
             _ = stop.changed() => {}
         }
         metrics.inbox_depth.set(queues.depth as i64);
+        progress.send_modify(|d| *d = queues.depth);
         if !open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
             // Every sender is gone and nothing is left: only happens in tests.
             let _ = stop.changed().await;

@@ -17,6 +17,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/conversations/{id}", web::get().to(conversation))
             .route("/endusers", web::get().to(find_end_user))
             .route("/events/{id}", web::get().to(event))
+            .route("/inbox/drained", web::get().to(inbox_drained))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
             .route("/quarantine/{id}/reprocess", web::post().to(quarantine_reprocess))
@@ -124,4 +125,23 @@ async fn quarantine_reprocess(shared: web::Data<Shared>, id: web::Path<String>) 
         actix_web::http::StatusCode::OK
     };
     Ok(HttpResponse::build(status).json(outcome))
+}
+
+#[derive(Deserialize)]
+struct DrainQuery {
+    /// How long to wait, in milliseconds (default 10 s, at most 5 min).
+    timeout_ms: Option<u64>,
+}
+
+/// Wait until every accepted event is folded into state: for scripts (backups, tests) that need
+/// a quiet store. 200 when drained, 504 when the wait timed out.
+async fn inbox_drained(shared: web::Data<Shared>, q: web::Query<DrainQuery>) -> Result<HttpResponse, ApiError> {
+    let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
+    let drained = shared.dispatch.wait_drained(&shared.store, timeout).await.map_err(store_error)?;
+    let depth = shared.metrics.inbox_depth.get();
+    if drained {
+        Ok(HttpResponse::Ok().json(json!({"drained": true, "inbox_depth": depth})))
+    } else {
+        Ok(HttpResponse::GatewayTimeout().json(json!({"error": {"code": "not_drained", "message": format!("inbox still holds events after {} ms", timeout.as_millis())}, "inbox_depth": depth})))
+    }
 }

@@ -451,6 +451,11 @@ impl Store {
             .transpose()
     }
 
+    /// True when no accepted event waits to be folded.
+    pub fn inbox_is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.inbox.first()?.is_none())
+    }
+
     /// Whether an event still waits to be folded.
     pub fn is_pending(&self, seq: u64) -> Result<bool, StoreError> {
         Ok(self.inbox.contains_key(keys::seq(seq))?)

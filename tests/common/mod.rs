@@ -1,0 +1,218 @@
+//! spawn_app: start the real `handoff-bridge` binary on a random loopback port with its own data
+//! directory, and talk to it over HTTP. Processes started here are killed (by PID, via `Child`)
+//! when the `TestApp` is dropped.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+use std::time::Duration;
+
+pub const WEBHOOK_TOKEN: &str = "test-webhook-token-0123456789";
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_handoff-bridge")
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/webhooks")
+}
+
+/// Every shared fixture: (file name, body), sorted by name.
+pub fn fixtures() -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures_dir())
+        .expect("shared fixtures")
+        .map(|e| {
+            let path = e.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            (name, std::fs::read(&path).expect("read fixture"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+pub struct TestApp {
+    pub child: Child,
+    pub base: String,
+    pub webhook_url: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    _stdout: BufReader<ChildStdout>,
+    _tmp: Option<tempfile::TempDir>,
+    pub agent: ureq::Agent,
+}
+
+/// Options for starting the daemon.
+#[derive(Default, Clone)]
+pub struct Spawn {
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+}
+
+impl TestApp {
+    /// A daemon on a fresh data directory.
+    pub fn spawn() -> TestApp {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let mut app = Self::spawn_in(&dir, Spawn::default());
+        app._tmp = Some(tmp);
+        app
+    }
+
+    /// A daemon on `data_dir` (kept after the app is dropped: restart tests reuse it).
+    pub fn spawn_in(data_dir: &Path, opts: Spawn) -> TestApp {
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let log_path = data_dir.join(format!("daemon-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(&opts.args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
+            .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "info")
+            .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        let mut child = cmd.spawn().expect("start handoff-bridge");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut base = None;
+        let mut line = String::new();
+        // The daemon prints `listening: http://ADDR` once it accepts connections.
+        while base.is_none() {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("read daemon stdout");
+            if n == 0 {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("daemon exited before listening: {:?}\n{log}", child.wait());
+            }
+            if let Some(rest) = line.trim().strip_prefix("listening: ") {
+                base = Some(rest.to_owned());
+            }
+        }
+        let base = base.expect("base url");
+        TestApp {
+            webhook_url: format!("{base}/webhook/{WEBHOOK_TOKEN}"),
+            base,
+            child,
+            data_dir: data_dir.to_path_buf(),
+            log_path,
+            _stdout: reader,
+            _tmp: None,
+            agent: agent(),
+        }
+    }
+
+    /// POST a body to the webhook with the JSON content type. Returns status and parsed body.
+    pub fn post(&self, body: &[u8]) -> (u16, Value) {
+        self.post_to(&self.webhook_url, body, Some("application/json"))
+    }
+
+    pub fn post_to(&self, url: &str, body: &[u8], content_type: Option<&str>) -> (u16, Value) {
+        let mut req = self.agent.post(url);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let mut resp = req.send(body).expect("POST");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let mut resp = self.agent.get(format!("{}{path}", self.base)).call().expect("GET");
+        let status = resp.status().as_u16();
+        (status, resp.body_mut().read_to_string().unwrap_or_default())
+    }
+
+    pub fn admin_get(&self, path: &str) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .call()
+            .expect("GET");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Scrape one metric sample (exact name with labels, e.g. `handoff_inbox_depth`).
+    pub fn metric(&self, sample: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Run a CLI command against this daemon's data directory.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        cli(&self.data_dir, args)
+    }
+
+    /// SIGTERM and wait for exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        self.child.wait().expect("wait")
+    }
+
+    /// SIGKILL (kill -9) and reap.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Run the CLI on a data directory (the daemon may or may not be running).
+pub fn cli(data_dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("run cli")
+}
+
+/// Wait until every accepted event is folded into state. The daemon answers when its dispatcher
+/// drains the inbox (an event, not a poll); bounded so a stuck dispatcher fails the test.
+pub fn wait_drained(app: &TestApp) {
+    let (status, body) = app.admin_get("/admin/v1/inbox/drained?timeout_ms=60000");
+    assert_eq!(status, 200, "inbox not drained: {body}");
+}
