@@ -31,11 +31,17 @@ pub struct Shared {
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error("data directory {path}: {source}")]
-    DataDir { path: String, source: std::io::Error },
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("server failed: {0}")]
@@ -45,7 +51,10 @@ pub enum AppError {
 /// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
 pub async fn serve(config: Config) -> Result<(), AppError> {
     let data = DataDir::new(&config.store.data_dir);
-    let io_err = |source| AppError::DataDir { path: config.store.data_dir.display().to_string(), source };
+    let io_err = |source| AppError::DataDir {
+        path: config.store.data_dir.display().to_string(),
+        source,
+    };
     data.create().map_err(io_err)?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
@@ -63,9 +72,18 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
     let metrics = Metrics::new()?;
     let sizes = store.sizes();
-    metrics.state_entries.with_label_values(&["conversations"]).set(sizes.conversations as i64);
-    metrics.state_entries.with_label_values(&["end_users"]).set(sizes.end_users as i64);
-    metrics.state_entries.with_label_values(&["bots"]).set(sizes.bots as i64);
+    metrics
+        .state_entries
+        .with_label_values(&["conversations"])
+        .set(sizes.conversations as i64);
+    metrics
+        .state_entries
+        .with_label_values(&["end_users"])
+        .set(sizes.end_users as i64);
+    metrics
+        .state_entries
+        .with_label_values(&["bots"])
+        .set(sizes.bots as i64);
     metrics.quarantine_entries.set(sizes.quarantine as i64);
 
     let flush_metrics = metrics.clone();
@@ -77,9 +95,18 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         }),
     );
     let (stop_tx, stop_rx) = watch::channel(false);
-    let settings = DispatchSettings { concurrency: config.dispatch.concurrency, batch_size: config.dispatch.batch_size };
-    let (dispatch, dispatcher) = dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
-    let pruner = tokio::spawn(prune_loop(store.clone(), metrics.clone(), config.clone(), stop_rx));
+    let settings = DispatchSettings {
+        concurrency: config.dispatch.concurrency,
+        batch_size: config.dispatch.batch_size,
+    };
+    let (dispatch, dispatcher) =
+        dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
+    let pruner = tokio::spawn(prune_loop(
+        store.clone(),
+        metrics.clone(),
+        config.clone(),
+        stop_rx,
+    ));
 
     let shared = web::Data::new(Shared {
         store: store.clone(),
@@ -118,21 +145,36 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
     .disable_signals()
     .bind(addr)
-    .map_err(|source| AppError::Bind { addr: addr.to_string(), source })?;
+    .map_err(|source| AppError::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
     let server = server.run();
     let handle = server.handle();
 
-    data.write_daemon_info(&DaemonInfo { pid: std::process::id(), listen: bound.to_string() }).map_err(io_err)?;
+    data.write_daemon_info(&DaemonInfo {
+        pid: std::process::id(),
+        listen: bound.to_string(),
+    })
+    .map_err(io_err)?;
     // Machine-readable start line on stdout (tests and scripts wait for it).
     println!("listening: http://{bound}");
     let token_shown = if generated_webhook {
         // First start with a generated token: show it once so it can be registered.
-        webhook_token.first().map_or("<token>".to_owned(), |t| t.expose().to_owned())
+        webhook_token
+            .first()
+            .map_or("<token>".to_owned(), |t| t.expose().to_owned())
     } else {
-        format!("<token in {} or config>", data.root().join(WEBHOOK_TOKEN_FILE).display())
+        format!(
+            "<token in {} or config>",
+            data.root().join(WEBHOOK_TOKEN_FILE).display()
+        )
     };
-    println!("webhook url: http://{bound}{}/{token_shown}", config.webhook.path);
+    println!(
+        "webhook url: http://{bound}{}/{token_shown}",
+        config.webhook.path
+    );
     tracing::info!(%bound, data_dir = %data.root().display(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);
@@ -151,7 +193,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         let _ = server_task.await;
     }
     let _ = stop_tx.send(true);
-    if tokio::time::timeout(config.server.shutdown_timeout, dispatcher).await.is_err() {
+    if tokio::time::timeout(config.server.shutdown_timeout, dispatcher)
+        .await
+        .is_err()
+    {
         tracing::warn!("dispatcher did not stop in time; its events stay in the inbox");
     }
     let _ = pruner.await;
@@ -170,7 +215,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
 async fn shutdown_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };
@@ -181,7 +229,12 @@ async fn shutdown_signal() -> &'static str {
 }
 
 /// Retention: drop dedupe records and processed log entries past their windows.
-async fn prune_loop(store: Store, metrics: Metrics, config: Config, mut stop: watch::Receiver<bool>) {
+async fn prune_loop(
+    store: Store,
+    metrics: Metrics,
+    config: Config,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(config.store.prune_interval);
     tick.tick().await;
     loop {
@@ -193,10 +246,18 @@ async fn prune_loop(store: Store, metrics: Metrics, config: Config, mut stop: wa
         let dedupe_before = now - millis(config.webhook.dedupe_retention);
         let events_before = now - millis(config.store.event_retention);
         let store = store.clone();
-        match tokio::task::spawn_blocking(move || store.prune(dedupe_before, events_before, 10_000)).await {
+        match tokio::task::spawn_blocking(move || store.prune(dedupe_before, events_before, 10_000))
+            .await
+        {
             Ok(Ok(p)) => {
-                metrics.pruned.with_label_values(&["dedupe"]).inc_by(p.dedupe_records);
-                metrics.pruned.with_label_values(&["events"]).inc_by(p.events);
+                metrics
+                    .pruned
+                    .with_label_values(&["dedupe"])
+                    .inc_by(p.dedupe_records);
+                metrics
+                    .pruned
+                    .with_label_values(&["events"])
+                    .inc_by(p.events);
                 if p.dedupe_records + p.events > 0 {
                     tracing::debug!(dedupe = p.dedupe_records, events = p.events, "pruned");
                 }

@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "handoff-bridge", version, about = "Bridge between a chatbot-builder service and a help desk")]
+#[command(
+    name = "handoff-bridge",
+    version,
+    about = "Bridge between a chatbot-builder service and a help desk"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -114,7 +118,13 @@ impl CliError {
 }
 
 fn load(args: &ConfigArgs, listen: Option<String>) -> Result<Config, ConfigError> {
-    Config::load(args.config.as_deref(), &Overrides { listen, data_dir: args.data_dir.clone() })
+    Config::load(
+        args.config.as_deref(),
+        &Overrides {
+            listen,
+            data_dir: args.data_dir.clone(),
+        },
+    )
 }
 
 /// Run a parsed command. `serve` blocks until shutdown.
@@ -144,8 +154,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     print_found(value, || format!("no conversation {conversation_id}"))
                 }
                 StateCommand::Find { platform, user_key } => {
-                    let path = format!("/admin/v1/endusers?platform={}&userKey={}", enc(&platform), enc(&user_key));
-                    let value = read(&config, "GET", &path, |store| crate::queries::find_end_user(store, &platform, &user_key))?;
+                    let path = format!(
+                        "/admin/v1/endusers?platform={}&userKey={}",
+                        enc(&platform),
+                        enc(&user_key)
+                    );
+                    let value = read(&config, "GET", &path, |store| {
+                        crate::queries::find_end_user(store, &platform, &user_key)
+                    })?;
                     print_found(value, || format!("no end user {user_key} on {platform}"))
                 }
             }
@@ -155,15 +171,26 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             match action {
                 QuarantineCommand::List => {
                     let value = read(&config, "GET", "/admin/v1/quarantine", |store| {
-                        let list: Vec<Value> = store.quarantined()?.iter().map(crate::queries::quarantine_view).collect();
+                        let list: Vec<Value> = store
+                            .quarantined()?
+                            .iter()
+                            .map(crate::queries::quarantine_view)
+                            .collect();
                         Ok(Some(Value::Array(list)))
                     })?;
                     print_found(value, String::new)
                 }
                 QuarantineCommand::Show { id } => {
-                    let value = read(&config, "GET", &format!("/admin/v1/quarantine/{id}"), |store| {
-                        Ok(store.quarantined_one(id)?.map(|r| crate::queries::quarantine_view(&r)))
-                    })?;
+                    let value = read(
+                        &config,
+                        "GET",
+                        &format!("/admin/v1/quarantine/{id}"),
+                        |store| {
+                            Ok(store
+                                .quarantined_one(id)?
+                                .map(|r| crate::queries::quarantine_view(&r)))
+                        },
+                    )?;
                     print_found(value, || format!("no quarantine record {id}"))
                 }
                 QuarantineCommand::Reprocess { id, all } => {
@@ -171,7 +198,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                         (Some(id), _) => vec![id],
                         (None, true) => {
                             let list = read(&config, "GET", "/admin/v1/quarantine", |store| {
-                                let list: Vec<Value> = store.quarantined()?.iter().map(crate::queries::quarantine_view).collect();
+                                let list: Vec<Value> = store
+                                    .quarantined()?
+                                    .iter()
+                                    .map(crate::queries::quarantine_view)
+                                    .collect();
                                 Ok(Some(Value::Array(list)))
                             })?;
                             list.and_then(|v| v.as_array().cloned())
@@ -180,21 +211,39 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                                 .filter_map(|r| r.get("id").and_then(Value::as_u64))
                                 .collect()
                         }
-                        (None, false) => return Err(CliError::Usage("give a quarantine id or --all".into())),
+                        (None, false) => {
+                            return Err(CliError::Usage("give a quarantine id or --all".into()))
+                        }
                     };
                     let mut results = Vec::new();
                     for id in ids {
-                        let value = read(&config, "POST", &format!("/admin/v1/quarantine/{id}/reprocess"), |store| {
-                            let out = crate::intake::reprocess(store, id, crate::clock::now_millis())?;
-                            store.flush()?;
-                            Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
-                        })?;
+                        let value = read(
+                            &config,
+                            "POST",
+                            &format!("/admin/v1/quarantine/{id}/reprocess"),
+                            |store| {
+                                let out = crate::intake::reprocess(
+                                    store,
+                                    id,
+                                    crate::clock::now_millis(),
+                                )?;
+                                store.flush()?;
+                                Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
+                            },
+                        )?;
                         match value {
                             Some(v) => results.push(v),
-                            None => return Err(CliError::NotFound(format!("no quarantine record {id}"))),
+                            None => {
+                                return Err(CliError::NotFound(format!(
+                                    "no quarantine record {id}"
+                                )))
+                            }
                         }
                     }
-                    println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&results).unwrap_or_default()
+                    );
                     Ok(())
                 }
             }
@@ -226,7 +275,9 @@ fn read(
     let data = DataDir::new(&config.store.data_dir);
     if let Some(info) = data.daemon_info() {
         let token = if config.admin.token.is_empty() {
-            data.read_secret(ADMIN_TOKEN_FILE).map(|s| s.expose().to_owned()).unwrap_or_default()
+            data.read_secret(ADMIN_TOKEN_FILE)
+                .map(|s| s.expose().to_owned())
+                .unwrap_or_default()
         } else {
             config.admin.token.expose().to_owned()
         };
@@ -245,23 +296,37 @@ enum AdminCallError {
     Failed(String),
 }
 
-fn admin_call(listen: &str, token: &str, method: &str, path: &str) -> Result<Option<Value>, AdminCallError> {
+fn admin_call(
+    listen: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+) -> Result<Option<Value>, AdminCallError> {
     let mut addr: std::net::SocketAddr = listen.parse().map_err(|_| AdminCallError::Unreachable)?;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
     let url = format!("http://{addr}{path}");
-    let method = actix_web::http::Method::from_bytes(method.as_bytes()).map_err(|e| AdminCallError::Failed(e.to_string()))?;
+    let method = actix_web::http::Method::from_bytes(method.as_bytes())
+        .map_err(|e| AdminCallError::Failed(e.to_string()))?;
     let token = token.to_owned();
     let result = actix_web::rt::System::new().block_on(async move {
-        let client = awc::Client::builder().timeout(std::time::Duration::from_secs(30)).finish();
+        let client = awc::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .finish();
         let mut resp = match client.request(method, &url).bearer_auth(token).send().await {
             Ok(r) => r,
-            Err(awc::error::SendRequestError::Connect(_)) => return Err(AdminCallError::Unreachable),
+            Err(awc::error::SendRequestError::Connect(_)) => {
+                return Err(AdminCallError::Unreachable)
+            }
             Err(e) => return Err(AdminCallError::Failed(e.to_string())),
         };
         let status = resp.status();
-        let body = resp.body().limit(64 * 1024 * 1024).await.map_err(|e| AdminCallError::Failed(e.to_string()))?;
+        let body = resp
+            .body()
+            .limit(64 * 1024 * 1024)
+            .await
+            .map_err(|e| AdminCallError::Failed(e.to_string()))?;
         Ok((status, body))
     })?;
     let (status, body) = result;
@@ -271,7 +336,10 @@ fn admin_call(listen: &str, token: &str, method: &str, path: &str) -> Result<Opt
     } else if status == actix_web::http::StatusCode::NOT_FOUND {
         Ok(None)
     } else {
-        let msg = value.pointer("/error/message").and_then(Value::as_str).unwrap_or("unexpected answer");
+        let msg = value
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("unexpected answer");
         Err(AdminCallError::Failed(format!("{status}: {msg}")))
     }
 }

@@ -4,7 +4,7 @@ use crate::webhook::model::Millis;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX))
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+        Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
+    })
 }

@@ -28,7 +28,9 @@ pub struct DaemonInfo {
 
 impl DataDir {
     pub fn new(root: &Path) -> Self {
-        DataDir { root: root.to_path_buf() }
+        DataDir {
+            root: root.to_path_buf(),
+        }
     }
 
     pub fn create(&self) -> std::io::Result<()> {
@@ -112,7 +114,10 @@ mod tests {
         let (again, generated) = data.secret("webhook_token").expect("secret");
         assert!(!generated);
         assert_eq!(first, again);
-        let mode = std::fs::metadata(dir.path().join("webhook_token")).expect("meta").permissions().mode();
+        let mode = std::fs::metadata(dir.path().join("webhook_token"))
+            .expect("meta")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 }

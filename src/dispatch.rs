@@ -36,7 +36,11 @@ impl DispatchHandle {
 
     /// Wait until the durable inbox is empty (everything accepted so far is folded), or the
     /// timeout passes. Returns whether it drained. Woken by dispatcher progress, not polling.
-    pub async fn wait_drained(&self, store: &Store, timeout: Duration) -> Result<bool, crate::store::StoreError> {
+    pub async fn wait_drained(
+        &self,
+        store: &Store,
+        timeout: Duration,
+    ) -> Result<bool, crate::store::StoreError> {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -46,7 +50,7 @@ impl DispatchHandle {
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Ok(store.inbox_is_empty()?),
+                Ok(Err(_)) | Err(_) => return store.inbox_is_empty(),
             }
         }
     }
@@ -154,8 +158,11 @@ async fn run(
                 break;
             };
             let (store, metrics) = (store.clone(), metrics.clone());
-            let span = tracing::debug_span!("dispatch", partition = %partition, events = batch.len());
-            inflight.spawn_blocking(move || span.in_scope(|| process(&store, &metrics, partition, batch)));
+            let span =
+                tracing::debug_span!("dispatch", partition = %partition, events = batch.len());
+            inflight.spawn_blocking(move || {
+                span.in_scope(|| process(&store, &metrics, partition, batch))
+            });
         }
         tokio::select! {
             msg = rx.recv(), if open => match msg {
@@ -191,7 +198,12 @@ async fn run(
 }
 
 /// Fold one batch of a partition's events. Runs on the blocking pool.
-fn process(store: &Store, metrics: &Metrics, partition: PartitionKey, seqs: Vec<u64>) -> BatchResult {
+fn process(
+    store: &Store,
+    metrics: &Metrics,
+    partition: PartitionKey,
+    seqs: Vec<u64>,
+) -> BatchResult {
     let mut batch: Vec<(u64, Event)> = Vec::with_capacity(seqs.len());
     let mut received: Vec<Millis> = Vec::with_capacity(seqs.len());
     let mut done = 0;
@@ -205,7 +217,13 @@ fn process(store: &Store, metrics: &Metrics, partition: PartitionKey, seqs: Vec<
                 }
                 Err(e) => {
                     // Only possible if a newer model is stricter than the one that accepted it.
-                    done += quarantine_unreadable(store, metrics, seq, &record.event.get().to_owned(), &e.to_string());
+                    done += quarantine_unreadable(
+                        store,
+                        metrics,
+                        seq,
+                        record.event.get(),
+                        &e.to_string(),
+                    );
                 }
             },
             Ok(None) => {
@@ -216,7 +234,11 @@ fn process(store: &Store, metrics: &Metrics, partition: PartitionKey, seqs: Vec<
                 metrics.dispatch_errors.inc();
                 tracing::error!(error = %e, "reading event failed");
                 std::thread::sleep(RETRY_PAUSE);
-                return BatchResult { partition, done, failed: seqs };
+                return BatchResult {
+                    partition,
+                    done,
+                    failed: seqs,
+                };
             }
         }
     }
@@ -230,22 +252,42 @@ fn process(store: &Store, metrics: &Metrics, partition: PartitionKey, seqs: Vec<
             }
             metrics.events_applied.inc_by(applied.applied as u64);
             let entries = &metrics.state_entries;
-            entries.with_label_values(&["conversations"]).add(applied.new_conversations as i64);
-            entries.with_label_values(&["end_users"]).add(applied.new_end_users as i64);
-            entries.with_label_values(&["bots"]).add(applied.new_bots as i64);
-            BatchResult { partition, done: done + batch.len(), failed: Vec::new() }
+            entries
+                .with_label_values(&["conversations"])
+                .add(applied.new_conversations as i64);
+            entries
+                .with_label_values(&["end_users"])
+                .add(applied.new_end_users as i64);
+            entries
+                .with_label_values(&["bots"])
+                .add(applied.new_bots as i64);
+            BatchResult {
+                partition,
+                done: done + batch.len(),
+                failed: Vec::new(),
+            }
         }
         Err(e) => {
             metrics.dispatch_errors.inc();
             tracing::error!(error = %e, "folding batch failed; will retry");
             std::thread::sleep(RETRY_PAUSE);
             let failed = batch.iter().map(|(seq, _)| *seq).collect();
-            BatchResult { partition, done, failed }
+            BatchResult {
+                partition,
+                done,
+                failed,
+            }
         }
     }
 }
 
-fn quarantine_unreadable(store: &Store, metrics: &Metrics, seq: u64, raw: &str, why: &str) -> usize {
+fn quarantine_unreadable(
+    store: &Store,
+    metrics: &Metrics,
+    seq: u64,
+    raw: &str,
+    why: &str,
+) -> usize {
     use base64::Engine;
     let record = QuarantineRecord {
         id: 0,
@@ -257,9 +299,15 @@ fn quarantine_unreadable(store: &Store, metrics: &Metrics, seq: u64, raw: &str, 
         content_type: None,
         body_base64: base64::engine::general_purpose::STANDARD.encode(raw),
     };
-    match store.quarantine(record).and_then(|_| store.drop_from_inbox(seq)) {
+    match store
+        .quarantine(record)
+        .and_then(|_| store.drop_from_inbox(seq))
+    {
         Ok(()) => {
-            metrics.quarantined.with_label_values(&["unprocessable_event"]).inc();
+            metrics
+                .quarantined
+                .with_label_values(&["unprocessable_event"])
+                .inc();
             metrics.quarantine_entries.inc();
             1
         }

@@ -4,7 +4,11 @@ use crate::store::{Store, StoreError};
 use serde_json::{json, Value};
 
 /// An end user by messenger identity, with their newest conversation's state.
-pub fn find_end_user(store: &Store, platform: &str, user_key: &str) -> Result<Option<Value>, StoreError> {
+pub fn find_end_user(
+    store: &Store,
+    platform: &str,
+    user_key: &str,
+) -> Result<Option<Value>, StoreError> {
     let Some(user) = store.find_end_user(platform, user_key)? else {
         return Ok(None);
     };

@@ -123,7 +123,11 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"****\"" })
+        f.write_str(if self.0.is_empty() {
+            "\"\""
+        } else {
+            "\"****\""
+        })
     }
 }
 
@@ -216,30 +220,57 @@ impl Config {
             } else {
                 continue;
             };
-            set_path(&mut merged, &defaults, &key, &value, &format!("env {name}"), &mut problems);
+            set_path(
+                &mut merged,
+                &defaults,
+                &key,
+                &value,
+                &format!("env {name}"),
+                &mut problems,
+            );
         }
         if let Some(listen) = &overrides.listen {
-            set_path(&mut merged, &defaults, "server.listen", listen, "--listen", &mut problems);
+            set_path(
+                &mut merged,
+                &defaults,
+                "server.listen",
+                listen,
+                "--listen",
+                &mut problems,
+            );
         }
         if let Some(dir) = &overrides.data_dir {
             let dir = dir.display().to_string();
-            set_path(&mut merged, &defaults, "store.data_dir", &dir, "--data-dir", &mut problems);
+            set_path(
+                &mut merged,
+                &defaults,
+                "store.data_dir",
+                &dir,
+                "--data-dir",
+                &mut problems,
+            );
         }
-        if !problems.is_empty() {
-            return Err(ConfigError::Invalid(problems));
-        }
+        // Rejected values were not merged, so the table still has the right shape: check the
+        // semantics too, and report everything together.
         let config: Config = match merged.try_into() {
             Ok(c) => c,
             Err(e) => {
-                return Err(ConfigError::Invalid(vec![Problem {
+                problems.push(Problem {
                     key: "(config)".into(),
                     value: String::new(),
                     why: e.to_string().trim().to_owned(),
-                }]))
+                });
+                return Err(ConfigError::Invalid(problems));
             }
         };
-        config.validate()?;
-        Ok(config)
+        if let Err(ConfigError::Invalid(more)) = config.validate() {
+            problems.extend(more);
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
     }
 
     /// Semantic checks, all at once.
@@ -253,7 +284,11 @@ impl Config {
             })
         };
         if self.server.listen.parse::<SocketAddr>().is_err() {
-            bad("server.listen", &self.server.listen, "not an IP:port socket address");
+            bad(
+                "server.listen",
+                &self.server.listen,
+                "not an IP:port socket address",
+            );
         }
         if self.server.max_connections == 0 {
             bad("server.max_connections", &0, "must be at least 1");
@@ -262,39 +297,84 @@ impl Config {
             bad("server.shutdown_timeout", &"0s", "must be longer than zero");
         }
         if !self.webhook.path.starts_with('/') || self.webhook.path.ends_with('/') {
-            bad("webhook.path", &self.webhook.path, "must start with '/' and not end with '/'");
+            bad(
+                "webhook.path",
+                &self.webhook.path,
+                "must start with '/' and not end with '/'",
+            );
         }
         for (i, t) in self.webhook.tokens.iter().enumerate() {
-            if t.expose().len() < 16 || !t.expose().chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                bad(&format!("webhook.tokens[{i}]"), &"****", "must be at least 16 characters of A-Z a-z 0-9 - _");
+            if t.expose().len() < 16
+                || !t
+                    .expose()
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                bad(
+                    &format!("webhook.tokens[{i}]"),
+                    &"****",
+                    "must be at least 16 characters of A-Z a-z 0-9 - _",
+                );
             }
         }
         if self.webhook.max_body_bytes < 1024 {
-            bad("webhook.max_body_bytes", &self.webhook.max_body_bytes, "must be at least 1024");
+            bad(
+                "webhook.max_body_bytes",
+                &self.webhook.max_body_bytes,
+                "must be at least 1024",
+            );
         }
         if self.webhook.dedupe_retention < Duration::from_secs(60) {
-            bad("webhook.dedupe_retention", &humantime::format_duration(self.webhook.dedupe_retention), "must be at least 1m");
+            bad(
+                "webhook.dedupe_retention",
+                &humantime::format_duration(self.webhook.dedupe_retention),
+                "must be at least 1m",
+            );
         }
         if self.store.event_retention < self.webhook.dedupe_retention {
-            bad("store.event_retention", &humantime::format_duration(self.store.event_retention), "must be at least webhook.dedupe_retention (the log drives dedupe pruning)");
+            bad(
+                "store.event_retention",
+                &humantime::format_duration(self.store.event_retention),
+                "must be at least webhook.dedupe_retention (the log drives dedupe pruning)",
+            );
         }
         if self.store.prune_interval < Duration::from_secs(1) {
-            bad("store.prune_interval", &humantime::format_duration(self.store.prune_interval), "must be at least 1s");
+            bad(
+                "store.prune_interval",
+                &humantime::format_duration(self.store.prune_interval),
+                "must be at least 1s",
+            );
         }
         if self.store.cache_capacity_bytes < 1024 * 1024 {
-            bad("store.cache_capacity_bytes", &self.store.cache_capacity_bytes, "must be at least 1 MiB");
+            bad(
+                "store.cache_capacity_bytes",
+                &self.store.cache_capacity_bytes,
+                "must be at least 1 MiB",
+            );
         }
         if self.dispatch.concurrency == 0 || self.dispatch.concurrency > 1024 {
-            bad("dispatch.concurrency", &self.dispatch.concurrency, "must be 1..=1024");
+            bad(
+                "dispatch.concurrency",
+                &self.dispatch.concurrency,
+                "must be 1..=1024",
+            );
         }
         if self.dispatch.batch_size == 0 || self.dispatch.batch_size > 10_000 {
-            bad("dispatch.batch_size", &self.dispatch.batch_size, "must be 1..=10000");
+            bad(
+                "dispatch.batch_size",
+                &self.dispatch.batch_size,
+                "must be 1..=10000",
+            );
         }
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             bad("admin.token", &"****", "must be at least 16 characters");
         }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            bad("log.level", &self.log.level, "not a tracing filter (e.g. info, handoff_bridge=debug)");
+            bad(
+                "log.level",
+                &self.log.level,
+                "not a tracing filter (e.g. info, handoff_bridge=debug)",
+            );
         }
         if p.is_empty() {
             Ok(())
@@ -318,11 +398,25 @@ impl Config {
 }
 
 /// Deep-merge `src` into `dst`, checking each key and type against the defaults.
-fn merge(dst: &mut toml::Table, src: toml::Table, defaults: &toml::Table, prefix: &str, problems: &mut Vec<Problem>) {
+fn merge(
+    dst: &mut toml::Table,
+    src: toml::Table,
+    defaults: &toml::Table,
+    prefix: &str,
+    problems: &mut Vec<Problem>,
+) {
     for (key, value) in src {
-        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
         let Some(default) = defaults.get(&key) else {
-            problems.push(Problem { value: shown(&path, &value), key: path, why: "unknown key".into() });
+            problems.push(Problem {
+                value: shown(&path, &value),
+                key: path,
+                why: "unknown key".into(),
+            });
             continue;
         };
         match (value, default) {
@@ -337,17 +431,32 @@ fn merge(dst: &mut toml::Table, src: toml::Table, defaults: &toml::Table, prefix
             (value, default) => problems.push(Problem {
                 value: shown(&path, &value),
                 key: path,
-                why: format!("expected {}, found {}", default.type_str(), value.type_str()),
+                why: format!(
+                    "expected {}, found {}",
+                    default.type_str(),
+                    value.type_str()
+                ),
             }),
         }
     }
 }
 
 /// Set a dotted key from a text value (env or flag), coerced to the default's type.
-fn set_path(dst: &mut toml::Table, defaults: &toml::Table, key: &str, text: &str, source: &str, problems: &mut Vec<Problem>) {
+fn set_path(
+    dst: &mut toml::Table,
+    defaults: &toml::Table,
+    key: &str,
+    text: &str,
+    source: &str,
+    problems: &mut Vec<Problem>,
+) {
     let parts: Vec<&str> = key.split('.').collect();
     let (Some((leaf, sections)), true) = (parts.split_last(), parts.len() >= 2) else {
-        problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+        problems.push(Problem {
+            key: key.into(),
+            value: format!("({source})"),
+            why: "unknown key".into(),
+        });
         return;
     };
     let mut table = dst;
@@ -359,13 +468,21 @@ fn set_path(dst: &mut toml::Table, defaults: &toml::Table, key: &str, text: &str
                 def = d;
             }
             _ => {
-                problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+                problems.push(Problem {
+                    key: key.into(),
+                    value: format!("({source})"),
+                    why: "unknown key".into(),
+                });
                 return;
             }
         }
     }
     let Some(default) = def.get(*leaf) else {
-        problems.push(Problem { key: key.into(), value: format!("({source})"), why: "unknown key".into() });
+        problems.push(Problem {
+            key: key.into(),
+            value: format!("({source})"),
+            why: "unknown key".into(),
+        });
         return;
     };
     let value = match default {
@@ -373,7 +490,11 @@ fn set_path(dst: &mut toml::Table, defaults: &toml::Table, key: &str, text: &str
         toml::Value::Integer(_) => text.trim().parse::<i64>().ok().map(toml::Value::Integer),
         toml::Value::Boolean(_) => text.trim().parse::<bool>().ok().map(toml::Value::Boolean),
         toml::Value::Array(_) => Some(toml::Value::Array(
-            text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.to_owned())).collect(),
+            text.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
         )),
         _ => None,
     };
@@ -383,7 +504,11 @@ fn set_path(dst: &mut toml::Table, defaults: &toml::Table, key: &str, text: &str
         }
         None => problems.push(Problem {
             key: key.into(),
-            value: if SECRET_KEYS.contains(&key) { format!("**** ({source})") } else { format!("{text:?} ({source})") },
+            value: if SECRET_KEYS.contains(&key) {
+                format!("**** ({source})")
+            } else {
+                format!("{text:?} ({source})")
+            },
             why: format!("expected {}", default.type_str()),
         }),
     }
@@ -397,7 +522,10 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token"];
 
 fn shown(path: &str, value: &toml::Value) -> String {
-    if SECRET_KEYS.iter().any(|k| path == *k || path.starts_with(&format!("{k}."))) {
+    if SECRET_KEYS
+        .iter()
+        .any(|k| path == *k || path.starts_with(&format!("{k}.")))
+    {
         "****".into()
     } else {
         short(value)
@@ -407,7 +535,10 @@ fn shown(path: &str, value: &toml::Value) -> String {
 fn short(value: &toml::Value) -> String {
     let text = value.to_string();
     if text.len() > 60 {
-        format!("{}…", &text[..text.char_indices().nth(57).map_or(text.len(), |(i, _)| i)])
+        format!(
+            "{}…",
+            &text[..text.char_indices().nth(57).map_or(text.len(), |(i, _)| i)]
+        )
     } else {
         text
     }

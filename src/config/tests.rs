@@ -1,0 +1,192 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bridge.toml");
+    std::fs::write(&path, text).expect("write");
+    (dir, path)
+}
+
+fn problems(err: ConfigError) -> Vec<Problem> {
+    match err {
+        ConfigError::Invalid(p) => p,
+        other => panic!("expected Invalid, got {other}"),
+    }
+}
+
+#[test]
+fn embedded_defaults_are_safe() {
+    let c = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults load");
+    assert_eq!(c.listen_addr().ip().to_string(), "127.0.0.1");
+    assert_eq!(c.store.data_dir, std::path::PathBuf::from("./data"));
+    assert!(c.webhook.tokens.is_empty());
+    assert_eq!(c.webhook.max_body_bytes, 8 * 1024 * 1024);
+    assert_eq!(c.webhook.dedupe_retention, Duration::from_secs(48 * 3600));
+}
+
+#[test]
+fn the_documented_example_is_valid_and_names_every_key() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/bridge.toml");
+    Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("example is valid");
+    let example: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&path).expect("read")).expect("toml");
+    let defaults: toml::Table = toml::from_str(DEFAULTS).expect("toml");
+    fn keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in t {
+            let path = format!("{prefix}{k}");
+            match v {
+                toml::Value::Table(sub) => keys(sub, &format!("{path}."), out),
+                _ => out.push(path),
+            }
+        }
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    keys(&example, "", &mut a);
+    keys(&defaults, "", &mut b);
+    a.sort();
+    b.sort();
+    assert_eq!(
+        a, b,
+        "deploy/bridge.toml and the embedded defaults must list the same keys"
+    );
+    assert_eq!(example, defaults, "the example shows the defaults");
+}
+
+#[test]
+fn file_then_env_then_flags_override_in_order() {
+    let (_d, path) = write("[server]\nlisten = \"127.0.0.1:9000\"\n[dispatch]\nconcurrency = 4\n");
+    let c = Config::load_from(
+        Some(&path),
+        env(&[
+            ("HANDOFF_BRIDGE_LISTEN", "127.0.0.1:9001"),
+            ("HANDOFF_BRIDGE__DISPATCH__BATCH_SIZE", "7"),
+            (
+                "HANDOFF_BRIDGE_WEBHOOK_TOKENS",
+                "aaaaaaaaaaaaaaaa1, bbbbbbbbbbbbbbbb2",
+            ),
+            ("UNRELATED", "x"),
+        ]),
+        &Overrides {
+            listen: Some("127.0.0.1:9002".into()),
+            data_dir: Some("/tmp/x".into()),
+        },
+    )
+    .expect("load");
+    assert_eq!(c.server.listen, "127.0.0.1:9002");
+    assert_eq!(c.dispatch.concurrency, 4);
+    assert_eq!(c.dispatch.batch_size, 7);
+    assert_eq!(c.webhook.tokens.len(), 2);
+    assert_eq!(c.webhook.tokens[1].expose(), "bbbbbbbbbbbbbbbb2");
+    assert_eq!(c.store.data_dir, std::path::PathBuf::from("/tmp/x"));
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_key_value_and_reason() {
+    let (_d, path) = write(
+        "[server]\nlisten = \"nowhere\"\nworkers = \"two\"\nbogus = 1\n[dispatch]\nconcurrency = 0\n[nosuch]\nx = 1\n",
+    );
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    // Unknown keys, wrong types and bad values are all listed together.
+    assert!(keys.contains(&"server.listen"), "{p:?}");
+    assert!(keys.contains(&"dispatch.concurrency"), "{p:?}");
+    assert!(keys.contains(&"server.workers"), "{p:?}");
+    assert!(keys.contains(&"server.bogus"), "{p:?}");
+    assert!(keys.contains(&"nosuch"), "{p:?}");
+    let workers = p
+        .iter()
+        .find(|p| p.key == "server.workers")
+        .expect("workers");
+    assert_eq!(workers.value, "\"two\"");
+    assert!(workers.why.contains("expected integer"), "{}", workers.why);
+
+    let (_d2, path) = write("[server]\nlisten = \"nowhere\"\n[dispatch]\nconcurrency = 0\n[webhook]\ndedupe_retention = \"1s\"\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            "server.listen",
+            "webhook.dedupe_retention",
+            "dispatch.concurrency"
+        ]
+    );
+    assert_eq!(p[0].value, "nowhere");
+}
+
+#[test]
+fn bad_env_values_are_reported_with_their_source() {
+    let p = problems(
+        Config::load_from(
+            None,
+            env(&[
+                ("HANDOFF_BRIDGE__DISPATCH__CONCURRENCY", "lots"),
+                ("HANDOFF_BRIDGE__NOPE__X", "1"),
+            ]),
+            &Overrides::default(),
+        )
+        .expect_err("invalid"),
+    );
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[0].value.contains("HANDOFF_BRIDGE__DISPATCH__CONCURRENCY"));
+    assert_eq!(p[1].why, "unknown key");
+}
+
+#[test]
+fn secrets_never_show_in_problems_or_the_effective_config() {
+    let secret = "super-secret-token-value-1";
+    let (_d, path) = write(&format!(
+        "[webhook]\ntokens = \"{secret}\"\n[admin]\ntoken = \"short\"\n"
+    ));
+    let err = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid");
+    assert!(!err.to_string().contains(secret), "{err}");
+
+    let p = problems(
+        Config::load_from(
+            None,
+            env(&[("HANDOFF_BRIDGE_ADMIN_TOKEN", "short")]),
+            &Overrides::default(),
+        )
+        .expect_err("short token"),
+    );
+    assert!(p.iter().all(|p| !p.value.contains("short")), "{p:?}");
+
+    let c = Config::load_from(
+        None,
+        env(&[
+            ("HANDOFF_BRIDGE_WEBHOOK_TOKENS", secret),
+            ("HANDOFF_BRIDGE_ADMIN_TOKEN", secret),
+        ]),
+        &Overrides::default(),
+    )
+    .expect("load");
+    let shown = c.to_masked_toml();
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(shown.contains("****"));
+    assert!(!format!("{c:?}").contains(secret));
+}
+
+#[test]
+fn a_missing_or_broken_file_is_a_clear_error() {
+    let err = Config::load_from(
+        Some(std::path::Path::new("/nonexistent/bridge.toml")),
+        env(&[]),
+        &Overrides::default(),
+    )
+    .expect_err("missing");
+    assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    let (_d, path) = write("[server\nlisten=");
+    let err = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("broken");
+    assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+}

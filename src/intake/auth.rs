@@ -57,7 +57,11 @@ mod tests {
 
     #[test]
     fn any_of_several_tokens_is_accepted_and_nothing_else() {
-        let set = TokenSet::new(vec![Secret::new("old-token-0123456789"), Secret::new("new-token-0123456789"), Secret::new("")]);
+        let set = TokenSet::new(vec![
+            Secret::new("old-token-0123456789"),
+            Secret::new("new-token-0123456789"),
+            Secret::new(""),
+        ]);
         assert!(set.accepts("old-token-0123456789"));
         assert!(set.accepts("new-token-0123456789"));
         assert!(!set.accepts(""));
@@ -68,7 +72,10 @@ mod tests {
 
     #[test]
     fn cidr_list_matches_v4_v6_and_mapped_addresses() {
-        let list = CidrList::new(vec!["127.0.0.0/8".parse().expect("net"), "::1/128".parse().expect("net")]);
+        let list = CidrList::new(vec![
+            "127.0.0.0/8".parse().expect("net"),
+            "::1/128".parse().expect("net"),
+        ]);
         assert!(list.allows(Some("127.0.0.1".parse().expect("ip"))));
         assert!(list.allows(Some("::1".parse().expect("ip"))));
         assert!(list.allows(Some("::ffff:127.0.0.9".parse().expect("ip"))));

@@ -55,11 +55,20 @@ struct TokenQuery {
     token: Option<String>,
 }
 
-async fn receive_without_token(req: HttpRequest, payload: web::Payload, shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn receive_without_token(
+    req: HttpRequest,
+    payload: web::Payload,
+    shared: web::Data<Shared>,
+) -> Result<HttpResponse, ApiError> {
     receive_inner(req, None, payload, shared).await
 }
 
-async fn receive(req: HttpRequest, token: web::Path<String>, payload: web::Payload, shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn receive(
+    req: HttpRequest,
+    token: web::Path<String>,
+    payload: web::Payload,
+    shared: web::Data<Shared>,
+) -> Result<HttpResponse, ApiError> {
     receive_inner(req, Some(token.into_inner()), payload, shared).await
 }
 
@@ -110,33 +119,61 @@ async fn receive_inner(
         }
         Err(BodyError::Timeout) => {
             outcome("timeout");
-            return Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", "request body was not received in time"));
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "request body was not received in time",
+            ));
         }
         Err(BodyError::Read(e)) => {
             outcome("timeout");
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "body_read_failed", format!("request body could not be read: {e}")));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_read_failed",
+                format!("request body could not be read: {e}"),
+            ));
         }
     };
 
     let content_type = req.content_type().to_owned();
     let result = if is_json(&content_type) {
-        ingest(&shared.store, &body, Some(&content_type), crate::clock::now_millis())
+        ingest(
+            &shared.store,
+            &body,
+            Some(&content_type),
+            crate::clock::now_millis(),
+        )
     } else {
-        let why = if content_type.is_empty() { "no content type".to_owned() } else { format!("content type {content_type} is not JSON") };
-        quarantine_delivery(&shared.store, &body, Some(&content_type), "unsupported_content_type", &why, crate::clock::now_millis())
+        let why = if content_type.is_empty() {
+            "no content type".to_owned()
+        } else {
+            format!("content type {content_type} is not JSON")
+        };
+        quarantine_delivery(
+            &shared.store,
+            &body,
+            Some(&content_type),
+            "unsupported_content_type",
+            &why,
+            crate::clock::now_millis(),
+        )
     };
     let ingested = match result {
         Ok(i) => i,
         Err(e) => {
             outcome("unavailable");
             tracing::error!(error = %e, "cannot store delivery");
-            return Err(ApiError::unavailable("the store cannot accept the delivery now; retry later"));
+            return Err(ApiError::unavailable(
+                "the store cannot accept the delivery now; retry later",
+            ));
         }
     };
     if let Err(e) = shared.commit.durable().await {
         outcome("unavailable");
         tracing::error!(error = %e, "cannot make delivery durable");
-        return Err(ApiError::unavailable("the store cannot persist the delivery now; retry later"));
+        return Err(ApiError::unavailable(
+            "the store cannot persist the delivery now; retry later",
+        ));
     }
     record_metrics(&shared, &ingested);
     shared.dispatch.notify(ingested.accepted.new.clone());
@@ -153,12 +190,15 @@ async fn receive_inner(
 fn record_metrics(shared: &Shared, ingested: &Ingested) {
     let m = &shared.metrics;
     for event in &ingested.new_events {
-        m.events.with_label_values(&[event.kind.metric_label()]).inc();
+        m.events
+            .with_label_values(&[event.kind.metric_label()])
+            .inc();
         if event.unknown_platform {
             m.unknown_platforms.inc();
         }
     }
-    m.duplicate_events.inc_by(ingested.accepted.duplicate_events as u64);
+    m.duplicate_events
+        .inc_by(ingested.accepted.duplicate_events as u64);
     for (reason, _) in &ingested.quarantined {
         m.quarantined.with_label_values(&[reason.as_str()]).inc();
         m.quarantine_entries.inc();
@@ -166,7 +206,11 @@ fn record_metrics(shared: &Shared, ingested: &Ingested) {
 }
 
 fn too_large(limit: usize) -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body exceeds the limit of {limit} bytes"))
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("body exceeds the limit of {limit} bytes"),
+    )
 }
 
 fn is_json(content_type: &str) -> bool {
@@ -181,7 +225,11 @@ enum BodyError {
 }
 
 /// Read at most `limit` bytes; stop reading as soon as the limit is passed.
-async fn read_body(mut payload: web::Payload, limit: usize, timeout: std::time::Duration) -> Result<bytes::BytesMut, BodyError> {
+async fn read_body(
+    mut payload: web::Payload,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<bytes::BytesMut, BodyError> {
     let read = async {
         let mut buf = bytes::BytesMut::new();
         while let Some(chunk) = payload.next().await {
@@ -193,7 +241,9 @@ async fn read_body(mut payload: web::Payload, limit: usize, timeout: std::time::
         }
         Ok(buf)
     };
-    tokio::time::timeout(timeout, read).await.map_err(|_| BodyError::Timeout)?
+    tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| BodyError::Timeout)?
 }
 
 /// What storing one body did (before it is durable).
@@ -219,14 +269,17 @@ impl Ingested {
         };
         let (reason, detail) = match &self.whole_delivery {
             Some((r, d)) => (Some(r.clone()), Some(d.clone())),
-            None if new == 0 && !self.quarantined.is_empty() => (Some("invalid_event".to_owned()), None),
+            None if new == 0 && !self.quarantined.is_empty() => {
+                (Some("invalid_event".to_owned()), None)
+            }
             None => (None, None),
         };
         Receipt {
             status: status.to_owned(),
             delivery_id: self.delivery_id.as_ref().map(|d| d.to_string()),
             accepted: new,
-            duplicates: self.accepted.duplicate_events + usize::from(self.accepted.duplicate_delivery),
+            duplicates: self.accepted.duplicate_events
+                + usize::from(self.accepted.duplicate_delivery),
             quarantined: self.quarantined.len(),
             reason,
             detail,
@@ -237,7 +290,12 @@ impl Ingested {
 
 /// Validate and store a body (not yet durable). Shared by the handler and quarantine
 /// re-processing so both judge input alike.
-pub fn ingest(store: &Store, body: &[u8], content_type: Option<&str>, now: i64) -> Result<Ingested, StoreError> {
+pub fn ingest(
+    store: &Store,
+    body: &[u8],
+    content_type: Option<&str>,
+    now: i64,
+) -> Result<Ingested, StoreError> {
     match webhook::parse_delivery(body) {
         Err(e) => quarantine_delivery(store, body, content_type, e.code(), &e.to_string(), now),
         Ok(parsed) => {
@@ -262,7 +320,11 @@ pub fn ingest(store: &Store, body: &[u8], content_type: Option<&str>, now: i64) 
                     out.quarantined.push(("invalid_event".into(), id));
                 }
             }
-            let fresh = accepted.new_index.iter().filter_map(|&i| parsed.events.get(i).cloned()).collect();
+            let fresh = accepted
+                .new_index
+                .iter()
+                .filter_map(|&i| parsed.events.get(i).cloned())
+                .collect();
             out.new_events = fresh;
             out.accepted = accepted;
             Ok(out)
@@ -270,7 +332,14 @@ pub fn ingest(store: &Store, body: &[u8], content_type: Option<&str>, now: i64) 
     }
 }
 
-fn quarantine_delivery(store: &Store, body: &[u8], content_type: Option<&str>, reason: &str, detail: &str, now: i64) -> Result<Ingested, StoreError> {
+fn quarantine_delivery(
+    store: &Store,
+    body: &[u8],
+    content_type: Option<&str>,
+    reason: &str,
+    detail: &str,
+    now: i64,
+) -> Result<Ingested, StoreError> {
     let id = store.quarantine(QuarantineRecord {
         id: 0,
         received_at: now,
@@ -310,7 +379,9 @@ pub struct Reprocessed {
 /// fresh delivery (dedupe applies) and leaves quarantine; one that still fails stays. Not durable
 /// until a flush.
 pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>, StoreError> {
-    let Some(record) = store.quarantined_one(id)? else { return Ok(None) };
+    let Some(record) = store.quarantined_one(id)? else {
+        return Ok(None);
+    };
     let body = base64::engine::general_purpose::STANDARD
         .decode(&record.body_base64)
         .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
@@ -346,7 +417,11 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
         }
     };
     store.release_quarantined(id)?;
-    let status = if accepted.new.is_empty() { "duplicate" } else { "accepted" };
+    let status = if accepted.new.is_empty() {
+        "duplicate"
+    } else {
+        "accepted"
+    };
     Ok(Some(Reprocessed {
         quarantine_id: id,
         status: status.into(),

@@ -20,7 +20,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/inbox/drained", web::get().to(inbox_drained))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
-            .route("/quarantine/{id}/reprocess", web::post().to(quarantine_reprocess))
+            .route(
+                "/quarantine/{id}/reprocess",
+                web::post().to(quarantine_reprocess),
+            )
             .default_service(web::to(crate::http_error::not_found)),
     );
 }
@@ -28,12 +31,17 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 async fn guard(
     req: ServiceRequest,
     next: Next<impl actix_web::body::MessageBody + 'static>,
-) -> Result<ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>, actix_web::Error> {
+) -> Result<
+    ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>,
+    actix_web::Error,
+> {
     let Some(shared) = req.app_data::<web::Data<Shared>>().cloned() else {
         return Err(ApiError::unavailable("admin API not configured").into());
     };
     if !shared.admin_cidrs.allows(req.peer_addr().map(|a| a.ip())) {
-        return Ok(req.error_response(ApiError::forbidden("admin API is not open to this address")).map_into_right_body());
+        return Ok(req
+            .error_response(ApiError::forbidden("admin API is not open to this address"))
+            .map_into_right_body());
     }
     let token = req
         .headers()
@@ -41,7 +49,9 @@ async fn guard(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if !token.is_some_and(|t| shared.admin_tokens.accepts(t)) {
-        return Ok(req.error_response(ApiError::unauthorized("missing or invalid admin token")).map_into_right_body());
+        return Ok(req
+            .error_response(ApiError::unauthorized("missing or invalid admin token"))
+            .map_into_right_body());
     }
     Ok(next.call(req).await?.map_into_left_body())
 }
@@ -51,7 +61,10 @@ fn store_error(e: crate::store::StoreError) -> ApiError {
     ApiError::unavailable("the store cannot be read now")
 }
 
-async fn conversation(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+async fn conversation(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let id = ConversationId::new(id.into_inner());
     match shared.store.conversation(&id).map_err(store_error)? {
         Some(state) => Ok(HttpResponse::Ok().json(state)),
@@ -67,11 +80,18 @@ struct FindQuery {
 }
 
 /// An end user by `(platform, userKey)`, with their newest conversation.
-async fn find_end_user(shared: web::Data<Shared>, q: web::Query<FindQuery>) -> Result<HttpResponse, ApiError> {
-    let found = crate::queries::find_end_user(&shared.store, &q.platform, &q.user_key).map_err(store_error)?;
+async fn find_end_user(
+    shared: web::Data<Shared>,
+    q: web::Query<FindQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let found = crate::queries::find_end_user(&shared.store, &q.platform, &q.user_key)
+        .map_err(store_error)?;
     match found {
         Some(v) => Ok(HttpResponse::Ok().json(v)),
-        None => Err(ApiError::not_found(format!("no end user {} on {}", q.user_key, q.platform))),
+        None => Err(ApiError::not_found(format!(
+            "no end user {} on {}",
+            q.user_key, q.platform
+        ))),
     }
 }
 
@@ -82,7 +102,9 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
             let pending = shared.store.is_pending(record.seq).map_err(store_error)?;
             Ok(HttpResponse::Ok().json(json!({"record": record, "pending": pending})))
         }
-        None => Err(ApiError::not_found(format!("no event {id} within the dedupe window"))),
+        None => Err(ApiError::not_found(format!(
+            "no event {id} within the dedupe window"
+        ))),
     }
 }
 
@@ -92,11 +114,19 @@ async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiE
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {
-    text.parse()
-        .map_err(|_| ApiError::new(actix_web::http::StatusCode::BAD_REQUEST, "invalid_id", "quarantine id must be a number"))
+    text.parse().map_err(|_| {
+        ApiError::new(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "quarantine id must be a number",
+        )
+    })
 }
 
-async fn quarantine_show(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+async fn quarantine_show(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     match shared.store.quarantined_one(id).map_err(store_error)? {
         Some(r) => Ok(HttpResponse::Ok().json(r)),
@@ -104,9 +134,13 @@ async fn quarantine_show(shared: web::Data<Shared>, id: web::Path<String>) -> Re
     }
 }
 
-async fn quarantine_reprocess(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+async fn quarantine_reprocess(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let outcome = crate::intake::reprocess(&shared.store, id, crate::clock::now_millis()).map_err(store_error)?;
+    let outcome = crate::intake::reprocess(&shared.store, id, crate::clock::now_millis())
+        .map_err(store_error)?;
     let Some(outcome) = outcome else {
         return Err(ApiError::not_found(format!("no quarantine record {id}")));
     };
@@ -135,9 +169,16 @@ struct DrainQuery {
 
 /// Wait until every accepted event is folded into state: for scripts (backups, tests) that need
 /// a quiet store. 200 when drained, 504 when the wait timed out.
-async fn inbox_drained(shared: web::Data<Shared>, q: web::Query<DrainQuery>) -> Result<HttpResponse, ApiError> {
+async fn inbox_drained(
+    shared: web::Data<Shared>,
+    q: web::Query<DrainQuery>,
+) -> Result<HttpResponse, ApiError> {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
-    let drained = shared.dispatch.wait_drained(&shared.store, timeout).await.map_err(store_error)?;
+    let drained = shared
+        .dispatch
+        .wait_drained(&shared.store, timeout)
+        .await
+        .map_err(store_error)?;
     let depth = shared.metrics.inbox_depth.get();
     if drained {
         Ok(HttpResponse::Ok().json(json!({"drained": true, "inbox_depth": depth})))

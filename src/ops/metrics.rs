@@ -45,11 +45,12 @@ fn latency_buckets() -> Vec<f64> {
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new_custom(Some("handoff".into()), None)?;
-        let counter_vec = |name: &str, help: &str, label: &str| -> Result<IntCounterVec, prometheus::Error> {
-            let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
+        let counter_vec =
+            |name: &str, help: &str, label: &str| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
         let counter = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
             let c = IntCounter::new(name, help)?;
             registry.register(Box::new(c.clone()))?;
@@ -60,36 +61,79 @@ impl Metrics {
             registry.register(Box::new(g.clone()))?;
             Ok(g)
         };
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| -> Result<Histogram, prometheus::Error> {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h)
-        };
+        let histogram =
+            |name: &str, help: &str, buckets: Vec<f64>| -> Result<Histogram, prometheus::Error> {
+                let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+                registry.register(Box::new(h.clone()))?;
+                Ok(h)
+            };
         let state_entries = IntGaugeVec::new(
             Opts::new("state_entries", "Stored state records by kind"),
             &["kind"],
         )?;
         registry.register(Box::new(state_entries.clone()))?;
         let m = Metrics {
-            deliveries: counter_vec("webhook_deliveries_total", "Webhook deliveries by outcome", "outcome")?,
-            events: counter_vec("webhook_events_total", "Newly accepted events by type", "type")?,
-            duplicate_events: counter("webhook_duplicate_events_total", "Events dropped as already accepted")?,
-            unknown_platforms: counter("webhook_unknown_platform_events_total", "Accepted events naming a platform the bridge does not know")?,
-            quarantined: counter_vec("quarantined_total", "Quarantined deliveries or events by reason", "reason")?,
+            deliveries: counter_vec(
+                "webhook_deliveries_total",
+                "Webhook deliveries by outcome",
+                "outcome",
+            )?,
+            events: counter_vec(
+                "webhook_events_total",
+                "Newly accepted events by type",
+                "type",
+            )?,
+            duplicate_events: counter(
+                "webhook_duplicate_events_total",
+                "Events dropped as already accepted",
+            )?,
+            unknown_platforms: counter(
+                "webhook_unknown_platform_events_total",
+                "Accepted events naming a platform the bridge does not know",
+            )?,
+            quarantined: counter_vec(
+                "quarantined_total",
+                "Quarantined deliveries or events by reason",
+                "reason",
+            )?,
             quarantine_entries: gauge("quarantine_entries", "Records currently in quarantine")?,
             inbox_depth: gauge("inbox_depth", "Accepted events not yet folded into state")?,
             events_applied: counter("events_applied_total", "Events folded into state")?,
-            dispatch_errors: counter("dispatch_errors_total", "Failed attempts to fold a batch (retried)")?,
-            processing_seconds: histogram("processing_seconds", "Time from receipt to state update", latency_buckets())?,
-            flush_seconds: histogram("store_flush_seconds", "Duration of one group-commit flush", latency_buckets())?,
-            flush_writers: histogram("store_flush_writers", "Writers covered by one flush", vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])?,
+            dispatch_errors: counter(
+                "dispatch_errors_total",
+                "Failed attempts to fold a batch (retried)",
+            )?,
+            processing_seconds: histogram(
+                "processing_seconds",
+                "Time from receipt to state update",
+                latency_buckets(),
+            )?,
+            flush_seconds: histogram(
+                "store_flush_seconds",
+                "Duration of one group-commit flush",
+                latency_buckets(),
+            )?,
+            flush_writers: histogram(
+                "store_flush_writers",
+                "Writers covered by one flush",
+                vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+            )?,
             state_entries,
             store_bytes: gauge("store_size_bytes", "Size of the store on disk")?,
             pruned: counter_vec("pruned_total", "Records removed by retention", "kind")?,
             registry,
         };
         // Make every outcome visible from the first scrape.
-        for outcome in ["accepted", "duplicate", "quarantined", "unauthorized", "forbidden", "too_large", "timeout", "unavailable"] {
+        for outcome in [
+            "accepted",
+            "duplicate",
+            "quarantined",
+            "unauthorized",
+            "forbidden",
+            "too_large",
+            "timeout",
+            "unavailable",
+        ] {
             m.deliveries.with_label_values(&[outcome]);
         }
         Ok(m)

@@ -39,7 +39,10 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
 }
 
 async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
-    shared.metrics.store_bytes.set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
+    shared
+        .metrics
+        .store_bytes
+        .set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(shared.metrics.render())

@@ -6,7 +6,7 @@
 //! gives the same state: an older event never rolls state back. (Exactly-once application is the
 //! store's job; the fold itself does not dedupe.)
 
-use crate::ids::{BotId, ConversationId, EndUserId, EventId, UserKey};
+use crate::ids::{BotId, ConversationId, EndUserId, UserKey};
 use crate::webhook::model::{
     AgentRef, Bot, Conversation, EndUser, Event, EventKind, Message, Millis, Navigation, Payload,
     Platform, Sender,
@@ -269,7 +269,10 @@ impl EndUserState {
         let stamp = Stamp::of(event);
         self.events_applied += 1;
         self.last_event_at = self.last_event_at.max(event.timestamp);
-        fill(&mut self.bot_id, user.bot_id.as_ref().or(Some(&event.source_id)));
+        fill(
+            &mut self.bot_id,
+            user.bot_id.as_ref().or(Some(&event.source_id)),
+        );
         fill(&mut self.platform, Some(&user.platform));
         fill(&mut self.user_key, Some(&user.user_key));
         if let Some(params) = &user.params {
@@ -350,16 +353,6 @@ fn max_some(current: Option<Millis>, at: Millis) -> Option<Millis> {
 
 fn min_some(current: Option<Millis>, at: Millis) -> Option<Millis> {
     Some(current.map_or(at, |c| c.min(at)))
-}
-
-/// Re-key helper for the `(platform, userKey)` index.
-pub fn user_index_parts(platform: &Platform, user_key: &UserKey) -> (String, String) {
-    (platform.as_str().to_owned(), user_key.as_str().to_owned())
-}
-
-/// Used by tests and tools that build events by hand.
-pub fn event_id(text: &str) -> EventId {
-    EventId::new(text)
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+use super::*;
+use crate::webhook::parse_event;
+use proptest::prelude::*;
+
+fn conv_event(
+    id: &str,
+    kind: &str,
+    at: i64,
+    params: &str,
+    flow: i64,
+    manual: Option<&str>,
+) -> Event {
+    let manual = manual.map_or(String::new(), |m| {
+        format!(r#","manual":{{"status":"{m}"}}"#)
+    });
+    let raw = format!(
+        r#"{{"id":"{id}","event":"{kind}","sourceType":"bot","sourceId":"B1","timestamp":{at},
+        "data":{{"conversation":{{"id":"c1","botId":"B1","endUserId":"u1","platform":"web","userKey":"k1",
+        "params":{params},"context":{{"platform":"web"{manual}}},"navigation":{{"current":{{"flowId":{flow},"nodeId":1}}}}}}}}}}"#
+    );
+    parse_event(&raw).expect("conversation event")
+}
+
+fn msg_event(id: &str, kind: &str, at: i64, is_user: bool, meta: &str) -> Event {
+    let raw = format!(
+        r#"{{"id":"{id}","event":"{kind}","sourceType":"bot","sourceId":"B1","timestamp":{at},
+        "data":{{"message":{{"id":"m-{id}","endUserId":"u1","conversationId":"c1","isUser":{is_user},"meta":{meta},
+        "data":{{"type":"text","text":"hi"}}}}}}}}"#
+    );
+    parse_event(&raw).expect("message event")
+}
+
+fn fold(events: &[Event]) -> ConversationState {
+    let mut state = ConversationState::new("c1".into());
+    for e in events {
+        state.apply(e);
+    }
+    state
+}
+
+fn lifecycle() -> Vec<Event> {
+    vec![
+        conv_event("e1", "bot.conversation.created", 100, "{}", 1, None),
+        conv_event("e2", "bot.conversation.updated", 110, r#"{"a":1}"#, 3, None),
+        msg_event("e3", "bot.message.received", 120, true, "null"),
+        conv_event(
+            "e4",
+            "bot.conversation.agent_call_requested",
+            130,
+            r#"{"a":2}"#,
+            5,
+            None,
+        ),
+        msg_event("e5", "bot.message.sent", 131, false, "null"),
+        conv_event(
+            "e6",
+            "bot.conversation.agent_call_connected",
+            140,
+            r#"{"a":2}"#,
+            5,
+            Some("HANDOVER"),
+        ),
+        msg_event(
+            "e7",
+            "bot.message.sent",
+            150,
+            false,
+            r#"{"sender":{"userKey":"agent-1","platform":"closer-chat"}}"#,
+        ),
+        msg_event(
+            "e8",
+            "bot.message.sent",
+            151,
+            false,
+            r#"{"persona":{"name":"x"}}"#,
+        ),
+        conv_event(
+            "e9",
+            "bot.conversation.agent_call_disconnected",
+            160,
+            r#"{"a":3}"#,
+            5,
+            None,
+        ),
+    ]
+}
+
+#[test]
+fn the_lifecycle_folds_into_the_expected_state() {
+    let s = fold(&lifecycle());
+    assert_eq!(s.events_applied, 9);
+    assert_eq!(s.handoff.phase.value, HandoffPhase::Ended);
+    assert_eq!(s.handoff.phase.stamp.at, 160);
+    assert_eq!(s.handoff.requested_at, Some(130));
+    assert_eq!(s.handoff.connected_at, Some(140));
+    assert_eq!(s.handoff.ended_at, Some(160));
+    assert_eq!(
+        s.handoff
+            .agent
+            .value
+            .as_ref()
+            .and_then(|a| a.user_key.as_deref()),
+        Some("agent-1")
+    );
+    assert_eq!(s.manual_status.value.as_deref(), Some("HANDOVER"));
+    assert_eq!(
+        (
+            s.messages.user_messages,
+            s.messages.bot_messages,
+            s.messages.agent_messages
+        ),
+        (1, 1, 2)
+    );
+    assert_eq!(s.messages.last_agent_message_at, Some(151));
+    assert_eq!(s.params.value.get("a"), Some(&serde_json::json!(3)));
+    assert_eq!(s.navigation.value.current.map(|n| n.flow_id), Some(5));
+    assert_eq!(s.created_at, Some(100));
+    assert_eq!((s.first_event_at, s.last_event_at), (100, 160));
+    assert_eq!(s.end_user_id.as_ref().map(|u| u.as_str()), Some("u1"));
+}
+
+#[test]
+fn an_older_event_arriving_late_does_not_roll_state_back() {
+    let mut events = lifecycle();
+    events.push(conv_event(
+        "e0",
+        "bot.conversation.updated",
+        50,
+        r#"{"a":"old"}"#,
+        1,
+        Some("OLD"),
+    ));
+    let s = fold(&events);
+    assert_eq!(s.params.value.get("a"), Some(&serde_json::json!(3)));
+    assert_eq!(s.navigation.value.current.map(|n| n.flow_id), Some(5));
+    assert_eq!(s.manual_status.value.as_deref(), Some("HANDOVER"));
+    assert_eq!(s.handoff.phase.value, HandoffPhase::Ended);
+    assert_eq!(s.first_event_at, 50);
+}
+
+#[test]
+fn equal_timestamps_are_ordered_by_event_id() {
+    let a = conv_event("a", "bot.conversation.updated", 10, r#"{"v":"a"}"#, 1, None);
+    let b = conv_event("b", "bot.conversation.updated", 10, r#"{"v":"b"}"#, 2, None);
+    let ab = fold(&[a.clone(), b.clone()]);
+    let ba = fold(&[b, a]);
+    assert_eq!(ab, ba);
+    assert_eq!(ab.params.value.get("v"), Some(&serde_json::json!("b")));
+}
+
+#[test]
+fn end_user_state_tracks_the_newest_conversation() {
+    let mut u = EndUserState::new("u1".into());
+    let newer = conv_event("n", "bot.conversation.created", 200, "{}", 1, None);
+    let older = conv_event("o", "bot.conversation.updated", 100, "{}", 1, None);
+    let (Payload::Conversation(cn), Payload::Conversation(co)) = (&newer.payload, &older.payload)
+    else {
+        panic!("conversation payloads")
+    };
+    let mut co = co.clone();
+    co.id = "c0".into();
+    u.observe_conversation(&newer, cn);
+    u.observe_conversation(&older, &co);
+    assert_eq!(
+        u.last_conversation_id.value.as_ref().map(|c| c.as_str()),
+        Some("c1")
+    );
+    assert_eq!(u.platform, Some(Platform::Web));
+    assert_eq!(
+        u.events_applied, 0,
+        "observing a conversation is not an end-user event"
+    );
+}
+
+#[test]
+fn bot_state_counts_unknown_events_and_records_deletion() {
+    let mut b = BotState::new("B1".into());
+    let deleted = parse_event(r#"{"id":"d","event":"bot.deleted","sourceType":"bot","sourceId":"B1","timestamp":5,"data":{"bot":{"id":"B1","title":"t"}}}"#).expect("bot event");
+    let unknown = parse_event(r#"{"id":"x","event":"bot.brand_new","sourceType":"bot","sourceId":"B1","timestamp":6,"data":{}}"#).expect("unknown event");
+    b.apply(&deleted);
+    b.apply(&unknown);
+    assert_eq!(b.deleted_at, Some(5));
+    assert_eq!(b.unknown_events, 1);
+    assert_eq!(b.events_applied, 2);
+    assert_eq!(
+        b.info.value.as_ref().and_then(|i| i.title.as_deref()),
+        Some("t")
+    );
+}
+
+proptest! {
+    /// Any arrival order of the same events gives the same state.
+    #[test]
+    fn fold_is_independent_of_arrival_order(order in Just((0..9usize).collect::<Vec<_>>()).prop_shuffle()) {
+        let events = lifecycle();
+        let shuffled: Vec<Event> = order.iter().map(|&i| events[i].clone()).collect();
+        prop_assert_eq!(fold(&shuffled), fold(&events));
+    }
+
+    /// Random timestamps and shuffles: still order-independent.
+    #[test]
+    fn fold_commutes_for_random_timestamps(
+        stamps in proptest::collection::vec(0i64..50, 9),
+        order in Just((0..9usize).collect::<Vec<_>>()).prop_shuffle(),
+    ) {
+        let events: Vec<Event> = lifecycle().into_iter().zip(stamps).map(|(mut e, t)| { e.timestamp = t; e }).collect();
+        let shuffled: Vec<Event> = order.iter().map(|&i| events[i].clone()).collect();
+        prop_assert_eq!(fold(&shuffled), fold(&events));
+    }
+}

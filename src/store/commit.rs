@@ -58,9 +58,7 @@ impl GroupCommit {
     /// Wait until everything written before this call is on disk.
     pub async fn durable(&self) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(tx)
-            .map_err(|_| "flusher stopped".to_owned())?;
+        self.tx.send(tx).map_err(|_| "flusher stopped".to_owned())?;
         rx.await.map_err(|_| "flusher stopped".to_owned())?
     }
 

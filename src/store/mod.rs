@@ -293,10 +293,7 @@ impl Store {
     }
 
     /// Visit the event log in acceptance order.
-    pub fn for_each_event(
-        &self,
-        mut f: impl FnMut(EventRecord, bool),
-    ) -> Result<(), StoreError> {
+    pub fn for_each_event(&self, mut f: impl FnMut(EventRecord, bool)) -> Result<(), StoreError> {
         for item in self.events.iter() {
             let (k, v) = item?;
             let record: EventRecord = decode(&v, "event record")?;
@@ -327,56 +324,47 @@ impl Store {
                     continue;
                 }
                 out.applied += 1;
-                match &event.payload {
-                    Payload::Conversation(_) | Payload::Message(_) => {
-                        let id = match &event.payload {
-                            Payload::Conversation(c) => c.id.clone(),
-                            Payload::Message(m) => m.conversation_id.clone(),
-                            _ => unreachable_partition()?,
-                        };
-                        if !conv_cache.contains_key(&id) {
-                            let state = match convs.get(id.as_str())? {
-                                Some(b) => decode(&b, "conversation state").map_err(abort)?,
-                                None => {
-                                    out.new_conversations += 1;
-                                    ConversationState::new(id.clone())
-                                }
-                            };
-                            conv_cache.insert(id.clone(), state);
-                        }
-                        if let Some(state) = conv_cache.get_mut(&id) {
-                            state.apply(event);
-                        }
-                        if let Payload::Conversation(c) = &event.payload {
-                            if let Some(uid) = &c.end_user_id {
-                                let user = load_user(users, &mut user_cache, uid, &mut out)?;
-                                user.observe_conversation(event, c);
+                if let Some(id) = event.payload.conversation_id() {
+                    if !conv_cache.contains_key(id) {
+                        let state = match convs.get(id.as_str())? {
+                            Some(b) => decode(&b, "conversation state").map_err(abort)?,
+                            None => {
+                                out.new_conversations += 1;
+                                ConversationState::new(id.clone())
                             }
-                        }
-                    }
-                    Payload::EndUser(u) => {
-                        let user = load_user(users, &mut user_cache, &u.id, &mut out)?;
-                        user.apply(event, u);
-                    }
-                    Payload::Bot(_) | Payload::Unknown(_) => {
-                        let id = match &event.payload {
-                            Payload::Bot(b) => b.id.clone(),
-                            _ => event.source_id.clone(),
                         };
-                        let key = id.as_str().to_owned();
-                        if !bot_cache.contains_key(&key) {
-                            let state = match bots.get(key.as_bytes())? {
-                                Some(b) => decode(&b, "bot state").map_err(abort)?,
-                                None => {
-                                    out.new_bots += 1;
-                                    BotState::new(id)
-                                }
-                            };
-                            bot_cache.insert(key.clone(), state);
+                        conv_cache.insert(id.clone(), state);
+                    }
+                    if let Some(state) = conv_cache.get_mut(id) {
+                        state.apply(event);
+                    }
+                    if let Payload::Conversation(c) = &event.payload {
+                        if let Some(uid) = &c.end_user_id {
+                            load_user(users, &mut user_cache, uid, &mut out)?
+                                .observe_conversation(event, c);
                         }
-                        if let Some(state) = bot_cache.get_mut(&key) {
-                            state.apply(event);
-                        }
+                    }
+                } else if let Payload::EndUser(u) = &event.payload {
+                    load_user(users, &mut user_cache, &u.id, &mut out)?.apply(event, u);
+                } else {
+                    // Bot events, and events of unknown types, belong to the bot.
+                    let id = match &event.payload {
+                        Payload::Bot(b) => b.id.clone(),
+                        _ => event.source_id.clone(),
+                    };
+                    let key = id.as_str().to_owned();
+                    if !bot_cache.contains_key(&key) {
+                        let state = match bots.get(key.as_bytes())? {
+                            Some(b) => decode(&b, "bot state").map_err(abort)?,
+                            None => {
+                                out.new_bots += 1;
+                                BotState::new(id)
+                            }
+                        };
+                        bot_cache.insert(key.clone(), state);
+                    }
+                    if let Some(state) = bot_cache.get_mut(&key) {
+                        state.apply(event);
                     }
                 }
             }
@@ -397,7 +385,10 @@ impl Store {
         Ok(result?)
     }
 
-    pub fn conversation(&self, id: &ConversationId) -> Result<Option<ConversationState>, StoreError> {
+    pub fn conversation(
+        &self,
+        id: &ConversationId,
+    ) -> Result<Option<ConversationState>, StoreError> {
         self.conversations
             .get(id.as_str())?
             .map(|b| decode(&b, "conversation state"))
@@ -419,7 +410,11 @@ impl Store {
     }
 
     /// Look an end user up by their messenger identity.
-    pub fn find_end_user(&self, platform: &str, user_key: &str) -> Result<Option<EndUserState>, StoreError> {
+    pub fn find_end_user(
+        &self,
+        platform: &str,
+        user_key: &str,
+    ) -> Result<Option<EndUserState>, StoreError> {
         match self.user_index.get(keys::user_index(platform, user_key))? {
             None => Ok(None),
             Some(id) => {
@@ -555,12 +550,6 @@ fn load_user<'a>(
     cache
         .get_mut(id)
         .ok_or_else(|| ConflictableTransactionError::Abort("end-user cache".to_owned()))
-}
-
-fn unreachable_partition<T>() -> Result<T, ConflictableTransactionError<String>> {
-    Err(ConflictableTransactionError::Abort(
-        "payload changed kind".to_owned(),
-    ))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {

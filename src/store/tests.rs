@@ -1,0 +1,222 @@
+use super::*;
+use crate::webhook::{parse_delivery, parse_event};
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+    (dir, store)
+}
+
+fn delivery(id: &str, events: &[(&str, &str, i64)]) -> Vec<u8> {
+    let events: Vec<String> = events
+        .iter()
+        .map(|(eid, conv, at)| {
+            format!(
+                r#"{{"id":"{eid}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":{at},
+                "data":{{"message":{{"id":"m{eid}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"id":"{id}","webhookId":"w","webhookUrl":"u","messages":[{}]}}"#,
+        events.join(",")
+    )
+    .into_bytes()
+}
+
+fn accept(store: &Store, body: &[u8]) -> Accepted {
+    let parsed = parse_delivery(body).expect("valid delivery");
+    store
+        .accept(&parsed.id, &parsed.events, 1_000)
+        .expect("accept")
+}
+
+fn drain(store: &Store) -> Applied {
+    let pending = store.pending().expect("pending");
+    let batch: Vec<(u64, Event)> = pending
+        .iter()
+        .map(|(seq, _)| {
+            let rec = store.event(*seq).expect("read").expect("record");
+            (*seq, parse_event(rec.event.get()).expect("parse"))
+        })
+        .collect();
+    store.apply(&batch).expect("apply")
+}
+
+#[test]
+fn accepting_dedupes_by_delivery_and_by_event() {
+    let (_d, store) = store();
+    let first = accept(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2), ("e1", "c1", 1)]),
+    );
+    assert_eq!(first.new.len(), 2);
+    assert_eq!(first.new_index, vec![0, 1]);
+    assert_eq!(
+        first.duplicate_events, 1,
+        "the repeated id inside the batch"
+    );
+    let again = accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
+    assert!(again.duplicate_delivery);
+    assert!(again.new.is_empty());
+    let rebatched = accept(&store, &delivery("d2", &[("e2", "c1", 2), ("e3", "c2", 3)]));
+    assert_eq!(rebatched.duplicate_events, 1);
+    assert_eq!(rebatched.new.len(), 1);
+    assert_eq!(
+        rebatched.new[0].1,
+        crate::ids::PartitionKey::Conversation("c2".into())
+    );
+    assert_eq!(store.pending().expect("pending").len(), 3);
+}
+
+#[test]
+fn applying_is_exactly_once_even_when_a_batch_is_repeated() {
+    let (_d, store) = store();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]));
+    let pending = store.pending().expect("pending");
+    let batch: Vec<(u64, Event)> = pending
+        .iter()
+        .map(|(seq, _)| {
+            (
+                *seq,
+                parse_event(store.event(*seq).expect("read").expect("rec").event.get())
+                    .expect("parse"),
+            )
+        })
+        .collect();
+    let first = store.apply(&batch).expect("apply");
+    assert_eq!(
+        (first.applied, first.skipped, first.new_conversations),
+        (2, 0, 1)
+    );
+    let second = store.apply(&batch).expect("apply again");
+    assert_eq!((second.applied, second.skipped), (0, 2));
+    let state = store
+        .conversation(&"c1".into())
+        .expect("read")
+        .expect("state");
+    assert_eq!(state.events_applied, 2);
+    assert_eq!(state.messages.user_messages, 2);
+    assert!(store.inbox_is_empty().expect("inbox"));
+}
+
+#[test]
+fn state_and_inbox_survive_reopening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(store.pending().expect("pending").len(), 2);
+    drain(&store);
+    store.flush().expect("flush");
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(store.pending().expect("pending").is_empty());
+    assert_eq!(
+        store
+            .conversation(&"c2".into())
+            .expect("read")
+            .map(|s| s.events_applied),
+        Some(1)
+    );
+    assert_eq!(
+        accept(&store, &delivery("d9", &[("e1", "c1", 1)])).duplicate_events,
+        1
+    );
+}
+
+#[test]
+fn end_users_are_found_by_platform_and_user_key() {
+    let (_d, store) = store();
+    let body = br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[
+        {"id":"e1","event":"bot.end_user.created","sourceType":"bot","sourceId":"B1","timestamp":1,
+         "data":{"endUser":{"id":"u1","platform":"kakaobiz","userKey":"k1"}}},
+        {"id":"e2","event":"bot.conversation.created","sourceType":"bot","sourceId":"B1","timestamp":2,
+         "data":{"conversation":{"id":"c9","endUserId":"u1","platform":"kakaobiz","userKey":"k1"}}}]}"#;
+    accept(&store, body);
+    drain(&store);
+    let user = store
+        .find_end_user("kakaobiz", "k1")
+        .expect("read")
+        .expect("found");
+    assert_eq!(user.id.as_str(), "u1");
+    assert_eq!(
+        user.last_conversation_id.value.as_ref().map(|c| c.as_str()),
+        Some("c9")
+    );
+    assert!(store.find_end_user("web", "k1").expect("read").is_none());
+}
+
+#[test]
+fn prune_drops_only_old_processed_records_and_keeps_dedupe_inside_the_window() {
+    let (_d, store) = store();
+    let parsed = parse_delivery(&delivery("old", &[("e1", "c1", 1)])).expect("parse");
+    store
+        .accept(&parsed.id, &parsed.events, 100)
+        .expect("accept");
+    let parsed = parse_delivery(&delivery("new", &[("e2", "c1", 2)])).expect("parse");
+    store
+        .accept(&parsed.id, &parsed.events, 10_000)
+        .expect("accept");
+    // Nothing is processed yet: the pending event must not be pruned from the log.
+    let p = store.prune(5_000, 5_000, 100).expect("prune");
+    assert_eq!(p.events, 0);
+    assert_eq!(p.dedupe_records, 1, "the old dedupe record goes");
+    drain(&store);
+    let p = store.prune(5_000, 5_000, 100).expect("prune");
+    assert_eq!(p.events, 1);
+    assert_eq!(p.dedupe_records, 0, "already pruned, cursor persisted");
+    // e1's dedupe record is gone, e2's is kept.
+    assert!(store.event_by_id(&"e1".into()).expect("read").is_none());
+    assert!(store.event_by_id(&"e2".into()).expect("read").is_some());
+    let again = parse_delivery(&delivery("new2", &[("e2", "c1", 2)])).expect("parse");
+    assert_eq!(
+        store
+            .accept(&again.id, &again.events, 10_001)
+            .expect("accept")
+            .duplicate_events,
+        1
+    );
+}
+
+#[test]
+fn quarantine_round_trips_and_releases() {
+    let (_d, store) = store();
+    let id = store
+        .quarantine(QuarantineRecord {
+            id: 0,
+            received_at: 5,
+            scope: "delivery".into(),
+            reason: "invalid_json".into(),
+            detail: "x".into(),
+            delivery_id: None,
+            content_type: Some("application/json".into()),
+            body_base64: "e2JhZA==".into(),
+        })
+        .expect("quarantine");
+    let listed = store.quarantined().expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, id);
+    assert_eq!(
+        store.quarantined_one(id).expect("get").map(|r| r.reason),
+        Some("invalid_json".into())
+    );
+    assert!(store.release_quarantined(id).expect("release"));
+    assert!(!store.release_quarantined(id).expect("release again"));
+}
+
+#[test]
+fn a_second_process_cannot_open_a_store_in_use() {
+    let (dir, _store) = store();
+    // sled locks the directory: a second open in this process fails the same way another
+    // process would, and must not be mistaken for an empty store.
+    match Store::open(&dir.path().join("store"), 8 * 1024 * 1024) {
+        Err(StoreError::Locked { .. }) => {}
+        Err(other) => panic!("expected Locked, got {other}"),
+        Ok(_) => panic!("second open succeeded"),
+    }
+}

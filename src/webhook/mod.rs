@@ -128,7 +128,8 @@ pub fn parse_event(raw: &str) -> Result<Event, EventError> {
     }
     let payload = match header.event.data_key() {
         None => Payload::Unknown(
-            serde_json::from_str(header.data.get()).map_err(|e| EventError::Format(e.to_string()))?,
+            serde_json::from_str(header.data.get())
+                .map_err(|e| EventError::Format(e.to_string()))?,
         ),
         Some(key) => typed_payload(key, header.data.get())?,
     };
@@ -150,7 +151,8 @@ fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
         conversation: Option<model::Conversation>,
         message: Option<model::Message>,
     }
-    let data: Data = serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
+    let data: Data =
+        serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
     let missing = || EventError::Format(format!("data.{key} is required for this event type"));
     let payload = match key {
         "bot" => Payload::Bot(data.bot.ok_or_else(missing)?),
@@ -177,19 +179,22 @@ fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
 
 /// The ordering domain of an event.
 pub fn partition_of(event: &Event) -> PartitionKey {
+    if let Some(id) = event.payload.conversation_id() {
+        return PartitionKey::Conversation(id.clone());
+    }
     match &event.payload {
-        Payload::Conversation(c) => PartitionKey::Conversation(c.id.clone()),
-        Payload::Message(m) => PartitionKey::Conversation(m.conversation_id.clone()),
         Payload::EndUser(u) => PartitionKey::EndUser(u.id.clone()),
         Payload::Bot(b) => PartitionKey::Bot(b.id.clone()),
-        Payload::Unknown(_) => PartitionKey::Bot(event.source_id.clone()),
+        _ => PartitionKey::Bot(event.source_id.clone()),
     }
 }
 
 fn classify(err: serde_json::Error) -> DeliveryError {
     use serde_json::error::Category;
     match err.classify() {
-        Category::Syntax | Category::Eof | Category::Io => DeliveryError::InvalidJson(err.to_string()),
+        Category::Syntax | Category::Eof | Category::Io => {
+            DeliveryError::InvalidJson(err.to_string())
+        }
         Category::Data => DeliveryError::InvalidFormat(err.to_string()),
     }
 }
@@ -230,7 +235,9 @@ mod tests {
     fn agent_message_is_told_apart_by_meta_sender_or_persona() {
         let parsed = parse_delivery(&fixture("message-sent-agent-text.json")).expect("parse");
         let event = parse_event(&parsed.events[0].raw).expect("event");
-        let Payload::Message(m) = event.payload else { panic!("not a message") };
+        let Payload::Message(m) = event.payload else {
+            panic!("not a message")
+        };
         assert_eq!(m.sender(), Sender::Agent);
         assert_eq!(m.data.kind, MessageType::Text);
 
@@ -253,14 +260,21 @@ mod tests {
         ]}"#;
         let parsed = parse_delivery(body).expect("parse");
         assert!(parsed.invalid.is_empty(), "{:?}", parsed.invalid);
-        assert_eq!(parsed.events[0].kind, EventKind::Other("bot.something.new".into()));
+        assert_eq!(
+            parsed.events[0].kind,
+            EventKind::Other("bot.something.new".into())
+        );
         assert_eq!(parsed.events[0].partition, PartitionKey::Bot("B1".into()));
         assert!(parsed.events[1].unknown_platform);
         let e2 = parse_event(&parsed.events[1].raw).expect("e2");
-        let Payload::EndUser(u) = e2.payload else { panic!() };
+        let Payload::EndUser(u) = e2.payload else {
+            panic!()
+        };
         assert_eq!(u.platform, Platform::Other("telegram".into()));
         let e3 = parse_event(&parsed.events[2].raw).expect("e3");
-        let Payload::Message(m) = e3.payload else { panic!() };
+        let Payload::Message(m) = e3.payload else {
+            panic!()
+        };
         assert_eq!(m.data.kind, MessageType::Other("sticker".into()));
     }
 
@@ -276,13 +290,32 @@ mod tests {
 
     #[test]
     fn bad_envelopes_are_classified() {
-        assert!(matches!(parse_delivery(b"{not json"), Err(DeliveryError::InvalidJson(_))));
-        assert!(matches!(parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[{"id":"e""#), Err(DeliveryError::InvalidJson(_))));
-        assert!(matches!(parse_delivery(br#"{"id":5,"webhookId":"w","webhookUrl":"u","messages":[]}"#), Err(DeliveryError::InvalidFormat(_))));
-        assert!(matches!(parse_delivery(br#"{"webhookId":"w","webhookUrl":"u","messages":[]}"#), Err(DeliveryError::InvalidFormat(_))));
-        assert_eq!(parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[]}"#).map(|_| ()), Err(DeliveryError::EmptyBatch));
+        assert!(matches!(
+            parse_delivery(b"{not json"),
+            Err(DeliveryError::InvalidJson(_))
+        ));
+        assert!(matches!(
+            parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[{"id":"e""#),
+            Err(DeliveryError::InvalidJson(_))
+        ));
+        assert!(matches!(
+            parse_delivery(br#"{"id":5,"webhookId":"w","webhookUrl":"u","messages":[]}"#),
+            Err(DeliveryError::InvalidFormat(_))
+        ));
+        assert!(matches!(
+            parse_delivery(br#"{"webhookId":"w","webhookUrl":"u","messages":[]}"#),
+            Err(DeliveryError::InvalidFormat(_))
+        ));
+        assert_eq!(
+            parse_delivery(br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[]}"#)
+                .map(|_| ()),
+            Err(DeliveryError::EmptyBatch)
+        );
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        assert!(matches!(parse_delivery(deep.as_bytes()), Err(DeliveryError::InvalidJson(_) | DeliveryError::InvalidFormat(_))));
+        assert!(matches!(
+            parse_delivery(deep.as_bytes()),
+            Err(DeliveryError::InvalidJson(_) | DeliveryError::InvalidFormat(_))
+        ));
     }
 
     #[test]
@@ -295,6 +328,10 @@ mod tests {
         let parsed = parse_delivery(body).expect("envelope ok");
         assert_eq!(parsed.events.len(), 1);
         assert_eq!(parsed.invalid.len(), 2);
-        assert!(parsed.invalid[0].reason.contains("data.conversation"), "{}", parsed.invalid[0].reason);
+        assert!(
+            parsed.invalid[0].reason.contains("data.conversation"),
+            "{}",
+            parsed.invalid[0].reason
+        );
     }
 }

@@ -200,6 +200,17 @@ pub enum Payload {
     Unknown(Value),
 }
 
+impl Payload {
+    /// The conversation a conversation or message event belongs to.
+    pub fn conversation_id(&self) -> Option<&ConversationId> {
+        match self {
+            Payload::Conversation(c) => Some(&c.id),
+            Payload::Message(m) => Some(&m.conversation_id),
+            _ => None,
+        }
+    }
+}
+
 /// BOT.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
