@@ -211,7 +211,7 @@ fn process(
         match store.event(seq) {
             Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
                 Ok(event) => {
-                    tracing::debug!(event_id = %event.id, kind = %event.kind, "folding event");
+                    tracing::debug!(event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
                     received.push(record.received_at);
                     batch.push((seq, event));
                 }

@@ -16,6 +16,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use base64::Engine;
 use futures_util::StreamExt;
+use tracing::Instrument;
 use serde::{Deserialize, Serialize};
 
 /// Routes of the intake, mounted at the configured path.
@@ -72,7 +73,18 @@ async fn receive(
     receive_inner(req, Some(token.into_inner()), payload, shared).await
 }
 
+/// Every log line about one delivery carries its id (recorded once the body is parsed).
 async fn receive_inner(
+    req: HttpRequest,
+    path_token: Option<String>,
+    payload: web::Payload,
+    shared: web::Data<Shared>,
+) -> Result<HttpResponse, ApiError> {
+    let span = tracing::info_span!("delivery", delivery_id = tracing::field::Empty);
+    handle(req, path_token, payload, shared).instrument(span).await
+}
+
+async fn handle(
     req: HttpRequest,
     path_token: Option<String>,
     payload: web::Payload,
@@ -168,6 +180,9 @@ async fn receive_inner(
             ));
         }
     };
+    if let Some(id) = &ingested.delivery_id {
+        tracing::Span::current().record("delivery_id", tracing::field::display(id));
+    }
     if let Err(e) = shared.commit.durable().await {
         outcome("unavailable");
         tracing::error!(error = %e, "cannot make delivery durable");

@@ -27,7 +27,11 @@ pub fn fixtures() -> Vec<(String, Vec<u8>)> {
         .expect("shared fixtures")
         .map(|e| {
             let path = e.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            let name = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
             (name, std::fs::read(&path).expect("read fixture"))
         })
         .collect();
@@ -74,7 +78,13 @@ impl TestApp {
     /// A daemon on `data_dir` (kept after the app is dropped: restart tests reuse it).
     pub fn spawn_in(data_dir: &Path, opts: Spawn) -> TestApp {
         std::fs::create_dir_all(data_dir).expect("data dir");
-        let log_path = data_dir.join(format!("daemon-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+        let log_path = data_dir.join(format!(
+            "daemon-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
         let log = std::fs::File::create(&log_path).expect("log file");
         let mut cmd = Command::new(bin());
         cmd.arg("serve")
@@ -135,11 +145,18 @@ impl TestApp {
         let mut resp = req.send(body).expect("POST");
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = self.agent.get(format!("{}{path}", self.base)).call().expect("GET");
+        let mut resp = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .call()
+            .expect("GET");
         let status = resp.status().as_u16();
         (status, resp.body_mut().read_to_string().unwrap_or_default())
     }
@@ -153,14 +170,20 @@ impl TestApp {
             .expect("GET");
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// Scrape one metric sample (exact name with labels, e.g. `handoff_inbox_depth`).
     pub fn metric(&self, sample: &str) -> f64 {
         let (_, text) = self.get("/metrics");
         text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0.0)
     }
@@ -181,6 +204,16 @@ impl TestApp {
     pub fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, wait, and return everything the daemon logged.
+    pub fn terminate_and_logs(mut self) -> String {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "daemon exited with {status}");
+        // Read before `self` drops: its temp dir holds the log.
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     pub fn logs(&self) -> String {
@@ -215,4 +248,87 @@ pub fn cli(data_dir: &Path, args: &[&str]) -> Output {
 pub fn wait_drained(app: &TestApp) {
     let (status, body) = app.admin_get("/admin/v1/inbox/drained?timeout_ms=60000");
     assert_eq!(status, 200, "inbox not drained: {body}");
+}
+
+// ---- Helpers for the fixture, bad-input and out-of-order tests. ----
+
+impl TestApp {
+    /// Like `post_to`, but a transport error (e.g. the daemon closing the connection while a large
+    /// body is still being sent) is returned instead of panicking.
+    pub fn try_post_to(
+        &self,
+        url: &str,
+        body: &[u8],
+        content_type: Option<&str>,
+    ) -> Result<(u16, Value), String> {
+        let mut req = self.agent.post(url);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let mut resp = req.send(body).map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    /// POST (no body) to the admin API with the admin token.
+    pub fn admin_post(&self, path: &str) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .send_empty()
+            .expect("POST");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Run a CLI command that must succeed; returns its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        cli_ok(&self.data_dir, args)
+    }
+}
+
+/// Run a CLI command on a data directory that must succeed; returns its stdout.
+pub fn cli_ok(data_dir: &Path, args: &[&str]) -> String {
+    let out = cli(data_dir, args);
+    assert!(
+        out.status.success(),
+        "handoff-bridge {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("CLI output is UTF-8")
+}
+
+/// One shared fixture by file name.
+pub fn fixture_bytes(name: &str) -> Vec<u8> {
+    let path = fixtures_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// One shared fixture by file name, parsed.
+pub fn fixture_value(name: &str) -> Value {
+    serde_json::from_slice(&fixture_bytes(name)).expect("fixture is JSON")
+}
+
+/// A delivery envelope around `events` (the shape the service sends).
+pub fn delivery(id: &str, events: &[Value]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "id": id,
+        "webhookId": "2b1c1e7a-5f0e-4c61-9d1e-0c3f4a9b8e01",
+        "webhookUrl": "https://bridge.example.com/webhook/closer?token=REDACTED",
+        "messages": events,
+    }))
+    .expect("serialize delivery")
 }
