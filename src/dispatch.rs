@@ -44,8 +44,9 @@ impl DispatchHandle {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            progress.borrow_and_update();
-            if store.inbox_is_empty()? {
+            // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
+            let idle = *progress.borrow_and_update() == 0;
+            if idle && store.inbox_is_empty()? {
                 return Ok(true);
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {

@@ -16,8 +16,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use base64::Engine;
 use futures_util::StreamExt;
-use tracing::Instrument;
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 
 /// Routes of the intake, mounted at the configured path.
 pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
@@ -81,7 +81,9 @@ async fn receive_inner(
     shared: web::Data<Shared>,
 ) -> Result<HttpResponse, ApiError> {
     let span = tracing::info_span!("delivery", delivery_id = tracing::field::Empty);
-    handle(req, path_token, payload, shared).instrument(span).await
+    handle(req, path_token, payload, shared)
+        .instrument(span)
+        .await
 }
 
 async fn handle(
@@ -293,8 +295,7 @@ impl Ingested {
             status: status.to_owned(),
             delivery_id: self.delivery_id.as_ref().map(|d| d.to_string()),
             accepted: new,
-            duplicates: self.accepted.duplicate_events
-                + usize::from(self.accepted.duplicate_delivery),
+            duplicates: self.accepted.duplicate_events,
             quarantined: self.quarantined.len(),
             reason,
             detail,
@@ -441,7 +442,7 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
         quarantine_id: id,
         status: status.into(),
         accepted: accepted.new.len(),
-        duplicates: accepted.duplicate_events + usize::from(accepted.duplicate_delivery),
+        duplicates: accepted.duplicate_events,
         detail: None,
         new: accepted.new,
     }))

@@ -110,7 +110,11 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
 
 async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
     let records = shared.store.quarantined().map_err(store_error)?;
-    Ok(HttpResponse::Ok().json(records))
+    let views: Vec<serde_json::Value> = records
+        .iter()
+        .map(crate::queries::quarantine_view)
+        .collect();
+    Ok(HttpResponse::Ok().json(views))
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {
@@ -129,7 +133,7 @@ async fn quarantine_show(
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
     match shared.store.quarantined_one(id).map_err(store_error)? {
-        Some(r) => Ok(HttpResponse::Ok().json(r)),
+        Some(r) => Ok(HttpResponse::Ok().json(crate::queries::quarantine_view(&r))),
         None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
     }
 }

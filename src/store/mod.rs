@@ -68,7 +68,8 @@ pub struct Accepted {
     pub new_index: Vec<usize>,
     /// Events already stored earlier (or twice in this delivery).
     pub duplicate_events: usize,
-    /// The delivery id itself was seen before: nothing was looked at.
+    /// The delivery id itself was seen before: its events were not looked at one by one (they
+    /// all count as duplicates).
     pub duplicate_delivery: bool,
 }
 
@@ -223,6 +224,7 @@ impl Store {
                 if deliveries.get(delivery.as_str())?.is_some() {
                     return Ok(Accepted {
                         duplicate_delivery: true,
+                        duplicate_events: events.len(),
                         ..Accepted::default()
                     });
                 }

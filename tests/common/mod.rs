@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod load;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
