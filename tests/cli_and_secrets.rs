@@ -22,9 +22,16 @@ fn check_prints_the_effective_config_with_secrets_masked() {
     let admin = "very-secret-admin-token-42";
     let out = run(
         &["check", "--listen", "127.0.0.1:9999"],
-        &[("HANDOFF_BRIDGE_WEBHOOK_TOKENS", secret), ("HANDOFF_BRIDGE_ADMIN_TOKEN", admin)],
+        &[
+            ("HANDOFF_BRIDGE_WEBHOOK_TOKENS", secret),
+            ("HANDOFF_BRIDGE_ADMIN_TOKEN", admin),
+        ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("listen = \"127.0.0.1:9999\""), "{text}");
     assert!(text.contains("****"), "{text}");
@@ -37,7 +44,11 @@ fn check_prints_the_effective_config_with_secrets_masked() {
 fn an_invalid_config_lists_every_problem_and_exits_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[server]\nlisten = \"not-an-address\"\nmystery = true\n[dispatch]\nconcurrency = 0\n").expect("write");
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"not-an-address\"\nmystery = true\n[dispatch]\nconcurrency = 0\n",
+    )
+    .expect("write");
     for cmd in ["check", "serve"] {
         let out = run(&[cmd, "--config", path.to_str().expect("utf8")], &[]);
         assert_eq!(out.status.code(), Some(2), "{cmd}");
@@ -81,14 +92,24 @@ fn first_start_generates_a_token_and_prints_the_url_once() {
     assert_eq!(token.len(), 40);
     assert!(first.ends_with(&format!("/webhook/{token}")), "{first}");
     let second = start();
-    assert!(!second.contains(&token), "the token is printed only when generated: {second}");
-    assert_eq!(std::fs::read_to_string(data.join("webhook_token")).expect("token"), token, "kept across restarts");
+    assert!(
+        !second.contains(&token),
+        "the token is printed only when generated: {second}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("webhook_token")).expect("token"),
+        token,
+        "kept across restarts"
+    );
 }
 
 #[test]
 fn tokens_and_message_texts_stay_out_of_logs_and_metrics() {
     let app = TestApp::spawn();
-    let text_fixture = fixtures().into_iter().find(|(n, _)| n == "message-received-text.json").expect("fixture");
+    let text_fixture = fixtures()
+        .into_iter()
+        .find(|(n, _)| n == "message-received-text.json")
+        .expect("fixture");
     let (status, _) = app.post(&text_fixture.1);
     assert_eq!(status, 200);
     let (status, _) = app.post(b"{ not json");
@@ -100,10 +121,25 @@ fn tokens_and_message_texts_stay_out_of_logs_and_metrics() {
     let logs = app.terminate_and_logs();
     let message_text = "주문한 상품이 아직 안 왔어요";
     for (name, text) in [("logs", &logs), ("metrics", &metrics)] {
-        assert!(!text.contains(WEBHOOK_TOKEN), "{name} contain the webhook token");
-        assert!(!text.contains(ADMIN_TOKEN), "{name} contain the admin token");
-        assert!(!text.contains("wrong-token-abcdefghijkl"), "{name} contain a presented token");
-        assert!(!text.contains(message_text), "{name} contain a message text");
+        assert!(
+            !text.contains(WEBHOOK_TOKEN),
+            "{name} contain the webhook token"
+        );
+        assert!(
+            !text.contains(ADMIN_TOKEN),
+            "{name} contain the admin token"
+        );
+        assert!(
+            !text.contains("wrong-token-abcdefghijkl"),
+            "{name} contain a presented token"
+        );
+        assert!(
+            !text.contains(message_text),
+            "{name} contain a message text"
+        );
     }
-    assert!(logs.contains("delivery quarantined"), "the quarantine is logged: {logs}");
+    assert!(
+        logs.contains("delivery quarantined"),
+        "the quarantine is logged: {logs}"
+    );
 }
