@@ -17,4 +17,5 @@ pub mod queries;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod upstream;
 pub mod webhook;
