@@ -1,3 +1,19 @@
-//! The service's Open API: the contract types, and (coming) the client.
+//! The service's Open API: the contract types, and the client that calls it under rate limits
+//! with retries. The client is generic over its transport (awc in production) and its executor
+//! (the client itself, or [`handle::UpstreamHandle`] from any thread).
 
+pub mod api;
+pub mod client;
 pub mod contract;
+pub mod error;
+pub mod handle;
+pub mod limits;
+pub mod retry;
+pub mod transport;
+
+pub use api::OpenApi;
+pub use client::{ApiCall, Client, ClientSettings, Execute};
+pub use error::UpstreamError;
+
+#[cfg(test)]
+mod tests;

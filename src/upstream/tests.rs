@@ -1,0 +1,256 @@
+//! Client behaviour under paused time with a scripted transport: attempts, spacing,
+//! `Retry-After`, permanent errors, idempotency keys.
+
+use super::client::{ApiCall, Client, ClientSettings, Execute};
+use super::contract::Endpoint;
+use super::error::UpstreamError;
+use super::limits::{Limits, LimitsConfig, Rate};
+use super::retry::RetryPolicy;
+use super::transport::{RawRequest, RawResponse, Transport, TransportError};
+use crate::config::Secret;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Answers from a script and records each request with the (virtual) time it arrived.
+struct Scripted {
+    answers: RefCell<VecDeque<Result<RawResponse, TransportError>>>,
+    seen: RefCell<Vec<(Duration, RawRequest)>>,
+    start: Instant,
+}
+
+impl Scripted {
+    fn new(answers: Vec<Result<RawResponse, TransportError>>) -> Self {
+        Scripted {
+            answers: RefCell::new(answers.into()),
+            seen: RefCell::new(Vec::new()),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Transport for &Scripted {
+    async fn send(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
+        self.seen.borrow_mut().push((self.start.elapsed(), request));
+        self.answers
+            .borrow_mut()
+            .pop_front()
+            .unwrap_or(Err(TransportError::Other("script exhausted".into())))
+    }
+}
+
+fn status(code: u16, retry_after: Option<&str>) -> Result<RawResponse, TransportError> {
+    Ok(RawResponse {
+        status: code,
+        retry_after: retry_after.map(str::to_owned),
+        body: bytes::Bytes::from(format!(r#"{{"error":{{"code":"c{code}","message":"m"}}}}"#)),
+    })
+}
+
+fn ok(body: &str) -> Result<RawResponse, TransportError> {
+    Ok(RawResponse {
+        status: 200,
+        retry_after: None,
+        body: bytes::Bytes::from(body.to_owned()),
+    })
+}
+
+fn unlimited() -> LimitsConfig {
+    let r = Rate {
+        per_second: 1_000_000.0,
+        burst: 1_000,
+    };
+    LimitsConfig {
+        global: r,
+        write: r,
+        partner_send: r,
+        notify: r,
+    }
+}
+
+fn client(t: &Scripted, attempts: u32) -> Client<&Scripted> {
+    let settings = ClientSettings {
+        auth_header: "Authorization".into(),
+        auth_scheme: "Bearer".into(),
+        api_key: Secret::new("k-secret-123"),
+        idempotency_header: "Idempotency-Key".into(),
+        retry: RetryPolicy {
+            max_attempts: attempts,
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(10),
+        },
+    };
+    Client::new(t, settings, Limits::new(&unlimited()).expect("limits")).with_seed(42)
+}
+
+fn manual_call() -> ApiCall {
+    let mut call = ApiCall::new(Endpoint::SetManual, &["conv 1"]);
+    call.body = Some(serde_json::json!({"enabled": true}));
+    call.idempotency_key = Some("key-1".into());
+    call
+}
+
+fn gaps(t: &Scripted) -> Vec<Duration> {
+    let seen = t.seen.borrow();
+    seen.windows(2).map(|w| w[1].0 - w[0].0).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_failures_are_retried_with_capped_jittered_backoff_and_one_key() {
+    let t = Scripted::new(vec![
+        status(503, None),
+        Err(TransportError::Timeout),
+        Err(TransportError::Connect("refused".into())),
+        status(429, Some("garbage")),
+        ok(r#"{"conversationId":"c","enabled":true,"status":"HANDOVER","updatedAt":1}"#),
+    ]);
+    let value = client(&t, 5)
+        .execute(manual_call())
+        .await
+        .expect("succeeds on the 5th attempt");
+    assert_eq!(value["status"], "HANDOVER");
+    let seen = t.seen.borrow();
+    assert_eq!(seen.len(), 5);
+    for (_, req) in seen.iter() {
+        assert_eq!(req.path, "/openapi/conversation/conv%201/manual");
+        assert!(
+            req.headers
+                .contains(&("Idempotency-Key".into(), "key-1".into())),
+            "same key on every attempt"
+        );
+        assert!(req
+            .headers
+            .contains(&("Authorization".into(), "Bearer k-secret-123".into())));
+    }
+    drop(seen);
+    // Full jitter: each wait is within [0, min(cap, base * 2^(n-1))].
+    let ceilings = [100, 200, 400, 800];
+    for (gap, ceiling) in gaps(&t).iter().zip(ceilings) {
+        assert!(
+            *gap <= Duration::from_millis(ceiling),
+            "{gap:?} > {ceiling} ms"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_are_bounded_and_the_last_error_is_returned() {
+    let t = Scripted::new((0..10).map(|_| status(502, None)).collect());
+    let err = client(&t, 3)
+        .execute(manual_call())
+        .await
+        .expect_err("gives up");
+    assert_eq!(err.status(), Some(502));
+    assert!(err.is_retryable());
+    assert_eq!(t.seen.borrow().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permanent_errors_are_not_retried_and_keep_status_and_body() {
+    for code in [400, 401, 404, 409, 422] {
+        let t = Scripted::new(vec![status(code, None), ok("{}")]);
+        let err = client(&t, 5)
+            .execute(manual_call())
+            .await
+            .expect_err("permanent");
+        assert_eq!(t.seen.borrow().len(), 1, "{code} was retried");
+        match err {
+            UpstreamError::Status {
+                status,
+                code: c,
+                body,
+                ..
+            } => {
+                assert_eq!(status, code);
+                assert_eq!(c, format!("c{code}"));
+                assert!(body.contains("error"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_honoured_in_seconds_and_dates_and_clamped() {
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(5));
+    let t = Scripted::new(vec![
+        status(429, Some("3")),
+        status(503, Some(&date)),
+        status(429, Some("86400")),
+        ok("{}"),
+    ]);
+    client(&t, 5)
+        .execute(manual_call())
+        .await
+        .expect("succeeds");
+    let g = gaps(&t);
+    assert_eq!(g[0], Duration::from_secs(3));
+    // An HTTP date is relative to the wall clock at parse time: about 5 s (4..=5 after rounding).
+    assert!(
+        g[1] >= Duration::from_secs(4) && g[1] <= Duration::from_secs(5),
+        "{:?}",
+        g[1]
+    );
+    assert_eq!(g[2], Duration::from_secs(10), "clamped to max_retry_after");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_carry_no_key_and_unkeyed_writes_get_a_stable_generated_one() {
+    let t = Scripted::new(vec![ok("{}"), status(500, None), ok("{}")]);
+    let c = client(&t, 3);
+    c.execute(ApiCall::new(Endpoint::GetBot, &["B1"]))
+        .await
+        .expect("read");
+    let mut write = manual_call();
+    write.idempotency_key = None;
+    c.execute(write).await.expect("write");
+    let seen = t.seen.borrow();
+    assert!(!seen[0]
+        .1
+        .headers
+        .iter()
+        .any(|(k, _)| k == "Idempotency-Key"));
+    let key = |i: usize| {
+        seen[i]
+            .1
+            .headers
+            .iter()
+            .find(|(k, _)| k == "Idempotency-Key")
+            .map(|(_, v)| v.clone())
+    };
+    assert!(key(1).is_some());
+    assert_eq!(key(1), key(2), "the retry reuses the generated key");
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_calls_fail_before_anything_is_sent() {
+    let t = Scripted::new(vec![]);
+    let c = client(&t, 3);
+    let err = c
+        .execute(ApiCall::new(Endpoint::PbBlock, &["only-one"]))
+        .await
+        .expect_err("arity");
+    assert!(matches!(err, UpstreamError::InvalidCall(_)), "{err:?}");
+    let err = c
+        .execute(ApiCall::new(Endpoint::GetBot, &[""]))
+        .await
+        .expect_err("empty");
+    assert!(matches!(err, UpstreamError::InvalidCall(_)), "{err:?}");
+    assert!(t.seen.borrow().is_empty());
+    assert!(!format!("{err}").contains("k-secret-123"));
+}
+
+#[test]
+fn path_and_query_are_encoded() {
+    let mut call = ApiCall::new(Endpoint::PbGetConversation, &["sk/1", "user key"]);
+    call.query = vec![
+        ("from".into(), "1".into()),
+        ("userKey".into(), "a&b".into()),
+    ];
+    assert_eq!(
+        call.path_and_query().expect("path"),
+        "/openapi/partnerbiz/sk%2F1/conversation/user%20key?from=1&userKey=a%26b"
+    );
+}
