@@ -41,6 +41,9 @@ pub enum Command {
         /// Address to listen on (port 0 picks a free one).
         #[arg(long)]
         listen: Option<String>,
+        /// The Open API base address, or `embedded` for the built-in emulator.
+        #[arg(long)]
+        upstream: Option<String>,
     },
     /// Validate the configuration and print the effective config, secrets masked.
     Check {
@@ -118,20 +121,31 @@ impl CliError {
 }
 
 fn load(args: &ConfigArgs, listen: Option<String>) -> Result<Config, ConfigError> {
-    Config::load(
-        args.config.as_deref(),
-        &Overrides {
-            listen,
-            data_dir: args.data_dir.clone(),
-        },
-    )
+    load_with(args, listen, None)
+}
+
+fn load_with(
+    args: &ConfigArgs,
+    listen: Option<String>,
+    upstream: Option<String>,
+) -> Result<Config, ConfigError> {
+    let overrides = Overrides {
+        listen,
+        upstream,
+        data_dir: args.data_dir.clone(),
+    };
+    Config::load(args.config.as_deref(), &overrides)
 }
 
 /// Run a parsed command. `serve` blocks until shutdown.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve { config, listen } => {
-            let config = load(&config, listen)?;
+        Command::Serve {
+            config,
+            listen,
+            upstream,
+        } => {
+            let config = load_with(&config, listen, upstream)?;
             crate::telemetry::init(&config.log);
             actix_web::rt::System::new().block_on(crate::app::serve(config))?;
             Ok(())

@@ -20,6 +20,42 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
+    pub upstream: UpstreamConfig,
+}
+
+/// Where the Open API is and how to call it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// `embedded` or an `http://` base address.
+    pub url: String,
+    pub api_key: Secret,
+    pub api_key_file: String,
+    pub auth_header: String,
+    pub auth_scheme: String,
+    pub idempotency_header: String,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    pub retry: crate::upstream::retry::RetryPolicy,
+    pub limits: crate::upstream::limits::LimitsConfig,
+}
+
+impl UpstreamConfig {
+    pub fn is_embedded(&self) -> bool {
+        self.url == "embedded"
+    }
+
+    /// The key from `api_key`, else from `api_key_file` (first line).
+    pub fn resolve_api_key(&self) -> Result<Secret, String> {
+        if !self.api_key.is_empty() || self.api_key_file.is_empty() {
+            return Ok(self.api_key.clone());
+        }
+        let text = std::fs::read_to_string(&self.api_key_file)
+            .map_err(|e| format!("upstream.api_key_file {}: {e}", self.api_key_file))?;
+        Ok(Secret::new(text.lines().next().unwrap_or_default().trim()))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -169,6 +205,7 @@ pub enum ConfigError {
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub upstream: Option<String>,
     pub data_dir: Option<PathBuf>,
 }
 
@@ -181,6 +218,8 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_ADMIN_TOKEN", "admin.token"),
     ("HANDOFF_BRIDGE_LOG_FORMAT", "log.format"),
     ("HANDOFF_BRIDGE_LOG_LEVEL", "log.level"),
+    ("HANDOFF_BRIDGE_UPSTREAM_URL", "upstream.url"),
+    ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "upstream.api_key"),
 ];
 
 impl Config {
@@ -236,6 +275,16 @@ impl Config {
                 "server.listen",
                 listen,
                 "--listen",
+                &mut problems,
+            );
+        }
+        if let Some(url) = &overrides.upstream {
+            set_path(
+                &mut merged,
+                &defaults,
+                "upstream.url",
+                url,
+                "--upstream",
                 &mut problems,
             );
         }
@@ -369,6 +418,53 @@ impl Config {
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             bad("admin.token", &"****", "must be at least 16 characters");
         }
+        let up = &self.upstream;
+        if !(up.is_embedded() || up.url.starts_with("http://")) {
+            let why = if up.url.starts_with("https://") {
+                "https is not built in yet: use an http:// address (e.g. a local TLS-terminating proxy)"
+            } else {
+                "must be \"embedded\" or an http:// base address"
+            };
+            bad("upstream.url", &up.url, why);
+        }
+        if !up.api_key.is_empty() && !up.api_key_file.is_empty() {
+            bad(
+                "upstream.api_key_file",
+                &up.api_key_file,
+                "give api_key or api_key_file, not both",
+            );
+        }
+        if up.auth_header.trim().is_empty() || up.idempotency_header.trim().is_empty() {
+            bad(
+                "upstream.auth_header",
+                &up.auth_header,
+                "header names must not be empty",
+            );
+        }
+        if up.retry.max_attempts == 0 || up.retry.max_attempts > 20 {
+            bad(
+                "upstream.retry.max_attempts",
+                &up.retry.max_attempts,
+                "must be 1..=20",
+            );
+        }
+        if up.retry.base.is_zero() || up.retry.cap < up.retry.base {
+            bad(
+                "upstream.retry.cap",
+                &humantime::format_duration(up.retry.cap),
+                "base must be positive and cap at least base",
+            );
+        }
+        if up.request_timeout.is_zero() || up.connect_timeout.is_zero() {
+            bad(
+                "upstream.request_timeout",
+                &humantime::format_duration(up.request_timeout),
+                "timeouts must be positive",
+            );
+        }
+        if let Err(e) = crate::upstream::limits::Limits::new(&up.limits) {
+            bad("upstream.limits", &e, "invalid rate limit");
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             bad(
                 "log.level",
@@ -427,6 +523,10 @@ fn merge(
             }
             (value, default) if same_type(&value, default) => {
                 dst.insert(key, value);
+            }
+            // `per_second = 50` means 50.0.
+            (toml::Value::Integer(i), toml::Value::Float(_)) => {
+                dst.insert(key, toml::Value::Float(i as f64));
             }
             (value, default) => problems.push(Problem {
                 value: shown(&path, &value),
@@ -489,6 +589,7 @@ fn set_path(
         toml::Value::String(_) => Some(toml::Value::String(text.to_owned())),
         toml::Value::Integer(_) => text.trim().parse::<i64>().ok().map(toml::Value::Integer),
         toml::Value::Boolean(_) => text.trim().parse::<bool>().ok().map(toml::Value::Boolean),
+        toml::Value::Float(_) => text.trim().parse::<f64>().ok().map(toml::Value::Float),
         toml::Value::Array(_) => Some(toml::Value::Array(
             text.split(',')
                 .map(str::trim)
@@ -519,7 +620,7 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 }
 
 /// Keys whose values are never shown, even in error messages.
-const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token"];
+const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token", "upstream.api_key"];
 
 fn shown(path: &str, value: &toml::Value) -> String {
     if SECRET_KEYS

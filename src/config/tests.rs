@@ -74,6 +74,7 @@ fn file_then_env_then_flags_override_in_order() {
             ("UNRELATED", "x"),
         ]),
         &Overrides {
+            upstream: None,
             listen: Some("127.0.0.1:9002".into()),
             data_dir: Some("/tmp/x".into()),
         },
@@ -189,4 +190,72 @@ fn a_missing_or_broken_file_is_a_clear_error() {
     let (_d, path) = write("[server\nlisten=");
     let err = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("broken");
     assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+}
+
+#[test]
+fn upstream_settings_load_validate_and_mask_the_key() {
+    let (_d, path) = write("[upstream]\nurl = \"http://127.0.0.1:9090\"\n[upstream.limits.global]\nper_second = 7\nburst = 3\n");
+    let c = Config::load_from(
+        Some(&path),
+        env(&[("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "upstream-key-123456")]),
+        &Overrides::default(),
+    )
+    .expect("load");
+    assert_eq!(c.upstream.url, "http://127.0.0.1:9090");
+    assert_eq!(
+        c.upstream.limits.global.per_second, 7.0,
+        "an integer rate is taken as a float"
+    );
+    assert_eq!(
+        c.upstream.resolve_api_key().expect("key").expose(),
+        "upstream-key-123456"
+    );
+    assert!(!c.to_masked_toml().contains("upstream-key-123456"));
+
+    let c = Config::load_from(
+        None,
+        env(&[]),
+        &Overrides {
+            upstream: Some("embedded".into()),
+            ..Overrides::default()
+        },
+    )
+    .expect("load");
+    assert!(c.upstream.is_embedded());
+
+    let p = problems(
+        Config::load_from(
+            None,
+            env(&[
+                ("HANDOFF_BRIDGE_UPSTREAM_URL", "ftp://x"),
+                ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "0"),
+            ]),
+            &Overrides::default(),
+        )
+        .expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec!["upstream.url", "upstream.retry.max_attempts"],
+        "{p:?}"
+    );
+}
+
+#[test]
+fn the_api_key_can_come_from_a_file() {
+    let (_d, path) = write("file-key-abcdef\nignored\n");
+    let c = Config::load_from(
+        None,
+        env(&[(
+            "HANDOFF_BRIDGE__UPSTREAM__API_KEY_FILE",
+            path.to_str().expect("utf8"),
+        )]),
+        &Overrides::default(),
+    )
+    .expect("load");
+    assert_eq!(
+        c.upstream.resolve_api_key().expect("key").expose(),
+        "file-key-abcdef"
+    );
 }
