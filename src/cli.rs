@@ -59,6 +59,13 @@ pub enum Command {
         #[command(subcommand)]
         action: StateCommand,
     },
+    /// Call one Open API endpoint with the configured credentials and print the JSON answer.
+    Api {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        call: ApiArgs,
+    },
     /// Inspect and re-process quarantined deliveries.
     Quarantine {
         #[command(flatten)]
@@ -66,6 +73,30 @@ pub enum Command {
         #[command(subcommand)]
         action: QuarantineCommand,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ApiArgs {
+    /// Endpoint name (`--list` shows them all), e.g. `get-conversation`.
+    #[arg(required_unless_present = "list")]
+    pub endpoint: Option<String>,
+    /// Path parameters, in the order of the path (e.g. senderKey userKey).
+    pub params: Vec<String>,
+    /// Query parameter `key=value` (repeatable).
+    #[arg(long = "query", value_name = "KEY=VALUE")]
+    pub query: Vec<String>,
+    /// Request body: JSON text, or `@FILE`.
+    #[arg(long)]
+    pub body: Option<String>,
+    /// Idempotency key of a mutating call (generated when absent).
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// The Open API base address, or `embedded` (overrides the config).
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// List the endpoints with their method and path.
+    #[arg(long)]
+    pub list: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -109,6 +140,8 @@ pub enum CliError {
     Admin(String),
     #[error("{0}")]
     Usage(String),
+    #[error("upstream: {0}")]
+    Upstream(crate::upstream::UpstreamError),
 }
 
 impl CliError {
@@ -149,6 +182,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             crate::telemetry::init(&config.log);
             actix_web::rt::System::new().block_on(crate::app::serve(config))?;
             Ok(())
+        }
+        Command::Api { config, call } => {
+            let config = load_with(&config, None, call.upstream.clone())?;
+            api(&config, call)
         }
         Command::Check { config, listen } => {
             let config = load(&config, listen)?;
@@ -355,5 +392,76 @@ fn admin_call(
             .and_then(Value::as_str)
             .unwrap_or("unexpected answer");
         Err(AdminCallError::Failed(format!("{status}: {msg}")))
+    }
+}
+
+/// `handoff-bridge api`: one call, printed as JSON.
+fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
+    use crate::upstream::contract::Endpoint;
+    use crate::upstream::{ApiCall, Execute};
+    if args.list {
+        for e in Endpoint::ALL {
+            println!("{:<28} {:<6} {}", e.name(), e.method(), e.path_template());
+        }
+        return Ok(());
+    }
+    let name = args.endpoint.unwrap_or_default();
+    let endpoint = Endpoint::from_name(&name).ok_or_else(|| {
+        CliError::Usage(format!(
+            "unknown endpoint {name:?}; see `handoff-bridge api --list`"
+        ))
+    })?;
+    let params: Vec<&str> = args.params.iter().map(String::as_str).collect();
+    let mut call = ApiCall::new(endpoint, &params);
+    call.query = args
+        .query
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| CliError::Usage(format!("--query {kv:?} is not KEY=VALUE")))
+        })
+        .collect::<Result<_, _>>()?;
+    if let Some(body) = args.body {
+        let text = match body.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| CliError::Usage(format!("--body @{path}: {e}")))?,
+            None => body,
+        };
+        call.body = Some(
+            serde_json::from_str(&text)
+                .map_err(|e| CliError::Usage(format!("--body is not JSON: {e}")))?,
+        );
+    }
+    call.idempotency_key = args.idempotency_key;
+    call.path_and_query()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let settings = crate::upstream::settings(&config.upstream).map_err(CliError::Usage)?;
+    let limits =
+        crate::upstream::limits::Limits::new(&config.upstream.limits).map_err(CliError::Usage)?;
+    let up = &config.upstream;
+    let result = actix_web::rt::System::new().block_on(async move {
+        if up.is_embedded() {
+            return Err(crate::upstream::UpstreamError::InvalidCall(
+                "upstream is \"embedded\": give --upstream URL (e.g. a running `handoff-bridge emulator`)".into(),
+            ));
+        }
+        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout);
+        crate::upstream::Client::new(transport, settings, limits).execute(call).await
+    });
+    match result {
+        Ok(value) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            if let crate::upstream::UpstreamError::Status { body, .. } = &e {
+                println!("{body}");
+            }
+            Err(CliError::Upstream(e))
+        }
     }
 }

@@ -17,3 +17,14 @@ pub use error::UpstreamError;
 
 #[cfg(test)]
 mod tests;
+
+/// Client settings from the `[upstream]` configuration (the key resolved from env or file).
+pub fn settings(config: &crate::config::UpstreamConfig) -> Result<ClientSettings, String> {
+    Ok(ClientSettings {
+        auth_header: config.auth_header.clone(),
+        auth_scheme: config.auth_scheme.clone(),
+        api_key: config.resolve_api_key()?,
+        idempotency_header: config.idempotency_header.clone(),
+        retry: config.retry.clone(),
+    })
+}
