@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod datadir;
 pub mod dispatch;
+pub mod emulator;
 pub mod http_error;
 pub mod ids;
 pub mod intake;

@@ -1,0 +1,482 @@
+//! The emulator's starting data: a JSON file of bots, flows, end users, conversations, messages,
+//! partner-messenger channels and notification templates. Checked on load, with every problem
+//! reported together, so a bad seed fails at start rather than as a puzzling 404 in a test.
+//!
+//! The default seed (`deploy/emulator-seed.json`, embedded) knows every bot, end user and
+//! conversation the shared webhook fixtures refer to.
+
+use super::validate;
+use crate::ids::{BotId, ConversationId, EndUserId};
+use crate::upstream::contract::{ChannelSetting, Flow, PbStatus};
+use crate::webhook::model::{Bot, Conversation, EndUser, Message, Millis, Navigation, Platform};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::Path;
+
+/// The embedded default seed.
+pub const DEFAULT_SEED: &str = include_str!("../../deploy/emulator-seed.json");
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Seed {
+    pub bots: Vec<Bot>,
+    /// Flows by bot id. Every flow needs at least one node (navigation without `nodeId` goes to
+    /// the first).
+    #[serde(default)]
+    pub flows: BTreeMap<BotId, Vec<Flow>>,
+    #[serde(default)]
+    pub end_users: Vec<EndUser>,
+    /// Each needs `botId`, `endUserId`, `createdAt` and `updatedAt`; `platform` and `userKey`
+    /// default to the end user's. `context.manual.status = "HANDOVER"` starts it in manual mode.
+    #[serde(default)]
+    pub conversations: Vec<Conversation>,
+    /// Each needs a `timestamp`.
+    #[serde(default)]
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub channels: Vec<SeedChannel>,
+    #[serde(default)]
+    pub templates: Vec<SeedTemplate>,
+}
+
+/// A partner-messenger counseling channel.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SeedChannel {
+    pub sender_key: String,
+    pub bot_id: BotId,
+    /// Its users: each is the `userKey` of a `kakaobiz` end user of `botId`.
+    pub user_keys: Vec<String>,
+    #[serde(default)]
+    pub setting: ChannelSetting,
+    /// Starting counseling state of some users. The others start `waiting`, unblocked, without a
+    /// session.
+    #[serde(default)]
+    pub conversations: Vec<SeedPbConversation>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SeedPbConversation {
+    pub user_key: String,
+    #[serde(default)]
+    pub status: Option<PbStatus>,
+    #[serde(default)]
+    pub assignee: Option<String>,
+    #[serde(default)]
+    pub memo: Option<String>,
+    #[serde(default)]
+    pub blocked: bool,
+    #[serde(default)]
+    pub blocked_at: Option<Millis>,
+    /// Set: the user has an active session that started then.
+    #[serde(default)]
+    pub session_started_at: Option<Millis>,
+    #[serde(default)]
+    pub updated_at: Option<Millis>,
+}
+
+/// A notification template. `variables` must name exactly the `#{name}` placeholders of `text`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SeedTemplate {
+    pub sender_key: String,
+    pub code: String,
+    pub text: String,
+    pub variables: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    #[error("cannot read seed file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("seed is not valid JSON for the seed format: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("seed is invalid:\n  - {}", .0.join("\n  - "))]
+    Invalid(Vec<String>),
+}
+
+impl Seed {
+    /// The embedded default seed (checked like any other).
+    pub fn default_seed() -> Result<Seed, SeedError> {
+        Seed::from_json(DEFAULT_SEED)
+    }
+
+    pub fn from_json(text: &str) -> Result<Seed, SeedError> {
+        let seed: Seed = serde_json::from_str(text)?;
+        seed.validate()?;
+        Ok(seed)
+    }
+
+    pub fn load(path: &Path) -> Result<Seed, SeedError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SeedError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Seed::from_json(&text)
+    }
+
+    /// Every cross-reference and bound; all problems at once.
+    pub fn validate(&self) -> Result<(), SeedError> {
+        let mut problems = Vec::new();
+        let mut p = |msg: String| problems.push(msg);
+
+        let mut bots = HashSet::new();
+        for bot in &self.bots {
+            if !bots.insert(&bot.id) {
+                p(format!("bots: id {} appears twice", bot.id));
+            }
+        }
+
+        for (bot_id, flows) in &self.flows {
+            if !bots.contains(bot_id) {
+                p(format!("flows: bot {bot_id} is not in `bots`"));
+            }
+            let mut ids = HashSet::new();
+            for flow in flows {
+                if !ids.insert(flow.id) {
+                    p(format!("flows of {bot_id}: flow {} appears twice", flow.id));
+                }
+                if flow.nodes.is_empty() {
+                    p(format!("flows of {bot_id}: flow {} has no nodes", flow.id));
+                }
+                let mut nodes = HashSet::new();
+                for node in &flow.nodes {
+                    if !nodes.insert(node.id) {
+                        p(format!(
+                            "flows of {bot_id}: flow {} has node {} twice",
+                            flow.id, node.id
+                        ));
+                    }
+                }
+            }
+        }
+
+        let mut end_users: HashMap<&EndUserId, &EndUser> = HashMap::new();
+        let mut natural = HashSet::new();
+        for eu in &self.end_users {
+            let at = format!("endUsers: {}", eu.id);
+            if end_users.insert(&eu.id, eu).is_some() {
+                p(format!("{at} appears twice"));
+            }
+            match &eu.bot_id {
+                None => p(format!("{at} has no botId")),
+                Some(b) if !bots.contains(b) => p(format!("{at}: bot {b} is not in `bots`")),
+                Some(b) => {
+                    if !natural.insert((b, eu.platform.as_str(), eu.user_key.as_str())) {
+                        p(format!(
+                            "{at}: ({}, {}) is already used by another end user of {b}",
+                            eu.platform, eu.user_key
+                        ));
+                    }
+                }
+            }
+            if let Err(e) = validate::user_key(eu.user_key.as_str(), "userKey") {
+                p(format!("{at}: {e}"));
+            }
+        }
+
+        let mut conversations: HashMap<&ConversationId, &Conversation> = HashMap::new();
+        for c in &self.conversations {
+            let at = format!("conversations: {}", c.id);
+            if conversations.insert(&c.id, c).is_some() {
+                p(format!("{at} appears twice"));
+            }
+            let Some(bot_id) = &c.bot_id else {
+                p(format!("{at} has no botId"));
+                continue;
+            };
+            if !bots.contains(bot_id) {
+                p(format!("{at}: bot {bot_id} is not in `bots`"));
+            }
+            match c.end_user_id.as_ref().map(|id| (id, end_users.get(id))) {
+                None => p(format!("{at} has no endUserId")),
+                Some((id, None)) => p(format!("{at}: end user {id} is not in `endUsers`")),
+                Some((id, Some(eu))) => {
+                    if eu.bot_id.as_ref() != Some(bot_id) {
+                        p(format!("{at}: end user {id} belongs to another bot"));
+                    }
+                    if c.platform.as_ref().is_some_and(|pl| *pl != eu.platform) {
+                        p(format!("{at}: platform differs from end user {id}'s"));
+                    }
+                    if c.user_key.as_ref().is_some_and(|k| *k != eu.user_key) {
+                        p(format!("{at}: userKey differs from end user {id}'s"));
+                    }
+                }
+            }
+            for (name, value) in [("createdAt", &c.created_at), ("updatedAt", &c.updated_at)] {
+                match value.as_deref().map(parse_iso_millis) {
+                    None => p(format!("{at} has no {name}")),
+                    Some(Err(e)) => p(format!("{at}: {name} {e}")),
+                    Some(Ok(_)) => {}
+                }
+            }
+            let flows = self.flows.get(bot_id).map(Vec::as_slice).unwrap_or(&[]);
+            let navs = [
+                Some(("navigation", c.navigation.as_ref())),
+                c.context
+                    .as_ref()
+                    .map(|ctx| ("context.navigation", ctx.navigation.as_ref())),
+            ];
+            for (name, nav) in navs.into_iter().flatten() {
+                if let Some(nav) = nav {
+                    if let Err(e) = navigation_exists(nav, flows) {
+                        p(format!("{at}: {name}: {e}"));
+                    }
+                }
+            }
+        }
+
+        let mut message_ids = HashSet::new();
+        for m in &self.messages {
+            let at = format!("messages: {}", m.id);
+            if !message_ids.insert(m.id.as_str()) {
+                p(format!("{at} appears twice"));
+            }
+            match conversations.get(&m.conversation_id) {
+                None => p(format!(
+                    "{at}: conversation {} is not in `conversations`",
+                    m.conversation_id
+                )),
+                Some(c) => {
+                    if m.end_user_id.is_some() && m.end_user_id != c.end_user_id {
+                        p(format!("{at}: endUserId differs from its conversation's"));
+                    }
+                }
+            }
+            if m.timestamp.is_none() {
+                p(format!("{at} has no timestamp"));
+            }
+            if let Err(e) = validate::message_data(&m.data, "data") {
+                p(format!("{at}: {e}"));
+            }
+        }
+
+        let mut senders = HashSet::new();
+        for ch in &self.channels {
+            let at = format!("channels: {}", ch.sender_key);
+            if ch.sender_key.is_empty() {
+                p("channels: a senderKey is empty".to_owned());
+            }
+            if !senders.insert(ch.sender_key.as_str()) {
+                p(format!("{at} appears twice"));
+            }
+            if !bots.contains(&ch.bot_id) {
+                p(format!("{at}: bot {} is not in `bots`", ch.bot_id));
+            }
+            let mut keys = BTreeSet::new();
+            for key in &ch.user_keys {
+                if !keys.insert(key.as_str()) {
+                    p(format!("{at}: userKey {key} appears twice"));
+                }
+                let known = self.end_users.iter().any(|eu| {
+                    eu.bot_id.as_ref() == Some(&ch.bot_id)
+                        && eu.platform == Platform::Kakaobiz
+                        && eu.user_key.as_str() == key
+                });
+                if !known {
+                    p(format!(
+                        "{at}: userKey {key} is not a kakaobiz end user of {}",
+                        ch.bot_id
+                    ));
+                }
+            }
+            let mut stated = HashSet::new();
+            for c in &ch.conversations {
+                if !keys.contains(c.user_key.as_str()) {
+                    p(format!(
+                        "{at}: conversations: userKey {} is not in userKeys",
+                        c.user_key
+                    ));
+                }
+                if !stated.insert(c.user_key.as_str()) {
+                    p(format!(
+                        "{at}: conversations: userKey {} appears twice",
+                        c.user_key
+                    ));
+                }
+                if c.blocked_at.is_some() && !c.blocked {
+                    p(format!(
+                        "{at}: conversations: {} has blockedAt but is not blocked",
+                        c.user_key
+                    ));
+                }
+            }
+            if let Err(e) = validate::channel_setting(&ch.setting) {
+                p(format!("{at}: setting: {e}"));
+            }
+        }
+
+        let mut codes = HashSet::new();
+        for t in &self.templates {
+            let at = format!("templates: {}/{}", t.sender_key, t.code);
+            if !senders.contains(t.sender_key.as_str()) {
+                p(format!("{at}: senderKey is not in `channels`"));
+            }
+            if t.code.is_empty() {
+                p(format!("{at}: code is empty"));
+            }
+            if !codes.insert((t.sender_key.as_str(), t.code.as_str())) {
+                p(format!("{at} appears twice"));
+            }
+            let declared: BTreeSet<&str> = t.variables.iter().map(String::as_str).collect();
+            if declared.len() != t.variables.len() {
+                p(format!("{at}: a variable is listed twice"));
+            }
+            let used = validate::placeholders(&t.text);
+            let used: BTreeSet<&str> = used.iter().map(String::as_str).collect();
+            if declared != used {
+                p(format!(
+                    "{at}: variables {declared:?} do not match the text's placeholders {used:?}"
+                ));
+            }
+        }
+
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SeedError::Invalid(problems))
+        }
+    }
+}
+
+/// A navigation's nodes must exist in the bot's flows.
+fn navigation_exists(nav: &Navigation, flows: &[Flow]) -> Result<(), String> {
+    for (name, node) in [("current", nav.current), ("prev", nav.prev)] {
+        if let Some(node) = node {
+            let found = flows
+                .iter()
+                .find(|f| f.id == node.flow_id)
+                .is_some_and(|f| f.nodes.iter().any(|n| n.id == node.node_id));
+            if !found {
+                return Err(format!(
+                    "{name} node {}/{} is not in the bot's flows",
+                    node.flow_id, node.node_id
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// ISO-8601 (RFC 3339) to Unix milliseconds, as the objects carry times as text but the queries
+/// filter by milliseconds.
+pub fn parse_iso_millis(text: &str) -> Result<Millis, String> {
+    let t = humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{text:?} is before 1970"))?;
+    Millis::try_from(d.as_millis()).map_err(|_| format!("{text:?} is out of range"))
+}
+
+/// Unix milliseconds to the `2025-11-21T02:00:00.000Z` form the service uses.
+pub fn format_iso_millis(ms: Millis) -> String {
+    let d = std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONV1: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+    const CONV2: &str = "5c0e9b1f-2222-4d3e-9f10-000000000002";
+
+    #[test]
+    fn the_default_seed_is_valid_and_knows_the_fixtures_ids() {
+        let seed = Seed::default_seed().expect("default seed");
+        assert!(seed.bots.iter().any(|b| b.id.as_str() == "B7f3a2c"));
+        for (id, platform, key) in [
+            (
+                "4e6f0d0a-1111-4a5b-8c9d-000000000001",
+                "web",
+                "web-visitor-8841",
+            ),
+            (
+                "4e6f0d0a-1111-4a5b-8c9d-000000000002",
+                "kakaobiz",
+                "kb-user-77a9f2",
+            ),
+        ] {
+            let eu = seed
+                .end_users
+                .iter()
+                .find(|e| e.id.as_str() == id)
+                .expect("end user");
+            assert_eq!(eu.platform.as_str(), platform);
+            assert_eq!(eu.user_key.as_str(), key);
+        }
+        for id in [CONV1, CONV2] {
+            assert!(seed.conversations.iter().any(|c| c.id.as_str() == id));
+        }
+        let flows = &seed.flows[&BotId::new("B7f3a2c")];
+        for (flow, node) in [(1, 1), (2, 7), (3, 12), (5, 40), (5, 41)] {
+            let f = flows.iter().find(|f| f.id == flow).expect("flow");
+            assert!(f.nodes.iter().any(|n| n.id == node), "{flow}/{node}");
+        }
+        let ch = &seed.channels[0];
+        assert_eq!(ch.sender_key, "sk-support-0001");
+        assert!(ch.user_keys.iter().any(|k| k == "kb-user-77a9f2"));
+        assert!(seed.templates.iter().any(|t| t.code == "CALLBACK"));
+    }
+
+    #[test]
+    fn every_problem_is_reported_together() {
+        let mut seed = Seed::default_seed().expect("default seed");
+        seed.bots.push(seed.bots[0].clone());
+        seed.conversations[0].end_user_id = Some(EndUserId::new("nobody"));
+        seed.messages[0].timestamp = None;
+        seed.channels[0].user_keys.push("web-visitor-8841".into());
+        seed.templates[0].variables.push("extra".into());
+        let Err(SeedError::Invalid(problems)) = seed.validate() else {
+            panic!("expected problems");
+        };
+        let text = problems.join("\n");
+        for needle in [
+            "bots: id B7f3a2c appears twice",
+            "end user nobody is not in `endUsers`",
+            "has no timestamp",
+            "userKey web-visitor-8841 is not a kakaobiz end user",
+            "do not match the text's placeholders",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn navigation_to_an_unknown_node_and_bad_times_are_refused() {
+        let mut seed = Seed::default_seed().expect("default seed");
+        if let Some(nav) = seed.conversations[0].navigation.as_mut() {
+            nav.current = Some(crate::webhook::model::Node {
+                flow_id: 5,
+                node_id: 999,
+                visit_count: None,
+            });
+        }
+        seed.conversations[1].updated_at = Some("yesterday".into());
+        let err = seed.validate().expect_err("invalid").to_string();
+        assert!(err.contains("current node 5/999"), "{err}");
+        assert!(err.contains("not an RFC 3339 time"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_json_are_parse_errors() {
+        assert!(matches!(
+            Seed::from_json(r#"{"bots": [], "robots": []}"#),
+            Err(SeedError::Parse(_))
+        ));
+        assert!(matches!(Seed::from_json("{"), Err(SeedError::Parse(_))));
+        assert!(Seed::from_json(r#"{"bots": []}"#).is_ok());
+    }
+
+    #[test]
+    fn iso_times_round_trip_through_millis() {
+        let ms = parse_iso_millis("2025-11-21T02:00:02.200Z").expect("time");
+        assert_eq!(ms, 1_763_690_402_200);
+        assert_eq!(format_iso_millis(ms), "2025-11-21T02:00:02.200Z");
+    }
+}
