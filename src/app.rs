@@ -26,6 +26,10 @@ pub struct Shared {
     pub max_body_bytes: usize,
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
+    /// The Open API client (owned by its own arbiter thread).
+    pub upstream: crate::upstream::handle::UpstreamHandle,
+    /// The in-process emulator when the upstream is `embedded`.
+    pub emulator: Option<crate::emulator::Emulator>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +50,8 @@ pub enum AppError {
     Metrics(#[from] prometheus::Error),
     #[error("server failed: {0}")]
     Server(std::io::Error),
+    #[error("upstream: {0}")]
+    Upstream(String),
 }
 
 /// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
@@ -108,6 +114,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         stop_rx,
     ));
 
+    let upstream = Upstream::start(&config)?;
     let shared = web::Data::new(Shared {
         store: store.clone(),
         commit,
@@ -120,6 +127,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         max_body_bytes: config.webhook.max_body_bytes,
         body_read_timeout: config.server.body_read_timeout,
         shutting_down: AtomicBool::new(false),
+        upstream: upstream.handle.clone(),
+        emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -158,8 +167,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         listen: bound.to_string(),
     })
     .map_err(io_err)?;
-    // Machine-readable start line on stdout (tests and scripts wait for it).
-    println!("listening: http://{bound}");
     let token_shown = if generated_webhook {
         // First start with a generated token: show it once so it can be registered.
         webhook_token
@@ -175,6 +182,24 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         "webhook url: http://{bound}{}/{token_shown}",
         config.webhook.path
     );
+    if let (Some(embedded), Some(token)) = (&upstream.emulator, webhook_token.first()) {
+        // The embedded emulator plays the service: its webhook events come back to this daemon.
+        let mut to = bound;
+        if to.ip().is_unspecified() {
+            to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let url = format!("http://{to}{}/{}", config.webhook.path, token.expose());
+        crate::emulator::sender::start(
+            embedded.emulator.clone(),
+            crate::emulator::sender::SenderConfig {
+                url,
+                window: Duration::from_millis(50),
+            },
+        );
+        println!("upstream: embedded emulator at http://{}", embedded.addr);
+    }
+    // Machine-readable start line on stdout, printed last: tests and scripts wait for it.
+    println!("listening: http://{bound}");
     tracing::info!(%bound, data_dir = %data.root().display(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);
@@ -200,6 +225,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         tracing::warn!("dispatcher did not stop in time; its events stay in the inbox");
     }
     let _ = pruner.await;
+    if let Some(embedded) = upstream.emulator {
+        embedded.server.stop(true).await;
+    }
     let flushed = tokio::task::spawn_blocking(move || store.flush()).await;
     data.remove_daemon_info();
     match flushed {
@@ -213,7 +241,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     }
 }
 
-async fn shutdown_signal() -> &'static str {
+/// Wait for SIGTERM or SIGINT; returns which.
+pub async fn shutdown_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -270,4 +299,65 @@ async fn prune_loop(
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The Open API client, and the emulator it talks to when the upstream is `embedded`.
+struct Upstream {
+    handle: crate::upstream::handle::UpstreamHandle,
+    emulator: Option<Embedded>,
+}
+
+struct Embedded {
+    emulator: crate::emulator::Emulator,
+    addr: std::net::SocketAddr,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl Upstream {
+    fn start(config: &Config) -> Result<Upstream, AppError> {
+        use crate::upstream::handle::{Endpoint, UpstreamHandle};
+        let up = &config.upstream;
+        let mut settings = crate::upstream::settings(up).map_err(AppError::Upstream)?;
+        let (base_url, emulator) = if up.is_embedded() {
+            if settings.api_key.is_empty() {
+                use rand::distr::{Alphanumeric, SampleString};
+                settings.api_key =
+                    crate::config::Secret::new(Alphanumeric.sample_string(&mut rand::rng(), 32));
+            }
+            let mut emu_config = crate::emulator::EmulatorConfig::new(settings.api_key.clone());
+            emu_config.auth_header = up.auth_header.clone();
+            emu_config.auth_scheme = (!up.auth_scheme.is_empty()).then(|| up.auth_scheme.clone());
+            emu_config.idempotency_header = up.idempotency_header.clone();
+            let seed = crate::emulator::Seed::default_seed()
+                .map_err(|e| AppError::Upstream(e.to_string()))?;
+            let running = crate::emulator::start_standalone("127.0.0.1:0", seed, emu_config)
+                .map_err(|e| AppError::Upstream(e.to_string()))?;
+            let addr = running
+                .addrs
+                .first()
+                .copied()
+                .ok_or_else(|| AppError::Upstream("emulator bound no address".into()))?;
+            let server = running.server.handle();
+            tokio::spawn(running.server);
+            tracing::info!(%addr, "embedded Open API emulator started");
+            (
+                format!("http://{addr}"),
+                Some(Embedded {
+                    emulator: running.emulator,
+                    addr,
+                    server,
+                }),
+            )
+        } else {
+            (up.url.clone(), None)
+        };
+        let endpoint = Endpoint {
+            base_url,
+            connect_timeout: up.connect_timeout,
+            request_timeout: up.request_timeout,
+        };
+        let handle =
+            UpstreamHandle::start(endpoint, settings, &up.limits).map_err(AppError::Upstream)?;
+        Ok(Upstream { handle, emulator })
+    }
 }

@@ -66,6 +66,21 @@ pub enum Command {
         #[command(flatten)]
         call: ApiArgs,
     },
+    /// Run the emulator of the service's Open API (and, with --webhook-url, its webhook sender).
+    Emulator {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: String,
+        /// Seed file (JSON); the embedded default seed when absent.
+        #[arg(long)]
+        seed: Option<PathBuf>,
+        /// API key callers must present; generated (and printed) when absent.
+        #[arg(long, env = "HANDOFF_BRIDGE_EMULATOR_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Deliver webhook events (user/agent actions, bot messages) to this URL.
+        #[arg(long)]
+        webhook_url: Option<String>,
+    },
     /// Inspect and re-process quarantined deliveries.
     Quarantine {
         #[command(flatten)]
@@ -187,6 +202,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let config = load_with(&config, None, call.upstream.clone())?;
             api(&config, call)
         }
+        Command::Emulator {
+            listen,
+            seed,
+            api_key,
+            webhook_url,
+        } => emulator(listen, seed, api_key, webhook_url),
         Command::Check { config, listen } => {
             let config = load(&config, listen)?;
             println!("# configuration is valid; effective values (secrets masked):");
@@ -464,4 +485,59 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
             Err(CliError::Upstream(e))
         }
     }
+}
+
+/// `handoff-bridge emulator`: a standalone emulator until SIGINT/SIGTERM.
+fn emulator(
+    listen: String,
+    seed: Option<PathBuf>,
+    api_key: Option<String>,
+    webhook_url: Option<String>,
+) -> Result<(), CliError> {
+    use crate::emulator::{sender, EmulatorConfig, Seed};
+    crate::telemetry::init(&crate::config::LogConfig {
+        format: crate::config::LogFormat::Human,
+        level: "info".into(),
+    });
+    let seed = match seed {
+        Some(path) => Seed::load(&path).map_err(|e| CliError::Usage(e.to_string()))?,
+        None => Seed::default_seed().map_err(|e| CliError::Usage(e.to_string()))?,
+    };
+    let (key, generated) = match api_key {
+        Some(k) if !k.is_empty() => (k, false),
+        _ => {
+            use rand::distr::{Alphanumeric, SampleString};
+            (Alphanumeric.sample_string(&mut rand::rng(), 32), true)
+        }
+    };
+    actix_web::rt::System::new().block_on(async move {
+        let running = crate::emulator::start_standalone(
+            &listen,
+            seed,
+            EmulatorConfig::new(crate::config::Secret::new(key.clone())),
+        )
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+        if let Some(url) = webhook_url {
+            sender::start(
+                running.emulator.clone(),
+                sender::SenderConfig {
+                    url,
+                    window: std::time::Duration::from_millis(50),
+                },
+            );
+        }
+        for addr in &running.addrs {
+            println!("listening: http://{addr}");
+        }
+        if generated {
+            // A throwaway key for a local emulator, shown once so callers can use it.
+            println!("api key: {key}");
+        }
+        let handle = running.server.handle();
+        let server = actix_web::rt::spawn(running.server);
+        crate::app::shutdown_signal().await;
+        handle.stop(true).await;
+        let _ = server.await;
+        Ok(())
+    })
 }

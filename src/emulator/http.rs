@@ -59,6 +59,7 @@ pub(super) fn configure(emulator: Emulator, cfg: &mut web::ServiceConfig) {
                     .route(web::post().to(reset))
                     .default_service(not_allowed()),
             )
+            .configure(super::sender::routes)
             .default_service(web::to(crate::http_error::not_found)),
     );
 }

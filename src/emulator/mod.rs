@@ -48,6 +48,7 @@ mod faults;
 mod http;
 mod journal;
 pub mod seed;
+pub mod sender;
 pub mod state;
 mod validate;
 

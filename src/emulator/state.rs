@@ -166,6 +166,22 @@ pub struct EmulatorState {
     partner_messages: Vec<PartnerMessage>,
     notifications: Vec<SentNotification>,
     next_id: u64,
+    /// Webhook events caused by changes, waiting for the webhook sender; collected only while
+    /// a sender is attached, so a plain API emulator does not accumulate them.
+    events: Option<Vec<PendingEvent>>,
+    /// Events emitted and not yet delivered (taken but unanswered count too).
+    undelivered: u64,
+    /// Woken whenever deliveries complete, for `/_emulator/webhook/flushed`.
+    delivery_progress: std::sync::Arc<tokio::sync::Notify>,
+}
+
+/// An event the service would send by webhook: its type and its `data` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingEvent {
+    pub kind: String,
+    pub bot_id: String,
+    pub at: Millis,
+    pub data: Value,
 }
 
 /// Named path parameters of one call.
@@ -210,6 +226,9 @@ impl EmulatorState {
             channels: BTreeMap::new(),
             templates: BTreeMap::new(),
             partner_messages: Vec::new(),
+            events: None,
+            undelivered: 0,
+            delivery_progress: std::sync::Arc::new(tokio::sync::Notify::new()),
             notifications: Vec::new(),
             next_id: 1,
         };
@@ -918,7 +937,119 @@ impl EmulatorState {
         }
         self.message_ids.insert(id);
         self.messages.push(message.clone());
+        // The service echoes what the bot sends as `bot.message.sent`.
+        let bot_id = self.conversations[i].conversation.bot_id.clone();
+        self.emit(
+            "bot.message.sent",
+            bot_id,
+            now,
+            json!({ "message": message }),
+        );
         message
+    }
+
+    /// Start collecting webhook events (a webhook sender is attached).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Events collected since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<PendingEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn emit(&mut self, kind: &str, bot_id: Option<BotId>, at: Millis, data: Value) {
+        if let Some(events) = self.events.as_mut() {
+            self.undelivered += 1;
+            events.push(PendingEvent {
+                kind: kind.to_owned(),
+                bot_id: bot_id.map(|b| b.as_str().to_owned()).unwrap_or_default(),
+                at,
+                data,
+            });
+        }
+    }
+
+    /// The sender finished with `n` taken events (delivered, or given up on).
+    pub fn events_done(&mut self, n: u64) {
+        self.undelivered = self.undelivered.saturating_sub(n);
+        self.delivery_progress.notify_waiters();
+    }
+
+    /// Events emitted but not yet through the sender, and the signal of its progress.
+    pub fn delivery_status(&self) -> (u64, std::sync::Arc<tokio::sync::Notify>) {
+        (self.undelivered, self.delivery_progress.clone())
+    }
+
+    /// A conversation as the webhook shows it.
+    pub fn conversation_object(&self, id: &str) -> Option<Conversation> {
+        let i = self.conversation_index.get(&ConversationId::new(id))?;
+        self.conversations.get(*i).map(|r| r.conversation.clone())
+    }
+
+    /// What a user typing into the messenger does: a user message in the conversation, and its
+    /// `bot.message.received` event.
+    pub fn user_says(
+        &mut self,
+        conversation_id: &str,
+        data: MessageData,
+        now: Millis,
+    ) -> Result<Message, Failure> {
+        let i = self.conversation_index(conversation_id)?;
+        let id = self.new_id("e5000000");
+        let r = &mut self.conversations[i];
+        let message = Message {
+            id: id.clone(),
+            end_user_id: r.conversation.end_user_id.clone(),
+            conversation_id: r.conversation.id.clone(),
+            is_user: true,
+            meta: None,
+            data,
+            timestamp: Some(now),
+            request_id: None,
+        };
+        touch(r, now);
+        let bot_id = r.conversation.bot_id.clone();
+        self.message_ids.insert(id);
+        self.messages.push(message.clone());
+        self.emit(
+            "bot.message.received",
+            bot_id,
+            now,
+            json!({ "message": message }),
+        );
+        Ok(message)
+    }
+
+    /// An agent-call lifecycle step (`agent_call_requested`, `_connected`, `_cancelled`,
+    /// `_disconnected`) as the service would report it. Connecting turns manual mode on; ending
+    /// or cancelling turns it off, as the service's own agent console does.
+    pub fn agent_call(
+        &mut self,
+        conversation_id: &str,
+        step: &str,
+        now: Millis,
+    ) -> Result<Conversation, Failure> {
+        let i = self.conversation_index(conversation_id)?;
+        match step {
+            "agent_call_connected" => self.set_manual(i, true, now),
+            "agent_call_disconnected" | "agent_call_cancelled" => self.set_manual(i, false, now),
+            "agent_call_requested" => {}
+            other => {
+                return Err(Failure::invalid_body(format!(
+                    "unknown agent-call step {other}"
+                )))
+            }
+        }
+        let conversation = self.conversations[i].conversation.clone();
+        let kind = format!("bot.conversation.{step}");
+        self.emit(
+            &kind,
+            conversation.bot_id.clone(),
+            now,
+            json!({ "conversation": conversation }),
+        );
+        Ok(conversation)
     }
 
     fn messages_where(&self, keep: impl Fn(&Message) -> bool) -> Vec<&Message> {

@@ -18,6 +18,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/endusers", web::get().to(find_end_user))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
+            .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
             .route(
@@ -188,5 +189,15 @@ async fn inbox_drained(
         Ok(HttpResponse::Ok().json(json!({"drained": true, "inbox_depth": depth})))
     } else {
         Ok(HttpResponse::GatewayTimeout().json(json!({"error": {"code": "not_drained", "message": format!("inbox still holds events after {} ms", timeout.as_millis())}, "inbox_depth": depth})))
+    }
+}
+
+/// The embedded emulator's call journal: what the bridge really sent to the (emulated) service.
+async fn emulator_journal(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    match &shared.emulator {
+        Some(emu) => Ok(HttpResponse::Ok().json(emu.journal())),
+        None => Err(ApiError::not_found(
+            "the upstream is not the embedded emulator",
+        )),
     }
 }

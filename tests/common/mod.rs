@@ -53,6 +53,8 @@ pub struct TestApp {
     pub child: Child,
     pub base: String,
     pub webhook_url: String,
+    /// The embedded emulator's base URL, when the upstream is embedded (the default).
+    pub emulator_url: Option<String>,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
     _stdout: BufReader<ChildStdout>,
@@ -108,6 +110,7 @@ impl TestApp {
         let stdout = child.stdout.take().expect("stdout");
         let mut reader = BufReader::new(stdout);
         let mut base = None;
+        let mut upstream = None;
         let mut line = String::new();
         // The daemon prints `listening: http://ADDR` once it accepts connections.
         while base.is_none() {
@@ -120,10 +123,14 @@ impl TestApp {
             if let Some(rest) = line.trim().strip_prefix("listening: ") {
                 base = Some(rest.to_owned());
             }
+            if let Some(rest) = line.trim().strip_prefix("upstream: embedded emulator at ") {
+                upstream = Some(rest.to_owned());
+            }
         }
         let base = base.expect("base url");
         TestApp {
             webhook_url: format!("{base}/webhook/{WEBHOOK_TOKEN}"),
+            emulator_url: upstream,
             base,
             child,
             data_dir: data_dir.to_path_buf(),
