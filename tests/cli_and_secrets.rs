@@ -143,3 +143,52 @@ fn tokens_and_message_texts_stay_out_of_logs_and_metrics() {
         "the quarantine is logged: {logs}"
     );
 }
+
+#[test]
+fn the_upstream_key_stays_out_of_logs_journal_and_check_output() {
+    let key = "upstream-secret-key-abcdef-99";
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: vec![
+                ("HANDOFF_BRIDGE_UPSTREAM_API_KEY".into(), key.into()),
+                ("RUST_LOG".into(), "debug".into()),
+            ],
+            ..Spawn::default()
+        },
+    );
+    let emu = app.emulator_url.clone().expect("embedded");
+    let conv = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+    let (status, _) = app.post_to(
+        &format!("{emu}/_emulator/conversations/{conv}/request-agent"),
+        b"{}",
+        Some("application/json"),
+    );
+    assert_eq!(status, 200);
+    // The embedded emulator authenticates with the configured key: a call with it succeeds.
+    let mut resp = app
+        .agent
+        .get(format!("{emu}/openapi/bot/B7f3a2c"))
+        .header("authorization", format!("Bearer {key}"))
+        .call()
+        .expect("GET");
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.body_mut().read_to_string().unwrap_or_default()
+    );
+    let (_, journal) = app.admin_get("/admin/v1/emulator/journal");
+    let journal = journal.to_string();
+    assert!(journal.contains("/openapi/bot/B7f3a2c"));
+    let check = run(&["check"], &[("HANDOFF_BRIDGE_UPSTREAM_API_KEY", key)]);
+    let logs = app.terminate_and_logs();
+    for (name, text) in [
+        ("logs", logs),
+        ("journal", journal),
+        ("check", String::from_utf8_lossy(&check.stdout).into_owned()),
+    ] {
+        assert!(!text.contains(key), "{name} contain the upstream key");
+    }
+}
