@@ -167,8 +167,14 @@ impl<T: Transport> Client<T> {
             if resp.body.is_empty() {
                 return Ok(Value::Null);
             }
-            return serde_json::from_slice(&resp.body)
-                .map_err(|e| UpstreamError::Decode(e.to_string()));
+            // awc hands over a body cut short by a dropped connection as if it were whole, so an
+            // unreadable success is a transport failure (retried with the same key), not final.
+            return serde_json::from_slice(&resp.body).map_err(|e| {
+                UpstreamError::Transport(format!(
+                    "unreadable answer ({} bytes): {e}",
+                    resp.body.len()
+                ))
+            });
         }
         let parsed: Option<super::contract::ErrorBody> = serde_json::from_slice(&resp.body).ok();
         let (code, message) = match parsed {

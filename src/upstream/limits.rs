@@ -50,6 +50,8 @@ pub struct Limits {
     write: Limiter,
     partner_send: Limiter,
     notify: Limiter,
+    /// Write, partner-send, notify.
+    turns: [tokio::sync::Mutex<()>; 3],
 }
 
 impl Limits {
@@ -75,20 +77,39 @@ impl Limits {
             write: make("write", config.write)?,
             partner_send: make("partner_send", config.partner_send)?,
             notify: make("notify", config.notify)?,
+            turns: Default::default(),
             clock,
         })
     }
 
-    /// Wait until both the class quota and the global quota allow one call. The class is taken
-    /// first so a call waiting on its class does not hold a global slot.
+    /// Wait until both the class quota and the global quota allow one call. Both are taken at
+    /// the same instant, just before the call goes out, so both hold where the upstream sees the
+    /// calls: a global slot is taken first, then the class is checked; if the class is not ready,
+    /// that global slot is given up (limits only ever err on the slow side) and both are tried
+    /// again once the class is due.
     pub async fn acquire(&self, class: EndpointClass) {
-        match class {
-            EndpointClass::Read => {}
-            EndpointClass::Write => self.wait(&self.write).await,
-            EndpointClass::PartnerSend => self.wait(&self.partner_send).await,
-            EndpointClass::Notify => self.wait(&self.notify).await,
+        let (limiter, turn) = match class {
+            EndpointClass::Read => (None, None),
+            EndpointClass::Write => (Some(&self.write), Some(&self.turns[0])),
+            EndpointClass::PartnerSend => (Some(&self.partner_send), Some(&self.turns[1])),
+            EndpointClass::Notify => (Some(&self.notify), Some(&self.turns[2])),
+        };
+        // One contender per class at a time, so waiting callers of a class do not each burn a
+        // global slot when the class comes due.
+        let _turn = match turn {
+            Some(t) => Some(t.lock().await),
+            None => None,
+        };
+        loop {
+            self.wait(&self.global).await;
+            let Some(limiter) = limiter else { return };
+            match limiter.check() {
+                Ok(()) => return,
+                Err(not_until) => {
+                    tokio::time::sleep(not_until.wait_time_from(self.clock.now())).await
+                }
+            }
         }
-        self.wait(&self.global).await;
     }
 
     async fn wait(&self, limiter: &Limiter) {
