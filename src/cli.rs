@@ -242,14 +242,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let config = load(&config, None)?;
             match action {
                 QuarantineCommand::List => {
-                    let value = read(&config, "GET", "/admin/v1/quarantine", |store| {
-                        let list: Vec<Value> = store
-                            .quarantined()?
-                            .iter()
-                            .map(crate::queries::quarantine_view)
-                            .collect();
-                        Ok(Some(Value::Array(list)))
-                    })?;
+                    let value = quarantine_list(&config)?;
                     print_found(value, String::new)
                 }
                 QuarantineCommand::Show { id } => {
@@ -269,14 +262,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     let ids: Vec<u64> = match (id, all) {
                         (Some(id), _) => vec![id],
                         (None, true) => {
-                            let list = read(&config, "GET", "/admin/v1/quarantine", |store| {
-                                let list: Vec<Value> = store
-                                    .quarantined()?
-                                    .iter()
-                                    .map(crate::queries::quarantine_view)
-                                    .collect();
-                                Ok(Some(Value::Array(list)))
-                            })?;
+                            let list = quarantine_list(&config)?;
                             list.and_then(|v| v.as_array().cloned())
                                 .unwrap_or_default()
                                 .iter()
@@ -321,6 +307,13 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
     }
+}
+
+/// Every quarantine record, as the admin API shows them.
+fn quarantine_list(config: &Config) -> Result<Option<Value>, CliError> {
+    read(config, "GET", "/admin/v1/quarantine", |store| {
+        crate::queries::quarantine_list(store).map(Some)
+    })
 }
 
 fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result<(), CliError> {

@@ -289,27 +289,19 @@ fn quarantine_unreadable(
     raw: &str,
     why: &str,
 ) -> usize {
-    use base64::Engine;
-    let record = QuarantineRecord {
-        id: 0,
-        received_at: crate::clock::now_millis(),
-        scope: "event".into(),
-        reason: "unprocessable_event".into(),
-        detail: why.to_owned(),
-        delivery_id: None,
-        content_type: None,
-        body_base64: base64::engine::general_purpose::STANDARD.encode(raw),
-    };
+    let record = QuarantineRecord::new(
+        "event",
+        "unprocessable_event",
+        why,
+        raw.as_bytes(),
+        crate::clock::now_millis(),
+    );
     match store
         .quarantine(record)
         .and_then(|_| store.drop_from_inbox(seq))
     {
         Ok(()) => {
-            metrics
-                .quarantined
-                .with_label_values(&["unprocessable_event"])
-                .inc();
-            metrics.quarantine_entries.inc();
+            metrics.record_quarantined("unprocessable_event");
             1
         }
         Err(e) => {

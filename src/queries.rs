@@ -21,14 +21,17 @@ pub fn find_end_user(
 
 /// A quarantine record with its body also shown as text when it is UTF-8.
 pub fn quarantine_view(record: &crate::store::QuarantineRecord) -> Value {
-    use base64::Engine;
-    let text = base64::engine::general_purpose::STANDARD
-        .decode(&record.body_base64)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok());
+    let text = record.body().ok().and_then(|b| String::from_utf8(b).ok());
     let mut v = serde_json::to_value(record).unwrap_or(Value::Null);
     if let (Some(obj), Some(text)) = (v.as_object_mut(), text) {
         obj.insert("body_text".into(), Value::String(text));
     }
     v
+}
+
+/// Every quarantine record, each as [`quarantine_view`] shows it.
+pub fn quarantine_list(store: &Store) -> Result<Value, StoreError> {
+    Ok(Value::Array(
+        store.quarantined()?.iter().map(quarantine_view).collect(),
+    ))
 }

@@ -14,7 +14,6 @@ use crate::store::{Accepted, QuarantineRecord, Store, StoreError};
 use crate::webhook::{self, IncomingEvent};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
-use base64::Engine;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -217,8 +216,7 @@ fn record_metrics(shared: &Shared, ingested: &Ingested) {
     m.duplicate_events
         .inc_by(ingested.accepted.duplicate_events as u64);
     for (reason, _) in &ingested.quarantined {
-        m.quarantined.with_label_values(&[reason.as_str()]).inc();
-        m.quarantine_entries.inc();
+        m.record_quarantined(reason);
     }
 }
 
@@ -323,16 +321,16 @@ pub fn ingest(
             if !accepted.duplicate_delivery {
                 // Invalid events of a delivery seen before were quarantined the first time.
                 for bad in &parsed.invalid {
-                    let id = store.quarantine(QuarantineRecord {
-                        id: 0,
-                        received_at: now,
-                        scope: "event".into(),
-                        reason: "invalid_event".into(),
-                        detail: bad.reason.clone(),
-                        delivery_id: Some(parsed.id.to_string()),
-                        content_type: content_type.map(str::to_owned),
-                        body_base64: b64(bad.raw.as_bytes()),
-                    })?;
+                    let mut record = QuarantineRecord::new(
+                        "event",
+                        "invalid_event",
+                        &bad.reason,
+                        bad.raw.as_bytes(),
+                        now,
+                    );
+                    record.delivery_id = Some(parsed.id.to_string());
+                    record.content_type = content_type.map(str::to_owned);
+                    let id = store.quarantine(record)?;
                     out.quarantined.push(("invalid_event".into(), id));
                 }
             }
@@ -356,25 +354,14 @@ fn quarantine_delivery(
     detail: &str,
     now: i64,
 ) -> Result<Ingested, StoreError> {
-    let id = store.quarantine(QuarantineRecord {
-        id: 0,
-        received_at: now,
-        scope: "delivery".into(),
-        reason: reason.to_owned(),
-        detail: detail.to_owned(),
-        delivery_id: None,
-        content_type: content_type.map(str::to_owned),
-        body_base64: b64(body),
-    })?;
+    let mut record = QuarantineRecord::new("delivery", reason, detail, body, now);
+    record.content_type = content_type.map(str::to_owned);
+    let id = store.quarantine(record)?;
     Ok(Ingested {
         quarantined: vec![(reason.to_owned(), id)],
         whole_delivery: Some((reason.to_owned(), detail.to_owned())),
         ..Ingested::default()
     })
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// Outcome of re-processing one quarantine record.
@@ -398,9 +385,7 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
     let Some(record) = store.quarantined_one(id)? else {
         return Ok(None);
     };
-    let body = base64::engine::general_purpose::STANDARD
-        .decode(&record.body_base64)
-        .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+    let body = record.body()?;
     let still_invalid = |detail: String| Reprocessed {
         quarantine_id: id,
         status: "still_invalid".into(),

@@ -110,12 +110,8 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
 }
 
 async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let records = shared.store.quarantined().map_err(store_error)?;
-    let views: Vec<serde_json::Value> = records
-        .iter()
-        .map(crate::queries::quarantine_view)
-        .collect();
-    Ok(HttpResponse::Ok().json(views))
+    let list = crate::queries::quarantine_list(&shared.store).map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(list))
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {

@@ -139,6 +139,12 @@ impl Metrics {
         Ok(m)
     }
 
+    /// One body or event went into quarantine.
+    pub fn record_quarantined(&self, reason: &str) {
+        self.quarantined.with_label_values(&[reason]).inc();
+        self.quarantine_entries.inc();
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

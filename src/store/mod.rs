@@ -90,6 +90,31 @@ pub struct QuarantineRecord {
     pub body_base64: String,
 }
 
+impl QuarantineRecord {
+    /// A record for `store.quarantine` (which assigns the id).
+    pub fn new(scope: &str, reason: &str, detail: &str, body: &[u8], received_at: Millis) -> Self {
+        use base64::Engine;
+        QuarantineRecord {
+            id: 0,
+            received_at,
+            scope: scope.to_owned(),
+            reason: reason.to_owned(),
+            detail: detail.to_owned(),
+            delivery_id: None,
+            content_type: None,
+            body_base64: base64::engine::general_purpose::STANDARD.encode(body),
+        }
+    }
+
+    /// The body as received.
+    pub fn body(&self) -> Result<Vec<u8>, StoreError> {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(&self.body_base64)
+            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))
+    }
+}
+
 /// Counts of stored records, for metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Sizes {
@@ -317,8 +342,8 @@ impl Store {
         );
         let result = trees.transaction(|(inbox, convs, users, index, bots)| {
             let mut out = Applied::default();
-            let mut conv_cache: HashMap<ConversationId, ConversationState> = HashMap::new();
-            let mut user_cache: HashMap<EndUserId, EndUserState> = HashMap::new();
+            let mut conv_cache: HashMap<String, ConversationState> = HashMap::new();
+            let mut user_cache: HashMap<String, EndUserState> = HashMap::new();
             let mut bot_cache: HashMap<String, BotState> = HashMap::new();
             for (seq, event) in batch {
                 if inbox.remove(&keys::seq(*seq))?.is_none() {
@@ -327,57 +352,44 @@ impl Store {
                 }
                 out.applied += 1;
                 if let Some(id) = event.payload.conversation_id() {
-                    if !conv_cache.contains_key(id) {
-                        let state = match convs.get(id.as_str())? {
-                            Some(b) => decode(&b, "conversation state").map_err(abort)?,
-                            None => {
-                                out.new_conversations += 1;
-                                ConversationState::new(id.clone())
-                            }
-                        };
-                        conv_cache.insert(id.clone(), state);
-                    }
-                    if let Some(state) = conv_cache.get_mut(id) {
-                        state.apply(event);
-                    }
+                    let new = || ConversationState::new(id.clone());
+                    let (state, created) = cached(convs, &mut conv_cache, id.as_str(), new)?;
+                    state.apply(event);
+                    out.new_conversations += u64::from(created);
                     if let Payload::Conversation(c) = &event.payload {
                         if let Some(uid) = &c.end_user_id {
-                            load_user(users, &mut user_cache, uid, &mut out)?
-                                .observe_conversation(event, c);
+                            let new = || EndUserState::new(uid.clone());
+                            let (user, created) =
+                                cached(users, &mut user_cache, uid.as_str(), new)?;
+                            user.observe_conversation(event, c);
+                            out.new_end_users += u64::from(created);
                         }
                     }
                 } else if let Payload::EndUser(u) = &event.payload {
-                    load_user(users, &mut user_cache, &u.id, &mut out)?.apply(event, u);
+                    let new = || EndUserState::new(u.id.clone());
+                    let (user, created) = cached(users, &mut user_cache, u.id.as_str(), new)?;
+                    user.apply(event, u);
+                    out.new_end_users += u64::from(created);
                 } else {
                     // Bot events, and events of unknown types, belong to the bot.
                     let id = match &event.payload {
-                        Payload::Bot(b) => b.id.clone(),
-                        _ => event.source_id.clone(),
+                        Payload::Bot(b) => &b.id,
+                        _ => &event.source_id,
                     };
-                    let key = id.as_str().to_owned();
-                    if !bot_cache.contains_key(&key) {
-                        let state = match bots.get(key.as_bytes())? {
-                            Some(b) => decode(&b, "bot state").map_err(abort)?,
-                            None => {
-                                out.new_bots += 1;
-                                BotState::new(id)
-                            }
-                        };
-                        bot_cache.insert(key.clone(), state);
-                    }
-                    if let Some(state) = bot_cache.get_mut(&key) {
-                        state.apply(event);
-                    }
+                    let new = || BotState::new(id.clone());
+                    let (bot, created) = cached(bots, &mut bot_cache, id.as_str(), new)?;
+                    bot.apply(event);
+                    out.new_bots += u64::from(created);
                 }
             }
             for (id, state) in &conv_cache {
-                convs.insert(id.as_str(), encode(state).map_err(abort)?)?;
+                convs.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
             }
             for (id, state) in &user_cache {
                 if let (Some(p), Some(k)) = (&state.platform, &state.user_key) {
-                    index.insert(keys::user_index(p.as_str(), k.as_str()), id.as_str())?;
+                    index.insert(keys::user_index(p.as_str(), k.as_str()), id.as_bytes())?;
                 }
-                users.insert(id.as_str(), encode(state).map_err(abort)?)?;
+                users.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
             }
             for (id, state) in &bot_cache {
                 bots.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
@@ -533,25 +545,29 @@ impl Store {
     }
 }
 
-fn load_user<'a>(
-    users: &sled::transaction::TransactionalTree,
-    cache: &'a mut HashMap<EndUserId, EndUserState>,
-    id: &EndUserId,
-    out: &mut Applied,
-) -> Result<&'a mut EndUserState, ConflictableTransactionError<String>> {
-    if !cache.contains_key(id) {
-        let state = match users.get(id.as_str())? {
-            Some(b) => decode(&b, "end-user state").map_err(abort)?,
+/// A state record for the rest of the transaction: from the cache, else from the tree, else new.
+/// Returns whether it was created now.
+fn cached<'a, T: for<'de> Deserialize<'de>>(
+    tree: &sled::transaction::TransactionalTree,
+    cache: &'a mut HashMap<String, T>,
+    key: &str,
+    new: impl FnOnce() -> T,
+) -> Result<(&'a mut T, bool), ConflictableTransactionError<String>> {
+    let mut created = false;
+    if !cache.contains_key(key) {
+        let state = match tree.get(key.as_bytes())? {
+            Some(b) => decode(&b, "state record").map_err(abort)?,
             None => {
-                out.new_end_users += 1;
-                EndUserState::new(id.clone())
+                created = true;
+                new()
             }
         };
-        cache.insert(id.clone(), state);
+        cache.insert(key.to_owned(), state);
     }
-    cache
-        .get_mut(id)
-        .ok_or_else(|| ConflictableTransactionError::Abort("end-user cache".to_owned()))
+    let state = cache
+        .get_mut(key)
+        .ok_or_else(|| ConflictableTransactionError::Abort("state cache".to_owned()))?;
+    Ok((state, created))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
