@@ -2,12 +2,10 @@
 //! request and answer body, shared by the client and the emulator so both sides agree by
 //! construction. Objects reuse the webhook's models.
 
-use crate::webhook::model::{Bot, Conversation, EndUser, Message, MessageData, Millis, Navigation};
+use crate::webhook::model::{MessageData, Millis};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-
-pub use crate::webhook::model::{Bot as BotObject, Conversation as ConversationObject};
 
 /// Every endpoint of the Open API. The names are stable: they label metrics, rate-limit classes
 /// and the `api` CLI command.
@@ -467,13 +465,6 @@ pub struct ErrorDetail {
     pub code: String,
     pub message: String,
 }
-
-/// Answer types of the object endpoints, named for the client's signatures.
-pub type BotPage = Page<Bot>;
-pub type ConversationPage = Page<Conversation>;
-pub type EndUserPage = Page<EndUser>;
-pub type MessagePage = Page<Message>;
-pub type NavigationAnswer = Navigation;
 
 #[cfg(test)]
 mod tests {
