@@ -334,12 +334,14 @@ pub fn ingest(
                     out.quarantined.push(("invalid_event".into(), id));
                 }
             }
-            let fresh = accepted
-                .new_index
-                .iter()
-                .filter_map(|&i| parsed.events.get(i).cloned())
+            // Move the new events out (no copies of their raw text on the hot path).
+            let mut wanted = accepted.new_index.iter().copied().peekable();
+            out.new_events = parsed
+                .events
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, ev)| (wanted.next_if_eq(&i).is_some()).then_some(ev))
                 .collect();
-            out.new_events = fresh;
             out.accepted = accepted;
             Ok(out)
         }
