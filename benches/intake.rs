@@ -37,7 +37,6 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::rc::Rc;
@@ -56,6 +55,10 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for the daemon to fold everything after the memory case's load.
 const DRAIN_LIMIT: Duration = Duration::from_secs(15 * 60);
+
+/// The same allocator as the daemon, so the baseline server differs from it only in storing.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -920,19 +923,39 @@ struct Proc {
     log: PathBuf,
 }
 
+/// `cmd` run under `setpriv --pdeathsig KILL` when setpriv is installed.
+fn with_parent_death_signal(cmd: Command) -> Command {
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if !setpriv.exists() {
+        return cmd;
+    }
+    let mut wrapped = Command::new(setpriv);
+    wrapped
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
 impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Proc, String> {
+    fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Proc, String> {
         let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // Dies with the bench even if the bench is killed: setpriv sets the parent-death signal
+        // and execs the program in place (same PID). Without setpriv, the stop-by-PID path and
+        // the servers' own time limits still apply.
+        let mut cmd = with_parent_death_signal(cmd);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file));
-        // SAFETY: the closure only calls prctl(2), which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
-        }
         let t0 = Instant::now();
         let mut child = cmd
             .spawn()

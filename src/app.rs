@@ -6,17 +6,17 @@ use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
 use crate::dispatch::{self, DispatchHandle, DispatchSettings};
 use crate::intake::auth::{CidrList, TokenSet};
 use crate::ops::metrics::Metrics;
-use crate::store::{GroupCommit, Store, StoreError};
+use crate::store::writer::WriterHooks;
+use crate::store::{Store, StoreError, Writer};
 use actix_web::{web, App, HttpServer};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
 /// State every handler shares.
 pub struct Shared {
     pub store: Store,
-    pub commit: GroupCommit,
+    pub writer: Writer,
     pub dispatch: DispatchHandle,
     pub metrics: Metrics,
     pub webhook_tokens: TokenSet,
@@ -92,14 +92,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .set(sizes.bots as i64);
     metrics.quarantine_entries.set(sizes.quarantine as i64);
 
-    let flush_metrics = metrics.clone();
-    let commit = GroupCommit::start(
-        store.db(),
-        Arc::new(move |took, writers| {
-            flush_metrics.flush_seconds.observe(took.as_secs_f64());
-            flush_metrics.flush_writers.observe(writers as f64);
-        }),
-    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
@@ -107,6 +99,18 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
+    let flush_metrics = metrics.clone();
+    let to_dispatch = dispatch.clone();
+    let writer = Writer::start(
+        store.clone(),
+        WriterHooks {
+            observe: Box::new(move |took, deliveries, _sled_flushed| {
+                flush_metrics.flush_seconds.observe(took.as_secs_f64());
+                flush_metrics.flush_writers.observe(deliveries as f64);
+            }),
+            durable: Box::new(move |events| to_dispatch.notify_events(events)),
+        },
+    )?;
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
         metrics.clone(),
@@ -117,7 +121,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let upstream = Upstream::start(&config)?;
     let shared = web::Data::new(Shared {
         store: store.clone(),
-        commit,
+        writer: writer.clone(),
         dispatch,
         metrics,
         webhook_tokens: TokenSet::new(webhook_token.clone()),
@@ -228,12 +232,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     if let Some(embedded) = upstream.emulator {
         embedded.server.stop(true).await;
     }
-    let flushed = tokio::task::spawn_blocking(move || store.flush()).await;
+    // Flush sled and empty the intake log, so the next start has nothing to replay.
+    let flushed = writer.flush().await;
     data.remove_daemon_info();
     match flushed {
-        Ok(Ok(())) => tracing::info!("stopped cleanly"),
-        Ok(Err(e)) => tracing::error!(error = %e, "final flush failed"),
-        Err(e) => tracing::error!(error = %e, "final flush task failed"),
+        Ok(()) => tracing::info!("stopped cleanly"),
+        Err(e) => {
+            tracing::error!(error = %e, "final flush failed; the intake log will be replayed")
+        }
     }
     match server_result {
         Some(Ok(Err(e))) => Err(AppError::Server(e)),

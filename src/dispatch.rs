@@ -4,12 +4,17 @@
 //! The inbox in sled is the dispatcher's position: an event leaves it in the same transaction that
 //! folds it. The in-memory queues are only a cache of the inbox, rebuilt from it on start, so a
 //! crash or shutdown at any point loses nothing and repeats nothing.
+//!
+//! Sled runs one transaction at a time (a global lock), so a job is not one partition but the next
+//! batches of many ready partitions, folded in one transaction. Events arrive typed from intake
+//! and are only read back from the store after a restart (or when the backlog is too large to
+//! keep them in memory).
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
-use crate::store::{QuarantineRecord, Store};
+use crate::store::{NewEvent, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -17,10 +22,19 @@ use tokio::task::JoinSet;
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
+/// Beyond this many queued events, new ones are queued without their typed form (and read back
+/// from the store when their turn comes), so a backlog does not grow memory without bound.
+const MAX_EVENTS_IN_MEMORY: usize = 10_000;
+
+/// An inbox entry as queued: the typed event when intake handed it over.
+type Entry = Option<Box<(Millis, Event)>>;
+
 /// Sends newly durable inbox entries to the dispatcher.
 #[derive(Clone)]
 pub struct DispatchHandle {
-    tx: mpsc::UnboundedSender<Vec<(u64, PartitionKey)>>,
+    tx: mpsc::UnboundedSender<Vec<NewEvent>>,
+    /// Entries known only by position (quarantine re-processing).
+    bare: mpsc::UnboundedSender<Vec<(u64, PartitionKey)>>,
     /// Changes whenever the dispatcher's queue depth changes.
     progress: watch::Receiver<usize>,
 }
@@ -30,7 +44,14 @@ impl DispatchHandle {
     /// has stopped the entries simply wait in the inbox for the next start.
     pub fn notify(&self, entries: Vec<(u64, PartitionKey)>) {
         if !entries.is_empty() {
-            let _ = self.tx.send(entries);
+            let _ = self.bare.send(entries);
+        }
+    }
+
+    /// Hand over newly durable events with their typed form.
+    pub fn notify_events(&self, events: Vec<NewEvent>) {
+        if !events.is_empty() {
+            let _ = self.tx.send(events);
         }
     }
 
@@ -58,7 +79,9 @@ impl DispatchHandle {
 }
 
 pub struct DispatchSettings {
+    /// Fold transactions in flight at once.
     pub concurrency: usize,
+    /// Events per fold transaction (across partitions).
     pub batch_size: usize,
 }
 
@@ -71,32 +94,49 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (bare, bare_rx) = mpsc::unbounded_channel();
     let (progress_tx, progress) = watch::channel(0);
     let mut queues = Queues::default();
     for (seq, partition) in store.pending()? {
-        queues.push(partition, seq);
+        queues.push(partition, seq, None);
     }
     metrics.inbox_depth.set(queues.depth as i64);
     if queues.depth > 0 {
         tracing::info!(pending = queues.depth, "resuming inbox");
     }
-    let task = tokio::spawn(run(store, metrics, settings, queues, rx, stop, progress_tx));
-    Ok((DispatchHandle { tx, progress }, task))
+    let inputs = Inputs {
+        typed: rx,
+        bare: bare_rx,
+        open: true,
+    };
+    let task = tokio::spawn(run(
+        store,
+        metrics,
+        settings,
+        queues,
+        inputs,
+        stop,
+        progress_tx,
+    ));
+    Ok((DispatchHandle { tx, bare, progress }, task))
 }
 
 #[derive(Default)]
 struct Queues {
-    pending: HashMap<PartitionKey, BTreeSet<u64>>,
+    pending: HashMap<PartitionKey, BTreeMap<u64, Entry>>,
     ready: VecDeque<PartitionKey>,
     busy: HashSet<PartitionKey>,
     depth: usize,
 }
 
+/// One fold job: the next batch of each of several partitions.
+type Job = Vec<(PartitionKey, Vec<(u64, Entry)>)>;
+
 impl Queues {
-    fn push(&mut self, partition: PartitionKey, seq: u64) {
+    fn push(&mut self, partition: PartitionKey, seq: u64, entry: Entry) {
         let queue = self.pending.entry(partition.clone()).or_default();
         let was_empty = queue.is_empty();
-        if queue.insert(seq) {
+        if queue.insert(seq, entry).is_none() {
             self.depth += 1;
         }
         if was_empty && !self.busy.contains(&partition) {
@@ -104,28 +144,42 @@ impl Queues {
         }
     }
 
-    /// Take the next batch of a partition that is not being processed.
-    fn next_batch(&mut self, max: usize) -> Option<(PartitionKey, Vec<u64>)> {
-        let partition = self.ready.pop_front()?;
-        let queue = self.pending.get_mut(&partition)?;
-        let batch: Vec<u64> = queue.iter().take(max).copied().collect();
-        for seq in &batch {
-            queue.remove(seq);
+    /// Take up to `max` events from partitions that are not being processed, oldest partition
+    /// first, each partition's events in order.
+    fn next_job(&mut self, max: usize) -> Option<Job> {
+        let mut job = Vec::new();
+        let mut taken = 0;
+        while taken < max {
+            let Some(partition) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(queue) = self.pending.get_mut(&partition) else {
+                continue;
+            };
+            let mut batch = Vec::new();
+            while taken < max {
+                let Some(first) = queue.pop_first() else {
+                    break;
+                };
+                batch.push(first);
+                taken += 1;
+            }
+            if queue.is_empty() {
+                self.pending.remove(&partition);
+            }
+            self.busy.insert(partition.clone());
+            job.push((partition, batch));
         }
-        if queue.is_empty() {
-            self.pending.remove(&partition);
-        }
-        self.busy.insert(partition.clone());
-        Some((partition, batch))
+        (!job.is_empty()).then_some(job)
     }
 
-    /// A batch finished: `failed` entries go back to the front of their queue.
+    /// A partition's batch finished: `failed` entries go back to the front of their queue.
     fn finish(&mut self, partition: PartitionKey, done: usize, failed: Vec<u64>) {
         self.busy.remove(&partition);
         self.depth = self.depth.saturating_sub(done);
         if !failed.is_empty() {
             let queue = self.pending.entry(partition.clone()).or_default();
-            queue.extend(failed);
+            queue.extend(failed.into_iter().map(|seq| (seq, None)));
         }
         if self.pending.get(&partition).is_some_and(|q| !q.is_empty()) {
             self.ready.push_back(partition);
@@ -133,10 +187,13 @@ impl Queues {
     }
 }
 
-struct BatchResult {
-    partition: PartitionKey,
-    done: usize,
-    failed: Vec<u64>,
+/// Per partition of a job: how many entries left the inbox, and which must be tried again.
+type JobResult = Vec<(PartitionKey, usize, Vec<u64>)>;
+
+struct Inputs {
+    typed: mpsc::UnboundedReceiver<Vec<NewEvent>>,
+    bare: mpsc::UnboundedReceiver<Vec<(u64, PartitionKey)>>,
+    open: bool,
 }
 
 async fn run(
@@ -144,45 +201,52 @@ async fn run(
     metrics: Metrics,
     settings: DispatchSettings,
     mut queues: Queues,
-    mut rx: mpsc::UnboundedReceiver<Vec<(u64, PartitionKey)>>,
+    mut inputs: Inputs,
     mut stop: watch::Receiver<bool>,
     progress: watch::Sender<usize>,
 ) {
-    let mut inflight: JoinSet<BatchResult> = JoinSet::new();
-    let mut open = true;
+    let mut inflight: JoinSet<JobResult> = JoinSet::new();
     loop {
         if *stop.borrow() {
             break;
         }
-        while inflight.len() < settings.concurrency {
-            let Some((partition, batch)) = queues.next_batch(settings.batch_size) else {
+        while inflight.len() < settings.concurrency.max(1) {
+            let Some(job) = queues.next_job(settings.batch_size.max(1)) else {
                 break;
             };
             let (store, metrics) = (store.clone(), metrics.clone());
-            let span =
-                tracing::debug_span!("dispatch", partition = %partition, events = batch.len());
-            inflight.spawn_blocking(move || {
-                span.in_scope(|| process(&store, &metrics, partition, batch))
-            });
+            let events: usize = job.iter().map(|(_, b)| b.len()).sum();
+            let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
+            inflight.spawn_blocking(move || span.in_scope(|| process(&store, &metrics, job)));
         }
         tokio::select! {
-            msg = rx.recv(), if open => match msg {
-                Some(entries) => {
-                    for (seq, partition) in entries {
-                        queues.push(partition, seq);
+            msg = inputs.typed.recv(), if inputs.open => match msg {
+                Some(events) => {
+                    for e in events {
+                        let keep = queues.depth < MAX_EVENTS_IN_MEMORY;
+                        queues.push(e.partition, e.seq, keep.then(|| Box::new((e.received_at, e.event))));
                     }
                 }
-                None => open = false,
+                None => inputs.open = false,
+            },
+            Some(entries) = inputs.bare.recv() => {
+                for (seq, partition) in entries {
+                    queues.push(partition, seq, None);
+                }
             },
             Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
-                Ok(result) => queues.finish(result.partition, result.done, result.failed),
+                Ok(results) => {
+                    for (partition, done, failed) in results {
+                        queues.finish(partition, done, failed);
+                    }
+                }
                 Err(e) => tracing::error!(error = %e, "dispatch worker panicked"),
             },
             _ = stop.changed() => {}
         }
         metrics.inbox_depth.set(queues.depth as i64);
         progress.send_modify(|d| *d = queues.depth);
-        if !open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
+        if !inputs.open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
             // Every sender is gone and nothing is left: only happens in tests.
             let _ = stop.changed().await;
             break;
@@ -190,58 +254,55 @@ async fn run(
     }
     // Shutdown: let batches in flight commit; what is queued stays in the inbox.
     while let Some(joined) = inflight.join_next().await {
-        if let Ok(result) = joined {
-            queues.finish(result.partition, result.done, result.failed);
+        if let Ok(results) = joined {
+            for (partition, done, failed) in results {
+                queues.finish(partition, done, failed);
+            }
         }
     }
     metrics.inbox_depth.set(queues.depth as i64);
     tracing::info!(left_in_inbox = queues.depth, "dispatcher stopped");
 }
 
-/// Fold one batch of a partition's events. Runs on the blocking pool.
-fn process(
-    store: &Store,
-    metrics: &Metrics,
-    partition: PartitionKey,
-    seqs: Vec<u64>,
-) -> BatchResult {
-    let mut batch: Vec<(u64, Event)> = Vec::with_capacity(seqs.len());
-    let mut received: Vec<Millis> = Vec::with_capacity(seqs.len());
-    let mut done = 0;
-    for &seq in &seqs {
-        match store.event(seq) {
-            Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
-                Ok(event) => {
-                    tracing::debug!(event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
-                    received.push(record.received_at);
-                    batch.push((seq, event));
-                }
-                Err(e) => {
-                    // Only possible if a newer model is stricter than the one that accepted it.
-                    done += quarantine_unreadable(
-                        store,
-                        metrics,
-                        seq,
-                        record.event.get(),
-                        &e.to_string(),
-                    );
-                }
-            },
-            Ok(None) => {
-                tracing::error!(seq, "inbox entry without event record");
-                done += quarantine_unreadable(store, metrics, seq, "", "event record missing");
+/// Fold one job (several partitions' batches) in one transaction. Runs on the blocking pool.
+fn process(store: &Store, metrics: &Metrics, job: Job) -> JobResult {
+    let mut batch: Vec<(u64, Event)> = Vec::new();
+    let mut received: Vec<Millis> = Vec::new();
+    // Index into `results` of each batch entry's partition.
+    let mut owner: Vec<usize> = Vec::new();
+    let mut results: JobResult = Vec::with_capacity(job.len());
+    for (partition, entries) in job {
+        let index = results.len();
+        let mut done = 0;
+        let mut failed = Vec::new();
+        for (seq, entry) in entries {
+            if !failed.is_empty() {
+                // Keep the partition's order: nothing after a failed read goes ahead of it.
+                failed.push(seq);
+                continue;
             }
-            Err(e) => {
-                metrics.dispatch_errors.inc();
-                tracing::error!(error = %e, "reading event failed");
-                std::thread::sleep(RETRY_PAUSE);
-                return BatchResult {
-                    partition,
-                    done,
-                    failed: seqs,
-                };
+            match entry {
+                Some(entry) => {
+                    let (at, event) = *entry;
+                    received.push(at);
+                    batch.push((seq, event));
+                    owner.push(index);
+                }
+                None => match load(store, metrics, seq) {
+                    Loaded::Event(at, event) => {
+                        received.push(at);
+                        batch.push((seq, *event));
+                        owner.push(index);
+                    }
+                    Loaded::Quarantined => done += 1,
+                    Loaded::Failed => failed.push(seq),
+                },
             }
         }
+        results.push((partition, done, failed));
+    }
+    for (seq, event) in &batch {
+        tracing::debug!(seq, event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
     }
     match store.apply(&batch) {
         Ok(applied) => {
@@ -262,22 +323,59 @@ fn process(
             entries
                 .with_label_values(&["bots"])
                 .add(applied.new_bots as i64);
-            BatchResult {
-                partition,
-                done: done + batch.len(),
-                failed: Vec::new(),
+            // Every folded (or skipped) event has left the inbox.
+            for &i in &owner {
+                results[i].1 += 1;
             }
+            results
         }
         Err(e) => {
             metrics.dispatch_errors.inc();
             tracing::error!(error = %e, "folding batch failed; will retry");
             std::thread::sleep(RETRY_PAUSE);
-            let failed = batch.iter().map(|(seq, _)| *seq).collect();
-            BatchResult {
-                partition,
-                done,
-                failed,
+            // Queues are ordered by sequence, so putting these back restores each partition's order.
+            for ((seq, _), &i) in batch.iter().zip(&owner) {
+                results[i].2.push(*seq);
             }
+            results
+        }
+    }
+}
+
+enum Loaded {
+    Event(Millis, Box<Event>),
+    /// Unreadable: quarantined and out of the inbox.
+    Quarantined,
+    /// The store failed: try again later.
+    Failed,
+}
+
+/// Read an inbox entry's event back from the log (after a restart, or a backlog).
+fn load(store: &Store, metrics: &Metrics, seq: u64) -> Loaded {
+    match store.event(seq) {
+        Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
+            Ok(event) => Loaded::Event(record.received_at, Box::new(event)),
+            // Only possible if a newer model is stricter than the one that accepted it.
+            Err(e) => {
+                match quarantine_unreadable(store, metrics, seq, record.event.get(), &e.to_string())
+                {
+                    1 => Loaded::Quarantined,
+                    _ => Loaded::Failed,
+                }
+            }
+        },
+        Ok(None) => {
+            tracing::error!(seq, "inbox entry without event record");
+            match quarantine_unreadable(store, metrics, seq, "", "event record missing") {
+                1 => Loaded::Quarantined,
+                _ => Loaded::Failed,
+            }
+        }
+        Err(e) => {
+            metrics.dispatch_errors.inc();
+            tracing::error!(error = %e, seq, "reading event failed");
+            std::thread::sleep(RETRY_PAUSE);
+            Loaded::Failed
         }
     }
 }
@@ -319,33 +417,66 @@ mod tests {
         PartitionKey::Conversation(id.into())
     }
 
+    fn seqs(job: &Job) -> Vec<(PartitionKey, Vec<u64>)> {
+        job.iter()
+            .map(|(p, b)| (p.clone(), b.iter().map(|(s, _)| *s).collect()))
+            .collect()
+    }
+
     #[test]
     fn a_partition_is_handed_out_once_until_its_batch_finishes() {
         let mut q = Queues::default();
-        q.push(conv("a"), 2);
-        q.push(conv("a"), 1);
-        q.push(conv("b"), 3);
-        let (p, batch) = q.next_batch(10).expect("batch");
-        assert_eq!((p.clone(), batch), (conv("a"), vec![1, 2]));
-        q.push(conv("a"), 4);
-        let (p2, _) = q.next_batch(10).expect("b");
-        assert_eq!(p2, conv("b"));
-        assert!(q.next_batch(10).is_none(), "a is busy, b is busy");
+        q.push(conv("a"), 2, None);
+        q.push(conv("a"), 1, None);
+        q.push(conv("b"), 3, None);
+        let job = q.next_job(10).expect("job");
+        assert_eq!(
+            seqs(&job),
+            vec![(conv("a"), vec![1, 2]), (conv("b"), vec![3])]
+        );
+        q.push(conv("a"), 4, None);
+        assert!(q.next_job(10).is_none(), "a and b are busy");
         q.finish(conv("a"), 2, vec![]);
-        assert_eq!(q.next_batch(10), Some((conv("a"), vec![4])));
+        assert_eq!(
+            seqs(&q.next_job(10).expect("job")),
+            vec![(conv("a"), vec![4])]
+        );
         assert_eq!(q.depth, 2);
+    }
+
+    #[test]
+    fn a_job_stops_at_the_event_limit_and_leaves_the_rest_queued() {
+        let mut q = Queues::default();
+        for s in 1..=3 {
+            q.push(conv("a"), s, None);
+        }
+        q.push(conv("b"), 4, None);
+        let job = q.next_job(2).expect("job");
+        assert_eq!(seqs(&job), vec![(conv("a"), vec![1, 2])]);
+        // b is next in line; a's remaining event waits for a's batch to finish.
+        let job = q.next_job(2).expect("job");
+        assert_eq!(seqs(&job), vec![(conv("b"), vec![4])]);
+        assert!(q.next_job(2).is_none());
+        q.finish(conv("a"), 2, vec![]);
+        assert_eq!(
+            seqs(&q.next_job(2).expect("job")),
+            vec![(conv("a"), vec![3])]
+        );
     }
 
     #[test]
     fn failed_entries_go_back_in_order() {
         let mut q = Queues::default();
         for s in [5, 6, 7] {
-            q.push(conv("a"), s);
+            q.push(conv("a"), s, None);
         }
-        let (_, batch) = q.next_batch(2).expect("batch");
-        assert_eq!(batch, vec![5, 6]);
-        q.finish(conv("a"), 0, batch);
-        assert_eq!(q.next_batch(10), Some((conv("a"), vec![5, 6, 7])));
+        let job = q.next_job(2).expect("job");
+        assert_eq!(seqs(&job), vec![(conv("a"), vec![5, 6])]);
+        q.finish(conv("a"), 0, vec![5, 6]);
+        assert_eq!(
+            seqs(&q.next_job(10).expect("job")),
+            vec![(conv("a"), vec![5, 6, 7])]
+        );
         assert_eq!(q.depth, 3);
     }
 }

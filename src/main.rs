@@ -1,3 +1,8 @@
+/// mimalloc instead of glibc malloc: the intake path allocates many small, short-lived buffers
+/// on several threads, where glibc's arenas fragment and contend (see docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use std::process::ExitCode;
 

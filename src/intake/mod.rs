@@ -10,8 +10,9 @@ pub mod auth;
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use crate::ids::DeliveryId;
-use crate::store::{Accepted, QuarantineRecord, Store, StoreError};
-use crate::webhook::{self, IncomingEvent};
+use crate::store::{AcceptJob, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use crate::webhook;
+use crate::webhook::model::EventKind;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
@@ -149,50 +150,52 @@ async fn handle(
     };
 
     let content_type = req.content_type().to_owned();
-    let result = if is_json(&content_type) {
-        ingest(
-            &shared.store,
-            &body,
-            Some(&content_type),
-            crate::clock::now_millis(),
-        )
+    let now = crate::clock::now_millis();
+    let parsed = if is_json(&content_type) {
+        webhook::parse_delivery(&body).map_err(|e| (e.code(), e.to_string()))
+    } else if content_type.is_empty() {
+        Err(("unsupported_content_type", "no content type".to_owned()))
     } else {
-        let why = if content_type.is_empty() {
-            "no content type".to_owned()
-        } else {
-            format!("content type {content_type} is not JSON")
-        };
-        quarantine_delivery(
-            &shared.store,
-            &body,
-            Some(&content_type),
-            "unsupported_content_type",
-            &why,
-            crate::clock::now_millis(),
-        )
+        let why = format!("content type {content_type} is not JSON");
+        Err(("unsupported_content_type", why))
     };
-    let ingested = match result {
+    let stored = match parsed {
+        Ok(parsed) => {
+            tracing::Span::current().record("delivery_id", tracing::field::display(&parsed.id));
+            let (job, kinds) = accept_job(parsed, Some(&content_type), now);
+            let delivery_id = job.delivery.clone();
+            shared
+                .writer
+                .accept(job)
+                .await
+                .map(|accepted| Ingested::new(delivery_id, accepted, kinds))
+        }
+        Err((reason, detail)) => {
+            // Rare path: written here, then made durable by a flush of the writer.
+            match quarantine_delivery(
+                &shared.store,
+                &body,
+                Some(&content_type),
+                reason,
+                &detail,
+                now,
+            ) {
+                Ok(ingested) => shared.writer.flush().await.map(|()| ingested),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    let ingested = match stored {
         Ok(i) => i,
         Err(e) => {
             outcome("unavailable");
             tracing::error!(error = %e, "cannot store delivery");
             return Err(ApiError::unavailable(
-                "the store cannot accept the delivery now; retry later",
+                "the store cannot persist the delivery now; retry later",
             ));
         }
     };
-    if let Some(id) = &ingested.delivery_id {
-        tracing::Span::current().record("delivery_id", tracing::field::display(id));
-    }
-    if let Err(e) = shared.commit.durable().await {
-        outcome("unavailable");
-        tracing::error!(error = %e, "cannot make delivery durable");
-        return Err(ApiError::unavailable(
-            "the store cannot persist the delivery now; retry later",
-        ));
-    }
     record_metrics(&shared, &ingested);
-    shared.dispatch.notify(ingested.accepted.new.clone());
     let receipt = ingested.receipt();
     outcome(&receipt.status);
     if let Some(reason) = &receipt.reason {
@@ -205,11 +208,9 @@ async fn handle(
 
 fn record_metrics(shared: &Shared, ingested: &Ingested) {
     let m = &shared.metrics;
-    for event in &ingested.new_events {
-        m.events
-            .with_label_values(&[event.kind.metric_label()])
-            .inc();
-        if event.unknown_platform {
+    for (kind, unknown_platform) in &ingested.new_kinds {
+        m.events.with_label_values(&[kind.metric_label()]).inc();
+        if *unknown_platform {
             m.unknown_platforms.inc();
         }
     }
@@ -266,13 +267,35 @@ async fn read_body(
 pub struct Ingested {
     pub delivery_id: Option<DeliveryId>,
     pub accepted: Accepted,
-    pub new_events: Vec<IncomingEvent>,
+    /// Type of each new event, and whether its platform is unknown (for metrics).
+    pub new_kinds: Vec<(EventKind, bool)>,
     /// (reason code, quarantine id) of each quarantined part.
     pub quarantined: Vec<(String, u64)>,
     pub whole_delivery: Option<(String, String)>,
 }
 
 impl Ingested {
+    /// What storing a valid delivery did; `kinds` describes each of its valid events.
+    fn new(delivery_id: DeliveryId, accepted: Accepted, kinds: Vec<(EventKind, bool)>) -> Self {
+        let mut wanted = accepted.new_index.iter().copied().peekable();
+        let new_kinds = kinds
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, k)| wanted.next_if_eq(&i).map(|_| k))
+            .collect();
+        Ingested {
+            delivery_id: Some(delivery_id),
+            quarantined: accepted
+                .quarantined
+                .iter()
+                .map(|&id| ("invalid_event".to_owned(), id))
+                .collect(),
+            accepted,
+            new_kinds,
+            whole_delivery: None,
+        }
+    }
+
     pub fn receipt(&self) -> Receipt {
         let new = self.accepted.new.len();
         let status = if new > 0 {
@@ -302,8 +325,45 @@ impl Ingested {
     }
 }
 
-/// Validate and store a body (not yet durable). Shared by the handler and quarantine
-/// re-processing so both judge input alike.
+/// The writer's job for a valid delivery (its invalid events become quarantine records), and the
+/// type of each valid event.
+pub fn accept_job(
+    parsed: webhook::ParsedDelivery,
+    content_type: Option<&str>,
+    now: i64,
+) -> (AcceptJob, Vec<(EventKind, bool)>) {
+    let invalid = parsed
+        .invalid
+        .iter()
+        .map(|bad| {
+            let mut record = QuarantineRecord::new(
+                "event",
+                "invalid_event",
+                &bad.reason,
+                bad.raw.as_bytes(),
+                now,
+            );
+            record.delivery_id = Some(parsed.id.to_string());
+            record.content_type = content_type.map(str::to_owned);
+            record
+        })
+        .collect();
+    let kinds = parsed
+        .events
+        .iter()
+        .map(|e| (e.kind.clone(), e.unknown_platform))
+        .collect();
+    let job = AcceptJob {
+        delivery: parsed.id,
+        events: parsed.events,
+        invalid,
+        received_at: now,
+    };
+    (job, kinds)
+}
+
+/// Validate and store a body directly (not yet durable), judged as the handler judges it. For
+/// quarantine re-processing, which runs outside the writer.
 pub fn ingest(
     store: &Store,
     body: &[u8],
@@ -313,37 +373,18 @@ pub fn ingest(
     match webhook::parse_delivery(body) {
         Err(e) => quarantine_delivery(store, body, content_type, e.code(), &e.to_string(), now),
         Ok(parsed) => {
-            let accepted = store.accept(&parsed.id, &parsed.events, now)?;
-            let mut out = Ingested {
-                delivery_id: Some(parsed.id.clone()),
-                ..Ingested::default()
+            let (job, kinds) = accept_job(parsed, content_type, now);
+            let request = AcceptRequest {
+                delivery: &job.delivery,
+                events: &job.events,
+                invalid: &job.invalid,
+                received_at: now,
             };
-            if !accepted.duplicate_delivery {
-                // Invalid events of a delivery seen before were quarantined the first time.
-                for bad in &parsed.invalid {
-                    let mut record = QuarantineRecord::new(
-                        "event",
-                        "invalid_event",
-                        &bad.reason,
-                        bad.raw.as_bytes(),
-                        now,
-                    );
-                    record.delivery_id = Some(parsed.id.to_string());
-                    record.content_type = content_type.map(str::to_owned);
-                    let id = store.quarantine(record)?;
-                    out.quarantined.push(("invalid_event".into(), id));
-                }
-            }
-            // Move the new events out (no copies of their raw text on the hot path).
-            let mut wanted = accepted.new_index.iter().copied().peekable();
-            out.new_events = parsed
-                .events
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, ev)| (wanted.next_if_eq(&i).is_some()).then_some(ev))
-                .collect();
-            out.accepted = accepted;
-            Ok(out)
+            let accepted = store
+                .accept_many(&[request])?
+                .pop()
+                .ok_or_else(|| StoreError::Corrupt("accept result missing".into()))?;
+            Ok(Ingested::new(job.delivery, accepted, kinds))
         }
     }
 }

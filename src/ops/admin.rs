@@ -146,8 +146,8 @@ async fn quarantine_reprocess(
         return Err(ApiError::not_found(format!("no quarantine record {id}")));
     };
     shared
-        .commit
-        .durable()
+        .writer
+        .flush()
         .await
         .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
     if outcome.status != "still_invalid" {

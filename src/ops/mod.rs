@@ -21,7 +21,7 @@ async fn healthz() -> HttpResponse {
 
 /// Ready: the store is open and its last flush worked, and the daemon is not shutting down.
 async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
-    let store_ok = shared.commit.is_healthy();
+    let store_ok = shared.writer.is_healthy();
     let stopping = shared.shutting_down.load(Ordering::Relaxed);
     let body = json!({
         "status": if store_ok && !stopping { "ready" } else { "not_ready" },

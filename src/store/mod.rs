@@ -7,8 +7,9 @@
 //! - folding an event into state removes its inbox entry in the same transaction, so a crash can
 //!   neither lose nor repeat the fold.
 
-pub mod commit;
 pub mod keys;
+pub mod wal;
+pub mod writer;
 
 use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use crate::state::{BotState, ConversationState, EndUserState};
@@ -20,7 +21,10 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use commit::GroupCommit;
+pub use writer::{AcceptJob, NewEvent, Writer};
+
+/// The intake log's file name inside the store directory.
+const WAL_FILE: &str = "intake.wal";
 
 /// Layout version written on first open; a newer one refuses to open.
 const LAYOUT_VERSION: u32 = 1;
@@ -71,6 +75,17 @@ pub struct Accepted {
     /// The delivery id itself was seen before: its events were not looked at one by one (they
     /// all count as duplicates).
     pub duplicate_delivery: bool,
+    /// Quarantine ids of the delivery's invalid events (stored only for a delivery seen first).
+    pub quarantined: Vec<u64>,
+}
+
+/// One delivery to store: its valid events, and its invalid ones for quarantine.
+#[derive(Clone, Copy)]
+pub struct AcceptRequest<'a> {
+    pub delivery: &'a DeliveryId,
+    pub events: &'a [IncomingEvent],
+    pub invalid: &'a [QuarantineRecord],
+    pub received_at: Millis,
 }
 
 /// A quarantined body: a whole delivery or one event of one.
@@ -156,6 +171,9 @@ pub struct Store {
     bots: sled::Tree,
     quarantine: sled::Tree,
     meta: sled::Tree,
+    wal_path: std::path::PathBuf,
+    /// Held for a whole fold (see `apply`).
+    fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl Store {
@@ -190,9 +208,74 @@ impl Store {
             quarantine: t(keys::tree::QUARANTINE)?,
             meta: t(keys::tree::META)?,
             db,
+            wal_path: dir.join(WAL_FILE),
+            fold_lock: Default::default(),
         };
         store.check_layout()?;
+        store.recover_wal()?;
         Ok(store)
+    }
+
+    /// Accept again whatever the intake log still holds (acknowledged, maybe not yet in sled),
+    /// make it durable in sled, and empty the log. Dedupe skips what sled already has.
+    fn recover_wal(&self) -> Result<(), StoreError> {
+        let io = |e: std::io::Error| StoreError::Sled(sled::Error::Io(e));
+        let (records, torn) = wal::read(&self.wal_path).map_err(io)?;
+        if records.is_empty() && !torn {
+            return Ok(());
+        }
+        let (mut new, mut duplicates, mut invalid) = (0usize, 0usize, 0usize);
+        for record in &records {
+            let delivery = DeliveryId::new(record.delivery.clone());
+            let mut events = Vec::with_capacity(record.events.len());
+            let mut bad = Vec::new();
+            for raw in &record.events {
+                match crate::webhook::validate_event(raw) {
+                    Ok(ev) => events.push(ev),
+                    // Accepted by an older, more lenient build: keep it, as intake would.
+                    Err(e) => {
+                        let mut q = QuarantineRecord::new(
+                            "event",
+                            "invalid_event",
+                            &e.to_string(),
+                            raw.get().as_bytes(),
+                            record.received_at,
+                        );
+                        q.delivery_id = Some(record.delivery.clone());
+                        bad.push(q);
+                    }
+                }
+            }
+            invalid += bad.len();
+            let request = AcceptRequest {
+                delivery: &delivery,
+                events: &events,
+                invalid: &bad,
+                received_at: record.received_at,
+            };
+            // Its delivery id may already be recorded; the events are what counts here.
+            let accepted = self.accept_events(&request)?;
+            new += accepted.new.len();
+            duplicates += accepted.duplicate_events;
+        }
+        self.db.flush()?;
+        wal::Wal::open(&self.wal_path)
+            .and_then(|mut w| w.reset())
+            .map_err(io)?;
+        tracing::info!(
+            records = records.len(),
+            new,
+            already_stored = duplicates,
+            invalid,
+            torn_tail = torn,
+            "recovered the intake log"
+        );
+        Ok(())
+    }
+
+    /// Where the intake log lives (the writer appends to it).
+    pub fn wal_path(&self) -> &Path {
+        &self.wal_path
     }
 
     fn check_layout(&self) -> Result<(), StoreError> {
@@ -238,35 +321,83 @@ impl Store {
         events: &[IncomingEvent],
         now: Millis,
     ) -> Result<Accepted, StoreError> {
+        let request = AcceptRequest {
+            delivery,
+            events,
+            invalid: &[],
+            received_at: now,
+        };
+        let mut out = self.accept_many(&[request])?;
+        out.pop().ok_or_else(|| corrupt("accept result"))
+    }
+
+    /// Store several deliveries in one transaction (in order; a transaction sees its own writes,
+    /// so a delivery or event repeated within the group is a duplicate too). Not durable until a
+    /// flush or the intake log covers it.
+    pub fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
+        self.accept_group(requests, true)
+    }
+
+    /// Like `accept_many` for one delivery, but without the delivery-id shortcut: used when
+    /// replaying the intake log, where the delivery may be recorded and only some events stored.
+    fn accept_events(&self, request: &AcceptRequest<'_>) -> Result<Accepted, StoreError> {
+        let mut out = self.accept_group(std::slice::from_ref(request), false)?;
+        out.pop().ok_or_else(|| corrupt("accept result"))
+    }
+
+    fn accept_group(
+        &self,
+        requests: &[AcceptRequest<'_>],
+        delivery_dedupe: bool,
+    ) -> Result<Vec<Accepted>, StoreError> {
         // Ids are drawn before the transaction: sled deadlocks if `generate_id` runs inside one.
         // Unused ids (duplicates) leave gaps, which nothing relies on.
-        let seqs = events
+        let wanted: usize = requests
             .iter()
+            .map(|r| r.events.len() + r.invalid.len())
+            .sum();
+        let ids = (0..wanted)
             .map(|_| self.db.generate_id())
             .collect::<Result<Vec<u64>, _>>()?;
-        let result = (&self.deliveries, &self.seen, &self.events, &self.inbox).transaction(
-            |(deliveries, seen, log, inbox)| {
-                if deliveries.get(delivery.as_str())?.is_some() {
-                    return Ok(Accepted {
+        let trees = (
+            &self.deliveries,
+            &self.seen,
+            &self.events,
+            &self.inbox,
+            &self.quarantine,
+        );
+        let result = trees.transaction(|(deliveries, seen, log, inbox, quarantine)| {
+            let mut ids = ids.iter().copied();
+            let mut results = Vec::with_capacity(requests.len());
+            for request in requests {
+                let mut next = || ids.next().ok_or_else(|| abort("id pool exhausted"));
+                let delivery = request.delivery;
+                let known = deliveries.get(delivery.as_str())?.is_some();
+                if known && delivery_dedupe {
+                    results.push(Accepted {
                         duplicate_delivery: true,
-                        duplicate_events: events.len(),
+                        duplicate_events: request.events.len(),
                         ..Accepted::default()
                     });
+                    // Keep the id pool aligned with the requests.
+                    for _ in 0..request.events.len() + request.invalid.len() {
+                        next()?;
+                    }
+                    continue;
                 }
                 let mut out = Accepted::default();
-                let mut in_batch = std::collections::HashSet::new();
-                for (index, ev) in events.iter().enumerate() {
-                    if !in_batch.insert(ev.id.as_str()) || seen.get(ev.id.as_str())?.is_some() {
+                for (index, ev) in request.events.iter().enumerate() {
+                    let seq = next()?;
+                    if seen.get(ev.id.as_str())?.is_some() {
                         out.duplicate_events += 1;
                         continue;
                     }
-                    let seq = seqs[index];
                     let raw = RawValue::from_string(ev.raw.clone()).map_err(abort)?;
                     let record = EventRecord {
                         seq,
                         id: ev.id.clone(),
                         delivery: delivery.clone(),
-                        received_at: now,
+                        received_at: request.received_at,
                         partition: ev.partition.encode(),
                         kind: ev.kind.as_str().to_owned(),
                         event: raw,
@@ -278,12 +409,24 @@ impl Store {
                     out.new.push((seq, ev.partition.clone()));
                     out.new_index.push(index);
                 }
-                if !out.new.is_empty() {
-                    deliveries.insert(delivery.as_str(), &now.to_be_bytes())?;
+                for bad in request.invalid {
+                    let id = next()?;
+                    // Invalid events of a delivery seen before were quarantined the first time.
+                    if known {
+                        continue;
+                    }
+                    let mut record = bad.clone();
+                    record.id = id;
+                    quarantine.insert(&keys::seq(id), encode(&record).map_err(abort)?)?;
+                    out.quarantined.push(id);
                 }
-                Ok(out)
-            },
-        );
+                if !known && (!out.new.is_empty() || !out.quarantined.is_empty()) {
+                    deliveries.insert(delivery.as_str(), &request.received_at.to_be_bytes())?;
+                }
+                results.push(out);
+            }
+            Ok(results)
+        });
         Ok(result?)
     }
 
@@ -330,9 +473,71 @@ impl Store {
         Ok(())
     }
 
-    /// Fold a batch of one partition's events into state, each exactly once: an event whose inbox
-    /// entry is already gone was folded before and is skipped.
+    /// Fold a batch of events (of any partitions, each partition's in order) into state, each
+    /// exactly once: an event whose inbox entry is already gone was folded before and is skipped.
+    ///
+    /// Reading and folding happen outside the transaction, which then only writes: sled runs one
+    /// transaction at a time, and intake's transactions wait for this one. That is safe because
+    /// folds are serialised by `fold_lock` and nothing else writes state or removes inbox entries
+    /// of events still to fold.
     pub fn apply(&self, batch: &[(u64, Event)]) -> Result<Applied, StoreError> {
+        let _folding = self
+            .fold_lock
+            .lock()
+            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        let mut out = Applied::default();
+        let mut convs: HashMap<String, ConversationState> = HashMap::new();
+        let mut users: HashMap<String, EndUserState> = HashMap::new();
+        let mut bots: HashMap<String, BotState> = HashMap::new();
+        let mut folded = Vec::with_capacity(batch.len());
+        for (seq, event) in batch {
+            if !self.inbox.contains_key(keys::seq(*seq))? {
+                out.skipped += 1;
+                continue;
+            }
+            folded.push(*seq);
+            out.applied += 1;
+            if let Some(id) = event.payload.conversation_id() {
+                let new = || ConversationState::new(id.clone());
+                let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
+                state.apply(event);
+                out.new_conversations += u64::from(created);
+                if let Payload::Conversation(c) = &event.payload {
+                    if let Some(uid) = &c.end_user_id {
+                        let new = || EndUserState::new(uid.clone());
+                        let (user, created) =
+                            cached(&self.end_users, &mut users, uid.as_str(), new)?;
+                        user.observe_conversation(event, c);
+                        out.new_end_users += u64::from(created);
+                    }
+                }
+            } else if let Payload::EndUser(u) = &event.payload {
+                let new = || EndUserState::new(u.id.clone());
+                let (user, created) = cached(&self.end_users, &mut users, u.id.as_str(), new)?;
+                user.apply(event, u);
+                out.new_end_users += u64::from(created);
+            } else {
+                // Bot events, and events of unknown types, belong to the bot.
+                let id = match &event.payload {
+                    Payload::Bot(b) => &b.id,
+                    _ => &event.source_id,
+                };
+                let new = || BotState::new(id.clone());
+                let (bot, created) = cached(&self.bots, &mut bots, id.as_str(), new)?;
+                bot.apply(event);
+                out.new_bots += u64::from(created);
+            }
+        }
+        let conv_bytes = encoded(&convs)?;
+        let user_bytes = encoded(&users)?;
+        let bot_bytes = encoded(&bots)?;
+        let index_entries: Vec<(Vec<u8>, &str)> = users
+            .iter()
+            .filter_map(|(id, u)| match (&u.platform, &u.user_key) {
+                (Some(p), Some(k)) => Some((keys::user_index(p.as_str(), k.as_str()), id.as_str())),
+                _ => None,
+            })
+            .collect();
         let trees = (
             &self.inbox,
             &self.conversations,
@@ -340,63 +545,25 @@ impl Store {
             &self.user_index,
             &self.bots,
         );
-        let result = trees.transaction(|(inbox, convs, users, index, bots)| {
-            let mut out = Applied::default();
-            let mut conv_cache: HashMap<String, ConversationState> = HashMap::new();
-            let mut user_cache: HashMap<String, EndUserState> = HashMap::new();
-            let mut bot_cache: HashMap<String, BotState> = HashMap::new();
-            for (seq, event) in batch {
-                if inbox.remove(&keys::seq(*seq))?.is_none() {
-                    out.skipped += 1;
-                    continue;
-                }
-                out.applied += 1;
-                if let Some(id) = event.payload.conversation_id() {
-                    let new = || ConversationState::new(id.clone());
-                    let (state, created) = cached(convs, &mut conv_cache, id.as_str(), new)?;
-                    state.apply(event);
-                    out.new_conversations += u64::from(created);
-                    if let Payload::Conversation(c) = &event.payload {
-                        if let Some(uid) = &c.end_user_id {
-                            let new = || EndUserState::new(uid.clone());
-                            let (user, created) =
-                                cached(users, &mut user_cache, uid.as_str(), new)?;
-                            user.observe_conversation(event, c);
-                            out.new_end_users += u64::from(created);
-                        }
-                    }
-                } else if let Payload::EndUser(u) = &event.payload {
-                    let new = || EndUserState::new(u.id.clone());
-                    let (user, created) = cached(users, &mut user_cache, u.id.as_str(), new)?;
-                    user.apply(event, u);
-                    out.new_end_users += u64::from(created);
-                } else {
-                    // Bot events, and events of unknown types, belong to the bot.
-                    let id = match &event.payload {
-                        Payload::Bot(b) => &b.id,
-                        _ => &event.source_id,
-                    };
-                    let new = || BotState::new(id.clone());
-                    let (bot, created) = cached(bots, &mut bot_cache, id.as_str(), new)?;
-                    bot.apply(event);
-                    out.new_bots += u64::from(created);
-                }
+        trees.transaction(|(inbox, conv_tree, user_tree, index, bot_tree)| {
+            for seq in &folded {
+                inbox.remove(&keys::seq(*seq))?;
             }
-            for (id, state) in &conv_cache {
-                convs.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
+            for (id, bytes) in &conv_bytes {
+                conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
             }
-            for (id, state) in &user_cache {
-                if let (Some(p), Some(k)) = (&state.platform, &state.user_key) {
-                    index.insert(keys::user_index(p.as_str(), k.as_str()), id.as_bytes())?;
-                }
-                users.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
+            for (key, id) in &index_entries {
+                index.insert(key.as_slice(), id.as_bytes())?;
             }
-            for (id, state) in &bot_cache {
-                bots.insert(id.as_bytes(), encode(state).map_err(abort)?)?;
+            for (id, bytes) in &user_bytes {
+                user_tree.insert(id.as_bytes(), bytes.as_slice())?;
             }
-            Ok(out)
-        });
-        Ok(result?)
+            for (id, bytes) in &bot_bytes {
+                bot_tree.insert(id.as_bytes(), bytes.as_slice())?;
+            }
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     pub fn conversation(
@@ -545,18 +712,18 @@ impl Store {
     }
 }
 
-/// A state record for the rest of the transaction: from the cache, else from the tree, else new.
+/// A state record for the rest of the fold: from the cache, else from the tree, else new.
 /// Returns whether it was created now.
 fn cached<'a, T: for<'de> Deserialize<'de>>(
-    tree: &sled::transaction::TransactionalTree,
+    tree: &sled::Tree,
     cache: &'a mut HashMap<String, T>,
     key: &str,
     new: impl FnOnce() -> T,
-) -> Result<(&'a mut T, bool), ConflictableTransactionError<String>> {
+) -> Result<(&'a mut T, bool), StoreError> {
     let mut created = false;
     if !cache.contains_key(key) {
         let state = match tree.get(key.as_bytes())? {
-            Some(b) => decode(&b, "state record").map_err(abort)?,
+            Some(b) => decode(&b, "state record")?,
             None => {
                 created = true;
                 new()
@@ -566,8 +733,16 @@ fn cached<'a, T: for<'de> Deserialize<'de>>(
     }
     let state = cache
         .get_mut(key)
-        .ok_or_else(|| ConflictableTransactionError::Abort("state cache".to_owned()))?;
+        .ok_or_else(|| StoreError::Corrupt("state cache".to_owned()))?;
     Ok((state, created))
+}
+
+/// Each cached record, encoded for writing.
+fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(&str, Vec<u8>)>, StoreError> {
+    cache
+        .iter()
+        .map(|(id, state)| Ok((id.as_str(), encode(state)?)))
+        .collect()
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {

@@ -28,6 +28,8 @@ pub struct IncomingEvent {
     pub raw: String,
     /// The platform named by the event, when it is one the bridge does not know.
     pub unknown_platform: bool,
+    /// The typed form, handed to the dispatcher so it need not parse the stored bytes again.
+    pub event: Event,
 }
 
 /// An event of an otherwise valid delivery that cannot be processed.
@@ -108,11 +110,12 @@ pub fn validate_event(raw: &RawValue) -> Result<IncomingEvent, EventError> {
     };
     Ok(IncomingEvent {
         partition: partition_of(&event),
-        id: event.id,
-        kind: event.kind,
+        id: event.id.clone(),
+        kind: event.kind.clone(),
         timestamp: event.timestamp,
         raw: raw.get().to_owned(),
         unknown_platform,
+        event,
     })
 }
 

@@ -1,0 +1,328 @@
+//! The writer: one thread that owns the intake write path.
+//!
+//! Handlers hand it parsed deliveries and wait. It takes every delivery queued at that moment and
+//! stores the whole group in one sled transaction. A second thread, the syncer, appends the
+//! group's new events to the intake log (`wal`), syncs it (once for all groups that are ready),
+//! then answers them and passes the new events on, while the writer already runs the next
+//! transaction. So a group costs one transaction and at most one `fdatasync`, HTTP workers never
+//! wait on sled's global lock, and only one flush is ever in flight (sled 0.34's `flush_async`
+//! hangs when several are).
+//!
+//! Sled itself is flushed when the log grows past a size or an age, and on every explicit
+//! [`Writer::flush`]; the log is emptied after each such flush, because it then holds nothing sled
+//! does not.
+
+use super::wal::{Frames, Wal};
+use super::{AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use crate::ids::{DeliveryId, PartitionKey};
+use crate::webhook::model::{Event, Millis};
+use crate::webhook::IncomingEvent;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// At most this many deliveries share a transaction (bounds its size and the lock hold time).
+const MAX_GROUP: usize = 512;
+/// Flush sled and empty the log once it is this large...
+const ROTATE_BYTES: u64 = 32 * 1024 * 1024;
+/// ...or this old.
+const ROTATE_AGE: Duration = Duration::from_secs(2);
+
+/// A delivery for the writer to store.
+pub struct AcceptJob {
+    pub delivery: DeliveryId,
+    pub events: Vec<IncomingEvent>,
+    pub invalid: Vec<QuarantineRecord>,
+    pub received_at: Millis,
+}
+
+/// A newly durable event, for the dispatcher.
+#[derive(Debug)]
+pub struct NewEvent {
+    pub seq: u64,
+    pub partition: PartitionKey,
+    pub received_at: Millis,
+    pub event: Event,
+}
+
+/// What the writer reports after each group, without tying this module to metrics or dispatch.
+pub struct WriterHooks {
+    /// (time the group took to become durable, deliveries in it, whether sled was flushed).
+    pub observe: Box<dyn Fn(Duration, usize, bool) + Send>,
+    /// Newly durable events, in acceptance order.
+    pub durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
+}
+
+enum Job {
+    Accept(AcceptJob, oneshot::Sender<Result<Accepted, String>>),
+    /// Flush sled: makes durable whatever was written to the store directly before it.
+    Flush(oneshot::Sender<Result<(), String>>),
+}
+
+/// Handle to the writer thread. Cloning is cheap; the thread ends when every handle is gone.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::UnboundedSender<Job>,
+    healthy: Arc<AtomicBool>,
+}
+
+impl Writer {
+    /// Start the writer thread. The store has already replayed any leftover log on open.
+    pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, StoreError> {
+        let wal = Wal::open(store.wal_path()).map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let healthy = Arc::new(AtomicBool::new(true));
+        let flag = healthy.clone();
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || run(store, wal, rx, hooks, flag))
+            .map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
+        Ok(Writer { tx, healthy })
+    }
+
+    /// Store a delivery; returns once it is durable.
+    pub async fn accept(&self, job: AcceptJob) -> Result<Accepted, String> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Accept(job, tx))
+            .map_err(|_| "writer stopped".to_owned())?;
+        rx.await.map_err(|_| "writer stopped".to_owned())?
+    }
+
+    /// Wait until everything written to the store before this call is on disk.
+    pub async fn flush(&self) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Job::Flush(tx))
+            .map_err(|_| "writer stopped".to_owned())?;
+        rx.await.map_err(|_| "writer stopped".to_owned())?
+    }
+
+    /// False after a write or sync failed, until one succeeds again.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+/// A stored group on its way to the syncer.
+struct Stored {
+    /// The group's records, framed for the intake log.
+    log: Frames,
+    replies: Vec<(oneshot::Sender<Result<Accepted, String>>, Accepted)>,
+    new_events: Vec<NewEvent>,
+    /// Sled must be flushed for this group (it wrote quarantine records, or a flush was asked).
+    flush_sled: bool,
+    flushes: Vec<oneshot::Sender<Result<(), String>>>,
+    started: Instant,
+}
+
+/// The transaction side: group, store, pass on. The sync of one group overlaps the transaction of
+/// the next.
+fn run(
+    store: Store,
+    wal: Wal,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    hooks: WriterHooks,
+    healthy: Arc<AtomicBool>,
+) {
+    let (to_syncer, from_writer) = std::sync::mpsc::channel::<Stored>();
+    let syncer_store = store.clone();
+    let syncer_healthy = healthy.clone();
+    let syncer = std::thread::Builder::new()
+        .name("store-syncer".into())
+        .spawn(move || sync_loop(syncer_store, wal, from_writer, hooks, syncer_healthy));
+    let syncer = match syncer {
+        Ok(handle) => handle,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the store syncer");
+            healthy.store(false, Ordering::Relaxed);
+            return;
+        }
+    };
+    while let Some(first) = rx.blocking_recv() {
+        let mut accepts = Vec::new();
+        let mut flushes = Vec::new();
+        let mut take = |job| match job {
+            Job::Accept(job, reply) => accepts.push((job, reply)),
+            Job::Flush(reply) => flushes.push(reply),
+        };
+        take(first);
+        for _ in 1..MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) => take(job),
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let results = match store_group(&store, &accepts) {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::error!(error = %e, deliveries = accepts.len(), "cannot store deliveries");
+                healthy.store(false, Ordering::Relaxed);
+                for (_, reply) in accepts {
+                    let _ = reply.send(Err(e.to_string()));
+                }
+                // Flushes still go through the syncer, after what it already has.
+                let _ = to_syncer.send(Stored {
+                    log: Frames::default(),
+                    replies: Vec::new(),
+                    new_events: Vec::new(),
+                    flush_sled: !flushes.is_empty(),
+                    flushes,
+                    started,
+                });
+                continue;
+            }
+        };
+        let mut log = Frames::default();
+        let mut flush_sled = !flushes.is_empty();
+        let mut new_events = Vec::new();
+        let mut replies = Vec::with_capacity(accepts.len());
+        for ((job, reply), accepted) in accepts.into_iter().zip(results) {
+            // Quarantined events are not in the intake log; a sled flush covers them.
+            flush_sled |= !accepted.quarantined.is_empty();
+            let AcceptJob {
+                delivery,
+                events,
+                received_at,
+                ..
+            } = job;
+            let raws: Vec<&str> = accepted
+                .new_index
+                .iter()
+                .filter_map(|&i| events.get(i).map(|e| e.raw.as_str()))
+                .collect();
+            if !raws.is_empty() {
+                log.push(delivery.as_str(), received_at, &raws);
+            }
+            let mut wanted = accepted.new.iter().zip(&accepted.new_index).peekable();
+            for (i, ev) in events.into_iter().enumerate() {
+                if let Some(((seq, partition), _)) = wanted.next_if(|(_, &n)| n == i) {
+                    new_events.push(NewEvent {
+                        seq: *seq,
+                        partition: partition.clone(),
+                        received_at,
+                        event: ev.event,
+                    });
+                }
+            }
+            replies.push((reply, accepted));
+        }
+        let stored = Stored {
+            log,
+            replies,
+            new_events,
+            flush_sled,
+            flushes,
+            started,
+        };
+        if to_syncer.send(stored).is_err() {
+            tracing::error!("the store syncer stopped");
+            healthy.store(false, Ordering::Relaxed);
+            break;
+        }
+    }
+    drop(to_syncer);
+    // The syncer finishes what it has, flushes sled and empties the log.
+    let _ = syncer.join();
+}
+
+/// The durability side: append the groups that are ready to the intake log, sync once, answer.
+fn sync_loop(
+    store: Store,
+    mut wal: Wal,
+    rx: std::sync::mpsc::Receiver<Stored>,
+    hooks: WriterHooks,
+    healthy: Arc<AtomicBool>,
+) {
+    let mut last_rotation = Instant::now();
+    while let Ok(first) = rx.recv() {
+        let mut groups = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            groups.push(more);
+        }
+        let mut flush_sled = false;
+        for group in &mut groups {
+            wal.queue(std::mem::take(&mut group.log));
+            flush_sled |= group.flush_sled;
+        }
+        let log_synced = if flush_sled {
+            // The sled flush below covers these groups; the log is emptied after it.
+            wal.discard_pending();
+            Ok(())
+        } else {
+            wal.commit().map_err(|e| {
+                tracing::error!(error = %e, "intake log sync failed; flushing the store instead");
+            })
+        };
+        let rotate =
+            !wal.is_empty() && (wal.len() >= ROTATE_BYTES || last_rotation.elapsed() >= ROTATE_AGE);
+        let durable = if flush_sled || log_synced.is_err() || rotate {
+            last_rotation = Instant::now();
+            flush_and_reset(&store, &mut wal)
+        } else {
+            Ok(())
+        };
+        healthy.store(durable.is_ok(), Ordering::Relaxed);
+        for group in groups {
+            let deliveries = group.replies.len();
+            (hooks.observe)(group.started.elapsed(), deliveries, flush_sled || rotate);
+            for reply in group.flushes {
+                let _ = reply.send(durable.clone());
+            }
+            match &durable {
+                Ok(()) => {
+                    for (reply, accepted) in group.replies {
+                        // The handler may have gone (client disconnected); the delivery is stored.
+                        let _ = reply.send(Ok(accepted));
+                    }
+                    if !group.new_events.is_empty() {
+                        (hooks.durable)(group.new_events);
+                    }
+                }
+                Err(e) => {
+                    for (reply, _) in group.replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+    // The writer is gone: leave sled complete and the log empty for the next start.
+    if let Err(e) = flush_and_reset(&store, &mut wal) {
+        tracing::error!(error = %e, "final store flush failed; the intake log will be replayed");
+    }
+}
+
+fn store_group(
+    store: &Store,
+    accepts: &[(AcceptJob, oneshot::Sender<Result<Accepted, String>>)],
+) -> Result<Vec<Accepted>, StoreError> {
+    if accepts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let requests: Vec<AcceptRequest<'_>> = accepts
+        .iter()
+        .map(|(job, _)| AcceptRequest {
+            delivery: &job.delivery,
+            events: &job.events,
+            invalid: &job.invalid,
+            received_at: job.received_at,
+        })
+        .collect();
+    store.accept_many(&requests)
+}
+
+/// Flush sled; then the log holds nothing sled lacks and is emptied.
+fn flush_and_reset(store: &Store, wal: &mut Wal) -> Result<(), String> {
+    store.flush().map_err(|e| {
+        tracing::error!(error = %e, "store flush failed");
+        e.to_string()
+    })?;
+    if let Err(e) = wal.reset() {
+        // Harmless for correctness (replay is idempotent), but the log keeps growing.
+        tracing::warn!(error = %e, path = %wal.path().display(), "cannot empty the intake log");
+    }
+    Ok(())
+}
