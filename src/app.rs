@@ -10,6 +10,7 @@ use crate::store::writer::WriterHooks;
 use crate::store::{Store, StoreError, Writer};
 use actix_web::{web, App, HttpServer};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -18,6 +19,7 @@ pub struct Shared {
     pub store: Store,
     pub writer: Writer,
     pub dispatch: DispatchHandle,
+    pub executor: crate::outbox::ExecutorHandle,
     pub metrics: Metrics,
     pub webhook_tokens: TokenSet,
     pub webhook_cidrs: CidrList,
@@ -93,9 +95,24 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     metrics.quarantine_entries.set(sizes.quarantine as i64);
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let upstream = Upstream::start(&config)?;
+    let (executor, executor_task) = crate::outbox::start(
+        store.clone(),
+        crate::upstream::api::OpenApi::new(upstream.handle.clone()),
+        metrics.clone(),
+        crate::outbox::ExecutorSettings {
+            concurrency: config.outbox.concurrency,
+            blocking: config.outbox.blocking.iter().cloned().collect(),
+            max_depth: config.outbox.max_depth,
+        },
+        stop_rx.clone(),
+    )?;
+    let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,
+        rules: Arc::new(crate::actions::NoRules),
+        decided: Some(decided_tx),
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
@@ -111,6 +128,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             durable: Box::new(move |events| to_dispatch.notify_events(events)),
         },
     )?;
+    tokio::spawn(forward_decided(
+        decided_rx,
+        writer.clone(),
+        executor.clone(),
+    ));
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
         metrics.clone(),
@@ -118,11 +140,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         stop_rx,
     ));
 
-    let upstream = Upstream::start(&config)?;
     let shared = web::Data::new(Shared {
         store: store.clone(),
         writer: writer.clone(),
         dispatch,
+        executor,
         metrics,
         webhook_tokens: TokenSet::new(webhook_token.clone()),
         webhook_cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
@@ -228,6 +250,12 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     {
         tracing::warn!("dispatcher did not stop in time; its events stay in the inbox");
     }
+    if tokio::time::timeout(config.server.shutdown_timeout, executor_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("executor did not stop in time; its entries stay in the outbox");
+    }
     let _ = pruner.await;
     if let Some(embedded) = upstream.emulator {
         embedded.server.stop(true).await;
@@ -244,6 +272,28 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     match server_result {
         Some(Ok(Err(e))) => Err(AppError::Server(e)),
         _ => Ok(()),
+    }
+}
+
+/// Hand newly decided actions to the executor once their decision is durable. A decision lost in
+/// a crash is made again when its event is folded again, possibly differently (rules may read the
+/// clock), so an action must not run before the fold that decided it is on disk. One task, in
+/// fold order, so the executor sees each queue's entries in decision order.
+async fn forward_decided(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<crate::actions::OutboxEntry>>,
+    writer: Writer,
+    executor: crate::outbox::ExecutorHandle,
+) {
+    while let Some(mut entries) = rx.recv().await {
+        while let Ok(more) = rx.try_recv() {
+            entries.extend(more);
+        }
+        if let Err(e) = writer.flush().await {
+            // They stay in the outbox and run after the next start.
+            tracing::error!(error = %e, actions = entries.len(), "cannot make decided actions durable");
+            continue;
+        }
+        executor.notify(entries);
     }
 }
 

@@ -88,6 +88,46 @@ pub enum Command {
         #[command(subcommand)]
         action: QuarantineCommand,
     },
+    /// Decided actions waiting to be carried out.
+    Outbox {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        action: OutboxCommand,
+    },
+    /// Actions that failed for good: list, show, retry, drop.
+    Dlq {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        action: DlqCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OutboxCommand {
+    /// Every pending entry, in decision order.
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Every dead letter.
+    List,
+    /// One dead letter, with its error.
+    Show { id: u64 },
+    /// Put a dead letter (or all) back in the outbox, with its original idempotency key.
+    Retry {
+        id: Option<u64>,
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Remove a dead letter for good; the reason is kept in the action ledger.
+    Drop {
+        id: u64,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -238,6 +278,23 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 }
             }
         }
+        Command::Outbox { config, action } => {
+            let config = load(&config, None)?;
+            match action {
+                OutboxCommand::List => {
+                    let value = read(&config, "GET", "/admin/v1/outbox", |store| {
+                        let entries = store.outbox()?;
+                        Ok(Some(serde_json::json!({
+                            "paused": false,
+                            "depth": entries.len(),
+                            "entries": entries,
+                        })))
+                    })?;
+                    print_found(value, String::new)
+                }
+            }
+        }
+        Command::Dlq { config, action } => dlq(&load(&config, None)?, action),
         Command::Quarantine { config, action } => {
             let config = load(&config, None)?;
             match action {
@@ -323,6 +380,76 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
             Ok(())
         }
         None => Err(CliError::NotFound(missing())),
+    }
+}
+
+/// `handoff-bridge dlq ...`: through the running daemon, or on the store when it is stopped (the
+/// next start then runs what was retried).
+fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
+    let now = crate::clock::now_millis();
+    let flushed = |store: &Store| store.flush();
+    match action {
+        DlqCommand::List => {
+            let value = read(config, "GET", "/admin/v1/dead-letters", |store| {
+                let letters = store.dead_letters()?;
+                Ok(Some(
+                    serde_json::json!({"count": letters.len(), "dead_letters": letters}),
+                ))
+            })?;
+            print_found(value, String::new)
+        }
+        DlqCommand::Show { id } => {
+            let value = read(
+                config,
+                "GET",
+                &format!("/admin/v1/dead-letters/{id}"),
+                |store| {
+                    Ok(store
+                        .dead_letter(id)?
+                        .and_then(|l| serde_json::to_value(l).ok()))
+                },
+            )?;
+            print_found(value, || format!("no dead letter {id}"))
+        }
+        DlqCommand::Retry { id, all } => {
+            let (path, wanted) = match (id, all) {
+                (Some(id), _) => (format!("/admin/v1/dead-letters/{id}/retry"), Some(id)),
+                (None, true) => ("/admin/v1/dead-letters/retry".to_owned(), None),
+                (None, false) => {
+                    return Err(CliError::Usage("give a dead-letter id or --all".into()))
+                }
+            };
+            let value = read(config, "POST", &path, |store| {
+                let ids: Vec<u64> = match wanted {
+                    Some(id) => vec![id],
+                    None => store.dead_letters()?.iter().map(|l| l.entry.seq).collect(),
+                };
+                let mut retried = Vec::new();
+                for id in ids {
+                    if store.retry_dead_letter(id, now)?.is_some() {
+                        retried.push(id);
+                    }
+                }
+                flushed(store)?;
+                Ok((wanted.is_none() || !retried.is_empty())
+                    .then(|| serde_json::json!({ "retried": retried })))
+            })?;
+            print_found(value, || {
+                format!("no dead letter {}", id.unwrap_or_default())
+            })
+        }
+        DlqCommand::Drop { id, reason } => {
+            if reason.trim().is_empty() {
+                return Err(CliError::Usage("--reason must not be empty".into()));
+            }
+            let path = format!("/admin/v1/dead-letters/{id}?reason={}", enc(&reason));
+            let value = read(config, "DELETE", &path, |store| {
+                let dropped = store.drop_dead_letter(id, &reason, now)?;
+                flushed(store)?;
+                Ok(dropped.map(|_| serde_json::json!({ "dropped": id, "reason": reason })))
+            })?;
+            print_found(value, || format!("no dead letter {id}"))
+        }
     }
 }
 

@@ -83,6 +83,10 @@ pub struct DispatchSettings {
     pub concurrency: usize,
     /// Events per fold transaction (across partitions).
     pub batch_size: usize,
+    /// Decides actions for each folded event.
+    pub rules: std::sync::Arc<dyn crate::actions::Decide>,
+    /// Receives the outbox entries of each committed fold, in fold order.
+    pub decided: Option<mpsc::UnboundedSender<Vec<crate::actions::OutboxEntry>>>,
 }
 
 /// Start the dispatcher on the current runtime. It recovers the inbox, then runs until `stop`
@@ -217,7 +221,18 @@ async fn run(
             let (store, metrics) = (store.clone(), metrics.clone());
             let events: usize = job.iter().map(|(_, b)| b.len()).sum();
             let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
-            inflight.spawn_blocking(move || span.in_scope(|| process(&store, &metrics, job)));
+            let (rules, decided) = (settings.rules.clone(), settings.decided.clone());
+            inflight.spawn_blocking(move || {
+                span.in_scope(|| {
+                    let fold = Fold {
+                        store: &store,
+                        metrics: &metrics,
+                        rules: rules.as_ref(),
+                        decided: decided.as_ref(),
+                    };
+                    process(&fold, job)
+                })
+            });
         }
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
@@ -264,8 +279,17 @@ async fn run(
     tracing::info!(left_in_inbox = queues.depth, "dispatcher stopped");
 }
 
+/// What a fold job works with.
+struct Fold<'a> {
+    store: &'a Store,
+    metrics: &'a Metrics,
+    rules: &'a dyn crate::actions::Decide,
+    decided: Option<&'a mpsc::UnboundedSender<Vec<crate::actions::OutboxEntry>>>,
+}
+
 /// Fold one job (several partitions' batches) in one transaction. Runs on the blocking pool.
-fn process(store: &Store, metrics: &Metrics, job: Job) -> JobResult {
+fn process(fold: &Fold<'_>, job: Job) -> JobResult {
+    let (store, metrics) = (fold.store, fold.metrics);
     let mut batch: Vec<(u64, Event)> = Vec::new();
     let mut received: Vec<Millis> = Vec::new();
     // Index into `results` of each batch entry's partition.
@@ -304,8 +328,11 @@ fn process(store: &Store, metrics: &Metrics, job: Job) -> JobResult {
     for (seq, event) in &batch {
         tracing::debug!(seq, event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
     }
-    match store.apply(&batch) {
+    match store.apply_with(&batch, fold.rules, &received) {
         Ok(applied) => {
+            if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
+                let _ = tx.send(applied.outbox);
+            }
             let now = crate::clock::now_millis();
             for at in received {
                 metrics

@@ -3,6 +3,7 @@
 //! Data flows one way: [`intake`] -> [`store`] -> [`dispatch`] -> [`state`]; [`ops`] and the CLI
 //! sit at the edges. Start reading at `ARCHITECTURE.md`.
 
+pub mod actions;
 pub mod app;
 pub mod cli;
 pub mod clock;
@@ -14,6 +15,7 @@ pub mod http_error;
 pub mod ids;
 pub mod intake;
 pub mod ops;
+pub mod outbox;
 pub mod queries;
 pub mod state;
 pub mod store;

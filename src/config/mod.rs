@@ -18,6 +18,7 @@ pub struct Config {
     pub webhook: WebhookConfig,
     pub store: StoreConfig,
     pub dispatch: DispatchConfig,
+    pub outbox: OutboxConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
@@ -110,10 +111,21 @@ pub struct StoreConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DispatchConfig {
-    /// Conversations processed at once.
+    /// Fold jobs in flight (folds themselves run one at a time).
     pub concurrency: usize,
-    /// Events of one conversation folded in one transaction.
+    /// Events folded in one transaction, across conversations.
     pub batch_size: usize,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Actions carried out at once (each from a different conversation or target).
+    pub concurrency: usize,
+    /// Above this many pending actions `/readyz` reports the outbox as backed up.
+    pub max_depth: usize,
+    /// Action names whose dead letter halts the rest of its conversation until retried/dropped.
+    pub blocking: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -414,6 +426,32 @@ impl Config {
                 &self.dispatch.batch_size,
                 "must be 1..=10000",
             );
+        }
+        if self.outbox.concurrency == 0 || self.outbox.concurrency > 1024 {
+            bad(
+                "outbox.concurrency",
+                &self.outbox.concurrency,
+                "must be 1..=1024",
+            );
+        }
+        if self.outbox.max_depth == 0 {
+            bad(
+                "outbox.max_depth",
+                &self.outbox.max_depth,
+                "must be at least 1",
+            );
+        }
+        for name in &self.outbox.blocking {
+            if !crate::actions::Action::NAMES.contains(&name.as_str()) {
+                bad(
+                    "outbox.blocking",
+                    name,
+                    &format!(
+                        "unknown action; one of {}",
+                        crate::actions::Action::NAMES.join(", ")
+                    ),
+                );
+            }
         }
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             bad("admin.token", &"****", "must be at least 16 characters");

@@ -11,8 +11,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    let scope = super::outbox_admin::routes(web::scope("/admin/v1"));
     cfg.service(
-        web::scope("/admin/v1")
+        scope
             .wrap(actix_web::middleware::from_fn(guard))
             .route("/conversations/{id}", web::get().to(conversation))
             .route("/endusers", web::get().to(find_end_user))

@@ -34,6 +34,17 @@ pub struct Metrics {
     pub state_entries: IntGaugeVec,
     pub store_bytes: IntGauge,
     pub pruned: IntCounterVec,
+    /// Decided actions not yet carried out.
+    pub outbox_depth: IntGauge,
+    /// Age of the oldest pending outbox entry (0 when empty).
+    pub outbox_oldest_seconds: prometheus::Gauge,
+    /// Attempts to carry out an action, by action and outcome (`ok`, `http_<status>`, error kind).
+    pub action_attempts: IntCounterVec,
+    /// Entries moved to the dead letters, by reason.
+    pub dead_letters: IntCounterVec,
+    pub dead_letter_entries: IntGauge,
+    /// Event received -> upstream answered, for carried-out actions.
+    pub action_latency_seconds: Histogram,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -72,6 +83,19 @@ impl Metrics {
             &["kind"],
         )?;
         registry.register(Box::new(state_entries.clone()))?;
+        let action_attempts = IntCounterVec::new(
+            Opts::new(
+                "action_attempts_total",
+                "Attempts to carry out an action, by action and outcome",
+            ),
+            &["action", "status"],
+        )?;
+        registry.register(Box::new(action_attempts.clone()))?;
+        let outbox_oldest_seconds = prometheus::Gauge::new(
+            "outbox_oldest_seconds",
+            "Age of the oldest pending outbox entry",
+        )?;
+        registry.register(Box::new(outbox_oldest_seconds.clone()))?;
         let m = Metrics {
             deliveries: counter_vec(
                 "webhook_deliveries_total",
@@ -121,6 +145,23 @@ impl Metrics {
             state_entries,
             store_bytes: gauge("store_size_bytes", "Size of the store on disk")?,
             pruned: counter_vec("pruned_total", "Records removed by retention", "kind")?,
+            outbox_depth: gauge("outbox_depth", "Decided actions not yet carried out")?,
+            outbox_oldest_seconds,
+            action_attempts,
+            dead_letters: counter_vec(
+                "dead_letters_total",
+                "Outbox entries moved to the dead letters, by reason",
+                "reason",
+            )?,
+            dead_letter_entries: gauge(
+                "dead_letter_entries",
+                "Entries currently in the dead letters",
+            )?,
+            action_latency_seconds: histogram(
+                "action_latency_seconds",
+                "Time from receipt of the source event to the upstream's answer",
+                latency_buckets(),
+            )?,
             registry,
         };
         // Make every outcome visible from the first scrape.

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod metrics;
+pub mod outbox_admin;
 
 use crate::app::Shared;
 use actix_web::{web, HttpResponse};
@@ -23,15 +24,20 @@ async fn healthz() -> HttpResponse {
 async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
     let store_ok = shared.writer.is_healthy();
     let stopping = shared.shutting_down.load(Ordering::Relaxed);
+    let outbox_ok = !shared.executor.backed_up();
+    let ready = store_ok && !stopping && outbox_ok;
     let body = json!({
-        "status": if store_ok && !stopping { "ready" } else { "not_ready" },
+        "status": if ready { "ready" } else { "not_ready" },
         "checks": {
             "store": if store_ok { "ok" } else { "failing" },
             "shutting_down": stopping,
             "inbox_depth": shared.metrics.inbox_depth.get(),
+            "outbox": if outbox_ok { "ok" } else { "backed_up" },
+            "outbox_depth": shared.executor.depth(),
+            "outbox_paused": shared.executor.is_paused(),
         }
     });
-    if store_ok && !stopping {
+    if ready {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)

@@ -128,9 +128,34 @@ pub struct ConversationState {
     pub events_applied: u64,
     pub first_event_at: Millis,
     pub last_event_at: Millis,
+    /// The bridge's own labels and variables (set by rules' internal actions).
+    #[serde(default)]
+    pub labels: std::collections::BTreeSet<String>,
+    #[serde(default)]
+    pub variables: std::collections::BTreeMap<String, Value>,
 }
 
 impl ConversationState {
+    /// A rule's internal state change: labels added and removed, variables set (`null` removes).
+    pub fn update(
+        &mut self,
+        add: &[String],
+        remove: &[String],
+        variables: &std::collections::BTreeMap<String, Value>,
+    ) {
+        self.labels.extend(add.iter().cloned());
+        for label in remove {
+            self.labels.remove(label);
+        }
+        for (k, v) in variables {
+            if v.is_null() {
+                self.variables.remove(k);
+            } else {
+                self.variables.insert(k.clone(), v.clone());
+            }
+        }
+    }
+
     pub fn new(id: ConversationId) -> Self {
         ConversationState {
             version: STATE_VERSION,
@@ -149,6 +174,8 @@ impl ConversationState {
             events_applied: 0,
             first_event_at: Millis::MAX,
             last_event_at: Millis::MIN,
+            labels: Default::default(),
+            variables: Default::default(),
         }
     }
 

@@ -17,6 +17,12 @@ pub mod tree {
     pub const BOTS: &str = "bots/v1";
     /// quarantine id -> quarantined delivery or event.
     pub const QUARANTINE: &str = "quarantine/v1";
+    /// sequence number -> decided action not yet carried out.
+    pub const OUTBOX: &str = "outbox/v1";
+    /// sequence number (as in the outbox) -> action that failed for good.
+    pub const DEAD_LETTERS: &str = "dead_letters/v1";
+    /// action id -> its status (pending, done, dead, dropped): every decided action.
+    pub const ACTIONS: &str = "actions/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }

@@ -8,6 +8,7 @@
 //!   neither lose nor repeat the fold.
 
 pub mod keys;
+pub mod outbox;
 pub mod wal;
 pub mod writer;
 
@@ -142,13 +143,17 @@ pub struct Sizes {
 }
 
 /// What folding a batch did.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Applied {
     pub applied: usize,
     pub skipped: usize,
     pub new_conversations: u64,
     pub new_end_users: u64,
     pub new_bots: u64,
+    /// Actions the rules decided, now in the outbox (not yet durable: flush before running them).
+    pub outbox: Vec<crate::actions::OutboxEntry>,
+    /// Decided actions skipped because their id was decided before.
+    pub repeated_actions: usize,
 }
 
 /// What a prune pass removed.
@@ -170,6 +175,9 @@ pub struct Store {
     user_index: sled::Tree,
     bots: sled::Tree,
     quarantine: sled::Tree,
+    outbox: sled::Tree,
+    dead_letters: sled::Tree,
+    actions: sled::Tree,
     meta: sled::Tree,
     wal_path: std::path::PathBuf,
     /// Held for a whole fold (see `apply`).
@@ -206,6 +214,9 @@ impl Store {
             user_index: t(keys::tree::USER_INDEX)?,
             bots: t(keys::tree::BOTS)?,
             quarantine: t(keys::tree::QUARANTINE)?,
+            outbox: t(keys::tree::OUTBOX)?,
+            dead_letters: t(keys::tree::DEAD_LETTERS)?,
+            actions: t(keys::tree::ACTIONS)?,
             meta: t(keys::tree::META)?,
             db,
             wal_path: dir.join(WAL_FILE),
@@ -481,6 +492,18 @@ impl Store {
     /// folds are serialised by `fold_lock` and nothing else writes state or removes inbox entries
     /// of events still to fold.
     pub fn apply(&self, batch: &[(u64, Event)]) -> Result<Applied, StoreError> {
+        self.apply_with(batch, &crate::actions::NoRules, &[])
+    }
+
+    /// [`apply`](Store::apply), with the rules deciding actions for each folded event from the
+    /// conversation's state after the fold. Internal state actions are applied at once; the
+    /// others go to the outbox in the same transaction. `received` is each event's receive time.
+    pub fn apply_with(
+        &self,
+        batch: &[(u64, Event)],
+        rules: &dyn crate::actions::Decide,
+        received: &[Millis],
+    ) -> Result<Applied, StoreError> {
         let _folding = self
             .fold_lock
             .lock()
@@ -490,7 +513,8 @@ impl Store {
         let mut users: HashMap<String, EndUserState> = HashMap::new();
         let mut bots: HashMap<String, BotState> = HashMap::new();
         let mut folded = Vec::with_capacity(batch.len());
-        for (seq, event) in batch {
+        let mut decided = std::collections::HashSet::new();
+        for (position, (seq, event)) in batch.iter().enumerate() {
             if !self.inbox.contains_key(keys::seq(*seq))? {
                 out.skipped += 1;
                 continue;
@@ -502,6 +526,38 @@ impl Store {
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
                 state.apply(event);
                 out.new_conversations += u64::from(created);
+                let at = received.get(position).copied().unwrap_or(event.timestamp);
+                let now = crate::clock::now_millis();
+                for (index, decision) in rules.decide(event, state, now).into_iter().enumerate() {
+                    let action_id = crate::actions::action_id(&event.id, &decision.rule, index);
+                    if let crate::actions::Action::UpdateState {
+                        add_labels,
+                        remove_labels,
+                        variables,
+                        ..
+                    } = &decision.action
+                    {
+                        state.update(add_labels, remove_labels, variables);
+                        continue;
+                    }
+                    if decided.contains(&action_id)
+                        || self.actions.contains_key(action_id.as_bytes())?
+                    {
+                        out.repeated_actions += 1;
+                        continue;
+                    }
+                    decided.insert(action_id.clone());
+                    out.outbox.push(crate::actions::OutboxEntry {
+                        seq: self.db.generate_id()?,
+                        id: action_id,
+                        queue: decision.action.queue(),
+                        event_id: event.id.clone(),
+                        rule: decision.rule,
+                        action: decision.action,
+                        received_at: at,
+                        decided_at: now,
+                    });
+                }
                 if let Payload::Conversation(c) = &event.payload {
                     if let Some(uid) = &c.end_user_id {
                         let new = || EndUserState::new(uid.clone());
@@ -538,31 +594,47 @@ impl Store {
                 _ => None,
             })
             .collect();
+        let outbox_bytes = out
+            .outbox
+            .iter()
+            .map(|e| {
+                let status = outbox::ActionStatus::pending(e.seq, e.decided_at);
+                Ok((e.seq, e.id.as_str(), encode(e)?, encode(&status)?))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         let trees = (
             &self.inbox,
             &self.conversations,
             &self.end_users,
             &self.user_index,
             &self.bots,
+            &self.outbox,
+            &self.actions,
         );
-        trees.transaction(|(inbox, conv_tree, user_tree, index, bot_tree)| {
-            for seq in &folded {
-                inbox.remove(&keys::seq(*seq))?;
-            }
-            for (id, bytes) in &conv_bytes {
-                conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
-            }
-            for (key, id) in &index_entries {
-                index.insert(key.as_slice(), id.as_bytes())?;
-            }
-            for (id, bytes) in &user_bytes {
-                user_tree.insert(id.as_bytes(), bytes.as_slice())?;
-            }
-            for (id, bytes) in &bot_bytes {
-                bot_tree.insert(id.as_bytes(), bytes.as_slice())?;
-            }
-            Ok(())
-        })?;
+        trees.transaction(
+            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions)| {
+                for seq in &folded {
+                    inbox.remove(&keys::seq(*seq))?;
+                }
+                for (seq, id, entry, status) in &outbox_bytes {
+                    outbox.insert(&keys::seq(*seq), entry.as_slice())?;
+                    actions.insert(id.as_bytes(), status.as_slice())?;
+                }
+                for (id, bytes) in &conv_bytes {
+                    conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
+                }
+                for (key, id) in &index_entries {
+                    index.insert(key.as_slice(), id.as_bytes())?;
+                }
+                for (id, bytes) in &user_bytes {
+                    user_tree.insert(id.as_bytes(), bytes.as_slice())?;
+                }
+                for (id, bytes) in &bot_bytes {
+                    bot_tree.insert(id.as_bytes(), bytes.as_slice())?;
+                }
+                Ok(())
+            },
+        )?;
         Ok(out)
     }
 

@@ -220,3 +220,157 @@ fn a_second_process_cannot_open_a_store_in_use() {
         Ok(_) => panic!("second open succeeded"),
     }
 }
+
+/// Frames for the intake log of a store directory, as the syncer writes them.
+fn write_log(path: &std::path::Path, records: &[(&str, i64, Vec<String>)]) {
+    let mut frames = wal::Frames::default();
+    for (delivery, at, events) in records {
+        let raws: Vec<&str> = events.iter().map(String::as_str).collect();
+        frames.push(delivery, *at, &raws);
+    }
+    let mut log = wal::Wal::open(path).expect("open log");
+    log.queue(frames);
+    log.commit().expect("commit log");
+}
+
+/// The raw events of a delivery body.
+fn raw_events(body: &[u8]) -> Vec<String> {
+    parse_delivery(body)
+        .expect("valid")
+        .events
+        .into_iter()
+        .map(|e| e.raw)
+        .collect()
+}
+
+#[test]
+fn opening_the_store_accepts_what_only_the_intake_log_holds_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let stored = delivery("d1", &[("e1", "c1", 1)]);
+    let log_path = {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        // d1 reached sled before the crash; d2 only the log (acknowledged, sled not flushed).
+        accept(&store, &stored);
+        store.flush().expect("flush");
+        store.wal_path().to_owned()
+    };
+    let only_logged = delivery("d2", &[("e2", "c1", 2), ("e3", "c2", 3)]);
+    write_log(
+        &log_path,
+        &[
+            ("d1", 1_000, raw_events(&stored)),
+            ("d2", 2_000, raw_events(&only_logged)),
+        ],
+    );
+
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let pending = store.pending().expect("pending");
+    assert_eq!(pending.len(), 3, "e1 once, plus e2 and e3 from the log");
+    for id in ["e1", "e2", "e3"] {
+        let record = store.event_by_id(&EventId::new(id)).expect("read");
+        assert!(record.is_some(), "{id} is stored");
+    }
+    let e2 = store
+        .event_by_id(&EventId::new("e2"))
+        .expect("read")
+        .expect("e2");
+    assert_eq!(e2.delivery.as_str(), "d2");
+    assert_eq!(e2.received_at, 2_000, "the original receive time is kept");
+    assert_eq!(
+        std::fs::metadata(&log_path).expect("log").len(),
+        0,
+        "log emptied"
+    );
+    // The delivery is known now: a retry is a duplicate.
+    assert!(accept(&store, &only_logged).duplicate_delivery);
+
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
+    assert_eq!(
+        store.pending().expect("pending").len(),
+        3,
+        "nothing replayed twice"
+    );
+}
+
+#[test]
+fn a_torn_log_tail_is_dropped_and_the_intact_records_recovered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let log_path = Store::open(&path, 8 * 1024 * 1024)
+        .expect("open")
+        .wal_path()
+        .to_owned();
+    let body = delivery("d1", &[("e1", "c1", 1)]);
+    write_log(&log_path, &[("d1", 1_000, raw_events(&body))]);
+    let intact = std::fs::metadata(&log_path).expect("log").len();
+    write_log(
+        &log_path,
+        &[("d2", 2_000, raw_events(&delivery("d2", &[("e2", "c1", 2)])))],
+    );
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log_path)
+        .expect("open log");
+    file.set_len(intact + 11).expect("tear");
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let ids: Vec<String> = store
+        .pending()
+        .expect("pending")
+        .iter()
+        .map(|(seq, _)| {
+            store
+                .event(*seq)
+                .expect("read")
+                .expect("rec")
+                .id
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids, vec!["e1".to_owned()]);
+}
+
+#[test]
+fn a_group_dedupes_within_itself_and_quarantines_invalid_events_of_new_deliveries_only() {
+    let (_d, store) = store();
+    let a = parse_delivery(&delivery("d1", &[("e1", "c1", 1)])).expect("valid");
+    let b = parse_delivery(&delivery("d2", &[("e1", "c1", 1), ("e2", "c1", 2)])).expect("valid");
+    let bad = [QuarantineRecord::new(
+        "event",
+        "invalid_event",
+        "why",
+        b"{}",
+        5,
+    )];
+    let requests = [
+        AcceptRequest {
+            delivery: &a.id,
+            events: &a.events,
+            invalid: &bad,
+            received_at: 5,
+        },
+        AcceptRequest {
+            delivery: &b.id,
+            events: &b.events,
+            invalid: &[],
+            received_at: 5,
+        },
+        // d1 again in the same group: a duplicate delivery, its invalid event not stored again.
+        AcceptRequest {
+            delivery: &a.id,
+            events: &a.events,
+            invalid: &bad,
+            received_at: 5,
+        },
+    ];
+    let out = store.accept_many(&requests).expect("accept");
+    assert_eq!(out[0].new.len(), 1);
+    assert_eq!(out[0].quarantined.len(), 1);
+    assert_eq!((out[1].new.len(), out[1].duplicate_events), (1, 1));
+    assert_eq!(out[1].new_index, vec![1]);
+    assert!(out[2].duplicate_delivery);
+    assert!(out[2].quarantined.is_empty());
+    assert_eq!(store.quarantined().expect("list").len(), 1);
+    assert_eq!(store.pending().expect("pending").len(), 2);
+}

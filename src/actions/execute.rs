@@ -1,0 +1,114 @@
+//! Carrying out one action: the one place that maps an [`Action`] to its Open API call.
+
+use super::Action;
+use crate::upstream::api::OpenApi;
+use crate::upstream::client::Execute;
+use crate::upstream::error::UpstreamError;
+use serde_json::Value;
+
+/// Why an action could not be carried out here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecuteError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// Internal actions are not upstream calls.
+    #[error("{0} is not carried out through the Open API")]
+    NotUpstream(&'static str),
+}
+
+/// Make the action's call, with `key` as its idempotency key; returns the answer as JSON.
+pub async fn execute<E: Execute>(
+    api: &OpenApi<E>,
+    action: &Action,
+    key: &str,
+) -> Result<Value, ExecuteError> {
+    fn json<T: serde::Serialize>(v: T) -> Value {
+        serde_json::to_value(v).unwrap_or(Value::Null)
+    }
+    let answer = match action {
+        Action::SetManual {
+            conversation_id,
+            enabled,
+        } => json(
+            api.set_manual(conversation_id.as_str(), *enabled, key)
+                .await?,
+        ),
+        Action::Navigate {
+            conversation_id,
+            flow_id,
+            node_id,
+        } => json(
+            api.set_navigation(conversation_id.as_str(), *flow_id, *node_id, key)
+                .await?,
+        ),
+        Action::UpdateParams {
+            conversation_id,
+            params,
+        } => json(
+            api.update_conversation(conversation_id.as_str(), params.clone(), key)
+                .await?,
+        ),
+        Action::SendMessage {
+            conversation_id,
+            message,
+            custom,
+        } => json(
+            api.send_conversation_message(
+                conversation_id.as_str(),
+                message.clone(),
+                custom.clone(),
+                key,
+            )
+            .await?,
+        ),
+        Action::SendToEndUser {
+            end_user_id,
+            message,
+            custom,
+        } => json(
+            api.send_end_user_message(end_user_id.as_str(), message.clone(), custom.clone(), key)
+                .await?,
+        ),
+        Action::PartnerUpdateConversation {
+            sender_key,
+            user_key,
+            update,
+        } => json(
+            api.pb_update_conversation(sender_key, user_key, update, key)
+                .await?,
+        ),
+        Action::PartnerBlock {
+            sender_key,
+            user_key,
+            reason,
+        } => json(
+            api.pb_block(sender_key, user_key, reason.clone(), key)
+                .await?,
+        ),
+        Action::PartnerUnblock {
+            sender_key,
+            user_key,
+        } => json(api.pb_unblock(sender_key, user_key, key).await?),
+        Action::PartnerRemoveSession {
+            sender_key,
+            user_key,
+        } => json(api.pb_remove_session(sender_key, user_key, key).await?),
+        Action::PartnerSendMessage {
+            sender_key,
+            user_key,
+            message,
+        } => json(
+            api.pb_send_message(sender_key, user_key, message.clone(), key)
+                .await?,
+        ),
+        Action::PartnerChannelSetting {
+            sender_key,
+            setting,
+        } => json(api.pb_update_setting(sender_key, setting, key).await?),
+        Action::SendNotification { request } => json(api.notify_send(request, key).await?),
+        Action::UpdateState { .. } | Action::NotifyHelpdesk { .. } => {
+            return Err(ExecuteError::NotUpstream(action.name()))
+        }
+    };
+    Ok(answer)
+}

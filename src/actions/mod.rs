@@ -1,0 +1,338 @@
+//! Actions: every side effect the bridge can take, as data.
+//!
+//! Rules decide actions; the fold stores them in the outbox in the same transaction as the state
+//! change (`store::Store::apply`); the executor (`outbox`) carries them out. Keeping an action
+//! plain data (serde, no closures) is what lets it be persisted, listed, retried and replayed.
+
+pub mod execute;
+
+use crate::ids::{ConversationId, EndUserId, EventId, PartitionKey};
+use crate::upstream::contract::{ChannelSetting, NotifyRequest, UpdatePbConversation};
+use crate::webhook::model::{MessageData, Millis};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// One side effect. Each external action maps to exactly one Open API call (see [`execute`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Action {
+    /// Turn the conversation's agent-connection ("manual") status on or off.
+    SetManual {
+        conversation_id: ConversationId,
+        enabled: bool,
+    },
+    /// Move the conversation to another flow (its first node without `node_id`).
+    Navigate {
+        conversation_id: ConversationId,
+        flow_id: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_id: Option<i64>,
+    },
+    /// Merge params into the conversation (`null` removes a key).
+    UpdateParams {
+        conversation_id: ConversationId,
+        params: Map<String, Value>,
+    },
+    /// Send a message into a conversation (text, media, cards, location, buttons).
+    SendMessage {
+        conversation_id: ConversationId,
+        message: MessageData,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        custom: Option<String>,
+    },
+    /// Send a message to an end user (their newest conversation).
+    SendToEndUser {
+        end_user_id: EndUserId,
+        message: MessageData,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        custom: Option<String>,
+    },
+    /// Partner messenger: change a counseling conversation's status, assignee or memo.
+    PartnerUpdateConversation {
+        sender_key: String,
+        user_key: String,
+        update: UpdatePbConversation,
+    },
+    PartnerBlock {
+        sender_key: String,
+        user_key: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    PartnerUnblock {
+        sender_key: String,
+        user_key: String,
+    },
+    PartnerRemoveSession {
+        sender_key: String,
+        user_key: String,
+    },
+    /// Partner messenger: relay a message to a user of the counseling channel.
+    PartnerSendMessage {
+        sender_key: String,
+        user_key: String,
+        message: MessageData,
+    },
+    PartnerChannelSetting {
+        sender_key: String,
+        setting: ChannelSetting,
+    },
+    /// A notification message from a template.
+    SendNotification { request: NotifyRequest },
+    /// Internal: change the conversation's own state. Applied in the fold itself, never queued.
+    UpdateState {
+        conversation_id: ConversationId,
+        #[serde(default)]
+        add_labels: Vec<String>,
+        #[serde(default)]
+        remove_labels: Vec<String>,
+        /// `null` removes a variable.
+        #[serde(default)]
+        variables: BTreeMap<String, Value>,
+    },
+    /// Internal: tell the help desk (carried out by the help-desk side).
+    NotifyHelpdesk {
+        conversation_id: ConversationId,
+        kind: String,
+        #[serde(default)]
+        payload: Value,
+    },
+}
+
+impl Action {
+    /// Stable name, for metrics, listings and config (`outbox.blocking`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::SetManual { .. } => "set_manual",
+            Action::Navigate { .. } => "navigate",
+            Action::UpdateParams { .. } => "update_params",
+            Action::SendMessage { .. } => "send_message",
+            Action::SendToEndUser { .. } => "send_to_end_user",
+            Action::PartnerUpdateConversation { .. } => "partner_update_conversation",
+            Action::PartnerBlock { .. } => "partner_block",
+            Action::PartnerUnblock { .. } => "partner_unblock",
+            Action::PartnerRemoveSession { .. } => "partner_remove_session",
+            Action::PartnerSendMessage { .. } => "partner_send_message",
+            Action::PartnerChannelSetting { .. } => "partner_channel_setting",
+            Action::SendNotification { .. } => "send_notification",
+            Action::UpdateState { .. } => "update_state",
+            Action::NotifyHelpdesk { .. } => "notify_helpdesk",
+        }
+    }
+
+    /// Every action name, for config validation.
+    pub const NAMES: [&'static str; 14] = [
+        "set_manual",
+        "navigate",
+        "update_params",
+        "send_message",
+        "send_to_end_user",
+        "partner_update_conversation",
+        "partner_block",
+        "partner_unblock",
+        "partner_remove_session",
+        "partner_send_message",
+        "partner_channel_setting",
+        "send_notification",
+        "update_state",
+        "notify_helpdesk",
+    ];
+
+    /// Applied to state inside the fold rather than queued.
+    pub fn is_internal_state(&self) -> bool {
+        matches!(self, Action::UpdateState { .. })
+    }
+
+    /// Where the action is ordered: actions of one queue run one at a time, in decision order.
+    /// Actions about a conversation queue behind that conversation; the others behind their
+    /// target (end user, partner user, channel, notification recipient).
+    pub fn queue(&self) -> String {
+        match self {
+            Action::SetManual {
+                conversation_id, ..
+            }
+            | Action::Navigate {
+                conversation_id, ..
+            }
+            | Action::UpdateParams {
+                conversation_id, ..
+            }
+            | Action::SendMessage {
+                conversation_id, ..
+            }
+            | Action::UpdateState {
+                conversation_id, ..
+            }
+            | Action::NotifyHelpdesk {
+                conversation_id, ..
+            } => PartitionKey::Conversation(conversation_id.clone()).encode(),
+            Action::SendToEndUser { end_user_id, .. } => {
+                PartitionKey::EndUser(end_user_id.clone()).encode()
+            }
+            Action::PartnerUpdateConversation {
+                sender_key,
+                user_key,
+                ..
+            }
+            | Action::PartnerBlock {
+                sender_key,
+                user_key,
+                ..
+            }
+            | Action::PartnerUnblock {
+                sender_key,
+                user_key,
+            }
+            | Action::PartnerRemoveSession {
+                sender_key,
+                user_key,
+            }
+            | Action::PartnerSendMessage {
+                sender_key,
+                user_key,
+                ..
+            } => format!("pb:{sender_key}:{user_key}"),
+            Action::PartnerChannelSetting { sender_key, .. } => format!("pb:{sender_key}"),
+            Action::SendNotification { request } => {
+                format!("notify:{}:{}", request.sender_key, request.recipient)
+            }
+        }
+    }
+}
+
+/// The stable id of a decided action: the same event, rule and position always give the same id,
+/// so a re-decided action (after a crash, or a replay) is recognised, and the upstream, which
+/// gets it as the idempotency key, applies it once.
+pub fn action_id(event: &EventId, rule: &str, index: usize) -> String {
+    format!("{event}/{rule}/{index}")
+}
+
+/// An action as decided for one event by one rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub rule: String,
+    pub action: Action,
+}
+
+/// What decides actions: event + state + clock in, decisions out. Pure (no I/O), so the fold can
+/// call it inside its transaction and tests can call it without a network. The rule engine
+/// implements it.
+pub trait Decide: Send + Sync {
+    /// Decisions for one event, given the conversation's state after the event was folded.
+    fn decide(
+        &self,
+        event: &crate::webhook::model::Event,
+        conversation: &crate::state::ConversationState,
+        now: Millis,
+    ) -> Vec<Decision>;
+}
+
+/// Decides nothing: the bridge only keeps state.
+pub struct NoRules;
+
+impl Decide for NoRules {
+    fn decide(
+        &self,
+        _: &crate::webhook::model::Event,
+        _: &crate::state::ConversationState,
+        _: Millis,
+    ) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// An outbox entry: a decided action waiting to be carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    /// Position in the outbox (global decision order).
+    pub seq: u64,
+    /// [`action_id`], also the idempotency key.
+    pub id: String,
+    pub queue: String,
+    pub event_id: EventId,
+    pub rule: String,
+    pub action: Action,
+    /// When the source event was received (for end-to-end latency).
+    pub received_at: Millis,
+    pub decided_at: Millis,
+}
+
+/// A finished entry, kept for the audit window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DoneRecord {
+    pub id: String,
+    pub seq: u64,
+    pub action: String,
+    pub queue: String,
+    pub attempts: u32,
+    pub done_at: Millis,
+    /// `done`, or `dropped` when an operator dropped its dead letter.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// An entry that could not be carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub entry: OutboxEntry,
+    /// Stable reason code: `http_<status>`, the service's error code, `retries_exhausted`,
+    /// `invalid_call`, `no_helpdesk`.
+    pub reason: String,
+    pub error: String,
+    pub attempts: u32,
+    pub first_attempt_at: Millis,
+    pub last_attempt_at: Millis,
+    /// Later entries of its queue wait for it (the action is configured as blocking).
+    pub blocking: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_round_trip_through_json_with_a_stable_tag() {
+        let a = Action::Navigate {
+            conversation_id: ConversationId::new("c1"),
+            flow_id: 5,
+            node_id: Some(40),
+        };
+        let json = serde_json::to_value(&a).expect("json");
+        assert_eq!(json["type"], "navigate");
+        assert_eq!(json["flow_id"], 5);
+        let back: Action = serde_json::from_value(json).expect("back");
+        assert_eq!(back, a);
+        assert_eq!(a.name(), "navigate");
+        assert!(Action::NAMES.contains(&a.name()));
+    }
+
+    #[test]
+    fn ids_are_stable_and_distinct_per_rule_and_position() {
+        let e = EventId::new("ev-1");
+        assert_eq!(action_id(&e, "handoff", 0), action_id(&e, "handoff", 0));
+        assert_ne!(action_id(&e, "handoff", 0), action_id(&e, "handoff", 1));
+        assert_ne!(action_id(&e, "handoff", 0), action_id(&e, "greet", 0));
+    }
+
+    #[test]
+    fn conversation_actions_share_their_conversation_queue() {
+        let c = ConversationId::new("c1");
+        let manual = Action::SetManual {
+            conversation_id: c.clone(),
+            enabled: true,
+        };
+        let nav = Action::Navigate {
+            conversation_id: c,
+            flow_id: 1,
+            node_id: None,
+        };
+        assert_eq!(manual.queue(), nav.queue());
+        let other = Action::PartnerUnblock {
+            sender_key: "s".into(),
+            user_key: "u".into(),
+        };
+        assert_ne!(other.queue(), manual.queue());
+    }
+}

@@ -1,0 +1,177 @@
+//! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
+
+use crate::app::Shared;
+use crate::http_error::ApiError;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
+    scope
+        .route("/outbox", web::get().to(list_outbox))
+        .route("/outbox/pause", web::post().to(pause))
+        .route("/outbox/resume", web::post().to(resume))
+        .route("/outbox/idle", web::get().to(idle))
+        .route("/dead-letters", web::get().to(list_dead))
+        .route("/dead-letters/retry", web::post().to(retry_all))
+        .route("/dead-letters/{id}", web::get().to(show_dead))
+        .route("/dead-letters/{id}", web::delete().to(drop_dead))
+        .route("/dead-letters/{id}/retry", web::post().to(retry_dead))
+}
+
+fn store_error(e: crate::store::StoreError) -> ApiError {
+    tracing::error!(error = %e, "outbox admin: store failed");
+    ApiError::unavailable("the store cannot be used now")
+}
+
+fn parse_id(text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "dead-letter id must be a number",
+        )
+    })
+}
+
+fn not_found(id: u64) -> ApiError {
+    ApiError::not_found(format!("no dead letter {id}"))
+}
+
+async fn list_outbox(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let entries = shared.store.outbox().map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(json!({
+        "paused": shared.executor.is_paused(),
+        "depth": entries.len(),
+        "entries": entries,
+    })))
+}
+
+async fn pause(shared: web::Data<Shared>) -> HttpResponse {
+    shared.executor.pause();
+    tracing::info!("outbox execution paused by an operator");
+    HttpResponse::Ok().json(json!({"paused": true}))
+}
+
+async fn resume(shared: web::Data<Shared>) -> HttpResponse {
+    shared.executor.resume();
+    tracing::info!("outbox execution resumed by an operator");
+    HttpResponse::Ok().json(json!({"paused": false}))
+}
+
+#[derive(Deserialize)]
+struct IdleQuery {
+    timeout_ms: Option<u64>,
+}
+
+/// Wait until no action is pending (for scripts and tests): 200 when idle, 504 on timeout.
+async fn idle(shared: web::Data<Shared>, q: web::Query<IdleQuery>) -> HttpResponse {
+    let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
+    let idle = shared.executor.wait_idle(timeout).await;
+    let body = json!({"idle": idle, "depth": shared.executor.depth()});
+    if idle {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::GatewayTimeout().json(body)
+    }
+}
+
+async fn list_dead(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let letters = shared.store.dead_letters().map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(json!({ "count": letters.len(), "dead_letters": letters })))
+}
+
+async fn show_dead(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    match shared.store.dead_letter(id).map_err(store_error)? {
+        Some(letter) => Ok(HttpResponse::Ok().json(letter)),
+        None => Err(not_found(id)),
+    }
+}
+
+async fn retry_dead(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let entry = retry_one(&shared, id).await?.ok_or_else(|| not_found(id))?;
+    Ok(HttpResponse::Ok().json(json!({ "retried": [entry.seq] })))
+}
+
+async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let letters = shared.store.dead_letters().map_err(store_error)?;
+    let mut retried = Vec::new();
+    for letter in letters {
+        if let Some(entry) = retry_one(&shared, letter.entry.seq).await? {
+            retried.push(entry.seq);
+        }
+    }
+    Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
+}
+
+/// Back to the outbox (durably), then to the executor.
+async fn retry_one(
+    shared: &Shared,
+    id: u64,
+) -> Result<Option<crate::actions::OutboxEntry>, ApiError> {
+    let now = crate::clock::now_millis();
+    let Some(entry) = shared
+        .store
+        .retry_dead_letter(id, now)
+        .map_err(store_error)?
+    else {
+        return Ok(None);
+    };
+    shared
+        .writer
+        .flush()
+        .await
+        .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
+    shared.metrics.dead_letter_entries.dec();
+    tracing::info!(action_id = %entry.id, "dead letter retried by an operator");
+    shared.executor.retried(entry.clone());
+    Ok(Some(entry))
+}
+
+#[derive(Deserialize)]
+struct DropQuery {
+    reason: Option<String>,
+}
+
+async fn drop_dead(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+    q: web::Query<DropQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id)?;
+    let reason = q
+        .into_inner()
+        .reason
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "reason_required",
+                "dropping a dead letter needs a reason (?reason=...)",
+            )
+        })?;
+    let now = crate::clock::now_millis();
+    let letter = shared
+        .store
+        .drop_dead_letter(id, &reason, now)
+        .map_err(store_error)?
+        .ok_or_else(|| not_found(id))?;
+    shared
+        .writer
+        .flush()
+        .await
+        .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
+    shared.metrics.dead_letter_entries.dec();
+    tracing::info!(action_id = %letter.entry.id, reason = %reason, "dead letter dropped by an operator");
+    shared.executor.dropped(letter.entry.queue.clone());
+    Ok(HttpResponse::Ok().json(json!({ "dropped": id, "reason": reason })))
+}

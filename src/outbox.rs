@@ -1,0 +1,531 @@
+//! The executor: carries out outbox entries through the Open API client, in decision order within
+//! a queue (a conversation, an end user, a partner-messenger user...) and in parallel across
+//! queues, with bounded concurrency.
+//!
+//! The outbox in sled is the executor's position: an entry leaves it only in the transaction that
+//! records its outcome (done or dead letter). A crash before that point means the entry runs again
+//! on the next start, with the same idempotency key, so the upstream applies it once. The
+//! in-memory queues are a cache of the outbox, rebuilt on start.
+
+use crate::actions::execute::{execute, ExecuteError};
+use crate::actions::{DeadLetter, OutboxEntry};
+use crate::ops::metrics::Metrics;
+use crate::store::{Store, StoreError};
+use crate::upstream::api::OpenApi;
+use crate::upstream::error::UpstreamError;
+use crate::upstream::handle::UpstreamHandle;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// Pause before an entry whose outcome could not be recorded is tried again.
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+pub struct ExecutorSettings {
+    /// Entries carried out at once (each from a different queue).
+    pub concurrency: usize,
+    /// Action names whose dead letter halts the rest of its queue until retried or dropped.
+    pub blocking: HashSet<String>,
+    /// Above this many pending entries `/readyz` reports the outbox as backed up.
+    pub max_depth: usize,
+}
+
+enum Msg {
+    Entries(Vec<OutboxEntry>),
+    /// A blocking dead letter of this queue was retried or dropped.
+    Unblock(String),
+    /// Re-check (after resume).
+    Wake,
+}
+
+/// Hands entries to the executor and controls it. Cloning is cheap.
+#[derive(Clone)]
+pub struct ExecutorHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    paused: Arc<AtomicBool>,
+    depth: Arc<AtomicUsize>,
+    max_depth: usize,
+    /// Changes whenever the executor's pending count changes.
+    progress: watch::Receiver<usize>,
+}
+
+impl ExecutorHandle {
+    /// Hand over entries that are durable in the outbox.
+    pub fn notify(&self, entries: Vec<OutboxEntry>) {
+        if !entries.is_empty() {
+            let _ = self.tx.send(Msg::Entries(entries));
+        }
+    }
+
+    /// A dead letter went back to the outbox: run it (and what waited behind it).
+    pub fn retried(&self, entry: OutboxEntry) {
+        let queue = entry.queue.clone();
+        let _ = self.tx.send(Msg::Entries(vec![entry]));
+        let _ = self.tx.send(Msg::Unblock(queue));
+    }
+
+    /// A dead letter was dropped: its queue goes on.
+    pub fn dropped(&self, queue: String) {
+        let _ = self.tx.send(Msg::Unblock(queue));
+    }
+
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        let _ = self.tx.send(Msg::Wake);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Pending entries (queued or running).
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::SeqCst)
+    }
+
+    /// More pending entries than the configured limit.
+    pub fn backed_up(&self) -> bool {
+        self.depth() > self.max_depth
+    }
+
+    /// Wait until nothing is pending (every entry done or dead), or the timeout passes.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let mut progress = self.progress.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if *progress.borrow_and_update() == 0 {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return *self.progress.borrow() == 0,
+            }
+        }
+    }
+}
+
+/// Start the executor on the current runtime: it loads the outbox, then runs until `stop`.
+pub fn start(
+    store: Store,
+    api: OpenApi<UpstreamHandle>,
+    metrics: Metrics,
+    settings: ExecutorSettings,
+    stop: watch::Receiver<bool>,
+) -> Result<(ExecutorHandle, tokio::task::JoinHandle<()>), StoreError> {
+    let mut queues = Queues::default();
+    for entry in store.outbox()? {
+        queues.push(entry);
+    }
+    for letter in store.dead_letters()? {
+        if letter.blocking {
+            queues.blocked.insert(letter.entry.queue.clone());
+        }
+    }
+    metrics
+        .dead_letter_entries
+        .set(store.dead_letters()?.len() as i64);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (progress_tx, progress) = watch::channel(queues.depth);
+    let handle = ExecutorHandle {
+        tx,
+        paused: Arc::new(AtomicBool::new(false)),
+        depth: Arc::new(AtomicUsize::new(queues.depth)),
+        max_depth: settings.max_depth,
+        progress,
+    };
+    if queues.depth > 0 {
+        tracing::info!(pending = queues.depth, "resuming the outbox");
+    }
+    let runner = Runner {
+        store,
+        api,
+        metrics,
+        settings,
+        handle: handle.clone(),
+        progress: progress_tx,
+    };
+    let task = tokio::spawn(runner.run(queues, rx, stop));
+    Ok((handle, task))
+}
+
+#[derive(Default)]
+struct Queues {
+    pending: HashMap<String, BTreeMap<u64, OutboxEntry>>,
+    ready: VecDeque<String>,
+    busy: HashSet<String>,
+    blocked: HashSet<String>,
+    depth: usize,
+}
+
+impl Queues {
+    fn push(&mut self, entry: OutboxEntry) {
+        let queue = entry.queue.clone();
+        let entries = self.pending.entry(queue.clone()).or_default();
+        let was_empty = entries.is_empty();
+        if entries.insert(entry.seq, entry).is_none() {
+            self.depth += 1;
+        }
+        if was_empty && !self.busy.contains(&queue) && !self.blocked.contains(&queue) {
+            self.ready.push_back(queue);
+        }
+    }
+
+    /// The first entry of the next queue that is neither running nor blocked.
+    fn next(&mut self) -> Option<OutboxEntry> {
+        while let Some(queue) = self.ready.pop_front() {
+            if self.busy.contains(&queue) || self.blocked.contains(&queue) {
+                continue;
+            }
+            let Some(entries) = self.pending.get_mut(&queue) else {
+                continue;
+            };
+            let Some((_, entry)) = entries.pop_first() else {
+                self.pending.remove(&queue);
+                continue;
+            };
+            if entries.is_empty() {
+                self.pending.remove(&queue);
+            }
+            self.busy.insert(queue);
+            return Some(entry);
+        }
+        None
+    }
+
+    /// The running entry of `queue` finished; `retry` puts it back at the front.
+    fn finish(&mut self, queue: String, outcome: &Outcome, entry: Option<OutboxEntry>) {
+        self.busy.remove(&queue);
+        match outcome {
+            Outcome::Again => {
+                if let Some(entry) = entry {
+                    self.pending
+                        .entry(queue.clone())
+                        .or_default()
+                        .insert(entry.seq, entry);
+                }
+            }
+            Outcome::Done | Outcome::Dead { blocking: false } => {
+                self.depth = self.depth.saturating_sub(1)
+            }
+            Outcome::Dead { blocking: true } => {
+                self.depth = self.depth.saturating_sub(1);
+                self.blocked.insert(queue.clone());
+            }
+        }
+        self.requeue(queue);
+    }
+
+    fn requeue(&mut self, queue: String) {
+        if !self.blocked.contains(&queue)
+            && !self.busy.contains(&queue)
+            && self.pending.get(&queue).is_some_and(|q| !q.is_empty())
+        {
+            self.ready.push_back(queue);
+        }
+    }
+
+    fn oldest_decided_at(&self) -> Option<i64> {
+        self.pending
+            .values()
+            .filter_map(|q| q.values().next().map(|e| e.decided_at))
+            .min()
+    }
+}
+
+enum Outcome {
+    Done,
+    Dead {
+        blocking: bool,
+    },
+    /// Not finished (the outcome could not be recorded, or the client stopped): run it again.
+    Again,
+}
+
+struct Runner {
+    store: Store,
+    api: OpenApi<UpstreamHandle>,
+    metrics: Metrics,
+    settings: ExecutorSettings,
+    handle: ExecutorHandle,
+    progress: watch::Sender<usize>,
+}
+
+impl Runner {
+    async fn run(
+        self,
+        mut queues: Queues,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let runner = Arc::new(self);
+        let mut inflight: JoinSet<(String, Outcome, Option<OutboxEntry>)> = JoinSet::new();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            while !runner.handle.is_paused() && inflight.len() < runner.settings.concurrency.max(1)
+            {
+                let Some(entry) = queues.next() else {
+                    break;
+                };
+                let runner = runner.clone();
+                let span = tracing::info_span!("action", action_id = %entry.id, event_id = %entry.event_id, queue = %entry.queue, action = entry.action.name());
+                inflight.spawn(tracing::Instrument::instrument(
+                    async move { runner.carry_out(entry).await },
+                    span,
+                ));
+            }
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(Msg::Entries(entries)) => {
+                        for e in entries {
+                            queues.push(e);
+                        }
+                    }
+                    Some(Msg::Unblock(queue)) => {
+                        queues.blocked.remove(&queue);
+                        queues.requeue(queue);
+                    }
+                    Some(Msg::Wake) => {}
+                    None => break,
+                },
+                Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
+                    Ok((queue, outcome, entry)) => queues.finish(queue, &outcome, entry),
+                    Err(e) => tracing::error!(error = %e, "action task failed"),
+                },
+                _ = stop.changed() => {}
+            }
+            runner.publish(&queues);
+        }
+        // Shutdown: calls in flight finish (bounded by the client's timeouts); queued entries stay
+        // in the outbox for the next start.
+        while let Some(joined) = inflight.join_next().await {
+            if let Ok((queue, outcome, entry)) = joined {
+                queues.finish(queue, &outcome, entry);
+            }
+        }
+        runner.publish(&queues);
+        tracing::info!(left_in_outbox = queues.depth, "executor stopped");
+    }
+
+    fn publish(&self, queues: &Queues) {
+        self.handle.depth.store(queues.depth, Ordering::SeqCst);
+        self.metrics.outbox_depth.set(queues.depth as i64);
+        let age = queues.oldest_decided_at().map_or(0.0, |at| {
+            (crate::clock::now_millis() - at).max(0) as f64 / 1000.0
+        });
+        self.metrics.outbox_oldest_seconds.set(age);
+        self.progress.send_if_modified(|d| {
+            let changed = *d != queues.depth;
+            *d = queues.depth;
+            changed
+        });
+    }
+
+    /// Make the call and record the outcome. Returns the entry when it must run again.
+    async fn carry_out(
+        self: Arc<Self>,
+        entry: OutboxEntry,
+    ) -> (String, Outcome, Option<OutboxEntry>) {
+        let queue = entry.queue.clone();
+        let first_attempt_at = crate::clock::now_millis();
+        let result = execute(&self.api, &entry.action, &entry.id).await;
+        let now = crate::clock::now_millis();
+        let name = entry.action.name();
+        let (status, failure) = match &result {
+            Ok(_) => ("ok".to_owned(), None),
+            Err(e) => {
+                let (status, reason) = classify(e);
+                (status, reason)
+            }
+        };
+        self.metrics
+            .action_attempts
+            .with_label_values(&[name, &status])
+            .inc();
+        let store = self.store.clone();
+        let recorded = match (result, failure) {
+            (Ok(_), _) => {
+                self.metrics
+                    .action_latency_seconds
+                    .observe((now - entry.received_at).max(0) as f64 / 1000.0);
+                tracing::info!("action carried out");
+                let e = entry.clone();
+                tokio::task::spawn_blocking(move || {
+                    store.outbox_done(&e, 1, now).map(|()| Outcome::Done)
+                })
+                .await
+            }
+            (Err(_), None) => {
+                // The client stopped (shutdown): leave the entry for the next start.
+                return (queue, Outcome::Again, Some(entry));
+            }
+            (Err(e), Some(reason)) => {
+                let blocking = self.settings.blocking.contains(name);
+                tracing::warn!(reason = %reason, error = %e, blocking, "action failed; moved to dead letters");
+                let letter = DeadLetter {
+                    entry: entry.clone(),
+                    reason: reason.clone(),
+                    error: e.to_string(),
+                    attempts: 1,
+                    first_attempt_at,
+                    last_attempt_at: now,
+                    blocking,
+                };
+                let metrics = self.metrics.clone();
+                tokio::task::spawn_blocking(move || {
+                    store.outbox_dead(&letter).map(|()| {
+                        metrics.dead_letters.with_label_values(&[&reason]).inc();
+                        metrics.dead_letter_entries.inc();
+                        Outcome::Dead { blocking }
+                    })
+                })
+                .await
+            }
+        };
+        match recorded {
+            Ok(Ok(outcome)) => (queue, outcome, None),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot record the action's outcome; it will run again");
+                tokio::time::sleep(STORE_RETRY_PAUSE).await;
+                (queue, Outcome::Again, Some(entry))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording the action's outcome failed");
+                (queue, Outcome::Again, Some(entry))
+            }
+        }
+    }
+}
+
+/// The metric status of a failed attempt, and its dead-letter reason (`None`: not a failure of
+/// the action, run it again later).
+fn classify(e: &ExecuteError) -> (String, Option<String>) {
+    match e {
+        ExecuteError::NotUpstream(_) => ("no_helpdesk".into(), Some("no_helpdesk".into())),
+        ExecuteError::Upstream(u) => match u {
+            UpstreamError::Stopped => ("stopped".into(), None),
+            UpstreamError::Status { status, code, .. } => {
+                let label = format!("http_{status}");
+                if u.is_retryable() {
+                    (label, Some("retries_exhausted".into()))
+                } else if code.is_empty() || code.starts_with("http_") {
+                    (label.clone(), Some(label))
+                } else {
+                    (label, Some(code.clone()))
+                }
+            }
+            UpstreamError::Connect(_) => ("connect".into(), Some("retries_exhausted".into())),
+            UpstreamError::Timeout => ("timeout".into(), Some("retries_exhausted".into())),
+            UpstreamError::Transport(_) => ("transport".into(), Some("retries_exhausted".into())),
+            UpstreamError::Decode(_) => ("bad_answer".into(), Some("bad_answer".into())),
+            UpstreamError::InvalidCall(_) => ("invalid_call".into(), Some("invalid_call".into())),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actions::Action;
+    use crate::ids::{ConversationId, EventId};
+
+    fn entry(seq: u64, queue: &str) -> OutboxEntry {
+        OutboxEntry {
+            seq,
+            id: format!("e{seq}/r/0"),
+            queue: queue.into(),
+            event_id: EventId::new(format!("e{seq}")),
+            rule: "r".into(),
+            action: Action::SetManual {
+                conversation_id: ConversationId::new(queue),
+                enabled: true,
+            },
+            received_at: 0,
+            decided_at: seq as i64,
+        }
+    }
+
+    #[test]
+    fn one_entry_per_queue_runs_at_a_time_in_order() {
+        let mut q = Queues::default();
+        q.push(entry(2, "a"));
+        q.push(entry(1, "a"));
+        q.push(entry(3, "b"));
+        assert_eq!(q.next().map(|e| e.seq), Some(1));
+        assert_eq!(q.next().map(|e| e.seq), Some(3));
+        assert!(q.next().is_none(), "a's next waits for a's first");
+        q.finish("a".into(), &Outcome::Done, None);
+        assert_eq!(q.next().map(|e| e.seq), Some(2));
+        assert_eq!(q.depth, 2);
+        assert_eq!(q.oldest_decided_at(), None, "everything left is running");
+    }
+
+    #[test]
+    fn a_blocking_dead_letter_halts_its_queue_until_unblocked() {
+        let mut q = Queues::default();
+        q.push(entry(1, "a"));
+        q.push(entry(2, "a"));
+        q.push(entry(3, "b"));
+        let first = q.next().expect("a1");
+        q.finish(first.queue.clone(), &Outcome::Dead { blocking: true }, None);
+        assert_eq!(q.next().map(|e| e.seq), Some(3), "b goes on");
+        assert!(q.next().is_none(), "a is blocked");
+        q.blocked.remove("a");
+        q.requeue("a".into());
+        assert_eq!(q.next().map(|e| e.seq), Some(2));
+    }
+
+    #[test]
+    fn an_entry_that_must_run_again_keeps_its_place() {
+        let mut q = Queues::default();
+        q.push(entry(1, "a"));
+        q.push(entry(2, "a"));
+        let first = q.next().expect("a1");
+        q.finish("a".into(), &Outcome::Again, Some(first));
+        assert_eq!(q.next().map(|e| e.seq), Some(1));
+        assert_eq!(q.depth, 2);
+    }
+
+    #[test]
+    fn failures_are_classified_into_stable_reasons() {
+        let status = |s: u16, code: &str| {
+            ExecuteError::Upstream(UpstreamError::Status {
+                status: s,
+                code: code.into(),
+                message: String::new(),
+                body: String::new(),
+                retry_after: None,
+            })
+        };
+        assert_eq!(
+            classify(&status(404, "not_found")).1.as_deref(),
+            Some("not_found")
+        );
+        assert_eq!(
+            classify(&status(400, "http_400")).1.as_deref(),
+            Some("http_400")
+        );
+        assert_eq!(
+            classify(&status(503, "x")).1.as_deref(),
+            Some("retries_exhausted")
+        );
+        assert_eq!(
+            classify(&ExecuteError::Upstream(UpstreamError::Stopped)).1,
+            None
+        );
+        assert_eq!(
+            classify(&ExecuteError::NotUpstream("notify_helpdesk"))
+                .1
+                .as_deref(),
+            Some("no_helpdesk")
+        );
+    }
+}

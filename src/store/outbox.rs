@@ -1,0 +1,173 @@
+//! The outbox, dead letters and the action ledger in sled.
+//!
+//! - `outbox`: seq -> [`OutboxEntry`], decided actions not yet carried out;
+//! - `dead_letters`: seq -> [`DeadLetter`], entries that failed for good (same seq as in the outbox);
+//! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
+//!   window), so a re-decided action is recognised and never queued twice.
+//!
+//! Entries enter the outbox only in the fold transaction (`Store::apply`). Moving an entry out of
+//! the outbox and recording its outcome is one transaction, so an entry is either pending or
+//! finished, never both or neither.
+
+use super::{decode, encode, keys, Store, StoreError};
+use crate::actions::{DeadLetter, OutboxEntry};
+use crate::webhook::model::Millis;
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+
+/// Where an action stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionStatus {
+    /// `pending`, `done`, `dead` or `dropped`.
+    pub state: String,
+    pub seq: u64,
+    pub at: Millis,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl ActionStatus {
+    pub(super) fn pending(seq: u64, at: Millis) -> Self {
+        ActionStatus {
+            state: "pending".into(),
+            seq,
+            at,
+            attempts: 0,
+            note: None,
+        }
+    }
+}
+
+impl Store {
+    /// Every pending outbox entry, in decision order (used on start).
+    pub fn outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.outbox
+            .iter()
+            .map(|item| decode(&item?.1, "outbox entry"))
+            .collect()
+    }
+
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
+        self.dead_letters
+            .iter()
+            .map(|item| decode(&item?.1, "dead letter"))
+            .collect()
+    }
+
+    pub fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
+        self.dead_letters
+            .get(keys::seq(seq))?
+            .map(|b| decode(&b, "dead letter"))
+            .transpose()
+    }
+
+    pub fn action_status(&self, id: &str) -> Result<Option<ActionStatus>, StoreError> {
+        self.actions
+            .get(id.as_bytes())?
+            .map(|b| decode(&b, "action status"))
+            .transpose()
+    }
+
+    /// The entry was carried out: it leaves the outbox and the ledger says `done`.
+    pub fn outbox_done(
+        &self,
+        entry: &OutboxEntry,
+        attempts: u32,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let status = ActionStatus {
+            state: "done".into(),
+            seq: entry.seq,
+            at: now,
+            attempts,
+            note: None,
+        };
+        let status = encode(&status)?;
+        (&self.outbox, &self.actions).transaction(|(outbox, actions)| {
+            outbox.remove(&keys::seq(entry.seq))?;
+            actions.insert(entry.id.as_bytes(), status.as_slice())?;
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// The entry failed for good: it moves from the outbox to the dead letters.
+    pub fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        let status = ActionStatus {
+            state: "dead".into(),
+            seq: letter.entry.seq,
+            at: letter.last_attempt_at,
+            attempts: letter.attempts,
+            note: Some(letter.reason.clone()),
+        };
+        let (status, bytes) = (encode(&status)?, encode(letter)?);
+        let seq = keys::seq(letter.entry.seq);
+        (&self.outbox, &self.dead_letters, &self.actions).transaction(
+            |(outbox, dead, actions)| {
+                outbox.remove(&seq)?;
+                dead.insert(&seq, bytes.as_slice())?;
+                actions.insert(letter.entry.id.as_bytes(), status.as_slice())?;
+                Ok(())
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Put a dead letter back in the outbox (same seq and id, so the same idempotency key).
+    pub fn retry_dead_letter(
+        &self,
+        seq: u64,
+        now: Millis,
+    ) -> Result<Option<OutboxEntry>, StoreError> {
+        let Some(letter) = self.dead_letter(seq)? else {
+            return Ok(None);
+        };
+        let entry = letter.entry;
+        let (status, bytes) = (
+            encode(&ActionStatus::pending(entry.seq, now))?,
+            encode(&entry)?,
+        );
+        let key = keys::seq(seq);
+        (&self.outbox, &self.dead_letters, &self.actions).transaction(
+            |(outbox, dead, actions)| {
+                dead.remove(&key)?;
+                outbox.insert(&key, bytes.as_slice())?;
+                actions.insert(entry.id.as_bytes(), status.as_slice())?;
+                Ok(())
+            },
+        )?;
+        Ok(Some(entry))
+    }
+
+    /// Remove a dead letter for good; the ledger keeps why.
+    pub fn drop_dead_letter(
+        &self,
+        seq: u64,
+        reason: &str,
+        now: Millis,
+    ) -> Result<Option<DeadLetter>, StoreError> {
+        let Some(letter) = self.dead_letter(seq)? else {
+            return Ok(None);
+        };
+        let status = encode(&ActionStatus {
+            state: "dropped".into(),
+            seq,
+            at: now,
+            attempts: letter.attempts,
+            note: Some(reason.to_owned()),
+        })?;
+        let key = keys::seq(seq);
+        (&self.dead_letters, &self.actions).transaction(|(dead, actions)| {
+            dead.remove(&key)?;
+            actions.insert(letter.entry.id.as_bytes(), status.as_slice())?;
+            Ok(())
+        })?;
+        Ok(Some(letter))
+    }
+}
