@@ -121,7 +121,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let writer = Writer::start(
         store.clone(),
         WriterHooks {
-            observe: Box::new(move |took, deliveries, _sled_flushed| {
+            observe: Box::new(move |took, deliveries| {
                 flush_metrics.flush_seconds.observe(took.as_secs_f64());
                 flush_metrics.flush_writers.observe(deliveries as f64);
             }),

@@ -387,7 +387,6 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
 /// next start then runs what was retried).
 fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
     let now = crate::clock::now_millis();
-    let flushed = |store: &Store| store.flush();
     match action {
         DlqCommand::List => {
             let value = read(config, "GET", "/admin/v1/dead-letters", |store| {
@@ -430,7 +429,7 @@ fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
                         retried.push(id);
                     }
                 }
-                flushed(store)?;
+                store.flush()?;
                 Ok((wanted.is_none() || !retried.is_empty())
                     .then(|| serde_json::json!({ "retried": retried })))
             })?;
@@ -445,7 +444,7 @@ fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
             let path = format!("/admin/v1/dead-letters/{id}?reason={}", enc(&reason));
             let value = read(config, "DELETE", &path, |store| {
                 let dropped = store.drop_dead_letter(id, &reason, now)?;
-                flushed(store)?;
+                store.flush()?;
                 Ok(dropped.map(|_| serde_json::json!({ "dropped": id, "reason": reason })))
             })?;
             print_found(value, || format!("no dead letter {id}"))

@@ -305,22 +305,15 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
                 failed.push(seq);
                 continue;
             }
-            match entry {
-                Some(entry) => {
-                    let (at, event) = *entry;
+            match entry.map_or_else(|| load(store, metrics, seq), Loaded::Event) {
+                Loaded::Event(typed) => {
+                    let (at, event) = *typed;
                     received.push(at);
                     batch.push((seq, event));
                     owner.push(index);
                 }
-                None => match load(store, metrics, seq) {
-                    Loaded::Event(at, event) => {
-                        received.push(at);
-                        batch.push((seq, *event));
-                        owner.push(index);
-                    }
-                    Loaded::Quarantined => done += 1,
-                    Loaded::Failed => failed.push(seq),
-                },
+                Loaded::Quarantined => done += 1,
+                Loaded::Failed => failed.push(seq),
             }
         }
         results.push((partition, done, failed));
@@ -370,7 +363,7 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
 }
 
 enum Loaded {
-    Event(Millis, Box<Event>),
+    Event(Box<(Millis, Event)>),
     /// Unreadable: quarantined and out of the inbox.
     Quarantined,
     /// The store failed: try again later.
@@ -381,7 +374,7 @@ enum Loaded {
 fn load(store: &Store, metrics: &Metrics, seq: u64) -> Loaded {
     match store.event(seq) {
         Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
-            Ok(event) => Loaded::Event(record.received_at, Box::new(event)),
+            Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
             // Only possible if a newer model is stricter than the one that accepted it.
             Err(e) => {
                 match quarantine_unreadable(store, metrics, seq, record.event.get(), &e.to_string())

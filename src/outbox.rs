@@ -123,14 +123,13 @@ pub fn start(
     for entry in store.outbox()? {
         queues.push(entry);
     }
-    for letter in store.dead_letters()? {
+    let letters = store.dead_letters()?;
+    for letter in &letters {
         if letter.blocking {
             queues.blocked.insert(letter.entry.queue.clone());
         }
     }
-    metrics
-        .dead_letter_entries
-        .set(store.dead_letters()?.len() as i64);
+    metrics.dead_letter_entries.set(letters.len() as i64);
     let (tx, rx) = mpsc::unbounded_channel();
     let (progress_tx, progress) = watch::channel(queues.depth);
     let handle = ExecutorHandle {
@@ -199,17 +198,15 @@ impl Queues {
         None
     }
 
-    /// The running entry of `queue` finished; `retry` puts it back at the front.
-    fn finish(&mut self, queue: String, outcome: &Outcome, entry: Option<OutboxEntry>) {
+    /// The running entry of `queue` finished; `Again` puts it back at the front.
+    fn finish(&mut self, queue: String, outcome: Outcome) {
         self.busy.remove(&queue);
         match outcome {
-            Outcome::Again => {
-                if let Some(entry) = entry {
-                    self.pending
-                        .entry(queue.clone())
-                        .or_default()
-                        .insert(entry.seq, entry);
-                }
+            Outcome::Again(entry) => {
+                self.pending
+                    .entry(queue.clone())
+                    .or_default()
+                    .insert(entry.seq, *entry);
             }
             Outcome::Done | Outcome::Dead { blocking: false } => {
                 self.depth = self.depth.saturating_sub(1)
@@ -245,7 +242,7 @@ enum Outcome {
         blocking: bool,
     },
     /// Not finished (the outcome could not be recorded, or the client stopped): run it again.
-    Again,
+    Again(Box<OutboxEntry>),
 }
 
 struct Runner {
@@ -265,7 +262,7 @@ impl Runner {
         mut stop: watch::Receiver<bool>,
     ) {
         let runner = Arc::new(self);
-        let mut inflight: JoinSet<(String, Outcome, Option<OutboxEntry>)> = JoinSet::new();
+        let mut inflight: JoinSet<(String, Outcome)> = JoinSet::new();
         loop {
             if *stop.borrow() {
                 break;
@@ -297,7 +294,7 @@ impl Runner {
                     None => break,
                 },
                 Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
-                    Ok((queue, outcome, entry)) => queues.finish(queue, &outcome, entry),
+                    Ok((queue, outcome)) => queues.finish(queue, outcome),
                     Err(e) => tracing::error!(error = %e, "action task failed"),
                 },
                 _ = stop.changed() => {}
@@ -307,8 +304,8 @@ impl Runner {
         // Shutdown: calls in flight finish (bounded by the client's timeouts); queued entries stay
         // in the outbox for the next start.
         while let Some(joined) = inflight.join_next().await {
-            if let Ok((queue, outcome, entry)) = joined {
-                queues.finish(queue, &outcome, entry);
+            if let Ok((queue, outcome)) = joined {
+                queues.finish(queue, outcome);
             }
         }
         runner.publish(&queues);
@@ -330,10 +327,7 @@ impl Runner {
     }
 
     /// Make the call and record the outcome. Returns the entry when it must run again.
-    async fn carry_out(
-        self: Arc<Self>,
-        entry: OutboxEntry,
-    ) -> (String, Outcome, Option<OutboxEntry>) {
+    async fn carry_out(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
         let queue = entry.queue.clone();
         let first_attempt_at = crate::clock::now_millis();
         let result = execute(&self.api, &entry.action, &entry.id).await;
@@ -341,10 +335,7 @@ impl Runner {
         let name = entry.action.name();
         let (status, failure) = match &result {
             Ok(_) => ("ok".to_owned(), None),
-            Err(e) => {
-                let (status, reason) = classify(e);
-                (status, reason)
-            }
+            Err(e) => classify(e),
         };
         self.metrics
             .action_attempts
@@ -365,7 +356,7 @@ impl Runner {
             }
             (Err(_), None) => {
                 // The client stopped (shutdown): leave the entry for the next start.
-                return (queue, Outcome::Again, Some(entry));
+                return (queue, Outcome::Again(Box::new(entry)));
             }
             (Err(e), Some(reason)) => {
                 let blocking = self.settings.blocking.contains(name);
@@ -391,15 +382,15 @@ impl Runner {
             }
         };
         match recorded {
-            Ok(Ok(outcome)) => (queue, outcome, None),
+            Ok(Ok(outcome)) => (queue, outcome),
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "cannot record the action's outcome; it will run again");
                 tokio::time::sleep(STORE_RETRY_PAUSE).await;
-                (queue, Outcome::Again, Some(entry))
+                (queue, Outcome::Again(Box::new(entry)))
             }
             Err(e) => {
                 tracing::error!(error = %e, "recording the action's outcome failed");
-                (queue, Outcome::Again, Some(entry))
+                (queue, Outcome::Again(Box::new(entry)))
             }
         }
     }
@@ -462,7 +453,7 @@ mod tests {
         assert_eq!(q.next().map(|e| e.seq), Some(1));
         assert_eq!(q.next().map(|e| e.seq), Some(3));
         assert!(q.next().is_none(), "a's next waits for a's first");
-        q.finish("a".into(), &Outcome::Done, None);
+        q.finish("a".into(), Outcome::Done);
         assert_eq!(q.next().map(|e| e.seq), Some(2));
         assert_eq!(q.depth, 2);
         assert_eq!(q.oldest_decided_at(), None, "everything left is running");
@@ -475,7 +466,7 @@ mod tests {
         q.push(entry(2, "a"));
         q.push(entry(3, "b"));
         let first = q.next().expect("a1");
-        q.finish(first.queue.clone(), &Outcome::Dead { blocking: true }, None);
+        q.finish(first.queue.clone(), Outcome::Dead { blocking: true });
         assert_eq!(q.next().map(|e| e.seq), Some(3), "b goes on");
         assert!(q.next().is_none(), "a is blocked");
         q.blocked.remove("a");
@@ -489,7 +480,7 @@ mod tests {
         q.push(entry(1, "a"));
         q.push(entry(2, "a"));
         let first = q.next().expect("a1");
-        q.finish("a".into(), &Outcome::Again, Some(first));
+        q.finish("a".into(), Outcome::Again(Box::new(first)));
         assert_eq!(q.next().map(|e| e.seq), Some(1));
         assert_eq!(q.depth, 2);
     }

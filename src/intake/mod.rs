@@ -10,7 +10,7 @@ pub mod auth;
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use crate::ids::DeliveryId;
-use crate::store::{AcceptJob, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use crate::store::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use crate::webhook;
 use crate::webhook::model::EventKind;
 use actix_web::http::StatusCode;
@@ -277,12 +277,7 @@ pub struct Ingested {
 impl Ingested {
     /// What storing a valid delivery did; `kinds` describes each of its valid events.
     fn new(delivery_id: DeliveryId, accepted: Accepted, kinds: Vec<(EventKind, bool)>) -> Self {
-        let mut wanted = accepted.new_index.iter().copied().peekable();
-        let new_kinds = kinds
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, k)| wanted.next_if_eq(&i).map(|_| k))
-            .collect();
+        let new_kinds = accepted.pick_new(kinds);
         Ingested {
             delivery_id: Some(delivery_id),
             quarantined: accepted
@@ -327,7 +322,7 @@ impl Ingested {
 
 /// The writer's job for a valid delivery (its invalid events become quarantine records), and the
 /// type of each valid event.
-pub fn accept_job(
+fn accept_job(
     parsed: webhook::ParsedDelivery,
     content_type: Option<&str>,
     now: i64,
@@ -336,22 +331,19 @@ pub fn accept_job(
         .invalid
         .iter()
         .map(|bad| {
-            let mut record = QuarantineRecord::new(
-                "event",
-                "invalid_event",
+            QuarantineRecord::invalid_event(
                 &bad.reason,
-                bad.raw.as_bytes(),
+                &bad.raw,
+                parsed.id.as_str(),
+                content_type,
                 now,
-            );
-            record.delivery_id = Some(parsed.id.to_string());
-            record.content_type = content_type.map(str::to_owned);
-            record
+            )
         })
         .collect();
     let kinds = parsed
         .events
         .iter()
-        .map(|e| (e.kind.clone(), e.unknown_platform))
+        .map(|e| (e.event.kind.clone(), e.unknown_platform))
         .collect();
     let job = AcceptJob {
         delivery: parsed.id,
@@ -374,14 +366,8 @@ pub fn ingest(
         Err(e) => quarantine_delivery(store, body, content_type, e.code(), &e.to_string(), now),
         Ok(parsed) => {
             let (job, kinds) = accept_job(parsed, content_type, now);
-            let request = AcceptRequest {
-                delivery: &job.delivery,
-                events: &job.events,
-                invalid: &job.invalid,
-                received_at: now,
-            };
             let accepted = store
-                .accept_many(&[request])?
+                .accept_many(&[job.request()])?
                 .pop()
                 .ok_or_else(|| StoreError::Corrupt("accept result missing".into()))?;
             Ok(Ingested::new(job.delivery, accepted, kinds))

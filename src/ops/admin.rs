@@ -58,7 +58,7 @@ async fn guard(
     Ok(next.call(req).await?.map_into_left_body())
 }
 
-fn store_error(e: crate::store::StoreError) -> ApiError {
+pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {
     tracing::error!(error = %e, "admin read failed");
     ApiError::unavailable("the store cannot be read now")
 }
@@ -115,12 +115,13 @@ async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiE
     Ok(HttpResponse::Ok().json(list))
 }
 
-fn parse_id(text: &str) -> Result<u64, ApiError> {
+/// A numeric record id from the path; `what` names it in the error ("quarantine id").
+pub(super) fn parse_id(text: &str, what: &str) -> Result<u64, ApiError> {
     text.parse().map_err(|_| {
         ApiError::new(
             actix_web::http::StatusCode::BAD_REQUEST,
             "invalid_id",
-            "quarantine id must be a number",
+            format!("{what} must be a number"),
         )
     })
 }
@@ -129,7 +130,7 @@ async fn quarantine_show(
     shared: web::Data<Shared>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "quarantine id")?;
     match shared.store.quarantined_one(id).map_err(store_error)? {
         Some(r) => Ok(HttpResponse::Ok().json(crate::queries::quarantine_view(&r))),
         None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
@@ -140,7 +141,7 @@ async fn quarantine_reprocess(
     shared: web::Data<Shared>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = parse_id(&id)?;
+    let id = parse_id(&id, "quarantine id")?;
     let outcome = crate::intake::reprocess(&shared.store, id, crate::clock::now_millis())
         .map_err(store_error)?;
     let Some(outcome) = outcome else {

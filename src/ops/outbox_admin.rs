@@ -1,5 +1,6 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
+use super::admin::store_error;
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use actix_web::http::StatusCode;
@@ -20,19 +21,8 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/dead-letters/{id}/retry", web::post().to(retry_dead))
 }
 
-fn store_error(e: crate::store::StoreError) -> ApiError {
-    tracing::error!(error = %e, "outbox admin: store failed");
-    ApiError::unavailable("the store cannot be used now")
-}
-
 fn parse_id(text: &str) -> Result<u64, ApiError> {
-    text.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_id",
-            "dead-letter id must be a number",
-        )
-    })
+    super::admin::parse_id(text, "dead-letter id")
 }
 
 fn not_found(id: u64) -> ApiError {
@@ -98,43 +88,49 @@ async fn retry_dead(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let entry = retry_one(&shared, id).await?.ok_or_else(|| not_found(id))?;
-    Ok(HttpResponse::Ok().json(json!({ "retried": [entry.seq] })))
-}
-
-async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let letters = shared.store.dead_letters().map_err(store_error)?;
-    let mut retried = Vec::new();
-    for letter in letters {
-        if let Some(entry) = retry_one(&shared, letter.entry.seq).await? {
-            retried.push(entry.seq);
-        }
+    let retried = retry(&shared, &[id]).await?;
+    if retried.is_empty() {
+        return Err(not_found(id));
     }
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
 }
 
-/// Back to the outbox (durably), then to the executor.
-async fn retry_one(
-    shared: &Shared,
-    id: u64,
-) -> Result<Option<crate::actions::OutboxEntry>, ApiError> {
+async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let letters = shared.store.dead_letters().map_err(store_error)?;
+    let ids: Vec<u64> = letters.iter().map(|l| l.entry.seq).collect();
+    let retried = retry(&shared, &ids).await?;
+    Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
+}
+
+/// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
+/// were dead letters.
+async fn retry(shared: &Shared, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
     let now = crate::clock::now_millis();
-    let Some(entry) = shared
-        .store
-        .retry_dead_letter(id, now)
-        .map_err(store_error)?
-    else {
-        return Ok(None);
-    };
+    let mut entries = Vec::new();
+    for &id in ids {
+        if let Some(entry) = shared
+            .store
+            .retry_dead_letter(id, now)
+            .map_err(store_error)?
+        {
+            entries.push(entry);
+        }
+    }
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
     shared
         .writer
         .flush()
         .await
         .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
-    shared.metrics.dead_letter_entries.dec();
-    tracing::info!(action_id = %entry.id, "dead letter retried by an operator");
-    shared.executor.retried(entry.clone());
-    Ok(Some(entry))
+    let retried = entries.iter().map(|e| e.seq).collect();
+    for entry in entries {
+        shared.metrics.dead_letter_entries.dec();
+        tracing::info!(action_id = %entry.id, "dead letter retried by an operator");
+        shared.executor.retried(entry);
+    }
+    Ok(retried)
 }
 
 #[derive(Deserialize)]

@@ -80,6 +80,18 @@ pub struct Accepted {
     pub quarantined: Vec<u64>,
 }
 
+impl Accepted {
+    /// The items (one per event of the delivery, in its order) of the newly stored events.
+    pub fn pick_new<T>(&self, items: Vec<T>) -> Vec<T> {
+        let mut wanted = self.new_index.iter().copied().peekable();
+        items
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, item)| wanted.next_if_eq(&i).map(|_| item))
+            .collect()
+    }
+}
+
 /// One delivery to store: its valid events, and its invalid ones for quarantine.
 #[derive(Clone, Copy)]
 pub struct AcceptRequest<'a> {
@@ -120,6 +132,26 @@ impl QuarantineRecord {
             content_type: None,
             body_base64: base64::engine::general_purpose::STANDARD.encode(body),
         }
+    }
+
+    /// A record for one invalid event of an otherwise valid delivery.
+    pub fn invalid_event(
+        reason: &str,
+        raw: &str,
+        delivery_id: &str,
+        content_type: Option<&str>,
+        received_at: Millis,
+    ) -> Self {
+        let mut record = QuarantineRecord::new(
+            "event",
+            "invalid_event",
+            reason,
+            raw.as_bytes(),
+            received_at,
+        );
+        record.delivery_id = Some(delivery_id.to_owned());
+        record.content_type = content_type.map(str::to_owned);
+        record
     }
 
     /// The body as received.
@@ -244,17 +276,13 @@ impl Store {
                 match crate::webhook::validate_event(raw) {
                     Ok(ev) => events.push(ev),
                     // Accepted by an older, more lenient build: keep it, as intake would.
-                    Err(e) => {
-                        let mut q = QuarantineRecord::new(
-                            "event",
-                            "invalid_event",
-                            &e.to_string(),
-                            raw.get().as_bytes(),
-                            record.received_at,
-                        );
-                        q.delivery_id = Some(record.delivery.clone());
-                        bad.push(q);
-                    }
+                    Err(e) => bad.push(QuarantineRecord::invalid_event(
+                        &e.to_string(),
+                        raw.get(),
+                        &record.delivery,
+                        None,
+                        record.received_at,
+                    )),
                 }
             }
             invalid += bad.len();
@@ -399,24 +427,25 @@ impl Store {
                 let mut out = Accepted::default();
                 for (index, ev) in request.events.iter().enumerate() {
                     let seq = next()?;
-                    if seen.get(ev.id.as_str())?.is_some() {
+                    let id = &ev.event.id;
+                    if seen.get(id.as_str())?.is_some() {
                         out.duplicate_events += 1;
                         continue;
                     }
                     let raw = RawValue::from_string(ev.raw.clone()).map_err(abort)?;
                     let record = EventRecord {
                         seq,
-                        id: ev.id.clone(),
+                        id: id.clone(),
                         delivery: delivery.clone(),
                         received_at: request.received_at,
                         partition: ev.partition.encode(),
-                        kind: ev.kind.as_str().to_owned(),
+                        kind: ev.event.kind.as_str().to_owned(),
                         event: raw,
                     };
                     let bytes = serde_json::to_vec(&record).map_err(abort)?;
                     log.insert(&keys::seq(seq), bytes)?;
                     inbox.insert(&keys::seq(seq), ev.partition.encode().as_bytes())?;
-                    seen.insert(ev.id.as_str(), &keys::seq(seq))?;
+                    seen.insert(id.as_str(), &keys::seq(seq))?;
                     out.new.push((seq, ev.partition.clone()));
                     out.new_index.push(index);
                 }
@@ -514,6 +543,7 @@ impl Store {
         let mut bots: HashMap<String, BotState> = HashMap::new();
         let mut folded = Vec::with_capacity(batch.len());
         let mut decided = std::collections::HashSet::new();
+        let now = crate::clock::now_millis();
         for (position, (seq, event)) in batch.iter().enumerate() {
             if !self.inbox.contains_key(keys::seq(*seq))? {
                 out.skipped += 1;
@@ -527,37 +557,8 @@ impl Store {
                 state.apply(event);
                 out.new_conversations += u64::from(created);
                 let at = received.get(position).copied().unwrap_or(event.timestamp);
-                let now = crate::clock::now_millis();
-                for (index, decision) in rules.decide(event, state, now).into_iter().enumerate() {
-                    let action_id = crate::actions::action_id(&event.id, &decision.rule, index);
-                    if let crate::actions::Action::UpdateState {
-                        add_labels,
-                        remove_labels,
-                        variables,
-                        ..
-                    } = &decision.action
-                    {
-                        state.update(add_labels, remove_labels, variables);
-                        continue;
-                    }
-                    if decided.contains(&action_id)
-                        || self.actions.contains_key(action_id.as_bytes())?
-                    {
-                        out.repeated_actions += 1;
-                        continue;
-                    }
-                    decided.insert(action_id.clone());
-                    out.outbox.push(crate::actions::OutboxEntry {
-                        seq: self.db.generate_id()?,
-                        id: action_id,
-                        queue: decision.action.queue(),
-                        event_id: event.id.clone(),
-                        rule: decision.rule,
-                        action: decision.action,
-                        received_at: at,
-                        decided_at: now,
-                    });
-                }
+                let decisions = rules.decide(event, state, now);
+                self.queue_decisions(event, state, decisions, (at, now), &mut decided, &mut out)?;
                 if let Payload::Conversation(c) = &event.payload {
                     if let Some(uid) = &c.end_user_id {
                         let new = || EndUserState::new(uid.clone());
@@ -636,6 +637,49 @@ impl Store {
             },
         )?;
         Ok(out)
+    }
+
+    /// Apply a fold's internal state actions to `state` and turn the others into outbox entries,
+    /// skipping any id decided before (in this fold, or ever: the `actions` ledger).
+    fn queue_decisions(
+        &self,
+        event: &Event,
+        state: &mut ConversationState,
+        decisions: Vec<crate::actions::Decision>,
+        (received_at, now): (Millis, Millis),
+        decided: &mut std::collections::HashSet<String>,
+        out: &mut Applied,
+    ) -> Result<(), StoreError> {
+        use crate::actions::{action_id, Action, OutboxEntry};
+        for (index, decision) in decisions.into_iter().enumerate() {
+            if let Action::UpdateState {
+                add_labels,
+                remove_labels,
+                variables,
+                ..
+            } = &decision.action
+            {
+                state.update(add_labels, remove_labels, variables);
+                continue;
+            }
+            let id = action_id(&event.id, &decision.rule, index);
+            if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
+                out.repeated_actions += 1;
+                continue;
+            }
+            decided.insert(id.clone());
+            out.outbox.push(OutboxEntry {
+                seq: self.db.generate_id()?,
+                id,
+                queue: decision.action.queue(),
+                event_id: event.id.clone(),
+                rule: decision.rule,
+                action: decision.action,
+                received_at,
+                decided_at: now,
+            });
+        }
+        Ok(())
     }
 
     pub fn conversation(

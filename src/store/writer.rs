@@ -37,6 +37,17 @@ pub struct AcceptJob {
     pub received_at: Millis,
 }
 
+impl AcceptJob {
+    pub fn request(&self) -> AcceptRequest<'_> {
+        AcceptRequest {
+            delivery: &self.delivery,
+            events: &self.events,
+            invalid: &self.invalid,
+            received_at: self.received_at,
+        }
+    }
+}
+
 /// A newly durable event, for the dispatcher.
 #[derive(Debug)]
 pub struct NewEvent {
@@ -48,8 +59,8 @@ pub struct NewEvent {
 
 /// What the writer reports after each group, without tying this module to metrics or dispatch.
 pub struct WriterHooks {
-    /// (time the group took to become durable, deliveries in it, whether sled was flushed).
-    pub observe: Box<dyn Fn(Duration, usize, bool) + Send>,
+    /// (time the group took to become durable, deliveries in it).
+    pub observe: Box<dyn Fn(Duration, usize) + Send>,
     /// Newly durable events, in acceptance order.
     pub durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
 }
@@ -188,25 +199,19 @@ fn run(
                 received_at,
                 ..
             } = job;
-            let raws: Vec<&str> = accepted
-                .new_index
-                .iter()
-                .filter_map(|&i| events.get(i).map(|e| e.raw.as_str()))
-                .collect();
-            if !raws.is_empty() {
+            let new = accepted.pick_new(events);
+            if !new.is_empty() {
+                let raws: Vec<&str> = new.iter().map(|e| e.raw.as_str()).collect();
                 log.push(delivery.as_str(), received_at, &raws);
             }
-            let mut wanted = accepted.new.iter().zip(&accepted.new_index).peekable();
-            for (i, ev) in events.into_iter().enumerate() {
-                if let Some(((seq, partition), _)) = wanted.next_if(|(_, &n)| n == i) {
-                    new_events.push(NewEvent {
-                        seq: *seq,
-                        partition: partition.clone(),
-                        received_at,
-                        event: ev.event,
-                    });
+            new_events.extend(accepted.new.iter().zip(new).map(|((seq, partition), ev)| {
+                NewEvent {
+                    seq: *seq,
+                    partition: partition.clone(),
+                    received_at,
+                    event: ev.event,
                 }
-            }
+            }));
             replies.push((reply, accepted));
         }
         let stored = Stored {
@@ -267,7 +272,7 @@ fn sync_loop(
         healthy.store(durable.is_ok(), Ordering::Relaxed);
         for group in groups {
             let deliveries = group.replies.len();
-            (hooks.observe)(group.started.elapsed(), deliveries, flush_sled || rotate);
+            (hooks.observe)(group.started.elapsed(), deliveries);
             for reply in group.flushes {
                 let _ = reply.send(durable.clone());
             }
@@ -302,15 +307,7 @@ fn store_group(
     if accepts.is_empty() {
         return Ok(Vec::new());
     }
-    let requests: Vec<AcceptRequest<'_>> = accepts
-        .iter()
-        .map(|(job, _)| AcceptRequest {
-            delivery: &job.delivery,
-            events: &job.events,
-            invalid: &job.invalid,
-            received_at: job.received_at,
-        })
-        .collect();
+    let requests: Vec<AcceptRequest<'_>> = accepts.iter().map(|(job, _)| job.request()).collect();
     store.accept_many(&requests)
 }
 
@@ -359,7 +356,7 @@ mod tests {
         let writer = Writer::start(
             store.clone(),
             WriterHooks {
-                observe: Box::new(|_, _, _| {}),
+                observe: Box::new(|_, _| {}),
                 durable: Box::new(move |events| {
                     seen.lock()
                         .expect("lock")

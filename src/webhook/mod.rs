@@ -6,8 +6,8 @@
 
 pub mod model;
 
-use crate::ids::{DeliveryId, EventId, PartitionKey};
-use model::{Delivery, Event, EventHeader, EventKind, Payload};
+use crate::ids::{DeliveryId, PartitionKey};
+use model::{Delivery, Event, EventHeader, Payload};
 use serde_json::value::RawValue;
 
 /// A delivery that passed envelope validation. Individual events may still be invalid.
@@ -21,10 +21,7 @@ pub struct ParsedDelivery {
 /// A valid event, still in the exact bytes the service sent (that is what gets stored).
 #[derive(Debug, Clone)]
 pub struct IncomingEvent {
-    pub id: EventId,
-    pub kind: EventKind,
     pub partition: PartitionKey,
-    pub timestamp: model::Millis,
     pub raw: String,
     /// The platform named by the event, when it is one the bridge does not know.
     pub unknown_platform: bool,
@@ -110,9 +107,6 @@ pub fn validate_event(raw: &RawValue) -> Result<IncomingEvent, EventError> {
     };
     Ok(IncomingEvent {
         partition: partition_of(&event),
-        id: event.id.clone(),
-        kind: event.kind.clone(),
-        timestamp: event.timestamp,
         raw: raw.get().to_owned(),
         unknown_platform,
         event,
@@ -226,7 +220,7 @@ mod tests {
             assert!(parsed.invalid.is_empty(), "{path:?}: {:?}", parsed.invalid);
             assert!(!parsed.events.is_empty());
             for e in &parsed.events {
-                assert!(e.kind.is_known(), "{path:?}: {}", e.kind);
+                assert!(e.event.kind.is_known(), "{path:?}: {}", e.event.kind);
                 parse_event(&e.raw).expect("stored raw re-parses");
             }
             seen += 1;
@@ -264,8 +258,8 @@ mod tests {
         let parsed = parse_delivery(body).expect("parse");
         assert!(parsed.invalid.is_empty(), "{:?}", parsed.invalid);
         assert_eq!(
-            parsed.events[0].kind,
-            EventKind::Other("bot.something.new".into())
+            parsed.events[0].event.kind,
+            model::EventKind::Other("bot.something.new".into())
         );
         assert_eq!(parsed.events[0].partition, PartitionKey::Bot("B1".into()));
         assert!(parsed.events[1].unknown_platform);
