@@ -54,6 +54,24 @@ pub enum AppError {
     Server(std::io::Error),
     #[error("upstream: {0}")]
     Upstream(String),
+    #[error("rules: {0}")]
+    Rules(#[from] crate::rules::LoadError),
+}
+
+/// The configured rules; loaded before the store opens, so a bad rule file stops the start
+/// before anything is touched.
+pub fn load_rules(config: &Config) -> Result<Arc<dyn crate::actions::Decide>, crate::rules::LoadError> {
+    if config.rules.dir.is_empty() {
+        return Ok(Arc::new(crate::actions::NoRules));
+    }
+    let set = crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir))?;
+    tracing::info!(
+        dir = %config.rules.dir,
+        rules = set.rules().len(),
+        version = set.version(),
+        "rules loaded"
+    );
+    Ok(Arc::new(set))
 }
 
 /// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
@@ -63,6 +81,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         path: config.store.data_dir.display().to_string(),
         source,
     };
+    let rules = load_rules(&config)?;
     data.create().map_err(io_err)?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
@@ -111,7 +130,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,
-        rules: Arc::new(crate::actions::NoRules),
+        rules,
         decided: Some(decided_tx),
     };
     let (dispatch, dispatcher) =

@@ -197,12 +197,14 @@ pub enum CliError {
     Usage(String),
     #[error("upstream: {0}")]
     Upstream(crate::upstream::UpstreamError),
+    #[error(transparent)]
+    Rules(#[from] crate::rules::LoadError),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Config(_) | CliError::Usage(_) => ExitCode::from(2),
+            CliError::Config(_) | CliError::Usage(_) | CliError::Rules(_) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }
     }
@@ -250,8 +252,26 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => emulator(listen, seed, api_key, webhook_url),
         Command::Check { config, listen } => {
             let config = load(&config, listen)?;
+            let rules = if config.rules.dir.is_empty() {
+                None
+            } else {
+                Some(crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir))?)
+            };
             println!("# configuration is valid; effective values (secrets masked):");
             print!("{}", config.to_masked_toml());
+            if let Some(set) = rules {
+                println!("# rules valid: {} rule(s), version {}", set.rules().len(), set.version());
+                for rule in set.rules() {
+                    println!(
+                        "#   {:>5}  {}{}  on {}  -> {}",
+                        rule.priority,
+                        rule.name,
+                        if rule.enabled { "" } else { " (disabled)" },
+                        rule.on.join(","),
+                        rule.action_types().join(", ")
+                    );
+                }
+            }
             Ok(())
         }
         Command::State { config, action } => {

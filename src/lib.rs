@@ -17,6 +17,7 @@ pub mod intake;
 pub mod ops;
 pub mod outbox;
 pub mod queries;
+pub mod rules;
 pub mod state;
 pub mod store;
 pub mod telemetry;

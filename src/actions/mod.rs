@@ -212,6 +212,8 @@ pub fn action_id(event: &EventId, rule: &str, index: usize) -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     pub rule: String,
+    /// The action's position in its rule: with the event and rule, its stable id.
+    pub index: usize,
     pub action: Action,
 }
 

@@ -19,6 +19,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub dispatch: DispatchConfig,
     pub outbox: OutboxConfig,
+    pub rules: RulesConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
@@ -126,6 +127,14 @@ pub struct OutboxConfig {
     pub max_depth: usize,
     /// Action names whose dead letter halts the rest of its conversation until retried/dropped.
     pub blocking: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesConfig {
+    /// Directory of rule files (`*.toml`, read in file-name order). Empty: no rules, the bridge
+    /// keeps state and takes no action.
+    pub dir: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -452,6 +461,9 @@ impl Config {
                     ),
                 );
             }
+        }
+        if !self.rules.dir.is_empty() && !std::path::Path::new(&self.rules.dir).is_dir() {
+            bad("rules.dir", &self.rules.dir, "not a directory");
         }
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             bad("admin.token", &"****", "must be at least 16 characters");

@@ -651,7 +651,7 @@ impl Store {
         out: &mut Applied,
     ) -> Result<(), StoreError> {
         use crate::actions::{action_id, Action, OutboxEntry};
-        for (index, decision) in decisions.into_iter().enumerate() {
+        for decision in decisions {
             if let Action::UpdateState {
                 add_labels,
                 remove_labels,
@@ -662,7 +662,7 @@ impl Store {
                 state.update(add_labels, remove_labels, variables);
                 continue;
             }
-            let id = action_id(&event.id, &decision.rule, index);
+            let id = action_id(&event.id, &decision.rule, decision.index);
             if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
                 out.repeated_actions += 1;
                 continue;

@@ -1,0 +1,187 @@
+//! Action specs: an [`Action`] as written in a rule file, with templated text and the
+//! conversation's own ids filled in when the rule does not name them.
+//!
+//! A spec is kept as the JSON form of an `Action` (`type` plus its fields) so that every action
+//! the outbox knows is available to rules without a second, parallel enum. Loading checks the
+//! spec by building an `Action` from it with placeholder text; deciding renders the templates from
+//! the rule context and builds the real one.
+
+use super::context;
+use crate::actions::Action;
+use minijinja::Environment;
+use serde_json::{Map, Value};
+
+/// Fields the engine fills from the context when a rule leaves them out.
+const DEFAULTS: [(&str, &str, &[&str]); 3] = [
+    (
+        "conversation_id",
+        "conversation_id",
+        &[
+            "set_manual",
+            "navigate",
+            "update_params",
+            "send_message",
+            "update_state",
+            "notify_helpdesk",
+        ],
+    ),
+    ("end_user_id", "end_user_id", &["send_to_end_user"]),
+    (
+        "user_key",
+        "user_key",
+        &[
+            "partner_update_conversation",
+            "partner_block",
+            "partner_unblock",
+            "partner_remove_session",
+            "partner_send_message",
+        ],
+    ),
+];
+
+/// Actions whose `message` may be given as just `text = "..."`.
+const TEXT_SHORTHAND: [&str; 3] = ["send_message", "send_to_end_user", "partner_send_message"];
+
+#[derive(Debug)]
+pub struct ActionSpec {
+    kind: String,
+    /// The action's JSON form; templated strings are replaced on render.
+    body: Map<String, Value>,
+    /// (JSON pointer of a templated string, template name in the environment).
+    templates: Vec<(String, String)>,
+    /// Fields to fill from the context: (field, context key).
+    defaults: Vec<(&'static str, &'static str)>,
+}
+
+impl ActionSpec {
+    /// Parse and check one action of a rule. Templates are added to `env` under names starting
+    /// with `name`.
+    pub fn compile(
+        mut body: Map<String, Value>,
+        name: &str,
+        env: &mut Environment<'static>,
+    ) -> Result<ActionSpec, Vec<(String, String)>> {
+        let kind = match body.get("type").and_then(Value::as_str) {
+            Some(k) if Action::NAMES.contains(&k) => k.to_owned(),
+            Some(k) => {
+                return Err(vec![(
+                    "type".into(),
+                    format!("unknown action `{k}` (one of: {})", Action::NAMES.join(", ")),
+                )])
+            }
+            None => return Err(vec![("type".into(), "missing action type".into())]),
+        };
+        if TEXT_SHORTHAND.contains(&kind.as_str()) && !body.contains_key("message") {
+            if let Some(text) = body.remove("text") {
+                body.insert(
+                    "message".into(),
+                    serde_json::json!({ "type": "text", "text": text }),
+                );
+            }
+        }
+        let defaults: Vec<(&'static str, &'static str)> = DEFAULTS
+            .iter()
+            .filter(|(field, _, kinds)| kinds.contains(&kind.as_str()) && !body.contains_key(*field))
+            .map(|(field, key, _)| (*field, *key))
+            .collect();
+        let mut templates = Vec::new();
+        let mut problems = Vec::new();
+        let mut strings = Vec::new();
+        collect_strings(&Value::Object(body.clone()), String::new(), &mut strings);
+        for (pointer, text) in strings {
+            if !(text.contains("{{") || text.contains("{%")) {
+                continue;
+            }
+            let template = format!("{name}{pointer}");
+            match env.add_template_owned(template.clone(), text) {
+                Ok(()) => templates.push((pointer, template)),
+                Err(e) => problems.push((pointer_to_key(&pointer), format!("template: {e}"))),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let spec = ActionSpec {
+            kind,
+            body,
+            templates,
+            defaults,
+        };
+        // The shape check: every templated text and default id becomes a placeholder.
+        let sample = spec.fill(|_| Ok("x".into()), |_| Ok(Value::String("x".into())));
+        match sample {
+            Ok(_) => Ok(spec),
+            Err(e) => Err(vec![(String::new(), e)]),
+        }
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The action for one event.
+    pub fn render(&self, env: &Environment<'static>, ctx: &Value) -> Result<Action, String> {
+        let view = minijinja::Value::from(minijinja::value::Serde(ctx));
+        self.fill(
+            |name| {
+                env.get_template(name)
+                    .and_then(|t| t.render(&view))
+                    .map_err(|e| format!("template {name}: {e}"))
+            },
+            |key| match context::lookup(ctx, &[key.to_owned()]) {
+                Some(v) if !v.is_null() => Ok(v.clone()),
+                _ => Err(format!(
+                    "the rule names no `{key}` and the conversation has none"
+                )),
+            },
+        )
+    }
+
+    fn fill(
+        &self,
+        render: impl Fn(&str) -> Result<String, String>,
+        default: impl Fn(&str) -> Result<Value, String>,
+    ) -> Result<Action, String> {
+        let mut body = Value::Object(self.body.clone());
+        for (pointer, name) in &self.templates {
+            let text = render(name)?;
+            if let Some(slot) = body.pointer_mut(pointer) {
+                *slot = Value::String(text);
+            }
+        }
+        if let Value::Object(map) = &mut body {
+            for (field, key) in &self.defaults {
+                map.insert((*field).to_owned(), default(key)?);
+            }
+        }
+        serde_json::from_value::<Action>(body).map_err(|e| format!("invalid `{}` action: {e}", self.kind))
+    }
+}
+
+/// Every string in `value` with its JSON pointer.
+fn collect_strings(value: &Value, pointer: String, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(s) => out.push((pointer, s.clone())),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                collect_strings(item, format!("{pointer}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                collect_strings(v, format!("{pointer}/{escaped}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `/message/text` -> `message.text`, for error messages in the rule file's terms.
+fn pointer_to_key(pointer: &str) -> String {
+    pointer
+        .trim_start_matches('/')
+        .replace('/', ".")
+        .replace("~1", "/")
+        .replace("~0", "~")
+}

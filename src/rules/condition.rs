@@ -1,0 +1,222 @@
+//! Conditions: `all` / `any` / `not` over leaves that test one field of the rule context.
+//!
+//! A condition is written as a table with exactly one of `all`, `any`, `not` or `field` (+ one
+//! operator). It is parsed into [`RawCondition`] (every key optional, unknown keys refused) and
+//! then compiled, so every mistake is reported with its place instead of serde's guess at an
+//! untagged enum.
+
+use super::context;
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A condition as written in a rule file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCondition {
+    all: Option<Vec<RawCondition>>,
+    any: Option<Vec<RawCondition>>,
+    not: Option<Box<RawCondition>>,
+    field: Option<String>,
+    equals: Option<Value>,
+    not_equals: Option<Value>,
+    #[serde(rename = "in")]
+    one_of: Option<Vec<Value>>,
+    contains: Option<Value>,
+    starts_with: Option<String>,
+    ends_with: Option<String>,
+    matches: Option<String>,
+    exists: Option<bool>,
+    gt: Option<f64>,
+    gte: Option<f64>,
+    lt: Option<f64>,
+    lte: Option<f64>,
+}
+
+/// A compiled condition.
+#[derive(Clone, Debug)]
+pub enum Condition {
+    All(Vec<Condition>),
+    Any(Vec<Condition>),
+    Not(Box<Condition>),
+    Leaf { path: Vec<String>, op: Op },
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Equals(Value),
+    NotEquals(Value),
+    In(Vec<Value>),
+    /// Substring of a string, or element of an array.
+    Contains(Value),
+    StartsWith(String),
+    EndsWith(String),
+    Matches(Regex),
+    Exists(bool),
+    Gt(f64),
+    Gte(f64),
+    Lt(f64),
+    Lte(f64),
+}
+
+impl RawCondition {
+    /// Compile, reporting problems as `(key path, message)`; `at` is where this condition sits.
+    pub fn compile(&self, at: &str, problems: &mut Vec<(String, String)>) -> Option<Condition> {
+        let shapes = [
+            self.all.is_some(),
+            self.any.is_some(),
+            self.not.is_some(),
+            self.field.is_some(),
+        ];
+        if shapes.iter().filter(|s| **s).count() != 1 {
+            problems.push((
+                at.to_owned(),
+                "a condition needs exactly one of `all`, `any`, `not` or `field`".into(),
+            ));
+            return None;
+        }
+        let list = |items: &[RawCondition], key: &str, problems: &mut Vec<(String, String)>| {
+            if items.is_empty() {
+                problems.push((format!("{at}.{key}"), "must not be empty".into()));
+            }
+            let compiled: Vec<Condition> = items
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| c.compile(&format!("{at}.{key}[{i}]"), problems))
+                .collect();
+            (compiled.len() == items.len()).then_some(compiled)
+        };
+        if let Some(items) = &self.all {
+            return list(items, "all", problems).map(Condition::All);
+        }
+        if let Some(items) = &self.any {
+            return list(items, "any", problems).map(Condition::Any);
+        }
+        if let Some(inner) = &self.not {
+            return inner
+                .compile(&format!("{at}.not"), problems)
+                .map(|c| Condition::Not(Box::new(c)));
+        }
+        let field = self.field.as_deref().unwrap_or_default();
+        let path: Vec<String> = field.split('.').map(str::to_owned).collect();
+        if path.iter().any(String::is_empty) || !context::ROOTS.contains(&path[0].as_str()) {
+            problems.push((
+                format!("{at}.field"),
+                format!(
+                    "`{field}` is not a field of the rule context (it starts with one of: {})",
+                    context::ROOTS.join(", ")
+                ),
+            ));
+            return None;
+        }
+        let op = self.op(at, problems)?;
+        Some(Condition::Leaf { path, op })
+    }
+
+    fn op(&self, at: &str, problems: &mut Vec<(String, String)>) -> Option<Op> {
+        let mut ops = Vec::new();
+        if let Some(v) = &self.equals {
+            ops.push(Op::Equals(v.clone()));
+        }
+        if let Some(v) = &self.not_equals {
+            ops.push(Op::NotEquals(v.clone()));
+        }
+        if let Some(v) = &self.one_of {
+            ops.push(Op::In(v.clone()));
+        }
+        if let Some(v) = &self.contains {
+            ops.push(Op::Contains(v.clone()));
+        }
+        if let Some(v) = &self.starts_with {
+            ops.push(Op::StartsWith(v.clone()));
+        }
+        if let Some(v) = &self.ends_with {
+            ops.push(Op::EndsWith(v.clone()));
+        }
+        if let Some(pattern) = &self.matches {
+            match Regex::new(pattern) {
+                Ok(re) => ops.push(Op::Matches(re)),
+                Err(e) => {
+                    problems.push((format!("{at}.matches"), format!("invalid regex: {e}")));
+                    return None;
+                }
+            }
+        }
+        if let Some(v) = self.exists {
+            ops.push(Op::Exists(v));
+        }
+        for (value, make) in [
+            (self.gt, Op::Gt as fn(f64) -> Op),
+            (self.gte, Op::Gte),
+            (self.lt, Op::Lt),
+            (self.lte, Op::Lte),
+        ] {
+            if let Some(v) = value {
+                ops.push(make(v));
+            }
+        }
+        if ops.len() != 1 {
+            problems.push((
+                at.to_owned(),
+                format!(
+                    "a `field` condition needs exactly one operator (equals, not_equals, in, \
+                     contains, starts_with, ends_with, matches, exists, gt, gte, lt, lte); found {}",
+                    ops.len()
+                ),
+            ));
+            return None;
+        }
+        ops.pop()
+    }
+}
+
+impl Condition {
+    pub fn holds(&self, ctx: &Value) -> bool {
+        match self {
+            Condition::All(items) => items.iter().all(|c| c.holds(ctx)),
+            Condition::Any(items) => items.iter().any(|c| c.holds(ctx)),
+            Condition::Not(inner) => !inner.holds(ctx),
+            Condition::Leaf { path, op } => op.holds(context::lookup(ctx, path)),
+        }
+    }
+}
+
+impl Op {
+    /// A missing field (or `null`) fails every test except `exists = false` and `not_equals`.
+    fn holds(&self, value: Option<&Value>) -> bool {
+        let value = value.filter(|v| !v.is_null());
+        match self {
+            Op::Exists(want) => value.is_some() == *want,
+            Op::NotEquals(other) => value.is_none_or(|v| !same(v, other)),
+            _ => value.is_some_and(|v| self.test(v)),
+        }
+    }
+
+    fn test(&self, v: &Value) -> bool {
+        match self {
+            Op::Equals(other) => same(v, other),
+            Op::In(options) => options.iter().any(|o| same(v, o)),
+            Op::Contains(needle) => match (v, needle) {
+                (Value::String(s), Value::String(n)) => s.contains(n.as_str()),
+                (Value::Array(items), n) => items.iter().any(|i| same(i, n)),
+                _ => false,
+            },
+            Op::StartsWith(p) => v.as_str().is_some_and(|s| s.starts_with(p.as_str())),
+            Op::EndsWith(p) => v.as_str().is_some_and(|s| s.ends_with(p.as_str())),
+            Op::Matches(re) => v.as_str().is_some_and(|s| re.is_match(s)),
+            Op::Gt(n) => v.as_f64().is_some_and(|x| x > *n),
+            Op::Gte(n) => v.as_f64().is_some_and(|x| x >= *n),
+            Op::Lt(n) => v.as_f64().is_some_and(|x| x < *n),
+            Op::Lte(n) => v.as_f64().is_some_and(|x| x <= *n),
+            Op::Exists(_) | Op::NotEquals(_) => false,
+        }
+    }
+}
+
+/// Equality that treats `1` and `1.0` alike (TOML integers meet JSON numbers).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}

@@ -1,0 +1,97 @@
+//! What a rule sees: one JSON document built from the event, the conversation's state and the
+//! clock. Conditions address it by dotted path; templates render from it. Building it in one place
+//! keeps the names conditions and templates use identical, and documented in `rules/README.md`.
+
+use crate::state::ConversationState;
+use crate::webhook::model::{Event, Millis, Payload};
+use serde_json::{json, Map, Value};
+
+/// Top-level names of the context; a condition's field must start with one of them (checked when
+/// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
+pub const ROOTS: [&str; 12] = [
+    "event",
+    "message",
+    "conversation",
+    "sender",
+    "message_type",
+    "platform",
+    "bot_id",
+    "conversation_id",
+    "end_user_id",
+    "user_key",
+    "state",
+    "now",
+];
+
+/// The context for one event of a conversation, after the event was folded into `state`.
+pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
+    let mut root = Map::new();
+    root.insert(
+        "event".into(),
+        json!({
+            "id": event.id.as_str(),
+            "type": event.kind.as_str(),
+            "source_id": event.source_id.as_str(),
+            "timestamp": event.timestamp,
+        }),
+    );
+    match &event.payload {
+        Payload::Message(m) => {
+            root.insert("message".into(), to_value(m));
+            root.insert("sender".into(), to_value(m.sender()));
+            root.insert("message_type".into(), json!(m.data.kind.as_str()));
+        }
+        Payload::Conversation(c) => {
+            root.insert("conversation".into(), to_value(c));
+        }
+        _ => {}
+    }
+    root.insert("platform".into(), to_value(&state.platform));
+    root.insert("bot_id".into(), to_value(&state.bot_id));
+    root.insert("conversation_id".into(), json!(state.id.as_str()));
+    root.insert("end_user_id".into(), to_value(&state.end_user_id));
+    root.insert("user_key".into(), to_value(&state.user_key));
+    root.insert("state".into(), state_view(state, now));
+    root.insert("now".into(), json!(now));
+    Value::Object(root)
+}
+
+/// The state as rules read it: plain values instead of the stamped registers of the store, plus
+/// derived durations (seconds) so a condition can say "no agent message for 5 minutes".
+fn state_view(s: &ConversationState, now: Millis) -> Value {
+    let since = |at: Option<Millis>| at.map(|t| (now - t).max(0) / 1000);
+    let phase_since = s.handoff.phase.stamp.at;
+    json!({
+        "phase": s.handoff.phase.value,
+        "phase_since": phase_since,
+        "seconds_in_phase": if phase_since > 0 { since(Some(phase_since)) } else { None },
+        "manual": s.manual_status.value,
+        "agent": s.handoff.agent.value,
+        "labels": s.labels,
+        "variables": s.variables,
+        "params": s.params.value,
+        "navigation": s.navigation.value,
+        "user_messages": s.messages.user_messages,
+        "bot_messages": s.messages.bot_messages,
+        "agent_messages": s.messages.agent_messages,
+        "last_sender": s.messages.last_message.value.as_ref().map(|m| m.sender),
+        "seconds_since_last_user_message": since(s.messages.last_user_message_at),
+        "seconds_since_last_bot_message": since(s.messages.last_bot_message_at),
+        "seconds_since_last_agent_message": since(s.messages.last_agent_message_at),
+        "events_applied": s.events_applied,
+    })
+}
+
+fn to_value<T: serde::Serialize>(value: T) -> Value {
+    // The model types serialise infallibly (no maps with non-string keys); Null is never wrong.
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// The value at a dotted path (`message.data.text`, `state.variables.reason`, `state.labels.0`).
+pub fn lookup<'a>(root: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(root, |node, key| match node {
+        Value::Object(map) => map.get(key),
+        Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => None,
+    })
+}

@@ -1,0 +1,355 @@
+//! The rule engine: TOML rule files compiled into a [`RuleSet`], which decides actions for an
+//! event. Deciding is pure (event + conversation state + clock in, decisions out): the fold calls
+//! it inside its transaction, and tests call it without a network or a store.
+//!
+//! The file format is documented in `rules/README.md`. Everything that can be checked is checked
+//! when the files are loaded (unknown keys, event types, fields, operators, regexes, template
+//! syntax, action shapes), and every problem is reported at once with its file and place.
+
+mod action;
+mod condition;
+pub mod context;
+
+use crate::actions::{Decide, Decision};
+use crate::state::ConversationState;
+use crate::webhook::model::{Event, EventKind, Millis};
+use action::ActionSpec;
+use condition::{Condition, RawCondition};
+use minijinja::{Environment, UndefinedBehavior};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::fmt;
+use std::path::Path;
+
+/// Template work allowed per render, so a runaway loop in a template ends with an error.
+const TEMPLATE_FUEL: u64 = 50_000;
+
+/// One problem found while loading rule files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleError {
+    pub file: String,
+    /// Where in the file: `rule[2] (handoff).when.all[0].field`; empty for the whole file.
+    pub at: String,
+    pub message: String,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.at.is_empty() {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.at, self.message)
+        }
+    }
+}
+
+/// Why rules could not be loaded: every problem found, or the directory itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read rule directory {dir}: {source}")]
+    Dir {
+        dir: String,
+        source: std::io::Error,
+    },
+    #[error("{} problem(s) in rule files:\n  - {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  - "))]
+    Invalid(Vec<RuleError>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    #[serde(default, rename = "rule")]
+    rules: Vec<RawRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    priority: i64,
+    on: Vec<String>,
+    when: Option<RawCondition>,
+    #[serde(default)]
+    actions: Vec<Map<String, Value>>,
+    #[serde(default)]
+    stop: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A compiled rule.
+#[derive(Debug)]
+pub struct Rule {
+    pub name: String,
+    pub description: String,
+    pub enabled: bool,
+    pub priority: i64,
+    pub file: String,
+    /// Event types it listens to; `*` is every event of a conversation.
+    pub on: Vec<String>,
+    pub stop: bool,
+    when: Option<Condition>,
+    actions: Vec<ActionSpec>,
+}
+
+impl Rule {
+    fn listens(&self, kind: &str) -> bool {
+        self.on.iter().any(|o| o == "*" || o == kind)
+    }
+
+    /// The action types it may take, for listings.
+    pub fn action_types(&self) -> Vec<&str> {
+        self.actions.iter().map(ActionSpec::kind).collect()
+    }
+}
+
+/// Every rule of the loaded files, in evaluation order.
+pub struct RuleSet {
+    rules: Vec<Rule>,
+    env: Environment<'static>,
+    version: String,
+}
+
+impl fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("version", &self.version)
+            .field("rules", &self.rules.len())
+            .finish()
+    }
+}
+
+impl RuleSet {
+    /// No rules: the bridge keeps state and takes no action.
+    pub fn empty() -> RuleSet {
+        match RuleSet::from_sources(&[]) {
+            Ok(set) => set,
+            Err(_) => unreachable!("an empty rule set has nothing to be wrong"),
+        }
+    }
+
+    /// Load every `*.toml` file of `dir` (not recursive), in file-name order.
+    pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadError> {
+        let dir_error = |source| LoadError::Dir {
+            dir: dir.display().to_string(),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(dir_error)? {
+            let path = entry.map_err(dir_error)?.path();
+            if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut sources = Vec::with_capacity(files.len());
+        for path in files {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = std::fs::read_to_string(&path).map_err(dir_error)?;
+            sources.push((name, text));
+        }
+        RuleSet::from_sources(&sources)
+    }
+
+    /// Compile rule files given as (file name, text), in the given order.
+    pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        let mut rules = Vec::new();
+        let mut problems = Vec::new();
+        let mut names = std::collections::HashMap::new();
+        for (file, text) in sources {
+            let parsed: RuleFile = match toml::from_str(text) {
+                Ok(f) => f,
+                Err(e) => {
+                    problems.push(RuleError {
+                        file: file.clone(),
+                        at: String::new(),
+                        message: e.to_string().trim_end().to_owned(),
+                    });
+                    continue;
+                }
+            };
+            for (position, raw) in parsed.rules.into_iter().enumerate() {
+                let at = format!("rule[{position}] ({})", raw.name);
+                let mut report = |key: String, message: String| {
+                    let at = if key.is_empty() {
+                        at.clone()
+                    } else {
+                        format!("{at}.{key}")
+                    };
+                    problems.push(RuleError {
+                        file: file.clone(),
+                        at,
+                        message,
+                    });
+                };
+                if let Some(first) = names.insert(raw.name.clone(), file.clone()) {
+                    report(
+                        "name".into(),
+                        format!("`{}` is already the name of a rule in {first}", raw.name),
+                    );
+                }
+                if let Some(rule) = compile(raw, file, &mut env, &mut report) {
+                    rules.push(rule);
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(LoadError::Invalid(problems));
+        }
+        // Stable: equal priorities keep file order, then position in the file.
+        rules.sort_by_key(|r| std::cmp::Reverse(r.priority));
+        let version = version_of(sources);
+        Ok(RuleSet {
+            rules,
+            env,
+            version,
+        })
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// A short digest of the files, so logs and decisions can say which rules were in force.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+}
+
+fn compile(
+    raw: RawRule,
+    file: &str,
+    env: &mut Environment<'static>,
+    report: &mut impl FnMut(String, String),
+) -> Option<Rule> {
+    let mut ok = true;
+    let valid_name = !raw.name.is_empty()
+        && raw
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !valid_name {
+        report(
+            "name".into(),
+            "must be non-empty and use only A-Z a-z 0-9 - _ (it is part of action ids)".into(),
+        );
+        ok = false;
+    }
+    if raw.on.is_empty() {
+        report("on".into(), "must name at least one event type".into());
+        ok = false;
+    }
+    for (i, kind) in raw.on.iter().enumerate() {
+        let known = kind == "*" || EventKind::KNOWN.iter().any(|k| k.as_str() == kind);
+        if !known {
+            report(
+                format!("on[{i}]"),
+                format!("`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"),
+            );
+            ok = false;
+        }
+    }
+    let mut condition_problems = Vec::new();
+    let when = raw
+        .when
+        .as_ref()
+        .and_then(|c| c.compile("when", &mut condition_problems));
+    for (key, message) in condition_problems {
+        report(key, message);
+        ok = false;
+    }
+    let mut actions = Vec::with_capacity(raw.actions.len());
+    for (i, body) in raw.actions.into_iter().enumerate() {
+        let name = format!("{file}#{}.actions[{i}]", raw.name);
+        match ActionSpec::compile(body, &name, env) {
+            Ok(spec) => actions.push(spec),
+            Err(list) => {
+                for (key, message) in list {
+                    let key = if key.is_empty() {
+                        format!("actions[{i}]")
+                    } else {
+                        format!("actions[{i}].{key}")
+                    };
+                    report(key, message);
+                }
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(Rule {
+        name: raw.name,
+        description: raw.description,
+        enabled: raw.enabled,
+        priority: raw.priority,
+        file: file.to_owned(),
+        on: raw.on,
+        stop: raw.stop,
+        when,
+        actions,
+    })
+}
+
+fn version_of(sources: &[(String, String)]) -> String {
+    let mut hasher = crc32fast::Hasher::new();
+    for (name, text) in sources {
+        hasher.update(name.as_bytes());
+        hasher.update(&[0]);
+        hasher.update(text.as_bytes());
+        hasher.update(&[0]);
+    }
+    format!("{:08x}", hasher.finalize())
+}
+
+impl Decide for RuleSet {
+    fn decide(&self, event: &Event, state: &ConversationState, now: Millis) -> Vec<Decision> {
+        let kind = event.kind.as_str();
+        let mut ctx = None;
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            if !rule.enabled || !rule.listens(kind) {
+                continue;
+            }
+            let ctx = ctx.get_or_insert_with(|| context::build(event, state, now));
+            if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
+                continue;
+            }
+            for (index, spec) in rule.actions.iter().enumerate() {
+                match spec.render(&self.env, ctx) {
+                    Ok(action) => out.push(Decision {
+                        rule: rule.name.clone(),
+                        index,
+                        action,
+                    }),
+                    // Not a panic and not a half-made action: the rest of the rule still runs.
+                    Err(error) => tracing::warn!(
+                        rule = %rule.name,
+                        event_id = %event.id,
+                        index,
+                        %error,
+                        "rule action skipped"
+                    ),
+                }
+            }
+            if rule.stop {
+                break;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
