@@ -60,7 +60,9 @@ pub enum AppError {
 
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
 /// before anything is touched.
-pub fn load_rules(config: &Config) -> Result<Arc<dyn crate::actions::Decide>, crate::rules::LoadError> {
+pub fn load_rules(
+    config: &Config,
+) -> Result<Arc<dyn crate::actions::Decide>, crate::rules::LoadError> {
     if config.rules.dir.is_empty() {
         return Ok(Arc::new(crate::actions::NoRules));
     }

@@ -255,12 +255,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let rules = if config.rules.dir.is_empty() {
                 None
             } else {
-                Some(crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir))?)
+                Some(crate::rules::RuleSet::load_dir(std::path::Path::new(
+                    &config.rules.dir,
+                ))?)
             };
             println!("# configuration is valid; effective values (secrets masked):");
             print!("{}", config.to_masked_toml());
             if let Some(set) = rules {
-                println!("# rules valid: {} rule(s), version {}", set.rules().len(), set.version());
+                println!(
+                    "# rules valid: {} rule(s), version {}",
+                    set.rules().len(),
+                    set.version()
+                );
                 for rule in set.rules() {
                     println!(
                         "#   {:>5}  {}{}  on {}  -> {}",

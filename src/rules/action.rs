@@ -66,7 +66,10 @@ impl ActionSpec {
             Some(k) => {
                 return Err(vec![(
                     "type".into(),
-                    format!("unknown action `{k}` (one of: {})", Action::NAMES.join(", ")),
+                    format!(
+                        "unknown action `{k}` (one of: {})",
+                        Action::NAMES.join(", ")
+                    ),
                 )])
             }
             None => return Err(vec![("type".into(), "missing action type".into())]),
@@ -81,7 +84,9 @@ impl ActionSpec {
         }
         let defaults: Vec<(&'static str, &'static str)> = DEFAULTS
             .iter()
-            .filter(|(field, _, kinds)| kinds.contains(&kind.as_str()) && !body.contains_key(*field))
+            .filter(|(field, _, kinds)| {
+                kinds.contains(&kind.as_str()) && !body.contains_key(*field)
+            })
             .map(|(field, key, _)| (*field, *key))
             .collect();
         let mut templates = Vec::new();
@@ -154,7 +159,8 @@ impl ActionSpec {
                 map.insert((*field).to_owned(), default(key)?);
             }
         }
-        serde_json::from_value::<Action>(body).map_err(|e| format!("invalid `{}` action: {e}", self.kind))
+        serde_json::from_value::<Action>(body)
+            .map_err(|e| format!("invalid `{}` action: {e}", self.kind))
     }
 }
 

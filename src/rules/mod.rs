@@ -47,10 +47,7 @@ impl fmt::Display for RuleError {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot read rule directory {dir}: {source}")]
-    Dir {
-        dir: String,
-        source: std::io::Error,
-    },
+    Dir { dir: String, source: std::io::Error },
     #[error("{} problem(s) in rule files:\n  - {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  - "))]
     Invalid(Vec<RuleError>),
 }
@@ -257,7 +254,9 @@ fn compile(
         if !known {
             report(
                 format!("on[{i}]"),
-                format!("`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"),
+                format!(
+                    "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"
+                ),
             );
             ok = false;
         }

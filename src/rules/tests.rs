@@ -1,0 +1,373 @@
+use super::*;
+use crate::actions::Action;
+use crate::ids::ConversationId;
+use crate::webhook::parse_event;
+
+/// The first event of a shared fixture, folded into a fresh state.
+fn fixture(name: &str) -> (Event, ConversationState) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/webhooks")
+        .join(name);
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let delivery: Value = serde_json::from_str(&text).expect("fixture json");
+    let raw = delivery["messages"][0].to_string();
+    let event = parse_event(&raw).expect("fixture event");
+    let id = event
+        .payload
+        .conversation_id()
+        .cloned()
+        .unwrap_or_else(|| ConversationId::new("none"));
+    let mut state = ConversationState::new(id);
+    state.apply(&event);
+    (event, state)
+}
+
+fn rules(text: &str) -> RuleSet {
+    RuleSet::from_sources(&[("test.toml".into(), text.into())]).expect("rules compile")
+}
+
+fn problems(text: &str) -> Vec<RuleError> {
+    match RuleSet::from_sources(&[("bad.toml".into(), text.into())]) {
+        Err(LoadError::Invalid(p)) => p,
+        other => panic!("expected problems, got {other:?}"),
+    }
+}
+
+const NOW: Millis = 1_763_690_500_000;
+
+#[test]
+fn a_matching_rule_decides_its_actions_with_rendered_text_and_the_conversation_filled_in() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "ask-agent"
+        on = ["bot.message.received"]
+        when = { all = [
+            { field = "sender", equals = "user" },
+            { field = "message.data.text", contains = "상담원" },
+        ] }
+        actions = [
+            { type = "set_manual", enabled = true },
+            { type = "send_message", text = "{{ event.source_id }}: connecting you ({{ state.user_messages }})" },
+        ]
+        "#,
+    );
+    let (event, state) = fixture("message-received-text.json");
+    let decisions = set.decide(&event, &state, NOW);
+    assert_eq!(decisions.len(), 2, "{decisions:?}");
+    assert_eq!(decisions[0].rule, "ask-agent");
+    assert_eq!(decisions[0].index, 0);
+    assert_eq!(decisions[1].index, 1);
+    let conv = state.id.clone();
+    assert_eq!(
+        decisions[0].action,
+        Action::SetManual {
+            conversation_id: conv.clone(),
+            enabled: true
+        }
+    );
+    match &decisions[1].action {
+        Action::SendMessage {
+            conversation_id,
+            message,
+            ..
+        } => {
+            assert_eq!(conversation_id, &conv);
+            let bot = event.source_id.as_str();
+            assert_eq!(
+                message.text.as_deref(),
+                Some(format!("{bot}: connecting you (1)").as_str())
+            );
+        }
+        other => panic!("not a message: {other:?}"),
+    }
+}
+
+#[test]
+fn conditions_that_do_not_hold_and_other_event_types_decide_nothing() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "bot-only"
+        on = ["bot.message.received"]
+        when = { field = "sender", equals = "agent" }
+        actions = [{ type = "set_manual", enabled = false }]
+
+        [[rule]]
+        name = "other-event"
+        on = ["bot.conversation.agent_call_connected"]
+        actions = [{ type = "set_manual", enabled = false }]
+        "#,
+    );
+    let (event, state) = fixture("message-received-text.json");
+    assert!(set.decide(&event, &state, NOW).is_empty());
+}
+
+#[test]
+fn priority_orders_rules_and_stop_ends_the_evaluation() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "low"
+        priority = 1
+        on = ["*"]
+        actions = [{ type = "update_state", add_labels = ["low"] }]
+
+        [[rule]]
+        name = "high"
+        priority = 10
+        on = ["*"]
+        actions = [{ type = "update_state", add_labels = ["high"] }]
+
+        [[rule]]
+        name = "middle"
+        priority = 5
+        on = ["*"]
+        actions = [{ type = "update_state", add_labels = ["middle"] }]
+        "#,
+    );
+    let (event, state) = fixture("agent-call-requested.json");
+    let order: Vec<String> = set
+        .decide(&event, &state, NOW)
+        .into_iter()
+        .map(|d| d.rule)
+        .collect();
+    assert_eq!(order, ["high", "middle", "low"]);
+
+    let stopping = rules(
+        r#"
+        [[rule]]
+        name = "first"
+        priority = 10
+        on = ["*"]
+        stop = true
+        actions = [{ type = "update_state", add_labels = ["a"] }]
+
+        [[rule]]
+        name = "never"
+        on = ["*"]
+        actions = [{ type = "update_state", add_labels = ["b"] }]
+        "#,
+    );
+    let rules: Vec<String> = stopping
+        .decide(&event, &state, NOW)
+        .into_iter()
+        .map(|d| d.rule)
+        .collect();
+    assert_eq!(rules, ["first"]);
+}
+
+#[test]
+fn disabled_rules_are_kept_but_never_fire() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "off"
+        enabled = false
+        on = ["*"]
+        actions = [{ type = "set_manual", enabled = true }]
+        "#,
+    );
+    assert_eq!(set.rules().len(), 1);
+    let (event, state) = fixture("agent-call-requested.json");
+    assert!(set.decide(&event, &state, NOW).is_empty());
+}
+
+#[test]
+fn every_operator_tests_what_it_says() {
+    let (event, state) = fixture("message-received-text.json");
+    let ctx = context::build(&event, &state, NOW);
+    let holds = |cond: &str| {
+        let raw: RawCondition = toml::from_str(cond).expect("condition toml");
+        let mut p = Vec::new();
+        let c = raw.compile("when", &mut p).expect("compiles");
+        c.holds(&ctx)
+    };
+    let text = "field = \"message.data.text\"";
+    assert!(holds(&format!("{text}\ncontains = \"상담원\"")));
+    assert!(!holds(&format!("{text}\ncontains = \"nope\"")));
+    assert!(holds(&format!("{text}\nstarts_with = \"주문\"")));
+    assert!(holds(&format!("{text}\nends_with = \"주세요\"")));
+    assert!(holds(&format!("{text}\nmatches = \"상담원\\\\s+연결\"")));
+    assert!(!holds(&format!("{text}\nmatches = \"^상담원\"")));
+    assert!(holds(&format!("{text}\nexists = true")));
+    assert!(holds("field = \"message.meta.nothing\"\nexists = false"));
+    assert!(holds("field = \"sender\"\nin = [\"bot\", \"user\"]"));
+    assert!(!holds("field = \"sender\"\nin = [\"bot\", \"agent\"]"));
+    assert!(holds("field = \"sender\"\nnot_equals = \"agent\""));
+    assert!(holds("field = \"state.user_messages\"\nequals = 1"));
+    assert!(holds("field = \"state.user_messages\"\ngte = 1"));
+    assert!(!holds("field = \"state.user_messages\"\ngt = 1"));
+    assert!(holds("field = \"state.user_messages\"\nlt = 2.5"));
+    assert!(holds("field = \"state.user_messages\"\nlte = 1"));
+    assert!(holds("field = \"state.phase\"\nequals = \"bot\""));
+    assert!(holds(
+        "field = \"event.type\"\nequals = \"bot.message.received\""
+    ));
+    assert!(holds(
+        "not = { field = \"state.labels\", contains = \"vip\" }"
+    ));
+    assert!(holds(
+        "any = [{ field = \"sender\", equals = \"bot\" }, { field = \"sender\", equals = \"user\" }]"
+    ));
+    assert!(!holds(
+        "all = [{ field = \"sender\", equals = \"bot\" }, { field = \"sender\", equals = \"user\" }]"
+    ));
+    // A missing field fails every positive test.
+    assert!(!holds("field = \"state.variables.none\"\nequals = \"x\""));
+    assert!(!holds("field = \"state.variables.none\"\ngt = 0"));
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported_with_its_place() {
+    let found = problems(
+        r#"
+        [[rule]]
+        name = "bad name!"
+        on = ["bot.message.recieved"]
+        when = { field = "mesage.data.text", contains = "x" }
+        actions = [
+            { type = "set_manul" },
+            { type = "send_message", text = "{{ unclosed" },
+            { type = "navigate" },
+        ]
+
+        [[rule]]
+        name = "two-ops"
+        on = ["*"]
+        when = { field = "sender", equals = "user", contains = "u" }
+
+        [[rule]]
+        name = "regex"
+        on = ["*"]
+        when = { field = "sender", matches = "(" }
+        "#,
+    );
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    let has = |needle: &str| {
+        assert!(
+            text.iter().any(|t| t.contains(needle)),
+            "no problem mentions {needle:?}: {text:#?}"
+        )
+    };
+    has("rule[0] (bad name!).name");
+    has("rule[0] (bad name!).on[0]: `bot.message.recieved` is not a webhook event type");
+    has("when.field: `mesage.data.text` is not a field");
+    has("actions[0].type: unknown action `set_manul`");
+    has("actions[1].message.text: template");
+    has("actions[2]: invalid `navigate` action");
+    has("rule[1] (two-ops).when: a `field` condition needs exactly one operator");
+    has("rule[2] (regex).when.matches: invalid regex");
+    assert!(text.iter().all(|t| t.starts_with("bad.toml: ")));
+}
+
+#[test]
+fn unknown_keys_syntax_errors_and_duplicate_names_are_refused() {
+    let found = problems("[[rule]]\nname = \"a\"\non = [\"*\"]\nwhen_ = 1\n");
+    assert!(found[0].message.contains("when_"), "{found:?}");
+    let found = problems("[[rule]\n");
+    assert_eq!(found.len(), 1);
+    let dup = RuleSet::from_sources(&[
+        (
+            "a.toml".into(),
+            "[[rule]]\nname = \"x\"\non = [\"*\"]\n".into(),
+        ),
+        (
+            "b.toml".into(),
+            "[[rule]]\nname = \"x\"\non = [\"*\"]\n".into(),
+        ),
+    ]);
+    match dup {
+        Err(LoadError::Invalid(p)) => {
+            assert_eq!(p.len(), 1);
+            assert!(p[0].to_string().starts_with("b.toml: rule[0] (x).name"));
+            assert!(p[0].message.contains("a.toml"));
+        }
+        other => panic!("duplicate names accepted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_template_that_fails_at_run_time_skips_only_that_action() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "partial"
+        on = ["*"]
+        actions = [
+            { type = "send_message", text = "{{ state.variables.missing }}" },
+            { type = "set_manual", enabled = true },
+        ]
+        "#,
+    );
+    let (event, state) = fixture("agent-call-requested.json");
+    let decisions = set.decide(&event, &state, NOW);
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    // The surviving action keeps its own index, so its id does not depend on the failure.
+    assert_eq!(decisions[0].index, 1);
+    assert!(matches!(decisions[0].action, Action::SetManual { .. }));
+}
+
+#[test]
+fn partner_actions_default_to_the_conversations_user_key() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "relay"
+        on = ["bot.message.received"]
+        actions = [{ type = "partner_send_message", sender_key = "sk-1", text = "hi {{ user_key }}" }]
+        "#,
+    );
+    let (event, mut state) = fixture("message-received-text.json");
+    state.user_key = Some("uk-9".into());
+    let decisions = set.decide(&event, &state, NOW);
+    match &decisions[0].action {
+        Action::PartnerSendMessage {
+            sender_key,
+            user_key,
+            message,
+        } => {
+            assert_eq!(sender_key, "sk-1");
+            assert_eq!(user_key, "uk-9");
+            assert_eq!(message.text.as_deref(), Some("hi uk-9"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Without a user key the action cannot be made; it is skipped, not sent to nobody.
+    state.user_key = None;
+    assert!(set.decide(&event, &state, NOW).is_empty());
+}
+
+#[test]
+fn the_version_changes_with_the_files() {
+    let a = rules("[[rule]]\nname = \"a\"\non = [\"*\"]\n");
+    let b = rules("[[rule]]\nname = \"b\"\non = [\"*\"]\n");
+    assert_ne!(a.version(), b.version());
+    assert_eq!(
+        a.version(),
+        rules("[[rule]]\nname = \"a\"\non = [\"*\"]\n").version()
+    );
+}
+
+#[test]
+fn load_dir_reads_toml_files_in_name_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("b.toml"),
+        "[[rule]]\nname = \"second\"\non = [\"*\"]\nactions = [{ type = \"set_manual\", enabled = true }]\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("a.toml"),
+        "[[rule]]\nname = \"first\"\non = [\"*\"]\nactions = [{ type = \"set_manual\", enabled = false }]\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("notes.md"), "not a rule file").expect("write");
+    let set = RuleSet::load_dir(dir.path()).expect("load");
+    let names: Vec<&str> = set.rules().iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["first", "second"]);
+    assert!(matches!(
+        RuleSet::load_dir(&dir.path().join("missing")),
+        Err(LoadError::Dir { .. })
+    ));
+}
