@@ -32,6 +32,8 @@ pub struct Shared {
     pub upstream: crate::upstream::handle::UpstreamHandle,
     /// The in-process emulator when the upstream is `embedded`.
     pub emulator: Option<crate::emulator::Emulator>,
+    /// The rules in force (also used by replay).
+    pub rules: Arc<dyn crate::actions::Decide>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +134,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,
-        rules,
+        rules: rules.clone(),
         decided: Some(decided_tx),
     };
     let (dispatch, dispatcher) =
@@ -176,6 +178,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         shutting_down: AtomicBool::new(false),
         upstream: upstream.handle.clone(),
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
+        rules,
     });
 
     let webhook_path = config.webhook.path.clone();

@@ -102,6 +102,25 @@ pub enum Command {
         #[command(subcommand)]
         action: DlqCommand,
     },
+    /// Re-run the events received in a time window through the current rules and queue the
+    /// actions (or only show them with --dry-run). An action decided before is never queued
+    /// again unless --force is given.
+    Replay {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Start of the window (inclusive): Unix ms or RFC 3339, e.g. 2026-11-22T09:00:00Z.
+        #[arg(long)]
+        from: String,
+        /// End of the window (exclusive).
+        #[arg(long)]
+        to: String,
+        /// Show what the rules decide; queue nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Queue actions that were decided before too, under new ids (the upstream acts again).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -321,6 +340,13 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Dlq { config, action } => dlq(&load(&config, None)?, action),
+        Command::Replay {
+            config,
+            from,
+            to,
+            dry_run,
+            force,
+        } => replay(&load(&config, None)?, &from, &to, dry_run, force),
         Command::Quarantine { config, action } => {
             let config = load(&config, None)?;
             match action {
@@ -407,6 +433,42 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
         }
         None => Err(CliError::NotFound(missing())),
     }
+}
+
+/// `handoff-bridge replay`: through the running daemon (its rules, its executor), or on the
+/// store when it is stopped (with the configured rules; the next start runs what was queued).
+fn replay(
+    config: &Config,
+    from: &str,
+    to: &str,
+    dry_run: bool,
+    force: bool,
+) -> Result<(), CliError> {
+    let parse = |what: &str, text: &str| {
+        crate::clock::parse_time(text).map_err(|e| CliError::Usage(format!("--{what}: {e}")))
+    };
+    let request = crate::store::replay::ReplayRequest {
+        from: parse("from", from)?,
+        to: parse("to", to)?,
+        dry_run,
+        force,
+    };
+    if request.from >= request.to {
+        return Err(CliError::Usage("--from must be before --to".into()));
+    }
+    let rules = crate::app::load_rules(config)?;
+    let path = format!(
+        "/admin/v1/replay?from={}&to={}&dry_run={dry_run}&force={force}",
+        request.from, request.to
+    );
+    let value = read(config, "POST", &path, |store| {
+        let report = store.replay(&request, rules.as_ref())?;
+        if !report.entries.is_empty() {
+            store.flush()?;
+        }
+        Ok(Some(serde_json::to_value(&report).unwrap_or(Value::Null)))
+    })?;
+    print_found(value, String::new)
 }
 
 /// `handoff-bridge dlq ...`: through the running daemon, or on the store when it is stopped (the

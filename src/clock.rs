@@ -8,3 +8,34 @@ pub fn now_millis() -> Millis {
         Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
     })
 }
+
+/// A time given by an operator: Unix milliseconds, or RFC 3339 (`2026-11-22T09:00:00Z`).
+pub fn parse_time(text: &str) -> Result<Millis, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<Millis>() {
+        return Ok(ms);
+    }
+    let at = humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("`{text}` is neither Unix milliseconds nor RFC 3339 ({e})"))?;
+    let since = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("`{text}` is before 1970"))?;
+    Millis::try_from(since.as_millis()).map_err(|_| format!("`{text}` is too far away"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_times_parse_as_millis_or_rfc3339() {
+        assert_eq!(parse_time("1763690400000"), Ok(1_763_690_400_000));
+        assert_eq!(parse_time("2025-11-21T02:00:00Z"), Ok(1_763_690_400_000));
+        assert_eq!(
+            parse_time(" 2025-11-21T02:00:00.5Z "),
+            Ok(1_763_690_400_500)
+        );
+        assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("").is_err());
+    }
+}

@@ -19,6 +19,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/dead-letters/{id}", web::get().to(show_dead))
         .route("/dead-letters/{id}", web::delete().to(drop_dead))
         .route("/dead-letters/{id}/retry", web::post().to(retry_dead))
+        .route("/replay", web::post().to(replay))
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {
@@ -170,4 +171,59 @@ async fn drop_dead(
     tracing::info!(action_id = %letter.entry.id, reason = %reason, "dead letter dropped by an operator");
     shared.executor.dropped(letter.entry.queue.clone());
     Ok(HttpResponse::Ok().json(json!({ "dropped": id, "reason": reason })))
+}
+
+/// Re-run stored events through the current rules (`POST /admin/v1/replay?from=&to=`, times as
+/// Unix ms or RFC 3339). Queued actions are made durable before they reach the executor.
+async fn replay(
+    shared: web::Data<Shared>,
+    q: web::Query<ReplayQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let request = q.into_inner().request()?;
+    let store = shared.store.clone();
+    let rules = shared.rules.clone();
+    let report = web::block(move || store.replay(&request, rules.as_ref()))
+        .await
+        .map_err(|_| ApiError::unavailable("replay was interrupted"))?
+        .map_err(store_error)?;
+    if !report.entries.is_empty() {
+        shared
+            .writer
+            .flush()
+            .await
+            .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
+        tracing::info!(
+            queued = report.queued,
+            "replayed actions queued by an operator"
+        );
+        shared.executor.notify(report.entries.clone());
+    }
+    Ok(HttpResponse::Ok().json(&report))
+}
+
+#[derive(Deserialize)]
+struct ReplayQuery {
+    from: String,
+    to: String,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    force: bool,
+}
+
+impl ReplayQuery {
+    fn request(self) -> Result<crate::store::replay::ReplayRequest, ApiError> {
+        let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
+        let from = crate::clock::parse_time(&self.from).map_err(|e| bad(format!("from: {e}")))?;
+        let to = crate::clock::parse_time(&self.to).map_err(|e| bad(format!("to: {e}")))?;
+        if from >= to {
+            return Err(bad("`from` must be before `to`".into()));
+        }
+        Ok(crate::store::replay::ReplayRequest {
+            from,
+            to,
+            dry_run: self.dry_run,
+            force: self.force,
+        })
+    }
 }

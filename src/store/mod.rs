@@ -9,6 +9,7 @@
 
 pub mod keys;
 pub mod outbox;
+pub mod replay;
 pub mod wal;
 pub mod writer;
 

@@ -374,3 +374,99 @@ fn a_group_dedupes_within_itself_and_quarantines_invalid_events_of_new_deliverie
     assert_eq!(store.quarantined().expect("list").len(), 1);
     assert_eq!(store.pending().expect("pending").len(), 2);
 }
+
+fn accept_at(store: &Store, body: &[u8], received_at: Millis) {
+    let parsed = parse_delivery(body).expect("valid delivery");
+    store
+        .accept(&parsed.id, &parsed.events, received_at)
+        .expect("accept");
+}
+
+fn one_message_rule(name: &str) -> crate::rules::RuleSet {
+    let text = format!(
+        "[[rule]]\nname = \"{name}\"\non = [\"bot.message.received\"]\n\
+         actions = [{{ type = \"send_message\", text = \"{name} {{{{ event.id }}}}\" }}]\n"
+    );
+    crate::rules::RuleSet::from_sources(&[("r.toml".into(), text)]).expect("rules")
+}
+
+fn drain_with(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
+    let pending = store.pending().expect("pending");
+    let batch: Vec<(u64, Event)> = pending
+        .iter()
+        .map(|(seq, _)| {
+            let rec = store.event(*seq).expect("read").expect("record");
+            (*seq, parse_event(rec.event.get()).expect("parse"))
+        })
+        .collect();
+    let received = vec![0; batch.len()];
+    store.apply_with(&batch, rules, &received).expect("apply")
+}
+
+#[test]
+fn replay_queues_only_actions_never_decided_unless_forced() {
+    use replay::ReplayRequest;
+    let (_d, store) = store();
+    let old = one_message_rule("greet");
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]),
+        1_000,
+    );
+    accept_at(&store, &delivery("d2", &[("e3", "c1", 3)]), 5_000);
+    let applied = drain_with(&store, &old);
+    assert_eq!(applied.outbox.len(), 3);
+    // Not folded yet: replay leaves it to the dispatcher.
+    accept_at(&store, &delivery("d3", &[("e4", "c1", 4)]), 1_500);
+    let window = |dry_run, force| ReplayRequest {
+        from: 1_000,
+        to: 2_000,
+        dry_run,
+        force,
+    };
+
+    // Same rules: everything in the window was decided before; nothing is queued.
+    let report = store.replay(&window(false, false), &old).expect("replay");
+    assert_eq!(report.events, 2, "e1 and e2 (e3 is outside, e4 pending)");
+    assert_eq!(report.pending_events, 1);
+    assert_eq!((report.queued, report.skipped), (0, 2));
+    assert!(report
+        .items
+        .iter()
+        .all(|i| i.status == "already_decided" && i.previous.as_deref() == Some("pending")));
+    assert_eq!(store.outbox().expect("outbox").len(), 3);
+
+    // New rules: their actions are new and queued; the old rule's are still skipped.
+    let both = crate::rules::RuleSet::from_sources(&[
+        ("a.toml".into(), "[[rule]]\nname = \"greet\"\non = [\"bot.message.received\"]\nactions = [{ type = \"send_message\", text = \"greet {{ event.id }}\" }]\n".into()),
+        ("b.toml".into(), "[[rule]]\nname = \"tag\"\non = [\"bot.message.received\"]\nactions = [{ type = \"set_manual\", enabled = true }]\n".into()),
+    ])
+    .expect("rules");
+    let dry = store.replay(&window(true, false), &both).expect("dry run");
+    assert_eq!(dry.queued, 0);
+    assert_eq!(dry.items.iter().filter(|i| i.status == "new").count(), 2);
+    assert_eq!(
+        store.outbox().expect("outbox").len(),
+        3,
+        "a dry run queues nothing"
+    );
+    let report = store.replay(&window(false, false), &both).expect("replay");
+    assert_eq!((report.queued, report.skipped), (2, 2));
+    let queued: Vec<&str> = report.entries.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(queued, ["e1/tag/0", "e2/tag/0"]);
+    assert_eq!(store.outbox().expect("outbox").len(), 5);
+    // Replaying again finds them in the ledger.
+    let again = store.replay(&window(false, false), &both).expect("replay");
+    assert_eq!((again.queued, again.skipped), (0, 4));
+
+    // Forced: queued again under new ids, so the upstream acts again.
+    let forced = store.replay(&window(false, true), &old).expect("forced");
+    assert_eq!(forced.queued, 2);
+    for item in &forced.items {
+        assert_eq!(item.status, "forced");
+        assert!(item
+            .id
+            .starts_with(&format!("{}/greet/0~replay-", item.event_id)));
+    }
+    assert_eq!(store.outbox().expect("outbox").len(), 7);
+}

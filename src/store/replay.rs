@@ -1,0 +1,206 @@
+//! Replay: stored events re-run through the current rules.
+//!
+//! The state an event is decided against is rebuilt by folding its conversation's stored events
+//! from the start, in acceptance order (the order the dispatcher folded them in), applying the
+//! current rules' own state changes (labels, variables) on the way. Events older than the event
+//! retention are gone, so a conversation's earliest state may be thinner than it was.
+//!
+//! An action that was decided before (its id is in the ledger) is reported and not queued again,
+//! unless forced: a forced action gets a new id, and with it a new idempotency key, because the
+//! upstream would otherwise answer the old call's result without acting.
+
+use super::{decode, encode, keys, outbox::ActionStatus, EventRecord, Store, StoreError};
+use crate::actions::{action_id, Action, Decide, OutboxEntry};
+use crate::ids::{ConversationId, PartitionKey};
+use crate::state::ConversationState;
+use crate::webhook::model::Millis;
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+use std::collections::{HashMap, HashSet};
+
+/// Which events, and what to do with their actions.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct ReplayRequest {
+    /// Events received at or after this time (Unix ms)...
+    pub from: Millis,
+    /// ...and before this one.
+    pub to: Millis,
+    /// Only report; queue nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Queue actions that ran before, under new ids.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// One action the current rules decide for a replayed event.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayItem {
+    pub event_id: String,
+    pub conversation_id: ConversationId,
+    pub rule: String,
+    /// The id it is (or would be) queued under.
+    pub id: String,
+    /// `new` (never decided), `already_decided` (skipped), `forced` (decided before, queued
+    /// again under a new id).
+    pub status: &'static str,
+    /// What the ledger says about the original id, if it was decided before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    pub queued: bool,
+    pub action: Action,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ReplayReport {
+    /// Events in the window that belong to a conversation (others have no rules).
+    pub events: u64,
+    /// Events in the window still waiting in the inbox: they will be decided normally.
+    pub pending_events: u64,
+    pub queued: u64,
+    pub skipped: u64,
+    pub items: Vec<ReplayItem>,
+    /// Queued entries, for the executor (not part of the printed report).
+    #[serde(skip)]
+    pub entries: Vec<OutboxEntry>,
+}
+
+impl Store {
+    /// Re-run the window's events through `rules`; unless `dry_run`, queue what is new (or forced)
+    /// in one transaction. The caller makes it durable (flush) before telling the executor.
+    pub fn replay(
+        &self,
+        request: &ReplayRequest,
+        rules: &dyn Decide,
+    ) -> Result<ReplayReport, StoreError> {
+        // Serialised with folds: an event cannot be decided by a fold and by the replay at once.
+        let _folding = self
+            .fold_lock
+            .lock()
+            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        let mut report = ReplayReport::default();
+        let in_window =
+            |r: &EventRecord| r.received_at >= request.from && r.received_at < request.to;
+
+        // Pass 1: the conversations with events in the window, and where the window ends.
+        let mut wanted = HashSet::new();
+        let mut last_seq = None;
+        for item in self.events.iter() {
+            let (key, value) = item?;
+            let record: EventRecord = decode(&value, "event record")?;
+            let conversation = matches!(
+                PartitionKey::decode(&record.partition),
+                Some(PartitionKey::Conversation(_))
+            );
+            if in_window(&record) && conversation {
+                if self.inbox.contains_key(&key)? {
+                    report.pending_events += 1;
+                } else {
+                    wanted.insert(record.partition.clone());
+                    last_seq = Some(record.seq);
+                }
+            }
+        }
+        let Some(last_seq) = last_seq else {
+            return Ok(report);
+        };
+
+        // Pass 2: fold those conversations from their first stored event; decide in the window.
+        let now = crate::clock::now_millis();
+        let mut states: HashMap<String, ConversationState> = HashMap::new();
+        let mut taken = HashSet::new();
+        for item in self.events.range(..=keys::seq(last_seq)) {
+            let (key, value) = item?;
+            let record: EventRecord = decode(&value, "event record")?;
+            if !wanted.contains(&record.partition) || self.inbox.contains_key(&key)? {
+                continue;
+            }
+            let Ok(event) = crate::webhook::parse_event(record.event.get()) else {
+                continue;
+            };
+            let Some(conversation) = event.payload.conversation_id() else {
+                continue;
+            };
+            let state = states
+                .entry(record.partition.clone())
+                .or_insert_with(|| ConversationState::new(conversation.clone()));
+            state.apply(&event);
+            let decisions = rules.decide(&event, state, now);
+            let replayed = in_window(&record);
+            report.events += u64::from(replayed);
+            for decision in decisions {
+                if let Action::UpdateState {
+                    add_labels,
+                    remove_labels,
+                    variables,
+                    ..
+                } = &decision.action
+                {
+                    state.update(add_labels, remove_labels, variables);
+                    continue;
+                }
+                if !replayed {
+                    continue;
+                }
+                let original = action_id(&event.id, &decision.rule, decision.index);
+                let previous = self
+                    .actions
+                    .get(original.as_bytes())?
+                    .map(|b| decode::<ActionStatus>(&b, "action status"))
+                    .transpose()?
+                    .map(|s| s.state);
+                let (status, id) = match (&previous, request.force) {
+                    (None, _) => ("new", original),
+                    (Some(_), false) => ("already_decided", original),
+                    (Some(_), true) => ("forced", format!("{original}~replay-{now}")),
+                };
+                let queued =
+                    status != "already_decided" && !request.dry_run && taken.insert(id.clone());
+                if queued {
+                    report.queued += 1;
+                    report.entries.push(OutboxEntry {
+                        seq: self.db.generate_id()?,
+                        id: id.clone(),
+                        queue: decision.action.queue(),
+                        event_id: event.id.clone(),
+                        rule: decision.rule.clone(),
+                        action: decision.action.clone(),
+                        received_at: record.received_at,
+                        decided_at: now,
+                    });
+                } else if status == "already_decided" {
+                    report.skipped += 1;
+                }
+                report.items.push(ReplayItem {
+                    event_id: event.id.as_str().to_owned(),
+                    conversation_id: state.id.clone(),
+                    rule: decision.rule,
+                    id,
+                    status,
+                    previous,
+                    queued,
+                    action: decision.action,
+                });
+            }
+        }
+        if report.entries.is_empty() {
+            return Ok(report);
+        }
+        let rows = report
+            .entries
+            .iter()
+            .map(|e| {
+                let status = ActionStatus::pending(e.seq, now);
+                Ok((e.seq, e.id.as_str(), encode(e)?, encode(&status)?))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        (&self.outbox, &self.actions).transaction(|(outbox, actions)| {
+            for (seq, id, entry, status) in &rows {
+                outbox.insert(&keys::seq(*seq), entry.as_slice())?;
+                actions.insert(id.as_bytes(), status.as_slice())?;
+            }
+            Ok(())
+        })?;
+        Ok(report)
+    }
+}
