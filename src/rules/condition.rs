@@ -187,7 +187,7 @@ impl Op {
         let value = value.filter(|v| !v.is_null());
         match self {
             Op::Exists(want) => value.is_some() == *want,
-            Op::NotEquals(other) => value.is_none_or(|v| !same(v, other)),
+            Op::NotEquals(other) => !matches!(value, Some(v) if same(v, other)),
             _ => value.is_some_and(|v| self.test(v)),
         }
     }
