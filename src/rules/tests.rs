@@ -371,3 +371,17 @@ fn load_dir_reads_toml_files_in_name_order() {
         Err(LoadError::Dir { .. })
     ));
 }
+
+#[test]
+fn the_example_rule_set_in_the_repository_compiles_and_decides() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
+    let set = RuleSet::load_dir(&dir).expect("rules/examples must stay valid");
+    assert_eq!(set.rules().len(), 3);
+    let (event, state) = fixture("message-received-text.json");
+    let kinds: Vec<&str> = set
+        .decide(&event, &state, NOW)
+        .iter()
+        .map(|d| d.action.name())
+        .collect();
+    assert_eq!(kinds, ["set_manual", "send_message", "update_state"]);
+}
