@@ -130,7 +130,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         },
         stop_rx.clone(),
     )?;
-    let (decided_tx, decided_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (decided_tx, decided_rx) = executor.decided_channel();
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,
@@ -315,9 +315,10 @@ async fn forward_decided(
         if let Err(e) = writer.flush().await {
             // They stay in the outbox and run after the next start.
             tracing::error!(error = %e, actions = entries.len(), "cannot make decided actions durable");
+            executor.withdraw_decided(entries.len());
             continue;
         }
-        executor.notify(entries);
+        executor.notify_decided(entries);
     }
 }
 

@@ -86,7 +86,7 @@ pub struct DispatchSettings {
     /// Decides actions for each folded event.
     pub rules: std::sync::Arc<dyn crate::actions::Decide>,
     /// Receives the outbox entries of each committed fold, in fold order.
-    pub decided: Option<mpsc::UnboundedSender<Vec<crate::actions::OutboxEntry>>>,
+    pub decided: Option<crate::outbox::DecidedSender>,
 }
 
 /// Start the dispatcher on the current runtime. It recovers the inbox, then runs until `stop`
@@ -284,7 +284,7 @@ struct Fold<'a> {
     store: &'a Store,
     metrics: &'a Metrics,
     rules: &'a dyn crate::actions::Decide,
-    decided: Option<&'a mpsc::UnboundedSender<Vec<crate::actions::OutboxEntry>>>,
+    decided: Option<&'a crate::outbox::DecidedSender>,
 }
 
 /// Fold one job (several partitions' batches) in one transaction. Runs on the blocking pool.
@@ -324,7 +324,7 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
     match store.apply_with(&batch, fold.rules, &received) {
         Ok(applied) => {
             if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
-                let _ = tx.send(applied.outbox);
+                tx.send(applied.outbox);
             }
             let now = crate::clock::now_millis();
             for at in received {

@@ -34,7 +34,11 @@ pub struct ExecutorSettings {
 }
 
 enum Msg {
+    /// Durable entries to run; counted in `in_transit` until they arrive.
     Entries(Vec<OutboxEntry>),
+    /// Entries sent through a [`DecidedSender`] that will not come (their flush failed; they
+    /// stay in the outbox and run after the next start).
+    Withdrawn(usize),
     /// A blocking dead letter of this queue was retried or dropped.
     Unblock(String),
     /// Re-check (after resume).
@@ -48,22 +52,70 @@ pub struct ExecutorHandle {
     paused: Arc<AtomicBool>,
     depth: Arc<AtomicUsize>,
     max_depth: usize,
-    /// Changes whenever the executor's pending count changes.
+    /// Changes whenever the executor's pending count, or `in_transit`, changes.
     progress: watch::Receiver<usize>,
+    /// Entries decided by a fold and on their way here (being flushed).
+    in_transit: Arc<AtomicUsize>,
+}
+
+/// How the fold hands decided entries on. They count as pending from the moment they are sent,
+/// so [`ExecutorHandle::wait_idle`] cannot report idle while entries are still being flushed.
+#[derive(Clone)]
+pub struct DecidedSender {
+    tx: mpsc::UnboundedSender<Vec<OutboxEntry>>,
+    in_transit: Arc<AtomicUsize>,
+}
+
+impl DecidedSender {
+    pub fn send(&self, entries: Vec<OutboxEntry>) {
+        let n = entries.len();
+        if n == 0 {
+            return;
+        }
+        self.in_transit.fetch_add(n, Ordering::SeqCst);
+        if self.tx.send(entries).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
 }
 
 impl ExecutorHandle {
+    /// The channel a fold sends decided entries into; its receiver must pass each batch on
+    /// with [`notify_decided`](Self::notify_decided) or [`withdraw_decided`](Self::withdraw_decided).
+    pub fn decided_channel(&self) -> (DecidedSender, mpsc::UnboundedReceiver<Vec<OutboxEntry>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sender = DecidedSender {
+            tx,
+            in_transit: self.in_transit.clone(),
+        };
+        (sender, rx)
+    }
+
+    /// Hand over entries received from a [`DecidedSender`] (already counted), now durable.
+    pub fn notify_decided(&self, entries: Vec<OutboxEntry>) {
+        let n = entries.len();
+        if n > 0 && self.tx.send(Msg::Entries(entries)).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Entries received from a [`DecidedSender`] that could not be made durable now.
+    pub fn withdraw_decided(&self, n: usize) {
+        if n > 0 && self.tx.send(Msg::Withdrawn(n)).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
     /// Hand over entries that are durable in the outbox.
     pub fn notify(&self, entries: Vec<OutboxEntry>) {
-        if !entries.is_empty() {
-            let _ = self.tx.send(Msg::Entries(entries));
-        }
+        self.in_transit.fetch_add(entries.len(), Ordering::SeqCst);
+        self.notify_decided(entries);
     }
 
     /// A dead letter went back to the outbox: run it (and what waited behind it).
     pub fn retried(&self, entry: OutboxEntry) {
         let queue = entry.queue.clone();
-        let _ = self.tx.send(Msg::Entries(vec![entry]));
+        self.notify(vec![entry]);
         let _ = self.tx.send(Msg::Unblock(queue));
     }
 
@@ -99,13 +151,19 @@ impl ExecutorHandle {
     pub async fn wait_idle(&self, timeout: Duration) -> bool {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
+        // Read the progress first: a change after this read wakes the wait below, so a
+        // decrement of `in_transit` seen as not yet done is never missed.
         loop {
-            if *progress.borrow_and_update() == 0 {
+            let depth = *progress.borrow_and_update();
+            if depth == 0 && self.in_transit.load(Ordering::SeqCst) == 0 {
                 return true;
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return *self.progress.borrow() == 0,
+                Ok(Err(_)) | Err(_) => {
+                    return *self.progress.borrow() == 0
+                        && self.in_transit.load(Ordering::SeqCst) == 0
+                }
             }
         }
     }
@@ -138,6 +196,7 @@ pub fn start(
         depth: Arc::new(AtomicUsize::new(queues.depth)),
         max_depth: settings.max_depth,
         progress,
+        in_transit: Arc::new(AtomicUsize::new(0)),
     };
     if queues.depth > 0 {
         tracing::info!(pending = queues.depth, "resuming the outbox");
@@ -279,13 +338,16 @@ impl Runner {
                     span,
                 ));
             }
+            let mut arrived = 0;
             tokio::select! {
                 msg = rx.recv() => match msg {
                     Some(Msg::Entries(entries)) => {
+                        arrived = entries.len();
                         for e in entries {
                             queues.push(e);
                         }
                     }
+                    Some(Msg::Withdrawn(n)) => arrived = n,
                     Some(Msg::Unblock(queue)) => {
                         queues.blocked.remove(&queue);
                         queues.requeue(queue);
@@ -300,6 +362,14 @@ impl Runner {
                 _ = stop.changed() => {}
             }
             runner.publish(&queues);
+            if arrived > 0 {
+                // After the publish, so a waiter never sees neither the entries nor their transit.
+                runner
+                    .handle
+                    .in_transit
+                    .fetch_sub(arrived, Ordering::SeqCst);
+                runner.progress.send_modify(|_| {});
+            }
         }
         // Shutdown: calls in flight finish (bounded by the client's timeouts); queued entries stay
         // in the outbox for the next start.
