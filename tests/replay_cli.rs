@@ -104,7 +104,7 @@ fn replay_queues_new_decisions_once_and_repeats_old_ones_only_when_forced() {
     common::wait_drained(&app);
     let event_id = "3e5f0000-0000-4000-8000-000000000018";
     let greet = format!("{event_id}/greet/0");
-    assert_eq!(effective_keys(&app), [greet.clone()]);
+    assert_eq!(effective_keys(&app), vec![greet.clone()]);
     assert!(app.terminate().success());
 
     // Offline, same rules: already decided, nothing queued (dry run or not).
@@ -133,7 +133,7 @@ fn replay_queues_new_decisions_once_and_repeats_old_ones_only_when_forced() {
 
     // The next start carries it out (a fresh embedded emulator: a fresh journal).
     let app = spawn(&data, &rules);
-    assert_eq!(effective_keys(&app), [flag.clone()]);
+    assert_eq!(effective_keys(&app), vec![flag.clone()]);
 
     // Through the running daemon, forced: both actions again, under new ids.
     let report = replay(&data, &rules, &["--force"]);
