@@ -355,11 +355,18 @@ async fn prune_loop(
         let now = crate::clock::now_millis();
         let dedupe_before = now - millis(config.webhook.dedupe_retention);
         let events_before = now - millis(config.store.event_retention);
+        let audit_before = now - millis(config.outbox.audit_retention);
         let store = store.clone();
-        match tokio::task::spawn_blocking(move || store.prune(dedupe_before, events_before, 10_000))
-            .await
-        {
-            Ok(Ok(p)) => {
+        let pruning = move || {
+            let pruned = store.prune(dedupe_before, events_before, 10_000)?;
+            Ok::<_, crate::store::StoreError>((pruned, store.prune_ledger(audit_before, 10_000)?))
+        };
+        match tokio::task::spawn_blocking(pruning).await {
+            Ok(Ok((p, actions))) => {
+                metrics
+                    .pruned
+                    .with_label_values(&["actions"])
+                    .inc_by(actions);
                 metrics
                     .pruned
                     .with_label_values(&["dedupe"])

@@ -127,6 +127,10 @@ pub struct OutboxConfig {
     pub max_depth: usize,
     /// Action names whose dead letter halts the rest of its conversation until retried/dropped.
     pub blocking: Vec<String>,
+    /// How long the ledger remembers a finished action (done or dropped); at least
+    /// `store.event_retention`, so a replay of any stored event still knows what already ran.
+    #[serde(with = "humantime_serde")]
+    pub audit_retention: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -406,6 +410,13 @@ impl Config {
                 "store.event_retention",
                 &humantime::format_duration(self.store.event_retention),
                 "must be at least webhook.dedupe_retention (the log drives dedupe pruning)",
+            );
+        }
+        if self.outbox.audit_retention < self.store.event_retention {
+            bad(
+                "outbox.audit_retention",
+                &humantime::format_duration(self.outbox.audit_retention),
+                "must be at least store.event_retention (a replay must know what already ran)",
             );
         }
         if self.store.prune_interval < Duration::from_secs(1) {

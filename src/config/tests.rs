@@ -110,7 +110,7 @@ fn every_problem_is_reported_at_once_with_key_value_and_reason() {
     assert_eq!(workers.value, "\"two\"");
     assert!(workers.why.contains("expected integer"), "{}", workers.why);
 
-    let (_d2, path) = write("[server]\nlisten = \"nowhere\"\n[dispatch]\nconcurrency = 0\n[webhook]\ndedupe_retention = \"1s\"\n");
+    let (_d2, path) = write("[server]\nlisten = \"nowhere\"\n[dispatch]\nconcurrency = 0\n[webhook]\ndedupe_retention = \"1s\"\n[outbox]\naudit_retention = \"1h\"\n[rules]\ndir = \"/nonexistent/rules\"\n");
     let p = problems(
         Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
     );
@@ -120,7 +120,9 @@ fn every_problem_is_reported_at_once_with_key_value_and_reason() {
         vec![
             "server.listen",
             "webhook.dedupe_retention",
-            "dispatch.concurrency"
+            "outbox.audit_retention",
+            "dispatch.concurrency",
+            "rules.dir"
         ]
     );
     assert_eq!(p[0].value, "nowhere");

@@ -97,6 +97,25 @@ impl Store {
         Ok(())
     }
 
+    /// Forget finished actions (done or dropped) recorded before `before`, at most `limit` of
+    /// them. The ledger is keyed by action id, not time, so this scans it.
+    pub fn prune_ledger(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        let mut pruned = 0;
+        for item in self.actions.iter() {
+            if pruned as usize >= limit {
+                break;
+            }
+            let (key, value) = item?;
+            let status: ActionStatus = decode(&value, "action status")?;
+            let finished = status.state == "done" || status.state == "dropped";
+            if finished && status.at < before {
+                self.actions.remove(&key)?;
+                pruned += 1;
+            }
+        }
+        Ok(pruned)
+    }
+
     /// The entry failed for good: it moves from the outbox to the dead letters.
     pub fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
         let status = ActionStatus {

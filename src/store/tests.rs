@@ -470,3 +470,31 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
     }
     assert_eq!(store.outbox().expect("outbox").len(), 7);
 }
+
+#[test]
+fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
+    let (_d, store) = store();
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c3", 3)]),
+        1_000,
+    );
+    let applied = drain_with(&store, &one_message_rule("greet"));
+    let [old, recent, pending] = &applied.outbox[..] else {
+        panic!("three entries: {:?}", applied.outbox);
+    };
+    store.outbox_done(old, 1, 100).expect("done");
+    store.outbox_done(recent, 1, 9_000).expect("done");
+    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 1);
+    assert!(store.action_status(&old.id).expect("read").is_none());
+    assert_eq!(
+        store.action_status(&recent.id).expect("read").map(|s| s.state),
+        Some("done".into())
+    );
+    assert_eq!(
+        store.action_status(&pending.id).expect("read").map(|s| s.state),
+        Some("pending".into()),
+        "a pending action is never forgotten"
+    );
+    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 0);
+}
