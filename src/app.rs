@@ -118,7 +118,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     metrics.quarantine_entries.set(sizes.quarantine as i64);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let upstream = Upstream::start(&config)?;
+    let upstream = Upstream::start(&config, &metrics)?;
     let (executor, executor_task) = crate::outbox::start(
         store.clone(),
         crate::upstream::api::OpenApi::new(upstream.handle.clone()),
@@ -402,7 +402,7 @@ struct Embedded {
 }
 
 impl Upstream {
-    fn start(config: &Config) -> Result<Upstream, AppError> {
+    fn start(config: &Config, metrics: &Metrics) -> Result<Upstream, AppError> {
         use crate::upstream::handle::{Endpoint, UpstreamHandle};
         let up = &config.upstream;
         let mut settings = crate::upstream::settings(up).map_err(AppError::Upstream)?;
@@ -444,8 +444,12 @@ impl Upstream {
             connect_timeout: up.connect_timeout,
             request_timeout: up.request_timeout,
         };
-        let handle =
-            UpstreamHandle::start(endpoint, settings, &up.limits).map_err(AppError::Upstream)?;
+        let attempts = metrics.upstream_attempts.clone();
+        let observer = crate::upstream::client::AttemptObserver::new(move |endpoint, status| {
+            attempts.with_label_values(&[endpoint, status]).inc();
+        });
+        let handle = UpstreamHandle::start(endpoint, settings, &up.limits, Some(observer))
+            .map_err(AppError::Upstream)?;
         Ok(Upstream { handle, emulator })
     }
 }

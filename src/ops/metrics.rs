@@ -40,6 +40,7 @@ pub struct Metrics {
     pub outbox_oldest_seconds: prometheus::Gauge,
     /// Attempts to carry out an action, by action and outcome (`ok`, `http_<status>`, error kind).
     pub action_attempts: IntCounterVec,
+    pub upstream_attempts: IntCounterVec,
     /// Entries moved to the dead letters, by reason.
     pub dead_letters: IntCounterVec,
     pub dead_letter_entries: IntGauge,
@@ -91,6 +92,14 @@ impl Metrics {
             &["action", "status"],
         )?;
         registry.register(Box::new(action_attempts.clone()))?;
+        let upstream_attempts = IntCounterVec::new(
+            Opts::new(
+                "upstream_attempts_total",
+                "HTTP attempts at Open API calls, retries included, by endpoint and status",
+            ),
+            &["endpoint", "status"],
+        )?;
+        registry.register(Box::new(upstream_attempts.clone()))?;
         let outbox_oldest_seconds = prometheus::Gauge::new(
             "outbox_oldest_seconds",
             "Age of the oldest pending outbox entry",
@@ -148,6 +157,7 @@ impl Metrics {
             outbox_depth: gauge("outbox_depth", "Decided actions not yet carried out")?,
             outbox_oldest_seconds,
             action_attempts,
+            upstream_attempts,
             dead_letters: counter_vec(
                 "dead_letters_total",
                 "Outbox entries moved to the dead letters, by reason",

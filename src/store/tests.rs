@@ -488,11 +488,17 @@ fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
     assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 1);
     assert!(store.action_status(&old.id).expect("read").is_none());
     assert_eq!(
-        store.action_status(&recent.id).expect("read").map(|s| s.state),
+        store
+            .action_status(&recent.id)
+            .expect("read")
+            .map(|s| s.state),
         Some("done".into())
     );
     assert_eq!(
-        store.action_status(&pending.id).expect("read").map(|s| s.state),
+        store
+            .action_status(&pending.id)
+            .expect("read")
+            .map(|s| s.state),
         Some("pending".into()),
         "a pending action is never forgotten"
     );

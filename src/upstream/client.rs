@@ -9,7 +9,7 @@ use crate::config::Secret;
 use rand::SeedableRng;
 use serde_json::Value;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// One call of one endpoint, fully described: what the typed methods build and what crosses to
 /// the task that owns the HTTP client.
@@ -104,6 +104,35 @@ pub struct Client<T> {
     settings: ClientSettings,
     limits: Limits,
     rng: Mutex<rand::rngs::StdRng>,
+    observer: Option<AttemptObserver>,
+}
+
+/// Told of every HTTP attempt (endpoint name, outcome: the status code, or `connect`, `timeout`,
+/// `transport`, `decode`), retries included: the metrics hook, kept out of this module.
+#[derive(Clone)]
+pub struct AttemptObserver(Arc<dyn Fn(&'static str, &str) + Send + Sync>);
+
+impl AttemptObserver {
+    pub fn new(f: impl Fn(&'static str, &str) + Send + Sync + 'static) -> Self {
+        AttemptObserver(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for AttemptObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptObserver")
+    }
+}
+
+fn attempt_outcome(result: &Result<Value, UpstreamError>) -> String {
+    match result {
+        Ok(_) => "200".into(),
+        Err(UpstreamError::Status { status, .. }) => status.to_string(),
+        Err(UpstreamError::Connect(_)) => "connect".into(),
+        Err(UpstreamError::Timeout) => "timeout".into(),
+        Err(UpstreamError::Decode(_)) => "decode".into(),
+        Err(_) => "transport".into(),
+    }
 }
 
 impl<T: Transport> Client<T> {
@@ -113,7 +142,14 @@ impl<T: Transport> Client<T> {
             settings,
             limits,
             rng: Mutex::new(rand::rngs::StdRng::from_os_rng()),
+            observer: None,
         }
+    }
+
+    /// Report every attempt to `observer` (metrics).
+    pub fn with_observer(mut self, observer: Option<AttemptObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Fix the jitter sequence (tests).
@@ -212,6 +248,9 @@ impl<T: Transport> Execute for Client<T> {
         loop {
             self.limits.acquire(call.endpoint.class()).await;
             let result = self.classify(self.transport.send(request.clone()).await);
+            if let Some(observe) = &self.observer {
+                (observe.0)(call.endpoint.name(), &attempt_outcome(&result));
+            }
             match result {
                 Ok(value) => {
                     tracing::debug!(

@@ -2,7 +2,7 @@
 //! lives on a dedicated actix arbiter (a thread with its own runtime); calls travel to it over a
 //! channel and each runs there as its own local task.
 
-use super::client::{ApiCall, Client, ClientSettings, Execute};
+use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
 use super::error::UpstreamError;
 use super::limits::{Limits, LimitsConfig};
 use super::transport::AwcTransport;
@@ -42,6 +42,7 @@ impl UpstreamHandle {
         endpoint: Endpoint,
         settings: ClientSettings,
         limits: &LimitsConfig,
+        observer: Option<AttemptObserver>,
     ) -> Result<Self, String> {
         let limits = Limits::new(limits)?;
         let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
@@ -52,7 +53,7 @@ impl UpstreamHandle {
                 endpoint.connect_timeout,
                 endpoint.request_timeout,
             );
-            let client = Rc::new(Client::new(transport, settings, limits));
+            let client = Rc::new(Client::new(transport, settings, limits).with_observer(observer));
             actix_web::rt::spawn(async move {
                 while let Some((call, reply)) = rx.recv().await {
                     let client = client.clone();

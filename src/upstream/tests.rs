@@ -1,7 +1,7 @@
 //! Client behaviour under paused time with a scripted transport: attempts, spacing,
 //! `Retry-After`, permanent errors, idempotency keys.
 
-use super::client::{ApiCall, Client, ClientSettings, Execute};
+use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
 use super::contract::Endpoint;
 use super::error::UpstreamError;
 use super::limits::{Limits, LimitsConfig, Rate};
@@ -10,6 +10,7 @@ use super::transport::{RawRequest, RawResponse, Transport, TransportError};
 use crate::config::Secret;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -252,5 +253,38 @@ fn path_and_query_are_encoded() {
     assert_eq!(
         call.path_and_query().expect("path"),
         "/openapi/partnerbiz/sk%2F1/conversation/user%20key?from=1&userKey=a%26b"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
+    let t = Scripted::new(vec![
+        status(503, None),
+        Err(TransportError::Timeout),
+        Err(TransportError::Connect("refused".into())),
+        ok(r#"{"conversationId":"c","enabled":true,"status":"HANDOVER","updatedAt":1}"#),
+    ]);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let observer = AttemptObserver::new(move |endpoint, status| {
+        if let Ok(mut s) = sink.lock() {
+            s.push(format!("{endpoint} {status}"));
+        }
+    });
+    client(&t, 5)
+        .with_observer(Some(observer))
+        .execute(manual_call())
+        .await
+        .expect("succeeds on the 4th attempt");
+    let seen = seen.lock().expect("lock").clone();
+    let name = Endpoint::SetManual.name();
+    assert_eq!(
+        seen,
+        [
+            format!("{name} 503"),
+            format!("{name} timeout"),
+            format!("{name} connect"),
+            format!("{name} 200"),
+        ]
     );
 }
