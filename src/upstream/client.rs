@@ -110,7 +110,9 @@ pub struct Client<T> {
 /// Told of every HTTP attempt (endpoint name, outcome: the status code, or `connect`, `timeout`,
 /// `transport`, `decode`), retries included: the metrics hook, kept out of this module.
 #[derive(Clone)]
-pub struct AttemptObserver(Arc<dyn Fn(&'static str, &str) + Send + Sync>);
+pub struct AttemptObserver(Arc<ObserveFn>);
+
+type ObserveFn = dyn Fn(&'static str, &str) + Send + Sync;
 
 impl AttemptObserver {
     pub fn new(f: impl Fn(&'static str, &str) + Send + Sync + 'static) -> Self {
