@@ -135,7 +135,8 @@ pub enum DlqCommand {
     List,
     /// One dead letter, with its error.
     Show { id: u64 },
-    /// Put a dead letter (or all) back in the outbox, with its original idempotency key.
+    /// Put a dead letter (or all) back in the outbox. It keeps its idempotency key unless the
+    /// upstream answered it with an error (the upstream keeps that answer under the key).
     Retry {
         id: Option<u64>,
         #[arg(long, conflicts_with = "id")]

@@ -400,7 +400,7 @@ impl Runner {
     async fn carry_out(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
         let queue = entry.queue.clone();
         let first_attempt_at = crate::clock::now_millis();
-        let result = execute(&self.api, &entry.action, &entry.id).await;
+        let result = execute(&self.api, &entry.action, entry.key()).await;
         let now = crate::clock::now_millis();
         let name = entry.action.name();
         let (status, failure) = match &result {
@@ -439,6 +439,7 @@ impl Runner {
                     first_attempt_at,
                     last_attempt_at: now,
                     blocking,
+                    answered: matches!(e, ExecuteError::Upstream(UpstreamError::Status { .. })),
                 };
                 let metrics = self.metrics.clone();
                 tokio::task::spawn_blocking(move || {
@@ -511,6 +512,7 @@ mod tests {
             },
             received_at: 0,
             decided_at: seq as i64,
+            idempotency_key: None,
         }
     }
 

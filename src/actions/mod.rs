@@ -258,6 +258,17 @@ pub struct OutboxEntry {
     /// When the source event was received (for end-to-end latency).
     pub received_at: Millis,
     pub decided_at: Millis,
+    /// The idempotency key when it is not `id`: a dead letter the upstream refused is retried
+    /// under a fresh key, because the upstream keeps its error answer under the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+impl OutboxEntry {
+    /// The idempotency key of the entry's next call.
+    pub fn key(&self) -> &str {
+        self.idempotency_key.as_deref().unwrap_or(&self.id)
+    }
 }
 
 /// A finished entry, kept for the audit window.
@@ -288,6 +299,10 @@ pub struct DeadLetter {
     pub last_attempt_at: Millis,
     /// Later entries of its queue wait for it (the action is configured as blocking).
     pub blocking: bool,
+    /// The upstream answered the last call with an error status: nothing took effect, and the
+    /// answer is stored under the call's key (so a retry needs a new key).
+    #[serde(default)]
+    pub answered: bool,
 }
 
 #[cfg(test)]

@@ -678,6 +678,7 @@ impl Store {
                 action: decision.action,
                 received_at,
                 decided_at: now,
+                idempotency_key: None,
             });
         }
         Ok(())

@@ -147,7 +147,12 @@ impl Store {
         let Some(letter) = self.dead_letter(seq)? else {
             return Ok(None);
         };
-        let entry = letter.entry;
+        let mut entry = letter.entry;
+        if letter.answered {
+            // The upstream keeps its error answer under the old key: a retry under it would only
+            // get that answer back. Nothing took effect, so a new key cannot double an effect.
+            entry.idempotency_key = Some(format!("{}~retry-{now}", entry.id));
+        }
         let (status, bytes) = (
             encode(&ActionStatus::pending(entry.seq, now))?,
             encode(&entry)?,

@@ -167,6 +167,7 @@ impl Store {
                         action: decision.action.clone(),
                         received_at: record.received_at,
                         decided_at: now,
+                        idempotency_key: None,
                     });
                 } else if status == "already_decided" {
                     report.skipped += 1;

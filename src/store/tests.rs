@@ -504,3 +504,47 @@ fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
     );
     assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 0);
 }
+
+#[test]
+fn a_retried_dead_letter_gets_a_fresh_key_only_when_the_upstream_answered_it() {
+    let (_d, store) = store();
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]),
+        1_000,
+    );
+    let applied = drain_with(&store, &one_message_rule("greet"));
+    for (entry, answered) in applied.outbox.iter().zip([true, false]) {
+        let letter = crate::actions::DeadLetter {
+            entry: entry.clone(),
+            reason: "x".into(),
+            error: "x".into(),
+            attempts: 1,
+            first_attempt_at: 1,
+            last_attempt_at: 2,
+            blocking: false,
+            answered,
+        };
+        store.outbox_dead(&letter).expect("dead");
+        let retried = store
+            .retry_dead_letter(entry.seq, 5_000)
+            .expect("retry")
+            .expect("was a dead letter");
+        assert_eq!(retried.id, entry.id, "the action id never changes");
+        if answered {
+            assert_eq!(retried.key(), format!("{}~retry-5000", entry.id));
+        } else {
+            assert_eq!(
+                retried.key(),
+                entry.id,
+                "it may have taken effect: same key"
+            );
+        }
+        let stored = store.outbox().expect("outbox");
+        let again = stored
+            .iter()
+            .find(|e| e.seq == entry.seq)
+            .expect("back in the outbox");
+        assert_eq!(again.key(), retried.key(), "the key survives a restart");
+    }
+}
