@@ -469,6 +469,7 @@ fn missing_or_wrong_token_is_401_and_nothing_is_stored() {
     let body = delivery("a0700000-0000-4000-8000-0000000000d1", &[ev]);
     let urls = [
         format!("{}/webhook", app.base),
+        format!("{}/webhook/", app.base),
         format!("{}/webhook/wrong-token-0123456789", app.base),
         format!("{}/webhook/{}x", app.base, WEBHOOK_TOKEN),
         format!("{}/webhook?token=wrong-token-0123456789", app.base),
@@ -922,12 +923,19 @@ fn quarantine_show_and_reprocess() {
     assert_unchanged(&app, &base, "reprocessing a duplicate");
 
     // reprocess, valid now: accepted, folded into state, and gone from quarantine.
+    let requested = "handoff_webhook_events_total{type=\"bot.conversation.agent_call_requested\"}";
+    let requested_before = app.metric(requested);
     let out: Value =
         serde_json::from_str(&app.cli_ok(&["quarantine", "reprocess", &valid_id.to_string()]))
             .expect("JSON");
     assert_eq!(out[0]["quarantine_id"], valid_id);
     assert_eq!(out[0]["status"], "accepted", "{out}");
     assert_eq!(out[0]["accepted"], 1, "{out}");
+    assert_eq!(
+        app.metric(requested),
+        requested_before + 1.0,
+        "a reprocessed event counts like one taken in"
+    );
     wait_drained(&app);
     assert_eq!(
         app.metric("handoff_events_applied_total"),

@@ -27,7 +27,8 @@ pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
             .default_service(web::to(crate::http_error::method_not_allowed)),
     )
     .service(
-        web::resource(path)
+        // `{path}/` is the token route with an empty token: unauthenticated, not unknown.
+        web::resource([path.to_owned(), format!("{path}/")])
             .route(web::post().to(receive_without_token))
             .default_service(web::to(crate::http_error::method_not_allowed)),
     );
@@ -405,6 +406,9 @@ pub struct Reprocessed {
     /// Sequence numbers of events now in the inbox, for the dispatcher.
     #[serde(skip)]
     pub new: Vec<(u64, crate::ids::PartitionKey)>,
+    /// Type of each new event (for the events metric, as on intake).
+    #[serde(skip)]
+    pub new_kinds: Vec<EventKind>,
 }
 
 /// Run a quarantined body through today's validation. A body that now passes is stored like a
@@ -422,6 +426,7 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
         duplicates: 0,
         detail: Some(detail),
         new: Vec::new(),
+        new_kinds: Vec::new(),
     };
     let accepted = if record.scope == "event" {
         let raw = match serde_json::from_slice::<Box<serde_json::value::RawValue>>(&body) {
@@ -433,7 +438,10 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
             Err(e) => return Ok(Some(still_invalid(e.to_string()))),
         };
         // Its delivery id is already recorded (its siblings were accepted), so use one of its own.
-        store.accept(&DeliveryId::new(format!("quarantine:{id}")), &[event], now)?
+        let kind = event.event.kind.clone();
+        let accepted = store.accept(&DeliveryId::new(format!("quarantine:{id}")), &[event], now)?;
+        let kinds = accepted.pick_new(vec![kind]);
+        (accepted, kinds)
     } else {
         match webhook::parse_delivery(&body) {
             Err(e) => return Ok(Some(still_invalid(e.to_string()))),
@@ -442,10 +450,12 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
             }
             Ok(_) => {
                 let ingested = ingest(store, &body, record.content_type.as_deref(), now)?;
-                ingested.accepted
+                let kinds = ingested.new_kinds.into_iter().map(|(k, _)| k).collect();
+                (ingested.accepted, kinds)
             }
         }
     };
+    let (accepted, new_kinds) = accepted;
     store.release_quarantined(id)?;
     let status = if accepted.new.is_empty() {
         "duplicate"
@@ -459,5 +469,6 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
         duplicates: accepted.duplicate_events,
         detail: None,
         new: accepted.new,
+        new_kinds,
     }))
 }

@@ -155,6 +155,13 @@ async fn quarantine_reprocess(
     if outcome.status != "still_invalid" {
         shared.metrics.quarantine_entries.dec();
     }
+    for kind in &outcome.new_kinds {
+        shared
+            .metrics
+            .events
+            .with_label_values(&[kind.metric_label()])
+            .inc();
+    }
     shared.dispatch.notify(outcome.new.clone());
     let status = if outcome.status == "still_invalid" {
         actix_web::http::StatusCode::CONFLICT
