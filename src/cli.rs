@@ -127,6 +127,11 @@ pub enum Command {
 pub enum OutboxCommand {
     /// Every pending entry, in decision order.
     List,
+    /// Finished entries (done, or dropped) still in the audit window, newest first.
+    Done {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -334,6 +339,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "paused": false,
                             "depth": entries.len(),
                             "entries": entries,
+                        })))
+                    })?;
+                    print_found(value, String::new)
+                }
+                OutboxCommand::Done { limit } => {
+                    let path = format!("/admin/v1/outbox/done?limit={limit}");
+                    let value = read(&config, "GET", &path, |store| {
+                        let records = store.finished(limit)?;
+                        Ok(Some(serde_json::json!({
+                            "count": records.len(),
+                            "finished": records,
                         })))
                     })?;
                     print_found(value, String::new)

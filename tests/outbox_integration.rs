@@ -1095,6 +1095,33 @@ fn dead_letters_are_listed_dropped_and_retried_through_the_cli() {
     };
     assert_eq!(params["last_text"], "a2", "{conv:#}");
 
+    // The audit window keeps every finished entry: the dropped one with its reason, the others
+    // done.
+    let done = cli_json(&app, &["outbox", "done", "--limit", "1000"]);
+    let finished = done["finished"].as_array().cloned().unwrap_or_default();
+    let outcome_of = |k: &str| {
+        finished
+            .iter()
+            .find(|r| r["entry"]["id"] == k)
+            .map(|r| (r["outcome"].clone(), r["note"].clone()))
+    };
+    assert_eq!(
+        outcome_of(&dropped),
+        Some((json!("dropped"), json!("params set by hand"))),
+        "{done:#}"
+    );
+    for k in permanent
+        .iter()
+        .chain(&exhausted)
+        .filter(|k| **k != dropped)
+    {
+        assert_eq!(
+            outcome_of(k).map(|o| o.0),
+            Some(json!("done")),
+            "{k}: {done:#}"
+        );
+    }
+
     // Offline (daemon stopped), the CLI reads the same, empty, dead letters from the store.
     let dir = app.data_dir.clone();
     let status = app.terminate();

@@ -271,17 +271,15 @@ impl OutboxEntry {
     }
 }
 
-/// A finished entry, kept for the audit window.
+/// A finished entry, kept for the audit window (`outbox.audit_retention`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DoneRecord {
-    pub id: String,
-    pub seq: u64,
-    pub action: String,
-    pub queue: String,
-    pub attempts: u32,
-    pub done_at: Millis,
+    pub entry: OutboxEntry,
     /// `done`, or `dropped` when an operator dropped its dead letter.
     pub outcome: String,
+    pub at: Millis,
+    pub attempts: u32,
+    /// Why it was dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }

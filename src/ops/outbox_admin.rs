@@ -14,6 +14,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/outbox/pause", web::post().to(pause))
         .route("/outbox/resume", web::post().to(resume))
         .route("/outbox/idle", web::get().to(idle))
+        .route("/outbox/done", web::get().to(list_done))
         .route("/dead-letters", web::get().to(list_dead))
         .route("/dead-letters/retry", web::post().to(retry_all))
         .route("/dead-letters/{id}", web::get().to(show_dead))
@@ -37,6 +38,21 @@ async fn list_outbox(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError
         "depth": entries.len(),
         "entries": entries,
     })))
+}
+
+#[derive(Deserialize)]
+struct LimitQuery {
+    limit: Option<usize>,
+}
+
+/// Finished entries (done, or dropped by an operator) in the audit window, newest first.
+async fn list_done(
+    shared: web::Data<Shared>,
+    q: web::Query<LimitQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = q.limit.unwrap_or(100).min(10_000);
+    let records = shared.store.finished(limit).map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(json!({ "count": records.len(), "finished": records })))
 }
 
 async fn pause(shared: web::Data<Shared>) -> HttpResponse {

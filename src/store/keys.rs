@@ -23,6 +23,9 @@ pub mod tree {
     pub const DEAD_LETTERS: &str = "dead_letters/v1";
     /// action id -> its status (pending, done, dead, dropped): every decided action.
     pub const ACTIONS: &str = "actions/v1";
+    /// sequence number (as in the outbox) -> finished entry (done or dropped), for the audit
+    /// window.
+    pub const DONE: &str = "done/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }

@@ -211,6 +211,7 @@ pub struct Store {
     outbox: sled::Tree,
     dead_letters: sled::Tree,
     actions: sled::Tree,
+    done: sled::Tree,
     meta: sled::Tree,
     wal_path: std::path::PathBuf,
     /// Held for a whole fold (see `apply`).
@@ -250,6 +251,7 @@ impl Store {
             outbox: t(keys::tree::OUTBOX)?,
             dead_letters: t(keys::tree::DEAD_LETTERS)?,
             actions: t(keys::tree::ACTIONS)?,
+            done: t(keys::tree::DONE)?,
             meta: t(keys::tree::META)?,
             db,
             wal_path: dir.join(WAL_FILE),

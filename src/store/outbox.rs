@@ -10,7 +10,7 @@
 //! finished, never both or neither.
 
 use super::{decode, encode, keys, Store, StoreError};
-use crate::actions::{DeadLetter, OutboxEntry};
+use crate::actions::{DeadLetter, DoneRecord, OutboxEntry};
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
@@ -89,16 +89,36 @@ impl Store {
             note: None,
         };
         let status = encode(&status)?;
-        (&self.outbox, &self.actions).transaction(|(outbox, actions)| {
-            outbox.remove(&keys::seq(entry.seq))?;
+        let record = encode(&DoneRecord {
+            entry: entry.clone(),
+            outcome: "done".into(),
+            at: now,
+            attempts,
+            note: None,
+        })?;
+        let key = keys::seq(entry.seq);
+        (&self.outbox, &self.actions, &self.done).transaction(|(outbox, actions, done)| {
+            outbox.remove(&key)?;
             actions.insert(entry.id.as_bytes(), status.as_slice())?;
+            done.insert(&key, record.as_slice())?;
             Ok(())
         })?;
         Ok(())
     }
 
+    /// Finished entries (done or dropped) still in the audit window, newest first.
+    pub fn finished(&self, limit: usize) -> Result<Vec<DoneRecord>, StoreError> {
+        self.done
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|item| decode(&item?.1, "finished entry"))
+            .collect()
+    }
+
     /// Forget finished actions (done or dropped) recorded before `before`, at most `limit` of
-    /// them. The ledger is keyed by action id, not time, so this scans it.
+    /// them: their ledger entries and their records. Both are scanned (the ledger is keyed by
+    /// action id, and records finish out of seq order when a dead letter is retried late).
     pub fn prune_ledger(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         let mut pruned = 0;
         for item in self.actions.iter() {
@@ -111,6 +131,18 @@ impl Store {
             if finished && status.at < before {
                 self.actions.remove(&key)?;
                 pruned += 1;
+            }
+        }
+        let mut records = 0;
+        for item in self.done.iter() {
+            if records >= limit {
+                break;
+            }
+            let (key, value) = item?;
+            let record: DoneRecord = decode(&value, "finished entry")?;
+            if record.at < before {
+                self.done.remove(&key)?;
+                records += 1;
             }
         }
         Ok(pruned)
@@ -186,10 +218,18 @@ impl Store {
             attempts: letter.attempts,
             note: Some(reason.to_owned()),
         })?;
+        let record = encode(&DoneRecord {
+            entry: letter.entry.clone(),
+            outcome: "dropped".into(),
+            at: now,
+            attempts: letter.attempts,
+            note: Some(reason.to_owned()),
+        })?;
         let key = keys::seq(seq);
-        (&self.dead_letters, &self.actions).transaction(|(dead, actions)| {
+        (&self.dead_letters, &self.actions, &self.done).transaction(|(dead, actions, done)| {
             dead.remove(&key)?;
             actions.insert(letter.entry.id.as_bytes(), status.as_slice())?;
+            done.insert(&key, record.as_slice())?;
             Ok(())
         })?;
         Ok(Some(letter))

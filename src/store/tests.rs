@@ -485,7 +485,17 @@ fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
     };
     store.outbox_done(old, 1, 100).expect("done");
     store.outbox_done(recent, 1, 9_000).expect("done");
+    let finished = store.finished(10).expect("finished");
+    let ids: Vec<&str> = finished.iter().map(|r| r.entry.id.as_str()).collect();
+    assert_eq!(ids, [recent.id.as_str(), old.id.as_str()], "newest first");
+    assert!(finished.iter().all(|r| r.outcome == "done"));
     assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 1);
+    let left = store.finished(10).expect("finished");
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        left[0].entry.id, recent.id,
+        "the record leaves with its ledger entry"
+    );
     assert!(store.action_status(&old.id).expect("read").is_none());
     assert_eq!(
         store
