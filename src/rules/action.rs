@@ -124,13 +124,17 @@ impl ActionSpec {
         &self.kind
     }
 
-    /// The action for one event.
-    pub fn render(&self, env: &Environment<'static>, ctx: &Value) -> Result<Action, String> {
-        let view = minijinja::Value::from(minijinja::value::Serde(ctx));
+    /// The action for one event; `view` is `ctx` as a template value (made once per event).
+    pub fn render(
+        &self,
+        env: &Environment<'static>,
+        ctx: &Value,
+        view: &minijinja::Value,
+    ) -> Result<Action, String> {
         self.fill(
             |name| {
                 env.get_template(name)
-                    .and_then(|t| t.render(&view))
+                    .and_then(|t| t.render(view))
                     .map_err(|e| format!("template {name}: {e}"))
             },
             |key| match context::lookup(ctx, &[key.to_owned()]) {

@@ -126,9 +126,10 @@ impl fmt::Debug for RuleSet {
 impl RuleSet {
     /// No rules: the bridge keeps state and takes no action.
     pub fn empty() -> RuleSet {
-        match RuleSet::from_sources(&[]) {
-            Ok(set) => set,
-            Err(_) => unreachable!("an empty rule set has nothing to be wrong"),
+        RuleSet {
+            rules: Vec::new(),
+            env: template_env(),
+            version: version_of(&[]),
         }
     }
 
@@ -160,9 +161,7 @@ impl RuleSet {
 
     /// Compile rule files given as (file name, text), in the given order.
     pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadError> {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
-        env.set_fuel(Some(TEMPLATE_FUEL));
+        let mut env = template_env();
         let mut rules = Vec::new();
         let mut problems = Vec::new();
         let mut names = std::collections::HashMap::new();
@@ -301,6 +300,14 @@ fn compile(
     })
 }
 
+/// Printing an undefined field is an error (a typo shows), testing one is not; fuel bounds loops.
+fn template_env() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+    env.set_fuel(Some(TEMPLATE_FUEL));
+    env
+}
+
 fn version_of(sources: &[(String, String)]) -> String {
     let mut hasher = crc32fast::Hasher::new();
     for (name, text) in sources {
@@ -316,6 +323,7 @@ impl Decide for RuleSet {
     fn decide(&self, event: &Event, state: &ConversationState, now: Millis) -> Vec<Decision> {
         let kind = event.kind.as_str();
         let mut ctx = None;
+        let mut view = None;
         let mut out = Vec::new();
         for rule in &self.rules {
             if !rule.enabled || !rule.listens(kind) {
@@ -325,8 +333,10 @@ impl Decide for RuleSet {
             if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
                 continue;
             }
+            let view =
+                view.get_or_insert_with(|| minijinja::Value::from(minijinja::value::Serde(&*ctx)));
             for (index, spec) in rule.actions.iter().enumerate() {
-                match spec.render(&self.env, ctx) {
+                match spec.render(&self.env, ctx, view) {
                     Ok(action) => out.push(Decision {
                         rule: rule.name.clone(),
                         index,
