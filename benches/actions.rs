@@ -1,0 +1,2154 @@
+//! Actions benchmark: webhook events in, Open API calls out, end to end, with the standalone
+//! emulator as the upstream (issue 4).
+//!
+//! ```text
+//! cargo bench --bench actions                 # full run (about 5-10 minutes)
+//! cargo bench --bench actions -- --quick      # smoke run (CI): one 2 s run at 1,000 events/s
+//! cargo bench --bench actions -- --help       # every option
+//! ```
+//!
+//! What it does, all on 127.0.0.1, every process started here bounded in time:
+//!
+//! - writes a **seed** for the emulator: the embedded default seed (`deploy/emulator-seed.json`)
+//!   plus N conversations (default 2,000), each with its own end user, cloned from the seed's
+//!   first conversation and end user with new ids;
+//! - writes a **rule file**: on `bot.message.received` from the user, one `send_message`
+//!   (`"echo {{ message.data.text }}"`). Each decided action's idempotency key is
+//!   `{event id}/bench-echo/0`, which is how a journal entry is matched to the event posted;
+//! - per run, starts a fresh **emulator** (`handoff-bridge emulator --seed ... --api-key ...`)
+//!   and a fresh **daemon** (`handoff-bridge serve`, fresh data directory) whose upstream is that
+//!   emulator, with the upstream rate limits raised out of the way (the defaults, 20 writes/s,
+//!   would be the whole result) and `outbox.concurrency` as given;
+//! - an **open-loop** load generator on one thread (tokio current-thread runtime, a minimal
+//!   HTTP/1.1 keep-alive client per connection) posts deliveries of `bot.message.received`
+//!   events (built from the shared fixture `message-received-text.json`, unique delivery, event
+//!   and message ids, spread over the seeded conversations) on a fixed schedule: delivery `n` is
+//!   due at `t0 + n x batch / rate`, whatever the answers to earlier ones. A warm-up precedes the
+//!   measured window. For each delivery it stamps (Unix µs, the machine's wall clock) when the
+//!   POST was written and when its 200 came back;
+//! - after the window it waits (bounded) for the daemon's inbox to drain and its outbox to go
+//!   idle, then reads the emulator's journal (`GET /_emulator/journal`: each call's `at`, Unix
+//!   ms on the same clock, its idempotency key, status, replayed), the daemon's dead letters and
+//!   `/metrics`, and stops both processes;
+//! - **latency** of an action = journal `at` (+0.5 ms, the middle of its millisecond) minus the
+//!   moment the bench wrote the POST of its event: from webhook receipt to the upstream call,
+//!   including the durable acknowledgment. Resolution is the journal's millisecond (each figure
+//!   is within ±0.5 ms). The same against the moment the 200 came back is reported too;
+//! - **cases**: the fixed rate (1,000 events/s) and the maximum sustained rate, found by a search
+//!   (one run per step, same window as the measured runs: double from 1,000 events/s until a
+//!   step fails, then bisect down to `--resolution`), then measured in `--runs` rounds
+//!   alternating with the fixed case (the order flips each round).
+//!   A run is *sustained* when every POST was accepted, the generator kept its schedule, no
+//!   action is a dead letter or missing, actions/s in the window are at least 95% of the target
+//!   events/s and the p99 latency is under `--p99-bound-ms`.
+//!
+//! The markdown report is printed on stdout and written to `--out` (default
+//! `target/tmp/actions-bench.md`). Progress goes to stderr.
+
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+use serde_json::Value;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WEBHOOK_TOKEN: &str = "bench-webhook-token-0123456789";
+const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
+const UPSTREAM_KEY: &str = "bench-upstream-key-0123456789";
+/// The bench's one rule; part of every action id (`{event id}/bench-echo/0`).
+const RULE_NAME: &str = "bench-echo";
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The emulator's journal keeps the last 100,000 calls (`emulator::journal::DEFAULT_CAPACITY`);
+/// a run posts at most this many events so none is evicted before it is read.
+const JOURNAL_BUDGET: f64 = 90_000.0;
+/// The upstream limits while benchmarking: high enough never to wait.
+const LIMIT_PER_SECOND: &str = "1000000";
+const LIMIT_BURST: &str = "100000";
+/// The generator is on schedule when its p99 lag (send time after due time) is under this.
+const MAX_LAG_P99: Duration = Duration::from_millis(50);
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match Options::parse(&args) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("{msg}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&opts) {
+        eprintln!("actions bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+#[derive(Clone, Debug)]
+struct Options {
+    quick: bool,
+    /// Events/s of the fixed-rate case.
+    rate: f64,
+    /// Measured window of each measured run (fixed and max cases).
+    duration: Duration,
+    /// Unmeasured load at the same rate before each window.
+    warmup: Duration,
+    /// Rounds of the measured cases.
+    runs: usize,
+    /// Search for the maximum sustained rate (and measure it) unless `max_rate` is given.
+    max_case: bool,
+    /// Skip the search and measure this rate as the maximum (0: search).
+    max_rate: f64,
+    search_duration: Duration,
+    search_from: f64,
+    search_limit: f64,
+    /// The search stops when the passing and failing rates are this close (events/s).
+    resolution: f64,
+    p99_bound: Duration,
+    /// Longest wait for drain + idle after a measured run's window.
+    drain_limit: Duration,
+    /// The same after a search step (a failing step can leave a long backlog).
+    search_drain_limit: Duration,
+    conversations: u64,
+    connections: usize,
+    /// Events per delivery.
+    batch: usize,
+    outbox_concurrency: usize,
+    data_root: PathBuf,
+    out: PathBuf,
+    bin: PathBuf,
+    /// Extra environment for the daemon (tuning experiments).
+    daemon_env: Vec<(String, String)>,
+}
+
+const USAGE: &str = "\
+usage: cargo bench --bench actions -- [options]
+  --quick                   smoke run: one 2 s run at 1,000 events/s, no search
+  --rate N                  events/s of the fixed-rate case (default 1000)
+  --duration SECS           measured window of each measured run (default 10)
+  --warmup SECS             unmeasured load before each window, same rate (default 1)
+  --runs N                  rounds of the fixed and max cases, alternating (default 3)
+  --no-max                  only the fixed-rate case: no search, no max case
+  --max-rate N              measure this rate as the max case instead of searching for it
+  --search-duration SECS    window of each search step (default 10)
+  --search-from N           first search step, events/s (default 1000; doubles until a step fails)
+  --search-limit N          highest step tried (default 64000)
+  --resolution N            stop bisecting when pass and fail are this close (default 250)
+  --p99-bound-ms N          a sustained run's p99 latency bound (default 500)
+  --drain-limit SECS        wait for drain + idle after a measured window (default 60)
+  --search-drain-limit SECS the same after a search step (default 20)
+  --conversations N         seeded conversations the events spread over (default 2000)
+  --connections N           keep-alive connections of the generator (default 512)
+  --batch N                 events per delivery (default 1)
+  --outbox-concurrency N    the daemon's outbox.concurrency (default 64; shipped default 16)
+  --data-root DIR           where data directories go (default target/tmp)
+  --out FILE                also write the markdown report here (default target/tmp/actions-bench.md)
+  --bin PATH                daemon binary (default: the one cargo built for this bench)
+  --daemon-env K=V[,K=V]    extra environment for the daemon, e.g. HANDOFF_BRIDGE__DISPATCH__CONCURRENCY=4
+Every option can also be given as ACTIONS_BENCH_<NAME> (e.g. ACTIONS_BENCH_RUNS=5,
+ACTIONS_BENCH_QUICK=1); flags win over variables.";
+
+const KEYS: &[&str] = &[
+    "rate",
+    "duration",
+    "warmup",
+    "runs",
+    "max",
+    "max-rate",
+    "search-duration",
+    "search-from",
+    "search-limit",
+    "resolution",
+    "p99-bound-ms",
+    "drain-limit",
+    "search-drain-limit",
+    "conversations",
+    "connections",
+    "batch",
+    "outbox-concurrency",
+    "data-root",
+    "out",
+    "bin",
+    "daemon-env",
+];
+
+impl Options {
+    fn full() -> Self {
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        Options {
+            quick: false,
+            rate: 1_000.0,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            runs: 3,
+            max_case: true,
+            max_rate: 0.0,
+            search_duration: Duration::from_secs(10),
+            search_from: 1_000.0,
+            search_limit: 64_000.0,
+            resolution: 250.0,
+            p99_bound: Duration::from_millis(500),
+            drain_limit: Duration::from_secs(60),
+            search_drain_limit: Duration::from_secs(20),
+            conversations: 2_000,
+            connections: 512,
+            batch: 1,
+            outbox_concurrency: 64,
+            out: tmp.join("actions-bench.md"),
+            data_root: tmp,
+            bin: PathBuf::from(env!("CARGO_BIN_EXE_handoff-bridge")),
+            daemon_env: Vec::new(),
+        }
+    }
+
+    fn quick() -> Self {
+        Options {
+            quick: true,
+            duration: Duration::from_secs(2),
+            warmup: Duration::from_millis(500),
+            runs: 1,
+            max_case: false,
+            conversations: 500,
+            connections: 32,
+            drain_limit: Duration::from_secs(15),
+            ..Options::full()
+        }
+    }
+
+    fn parse(args: &[String]) -> Result<Self, String> {
+        let env = |name: &str| {
+            std::env::var(format!(
+                "ACTIONS_BENCH_{}",
+                name.to_uppercase().replace('-', "_")
+            ))
+            .ok()
+        };
+        let truthy = |v: &str| !matches!(v, "" | "0" | "false" | "no");
+        let quick = args.iter().any(|a| a == "--quick") || env("quick").is_some_and(|v| truthy(&v));
+        let mut opts = if quick {
+            Options::quick()
+        } else {
+            Options::full()
+        };
+        let mut settings: Vec<(String, String)> = KEYS
+            .iter()
+            .filter_map(|k| env(k).map(|v| ((*k).to_owned(), v)))
+            .collect();
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                // cargo passes --bench to every bench binary.
+                "--quick" | "--bench" => {}
+                "--no-max" => settings.push(("max".into(), "false".into())),
+                "--help" | "-h" => return Err(USAGE.to_owned()),
+                flag if flag.starts_with("--") => {
+                    let (name, value) = match flag[2..].split_once('=') {
+                        Some((n, v)) => (n.to_owned(), v.to_owned()),
+                        None => {
+                            let v = it
+                                .next()
+                                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+                            (flag[2..].to_owned(), v.clone())
+                        }
+                    };
+                    settings.push((name, value));
+                }
+                other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
+            }
+        }
+        for (key, value) in settings {
+            opts.set(&key, &value, truthy(&value))?;
+        }
+        if opts.runs == 0
+            || opts.conversations == 0
+            || opts.connections == 0
+            || opts.batch == 0
+            || opts.outbox_concurrency == 0
+        {
+            return Err(
+                "runs, conversations, connections, batch and outbox-concurrency must be at least 1"
+                    .into(),
+            );
+        }
+        if opts.batch > 1_000 || opts.outbox_concurrency > 1_024 {
+            return Err("batch must be at most 1000 and outbox-concurrency at most 1024".into());
+        }
+        if opts.rate <= 0.0 || opts.search_from <= 0.0 || opts.resolution <= 0.0 {
+            return Err("rate, search-from and resolution must be positive".into());
+        }
+        if opts.duration.is_zero() || opts.search_duration.is_zero() {
+            return Err("duration and search-duration must be positive".into());
+        }
+        Ok(opts)
+    }
+
+    fn set(&mut self, key: &str, value: &str, truthy: bool) -> Result<(), String> {
+        let num = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("--{key}: `{value}` is not a whole number"))
+        };
+        let rate = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite() && *r >= 0.0)
+                .ok_or_else(|| format!("--{key}: `{value}` is not a rate"))
+        };
+        let secs = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| format!("--{key}: `{value}` is not a number of seconds"))
+        };
+        let size =
+            || num().and_then(|n| usize::try_from(n).map_err(|_| format!("--{key}: too large")));
+        match key {
+            "rate" => self.rate = rate()?,
+            "duration" => self.duration = secs()?,
+            "warmup" => self.warmup = secs()?,
+            "runs" => self.runs = size()?,
+            "max" => self.max_case = truthy,
+            "max-rate" => self.max_rate = rate()?,
+            "search-duration" => self.search_duration = secs()?,
+            "search-from" => self.search_from = rate()?,
+            "search-limit" => self.search_limit = rate()?,
+            "resolution" => self.resolution = rate()?,
+            "p99-bound-ms" => self.p99_bound = Duration::from_millis(num()?),
+            "drain-limit" => self.drain_limit = secs()?,
+            "search-drain-limit" => self.search_drain_limit = secs()?,
+            "conversations" => self.conversations = num()?,
+            "connections" => self.connections = size()?,
+            "batch" => self.batch = size()?,
+            "outbox-concurrency" => self.outbox_concurrency = size()?,
+            "data-root" => self.data_root = PathBuf::from(value),
+            "out" => self.out = PathBuf::from(value),
+            "bin" => self.bin = PathBuf::from(value),
+            "daemon-env" => {
+                for pair in value.split(',').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair
+                        .split_once('=')
+                        .ok_or_else(|| format!("--daemon-env: `{pair}` is not K=V"))?;
+                    self.daemon_env.push((k.to_owned(), v.to_owned()));
+                }
+            }
+            other => return Err(format!("unknown option --{other}\n{USAGE}")),
+        }
+        Ok(())
+    }
+
+    /// The daemon's settings for every run (besides tokens, data dir, rules and upstream).
+    fn daemon_settings(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        for class in ["GLOBAL", "WRITE", "PARTNER_SEND", "NOTIFY"] {
+            env.push((
+                format!("HANDOFF_BRIDGE__UPSTREAM__LIMITS__{class}__PER_SECOND"),
+                LIMIT_PER_SECOND.to_owned(),
+            ));
+            env.push((
+                format!("HANDOFF_BRIDGE__UPSTREAM__LIMITS__{class}__BURST"),
+                LIMIT_BURST.to_owned(),
+            ));
+        }
+        env.push((
+            "HANDOFF_BRIDGE__OUTBOX__CONCURRENCY".to_owned(),
+            self.outbox_concurrency.to_string(),
+        ));
+        env.extend(self.daemon_env.iter().cloned());
+        env
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ids, seed, rule file
+
+/// The run tag and the event number are in the event id, so a journal entry's idempotency key
+/// (`{event id}/bench-echo/0`) leads back to the event.
+fn event_prefix(run: u16) -> String {
+    format!("3e5f{run:04x}-0000-4000-8000-")
+}
+
+/// Seeded conversation `c` (a different id block than the default seed's, which stays as is).
+fn conversation_id(c: u64) -> String {
+    format!("5c0e9b1f-3333-4d3e-9f10-{c:012x}")
+}
+
+fn end_user_id(c: u64) -> String {
+    format!("4e6f0d0a-3333-4a5b-8c9d-{c:012x}")
+}
+
+/// The embedded default seed plus `conversations` clones of its first conversation, each with
+/// a clone of that conversation's end user (new ids, a unique `userKey`, no last message).
+fn write_seed(path: &Path, conversations: u64) -> Result<(), String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/emulator-seed.json");
+    let text =
+        std::fs::read_to_string(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    let mut seed: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", source.display()))?;
+    let conv0 = seed
+        .pointer("/conversations/0")
+        .cloned()
+        .ok_or("the default seed has no conversation")?;
+    let eu0_id = conv0["endUserId"]
+        .as_str()
+        .ok_or("the seed's first conversation has no endUserId")?
+        .to_owned();
+    let eu0 = seed["endUsers"]
+        .as_array()
+        .and_then(|all| all.iter().find(|eu| eu["id"] == eu0_id.as_str()))
+        .cloned()
+        .ok_or("the seed's first conversation's end user is not in endUsers")?;
+    let mut users = Vec::new();
+    let mut convs = Vec::new();
+    for c in 0..conversations {
+        let (conv_id, eu_id, key) = (
+            conversation_id(c),
+            end_user_id(c),
+            format!("bench-user-{c}"),
+        );
+        let mut eu = eu0.clone();
+        let fields = eu.as_object_mut().ok_or("end user is not an object")?;
+        fields.insert("id".into(), eu_id.clone().into());
+        fields.insert("userKey".into(), key.clone().into());
+        fields.insert("lastMessageId".into(), Value::Null);
+        fields.insert("lastConversationId".into(), conv_id.clone().into());
+        users.push(eu);
+        let mut conv = conv0.clone();
+        let fields = conv
+            .as_object_mut()
+            .ok_or("conversation is not an object")?;
+        fields.insert("id".into(), conv_id.clone().into());
+        fields.insert("endUserId".into(), eu_id.clone().into());
+        if fields.contains_key("userKey") {
+            fields.insert("userKey".into(), key.clone().into());
+        }
+        if let Some(ctx) = fields.get_mut("context").and_then(Value::as_object_mut) {
+            ctx.insert("conversationId".into(), conv_id.into());
+            ctx.insert("endUserId".into(), eu_id.into());
+            if ctx.contains_key("userKey") {
+                ctx.insert("userKey".into(), key.into());
+            }
+        }
+        convs.push(conv);
+    }
+    seed["endUsers"]
+        .as_array_mut()
+        .ok_or("endUsers is not a list")?
+        .extend(users);
+    seed["conversations"]
+        .as_array_mut()
+        .ok_or("conversations is not a list")?
+        .extend(convs);
+    let text = serde_json::to_string(&seed).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// One rule, one action: every user message is echoed back through the Open API.
+const RULE_FILE: &str = r#"# Written by benches/actions.rs.
+[[rule]]
+name = "bench-echo"
+description = "Echo every user message: one send_message per event"
+on = ["bot.message.received"]
+when = { field = "sender", equals = "user" }
+actions = [ { type = "send_message", text = "echo {{ message.data.text }}" } ]
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// Deliveries built from the shared fixture
+
+enum Piece {
+    Text(String),
+    Event,
+    Message,
+    Conversation,
+    EndUser,
+}
+
+/// `message-received-text.json`, compact, with its ids cut out: every rendered event is a new
+/// `bot.message.received` from the user of a chosen seeded conversation.
+struct Template {
+    /// `","webhookId":..,"webhookUrl":..,"messages":[` (follows the delivery id).
+    envelope_tail: String,
+    event: Vec<Piece>,
+}
+
+fn load_template() -> Result<Template, String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/webhooks/message-received-text.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.contains("@@") {
+        return Err(format!(
+            "{}: contains `@@`, the template marker",
+            path.display()
+        ));
+    }
+    let delivery: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let field = |k: &str| serde_json::to_string(&delivery[k]).unwrap_or_else(|_| "\"\"".into());
+    let envelope_tail = format!(
+        "\",\"webhookId\":{},\"webhookUrl\":{},\"messages\":[",
+        field("webhookId"),
+        field("webhookUrl")
+    );
+    let mut event = delivery
+        .pointer("/messages/0")
+        .cloned()
+        .ok_or_else(|| format!("{}: no messages[0]", path.display()))?;
+    if event["event"] != "bot.message.received" {
+        return Err(format!(
+            "{}: messages[0] is not bot.message.received",
+            path.display()
+        ));
+    }
+    event
+        .as_object_mut()
+        .ok_or("messages[0] is not an object")?
+        .insert("id".into(), "@@E@@".into());
+    let message = event
+        .pointer_mut("/data/message")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| format!("{}: no data.message", path.display()))?;
+    for (key, marker) in [("id", "M"), ("conversationId", "C"), ("endUserId", "U")] {
+        if !message.contains_key(key) {
+            return Err(format!("{}: data.message has no {key}", path.display()));
+        }
+        message.insert(key.into(), format!("@@{marker}@@").into());
+    }
+    let compact = serde_json::to_string(&event).map_err(|e| e.to_string())?;
+    let pieces = compact
+        .split("@@")
+        .enumerate()
+        .map(|(i, part)| match (i % 2, part) {
+            (0, text) => Piece::Text(text.to_owned()),
+            (_, "E") => Piece::Event,
+            (_, "M") => Piece::Message,
+            (_, "C") => Piece::Conversation,
+            _ => Piece::EndUser,
+        })
+        .collect();
+    Ok(Template {
+        envelope_tail,
+        event: pieces,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Open-loop load generator: one thread, C keep-alive connections, a fixed schedule
+
+/// What one run posts and when.
+struct LoadPlan {
+    template: Rc<Template>,
+    run: u16,
+    /// Events per second.
+    rate: f64,
+    batch: usize,
+    conversations: u64,
+    /// Deliveries posted in all (warm-up included).
+    deliveries: u64,
+    /// Deliveries due before this one are warm-up (not measured).
+    first_measured: u64,
+    /// Delivery 0 is due then.
+    t0: Instant,
+    window_start: Instant,
+    window_end: Instant,
+}
+
+impl LoadPlan {
+    fn due(&self, n: u64) -> Instant {
+        self.t0 + Duration::from_secs_f64((n * self.batch as u64) as f64 / self.rate)
+    }
+
+    /// Render delivery `n` (events `n x batch ..`) into `out`.
+    fn body(&self, n: u64, out: &mut String) {
+        let run = self.run;
+        out.clear();
+        let _ = write!(out, "{{\"id\":\"1d0c{run:04x}-0000-4000-8000-{n:012x}");
+        out.push_str(&self.template.envelope_tail);
+        for k in 0..self.batch as u64 {
+            if k > 0 {
+                out.push(',');
+            }
+            let e = n * self.batch as u64 + k;
+            let c = e % self.conversations;
+            for piece in &self.template.event {
+                let _ = match piece {
+                    Piece::Text(t) => {
+                        out.push_str(t);
+                        Ok(())
+                    }
+                    Piece::Event => write!(out, "{}{e:012x}", event_prefix(run)),
+                    Piece::Message => write!(out, "6a1d{run:04x}-0000-4000-8000-{e:012x}"),
+                    Piece::Conversation => write!(out, "{}", conversation_id(c)),
+                    Piece::EndUser => write!(out, "{}", end_user_id(c)),
+                };
+            }
+        }
+        out.push_str("]}");
+    }
+}
+
+/// One delivery as posted: Unix µs when the request was written and when its 200 came back.
+#[derive(Clone, Copy, Default)]
+struct Posted {
+    sent_us: i64,
+    acked_us: i64,
+    /// 200 with `"status":"accepted"` and every event accepted.
+    ok: bool,
+}
+
+struct LoadOutcome {
+    /// Indexed by delivery number.
+    posted: Vec<Posted>,
+    errors: BTreeMap<String, u64>,
+    /// Acknowledgment latency (write to 200) of measured deliveries, µs.
+    ack: Histogram<u64>,
+    /// Send time minus due time of measured deliveries, µs (the generator falling behind).
+    lag: Histogram<u64>,
+    /// Unix µs of the measured window.
+    window_start_us: i64,
+    window_end_us: i64,
+    /// CPU seconds over the window: daemon, emulator, this process, everything else.
+    cpu: Option<[f64; 4]>,
+}
+
+struct LoadState {
+    plan: LoadPlan,
+    next: Cell<u64>,
+    out: RefCell<LoadOutcome>,
+}
+
+fn unix_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn run_load(
+    daemon: SocketAddr,
+    plan: LoadPlan,
+    connections: usize,
+    pids: (u32, u32),
+) -> Result<LoadOutcome, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let local = tokio::task::LocalSet::new();
+    let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+    // Instants to Unix time: both clocks read together once.
+    let (inst0, unix0) = (Instant::now(), unix_us());
+    let to_unix = |i: Instant| unix0 + i64::try_from(micros(i.duration_since(inst0))).unwrap_or(0);
+    let out = LoadOutcome {
+        posted: vec![Posted::default(); usize::try_from(plan.deliveries).unwrap_or(0)],
+        errors: BTreeMap::new(),
+        ack: hist()?,
+        lag: hist()?,
+        window_start_us: to_unix(plan.window_start),
+        window_end_us: to_unix(plan.window_end),
+        cpu: None,
+    };
+    let state = Rc::new(LoadState {
+        plan,
+        next: Cell::new(0),
+        out: RefCell::new(out),
+    });
+    let head = Rc::new(format!(
+        "POST /webhook/{WEBHOOK_TOKEN} HTTP/1.1\r\nHost: {daemon}\r\nContent-Type: application/json\r\nUser-Agent: CLOSER/webhook\r\nContent-Length: "
+    ));
+    local.block_on(&rt, async {
+        // CPU over exactly the measured window.
+        let sampler = {
+            let state = state.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep_until(state.plan.window_start.into()).await;
+                let a = CpuSample::take(pids);
+                tokio::time::sleep_until(state.plan.window_end.into()).await;
+                let b = CpuSample::take(pids);
+                a.window(&b)
+            })
+        };
+        let workers: Vec<_> = (0..connections)
+            .map(|_| tokio::task::spawn_local(worker(state.clone(), daemon, head.clone())))
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+        let cpu = sampler.await.ok().flatten();
+        state.out.borrow_mut().cpu = cpu;
+    });
+    drop(local);
+    let state = Rc::try_unwrap(state).map_err(|_| "load state still shared".to_owned())?;
+    Ok(state.out.into_inner())
+}
+
+async fn worker(state: Rc<LoadState>, daemon: SocketAddr, head: Rc<String>) {
+    // Connect before the schedule starts, so the first requests do not pay for it.
+    let mut conn = match tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(daemon)).await {
+        Ok(Ok(c)) => Some(c),
+        _ => None,
+    };
+    let mut body = String::with_capacity(4 * 1024);
+    let mut request: Vec<u8> = Vec::with_capacity(4 * 1024);
+    loop {
+        let n = state.next.get();
+        if n >= state.plan.deliveries {
+            break;
+        }
+        state.next.set(n + 1);
+        let due = state.plan.due(n);
+        tokio::time::sleep_until(due.into()).await;
+        state.plan.body(n, &mut body);
+        request.clear();
+        request.extend_from_slice(head.as_bytes());
+        let _ = write!(request, "{}\r\n\r\n", body.len());
+        request.extend_from_slice(body.as_bytes());
+        if conn.is_none() {
+            match tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(daemon)).await {
+                Ok(Ok(c)) => conn = Some(c),
+                Ok(Err(e)) => {
+                    state.error(format!("connect: {}", e.kind()));
+                    continue;
+                }
+                Err(_) => {
+                    state.error("connect timeout".into());
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let lag = Instant::now().saturating_duration_since(due);
+        let sent_us = unix_us();
+        let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, c.exchange(&request)).await {
+            Ok(r) => r,
+            Err(_) => Err("request timeout".to_owned()),
+        };
+        let acked_us = unix_us();
+        if !matches!(&outcome, Ok(r) if !r.close) {
+            conn = None;
+        }
+        state.record(n, lag, sent_us, acked_us, outcome);
+    }
+}
+
+impl LoadState {
+    fn error(&self, what: String) {
+        *self.out.borrow_mut().errors.entry(what).or_default() += 1;
+    }
+
+    fn record(
+        &self,
+        n: u64,
+        lag: Duration,
+        sent_us: i64,
+        acked_us: i64,
+        outcome: Result<Response, String>,
+    ) {
+        let mut out = self.out.borrow_mut();
+        let measured = n >= self.plan.first_measured;
+        if measured {
+            out.lag.saturating_record(micros(lag).max(1));
+        }
+        let batch = self.plan.batch as u64;
+        match outcome {
+            Ok(r) if r.status == 200 && r.receipt_status == "accepted" && r.accepted == batch => {
+                if let Some(p) = usize::try_from(n).ok().and_then(|i| out.posted.get_mut(i)) {
+                    *p = Posted {
+                        sent_us,
+                        acked_us,
+                        ok: true,
+                    };
+                }
+                if measured {
+                    let us = u64::try_from(acked_us - sent_us).unwrap_or(0).max(1);
+                    out.ack.saturating_record(us);
+                }
+            }
+            Ok(r) => {
+                *out.errors
+                    .entry(format!(
+                        "HTTP {} `{}` ({} of {batch} accepted)",
+                        r.status, r.receipt_status, r.accepted
+                    ))
+                    .or_default() += 1
+            }
+            Err(e) => *out.errors.entry(e).or_default() += 1,
+        }
+    }
+}
+
+struct Response {
+    status: u16,
+    /// The receipt's `status` (`accepted`, `duplicate`, `quarantined`), or empty.
+    receipt_status: String,
+    accepted: u64,
+    close: bool,
+}
+
+/// A minimal HTTP/1.1 client connection: one request at a time, `Content-Length` answers (what
+/// actix sends for receipts).
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(8 * 1024),
+        })
+    }
+
+    async fn exchange(&mut self, request: &[u8]) -> Result<Response, String> {
+        self.stream
+            .write_all(request)
+            .await
+            .map_err(|e| format!("write: {}", e.kind()))?;
+        self.buf.clear();
+        let head_len = loop {
+            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
+                break i + 4;
+            }
+            if self.buf.len() > 64 * 1024 {
+                return Err("response head too large".into());
+            }
+            self.read_more().await?;
+        };
+        let (status, length, close) = {
+            let head = std::str::from_utf8(&self.buf[..head_len])
+                .map_err(|_| "response head is not UTF-8".to_owned())?;
+            let mut lines = head.split("\r\n");
+            let status = lines
+                .next()
+                .and_then(|l| l.split(' ').nth(1))
+                .and_then(|s| s.parse::<u16>().ok())
+                .ok_or_else(|| "bad status line".to_owned())?;
+            let (mut length, mut close) = (None, false);
+            for line in lines {
+                let Some((name, value)) = line.split_once(':') else {
+                    continue;
+                };
+                let value = value.trim();
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.parse::<usize>().ok();
+                } else if name.eq_ignore_ascii_case("connection") {
+                    close = value.eq_ignore_ascii_case("close");
+                } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                    return Err("chunked responses are not supported by the bench client".into());
+                }
+            }
+            (
+                status,
+                length.ok_or_else(|| "response without content-length".to_owned())?,
+                close,
+            )
+        };
+        while self.buf.len() < head_len + length {
+            self.read_more().await?;
+        }
+        let body = &self.buf[head_len..head_len + length];
+        Ok(Response {
+            status,
+            receipt_status: receipt_str(body, b"\"status\":\"").unwrap_or_default(),
+            accepted: receipt_num(body, b"\"accepted\":").unwrap_or(0),
+            close,
+        })
+    }
+
+    async fn read_more(&mut self) -> Result<(), String> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(8 * 1024);
+        }
+        match self.stream.read_buf(&mut self.buf).await {
+            Ok(0) => Err("connection closed by server".into()),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("read: {}", e.kind())),
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn receipt_str(body: &[u8], key: &[u8]) -> Option<String> {
+    let start = find(body, key)? + key.len();
+    let len = body[start..].iter().position(|&b| b == b'"')?;
+    Some(String::from_utf8_lossy(&body[start..start + len]).into_owned())
+}
+
+fn receipt_num(body: &[u8], key: &[u8]) -> Option<u64> {
+    let start = find(body, key)? + key.len();
+    let digits: String = body[start..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .map(|&b| b as char)
+        .collect();
+    digits.parse().ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process started here. Dropping it kills it (by its PID) if it still runs; it also gets
+/// SIGKILL from the kernel if this process dies first.
+struct Proc {
+    name: String,
+    child: Child,
+    pid: u32,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+/// `cmd` run under `setpriv --pdeathsig KILL` when setpriv is installed.
+fn with_parent_death_signal(cmd: Command) -> Command {
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if !setpriv.exists() {
+        return cmd;
+    }
+    let mut wrapped = Command::new(setpriv);
+    wrapped
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+impl Proc {
+    /// Start `cmd` and wait (bounded) for its `listening: http://ADDR` line on stdout.
+    fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Proc, String> {
+        let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // setpriv sets the parent-death signal and execs the program in place (same PID).
+        let mut cmd = with_parent_death_signal(cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file));
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        let pid = child.id();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        // Reads the start line, then keeps draining stdout until the process exits.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.trim().strip_prefix("listening: http://") {
+                    let _ = tx.send(rest.to_owned());
+                }
+            }
+        });
+        let mut proc = Proc {
+            name: name.to_owned(),
+            child,
+            pid,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log: log.to_path_buf(),
+        };
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(addr) => {
+                proc.addr = addr
+                    .parse()
+                    .map_err(|_| format!("{name}: bad listening address {addr}"))?;
+                Ok(proc)
+            }
+            Err(_) => {
+                let _ = proc.child.kill();
+                let status = proc.child.wait();
+                Err(format!(
+                    "{name} did not start (exit {status:?}); log {}:\n{}",
+                    log.display(),
+                    tail(&proc.log, 20)
+                ))
+            }
+        }
+    }
+
+    /// SIGTERM, then wait for the exit (SIGKILL after STOP_TIMEOUT).
+    fn stop(&mut self) -> Result<ExitStatus, String> {
+        let t0 = Instant::now();
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(format!(
+                "{} had already exited: {status}; log:\n{}",
+                self.name,
+                tail(&self.log, 20)
+            ));
+        }
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid).map_err(|_| "pid")?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+            .map_err(|e| format!("SIGTERM {}: {e}", self.name))?;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if t0.elapsed() < STOP_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let status = self.child.wait().map_err(|e| e.to_string())?;
+                    return Err(format!(
+                        "{} did not stop within {STOP_TIMEOUT:?} of SIGTERM; killed ({status})",
+                        self.name
+                    ));
+                }
+            }
+        }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn base_command(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn emulator_command(opts: &Options, seed: &Path) -> Command {
+    let mut cmd = base_command(&opts.bin);
+    cmd.arg("emulator")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--seed")
+        .arg(seed)
+        .arg("--api-key")
+        .arg(UPSTREAM_KEY);
+    cmd
+}
+
+fn daemon_command(opts: &Options, data_dir: &Path, rules: &Path, upstream: &str) -> Command {
+    let mut cmd = base_command(&opts.bin);
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
+        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("HANDOFF_BRIDGE__RULES__DIR", rules)
+        .env("HANDOFF_BRIDGE_UPSTREAM_URL", upstream)
+        .env("HANDOFF_BRIDGE_UPSTREAM_API_KEY", UPSTREAM_KEY)
+        .envs(opts.daemon_settings());
+    cmd
+}
+
+/// CPU time used so far by the daemon, the emulator, this process and the whole machine.
+struct CpuSample {
+    daemon: Option<f64>,
+    emulator: Option<f64>,
+    me: Option<f64>,
+    machine_busy: Option<f64>,
+}
+
+impl CpuSample {
+    fn take(pids: (u32, u32)) -> CpuSample {
+        CpuSample {
+            daemon: cpu_seconds(Some(pids.0)),
+            emulator: cpu_seconds(Some(pids.1)),
+            me: cpu_seconds(None),
+            machine_busy: machine_busy_seconds(),
+        }
+    }
+
+    /// [daemon, emulator, bench, everything else] CPU seconds between `self` and `later`.
+    fn window(&self, later: &CpuSample) -> Option<[f64; 4]> {
+        let d = later.daemon? - self.daemon?;
+        let e = later.emulator? - self.emulator?;
+        let m = later.me? - self.me?;
+        let all = later.machine_busy? - self.machine_busy?;
+        Some([d, e, m, (all - d - e - m).max(0.0)])
+    }
+}
+
+/// Busy (not idle, not iowait) CPU time of the whole machine, from /proc/stat, in seconds.
+fn machine_busy_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let busy = v
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, x)| x)
+        .sum::<u64>();
+    Some(busy as f64 / 100.0)
+}
+
+/// utime + stime of a process (this one when `None`), in seconds.
+fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_owned(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    // Fields after the `(comm)`: utime is field 14, stime 15.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(ticks as f64 / 100.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin API, metrics, journal
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(90)))
+        .build()
+        .into()
+}
+
+/// GET with an optional bearer token; the body is read up to 1 GiB (the journal is large).
+fn http_get(agent: &ureq::Agent, url: &str, bearer: Option<&str>) -> Result<(u16, String), String> {
+    let mut req = agent.get(url);
+    if let Some(token) = bearer {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .map_err(|e| format!("GET {url}: body: {e}"))?;
+    Ok((status, body))
+}
+
+/// Sum of every series of a metric in the Prometheus text format.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value = if rest.starts_with('{') {
+            rest.rsplit_once(' ').map(|(_, v)| v)
+        } else {
+            rest.strip_prefix(' ')
+        };
+        if let Some(v) = value.and_then(|v| v.trim().parse::<f64>().ok()) {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// The daemon's queue depths over time, read from /metrics every 250 ms on a thread of its own.
+struct Sample {
+    at: Instant,
+    inbox: f64,
+    outbox: f64,
+}
+
+fn start_sampler(base: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Sample>> {
+    std::thread::spawn(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(2)))
+            .build()
+            .into();
+        let url = format!("{base}/metrics");
+        let mut samples = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let at = Instant::now();
+            if let Ok((200, text)) = http_get(&agent, &url, None) {
+                samples.push(Sample {
+                    at,
+                    inbox: metric(&text, "handoff_inbox_depth").unwrap_or(0.0),
+                    outbox: metric(&text, "handoff_outbox_depth").unwrap_or(0.0),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(250).saturating_sub(at.elapsed()));
+        }
+        samples
+    })
+}
+
+/// Wait until the inbox is drained and then the outbox idle, within `limit`. Returns how long
+/// it took, or `None` when the limit passed first.
+fn wait_quiet(
+    agent: &ureq::Agent,
+    base: &str,
+    limit: Duration,
+) -> Result<Option<Duration>, String> {
+    let t0 = Instant::now();
+    for path in ["/admin/v1/inbox/drained", "/admin/v1/outbox/idle"] {
+        loop {
+            let left = limit.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let ms = left.as_millis().clamp(1, 10_000);
+            let (status, body) = http_get(
+                agent,
+                &format!("{base}{path}?timeout_ms={ms}"),
+                Some(ADMIN_TOKEN),
+            )?;
+            match status {
+                200 => break,
+                504 => continue,
+                other => return Err(format!("{path} answered {other}: {body}")),
+            }
+        }
+    }
+    Ok(Some(t0.elapsed()))
+}
+
+/// The journal fields the bench reads (the rest, bodies and answers, is ignored).
+#[derive(Deserialize)]
+struct JournalRow {
+    seq: u64,
+    /// Unix ms when the emulator handled the call.
+    at: i64,
+    idempotency_key: Option<String>,
+    status: u16,
+    replayed: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run: fresh emulator, fresh daemon, load, drain, journal, analysis
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Case {
+    /// A step of the search for the maximum sustained rate.
+    Search,
+    /// The fixed rate (1,000 events/s).
+    Fixed,
+    /// The maximum sustained rate found by the search.
+    Max,
+}
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Search => "search",
+            Case::Fixed => "fixed",
+            Case::Max => "max",
+        }
+    }
+}
+
+/// Files every run shares: the seed and the rule directory.
+struct Inputs {
+    template: Rc<Template>,
+    seed: PathBuf,
+    rules: PathBuf,
+}
+
+struct RunResult {
+    case: Case,
+    round: usize,
+    target: f64,
+    window: Duration,
+    /// Events of the measured window whose delivery was accepted.
+    posted: u64,
+    /// `posted` over the window, or over the span until the last measured send when later.
+    posted_rate: f64,
+    errors: BTreeMap<String, u64>,
+    lag_p99_ms: f64,
+    ack_p50_ms: f64,
+    ack_p99_ms: f64,
+    /// Effective upstream calls (200, not replayed, ours) handled during the window.
+    actions_in_window: u64,
+    /// From the POST's write to the upstream call, µs, events of the measured window.
+    latency: Histogram<u64>,
+    /// From the 200 to the upstream call, µs.
+    latency_from_ack: Histogram<u64>,
+    /// Accepted events sent before the window's end whose action had not run by then.
+    backlog_at_end: i64,
+    /// From the window's end to the last action (any event), seconds.
+    last_action_after: Option<f64>,
+    /// Drain + idle reached within the limit, and how long after the last send.
+    quiet_after: Option<Duration>,
+    dead_letters: u64,
+    /// Accepted events without an effective call in the journal.
+    missing: u64,
+    /// Effective calls for the same event more than once (must be 0).
+    doubled: u64,
+    /// Our calls the emulator answered with another status, or replayed.
+    other_calls: u64,
+    journal_overflow: bool,
+    cpu: Option<[f64; 4]>,
+    max_inbox: f64,
+    max_outbox: f64,
+    /// The daemon's own `handoff_action_latency_seconds` (event received -> upstream answered):
+    /// mean over the whole run, ms.
+    daemon_mean_ms: Option<f64>,
+    /// Warning and error lines of the daemon's and the emulator's logs.
+    log_problems: Vec<String>,
+    sustained: bool,
+    why_not: Vec<String>,
+}
+
+impl RunResult {
+    fn actions_per_s(&self) -> f64 {
+        self.actions_in_window as f64 / self.window.as_secs_f64().max(1e-9)
+    }
+    fn ms(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+    fn ack_ms(&self, q: f64) -> f64 {
+        self.latency_from_ack.value_at_quantile(q) as f64 / 1000.0
+    }
+    fn max_ms(&self) -> f64 {
+        self.latency.max() as f64 / 1000.0
+    }
+    fn errors_text(&self) -> String {
+        if self.errors.is_empty() {
+            "0".into()
+        } else {
+            self.errors
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
+    }
+}
+
+struct RunSpec {
+    case: Case,
+    round: usize,
+    rate: f64,
+    duration: Duration,
+    drain_limit: Duration,
+    run_tag: u16,
+}
+
+fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult, String> {
+    // Keep the run under the emulator's journal capacity.
+    let mut duration = spec.duration;
+    let budget = Duration::from_secs_f64(JOURNAL_BUDGET / spec.rate);
+    if opts.warmup + duration > budget {
+        duration = budget
+            .saturating_sub(opts.warmup)
+            .max(Duration::from_secs(1));
+        eprintln!(
+            "  ({} events/s: window shortened to {:.1} s to stay within the emulator's journal)",
+            spec.rate,
+            duration.as_secs_f64()
+        );
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("actions-bench-")
+        .tempdir_in(&opts.data_root)
+        .map_err(|e| e.to_string())?;
+    let mut emulator = Proc::spawn(
+        "emulator",
+        emulator_command(opts, &inputs.seed),
+        &dir.path().join("emulator.log"),
+    )?;
+    let mut daemon = Proc::spawn(
+        "daemon",
+        daemon_command(
+            opts,
+            &dir.path().join("data"),
+            &inputs.rules,
+            &emulator.base(),
+        ),
+        &dir.path().join("daemon.log"),
+    )?;
+
+    let batch = opts.batch as u64;
+    let per_delivery = opts.batch as f64 / spec.rate;
+    let deliveries_before = |d: Duration| (d.as_secs_f64() / per_delivery).ceil() as u64;
+    let t0 = Instant::now() + Duration::from_millis(200);
+    let plan = LoadPlan {
+        template: inputs.template.clone(),
+        run: spec.run_tag,
+        rate: spec.rate,
+        batch: opts.batch,
+        conversations: opts.conversations,
+        deliveries: deliveries_before(opts.warmup + duration),
+        first_measured: deliveries_before(opts.warmup),
+        t0,
+        window_start: t0 + opts.warmup,
+        window_end: t0 + opts.warmup + duration,
+    };
+    let (first_measured, deliveries) = (plan.first_measured, plan.deliveries);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = start_sampler(daemon.base(), stop.clone());
+    let load = run_load(
+        daemon.addr,
+        plan,
+        opts.connections,
+        (daemon.pid, emulator.pid),
+    );
+    let agent = agent();
+    let quiet = match &load {
+        Ok(_) => wait_quiet(&agent, &daemon.base(), spec.drain_limit),
+        Err(_) => Ok(None),
+    };
+    let quiet_after = quiet.as_ref().ok().copied().flatten();
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().unwrap_or_default();
+    let load = load?;
+    let quiet = quiet?;
+    if quiet.is_none() {
+        eprintln!(
+            "  not quiet within {:.0} s of the window's end (reading what was done)",
+            spec.drain_limit.as_secs_f64()
+        );
+    }
+
+    let (_, metrics_text) = http_get(&agent, &format!("{}/metrics", daemon.base()), None)?;
+    let (status, dead_body) = http_get(
+        &agent,
+        &format!("{}/admin/v1/dead-letters", daemon.base()),
+        Some(ADMIN_TOKEN),
+    )?;
+    if status != 200 {
+        return Err(format!("dead letters answered {status}: {dead_body}"));
+    }
+    let dead: Value = serde_json::from_str(&dead_body).map_err(|e| e.to_string())?;
+    let dead_letters = dead["count"].as_u64().unwrap_or(0);
+    let (status, journal_body) = http_get(
+        &agent,
+        &format!("{}/_emulator/journal", emulator.base()),
+        None,
+    )?;
+    if status != 200 {
+        return Err(format!("journal answered {status}"));
+    }
+    let journal: Vec<JournalRow> =
+        serde_json::from_str(&journal_body).map_err(|e| format!("journal: {e}"))?;
+    drop(journal_body);
+    let daemon_status = daemon.stop()?;
+    if !daemon_status.success() {
+        eprintln!(
+            "  daemon exited with {daemon_status}; log:\n{}",
+            tail(&daemon.log, 10)
+        );
+    }
+    emulator.stop()?;
+    let log_problems = [&daemon.log, &emulator.log]
+        .iter()
+        .flat_map(|log| {
+            let name = log.file_name().map(|n| n.to_string_lossy().into_owned());
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .map(|l| format!("{}: {l}", name.clone().unwrap_or_default()))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>();
+
+    // ---- analysis
+    let total_events = usize::try_from(deliveries * batch).map_err(|_| "too many events")?;
+    // Unix ms of the effective call of each event, if any.
+    let mut done_at: Vec<Option<i64>> = vec![None; total_events];
+    let prefix = event_prefix(spec.run_tag);
+    let suffix = format!("/{RULE_NAME}/0");
+    let (mut doubled, mut other_calls) = (0u64, 0u64);
+    let journal_overflow = journal.first().is_some_and(|r| r.seq != 1);
+    let mut last_at = None::<i64>;
+    for row in &journal {
+        let Some(e) = row
+            .idempotency_key
+            .as_deref()
+            .and_then(|k| k.strip_suffix(suffix.as_str()))
+            .and_then(|id| id.strip_prefix(prefix.as_str()))
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .and_then(|e| usize::try_from(e).ok())
+            .filter(|&e| e < total_events)
+        else {
+            other_calls += 1;
+            continue;
+        };
+        if row.status != 200 || row.replayed {
+            other_calls += 1;
+            continue;
+        }
+        match &mut done_at[e] {
+            Some(_) => doubled += 1,
+            slot => *slot = Some(row.at),
+        }
+        last_at = Some(last_at.map_or(row.at, |l: i64| l.max(row.at)));
+    }
+    let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+    let (mut latency, mut latency_from_ack) = (hist()?, hist()?);
+    let (win_start_ms, win_end_ms) = (load.window_start_us / 1000, load.window_end_us / 1000);
+    // `measured`: accepted events of the window; `missing`: accepted events (warm-up included)
+    // without an effective call.
+    let (mut measured, mut missing, mut backlog_at_end) = (0u64, 0u64, 0i64);
+    let mut last_measured_send = load.window_start_us;
+    for (e, done) in done_at.iter().enumerate() {
+        let n = e as u64 / batch;
+        let Some(p) = usize::try_from(n).ok().and_then(|i| load.posted.get(i)) else {
+            continue;
+        };
+        if !p.ok {
+            continue;
+        }
+        let done_by_end = matches!(done, Some(at) if *at < win_end_ms);
+        if p.sent_us < load.window_end_us && !done_by_end {
+            backlog_at_end += 1;
+        }
+        if done.is_none() {
+            missing += 1;
+        }
+        if n < first_measured {
+            continue;
+        }
+        measured += 1;
+        last_measured_send = last_measured_send.max(p.sent_us);
+        if let Some(at) = *done {
+            // The call happened somewhere in millisecond `at`: take its middle.
+            let at_us = at * 1000 + 500;
+            latency.saturating_record(u64::try_from(at_us - p.sent_us).unwrap_or(0).max(1));
+            latency_from_ack
+                .saturating_record(u64::try_from(at_us - p.acked_us).unwrap_or(0).max(1));
+        }
+    }
+    let actions_in_window = done_at
+        .iter()
+        .flatten()
+        .filter(|&&at| at >= win_start_ms && at < win_end_ms)
+        .count() as u64;
+    let span = Duration::from_micros(
+        u64::try_from(last_measured_send - load.window_start_us).unwrap_or(0),
+    )
+    .max(duration);
+    let posted_rate = measured as f64 / span.as_secs_f64();
+    let in_window = |s: &&Sample| s.at <= t0 + opts.warmup + duration;
+    let max_inbox = samples
+        .iter()
+        .filter(in_window)
+        .map(|s| s.inbox)
+        .fold(0.0, f64::max);
+    let max_outbox = samples
+        .iter()
+        .filter(in_window)
+        .map(|s| s.outbox)
+        .fold(0.0, f64::max);
+    let daemon_mean_ms = match (
+        metric(&metrics_text, "handoff_action_latency_seconds_sum"),
+        metric(&metrics_text, "handoff_action_latency_seconds_count"),
+    ) {
+        (Some(sum), Some(count)) if count > 0.0 => Some(sum * 1000.0 / count),
+        _ => None,
+    };
+
+    let mut result = RunResult {
+        case: spec.case,
+        round: spec.round,
+        target: spec.rate,
+        window: duration,
+        posted: measured,
+        posted_rate,
+        errors: load.errors,
+        lag_p99_ms: load.lag.value_at_quantile(0.99) as f64 / 1000.0,
+        ack_p50_ms: load.ack.value_at_quantile(0.5) as f64 / 1000.0,
+        ack_p99_ms: load.ack.value_at_quantile(0.99) as f64 / 1000.0,
+        actions_in_window,
+        latency,
+        latency_from_ack,
+        backlog_at_end,
+        last_action_after: last_at.map(|at| (at - win_end_ms) as f64 / 1000.0),
+        quiet_after,
+        dead_letters,
+        missing,
+        doubled,
+        other_calls,
+        journal_overflow,
+        cpu: load.cpu,
+        max_inbox,
+        max_outbox,
+        daemon_mean_ms,
+        log_problems,
+        sustained: false,
+        why_not: Vec::new(),
+    };
+    judge(opts, &mut result);
+    Ok(result)
+}
+
+/// A run is sustained when the daemon kept up with the target rate for the whole window.
+fn judge(opts: &Options, r: &mut RunResult) {
+    let mut why = Vec::new();
+    if !r.errors.is_empty() {
+        why.push(format!("webhook errors: {}", r.errors_text()));
+    }
+    if r.lag_p99_ms > MAX_LAG_P99.as_secs_f64() * 1000.0 || r.posted_rate < 0.97 * r.target {
+        why.push(format!(
+            "generator behind schedule (posted {:.0}/s, lag p99 {:.1} ms)",
+            r.posted_rate, r.lag_p99_ms
+        ));
+    }
+    if r.dead_letters > 0 {
+        why.push(format!("{} dead letters", r.dead_letters));
+    }
+    if r.missing > 0 {
+        why.push(if r.quiet_after.is_some() {
+            format!("{} actions MISSING after drain + idle", r.missing)
+        } else {
+            format!("{} actions not done within the drain limit", r.missing)
+        });
+    }
+    if r.doubled > 0 {
+        why.push(format!("{} actions carried out twice", r.doubled));
+    }
+    if r.journal_overflow {
+        why.push("journal overflowed (entries evicted)".into());
+    }
+    if r.actions_per_s() < 0.95 * r.target {
+        why.push(format!(
+            "{:.0} actions/s < 95% of {:.0} events/s",
+            r.actions_per_s(),
+            r.target
+        ));
+    }
+    let bound = opts.p99_bound.as_secs_f64() * 1000.0;
+    if r.ms(0.99) > bound {
+        why.push(format!("p99 {:.0} ms > {bound:.0} ms", r.ms(0.99)));
+    }
+    r.sustained = why.is_empty();
+    r.why_not = why;
+}
+
+fn progress(r: &RunResult) {
+    eprintln!(
+        "[{} {}] target {:>6.0} ev/s: posted {} events, {:>6.0}/s, actions {:>6.0}/s, latency p50 {:.1} ms p99 {:.1} ms max {:.1} ms, ack p99 {:.1} ms, backlog at end {}, dead {}, missing {}, max outbox {:.0}, max inbox {:.0} -> {}",
+        r.case.name(),
+        r.round,
+        r.target,
+        r.posted,
+        r.posted_rate,
+        r.actions_per_s(),
+        r.ms(0.5),
+        r.ms(0.99),
+        r.max_ms(),
+        r.ack_p99_ms,
+        r.backlog_at_end,
+        r.dead_letters,
+        r.missing,
+        r.max_outbox,
+        r.max_inbox,
+        if r.sustained {
+            "sustained".to_owned()
+        } else {
+            format!("NOT sustained: {}", r.why_not.join("; "))
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmark
+
+fn run(opts: &Options) -> Result<(), String> {
+    std::fs::create_dir_all(&opts.data_root)
+        .map_err(|e| format!("{}: {e}", opts.data_root.display()))?;
+    if !opts.bin.is_file() {
+        return Err(format!("daemon binary {} not found: build it with `cargo build --release --bin handoff-bridge` or pass --bin", opts.bin.display()));
+    }
+    let shared = tempfile::Builder::new()
+        .prefix("actions-bench-inputs-")
+        .tempdir_in(&opts.data_root)
+        .map_err(|e| e.to_string())?;
+    let seed = shared.path().join("seed.json");
+    write_seed(&seed, opts.conversations)?;
+    let rules = shared.path().join("rules");
+    std::fs::create_dir_all(&rules).map_err(|e| e.to_string())?;
+    std::fs::write(rules.join("bench.toml"), RULE_FILE).map_err(|e| e.to_string())?;
+    let inputs = Inputs {
+        template: Rc::new(load_template()?),
+        seed,
+        rules,
+    };
+    let machine = machine_info(&opts.data_root);
+    eprintln!(
+        "actions bench: daemon {}, {} seeded conversations, data under {}",
+        opts.bin.display(),
+        opts.conversations,
+        opts.data_root.display()
+    );
+    for (k, v) in &machine {
+        eprintln!("  {k}: {v}");
+    }
+    let started = Instant::now();
+    let mut run_tag: u16 = 0;
+    let mut next_tag = || {
+        run_tag = run_tag.wrapping_add(1);
+        run_tag
+    };
+
+    // Search: double from `search_from` until a step fails (or halve until one passes), then
+    // bisect between the highest pass and the lowest failure.
+    let mut steps: Vec<RunResult> = Vec::new();
+    let mut max_rate = (opts.max_rate > 0.0).then_some(opts.max_rate);
+    if opts.max_case && max_rate.is_none() {
+        let mut step = |rate: f64, steps: &mut Vec<RunResult>| -> Result<bool, String> {
+            let spec = RunSpec {
+                case: Case::Search,
+                round: steps.len() + 1,
+                rate,
+                duration: opts.search_duration,
+                drain_limit: opts.search_drain_limit,
+                run_tag: next_tag(),
+            };
+            let r = one_run(opts, &inputs, &spec)?;
+            progress(&r);
+            let ok = r.sustained;
+            steps.push(r);
+            Ok(ok)
+        };
+        let (mut pass, mut fail): (Option<f64>, Option<f64>) = (None, None);
+        let mut rate = opts.search_from;
+        loop {
+            if step(rate, &mut steps)? {
+                pass = Some(rate);
+                if fail.is_some() || rate * 2.0 > opts.search_limit {
+                    break;
+                }
+                rate *= 2.0;
+            } else {
+                fail = Some(rate);
+                if pass.is_some() || rate / 2.0 < opts.resolution {
+                    break;
+                }
+                rate /= 2.0;
+            }
+        }
+        if let (Some(mut lo), Some(mut hi)) = (pass, fail) {
+            while hi - lo > opts.resolution {
+                let mid = ((lo + hi) / 2.0 / 50.0).round() * 50.0;
+                if mid <= lo || mid >= hi {
+                    break;
+                }
+                if step(mid, &mut steps)? {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            pass = Some(lo);
+        }
+        max_rate = pass;
+        match pass {
+            Some(r) => eprintln!("search: highest sustained step {r:.0} events/s"),
+            None => eprintln!("search: no step was sustained"),
+        }
+    }
+
+    // Measured rounds, alternating the fixed and the max case (the order flips every round).
+    let mut results: Vec<RunResult> = Vec::new();
+    for round in 1..=opts.runs {
+        let mut order = vec![(Case::Fixed, opts.rate)];
+        if let (true, Some(r)) = (opts.max_case, max_rate) {
+            order.push((Case::Max, r));
+        }
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for (case, rate) in order {
+            let spec = RunSpec {
+                case,
+                round,
+                rate,
+                duration: opts.duration,
+                drain_limit: opts.drain_limit,
+                run_tag: next_tag(),
+            };
+            let r = one_run(opts, &inputs, &spec)?;
+            progress(&r);
+            results.push(r);
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let report = report(opts, &machine, &steps, max_rate, &results, elapsed);
+    println!("{report}");
+    if let Some(dir) = opts.out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    std::fs::write(&opts.out, &report).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    eprintln!(
+        "report written to {} ({:.0} s in all)",
+        opts.out.display(),
+        elapsed.as_secs_f64()
+    );
+    // A defect, not a slow machine: fail the bench (and CI) on lost or repeated actions, and on
+    // refused webhooks outside the search (whose failing steps overload the daemon on purpose).
+    let broken: Vec<&RunResult> = steps
+        .iter()
+        .chain(&results)
+        .filter(|r| {
+            r.dead_letters > 0
+                || r.doubled > 0
+                || (r.missing > 0 && r.quiet_after.is_some())
+                || (r.case != Case::Search && !r.errors.is_empty())
+        })
+        .collect();
+    if !broken.is_empty() {
+        return Err(format!(
+            "{} run(s) lost, repeated or refused events/actions (see the report)",
+            broken.len()
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine description
+
+fn machine_info(data_root: &Path) -> Vec<(String, String)> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+    };
+    let model = field("model name").unwrap_or_else(|| "unknown".into());
+    let mhz = field("cpu MHz").unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_kb = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let probe = fsync_probe(data_root)
+        .map(|(p50, p99)| {
+            format!("4 KiB write + fdatasync: p50 {p50:.2} ms, p99 {p99:.2} ms (200 samples)")
+        })
+        .unwrap_or_else(|e| format!("failed: {e}"));
+    vec![
+        ("nproc".into(), nproc.to_string()),
+        (
+            "CPU".into(),
+            if mhz.is_empty() {
+                model
+            } else {
+                format!("{model} @ {mhz} MHz")
+            },
+        ),
+        (
+            "memory".into(),
+            format!("{:.1} GiB", mem_kb as f64 / 1024.0 / 1024.0),
+        ),
+        ("disk sync latency (data dir)".into(), probe),
+        (
+            "kernel".into(),
+            read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        ),
+    ]
+}
+
+/// The cost of one durable write on the data directory's disk (the floor of a group commit).
+fn fsync_probe(dir: &Path) -> Result<(f64, f64), String> {
+    let path = dir.join(format!("fsync-probe-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| e.to_string())?;
+    let block = [0x5au8; 4096];
+    let mut samples = Vec::with_capacity(200);
+    for i in 0..200u64 {
+        let t0 = Instant::now();
+        file.write_all_at(&block, i * 4096)
+            .map_err(|e| e.to_string())?;
+        file.sync_data().map_err(|e| e.to_string())?;
+        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    samples.sort_by(f64::total_cmp);
+    Ok((samples[100], samples[198]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+/// The commit the daemon was built from, as far as git knows (and whether src/ had changes).
+fn git_head() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    match git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "src",
+        "Cargo.toml",
+        "Cargo.lock",
+    ]) {
+        Some(s) if !s.is_empty() => format!("{head} + uncommitted changes"),
+        _ => head,
+    }
+}
+
+fn summary(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    (v[0], median, v[v.len() - 1])
+}
+
+fn mmm(values: &[f64], decimals: usize) -> String {
+    let (a, b, c) = summary(values);
+    format!("{a:.decimals$} / {b:.decimals$} / {c:.decimals$}")
+}
+
+fn run_table(r: &mut String, runs: &[RunResult]) {
+    let _ = writeln!(
+        r,
+        "| case | # | target ev/s | window s | posted ev/s | **actions/s** | p50 ms | **p99 ms** | max ms | p50 / p99 from 200 ms | webhook ack p50 / p99 ms | backlog at end | last action after s | max inbox | max outbox | dead | missing | daemon / emulator / bench / other CPU | sustained |"
+    );
+    let _ = writeln!(
+        r,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    );
+    for x in runs {
+        let cpu = x.cpu.map_or("n/a".into(), |c| {
+            let w = x.window.as_secs_f64().max(1e-9);
+            format!(
+                "{:.0}% / {:.0}% / {:.0}% / {:.0}%",
+                100.0 * c[0] / w,
+                100.0 * c[1] / w,
+                100.0 * c[2] / w,
+                100.0 * c[3] / w
+            )
+        });
+        let _ = writeln!(
+            r,
+            "| {} | {} | {:.0} | {:.1} | {:.0} | **{:.0}** | {:.1} | **{:.1}** | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {:.0} | {:.0} | {} | {} | {cpu} | {} |",
+            x.case.name(),
+            x.round,
+            x.target,
+            x.window.as_secs_f64(),
+            x.posted_rate,
+            x.actions_per_s(),
+            x.ms(0.5),
+            x.ms(0.99),
+            x.max_ms(),
+            x.ack_ms(0.5),
+            x.ack_ms(0.99),
+            x.ack_p50_ms,
+            x.ack_p99_ms,
+            x.backlog_at_end,
+            x.last_action_after.map_or("n/a".into(), |s| format!("{s:.2}")),
+            x.max_inbox,
+            x.max_outbox,
+            x.dead_letters,
+            x.missing,
+            if x.sustained {
+                "yes".to_owned()
+            } else {
+                format!("**no**: {}", x.why_not.join("; "))
+            }
+        );
+    }
+}
+
+fn report(
+    opts: &Options,
+    machine: &[(String, String)],
+    steps: &[RunResult],
+    max_rate: Option<f64>,
+    results: &[RunResult],
+    elapsed: Duration,
+) -> String {
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "## Actions benchmark{}\n",
+        if opts.quick {
+            " (quick smoke run: not a measurement)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(r, "| machine | |\n|---|---|");
+    for (k, v) in machine {
+        let _ = writeln!(r, "| {k} | {v} |");
+    }
+    let _ = writeln!(
+        r,
+        "\nDaemon: `{}` (git {}), upstream: a standalone `handoff-bridge emulator` per run (fresh, \
+         seeded with {} extra conversations); one rule (`{RULE_NAME}`: one `send_message` per user \
+         message). Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
+         delivery, events spread round-robin over the {} conversations, {:.1} s warm-up before \
+         each window. Total time {:.0} s.\n",
+        opts.bin.display(),
+        git_head(),
+        opts.conversations,
+        opts.daemon_settings()
+            .iter()
+            .map(|(k, v)| format!("`{k}={v}`"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        opts.connections,
+        opts.batch,
+        opts.conversations,
+        opts.warmup.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    let _ = writeln!(
+        r,
+        "Latency: from the bench writing an event's POST to the emulator handling its upstream call \
+         (journal `at`, Unix ms on the same clock; each figure is within ±0.5 ms), for the events of \
+         the measured window; \"from 200\" starts when the acknowledgment came back instead. \
+         actions/s: effective upstream calls (200, not replayed) handled during the window. \
+         Backlog at end: accepted events sent before the window's end whose call had not happened \
+         by then. Max inbox/outbox: the daemon's `handoff_inbox_depth` / `handoff_outbox_depth` \
+         sampled every 250 ms during the load. CPU: share of one core over the window. A run is \
+         sustained when every POST was accepted, the generator kept its schedule (lag p99 under \
+         {} ms), no action is a dead letter, missing or repeated, actions/s >= 95% of the target \
+         and p99 <= {} ms.\n",
+        MAX_LAG_P99.as_millis(),
+        opts.p99_bound.as_millis()
+    );
+    if !steps.is_empty() {
+        let _ = writeln!(
+            r,
+            "### Search for the maximum sustained rate (one {:.0} s run per step)\n",
+            opts.search_duration.as_secs_f64()
+        );
+        run_table(&mut r, steps);
+        let _ = writeln!(
+            r,
+            "\nHighest sustained step: **{}**.\n",
+            max_rate.map_or("none".into(), |m| format!("{m:.0} events/s"))
+        );
+    } else if let (true, Some(m)) = (opts.max_case, max_rate) {
+        let _ = writeln!(r, "Max case rate given: {m:.0} events/s (no search).\n");
+    }
+    let _ = writeln!(r, "### Every measured run\n");
+    run_table(&mut r, results);
+    let _ = writeln!(
+        r,
+        "\n### Summary (min / median / max over {} run(s) per case)\n",
+        opts.runs
+    );
+    let _ = writeln!(
+        r,
+        "| case | target events/s | actions/s | latency p50 ms | latency p99 ms | latency max ms | p99 from 200 ms | webhook ack p99 ms | daemon's own mean ms | sustained runs |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for case in [Case::Fixed, Case::Max] {
+        let runs: Vec<&RunResult> = results.iter().filter(|x| x.case == case).collect();
+        let Some(first) = runs.first() else { continue };
+        let pick = |f: &dyn Fn(&RunResult) -> f64| runs.iter().map(|x| f(x)).collect::<Vec<_>>();
+        let _ = writeln!(
+            r,
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} of {} |",
+            case.name(),
+            first.target,
+            mmm(&pick(&|x| x.actions_per_s()), 0),
+            mmm(&pick(&|x| x.ms(0.5)), 1),
+            mmm(&pick(&|x| x.ms(0.99)), 1),
+            mmm(&pick(&|x| x.max_ms()), 1),
+            mmm(&pick(&|x| x.ack_ms(0.99)), 1),
+            mmm(&pick(&|x| x.ack_p99_ms), 1),
+            mmm(&pick(&|x| x.daemon_mean_ms.unwrap_or(f64::NAN)), 1),
+            runs.iter().filter(|x| x.sustained).count(),
+            runs.len()
+        );
+    }
+    let problems: Vec<String> = steps
+        .iter()
+        .chain(results)
+        .flat_map(|x| {
+            x.log_problems
+                .iter()
+                .map(move |l| format!("{} {}: {l}", x.case.name(), x.round))
+        })
+        .collect();
+    if !problems.is_empty() {
+        let _ = writeln!(
+            r,
+            "\n{} warning/error line(s) in the daemon's and emulator's logs; the first ones:\n\n```",
+            problems.len()
+        );
+        for line in problems.iter().take(10) {
+            let _ = writeln!(r, "{line}");
+        }
+        let _ = writeln!(r, "```");
+    }
+    let others: u64 = steps.iter().chain(results).map(|x| x.other_calls).sum();
+    let _ = writeln!(
+        r,
+        "\nUpstream calls other than the runs' effective actions (errors, replays, unknown keys): {others}."
+    );
+    r
+}
