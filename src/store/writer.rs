@@ -122,8 +122,10 @@ struct Stored {
     log: Frames,
     replies: Vec<(oneshot::Sender<Result<Accepted, String>>, Accepted)>,
     new_events: Vec<NewEvent>,
-    /// Sled must be flushed for this group (it wrote quarantine records, or a flush was asked).
-    flush_sled: bool,
+    /// The replies are durable only after a sled flush: the group wrote quarantine records,
+    /// which the intake log does not hold.
+    replies_need_sled: bool,
+    /// Waiters for a sled flush (folds' decisions, admin writes).
     flushes: Vec<oneshot::Sender<Result<(), String>>>,
     started: Instant,
 }
@@ -179,7 +181,7 @@ fn run(
                     log: Frames::default(),
                     replies: Vec::new(),
                     new_events: Vec::new(),
-                    flush_sled: !flushes.is_empty(),
+                    replies_need_sled: false,
                     flushes,
                     started,
                 });
@@ -187,12 +189,12 @@ fn run(
             }
         };
         let mut log = Frames::default();
-        let mut flush_sled = !flushes.is_empty();
+        let mut replies_need_sled = false;
         let mut new_events = Vec::new();
         let mut replies = Vec::with_capacity(accepts.len());
         for ((job, reply), accepted) in accepts.into_iter().zip(results) {
             // Quarantined events are not in the intake log; a sled flush covers them.
-            flush_sled |= !accepted.quarantined.is_empty();
+            replies_need_sled |= !accepted.quarantined.is_empty();
             let AcceptJob {
                 delivery,
                 events,
@@ -218,7 +220,7 @@ fn run(
             log,
             replies,
             new_events,
-            flush_sled,
+            replies_need_sled,
             flushes,
             started,
         };
@@ -233,7 +235,9 @@ fn run(
     let _ = syncer.join();
 }
 
-/// The durability side: append the groups that are ready to the intake log, sync once, answer.
+/// The durability side: append the groups that are ready to the intake log, sync once, answer;
+/// then flush sled for those who asked (after the answers, so an acknowledgment never waits for a
+/// sled flush it does not need).
 fn sync_loop(
     store: Store,
     mut wal: Wal,
@@ -242,55 +246,75 @@ fn sync_loop(
     healthy: Arc<AtomicBool>,
 ) {
     let mut last_rotation = Instant::now();
+    let flush = |wal: &mut Wal, last_rotation: &mut Instant| {
+        *last_rotation = Instant::now();
+        let result = flush_and_reset(&store, wal);
+        healthy.store(result.is_ok(), Ordering::Relaxed);
+        result
+    };
     while let Ok(first) = rx.recv() {
         let mut groups = vec![first];
         while let Ok(more) = rx.try_recv() {
             groups.push(more);
         }
-        let mut flush_sled = false;
+        let replies_need_sled = groups.iter().any(|g| g.replies_need_sled);
+        let flush_wanted = groups.iter().any(|g| !g.flushes.is_empty());
         for group in &mut groups {
             wal.queue(std::mem::take(&mut group.log));
-            flush_sled |= group.flush_sled;
         }
-        let log_synced = if flush_sled {
-            // The sled flush below covers these groups; the log is emptied after it.
+        // A sled flush made in this round, if any (it covers every group and empties the log).
+        let mut flushed = None;
+        let replies_durable = if replies_need_sled {
             wal.discard_pending();
-            Ok(())
+            let result = flush(&mut wal, &mut last_rotation);
+            flushed = Some(result.clone());
+            result
         } else {
-            wal.commit().map_err(|e| {
-                tracing::error!(error = %e, "intake log sync failed; flushing the store instead");
-            })
+            match wal.commit() {
+                Ok(()) => {
+                    healthy.store(true, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "intake log sync failed; flushing the store instead");
+                    let result = flush(&mut wal, &mut last_rotation);
+                    flushed = Some(result.clone());
+                    result
+                }
+            }
         };
-        let rotate =
-            !wal.is_empty() && (wal.len() >= ROTATE_BYTES || last_rotation.elapsed() >= ROTATE_AGE);
-        let durable = if flush_sled || log_synced.is_err() || rotate {
-            last_rotation = Instant::now();
-            flush_and_reset(&store, &mut wal)
-        } else {
-            Ok(())
-        };
-        healthy.store(durable.is_ok(), Ordering::Relaxed);
-        for group in groups {
+        for group in &mut groups {
             let deliveries = group.replies.len();
             (hooks.observe)(group.started.elapsed(), deliveries);
-            for reply in group.flushes {
-                let _ = reply.send(durable.clone());
-            }
-            match &durable {
+            let replies = std::mem::take(&mut group.replies);
+            match &replies_durable {
                 Ok(()) => {
-                    for (reply, accepted) in group.replies {
+                    for (reply, accepted) in replies {
                         // The handler may have gone (client disconnected); the delivery is stored.
                         let _ = reply.send(Ok(accepted));
                     }
-                    if !group.new_events.is_empty() {
-                        (hooks.durable)(group.new_events);
+                    let new_events = std::mem::take(&mut group.new_events);
+                    if !new_events.is_empty() {
+                        (hooks.durable)(new_events);
                     }
                 }
                 Err(e) => {
-                    for (reply, _) in group.replies {
+                    for (reply, _) in replies {
                         let _ = reply.send(Err(e.clone()));
                     }
                 }
+            }
+        }
+        let rotate =
+            !wal.is_empty() && (wal.len() >= ROTATE_BYTES || last_rotation.elapsed() >= ROTATE_AGE);
+        let flushed = match flushed {
+            Some(result) => result,
+            None if flush_wanted || rotate => flush(&mut wal, &mut last_rotation),
+            None => Ok(()),
+        };
+        for group in groups {
+            for reply in group.flushes {
+                let _ = reply.send(flushed.clone());
             }
         }
     }
