@@ -512,6 +512,7 @@ mod tests {
             },
             received_at: 0,
             decided_at: seq as i64,
+            rules_version: String::new(),
             idempotency_key: None,
         }
     }

@@ -228,6 +228,11 @@ pub trait Decide: Send + Sync {
         conversation: &crate::state::ConversationState,
         now: Millis,
     ) -> Vec<Decision>;
+
+    /// Which rules decided (recorded with every decision, for audits).
+    fn version(&self) -> &str {
+        "none"
+    }
 }
 
 /// Decides nothing: the bridge only keeps state.
@@ -258,6 +263,9 @@ pub struct OutboxEntry {
     /// When the source event was received (for end-to-end latency).
     pub received_at: Millis,
     pub decided_at: Millis,
+    /// The rule set version that decided it ([`Decide::version`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rules_version: String,
     /// The idempotency key when it is not `id`: a dead letter the upstream refused is retried
     /// under a fresh key, because the upstream keeps its error answer under the old one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -358,6 +358,10 @@ impl Decide for RuleSet {
         }
         out
     }
+
+    fn version(&self) -> &str {
+        &self.version
+    }
 }
 
 #[cfg(test)]

@@ -561,7 +561,8 @@ impl Store {
                 out.new_conversations += u64::from(created);
                 let at = received.get(position).copied().unwrap_or(event.timestamp);
                 let decisions = rules.decide(event, state, now);
-                self.queue_decisions(event, state, decisions, (at, now), &mut decided, &mut out)?;
+                let decided_by = (rules.version(), at, now);
+                self.queue_decisions(event, state, decisions, decided_by, &mut decided, &mut out)?;
                 if let Payload::Conversation(c) = &event.payload {
                     if let Some(uid) = &c.end_user_id {
                         let new = || EndUserState::new(uid.clone());
@@ -649,7 +650,7 @@ impl Store {
         event: &Event,
         state: &mut ConversationState,
         decisions: Vec<crate::actions::Decision>,
-        (received_at, now): (Millis, Millis),
+        (version, received_at, now): (&str, Millis, Millis),
         decided: &mut std::collections::HashSet<String>,
         out: &mut Applied,
     ) -> Result<(), StoreError> {
@@ -680,6 +681,7 @@ impl Store {
                 action: decision.action,
                 received_at,
                 decided_at: now,
+                rules_version: version.to_owned(),
                 idempotency_key: None,
             });
         }

@@ -167,6 +167,7 @@ impl Store {
                         action: decision.action.clone(),
                         received_at: record.received_at,
                         decided_at: now,
+                        rules_version: rules.version().to_owned(),
                         idempotency_key: None,
                     });
                 } else if status == "already_decided" {

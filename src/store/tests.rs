@@ -416,6 +416,13 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
     accept_at(&store, &delivery("d2", &[("e3", "c1", 3)]), 5_000);
     let applied = drain_with(&store, &old);
     assert_eq!(applied.outbox.len(), 3);
+    assert!(
+        applied
+            .outbox
+            .iter()
+            .all(|e| e.rules_version == old.version()),
+        "each decision records the rule set that made it"
+    );
     // Not folded yet: replay leaves it to the dispatcher.
     accept_at(&store, &delivery("d3", &[("e4", "c1", 4)]), 1_500);
     let window = |dry_run, force| ReplayRequest {
@@ -452,6 +459,11 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
     );
     let report = store.replay(&window(false, false), &both).expect("replay");
     assert_eq!((report.queued, report.skipped), (2, 2));
+    assert!(report
+        .entries
+        .iter()
+        .all(|e| e.rules_version == both.version()));
+    assert_ne!(both.version(), old.version());
     let queued: Vec<&str> = report.entries.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(queued, ["e1/tag/0", "e2/tag/0"]);
     assert_eq!(store.outbox().expect("outbox").len(), 5);
