@@ -45,32 +45,37 @@
 //! The markdown report is printed on stdout and written to `--out` (default
 //! `target/tmp/actions-bench.md`). Progress goes to stderr.
 
+mod common;
+
+use common::{
+    BenchOptions, BodyRead, CommonOptions, Conn, Http, OptionSpec, Proc, Response, Setting, Target,
+    ADMIN_TOKEN, HTTP_TIMEOUT,
+};
 use hdrhistogram::Histogram;
 use serde::Deserialize;
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-const WEBHOOK_TOKEN: &str = "bench-webhook-token-0123456789";
-const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
 const UPSTREAM_KEY: &str = "bench-upstream-key-0123456789";
 /// The bench's one rule; part of every action id (`{event id}/bench-echo/0`).
 const RULE_NAME: &str = "bench-echo";
-const START_TIMEOUT: Duration = Duration::from_secs(120);
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a stopping process is checked for its exit.
+const STOP_POLL: Duration = Duration::from_millis(5);
+/// The emulator's journal is large: read up to 1 GiB; an unreadable body is an error.
+const BODY: BodyRead = BodyRead {
+    limit: 1 << 30,
+    lossy_utf8: false,
+    required: true,
+};
 /// The emulator's journal keeps the last 100,000 calls (`emulator::journal::DEFAULT_CAPACITY`);
 /// a run posts at most this many events so none is evicted before it is read.
 const JOURNAL_BUDGET: f64 = 90_000.0;
@@ -82,17 +87,7 @@ const MAX_LAG_P99: Duration = Duration::from_millis(50);
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match Options::parse(&args) {
-        Ok(o) => o,
-        Err(msg) => {
-            eprintln!("{msg}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&opts) {
-        eprintln!("actions bench failed: {e}");
-        std::process::exit(1);
-    }
+    OPTIONS.main(&args, run);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -128,11 +123,8 @@ struct Options {
     /// Events per delivery.
     batch: usize,
     outbox_concurrency: usize,
-    data_root: PathBuf,
-    out: PathBuf,
-    bin: PathBuf,
-    /// Extra environment for the daemon (tuning experiments).
-    daemon_env: Vec<(String, String)>,
+    /// Data root, report, daemon binary and its extra environment.
+    common: CommonOptions,
 }
 
 const USAGE: &str = "\
@@ -162,6 +154,14 @@ usage: cargo bench --bench actions -- [options]
 Every option can also be given as ACTIONS_BENCH_<NAME> (e.g. ACTIONS_BENCH_RUNS=5,
 ACTIONS_BENCH_QUICK=1); flags win over variables.";
 
+const OPTIONS: OptionSpec = OptionSpec {
+    name: "actions",
+    env_prefix: "ACTIONS_BENCH",
+    usage: USAGE,
+    keys: KEYS,
+    off_flag: ("--no-max", "max"),
+};
+
 const KEYS: &[&str] = &[
     "rate",
     "duration",
@@ -180,15 +180,10 @@ const KEYS: &[&str] = &[
     "connections",
     "batch",
     "outbox-concurrency",
-    "data-root",
-    "out",
-    "bin",
-    "daemon-env",
 ];
 
-impl Options {
+impl BenchOptions for Options {
     fn full() -> Self {
-        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         Options {
             quick: false,
             rate: 1_000.0,
@@ -208,10 +203,7 @@ impl Options {
             connections: 512,
             batch: 1,
             outbox_concurrency: 64,
-            out: tmp.join("actions-bench.md"),
-            data_root: tmp,
-            bin: PathBuf::from(env!("CARGO_BIN_EXE_handoff-bridge")),
-            daemon_env: Vec::new(),
+            common: CommonOptions::new("actions-bench.md"),
         }
     }
 
@@ -229,130 +221,67 @@ impl Options {
         }
     }
 
-    fn parse(args: &[String]) -> Result<Self, String> {
-        let env = |name: &str| {
-            std::env::var(format!(
-                "ACTIONS_BENCH_{}",
-                name.to_uppercase().replace('-', "_")
-            ))
-            .ok()
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
+    }
+
+    fn set(&mut self, s: &Setting) -> Result<bool, String> {
+        let rate = || {
+            s.value
+                .parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite() && *r >= 0.0)
+                .ok_or_else(|| format!("--{}: `{}` is not a rate", s.key, s.value))
         };
-        let truthy = |v: &str| !matches!(v, "" | "0" | "false" | "no");
-        let quick = args.iter().any(|a| a == "--quick") || env("quick").is_some_and(|v| truthy(&v));
-        let mut opts = if quick {
-            Options::quick()
-        } else {
-            Options::full()
-        };
-        let mut settings: Vec<(String, String)> = KEYS
-            .iter()
-            .filter_map(|k| env(k).map(|v| ((*k).to_owned(), v)))
-            .collect();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                // cargo passes --bench to every bench binary.
-                "--quick" | "--bench" => {}
-                "--no-max" => settings.push(("max".into(), "false".into())),
-                "--help" | "-h" => return Err(USAGE.to_owned()),
-                flag if flag.starts_with("--") => {
-                    let (name, value) = match flag[2..].split_once('=') {
-                        Some((n, v)) => (n.to_owned(), v.to_owned()),
-                        None => {
-                            let v = it
-                                .next()
-                                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-                            (flag[2..].to_owned(), v.clone())
-                        }
-                    };
-                    settings.push((name, value));
-                }
-                other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
-            }
+        match s.key.as_str() {
+            "rate" => self.rate = rate()?,
+            "duration" => self.duration = s.secs()?,
+            "warmup" => self.warmup = s.secs()?,
+            "runs" => self.runs = s.size()?,
+            "max" => self.max_case = s.truthy(),
+            "max-rate" => self.max_rate = rate()?,
+            "search-duration" => self.search_duration = s.secs()?,
+            "search-from" => self.search_from = rate()?,
+            "search-limit" => self.search_limit = rate()?,
+            "resolution" => self.resolution = rate()?,
+            "p99-bound-ms" => self.p99_bound = Duration::from_millis(s.num()?),
+            "drain-limit" => self.drain_limit = s.secs()?,
+            "search-drain-limit" => self.search_drain_limit = s.secs()?,
+            "conversations" => self.conversations = s.num()?,
+            "connections" => self.connections = s.size()?,
+            "batch" => self.batch = s.size()?,
+            "outbox-concurrency" => self.outbox_concurrency = s.size()?,
+            _ => return Ok(false),
         }
-        for (key, value) in settings {
-            opts.set(&key, &value, truthy(&value))?;
-        }
-        if opts.runs == 0
-            || opts.conversations == 0
-            || opts.connections == 0
-            || opts.batch == 0
-            || opts.outbox_concurrency == 0
+        Ok(true)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.runs == 0
+            || self.conversations == 0
+            || self.connections == 0
+            || self.batch == 0
+            || self.outbox_concurrency == 0
         {
             return Err(
                 "runs, conversations, connections, batch and outbox-concurrency must be at least 1"
                     .into(),
             );
         }
-        if opts.batch > 1_000 || opts.outbox_concurrency > 1_024 {
+        if self.batch > 1_000 || self.outbox_concurrency > 1_024 {
             return Err("batch must be at most 1000 and outbox-concurrency at most 1024".into());
         }
-        if opts.rate <= 0.0 || opts.search_from <= 0.0 || opts.resolution <= 0.0 {
+        if self.rate <= 0.0 || self.search_from <= 0.0 || self.resolution <= 0.0 {
             return Err("rate, search-from and resolution must be positive".into());
         }
-        if opts.duration.is_zero() || opts.search_duration.is_zero() {
+        if self.duration.is_zero() || self.search_duration.is_zero() {
             return Err("duration and search-duration must be positive".into());
-        }
-        Ok(opts)
-    }
-
-    fn set(&mut self, key: &str, value: &str, truthy: bool) -> Result<(), String> {
-        let num = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("--{key}: `{value}` is not a whole number"))
-        };
-        let rate = || {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|r| r.is_finite() && *r >= 0.0)
-                .ok_or_else(|| format!("--{key}: `{value}` is not a rate"))
-        };
-        let secs = || {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("--{key}: `{value}` is not a number of seconds"))
-        };
-        let size =
-            || num().and_then(|n| usize::try_from(n).map_err(|_| format!("--{key}: too large")));
-        match key {
-            "rate" => self.rate = rate()?,
-            "duration" => self.duration = secs()?,
-            "warmup" => self.warmup = secs()?,
-            "runs" => self.runs = size()?,
-            "max" => self.max_case = truthy,
-            "max-rate" => self.max_rate = rate()?,
-            "search-duration" => self.search_duration = secs()?,
-            "search-from" => self.search_from = rate()?,
-            "search-limit" => self.search_limit = rate()?,
-            "resolution" => self.resolution = rate()?,
-            "p99-bound-ms" => self.p99_bound = Duration::from_millis(num()?),
-            "drain-limit" => self.drain_limit = secs()?,
-            "search-drain-limit" => self.search_drain_limit = secs()?,
-            "conversations" => self.conversations = num()?,
-            "connections" => self.connections = size()?,
-            "batch" => self.batch = size()?,
-            "outbox-concurrency" => self.outbox_concurrency = size()?,
-            "data-root" => self.data_root = PathBuf::from(value),
-            "out" => self.out = PathBuf::from(value),
-            "bin" => self.bin = PathBuf::from(value),
-            "daemon-env" => {
-                for pair in value.split(',').filter(|p| !p.is_empty()) {
-                    let (k, v) = pair
-                        .split_once('=')
-                        .ok_or_else(|| format!("--daemon-env: `{pair}` is not K=V"))?;
-                    self.daemon_env.push((k.to_owned(), v.to_owned()));
-                }
-            }
-            other => return Err(format!("unknown option --{other}\n{USAGE}")),
         }
         Ok(())
     }
+}
 
+impl Options {
     /// The daemon's settings for every run (besides tokens, data dir, rules and upstream).
     fn daemon_settings(&self) -> Vec<(String, String)> {
         let mut env = Vec::new();
@@ -370,7 +299,7 @@ impl Options {
             "HANDOFF_BRIDGE__OUTBOX__CONCURRENCY".to_owned(),
             self.outbox_concurrency.to_string(),
         ));
-        env.extend(self.daemon_env.iter().cloned());
+        env.extend(self.common.daemon_env.iter().cloned());
         env
     }
 }
@@ -378,8 +307,8 @@ impl Options {
 // ---------------------------------------------------------------------------------------------
 // Ids, seed, rule file
 
-/// The run tag and the event number are in the event id, so a journal entry's idempotency key
-/// (`{event id}/bench-echo/0`) leads back to the event.
+/// The run tag and the event number are in the event id (`common::write_event_id`), so a
+/// journal entry's idempotency key (`{event id}/bench-echo/0`) leads back to the event.
 fn event_prefix(run: u16) -> String {
     format!("3e5f{run:04x}-0000-4000-8000-")
 }
@@ -489,23 +418,9 @@ struct Template {
 }
 
 fn load_template() -> Result<Template, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/webhooks/message-received-text.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.contains("@@") {
-        return Err(format!(
-            "{}: contains `@@`, the template marker",
-            path.display()
-        ));
-    }
-    let delivery: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let field = |k: &str| serde_json::to_string(&delivery[k]).unwrap_or_else(|_| "\"\"".into());
-    let envelope_tail = format!(
-        "\",\"webhookId\":{},\"webhookUrl\":{},\"messages\":[",
-        field("webhookId"),
-        field("webhookUrl")
-    );
+    let path = common::fixtures_dir().join("message-received-text.json");
+    let delivery = common::read_fixture(&path)?;
+    let envelope_tail = common::envelope_tail(&delivery);
     let mut event = delivery
         .pointer("/messages/0")
         .cloned()
@@ -577,9 +492,7 @@ impl LoadPlan {
     /// Render delivery `n` (events `n x batch ..`) into `out`.
     fn body(&self, n: u64, out: &mut String) {
         let run = self.run;
-        out.clear();
-        let _ = write!(out, "{{\"id\":\"1d0c{run:04x}-0000-4000-8000-{n:012x}");
-        out.push_str(&self.template.envelope_tail);
+        common::start_delivery(out, run, n, &self.template.envelope_tail);
         for k in 0..self.batch as u64 {
             if k > 0 {
                 out.push(',');
@@ -592,8 +505,14 @@ impl LoadPlan {
                         out.push_str(t);
                         Ok(())
                     }
-                    Piece::Event => write!(out, "{}{e:012x}", event_prefix(run)),
-                    Piece::Message => write!(out, "6a1d{run:04x}-0000-4000-8000-{e:012x}"),
+                    Piece::Event => {
+                        common::write_event_id(out, run, e);
+                        Ok(())
+                    }
+                    Piece::Message => {
+                        common::write_message_id(out, run, e);
+                        Ok(())
+                    }
                     Piece::Conversation => write!(out, "{}", conversation_id(c)),
                     Piece::EndUser => write!(out, "{}", end_user_id(c)),
                 };
@@ -639,25 +558,17 @@ fn unix_us() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 fn run_load(
     daemon: SocketAddr,
     plan: LoadPlan,
     connections: usize,
     pids: (u32, u32),
 ) -> Result<LoadOutcome, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let local = tokio::task::LocalSet::new();
-    let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+    let hist = || common::histogram(600_000_000);
     // Instants to Unix time: both clocks read together once.
     let (inst0, unix0) = (Instant::now(), unix_us());
-    let to_unix = |i: Instant| unix0 + i64::try_from(micros(i.duration_since(inst0))).unwrap_or(0);
+    let to_unix =
+        |i: Instant| unix0 + i64::try_from(common::micros(i.duration_since(inst0))).unwrap_or(0);
     let out = LoadOutcome {
         posted: vec![Posted::default(); usize::try_from(plan.deliveries).unwrap_or(0)],
         errors: BTreeMap::new(),
@@ -667,46 +578,32 @@ fn run_load(
         window_end_us: to_unix(plan.window_end),
         cpu: None,
     };
-    let state = Rc::new(LoadState {
+    let state = LoadState {
         plan,
         next: Cell::new(0),
         out: RefCell::new(out),
-    });
-    let head = Rc::new(format!(
-        "POST /webhook/{WEBHOOK_TOKEN} HTTP/1.1\r\nHost: {daemon}\r\nContent-Type: application/json\r\nUser-Agent: CLOSER/webhook\r\nContent-Length: "
-    ));
-    local.block_on(&rt, async {
+    };
+    let target = Rc::new(Target::new(daemon));
+    let state = common::run_local(state, |state| async move {
         // CPU over exactly the measured window.
-        let sampler = {
-            let state = state.clone();
-            tokio::task::spawn_local(async move {
-                tokio::time::sleep_until(state.plan.window_start.into()).await;
-                let a = CpuSample::take(pids);
-                tokio::time::sleep_until(state.plan.window_end.into()).await;
-                let b = CpuSample::take(pids);
-                a.window(&b)
-            })
-        };
-        let workers: Vec<_> = (0..connections)
-            .map(|_| tokio::task::spawn_local(worker(state.clone(), daemon, head.clone())))
-            .collect();
-        for w in workers {
-            let _ = w.await;
-        }
-        let cpu = sampler.await.ok().flatten();
+        let sampler = common::sample_cpu(
+            [pids.0, pids.1],
+            state.plan.window_start,
+            state.plan.window_end,
+        );
+        common::run_workers(connections, || worker(state.clone(), target.clone())).await;
+        let cpu = sampler.await.ok().and_then(|w| {
+            let [daemon, emulator] = w.servers;
+            Some([daemon?, emulator?, w.me?, w.other?])
+        });
         state.out.borrow_mut().cpu = cpu;
-    });
-    drop(local);
-    let state = Rc::try_unwrap(state).map_err(|_| "load state still shared".to_owned())?;
+    })?;
     Ok(state.out.into_inner())
 }
 
-async fn worker(state: Rc<LoadState>, daemon: SocketAddr, head: Rc<String>) {
+async fn worker(state: Rc<LoadState>, target: Rc<Target>) {
     // Connect before the schedule starts, so the first requests do not pay for it.
-    let mut conn = match tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(daemon)).await {
-        Ok(Ok(c)) => Some(c),
-        _ => None,
-    };
+    let mut conn: Option<Conn> = target.connect().await.ok();
     let mut body = String::with_capacity(4 * 1024);
     let mut request: Vec<u8> = Vec::with_capacity(4 * 1024);
     loop {
@@ -718,19 +615,12 @@ async fn worker(state: Rc<LoadState>, daemon: SocketAddr, head: Rc<String>) {
         let due = state.plan.due(n);
         tokio::time::sleep_until(due.into()).await;
         state.plan.body(n, &mut body);
-        request.clear();
-        request.extend_from_slice(head.as_bytes());
-        let _ = write!(request, "{}\r\n\r\n", body.len());
-        request.extend_from_slice(body.as_bytes());
+        target.request(&body, &mut request);
         if conn.is_none() {
-            match tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(daemon)).await {
-                Ok(Ok(c)) => conn = Some(c),
-                Ok(Err(e)) => {
-                    state.error(format!("connect: {}", e.kind()));
-                    continue;
-                }
-                Err(_) => {
-                    state.error("connect timeout".into());
+            match target.connect().await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    state.error(e.to_string());
                     continue;
                 }
             }
@@ -738,10 +628,7 @@ async fn worker(state: Rc<LoadState>, daemon: SocketAddr, head: Rc<String>) {
         let Some(c) = conn.as_mut() else { continue };
         let lag = Instant::now().saturating_duration_since(due);
         let sent_us = unix_us();
-        let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, c.exchange(&request)).await {
-            Ok(r) => r,
-            Err(_) => Err("request timeout".to_owned()),
-        };
+        let outcome = c.send(&request).await;
         let acked_us = unix_us();
         if !matches!(&outcome, Ok(r) if !r.close) {
             conn = None;
@@ -766,7 +653,7 @@ impl LoadState {
         let mut out = self.out.borrow_mut();
         let measured = n >= self.plan.first_measured;
         if measured {
-            out.lag.saturating_record(micros(lag).max(1));
+            out.lag.saturating_record(common::micros(lag).max(1));
         }
         let batch = self.plan.batch as u64;
         match outcome {
@@ -796,266 +683,11 @@ impl LoadState {
     }
 }
 
-struct Response {
-    status: u16,
-    /// The receipt's `status` (`accepted`, `duplicate`, `quarantined`), or empty.
-    receipt_status: String,
-    accepted: u64,
-    close: bool,
-}
-
-/// A minimal HTTP/1.1 client connection: one request at a time, `Content-Length` answers (what
-/// actix sends for receipts).
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Conn {
-            stream,
-            buf: Vec::with_capacity(8 * 1024),
-        })
-    }
-
-    async fn exchange(&mut self, request: &[u8]) -> Result<Response, String> {
-        self.stream
-            .write_all(request)
-            .await
-            .map_err(|e| format!("write: {}", e.kind()))?;
-        self.buf.clear();
-        let head_len = loop {
-            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
-                break i + 4;
-            }
-            if self.buf.len() > 64 * 1024 {
-                return Err("response head too large".into());
-            }
-            self.read_more().await?;
-        };
-        let (status, length, close) = {
-            let head = std::str::from_utf8(&self.buf[..head_len])
-                .map_err(|_| "response head is not UTF-8".to_owned())?;
-            let mut lines = head.split("\r\n");
-            let status = lines
-                .next()
-                .and_then(|l| l.split(' ').nth(1))
-                .and_then(|s| s.parse::<u16>().ok())
-                .ok_or_else(|| "bad status line".to_owned())?;
-            let (mut length, mut close) = (None, false);
-            for line in lines {
-                let Some((name, value)) = line.split_once(':') else {
-                    continue;
-                };
-                let value = value.trim();
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.parse::<usize>().ok();
-                } else if name.eq_ignore_ascii_case("connection") {
-                    close = value.eq_ignore_ascii_case("close");
-                } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                    return Err("chunked responses are not supported by the bench client".into());
-                }
-            }
-            (
-                status,
-                length.ok_or_else(|| "response without content-length".to_owned())?,
-                close,
-            )
-        };
-        while self.buf.len() < head_len + length {
-            self.read_more().await?;
-        }
-        let body = &self.buf[head_len..head_len + length];
-        Ok(Response {
-            status,
-            receipt_status: receipt_str(body, b"\"status\":\"").unwrap_or_default(),
-            accepted: receipt_num(body, b"\"accepted\":").unwrap_or(0),
-            close,
-        })
-    }
-
-    async fn read_more(&mut self) -> Result<(), String> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(8 * 1024);
-        }
-        match self.stream.read_buf(&mut self.buf).await {
-            Ok(0) => Err("connection closed by server".into()),
-            Ok(_) => Ok(()),
-            Err(e) => Err(format!("read: {}", e.kind())),
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn receipt_str(body: &[u8], key: &[u8]) -> Option<String> {
-    let start = find(body, key)? + key.len();
-    let len = body[start..].iter().position(|&b| b == b'"')?;
-    Some(String::from_utf8_lossy(&body[start..start + len]).into_owned())
-}
-
-fn receipt_num(body: &[u8], key: &[u8]) -> Option<u64> {
-    let start = find(body, key)? + key.len();
-    let digits: String = body[start..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .map(|&b| b as char)
-        .collect();
-    digits.parse().ok()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Processes
 
-/// A child process started here. Dropping it kills it (by its PID) if it still runs; it also gets
-/// SIGKILL from the kernel if this process dies first.
-struct Proc {
-    name: String,
-    child: Child,
-    pid: u32,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-/// `cmd` run under `setpriv --pdeathsig KILL` when setpriv is installed.
-fn with_parent_death_signal(cmd: Command) -> Command {
-    let setpriv = Path::new("/usr/bin/setpriv");
-    if !setpriv.exists() {
-        return cmd;
-    }
-    let mut wrapped = Command::new(setpriv);
-    wrapped
-        .args(["--pdeathsig", "KILL", "--"])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => wrapped.env(k, v),
-            None => wrapped.env_remove(k),
-        };
-    }
-    if let Some(dir) = cmd.get_current_dir() {
-        wrapped.current_dir(dir);
-    }
-    wrapped
-}
-
-impl Proc {
-    /// Start `cmd` and wait (bounded) for its `listening: http://ADDR` line on stdout.
-    fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Proc, String> {
-        let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        // setpriv sets the parent-death signal and execs the program in place (same PID).
-        let mut cmd = with_parent_death_signal(cmd);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file));
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {name}: {e}"))?;
-        let pid = child.id();
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (tx, rx) = mpsc::channel();
-        // Reads the start line, then keeps draining stdout until the process exits.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.trim().strip_prefix("listening: http://") {
-                    let _ = tx.send(rest.to_owned());
-                }
-            }
-        });
-        let mut proc = Proc {
-            name: name.to_owned(),
-            child,
-            pid,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log: log.to_path_buf(),
-        };
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => {
-                proc.addr = addr
-                    .parse()
-                    .map_err(|_| format!("{name}: bad listening address {addr}"))?;
-                Ok(proc)
-            }
-            Err(_) => {
-                let _ = proc.child.kill();
-                let status = proc.child.wait();
-                Err(format!(
-                    "{name} did not start (exit {status:?}); log {}:\n{}",
-                    log.display(),
-                    tail(&proc.log, 20)
-                ))
-            }
-        }
-    }
-
-    /// SIGTERM, then wait for the exit (SIGKILL after STOP_TIMEOUT).
-    fn stop(&mut self) -> Result<ExitStatus, String> {
-        let t0 = Instant::now();
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Err(format!(
-                "{} had already exited: {status}; log:\n{}",
-                self.name,
-                tail(&self.log, 20)
-            ));
-        }
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid).map_err(|_| "pid")?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
-            .map_err(|e| format!("SIGTERM {}: {e}", self.name))?;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Ok(status),
-                Ok(None) if t0.elapsed() < STOP_TIMEOUT => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let status = self.child.wait().map_err(|e| e.to_string())?;
-                    return Err(format!(
-                        "{} did not stop within {STOP_TIMEOUT:?} of SIGTERM; killed ({status})",
-                        self.name
-                    ));
-                }
-            }
-        }
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn base_command(bin: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
 fn emulator_command(opts: &Options, seed: &Path) -> Command {
-    let mut cmd = base_command(&opts.bin);
+    let mut cmd = common::bin_command(&opts.common.bin);
     cmd.arg("emulator")
         .arg("--listen")
         .arg("127.0.0.1:0")
@@ -1067,129 +699,16 @@ fn emulator_command(opts: &Options, seed: &Path) -> Command {
 }
 
 fn daemon_command(opts: &Options, data_dir: &Path, rules: &Path, upstream: &str) -> Command {
-    let mut cmd = base_command(&opts.bin);
-    cmd.arg("serve")
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
-        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("HANDOFF_BRIDGE__RULES__DIR", rules)
+    let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
+    cmd.env("HANDOFF_BRIDGE__RULES__DIR", rules)
         .env("HANDOFF_BRIDGE_UPSTREAM_URL", upstream)
         .env("HANDOFF_BRIDGE_UPSTREAM_API_KEY", UPSTREAM_KEY)
         .envs(opts.daemon_settings());
     cmd
 }
 
-/// CPU time used so far by the daemon, the emulator, this process and the whole machine.
-struct CpuSample {
-    daemon: Option<f64>,
-    emulator: Option<f64>,
-    me: Option<f64>,
-    machine_busy: Option<f64>,
-}
-
-impl CpuSample {
-    fn take(pids: (u32, u32)) -> CpuSample {
-        CpuSample {
-            daemon: cpu_seconds(Some(pids.0)),
-            emulator: cpu_seconds(Some(pids.1)),
-            me: cpu_seconds(None),
-            machine_busy: machine_busy_seconds(),
-        }
-    }
-
-    /// [daemon, emulator, bench, everything else] CPU seconds between `self` and `later`.
-    fn window(&self, later: &CpuSample) -> Option<[f64; 4]> {
-        let d = later.daemon? - self.daemon?;
-        let e = later.emulator? - self.emulator?;
-        let m = later.me? - self.me?;
-        let all = later.machine_busy? - self.machine_busy?;
-        Some([d, e, m, (all - d - e - m).max(0.0)])
-    }
-}
-
-/// Busy (not idle, not iowait) CPU time of the whole machine, from /proc/stat, in seconds.
-fn machine_busy_seconds() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = text.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is already in user).
-    let busy = v
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, x)| x)
-        .sum::<u64>();
-    Some(busy as f64 / 100.0)
-}
-
-/// utime + stime of a process (this one when `None`), in seconds.
-fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_owned(),
-    };
-    let text = std::fs::read_to_string(path).ok()?;
-    // Fields after the `(comm)`: utime is field 14, stime 15.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // USER_HZ is 100 on Linux.
-    Some(ticks as f64 / 100.0)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Admin API, metrics, journal
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(90)))
-        .build()
-        .into()
-}
-
-/// GET with an optional bearer token; the body is read up to 1 GiB (the journal is large).
-fn http_get(agent: &ureq::Agent, url: &str, bearer: Option<&str>) -> Result<(u16, String), String> {
-    let mut req = agent.get(url);
-    if let Some(token) = bearer {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
-    let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .body_mut()
-        .with_config()
-        .limit(1 << 30)
-        .read_to_string()
-        .map_err(|e| format!("GET {url}: body: {e}"))?;
-    Ok((status, body))
-}
-
-/// Sum of every series of a metric in the Prometheus text format.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let value = if rest.starts_with('{') {
-            rest.rsplit_once(' ').map(|(_, v)| v)
-        } else {
-            rest.strip_prefix(' ')
-        };
-        if let Some(v) = value.and_then(|v| v.trim().parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
-}
 
 /// The daemon's queue depths over time, read from /metrics every 250 ms on a thread of its own.
 struct Sample {
@@ -1200,20 +719,16 @@ struct Sample {
 
 fn start_sampler(base: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Sample>> {
     std::thread::spawn(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(2)))
-            .build()
-            .into();
+        let http = Http::new(Duration::from_secs(2), BODY);
         let url = format!("{base}/metrics");
         let mut samples = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let at = Instant::now();
-            if let Ok((200, text)) = http_get(&agent, &url, None) {
+            if let Ok((200, text)) = http.get(&url, None) {
                 samples.push(Sample {
                     at,
-                    inbox: metric(&text, "handoff_inbox_depth").unwrap_or(0.0),
-                    outbox: metric(&text, "handoff_outbox_depth").unwrap_or(0.0),
+                    inbox: common::metric(&text, "handoff_inbox_depth").unwrap_or(0.0),
+                    outbox: common::metric(&text, "handoff_outbox_depth").unwrap_or(0.0),
                 });
             }
             std::thread::sleep(Duration::from_millis(250).saturating_sub(at.elapsed()));
@@ -1224,11 +739,7 @@ fn start_sampler(base: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
 
 /// Wait until the inbox is drained and then the outbox idle, within `limit`. Returns how long
 /// it took, or `None` when the limit passed first.
-fn wait_quiet(
-    agent: &ureq::Agent,
-    base: &str,
-    limit: Duration,
-) -> Result<Option<Duration>, String> {
+fn wait_quiet(http: &Http, base: &str, limit: Duration) -> Result<Option<Duration>, String> {
     let t0 = Instant::now();
     for path in ["/admin/v1/inbox/drained", "/admin/v1/outbox/idle"] {
         loop {
@@ -1237,11 +748,8 @@ fn wait_quiet(
                 return Ok(None);
             }
             let ms = left.as_millis().clamp(1, 10_000);
-            let (status, body) = http_get(
-                agent,
-                &format!("{base}{path}?timeout_ms={ms}"),
-                Some(ADMIN_TOKEN),
-            )?;
+            let (status, body) =
+                http.get(&format!("{base}{path}?timeout_ms={ms}"), Some(ADMIN_TOKEN))?;
             match status {
                 200 => break,
                 504 => continue,
@@ -1343,24 +851,16 @@ impl RunResult {
         self.actions_in_window as f64 / self.window.as_secs_f64().max(1e-9)
     }
     fn ms(&self, q: f64) -> f64 {
-        self.latency.value_at_quantile(q) as f64 / 1000.0
+        common::quantile_ms(&self.latency, q)
     }
     fn ack_ms(&self, q: f64) -> f64 {
-        self.latency_from_ack.value_at_quantile(q) as f64 / 1000.0
+        common::quantile_ms(&self.latency_from_ack, q)
     }
     fn max_ms(&self) -> f64 {
-        self.latency.max() as f64 / 1000.0
+        common::max_ms(&self.latency)
     }
     fn errors_text(&self) -> String {
-        if self.errors.is_empty() {
-            "0".into()
-        } else {
-            self.errors
-                .iter()
-                .map(|(k, v)| format!("{v} {k}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        }
+        common::errors_text(&self.errors)
     }
 }
 
@@ -1389,7 +889,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     }
     let dir = tempfile::Builder::new()
         .prefix("actions-bench-")
-        .tempdir_in(&opts.data_root)
+        .tempdir_in(&opts.common.data_root)
         .map_err(|e| e.to_string())?;
     let mut emulator = Proc::spawn(
         "emulator",
@@ -1433,9 +933,9 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         opts.connections,
         (daemon.pid, emulator.pid),
     );
-    let agent = agent();
+    let http = Http::new(HTTP_TIMEOUT, BODY);
     let quiet = match &load {
-        Ok(_) => wait_quiet(&agent, &daemon.base(), spec.drain_limit),
+        Ok(_) => wait_quiet(&http, &daemon.base(), spec.drain_limit),
         Err(_) => Ok(None),
     };
     let quiet_after = quiet.as_ref().ok().copied().flatten();
@@ -1450,9 +950,8 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         );
     }
 
-    let (_, metrics_text) = http_get(&agent, &format!("{}/metrics", daemon.base()), None)?;
-    let (status, dead_body) = http_get(
-        &agent,
+    let (_, metrics_text) = http.get(&format!("{}/metrics", daemon.base()), None)?;
+    let (status, dead_body) = http.get(
         &format!("{}/admin/v1/dead-letters", daemon.base()),
         Some(ADMIN_TOKEN),
     )?;
@@ -1461,25 +960,22 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     }
     let dead: Value = serde_json::from_str(&dead_body).map_err(|e| e.to_string())?;
     let dead_letters = dead["count"].as_u64().unwrap_or(0);
-    let (status, journal_body) = http_get(
-        &agent,
-        &format!("{}/_emulator/journal", emulator.base()),
-        None,
-    )?;
+    let (status, journal_body) =
+        http.get(&format!("{}/_emulator/journal", emulator.base()), None)?;
     if status != 200 {
         return Err(format!("journal answered {status}"));
     }
     let journal: Vec<JournalRow> =
         serde_json::from_str(&journal_body).map_err(|e| format!("journal: {e}"))?;
     drop(journal_body);
-    let daemon_status = daemon.stop()?;
+    let (_, daemon_status) = daemon.stop(STOP_POLL)?;
     if !daemon_status.success() {
         eprintln!(
             "  daemon exited with {daemon_status}; log:\n{}",
-            tail(&daemon.log, 10)
+            common::tail(&daemon.log, 10)
         );
     }
-    emulator.stop()?;
+    emulator.stop(STOP_POLL)?;
     let log_problems = [&daemon.log, &emulator.log]
         .iter()
         .flat_map(|log| {
@@ -1525,7 +1021,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         }
         last_at = Some(last_at.map_or(row.at, |l: i64| l.max(row.at)));
     }
-    let hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
+    let hist = || common::histogram(600_000_000);
     let (mut latency, mut latency_from_ack) = (hist()?, hist()?);
     let (win_start_ms, win_end_ms) = (load.window_start_us / 1000, load.window_end_us / 1000);
     // `measured`: accepted events of the window; `missing`: accepted events (warm-up included)
@@ -1582,8 +1078,8 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         .map(|s| s.outbox)
         .fold(0.0, f64::max);
     let daemon_mean_ms = match (
-        metric(&metrics_text, "handoff_action_latency_seconds_sum"),
-        metric(&metrics_text, "handoff_action_latency_seconds_count"),
+        common::metric(&metrics_text, "handoff_action_latency_seconds_sum"),
+        common::metric(&metrics_text, "handoff_action_latency_seconds_count"),
     ) {
         (Some(sum), Some(count)) if count > 0.0 => Some(sum * 1000.0 / count),
         _ => None,
@@ -1597,9 +1093,9 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         posted: measured,
         posted_rate,
         errors: load.errors,
-        lag_p99_ms: load.lag.value_at_quantile(0.99) as f64 / 1000.0,
-        ack_p50_ms: load.ack.value_at_quantile(0.5) as f64 / 1000.0,
-        ack_p99_ms: load.ack.value_at_quantile(0.99) as f64 / 1000.0,
+        lag_p99_ms: common::quantile_ms(&load.lag, 0.99),
+        ack_p50_ms: common::quantile_ms(&load.ack, 0.5),
+        ack_p99_ms: common::quantile_ms(&load.ack, 0.99),
         actions_in_window,
         latency,
         latency_from_ack,
@@ -1696,14 +1192,10 @@ fn progress(r: &RunResult) {
 // The benchmark
 
 fn run(opts: &Options) -> Result<(), String> {
-    std::fs::create_dir_all(&opts.data_root)
-        .map_err(|e| format!("{}: {e}", opts.data_root.display()))?;
-    if !opts.bin.is_file() {
-        return Err(format!("daemon binary {} not found: build it with `cargo build --release --bin handoff-bridge` or pass --bin", opts.bin.display()));
-    }
+    opts.common.check()?;
     let shared = tempfile::Builder::new()
         .prefix("actions-bench-inputs-")
-        .tempdir_in(&opts.data_root)
+        .tempdir_in(&opts.common.data_root)
         .map_err(|e| e.to_string())?;
     let seed = shared.path().join("seed.json");
     write_seed(&seed, opts.conversations)?;
@@ -1715,12 +1207,12 @@ fn run(opts: &Options) -> Result<(), String> {
         seed,
         rules,
     };
-    let machine = machine_info(&opts.data_root);
+    let machine = common::machine_info(&opts.common.data_root, false);
     eprintln!(
         "actions bench: daemon {}, {} seeded conversations, data under {}",
-        opts.bin.display(),
+        opts.common.bin.display(),
         opts.conversations,
-        opts.data_root.display()
+        opts.common.data_root.display()
     );
     for (k, v) in &machine {
         eprintln!("  {k}: {v}");
@@ -1817,14 +1309,10 @@ fn run(opts: &Options) -> Result<(), String> {
     let elapsed = started.elapsed();
 
     let report = report(opts, &machine, &steps, max_rate, &results, elapsed);
-    println!("{report}");
-    if let Some(dir) = opts.out.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    std::fs::write(&opts.out, &report).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    common::publish(&report, &opts.common.out)?;
     eprintln!(
         "report written to {} ({:.0} s in all)",
-        opts.out.display(),
+        opts.common.out.display(),
         elapsed.as_secs_f64()
     );
     // A defect, not a slow machine: fail the bench (and CI) on lost or repeated actions, and on
@@ -1849,125 +1337,7 @@ fn run(opts: &Options) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Machine description
-
-fn machine_info(data_root: &Path) -> Vec<(String, String)> {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpuinfo = read("/proc/cpuinfo");
-    let field = |name: &str| {
-        cpuinfo.lines().find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|r| r.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-    };
-    let model = field("model name").unwrap_or_else(|| "unknown".into());
-    let mhz = field("cpu MHz").unwrap_or_default();
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem_kb = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    let probe = fsync_probe(data_root)
-        .map(|(p50, p99)| {
-            format!("4 KiB write + fdatasync: p50 {p50:.2} ms, p99 {p99:.2} ms (200 samples)")
-        })
-        .unwrap_or_else(|e| format!("failed: {e}"));
-    vec![
-        ("nproc".into(), nproc.to_string()),
-        (
-            "CPU".into(),
-            if mhz.is_empty() {
-                model
-            } else {
-                format!("{model} @ {mhz} MHz")
-            },
-        ),
-        (
-            "memory".into(),
-            format!("{:.1} GiB", mem_kb as f64 / 1024.0 / 1024.0),
-        ),
-        ("disk sync latency (data dir)".into(), probe),
-        (
-            "kernel".into(),
-            read("/proc/sys/kernel/osrelease").trim().to_owned(),
-        ),
-    ]
-}
-
-/// The cost of one durable write on the data directory's disk (the floor of a group commit).
-fn fsync_probe(dir: &Path) -> Result<(f64, f64), String> {
-    let path = dir.join(format!("fsync-probe-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| e.to_string())?;
-    let block = [0x5au8; 4096];
-    let mut samples = Vec::with_capacity(200);
-    for i in 0..200u64 {
-        let t0 = Instant::now();
-        file.write_all_at(&block, i * 4096)
-            .map_err(|e| e.to_string())?;
-        file.sync_data().map_err(|e| e.to_string())?;
-        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-    }
-    drop(file);
-    let _ = std::fs::remove_file(&path);
-    samples.sort_by(f64::total_cmp);
-    Ok((samples[100], samples[198]))
-}
-
-// ---------------------------------------------------------------------------------------------
 // Report
-
-/// The commit the daemon was built from, as far as git knows (and whether src/ had changes).
-fn git_head() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    match git(&[
-        "status",
-        "--porcelain",
-        "--",
-        "src",
-        "Cargo.toml",
-        "Cargo.lock",
-    ]) {
-        Some(s) if !s.is_empty() => format!("{head} + uncommitted changes"),
-        _ => head,
-    }
-}
-
-fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    (v[0], median, v[v.len() - 1])
-}
-
-fn mmm(values: &[f64], decimals: usize) -> String {
-    let (a, b, c) = summary(values);
-    format!("{a:.decimals$} / {b:.decimals$} / {c:.decimals$}")
-}
 
 fn run_table(r: &mut String, runs: &[RunResult]) {
     let _ = writeln!(
@@ -2029,19 +1399,7 @@ fn report(
     elapsed: Duration,
 ) -> String {
     let mut r = String::new();
-    let _ = writeln!(
-        r,
-        "## Actions benchmark{}\n",
-        if opts.quick {
-            " (quick smoke run: not a measurement)"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(r, "| machine | |\n|---|---|");
-    for (k, v) in machine {
-        let _ = writeln!(r, "| {k} | {v} |");
-    }
+    common::report_head(&mut r, "Actions", opts.quick, machine);
     let _ = writeln!(
         r,
         "\nDaemon: `{}` (git {}), upstream: a standalone `handoff-bridge emulator` per run (fresh, \
@@ -2049,8 +1407,8 @@ fn report(
          message). Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
          delivery, events spread round-robin over the {} conversations, {:.1} s warm-up before \
          each window. Total time {:.0} s.\n",
-        opts.bin.display(),
-        git_head(),
+        opts.common.bin.display(),
+        common::git_head(),
         opts.conversations,
         opts.daemon_settings()
             .iter()
@@ -2114,13 +1472,13 @@ fn report(
             "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} of {} |",
             case.name(),
             first.target,
-            mmm(&pick(&|x| x.actions_per_s()), 0),
-            mmm(&pick(&|x| x.ms(0.5)), 1),
-            mmm(&pick(&|x| x.ms(0.99)), 1),
-            mmm(&pick(&|x| x.max_ms()), 1),
-            mmm(&pick(&|x| x.ack_ms(0.99)), 1),
-            mmm(&pick(&|x| x.ack_p99_ms), 1),
-            mmm(&pick(&|x| x.daemon_mean_ms.unwrap_or(f64::NAN)), 1),
+            common::mmm(&pick(&|x| x.actions_per_s()), 0),
+            common::mmm(&pick(&|x| x.ms(0.5)), 1),
+            common::mmm(&pick(&|x| x.ms(0.99)), 1),
+            common::mmm(&pick(&|x| x.max_ms()), 1),
+            common::mmm(&pick(&|x| x.ack_ms(0.99)), 1),
+            common::mmm(&pick(&|x| x.ack_p99_ms), 1),
+            common::mmm(&pick(&|x| x.daemon_mean_ms.unwrap_or(f64::NAN)), 1),
             runs.iter().filter(|x| x.sustained).count(),
             runs.len()
         );

@@ -29,32 +29,38 @@
 //! The markdown report is printed on stdout and written to `--out` (default
 //! `target/tmp/intake-bench.md`). Progress goes to stderr.
 
+mod common;
+
+use common::{
+    BenchOptions, BodyRead, CommonOptions, Conn, ConnectError, CpuSample, Http, OptionSpec, Proc,
+    Response, Setting, Target, ADMIN_TOKEN, HTTP_TIMEOUT, WEBHOOK_TOKEN,
+};
 use hdrhistogram::Histogram;
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-const WEBHOOK_TOKEN: &str = "bench-webhook-token-0123456789";
-const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
 const BASELINE_FLAG: &str = "--baseline-server";
 /// A baseline server stops by itself after this long, whatever happens to the bench.
 const BASELINE_LIFETIME: Duration = Duration::from_secs(30 * 60);
-const START_TIMEOUT: Duration = Duration::from_secs(120);
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for the daemon to fold everything after the memory case's load.
 const DRAIN_LIMIT: Duration = Duration::from_secs(15 * 60);
+/// How often a stopping server is checked for its exit: fine, the shutdown time is measured.
+const STOP_POLL: Duration = Duration::from_millis(2);
+/// Admin and metrics answers are small: read as ureq reads by default (up to 10 MiB, broken
+/// UTF-8 as `?`); an unreadable one reads as empty.
+const BODY: BodyRead = BodyRead {
+    limit: 10 * 1024 * 1024,
+    lossy_utf8: true,
+    required: false,
+};
 
 /// The same allocator as the daemon, so the baseline server differs from it only in storing.
 #[global_allocator]
@@ -69,17 +75,7 @@ fn main() {
         }
         return;
     }
-    let opts = match Options::parse(&args) {
-        Ok(o) => o,
-        Err(msg) => {
-            eprintln!("{msg}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&opts) {
-        eprintln!("intake bench failed: {e}");
-        std::process::exit(1);
-    }
+    OPTIONS.main(&args, run);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -104,12 +100,8 @@ struct Options {
     mem_conversations: u64,
     /// Upper bound on the memory case's posting phase.
     mem_max: Duration,
-    data_root: PathBuf,
-    out: PathBuf,
-    bin: PathBuf,
-    /// Extra environment for the daemon (tuning experiments), e.g.
-    /// `HANDOFF_BRIDGE__DISPATCH__CONCURRENCY=4`.
-    daemon_env: Vec<(String, String)>,
+    /// Data root, report, daemon binary and its extra environment.
+    common: CommonOptions,
 }
 
 const USAGE: &str = "\
@@ -134,6 +126,14 @@ usage: cargo bench --bench intake -- [options]
 Every option can also be given as INTAKE_BENCH_<NAME> (e.g. INTAKE_BENCH_CONNECTIONS=32,
 INTAKE_BENCH_QUICK=1); flags win over variables.";
 
+const OPTIONS: OptionSpec = OptionSpec {
+    name: "intake",
+    env_prefix: "INTAKE_BENCH",
+    usage: USAGE,
+    keys: KEYS,
+    off_flag: ("--no-memory", "memory"),
+};
+
 const KEYS: &[&str] = &[
     "connections",
     "duration",
@@ -147,15 +147,10 @@ const KEYS: &[&str] = &[
     "mem-batch",
     "mem-conversations",
     "mem-max",
-    "data-root",
-    "out",
-    "bin",
-    "daemon-env",
 ];
 
-impl Options {
+impl BenchOptions for Options {
     fn full() -> Self {
-        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         Options {
             quick: false,
             connections: 64,
@@ -170,10 +165,7 @@ impl Options {
             mem_batch: 10,
             mem_conversations: 100_000,
             mem_max: Duration::from_secs(900),
-            out: tmp.join("intake-bench.md"),
-            data_root: tmp,
-            bin: PathBuf::from(env!("CARGO_BIN_EXE_handoff-bridge")),
-            daemon_env: Vec::new(),
+            common: CommonOptions::new("intake-bench.md"),
         }
     }
 
@@ -191,87 +183,18 @@ impl Options {
         }
     }
 
-    fn parse(args: &[String]) -> Result<Self, String> {
-        let env = |name: &str| {
-            std::env::var(format!(
-                "INTAKE_BENCH_{}",
-                name.to_uppercase().replace('-', "_")
-            ))
-            .ok()
-        };
-        let truthy = |v: &str| !matches!(v, "" | "0" | "false" | "no");
-        let quick = args.iter().any(|a| a == "--quick") || env("quick").is_some_and(|v| truthy(&v));
-        let mut opts = if quick {
-            Options::quick()
-        } else {
-            Options::full()
-        };
-        let mut settings: Vec<(String, String)> = KEYS
-            .iter()
-            .filter_map(|k| env(k).map(|v| ((*k).to_owned(), v)))
-            .collect();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                // cargo passes --bench to every bench binary.
-                "--quick" | "--bench" => {}
-                "--no-memory" => settings.push(("memory".into(), "false".into())),
-                "--help" | "-h" => return Err(USAGE.to_owned()),
-                flag if flag.starts_with("--") => {
-                    let (name, value) = match flag[2..].split_once('=') {
-                        Some((n, v)) => (n.to_owned(), v.to_owned()),
-                        None => {
-                            let v = it
-                                .next()
-                                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-                            (flag[2..].to_owned(), v.clone())
-                        }
-                    };
-                    settings.push((name, value));
-                }
-                other => return Err(format!("unexpected argument `{other}`\n{USAGE}")),
-            }
-        }
-        for (key, value) in settings {
-            opts.set(&key, &value, truthy(&value))?;
-        }
-        if opts.connections == 0
-            || opts.runs == 0
-            || opts.conversations == 0
-            || opts.mem_conversations == 0
-            || opts.mem_batch == 0
-        {
-            return Err("connections, runs, conversations, mem-conversations and mem-batch must be at least 1".into());
-        }
-        if opts.batch > 1_000 || opts.mem_batch > 1_000 {
-            return Err("batch and mem-batch must be at most 1000 events".into());
-        }
-        Ok(opts)
+    fn common(&mut self) -> &mut CommonOptions {
+        &mut self.common
     }
 
-    fn set(&mut self, key: &str, value: &str, truthy: bool) -> Result<(), String> {
-        let num = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("--{key}: `{value}` is not a whole number"))
-        };
-        let secs = || {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("--{key}: `{value}` is not a number of seconds"))
-        };
-        let size =
-            || num().and_then(|n| usize::try_from(n).map_err(|_| format!("--{key}: too large")));
-        match key {
-            "connections" => self.connections = size()?,
-            "duration" => self.duration = secs()?,
-            "warmup" => self.warmup = secs()?,
-            "runs" => self.runs = size()?,
+    fn set(&mut self, s: &Setting) -> Result<bool, String> {
+        match s.key.as_str() {
+            "connections" => self.connections = s.size()?,
+            "duration" => self.duration = s.secs()?,
+            "warmup" => self.warmup = s.secs()?,
+            "runs" => self.runs = s.size()?,
             "cases" => {
-                self.cases = match value {
+                self.cases = match s.value.as_str() {
                     "both" => vec![Case::Baseline, Case::Daemon],
                     "baseline" => vec![Case::Baseline],
                     "daemon" => vec![Case::Daemon],
@@ -282,25 +205,29 @@ impl Options {
                     }
                 }
             }
-            "conversations" => self.conversations = num()?,
-            "batch" => self.batch = size()?,
-            "memory" => self.memory = truthy,
-            "mem-deliveries" => self.mem_deliveries = num()?,
-            "mem-batch" => self.mem_batch = size()?,
-            "mem-conversations" => self.mem_conversations = num()?,
-            "mem-max" => self.mem_max = secs()?,
-            "data-root" => self.data_root = PathBuf::from(value),
-            "out" => self.out = PathBuf::from(value),
-            "bin" => self.bin = PathBuf::from(value),
-            "daemon-env" => {
-                for pair in value.split(',').filter(|p| !p.is_empty()) {
-                    let (k, v) = pair
-                        .split_once('=')
-                        .ok_or_else(|| format!("--daemon-env: `{pair}` is not K=V"))?;
-                    self.daemon_env.push((k.to_owned(), v.to_owned()));
-                }
-            }
-            other => return Err(format!("unknown option --{other}\n{USAGE}")),
+            "conversations" => self.conversations = s.num()?,
+            "batch" => self.batch = s.size()?,
+            "memory" => self.memory = s.truthy(),
+            "mem-deliveries" => self.mem_deliveries = s.num()?,
+            "mem-batch" => self.mem_batch = s.size()?,
+            "mem-conversations" => self.mem_conversations = s.num()?,
+            "mem-max" => self.mem_max = s.secs()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.connections == 0
+            || self.runs == 0
+            || self.conversations == 0
+            || self.mem_conversations == 0
+            || self.mem_batch == 0
+        {
+            return Err("connections, runs, conversations, mem-conversations and mem-batch must be at least 1".into());
+        }
+        if self.batch > 1_000 || self.mem_batch > 1_000 {
+            return Err("batch and mem-batch must be at most 1000 events".into());
         }
         Ok(())
     }
@@ -338,10 +265,6 @@ struct Corpus {
     names: Vec<String>,
 }
 
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/webhooks")
-}
-
 fn load_corpus(dir: &Path) -> Result<Corpus, String> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| format!("fixtures {}: {e}", dir.display()))?
@@ -356,24 +279,9 @@ fn load_corpus(dir: &Path) -> Result<Corpus, String> {
         names: Vec::new(),
     };
     for path in paths {
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if text.contains("@@") {
-            return Err(format!(
-                "{}: contains `@@`, which the templates use as a marker",
-                path.display()
-            ));
-        }
-        let delivery: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let delivery = common::read_fixture(&path)?;
         if corpus.envelope_tail.is_empty() {
-            let field =
-                |k: &str| serde_json::to_string(&delivery[k]).unwrap_or_else(|_| "\"\"".into());
-            corpus.envelope_tail = format!(
-                "\",\"webhookId\":{},\"webhookUrl\":{},\"messages\":[",
-                field("webhookId"),
-                field("webhookUrl")
-            );
+            corpus.envelope_tail = common::envelope_tail(&delivery);
         }
         let messages = delivery["messages"]
             .as_array()
@@ -465,13 +373,7 @@ impl Plan {
     /// Render delivery `n` into `out`; returns its number of events.
     fn body(&self, n: u64, out: &mut String) -> usize {
         let c = &self.corpus;
-        out.clear();
-        let _ = write!(
-            out,
-            "{{\"id\":\"1d0c{:04x}-0000-4000-8000-{n:012x}",
-            self.run
-        );
-        out.push_str(&c.envelope_tail);
+        common::start_delivery(out, self.run, n, &c.envelope_tail);
         let count = if self.batch == 0 {
             let fixture = &c.fixtures[(n % c.fixtures.len() as u64) as usize];
             let conv = n % self.conversations;
@@ -510,10 +412,12 @@ impl Plan {
                     Ok(())
                 }
                 Piece::Slot(Slot::Event) => {
-                    write!(out, "3e5f{run:04x}-0000-4000-8000-{event_no:012x}")
+                    common::write_event_id(out, run, event_no);
+                    Ok(())
                 }
                 Piece::Slot(Slot::Message) => {
-                    write!(out, "6a1d{run:04x}-0000-4000-8000-{event_no:012x}")
+                    common::write_message_id(out, run, event_no);
+                    Ok(())
                 }
                 Piece::Slot(Slot::Conversation) => {
                     write!(out, "5c0e9b1f-2222-4d3e-9f10-{conv:012x}")
@@ -560,18 +464,10 @@ impl LoadStats {
         n as f64 / self.window.as_secs_f64().max(1e-9)
     }
     fn ms(&self, q: f64) -> f64 {
-        self.hist.value_at_quantile(q) as f64 / 1000.0
+        common::quantile_ms(&self.hist, q)
     }
     fn errors_text(&self) -> String {
-        if self.errors.is_empty() {
-            "0".into()
-        } else {
-            self.errors
-                .iter()
-                .map(|(k, v)| format!("{v} {k}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        }
+        common::errors_text(&self.errors)
     }
 }
 
@@ -587,20 +483,6 @@ struct LoadState {
     stats: RefCell<LoadStats>,
 }
 
-struct Target {
-    addr: SocketAddr,
-    head_prefix: String,
-}
-
-impl Target {
-    fn new(addr: SocketAddr) -> Self {
-        let head_prefix = format!(
-            "POST /webhook/{WEBHOOK_TOKEN} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nUser-Agent: CLOSER/webhook\r\nContent-Length: "
-        );
-        Target { addr, head_prefix }
-    }
-}
-
 fn run_load(
     addr: SocketAddr,
     plan: &Plan,
@@ -608,18 +490,13 @@ fn run_load(
     stop: Stop,
     server_pid: u32,
 ) -> Result<LoadStats, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let local = tokio::task::LocalSet::new();
-    let hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).map_err(|e| e.to_string())?;
+    let hist = common::histogram(120_000_000)?;
     let t0 = Instant::now();
     let (total, window_start, end) = match stop {
         Stop::Timed { warmup, measure } => (None, t0 + warmup, t0 + warmup + measure),
         Stop::Count { total, limit } => (Some(total), t0, t0 + limit),
     };
-    let state = Rc::new(LoadState {
+    let state = LoadState {
         next: Cell::new(0),
         total,
         window_start,
@@ -638,39 +515,26 @@ fn run_load(
             generator_cpu: None,
             other_cpu: None,
         }),
-    });
+    };
     let target = Rc::new(Target::new(addr));
-    local.block_on(&rt, async {
-        let cpu_at_start = CpuSample::take(server_pid);
-        let sampler = matches!(stop, Stop::Timed { .. }).then(|| {
-            let state = state.clone();
-            tokio::task::spawn_local(async move {
-                tokio::time::sleep_until(state.window_start.into()).await;
-                let a = CpuSample::take(server_pid);
-                tokio::time::sleep_until(state.end.into()).await;
-                let b = CpuSample::take(server_pid);
-                (a, b)
-            })
-        });
-        let workers: Vec<_> = (0..connections)
-            .map(|_| tokio::task::spawn_local(worker(state.clone(), target.clone(), plan.clone())))
-            .collect();
-        for w in workers {
-            let _ = w.await;
-        }
+    let state = common::run_local(state, |state| async move {
+        let cpu_at_start = CpuSample::take([server_pid]);
+        let sampler = matches!(stop, Stop::Timed { .. })
+            .then(|| common::sample_cpu([server_pid], state.window_start, state.end));
+        common::run_workers(connections, || {
+            worker(state.clone(), target.clone(), plan.clone())
+        })
+        .await;
         let cpu = match sampler {
             Some(s) => s.await.ok(),
-            None => Some((cpu_at_start, CpuSample::take(server_pid))),
+            None => Some(cpu_at_start.window(&CpuSample::take([server_pid]))),
         };
         let mut stats = state.stats.borrow_mut();
-        if let Some((a, b)) = cpu {
-            stats.server_cpu = a.server.zip(b.server).map(|(x, y)| y - x);
-            stats.generator_cpu = a.me.zip(b.me).map(|(x, y)| y - x);
-            let busy = a.machine_busy.zip(b.machine_busy).map(|(x, y)| y - x);
-            stats.other_cpu = match (busy, stats.server_cpu, stats.generator_cpu) {
-                (Some(all), Some(server), Some(me)) => Some((all - server - me).max(0.0)),
-                _ => None,
-            };
+        if let Some(cpu) = cpu {
+            let [server] = cpu.servers;
+            stats.server_cpu = server;
+            stats.generator_cpu = cpu.me;
+            stats.other_cpu = cpu.other;
         }
         stats.window = match stop {
             Stop::Timed { measure, .. } => measure,
@@ -679,9 +543,7 @@ fn run_load(
                 _ => Duration::ZERO,
             },
         };
-    });
-    drop(local);
-    let state = Rc::try_unwrap(state).map_err(|_| "load state still shared".to_owned())?;
+    })?;
     Ok(state.stats.into_inner())
 }
 
@@ -699,41 +561,24 @@ async fn worker(state: Rc<LoadState>, target: Rc<Target>, plan: Plan) {
         }
         state.next.set(n + 1);
         plan.body(n, &mut body);
-        request.clear();
-        request.extend_from_slice(target.head_prefix.as_bytes());
-        let _ = write!(request, "{}\r\n\r\n", body.len());
-        request.extend_from_slice(body.as_bytes());
+        target.request(&body, &mut request);
 
         if conn.is_none() {
-            match tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(target.addr)).await {
-                Ok(Ok(c)) => conn = Some(c),
-                Ok(Err(e)) => {
-                    state.record(
-                        Instant::now(),
-                        Instant::now(),
-                        Err(format!("connect: {}", e.kind())),
-                        0,
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(_) => {
-                    state.record(
-                        Instant::now(),
-                        Instant::now(),
-                        Err("connect timeout".into()),
-                        0,
-                    );
+            match target.connect().await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    state.record(Instant::now(), Instant::now(), Err(e.to_string()), 0);
+                    // Refused or reset: do not spin; a timeout has waited long enough.
+                    if matches!(e, ConnectError::Io(_)) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     continue;
                 }
             }
         }
         let Some(c) = conn.as_mut() else { continue };
         let started = Instant::now();
-        let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, c.exchange(&request)).await {
-            Ok(r) => r,
-            Err(_) => Err("request timeout".to_owned()),
-        };
+        let outcome = c.send(&request).await;
         let done = Instant::now();
         let reuse = matches!(&outcome, Ok(r) if !r.close);
         state.record(started, done, outcome, body.len());
@@ -764,9 +609,8 @@ impl LoadState {
         match outcome {
             Ok(r) if r.status == 200 && r.receipt_status == "accepted" => {
                 stats.accepted += 1;
-                stats.events += r.accepted_events;
-                let micros =
-                    u64::try_from(done.duration_since(started).as_micros()).unwrap_or(u64::MAX);
+                stats.events += r.accepted;
+                let micros = common::micros(done.duration_since(started));
                 stats.hist.saturating_record(micros.max(1));
             }
             Ok(r) => {
@@ -778,119 +622,6 @@ impl LoadState {
             Err(e) => *stats.errors.entry(e).or_default() += 1,
         }
     }
-}
-
-struct Response {
-    status: u16,
-    /// The receipt's `status` field (`accepted`, `duplicate`, `quarantined`), or empty.
-    receipt_status: String,
-    accepted_events: u64,
-    close: bool,
-}
-
-/// A minimal HTTP/1.1 client connection: one request at a time, `Content-Length` bodies (what
-/// actix sends for these answers).
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Conn {
-            stream,
-            buf: Vec::with_capacity(8 * 1024),
-        })
-    }
-
-    async fn exchange(&mut self, request: &[u8]) -> Result<Response, String> {
-        self.stream
-            .write_all(request)
-            .await
-            .map_err(|e| format!("write: {}", e.kind()))?;
-        self.buf.clear();
-        let head_len = loop {
-            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
-                break i + 4;
-            }
-            if self.buf.len() > 64 * 1024 {
-                return Err("response head too large".into());
-            }
-            self.read_more().await?;
-        };
-        let (status, length, close) = {
-            let head = std::str::from_utf8(&self.buf[..head_len])
-                .map_err(|_| "response head is not UTF-8".to_owned())?;
-            let mut lines = head.split("\r\n");
-            let status = lines
-                .next()
-                .and_then(|l| l.split(' ').nth(1))
-                .and_then(|s| s.parse::<u16>().ok())
-                .ok_or_else(|| "bad status line".to_owned())?;
-            let (mut length, mut close) = (None, false);
-            for line in lines {
-                let Some((name, value)) = line.split_once(':') else {
-                    continue;
-                };
-                let value = value.trim();
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.parse::<usize>().ok();
-                } else if name.eq_ignore_ascii_case("connection") {
-                    close = value.eq_ignore_ascii_case("close");
-                } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                    return Err("chunked responses are not supported by the bench client".into());
-                }
-            }
-            (
-                status,
-                length.ok_or_else(|| "response without content-length".to_owned())?,
-                close,
-            )
-        };
-        while self.buf.len() < head_len + length {
-            self.read_more().await?;
-        }
-        let body = &self.buf[head_len..head_len + length];
-        Ok(Response {
-            status,
-            receipt_status: receipt_str(body, b"\"status\":\"").unwrap_or_default(),
-            accepted_events: receipt_num(body, b"\"accepted\":").unwrap_or(0),
-            close,
-        })
-    }
-
-    async fn read_more(&mut self) -> Result<(), String> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(8 * 1024);
-        }
-        match self.stream.read_buf(&mut self.buf).await {
-            Ok(0) => Err("connection closed by server".into()),
-            Ok(_) => Ok(()),
-            Err(e) => Err(format!("read: {}", e.kind())),
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn receipt_str(body: &[u8], key: &[u8]) -> Option<String> {
-    let start = find(body, key)? + key.len();
-    let len = body[start..].iter().position(|&b| b == b'"')?;
-    Some(String::from_utf8_lossy(&body[start..start + len]).into_owned())
-}
-
-fn receipt_num(body: &[u8], key: &[u8]) -> Option<u64> {
-    let start = find(body, key)? + key.len();
-    let digits: String = body[start..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .map(|&b| b as char)
-        .collect();
-    digits.parse().ok()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -911,221 +642,18 @@ impl Case {
     }
 }
 
-/// A child process started here. Dropping it kills it (by its PID) if it still runs; it also gets
-/// SIGKILL from the kernel if this process dies first.
-struct Proc {
-    name: String,
-    child: Child,
-    pid: u32,
-    addr: SocketAddr,
-    /// From spawn to the `listening:` line.
-    started_in: Duration,
-    log: PathBuf,
-}
-
-/// `cmd` run under `setpriv --pdeathsig KILL` when setpriv is installed.
-fn with_parent_death_signal(cmd: Command) -> Command {
-    let setpriv = Path::new("/usr/bin/setpriv");
-    if !setpriv.exists() {
-        return cmd;
-    }
-    let mut wrapped = Command::new(setpriv);
-    wrapped
-        .args(["--pdeathsig", "KILL", "--"])
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => wrapped.env(k, v),
-            None => wrapped.env_remove(k),
-        };
-    }
-    if let Some(dir) = cmd.get_current_dir() {
-        wrapped.current_dir(dir);
-    }
-    wrapped
-}
-
-impl Proc {
-    fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Proc, String> {
-        let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        // Dies with the bench even if the bench is killed: setpriv sets the parent-death signal
-        // and execs the program in place (same PID). Without setpriv, the stop-by-PID path and
-        // the servers' own time limits still apply.
-        let mut cmd = with_parent_death_signal(cmd);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file));
-        let t0 = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {name}: {e}"))?;
-        let pid = child.id();
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (tx, rx) = mpsc::channel();
-        // Reads the start line, then keeps draining stdout until the process exits.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.trim().strip_prefix("listening: http://") {
-                    let _ = tx.send((rest.to_owned(), Instant::now()));
-                }
-            }
-        });
-        let mut proc = Proc {
-            name: name.to_owned(),
-            child,
-            pid,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            started_in: Duration::ZERO,
-            log: log.to_path_buf(),
-        };
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok((addr, at)) => {
-                proc.addr = addr
-                    .parse()
-                    .map_err(|_| format!("{name}: bad listening address {addr}"))?;
-                proc.started_in = at.duration_since(t0);
-                Ok(proc)
-            }
-            Err(_) => {
-                let _ = proc.child.kill();
-                let status = proc.child.wait();
-                Err(format!(
-                    "{name} did not start (exit {status:?}); log {}:\n{}",
-                    log.display(),
-                    tail(&proc.log, 20)
-                ))
-            }
-        }
-    }
-
-    /// SIGTERM, then wait for the exit (SIGKILL after STOP_TIMEOUT). Returns how long it took.
-    fn stop(&mut self) -> Result<(Duration, ExitStatus), String> {
-        let t0 = Instant::now();
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Err(format!(
-                "{} had already exited: {status}; log:\n{}",
-                self.name,
-                tail(&self.log, 20)
-            ));
-        }
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid).map_err(|_| "pid")?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
-            .map_err(|e| format!("SIGTERM {}: {e}", self.name))?;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Ok((t0.elapsed(), status)),
-                Ok(None) if t0.elapsed() < STOP_TIMEOUT => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let status = self.child.wait().map_err(|e| e.to_string())?;
-                    return Err(format!(
-                        "{} did not stop within {STOP_TIMEOUT:?} of SIGTERM; killed ({status})",
-                        self.name
-                    ));
-                }
-            }
-        }
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 fn daemon_command(opts: &Options, data_dir: &Path) -> Command {
-    let mut cmd = Command::new(&opts.bin);
-    cmd.arg("serve")
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
-        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", "warn")
-        .envs(opts.daemon_env.iter().map(|(k, v)| (k, v)));
+    let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
+    cmd.envs(opts.common.daemon_env.iter().map(|(k, v)| (k, v)));
     cmd
 }
 
 fn baseline_command() -> Result<Command, String> {
     let me = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
-    let mut cmd = Command::new(me);
+    let mut cmd = common::clean_command(&me);
     cmd.arg(BASELINE_FLAG)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("INTAKE_BENCH_TOKEN", WEBHOOK_TOKEN);
     Ok(cmd)
-}
-
-/// CPU time used so far by the server, by this process and by the whole machine.
-struct CpuSample {
-    server: Option<f64>,
-    me: Option<f64>,
-    machine_busy: Option<f64>,
-}
-
-impl CpuSample {
-    fn take(server_pid: u32) -> CpuSample {
-        CpuSample {
-            server: cpu_seconds(Some(server_pid)),
-            me: cpu_seconds(None),
-            machine_busy: machine_busy_seconds(),
-        }
-    }
-}
-
-/// Busy (not idle, not iowait) CPU time of the whole machine, from /proc/stat, in seconds.
-fn machine_busy_seconds() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = text.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is already in user).
-    let busy = v
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, x)| x)
-        .sum::<u64>();
-    Some(busy as f64 / 100.0)
-}
-
-/// utime + stime of a process (this one when `None`), in seconds.
-fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_owned(),
-    };
-    let text = std::fs::read_to_string(path).ok()?;
-    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // USER_HZ is 100 on Linux.
-    Some(ticks as f64 / 100.0)
 }
 
 /// A `/proc/<pid>/status` field in kB (VmRSS, VmHWM, RssAnon, RssFile).
@@ -1157,41 +685,8 @@ fn dir_size(path: &Path) -> (u64, u64) {
     total
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(90)))
-        .build()
-        .into()
-}
-
-fn http_get(agent: &ureq::Agent, url: &str, bearer: Option<&str>) -> Result<(u16, String), String> {
-    let mut req = agent.get(url);
-    if let Some(token) = bearer {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
-    let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
-    let status = resp.status().as_u16();
-    Ok((status, resp.body_mut().read_to_string().unwrap_or_default()))
-}
-
-/// Sum of every series of a metric in the Prometheus text format.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let value = if rest.starts_with('{') {
-            rest.rsplit_once(' ').map(|(_, v)| v)
-        } else {
-            rest.strip_prefix(' ')
-        };
-        if let Some(v) = value.and_then(|v| v.trim().parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+fn http() -> Http {
+    Http::new(HTTP_TIMEOUT, BODY)
 }
 
 /// Group-commit and dispatch figures of a daemon, from its /metrics.
@@ -1205,20 +700,21 @@ struct DaemonMetrics {
     inbox_depth: f64,
 }
 
-fn daemon_metrics(agent: &ureq::Agent, base: &str) -> Option<DaemonMetrics> {
-    let (status, text) = http_get(agent, &format!("{base}/metrics"), None).ok()?;
+fn daemon_metrics(http: &Http, base: &str) -> Option<DaemonMetrics> {
+    let (status, text) = http.get(&format!("{base}/metrics"), None).ok()?;
     if status != 200 {
         return None;
     }
-    let flushes = metric(&text, "handoff_store_flush_seconds_count")?;
+    let flushes = common::metric(&text, "handoff_store_flush_seconds_count")?;
     Some(DaemonMetrics {
         flushes,
-        flush_mean_ms: metric(&text, "handoff_store_flush_seconds_sum")? * 1000.0
+        flush_mean_ms: common::metric(&text, "handoff_store_flush_seconds_sum")? * 1000.0
             / flushes.max(1.0),
-        writers_per_flush: metric(&text, "handoff_store_flush_writers_sum")? / flushes.max(1.0),
-        events_accepted: metric(&text, "handoff_webhook_events_total").unwrap_or(0.0),
-        events_applied: metric(&text, "handoff_events_applied_total").unwrap_or(0.0),
-        inbox_depth: metric(&text, "handoff_inbox_depth").unwrap_or(0.0),
+        writers_per_flush: common::metric(&text, "handoff_store_flush_writers_sum")?
+            / flushes.max(1.0),
+        events_accepted: common::metric(&text, "handoff_webhook_events_total").unwrap_or(0.0),
+        events_applied: common::metric(&text, "handoff_events_applied_total").unwrap_or(0.0),
+        inbox_depth: common::metric(&text, "handoff_inbox_depth").unwrap_or(0.0),
     })
 }
 
@@ -1250,18 +746,14 @@ struct MemoryResult {
 }
 
 fn run(opts: &Options) -> Result<(), String> {
-    std::fs::create_dir_all(&opts.data_root)
-        .map_err(|e| format!("{}: {e}", opts.data_root.display()))?;
-    if !opts.bin.is_file() {
-        return Err(format!("daemon binary {} not found: build it with `cargo build --release --bin handoff-bridge` or pass --bin", opts.bin.display()));
-    }
-    let corpus = Rc::new(load_corpus(&fixtures_dir())?);
-    let machine = machine_info(&opts.data_root);
+    opts.common.check()?;
+    let corpus = Rc::new(load_corpus(&common::fixtures_dir())?);
+    let machine = common::machine_info(&opts.common.data_root, true);
     eprintln!(
         "intake bench: daemon {}, {} fixtures, data under {}",
-        opts.bin.display(),
+        opts.common.bin.display(),
         corpus.fixtures.len(),
-        opts.data_root.display()
+        opts.common.data_root.display()
     );
     for (k, v) in &machine {
         eprintln!("  {k}: {v}");
@@ -1313,12 +805,8 @@ fn run(opts: &Options) -> Result<(), String> {
     };
 
     let report = report(opts, &machine, &corpus, &results, memory.as_ref());
-    println!("{report}");
-    if let Some(dir) = opts.out.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    std::fs::write(&opts.out, &report).map_err(|e| format!("{}: {e}", opts.out.display()))?;
-    eprintln!("report written to {}", opts.out.display());
+    common::publish(&report, &opts.common.out)?;
+    eprintln!("report written to {}", opts.common.out.display());
     Ok(())
 }
 
@@ -1330,7 +818,7 @@ fn throughput_run(
 ) -> Result<RunResult, String> {
     let dir = tempfile::Builder::new()
         .prefix("intake-bench-")
-        .tempdir_in(&opts.data_root)
+        .tempdir_in(&opts.common.data_root)
         .map_err(|e| e.to_string())?;
     let log = dir.path().join(format!("{}.log", case.name()));
     let mut proc = match case {
@@ -1347,10 +835,10 @@ fn throughput_run(
     };
     let stats = run_load(proc.addr, &plan, opts.connections, stop, proc.pid)?;
     let daemon = match case {
-        Case::Daemon => daemon_metrics(&agent(), &proc.base()),
+        Case::Daemon => daemon_metrics(&http(), &proc.base()),
         Case::Baseline => None,
     };
-    proc.stop()?;
+    proc.stop(STOP_POLL)?;
     Ok(RunResult {
         round,
         case,
@@ -1362,15 +850,14 @@ fn throughput_run(
 fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
     let dir = tempfile::Builder::new()
         .prefix("intake-bench-mem-")
-        .tempdir_in(&opts.data_root)
+        .tempdir_in(&opts.common.data_root)
         .map_err(|e| e.to_string())?;
     let data = dir.path().join("data");
-    let mut daemon = Proc::spawn(
+    let (mut daemon, first_start) = Proc::spawn_timed(
         "daemon",
         daemon_command(opts, &data),
         &dir.path().join("daemon-1.log"),
     )?;
-    let first_start = daemon.started_in;
     let rss_start_kb = proc_status_kb(daemon.pid, "VmRSS");
     let posted_events = opts.mem_deliveries * opts.mem_batch as u64;
     eprintln!(
@@ -1391,11 +878,11 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         stats.ms(0.99),
         stats.errors_text()
     );
-    let agent = agent();
+    let http = http();
     let drain_url = format!("{}/admin/v1/inbox/drained?timeout_ms=60000", daemon.base());
     let mut drained_after = None;
     while posted_at.elapsed() < DRAIN_LIMIT {
-        let (status, body) = http_get(&agent, &drain_url, Some(ADMIN_TOKEN))?;
+        let (status, body) = http.get(&drain_url, Some(ADMIN_TOKEN))?;
         match status {
             200 => {
                 drained_after = Some(posted_at.elapsed());
@@ -1411,7 +898,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
     let rss_kb = proc_status_kb(daemon.pid, "VmRSS");
     let hwm_kb = proc_status_kb(daemon.pid, "VmHWM");
     let rss_anon_kb = proc_status_kb(daemon.pid, "RssAnon");
-    let metrics = daemon_metrics(&agent, &daemon.base());
+    let metrics = daemon_metrics(&http, &daemon.base());
     let disk = dir_size(&data);
     eprintln!(
         "[memory] drained after {:?}; VmRSS {} kB (peak {} kB); data dir {} bytes",
@@ -1420,26 +907,25 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         hwm_kb.unwrap_or(0),
         disk.0
     );
-    let (shutdown, status) = daemon.stop()?;
+    let (shutdown, status) = daemon.stop(STOP_POLL)?;
     if !status.success() {
         return Err(format!(
             "daemon exited with {status} on SIGTERM; log:\n{}",
-            tail(&daemon.log, 20)
+            common::tail(&daemon.log, 20)
         ));
     }
-    let mut again = Proc::spawn(
+    let (mut again, restart) = Proc::spawn_timed(
         "daemon (restart)",
         daemon_command(opts, &data),
         &dir.path().join("daemon-2.log"),
     )?;
-    let restart = again.started_in;
     let rss_after_restart_kb = proc_status_kb(again.pid, "VmRSS");
     let ready_after_restart = matches!(
-        http_get(&agent, &format!("{}/readyz", again.base()), None),
+        http.get(&format!("{}/readyz", again.base()), None),
         Ok((200, _))
     );
     eprintln!("[memory] shutdown took {shutdown:?}; restart to `listening:` took {restart:?}");
-    again.stop()?;
+    again.stop(STOP_POLL)?;
     Ok(MemoryResult {
         posted_events,
         stats,
@@ -1459,165 +945,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Machine description
-
-fn machine_info(data_root: &Path) -> Vec<(String, String)> {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpuinfo = read("/proc/cpuinfo");
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .and_then(|r| r.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let mhz = cpuinfo
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("cpu MHz")
-                .and_then(|r| r.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_default();
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let meminfo = read("/proc/meminfo");
-    let mem_kb = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    let root = std::fs::canonicalize(data_root).unwrap_or_else(|_| data_root.to_path_buf());
-    let mounts = read("/proc/mounts");
-    let mount = mounts
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 4 && root.starts_with(f[1])).then(|| {
-                (
-                    f[0].to_owned(),
-                    f[1].to_owned(),
-                    f[2].to_owned(),
-                    f[3].to_owned(),
-                )
-            })
-        })
-        .max_by_key(|m| m.1.len());
-    let disk = match mount {
-        Some((dev, at, fs, flags)) => {
-            let name = dev.trim_start_matches("/dev/").to_owned();
-            let rota = std::fs::read_to_string(format!("/sys/block/{name}/queue/rotational"))
-                .map(|r| r.trim().to_owned())
-                .unwrap_or_else(|_| "?".into());
-            let kind = match rota.as_str() {
-                "0" => "non-rotational",
-                "1" => "reported rotational (virtual disk)",
-                _ => "unknown kind",
-            };
-            format!("{dev} ({kind}) mounted at {at}, {fs} ({flags})")
-        }
-        None => "unknown".into(),
-    };
-    let probe = fsync_probe(data_root)
-        .map(|(p50, p99)| {
-            format!("4 KiB write + fdatasync: p50 {p50:.2} ms, p99 {p99:.2} ms (200 samples)")
-        })
-        .unwrap_or_else(|e| format!("failed: {e}"));
-    vec![
-        ("nproc".into(), nproc.to_string()),
-        (
-            "CPU".into(),
-            if mhz.is_empty() {
-                model
-            } else {
-                format!("{model} @ {mhz} MHz")
-            },
-        ),
-        (
-            "memory".into(),
-            format!("{:.1} GiB", mem_kb as f64 / 1024.0 / 1024.0),
-        ),
-        ("disk (data dir)".into(), disk),
-        ("disk sync latency".into(), probe),
-        (
-            "kernel".into(),
-            read("/proc/sys/kernel/osrelease").trim().to_owned(),
-        ),
-    ]
-}
-
-/// The cost of one durable write on the data directory's disk, the floor of a group commit.
-fn fsync_probe(dir: &Path) -> Result<(f64, f64), String> {
-    let path = dir.join(format!("fsync-probe-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| e.to_string())?;
-    let block = [0x5au8; 4096];
-    let mut samples = Vec::with_capacity(200);
-    for i in 0..200u64 {
-        let t0 = Instant::now();
-        file.write_all_at(&block, i * 4096)
-            .map_err(|e| e.to_string())?;
-        file.sync_data().map_err(|e| e.to_string())?;
-        samples.push(t0.elapsed().as_secs_f64() * 1000.0);
-    }
-    drop(file);
-    let _ = std::fs::remove_file(&path);
-    samples.sort_by(f64::total_cmp);
-    Ok((samples[100], samples[198]))
-}
-
-// ---------------------------------------------------------------------------------------------
 // Report
-
-/// The commit the daemon was built from, as far as git knows (and whether src/ had changes).
-fn git_head() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    match git(&[
-        "status",
-        "--porcelain",
-        "--",
-        "src",
-        "Cargo.toml",
-        "Cargo.lock",
-    ]) {
-        Some(s) if !s.is_empty() => format!("{head} + uncommitted changes"),
-        _ => head,
-    }
-}
-
-fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    (v[0], median, v[v.len() - 1])
-}
-
-fn mmm(values: &[f64], decimals: usize) -> String {
-    let (a, b, c) = summary(values);
-    format!("{a:.decimals$} / {b:.decimals$} / {c:.decimals$}")
-}
 
 fn mib(kb: Option<u64>) -> String {
     kb.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
@@ -1631,19 +959,7 @@ fn report(
     memory: Option<&MemoryResult>,
 ) -> String {
     let mut r = String::new();
-    let _ = writeln!(
-        r,
-        "## Intake benchmark{}\n",
-        if opts.quick {
-            " (quick smoke run: not a measurement)"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(r, "| machine | |\n|---|---|");
-    for (k, v) in machine {
-        let _ = writeln!(r, "| {k} | {v} |");
-    }
+    common::report_head(&mut r, "Intake", opts.quick, machine);
     let body_mean = {
         let (b, n) = results.iter().fold((0u64, 0u64), |(b, n), x| {
             (b + x.stats.body_bytes, n + x.stats.requests)
@@ -1666,14 +982,15 @@ fn report(
     let _ = writeln!(
         r,
         "Daemon: `{}` (git {}){}.\n",
-        opts.bin.display(),
-        git_head(),
-        if opts.daemon_env.is_empty() {
+        opts.common.bin.display(),
+        common::git_head(),
+        if opts.common.daemon_env.is_empty() {
             String::new()
         } else {
             format!(
                 ", extra environment {}",
-                opts.daemon_env
+                opts.common
+                    .daemon_env
                     .iter()
                     .map(|(k, v)| format!("`{k}={v}`"))
                     .collect::<Vec<_>>()
@@ -1717,7 +1034,7 @@ fn report(
             s.ms(0.5),
             s.ms(0.99),
             s.ms(0.999),
-            s.hist.max() as f64 / 1000.0,
+            common::max_ms(&s.hist),
             s.errors_text(),
             cpu(s.server_cpu),
             cpu(s.generator_cpu),
@@ -1770,21 +1087,21 @@ fn report(
             r,
             "| {} | {} | {} | {} | {} | {} |",
             case.name(),
-            mmm(&pick(case, &rate), 0),
-            mmm(&pick(case, &ev_rate), 0),
-            mmm(&pick(case, &p50), 2),
-            mmm(&pick(case, &p99), 2),
-            mmm(&pick(case, &p999), 2)
+            common::mmm(&pick(case, &rate), 0),
+            common::mmm(&pick(case, &ev_rate), 0),
+            common::mmm(&pick(case, &p50), 2),
+            common::mmm(&pick(case, &p99), 2),
+            common::mmm(&pick(case, &p999), 2)
         );
     }
     let _ = writeln!(
         r,
         "| daemon / baseline (paired by round) | {} | | | | |",
-        mmm(&ratios, 3)
+        common::mmm(&ratios, 3)
     );
 
     let mut targets: Vec<(String, String, bool)> = Vec::new();
-    let (ratio_min, ratio_med, _) = summary(&ratios);
+    let (ratio_min, ratio_med, _) = common::summary(&ratios);
     targets.push((
         "durable intake >= 30% of the bare baseline's throughput".into(),
         format!(
@@ -1794,7 +1111,7 @@ fn report(
         ),
         ratio_med >= 0.30,
     ));
-    let (_, p99_med, p99_max) = summary(&pick(Case::Daemon, &p99));
+    let (_, p99_med, p99_max) = common::summary(&pick(Case::Daemon, &p99));
     targets.push((
         "daemon p99 acknowledgment latency < 10 ms".into(),
         format!("median p99 {p99_med:.2} ms (worst run {p99_max:.2} ms)"),
