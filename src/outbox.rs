@@ -151,19 +151,20 @@ impl ExecutorHandle {
     pub async fn wait_idle(&self, timeout: Duration) -> bool {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
-        // Read the progress first: a change after this read wakes the wait below, so a
-        // decrement of `in_transit` seen as not yet done is never missed.
+        // The runner publishes the depth before it decrements `in_transit`, so `in_transit` is
+        // read before the depth: seeing the entries arrived implies seeing them counted. Marking
+        // the progress seen first means any change after it wakes the wait below.
+        let idle = |progress: &watch::Receiver<usize>| {
+            self.in_transit.load(Ordering::SeqCst) == 0 && *progress.borrow() == 0
+        };
         loop {
-            let depth = *progress.borrow_and_update();
-            if depth == 0 && self.in_transit.load(Ordering::SeqCst) == 0 {
+            progress.borrow_and_update();
+            if idle(&progress) {
                 return true;
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => {
-                    return *self.progress.borrow() == 0
-                        && self.in_transit.load(Ordering::SeqCst) == 0
-                }
+                Ok(Err(_)) | Err(_) => return idle(&progress),
             }
         }
     }
@@ -439,7 +440,7 @@ impl Runner {
                     first_attempt_at,
                     last_attempt_at: now,
                     blocking,
-                    answered: matches!(e, ExecuteError::Upstream(UpstreamError::Status { .. })),
+                    answered: refused_for_good(&e),
                 };
                 let metrics = self.metrics.clone();
                 tokio::task::spawn_blocking(move || {
@@ -469,6 +470,13 @@ impl Runner {
 
 /// The metric status of a failed attempt, and its dead-letter reason (`None`: not a failure of
 /// the action, run it again later).
+/// The upstream refused with a permanent error status. Only that proves nothing took effect: a
+/// retryable status (or a timeout) may follow an attempt that did, whose answer the upstream
+/// keeps under the key.
+fn refused_for_good(e: &ExecuteError) -> bool {
+    matches!(e, ExecuteError::Upstream(u @ UpstreamError::Status { .. }) if !u.is_retryable())
+}
+
 fn classify(e: &ExecuteError) -> (String, Option<String>) {
     match e {
         ExecuteError::NotUpstream(_) => ("no_helpdesk".into(), Some("no_helpdesk".into())),
@@ -585,6 +593,17 @@ mod tests {
             classify(&ExecuteError::Upstream(UpstreamError::Stopped)).1,
             None
         );
+        // Only a permanent refusal may be retried under a fresh key.
+        assert!(refused_for_good(&status(409, "conflict")));
+        assert!(refused_for_good(&status(400, "http_400")));
+        assert!(
+            !refused_for_good(&status(503, "x")),
+            "an earlier attempt may have worked"
+        );
+        assert!(!refused_for_good(&status(429, "x")));
+        assert!(!refused_for_good(&ExecuteError::Upstream(
+            UpstreamError::Timeout
+        )));
         assert_eq!(
             classify(&ExecuteError::NotUpstream("notify_helpdesk"))
                 .1

@@ -477,28 +477,23 @@ fn actions_reach_the_upstream_in_conversation_order_under_faults() {
         .keys()
         .all(|k| k.ends_with("/echo/0") && k.starts_with(&format!("{:08x}-", ids.tag))));
 
-    // The conversations proceeded side by side: each one's calls overlap every other's in time.
+    // The conversations proceeded side by side: some two of them have their calls interleaved
+    // in the journal. (Which pairs overlap depends on how the posting threads are scheduled: on
+    // a loaded machine one conversation's client can finish posting before another starts, so
+    // asking every pair to overlap made the test flaky.)
     let order: Vec<&str> = sends.iter().filter_map(|e| conversation_of(e)).collect();
     let span = |conv: &str| {
         let first = order.iter().position(|c| *c == conv).expect("first");
         let last = order.iter().rposition(|c| *c == conv).expect("last");
         (first, last)
     };
-    for &a in &conversations {
-        for &b in &conversations {
-            if a == b {
-                continue;
-            }
-            let (_, a_last) = span(SEEDED[a].0);
-            let (b_first, _) = span(SEEDED[b].0);
-            assert!(
-                b_first < a_last,
-                "conversation {} waited for {} to finish: order {order:?}",
-                SEEDED[b].0,
-                SEEDED[a].0
-            );
-        }
-    }
+    let interleaved = conversations.iter().any(|&a| {
+        conversations.iter().any(|&b| {
+            let ((a_first, a_last), (b_first, _)) = (span(SEEDED[a].0), span(SEEDED[b].0));
+            a != b && a_first < b_first && b_first < a_last
+        })
+    });
+    assert!(interleaved, "no two conversations interleaved: {order:?}");
     let switches = order.windows(2).filter(|w| w[0] != w[1]).count();
     let replays = entries.iter().filter(|e| e.replayed).count();
     eprintln!(

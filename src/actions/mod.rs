@@ -305,8 +305,9 @@ pub struct DeadLetter {
     pub last_attempt_at: Millis,
     /// Later entries of its queue wait for it (the action is configured as blocking).
     pub blocking: bool,
-    /// The upstream answered the last call with an error status: nothing took effect, and the
-    /// answer is stored under the call's key (so a retry needs a new key).
+    /// The upstream refused the call with a permanent error status (not a retryable one, which
+    /// may follow an attempt that took effect): nothing took effect, and the refusal is stored
+    /// under the call's key, so a retry needs a new key.
     #[serde(default)]
     pub answered: bool,
 }

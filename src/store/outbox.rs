@@ -170,68 +170,74 @@ impl Store {
         Ok(())
     }
 
-    /// Put a dead letter back in the outbox (same seq and id, so the same idempotency key).
+    /// Put a dead letter back in the outbox (same seq and id). It keeps its idempotency key,
+    /// unless the upstream refused it for good (then a fresh one, see [`DeadLetter::answered`]).
+    /// Read and moved in one transaction: of two concurrent retries (or a retry and a drop) only
+    /// one finds the letter.
     pub fn retry_dead_letter(
         &self,
         seq: u64,
         now: Millis,
     ) -> Result<Option<OutboxEntry>, StoreError> {
-        let Some(letter) = self.dead_letter(seq)? else {
-            return Ok(None);
-        };
-        let mut entry = letter.entry;
-        if letter.answered {
-            // The upstream keeps its error answer under the old key: a retry under it would only
-            // get that answer back. Nothing took effect, so a new key cannot double an effect.
-            entry.idempotency_key = Some(format!("{}~retry-{now}", entry.id));
-        }
-        let (status, bytes) = (
-            encode(&ActionStatus::pending(entry.seq, now))?,
-            encode(&entry)?,
-        );
         let key = keys::seq(seq);
-        (&self.outbox, &self.dead_letters, &self.actions).transaction(
+        let entry = (&self.outbox, &self.dead_letters, &self.actions).transaction(
             |(outbox, dead, actions)| {
-                dead.remove(&key)?;
-                outbox.insert(&key, bytes.as_slice())?;
-                actions.insert(entry.id.as_bytes(), status.as_slice())?;
-                Ok(())
+                let Some(bytes) = dead.remove(&key)? else {
+                    return Ok(None);
+                };
+                let letter: DeadLetter = decode(&bytes, "dead letter").map_err(super::abort)?;
+                let mut entry = letter.entry;
+                if letter.answered {
+                    // The upstream keeps its refusal under the old key: a retry under it would
+                    // only get that answer back. Nothing took effect, so no effect can double.
+                    entry.idempotency_key = Some(format!("{}~retry-{now}", entry.id));
+                }
+                let status =
+                    encode(&ActionStatus::pending(entry.seq, now)).map_err(super::abort)?;
+                outbox.insert(&key, encode(&entry).map_err(super::abort)?)?;
+                actions.insert(entry.id.as_bytes(), status)?;
+                Ok(Some(entry))
             },
         )?;
-        Ok(Some(entry))
+        Ok(entry)
     }
 
-    /// Remove a dead letter for good; the ledger keeps why.
+    /// Remove a dead letter for good; the ledger and the audit record keep why. One
+    /// transaction, like [`Store::retry_dead_letter`].
     pub fn drop_dead_letter(
         &self,
         seq: u64,
         reason: &str,
         now: Millis,
     ) -> Result<Option<DeadLetter>, StoreError> {
-        let Some(letter) = self.dead_letter(seq)? else {
-            return Ok(None);
-        };
-        let status = encode(&ActionStatus {
-            state: "dropped".into(),
-            seq,
-            at: now,
-            attempts: letter.attempts,
-            note: Some(reason.to_owned()),
-        })?;
-        let record = encode(&DoneRecord {
-            entry: letter.entry.clone(),
-            outcome: "dropped".into(),
-            at: now,
-            attempts: letter.attempts,
-            note: Some(reason.to_owned()),
-        })?;
         let key = keys::seq(seq);
-        (&self.dead_letters, &self.actions, &self.done).transaction(|(dead, actions, done)| {
-            dead.remove(&key)?;
-            actions.insert(letter.entry.id.as_bytes(), status.as_slice())?;
-            done.insert(&key, record.as_slice())?;
-            Ok(())
-        })?;
-        Ok(Some(letter))
+        let letter = (&self.dead_letters, &self.actions, &self.done).transaction(
+            |(dead, actions, done)| {
+                let Some(bytes) = dead.remove(&key)? else {
+                    return Ok(None);
+                };
+                let letter: DeadLetter = decode(&bytes, "dead letter").map_err(super::abort)?;
+                let status = encode(&ActionStatus {
+                    state: "dropped".into(),
+                    seq,
+                    at: now,
+                    attempts: letter.attempts,
+                    note: Some(reason.to_owned()),
+                })
+                .map_err(super::abort)?;
+                let record = encode(&DoneRecord {
+                    entry: letter.entry.clone(),
+                    outcome: "dropped".into(),
+                    at: now,
+                    attempts: letter.attempts,
+                    note: Some(reason.to_owned()),
+                })
+                .map_err(super::abort)?;
+                actions.insert(letter.entry.id.as_bytes(), status)?;
+                done.insert(&key, record)?;
+                Ok(Some(letter))
+            },
+        )?;
+        Ok(letter)
     }
 }

@@ -570,3 +570,55 @@ fn a_retried_dead_letter_gets_a_fresh_key_only_when_the_upstream_answered_it() {
         assert_eq!(again.key(), retried.key(), "the key survives a restart");
     }
 }
+
+#[test]
+fn a_dead_letter_is_retried_or_dropped_once_whatever_comes_first() {
+    let (_d, store) = store();
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]),
+        1_000,
+    );
+    let applied = drain_with(&store, &one_message_rule("greet"));
+    for entry in &applied.outbox {
+        let letter = crate::actions::DeadLetter {
+            entry: entry.clone(),
+            reason: "conflict".into(),
+            error: "x".into(),
+            attempts: 1,
+            first_attempt_at: 1,
+            last_attempt_at: 2,
+            blocking: false,
+            answered: true,
+        };
+        store.outbox_dead(&letter).expect("dead");
+    }
+    let (a, b) = (applied.outbox[0].seq, applied.outbox[1].seq);
+    assert!(store.retry_dead_letter(a, 10).expect("retry").is_some());
+    assert!(
+        store.retry_dead_letter(a, 11).expect("retry").is_none(),
+        "retried once"
+    );
+    assert!(store
+        .drop_dead_letter(a, "late", 12)
+        .expect("drop")
+        .is_none());
+    assert!(store
+        .drop_dead_letter(b, "by hand", 13)
+        .expect("drop")
+        .is_some());
+    assert!(
+        store.retry_dead_letter(b, 14).expect("retry").is_none(),
+        "dropped stays dropped"
+    );
+    let outbox = store.outbox().expect("outbox");
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(
+        outbox[0].key(),
+        format!("{}~retry-10", applied.outbox[0].id)
+    );
+    let finished = store.finished(10).expect("finished");
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0].outcome, "dropped");
+    assert_eq!(finished[0].note.as_deref(), Some("by hand"));
+}
