@@ -192,6 +192,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         let path = webhook_path.clone();
         App::new()
             .app_data(app_data.clone())
+            .app_data(crate::http_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
             .configure(crate::ops::routes)
             .configure(crate::ops::admin::routes)
@@ -312,13 +313,27 @@ async fn forward_decided(
         while let Ok(more) = rx.try_recv() {
             entries.extend(more);
         }
-        if let Err(e) = writer.flush().await {
-            // They stay in the outbox and run after the next start.
-            tracing::error!(error = %e, actions = entries.len(), "cannot make decided actions durable");
-            executor.withdraw_decided(entries.len());
-            continue;
+        // Entries are never dropped from here while the writer runs: a later batch of the same
+        // conversation must not overtake them, and idle must not be reported without them.
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match writer.flush().await {
+                Ok(()) => {
+                    executor.notify_decided(entries);
+                    break;
+                }
+                Err(e) if e == crate::store::writer::WRITER_STOPPED => {
+                    // Shutting down: they stay in the outbox and run after the next start.
+                    executor.withdraw_decided(entries.len());
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, actions = entries.len(), retry_in = ?pause, "cannot make decided actions durable");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
         }
-        executor.notify_decided(entries);
     }
 }
 
@@ -359,14 +374,23 @@ async fn prune_loop(
         let store = store.clone();
         let pruning = move || {
             let pruned = store.prune(dedupe_before, events_before, 10_000)?;
-            Ok::<_, crate::store::StoreError>((pruned, store.prune_ledger(audit_before, 10_000)?))
+            // Event pruning can lag its retention (it stops at an event still in the inbox, and
+            // takes 10,000 a round): the ledger outlives every stored event, so a replay of any
+            // of them still knows what already ran.
+            let oldest = store.oldest_event_received_at()?.unwrap_or(audit_before);
+            let finished = store.prune_ledger(audit_before.min(oldest), 10_000)?;
+            Ok::<_, crate::store::StoreError>((pruned, finished))
         };
         match tokio::task::spawn_blocking(pruning).await {
-            Ok(Ok((p, actions))) => {
+            Ok(Ok((p, (actions, records)))) => {
                 metrics
                     .pruned
                     .with_label_values(&["actions"])
                     .inc_by(actions);
+                metrics
+                    .pruned
+                    .with_label_values(&["finished"])
+                    .inc_by(records);
                 metrics
                     .pruned
                     .with_label_values(&["dedupe"])

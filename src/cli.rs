@@ -230,6 +230,8 @@ impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CliError::Config(_) | CliError::Usage(_) | CliError::Rules(_) => ExitCode::from(2),
+            // `serve` with bad rule files: invalid configuration, like `check` says.
+            CliError::App(crate::app::AppError::Rules(_)) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }
     }
@@ -485,6 +487,15 @@ fn replay(
         }
         Ok(Some(serde_json::to_value(&report).unwrap_or(Value::Null)))
     })?;
+    // A running daemon replays with the rules it loaded at start, not the files on disk.
+    let used = value.as_ref().and_then(|v| v["rules_version"].as_str());
+    if let Some(used) = used.filter(|v| *v != rules.version()) {
+        eprintln!(
+            "note: replayed with rules version {used} (the running daemon's); the rule files \
+             here are version {}. Restart the daemon to replay with them.",
+            rules.version()
+        );
+    }
     print_found(value, String::new)
 }
 

@@ -83,3 +83,10 @@ pub async fn method_not_allowed() -> HttpResponse {
     )
     .error_response()
 }
+
+/// Query strings that do not parse get the JSON error body too (actix answers plain text).
+pub fn query_config() -> actix_web::web::QueryConfig {
+    actix_web::web::QueryConfig::default().error_handler(|err, _| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", err.to_string()).into()
+    })
+}

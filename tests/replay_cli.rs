@@ -194,3 +194,26 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
     );
     assert!(!data.join("store").exists(), "nothing was created");
 }
+
+#[test]
+fn admin_query_strings_that_do_not_parse_get_the_json_error_body() {
+    let app = TestApp::spawn();
+    for path in [
+        "/admin/v1/outbox/done?limit=abc",
+        "/admin/v1/outbox/idle?timeout_ms=-1",
+    ] {
+        let (status, body) = app.admin_get(path);
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_query", "{path}: {body}");
+    }
+    let mut resp = app
+        .agent
+        .post(format!("{}/admin/v1/replay?from=0", app.base))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .send_empty()
+        .expect("POST");
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value =
+        serde_json::from_str(&resp.body_mut().read_to_string().unwrap_or_default()).expect("JSON");
+    assert_eq!(body["error"]["code"], "invalid_query", "{body}");
+}

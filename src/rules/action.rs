@@ -112,11 +112,22 @@ impl ActionSpec {
             templates,
             defaults,
         };
-        // The shape check: every templated text and default id becomes a placeholder.
-        let sample = spec.fill(|_| Ok("x".into()), |_| Ok(Value::String("x".into())));
-        match sample {
-            Ok(_) => Ok(spec),
-            Err(e) => Err(vec![(String::new(), e)]),
+        // The shape check: every templated text and default id becomes a placeholder. Keys the
+        // action does not have would be dropped silently by serde; they are reported instead.
+        let sample = spec.fill(|_| Ok("x".into()), |_| Ok(Value::String("x".into())), true);
+        let built = match sample.map(|a| serde_json::to_value(a).unwrap_or(Value::Null)) {
+            Ok(built) => built,
+            Err(e) => return Err(vec![(String::new(), e)]),
+        };
+        let mut unknown = Vec::new();
+        unknown_keys(&Value::Object(spec.body.clone()), &built, "", &mut unknown);
+        if unknown.is_empty() {
+            Ok(spec)
+        } else {
+            Err(unknown
+                .into_iter()
+                .map(|key| (key, format!("not a field of a `{}` action", spec.kind)))
+                .collect())
         }
     }
 
@@ -143,6 +154,7 @@ impl ActionSpec {
                     "the rule names no `{key}` and the conversation has none"
                 )),
             },
+            false,
         )
     }
 
@@ -150,6 +162,7 @@ impl ActionSpec {
         &self,
         render: impl Fn(&str) -> Result<String, String>,
         default: impl Fn(&str) -> Result<Value, String>,
+        explain: bool,
     ) -> Result<Action, String> {
         let mut body = Value::Object(self.body.clone());
         for (pointer, name) in &self.templates {
@@ -163,8 +176,40 @@ impl ActionSpec {
                 map.insert((*field).to_owned(), default(key)?);
             }
         }
-        serde_json::from_value::<Action>(body)
-            .map_err(|e| format!("invalid `{}` action: {e}", self.kind))
+        // serde's message quotes the offending value, which after rendering may be a user's
+        // text: it is only shown for the load-time check, where values are placeholders.
+        serde_json::from_value::<Action>(body).map_err(|e| match explain {
+            true => format!("invalid `{}` action: {e}", self.kind),
+            false => format!(
+                "invalid `{}` action: a rendered value does not fit its field",
+                self.kind
+            ),
+        })
+    }
+}
+
+/// Keys of `given` (recursively) that `built` (the action made from it) does not have.
+fn unknown_keys(given: &Value, built: &Value, at: &str, out: &mut Vec<String>) {
+    match (given, built) {
+        (Value::Object(g), Value::Object(b)) => {
+            for (key, value) in g {
+                let path = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                match b.get(key) {
+                    Some(inner) => unknown_keys(value, inner, &path, out),
+                    None => out.push(path),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(b)) => {
+            for (i, (value, inner)) in g.iter().zip(b).enumerate() {
+                unknown_keys(value, inner, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
     }
 }
 

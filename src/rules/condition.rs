@@ -86,6 +86,14 @@ impl RawCondition {
                 .collect();
             (compiled.len() == items.len()).then_some(compiled)
         };
+        if self.field.is_none() && self.op_count() > 0 {
+            problems.push((
+                at.to_owned(),
+                "an operator belongs to a `field` condition, not next to `all`, `any` or `not`"
+                    .into(),
+            ));
+            return None;
+        }
         if let Some(items) = &self.all {
             return list(items, "all", problems).map(Condition::All);
         }
@@ -111,6 +119,26 @@ impl RawCondition {
         }
         let op = self.op(at, problems)?;
         Some(Condition::Leaf { path, op })
+    }
+
+    fn op_count(&self) -> usize {
+        [
+            self.equals.is_some(),
+            self.not_equals.is_some(),
+            self.one_of.is_some(),
+            self.contains.is_some(),
+            self.starts_with.is_some(),
+            self.ends_with.is_some(),
+            self.matches.is_some(),
+            self.exists.is_some(),
+            self.gt.is_some(),
+            self.gte.is_some(),
+            self.lt.is_some(),
+            self.lte.is_some(),
+        ]
+        .iter()
+        .filter(|set| **set)
+        .count()
     }
 
     fn op(&self, at: &str, problems: &mut Vec<(String, String)>) -> Option<Op> {

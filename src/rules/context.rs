@@ -59,7 +59,8 @@ pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
 /// The state as rules read it: plain values instead of the stamped registers of the store, plus
 /// derived durations (seconds) so a condition can say "no agent message for 5 minutes".
 fn state_view(s: &ConversationState, now: Millis) -> Value {
-    let since = |at: Option<Millis>| at.map(|t| (now - t).max(0) / 1000);
+    // Event timestamps are the service's and unchecked: saturate rather than overflow.
+    let since = |at: Option<Millis>| at.map(|t| now.saturating_sub(t).max(0) / 1000);
     let phase_since = s.handoff.phase.stamp.at;
     json!({
         "phase": s.handoff.phase.value,

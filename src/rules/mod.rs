@@ -48,6 +48,11 @@ impl fmt::Display for RuleError {
 pub enum LoadError {
     #[error("cannot read rule directory {dir}: {source}")]
     Dir { dir: String, source: std::io::Error },
+    #[error("cannot read rule file {file}: {source}")]
+    File {
+        file: String,
+        source: std::io::Error,
+    },
     #[error("{} problem(s) in rule files:\n  - {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  - "))]
     Invalid(Vec<RuleError>),
 }
@@ -153,7 +158,10 @@ impl RuleSet {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let text = std::fs::read_to_string(&path).map_err(dir_error)?;
+            let text = std::fs::read_to_string(&path).map_err(|source| LoadError::File {
+                file: path.display().to_string(),
+                source,
+            })?;
             sources.push((name, text));
         }
         RuleSet::from_sources(&sources)
@@ -249,14 +257,20 @@ fn compile(
         ok = false;
     }
     for (i, kind) in raw.on.iter().enumerate() {
-        let known = kind == "*" || EventKind::KNOWN.iter().any(|k| k.as_str() == kind);
-        if !known {
-            report(
-                format!("on[{i}]"),
-                format!(
-                    "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"
-                ),
-            );
+        let known = EventKind::KNOWN.iter().find(|k| k.as_str() == kind);
+        let problem = match known {
+            _ if kind == "*" => None,
+            None => Some(format!(
+                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"
+            )),
+            // Rules run for a conversation; bot and end-user events only change state.
+            Some(k) if !matches!(k.data_key(), Some("conversation" | "message")) => Some(format!(
+                "`{kind}` never reaches rules: they run for conversation and message events"
+            )),
+            Some(_) => None,
+        };
+        if let Some(problem) = problem {
+            report(format!("on[{i}]"), problem);
             ok = false;
         }
     }
@@ -305,6 +319,8 @@ fn template_env() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
     env.set_fuel(Some(TEMPLATE_FUEL));
+    // Texts go to an API as JSON strings, never into HTML: no escaping, whatever the name.
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env
 }
 

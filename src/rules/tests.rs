@@ -385,3 +385,70 @@ fn the_example_rule_set_in_the_repository_compiles_and_decides() {
         .collect();
     assert_eq!(kinds, ["set_manual", "send_message", "update_state"]);
 }
+
+#[test]
+fn keys_an_action_does_not_have_stray_operators_and_rule_less_events_are_refused() {
+    let found = problems(
+        r#"
+        [[rule]]
+        name = "typos"
+        on = ["bot.message.received"]
+        when = { not = { field = "sender", equals = "bot" }, equals = 1 }
+        actions = [
+            { type = "update_state", add_label = ["x"] },
+            { type = "navigate", flow_id = 3, node = 4 },
+            { type = "send_message", text = "a", message = { type = "text", text = "b" } },
+        ]
+
+        [[rule]]
+        name = "bot-event"
+        on = ["bot.updated", "bot.end_user.created"]
+        "#,
+    );
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    let has = |needle: &str| {
+        assert!(
+            text.iter().any(|t| t.contains(needle)),
+            "no problem mentions {needle:?}: {text:#?}"
+        )
+    };
+    has("(typos).when: an operator belongs to a `field` condition");
+    has("actions[0].add_label: not a field of a `update_state` action");
+    has("actions[1].node: not a field of a `navigate` action");
+    has("actions[2].text: not a field of a `send_message` action");
+    has("(bot-event).on[0]: `bot.updated` never reaches rules");
+    has("(bot-event).on[1]: `bot.end_user.created` never reaches rules");
+}
+
+#[test]
+fn templates_are_not_html_escaped_and_old_timestamps_do_not_overflow() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "raw"
+        on = ["*"]
+        actions = [{ type = "update_params", params = { "page.html" = "<b>{{ event.source_id }}</b> & co" } }]
+        "#,
+    );
+    let (mut event, _) = fixture("message-received-text.json");
+    event.timestamp = Millis::MIN;
+    if let crate::webhook::model::Payload::Message(m) = &mut event.payload {
+        m.timestamp = Some(Millis::MIN);
+    }
+    let mut state = ConversationState::new(ConversationId::new("c-old"));
+    state.apply(&event);
+    let ctx = context::build(&event, &state, NOW);
+    assert_eq!(
+        ctx["state"]["seconds_since_last_user_message"],
+        Value::from(Millis::MAX / 1000),
+        "saturated, not overflowed"
+    );
+    let decisions = set.decide(&event, &state, NOW);
+    match &decisions[0].action {
+        Action::UpdateParams { params, .. } => {
+            let want = format!("<b>{}</b> & co", event.source_id);
+            assert_eq!(params["page.html"], Value::String(want));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -505,6 +505,14 @@ impl Store {
         }
     }
 
+    /// When the oldest stored event was received (the event log is in acceptance order).
+    pub fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
+        match self.events.first()? {
+            Some((_, v)) => Ok(Some(decode::<EventRecord>(&v, "event record")?.received_at)),
+            None => Ok(None),
+        }
+    }
+
     /// Visit the event log in acceptance order.
     pub fn for_each_event(&self, mut f: impl FnMut(EventRecord, bool)) -> Result<(), StoreError> {
         for item in self.events.iter() {

@@ -119,7 +119,8 @@ impl Store {
     /// Forget finished actions (done or dropped) recorded before `before`, at most `limit` of
     /// them: their ledger entries and their records. Both are scanned (the ledger is keyed by
     /// action id, and records finish out of seq order when a dead letter is retried late).
-    pub fn prune_ledger(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+    /// Returns (ledger entries, records) removed.
+    pub fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError> {
         let mut pruned = 0;
         for item in self.actions.iter() {
             if pruned as usize >= limit {
@@ -145,7 +146,7 @@ impl Store {
                 records += 1;
             }
         }
-        Ok(pruned)
+        Ok((pruned, records as u64))
     }
 
     /// The entry failed for good: it moves from the outbox to the dead letters.

@@ -53,6 +53,8 @@ pub struct ReplayItem {
 
 #[derive(Debug, Default, Serialize)]
 pub struct ReplayReport {
+    /// The version of the rules that decided ([`Decide::version`]).
+    pub rules_version: String,
     /// Events in the window that belong to a conversation (others have no rules).
     pub events: u64,
     /// Events in the window still waiting in the inbox: they will be decided normally.
@@ -78,7 +80,10 @@ impl Store {
             .fold_lock
             .lock()
             .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
-        let mut report = ReplayReport::default();
+        let mut report = ReplayReport {
+            rules_version: rules.version().to_owned(),
+            ..ReplayReport::default()
+        };
         let in_window =
             |r: &EventRecord| r.received_at >= request.from && r.received_at < request.to;
 

@@ -501,7 +501,7 @@ fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
     let ids: Vec<&str> = finished.iter().map(|r| r.entry.id.as_str()).collect();
     assert_eq!(ids, [recent.id.as_str(), old.id.as_str()], "newest first");
     assert!(finished.iter().all(|r| r.outcome == "done"));
-    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 1);
+    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), (1, 1));
     let left = store.finished(10).expect("finished");
     assert_eq!(left.len(), 1);
     assert_eq!(
@@ -524,7 +524,7 @@ fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
         Some("pending".into()),
         "a pending action is never forgotten"
     );
-    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), 0);
+    assert_eq!(store.prune_ledger(5_000, 100).expect("prune"), (0, 0));
 }
 
 #[test]

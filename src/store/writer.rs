@@ -97,8 +97,8 @@ impl Writer {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Job::Accept(job, tx))
-            .map_err(|_| "writer stopped".to_owned())?;
-        rx.await.map_err(|_| "writer stopped".to_owned())?
+            .map_err(|_| WRITER_STOPPED.to_owned())?;
+        rx.await.map_err(|_| WRITER_STOPPED.to_owned())?
     }
 
     /// Wait until everything written to the store before this call is on disk.
@@ -106,8 +106,8 @@ impl Writer {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Job::Flush(tx))
-            .map_err(|_| "writer stopped".to_owned())?;
-        rx.await.map_err(|_| "writer stopped".to_owned())?
+            .map_err(|_| WRITER_STOPPED.to_owned())?;
+        rx.await.map_err(|_| WRITER_STOPPED.to_owned())?
     }
 
     /// False after a write or sync failed, until one succeeds again.
@@ -115,6 +115,9 @@ impl Writer {
         self.healthy.load(Ordering::Relaxed)
     }
 }
+
+/// The error of a writer call made after the writer stopped (shutdown): retrying cannot help.
+pub const WRITER_STOPPED: &str = "writer stopped";
 
 /// A stored group on its way to the syncer.
 struct Stored {

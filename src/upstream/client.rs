@@ -107,8 +107,8 @@ pub struct Client<T> {
     observer: Option<AttemptObserver>,
 }
 
-/// Told of every HTTP attempt (endpoint name, outcome: the status code, or `connect`, `timeout`,
-/// `transport`, `decode`), retries included: the metrics hook, kept out of this module.
+/// Told of every HTTP attempt (endpoint name, outcome: `2xx`, an error status code, or `connect`,
+/// `timeout`, `transport`, `decode`), retries included: the metrics hook, kept out of this module.
 #[derive(Clone)]
 pub struct AttemptObserver(Arc<ObserveFn>);
 
@@ -128,7 +128,7 @@ impl std::fmt::Debug for AttemptObserver {
 
 fn attempt_outcome(result: &Result<Value, UpstreamError>) -> String {
     match result {
-        Ok(_) => "200".into(),
+        Ok(_) => "2xx".into(),
         Err(UpstreamError::Status { status, .. }) => status.to_string(),
         Err(UpstreamError::Connect(_)) => "connect".into(),
         Err(UpstreamError::Timeout) => "timeout".into(),

@@ -284,7 +284,7 @@ async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
             format!("{name} 503"),
             format!("{name} timeout"),
             format!("{name} connect"),
-            format!("{name} 200"),
+            format!("{name} 2xx"),
         ]
     );
 }
