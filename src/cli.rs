@@ -127,6 +127,12 @@ pub enum Command {
 pub enum OutboxCommand {
     /// Every pending entry, in decision order.
     List,
+    /// One pending entry.
+    Show { id: u64 },
+    /// Stop carrying out actions (the running daemon; they stay queued, intake goes on).
+    Pause,
+    /// Carry out actions again.
+    Resume,
     /// Finished entries (done, or dropped) still in the audit window, newest first.
     Done {
         #[arg(long, default_value_t = 100)]
@@ -344,6 +350,29 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                         })))
                     })?;
                     print_found(value, String::new)
+                }
+                OutboxCommand::Show { id } => {
+                    let path = format!("/admin/v1/outbox/{id}");
+                    let value = read(&config, "GET", &path, |store| {
+                        let entry = store.outbox_entry(id)?;
+                        Ok(entry.map(|e| serde_json::to_value(e).unwrap_or(Value::Null)))
+                    })?;
+                    print_found(value, || format!("no pending outbox entry {id}"))
+                }
+                OutboxCommand::Pause | OutboxCommand::Resume => {
+                    let verb = if matches!(action, OutboxCommand::Pause) {
+                        "pause"
+                    } else {
+                        "resume"
+                    };
+                    let path = format!("/admin/v1/outbox/{verb}");
+                    match online(&config, "POST", &path)? {
+                        Some(value) => print_found(value, String::new),
+                        // Offline there is no executor to pause: say so instead of pretending.
+                        None => Err(CliError::Usage(format!(
+                            "`outbox {verb}` acts on the running daemon, and none is running here"
+                        ))),
+                    }
                 }
                 OutboxCommand::Done { limit } => {
                     let path = format!("/admin/v1/outbox/done?limit={limit}");
@@ -579,6 +608,16 @@ fn read(
     path: &str,
     offline: impl FnOnce(&Store) -> Result<Option<Value>, crate::store::StoreError>,
 ) -> Result<Option<Value>, CliError> {
+    if let Some(found) = online(config, method, path)? {
+        return Ok(found);
+    }
+    let data = DataDir::new(&config.store.data_dir);
+    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    Ok(offline(&store)?)
+}
+
+/// Through the running daemon's admin API; `None` when no daemon runs on this data directory.
+fn online(config: &Config, method: &str, path: &str) -> Result<Option<Option<Value>>, CliError> {
     let data = DataDir::new(&config.store.data_dir);
     if let Some(info) = data.daemon_info() {
         let token = if config.admin.token.is_empty() {
@@ -589,13 +628,12 @@ fn read(
             config.admin.token.expose().to_owned()
         };
         match admin_call(&info.listen, &token, method, path) {
-            Ok(found) => return Ok(found),
+            Ok(found) => return Ok(Some(found)),
             Err(AdminCallError::Unreachable) => {} // stale daemon.json: the daemon is gone
             Err(AdminCallError::Failed(msg)) => return Err(CliError::Admin(msg)),
         }
     }
-    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
-    Ok(offline(&store)?)
+    Ok(None)
 }
 
 enum AdminCallError {

@@ -15,6 +15,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/outbox/resume", web::post().to(resume))
         .route("/outbox/idle", web::get().to(idle))
         .route("/outbox/done", web::get().to(list_done))
+        .route("/outbox/{id}", web::get().to(show_pending))
         .route("/dead-letters", web::get().to(list_dead))
         .route("/dead-letters/retry", web::post().to(retry_all))
         .route("/dead-letters/{id}", web::get().to(show_dead))
@@ -38,6 +39,17 @@ async fn list_outbox(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError
         "depth": entries.len(),
         "entries": entries,
     })))
+}
+
+async fn show_pending(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = super::admin::parse_id(&id, "outbox entry id")?;
+    match shared.store.outbox_entry(id).map_err(store_error)? {
+        Some(entry) => Ok(HttpResponse::Ok().json(entry)),
+        None => Err(ApiError::not_found(format!("no pending outbox entry {id}"))),
+    }
 }
 
 #[derive(Deserialize)]

@@ -49,6 +49,14 @@ impl Store {
             .collect()
     }
 
+    /// One pending entry.
+    pub fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
+        self.outbox
+            .get(keys::seq(seq))?
+            .map(|b| decode(&b, "outbox entry"))
+            .transpose()
+    }
+
     pub fn outbox_len(&self) -> usize {
         self.outbox.len()
     }
