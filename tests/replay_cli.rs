@@ -186,7 +186,11 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
         .env("HANDOFF_BRIDGE__RULES__DIR", &rules)
         .output()
         .expect("run serve");
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "bad rules are invalid configuration"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("bad.toml: rule[0] (x).on[0]: `bot.nope` is not a webhook event type"),
