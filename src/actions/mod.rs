@@ -139,9 +139,21 @@ impl Action {
         "notify_helpdesk",
     ];
 
-    /// Applied to state inside the fold rather than queued.
-    pub fn is_internal_state(&self) -> bool {
-        matches!(self, Action::UpdateState { .. })
+    /// Apply an internal state action to `state` (in the fold, never queued); false for the
+    /// actions that go to the outbox.
+    pub fn apply_to_state(&self, state: &mut crate::state::ConversationState) -> bool {
+        match self {
+            Action::UpdateState {
+                add_labels,
+                remove_labels,
+                variables,
+                ..
+            } => {
+                state.update(add_labels, remove_labels, variables);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Where the action is ordered: actions of one queue run one at a time, in decision order.
@@ -273,6 +285,28 @@ pub struct OutboxEntry {
 }
 
 impl OutboxEntry {
+    /// A decided action as queued: `seq` is its outbox position, `id` its action id.
+    pub fn decided(
+        seq: u64,
+        id: String,
+        event_id: &EventId,
+        decision: Decision,
+        (rules_version, received_at, decided_at): (&str, Millis, Millis),
+    ) -> Self {
+        OutboxEntry {
+            seq,
+            id,
+            queue: decision.action.queue(),
+            event_id: event_id.clone(),
+            rule: decision.rule,
+            action: decision.action,
+            received_at,
+            decided_at,
+            rules_version: rules_version.to_owned(),
+            idempotency_key: None,
+        }
+    }
+
     /// The idempotency key of the entry's next call.
     pub fn key(&self) -> &str {
         self.idempotency_key.as_deref().unwrap_or(&self.id)

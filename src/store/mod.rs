@@ -607,14 +607,7 @@ impl Store {
                 _ => None,
             })
             .collect();
-        let outbox_bytes = out
-            .outbox
-            .iter()
-            .map(|e| {
-                let status = outbox::ActionStatus::pending(e.seq, e.decided_at);
-                Ok((e.seq, e.id.as_str(), encode(e)?, encode(&status)?))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let outbox_bytes = outbox::pending_rows(&out.outbox)?;
         let trees = (
             &self.inbox,
             &self.conversations,
@@ -629,10 +622,7 @@ impl Store {
                 for seq in &folded {
                     inbox.remove(&keys::seq(*seq))?;
                 }
-                for (seq, id, entry, status) in &outbox_bytes {
-                    outbox.insert(&keys::seq(*seq), entry.as_slice())?;
-                    actions.insert(id.as_bytes(), status.as_slice())?;
-                }
+                outbox::insert_pending(outbox, actions, &outbox_bytes)?;
                 for (id, bytes) in &conv_bytes {
                     conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
                 }
@@ -658,20 +648,13 @@ impl Store {
         event: &Event,
         state: &mut ConversationState,
         decisions: Vec<crate::actions::Decision>,
-        (version, received_at, now): (&str, Millis, Millis),
+        decided_by: (&str, Millis, Millis),
         decided: &mut std::collections::HashSet<String>,
         out: &mut Applied,
     ) -> Result<(), StoreError> {
-        use crate::actions::{action_id, Action, OutboxEntry};
+        use crate::actions::{action_id, OutboxEntry};
         for decision in decisions {
-            if let Action::UpdateState {
-                add_labels,
-                remove_labels,
-                variables,
-                ..
-            } = &decision.action
-            {
-                state.update(add_labels, remove_labels, variables);
+            if decision.action.apply_to_state(state) {
                 continue;
             }
             let id = action_id(&event.id, &decision.rule, decision.index);
@@ -680,18 +663,10 @@ impl Store {
                 continue;
             }
             decided.insert(id.clone());
-            out.outbox.push(OutboxEntry {
-                seq: self.db.generate_id()?,
-                id,
-                queue: decision.action.queue(),
-                event_id: event.id.clone(),
-                rule: decision.rule,
-                action: decision.action,
-                received_at,
-                decided_at: now,
-                rules_version: version.to_owned(),
-                idempotency_key: None,
-            });
+            let seq = self.db.generate_id()?;
+            out.outbox.push(OutboxEntry::decided(
+                seq, id, &event.id, decision, decided_by,
+            ));
         }
         Ok(())
     }
@@ -700,24 +675,15 @@ impl Store {
         &self,
         id: &ConversationId,
     ) -> Result<Option<ConversationState>, StoreError> {
-        self.conversations
-            .get(id.as_str())?
-            .map(|b| decode(&b, "conversation state"))
-            .transpose()
+        get_decoded(&self.conversations, id.as_str(), "conversation state")
     }
 
     pub fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
-        self.end_users
-            .get(id.as_str())?
-            .map(|b| decode(&b, "end-user state"))
-            .transpose()
+        get_decoded(&self.end_users, id.as_str(), "end-user state")
     }
 
     pub fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
-        self.bots
-            .get(id.as_bytes())?
-            .map(|b| decode(&b, "bot state"))
-            .transpose()
+        get_decoded(&self.bots, id.as_bytes(), "bot state")
     }
 
     /// Look an end user up by their messenger identity.
@@ -744,17 +710,11 @@ impl Store {
     }
 
     pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .iter()
-            .map(|item| decode(&item?.1, "quarantine record"))
-            .collect()
+        all_decoded(&self.quarantine, "quarantine record")
     }
 
     pub fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .get(keys::seq(id))?
-            .map(|b| decode(&b, "quarantine record"))
-            .transpose()
+        get_decoded(&self.quarantine, keys::seq(id), "quarantine record")
     }
 
     /// True when no accepted event waits to be folded.
@@ -881,6 +841,23 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// The record at `key` of `tree`, if any.
+fn get_decoded<T: for<'de> Deserialize<'de>>(
+    tree: &sled::Tree,
+    key: impl AsRef<[u8]>,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    tree.get(key)?.map(|b| decode(&b, what)).transpose()
+}
+
+/// Every record of `tree`, in key order.
+fn all_decoded<T: for<'de> Deserialize<'de>>(
+    tree: &sled::Tree,
+    what: &str,
+) -> Result<Vec<T>, StoreError> {
+    tree.iter().map(|item| decode(&item?.1, what)).collect()
 }
 
 fn corrupt(what: &str) -> StoreError {

@@ -9,10 +9,11 @@
 //! the outbox and recording its outcome is one transaction, so an entry is either pending or
 //! finished, never both or neither.
 
-use super::{decode, encode, keys, Store, StoreError};
+use super::{all_decoded, decode, encode, get_decoded, keys, Store, StoreError};
 use crate::actions::{DeadLetter, DoneRecord, OutboxEntry};
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionResult, TransactionalTree};
 use sled::Transactional;
 
 /// Where an action stands.
@@ -40,21 +41,50 @@ impl ActionStatus {
     }
 }
 
+/// Newly decided entries encoded for the outbox, with their `pending` ledger status.
+pub(super) struct PendingRow {
+    seq: u64,
+    id: String,
+    entry: Vec<u8>,
+    status: Vec<u8>,
+}
+
+pub(super) fn pending_rows(entries: &[OutboxEntry]) -> Result<Vec<PendingRow>, StoreError> {
+    entries
+        .iter()
+        .map(|e| {
+            Ok(PendingRow {
+                seq: e.seq,
+                id: e.id.clone(),
+                entry: encode(e)?,
+                status: encode(&ActionStatus::pending(e.seq, e.decided_at))?,
+            })
+        })
+        .collect()
+}
+
+/// Queue decided entries inside a transaction: the outbox entry and its ledger status together.
+pub(super) fn insert_pending(
+    outbox: &TransactionalTree,
+    actions: &TransactionalTree,
+    rows: &[PendingRow],
+) -> ConflictableTransactionResult<(), String> {
+    for row in rows {
+        outbox.insert(&keys::seq(row.seq), row.entry.as_slice())?;
+        actions.insert(row.id.as_bytes(), row.status.as_slice())?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Every pending outbox entry, in decision order (used on start).
     pub fn outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
-        self.outbox
-            .iter()
-            .map(|item| decode(&item?.1, "outbox entry"))
-            .collect()
+        all_decoded(&self.outbox, "outbox entry")
     }
 
     /// One pending entry.
     pub fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
-        self.outbox
-            .get(keys::seq(seq))?
-            .map(|b| decode(&b, "outbox entry"))
-            .transpose()
+        get_decoded(&self.outbox, keys::seq(seq), "outbox entry")
     }
 
     pub fn outbox_len(&self) -> usize {
@@ -62,24 +92,15 @@ impl Store {
     }
 
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
-        self.dead_letters
-            .iter()
-            .map(|item| decode(&item?.1, "dead letter"))
-            .collect()
+        all_decoded(&self.dead_letters, "dead letter")
     }
 
     pub fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
-        self.dead_letters
-            .get(keys::seq(seq))?
-            .map(|b| decode(&b, "dead letter"))
-            .transpose()
+        get_decoded(&self.dead_letters, keys::seq(seq), "dead letter")
     }
 
     pub fn action_status(&self, id: &str) -> Result<Option<ActionStatus>, StoreError> {
-        self.actions
-            .get(id.as_bytes())?
-            .map(|b| decode(&b, "action status"))
-            .transpose()
+        get_decoded(&self.actions, id.as_bytes(), "action status")
     }
 
     /// The entry was carried out: it leaves the outbox and the ledger says `done`.

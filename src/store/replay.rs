@@ -9,7 +9,7 @@
 //! unless forced: a forced action gets a new id, and with it a new idempotency key, because the
 //! upstream would otherwise answer the old call's result without acting.
 
-use super::{decode, encode, keys, outbox::ActionStatus, EventRecord, Store, StoreError};
+use super::{decode, keys, outbox::ActionStatus, EventRecord, Store, StoreError};
 use crate::actions::{action_id, Action, Decide, OutboxEntry};
 use crate::ids::{ConversationId, PartitionKey};
 use crate::state::ConversationState;
@@ -134,17 +134,7 @@ impl Store {
             let replayed = in_window(&record);
             report.events += u64::from(replayed);
             for decision in decisions {
-                if let Action::UpdateState {
-                    add_labels,
-                    remove_labels,
-                    variables,
-                    ..
-                } = &decision.action
-                {
-                    state.update(add_labels, remove_labels, variables);
-                    continue;
-                }
-                if !replayed {
+                if decision.action.apply_to_state(state) || !replayed {
                     continue;
                 }
                 let original = action_id(&event.id, &decision.rule, decision.index);
@@ -163,18 +153,15 @@ impl Store {
                     status != "already_decided" && !request.dry_run && taken.insert(id.clone());
                 if queued {
                     report.queued += 1;
-                    report.entries.push(OutboxEntry {
-                        seq: self.db.generate_id()?,
-                        id: id.clone(),
-                        queue: decision.action.queue(),
-                        event_id: event.id.clone(),
-                        rule: decision.rule.clone(),
-                        action: decision.action.clone(),
-                        received_at: record.received_at,
-                        decided_at: now,
-                        rules_version: rules.version().to_owned(),
-                        idempotency_key: None,
-                    });
+                    let seq = self.db.generate_id()?;
+                    let decided_by = (rules.version(), record.received_at, now);
+                    report.entries.push(OutboxEntry::decided(
+                        seq,
+                        id.clone(),
+                        &event.id,
+                        decision.clone(),
+                        decided_by,
+                    ));
                 } else if status == "already_decided" {
                     report.skipped += 1;
                 }
@@ -193,20 +180,9 @@ impl Store {
         if report.entries.is_empty() {
             return Ok(report);
         }
-        let rows = report
-            .entries
-            .iter()
-            .map(|e| {
-                let status = ActionStatus::pending(e.seq, now);
-                Ok((e.seq, e.id.as_str(), encode(e)?, encode(&status)?))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let rows = super::outbox::pending_rows(&report.entries)?;
         (&self.outbox, &self.actions).transaction(|(outbox, actions)| {
-            for (seq, id, entry, status) in &rows {
-                outbox.insert(&keys::seq(*seq), entry.as_slice())?;
-                actions.insert(id.as_bytes(), status.as_slice())?;
-            }
-            Ok(())
+            super::outbox::insert_pending(outbox, actions, &rows)
         })?;
         Ok(report)
     }
