@@ -35,6 +35,15 @@ fn problems(text: &str) -> Vec<RuleError> {
 
 const NOW: Millis = 1_763_690_500_000;
 
+/// Some reported problem (as printed: file, place, message) contains `needle`.
+fn assert_mentioned(found: &[RuleError], needle: &str) {
+    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter().any(|t| t.contains(needle)),
+        "no problem mentions {needle:?}: {text:#?}"
+    );
+}
+
 #[test]
 fn a_matching_rule_decides_its_actions_with_rendered_text_and_the_conversation_filled_in() {
     let set = rules(
@@ -243,13 +252,7 @@ fn every_problem_of_a_file_is_reported_with_its_place() {
         when = { field = "sender", matches = "(" }
         "#,
     );
-    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
-    let has = |needle: &str| {
-        assert!(
-            text.iter().any(|t| t.contains(needle)),
-            "no problem mentions {needle:?}: {text:#?}"
-        )
-    };
+    let has = |needle: &str| assert_mentioned(&found, needle);
     has("rule[0] (bad name!).name");
     has("rule[0] (bad name!).on[0]: `bot.message.recieved` is not a webhook event type");
     has("when.field: `mesage.data.text` is not a field");
@@ -258,7 +261,9 @@ fn every_problem_of_a_file_is_reported_with_its_place() {
     has("actions[2]: invalid `navigate` action");
     has("rule[1] (two-ops).when: a `field` condition needs exactly one operator");
     has("rule[2] (regex).when.matches: invalid regex");
-    assert!(text.iter().all(|t| t.starts_with("bad.toml: ")));
+    assert!(found
+        .iter()
+        .all(|p| p.to_string().starts_with("bad.toml: ")));
 }
 
 #[test]
@@ -405,13 +410,7 @@ fn keys_an_action_does_not_have_stray_operators_and_rule_less_events_are_refused
         on = ["bot.updated", "bot.end_user.created"]
         "#,
     );
-    let text: Vec<String> = found.iter().map(ToString::to_string).collect();
-    let has = |needle: &str| {
-        assert!(
-            text.iter().any(|t| t.contains(needle)),
-            "no problem mentions {needle:?}: {text:#?}"
-        )
-    };
+    let has = |needle: &str| assert_mentioned(&found, needle);
     has("(typos).when: an operator belongs to a `field` condition");
     has("actions[0].add_label: not a field of a `update_state` action");
     has("actions[1].node: not a field of a `navigate` action");

@@ -390,6 +390,23 @@ fn one_message_rule(name: &str) -> crate::rules::RuleSet {
     crate::rules::RuleSet::from_sources(&[("r.toml".into(), text)]).expect("rules")
 }
 
+fn dead_letter(
+    entry: &crate::actions::OutboxEntry,
+    reason: &str,
+    answered: bool,
+) -> crate::actions::DeadLetter {
+    crate::actions::DeadLetter {
+        entry: entry.clone(),
+        reason: reason.into(),
+        error: "x".into(),
+        attempts: 1,
+        first_attempt_at: 1,
+        last_attempt_at: 2,
+        blocking: false,
+        answered,
+    }
+}
+
 fn drain_with(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
     let pending = store.pending().expect("pending");
     let batch: Vec<(u64, Event)> = pending
@@ -537,17 +554,9 @@ fn a_retried_dead_letter_gets_a_fresh_key_only_when_the_upstream_answered_it() {
     );
     let applied = drain_with(&store, &one_message_rule("greet"));
     for (entry, answered) in applied.outbox.iter().zip([true, false]) {
-        let letter = crate::actions::DeadLetter {
-            entry: entry.clone(),
-            reason: "x".into(),
-            error: "x".into(),
-            attempts: 1,
-            first_attempt_at: 1,
-            last_attempt_at: 2,
-            blocking: false,
-            answered,
-        };
-        store.outbox_dead(&letter).expect("dead");
+        store
+            .outbox_dead(&dead_letter(entry, "x", answered))
+            .expect("dead");
         let retried = store
             .retry_dead_letter(entry.seq, 5_000)
             .expect("retry")
@@ -581,17 +590,9 @@ fn a_dead_letter_is_retried_or_dropped_once_whatever_comes_first() {
     );
     let applied = drain_with(&store, &one_message_rule("greet"));
     for entry in &applied.outbox {
-        let letter = crate::actions::DeadLetter {
-            entry: entry.clone(),
-            reason: "conflict".into(),
-            error: "x".into(),
-            attempts: 1,
-            first_attempt_at: 1,
-            last_attempt_at: 2,
-            blocking: false,
-            answered: true,
-        };
-        store.outbox_dead(&letter).expect("dead");
+        store
+            .outbox_dead(&dead_letter(entry, "conflict", true))
+            .expect("dead");
     }
     let (a, b) = (applied.outbox[0].seq, applied.outbox[1].seq);
     assert!(store.retry_dead_letter(a, 10).expect("retry").is_some());
