@@ -151,11 +151,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             durable: Box::new(move |events| to_dispatch.notify_events(events)),
         },
     )?;
-    tokio::spawn(forward_decided(
-        decided_rx,
-        writer.clone(),
-        executor.clone(),
-    ));
+    tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
         metrics.clone(),
@@ -297,43 +293,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     match server_result {
         Some(Ok(Err(e))) => Err(AppError::Server(e)),
         _ => Ok(()),
-    }
-}
-
-/// Hand newly decided actions to the executor once their decision is durable. A decision lost in
-/// a crash is made again when its event is folded again, possibly differently (rules may read the
-/// clock), so an action must not run before the fold that decided it is on disk. One task, in
-/// fold order, so the executor sees each queue's entries in decision order.
-async fn forward_decided(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<crate::actions::OutboxEntry>>,
-    writer: Writer,
-    executor: crate::outbox::ExecutorHandle,
-) {
-    while let Some(mut entries) = rx.recv().await {
-        while let Ok(more) = rx.try_recv() {
-            entries.extend(more);
-        }
-        // Entries are never dropped from here while the writer runs: a later batch of the same
-        // conversation must not overtake them, and idle must not be reported without them.
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match writer.flush().await {
-                Ok(()) => {
-                    executor.notify_decided(entries);
-                    break;
-                }
-                Err(e) if e == crate::store::writer::WRITER_STOPPED => {
-                    // Shutting down: they stay in the outbox and run after the next start.
-                    executor.withdraw_decided(entries.len());
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, actions = entries.len(), retry_in = ?pause, "cannot make decided actions durable");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
     }
 }
 

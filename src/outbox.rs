@@ -36,7 +36,7 @@ pub struct ExecutorSettings {
 enum Msg {
     /// Durable entries to run; counted in `in_transit` until they arrive.
     Entries(Vec<OutboxEntry>),
-    /// Entries sent through a [`DecidedSender`] that will not come (their flush failed; they
+    /// Entries sent through a [`DecidedSender`] that will not come (the writer stopped; they
     /// stay in the outbox and run after the next start).
     Withdrawn(usize),
     /// A blocking dead letter of this queue was retried or dropped.
@@ -80,8 +80,8 @@ impl DecidedSender {
 }
 
 impl ExecutorHandle {
-    /// The channel a fold sends decided entries into; its receiver must pass each batch on
-    /// with [`notify_decided`](Self::notify_decided) or [`withdraw_decided`](Self::withdraw_decided).
+    /// The channel a fold sends decided entries into; its receiver goes to
+    /// [`forward_decided`](Self::forward_decided).
     pub fn decided_channel(&self) -> (DecidedSender, mpsc::UnboundedReceiver<Vec<OutboxEntry>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let sender = DecidedSender {
@@ -91,16 +91,54 @@ impl ExecutorHandle {
         (sender, rx)
     }
 
+    /// Hand newly decided actions (from [`decided_channel`](Self::decided_channel)) to the
+    /// executor once their decision is durable. A decision lost in a crash is made again when its
+    /// event is folded again, possibly differently (rules may read the clock), so an action must
+    /// not run before the fold that decided it is on disk. One task, in fold order, so the
+    /// executor sees each queue's entries in decision order.
+    pub async fn forward_decided(
+        self,
+        mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
+        writer: crate::store::writer::Writer,
+    ) {
+        while let Some(mut entries) = rx.recv().await {
+            while let Ok(more) = rx.try_recv() {
+                entries.extend(more);
+            }
+            // Entries are never dropped here while the writer runs: a later batch of the same
+            // conversation must not overtake them, and idle must not be reported without them.
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match writer.flush().await {
+                    Ok(()) => {
+                        self.notify_decided(entries);
+                        break;
+                    }
+                    Err(e) if e == crate::store::writer::WRITER_STOPPED => {
+                        // Shutting down: they stay in the outbox and run after the next start.
+                        self.withdraw_decided(entries.len());
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, actions = entries.len(), retry_in = ?pause, "cannot make decided actions durable");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+
     /// Hand over entries received from a [`DecidedSender`] (already counted), now durable.
-    pub fn notify_decided(&self, entries: Vec<OutboxEntry>) {
+    fn notify_decided(&self, entries: Vec<OutboxEntry>) {
         let n = entries.len();
         if n > 0 && self.tx.send(Msg::Entries(entries)).is_err() {
             self.in_transit.fetch_sub(n, Ordering::SeqCst);
         }
     }
 
-    /// Entries received from a [`DecidedSender`] that could not be made durable now.
-    pub fn withdraw_decided(&self, n: usize) {
+    /// Entries received from a [`DecidedSender`] that will not come (the writer stopped).
+    fn withdraw_decided(&self, n: usize) {
         if n > 0 && self.tx.send(Msg::Withdrawn(n)).is_err() {
             self.in_transit.fetch_sub(n, Ordering::SeqCst);
         }
@@ -468,8 +506,6 @@ impl Runner {
     }
 }
 
-/// The metric status of a failed attempt, and its dead-letter reason (`None`: not a failure of
-/// the action, run it again later).
 /// The upstream refused with a permanent error status. Only that proves nothing took effect: a
 /// retryable status (or a timeout) may follow an attempt that did, whose answer the upstream
 /// keeps under the key.
@@ -477,6 +513,8 @@ fn refused_for_good(e: &ExecuteError) -> bool {
     matches!(e, ExecuteError::Upstream(u @ UpstreamError::Status { .. }) if !u.is_retryable())
 }
 
+/// The metric status of a failed attempt, and its dead-letter reason (`None`: not a failure of
+/// the action, run it again later).
 fn classify(e: &ExecuteError) -> (String, Option<String>) {
     match e {
         ExecuteError::NotUpstream(_) => ("no_helpdesk".into(), Some("no_helpdesk".into())),
