@@ -129,15 +129,6 @@ impl fmt::Debug for RuleSet {
 }
 
 impl RuleSet {
-    /// No rules: the bridge keeps state and takes no action.
-    pub fn empty() -> RuleSet {
-        RuleSet {
-            rules: Vec::new(),
-            env: template_env(),
-            version: version_of(&[]),
-        }
-    }
-
     /// Load every `*.toml` file of `dir` (not recursive), in file-name order.
     pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadError> {
         let dir_error = |source| LoadError::Dir {
