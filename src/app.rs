@@ -60,15 +60,22 @@ pub enum AppError {
     Rules(#[from] crate::rules::LoadError),
 }
 
+/// The rule files of `rules.dir`, compiled; `None` when no directory is configured.
+pub fn rule_set(config: &Config) -> Result<Option<crate::rules::RuleSet>, crate::rules::LoadError> {
+    if config.rules.dir.is_empty() {
+        return Ok(None);
+    }
+    crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir)).map(Some)
+}
+
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
 /// before anything is touched.
 pub fn load_rules(
     config: &Config,
 ) -> Result<Arc<dyn crate::actions::Decide>, crate::rules::LoadError> {
-    if config.rules.dir.is_empty() {
+    let Some(set) = rule_set(config)? else {
         return Ok(Arc::new(crate::actions::NoRules));
-    }
-    let set = crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir))?;
+    };
     tracing::info!(
         dir = %config.rules.dir,
         rules = set.rules().len(),

@@ -285,13 +285,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => emulator(listen, seed, api_key, webhook_url),
         Command::Check { config, listen } => {
             let config = load(&config, listen)?;
-            let rules = if config.rules.dir.is_empty() {
-                None
-            } else {
-                Some(crate::rules::RuleSet::load_dir(std::path::Path::new(
-                    &config.rules.dir,
-                ))?)
-            };
+            let rules = crate::app::rule_set(&config)?;
             println!("# configuration is valid; effective values (secrets masked):");
             print!("{}", config.to_masked_toml());
             if let Some(set) = rules {
