@@ -288,13 +288,13 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     if let Some(embedded) = upstream.emulator {
         embedded.server.stop(true).await;
     }
-    // Flush sled and empty the intake log, so the next start has nothing to replay.
+    // Flush sled, so the next start has nothing to index again.
     let flushed = writer.flush().await;
     data.remove_daemon_info();
     match flushed {
         Ok(()) => tracing::info!("stopped cleanly"),
         Err(e) => {
-            tracing::error!(error = %e, "final flush failed; the intake log will be replayed")
+            tracing::error!(error = %e, "final flush failed; the event log's tail will be indexed on start")
         }
     }
     match server_result {
@@ -363,10 +363,14 @@ async fn prune_loop(
                     .inc_by(p.dedupe_records);
                 metrics
                     .pruned
-                    .with_label_values(&["events"])
-                    .inc_by(p.events);
-                if p.dedupe_records + p.events > 0 {
-                    tracing::debug!(dedupe = p.dedupe_records, events = p.events, "pruned");
+                    .with_label_values(&["event_segments"])
+                    .inc_by(p.event_segments);
+                if p.dedupe_records + p.event_segments > 0 {
+                    tracing::debug!(
+                        dedupe = p.dedupe_records,
+                        event_segments = p.event_segments,
+                        "pruned"
+                    );
                 }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "prune failed"),

@@ -431,7 +431,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
-                                let out = crate::intake::reprocess(
+                                let out = crate::intake::reprocess_offline(
                                     store,
                                     id,
                                     crate::clock::now_millis(),

@@ -33,21 +33,11 @@ type Entry = Option<Box<(Millis, Event)>>;
 #[derive(Clone)]
 pub struct DispatchHandle {
     tx: mpsc::UnboundedSender<Vec<NewEvent>>,
-    /// Entries known only by position (quarantine re-processing).
-    bare: mpsc::UnboundedSender<Vec<(u64, PartitionKey)>>,
     /// Changes whenever the dispatcher's queue depth changes.
     progress: watch::Receiver<usize>,
 }
 
 impl DispatchHandle {
-    /// Hand over entries that are already durable in the inbox. Never blocks; if the dispatcher
-    /// has stopped the entries simply wait in the inbox for the next start.
-    pub fn notify(&self, entries: Vec<(u64, PartitionKey)>) {
-        if !entries.is_empty() {
-            let _ = self.bare.send(entries);
-        }
-    }
-
     /// Hand over newly durable events with their typed form.
     pub fn notify_events(&self, events: Vec<NewEvent>) {
         if !events.is_empty() {
@@ -55,7 +45,7 @@ impl DispatchHandle {
         }
     }
 
-    /// Wait until the durable inbox is empty (everything accepted so far is folded), or the
+    /// Wait until everything accepted so far is folded (indexed, and out of the inbox), or the
     /// timeout passes. Returns whether it drained. Woken by dispatcher progress, not polling.
     pub async fn wait_drained(
         &self,
@@ -67,12 +57,12 @@ impl DispatchHandle {
         loop {
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
             let idle = *progress.borrow_and_update() == 0;
-            if idle && store.inbox_is_empty()? {
+            if idle && store.all_indexed() && store.inbox_is_empty()? {
                 return Ok(true);
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return store.inbox_is_empty(),
+                Ok(Err(_)) | Err(_) => return Ok(store.all_indexed() && store.inbox_is_empty()?),
             }
         }
     }
@@ -98,7 +88,6 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let (bare, bare_rx) = mpsc::unbounded_channel();
     let (progress_tx, progress) = watch::channel(0);
     let mut queues = Queues::default();
     for (seq, partition) in store.pending()? {
@@ -110,7 +99,6 @@ pub fn start(
     }
     let inputs = Inputs {
         typed: rx,
-        bare: bare_rx,
         open: true,
     };
     let task = tokio::spawn(run(
@@ -122,7 +110,7 @@ pub fn start(
         stop,
         progress_tx,
     ));
-    Ok((DispatchHandle { tx, bare, progress }, task))
+    Ok((DispatchHandle { tx, progress }, task))
 }
 
 #[derive(Default)]
@@ -196,7 +184,6 @@ type JobResult = Vec<(PartitionKey, usize, Vec<u64>)>;
 
 struct Inputs {
     typed: mpsc::UnboundedReceiver<Vec<NewEvent>>,
-    bare: mpsc::UnboundedReceiver<Vec<(u64, PartitionKey)>>,
     open: bool,
 }
 
@@ -243,11 +230,6 @@ async fn run(
                     }
                 }
                 None => inputs.open = false,
-            },
-            Some(entries) = inputs.bare.recv() => {
-                for (seq, partition) in entries {
-                    queues.push(partition, seq, None);
-                }
             },
             Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
                 Ok(results) => {

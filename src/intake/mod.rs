@@ -355,27 +355,6 @@ fn accept_job(
     (job, kinds)
 }
 
-/// Validate and store a body directly (not yet durable), judged as the handler judges it. For
-/// quarantine re-processing, which runs outside the writer.
-pub fn ingest(
-    store: &Store,
-    body: &[u8],
-    content_type: Option<&str>,
-    now: i64,
-) -> Result<Ingested, StoreError> {
-    match webhook::parse_delivery(body) {
-        Err(e) => quarantine_delivery(store, body, content_type, e.code(), &e.to_string(), now),
-        Ok(parsed) => {
-            let (job, kinds) = accept_job(parsed, content_type, now);
-            let accepted = store
-                .accept_many(&[job.request()])?
-                .pop()
-                .ok_or_else(|| StoreError::Corrupt("accept result missing".into()))?;
-            Ok(Ingested::new(job.delivery, accepted, kinds))
-        }
-    }
-}
-
 fn quarantine_delivery(
     store: &Store,
     body: &[u8],
@@ -403,32 +382,41 @@ pub struct Reprocessed {
     pub accepted: usize,
     pub duplicates: usize,
     pub detail: Option<String>,
-    /// Sequence numbers of events now in the inbox, for the dispatcher.
-    #[serde(skip)]
-    pub new: Vec<(u64, crate::ids::PartitionKey)>,
     /// Type of each new event (for the events metric, as on intake).
     #[serde(skip)]
     pub new_kinds: Vec<EventKind>,
 }
 
-/// Run a quarantined body through today's validation. A body that now passes is stored like a
-/// fresh delivery (dedupe applies) and leaves quarantine; one that still fails stays. Not durable
-/// until a flush.
-pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>, StoreError> {
+/// A quarantined body judged by today's validation: still invalid (the outcome), or a job to
+/// store like a fresh delivery (dedupe applies), with the type of each of its events.
+pub enum Reprocess {
+    StillInvalid(Reprocessed),
+    Accept(AcceptJob, Vec<EventKind>),
+}
+
+/// Step 1 of re-processing quarantine record `id` (`None`: no such record). Step 2 stores the job:
+/// through the writer in the daemon ([`crate::store::Writer::accept`]), else with
+/// [`Store::accept_many`] (offline: no writer may run beside it). Step 3 is [`finish_reprocess`].
+pub fn prepare_reprocess(
+    store: &Store,
+    id: u64,
+    now: i64,
+) -> Result<Option<Reprocess>, StoreError> {
     let Some(record) = store.quarantined_one(id)? else {
         return Ok(None);
     };
     let body = record.body()?;
-    let still_invalid = |detail: String| Reprocessed {
-        quarantine_id: id,
-        status: "still_invalid".into(),
-        accepted: 0,
-        duplicates: 0,
-        detail: Some(detail),
-        new: Vec::new(),
-        new_kinds: Vec::new(),
+    let still_invalid = |detail: String| {
+        Reprocess::StillInvalid(Reprocessed {
+            quarantine_id: id,
+            status: "still_invalid".into(),
+            accepted: 0,
+            duplicates: 0,
+            detail: Some(detail),
+            new_kinds: Vec::new(),
+        })
     };
-    let accepted = if record.scope == "event" {
+    if record.scope == "event" {
         let raw = match serde_json::from_slice::<Box<serde_json::value::RawValue>>(&body) {
             Ok(raw) => raw,
             Err(e) => return Ok(Some(still_invalid(e.to_string()))),
@@ -439,36 +427,66 @@ pub fn reprocess(store: &Store, id: u64, now: i64) -> Result<Option<Reprocessed>
         };
         // Its delivery id is already recorded (its siblings were accepted), so use one of its own.
         let kind = event.event.kind.clone();
-        let accepted = store.accept(&DeliveryId::new(format!("quarantine:{id}")), &[event], now)?;
-        let kinds = accepted.pick_new(vec![kind]);
-        (accepted, kinds)
-    } else {
-        match webhook::parse_delivery(&body) {
-            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
-            Ok(parsed) if !parsed.invalid.is_empty() && parsed.events.is_empty() => {
-                return Ok(Some(still_invalid(parsed.invalid[0].reason.clone())))
-            }
-            Ok(_) => {
-                let ingested = ingest(store, &body, record.content_type.as_deref(), now)?;
-                let kinds = ingested.new_kinds.into_iter().map(|(k, _)| k).collect();
-                (ingested.accepted, kinds)
-            }
+        let job = AcceptJob {
+            delivery: DeliveryId::new(format!("quarantine:{id}")),
+            events: vec![event],
+            invalid: Vec::new(),
+            received_at: now,
+        };
+        return Ok(Some(Reprocess::Accept(job, vec![kind])));
+    }
+    match webhook::parse_delivery(&body) {
+        Err(e) => Ok(Some(still_invalid(e.to_string()))),
+        Ok(parsed) if !parsed.invalid.is_empty() && parsed.events.is_empty() => {
+            Ok(Some(still_invalid(parsed.invalid[0].reason.clone())))
         }
-    };
-    let (accepted, new_kinds) = accepted;
+        Ok(parsed) => {
+            let (job, kinds) = accept_job(parsed, record.content_type.as_deref(), now);
+            let kinds = kinds.into_iter().map(|(k, _)| k).collect();
+            Ok(Some(Reprocess::Accept(job, kinds)))
+        }
+    }
+}
+
+/// Step 3: the stored body leaves quarantine.
+pub fn finish_reprocess(
+    store: &Store,
+    id: u64,
+    accepted: Accepted,
+    kinds: Vec<EventKind>,
+) -> Result<Reprocessed, StoreError> {
     store.release_quarantined(id)?;
     let status = if accepted.new.is_empty() {
         "duplicate"
     } else {
         "accepted"
     };
-    Ok(Some(Reprocessed {
+    Ok(Reprocessed {
         quarantine_id: id,
         status: status.into(),
         accepted: accepted.new.len(),
         duplicates: accepted.duplicate_events,
         detail: None,
-        new: accepted.new,
-        new_kinds,
-    }))
+        new_kinds: accepted.pick_new(kinds),
+    })
+}
+
+/// Re-process a quarantine record on a store no writer runs on (the offline CLI). Durable when it
+/// returns.
+pub fn reprocess_offline(
+    store: &Store,
+    id: u64,
+    now: i64,
+) -> Result<Option<Reprocessed>, StoreError> {
+    match prepare_reprocess(store, id, now)? {
+        None => Ok(None),
+        Some(Reprocess::StillInvalid(out)) => Ok(Some(out)),
+        Some(Reprocess::Accept(job, kinds)) => {
+            let accepted = store
+                .accept_many(&[job.request()])?
+                .pop()
+                .ok_or_else(|| StoreError::Corrupt("accept result missing".into()))?;
+            finish_reprocess(store, id, accepted, kinds).map(Some)
+        }
+    }
 }

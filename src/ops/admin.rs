@@ -142,16 +142,21 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    let outcome = crate::intake::reprocess(&shared.store, id, crate::clock::now_millis())
-        .map_err(store_error)?;
-    let Some(outcome) = outcome else {
-        return Err(ApiError::not_found(format!("no quarantine record {id}")));
+    let now = crate::clock::now_millis();
+    let prepared = crate::intake::prepare_reprocess(&shared.store, id, now).map_err(store_error)?;
+    let unavailable = |_| ApiError::unavailable("the store cannot persist now");
+    let outcome = match prepared {
+        None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),
+        Some(crate::intake::Reprocess::StillInvalid(outcome)) => outcome,
+        // Through the writer, like any delivery: it hands the new events to the dispatcher.
+        Some(crate::intake::Reprocess::Accept(job, kinds)) => {
+            let accepted = shared.writer.accept(job).await.map_err(unavailable)?;
+            let outcome = crate::intake::finish_reprocess(&shared.store, id, accepted, kinds)
+                .map_err(store_error)?;
+            shared.writer.flush().await.map_err(unavailable)?;
+            outcome
+        }
     };
-    shared
-        .writer
-        .flush()
-        .await
-        .map_err(|_| ApiError::unavailable("the store cannot persist now"))?;
     if outcome.status != "still_invalid" {
         shared.metrics.quarantine_entries.dec();
     }
@@ -162,7 +167,6 @@ async fn quarantine_reprocess(
             .with_label_values(&[kind.metric_label()])
             .inc();
     }
-    shared.dispatch.notify(outcome.new.clone());
     let status = if outcome.status == "still_invalid" {
         actix_web::http::StatusCode::CONFLICT
     } else {

@@ -2,13 +2,17 @@
 
 /// Tree names. Changing one is a data migration.
 pub mod tree {
-    /// event id -> inbox sequence number of its first (and only) acceptance.
+    /// event id -> its sequence number (8 bytes) and where its frame is in the event log
+    /// ([`Location`](super::super::eventlog::Location), 16 bytes). Layout 1 had the sequence
+    /// number only.
     pub const SEEN: &str = "seen/v1";
     /// delivery id -> receive time; a re-sent delivery is recognised before its events are read.
     pub const DELIVERIES: &str = "deliveries/v1";
-    /// sequence number -> event record (the event log, in acceptance order).
-    pub const EVENTS: &str = "events/v1";
-    /// sequence number -> partition key, for events not yet folded into state.
+    /// Layout 1 only: sequence number -> event record. Layout 2 keeps the bodies in the event
+    /// log (`eventlog`); opening a layout-1 store moves them there and drops this tree.
+    pub const LEGACY_EVENTS: &str = "events/v1";
+    /// sequence number -> where the event's frame is (16 bytes) and its partition key, for
+    /// events not yet folded into state. Layout 1 had the partition key only.
     pub const INBOX: &str = "inbox/v1";
     pub const CONVERSATIONS: &str = "conversations/v1";
     pub const END_USERS: &str = "end_users/v1";
@@ -32,7 +36,45 @@ pub mod tree {
 
 pub mod meta {
     pub const LAYOUT_VERSION: &[u8] = b"layout_version";
-    pub const DEDUPE_PRUNED_THROUGH: &[u8] = b"dedupe_pruned_through";
+    /// Layout 1: the sequence number of the last event whose dedupe record was pruned.
+    pub const LEGACY_DEDUPE_PRUNED_THROUGH: &[u8] = b"dedupe_pruned_through";
+    /// Where dedupe pruning continues in the event log (a location).
+    pub const DEDUPE_PRUNED_TO: &[u8] = b"dedupe_pruned_to";
+    /// Every event log frame before this location is indexed (seen and inbox entries); written
+    /// in the same transaction as the index entries.
+    pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";
+}
+
+/// A dedupe record's value: the sequence number, then the event's frame location.
+pub fn seen_value(seq: u64, at: super::eventlog::Location) -> [u8; 24] {
+    let mut out = [0; 24];
+    out[..8].copy_from_slice(&seq.to_be_bytes());
+    out[8..].copy_from_slice(&at.encode());
+    out
+}
+
+/// The sequence number and (layout 2) location of a dedupe record.
+pub fn parse_seen(bytes: &[u8]) -> Option<(u64, Option<super::eventlog::Location>)> {
+    let seq = parse_seq(bytes.get(..8)?)?;
+    Some((
+        seq,
+        bytes.get(8..).and_then(super::eventlog::Location::decode),
+    ))
+}
+
+/// An inbox entry's value: the event's frame location, then its partition key.
+pub fn inbox_value(at: super::eventlog::Location, partition: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + partition.len());
+    out.extend_from_slice(&at.encode());
+    out.extend_from_slice(partition.as_bytes());
+    out
+}
+
+/// The location and partition key of an inbox entry.
+pub fn parse_inbox(bytes: &[u8]) -> Option<(super::eventlog::Location, &str)> {
+    let at = super::eventlog::Location::decode(bytes)?;
+    let partition = std::str::from_utf8(bytes.get(16..)?).ok()?;
+    Some((at, partition))
 }
 
 /// Sequence numbers are big-endian so sled's byte order is numeric order.

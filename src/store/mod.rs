@@ -1,16 +1,19 @@
-//! The durable store: event log, inbox, dedupe records, per-conversation state and quarantine, in
-//! sled. This is the only module that imports sled; keys are built in [`keys`].
+//! The durable store: the event log (segment files, [`eventlog`]) and, in sled, the inbox, dedupe
+//! records, per-conversation state, outbox and quarantine. This is the only module that imports
+//! sled; keys are built in [`keys`].
 //!
 //! Invariants kept here:
-//! - accepting an event writes its dedupe record, log entry and inbox entry in one transaction, so
-//!   an event is either fully accepted or not at all;
+//! - an event is acknowledged only once its frame is synced in the event log; its dedupe record
+//!   and inbox entry follow in one transaction, and on open every frame past the index checkpoint
+//!   is indexed again, so an acknowledged event is never lost and never indexed twice;
 //! - folding an event into state removes its inbox entry in the same transaction, so a crash can
 //!   neither lose nor repeat the fold.
 
+pub mod eventlog;
+pub mod intake;
 pub mod keys;
 pub mod outbox;
 pub mod replay;
-pub mod wal;
 pub mod writer;
 
 use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
@@ -21,15 +24,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use std::collections::HashMap;
-use std::path::Path;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+pub use intake::{Checked, Unindexed};
 pub use writer::{AcceptJob, NewEvent, Writer};
 
-/// The intake log's file name inside the store directory.
-const WAL_FILE: &str = "intake.wal";
+/// Layout 1's intake log, inside the store directory (read once, when migrating).
+const LEGACY_WAL_FILE: &str = "intake.wal";
+/// The event log's directory, inside the store directory.
+const EVENT_LOG_DIR: &str = "events";
 
-/// Layout version written on first open; a newer one refuses to open.
-const LAYOUT_VERSION: u32 = 1;
+/// Layout version written on first open; a newer one refuses to open, an older one is migrated.
+/// 2: event bodies in the event log instead of sled.
+const LAYOUT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -41,6 +50,11 @@ pub enum StoreError {
     TooNew { found: u32, supported: u32 },
     #[error("the store at {path} is in use by another process (is the daemon running?)")]
     Locked { path: String },
+    #[error("event log: {0}")]
+    Log(String),
+    /// A broken internal rule (a bug), refused instead of risking the store.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl From<TransactionError<String>> for StoreError {
@@ -63,6 +77,36 @@ pub struct EventRecord {
     pub kind: String,
     /// The event exactly as the service sent it.
     pub event: Box<RawValue>,
+}
+
+impl EventRecord {
+    /// Event `i` of a log frame.
+    fn from_log(record: &eventlog::LogRecord, i: usize) -> Result<EventRecord, StoreError> {
+        #[derive(Deserialize)]
+        struct Kind {
+            event: String,
+        }
+        let field = |v: Option<&String>| v.cloned().ok_or_else(|| corrupt("event log frame"));
+        let raw = record
+            .events
+            .get(i)
+            .ok_or_else(|| corrupt("event log frame"))?;
+        let kind = serde_json::from_str::<Kind>(raw.get())
+            .map(|k| k.event)
+            .unwrap_or_default();
+        Ok(EventRecord {
+            seq: *record
+                .seqs
+                .get(i)
+                .ok_or_else(|| corrupt("event log frame"))?,
+            id: EventId::new(field(record.ids.get(i))?),
+            delivery: DeliveryId::new(record.delivery.clone()),
+            received_at: record.received_at,
+            partition: field(record.partitions.get(i))?,
+            kind,
+            event: raw.clone(),
+        })
+    }
 }
 
 /// What `accept` did with a delivery.
@@ -172,7 +216,8 @@ pub struct Sizes {
     pub bots: u64,
     pub quarantine: u64,
     pub inbox: u64,
-    pub events: u64,
+    /// Bytes in the event log's segments.
+    pub event_log_bytes: u64,
 }
 
 /// What folding a batch did.
@@ -193,7 +238,8 @@ pub struct Applied {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Pruned {
     pub dedupe_records: u64,
-    pub events: u64,
+    /// Event log segments deleted.
+    pub event_segments: u64,
 }
 
 #[derive(Clone)]
@@ -201,7 +247,6 @@ pub struct Store {
     db: sled::Db,
     seen: sled::Tree,
     deliveries: sled::Tree,
-    events: sled::Tree,
     inbox: sled::Tree,
     conversations: sled::Tree,
     end_users: sled::Tree,
@@ -213,7 +258,16 @@ pub struct Store {
     actions: sled::Tree,
     done: sled::Tree,
     meta: sled::Tree,
-    wal_path: std::path::PathBuf,
+    log_dir: PathBuf,
+    /// The event log's appending end: one per store, whoever appends.
+    appender: Arc<Mutex<eventlog::Appender>>,
+    /// Accepted ids not yet indexed (see `intake`).
+    in_flight: Arc<Mutex<intake::InFlight>>,
+    /// A [`Writer`] owns intake: [`Store::accept_many`] must not run beside it (both would
+    /// advance the index checkpoint over the other's frames).
+    writer_started: Arc<std::sync::atomic::AtomicBool>,
+    /// Layout 1's intake log (migrated on open).
+    wal_path: PathBuf,
     /// Held for a whole fold (see `apply`).
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -221,6 +275,15 @@ pub struct Store {
 impl Store {
     /// Open (or create) the store under `dir`.
     pub fn open(dir: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
+        Self::open_with(dir, cache_capacity, eventlog::SEGMENT_BYTES)
+    }
+
+    /// [`open`](Store::open) with a given event log segment size (tests use small ones).
+    pub fn open_with(
+        dir: &Path,
+        cache_capacity: u64,
+        segment_bytes: u64,
+    ) -> Result<Self, StoreError> {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_capacity)
@@ -238,10 +301,12 @@ impl Store {
                 other => StoreError::Sled(other),
             })?;
         let t = |name: &str| db.open_tree(name);
+        let log_dir = dir.join(EVENT_LOG_DIR);
+        let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
+            .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
         let store = Store {
             seen: t(keys::tree::SEEN)?,
             deliveries: t(keys::tree::DELIVERIES)?,
-            events: t(keys::tree::EVENTS)?,
             inbox: t(keys::tree::INBOX)?,
             conversations: t(keys::tree::CONVERSATIONS)?,
             end_users: t(keys::tree::END_USERS)?,
@@ -254,78 +319,27 @@ impl Store {
             done: t(keys::tree::DONE)?,
             meta: t(keys::tree::META)?,
             db,
-            wal_path: dir.join(WAL_FILE),
+            log_dir,
+            appender: Arc::new(Mutex::new(appender)),
+            in_flight: Default::default(),
+            writer_started: Default::default(),
+            wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
         };
-        store.check_layout()?;
-        store.recover_wal()?;
+        if store.check_layout()? < LAYOUT_VERSION {
+            store.migrate_layout_1()?;
+        }
+        store.recover_log(torn_tail)?;
         Ok(store)
     }
 
-    /// Accept again whatever the intake log still holds (acknowledged, maybe not yet in sled),
-    /// make it durable in sled, and empty the log. Dedupe skips what sled already has.
-    fn recover_wal(&self) -> Result<(), StoreError> {
-        let io = |e: std::io::Error| StoreError::Sled(sled::Error::Io(e));
-        let (records, torn) = wal::read(&self.wal_path).map_err(io)?;
-        if records.is_empty() && !torn {
-            return Ok(());
-        }
-        let (mut new, mut duplicates, mut invalid) = (0usize, 0usize, 0usize);
-        for record in &records {
-            let delivery = DeliveryId::new(record.delivery.clone());
-            let mut events = Vec::with_capacity(record.events.len());
-            let mut bad = Vec::new();
-            for raw in &record.events {
-                match crate::webhook::validate_event(raw) {
-                    Ok(ev) => events.push(ev),
-                    // Accepted by an older, more lenient build: keep it, as intake would.
-                    Err(e) => bad.push(QuarantineRecord::invalid_event(
-                        &e.to_string(),
-                        raw.get(),
-                        &record.delivery,
-                        None,
-                        record.received_at,
-                    )),
-                }
-            }
-            invalid += bad.len();
-            let request = AcceptRequest {
-                delivery: &delivery,
-                events: &events,
-                invalid: &bad,
-                received_at: record.received_at,
-            };
-            // Its delivery id may already be recorded; the events are what counts here.
-            let accepted = self.accept_events(&request)?;
-            new += accepted.new.len();
-            duplicates += accepted.duplicate_events;
-        }
-        self.db.flush()?;
-        wal::Wal::open(&self.wal_path)
-            .and_then(|mut w| w.reset())
-            .map_err(io)?;
-        tracing::info!(
-            records = records.len(),
-            new,
-            already_stored = duplicates,
-            invalid,
-            torn_tail = torn,
-            "recovered the intake log"
-        );
-        Ok(())
-    }
-
-    /// Where the intake log lives (the writer appends to it).
-    pub fn wal_path(&self) -> &Path {
-        &self.wal_path
-    }
-
-    fn check_layout(&self) -> Result<(), StoreError> {
+    /// The store's layout version (a new store gets the current one). Refuses a newer one.
+    fn check_layout(&self) -> Result<u32, StoreError> {
         match self.meta.get(keys::meta::LAYOUT_VERSION)? {
             None => {
                 self.meta
                     .insert(keys::meta::LAYOUT_VERSION, &LAYOUT_VERSION.to_be_bytes())?;
-                Ok(())
+                Ok(LAYOUT_VERSION)
             }
             Some(v) => {
                 let found = v
@@ -339,7 +353,7 @@ impl Store {
                         supported: LAYOUT_VERSION,
                     })
                 } else {
-                    Ok(())
+                    Ok(found)
                 }
             }
         }
@@ -356,7 +370,8 @@ impl Store {
         Ok(())
     }
 
-    /// Store the new events of a delivery, dedupe the rest. Not durable until a flush.
+    /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
+    /// tools and tests; the daemon goes through the [`Writer`].
     pub fn accept(
         &self,
         delivery: &DeliveryId,
@@ -373,155 +388,104 @@ impl Store {
         out.pop().ok_or_else(|| corrupt("accept result"))
     }
 
-    /// Store several deliveries in one transaction (in order; a transaction sees its own writes,
-    /// so a delivery or event repeated within the group is a duplicate too). Not durable until a
-    /// flush or the intake log covers it.
-    pub fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
-        self.accept_group(requests, true)
-    }
-
-    /// Like `accept_many` for one delivery, but without the delivery-id shortcut: used when
-    /// replaying the intake log, where the delivery may be recorded and only some events stored.
-    fn accept_events(&self, request: &AcceptRequest<'_>) -> Result<Accepted, StoreError> {
-        let mut out = self.accept_group(std::slice::from_ref(request), false)?;
-        out.pop().ok_or_else(|| corrupt("accept result"))
-    }
-
-    fn accept_group(
-        &self,
-        requests: &[AcceptRequest<'_>],
-        delivery_dedupe: bool,
-    ) -> Result<Vec<Accepted>, StoreError> {
-        // Ids are drawn before the transaction: sled deadlocks if `generate_id` runs inside one.
-        // Unused ids (duplicates) leave gaps, which nothing relies on.
-        let wanted: usize = requests
-            .iter()
-            .map(|r| r.events.len() + r.invalid.len())
-            .sum();
-        let ids = (0..wanted)
-            .map(|_| self.db.generate_id())
-            .collect::<Result<Vec<u64>, _>>()?;
-        let trees = (
-            &self.deliveries,
-            &self.seen,
-            &self.events,
-            &self.inbox,
-            &self.quarantine,
-        );
-        let result = trees.transaction(|(deliveries, seen, log, inbox, quarantine)| {
-            let mut ids = ids.iter().copied();
-            let mut results = Vec::with_capacity(requests.len());
-            for request in requests {
-                let mut next = || ids.next().ok_or_else(|| abort("id pool exhausted"));
-                let delivery = request.delivery;
-                let known = deliveries.get(delivery.as_str())?.is_some();
-                if known && delivery_dedupe {
-                    results.push(Accepted {
-                        duplicate_delivery: true,
-                        duplicate_events: request.events.len(),
-                        ..Accepted::default()
-                    });
-                    // Keep the id pool aligned with the requests.
-                    for _ in 0..request.events.len() + request.invalid.len() {
-                        next()?;
-                    }
-                    continue;
-                }
-                let mut out = Accepted::default();
-                for (index, ev) in request.events.iter().enumerate() {
-                    let seq = next()?;
-                    let id = &ev.event.id;
-                    if seen.get(id.as_str())?.is_some() {
-                        out.duplicate_events += 1;
-                        continue;
-                    }
-                    let raw = RawValue::from_string(ev.raw.clone()).map_err(abort)?;
-                    let record = EventRecord {
-                        seq,
-                        id: id.clone(),
-                        delivery: delivery.clone(),
-                        received_at: request.received_at,
-                        partition: ev.partition.encode(),
-                        kind: ev.event.kind.as_str().to_owned(),
-                        event: raw,
-                    };
-                    let bytes = serde_json::to_vec(&record).map_err(abort)?;
-                    log.insert(&keys::seq(seq), bytes)?;
-                    inbox.insert(&keys::seq(seq), ev.partition.encode().as_bytes())?;
-                    seen.insert(id.as_str(), &keys::seq(seq))?;
-                    out.new.push((seq, ev.partition.clone()));
-                    out.new_index.push(index);
-                }
-                for bad in request.invalid {
-                    let id = next()?;
-                    // Invalid events of a delivery seen before were quarantined the first time.
-                    if known {
-                        continue;
-                    }
-                    let mut record = bad.clone();
-                    record.id = id;
-                    quarantine.insert(&keys::seq(id), encode(&record).map_err(abort)?)?;
-                    out.quarantined.push(id);
-                }
-                if !known && (!out.new.is_empty() || !out.quarantined.is_empty()) {
-                    deliveries.insert(delivery.as_str(), &request.received_at.to_be_bytes())?;
-                }
-                results.push(out);
-            }
-            Ok(results)
-        });
-        Ok(result?)
-    }
-
     /// Everything still waiting in the inbox, oldest first (used on start).
     pub fn pending(&self) -> Result<Vec<(u64, PartitionKey)>, StoreError> {
         let mut out = Vec::new();
         for item in self.inbox.iter() {
             let (k, v) = item?;
             let seq = keys::parse_seq(&k).ok_or_else(|| corrupt("inbox key"))?;
-            let text = std::str::from_utf8(&v).map_err(|_| corrupt("inbox partition"))?;
+            let (_, text) = keys::parse_inbox(&v).ok_or_else(|| corrupt("inbox entry"))?;
             let partition = PartitionKey::decode(text).ok_or_else(|| corrupt("inbox partition"))?;
             out.push((seq, partition));
         }
         Ok(out)
     }
 
-    /// One event of the log.
+    /// An event still waiting in the inbox, read back from the log (a backlog, or after a
+    /// restart). Folded events are reached by id ([`event_by_id`](Store::event_by_id)) or by
+    /// scanning ([`scan_events`](Store::scan_events)).
     pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
-        match self.events.get(keys::seq(seq))? {
+        match self.inbox.get(keys::seq(seq))? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(decode(&bytes, "event record")?)),
+            Some(v) => {
+                let (at, _) = keys::parse_inbox(&v).ok_or_else(|| corrupt("inbox entry"))?;
+                self.event_at(seq, at)
+            }
         }
     }
 
-    /// The log entry of an event id, while its dedupe record is retained.
+    /// The stored event of an id, while its dedupe record is retained.
     pub fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
         match self.seen.get(id.as_str())? {
             None => Ok(None),
-            Some(seq) => match keys::parse_seq(&seq) {
-                Some(seq) => self.event(seq),
+            Some(v) => match keys::parse_seen(&v) {
+                Some((seq, Some(at))) => self.event_at(seq, at),
+                // A layout-1 record whose event was pruned before the migration.
+                Some((_, None)) => Ok(None),
                 None => Err(corrupt("dedupe record")),
             },
         }
     }
 
-    /// When the oldest stored event was received (the event log is in acceptance order).
-    pub fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
-        match self.events.first()? {
-            Some((_, v)) => Ok(Some(decode::<EventRecord>(&v, "event record")?.received_at)),
+    fn event_at(
+        &self,
+        seq: u64,
+        at: eventlog::Location,
+    ) -> Result<Option<EventRecord>, StoreError> {
+        let record = eventlog::read_at(&self.log_dir, at).map_err(log_error)?;
+        match record {
+            Some(record) => match record.position(seq) {
+                Some(i) => Ok(Some(EventRecord::from_log(&record, i)?)),
+                None => Err(corrupt("event log frame (sequence number not in it)")),
+            },
             None => Ok(None),
         }
     }
 
-    /// Visit the event log in acceptance order.
-    pub fn for_each_event(&self, mut f: impl FnMut(EventRecord, bool)) -> Result<(), StoreError> {
-        for item in self.events.iter() {
-            let (k, v) = item?;
-            let record: EventRecord = decode(&v, "event record")?;
-            let pending = self.inbox.contains_key(&k)?;
-            f(record, pending);
-        }
-        Ok(())
+    /// When the oldest stored event was received (the event log is in acceptance order).
+    pub fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
+        let mut oldest = None;
+        eventlog::scan(
+            &self.log_dir,
+            eventlog::Location::default(),
+            |_, record, _| {
+                oldest = Some(record.received_at);
+                ControlFlow::Break(())
+            },
+        )
+        .map_err(log_error)?;
+        Ok(oldest)
+    }
+
+    /// Visit the stored events in acceptance order, with whether each is still in the inbox,
+    /// until `f` breaks.
+    pub fn scan_events(
+        &self,
+        mut f: impl FnMut(EventRecord, bool) -> ControlFlow<()>,
+    ) -> Result<(), StoreError> {
+        let mut failed = None;
+        let mut visit = |record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
+            for (i, seq) in record.seqs.iter().enumerate() {
+                let pending = self.inbox.contains_key(keys::seq(*seq))?;
+                if f(EventRecord::from_log(&record, i)?, pending).is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
+            }
+            Ok(ControlFlow::Continue(()))
+        };
+        eventlog::scan(
+            &self.log_dir,
+            eventlog::Location::default(),
+            |_, record, _| match visit(record) {
+                Ok(flow) => flow,
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )
+        .map_err(log_error)?;
+        failed.map_or(Ok(()), Err)
     }
 
     /// Fold a batch of events (of any partitions, each partition's in order) into state, each
@@ -746,17 +710,18 @@ impl Store {
             bots: self.bots.len() as u64,
             quarantine: self.quarantine.len() as u64,
             inbox: self.inbox.len() as u64,
-            events: self.events.len() as u64,
+            event_log_bytes: eventlog::size(&self.log_dir),
         }
     }
 
+    /// Bytes on disk: sled's files and the event log.
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.db.size_on_disk().unwrap_or(0) + eventlog::size(&self.log_dir)
     }
 
-    /// Drop dedupe records older than `dedupe_before` and processed log entries older than
-    /// `events_before`, at most `limit` of each per call. Driven by the event log, which is in
-    /// acceptance (and so receive-time) order.
+    /// Drop dedupe records older than `dedupe_before` (at most `limit` per call), and the event
+    /// log's segments that hold only events older than `events_before`, all folded, and past the
+    /// dedupe window. Driven by the event log, which is in acceptance (so receive-time) order.
     pub fn prune(
         &self,
         dedupe_before: Millis,
@@ -764,39 +729,77 @@ impl Store {
         limit: usize,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
-        let start = self
-            .meta
-            .get(keys::meta::DEDUPE_PRUNED_THROUGH)?
-            .and_then(|b| keys::parse_seq(&b))
-            .map_or(0, |s| s.saturating_add(1));
-        let mut through = None;
-        for item in self.events.range(keys::seq(start)..).take(limit) {
-            let (k, v) = item?;
-            let record: EventRecord = decode(&v, "event record")?;
-            if record.received_at >= dedupe_before {
-                break;
-            }
-            self.seen.remove(record.id.as_str())?;
-            self.deliveries.remove(record.delivery.as_str())?;
-            through = keys::parse_seq(&k);
-            out.dedupe_records += 1;
-        }
-        if let Some(seq) = through {
-            self.meta
-                .insert(keys::meta::DEDUPE_PRUNED_THROUGH, &keys::seq(seq))?;
-        }
-        for item in self.events.iter().take(limit) {
-            let (k, v) = item?;
-            let record: EventRecord = decode(&v, "event record")?;
-            // Never prune what is still waiting, nor what the dedupe window still covers.
-            if record.received_at >= events_before
-                || record.received_at >= dedupe_before
-                || self.inbox.contains_key(&k)?
+        let location = |key: &[u8]| -> Result<eventlog::Location, StoreError> {
+            Ok(self
+                .meta
+                .get(key)?
+                .and_then(|b| eventlog::Location::decode(&b))
+                .unwrap_or_default())
+        };
+        let indexed_to = location(keys::meta::INDEXED_TO)?;
+        let start = location(keys::meta::DEDUPE_PRUNED_TO)?;
+        let mut pruned_to = None;
+        let mut failed = None;
+        eventlog::scan(&self.log_dir, start, |at, record, next| {
+            // Only indexed frames (the rest is new anyway), and whole frames.
+            if record.received_at >= dedupe_before
+                || at >= indexed_to
+                || out.dedupe_records >= limit as u64
             {
+                return ControlFlow::Break(());
+            }
+            let removed = record
+                .ids
+                .iter()
+                .try_for_each(|id| self.seen.remove(id.as_bytes()).map(drop))
+                .and_then(|()| self.deliveries.remove(record.delivery.as_bytes()).map(drop));
+            if let Err(e) = removed {
+                failed = Some(e);
+                return ControlFlow::Break(());
+            }
+            out.dedupe_records += record.ids.len() as u64;
+            pruned_to = Some(next);
+            ControlFlow::Continue(())
+        })
+        .map_err(log_error)?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        if let Some(to) = pruned_to {
+            self.meta
+                .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
+        }
+        let pruned_to = pruned_to.unwrap_or(start);
+        // The oldest event still to fold bounds what may go.
+        let first_pending = match self.inbox.first()? {
+            Some((_, v)) => keys::parse_inbox(&v).map(|(at, _)| at),
+            None => None,
+        };
+        let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
+        for pair in segments.windows(2) {
+            let (segment, next) = (pair[0], pair[1]);
+            let path = eventlog::segment_path(&self.log_dir, segment);
+            let len = std::fs::metadata(&path).map_err(log_error)?.len();
+            let end = eventlog::Location {
+                segment,
+                offset: len,
+            };
+            let folded = first_pending.map_or(true, |p| p.segment > segment);
+            if !folded || pruned_to < end || indexed_to < end {
                 break;
             }
-            self.events.remove(&k)?;
-            out.events += 1;
+            // Everything in `segment` is older than the first event of the next one.
+            let start_of_next = eventlog::Location {
+                segment: next,
+                offset: 0,
+            };
+            let newer = eventlog::read_at(&self.log_dir, start_of_next).map_err(log_error)?;
+            match newer {
+                Some(r) if r.received_at < events_before && r.received_at < dedupe_before => {}
+                _ => break,
+            }
+            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
+            out.event_segments += 1;
         }
         Ok(out)
     }
@@ -858,6 +861,10 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     what: &str,
 ) -> Result<Vec<T>, StoreError> {
     tree.iter().map(|item| decode(&item?.1, what)).collect()
+}
+
+fn log_error(e: std::io::Error) -> StoreError {
+    StoreError::Log(e.to_string())
 }
 
 fn corrupt(what: &str) -> StoreError {

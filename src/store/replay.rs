@@ -9,7 +9,7 @@
 //! unless forced: a forced action gets a new id, and with it a new idempotency key, because the
 //! upstream would otherwise answer the old call's result without acting.
 
-use super::{decode, keys, outbox::ActionStatus, EventRecord, Store, StoreError};
+use super::{decode, outbox::ActionStatus, EventRecord, Store, StoreError};
 use crate::actions::{action_id, Action, Decide, OutboxEntry};
 use crate::ids::{ConversationId, PartitionKey};
 use crate::state::ConversationState;
@@ -17,6 +17,7 @@ use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 
 /// Which events, and what to do with their actions.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -90,36 +91,40 @@ impl Store {
         // Pass 1: the conversations with events in the window, and where the window ends.
         let mut wanted = HashSet::new();
         let mut last_seq = None;
-        for item in self.events.iter() {
-            let (key, value) = item?;
-            let record: EventRecord = decode(&value, "event record")?;
+        self.scan_events(|record, pending| {
             let conversation = matches!(
                 PartitionKey::decode(&record.partition),
                 Some(PartitionKey::Conversation(_))
             );
             if in_window(&record) && conversation {
-                if self.inbox.contains_key(&key)? {
+                if pending {
                     report.pending_events += 1;
                 } else {
                     wanted.insert(record.partition.clone());
                     last_seq = Some(record.seq);
                 }
             }
-        }
+            ControlFlow::Continue(())
+        })?;
         let Some(last_seq) = last_seq else {
             return Ok(report);
         };
 
         // Pass 2: fold those conversations from their first stored event; decide in the window.
+        let mut records = Vec::new();
+        self.scan_events(|record, pending| {
+            if record.seq > last_seq {
+                return ControlFlow::Break(());
+            }
+            if wanted.contains(&record.partition) && !pending {
+                records.push(record);
+            }
+            ControlFlow::Continue(())
+        })?;
         let now = crate::clock::now_millis();
         let mut states: HashMap<String, ConversationState> = HashMap::new();
         let mut taken = HashSet::new();
-        for item in self.events.range(..=keys::seq(last_seq)) {
-            let (key, value) = item?;
-            let record: EventRecord = decode(&value, "event record")?;
-            if !wanted.contains(&record.partition) || self.inbox.contains_key(&key)? {
-                continue;
-            }
+        for record in records {
             let Ok(event) = crate::webhook::parse_event(record.event.get()) else {
                 continue;
             };

@@ -152,35 +152,43 @@ fn end_users_are_found_by_platform_and_user_key() {
 }
 
 #[test]
-fn prune_drops_only_old_processed_records_and_keeps_dedupe_inside_the_window() {
-    let (_d, store) = store();
-    let parsed = parse_delivery(&delivery("old", &[("e1", "c1", 1)])).expect("parse");
-    store
-        .accept(&parsed.id, &parsed.events, 100)
-        .expect("accept");
-    let parsed = parse_delivery(&delivery("new", &[("e2", "c1", 2)])).expect("parse");
-    store
-        .accept(&parsed.id, &parsed.events, 10_000)
-        .expect("accept");
-    // Nothing is processed yet: the pending event must not be pruned from the log.
+fn prune_drops_old_dedupe_records_and_whole_old_folded_segments_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Tiny segments: every delivery gets its own.
+    let store = Store::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
+    for (d, e, at) in [("d1", "e1", 100), ("d2", "e2", 200), ("d3", "e3", 10_000)] {
+        accept_at(&store, &delivery(d, &[(e, "c1", 1)]), at);
+    }
+    let segments = || eventlog::segments(&store.log_dir).expect("segments");
+    assert_eq!(segments(), vec![1, 2, 3, 4]);
+    // Nothing is folded yet: no segment may go, though the old dedupe records do.
     let p = store.prune(5_000, 5_000, 100).expect("prune");
-    assert_eq!(p.events, 0);
-    assert_eq!(p.dedupe_records, 1, "the old dedupe record goes");
+    assert_eq!(p.event_segments, 0);
+    assert_eq!(p.dedupe_records, 2, "e1 and e2 are past the dedupe window");
     drain(&store);
     let p = store.prune(5_000, 5_000, 100).expect("prune");
-    assert_eq!(p.events, 1);
     assert_eq!(p.dedupe_records, 0, "already pruned, cursor persisted");
-    // e1's dedupe record is gone, e2's is kept.
+    // Segment 1 goes: the next one starts with an old event too. Segment 2 stays: its newest
+    // event may be as new as the first of segment 3, which is inside the retention.
+    assert_eq!(p.event_segments, 1);
+    assert_eq!(segments(), vec![2, 3, 4]);
+    assert_eq!(store.oldest_event_received_at().expect("oldest"), Some(200));
     assert!(store.event_by_id(&"e1".into()).expect("read").is_none());
-    assert!(store.event_by_id(&"e2".into()).expect("read").is_some());
-    let again = parse_delivery(&delivery("new2", &[("e2", "c1", 2)])).expect("parse");
-    assert_eq!(
-        store
-            .accept(&again.id, &again.events, 10_001)
-            .expect("accept")
-            .duplicate_events,
-        1
+    assert!(store.event_by_id(&"e3".into()).expect("read").is_some());
+    // e3's dedupe record is kept: a re-send is a duplicate.
+    let again = parse_delivery(&delivery("d3b", &[("e3", "c1", 2)])).expect("parse");
+    let out = store
+        .accept(&again.id, &again.events, 10_001)
+        .expect("accept");
+    assert_eq!(out.duplicate_events, 1);
+    // The dedupe limit is honoured per call.
+    accept_at(
+        &store,
+        &delivery("d4", &[("e4", "c1", 1), ("e5", "c1", 1)]),
+        300,
     );
+    let p = store.prune(50_000, 5_000, 1).expect("prune");
+    assert_eq!(p.dedupe_records, 1, "one frame of e3 (its own)");
 }
 
 #[test]
@@ -221,101 +229,23 @@ fn a_second_process_cannot_open_a_store_in_use() {
     }
 }
 
-/// Frames for the intake log of a store directory, as the syncer writes them.
-fn write_log(path: &std::path::Path, records: &[(&str, i64, Vec<String>)]) {
-    let mut frames = wal::Frames::default();
-    for (delivery, at, events) in records {
-        let raws: Vec<&str> = events.iter().map(String::as_str).collect();
-        frames.push(delivery, *at, &raws);
-    }
-    let mut log = wal::Wal::open(path).expect("open log");
-    log.queue(frames);
-    log.commit().expect("commit log");
-}
-
-/// The raw events of a delivery body.
-fn raw_events(body: &[u8]) -> Vec<String> {
-    parse_delivery(body)
-        .expect("valid")
-        .events
-        .into_iter()
-        .map(|e| e.raw)
-        .collect()
-}
-
-#[test]
-fn opening_the_store_accepts_what_only_the_intake_log_holds_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("store");
-    let stored = delivery("d1", &[("e1", "c1", 1)]);
-    let log_path = {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
-        // d1 reached sled before the crash; d2 only the log (acknowledged, sled not flushed).
-        accept(&store, &stored);
-        store.flush().expect("flush");
-        store.wal_path().to_owned()
+/// Check and log a delivery without indexing it: the state a crash between the log's sync (the
+/// acknowledgment) and the index transaction leaves.
+fn log_only(store: &Store, body: &[u8], received_at: Millis) {
+    let parsed = parse_delivery(body).expect("valid");
+    let request = AcceptRequest {
+        delivery: &parsed.id,
+        events: &parsed.events,
+        invalid: &[],
+        received_at,
     };
-    let only_logged = delivery("d2", &[("e2", "c1", 2), ("e3", "c2", 3)]);
-    write_log(
-        &log_path,
-        &[
-            ("d1", 1_000, raw_events(&stored)),
-            ("d2", 2_000, raw_events(&only_logged)),
-        ],
-    );
-
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
-    let pending = store.pending().expect("pending");
-    assert_eq!(pending.len(), 3, "e1 once, plus e2 and e3 from the log");
-    for id in ["e1", "e2", "e3"] {
-        let record = store.event_by_id(&EventId::new(id)).expect("read");
-        assert!(record.is_some(), "{id} is stored");
-    }
-    let e2 = store
-        .event_by_id(&EventId::new("e2"))
-        .expect("read")
-        .expect("e2");
-    assert_eq!(e2.delivery.as_str(), "d2");
-    assert_eq!(e2.received_at, 2_000, "the original receive time is kept");
-    assert_eq!(
-        std::fs::metadata(&log_path).expect("log").len(),
-        0,
-        "log emptied"
-    );
-    // The delivery is known now: a retry is a duplicate.
-    assert!(accept(&store, &only_logged).duplicate_delivery);
-
-    drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
-    assert_eq!(
-        store.pending().expect("pending").len(),
-        3,
-        "nothing replayed twice"
-    );
+    let checked = store.check(&[request]).expect("check");
+    store.log_queue(checked.frames).expect("queue");
+    store.log_commit().expect("commit");
 }
 
-#[test]
-fn a_torn_log_tail_is_dropped_and_the_intact_records_recovered() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("store");
-    let log_path = Store::open(&path, 8 * 1024 * 1024)
-        .expect("open")
-        .wal_path()
-        .to_owned();
-    let body = delivery("d1", &[("e1", "c1", 1)]);
-    write_log(&log_path, &[("d1", 1_000, raw_events(&body))]);
-    let intact = std::fs::metadata(&log_path).expect("log").len();
-    write_log(
-        &log_path,
-        &[("d2", 2_000, raw_events(&delivery("d2", &[("e2", "c1", 2)])))],
-    );
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log_path)
-        .expect("open log");
-    file.set_len(intact + 11).expect("tear");
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
-    let ids: Vec<String> = store
+fn pending_ids(store: &Store) -> Vec<String> {
+    store
         .pending()
         .expect("pending")
         .iter()
@@ -327,8 +257,153 @@ fn a_torn_log_tail_is_dropped_and_the_intact_records_recovered() {
                 .id
                 .to_string()
         })
-        .collect();
-    assert_eq!(ids, vec!["e1".to_owned()]);
+        .collect()
+}
+
+#[test]
+fn opening_the_store_indexes_what_only_the_event_log_holds_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let logged = delivery("d2", &[("e2", "c1", 2), ("e3", "c2", 3)]);
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept_at(&store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
+        log_only(&store, &logged, 2_000);
+        assert_eq!(
+            store.pending().expect("pending").len(),
+            1,
+            "e2, e3 not indexed"
+        );
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(pending_ids(&store), vec!["e1", "e2", "e3"]);
+    let e2 = store
+        .event_by_id(&EventId::new("e2"))
+        .expect("read")
+        .expect("e2");
+    assert_eq!(e2.delivery.as_str(), "d2");
+    assert_eq!(e2.received_at, 2_000, "the original receive time is kept");
+    assert_eq!(e2.kind, "bot.message.received");
+    // The delivery is known now: a retry is a duplicate.
+    assert!(accept(&store, &logged).duplicate_delivery);
+
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
+    assert_eq!(pending_ids(&store).len(), 3, "nothing indexed twice");
+}
+
+#[test]
+fn a_torn_log_tail_is_cut_and_the_intact_frames_indexed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let intact = {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        log_only(&store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
+        let intact = store.log_commit().expect("end");
+        log_only(&store, &delivery("d2", &[("e2", "c1", 2)]), 2_000);
+        intact
+    };
+    let segment = eventlog::segment_path(&path.join(EVENT_LOG_DIR), intact.segment);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .expect("open log");
+    file.set_len(intact.offset + 11).expect("tear");
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(pending_ids(&store), vec!["e1"]);
+    assert_eq!(
+        std::fs::metadata(&segment).expect("segment").len(),
+        intact.offset,
+        "the torn bytes are cut"
+    );
+    // e2 was never acknowledged: its re-send is new.
+    assert_eq!(
+        accept(&store, &delivery("d2", &[("e2", "c1", 2)]))
+            .new
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_layout_1_store_is_migrated_without_losing_or_repeating_an_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let first = parse_delivery(&delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)])).expect("d1");
+    {
+        // What layout 1 left: bodies in sled, e1 folded, e2 pending, and d3 only in the intake
+        // log (acknowledged, sled not flushed).
+        let db = sled::open(&path).expect("sled");
+        let meta = db.open_tree(keys::tree::META).expect("meta");
+        meta.insert(keys::meta::LAYOUT_VERSION, &1u32.to_be_bytes())
+            .expect("layout");
+        let events = db.open_tree(keys::tree::LEGACY_EVENTS).expect("events");
+        let seen = db.open_tree(keys::tree::SEEN).expect("seen");
+        let inbox = db.open_tree(keys::tree::INBOX).expect("inbox");
+        let deliveries = db.open_tree(keys::tree::DELIVERIES).expect("deliveries");
+        deliveries
+            .insert("d1", &5i64.to_be_bytes())
+            .expect("delivery");
+        for (seq, ev) in [(10u64, &first.events[0]), (11, &first.events[1])] {
+            let record = EventRecord {
+                seq,
+                id: ev.event.id.clone(),
+                delivery: first.id.clone(),
+                received_at: 5,
+                partition: ev.partition.encode(),
+                kind: ev.event.kind.as_str().to_owned(),
+                event: RawValue::from_string(ev.raw.clone()).expect("raw"),
+            };
+            events
+                .insert(keys::seq(seq), serde_json::to_vec(&record).expect("json"))
+                .expect("event");
+            seen.insert(ev.event.id.as_str(), &keys::seq(seq))
+                .expect("seen");
+        }
+        inbox
+            .insert(keys::seq(11), first.events[1].partition.encode().as_bytes())
+            .expect("inbox");
+        db.flush().expect("flush");
+        let logged = raw_events(&delivery("d3", &[("e3", "c1", 3)]));
+        let payload = format!(r#"{{"d":"d3","t":7,"e":[{}]}}"#, logged.join(","));
+        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&crc32fast::hash(payload.as_bytes()).to_le_bytes());
+        frame.extend_from_slice(payload.as_bytes());
+        std::fs::write(path.join(LEGACY_WAL_FILE), frame).expect("intake log");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    assert_eq!(pending_ids(&store), vec!["e2", "e3"]);
+    for id in ["e1", "e2", "e3"] {
+        let record = store.event_by_id(&EventId::new(id)).expect("read");
+        assert!(record.is_some(), "{id} is in the event log");
+    }
+    assert!(
+        !path.join(LEGACY_WAL_FILE).exists(),
+        "the old intake log is gone"
+    );
+    assert!(!store
+        .db
+        .tree_names()
+        .iter()
+        .any(|n| n.as_ref() == keys::tree::LEGACY_EVENTS.as_bytes()));
+    assert!(accept(&store, &delivery("d1", &[("e1", "c1", 1)])).duplicate_delivery);
+    assert_eq!(
+        accept(&store, &delivery("d9", &[("e3", "c1", 3)])).duplicate_events,
+        1
+    );
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(pending_ids(&store), vec!["e2", "e3"], "migrated once");
+}
+
+/// The raw events of a delivery body.
+fn raw_events(body: &[u8]) -> Vec<String> {
+    parse_delivery(body)
+        .expect("valid")
+        .events
+        .into_iter()
+        .map(|e| e.raw)
+        .collect()
 }
 
 #[test]

@@ -1,19 +1,18 @@
-//! The writer: one thread that owns the intake write path.
+//! The writer: two threads that own the intake write path.
 //!
-//! Handlers hand it parsed deliveries and wait. It takes every delivery queued at that moment and
-//! stores the whole group in one sled transaction. A second thread, the syncer, appends the
-//! group's new events to the intake log (`wal`), syncs it (once for all groups that are ready),
-//! then answers them and passes the new events on, while the writer already runs the next
-//! transaction. So a group costs one transaction and at most one `fdatasync`, HTTP workers never
-//! wait on sled's global lock, and only one flush is ever in flight (sled 0.34's `flush_async`
-//! hangs when several are).
+//! Handlers hand it parsed deliveries and wait. The writer thread takes every delivery queued at
+//! that moment and checks the whole group for duplicates ([`Store::check`]: sled reads, no
+//! transaction). The syncer thread appends the group's new events to the event log, syncs it
+//! (once for all groups that are ready), answers them, then indexes them in one sled transaction
+//! and passes them on to the dispatcher, while the writer already checks the next group. So a
+//! group costs at most one `fdatasync` and one transaction, HTTP workers never wait on sled's
+//! global lock, and only one flush is ever in flight (sled 0.34's `flush_async` hangs when several
+//! are).
 //!
-//! Sled itself is flushed when the log grows past a size or an age, and on every explicit
-//! [`Writer::flush`]; the log is emptied after each such flush, because it then holds nothing sled
-//! does not.
+//! Sled itself flushes in the background (every 500 ms); what it has not flushed at a crash is
+//! indexed again from the log on open. An explicit [`Writer::flush`] flushes it at once.
 
-use super::wal::{Frames, Wal};
-use super::{AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use super::{AcceptRequest, Accepted, Checked, QuarantineRecord, Store, Unindexed};
 use crate::ids::{DeliveryId, PartitionKey};
 use crate::webhook::model::{Event, Millis};
 use crate::webhook::IncomingEvent;
@@ -22,12 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
-/// At most this many deliveries share a transaction (bounds its size and the lock hold time).
+/// At most this many deliveries share a group (bounds its transaction's size and lock hold time).
 const MAX_GROUP: usize = 512;
-/// Flush sled and empty the log once it is this large...
-const ROTATE_BYTES: u64 = 32 * 1024 * 1024;
-/// ...or this old.
-const ROTATE_AGE: Duration = Duration::from_secs(2);
 
 /// A delivery for the writer to store.
 pub struct AcceptJob {
@@ -80,15 +75,19 @@ pub struct Writer {
 
 impl Writer {
     /// Start the writer thread. The store has already replayed any leftover log on open.
-    pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, StoreError> {
-        let wal = Wal::open(store.wal_path()).map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
+    pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
+        if store.writer_started.swap(true, Ordering::SeqCst) {
+            return Err(super::StoreError::Internal(
+                "a second writer on one store".into(),
+            ));
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let healthy = Arc::new(AtomicBool::new(true));
         let flag = healthy.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run(store, wal, rx, hooks, flag))
-            .map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
+            .spawn(move || run(store, rx, hooks, flag))
+            .map_err(|e| super::StoreError::Sled(sled::Error::Io(e)))?;
         Ok(Writer { tx, healthy })
     }
 
@@ -119,35 +118,30 @@ impl Writer {
 /// The error of a writer call made after the writer stopped (shutdown): retrying cannot help.
 pub const WRITER_STOPPED: &str = "writer stopped";
 
-/// A stored group on its way to the syncer.
-struct Stored {
-    /// The group's records, framed for the intake log.
-    log: Frames,
-    replies: Vec<(oneshot::Sender<Result<Accepted, String>>, Accepted)>,
+/// A checked group on its way to the syncer.
+struct Group {
+    checked: Checked,
+    replies: Vec<oneshot::Sender<Result<Accepted, String>>>,
     new_events: Vec<NewEvent>,
-    /// The replies are durable only after a sled flush: the group wrote quarantine records,
-    /// which the intake log does not hold.
-    replies_need_sled: bool,
     /// Waiters for a sled flush (folds' decisions, admin writes).
     flushes: Vec<oneshot::Sender<Result<(), String>>>,
     started: Instant,
 }
 
-/// The transaction side: group, store, pass on. The sync of one group overlaps the transaction of
-/// the next.
+/// The checking side: group, dedupe, pass on. The sync of one group overlaps the check of the
+/// next.
 fn run(
     store: Store,
-    wal: Wal,
     mut rx: mpsc::UnboundedReceiver<Job>,
     hooks: WriterHooks,
     healthy: Arc<AtomicBool>,
 ) {
-    let (to_syncer, from_writer) = std::sync::mpsc::channel::<Stored>();
+    let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
     let syncer_store = store.clone();
     let syncer_healthy = healthy.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || sync_loop(syncer_store, wal, from_writer, hooks, syncer_healthy));
+        .spawn(move || sync_loop(syncer_store, from_writer, hooks, syncer_healthy));
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -171,148 +165,165 @@ fn run(
             }
         }
         let started = Instant::now();
-        let results = match store_group(&store, &accepts) {
-            Ok(results) => results,
+        let requests: Vec<AcceptRequest<'_>> =
+            accepts.iter().map(|(job, _)| job.request()).collect();
+        let checked = store.check(&requests);
+        drop(requests);
+        let mut group = Group {
+            checked: Checked::default(),
+            replies: Vec::new(),
+            new_events: Vec::new(),
+            flushes,
+            started,
+        };
+        match checked {
+            Ok(checked) => {
+                for ((job, reply), accepted) in accepts.into_iter().zip(&checked.accepted) {
+                    let received_at = job.received_at;
+                    let new = accepted.pick_new(job.events);
+                    group.new_events.extend(accepted.new.iter().zip(new).map(
+                        |((seq, partition), ev)| NewEvent {
+                            seq: *seq,
+                            partition: partition.clone(),
+                            received_at,
+                            event: ev.event,
+                        },
+                    ));
+                    group.replies.push(reply);
+                }
+                group.checked = checked;
+            }
             Err(e) => {
-                tracing::error!(error = %e, deliveries = accepts.len(), "cannot store deliveries");
+                tracing::error!(error = %e, deliveries = accepts.len(), "cannot check deliveries");
                 healthy.store(false, Ordering::Relaxed);
                 for (_, reply) in accepts {
                     let _ = reply.send(Err(e.to_string()));
                 }
                 // Flushes still go through the syncer, after what it already has.
-                let _ = to_syncer.send(Stored {
-                    log: Frames::default(),
-                    replies: Vec::new(),
-                    new_events: Vec::new(),
-                    replies_need_sled: false,
-                    flushes,
-                    started,
-                });
-                continue;
             }
-        };
-        let mut log = Frames::default();
-        let mut replies_need_sled = false;
-        let mut new_events = Vec::new();
-        let mut replies = Vec::with_capacity(accepts.len());
-        for ((job, reply), accepted) in accepts.into_iter().zip(results) {
-            // Quarantined events are not in the intake log; a sled flush covers them.
-            replies_need_sled |= !accepted.quarantined.is_empty();
-            let AcceptJob {
-                delivery,
-                events,
-                received_at,
-                ..
-            } = job;
-            let new = accepted.pick_new(events);
-            if !new.is_empty() {
-                let raws: Vec<&str> = new.iter().map(|e| e.raw.as_str()).collect();
-                log.push(delivery.as_str(), received_at, &raws);
-            }
-            new_events.extend(accepted.new.iter().zip(new).map(|((seq, partition), ev)| {
-                NewEvent {
-                    seq: *seq,
-                    partition: partition.clone(),
-                    received_at,
-                    event: ev.event,
-                }
-            }));
-            replies.push((reply, accepted));
         }
-        let stored = Stored {
-            log,
-            replies,
-            new_events,
-            replies_need_sled,
-            flushes,
-            started,
-        };
-        if to_syncer.send(stored).is_err() {
+        if to_syncer.send(group).is_err() {
             tracing::error!("the store syncer stopped");
             healthy.store(false, Ordering::Relaxed);
             break;
         }
     }
     drop(to_syncer);
-    // The syncer finishes what it has, flushes sled and empties the log.
+    // The syncer finishes what it has and flushes sled.
     let _ = syncer.join();
 }
 
-/// The durability side: append the groups that are ready to the intake log, sync once, answer;
-/// then flush sled for those who asked (after the answers, so an acknowledgment never waits for a
-/// sled flush it does not need).
+/// Logged groups waiting for their index transaction (normally only this round's; more after a
+/// failed transaction, which the next round retries first).
+#[derive(Default)]
+struct Backlog {
+    groups: Vec<Unindexed>,
+    new_events: Vec<NewEvent>,
+    /// The log's end after the newest of them.
+    to: Option<super::eventlog::Location>,
+}
+
+impl Backlog {
+    /// Index everything waiting; on success hand the events on.
+    fn index(&mut self, store: &Store, hooks: &WriterHooks) -> Result<(), String> {
+        let Some(to) = self.to else { return Ok(()) };
+        store.index(&self.groups, to).map_err(|e| {
+            tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
+            e.to_string()
+        })?;
+        self.groups.clear();
+        self.to = None;
+        let events = std::mem::take(&mut self.new_events);
+        if !events.is_empty() {
+            (hooks.durable)(events);
+        }
+        Ok(())
+    }
+}
+
+/// The durability side: append the groups that are ready to the event log, sync once, answer;
+/// then index them in sled and pass them on; then flush sled for those who asked (after the
+/// answers, so an acknowledgment never waits for a sled flush it does not need).
 fn sync_loop(
     store: Store,
-    mut wal: Wal,
-    rx: std::sync::mpsc::Receiver<Stored>,
+    rx: std::sync::mpsc::Receiver<Group>,
     hooks: WriterHooks,
     healthy: Arc<AtomicBool>,
 ) {
-    let mut last_rotation = Instant::now();
-    let flush = |wal: &mut Wal, last_rotation: &mut Instant| {
-        *last_rotation = Instant::now();
-        let result = flush_and_reset(&store, wal);
-        healthy.store(result.is_ok(), Ordering::Relaxed);
-        result
+    let mut backlog = Backlog::default();
+    let flush = || {
+        store.flush().map_err(|e| {
+            tracing::error!(error = %e, "store flush failed");
+            e.to_string()
+        })
     };
     while let Ok(first) = rx.recv() {
         let mut groups = vec![first];
         while let Ok(more) = rx.try_recv() {
             groups.push(more);
         }
-        let replies_need_sled = groups.iter().any(|g| g.replies_need_sled);
+        let replies_need_sled = groups.iter().any(|g| g.checked.quarantined);
         let flush_wanted = groups.iter().any(|g| !g.flushes.is_empty());
+        let mut queued = Ok(());
         for group in &mut groups {
-            wal.queue(std::mem::take(&mut group.log));
+            match store.log_queue(std::mem::take(&mut group.checked.frames)) {
+                Ok(at) => group.checked.unindexed.located(at),
+                Err(e) => queued = Err(e),
+            }
         }
-        // A sled flush made in this round, if any (it covers every group and empties the log).
-        let mut flushed = None;
-        let replies_durable = if replies_need_sled {
-            wal.discard_pending();
-            let result = flush(&mut wal, &mut last_rotation);
-            flushed = Some(result.clone());
-            result
-        } else {
-            match wal.commit() {
-                Ok(()) => {
-                    healthy.store(true, Ordering::Relaxed);
-                    Ok(())
+        let committed = queued.and_then(|()| store.log_commit());
+        let logged = match committed {
+            Ok(to) => {
+                backlog.to = Some(to);
+                for group in &mut groups {
+                    backlog
+                        .groups
+                        .push(std::mem::take(&mut group.checked.unindexed));
+                    backlog
+                        .new_events
+                        .append(&mut std::mem::take(&mut group.new_events));
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "intake log sync failed; flushing the store instead");
-                    let result = flush(&mut wal, &mut last_rotation);
-                    flushed = Some(result.clone());
-                    result
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "event log write failed; answering 503");
+                store.log_discard();
+                for group in &groups {
+                    store.release(std::slice::from_ref(&group.checked.unindexed));
                 }
+                Err(e.to_string())
             }
         };
+        // Quarantine records are in sled only: index first (the delivery record), then flush.
+        let mut flushed = None;
+        let replies_durable = match logged {
+            Ok(()) if replies_need_sled => {
+                let indexed = backlog.index(&store, &hooks);
+                let result = flush();
+                flushed = Some(result.clone());
+                indexed.and(result)
+            }
+            other => other,
+        };
         for group in &mut groups {
-            let deliveries = group.replies.len();
-            (hooks.observe)(group.started.elapsed(), deliveries);
-            let replies = std::mem::take(&mut group.replies);
-            match &replies_durable {
-                Ok(()) => {
-                    for (reply, accepted) in replies {
-                        // The handler may have gone (client disconnected); the delivery is stored.
-                        let _ = reply.send(Ok(accepted));
-                    }
-                    let new_events = std::mem::take(&mut group.new_events);
-                    if !new_events.is_empty() {
-                        (hooks.durable)(new_events);
-                    }
-                }
-                Err(e) => {
-                    for (reply, _) in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
+            (hooks.observe)(group.started.elapsed(), group.replies.len());
+            for (reply, accepted) in group
+                .replies
+                .drain(..)
+                .zip(std::mem::take(&mut group.checked.accepted))
+            {
+                // The handler may have gone (client disconnected); the delivery is stored.
+                let _ = reply.send(replies_durable.clone().map(|()| accepted));
             }
         }
-        let rotate =
-            !wal.is_empty() && (wal.len() >= ROTATE_BYTES || last_rotation.elapsed() >= ROTATE_AGE);
+        let indexed = backlog.index(&store, &hooks);
+        healthy.store(
+            replies_durable.is_ok() && indexed.is_ok(),
+            Ordering::Relaxed,
+        );
         let flushed = match flushed {
             Some(result) => result,
-            None if flush_wanted || rotate => flush(&mut wal, &mut last_rotation),
+            None if flush_wanted => flush(),
             None => Ok(()),
         };
         for group in groups {
@@ -321,34 +332,11 @@ fn sync_loop(
             }
         }
     }
-    // The writer is gone: leave sled complete and the log empty for the next start.
-    if let Err(e) = flush_and_reset(&store, &mut wal) {
-        tracing::error!(error = %e, "final store flush failed; the intake log will be replayed");
+    // The writer is gone: leave sled complete, so the next start has nothing to index again.
+    let _ = backlog.index(&store, &hooks);
+    if let Err(e) = flush() {
+        tracing::error!(error = %e, "final store flush failed; the log's tail will be indexed on start");
     }
-}
-
-fn store_group(
-    store: &Store,
-    accepts: &[(AcceptJob, oneshot::Sender<Result<Accepted, String>>)],
-) -> Result<Vec<Accepted>, StoreError> {
-    if accepts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let requests: Vec<AcceptRequest<'_>> = accepts.iter().map(|(job, _)| job.request()).collect();
-    store.accept_many(&requests)
-}
-
-/// Flush sled; then the log holds nothing sled lacks and is emptied.
-fn flush_and_reset(store: &Store, wal: &mut Wal) -> Result<(), String> {
-    store.flush().map_err(|e| {
-        tracing::error!(error = %e, "store flush failed");
-        e.to_string()
-    })?;
-    if let Err(e) = wal.reset() {
-        // Harmless for correctness (replay is idempotent), but the log keeps growing.
-        tracing::warn!(error = %e, path = %wal.path().display(), "cannot empty the intake log");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -375,7 +363,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_deliveries_are_stored_once_logged_and_handed_on_in_order() {
+    async fn concurrent_deliveries_are_logged_once_indexed_and_handed_on_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         let handed: Arc<Mutex<Vec<u64>>> = Arc::default();
@@ -410,14 +398,19 @@ mod tests {
             duplicates += accepted.duplicate_events;
         }
         assert_eq!((new, duplicates), (100, 100));
-        // Acknowledged means in the intake log (until a sled flush empties it) or flushed.
-        let (logged, torn) = super::super::wal::read(store.wal_path()).expect("read log");
-        assert!(!torn);
-        let logged_events: usize = logged.iter().map(|r| r.events.len()).sum();
-        assert!(
-            logged_events == 100 || logged_events == 0,
-            "{logged_events}"
-        );
+        // Acknowledged means in the event log, once each.
+        let mut logged = Vec::new();
+        super::super::eventlog::scan(&store.log_dir, Default::default(), |_, record, _| {
+            logged.extend(record.ids);
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("scan");
+        assert_eq!(logged.len(), 100, "every new event logged");
+        logged.sort();
+        logged.dedup();
+        assert_eq!(logged.len(), 100, "once each");
+        // Answers go out before the index transaction; a flush comes after it.
+        writer.flush().await.expect("flush");
         let handed = handed.lock().expect("lock").clone();
         assert_eq!(handed.len(), 100, "every new event handed on once");
         let mut sorted = handed.clone();
@@ -425,12 +418,6 @@ mod tests {
         assert_eq!(handed, sorted, "in acceptance order");
         assert_eq!(store.pending().expect("pending").len(), 100);
 
-        writer.flush().await.expect("flush");
-        assert_eq!(
-            std::fs::metadata(store.wal_path()).expect("log").len(),
-            0,
-            "a flush empties the log"
-        );
         assert!(writer.is_healthy());
     }
 }

@@ -1,0 +1,211 @@
+use super::*;
+
+fn ev<'a>(seq: u64, id: &'a str, raw: &'a str) -> FrameEvent<'a> {
+    FrameEvent {
+        seq,
+        id,
+        partition: "c:conv",
+        raw,
+    }
+}
+
+fn frames(records: &[(&str, Millis, &[FrameEvent<'_>])]) -> Frames {
+    let mut f = Frames::default();
+    for (d, t, e) in records {
+        f.push(d, *t, e);
+    }
+    f
+}
+
+fn all(dir: &Path) -> (Vec<(Location, LogRecord)>, ScanEnd) {
+    let mut out = Vec::new();
+    let end = scan(dir, Location::default(), |at, record, _| {
+        out.push((at, record));
+        ControlFlow::Continue(())
+    })
+    .expect("scan");
+    (out, end)
+}
+
+#[test]
+fn committed_frames_read_back_at_their_locations_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, torn) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
+    assert!(!torn);
+    let at = log.queue(frames(&[
+        (
+            "d1",
+            5,
+            &[ev(1, "e1", r#"{"id":"e1"}"#), ev(2, "e2", r#"{"id":"e2"}"#)],
+        ),
+        ("d2", 6, &[ev(3, "e3", r#"{"id":"e3"}"#)]),
+    ]));
+    log.commit().expect("commit");
+    assert_eq!(at.len(), 2);
+    let second = read_at(dir.path(), at[1]).expect("read").expect("frame");
+    assert_eq!(
+        (
+            second.delivery.as_str(),
+            second.received_at,
+            second.seqs.clone()
+        ),
+        ("d2", 6, vec![3])
+    );
+    let first = read_at(dir.path(), at[0]).expect("read").expect("frame");
+    assert_eq!(first.position(2), Some(1));
+    assert_eq!(first.events[1].get(), r#"{"id":"e2"}"#);
+    assert_eq!(first.ids, vec!["e1", "e2"]);
+    assert_eq!(first.partitions, vec!["c:conv", "c:conv"]);
+
+    let (records, end) = all(dir.path());
+    let delivered: Vec<_> = records.iter().map(|(_, r)| r.delivery.as_str()).collect();
+    assert_eq!(delivered, vec!["d1", "d2"]);
+    assert_eq!(records[1].0, at[1]);
+    assert_eq!(
+        end.next,
+        log.end(),
+        "the scan ends where appending continues"
+    );
+    assert!(!end.torn_tail);
+}
+
+#[test]
+fn a_torn_tail_is_cut_on_open_and_appending_continues_after_the_intact_frames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
+    log.queue(frames(&[("d1", 1, &[ev(1, "e1", r#"{"id":"e1"}"#)])]));
+    log.commit().expect("commit");
+    let intact = log.end();
+    log.queue(frames(&[("d2", 2, &[ev(2, "e2", r#"{"id":"e2"}"#)])]));
+    log.commit().expect("commit");
+    drop(log);
+    // A crash in the middle of the second frame's write.
+    let path = segment_path(dir.path(), intact.segment);
+    let file = OpenOptions::new().write(true).open(&path).expect("open");
+    file.set_len(intact.offset + 5).expect("truncate");
+    let (records, end) = all(dir.path());
+    assert_eq!(records.len(), 1);
+    assert!(end.torn_tail, "a scan reports the torn tail");
+
+    let (mut log, torn) = Appender::open(dir.path(), SEGMENT_BYTES).expect("reopen");
+    assert!(torn);
+    assert_eq!(log.end(), intact, "the torn bytes are gone");
+    log.queue(frames(&[("d3", 3, &[ev(3, "e3", r#"{"id":"e3"}"#)])]));
+    log.commit().expect("commit");
+    let (records, end) = all(dir.path());
+    let delivered: Vec<_> = records.iter().map(|(_, r)| r.delivery.as_str()).collect();
+    assert_eq!(delivered, vec!["d1", "d3"]);
+    assert!(!end.torn_tail);
+}
+
+#[test]
+fn segments_rotate_at_the_size_limit_and_a_scan_crosses_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = Appender::open(dir.path(), 100).expect("open");
+    let mut at = Vec::new();
+    for i in 0..5u64 {
+        let id = format!("e{i}");
+        let raw = format!(r#"{{"id":"{id}","pad":"{}"}}"#, "x".repeat(40));
+        at.extend(log.queue(frames(&[("d", i as Millis, &[ev(i, &id, &raw)])])));
+        log.commit().expect("commit");
+    }
+    let segs = segments(dir.path()).expect("segments");
+    assert_eq!(segs, vec![1, 2, 3, 4, 5, 6], "each frame fills a segment");
+    assert_eq!(
+        log.end(),
+        Location {
+            segment: 6,
+            offset: 0
+        }
+    );
+    for (i, loc) in at.iter().enumerate() {
+        let record = read_at(dir.path(), *loc).expect("read").expect("frame");
+        assert_eq!(record.seqs, vec![i as u64]);
+    }
+    // From the middle: the third frame on.
+    let mut seen = Vec::new();
+    scan(dir.path(), at[2], |_, r, _| {
+        seen.push(r.seqs[0]);
+        ControlFlow::Continue(())
+    })
+    .expect("scan");
+    assert_eq!(seen, vec![2, 3, 4]);
+    // Pruned segments are skipped; a location inside one reads as gone.
+    remove_segment(dir.path(), 1).expect("remove");
+    assert!(read_at(dir.path(), at[0]).expect("read").is_none());
+    let (records, _) = all(dir.path());
+    assert_eq!(records.len(), 4);
+    assert!(size(dir.path()) > 0);
+}
+
+#[test]
+fn a_bad_frame_in_an_older_segment_is_corruption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = Appender::open(dir.path(), 10).expect("open");
+    for i in 0..2u64 {
+        log.queue(frames(&[("d", 1, &[ev(i, "e", r#"{"id":"e"}"#)])]));
+        log.commit().expect("commit");
+    }
+    let path = segment_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[12] ^= 0xff;
+    std::fs::write(&path, &bytes).expect("write");
+    let err = scan(dir.path(), Location::default(), |_, _, _| {
+        ControlFlow::Continue(())
+    })
+    .expect_err("corrupt");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(err.to_string().contains("corrupt"), "{err}");
+}
+
+#[test]
+fn discarded_frames_are_never_written_and_locations_sort_in_log_order() {
+    let a = Location {
+        segment: 1,
+        offset: 900,
+    };
+    let b = Location {
+        segment: 2,
+        offset: 3,
+    };
+    assert!(
+        a.encode() < b.encode(),
+        "encoded locations sort in log order"
+    );
+    assert_eq!(Location::decode(&b.encode()), Some(b));
+    assert_eq!(Location::decode(b"short"), None);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
+    log.queue(frames(&[("d1", 1, &[ev(1, "e1", r#"{"id":"e1"}"#)])]));
+    log.discard_pending();
+    log.commit().expect("nothing to commit");
+    assert_eq!(
+        log.end(),
+        Location {
+            segment: 1,
+            offset: 0
+        }
+    );
+    assert!(all(dir.path()).0.is_empty());
+}
+
+#[test]
+fn a_layout_1_intake_log_reads_with_empty_index_fields() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("intake.wal");
+    let payload = br#"{"d":"d1","t":5,"e":[{"id":"e1"}]}"#;
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    bytes.extend_from_slice(&[1, 2, 3]); // a torn tail
+    std::fs::write(&path, &bytes).expect("write");
+    let records = read_legacy(&path).expect("read");
+    assert_eq!(records.len(), 1);
+    assert!(records[0].seqs.is_empty());
+    assert_eq!(records[0].events[0].get(), r#"{"id":"e1"}"#);
+    assert!(read_legacy(&dir.path().join("absent"))
+        .expect("read")
+        .is_empty());
+}

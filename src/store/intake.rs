@@ -1,0 +1,403 @@
+//! Accepting events: dedupe, the event log, and the sled index that points into it.
+//!
+//! A group of deliveries goes through three steps, which the writer and syncer threads run in a
+//! pipeline (`writer`), and [`Store::accept_many`] runs in a row:
+//! 1. [`Store::check`]: drop duplicates (against sled and against events still on their way, the
+//!    in-flight set), give each new event its sequence number, frame it for the log;
+//! 2. [`Store::log_queue`] + [`Store::log_commit`]: append and `fdatasync` (the delivery is now
+//!    durable and may be acknowledged);
+//! 3. [`Store::index`]: one sled transaction writes the dedupe and inbox entries and advances the
+//!    index checkpoint; then the in-flight entries are released.
+//!
+//! A crash between 2 and 3 loses nothing: on open, every frame past the checkpoint is indexed
+//! again ([`Store::recover_log`]). A crash before 2 completes leaves at most a torn tail, which
+//! nobody was told about.
+
+use super::eventlog::{self, FrameEvent, Frames, Location};
+use super::{abort, keys, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use crate::ids::{DeliveryId, EventId};
+use crate::webhook::model::Millis;
+use sled::transaction::Transactional;
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
+/// Ids checked as new but not yet in the sled index: a re-send arriving meanwhile is a duplicate.
+#[derive(Default)]
+pub(super) struct InFlight {
+    events: HashSet<String>,
+    deliveries: HashSet<String>,
+}
+
+/// A checked group: its answers, and its new events framed for the log and listed for the index.
+#[derive(Default)]
+pub struct Checked {
+    pub accepted: Vec<Accepted>,
+    pub frames: Frames,
+    pub unindexed: Unindexed,
+    /// Quarantine records were written (to sled directly): answers need a sled flush.
+    pub quarantined: bool,
+}
+
+/// What [`Store::index`] writes for a group, once its frames have locations.
+#[derive(Default)]
+pub struct Unindexed {
+    /// Per frame, in frame order: its events (sequence number, id, partition).
+    frames: Vec<Vec<(u64, EventId, String)>>,
+    /// Where each frame went (filled by [`Unindexed::located`]).
+    at: Vec<Location>,
+    /// Deliveries seen first in this group.
+    deliveries: Vec<(DeliveryId, Millis)>,
+}
+
+impl Unindexed {
+    pub fn located(&mut self, at: Vec<Location>) {
+        self.at = at;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty() && self.deliveries.is_empty()
+    }
+}
+
+impl Store {
+    /// Step 1: dedupe a group of deliveries (in order; a delivery or event repeated within the
+    /// group is a duplicate too) and frame its new events. Invalid events of a delivery seen first
+    /// are quarantined here, in sled, directly.
+    pub fn check(&self, requests: &[AcceptRequest<'_>]) -> Result<Checked, StoreError> {
+        self.check_group(requests, true)
+    }
+
+    /// `delivery_dedupe = false` looks at every event even of a known delivery (log recovery of
+    /// layout 1, where a delivery may be recorded and only some of its events stored).
+    fn check_group(
+        &self,
+        requests: &[AcceptRequest<'_>],
+        delivery_dedupe: bool,
+    ) -> Result<Checked, StoreError> {
+        let mut in_flight = self.in_flight.lock().map_err(|_| poisoned())?;
+        let mut out = Checked::default();
+        for request in requests {
+            let delivery = request.delivery;
+            let known = in_flight.deliveries.contains(delivery.as_str())
+                || self.deliveries.contains_key(delivery.as_str())?;
+            if known && delivery_dedupe {
+                out.accepted.push(Accepted {
+                    duplicate_delivery: true,
+                    duplicate_events: request.events.len(),
+                    ..Accepted::default()
+                });
+                continue;
+            }
+            let mut accepted = Accepted::default();
+            let mut rows = Vec::new();
+            for (index, ev) in request.events.iter().enumerate() {
+                let id = &ev.event.id;
+                if in_flight.events.contains(id.as_str()) || self.seen.contains_key(id.as_str())? {
+                    accepted.duplicate_events += 1;
+                    continue;
+                }
+                let seq = self.db.generate_id()?;
+                in_flight.events.insert(id.as_str().to_owned());
+                rows.push((seq, id.clone(), ev.partition.encode()));
+                accepted.new.push((seq, ev.partition.clone()));
+                accepted.new_index.push(index);
+            }
+            // Invalid events of a delivery seen before were quarantined the first time.
+            if !known {
+                for bad in request.invalid {
+                    accepted.quarantined.push(self.quarantine(bad.clone())?);
+                    out.quarantined = true;
+                }
+            }
+            if !known && (!accepted.new.is_empty() || !accepted.quarantined.is_empty()) {
+                in_flight.deliveries.insert(delivery.as_str().to_owned());
+                out.unindexed
+                    .deliveries
+                    .push((delivery.clone(), request.received_at));
+            }
+            if !rows.is_empty() {
+                let picked = accepted.new_index.iter().map(|i| &request.events[*i]);
+                let events: Vec<FrameEvent<'_>> = rows
+                    .iter()
+                    .zip(picked)
+                    .map(|((seq, id, partition), ev)| FrameEvent {
+                        seq: *seq,
+                        id: id.as_str(),
+                        partition,
+                        raw: &ev.raw,
+                    })
+                    .collect();
+                out.frames
+                    .push(delivery.as_str(), request.received_at, &events);
+                out.unindexed.frames.push(rows);
+            }
+            out.accepted.push(accepted);
+        }
+        Ok(out)
+    }
+
+    /// Step 2a: queue frames for the next commit; returns where each will be.
+    pub fn log_queue(&self, frames: Frames) -> Result<Vec<Location>, StoreError> {
+        Ok(self.appender.lock().map_err(|_| poisoned())?.queue(frames))
+    }
+
+    /// Step 2b: write and sync what is queued. Returns where the log ends: every frame before it
+    /// is durable. On error nothing queued is in the log.
+    pub fn log_commit(&self) -> Result<Location, StoreError> {
+        let mut log = self.appender.lock().map_err(|_| poisoned())?;
+        log.commit().map_err(io)?;
+        Ok(log.end())
+    }
+
+    /// Drop queued frames whose commit will not happen.
+    pub fn log_discard(&self) {
+        if let Ok(mut log) = self.appender.lock() {
+            log.discard_pending();
+        }
+    }
+
+    /// Step 3: index committed groups in one transaction, and advance the checkpoint to `to`
+    /// (every frame before it is in these groups or indexed earlier). Then release their ids.
+    pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
+        let trees = (&self.seen, &self.inbox, &self.deliveries, &self.meta);
+        trees.transaction(|(seen, inbox, deliveries, meta)| {
+            for group in groups {
+                if group.at.len() != group.frames.len() {
+                    return Err(abort("index: frames without locations"));
+                }
+                for (rows, at) in group.frames.iter().zip(&group.at) {
+                    for (seq, id, partition) in rows {
+                        seen.insert(id.as_str(), &keys::seen_value(*seq, *at))?;
+                        inbox.insert(&keys::seq(*seq), keys::inbox_value(*at, partition))?;
+                    }
+                }
+                for (delivery, received_at) in &group.deliveries {
+                    deliveries.insert(delivery.as_str(), &received_at.to_be_bytes())?;
+                }
+            }
+            meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
+            Ok(())
+        })?;
+        self.release(groups);
+        Ok(())
+    }
+
+    /// True when every accepted event is indexed (an acknowledged event is in the inbox, or
+    /// folded). Events are handed to the dispatcher only after that.
+    pub fn all_indexed(&self) -> bool {
+        self.in_flight
+            .lock()
+            .is_ok_and(|in_flight| in_flight.events.is_empty())
+    }
+
+    /// Forget groups' in-flight ids: indexed, or never logged (so a re-send is accepted).
+    pub fn release(&self, groups: &[Unindexed]) {
+        let Ok(mut in_flight) = self.in_flight.lock() else {
+            return;
+        };
+        for group in groups {
+            for (_, id, _) in group.frames.iter().flatten() {
+                in_flight.events.remove(id.as_str());
+            }
+            for (delivery, _) in &group.deliveries {
+                in_flight.deliveries.remove(delivery.as_str());
+            }
+        }
+    }
+
+    /// All three steps for one group, in a row: for offline tools, tests and recovery. Durable
+    /// when it returns. Not to be run while a writer runs on the same store.
+    pub fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
+        if self
+            .writer_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Internal(
+                "accept_many called while a writer owns intake".into(),
+            ));
+        }
+        self.accept_in_a_row(requests, true)
+    }
+
+    fn accept_in_a_row(
+        &self,
+        requests: &[AcceptRequest<'_>],
+        delivery_dedupe: bool,
+    ) -> Result<Vec<Accepted>, StoreError> {
+        let mut checked = self.check_group(requests, delivery_dedupe)?;
+        let logged = self
+            .log_queue(std::mem::take(&mut checked.frames))
+            .and_then(|at| Ok((at, self.log_commit()?)));
+        match logged {
+            Ok((at, to)) => {
+                checked.unindexed.located(at);
+                self.index(std::slice::from_ref(&checked.unindexed), to)?;
+            }
+            Err(e) => {
+                self.log_discard();
+                self.release(std::slice::from_ref(&checked.unindexed));
+                return Err(e);
+            }
+        }
+        if checked.quarantined {
+            self.db.flush()?;
+        }
+        Ok(checked.accepted)
+    }
+
+    /// Index every frame past the checkpoint (written and synced, maybe acknowledged, but the
+    /// sled transaction that indexes it did not reach the disk before a crash).
+    pub(super) fn recover_log(&self, torn_tail: bool) -> Result<(), StoreError> {
+        let from = self
+            .meta
+            .get(keys::meta::INDEXED_TO)?
+            .and_then(|b| Location::decode(&b))
+            .unwrap_or_default();
+        let mut group = Unindexed::default();
+        let mut failed = None;
+        let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
+            let mut rows = Vec::with_capacity(record.seqs.len());
+            for ((seq, id), partition) in
+                record.seqs.iter().zip(&record.ids).zip(&record.partitions)
+            {
+                match self.seen.contains_key(id.as_bytes()) {
+                    Ok(true) => {}
+                    Ok(false) => rows.push((*seq, EventId::new(id.clone()), partition.clone())),
+                    Err(e) => {
+                        failed = Some(e);
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
+            group.frames.push(rows);
+            group.at.push(at);
+            group
+                .deliveries
+                .push((DeliveryId::new(record.delivery), record.received_at));
+            ControlFlow::Continue(())
+        })
+        .map_err(io)?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        let events: usize = group.frames.iter().map(Vec::len).sum();
+        let frames = group.frames.len();
+        if frames == 0 && !torn_tail {
+            return Ok(());
+        }
+        self.index(std::slice::from_ref(&group), end.next)?;
+        self.db.flush()?;
+        tracing::info!(
+            frames,
+            events,
+            torn_tail,
+            "indexed the event log's tail after an unclean stop"
+        );
+        Ok(())
+    }
+
+    /// Move a layout-1 store's event bodies (sled tree and intake log) into the event log.
+    pub(super) fn migrate_layout_1(&self) -> Result<(), StoreError> {
+        let legacy = self.db.open_tree(keys::tree::LEGACY_EVENTS)?;
+        let mut moved = 0usize;
+        let mut batch: Vec<super::EventRecord> = Vec::new();
+        let mut iter = legacy.iter();
+        loop {
+            let next = iter.next().transpose()?;
+            if let Some((_, value)) = &next {
+                batch.push(super::decode(value, "event record")?);
+            }
+            if batch.len() >= 1_000 || (next.is_none() && !batch.is_empty()) {
+                moved += batch.len();
+                self.move_legacy(std::mem::take(&mut batch))?;
+            }
+            if next.is_none() {
+                break;
+            }
+        }
+        // Deliveries acknowledged through the old intake log, perhaps not yet in sled.
+        let records = eventlog::read_legacy(&self.wal_path).map_err(io)?;
+        for record in &records {
+            let delivery = DeliveryId::new(record.delivery.clone());
+            let mut events = Vec::with_capacity(record.events.len());
+            let mut bad = Vec::new();
+            for raw in &record.events {
+                match crate::webhook::validate_event(raw) {
+                    Ok(ev) => events.push(ev),
+                    Err(e) => bad.push(QuarantineRecord::invalid_event(
+                        &e.to_string(),
+                        raw.get(),
+                        &record.delivery,
+                        None,
+                        record.received_at,
+                    )),
+                }
+            }
+            let request = AcceptRequest {
+                delivery: &delivery,
+                events: &events,
+                invalid: &bad,
+                received_at: record.received_at,
+            };
+            self.accept_in_a_row(std::slice::from_ref(&request), false)?;
+        }
+        self.db.drop_tree(keys::tree::LEGACY_EVENTS)?;
+        self.meta.remove(keys::meta::LEGACY_DEDUPE_PRUNED_THROUGH)?;
+        self.meta.insert(
+            keys::meta::LAYOUT_VERSION,
+            &super::LAYOUT_VERSION.to_be_bytes(),
+        )?;
+        self.db.flush()?;
+        match std::fs::remove_file(&self.wal_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
+        tracing::info!(
+            events = moved,
+            intake_log_records = records.len(),
+            "moved event bodies out of sled (store layout 1 -> 2)"
+        );
+        Ok(())
+    }
+
+    fn move_legacy(&self, batch: Vec<super::EventRecord>) -> Result<(), StoreError> {
+        let mut frames = Frames::default();
+        for r in &batch {
+            let event = FrameEvent {
+                seq: r.seq,
+                id: r.id.as_str(),
+                partition: &r.partition,
+                raw: r.event.get(),
+            };
+            frames.push(r.delivery.as_str(), r.received_at, &[event]);
+        }
+        let at = self.log_queue(frames)?;
+        let to = self.log_commit()?;
+        let trees = (&self.seen, &self.inbox, &self.meta);
+        trees.transaction(|(seen, inbox, meta)| {
+            for (r, at) in batch.iter().zip(&at) {
+                let key = keys::seq(r.seq);
+                let mine = seen
+                    .get(r.id.as_str())?
+                    .is_some_and(|v| keys::parse_seen(&v).map(|s| s.0) == Some(r.seq));
+                if mine {
+                    seen.insert(r.id.as_str(), &keys::seen_value(r.seq, *at))?;
+                }
+                if inbox.get(key)?.is_some() {
+                    inbox.insert(&key, keys::inbox_value(*at, &r.partition))?;
+                }
+            }
+            meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+fn io(e: std::io::Error) -> StoreError {
+    StoreError::Log(e.to_string())
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Corrupt("intake lock poisoned (a writer panicked)".into())
+}
