@@ -383,14 +383,18 @@ fn load_dir_reads_toml_files_in_name_order() {
 fn the_example_rule_set_in_the_repository_compiles_and_decides() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
     let set = RuleSet::load_dir(&dir).expect("rules/examples must stay valid");
-    assert_eq!(set.rules().len(), 3);
+    assert_eq!(set.rules().len(), 4);
     let (event, state) = fixture("message-received-text.json");
-    let kinds: Vec<&str> = set
-        .decide(&event, &state, NOW)
-        .iter()
-        .map(|d| d.action.name())
-        .collect();
-    assert_eq!(kinds, ["set_manual", "send_message", "update_state"]);
+    let kinds = |now: Millis| -> Vec<&str> {
+        set.decide(&event, &state, now)
+            .iter()
+            .map(|d| d.action.name())
+            .collect()
+    };
+    // NOW is a Friday morning in Seoul: the agent is called.
+    assert_eq!(kinds(NOW), ["set_manual", "send_message", "update_state"]);
+    // The next day is a Saturday: only the after-hours reply, and the bot stays on.
+    assert_eq!(kinds(NOW + 24 * 3_600_000), ["send_message"]);
 }
 
 #[test]
