@@ -1,14 +1,17 @@
-//! Conditions: `all` / `any` / `not` over leaves that test one field of the rule context.
+//! Conditions: `all` / `any` / `not` over leaves that test one field of the rule context, or
+//! whether a business-hours calendar is open.
 //!
-//! A condition is written as a table with exactly one of `all`, `any`, `not` or `field` (+ one
-//! operator). It is parsed into [`RawCondition`] (every key optional, unknown keys refused) and
-//! then compiled, so every mistake is reported with its place instead of serde's guess at an
-//! untagged enum.
+//! A condition is written as a table with exactly one of `all`, `any`, `not`, `field` (+ one
+//! operator) or `business_hours`. It is parsed into [`RawCondition`] (every key optional, unknown
+//! keys refused) and then compiled, so every mistake is reported with its place instead of serde's
+//! guess at an untagged enum.
 
+use super::calendar::{Calendar, Calendars};
 use super::context;
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
+use std::sync::Arc;
 
 /// A condition as written in a rule file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -18,6 +21,7 @@ pub struct RawCondition {
     any: Option<Vec<RawCondition>>,
     not: Option<Box<RawCondition>>,
     field: Option<String>,
+    business_hours: Option<String>,
     equals: Option<Value>,
     not_equals: Option<Value>,
     #[serde(rename = "in")]
@@ -39,7 +43,12 @@ pub enum Condition {
     All(Vec<Condition>),
     Any(Vec<Condition>),
     Not(Box<Condition>),
-    Leaf { path: Vec<String>, op: Op },
+    Leaf {
+        path: Vec<String>,
+        op: Op,
+    },
+    /// The calendar is open for the conversation's bot at the context's `now`.
+    BusinessHours(Arc<Calendar>),
 }
 
 #[derive(Clone, Debug)]
@@ -60,18 +69,26 @@ pub enum Op {
 }
 
 impl RawCondition {
-    /// Compile, reporting problems as `(key path, message)`; `at` is where this condition sits.
-    pub fn compile(&self, at: &str, problems: &mut Vec<(String, String)>) -> Option<Condition> {
+    /// Compile, reporting problems as `(key path, message)`; `at` is where this condition sits,
+    /// `calendars` what `business_hours` may name.
+    pub fn compile(
+        &self,
+        at: &str,
+        calendars: &Calendars,
+        problems: &mut Vec<(String, String)>,
+    ) -> Option<Condition> {
         let shapes = [
             self.all.is_some(),
             self.any.is_some(),
             self.not.is_some(),
             self.field.is_some(),
+            self.business_hours.is_some(),
         ];
         if shapes.iter().filter(|s| **s).count() != 1 {
             problems.push((
                 at.to_owned(),
-                "a condition needs exactly one of `all`, `any`, `not` or `field`".into(),
+                "a condition needs exactly one of `all`, `any`, `not`, `field` or `business_hours`"
+                    .into(),
             ));
             return None;
         }
@@ -82,14 +99,15 @@ impl RawCondition {
             let compiled: Vec<Condition> = items
                 .iter()
                 .enumerate()
-                .filter_map(|(i, c)| c.compile(&format!("{at}.{key}[{i}]"), problems))
+                .filter_map(|(i, c)| c.compile(&format!("{at}.{key}[{i}]"), calendars, problems))
                 .collect();
             (compiled.len() == items.len()).then_some(compiled)
         };
         if self.field.is_none() && self.op_count() > 0 {
             problems.push((
                 at.to_owned(),
-                "an operator belongs to a `field` condition, not next to `all`, `any` or `not`"
+                "an operator belongs to a `field` condition, not next to `all`, `any`, `not` or \
+                 `business_hours`"
                     .into(),
             ));
             return None;
@@ -102,8 +120,17 @@ impl RawCondition {
         }
         if let Some(inner) = &self.not {
             return inner
-                .compile(&format!("{at}.not"), problems)
+                .compile(&format!("{at}.not"), calendars, problems)
                 .map(|c| Condition::Not(Box::new(c)));
+        }
+        if let Some(name) = &self.business_hours {
+            return match calendars.get(name) {
+                Ok(calendar) => Some(Condition::BusinessHours(calendar)),
+                Err(message) => {
+                    problems.push((format!("{at}.business_hours"), message));
+                    None
+                }
+            };
         }
         let field = self.field.as_deref().unwrap_or_default();
         let path: Vec<String> = field.split('.').map(str::to_owned).collect();
@@ -205,6 +232,11 @@ impl Condition {
             Condition::Any(items) => items.iter().any(|c| c.holds(ctx)),
             Condition::Not(inner) => !inner.holds(ctx),
             Condition::Leaf { path, op } => op.holds(context::lookup(ctx, path)),
+            Condition::BusinessHours(calendar) => {
+                let bot_id = ctx.get("bot_id").and_then(Value::as_str);
+                let now = ctx.get("now").and_then(Value::as_i64);
+                now.is_some_and(|now| calendar.is_open(now, bot_id))
+            }
         }
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! The file format is documented in `rules/README.md`. Everything that can be checked is checked
 //! when the files are loaded (unknown keys, event types, fields, operators, regexes, template
-//! syntax, action shapes), and every problem is reported at once with its file and place.
+//! syntax, action shapes, calendars), and every problem is reported at once with its file and
+//! place.
 
 mod action;
+mod calendar;
 mod condition;
 pub mod context;
 
@@ -14,10 +16,12 @@ use crate::actions::{Decide, Decision};
 use crate::state::ConversationState;
 use crate::webhook::model::{Event, EventKind, Millis};
 use action::ActionSpec;
+use calendar::{Calendars, RawCalendar};
 use condition::{Condition, RawCondition};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
 
@@ -62,6 +66,9 @@ pub enum LoadError {
 struct RuleFile {
     #[serde(default, rename = "rule")]
     rules: Vec<RawRule>,
+    /// Business-hours calendars by name; any file's rules may use any file's calendars.
+    #[serde(default, rename = "calendar")]
+    calendars: BTreeMap<String, RawCalendar>,
 }
 
 #[derive(Deserialize)]
@@ -163,19 +170,21 @@ impl RuleSet {
         let mut env = template_env();
         let mut rules = Vec::new();
         let mut problems = Vec::new();
-        let mut names = std::collections::HashMap::new();
+        let mut parsed = Vec::with_capacity(sources.len());
         for (file, text) in sources {
-            let parsed: RuleFile = match toml::from_str(text) {
-                Ok(f) => f,
-                Err(e) => {
-                    problems.push(RuleError {
-                        file: file.clone(),
-                        at: String::new(),
-                        message: e.to_string().trim_end().to_owned(),
-                    });
-                    continue;
-                }
-            };
+            match toml::from_str::<RuleFile>(text) {
+                Ok(f) => parsed.push((file, f)),
+                Err(e) => problems.push(RuleError {
+                    file: file.clone(),
+                    at: String::new(),
+                    message: e.to_string().trim_end().to_owned(),
+                }),
+            }
+        }
+        // Calendars first: a rule may name one defined in a later file.
+        let calendars = compile_calendars(&parsed, &mut problems);
+        let mut names = HashMap::new();
+        for (file, parsed) in parsed {
             for (position, raw) in parsed.rules.into_iter().enumerate() {
                 let at = format!("rule[{position}] ({})", raw.name);
                 let mut report = |key: String, message: String| {
@@ -196,7 +205,7 @@ impl RuleSet {
                         format!("`{}` is already the name of a rule in {first}", raw.name),
                     );
                 }
-                if let Some(rule) = compile(raw, file, &mut env, &mut report) {
+                if let Some(rule) = compile(raw, file, &calendars, &mut env, &mut report) {
                     rules.push(rule);
                 }
             }
@@ -224,9 +233,44 @@ impl RuleSet {
     }
 }
 
+/// Every file's calendars; a name defined twice is reported where it is defined again.
+fn compile_calendars(parsed: &[(&String, RuleFile)], problems: &mut Vec<RuleError>) -> Calendars {
+    let mut calendars = Calendars::default();
+    let mut defined_in = HashMap::new();
+    for (file, parsed) in parsed {
+        for (name, raw) in &parsed.calendars {
+            let report = |key: &str, message: String| RuleError {
+                file: (*file).clone(),
+                at: if key.is_empty() {
+                    format!("calendar.{name}")
+                } else {
+                    format!("calendar.{name}.{key}")
+                },
+                message,
+            };
+            if let Some(first) = defined_in.insert(name.clone(), *file) {
+                problems.push(report(
+                    "",
+                    format!("`{name}` is already the name of a calendar in {first}"),
+                ));
+                continue;
+            }
+            match raw.compile() {
+                Ok(calendar) => calendars.insert(name.clone(), Some(calendar)),
+                Err(list) => {
+                    problems.extend(list.into_iter().map(|(key, message)| report(&key, message)));
+                    calendars.insert(name.clone(), None);
+                }
+            }
+        }
+    }
+    calendars
+}
+
 fn compile(
     raw: RawRule,
     file: &str,
+    calendars: &Calendars,
     env: &mut Environment<'static>,
     report: &mut impl FnMut(String, String),
 ) -> Option<Rule> {
@@ -269,7 +313,7 @@ fn compile(
     let when = raw
         .when
         .as_ref()
-        .and_then(|c| c.compile("when", &mut condition_problems));
+        .and_then(|c| c.compile("when", calendars, &mut condition_problems));
     for (key, message) in condition_problems {
         report(key, message);
         ok = false;

@@ -189,7 +189,9 @@ fn every_operator_tests_what_it_says() {
     let holds = |cond: &str| {
         let raw: RawCondition = toml::from_str(cond).expect("condition toml");
         let mut p = Vec::new();
-        let c = raw.compile("when", &mut p).expect("compiles");
+        let c = raw
+            .compile("when", &calendar::Calendars::default(), &mut p)
+            .expect("compiles");
         c.holds(&ctx)
     };
     let text = "field = \"message.data.text\"";
@@ -381,14 +383,18 @@ fn load_dir_reads_toml_files_in_name_order() {
 fn the_example_rule_set_in_the_repository_compiles_and_decides() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
     let set = RuleSet::load_dir(&dir).expect("rules/examples must stay valid");
-    assert_eq!(set.rules().len(), 3);
+    assert_eq!(set.rules().len(), 4);
     let (event, state) = fixture("message-received-text.json");
-    let kinds: Vec<&str> = set
-        .decide(&event, &state, NOW)
-        .iter()
-        .map(|d| d.action.name())
-        .collect();
-    assert_eq!(kinds, ["set_manual", "send_message", "update_state"]);
+    let kinds = |now: Millis| -> Vec<&str> {
+        set.decide(&event, &state, now)
+            .iter()
+            .map(|d| d.action.name())
+            .collect()
+    };
+    // NOW is a Friday morning in Seoul: the agent is called.
+    assert_eq!(kinds(NOW), ["set_manual", "send_message", "update_state"]);
+    // The next day is a Saturday: only the after-hours reply, and the bot stays on.
+    assert_eq!(kinds(NOW + 24 * 3_600_000), ["send_message"]);
 }
 
 #[test]
@@ -450,4 +456,155 @@ fn templates_are_not_html_escaped_and_old_timestamps_do_not_overflow() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Seoul hours for the fixtures' bot; `NOW` is Friday 2025-11-21 11:01 in Seoul.
+const SUPPORT_CALENDAR: &str = r#"
+    [calendar.support]
+    time_zone = "Asia/Seoul"
+    bots = ["B7f3a2c"]
+    holidays = ["2025-12-22"]
+    [calendar.support.hours]
+    mon = ["09:00-18:00"]
+    fri = ["09:00-12:00", "13:00-18:00"]
+
+    [calendar.other-bot]
+    time_zone = "UTC"
+    bots = ["someone-else"]
+    [calendar.other-bot.hours]
+    fri = ["00:00-24:00"]
+"#;
+
+#[test]
+fn business_hours_holds_when_the_conversations_bot_is_open_in_the_calendar() {
+    // The calendar is defined in a later file than the rules that use it.
+    let set = RuleSet::from_sources(&[
+        (
+            "a.toml".into(),
+            r#"
+            [[rule]]
+            name = "open"
+            on = ["*"]
+            when = { business_hours = "support" }
+            actions = [{ type = "update_state", add_labels = ["open"] }]
+
+            [[rule]]
+            name = "closed"
+            on = ["*"]
+            when = { not = { business_hours = "support" } }
+            actions = [{ type = "update_state", add_labels = ["closed"] }]
+
+            [[rule]]
+            name = "other-bot"
+            on = ["*"]
+            when = { business_hours = "other-bot" }
+            actions = [{ type = "update_state", add_labels = ["other"] }]
+            "#
+            .into(),
+        ),
+        ("b.toml".into(), SUPPORT_CALENDAR.into()),
+    ])
+    .expect("rules compile");
+    let (event, state) = fixture("message-received-text.json");
+    assert_eq!(state.bot_id.as_ref().map(|b| b.as_str()), Some("B7f3a2c"));
+    let fired = |now: Millis| -> Vec<String> {
+        set.decide(&event, &state, now)
+            .into_iter()
+            .map(|d| d.rule)
+            .collect()
+    };
+    let hour = 3_600_000;
+    // Fri 11:01 and 13:01 are open, the lunch break (12:01) is not; `other-bot` is open all
+    // Friday, but not for this conversation's bot.
+    assert_eq!(fired(NOW), ["open"]);
+    assert_eq!(fired(NOW + hour), ["closed"]);
+    assert_eq!(fired(NOW + 2 * hour), ["open"]);
+    // Saturday 11:01; Monday 11:01, open a week before the holiday and closed on it.
+    let day = 24 * hour;
+    assert_eq!(fired(NOW + day), ["closed"]);
+    assert_eq!(fired(NOW + 24 * day), ["open"], "Mon 2025-12-15");
+    assert_eq!(
+        fired(NOW + 31 * day),
+        ["closed"],
+        "Mon 2025-12-22, a holiday"
+    );
+}
+
+#[test]
+fn every_calendar_problem_is_reported_with_its_place() {
+    let found = problems(
+        r#"
+        [calendar.support]
+        time_zone = "Asia/Seol"
+        holidays = ["2026-12-25", "2026-02-30", "12/25/2026"]
+        [calendar.support.hours]
+        mon = ["09:00-12:00", "11:00-13:00"]
+        tue = ["22:00-06:00"]
+        wed = ["9:00-18:00", "09:00-24:01"]
+        thu = ["10:00-10:00"]
+        monday = ["09:00-18:00"]
+
+        [calendar.fine]
+        time_zone = "UTC"
+        [calendar.fine.hours]
+        mon = ["00:00-24:00"]
+
+        [[rule]]
+        name = "typo"
+        on = ["*"]
+        when = { business_hours = "suport" }
+
+        [[rule]]
+        name = "uses-broken"
+        on = ["*"]
+        when = { any = [{ business_hours = "fine" }, { not = { business_hours = "support" } }] }
+
+        [[rule]]
+        name = "stray"
+        on = ["*"]
+        when = { business_hours = "fine", equals = true }
+
+        [[rule]]
+        name = "both"
+        on = ["*"]
+        when = { business_hours = "fine", field = "now", gt = 0 }
+        "#,
+    );
+    let has = |needle: &str| assert_mentioned(&found, needle);
+    has("bad.toml: calendar.support.time_zone: `Asia/Seol` is not a time zone");
+    has("calendar.support.holidays[1]: `2026-02-30` is not a date YYYY-MM-DD");
+    has("calendar.support.holidays[2]: `12/25/2026` is not a date");
+    has("calendar.support.hours.mon[1]: `11:00-13:00` overlaps `09:00-12:00`");
+    has("calendar.support.hours.tue[0]: `22:00-06:00` does not end after it starts; a range lies within one day (overnight: split it into two days");
+    has("calendar.support.hours.wed[0]: `9:00-18:00` is not a range HH:MM-HH:MM");
+    has("calendar.support.hours.wed[1]: `09:00-24:01` is not a range");
+    has("calendar.support.hours.thu[0]: `10:00-10:00` does not end after it starts");
+    has("calendar.support.hours.monday: `monday` is not a day");
+    has("rule[0] (typo).when.business_hours: no calendar `suport` is defined (defined: fine, support)");
+    has("rule[1] (uses-broken).when.any[1].not.business_hours: calendar `support` has problems");
+    has("rule[2] (stray).when: an operator belongs to a `field` condition");
+    has("rule[3] (both).when: a condition needs exactly one of");
+    assert_eq!(found.len(), 13, "{found:#?}");
+}
+
+#[test]
+fn a_calendar_name_defined_twice_and_unknown_calendar_keys_are_refused() {
+    let calendar = "[calendar.support]\ntime_zone = \"UTC\"\nhours = {}\n";
+    match RuleSet::from_sources(&[
+        ("a.toml".into(), calendar.into()),
+        ("b.toml".into(), calendar.into()),
+    ]) {
+        Err(LoadError::Invalid(p)) => {
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(
+                p[0].to_string(),
+                "b.toml: calendar.support: `support` is already the name of a calendar in a.toml"
+            );
+        }
+        other => panic!("duplicate calendar accepted: {other:?}"),
+    }
+    let found = problems("[calendar.support]\ntimezone = \"UTC\"\nhours = {}\n");
+    assert_mentioned(&found, "timezone");
+    let found = problems("[calendar.support]\ntime_zone = \"UTC\"\n");
+    assert_mentioned(&found, "hours");
 }
