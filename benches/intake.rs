@@ -737,6 +737,8 @@ struct MemoryResult {
     hwm_kb: Option<u64>,
     rss_anon_kb: Option<u64>,
     disk: (u64, u64),
+    /// Apparent bytes of the event log (`store/events`), the rest being sled and small files.
+    event_log: u64,
     metrics: Option<DaemonMetrics>,
     shutdown: Duration,
     restart: Duration,
@@ -900,6 +902,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
     let rss_anon_kb = proc_status_kb(daemon.pid, "RssAnon");
     let metrics = daemon_metrics(&http, &daemon.base());
     let disk = dir_size(&data);
+    let event_log = dir_size(&data.join("store").join("events")).0;
     eprintln!(
         "[memory] drained after {:?}; VmRSS {} kB (peak {} kB); data dir {} bytes",
         drained_after,
@@ -935,6 +938,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         hwm_kb,
         rss_anon_kb,
         disk,
+        event_log,
         metrics,
         shutdown,
         restart,
@@ -1164,6 +1168,13 @@ fn report(
             m.disk.0 as f64 / 1048576.0,
             m.disk.1 as f64 / 1048576.0,
             m.disk.0 as f64 / (s.events.max(1)) as f64
+        );
+        let _ = writeln!(
+            r,
+            "| of which the event log | {:.1} MiB ({:.0} bytes per event); sled and the rest {:.1} MiB |",
+            m.event_log as f64 / 1048576.0,
+            m.event_log as f64 / (s.events.max(1)) as f64,
+            m.disk.0.saturating_sub(m.event_log) as f64 / 1048576.0
         );
         let _ = writeln!(
             r,

@@ -26,6 +26,9 @@ use std::ops::ControlFlow;
 pub(super) struct InFlight {
     events: HashSet<String>,
     deliveries: HashSet<String>,
+    /// Counts failed log writes. A group judged a duplicate of an in-flight id may be answered
+    /// only if no log write failed since: the original may have been the one that failed.
+    failures: u64,
 }
 
 /// A checked group: its answers, and its new events framed for the log and listed for the index.
@@ -36,6 +39,22 @@ pub struct Checked {
     pub unindexed: Unindexed,
     /// Quarantine records were written (to sled directly): answers need a sled flush.
     pub quarantined: bool,
+    /// Some id was a duplicate only of an in-flight one: the failure count seen then.
+    relies_on_in_flight: Option<u64>,
+}
+
+impl Checked {
+    /// Whether this group's duplicates of in-flight ids still hold: no log write failed since it
+    /// was checked. Otherwise it must not be answered 200 (a re-send will be judged again).
+    pub fn duplicates_hold(&self, store: &Store) -> bool {
+        match self.relies_on_in_flight {
+            None => true,
+            Some(seen) => store
+                .in_flight
+                .lock()
+                .is_ok_and(|in_flight| in_flight.failures == seen),
+        }
+    }
 }
 
 /// What [`Store::index`] writes for a group, once its frames have locations.
@@ -78,8 +97,11 @@ impl Store {
         let mut out = Checked::default();
         for request in requests {
             let delivery = request.delivery;
-            let known = in_flight.deliveries.contains(delivery.as_str())
-                || self.deliveries.contains_key(delivery.as_str())?;
+            let known_in_flight = in_flight.deliveries.contains(delivery.as_str());
+            let known = known_in_flight || self.deliveries.contains_key(delivery.as_str())?;
+            if known_in_flight {
+                out.relies_on_in_flight = Some(in_flight.failures);
+            }
             if known && delivery_dedupe {
                 out.accepted.push(Accepted {
                     duplicate_delivery: true,
@@ -92,7 +114,12 @@ impl Store {
             let mut rows = Vec::new();
             for (index, ev) in request.events.iter().enumerate() {
                 let id = &ev.event.id;
-                if in_flight.events.contains(id.as_str()) || self.seen.contains_key(id.as_str())? {
+                if in_flight.events.contains(id.as_str()) {
+                    out.relies_on_in_flight = Some(in_flight.failures);
+                    accepted.duplicate_events += 1;
+                    continue;
+                }
+                if self.seen.contains_key(id.as_str())? {
                     accepted.duplicate_events += 1;
                     continue;
                 }
@@ -190,11 +217,24 @@ impl Store {
             .is_ok_and(|in_flight| in_flight.events.is_empty())
     }
 
-    /// Forget groups' in-flight ids: indexed, or never logged (so a re-send is accepted).
+    /// Forget groups' in-flight ids once indexed.
     pub fn release(&self, groups: &[Unindexed]) {
+        self.forget(groups, false);
+    }
+
+    /// Forget groups' in-flight ids after their log write failed, so a re-send is accepted; and
+    /// void the duplicate verdicts that relied on them (see [`Checked::duplicates_hold`]).
+    pub fn release_failed(&self, groups: &[Unindexed]) {
+        self.forget(groups, true);
+    }
+
+    fn forget(&self, groups: &[Unindexed], failed: bool) {
         let Ok(mut in_flight) = self.in_flight.lock() else {
             return;
         };
+        if failed {
+            in_flight.failures += 1;
+        }
         for group in groups {
             for (_, id, _) in group.frames.iter().flatten() {
                 in_flight.events.remove(id.as_str());
@@ -235,7 +275,7 @@ impl Store {
             }
             Err(e) => {
                 self.log_discard();
-                self.release(std::slice::from_ref(&checked.unindexed));
+                self.release_failed(std::slice::from_ref(&checked.unindexed));
                 return Err(e);
             }
         }

@@ -698,3 +698,46 @@ fn a_dead_letter_is_retried_or_dropped_once_whatever_comes_first() {
     assert_eq!(finished[0].outcome, "dropped");
     assert_eq!(finished[0].note.as_deref(), Some("by hand"));
 }
+
+#[test]
+fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fails() {
+    let (_d, store) = store();
+    let body = delivery("d1", &[("e1", "c1", 1)]);
+    let parsed = parse_delivery(&body).expect("valid");
+    let request = AcceptRequest {
+        delivery: &parsed.id,
+        events: &parsed.events,
+        invalid: &[],
+        received_at: 5,
+    };
+    let original = store.check(&[request]).expect("check");
+    assert_eq!(original.accepted[0].new.len(), 1);
+    assert!(
+        original.duplicates_hold(&store),
+        "no in-flight verdicts in it"
+    );
+    // The service re-sends before the original is logged: a duplicate of an in-flight id.
+    let again = store.check(&[request]).expect("check again");
+    assert!(again.accepted[0].duplicate_delivery);
+    assert!(again.duplicates_hold(&store));
+    let other = parse_delivery(&delivery("d2", &[("e1", "c1", 1)])).expect("valid");
+    let by_event = store
+        .check(&[AcceptRequest {
+            delivery: &other.id,
+            events: &other.events,
+            invalid: &[],
+            received_at: 5,
+        }])
+        .expect("check d2");
+    assert_eq!(by_event.accepted[0].duplicate_events, 1);
+    // The original's log write fails: both verdicts are void, and a third try is new.
+    store.release_failed(std::slice::from_ref(&original.unindexed));
+    assert!(!again.duplicates_hold(&store));
+    assert!(!by_event.duplicates_hold(&store));
+    assert!(
+        store.all_indexed(),
+        "nothing is in flight after the failure"
+    );
+    let third = store.accept_many(&[request]).expect("accept");
+    assert_eq!(third[0].new.len(), 1, "accepted now");
+}

@@ -289,7 +289,7 @@ fn sync_loop(
                 tracing::error!(error = %e, "event log write failed; answering 503");
                 store.log_discard();
                 for group in &groups {
-                    store.release(std::slice::from_ref(&group.checked.unindexed));
+                    store.release_failed(std::slice::from_ref(&group.checked.unindexed));
                 }
                 Err(e.to_string())
             }
@@ -307,13 +307,19 @@ fn sync_loop(
         };
         for group in &mut groups {
             (hooks.observe)(group.started.elapsed(), group.replies.len());
+            let answer = match &replies_durable {
+                Ok(()) if !group.checked.duplicates_hold(&store) => {
+                    Err("a delivery this one repeats failed to store; retry".to_owned())
+                }
+                other => other.clone(),
+            };
             for (reply, accepted) in group
                 .replies
                 .drain(..)
                 .zip(std::mem::take(&mut group.checked.accepted))
             {
                 // The handler may have gone (client disconnected); the delivery is stored.
-                let _ = reply.send(replies_durable.clone().map(|()| accepted));
+                let _ = reply.send(answer.clone().map(|()| accepted));
             }
         }
         let indexed = backlog.index(&store, &hooks);
