@@ -102,6 +102,13 @@ pub enum Command {
         #[command(subcommand)]
         action: DlqCommand,
     },
+    /// Tools for rule authors: validate a rule directory, or see what it decides for one event.
+    Rules {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        action: RulesCommand,
+    },
     /// Re-run the events received in a time window through the current rules and queue the
     /// actions (or only show them with --dry-run). An action decided before is never queued
     /// again unless --force is given.
@@ -120,6 +127,37 @@ pub enum Command {
         /// Queue actions that were decided before too, under new ids (the upstream acts again).
         #[arg(long)]
         force: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RulesCommand {
+    /// Validate the rules (every error at once, exit 2), list them in evaluation order, and warn
+    /// about rules that can never fire or may loop.
+    Check {
+        /// Rule directory; the configured `rules.dir` when absent.
+        dir: Option<PathBuf>,
+    },
+    /// Show which rules match one event, why the others do not (the first failing condition and
+    /// the value it saw), and the rendered actions. Calls nothing, stores nothing.
+    Test {
+        /// Rule directory; the configured `rules.dir` when absent.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// One event as the service sends it (a JSON object), or a whole delivery (each of its
+        /// events in turn).
+        #[arg(long)]
+        event: PathBuf,
+        /// The conversation's state before the event (JSON, as `state show` prints it); a new
+        /// conversation when absent. The event is folded into it first, as the daemon does.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// The clock: Unix ms or RFC 3339; now when absent.
+        #[arg(long)]
+        at: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -307,6 +345,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
+        Command::Rules { config, action } => rules_command(&config, action),
         Command::State { config, action } => {
             let config = load(&config, None)?;
             match action {
@@ -475,6 +514,141 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
         }
         None => Err(CliError::NotFound(missing())),
     }
+}
+
+/// `handoff-bridge rules check|test`.
+fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError> {
+    use crate::rules::{explain, RuleSet};
+    let dir_of = |dir: Option<PathBuf>| -> Result<PathBuf, CliError> {
+        if let Some(dir) = dir {
+            return Ok(dir);
+        }
+        let config = load(args, None)?;
+        if config.rules.dir.is_empty() {
+            return Err(CliError::Usage(
+                "no rule directory: give one, or set rules.dir in the configuration".into(),
+            ));
+        }
+        Ok(PathBuf::from(&config.rules.dir))
+    };
+    match action {
+        RulesCommand::Check { dir } => {
+            let dir = dir_of(dir)?;
+            let set = RuleSet::load_dir(&dir)?;
+            println!(
+                "{}: {} rule(s), version {}",
+                dir.display(),
+                set.rules().len(),
+                set.version()
+            );
+            for rule in set.rules() {
+                println!(
+                    "  {:>5}  {}{}  ({})  on {}  -> {}",
+                    rule.priority,
+                    rule.name,
+                    if rule.enabled { "" } else { " (disabled)" },
+                    rule.file,
+                    rule.on.join(","),
+                    rule.action_types().join(", ")
+                );
+            }
+            let warnings = explain::lint(&set);
+            if warnings.is_empty() {
+                println!("no warnings");
+            } else {
+                println!("{} warning(s):", warnings.len());
+                for w in &warnings {
+                    println!("  {} rule {}: {}", w.file, w.rule, w.message);
+                }
+            }
+            Ok(())
+        }
+        RulesCommand::Test {
+            dir,
+            event,
+            state,
+            at,
+            json,
+        } => {
+            let set = RuleSet::load_dir(&dir_of(dir)?)?;
+            let read = |path: &PathBuf| {
+                std::fs::read(path)
+                    .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))
+            };
+            let events = events_of(&read(&event)?)
+                .map_err(|e| CliError::Usage(format!("{}: {e}", event.display())))?;
+            let before = match &state {
+                Some(path) => Some(
+                    serde_json::from_slice::<crate::state::ConversationState>(&read(path)?)
+                        .map_err(|e| {
+                            CliError::Usage(format!(
+                                "{}: not a conversation state: {e}",
+                                path.display()
+                            ))
+                        })?,
+                ),
+                None => None,
+            };
+            let now = match &at {
+                Some(t) => crate::clock::parse_time(t).map_err(CliError::Usage)?,
+                None => crate::clock::now_millis(),
+            };
+            let mut reports = Vec::new();
+            for ev in events {
+                let Some(conversation) = ev.payload.conversation_id().cloned() else {
+                    let note = format!(
+                        "event {} ({}): not a conversation event; rules do not run for it",
+                        ev.id, ev.kind
+                    );
+                    reports.push((note, None));
+                    continue;
+                };
+                let mut state = before
+                    .clone()
+                    .unwrap_or_else(|| crate::state::ConversationState::new(conversation.clone()));
+                state.apply(&ev);
+                let head = format!(
+                    "event {} ({}), conversation {}, at {now}, rules version {}",
+                    ev.id,
+                    ev.kind,
+                    conversation,
+                    set.version()
+                );
+                reports.push((head, Some(explain::explain(&set, &ev, &state, now))));
+            }
+            if json {
+                let out: Vec<Value> = reports
+                    .iter()
+                    .map(|(head, verdicts)| serde_json::json!({"event": head, "rules": verdicts}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            } else {
+                for (head, verdicts) in &reports {
+                    println!("{head}");
+                    if let Some(verdicts) = verdicts {
+                        print!("{}", explain::render_text(verdicts));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The events of a file holding one event or a whole delivery.
+fn events_of(bytes: &[u8]) -> Result<Vec<crate::webhook::model::Event>, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if value.get("messages").is_some() {
+        let parsed = crate::webhook::parse_delivery(bytes).map_err(|e| e.to_string())?;
+        if let Some(bad) = parsed.invalid.first() {
+            return Err(format!("invalid event in the delivery: {}", bad.reason));
+        }
+        return Ok(parsed.events.into_iter().map(|e| e.event).collect());
+    }
+    let raw =
+        serde_json::value::RawValue::from_string(value.to_string()).map_err(|e| e.to_string())?;
+    let event = crate::webhook::validate_event(&raw).map_err(|e| e.to_string())?;
+    Ok(vec![event.event])
 }
 
 /// `handoff-bridge replay`: through the running daemon (its rules, its executor), or on the

@@ -48,7 +48,10 @@ pub enum Condition {
         op: Op,
     },
     /// The calendar is open for the conversation's bot at the context's `now`.
-    BusinessHours(Arc<Calendar>),
+    BusinessHours {
+        name: String,
+        calendar: Arc<Calendar>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -125,7 +128,10 @@ impl RawCondition {
         }
         if let Some(name) = &self.business_hours {
             return match calendars.get(name) {
-                Ok(calendar) => Some(Condition::BusinessHours(calendar)),
+                Ok(calendar) => Some(Condition::BusinessHours {
+                    name: name.clone(),
+                    calendar,
+                }),
                 Err(message) => {
                     problems.push((format!("{at}.business_hours"), message));
                     None
@@ -232,7 +238,7 @@ impl Condition {
             Condition::Any(items) => items.iter().any(|c| c.holds(ctx)),
             Condition::Not(inner) => !inner.holds(ctx),
             Condition::Leaf { path, op } => op.holds(context::lookup(ctx, path)),
-            Condition::BusinessHours(calendar) => {
+            Condition::BusinessHours { calendar, .. } => {
                 let bot_id = ctx.get("bot_id").and_then(Value::as_str);
                 let now = ctx.get("now").and_then(Value::as_i64);
                 now.is_some_and(|now| calendar.is_open(now, bot_id))
@@ -241,7 +247,116 @@ impl Condition {
     }
 }
 
+/// Why a condition did not hold: where it sits, what it tests, and the value it saw.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Failure {
+    /// Key path in the rule (`when.all[1]`).
+    pub at: String,
+    /// The test, as written (`state.phase in ["requested","connected"]`).
+    pub test: String,
+    /// The field's value (`None`: absent), or the clock for business hours.
+    pub actual: Option<Value>,
+}
+
+impl Condition {
+    /// The first reason this condition fails on `ctx`, or `None` when it holds. For `any`, the
+    /// first branch's reason (all of them failed).
+    pub fn explain(&self, ctx: &Value, at: &str) -> Option<Failure> {
+        if self.holds(ctx) {
+            return None;
+        }
+        match self {
+            Condition::All(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, c)| c.explain(ctx, &format!("{at}.all[{i}]"))),
+            Condition::Any(items) => items
+                .first()
+                .and_then(|c| c.explain(ctx, &format!("{at}.any[0]")))
+                .map(|mut f| {
+                    f.test = format!("{} (and every other `any` branch failed)", f.test);
+                    f
+                }),
+            Condition::Not(inner) => Some(Failure {
+                at: format!("{at}.not"),
+                test: format!("not ({})", inner.describe()),
+                actual: None,
+            }),
+            Condition::Leaf { path, .. } => Some(Failure {
+                at: at.to_owned(),
+                test: self.describe(),
+                actual: context::lookup(ctx, path).cloned(),
+            }),
+            Condition::BusinessHours { .. } => Some(Failure {
+                at: at.to_owned(),
+                test: self.describe(),
+                actual: ctx.get("now").cloned(),
+            }),
+        }
+    }
+
+    /// The condition written out on one line.
+    pub fn describe(&self) -> String {
+        let join = |items: &[Condition], word: &str| {
+            let parts: Vec<String> = items
+                .iter()
+                .map(|c| format!("({})", c.describe()))
+                .collect();
+            parts.join(&format!(" {word} "))
+        };
+        match self {
+            Condition::All(items) => join(items, "and"),
+            Condition::Any(items) => join(items, "or"),
+            Condition::Not(inner) => format!("not ({})", inner.describe()),
+            Condition::Leaf { path, op } => format!("{} {}", path.join("."), op.describe()),
+            Condition::BusinessHours { name, .. } => format!("inside business hours `{name}`"),
+        }
+    }
+}
+
 impl Op {
+    pub fn describe(&self) -> String {
+        match self {
+            Op::Equals(v) => format!("equals {v}"),
+            Op::NotEquals(v) => format!("not_equals {v}"),
+            Op::In(options) => format!("in {}", Value::Array(options.clone())),
+            Op::Contains(v) => format!("contains {v}"),
+            Op::StartsWith(p) => format!("starts_with {}", Value::String(p.clone())),
+            Op::EndsWith(p) => format!("ends_with {}", Value::String(p.clone())),
+            Op::Matches(re) => format!("matches {}", Value::String(re.as_str().to_owned())),
+            Op::Exists(want) => format!("exists = {want}"),
+            Op::Gt(n) => format!("gt {n}"),
+            Op::Gte(n) => format!("gte {n}"),
+            Op::Lt(n) => format!("lt {n}"),
+            Op::Lte(n) => format!("lte {n}"),
+        }
+    }
+
+    /// Whether no value can pass both tests (a contradiction in an `all`).
+    pub fn contradicts(&self, other: &Op) -> bool {
+        use Op::*;
+        match (self, other) {
+            (Equals(a), Equals(b)) => !same(a, b),
+            (Equals(a), NotEquals(b)) | (NotEquals(b), Equals(a)) => same(a, b),
+            (Equals(a), In(list)) | (In(list), Equals(a)) => !list.iter().any(|o| same(a, o)),
+            (In(x), In(y)) => !x.iter().any(|a| y.iter().any(|b| same(a, b))),
+            (Exists(a), Exists(b)) => a != b,
+            // A field that must be absent passes no value test.
+            (Exists(false), op) | (op, Exists(false)) => !matches!(op, NotEquals(_)),
+            (Gt(a) | Gte(a), Lt(b) | Lte(b)) | (Lt(b) | Lte(b), Gt(a) | Gte(a)) => {
+                let strict = matches!(self, Gt(_) | Lt(_)) || matches!(other, Gt(_) | Lt(_));
+                if strict {
+                    a >= b
+                } else {
+                    a > b
+                }
+            }
+            (Equals(v), Gt(n)) | (Gt(n), Equals(v)) => v.as_f64().is_some_and(|x| x <= *n),
+            (Equals(v), Lt(n)) | (Lt(n), Equals(v)) => v.as_f64().is_some_and(|x| x >= *n),
+            _ => false,
+        }
+    }
+
     /// A missing field (or `null`) fails every test except `exists = false` and `not_equals`.
     fn holds(&self, value: Option<&Value>) -> bool {
         let value = value.filter(|v| !v.is_null());

@@ -11,6 +11,9 @@ mod action;
 mod calendar;
 mod condition;
 pub mod context;
+pub mod explain;
+
+pub use condition::Failure;
 
 use crate::actions::{Decide, Decision};
 use crate::state::ConversationState;
