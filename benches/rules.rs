@@ -120,7 +120,12 @@ fn run(rounds: usize, window: Duration) -> Result<(), String> {
                 ));
             }
             let ns = measure(&case.run, window);
-            eprintln!("[round {}/{rounds}] {:<28} {:>10.0} ns/event", round + 1, case.name, ns);
+            eprintln!(
+                "[round {}/{rounds}] {:<28} {:>10.0} ns/event",
+                round + 1,
+                case.name,
+                ns
+            );
             results[i].push(ns);
         }
     }
