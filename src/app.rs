@@ -32,8 +32,8 @@ pub struct Shared {
     pub upstream: crate::upstream::handle::UpstreamHandle,
     /// The in-process emulator when the upstream is `embedded`.
     pub emulator: Option<crate::emulator::Emulator>,
-    /// The rules in force (also used by replay).
-    pub rules: Arc<dyn crate::actions::Decide>,
+    /// The rules in force (also used by replay), and how to reload them.
+    pub rules: crate::ops::reload::Reloader,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +92,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         path: config.store.data_dir.display().to_string(),
         source,
     };
-    let rules = load_rules(&config)?;
+    let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
@@ -163,8 +163,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         store.clone(),
         metrics.clone(),
         config.clone(),
-        stop_rx,
+        stop_rx.clone(),
     ));
+    let reloader = crate::ops::reload::Reloader {
+        live: rules,
+        dir: (!config.rules.dir.is_empty()).then(|| std::path::PathBuf::from(&config.rules.dir)),
+        metrics: metrics.clone(),
+    };
+    let watcher = reloader
+        .clone()
+        .spawn_watchers(config.rules.watch_interval, stop_rx);
 
     let shared = web::Data::new(Shared {
         store: store.clone(),
@@ -181,7 +189,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         shutting_down: AtomicBool::new(false),
         upstream: upstream.handle.clone(),
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
-        rules,
+        rules: reloader,
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -285,6 +293,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         tracing::warn!("executor did not stop in time; its entries stay in the outbox");
     }
     let _ = pruner.await;
+    let _ = watcher.await;
     if let Some(embedded) = upstream.emulator {
         embedded.server.stop(true).await;
     }

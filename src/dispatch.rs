@@ -74,7 +74,8 @@ pub struct DispatchSettings {
     /// Events per fold transaction (across partitions).
     pub batch_size: usize,
     /// Decides actions for each folded event.
-    pub rules: std::sync::Arc<dyn crate::actions::Decide>,
+    /// The rules in force; each job takes the current set once, so a reload never splits a batch.
+    pub rules: crate::rules::live::LiveRules,
     /// Receives the outbox entries of each committed fold, in fold order.
     pub decided: Option<crate::outbox::DecidedSender>,
 }
@@ -208,7 +209,7 @@ async fn run(
             let (store, metrics) = (store.clone(), metrics.clone());
             let events: usize = job.iter().map(|(_, b)| b.len()).sum();
             let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
-            let (rules, decided) = (settings.rules.clone(), settings.decided.clone());
+            let (rules, decided) = (settings.rules.current(), settings.decided.clone());
             inflight.spawn_blocking(move || {
                 span.in_scope(|| {
                     let fold = Fold {

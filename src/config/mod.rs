@@ -139,6 +139,10 @@ pub struct RulesConfig {
     /// Directory of rule files (`*.toml`, read in file-name order). Empty: no rules, the bridge
     /// keeps state and takes no action.
     pub dir: String,
+    /// How often the directory is checked for changed files, which are then reloaded (as on
+    /// SIGHUP or `POST /admin/v1/rules/reload`). 0 turns watching off.
+    #[serde(with = "humantime_serde")]
+    pub watch_interval: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

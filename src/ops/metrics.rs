@@ -46,6 +46,9 @@ pub struct Metrics {
     pub dead_letter_entries: IntGauge,
     /// Event received -> upstream answered, for carried-out actions.
     pub action_latency_seconds: Histogram,
+    /// Rule reloads by trigger (`file`, `signal`, `admin`) and outcome (`loaded`, `unchanged`,
+    /// `invalid`).
+    pub rules_reloads: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -172,6 +175,14 @@ impl Metrics {
                 "Time from receipt of the source event to the upstream's answer",
                 latency_buckets(),
             )?,
+            rules_reloads: {
+                let c = prometheus::IntCounterVec::new(
+                    Opts::new("rules_reloads_total", "Rule reloads by trigger and outcome"),
+                    &["trigger", "outcome"],
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
             registry,
         };
         // Make every outcome visible from the first scrape.

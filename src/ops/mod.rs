@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod metrics;
 pub mod outbox_admin;
+pub mod reload;
 
 use crate::app::Shared;
 use actix_web::{web, HttpResponse};
@@ -35,6 +36,7 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
             "outbox": if outbox_ok { "ok" } else { "backed_up" },
             "outbox_depth": shared.executor.depth(),
             "outbox_paused": shared.executor.is_paused(),
+            "rules_version": shared.rules.live.current().version(),
         }
     });
     if ready {

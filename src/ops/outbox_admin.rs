@@ -22,6 +22,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
         .route("/dead-letters/{id}", web::delete().to(drop_dead))
         .route("/dead-letters/{id}/retry", web::post().to(retry_dead))
         .route("/replay", web::post().to(replay))
+        .route("/rules/reload", web::post().to(reload_rules))
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {
@@ -209,7 +210,7 @@ async fn replay(
 ) -> Result<HttpResponse, ApiError> {
     let request = q.into_inner().request()?;
     let store = shared.store.clone();
-    let rules = shared.rules.clone();
+    let rules = shared.rules.live.current();
     let report = web::block(move || store.replay(&request, rules.as_ref()))
         .await
         .map_err(|_| ApiError::unavailable("replay was interrupted"))?
@@ -253,5 +254,34 @@ impl ReplayQuery {
             dry_run: self.dry_run,
             force: self.force,
         })
+    }
+}
+
+/// Compile the rule directory and swap it in (`POST /admin/v1/rules/reload`): 200 with the
+/// version in force, or 422 with every problem (the running rules stay).
+async fn reload_rules(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    let reloader = shared.rules.clone();
+    let result = web::block(move || reloader.reload(crate::ops::reload::Trigger::Admin))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    match result {
+        Ok(reloaded) => Ok(HttpResponse::Ok().json(reloaded)),
+        Err(e) => {
+            let problems: Vec<serde_json::Value> = match &e {
+                crate::rules::LoadError::Invalid(list) => list
+                    .iter()
+                    .map(|p| json!({"file": p.file, "at": p.at, "message": p.message}))
+                    .collect(),
+                other => vec![json!({"file": "", "at": "", "message": other.to_string()})],
+            };
+            Ok(HttpResponse::UnprocessableEntity().json(json!({
+                "error": {
+                    "code": "invalid_rules",
+                    "message": "the rule files were not loaded; the running rules stay",
+                    "problems": problems,
+                },
+                "version": shared.rules.live.current().version(),
+            })))
+        }
     }
 }

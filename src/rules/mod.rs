@@ -12,6 +12,7 @@ mod calendar;
 mod condition;
 pub mod context;
 pub mod explain;
+pub mod live;
 
 pub use condition::Failure;
 
@@ -141,31 +142,7 @@ impl fmt::Debug for RuleSet {
 impl RuleSet {
     /// Load every `*.toml` file of `dir` (not recursive), in file-name order.
     pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadError> {
-        let dir_error = |source| LoadError::Dir {
-            dir: dir.display().to_string(),
-            source,
-        };
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(dir_error)? {
-            let path = entry.map_err(dir_error)?.path();
-            if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-                files.push(path);
-            }
-        }
-        files.sort();
-        let mut sources = Vec::with_capacity(files.len());
-        for path in files {
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let text = std::fs::read_to_string(&path).map_err(|source| LoadError::File {
-                file: path.display().to_string(),
-                source,
-            })?;
-            sources.push((name, text));
-        }
-        RuleSet::from_sources(&sources)
+        RuleSet::from_sources(&read_dir(dir)?)
     }
 
     /// Compile rule files given as (file name, text), in the given order.
@@ -350,6 +327,41 @@ fn compile(
         when,
         actions,
     })
+}
+
+/// The `*.toml` files of `dir` (not recursive) as (file name, text), in file-name order.
+pub fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, LoadError> {
+    let dir_error = |source| LoadError::Dir {
+        dir: dir.display().to_string(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(dir_error)? {
+        let path = entry.map_err(dir_error)?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    let mut sources = Vec::with_capacity(files.len());
+    for path in files {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(&path).map_err(|source| LoadError::File {
+            file: path.display().to_string(),
+            source,
+        })?;
+        sources.push((name, text));
+    }
+    Ok(sources)
+}
+
+/// The version a rule set compiled from `sources` would have, without compiling it (so a watcher
+/// can tell whether the files changed).
+pub fn version_of_sources(sources: &[(String, String)]) -> String {
+    version_of(sources)
 }
 
 /// Printing an undefined field is an error (a typo shows), testing one is not; fuel bounds loops.
