@@ -46,6 +46,10 @@ pub struct Metrics {
     pub dead_letter_entries: IntGauge,
     /// Event received -> upstream answered, for carried-out actions.
     pub action_latency_seconds: Histogram,
+    /// Rule timers running (started, not yet fired into a fold, cancelled or replaced).
+    pub timers_pending: IntGauge,
+    /// Timer events stored (a re-fire after a restart that was stored before is not counted).
+    pub timers_fired: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -171,6 +175,11 @@ impl Metrics {
                 "action_latency_seconds",
                 "Time from receipt of the source event to the upstream's answer",
                 latency_buckets(),
+            )?,
+            timers_pending: gauge("timers_pending", "Rule timers running")?,
+            timers_fired: counter(
+                "timers_fired_total",
+                "Rule timers fired as events into their conversation",
             )?,
             registry,
         };
