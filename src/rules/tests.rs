@@ -383,7 +383,7 @@ fn load_dir_reads_toml_files_in_name_order() {
 fn the_example_rule_set_in_the_repository_compiles_and_decides() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
     let set = RuleSet::load_dir(&dir).expect("rules/examples must stay valid");
-    assert_eq!(set.rules().len(), 4);
+    assert_eq!(set.rules().len(), 5);
     let (event, state) = fixture("message-received-text.json");
     let kinds = |now: Millis| -> Vec<&str> {
         set.decide(&event, &state, now)
@@ -391,10 +391,37 @@ fn the_example_rule_set_in_the_repository_compiles_and_decides() {
             .map(|d| d.action.name())
             .collect()
     };
-    // NOW is a Friday morning in Seoul: the agent is called.
-    assert_eq!(kinds(NOW), ["set_manual", "send_message", "update_state"]);
+    // NOW is a Friday morning in Seoul: the agent is called, and the wait timed.
+    assert_eq!(
+        kinds(NOW),
+        ["set_manual", "send_message", "update_state", "start_timer"]
+    );
     // The next day is a Saturday: only the after-hours reply, and the bot stays on.
     assert_eq!(kinds(NOW + 24 * 3_600_000), ["send_message"]);
+
+    // Five minutes after asking, nobody has answered: the timer's rule says so.
+    let mut waiting = state.clone();
+    let asked = set.decide(&event, &waiting, NOW);
+    let started_by = format!("{}/ask-agent/3", event.id);
+    assert!(asked[3]
+        .action
+        .apply_to_state(&mut waiting, NOW, &started_by));
+    let firing = crate::webhook::model::TimerFiring {
+        conversation_id: waiting.id.clone(),
+        name: "agent-wait".into(),
+        due_at: NOW + 300_000,
+        started_by,
+    };
+    let timer = crate::webhook::timer_event(&firing, event.source_id.as_str())
+        .expect("timer event")
+        .event;
+    assert!(waiting.apply(&timer));
+    let decided = set.decide(&timer, &waiting, NOW + 300_000);
+    let by: Vec<(&str, &str)> = decided
+        .iter()
+        .map(|d| (d.rule.as_str(), d.action.name()))
+        .collect();
+    assert_eq!(by, [("still-waiting", "send_message")]);
 }
 
 #[test]
