@@ -1,5 +1,6 @@
-//! Wiring: open the store, start the flusher, dispatcher and pruner, serve HTTP, and shut down in
-//! order (stop accepting, finish requests, stop dispatching, flush).
+//! Wiring: open the store, start the writer, dispatcher, executor, timer firer and pruner, serve
+//! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
+//! dispatching, flush).
 
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
@@ -123,6 +124,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .with_label_values(&["bots"])
         .set(sizes.bots as i64);
     metrics.quarantine_entries.set(sizes.quarantine as i64);
+    metrics.timers_pending.set(store.timers_pending() as i64);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream::start(&config, &metrics)?;
@@ -159,6 +161,13 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         },
     )?;
     tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));
+    // Overdue timers (due while the daemon was down) fire on its first pass.
+    let firer = crate::timers::start(
+        store.clone(),
+        writer.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    );
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
         metrics.clone(),
@@ -280,6 +289,13 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         let _ = server_task.await;
     }
     let _ = stop_tx.send(true);
+    // A firing handed over as the dispatcher stops waits in the inbox for the next start.
+    if tokio::time::timeout(config.server.shutdown_timeout, firer)
+        .await
+        .is_err()
+    {
+        tracing::warn!("timer firer did not stop in time; due timers fire on the next start");
+    }
     if tokio::time::timeout(config.server.shutdown_timeout, dispatcher)
         .await
         .is_err()

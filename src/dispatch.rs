@@ -316,6 +316,7 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
                     .observe((now - at).max(0) as f64 / 1000.0);
             }
             metrics.events_applied.inc_by(applied.applied as u64);
+            metrics.timers_pending.add(applied.timers_change);
             let entries = &metrics.state_entries;
             entries
                 .with_label_values(&["conversations"])

@@ -21,5 +21,6 @@ pub mod rules;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod timers;
 pub mod upstream;
 pub mod webhook;

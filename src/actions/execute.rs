@@ -106,9 +106,10 @@ pub async fn execute<E: Execute>(
             setting,
         } => json(api.pb_update_setting(sender_key, setting, key).await?),
         Action::SendNotification { request } => json(api.notify_send(request, key).await?),
-        Action::UpdateState { .. } | Action::NotifyHelpdesk { .. } => {
-            return Err(ExecuteError::NotUpstream(action.name()))
-        }
+        Action::UpdateState { .. }
+        | Action::StartTimer { .. }
+        | Action::CancelTimer { .. }
+        | Action::NotifyHelpdesk { .. } => return Err(ExecuteError::NotUpstream(action.name())),
     };
     Ok(answer)
 }

@@ -91,6 +91,19 @@ pub enum Action {
         #[serde(default)]
         variables: BTreeMap<String, Value>,
     },
+    /// Internal: start the conversation's timer `name`, or restart it (a new due time replaces
+    /// the old); it fires as a `timer.<name>` event `after` the decision. Applied in the fold.
+    StartTimer {
+        conversation_id: ConversationId,
+        name: String,
+        #[serde(with = "humantime_serde")]
+        after: std::time::Duration,
+    },
+    /// Internal: stop the conversation's timer `name` before it fires. Applied in the fold.
+    CancelTimer {
+        conversation_id: ConversationId,
+        name: String,
+    },
     /// Internal: tell the help desk (carried out by the help-desk side).
     NotifyHelpdesk {
         conversation_id: ConversationId,
@@ -117,12 +130,14 @@ impl Action {
             Action::PartnerChannelSetting { .. } => "partner_channel_setting",
             Action::SendNotification { .. } => "send_notification",
             Action::UpdateState { .. } => "update_state",
+            Action::StartTimer { .. } => "start_timer",
+            Action::CancelTimer { .. } => "cancel_timer",
             Action::NotifyHelpdesk { .. } => "notify_helpdesk",
         }
     }
 
     /// Every action name, for config validation.
-    pub const NAMES: [&'static str; 14] = [
+    pub const NAMES: [&'static str; 16] = [
         "set_manual",
         "navigate",
         "update_params",
@@ -136,12 +151,20 @@ impl Action {
         "partner_channel_setting",
         "send_notification",
         "update_state",
+        "start_timer",
+        "cancel_timer",
         "notify_helpdesk",
     ];
 
     /// Apply an internal state action to `state` (in the fold, never queued); false for the
-    /// actions that go to the outbox.
-    pub fn apply_to_state(&self, state: &mut crate::state::ConversationState) -> bool {
+    /// actions that go to the outbox. `now` is the decision's clock (a timer is due `after` it)
+    /// and `id` the action's id (a timer remembers what started it).
+    pub fn apply_to_state(
+        &self,
+        state: &mut crate::state::ConversationState,
+        now: Millis,
+        id: &str,
+    ) -> bool {
         match self {
             Action::UpdateState {
                 add_labels,
@@ -150,6 +173,20 @@ impl Action {
                 ..
             } => {
                 state.update(add_labels, remove_labels, variables);
+                true
+            }
+            Action::StartTimer { name, after, .. } => {
+                let after = Millis::try_from(after.as_millis()).unwrap_or(Millis::MAX);
+                let timer = crate::state::Timer {
+                    due_at: now.saturating_add(after),
+                    started_at: now,
+                    started_by: id.to_owned(),
+                };
+                state.start_timer(name, timer);
+                true
+            }
+            Action::CancelTimer { name, .. } => {
+                state.cancel_timer(name);
                 true
             }
             _ => false,
@@ -174,6 +211,12 @@ impl Action {
                 conversation_id, ..
             }
             | Action::UpdateState {
+                conversation_id, ..
+            }
+            | Action::StartTimer {
+                conversation_id, ..
+            }
+            | Action::CancelTimer {
                 conversation_id, ..
             }
             | Action::NotifyHelpdesk {

@@ -49,6 +49,10 @@ pub struct Metrics {
     /// Rule reloads by trigger (`file`, `signal`, `admin`) and outcome (`loaded`, `unchanged`,
     /// `invalid`).
     pub rules_reloads: IntCounterVec,
+    /// Rule timers running (started, not yet fired into a fold, cancelled or replaced).
+    pub timers_pending: IntGauge,
+    /// Timer events stored (a re-fire after a restart that was stored before is not counted).
+    pub timers_fired: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -183,6 +187,11 @@ impl Metrics {
                 registry.register(Box::new(c.clone()))?;
                 c
             },
+            timers_pending: gauge("timers_pending", "Rule timers running")?,
+            timers_fired: counter(
+                "timers_fired_total",
+                "Rule timers fired as events into their conversation",
+            )?,
             registry,
         };
         // Make every outcome visible from the first scrape.

@@ -8,6 +8,7 @@
 
 use super::context;
 use crate::actions::Action;
+use crate::webhook::model::is_timer_name;
 use minijinja::Environment;
 use serde_json::{Map, Value};
 
@@ -22,6 +23,8 @@ const DEFAULTS: [(&str, &str, &[&str]); 3] = [
             "update_params",
             "send_message",
             "update_state",
+            "start_timer",
+            "cancel_timer",
             "notify_helpdesk",
         ],
     ),
@@ -38,6 +41,9 @@ const DEFAULTS: [(&str, &str, &[&str]); 3] = [
         ],
     ),
 ];
+
+/// Timer actions: their names and durations are literal and checked at load.
+const TIMER_ACTIONS: [&str; 2] = ["start_timer", "cancel_timer"];
 
 /// Actions whose `message` may be given as just `text = "..."`.
 const TEXT_SHORTHAND: [&str; 3] = ["send_message", "send_to_end_user", "partner_send_message"];
@@ -74,6 +80,12 @@ impl ActionSpec {
             }
             None => return Err(vec![("type".into(), "missing action type".into())]),
         };
+        if TIMER_ACTIONS.contains(&kind.as_str()) {
+            let problems = check_timer(&kind, &body);
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        }
         if TEXT_SHORTHAND.contains(&kind.as_str()) && !body.contains_key("message") {
             if let Some(text) = body.remove("text") {
                 body.insert(
@@ -94,7 +106,7 @@ impl ActionSpec {
         let mut strings = Vec::new();
         collect_strings(&Value::Object(body.clone()), String::new(), &mut strings);
         for (pointer, text) in strings {
-            if !(text.contains("{{") || text.contains("{%")) {
+            if !is_template(&text) {
                 continue;
             }
             let template = format!("{name}{pointer}");
@@ -186,6 +198,55 @@ impl ActionSpec {
             ),
         })
     }
+}
+
+/// A timer action's own checks: a literal, well-formed `name`; for `start_timer` a literal
+/// duration over zero in `after`; no `conversation_id` (a timer is its event's conversation's).
+fn check_timer(kind: &str, body: &Map<String, Value>) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let mut report = |key: &str, message: String| problems.push((key.to_owned(), message));
+    if body.contains_key("conversation_id") {
+        report(
+            "conversation_id",
+            "a timer belongs to the conversation of the event that starts it; leave this out"
+                .into(),
+        );
+    }
+    match body.get("name") {
+        None => report("name", "missing timer name".into()),
+        Some(Value::String(name)) if is_template(name) => {
+            report("name", "must be literal (no template)".into())
+        }
+        Some(Value::String(name)) if !is_timer_name(name) => report(
+            "name",
+            "must be non-empty and use only A-Z a-z 0-9 - _ (it is part of event ids)".into(),
+        ),
+        Some(Value::String(_)) => {}
+        Some(_) => report("name", "must be a string".into()),
+    }
+    if kind != "start_timer" {
+        return problems;
+    }
+    match body.get("after") {
+        None => report("after", "missing duration (e.g. `5m`)".into()),
+        Some(Value::String(after)) if is_template(after) => {
+            report("after", "must be literal (no template)".into())
+        }
+        Some(Value::String(after)) => match humantime::parse_duration(after) {
+            Ok(d) if d.is_zero() => report("after", "must be longer than zero".into()),
+            Ok(_) => {}
+            Err(e) => report(
+                "after",
+                format!("`{after}` is not a duration ({e}; e.g. `30s`, `5m`, `1h 30m`)"),
+            ),
+        },
+        Some(_) => report("after", "must be a duration string (e.g. `5m`)".into()),
+    }
+    problems
+}
+
+fn is_template(text: &str) -> bool {
+    text.contains("{{") || text.contains("{%")
 }
 
 /// Keys of `given` (recursively) that `built` (the action made from it) does not have.

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 12] = [
+pub const ROOTS: [&str; 13] = [
     "event",
     "message",
     "conversation",
@@ -20,6 +20,7 @@ pub const ROOTS: [&str; 12] = [
     "end_user_id",
     "user_key",
     "state",
+    "timer",
     "now",
 ];
 
@@ -43,6 +44,12 @@ pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
         }
         Payload::Conversation(c) => {
             root.insert("conversation".into(), to_value(c));
+        }
+        Payload::Timer(t) => {
+            root.insert(
+                "timer".into(),
+                json!({ "name": t.name, "due_at": t.due_at }),
+            );
         }
         _ => {}
     }

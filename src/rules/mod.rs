@@ -18,14 +18,14 @@ pub use condition::Failure;
 
 use crate::actions::{Decide, Decision};
 use crate::state::ConversationState;
-use crate::webhook::model::{Event, EventKind, Millis};
+use crate::webhook::model::{is_timer_name, Event, EventKind, Millis, TIMER_EVENT_PREFIX};
 use action::ActionSpec;
 use calendar::{Calendars, RawCalendar};
 use condition::{Condition, RawCondition};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
@@ -105,7 +105,8 @@ pub struct Rule {
     pub enabled: bool,
     pub priority: i64,
     pub file: String,
-    /// Event types it listens to; `*` is every event of a conversation.
+    /// Event types it listens to; `*` is every webhook event of a conversation (timer events
+    /// are named one by one: a `*` rule that starts a timer would otherwise wake itself forever).
     pub on: Vec<String>,
     pub stop: bool,
     when: Option<Condition>,
@@ -114,7 +115,8 @@ pub struct Rule {
 
 impl Rule {
     fn listens(&self, kind: &str) -> bool {
-        self.on.iter().any(|o| o == "*" || o == kind)
+        let timer = kind.starts_with(TIMER_EVENT_PREFIX);
+        self.on.iter().any(|o| (o == "*" && !timer) || o == kind)
     }
 
     /// The action types it may take, for listings.
@@ -161,8 +163,9 @@ impl RuleSet {
                 }),
             }
         }
-        // Calendars first: a rule may name one defined in a later file.
+        // Calendars first: a rule may name one defined in a later file. Timers likewise.
         let calendars = compile_calendars(&parsed, &mut problems);
+        let timers = started_timers(&parsed);
         let mut names = HashMap::new();
         for (file, parsed) in parsed {
             for (position, raw) in parsed.rules.into_iter().enumerate() {
@@ -185,7 +188,11 @@ impl RuleSet {
                         format!("`{}` is already the name of a rule in {first}", raw.name),
                     );
                 }
-                if let Some(rule) = compile(raw, file, &calendars, &mut env, &mut report) {
+                let known = Known {
+                    calendars: &calendars,
+                    timers: &timers,
+                };
+                if let Some(rule) = compile(raw, file, known, &mut env, &mut report) {
                     rules.push(rule);
                 }
             }
@@ -247,10 +254,31 @@ fn compile_calendars(parsed: &[(&String, RuleFile)], problems: &mut Vec<RuleErro
     calendars
 }
 
+/// The names of every timer some rule of the files starts (`on = ["timer.<name>"]` needs one).
+fn started_timers(parsed: &[(&String, RuleFile)]) -> HashSet<String> {
+    let starts = |action: &&Map<String, Value>| {
+        action.get("type").and_then(Value::as_str) == Some("start_timer")
+    };
+    parsed
+        .iter()
+        .flat_map(|(_, file)| &file.rules)
+        .flat_map(|rule| rule.actions.iter().filter(starts))
+        .filter_map(|action| action.get("name").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What rules may refer to across files.
+#[derive(Clone, Copy)]
+struct Known<'a> {
+    calendars: &'a Calendars,
+    timers: &'a HashSet<String>,
+}
+
 fn compile(
     raw: RawRule,
     file: &str,
-    calendars: &Calendars,
+    known: Known<'_>,
     env: &mut Environment<'static>,
     report: &mut impl FnMut(String, String),
 ) -> Option<Rule> {
@@ -272,17 +300,28 @@ fn compile(
         ok = false;
     }
     for (i, kind) in raw.on.iter().enumerate() {
-        let known = EventKind::KNOWN.iter().find(|k| k.as_str() == kind);
-        let problem = match known {
+        let webhook = EventKind::KNOWN.iter().find(|k| k.as_str() == kind);
+        let timer = kind.strip_prefix(TIMER_EVENT_PREFIX);
+        let problem = match (webhook, timer) {
             _ if kind == "*" => None,
-            None => Some(format!(
-                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\")"
+            (None, Some(name)) if !is_timer_name(name) => Some(format!(
+                "`{kind}`: a timer name is non-empty and uses only A-Z a-z 0-9 - _"
+            )),
+            (None, Some(name)) if !known.timers.contains(name) => Some(format!(
+                "`{kind}` never fires: no rule starts a timer named `{name}`"
+            )),
+            (None, Some(_)) => None,
+            (None, None) => Some(format!(
+                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\") nor \
+                 a timer (`timer.<name>`)"
             )),
             // Rules run for a conversation; bot and end-user events only change state.
-            Some(k) if !matches!(k.data_key(), Some("conversation" | "message")) => Some(format!(
-                "`{kind}` never reaches rules: they run for conversation and message events"
-            )),
-            Some(_) => None,
+            (Some(k), _) if !matches!(k.data_key(), Some("conversation" | "message")) => {
+                Some(format!(
+                    "`{kind}` never reaches rules: they run for conversation and message events"
+                ))
+            }
+            (Some(_), _) => None,
         };
         if let Some(problem) = problem {
             report(format!("on[{i}]"), problem);
@@ -293,7 +332,7 @@ fn compile(
     let when = raw
         .when
         .as_ref()
-        .and_then(|c| c.compile("when", calendars, &mut condition_problems));
+        .and_then(|c| c.compile("when", known.calendars, &mut condition_problems));
     for (key, message) in condition_problems {
         report(key, message);
         ok = false;

@@ -383,7 +383,7 @@ fn load_dir_reads_toml_files_in_name_order() {
 fn the_example_rule_set_in_the_repository_compiles_and_decides() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
     let set = RuleSet::load_dir(&dir).expect("rules/examples must stay valid");
-    assert_eq!(set.rules().len(), 4);
+    assert_eq!(set.rules().len(), 5);
     let (event, state) = fixture("message-received-text.json");
     let kinds = |now: Millis| -> Vec<&str> {
         set.decide(&event, &state, now)
@@ -391,10 +391,37 @@ fn the_example_rule_set_in_the_repository_compiles_and_decides() {
             .map(|d| d.action.name())
             .collect()
     };
-    // NOW is a Friday morning in Seoul: the agent is called.
-    assert_eq!(kinds(NOW), ["set_manual", "send_message", "update_state"]);
+    // NOW is a Friday morning in Seoul: the agent is called, and the wait timed.
+    assert_eq!(
+        kinds(NOW),
+        ["set_manual", "send_message", "update_state", "start_timer"]
+    );
     // The next day is a Saturday: only the after-hours reply, and the bot stays on.
     assert_eq!(kinds(NOW + 24 * 3_600_000), ["send_message"]);
+
+    // Five minutes after asking, nobody has answered: the timer's rule says so.
+    let mut waiting = state.clone();
+    let asked = set.decide(&event, &waiting, NOW);
+    let started_by = format!("{}/ask-agent/3", event.id);
+    assert!(asked[3]
+        .action
+        .apply_to_state(&mut waiting, NOW, &started_by));
+    let firing = crate::webhook::model::TimerFiring {
+        conversation_id: waiting.id.clone(),
+        name: "agent-wait".into(),
+        due_at: NOW + 300_000,
+        started_by,
+    };
+    let timer = crate::webhook::timer_event(&firing, event.source_id.as_str())
+        .expect("timer event")
+        .event;
+    assert!(waiting.apply(&timer));
+    let decided = set.decide(&timer, &waiting, NOW + 300_000);
+    let by: Vec<(&str, &str)> = decided
+        .iter()
+        .map(|d| (d.rule.as_str(), d.action.name()))
+        .collect();
+    assert_eq!(by, [("still-waiting", "send_message")]);
 }
 
 #[test]
@@ -607,4 +634,134 @@ fn a_calendar_name_defined_twice_and_unknown_calendar_keys_are_refused() {
     assert_mentioned(&found, "timezone");
     let found = problems("[calendar.support]\ntime_zone = \"UTC\"\n");
     assert_mentioned(&found, "hours");
+}
+
+const TIMER_RULES: &str = r#"
+    [[rule]]
+    name = "ask"
+    on = ["bot.message.received"]
+    actions = [
+      { type = "start_timer", name = "agent-wait", after = "5m" },
+      { type = "cancel_timer", name = "nudge" },
+    ]
+
+    [[rule]]
+    name = "nudge"
+    on = ["timer.agent-wait"]
+    when = { field = "timer.due_at", gt = 0 }
+    actions = [{ type = "send_message", text = "{{ timer.name }} at {{ timer.due_at }} ({{ event.type }})" }]
+
+    [[rule]]
+    name = "everything"
+    on = ["*"]
+    actions = [{ type = "update_state", add_labels = ["seen"] }]
+"#;
+
+#[test]
+fn timer_actions_decide_and_a_timer_event_reaches_only_rules_that_name_it() {
+    let set = rules(TIMER_RULES);
+    let (event, mut state) = fixture("message-received-text.json");
+    let decisions = set.decide(&event, &state, NOW);
+    let actions: Vec<&Action> = decisions.iter().map(|d| &d.action).collect();
+    assert_eq!(
+        actions[..2],
+        [
+            &Action::StartTimer {
+                conversation_id: state.id.clone(),
+                name: "agent-wait".into(),
+                after: std::time::Duration::from_secs(300),
+            },
+            &Action::CancelTimer {
+                conversation_id: state.id.clone(),
+                name: "nudge".into(),
+            },
+        ]
+    );
+    assert_eq!(decisions[2].rule, "everything");
+    // Applied in the fold: due `after` the decision's clock, remembered with what started it.
+    let started_at = NOW - 300_005;
+    assert!(decisions[0]
+        .action
+        .apply_to_state(&mut state, started_at, "e/ask/0"));
+    assert_eq!(
+        state
+            .timers
+            .get("agent-wait")
+            .map(|t| (t.due_at, t.started_by.as_str())),
+        Some((NOW - 5, "e/ask/0"))
+    );
+
+    let firing = crate::webhook::model::TimerFiring {
+        conversation_id: state.id.clone(),
+        name: "agent-wait".into(),
+        due_at: NOW - 5,
+        started_by: "e/ask/0".into(),
+    };
+    let timer = crate::webhook::timer_event(&firing, event.source_id.as_str())
+        .expect("timer event")
+        .event;
+    assert!(state.apply(&timer));
+    let ctx = context::build(&timer, &state, NOW);
+    assert_eq!(ctx["timer"]["name"], "agent-wait");
+    assert_eq!(ctx["timer"]["due_at"], NOW - 5);
+    let decisions = set.decide(&timer, &state, NOW);
+    assert_eq!(
+        decisions.len(),
+        1,
+        "`*` does not take timer events: {decisions:?}"
+    );
+    assert_eq!(decisions[0].rule, "nudge");
+    match &decisions[0].action {
+        Action::SendMessage { message, .. } => assert_eq!(
+            message.text.as_deref(),
+            Some(format!("agent-wait at {} (timer.agent-wait)", NOW - 5).as_str())
+        ),
+        other => panic!("not a message: {other:?}"),
+    }
+}
+
+#[test]
+fn timer_names_durations_and_timer_events_are_checked_at_load() {
+    let found = problems(
+        r#"
+        [[rule]]
+        name = "starts"
+        on = ["bot.message.received"]
+        actions = [
+          { type = "start_timer", name = "agent wait", after = "5m" },
+          { type = "start_timer", name = "{{ sender }}", after = "5m" },
+          { type = "start_timer", name = "a", after = "soon" },
+          { type = "start_timer", name = "b", after = "0s" },
+          { type = "start_timer", name = "c", after = "{{ state.variables.wait }}" },
+          { type = "start_timer", name = "d", after = 300 },
+          { type = "start_timer", name = "e" },
+          { type = "cancel_timer", name = "" },
+          { type = "cancel_timer", name = "f", conversation_id = "other" },
+          { type = "start_timer", name = "g", after = "1m", every = "1m" },
+        ]
+
+        [[rule]]
+        name = "listens"
+        on = ["timer.never-started", "timer.bad name", "timer.a"]
+        "#,
+    );
+    let has = |needle: &str| assert_mentioned(&found, needle);
+    has("actions[0].name: must be non-empty and use only A-Z a-z 0-9 - _");
+    has("actions[1].name: must be literal");
+    has("actions[2].after: `soon` is not a duration");
+    has("actions[3].after: must be longer than zero");
+    has("actions[4].after: must be literal");
+    has("actions[5].after: must be a duration string");
+    has("actions[6].after: missing duration");
+    has("actions[7].name: must be non-empty");
+    has("actions[8].conversation_id: a timer belongs to the conversation");
+    has("actions[9].every: not a field of a `start_timer` action");
+    has("(listens).on[0]: `timer.never-started` never fires: no rule starts a timer named `never-started`");
+    has("(listens).on[1]: `timer.bad name`: a timer name is non-empty");
+    let on_a = found.iter().any(|p| p.at == "rule[1] (listens).on[2]");
+    assert!(
+        !on_a,
+        "a timer started by some rule may be listened to: {found:#?}"
+    );
+    assert_eq!(found.len(), 12, "{found:#?}");
 }

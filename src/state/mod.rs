@@ -9,12 +9,13 @@
 use crate::ids::{BotId, ConversationId, EndUserId, UserKey};
 use crate::webhook::model::{
     AgentRef, Bot, Conversation, EndUser, Event, EventKind, Message, Millis, Navigation, Payload,
-    Platform, Sender,
+    Platform, Sender, TimerFiring,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// Version of the persisted state layout; bump with a migration when the shape changes.
+/// Version of the persisted state layout; bump with a migration when the shape changes. Fields
+/// added with a serde default (labels, variables, timers) decode from older records as they are.
 pub const STATE_VERSION: u32 = 1;
 
 /// Total order on events, used to decide which of two writes is newer.
@@ -133,6 +134,22 @@ pub struct ConversationState {
     pub labels: std::collections::BTreeSet<String>,
     #[serde(default)]
     pub variables: std::collections::BTreeMap<String, Value>,
+    /// Running rule timers by name. The store keeps its timer index (what the firer reads) equal
+    /// to these, in the fold's transaction.
+    #[serde(default)]
+    pub timers: std::collections::BTreeMap<String, Timer>,
+}
+
+/// A running rule timer: it fires as a `timer.<name>` event at `due_at`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timer {
+    /// Unix ms, the bridge's clock: the decision's clock plus the rule's `after`.
+    pub due_at: Millis,
+    /// When it was started (the decision's clock).
+    pub started_at: Millis,
+    /// The action that started it (`<event id>/<rule>/<index>`); its firing carries the same, so
+    /// a firing of an earlier run of the timer is recognised as stale.
+    pub started_by: String,
 }
 
 impl ConversationState {
@@ -156,6 +173,30 @@ impl ConversationState {
         }
     }
 
+    /// A rule starts timer `name`, or restarts it (a new due time and starter replace the old).
+    pub fn start_timer(&mut self, name: &str, timer: Timer) {
+        self.timers.insert(name.to_owned(), timer);
+    }
+
+    /// A rule cancels timer `name` (nothing happens when it does not run).
+    pub fn cancel_timer(&mut self, name: &str) {
+        self.timers.remove(name);
+    }
+
+    /// A timer event: the timer stops running if this firing is its current run. Returns false
+    /// for a stale firing (the timer was cancelled or restarted after this run was fired), which
+    /// must not reach rules.
+    fn fire_timer(&mut self, firing: &TimerFiring) -> bool {
+        let live = self
+            .timers
+            .get(&firing.name)
+            .is_some_and(|t| t.started_by == firing.started_by);
+        if live {
+            self.timers.remove(&firing.name);
+        }
+        live
+    }
+
     pub fn new(id: ConversationId) -> Self {
         ConversationState {
             version: STATE_VERSION,
@@ -176,11 +217,13 @@ impl ConversationState {
             last_event_at: Millis::MIN,
             labels: Default::default(),
             variables: Default::default(),
+            timers: Default::default(),
         }
     }
 
-    /// Fold one conversation or message event in.
-    pub fn apply(&mut self, event: &Event) {
+    /// Fold one conversation, message or timer event in. Returns whether rules may decide for it:
+    /// false only for a stale timer firing (see [`Timer::started_by`]).
+    pub fn apply(&mut self, event: &Event) -> bool {
         let stamp = Stamp::of(event);
         self.events_applied += 1;
         self.first_event_at = self.first_event_at.min(event.timestamp);
@@ -191,8 +234,10 @@ impl ConversationState {
         match &event.payload {
             Payload::Conversation(c) => self.apply_conversation(&event.kind, c, &stamp),
             Payload::Message(m) => self.apply_message(m, &stamp),
+            Payload::Timer(t) => return self.fire_timer(t),
             _ => {}
         }
+        true
     }
 
     fn apply_conversation(&mut self, kind: &EventKind, c: &Conversation, stamp: &Stamp) {

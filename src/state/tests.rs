@@ -188,6 +188,66 @@ fn bot_state_counts_unknown_events_and_records_deletion() {
     );
 }
 
+fn timer_event(name: &str, due_at: i64, started_by: &str) -> Event {
+    let firing = TimerFiring {
+        conversation_id: "c1".into(),
+        name: name.into(),
+        due_at,
+        started_by: started_by.into(),
+    };
+    let made = crate::webhook::timer_event(&firing, "B1").expect("timer event");
+    made.event
+}
+
+fn run(due_at: i64, started_by: &str) -> Timer {
+    Timer {
+        due_at,
+        started_at: due_at - 10,
+        started_by: started_by.into(),
+    }
+}
+
+#[test]
+fn a_timer_firing_stops_its_own_run_and_a_stale_one_changes_nothing() {
+    let mut state = fold(&lifecycle());
+    let applied = state.events_applied;
+    state.start_timer("wait", run(500, "e3/ask/0"));
+    state.start_timer("other", run(900, "e3/ask/1"));
+    assert!(state.apply(&timer_event("wait", 500, "e3/ask/0")), "live");
+    assert!(
+        !state.timers.contains_key("wait"),
+        "fired: no longer running"
+    );
+    assert!(state.timers.contains_key("other"), "other timers run on");
+    assert_eq!(state.events_applied, applied + 1, "a firing is an event");
+
+    // Restarted after this run fired: the old run's firing is stale, the new run stays.
+    state.start_timer("wait", run(600, "e7/ask/0"));
+    state.start_timer("wait", run(700, "e8/ask/0"));
+    assert!(!state.apply(&timer_event("wait", 600, "e7/ask/0")), "stale");
+    assert_eq!(state.timers.get("wait"), Some(&run(700, "e8/ask/0")));
+
+    // Cancelled: its firing is stale too.
+    state.cancel_timer("wait");
+    assert!(
+        !state.apply(&timer_event("wait", 700, "e8/ask/0")),
+        "cancelled"
+    );
+    assert!(!state.timers.contains_key("wait"));
+    // A replay rebuilds due times with its own clock: the run is known by what started it.
+    assert!(state.apply(&timer_event("other", 1_234, "e3/ask/1")));
+    assert!(state.timers.is_empty());
+}
+
+#[test]
+fn a_state_stored_before_timers_existed_still_decodes() {
+    let mut value = serde_json::to_value(fold(&lifecycle())).expect("json");
+    let removed = value.as_object_mut().and_then(|m| m.remove("timers"));
+    assert!(removed.is_some(), "the field is stored today");
+    let old: ConversationState = serde_json::from_value(value).expect("decodes");
+    assert!(old.timers.is_empty());
+}
+
 proptest! {
     /// Any arrival order of the same events gives the same state.
     #[test]

@@ -30,6 +30,10 @@ pub mod tree {
     /// sequence number (as in the outbox) -> finished entry (done or dropped), for the audit
     /// window.
     pub const DONE: &str = "done/v1";
+    /// (due time, conversation id, timer name) -> what firing it needs (JSON): every running rule
+    /// timer, earliest due first. Equal to the conversation states' `timers`: only the fold
+    /// writes it, in the transaction that writes those states.
+    pub const TIMERS: &str = "timers/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }
@@ -97,9 +101,53 @@ pub fn user_index(platform: &str, user_key: &str) -> Vec<u8> {
     key
 }
 
+/// A timer's key: its due time (8 bytes, big-endian, so the earliest sorts first), the
+/// conversation id, a 0 byte, the name. Names never hold a 0 byte, so the last one ends the
+/// conversation id whatever it holds. A due time before 1970 counts as 0.
+pub fn timer(due_at: i64, conversation: &str, name: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(9 + conversation.len() + name.len());
+    key.extend_from_slice(&u64::try_from(due_at).unwrap_or(0).to_be_bytes());
+    key.extend_from_slice(conversation.as_bytes());
+    key.push(0);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+/// The due time, conversation id and name of a timer key.
+pub fn parse_timer(key: &[u8]) -> Option<(i64, &str, &str)> {
+    let due = i64::try_from(parse_seq(key.get(..8)?)?).ok()?;
+    let rest = key.get(8..)?;
+    let split = rest.iter().rposition(|b| *b == 0)?;
+    let conversation = std::str::from_utf8(rest.get(..split)?).ok()?;
+    let name = std::str::from_utf8(rest.get(split + 1..)?).ok()?;
+    Some((due, conversation, name))
+}
+
+/// Timer keys due at or before `at` sort before this one.
+pub fn timers_after(at: i64) -> [u8; 8] {
+    u64::try_from(at.saturating_add(1))
+        .unwrap_or(0)
+        .to_be_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timer_keys_sort_by_due_time_and_parse_back_whatever_the_conversation_id() {
+        assert!(timer(999, "zzz", "a") < timer(1_000, "aaa", "a"));
+        assert!(timer(1_000, "c", "z") < timers_after(1_000).to_vec());
+        assert!(timers_after(999).to_vec() <= timer(1_000, "c", "a"));
+        for conversation in ["c1", "", "a\0b", "c:\0/x\0"] {
+            let key = timer(1_763_690_400_000, conversation, "agent-wait");
+            assert_eq!(
+                parse_timer(&key),
+                Some((1_763_690_400_000, conversation, "agent-wait"))
+            );
+        }
+        assert_eq!(parse_timer(b"short"), None);
+    }
 
     #[test]
     fn sequence_keys_sort_numerically() {

@@ -14,6 +14,7 @@ pub mod intake;
 pub mod keys;
 pub mod outbox;
 pub mod replay;
+pub mod timers;
 pub mod writer;
 
 use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
@@ -29,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use intake::{Checked, Unindexed};
+pub use timers::DueTimer;
 pub use writer::{AcceptJob, NewEvent, Writer};
 
 /// Layout 1's intake log, inside the store directory (read once, when migrating).
@@ -232,6 +234,8 @@ pub struct Applied {
     pub outbox: Vec<crate::actions::OutboxEntry>,
     /// Decided actions skipped because their id was decided before.
     pub repeated_actions: usize,
+    /// Running timers gained minus lost (started, minus fired, cancelled or replaced).
+    pub timers_change: i64,
 }
 
 /// What a prune pass removed.
@@ -257,7 +261,10 @@ pub struct Store {
     dead_letters: sled::Tree,
     actions: sled::Tree,
     done: sled::Tree,
+    timers: sled::Tree,
     meta: sled::Tree,
+    /// See [`Store::timer_wakeup`].
+    timer_wakeup: Arc<tokio::sync::Notify>,
     log_dir: PathBuf,
     /// The event log's appending end: one per store, whoever appends.
     appender: Arc<Mutex<eventlog::Appender>>,
@@ -317,7 +324,9 @@ impl Store {
             dead_letters: t(keys::tree::DEAD_LETTERS)?,
             actions: t(keys::tree::ACTIONS)?,
             done: t(keys::tree::DONE)?,
+            timers: t(keys::tree::TIMERS)?,
             meta: t(keys::tree::META)?,
+            timer_wakeup: Default::default(),
             db,
             log_dir,
             appender: Arc::new(Mutex::new(appender)),
@@ -501,7 +510,8 @@ impl Store {
 
     /// [`apply`](Store::apply), with the rules deciding actions for each folded event from the
     /// conversation's state after the fold. Internal state actions are applied at once; the
-    /// others go to the outbox in the same transaction. `received` is each event's receive time.
+    /// others go to the outbox in the same transaction, and so do the changes to the timers tree
+    /// (timers started, restarted, cancelled or fired). `received` is each event's receive time.
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
@@ -518,6 +528,9 @@ impl Store {
         let mut bots: HashMap<String, BotState> = HashMap::new();
         let mut folded = Vec::with_capacity(batch.len());
         let mut decided = std::collections::HashSet::new();
+        // Each conversation's timers as this fold found them, and the keys of folded firings.
+        let mut timers_before = HashMap::new();
+        let mut fired = Vec::new();
         let now = crate::clock::now_millis();
         for (position, (seq, event)) in batch.iter().enumerate() {
             if !self.inbox.contains_key(keys::seq(*seq))? {
@@ -529,10 +542,15 @@ impl Store {
             if let Some(id) = event.payload.conversation_id() {
                 let new = || ConversationState::new(id.clone());
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
-                state.apply(event);
+                if !timers_before.contains_key(id.as_str()) {
+                    timers_before.insert(id.as_str().to_owned(), state.timers.clone());
+                }
+                if let Payload::Timer(t) = &event.payload {
+                    fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
+                }
                 out.new_conversations += u64::from(created);
                 let at = received.get(position).copied().unwrap_or(event.timestamp);
-                let decisions = rules.decide(event, state, now);
+                let decisions = fold_and_decide(state, event, rules, now);
                 let decided_by = (rules.version(), at, now);
                 self.queue_decisions(event, state, decisions, decided_by, &mut decided, &mut out)?;
                 if let Payload::Conversation(c) = &event.payload {
@@ -572,6 +590,7 @@ impl Store {
             })
             .collect();
         let outbox_bytes = outbox::pending_rows(&out.outbox)?;
+        let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
         let trees = (
             &self.inbox,
             &self.conversations,
@@ -580,11 +599,18 @@ impl Store {
             &self.bots,
             &self.outbox,
             &self.actions,
+            &self.timers,
         );
         trees.transaction(
-            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions)| {
+            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions, timers)| {
                 for seq in &folded {
                     inbox.remove(&keys::seq(*seq))?;
+                }
+                for key in &timer_writes.remove {
+                    timers.remove(key.as_slice())?;
+                }
+                for (key, entry) in &timer_writes.insert {
+                    timers.insert(key.as_slice(), entry.as_slice())?;
                 }
                 outbox::insert_pending(outbox, actions, &outbox_bytes)?;
                 for (id, bytes) in &conv_bytes {
@@ -602,6 +628,10 @@ impl Store {
                 Ok(())
             },
         )?;
+        out.timers_change = timer_writes.change;
+        if !timer_writes.insert.is_empty() {
+            self.timer_wakeup.notify_one();
+        }
         Ok(out)
     }
 
@@ -618,10 +648,10 @@ impl Store {
     ) -> Result<(), StoreError> {
         use crate::actions::{action_id, OutboxEntry};
         for decision in decisions {
-            if decision.action.apply_to_state(state) {
+            let id = action_id(&event.id, &decision.rule, decision.index);
+            if decision.action.apply_to_state(state, decided_by.2, &id) {
                 continue;
             }
-            let id = action_id(&event.id, &decision.rule, decision.index);
             if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
                 out.repeated_actions += 1;
                 continue;
@@ -802,6 +832,22 @@ impl Store {
             out.event_segments += 1;
         }
         Ok(out)
+    }
+}
+
+/// Fold `event` into its conversation's state and decide for it with the state after. A stale
+/// timer firing (its timer was cancelled or restarted since) is folded but decides nothing.
+fn fold_and_decide(
+    state: &mut ConversationState,
+    event: &Event,
+    rules: &dyn crate::actions::Decide,
+    now: Millis,
+) -> Vec<crate::actions::Decision> {
+    if state.apply(event) {
+        rules.decide(event, state, now)
+    } else {
+        tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
+        Vec::new()
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! The state an event is decided against is rebuilt by folding its conversation's stored events
 //! from the start, in acceptance order (the order the dispatcher folded them in), applying the
-//! current rules' own state changes (labels, variables) on the way. Events older than the event
+//! current rules' own state changes (labels, variables, timers) on the way. Those shape only the
+//! rebuilt states: a replay never writes state, nor schedules or cancels a real timer. Stored
+//! timer events are decided again when the rebuilt state still has the run that fired. Events older than the event
 //! retention are gone, so a conversation's earliest state may be thinner than it was.
 //!
 //! An action that was decided before (its id is in the ledger) is reported and not queued again,
@@ -134,15 +136,15 @@ impl Store {
             let state = states
                 .entry(record.partition.clone())
                 .or_insert_with(|| ConversationState::new(conversation.clone()));
-            state.apply(&event);
-            let decisions = rules.decide(&event, state, now);
+            let decisions = super::fold_and_decide(state, &event, rules, now);
             let replayed = in_window(&record);
             report.events += u64::from(replayed);
             for decision in decisions {
-                if decision.action.apply_to_state(state) || !replayed {
+                let original = action_id(&event.id, &decision.rule, decision.index);
+                // Timers here only shape the rebuilt state: the timers tree is the fold's alone.
+                if decision.action.apply_to_state(state, now, &original) || !replayed {
                     continue;
                 }
-                let original = action_id(&event.id, &decision.rule, decision.index);
                 let previous = self
                     .actions
                     .get(original.as_bytes())?

@@ -741,3 +741,221 @@ fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fa
     let third = store.accept_many(&[request]).expect("accept");
     assert_eq!(third[0].new.len(), 1, "accepted now");
 }
+
+/// A delivery of one user message `text` in conversation `conv`.
+fn said(delivery: &str, event: &str, conv: &str, text: &str) -> Vec<u8> {
+    format!(
+        r#"{{"id":"{delivery}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{event}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,
+        "data":{{"message":{{"id":"m{event}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"{text}"}}}}}}}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// Messages "start", "restart", "other" and "cancel" start, restart, start another and cancel
+/// timers; timer `x` firing sends a message.
+fn timer_rules() -> crate::rules::RuleSet {
+    let rule = |name: &str, action: &str| {
+        format!(
+            "[[rule]]\nname = \"{name}\"\non = [\"bot.message.received\"]\n\
+             when = {{ field = \"message.data.text\", equals = \"{name}\" }}\nactions = [{action}]\n"
+        )
+    };
+    let text = [
+        rule(
+            "start",
+            r#"{ type = "start_timer", name = "x", after = "5m" }"#,
+        ),
+        rule(
+            "restart",
+            r#"{ type = "start_timer", name = "x", after = "10m" }"#,
+        ),
+        rule(
+            "other",
+            r#"{ type = "start_timer", name = "y", after = "1m" }"#,
+        ),
+        rule("cancel", r#"{ type = "cancel_timer", name = "x" }"#),
+        "[[rule]]\nname = \"fired\"\non = [\"timer.x\"]\n\
+         actions = [{ type = \"send_message\", text = \"x fired\" }]\n"
+            .to_owned(),
+    ]
+    .concat();
+    crate::rules::RuleSet::from_sources(&[("timers.toml".into(), text)]).expect("rules")
+}
+
+fn all_timers(store: &Store) -> Vec<DueTimer> {
+    let (due, next) = store
+        .due_timers(Millis::MAX, 1_000, |_| false)
+        .expect("timers");
+    assert_eq!(next, None);
+    due
+}
+
+/// Fire a due timer as the firer does (its deterministic event, through intake's dedupe).
+fn fire(store: &Store, timer: &DueTimer) -> Accepted {
+    let event = crate::webhook::timer_event(&timer.firing, &timer.bot_id).expect("timer event");
+    let delivery = DeliveryId::new(event.event.id.as_str());
+    store.accept(&delivery, &[event], 2_000).expect("accept")
+}
+
+#[test]
+fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
+    let (dir, store) = store();
+    let set = timer_rules();
+    let before = crate::clock::now_millis();
+    accept(&store, &said("d1", "e1", "c1", "start"));
+    let applied = drain_with(&store, &set);
+    let after = crate::clock::now_millis();
+    assert_eq!(applied.timers_change, 1);
+    assert!(applied.outbox.is_empty(), "internal: nothing to carry out");
+    let timers = all_timers(&store);
+    assert_eq!(timers.len(), 1);
+    let x = &timers[0];
+    assert_eq!(
+        (x.firing.conversation_id.as_str(), x.firing.name.as_str()),
+        ("c1", "x")
+    );
+    assert_eq!(x.firing.started_by, "e1/start/0");
+    assert_eq!(x.bot_id, "B1");
+    assert!((before + 300_000..=after + 300_000).contains(&x.firing.due_at));
+    let state = store
+        .conversation(&"c1".into())
+        .expect("read")
+        .expect("state");
+    assert_eq!(
+        state.timers.get("x").map(|t| t.due_at),
+        Some(x.firing.due_at)
+    );
+    assert_eq!(store.timers_pending(), 1);
+
+    // One fold restarts x in c1 and starts y in c2: the old key goes, the earliest is first.
+    accept(&store, &said("d2", "e2", "c1", "restart"));
+    accept(&store, &said("d3", "e3", "c2", "other"));
+    let applied = drain_with(&store, &set);
+    assert_eq!(applied.timers_change, 1, "x replaced, y new");
+    assert!(
+        !store.has_timer(&x.key).expect("read"),
+        "the replaced run's key"
+    );
+    let timers = all_timers(&store);
+    let listed: Vec<(&str, &str, &str)> = timers
+        .iter()
+        .map(|t| {
+            let f = &t.firing;
+            (
+                f.conversation_id.as_str(),
+                f.name.as_str(),
+                f.started_by.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [("c2", "y", "e3/other/0"), ("c1", "x", "e2/restart/0")],
+        "due order"
+    );
+    assert!(timers[1].firing.due_at >= x.firing.due_at + 300_000 - (after - before));
+    // Only what is due by `now`; the next due time; the limit; what the firer skips.
+    let y_due = timers[0].firing.due_at;
+    let (due, next) = store.due_timers(y_due, 10, |_| false).expect("due");
+    assert_eq!((due.len(), next), (1, Some(timers[1].firing.due_at)));
+    let (due, next) = store.due_timers(Millis::MAX, 1, |_| false).expect("due");
+    assert_eq!((due.len(), next), (1, Some(Millis::MAX)), "cut short");
+    let (due, _) = store
+        .due_timers(Millis::MAX, 10, |k| k == timers[0].key.as_slice())
+        .expect("due");
+    assert_eq!(due, timers[1..]);
+
+    accept(&store, &said("d4", "e4", "c1", "cancel"));
+    let applied = drain_with(&store, &set);
+    assert_eq!(applied.timers_change, -1);
+    assert_eq!(all_timers(&store), timers[..1]);
+    let state = store
+        .conversation(&"c1".into())
+        .expect("read")
+        .expect("state");
+    assert!(state.timers.is_empty());
+
+    // Durable with the state: a reopened store has the same timers.
+    store.flush().expect("flush");
+    let path = dir.path().join("store");
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(all_timers(&store), timers[..1]);
+}
+
+#[test]
+fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
+    let (_d, store) = store();
+    let set = timer_rules();
+    accept(&store, &said("d1", "e1", "c1", "start"));
+    drain_with(&store, &set);
+    let run = all_timers(&store).remove(0);
+    assert_eq!(fire(&store, &run).new.len(), 1);
+    assert!(
+        fire(&store, &run).duplicate_delivery,
+        "a re-fire is a duplicate"
+    );
+    let applied = drain_with(&store, &set);
+    assert_eq!(applied.applied, 1, "the firing, once");
+    assert_eq!(applied.timers_change, -1);
+    let ids: Vec<&str> = applied.outbox.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, [format!("timer:c1:x:{}/fired/0", run.firing.due_at)]);
+    assert!(all_timers(&store).is_empty());
+
+    // Restarted before its firing is folded: the firing is stale, the new run stays.
+    accept(&store, &said("d2", "e2", "c1", "start"));
+    drain_with(&store, &set);
+    let stale = all_timers(&store).remove(0);
+    accept(&store, &said("d3", "e3", "c1", "restart"));
+    drain_with(&store, &set);
+    assert_eq!(fire(&store, &stale).new.len(), 1);
+    let applied = drain_with(&store, &set);
+    assert_eq!(
+        (applied.applied, applied.outbox.len()),
+        (1, 0),
+        "stale: no rules"
+    );
+    assert_eq!(applied.timers_change, 0);
+    let running = all_timers(&store);
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].firing.started_by, "e3/restart/0");
+    let state = store
+        .conversation(&"c1".into())
+        .expect("read")
+        .expect("state");
+    assert_eq!(
+        state.timers.get("x").map(|t| t.started_by.as_str()),
+        Some("e3/restart/0")
+    );
+
+    // Cancelled before its firing is folded: stale too.
+    accept(&store, &said("d4", "e4", "c1", "cancel"));
+    drain_with(&store, &set);
+    assert_eq!(fire(&store, &running[0]).new.len(), 1);
+    let applied = drain_with(&store, &set);
+    assert_eq!((applied.applied, applied.outbox.len()), (1, 0));
+    assert!(all_timers(&store).is_empty());
+
+    // Replay re-decides the live firing (same rules: already decided), not the stale ones, and
+    // its timers only shape the rebuilt states: the tree keeps its keys and due times.
+    accept(&store, &said("d5", "e5", "c2", "other"));
+    drain_with(&store, &set);
+    let kept = all_timers(&store);
+    let request = replay::ReplayRequest {
+        from: 0,
+        to: Millis::MAX,
+        dry_run: false,
+        force: false,
+    };
+    let report = store.replay(&request, &set).expect("replay");
+    let fired: Vec<(&str, &str)> = report
+        .items
+        .iter()
+        .filter(|i| i.rule == "fired")
+        .map(|i| (i.id.as_str(), i.status))
+        .collect();
+    assert_eq!(fired, [(ids[0], "already_decided")]);
+    assert_eq!(report.queued, 0);
+    assert_eq!(all_timers(&store), kept);
+    assert_eq!(store.timers_pending(), 1);
+}

@@ -65,6 +65,10 @@ pub enum EventError {
     Format(String),
     #[error("event field `{0}` must not be empty")]
     Empty(&'static str),
+    /// `timer.*` events are made by the bridge for its rule timers; from outside they could fire
+    /// (or forge) a conversation's timer.
+    #[error("event type `{0}` is reserved for the bridge's own timers")]
+    Reserved(String),
 }
 
 /// Validate a delivery body. Envelope errors reject the whole delivery; event errors only that
@@ -97,9 +101,10 @@ pub fn parse_delivery(body: &[u8]) -> Result<ParsedDelivery, DeliveryError> {
     })
 }
 
-/// Validate one event (as found in `messages[]`) and work out where it is processed.
+/// Validate one event (as found in `messages[]`) and work out where it is processed. Events from
+/// outside may not use the bridge's own event types (`timer.*`).
 pub fn validate_event(raw: &RawValue) -> Result<IncomingEvent, EventError> {
-    let event = parse_event(raw.get())?;
+    let event = parse(raw.get(), Origin::Outside)?;
     let unknown_platform = match &event.payload {
         Payload::EndUser(u) => !u.platform.is_known(),
         Payload::Conversation(c) => c.platform.as_ref().is_some_and(|p| !p.is_known()),
@@ -113,8 +118,20 @@ pub fn validate_event(raw: &RawValue) -> Result<IncomingEvent, EventError> {
     })
 }
 
-/// Parse a stored or incoming event into its typed form.
+/// Who made an event: the service (or anyone posting to the webhook), or the bridge.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Outside,
+    Stored,
+}
+
+/// Parse a stored event (accepted from the service, or made by the bridge: timer firings) into
+/// its typed form.
 pub fn parse_event(raw: &str) -> Result<Event, EventError> {
+    parse(raw, Origin::Stored)
+}
+
+fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     let header: EventHeader<'_> =
         serde_json::from_str(raw).map_err(|e| EventError::Format(e.to_string()))?;
     if header.id.as_str().trim().is_empty() {
@@ -123,7 +140,12 @@ pub fn parse_event(raw: &str) -> Result<Event, EventError> {
     if header.source_id.as_str().is_empty() {
         return Err(EventError::Empty("sourceId"));
     }
+    let timer = header.event.timer_name();
+    if timer.is_some() && origin == Origin::Outside {
+        return Err(EventError::Reserved(header.event.as_str().to_owned()));
+    }
     let payload = match header.event.data_key() {
+        None if timer.is_some() => Payload::Timer(timer_payload(timer, header.data.get())?),
         None => Payload::Unknown(
             serde_json::from_str(header.data.get())
                 .map_err(|e| EventError::Format(e.to_string()))?,
@@ -166,12 +188,58 @@ fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
             .as_str()
             .is_empty()
             .then_some("data.message.conversationId"),
-        Payload::Unknown(_) => None,
+        Payload::Timer(_) | Payload::Unknown(_) => None,
     };
     match empty {
         Some(field) => Err(EventError::Empty(field)),
         None => Ok(payload),
     }
+}
+
+/// `data.timer` of a `timer.<name>` event, checked against the name in its type.
+fn timer_payload(name: Option<&str>, data: &str) -> Result<model::TimerFiring, EventError> {
+    #[derive(serde::Deserialize)]
+    struct Data {
+        timer: model::TimerFiring,
+    }
+    let Data { timer } =
+        serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
+    if timer.conversation_id.as_str().is_empty() {
+        return Err(EventError::Empty("data.timer.conversationId"));
+    }
+    if name != Some(timer.name.as_str()) || !model::is_timer_name(&timer.name) {
+        return Err(EventError::Format(
+            "data.timer.name must be the name in the event type (A-Z a-z 0-9 - _)".into(),
+        ));
+    }
+    Ok(timer)
+}
+
+/// The event a due timer fires as, stored and folded like a delivered one. Its id is
+/// deterministic (`timer:<conversation>:<name>:<due ms>`), so firing it again after a crash is a
+/// duplicate. `bot` is the conversation's bot (the event's `sourceId`).
+pub fn timer_event(timer: &model::TimerFiring, bot: &str) -> Result<IncomingEvent, EventError> {
+    let id = format!(
+        "timer:{}:{}:{}",
+        timer.conversation_id, timer.name, timer.due_at
+    );
+    let raw = serde_json::json!({
+        "id": id,
+        "event": format!("{}{}", model::TIMER_EVENT_PREFIX, timer.name),
+        "sourceType": "bridge",
+        "sourceId": bot,
+        "timestamp": timer.due_at,
+        "data": { "timer": timer },
+    })
+    .to_string();
+    // Parsed back like any stored event, so what is stored is known to be readable.
+    let event = parse_event(&raw)?;
+    Ok(IncomingEvent {
+        partition: partition_of(&event),
+        raw,
+        unknown_platform: false,
+        event,
+    })
 }
 
 /// The ordering domain of an event.
@@ -313,6 +381,72 @@ mod tests {
             parse_delivery(deep.as_bytes()),
             Err(DeliveryError::InvalidJson(_) | DeliveryError::InvalidFormat(_))
         ));
+    }
+
+    fn firing() -> model::TimerFiring {
+        model::TimerFiring {
+            conversation_id: "c1".into(),
+            name: "agent-wait".into(),
+            due_at: 1_763_690_700_000,
+            started_by: "e1/ask-agent/2".into(),
+        }
+    }
+
+    #[test]
+    fn a_timer_event_round_trips_through_parse_event_into_its_conversation() {
+        let made = timer_event(&firing(), "B7f3a2c").expect("timer event");
+        let event = parse_event(&made.raw).expect("stored form parses");
+        assert_eq!(event.id.as_str(), "timer:c1:agent-wait:1763690700000");
+        assert_eq!(event.kind.as_str(), "timer.agent-wait");
+        assert_eq!(event.kind.timer_name(), Some("agent-wait"));
+        assert_eq!(event.source_id.as_str(), "B7f3a2c");
+        assert_eq!(event.timestamp, 1_763_690_700_000);
+        match &event.payload {
+            Payload::Timer(t) => assert_eq!(t, &firing()),
+            other => panic!("not a timer payload: {other:?}"),
+        }
+        assert_eq!(made.partition, PartitionKey::Conversation("c1".into()));
+        assert_eq!(partition_of(&event), made.partition);
+        // Deterministic: the same timer run makes the same event.
+        let again = timer_event(&firing(), "B7f3a2c").expect("again");
+        assert_eq!(again.raw, made.raw);
+    }
+
+    #[test]
+    fn a_stored_timer_event_must_name_its_timer_consistently() {
+        let raw = timer_event(&firing(), "B1").expect("event").raw;
+        let renamed = raw.replace(
+            "\"event\":\"timer.agent-wait\"",
+            "\"event\":\"timer.other\"",
+        );
+        assert_ne!(renamed, raw);
+        assert!(matches!(parse_event(&renamed), Err(EventError::Format(_))));
+        let no_data = raw.replace("\"timer\":{", "\"timers\":{");
+        assert!(matches!(parse_event(&no_data), Err(EventError::Format(_))));
+    }
+
+    #[test]
+    fn the_service_cannot_send_timer_events() {
+        let forged = timer_event(&firing(), "B1").expect("event").raw;
+        let garbled = r#"{"id":"e2","event":"timer.x","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{}}"#;
+        let fine = r#"{"id":"e3","event":"bot.updated","sourceType":"bot","sourceId":"B1","timestamp":3,"data":{"bot":{"id":"B1"}}}"#;
+        let body = format!(
+            r#"{{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[{forged},{garbled},{fine}]}}"#
+        );
+        let parsed = parse_delivery(body.as_bytes()).expect("envelope ok");
+        assert_eq!(parsed.events.len(), 1, "only the bot event is accepted");
+        assert_eq!(parsed.events[0].event.id.as_str(), "e3");
+        assert_eq!(parsed.invalid.len(), 2);
+        for bad in &parsed.invalid {
+            assert!(
+                bad.reason.contains("reserved for the bridge's own timers"),
+                "{}",
+                bad.reason
+            );
+        }
+        // Quarantine re-processing judges the same way.
+        let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
+        assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
     }
 
     #[test]

@@ -119,6 +119,14 @@ impl EventKind {
         }
     }
 
+    /// The timer's name of a `timer.<name>` event (made by the bridge itself, never the service).
+    pub fn timer_name(&self) -> Option<&str> {
+        match self {
+            EventKind::Other(kind) => kind.strip_prefix(TIMER_EVENT_PREFIX),
+            _ => None,
+        }
+    }
+
     /// Metric label: the type itself when known, `other` otherwise (bounded cardinality).
     pub fn metric_label(&self) -> &str {
         if self.is_known() {
@@ -153,6 +161,18 @@ open_enum!(
         Location => "location",
     }
 );
+
+/// Event types the bridge makes for its own timers: `timer.<name>`.
+pub const TIMER_EVENT_PREFIX: &str = "timer.";
+
+/// A timer name: non-empty, `A-Z a-z 0-9 - _` only, so it is safe in event ids, sled keys and
+/// event types.
+pub fn is_timer_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
 
 /// DELIVERY: the envelope. Events stay raw here so each can be validated, stored and quarantined
 /// on its own.
@@ -197,6 +217,8 @@ pub enum Payload {
     EndUser(EndUser),
     Conversation(Conversation),
     Message(Message),
+    /// A rule timer fired (`timer.<name>`; the bridge's own, refused from the service).
+    Timer(TimerFiring),
     Unknown(Value),
 }
 
@@ -206,9 +228,24 @@ impl Payload {
         match self {
             Payload::Conversation(c) => Some(&c.id),
             Payload::Message(m) => Some(&m.conversation_id),
+            Payload::Timer(t) => Some(&t.conversation_id),
             _ => None,
         }
     }
+}
+
+/// `data.timer` of a `timer.<name>` event: which timer of which conversation fired.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TimerFiring {
+    pub conversation_id: ConversationId,
+    pub name: String,
+    /// When it was due (Unix ms, the bridge's clock).
+    pub due_at: Millis,
+    /// The action that started it (`<event id>/<rule>/<index>`). The conversation's state keeps
+    /// it with the running timer, so a firing of a timer replaced or cancelled since is told apart
+    /// from the live one, also by a replay (whose clock gives other due times).
+    pub started_by: String,
 }
 
 /// BOT.
