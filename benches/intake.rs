@@ -644,6 +644,9 @@ impl Case {
 
 fn daemon_command(opts: &Options, data_dir: &Path) -> Command {
     let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
+    // Intake only: the shipped rules would act on the fixtures (the end-to-end case with rules
+    // is the actions bench). `--daemon-env HANDOFF_BRIDGE__RULES__ENABLED=true` measures both.
+    cmd.env("HANDOFF_BRIDGE__RULES__ENABLED", "false");
     cmd.envs(opts.common.daemon_env.iter().map(|(k, v)| (k, v)));
     cmd
 }

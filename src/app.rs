@@ -61,12 +61,30 @@ pub enum AppError {
     Rules(#[from] crate::rules::LoadError),
 }
 
-/// The rule files of `rules.dir`, compiled; `None` when no directory is configured.
+/// The configured rules, compiled: `rules.dir`'s files, or the shipped set when it is empty;
+/// `None` when rules are turned off (`rules.enabled = false`).
 pub fn rule_set(config: &Config) -> Result<Option<crate::rules::RuleSet>, crate::rules::LoadError> {
-    if config.rules.dir.is_empty() {
+    if !config.rules.enabled {
         return Ok(None);
     }
-    crate::rules::RuleSet::load_dir(std::path::Path::new(&config.rules.dir)).map(Some)
+    let overrides = settings_overrides(config);
+    if config.rules.dir.is_empty() {
+        return crate::rules::RuleSet::from_sources_with(
+            &crate::rules::shipped::sources(),
+            &overrides,
+        )
+        .map(Some);
+    }
+    crate::rules::RuleSet::load_dir_with(std::path::Path::new(&config.rules.dir), &overrides)
+        .map(Some)
+}
+
+/// `rules.settings` as JSON values, for the rule loader.
+pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(&config.rules.settings) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
 }
 
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
@@ -78,7 +96,11 @@ pub fn load_rules(
         return Ok(Arc::new(crate::actions::NoRules));
     };
     tracing::info!(
-        dir = %config.rules.dir,
+        dir = if config.rules.dir.is_empty() {
+            "(shipped)"
+        } else {
+            config.rules.dir.as_str()
+        },
         rules = set.rules().len(),
         version = set.version(),
         "rules loaded"
@@ -176,7 +198,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     ));
     let reloader = crate::ops::reload::Reloader {
         live: rules,
-        dir: (!config.rules.dir.is_empty()).then(|| std::path::PathBuf::from(&config.rules.dir)),
+        // The shipped set is built in: there is nothing to reload.
+        dir: (config.rules.enabled && !config.rules.dir.is_empty())
+            .then(|| std::path::PathBuf::from(&config.rules.dir)),
+        overrides: settings_overrides(&config),
         metrics: metrics.clone(),
     };
     let watcher = reloader

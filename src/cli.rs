@@ -135,13 +135,15 @@ pub enum RulesCommand {
     /// Validate the rules (every error at once, exit 2), list them in evaluation order, and warn
     /// about rules that can never fire or may loop.
     Check {
-        /// Rule directory; the configured `rules.dir` when absent.
+        /// Rule directory; the configured rules when absent (the shipped set if `rules.dir` is
+        /// empty).
         dir: Option<PathBuf>,
     },
     /// Show which rules match one event, why the others do not (the first failing condition and
     /// the value it saw), and the rendered actions. Calls nothing, stores nothing.
     Test {
-        /// Rule directory; the configured `rules.dir` when absent.
+        /// Rule directory; the configured rules when absent (the shipped set if `rules.dir` is
+        /// empty).
         #[arg(long)]
         dir: Option<PathBuf>,
         /// One event as the service sends it (a JSON object), or a whole delivery (each of its
@@ -519,25 +521,36 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
 /// `handoff-bridge rules check|test`.
 fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError> {
     use crate::rules::{explain, RuleSet};
-    let dir_of = |dir: Option<PathBuf>| -> Result<PathBuf, CliError> {
-        if let Some(dir) = dir {
-            return Ok(dir);
-        }
+    // A directory given here, else the configured rules (the shipped set when `rules.dir` is
+    // empty), with the configured setting overrides.
+    let load_set = |dir: Option<PathBuf>| -> Result<(String, RuleSet), CliError> {
         let config = load(args, None)?;
-        if config.rules.dir.is_empty() {
+        let overrides = crate::app::settings_overrides(&config);
+        if let Some(dir) = dir {
+            let set = RuleSet::load_dir_with(&dir, &overrides)?;
+            return Ok((dir.display().to_string(), set));
+        }
+        if !config.rules.enabled {
             return Err(CliError::Usage(
-                "no rule directory: give one, or set rules.dir in the configuration".into(),
+                "rules are turned off (rules.enabled = false): give a directory".into(),
             ));
         }
-        Ok(PathBuf::from(&config.rules.dir))
+        let set = crate::app::rule_set(&config)?.ok_or_else(|| {
+            CliError::Usage("rules are turned off (rules.enabled = false)".into())
+        })?;
+        let label = if config.rules.dir.is_empty() {
+            "shipped rules".to_owned()
+        } else {
+            config.rules.dir.clone()
+        };
+        Ok((label, set))
     };
     match action {
         RulesCommand::Check { dir } => {
-            let dir = dir_of(dir)?;
-            let set = RuleSet::load_dir(&dir)?;
+            let (label, set) = load_set(dir)?;
             println!(
                 "{}: {} rule(s), version {}",
-                dir.display(),
+                label,
                 set.rules().len(),
                 set.version()
             );
@@ -570,7 +583,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             at,
             json,
         } => {
-            let set = RuleSet::load_dir(&dir_of(dir)?)?;
+            let (_, set) = load_set(dir)?;
             let read = |path: &PathBuf| {
                 std::fs::read(path)
                     .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))

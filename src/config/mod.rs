@@ -136,13 +136,17 @@ pub struct OutboxConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RulesConfig {
-    /// Directory of rule files (`*.toml`, read in file-name order). Empty: no rules, the bridge
-    /// keeps state and takes no action.
+    /// Directory of rule files (`*.toml`, read in file-name order). Empty: the shipped agent
+    /// handoff rules built into the binary (the files of the repository's `rules/`).
     pub dir: String,
     /// How often the directory is checked for changed files, which are then reloaded (as on
     /// SIGHUP or `POST /admin/v1/rules/reload`). 0 turns watching off.
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
+    /// False: no rules at all (the bridge keeps state and takes no action).
+    pub enabled: bool,
+    /// Overrides of the rule files' `[settings]` (flows, texts, switches), by name.
+    pub settings: toml::Table,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -558,6 +562,9 @@ impl Config {
     }
 }
 
+/// The one table whose keys are not known in advance (checked by the rule loader instead).
+const FREE_FORM: &str = "rules.settings";
+
 /// Deep-merge `src` into `dst`, checking each key and type against the defaults.
 fn merge(
     dst: &mut toml::Table,
@@ -581,6 +588,10 @@ fn merge(
             continue;
         };
         match (value, default) {
+            // Free-form: the names are the rule files' settings, checked when rules load.
+            (toml::Value::Table(sub), toml::Value::Table(_)) if path == FREE_FORM => {
+                dst.insert(key, toml::Value::Table(sub));
+            }
             (toml::Value::Table(sub), toml::Value::Table(def_sub)) => {
                 if let Some(toml::Value::Table(dst_sub)) = dst.get_mut(&key) {
                     merge(dst_sub, sub, def_sub, &path, problems);
@@ -641,6 +652,15 @@ fn set_path(
                 return;
             }
         }
+    }
+    if sections.join(".") == FREE_FORM {
+        // A setting from the environment: TOML if it parses (numbers, booleans), else text.
+        let value = toml::from_str::<toml::Table>(&format!("v = {text}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(text.to_owned()));
+        table.insert((*leaf).to_owned(), value);
+        return;
     }
     let Some(default) = def.get(*leaf) else {
         problems.push(Problem {

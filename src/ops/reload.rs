@@ -46,6 +46,8 @@ pub struct Reloader {
     pub live: LiveRules,
     /// `rules.dir`; `None` when no directory is configured (nothing to reload).
     pub dir: Option<PathBuf>,
+    /// `rules.settings`, applied to every reload.
+    pub overrides: serde_json::Map<String, serde_json::Value>,
     pub metrics: Metrics,
 }
 
@@ -68,7 +70,7 @@ impl Reloader {
                 ),
             });
         };
-        let set = match RuleSet::load_dir(dir) {
+        let set = match RuleSet::load_dir_with(dir, &self.overrides) {
             Ok(set) => set,
             Err(e) => {
                 count("invalid");

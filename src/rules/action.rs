@@ -45,6 +45,57 @@ const DEFAULTS: [(&str, &str, &[&str]); 3] = [
 /// Timer actions: their names and durations are literal and checked at load.
 const TIMER_ACTIONS: [&str; 2] = ["start_timer", "cancel_timer"];
 
+/// Renders the template of the given name.
+type Renderer<'a> = &'a dyn Fn(&str) -> Result<String, String>;
+
+/// What a templated field becomes: text, or (for the action fields that are not strings) the
+/// number or boolean the rendered text spells, so `flow_id = "{{ settings.fallback_flow_id }}"`
+/// works.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rendered {
+    Text,
+    Integer,
+    Bool,
+}
+
+impl Rendered {
+    fn of(pointer: &str) -> Rendered {
+        match pointer.rsplit('/').next() {
+            Some("flow_id" | "node_id") => Rendered::Integer,
+            Some("enabled") => Rendered::Bool,
+            _ => Rendered::Text,
+        }
+    }
+
+    /// The rendered text as the field's JSON value.
+    fn value(self, text: String, field: &str) -> Result<Value, String> {
+        let trimmed = text.trim();
+        match self {
+            Rendered::Text => Ok(Value::String(text)),
+            Rendered::Integer => trimmed
+                .parse::<i64>()
+                .map(Value::from)
+                .map_err(|_| format!("`{field}` rendered to something that is not a whole number")),
+            Rendered::Bool => match trimmed {
+                "true" => Ok(Value::Bool(true)),
+                "false" => Ok(Value::Bool(false)),
+                _ => Err(format!(
+                    "`{field}` rendered to something other than true or false"
+                )),
+            },
+        }
+    }
+
+    /// A placeholder of the right kind, for the load-time shape check.
+    fn sample(self) -> Value {
+        match self {
+            Rendered::Text => Value::String("x".into()),
+            Rendered::Integer => Value::from(1),
+            Rendered::Bool => Value::Bool(true),
+        }
+    }
+}
+
 /// Actions whose `message` may be given as just `text = "..."`.
 const TEXT_SHORTHAND: [&str; 3] = ["send_message", "send_to_end_user", "partner_send_message"];
 
@@ -53,8 +104,9 @@ pub struct ActionSpec {
     kind: String,
     /// The action's JSON form; templated strings are replaced on render.
     body: Map<String, Value>,
-    /// (JSON pointer of a templated string, template name in the environment).
-    templates: Vec<(String, String)>,
+    /// (JSON pointer of a templated string, template name in the environment, what it renders
+    /// to).
+    templates: Vec<(String, String, Rendered)>,
     /// Fields to fill from the context: (field, context key).
     defaults: Vec<(&'static str, &'static str)>,
 }
@@ -111,7 +163,10 @@ impl ActionSpec {
             }
             let template = format!("{name}{pointer}");
             match env.add_template_owned(template.clone(), text) {
-                Ok(()) => templates.push((pointer, template)),
+                Ok(()) => {
+                    let rendered = Rendered::of(&pointer);
+                    templates.push((pointer, template, rendered))
+                }
                 Err(e) => problems.push((pointer_to_key(&pointer), format!("template: {e}"))),
             }
         }
@@ -126,7 +181,7 @@ impl ActionSpec {
         };
         // The shape check: every templated text and default id becomes a placeholder. Keys the
         // action does not have would be dropped silently by serde; they are reported instead.
-        let sample = spec.fill(|_| Ok("x".into()), |_| Ok(Value::String("x".into())), true);
+        let sample = spec.fill(None, |_| Ok(Value::String("x".into())), true);
         let built = match sample.map(|a| serde_json::to_value(a).unwrap_or(Value::Null)) {
             Ok(built) => built,
             Err(e) => return Err(vec![(String::new(), e)]),
@@ -154,12 +209,13 @@ impl ActionSpec {
         ctx: &Value,
         view: &minijinja::Value,
     ) -> Result<Action, String> {
+        let render = |name: &str| {
+            env.get_template(name)
+                .and_then(|t| t.render(view))
+                .map_err(|e| format!("template {name}: {e}"))
+        };
         self.fill(
-            |name| {
-                env.get_template(name)
-                    .and_then(|t| t.render(view))
-                    .map_err(|e| format!("template {name}: {e}"))
-            },
+            Some(&render),
             |key| match context::lookup(ctx, &[key.to_owned()]) {
                 Some(v) if !v.is_null() => Ok(v.clone()),
                 _ => Err(format!(
@@ -170,17 +226,22 @@ impl ActionSpec {
         )
     }
 
+    /// Build the action: templates rendered by `render` (`None`: placeholders, for the load-time
+    /// check), missing ids from `default`.
     fn fill(
         &self,
-        render: impl Fn(&str) -> Result<String, String>,
+        render: Option<Renderer<'_>>,
         default: impl Fn(&str) -> Result<Value, String>,
         explain: bool,
     ) -> Result<Action, String> {
         let mut body = Value::Object(self.body.clone());
-        for (pointer, name) in &self.templates {
-            let text = render(name)?;
+        for (pointer, name, rendered) in &self.templates {
+            let value = match render {
+                Some(render) => rendered.value(render(name)?, &pointer_to_key(pointer))?,
+                None => rendered.sample(),
+            };
             if let Some(slot) = body.pointer_mut(pointer) {
-                *slot = Value::String(text);
+                *slot = value;
             }
         }
         if let Value::Object(map) = &mut body {

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 13] = [
+pub const ROOTS: [&str; 14] = [
     "event",
     "message",
     "conversation",
@@ -22,6 +22,7 @@ pub const ROOTS: [&str; 13] = [
     "state",
     "timer",
     "now",
+    "settings",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`.

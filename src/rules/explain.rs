@@ -3,7 +3,7 @@
 //! Both are pure, like evaluation itself.
 
 use super::condition::{Condition, Failure, Op};
-use super::{context, Rule, RuleSet};
+use super::{Rule, RuleSet};
 use crate::actions::Action;
 use crate::state::ConversationState;
 use crate::webhook::model::{Event, Millis};
@@ -49,7 +49,7 @@ pub fn explain(
     state: &ConversationState,
     now: Millis,
 ) -> Vec<RuleVerdict> {
-    let ctx = context::build(event, state, now);
+    let ctx = set.context(event, state, now);
     let view = minijinja::Value::from(minijinja::value::Serde(&ctx));
     let mut stopped_by: Option<String> = None;
     let mut out = Vec::with_capacity(set.rules.len());

@@ -13,6 +13,7 @@ mod condition;
 pub mod context;
 pub mod explain;
 pub mod live;
+pub mod shipped;
 
 pub use condition::Failure;
 
@@ -73,6 +74,10 @@ struct RuleFile {
     /// Business-hours calendars by name; any file's rules may use any file's calendars.
     #[serde(default, rename = "calendar")]
     calendars: BTreeMap<String, RawCalendar>,
+    /// Values rules read as `settings.<name>` (the places an operator adapts a rule set: flows,
+    /// texts, switches); one file defines each, the configuration may override them.
+    #[serde(default)]
+    settings: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +135,8 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     env: Environment<'static>,
     version: String,
+    /// `settings.*` of the rule context.
+    settings: Value,
 }
 
 impl fmt::Debug for RuleSet {
@@ -147,8 +154,37 @@ impl RuleSet {
         RuleSet::from_sources(&read_dir(dir)?)
     }
 
+    /// [`load_dir`](RuleSet::load_dir) with settings overrides (see
+    /// [`from_sources_with`](RuleSet::from_sources_with)).
+    pub fn load_dir_with(dir: &Path, overrides: &Map<String, Value>) -> Result<RuleSet, LoadError> {
+        RuleSet::from_sources_with(&read_dir(dir)?, overrides)
+    }
+
+    /// The context rules see for an event: [`context::build`] plus the settings.
+    fn context(&self, event: &Event, state: &ConversationState, now: Millis) -> Value {
+        let mut ctx = context::build(event, state, now);
+        if let Value::Object(root) = &mut ctx {
+            root.insert("settings".into(), self.settings.clone());
+        }
+        ctx
+    }
+
+    /// The settings in force (the files' values with the overrides applied).
+    pub fn settings(&self) -> &Value {
+        &self.settings
+    }
+
     /// Compile rule files given as (file name, text), in the given order.
     pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadError> {
+        RuleSet::from_sources_with(sources, &Map::new())
+    }
+
+    /// [`from_sources`](RuleSet::from_sources), with `overrides` replacing settings the files
+    /// define (from the configuration's `rules.settings`; a name no file defines is an error).
+    pub fn from_sources_with(
+        sources: &[(String, String)],
+        overrides: &Map<String, Value>,
+    ) -> Result<RuleSet, LoadError> {
         let mut env = template_env();
         let mut rules = Vec::new();
         let mut problems = Vec::new();
@@ -165,6 +201,7 @@ impl RuleSet {
         }
         // Calendars first: a rule may name one defined in a later file. Timers likewise.
         let calendars = compile_calendars(&parsed, &mut problems);
+        let settings = merge_settings(&parsed, overrides, &mut problems);
         let timers = started_timers(&parsed);
         let mut names = HashMap::new();
         for (file, parsed) in parsed {
@@ -202,11 +239,21 @@ impl RuleSet {
         }
         // Stable: equal priorities keep file order, then position in the file.
         rules.sort_by_key(|r| std::cmp::Reverse(r.priority));
-        let version = version_of(sources);
+        let version = if overrides.is_empty() {
+            version_of(sources)
+        } else {
+            let mut with = sources.to_vec();
+            with.push((
+                "(rules.settings)".into(),
+                Value::Object(overrides.clone()).to_string(),
+            ));
+            version_of(&with)
+        };
         Ok(RuleSet {
             rules,
             env,
             version,
+            settings: Value::Object(settings),
         })
     }
 
@@ -368,6 +415,42 @@ fn compile(
     })
 }
 
+/// Every file's settings, then the overrides; a name set by two files, or an override of a name no
+/// file sets, is reported.
+fn merge_settings(
+    parsed: &[(&String, RuleFile)],
+    overrides: &Map<String, Value>,
+    problems: &mut Vec<RuleError>,
+) -> Map<String, Value> {
+    let mut settings = Map::new();
+    let mut defined_in: HashMap<&str, &str> = HashMap::new();
+    for (file, parsed) in parsed {
+        for (name, value) in &parsed.settings {
+            if let Some(first) = defined_in.insert(name, file) {
+                problems.push(RuleError {
+                    file: (*file).clone(),
+                    at: format!("settings.{name}"),
+                    message: format!("`{name}` is already set in {first}"),
+                });
+                continue;
+            }
+            settings.insert(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in overrides {
+        if settings.contains_key(name) {
+            settings.insert(name.clone(), value.clone());
+        } else {
+            problems.push(RuleError {
+                file: "(configuration)".into(),
+                at: format!("rules.settings.{name}"),
+                message: "no rule file defines this setting".into(),
+            });
+        }
+    }
+    settings
+}
+
 /// The `*.toml` files of `dir` (not recursive) as (file name, text), in file-name order.
 pub fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, LoadError> {
     let dir_error = |source| LoadError::Dir {
@@ -434,7 +517,7 @@ impl Decide for RuleSet {
             if !rule.enabled || !rule.listens(kind) {
                 continue;
             }
-            let ctx = ctx.get_or_insert_with(|| context::build(event, state, now));
+            let ctx = ctx.get_or_insert_with(|| self.context(event, state, now));
             if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
                 continue;
             }

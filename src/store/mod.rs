@@ -35,6 +35,8 @@ pub use writer::{AcceptJob, NewEvent, Writer};
 
 /// Layout 1's intake log, inside the store directory (read once, when migrating).
 const LEGACY_WAL_FILE: &str = "intake.wal";
+/// How often (50 ms apart) a locked store is tried again before it is reported in use.
+const LOCK_RETRIES: u32 = 20;
 /// The event log's directory, inside the store directory.
 const EVENT_LOG_DIR: &str = "events";
 
@@ -291,22 +293,36 @@ impl Store {
         cache_capacity: u64,
         segment_bytes: u64,
     ) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(cache_capacity)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                    StoreError::Locked {
-                        path: dir.display().to_string(),
+        let open = || {
+            sled::Config::new()
+                .path(dir)
+                .cache_capacity(cache_capacity)
+                .mode(sled::Mode::HighThroughput)
+                .open()
+                .map_err(|e| match e {
+                    sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                        StoreError::Locked {
+                            path: dir.display().to_string(),
+                        }
                     }
+                    sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
+                        path: dir.display().to_string(),
+                    },
+                    other => StoreError::Sled(other),
+                })
+        };
+        // A store this process just closed stays locked until sled's background thread notices
+        // (well under a second): wait that long before calling it in use.
+        let mut tries = 0;
+        let db = loop {
+            match open() {
+                Err(StoreError::Locked { .. }) if tries < LOCK_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
                 }
-                sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
-                    path: dir.display().to_string(),
-                },
-                other => StoreError::Sled(other),
-            })?;
+                other => break other?,
+            }
+        };
         let t = |name: &str| db.open_tree(name);
         let log_dir = dir.join(EVENT_LOG_DIR);
         let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)

@@ -101,8 +101,17 @@ impl TestApp {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
             .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("RUST_LOG", "info")
-            .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("RUST_LOG", "info");
+        // No rules unless a test gives some (its own directory, or the shipped set by turning
+        // rules on): most tests are about intake and state, and the shipped handoff would act.
+        if !opts
+            .env
+            .iter()
+            .any(|(k, _)| k.starts_with("HANDOFF_BRIDGE__RULES__"))
+        {
+            cmd.env("HANDOFF_BRIDGE__RULES__ENABLED", "false");
+        }
+        cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));

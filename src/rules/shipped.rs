@@ -1,0 +1,57 @@
+//! The shipped agent handoff: the rule files of the repository's `rules/`, built into the binary,
+//! so the daemon runs a complete handoff with no rule directory configured (`rules.dir` empty).
+
+/// (file name, text), in file-name order as `load_dir` would read them.
+pub const SOURCES: [(&str, &str); 4] = [
+    ("handoff.toml", include_str!("../../rules/handoff.toml")),
+    ("hours.toml", include_str!("../../rules/hours.toml")),
+    ("partner.toml", include_str!("../../rules/partner.toml")),
+    ("settings.toml", include_str!("../../rules/settings.toml")),
+];
+
+/// The shipped files as owned sources.
+pub fn sources() -> Vec<(String, String)> {
+    SOURCES
+        .iter()
+        .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::RuleSet;
+
+    #[test]
+    fn the_shipped_set_compiles_and_matches_the_repository_files() {
+        let set = RuleSet::from_sources(&sources()).expect("the shipped rules load");
+        assert!(set.rules().len() >= 20, "{}", set.rules().len());
+        // Built in what the directory holds (no file left out of the list).
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let on_disk = crate::rules::read_dir(&dir).expect("rules/");
+        assert_eq!(on_disk, sources());
+        assert_eq!(set.settings()["fallback_flow_id"], 0);
+    }
+
+    #[test]
+    fn settings_are_overridden_by_name_and_unknown_names_refused() {
+        let mut overrides = serde_json::Map::new();
+        overrides.insert("fallback_flow_id".into(), 12.into());
+        let set = RuleSet::from_sources_with(&sources(), &overrides).expect("override");
+        assert_eq!(set.settings()["fallback_flow_id"], 12);
+        let plain = RuleSet::from_sources(&sources()).expect("plain");
+        assert_ne!(
+            set.version(),
+            plain.version(),
+            "overrides are part of the version"
+        );
+        overrides.insert("fallback_flow".into(), 1.into());
+        match RuleSet::from_sources_with(&sources(), &overrides) {
+            Err(crate::rules::LoadError::Invalid(problems)) => {
+                assert_eq!(problems.len(), 1, "{problems:?}");
+                assert_eq!(problems[0].at, "rules.settings.fallback_flow");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The shipped agent handoff (`rules/*.toml`), end to end on the real daemon with its embedded
+//! emulator: the emulator's user and agent act (webhooks in), the journal shows the Open API
+//! calls the rules made (calls out). The shipped files are used as they are, except that the
+//! waits are shortened to 400 ms (and, for the after-hours case, every day is closed), so the
+//! timers fire within the test.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A web conversation of the emulator's default seed, its bot's fallback and survey flows.
+const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+const FALLBACK_FLOW: &str = "2";
+const AFTERCARE_FLOW: &str = "9";
+
+/// The shipped rules, copied with short waits; `edit` may change them further.
+fn rules(root: &Path, edit: impl Fn(&str, String) -> String) -> PathBuf {
+    let dir = root.join("rules");
+    std::fs::create_dir_all(&dir).expect("rules dir");
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    for entry in std::fs::read_dir(&shipped).expect("rules/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("name")
+                .to_owned();
+            let mut text = std::fs::read_to_string(&path).expect("read");
+            for wait in ["5m", "10m", "20m", "24h"] {
+                text = text.replace(&format!("after = \"{wait}\""), "after = \"400ms\"");
+            }
+            std::fs::write(dir.join(&name), edit(&name, text)).expect("write");
+        }
+    }
+    dir
+}
+
+fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
+    let mut env = vec![(
+        "HANDOFF_BRIDGE__RULES__DIR".to_owned(),
+        rules.to_str().expect("utf-8").to_owned(),
+    )];
+    for (name, value) in settings {
+        env.push((
+            format!("HANDOFF_BRIDGE__RULES__SETTINGS__{}", name.to_uppercase()),
+            (*value).to_owned(),
+        ));
+    }
+    TestApp::spawn_in(
+        &root.join("data"),
+        Spawn {
+            env,
+            ..Spawn::default()
+        },
+    )
+}
+
+fn emulator(app: &TestApp) -> &str {
+    app.emulator_url.as_deref().expect("embedded emulator")
+}
+
+/// The emulator's user or agent acts on [`CONV`] (`say`, `request-agent`, `agent-connect`,
+/// `agent-end`, `cancel`); the emulator sends the webhook.
+fn act(app: &TestApp, step: &str, body: Value) {
+    let url = format!("{}/_emulator/conversations/{CONV}/{step}", emulator(app));
+    let (status, answer) = app.post_to(&url, body.to_string().as_bytes(), Some("application/json"));
+    assert_eq!(status, 200, "{step}: {answer}");
+}
+
+/// The calls the daemon made for [`CONV`] that took effect, in order: (endpoint, what).
+fn calls(app: &TestApp) -> Vec<(String, String)> {
+    let mut resp = app
+        .agent
+        .get(format!("{}/_emulator/journal", emulator(app)))
+        .call()
+        .expect("journal");
+    let entries: Vec<Value> = resp.body_mut().read_json().expect("journal JSON");
+    entries
+        .iter()
+        .filter(|e| {
+            e["path"].as_str().is_some_and(|p| p.contains(CONV))
+                && e["fault"].is_null()
+                && e["replayed"] == false
+                && e["status"]
+                    .as_u64()
+                    .is_some_and(|s| (200..300).contains(&s))
+                && e["method"] != "GET"
+        })
+        .map(|e| {
+            let endpoint = e["endpoint"].as_str().unwrap_or_default().to_owned();
+            let body = &e["body"];
+            let what = match endpoint.as_str() {
+                "send-conversation-message" => body["message"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                "set-manual" => body["enabled"].to_string(),
+                "set-navigation" => body["flowId"].to_string(),
+                _ => body.to_string(),
+            };
+            (endpoint, what)
+        })
+        .collect()
+}
+
+/// Everything settled: events folded, actions carried out, the emulator's webhooks about them
+/// delivered and folded, and no timer running. Each wait answers when done (no polling).
+fn settle(app: &TestApp) {
+    for _ in 0..2 {
+        wait_drained(app);
+        let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
+        assert_eq!(status, 200, "outbox not idle: {idle}");
+        let mut resp = app
+            .agent
+            .get(format!(
+                "{}/_emulator/webhook/flushed?timeout_ms=30000",
+                emulator(app)
+            ))
+            .call()
+            .expect("flushed");
+        assert_eq!(
+            resp.status().as_u16(),
+            200,
+            "{:?}",
+            resp.body_mut().read_to_string()
+        );
+    }
+    wait_drained(app);
+}
+
+/// Poll the journal until `want` holds; fail after `limit`.
+fn wait_for(
+    app: &TestApp,
+    what: &str,
+    limit: Duration,
+    want: impl Fn(&[(String, String)]) -> bool,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if want(&calls(app)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:?}",
+            calls(app)
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn state(app: &TestApp) -> Value {
+    let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{CONV}"));
+    assert_eq!(status, 200, "{state}");
+    state
+}
+
+fn call(endpoint: &str, what: &str) -> (String, String) {
+    (endpoint.to_owned(), what.to_owned())
+}
+
+fn setting(name: &str) -> String {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/settings.toml"))
+            .expect("settings.toml");
+    let table: toml::Table = toml::from_str(&text).expect("settings TOML");
+    table["settings"][name]
+        .as_str()
+        .expect("a text setting")
+        .to_owned()
+}
+
+#[test]
+fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallback_flow() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+        ],
+    );
+    act(&app, "request-agent", json!({}));
+    wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", FALLBACK_FLOW))
+    });
+    settle(&app);
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+            call("set-manual", "false"),
+            call("send-conversation-message", &setting("no_agent_text")),
+            call("set-navigation", FALLBACK_FLOW),
+        ]
+    );
+    let state = state(&app);
+    assert_eq!(state["timers"], json!({}), "{state}");
+    assert_eq!(state["labels"], json!([]), "{state}");
+}
+
+#[test]
+fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+            ("aftercare_flow_id", AFTERCARE_FLOW),
+        ],
+    );
+    // Connect at once: the 400 ms wait never runs out. The request's own calls go first.
+    act(&app, "request-agent", json!({}));
+    settle(&app);
+    act(&app, "agent-connect", json!({}));
+    settle(&app);
+    let connected = state(&app);
+    assert_eq!(
+        connected["timers"],
+        json!({}),
+        "the wait is cancelled: {connected}"
+    );
+    assert_eq!(connected["labels"], json!(["with-agent"]), "{connected}");
+    act(&app, "agent-end", json!({}));
+    wait_for(&app, "the after-care flow", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", AFTERCARE_FLOW))
+    });
+    settle(&app);
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+            call("set-manual", "false"),
+            call("set-navigation", AFTERCARE_FLOW),
+        ],
+        "no apology, no fallback: the agent came in time"
+    );
+    assert_eq!(state(&app)["labels"], json!([]));
+}
+
+#[test]
+fn outside_business_hours_a_request_is_not_queued() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Every day closed, whatever the clock says.
+    let rules = rules(tmp.path(), |name, text| {
+        if name == "hours.toml" {
+            text.replace("[\"09:00-18:00\"]", "[]")
+        } else {
+            text
+        }
+    });
+    let app = spawn(tmp.path(), &rules, &[("fallback_flow_id", FALLBACK_FLOW)]);
+    act(&app, "say", json!({"text": "can I talk to an agent?"}));
+    wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", FALLBACK_FLOW))
+    });
+    settle(&app);
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "false"),
+            call("send-conversation-message", &setting("after_hours_text")),
+            call("set-navigation", FALLBACK_FLOW),
+        ],
+        "told the hours, never queued"
+    );
+    let state = state(&app);
+    assert_eq!(state["timers"], json!({}), "no wait timed: {state}");
+    assert_eq!(state["labels"], json!(["asked-after-hours"]), "{state}");
+}
