@@ -72,6 +72,12 @@ fn act(app: &TestApp, step: &str, body: Value) {
 
 /// The calls the daemon made for [`CONV`] that took effect, in order: (endpoint, what).
 fn calls(app: &TestApp) -> Vec<(String, String)> {
+    calls_for(app, CONV)
+}
+
+/// The calls that took effect whose path or body names `key` (a conversation id, or a partner
+/// user key).
+fn calls_for(app: &TestApp, key: &str) -> Vec<(String, String)> {
     let mut resp = app
         .agent
         .get(format!("{}/_emulator/journal", emulator(app)))
@@ -81,7 +87,8 @@ fn calls(app: &TestApp) -> Vec<(String, String)> {
     entries
         .iter()
         .filter(|e| {
-            e["path"].as_str().is_some_and(|p| p.contains(CONV))
+            (e["path"].as_str().is_some_and(|p| p.contains(key))
+                || e["body"].to_string().contains(key))
                 && e["fault"].is_null()
                 && e["replayed"] == false
                 && e["status"]
@@ -99,6 +106,11 @@ fn calls(app: &TestApp) -> Vec<(String, String)> {
                     .to_owned(),
                 "set-manual" => body["enabled"].to_string(),
                 "set-navigation" => body["flowId"].to_string(),
+                "pb-send-message" => body["message"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                "pb-block" | "pb-unblock" | "pb-remove-session" => String::new(),
                 _ => body.to_string(),
             };
             (endpoint, what)
@@ -113,21 +125,27 @@ fn settle(app: &TestApp) {
         wait_drained(app);
         let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
         assert_eq!(status, 200, "outbox not idle: {idle}");
-        let mut resp = app
-            .agent
-            .get(format!(
-                "{}/_emulator/webhook/flushed?timeout_ms=30000",
-                emulator(app)
-            ))
-            .call()
-            .expect("flushed");
-        assert_eq!(
-            resp.status().as_u16(),
-            200,
-            "{:?}",
-            resp.body_mut().read_to_string()
-        );
+        delivered(app);
     }
+}
+
+/// The emulator's webhooks so far are delivered and folded (no polling: both calls answer when
+/// done).
+fn delivered(app: &TestApp) {
+    let mut resp = app
+        .agent
+        .get(format!(
+            "{}/_emulator/webhook/flushed?timeout_ms=30000",
+            emulator(app)
+        ))
+        .call()
+        .expect("flushed");
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{:?}",
+        resp.body_mut().read_to_string()
+    );
     wait_drained(app);
 }
 
@@ -138,18 +156,57 @@ fn wait_for(
     limit: Duration,
     want: impl Fn(&[(String, String)]) -> bool,
 ) {
+    wait_for_in(app, CONV, what, limit, want)
+}
+
+fn wait_for_in(
+    app: &TestApp,
+    key: &str,
+    what: &str,
+    limit: Duration,
+    want: impl Fn(&[(String, String)]) -> bool,
+) {
     let deadline = Instant::now() + limit;
     loop {
-        if want(&calls(app)) {
+        if want(&calls_for(app, key)) {
             return;
         }
         assert!(
             Instant::now() < deadline,
             "timed out waiting for {what}: {:?}",
-            calls(app)
+            calls_for(app, key)
         );
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// The emulator's user of `conv` acts (`say`, `request-agent`, ...).
+fn act_in(app: &TestApp, conv: &str, step: &str, body: Value) {
+    let url = format!("{}/_emulator/conversations/{conv}/{step}", emulator(app));
+    let (status, answer) = app.post_to(&url, body.to_string().as_bytes(), Some("application/json"));
+    assert_eq!(status, 200, "{step}: {answer}");
+}
+
+/// The connected agent writes `text` into `conv` (the service reports it as `bot.message.sent`
+/// with `meta.sender`; the emulator has no agent-side endpoint, so the test posts the webhook).
+fn agent_says(app: &TestApp, conv: &str, n: u32, text: &str) {
+    let event = json!({
+        "id": format!("agent-event-{conv}-{n}"),
+        "event": "bot.message.sent",
+        "sourceType": "bot",
+        "sourceId": "B7f3a2c",
+        "timestamp": 1_763_690_470_000i64 + i64::from(n),
+        "data": {"message": {
+            "id": format!("agent-message-{conv}-{n}"),
+            "conversationId": conv,
+            "data": {"type": "text", "text": text},
+            "meta": {"sender": {"userKey": "U3f9c21", "platform": "closer-chat"}},
+            "isUser": false,
+            "timestamp": 1_763_690_470_000i64 + i64::from(n),
+        }},
+    });
+    let (status, receipt) = app.post(&delivery(&format!("agent-delivery-{conv}-{n}"), &[event]));
+    assert_eq!(status, 200, "{receipt}");
 }
 
 fn state(app: &TestApp) -> Value {
@@ -277,4 +334,142 @@ fn outside_business_hours_a_request_is_not_queued() {
     let state = state(&app);
     assert_eq!(state["timers"], json!({}), "no wait timed: {state}");
     assert_eq!(state["labels"], json!(["asked-after-hours"]), "{state}");
+}
+
+#[test]
+fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologised_to() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| {
+        t.replace("after = \"400ms\"", "after = \"2s\"")
+    });
+    let app = spawn(tmp.path(), &rules, &[("check_business_hours", "false")]);
+    act(&app, "request-agent", json!({}));
+    settle(&app);
+    act(&app, "cancel", json!({}));
+    settle(&app);
+    let state = state(&app);
+    assert_eq!(state["timers"], json!({}), "the wait is cancelled: {state}");
+    assert_eq!(state["labels"], json!([]), "{state}");
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+            call("set-manual", "false"),
+        ]
+    );
+}
+
+#[test]
+fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_clock() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Waits of 2 s: the agent's answer below must come in before the first one runs out.
+    let rules = rules(tmp.path(), |_, t| {
+        t.replace("after = \"400ms\"", "after = \"2s\"")
+    });
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+        ],
+    );
+    act(&app, "request-agent", json!({}));
+    settle(&app);
+    act(&app, "agent-connect", json!({}));
+    settle(&app);
+    // The agent answers the first question at once: no reassurance for it.
+    act(&app, "say", json!({"text": "where is my order?"}));
+    delivered(&app);
+    assert!(
+        state(&app)["timers"]["agent-quiet"].is_object(),
+        "the question starts the clock"
+    );
+    agent_says(&app, CONV, 1, "Let me check.");
+    settle(&app);
+    assert_eq!(
+        state(&app)["timers"],
+        json!({}),
+        "the answer stopped the clock"
+    );
+    // The next question stays unanswered: reassurance after the first wait, the bot after the
+    // second.
+    act(&app, "say", json!({"text": "hello?"}));
+    wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", FALLBACK_FLOW))
+    });
+    settle(&app);
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+            call("send-conversation-message", &setting("agent_quiet_text")),
+            call("set-manual", "false"),
+            call("send-conversation-message", &setting("agent_gone_text")),
+            call("set-navigation", FALLBACK_FLOW),
+        ]
+    );
+    assert_eq!(state(&app)["labels"], json!([]));
+}
+
+/// A partner-messenger (kakaobiz) conversation of the seed, its user and channel.
+const KB_CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000002";
+const KB_USER: &str = "kb-user-77a9f2";
+const SENDER_KEY: &str = "sk-support-0001";
+
+#[test]
+fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_blocked_for_a_while(
+) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("partner_sender_key", SENDER_KEY),
+        ],
+    );
+    // The agent call makes the conversation known (platform, user key), then the agent answers.
+    act_in(&app, KB_CONV, "request-agent", json!({}));
+    settle(&app);
+    act_in(&app, KB_CONV, "agent-connect", json!({}));
+    settle(&app);
+    agent_says(&app, KB_CONV, 1, "안녕하세요, 무엇을 도와드릴까요?");
+    wait_for_in(
+        &app,
+        KB_USER,
+        "the relayed reply",
+        Duration::from_secs(30),
+        |c| c.contains(&call("pb-send-message", "안녕하세요, 무엇을 도와드릴까요?")),
+    );
+    // Abuse: blocked at once, unblocked when the (shortened) day is over.
+    act_in(&app, KB_CONV, "say", json!({"text": "fuck you"}));
+    wait_for_in(&app, KB_USER, "the unblock", Duration::from_secs(30), |c| {
+        c.contains(&call("pb-unblock", ""))
+    });
+    // The user ends the session.
+    act_in(&app, KB_CONV, "say", json!({"text": "!종료"}));
+    wait_for_in(
+        &app,
+        KB_USER,
+        "the session removal",
+        Duration::from_secs(30),
+        |c| c.contains(&call("pb-remove-session", "")),
+    );
+    settle(&app);
+    assert_eq!(
+        calls_for(&app, KB_USER),
+        [
+            call("pb-send-message", "안녕하세요, 무엇을 도와드릴까요?"),
+            call("pb-block", ""),
+            call("pb-unblock", ""),
+            call("pb-remove-session", ""),
+        ]
+    );
+    let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{KB_CONV}"));
+    assert_eq!(status, 200, "{state}");
+    assert_eq!(state["labels"], json!([]), "{state}");
 }
