@@ -553,4 +553,6 @@ impl Decide for RuleSet {
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
