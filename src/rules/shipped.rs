@@ -33,6 +33,69 @@ mod tests {
         assert_eq!(set.settings()["fallback_flow_id"], 0);
     }
 
+    /// The schema editors use (`rules/schema.json`) knows every action type and every key the
+    /// shipped and example files use; a structural check, the loader checks the rest.
+    #[test]
+    fn the_json_schema_matches_the_engine_and_the_shipped_files() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let schema: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join("schema.json")).expect("schema.json"),
+        )
+        .expect("schema JSON");
+        let defs = &schema["$defs"];
+        let mut types: Vec<&str> = defs["action"]["properties"]["type"]["enum"]
+            .as_array()
+            .expect("action types")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let mut names = crate::actions::Action::NAMES.to_vec();
+        types.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(types, names, "action types in rules/schema.json");
+        let keys = |def: &str| -> Vec<String> {
+            defs[def]["properties"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let (rule_keys, action_keys, calendar_keys) =
+            (keys("rule"), keys("action"), keys("calendar"));
+        let mut files = sources();
+        files.extend(crate::rules::read_dir(&root.join("examples")).expect("examples"));
+        for (file, text) in files {
+            let doc: serde_json::Value = toml::from_str(&text).expect("TOML");
+            for rule in doc["rule"].as_array().into_iter().flatten() {
+                for key in rule.as_object().into_iter().flat_map(|m| m.keys()) {
+                    assert!(
+                        rule_keys.contains(key),
+                        "{file}: rule key `{key}` not in the schema"
+                    );
+                }
+                for action in rule["actions"].as_array().into_iter().flatten() {
+                    for key in action.as_object().into_iter().flat_map(|m| m.keys()) {
+                        assert!(
+                            action_keys.contains(key),
+                            "{file}: action key `{key}` not in the schema"
+                        );
+                    }
+                }
+            }
+            for calendar in doc["calendar"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                for key in calendar.as_object().into_iter().flat_map(|m| m.keys()) {
+                    assert!(
+                        calendar_keys.contains(key),
+                        "{file}: calendar key `{key}` not in the schema"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn settings_are_overridden_by_name_and_unknown_names_refused() {
         let mut overrides = serde_json::Map::new();
