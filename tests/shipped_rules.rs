@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A web conversation of the emulator's default seed, its bot's fallback and survey flows.
 const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
@@ -58,16 +58,9 @@ fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
     )
 }
 
-fn emulator(app: &TestApp) -> &str {
-    app.emulator_url.as_deref().expect("embedded emulator")
-}
-
-/// The emulator's user or agent acts on [`CONV`] (`say`, `request-agent`, `agent-connect`,
-/// `agent-end`, `cancel`); the emulator sends the webhook.
+/// The emulator's user or the service act on [`CONV`].
 fn act(app: &TestApp, step: &str, body: Value) {
-    let url = format!("{}/_emulator/conversations/{CONV}/{step}", emulator(app));
-    let (status, answer) = app.post_to(&url, body.to_string().as_bytes(), Some("application/json"));
-    assert_eq!(status, 200, "{step}: {answer}");
+    app.emulator_act(CONV, step, body);
 }
 
 /// The calls the daemon made for [`CONV`] that took effect, in order: (endpoint, what).
@@ -78,22 +71,12 @@ fn calls(app: &TestApp) -> Vec<(String, String)> {
 /// The calls that took effect whose path or body names `key` (a conversation id, or a partner
 /// user key).
 fn calls_for(app: &TestApp, key: &str) -> Vec<(String, String)> {
-    let mut resp = app
-        .agent
-        .get(format!("{}/_emulator/journal", emulator(app)))
-        .call()
-        .expect("journal");
-    let entries: Vec<Value> = resp.body_mut().read_json().expect("journal JSON");
-    entries
+    app.journal()
         .iter()
         .filter(|e| {
             (e["path"].as_str().is_some_and(|p| p.contains(key))
                 || e["body"].to_string().contains(key))
-                && e["fault"].is_null()
-                && e["replayed"] == false
-                && e["status"]
-                    .as_u64()
-                    .is_some_and(|s| (200..300).contains(&s))
+                && took_effect(e)
                 && e["method"] != "GET"
         })
         .map(|e| {
@@ -118,37 +101,6 @@ fn calls_for(app: &TestApp, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Everything settled: events folded, actions carried out, the emulator's webhooks about them
-/// delivered and folded, and no timer running. Each wait answers when done (no polling).
-fn settle(app: &TestApp) {
-    for _ in 0..2 {
-        wait_drained(app);
-        let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
-        assert_eq!(status, 200, "outbox not idle: {idle}");
-        delivered(app);
-    }
-}
-
-/// The emulator's webhooks so far are delivered and folded (no polling: both calls answer when
-/// done).
-fn delivered(app: &TestApp) {
-    let mut resp = app
-        .agent
-        .get(format!(
-            "{}/_emulator/webhook/flushed?timeout_ms=30000",
-            emulator(app)
-        ))
-        .call()
-        .expect("flushed");
-    assert_eq!(
-        resp.status().as_u16(),
-        200,
-        "{:?}",
-        resp.body_mut().read_to_string()
-    );
-    wait_drained(app);
-}
-
 /// Poll the journal until `want` holds; fail after `limit`.
 fn wait_for(
     app: &TestApp,
@@ -166,25 +118,7 @@ fn wait_for_in(
     limit: Duration,
     want: impl Fn(&[(String, String)]) -> bool,
 ) {
-    let deadline = Instant::now() + limit;
-    loop {
-        if want(&calls_for(app, key)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {:?}",
-            calls_for(app, key)
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-/// The emulator's user of `conv` acts (`say`, `request-agent`, ...).
-fn act_in(app: &TestApp, conv: &str, step: &str, body: Value) {
-    let url = format!("{}/_emulator/conversations/{conv}/{step}", emulator(app));
-    let (status, answer) = app.post_to(&url, body.to_string().as_bytes(), Some("application/json"));
-    assert_eq!(status, 200, "{step}: {answer}");
+    poll_until(what, limit, || want(&calls_for(app, key)).then_some(()));
 }
 
 /// The connected agent writes `text` into `conv` (the service reports it as `bot.message.sent`
@@ -246,7 +180,7 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
     });
-    settle(&app);
+    app.settle();
     assert_eq!(
         calls(&app),
         [
@@ -277,9 +211,9 @@ fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care
     );
     // Connect at once: the 400 ms wait never runs out. The request's own calls go first.
     act(&app, "request-agent", json!({}));
-    settle(&app);
+    app.settle();
     act(&app, "agent-connect", json!({}));
-    settle(&app);
+    app.settle();
     let connected = state(&app);
     assert_eq!(
         connected["timers"],
@@ -291,7 +225,7 @@ fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care
     wait_for(&app, "the after-care flow", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", AFTERCARE_FLOW))
     });
-    settle(&app);
+    app.settle();
     assert_eq!(
         calls(&app),
         [
@@ -321,7 +255,7 @@ fn outside_business_hours_a_request_is_not_queued() {
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
     });
-    settle(&app);
+    app.settle();
     assert_eq!(
         calls(&app),
         [
@@ -344,9 +278,9 @@ fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologise
     });
     let app = spawn(tmp.path(), &rules, &[("check_business_hours", "false")]);
     act(&app, "request-agent", json!({}));
-    settle(&app);
+    app.settle();
     act(&app, "cancel", json!({}));
-    settle(&app);
+    app.settle();
     let state = state(&app);
     assert_eq!(state["timers"], json!({}), "the wait is cancelled: {state}");
     assert_eq!(state["labels"], json!([]), "{state}");
@@ -376,18 +310,18 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
         ],
     );
     act(&app, "request-agent", json!({}));
-    settle(&app);
+    app.settle();
     act(&app, "agent-connect", json!({}));
-    settle(&app);
+    app.settle();
     // The agent answers the first question at once: no reassurance for it.
     act(&app, "say", json!({"text": "where is my order?"}));
-    delivered(&app);
+    app.emulator_delivered();
     assert!(
         state(&app)["timers"]["agent-quiet"].is_object(),
         "the question starts the clock"
     );
     agent_says(&app, CONV, 1, "Let me check.");
-    settle(&app);
+    app.settle();
     assert_eq!(
         state(&app)["timers"],
         json!({}),
@@ -399,7 +333,7 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
     });
-    settle(&app);
+    app.settle();
     assert_eq!(
         calls(&app),
         [
@@ -433,10 +367,10 @@ fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_
         ],
     );
     // The agent call makes the conversation known (platform, user key), then the agent answers.
-    act_in(&app, KB_CONV, "request-agent", json!({}));
-    settle(&app);
-    act_in(&app, KB_CONV, "agent-connect", json!({}));
-    settle(&app);
+    app.emulator_act(KB_CONV, "request-agent", json!({}));
+    app.settle();
+    app.emulator_act(KB_CONV, "agent-connect", json!({}));
+    app.settle();
     agent_says(&app, KB_CONV, 1, "안녕하세요, 무엇을 도와드릴까요?");
     wait_for_in(
         &app,
@@ -446,12 +380,12 @@ fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_
         |c| c.contains(&call("pb-send-message", "안녕하세요, 무엇을 도와드릴까요?")),
     );
     // Abuse: blocked at once, unblocked when the (shortened) day is over.
-    act_in(&app, KB_CONV, "say", json!({"text": "fuck you"}));
+    app.emulator_act(KB_CONV, "say", json!({"text": "fuck you"}));
     wait_for_in(&app, KB_USER, "the unblock", Duration::from_secs(30), |c| {
         c.contains(&call("pb-unblock", ""))
     });
     // The user ends the session.
-    act_in(&app, KB_CONV, "say", json!({"text": "!종료"}));
+    app.emulator_act(KB_CONV, "say", json!({"text": "!종료"}));
     wait_for_in(
         &app,
         KB_USER,
@@ -459,7 +393,7 @@ fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_
         Duration::from_secs(30),
         |c| c.contains(&call("pb-remove-session", "")),
     );
-    settle(&app);
+    app.settle();
     assert_eq!(
         calls_for(&app, KB_USER),
         [

@@ -12,7 +12,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A conversation of the emulator's default seed.
 const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
@@ -74,58 +74,22 @@ fn spawn(data_dir: &Path) -> TestApp {
     )
 }
 
-fn emulator(app: &TestApp) -> &str {
-    app.emulator_url
-        .as_deref()
-        .expect("the embedded emulator is the default upstream")
-}
-
 /// The user of [`CONV`] writes `text` (the emulator sends the webhook to the daemon).
 fn say(app: &TestApp, text: &str) {
-    let url = format!("{}/_emulator/conversations/{CONV}/say", emulator(app));
-    let (status, body) = app.post_to(
-        &url,
-        json!({ "text": text }).to_string().as_bytes(),
-        Some("application/json"),
-    );
-    assert_eq!(status, 200, "{body}");
+    app.emulator_act(CONV, "say", json!({ "text": text }));
 }
 
 /// Texts the daemon sent into [`CONV`] that took effect at the emulator, in journal order.
 fn sent(app: &TestApp) -> Vec<String> {
-    let mut resp = app
-        .agent
-        .get(format!("{}/_emulator/journal", emulator(app)))
-        .call()
-        .expect("journal");
-    assert_eq!(resp.status().as_u16(), 200);
-    let entries: Vec<Value> = resp.body_mut().read_json().expect("journal JSON");
-    entries
+    app.journal()
         .iter()
         .filter(|e| {
             e["endpoint"] == "send-conversation-message"
                 && e["path"].as_str().is_some_and(|p| p.contains(CONV))
-                && e["fault"].is_null()
-                && e["replayed"] == false
-                && e["status"]
-                    .as_u64()
-                    .is_some_and(|s| (200..300).contains(&s))
+                && took_effect(e)
         })
         .filter_map(|e| e["body"]["message"]["text"].as_str().map(str::to_owned))
         .collect()
-}
-
-/// Poll `check` until it gives a value; fail after `limit`. Polls an observable condition (the
-/// journal, the state), so the test waits only as long as the daemon needs.
-fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(found) = check() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 fn state(app: &TestApp) -> Value {
@@ -138,24 +102,7 @@ fn state(app: &TestApp) -> Value {
 /// the emulator sends about them (`bot.message.sent`) delivered and folded too, no timer running
 /// (so none can fire later). Each step answers when it is done, not by polling.
 fn settle(app: &TestApp) {
-    wait_drained(app);
-    let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
-    assert_eq!(status, 200, "outbox not idle: {idle}");
-    let mut resp = app
-        .agent
-        .get(format!(
-            "{}/_emulator/webhook/flushed?timeout_ms=30000",
-            emulator(app)
-        ))
-        .call()
-        .expect("flushed");
-    assert_eq!(
-        resp.status().as_u16(),
-        200,
-        "{:?}",
-        resp.body_mut().read_to_string()
-    );
-    wait_drained(app);
+    app.settle();
     assert_eq!(state(app)["timers"], json!({}), "no timer running");
     assert_eq!(app.metric("handoff_timers_pending"), 0.0);
 }
@@ -165,7 +112,7 @@ fn a_timer_fires_once_and_its_rule_reaches_the_upstream_once() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let app = spawn(&tmp.path().join("data"));
     say(&app, "help");
-    wait_for("the timer's message", Duration::from_secs(30), || {
+    poll_until("the timer's message", Duration::from_secs(30), || {
         sent(&app).contains(&NUDGE.to_owned()).then_some(())
     });
     settle(&app);
@@ -211,7 +158,7 @@ fn a_cancelled_timer_sends_nothing() {
     say(&app, "never mind");
     // The sentinel starts with the cancel and is due after the cancelled timer would have been;
     // firings of one conversation are folded (and their messages sent) in due order.
-    wait_for("the sentinel's message", Duration::from_secs(30), || {
+    poll_until("the sentinel's message", Duration::from_secs(30), || {
         sent(&app).contains(&"sentinel".to_owned()).then_some(())
     });
     settle(&app);
@@ -226,7 +173,7 @@ fn a_timer_due_while_the_daemon_is_stopped_fires_once_on_start() {
     let app = spawn(&data);
     say(&app, "later");
     // The admin view shows the running timer (it is part of the state).
-    let due_at = wait_for("the timer in the state", Duration::from_secs(30), || {
+    let due_at = poll_until("the timer in the state", Duration::from_secs(30), || {
         // 404 until the conversation's first event is folded.
         let (_, state) = app.admin_get(&format!("/admin/v1/conversations/{CONV}"));
         state["timers"]["restart-check"]["due_at"].as_i64()
@@ -247,7 +194,7 @@ fn a_timer_due_while_the_daemon_is_stopped_fires_once_on_start() {
     }
 
     let app = spawn(&data);
-    wait_for(
+    poll_until(
         "the overdue timer's message",
         Duration::from_secs(30),
         || {

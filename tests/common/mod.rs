@@ -350,3 +350,95 @@ pub fn delivery(id: &str, events: &[Value]) -> Vec<u8> {
     }))
     .expect("serialize delivery")
 }
+
+// ---- The embedded emulator as the service: its user acts, its journal shows the calls ----
+
+impl TestApp {
+    /// The embedded emulator's base URL (the default upstream).
+    pub fn emulator(&self) -> &str {
+        self.emulator_url
+            .as_deref()
+            .expect("the embedded emulator is the default upstream")
+    }
+
+    /// The emulator's user (or the service, for agent-call steps) acts in `conversation`:
+    /// `say` (`{"text": ...}`), `request-agent`, `agent-connect`, `agent-end`, `cancel`. The
+    /// emulator sends the resulting webhook to the daemon.
+    pub fn emulator_act(&self, conversation: &str, step: &str, body: Value) {
+        let url = format!(
+            "{}/_emulator/conversations/{conversation}/{step}",
+            self.emulator()
+        );
+        let (status, answer) =
+            self.post_to(&url, body.to_string().as_bytes(), Some("application/json"));
+        assert_eq!(status, 200, "{step}: {answer}");
+    }
+
+    /// The emulator's journal: every call it received, in order.
+    pub fn journal(&self) -> Vec<Value> {
+        let mut resp = self
+            .agent
+            .get(format!("{}/_emulator/journal", self.emulator()))
+            .call()
+            .expect("journal");
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.body_mut().read_json().expect("journal JSON")
+    }
+
+    /// Every webhook the emulator has emitted so far is delivered and folded. Both waits answer
+    /// when done (no polling).
+    pub fn emulator_delivered(&self) {
+        let mut resp = self
+            .agent
+            .get(format!(
+                "{}/_emulator/webhook/flushed?timeout_ms=30000",
+                self.emulator()
+            ))
+            .call()
+            .expect("flushed");
+        assert_eq!(
+            resp.status().as_u16(),
+            200,
+            "{:?}",
+            resp.body_mut().read_to_string()
+        );
+        wait_drained(self);
+    }
+
+    /// Nothing left in flight: events folded, decided actions carried out, and the webhooks the
+    /// emulator sends about them (`bot.message.sent`...) delivered and folded too (twice, for the
+    /// actions those decide).
+    pub fn settle(&self) {
+        for _ in 0..2 {
+            wait_drained(self);
+            let (status, idle) = self.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
+            assert_eq!(status, 200, "outbox not idle: {idle}");
+            self.emulator_delivered();
+        }
+    }
+}
+
+/// A journal entry that took effect: no injected fault, not a replay, a 2xx answer.
+pub fn took_effect(entry: &Value) -> bool {
+    entry["fault"].is_null()
+        && entry["replayed"] == false
+        && entry["status"]
+            .as_u64()
+            .is_some_and(|s| (200..300).contains(&s))
+}
+
+/// Poll `check` (an observable condition: the journal, the state) until it gives a value; fail
+/// after `limit`. The test waits only as long as the daemon needs.
+pub fn poll_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
