@@ -102,6 +102,15 @@ pub enum Command {
         #[command(subcommand)]
         action: DlqCommand,
     },
+    /// A conversation's timeline: its events in order, the rules re-evaluated for each (which
+    /// matched, and why the others did not), and every action recorded with its outcome. Answers
+    /// "why is the bot silent?". Through the running daemon (its rules) or on the stopped store
+    /// (the configured rules).
+    Audit {
+        #[command(flatten)]
+        config: ConfigArgs,
+        conversation_id: String,
+    },
     /// Tools for rule authors: validate a rule directory, or see what it decides for one event.
     Rules {
         #[command(flatten)]
@@ -348,6 +357,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Rules { config, action } => rules_command(&config, action),
+        Command::Audit {
+            config,
+            conversation_id,
+        } => {
+            let config = load(&config, None)?;
+            let path = format!("/admin/v1/conversations/{}/audit", enc(&conversation_id));
+            let rules = crate::app::load_rules(&config)?;
+            let value = read(&config, "GET", &path, |store| {
+                crate::queries::audit(store, rules.as_ref(), &conversation_id.as_str().into())
+            })?;
+            print_found(value, || format!("no conversation {conversation_id}"))
+        }
         Command::State { config, action } => {
             let config = load(&config, None)?;
             match action {

@@ -194,6 +194,55 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
     let state = state(&app);
     assert_eq!(state["timers"], json!({}), "{state}");
     assert_eq!(state["labels"], json!([]), "{state}");
+
+    // The audit timeline tells the story: the request, the rules that matched and why the
+    // others did not, the timer's event, and each action's outcome.
+    let audit: Value = serde_json::from_str(&app.cli_ok(&["audit", CONV])).expect("audit JSON");
+    let timeline = audit["timeline"].as_array().expect("timeline");
+    let requested = timeline
+        .iter()
+        .find(|e| e["type"] == "bot.conversation.agent_call_requested")
+        .expect("the request is in the timeline");
+    let rule = |event: &Value, name: &str| {
+        event["rules"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rule"] == name).cloned())
+            .unwrap_or_else(|| panic!("{name} not evaluated: {event}"))
+    };
+    assert_eq!(rule(requested, "agent-requested")["matched"], true);
+    let closed = rule(requested, "after-hours");
+    assert_eq!(closed["matched"], false);
+    assert_eq!(closed["failed"]["at"], "when.all[0]", "{closed}");
+    assert_eq!(
+        closed["failed"]["actual"], false,
+        "check_business_hours is off: {closed}"
+    );
+    let statuses: Vec<(&str, &str)> = requested["actions"]
+        .as_array()
+        .expect("actions")
+        .iter()
+        .map(|a| {
+            (
+                a["type"].as_str().unwrap_or(""),
+                a["status"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(statuses, [("set_manual", "done"), ("send_message", "done")]);
+    let fired = timeline
+        .iter()
+        .find(|e| e["type"] == "timer.agent-wait")
+        .expect("the timer's event is in the timeline");
+    assert_eq!(rule(fired, "no-agent")["matched"], true);
+    assert_eq!(rule(fired, "no-agent-fallback")["matched"], true);
+    let done: Vec<&str> = fired["actions"]
+        .as_array()
+        .expect("actions")
+        .iter()
+        .filter(|a| a["status"] == "done")
+        .filter_map(|a| a["type"].as_str())
+        .collect();
+    assert_eq!(done, ["set_manual", "send_message", "navigate"]);
 }
 
 #[test]

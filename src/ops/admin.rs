@@ -16,6 +16,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         scope
             .wrap(actix_web::middleware::from_fn(guard))
             .route("/conversations/{id}", web::get().to(conversation))
+            .route("/conversations/{id}/audit", web::get().to(audit))
             .route("/endusers", web::get().to(find_end_user))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
@@ -70,6 +71,27 @@ async fn conversation(
     let id = ConversationId::new(id.into_inner());
     match shared.store.conversation(&id).map_err(store_error)? {
         Some(state) => Ok(HttpResponse::Ok().json(state)),
+        None => Err(ApiError::not_found(format!("no conversation {id}"))),
+    }
+}
+
+/// The conversation's timeline (`queries::audit`), with the rules in force.
+async fn audit(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = ConversationId::new(id.into_inner());
+    let (store, rules) = (shared.store.clone(), shared.rules.live.current());
+    let lookup = id.clone();
+    let found = web::block(move || crate::queries::audit(&store, rules.as_ref(), &lookup))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+            )
+        })?
+        .map_err(store_error)?;
+    match found {
+        Some(timeline) => Ok(HttpResponse::Ok().json(timeline)),
         None => Err(ApiError::not_found(format!("no conversation {id}"))),
     }
 }

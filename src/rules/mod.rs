@@ -550,6 +550,10 @@ impl Decide for RuleSet {
     fn version(&self) -> &str {
         &self.version
     }
+
+    fn rule_set(&self) -> Option<&RuleSet> {
+        Some(self)
+    }
 }
 
 #[cfg(test)]
