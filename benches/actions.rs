@@ -395,6 +395,8 @@ name = "bench-echo"
 description = "Echo every user message: one send_message per event"
 on = ["bot.message.received"]
 when = { field = "sender", equals = "user" }
+# Far more events per conversation than a person sends: out of the default firing cap's way.
+max_firings = { count = 1000, per = "1s" }
 actions = [ { type = "send_message", text = "echo {{ message.data.text }}" } ]
 "#;
 

@@ -317,6 +317,9 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
             }
             metrics.events_applied.inc_by(applied.applied as u64);
             metrics.timers_pending.add(applied.timers_change);
+            for rule in &applied.capped {
+                metrics.rule_caps_hit.with_label_values(&[rule]).inc();
+            }
             let entries = &metrics.state_entries;
             entries
                 .with_label_values(&["conversations"])

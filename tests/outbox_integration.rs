@@ -344,6 +344,8 @@ fn actions_reach_the_upstream_in_conversation_order_under_faults() {
         [[rule]]
         name = "echo"
         on = ["bot.message.received"]
+        # Many messages per conversation: above the default firing cap.
+        max_firings = { count = 1000, per = "1m" }
         when = { field = "sender", equals = "user" }
         actions = [{ type = "send_message", text = "{{ message.data.text }}" }]
         "#,
@@ -694,6 +696,8 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
         [[rule]]
         name = "relay"
         on = ["bot.message.received"]
+        # Many messages per conversation: above the default firing cap.
+        max_firings = { count = 1000, per = "1m" }
         when = { field = "sender", equals = "user" }
         actions = [
             { type = "send_message", text = "relay {{ message.data.text }}" },
@@ -1145,6 +1149,8 @@ fn outbox_idle_waits_for_actions_already_decided() {
         [[rule]]
         name = "echo"
         on = ["bot.message.received"]
+        # Many messages per conversation: above the default firing cap.
+        max_firings = { count = 1000, per = "1m" }
         actions = [{ type = "send_message", text = "{{ message.data.text }}" }]
         "#,
     );

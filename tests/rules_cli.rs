@@ -49,6 +49,8 @@ actions = [{ type = "send_message", text = "Hello!" }]
 [[rule]]
 name = "echo"
 on = ["bot.message.sent"]
+echoes = true
+max_firings = { count = 3, per = "1m" }
 actions = [{ type = "send_message", text = "again" }]
 "#;
 
@@ -75,11 +77,17 @@ fn check_lists_the_rules_in_evaluation_order_and_warns() {
          \x20     0  greet  (a.toml)  on bot.message.received  -> send_message\n\
          \x20     0  echo  (a.toml)  on bot.message.sent  -> send_message\n\
          1 warning(s):\n\
-         \x20 a.toml rule echo: may loop: it listens to bot.message.sent and takes send_message \
-         (a message it sends comes back as bot.message.sent); make sure its conditions exclude \
-         what the bridge itself caused\n"
+         \x20 a.toml rule echo: may loop: it listens to bot.message.sent with echoes = true and \
+         takes send_message (a message it sends comes back as bot.message.sent); make sure its \
+         conditions exclude what the bridge itself caused\n"
     );
     assert_eq!(out, expected);
+
+    // Without `echoes = true` the rule never sees its own messages: it cannot loop on them.
+    write(dir.path(), "a.toml", &GOOD.replace("echoes = true\n", ""));
+    let (code, out, err) = run(&["rules", "check", &path]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with("-> send_message\nno warnings\n"), "{out}");
 }
 
 #[test]
@@ -185,6 +193,52 @@ fn test_shows_matches_failures_with_actual_values_and_rendered_actions() {
     assert!(
         out.contains("no match     greet (priority 0, a.toml): when failed: state.user_messages equals 1; actual: 5"),
         "the event is folded into the given state first:\n{out}"
+    );
+}
+
+#[test]
+fn test_shows_a_rule_held_back_by_its_cap_in_the_given_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "a.toml", GOOD);
+    // The flow's own message (no marker): `echo` listens, and fired 3 times in the last minute.
+    let sent = EVENT
+        .replace("bot.message.received", "bot.message.sent")
+        .replace("\"isUser\":true", "\"isUser\":false");
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, sent).expect("event");
+    let at: i64 = 1_795_338_000_000;
+    let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
+    let cap = handoff_bridge::state::FiringCap {
+        count: 3,
+        per: std::time::Duration::from_secs(60),
+    };
+    for ago in [50_000, 30_000, 10_000] {
+        before.record_firing("echo", cap, at - ago);
+    }
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, serde_json::to_vec(&before).expect("state")).expect("write");
+    let (code, out, err) = run(&[
+        "rules",
+        "test",
+        "--dir",
+        &dir.path().display().to_string(),
+        "--event",
+        &event.display().to_string(),
+        "--state",
+        &state.display().to_string(),
+        "--at",
+        &at.to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "not for it   ask-agent (priority 10, a.toml)",
+            "not for it   greet (priority 0, a.toml)",
+            "capped       echo (priority 0, a.toml): fired 3 times in the last 1m",
+        ],
+        "{out}"
     );
 }
 

@@ -29,6 +29,8 @@ fn set(tag: &str) -> String {
 name = "tagged"
 on = ["bot.message.received"]
 when = {{ field = "sender", equals = "user" }}
+# The whole load goes to one conversation: above the default firing cap.
+max_firings = {{ count = 1000, per = "1m" }}
 actions = [
   {{ type = "send_message", text = "{tag} first {{{{ event.id }}}}" }},
   {{ type = "send_message", text = "{tag} second {{{{ event.id }}}}" }},

@@ -4,6 +4,7 @@
 //! change (`store::Store::apply`); the executor (`outbox`) carries them out. Keeping an action
 //! plain data (serde, no closures) is what lets it be persisted, listed, retried and replayed.
 
+pub mod echo;
 pub mod execute;
 
 use crate::ids::{ConversationId, EndUserId, EventId, PartitionKey};
@@ -272,17 +273,89 @@ pub struct Decision {
     pub action: Action,
 }
 
-/// What decides actions: event + state + clock in, decisions out. Pure (no I/O), so the fold can
+/// The clocks of one decision. `now` is the decision's clock: conditions, templates and timer due
+/// times read it. `received_at` is when the event was received: firing caps count by it, so a
+/// replay (which decides with today's `now`) counts each rule's firings as the fold did, and
+/// decides the same events capped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecisionTime {
+    pub now: Millis,
+    pub received_at: Millis,
+}
+
+impl DecisionTime {
+    /// One clock for both (tests, `rules test`).
+    pub fn at(now: Millis) -> Self {
+        DecisionTime {
+            now,
+            received_at: now,
+        }
+    }
+}
+
+/// A rule that fired for an event (matched, under its cap): the fold records it in the
+/// conversation's firing history, which its cap reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fired {
+    pub rule: String,
+    pub cap: crate::state::FiringCap,
+}
+
+/// A rule that matched an event but had fired `fired` times in its cap's window already, so it
+/// decided nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capped {
+    pub rule: String,
+    pub cap: crate::state::FiringCap,
+    pub fired: usize,
+}
+
+/// Everything deciding one event yields: the decisions, and what the state must remember of it
+/// (firings, cap hits). Kept apart from the decisions because a rule may fire without deciding an
+/// action (every template failed, or it has none) and a capped rule decides none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decided {
+    pub decisions: Vec<Decision>,
+    pub fired: Vec<Fired>,
+    pub capped: Vec<Capped>,
+}
+
+impl Decided {
+    /// Record the firings and cap hits in the conversation's state, stamped with the event's
+    /// receive time. The fold and a replay both call it, so they keep the same history.
+    pub fn record(&self, state: &mut crate::state::ConversationState, event: &EventId, at: Millis) {
+        for fired in &self.fired {
+            state.record_firing(&fired.rule, fired.cap, at);
+        }
+        for capped in &self.capped {
+            state.record_cap_hit(&capped.rule, capped.cap, event.as_str(), capped.fired, at);
+        }
+    }
+}
+
+/// What decides actions: event + state + clocks in, decisions out. Pure (no I/O), so the fold can
 /// call it inside its transaction and tests can call it without a network. The rule engine
 /// implements it.
 pub trait Decide: Send + Sync {
-    /// Decisions for one event, given the conversation's state after the event was folded.
+    /// Everything decided for one event, given the conversation's state after the event was
+    /// folded (its firing history included).
+    fn evaluate(
+        &self,
+        event: &crate::webhook::model::Event,
+        conversation: &crate::state::ConversationState,
+        time: DecisionTime,
+    ) -> Decided;
+
+    /// Just the decisions, with one clock (tests, benchmarks).
     fn decide(
         &self,
         event: &crate::webhook::model::Event,
         conversation: &crate::state::ConversationState,
         now: Millis,
-    ) -> Vec<Decision>;
+    ) -> Vec<Decision> {
+        self.evaluate(event, conversation, DecisionTime::at(now))
+            .decisions
+    }
 
     /// Which rules decided (recorded with every decision, for audits).
     fn version(&self) -> &str {
@@ -299,13 +372,13 @@ pub trait Decide: Send + Sync {
 pub struct NoRules;
 
 impl Decide for NoRules {
-    fn decide(
+    fn evaluate(
         &self,
         _: &crate::webhook::model::Event,
         _: &crate::state::ConversationState,
-        _: Millis,
-    ) -> Vec<Decision> {
-        Vec::new()
+        _: DecisionTime,
+    ) -> Decided {
+        Decided::default()
     }
 }
 
@@ -333,7 +406,8 @@ pub struct OutboxEntry {
 }
 
 impl OutboxEntry {
-    /// A decided action as queued: `seq` is its outbox position, `id` its action id.
+    /// A decided action as queued: `seq` is its outbox position, `id` its action id. A message it
+    /// sends is marked with the id ([`echo::marked`]), so its echo is recognised.
     pub fn decided(
         seq: u64,
         id: String,
@@ -343,15 +417,15 @@ impl OutboxEntry {
     ) -> Self {
         OutboxEntry {
             seq,
-            id,
             queue: decision.action.queue(),
             event_id: event_id.clone(),
             rule: decision.rule,
-            action: decision.action,
+            action: echo::marked(decision.action, &id),
             received_at,
             decided_at,
             rules_version: rules_version.to_owned(),
             idempotency_key: None,
+            id,
         }
     }
 

@@ -53,6 +53,9 @@ pub struct Metrics {
     pub timers_pending: IntGauge,
     /// Timer events stored (a re-fire after a restart that was stored before is not counted).
     pub timers_fired: IntCounter,
+    /// Events a rule matched but its firing cap held it back for, by rule (names come from the
+    /// loaded rule files, so the label is bounded).
+    pub rule_caps_hit: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -191,6 +194,11 @@ impl Metrics {
             timers_fired: counter(
                 "timers_fired_total",
                 "Rule timers fired as events into their conversation",
+            )?,
+            rule_caps_hit: counter_vec(
+                "rule_caps_hit_total",
+                "Events a rule matched but was held back for by its firing cap, by rule",
+                "rule",
             )?,
             registry,
         };

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 14] = [
+pub const ROOTS: [&str; 16] = [
     "event",
     "message",
     "conversation",
@@ -23,6 +23,8 @@ pub const ROOTS: [&str; 14] = [
     "timer",
     "now",
     "settings",
+    "echo",
+    "echo_of",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`.
@@ -61,6 +63,11 @@ pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
     root.insert("user_key".into(), to_value(&state.user_key));
     root.insert("state".into(), state_view(state, now));
     root.insert("now".into(), json!(now));
+    let echo = crate::actions::echo::echo_of(event);
+    root.insert("echo".into(), json!(echo.is_some()));
+    if let Some(id) = echo {
+        root.insert("echo_of".into(), json!(id));
+    }
     Value::Object(root)
 }
 

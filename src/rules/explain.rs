@@ -17,6 +17,11 @@ pub enum Verdict {
     Disabled,
     /// It does not listen to the event's type.
     NotListening,
+    /// The event is the service's echo of the bridge's own message (of action `of`), and the rule
+    /// does not take echoes.
+    Echo {
+        of: String,
+    },
     /// An earlier rule with `stop` ran.
     Stopped {
         by: String,
@@ -28,6 +33,14 @@ pub enum Verdict {
     Matched {
         /// Each action rendered, or why rendering failed (then it is skipped, as in the daemon).
         actions: Vec<Result<Action, String>>,
+        stops: bool,
+    },
+    /// Its `when` holds, but it fired `fired` times within its cap's window (`per`) already, so
+    /// it decides nothing (and still stops the event when it has `stop`).
+    Capped {
+        fired: usize,
+        #[serde(with = "humantime_serde")]
+        per: std::time::Duration,
         stops: bool,
     },
 }
@@ -42,7 +55,8 @@ pub struct RuleVerdict {
 }
 
 /// Every rule's verdict for `event` on `state` (the state after the event was folded in, as the
-/// daemon decides) at `now`, in evaluation order.
+/// daemon decides) at `now`, in evaluation order. `now` is also the caps' clock (the daemon's is
+/// the event's receive time).
 pub fn explain(
     set: &RuleSet,
     event: &Event,
@@ -51,6 +65,7 @@ pub fn explain(
 ) -> Vec<RuleVerdict> {
     let ctx = set.context(event, state, now);
     let view = minijinja::Value::from(minijinja::value::Serde(&ctx));
+    let echo = crate::actions::echo::echo_of(event);
     let mut stopped_by: Option<String> = None;
     let mut out = Vec::with_capacity(set.rules.len());
     for rule in &set.rules {
@@ -58,10 +73,21 @@ pub fn explain(
             Verdict::Disabled
         } else if !rule.listens(event.kind.as_str()) {
             Verdict::NotListening
+        } else if let Some(of) = echo.filter(|_| !rule.echoes) {
+            Verdict::Echo { of: of.to_owned() }
         } else if let Some(by) = &stopped_by {
             Verdict::Stopped { by: by.clone() }
         } else if let Some(failure) = rule.when.as_ref().and_then(|c| c.explain(&ctx, "when")) {
             Verdict::NoMatch { failure }
+        } else if let Some(fired) = rule.capped(state, now) {
+            if rule.stop {
+                stopped_by = Some(rule.name.clone());
+            }
+            Verdict::Capped {
+                fired,
+                per: rule.max_firings.per,
+                stops: rule.stop,
+            }
         } else {
             let actions = rule
                 .actions
@@ -96,7 +122,9 @@ pub struct Warning {
 }
 
 /// Rules that can never fire (shadowed by an earlier unconditional `stop`, contradictory
-/// conditions) and rules that may trigger themselves through the service's echo events.
+/// conditions) and rules that may trigger themselves through the service's echo events: those of
+/// their own messages only when they take echoes (`echoes = true`; the rest never see them), those
+/// of conversation changes always (the service does not mark them).
 pub fn lint(set: &RuleSet) -> Vec<Warning> {
     let mut out = Vec::new();
     for (i, rule) in set.rules.iter().enumerate() {
@@ -123,8 +151,12 @@ pub fn lint(set: &RuleSet) -> Vec<Warning> {
                 "never fires: its conditions contradict each other: ({a}) and ({b})"
             )));
         }
-        for (event, kinds, why) in ECHOES {
+        for (event, kinds, why, marked) in ECHOES {
+            if marked && !rule.echoes {
+                continue;
+            }
             let listens = rule.on.iter().any(|o| o == "*" || o == event);
+            let with = if marked { " with echoes = true" } else { "" };
             let acts: Vec<&str> = rule
                 .action_types()
                 .into_iter()
@@ -132,7 +164,7 @@ pub fn lint(set: &RuleSet) -> Vec<Warning> {
                 .collect();
             if listens && !acts.is_empty() {
                 out.push(warn(format!(
-                    "may loop: it listens to {event} and takes {} ({why}); make sure its \
+                    "may loop: it listens to {event}{with} and takes {} ({why}); make sure its \
                      conditions exclude what the bridge itself caused",
                     acts.join(", ")
                 )));
@@ -142,17 +174,20 @@ pub fn lint(set: &RuleSet) -> Vec<Warning> {
     out
 }
 
-/// Event types the service sends back after the bridge's own actions, and those actions.
-const ECHOES: [(&str, &[&str], &str); 2] = [
+/// Event types the service sends back after the bridge's own actions, those actions, and whether
+/// the echo carries the bridge's marker (so rules without `echoes = true` skip it).
+const ECHOES: [(&str, &[&str], &str, bool); 2] = [
     (
         "bot.message.sent",
         &["send_message", "send_to_end_user"],
         "a message it sends comes back as bot.message.sent",
+        true,
     ),
     (
         "bot.conversation.updated",
         &["set_manual", "navigate", "update_params"],
         "a change it makes comes back as bot.conversation.updated",
+        false,
     ),
 ];
 
@@ -202,6 +237,17 @@ pub fn render_text(verdicts: &[RuleVerdict]) -> String {
         match &v.verdict {
             Verdict::Disabled => out.push_str(&format!("disabled     {head}\n")),
             Verdict::NotListening => out.push_str(&format!("not for it   {head}\n")),
+            Verdict::Echo { of } => out.push_str(&format!(
+                "echo         {head}: the bridge's own message (action {of}); the rule has no \
+                 `echoes = true`\n"
+            )),
+            Verdict::Capped { fired, per, stops } => {
+                let stop = if *stops { ", stops" } else { "" };
+                out.push_str(&format!(
+                    "capped       {head}{stop}: fired {fired} times in the last {}\n",
+                    humantime::format_duration(*per)
+                ));
+            }
             Verdict::Stopped { by } => {
                 out.push_str(&format!("not run      {head}: `{by}` stopped the event\n"))
             }

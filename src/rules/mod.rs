@@ -17,8 +17,8 @@ pub mod shipped;
 
 pub use condition::Failure;
 
-use crate::actions::{Decide, Decision};
-use crate::state::ConversationState;
+use crate::actions::{Capped, Decide, Decided, Decision, DecisionTime, Fired};
+use crate::state::{ConversationState, FiringCap};
 use crate::webhook::model::{is_timer_name, Event, EventKind, Millis, TIMER_EVENT_PREFIX};
 use action::ActionSpec;
 use calendar::{Calendars, RawCalendar};
@@ -32,6 +32,17 @@ use std::path::Path;
 
 /// Template work allowed per render, so a runaway loop in a template ends with an error.
 const TEMPLATE_FUEL: u64 = 50_000;
+
+/// The firing cap of a rule without `max_firings`: every rule has one, so a loop through the
+/// service always ends. Above what one person's messages usually trigger; a rule that answers
+/// every message of a busy conversation (a relay) sets its own.
+pub const DEFAULT_MAX_FIRINGS: FiringCap = FiringCap {
+    count: 20,
+    per: std::time::Duration::from_secs(600),
+};
+
+/// The largest `max_firings.count`: the state keeps one timestamp per firing in the window.
+pub const MAX_FIRINGS_COUNT: u32 = 1000;
 
 /// One problem found while loading rule files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +107,56 @@ struct RawRule {
     actions: Vec<Map<String, Value>>,
     #[serde(default)]
     stop: bool,
+    /// Run for the service's echoes of the bridge's own messages too.
+    #[serde(default)]
+    echoes: bool,
+    max_firings: Option<RawCap>,
+}
+
+/// `max_firings = { count = 5, per = "10m" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCap {
+    count: i64,
+    per: String,
+}
+
+impl RawCap {
+    /// The cap, or every problem as (key, message).
+    fn compile(&self) -> Result<FiringCap, Vec<(String, String)>> {
+        let mut problems = Vec::new();
+        let count = match u32::try_from(self.count) {
+            Ok(n) if (1..=MAX_FIRINGS_COUNT).contains(&n) => Some(n),
+            _ => {
+                problems.push((
+                    "max_firings.count".to_owned(),
+                    format!("must be 1 to {MAX_FIRINGS_COUNT}, not {}", self.count),
+                ));
+                None
+            }
+        };
+        let per = match humantime::parse_duration(&self.per) {
+            Ok(d) if d.is_zero() => {
+                problems.push(("max_firings.per".into(), "must be longer than zero".into()));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                problems.push((
+                    "max_firings.per".into(),
+                    format!(
+                        "`{}` is not a duration ({e}; e.g. `30s`, `10m`, `1h`)",
+                        self.per
+                    ),
+                ));
+                None
+            }
+        };
+        match (count, per) {
+            (Some(count), Some(per)) => Ok(FiringCap { count, per }),
+            _ => Err(problems),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -114,6 +175,10 @@ pub struct Rule {
     /// are named one by one: a `*` rule that starts a timer would otherwise wake itself forever).
     pub on: Vec<String>,
     pub stop: bool,
+    /// It runs for echoes of the bridge's own messages too (`echoes = true`).
+    pub echoes: bool,
+    /// How often it may fire per conversation (`max_firings`, else [`DEFAULT_MAX_FIRINGS`]).
+    pub max_firings: FiringCap,
     when: Option<Condition>,
     actions: Vec<ActionSpec>,
 }
@@ -122,6 +187,14 @@ impl Rule {
     fn listens(&self, kind: &str) -> bool {
         let timer = kind.starts_with(TIMER_EVENT_PREFIX);
         self.on.iter().any(|o| (o == "*" && !timer) || o == kind)
+    }
+
+    /// Whether it reached its cap in `state` at `at` (the event's receive time): the firings in
+    /// the window when it has.
+    fn capped(&self, state: &ConversationState, at: Millis) -> Option<usize> {
+        let fired = state.firings_within(&self.name, self.max_firings.per, at);
+        let cap = usize::try_from(self.max_firings.count).unwrap_or(usize::MAX);
+        (fired >= cap).then_some(fired)
     }
 
     /// The action types it may take, for listings.
@@ -384,6 +457,17 @@ fn compile(
         report(key, message);
         ok = false;
     }
+    let max_firings = match raw.max_firings.as_ref().map(RawCap::compile) {
+        None => DEFAULT_MAX_FIRINGS,
+        Some(Ok(cap)) => cap,
+        Some(Err(list)) => {
+            for (key, message) in list {
+                report(key, message);
+            }
+            ok = false;
+            DEFAULT_MAX_FIRINGS
+        }
+    };
     let mut actions = Vec::with_capacity(raw.actions.len());
     for (i, body) in raw.actions.into_iter().enumerate() {
         let name = format!("{file}#{}.actions[{i}]", raw.name);
@@ -410,6 +494,8 @@ fn compile(
         file: file.to_owned(),
         on: raw.on,
         stop: raw.stop,
+        echoes: raw.echoes,
+        max_firings,
         when,
         actions,
     })
@@ -508,24 +594,44 @@ fn version_of(sources: &[(String, String)]) -> String {
 }
 
 impl Decide for RuleSet {
-    fn decide(&self, event: &Event, state: &ConversationState, now: Millis) -> Vec<Decision> {
+    /// In priority order, each enabled rule that listens to the event (and takes echoes, when the
+    /// event is one) and whose `when` holds either fires, deciding its actions, or, having reached
+    /// its cap, is held back. Either way its `stop` ends the event: a capped rule does not hand
+    /// its events to the rules after it.
+    fn evaluate(&self, event: &Event, state: &ConversationState, time: DecisionTime) -> Decided {
         let kind = event.kind.as_str();
+        let echo = crate::actions::echo::echo_of(event).is_some();
         let mut ctx = None;
         let mut view = None;
-        let mut out = Vec::new();
+        let mut out = Decided::default();
         for rule in &self.rules {
-            if !rule.enabled || !rule.listens(kind) {
+            if !rule.enabled || !rule.listens(kind) || (echo && !rule.echoes) {
                 continue;
             }
-            let ctx = ctx.get_or_insert_with(|| self.context(event, state, now));
+            let ctx = ctx.get_or_insert_with(|| self.context(event, state, time.now));
             if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
                 continue;
             }
+            if let Some(fired) = rule.capped(state, time.received_at) {
+                out.capped.push(Capped {
+                    rule: rule.name.clone(),
+                    cap: rule.max_firings,
+                    fired,
+                });
+                if rule.stop {
+                    break;
+                }
+                continue;
+            }
+            out.fired.push(Fired {
+                rule: rule.name.clone(),
+                cap: rule.max_firings,
+            });
             let view =
                 view.get_or_insert_with(|| minijinja::Value::from(minijinja::value::Serde(&*ctx)));
             for (index, spec) in rule.actions.iter().enumerate() {
                 match spec.render(&self.env, ctx, view) {
-                    Ok(action) => out.push(Decision {
+                    Ok(action) => out.decisions.push(Decision {
                         rule: rule.name.clone(),
                         index,
                         action,

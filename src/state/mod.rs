@@ -14,8 +14,12 @@ use crate::webhook::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+mod firings;
+pub use firings::{CapHit, FiringCap, Firings};
+
 /// Version of the persisted state layout; bump with a migration when the shape changes. Fields
-/// added with a serde default (labels, variables, timers) decode from older records as they are.
+/// added with a serde default (labels, variables, timers, firings, capped) decode from older
+/// records as they are.
 pub const STATE_VERSION: u32 = 1;
 
 /// Total order on events, used to decide which of two writes is newer.
@@ -138,6 +142,12 @@ pub struct ConversationState {
     /// to these, in the fold's transaction.
     #[serde(default)]
     pub timers: std::collections::BTreeMap<String, Timer>,
+    /// Each rule's recent firings here, which its firing cap counts (see [`FiringCap`]).
+    #[serde(default)]
+    pub firings: std::collections::BTreeMap<String, Firings>,
+    /// The last time a firing cap held each rule back here: the audit of caps.
+    #[serde(default)]
+    pub capped: std::collections::BTreeMap<String, CapHit>,
 }
 
 /// A running rule timer: it fires as a `timer.<name>` event at `due_at`.
@@ -218,6 +228,8 @@ impl ConversationState {
             labels: Default::default(),
             variables: Default::default(),
             timers: Default::default(),
+            firings: Default::default(),
+            capped: Default::default(),
         }
     }
 

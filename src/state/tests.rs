@@ -248,6 +248,64 @@ fn a_state_stored_before_timers_existed_still_decodes() {
     assert!(old.timers.is_empty());
 }
 
+#[test]
+fn a_state_stored_before_firing_caps_existed_still_decodes() {
+    let mut state = fold(&lifecycle());
+    let cap = FiringCap {
+        count: 2,
+        per: std::time::Duration::from_secs(60),
+    };
+    state.record_firing("greet", cap, 1_000);
+    state.record_cap_hit("greet", cap, "e9", 2, 1_500);
+    let mut value = serde_json::to_value(&state).expect("json");
+    assert_eq!(
+        value["firings"]["greet"]["per"], "1m",
+        "readable in `state show`"
+    );
+    assert_eq!(value["capped"]["greet"]["cap"]["count"], 2);
+    for field in ["firings", "capped"] {
+        let removed = value.as_object_mut().and_then(|m| m.remove(field));
+        assert!(removed.is_some(), "{field} is stored today");
+    }
+    let old: ConversationState = serde_json::from_value(value).expect("decodes");
+    assert!(old.firings.is_empty() && old.capped.is_empty());
+}
+
+#[test]
+fn the_firing_history_keeps_only_the_window_and_at_most_count_per_rule() {
+    let mut state = ConversationState::new("c1".into());
+    let cap = |count, secs| FiringCap {
+        count,
+        per: std::time::Duration::from_secs(secs),
+    };
+    // `short` fires once; `long` more often than its count.
+    state.record_firing("short", cap(5, 10), 1_000);
+    for at in [2_000, 3_000, 4_000, 5_000] {
+        state.record_firing("long", cap(3, 3_600), at);
+    }
+    assert_eq!(
+        state.firings["long"].at,
+        [3_000, 4_000, 5_000],
+        "newest `count`"
+    );
+    assert_eq!(state.firings_within("long", cap(3, 3_600).per, 5_000), 3);
+    assert_eq!(
+        state.firings_within("long", std::time::Duration::from_millis(1_500), 5_000),
+        2,
+        "within the window that ends at the clock: (3.5 s, 5 s]"
+    );
+    assert_eq!(state.firings_within("short", cap(5, 10).per, 5_000), 1);
+    // 10 s after its firing, `short` leaves the state when any rule fires next.
+    assert_eq!(state.firings_within("short", cap(5, 10).per, 11_000), 0);
+    state.record_firing("long", cap(3, 3_600), 11_000);
+    assert!(!state.firings.contains_key("short"), "{:?}", state.firings);
+    // A firing stamped after the clock (a clock set back) still counts.
+    assert_eq!(state.firings_within("long", cap(3, 3_600).per, 10_000), 3);
+    // Out-of-order stamps stay sorted, so the oldest go first.
+    state.record_firing("long", cap(3, 3_600), 4_500);
+    assert_eq!(state.firings["long"].at, [4_500, 5_000, 11_000]);
+}
+
 proptest! {
     /// Any arrival order of the same events gives the same state.
     #[test]

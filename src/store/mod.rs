@@ -238,6 +238,8 @@ pub struct Applied {
     pub repeated_actions: usize,
     /// Running timers gained minus lost (started, minus fired, cancelled or replaced).
     pub timers_change: i64,
+    /// The rule of each event a firing cap held a rule back for (one per hit, for the metric).
+    pub capped: Vec<String>,
 }
 
 /// What a prune pass removed.
@@ -566,8 +568,24 @@ impl Store {
                 }
                 out.new_conversations += u64::from(created);
                 let at = received.get(position).copied().unwrap_or(event.timestamp);
-                let decisions = fold_and_decide(state, event, rules, now);
+                let time = crate::actions::DecisionTime {
+                    now,
+                    received_at: at,
+                };
+                let outcome = fold_and_decide(state, event, rules, time);
+                for hit in outcome.capped {
+                    tracing::warn!(
+                        rule = %hit.rule,
+                        conversation_id = %id,
+                        event_id = %event.id,
+                        fired = hit.fired,
+                        per = %humantime::format_duration(hit.cap.per),
+                        "rule firing cap reached: the rule is held back for this event"
+                    );
+                    out.capped.push(hit.rule);
+                }
                 let decided_by = (rules.version(), at, now);
+                let decisions = outcome.decisions;
                 self.queue_decisions(event, state, decisions, decided_by, &mut decided, &mut out)?;
                 if let Payload::Conversation(c) = &event.payload {
                     if let Some(uid) = &c.end_user_id {
@@ -851,19 +869,23 @@ impl Store {
     }
 }
 
-/// Fold `event` into its conversation's state and decide for it with the state after. A stale
-/// timer firing (its timer was cancelled or restarted since) is folded but decides nothing.
+/// Fold `event` into its conversation's state, decide for it with the state after, and record in
+/// the state which rules fired and which their caps held back (so the fold and a replay keep the
+/// same firing history). A stale timer firing (its timer was cancelled or restarted since) is
+/// folded but decides nothing.
 fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
     rules: &dyn crate::actions::Decide,
-    now: Millis,
-) -> Vec<crate::actions::Decision> {
+    time: crate::actions::DecisionTime,
+) -> crate::actions::Decided {
     if state.apply(event) {
-        rules.decide(event, state, now)
+        let decided = rules.evaluate(event, state, time);
+        decided.record(state, &event.id, time.received_at);
+        decided
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
-        Vec::new()
+        crate::actions::Decided::default()
     }
 }
 

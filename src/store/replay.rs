@@ -7,6 +7,9 @@
 //! timer events are decided again when the rebuilt state still has the run that fired. Events older than the event
 //! retention are gone, so a conversation's earliest state may be thinner than it was.
 //!
+//! Rules' firing caps count by the events' receive times, so the rebuilt firing history holds back
+//! the same rules for the same events as the fold did (with the same rules).
+//!
 //! An action that was decided before (its id is in the ledger) is reported and not queued again,
 //! unless forced: a forced action gets a new id, and with it a new idempotency key, because the
 //! upstream would otherwise answer the old call's result without acting.
@@ -54,6 +57,17 @@ pub struct ReplayItem {
     pub action: Action,
 }
 
+/// A rule its firing cap held back for a replayed event (as it would the fold, which counts
+/// firings by receive time too).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayCapped {
+    pub event_id: String,
+    pub conversation_id: ConversationId,
+    pub rule: String,
+    /// Its firings inside the cap's window then.
+    pub fired: usize,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct ReplayReport {
     /// The version of the rules that decided ([`Decide::version`]).
@@ -65,6 +79,8 @@ pub struct ReplayReport {
     pub queued: u64,
     pub skipped: u64,
     pub items: Vec<ReplayItem>,
+    /// Rules held back by their firing caps, for the window's events.
+    pub capped: Vec<ReplayCapped>,
     /// Queued entries, for the executor (not part of the printed report).
     #[serde(skip)]
     pub entries: Vec<OutboxEntry>,
@@ -136,10 +152,25 @@ impl Store {
             let state = states
                 .entry(record.partition.clone())
                 .or_insert_with(|| ConversationState::new(conversation.clone()));
-            let decisions = super::fold_and_decide(state, &event, rules, now);
+            // Caps count by receive time, so the rebuilt history caps what the fold capped.
+            let time = crate::actions::DecisionTime {
+                now,
+                received_at: record.received_at,
+            };
+            let decided = super::fold_and_decide(state, &event, rules, time);
             let replayed = in_window(&record);
             report.events += u64::from(replayed);
-            for decision in decisions {
+            if replayed {
+                report
+                    .capped
+                    .extend(decided.capped.into_iter().map(|hit| ReplayCapped {
+                        event_id: event.id.as_str().to_owned(),
+                        conversation_id: state.id.clone(),
+                        rule: hit.rule,
+                        fired: hit.fired,
+                    }));
+            }
+            for decision in decided.decisions {
                 let original = action_id(&event.id, &decision.rule, decision.index);
                 // Timers here only shape the rebuilt state: the timers tree is the fold's alone.
                 if decision.action.apply_to_state(state, now, &original) || !replayed {
@@ -155,6 +186,11 @@ impl Store {
                     (None, _) => ("new", original),
                     (Some(_), false) => ("already_decided", original),
                     (Some(_), true) => ("forced", format!("{original}~replay-{now}")),
+                };
+                // As queued: a message marked with the id it goes under.
+                let decision = crate::actions::Decision {
+                    action: crate::actions::echo::marked(decision.action, &id),
+                    ..decision
                 };
                 let queued =
                     status != "already_decided" && !request.dry_run && taken.insert(id.clone());

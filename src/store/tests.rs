@@ -959,3 +959,116 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
     assert_eq!(all_timers(&store), kept);
     assert_eq!(store.timers_pending(), 1);
 }
+
+/// Fold everything pending with `rules`, each event with its stored receive time (as the
+/// dispatcher does).
+fn drain_received(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
+    let mut batch = Vec::new();
+    let mut received = Vec::new();
+    for (seq, _) in store.pending().expect("pending") {
+        let rec = store.event(seq).expect("read").expect("record");
+        received.push(rec.received_at);
+        batch.push((seq, parse_event(rec.event.get()).expect("parse")));
+    }
+    store.apply_with(&batch, rules, &received).expect("apply")
+}
+
+#[test]
+fn the_fold_persists_firings_and_cap_hits_and_a_replay_caps_the_same_events() {
+    use crate::actions::Action;
+    let (_d, store) = store();
+    let rules = crate::rules::RuleSet::from_sources(&[(
+        "r.toml".into(),
+        "[[rule]]\nname = \"reply\"\non = [\"bot.message.received\"]\n\
+         max_firings = { count = 2, per = \"1m\" }\n\
+         actions = [{ type = \"send_message\", text = \"ok\" }]\n"
+            .into(),
+    )])
+    .expect("rules");
+    for (i, at) in [1_000, 2_000, 3_000, 4_000].into_iter().enumerate() {
+        let n = i + 1;
+        accept_at(
+            &store,
+            &delivery(&format!("d{n}"), &[(&format!("e{n}"), "c1", n as i64)]),
+            at,
+        );
+    }
+    accept_at(&store, &delivery("d5", &[("e5", "c2", 5)]), 5_000);
+    let applied = drain_received(&store, &rules);
+    let ids: Vec<&str> = applied.outbox.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["e1/reply/0", "e2/reply/0", "e5/reply/0"]);
+    assert_eq!(applied.capped, ["reply", "reply"], "e3 and e4 of c1");
+    // What the bridge sends carries its marker, so the service's echo is recognised.
+    for entry in &applied.outbox {
+        match &entry.action {
+            Action::SendMessage { custom, .. } => assert_eq!(
+                custom.as_deref(),
+                Some(format!("handoff-bridge:{}", entry.id).as_str())
+            ),
+            other => panic!("a message: {other:?}"),
+        }
+    }
+    assert_eq!(
+        store.outbox().expect("outbox"),
+        applied.outbox,
+        "stored marked"
+    );
+
+    // Written in the fold's transaction, with the state.
+    let c1 = store
+        .conversation(&ConversationId::new("c1"))
+        .expect("read")
+        .expect("c1");
+    assert_eq!(c1.firings["reply"].at, [1_000, 2_000]);
+    let hit = &c1.capped["reply"];
+    assert_eq!(
+        (hit.at, hit.event.as_str(), hit.fired, hit.hits),
+        (4_000, "e4", 2, 2)
+    );
+    let c2 = store
+        .conversation(&ConversationId::new("c2"))
+        .expect("read")
+        .expect("c2");
+    assert_eq!(c2.firings["reply"].at, [5_000]);
+    assert!(c2.capped.is_empty());
+
+    // A replay (today's clock) rebuilds the history by receive time: the same events are capped,
+    // and what it would queue is marked alike.
+    let request = replay::ReplayRequest {
+        from: 0,
+        to: 10_000,
+        dry_run: false,
+        force: true,
+    };
+    let report = store.replay(&request, &rules).expect("replay");
+    let capped: Vec<(&str, &str)> = report
+        .capped
+        .iter()
+        .map(|c| (c.event_id.as_str(), c.rule.as_str()))
+        .collect();
+    assert_eq!(capped, [("e3", "reply"), ("e4", "reply")]);
+    assert_eq!(report.queued, 3);
+    for (item, entry) in report.items.iter().zip(&report.entries) {
+        assert_eq!(item.action, entry.action);
+        match &entry.action {
+            Action::SendMessage { custom, .. } => assert_eq!(
+                custom.as_deref(),
+                Some(format!("handoff-bridge:{}", entry.id).as_str()),
+                "named by the id it goes under"
+            ),
+            other => panic!("a message: {other:?}"),
+        }
+    }
+
+    // A minute after the first firing the window has slid: c1's rule fires again.
+    accept_at(&store, &delivery("d6", &[("e6", "c1", 6)]), 61_500);
+    let applied = drain_received(&store, &rules);
+    assert_eq!(applied.outbox.len(), 1);
+    assert!(applied.capped.is_empty());
+    let c1 = store
+        .conversation(&ConversationId::new("c1"))
+        .expect("read")
+        .expect("c1");
+    assert_eq!(c1.firings["reply"].at, [2_000, 61_500]);
+    assert_eq!(c1.capped["reply"].hits, 2, "the audit stays");
+}

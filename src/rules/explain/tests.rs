@@ -182,6 +182,17 @@ on = ["bot.message.sent"]
 actions = [{ type = "send_message", text = "again" }, { type = "update_state", add_labels = ["x"] }]
 
 [[rule]]
+name = "own-echoes"
+on = ["bot.message.sent"]
+echoes = true
+actions = [{ type = "send_to_end_user", text = "again" }]
+
+[[rule]]
+name = "any-echoes"
+on = ["*"]
+actions = [{ type = "send_message", text = "again" }]
+
+[[rule]]
 name = "nav"
 on = ["*"]
 actions = [{ type = "navigate", flow_id = 3 }]
@@ -197,7 +208,8 @@ actions = [{ type = "navigate", flow_id = 3 }]
             ("shadowed", "never fires"),
             ("impossible", "never fires"),
             ("bounds", "never fires"),
-            ("echo", "may loop"),
+            // `echo` and `any-echoes` never see the bridge's own messages: no warning.
+            ("own-echoes", "may loop"),
             ("nav", "may loop"),
         ],
         "{warnings:#?}"
@@ -215,8 +227,18 @@ actions = [{ type = "navigate", flow_id = 3 }]
         warnings[1].message
     );
     assert!(
-        warnings[3].message.contains("takes send_message"),
+        warnings[3]
+            .message
+            .contains("listens to bot.message.sent with echoes = true and takes send_to_end_user"),
         "{}",
         warnings[3].message
+    );
+    // The service does not mark its echoes of conversation changes: warned whatever `echoes` says.
+    assert!(
+        warnings[4]
+            .message
+            .contains("listens to bot.conversation.updated and takes navigate"),
+        "{}",
+        warnings[4].message
     );
 }
