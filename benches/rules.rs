@@ -14,6 +14,8 @@
 //! - **context only** (the baseline): `rules::context::build`, the JSON document every evaluation
 //!   builds once per event (lookups and templates read it);
 //! - **examples**: `rules/examples/*.toml` (the example handoff set) on a user's text message;
+//! - **shipped handoff**: the shipped rule set (`rules/*.toml`, 24 rules) on the same message (a
+//!   request for a person, at a time outside its business hours: the after-hours rules decide);
 //! - **1,000 rules, 1 matches**: 1,000 rules on `bot.message.received`, each with three conditions
 //!   (sender, a keyword regex, the handoff phase) and a templated `send_message`; the message
 //!   contains only the last rule's keyword, so every rule is evaluated and one renders;
@@ -75,6 +77,9 @@ fn run(rounds: usize, window: Duration) -> Result<(), String> {
         Box::new(move || set.decide(&event, &state, NOW).len()) as Box<dyn Fn() -> usize>
     };
     let examples_decisions = examples.decide(&event, &state, NOW).len();
+    let shipped = RuleSet::from_sources(&handoff_bridge::rules::shipped::sources())
+        .map_err(|e| e.to_string())?;
+    let shipped_decisions = shipped.decide(&event, &state, NOW).len();
     let cases = vec![
         Case {
             name: "context only (baseline)",
@@ -91,6 +96,11 @@ fn run(rounds: usize, window: Duration) -> Result<(), String> {
             name: "examples (rules/examples)",
             decisions: examples_decisions,
             run: decide(examples),
+        },
+        Case {
+            name: "shipped handoff (rules/*.toml)",
+            decisions: shipped_decisions,
+            run: decide(shipped),
         },
         Case {
             name: "1,000 rules, 1 matches",
