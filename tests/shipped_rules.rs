@@ -456,3 +456,35 @@ fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_
     assert_eq!(status, 200, "{state}");
     assert_eq!(state["labels"], json!([]), "{state}");
 }
+
+#[test]
+fn outside_business_hours_a_conversation_already_with_an_agent_is_left_alone() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |name, text| {
+        if name == "hours.toml" {
+            text.replace("[\"09:00-18:00\"]", "[]")
+        } else {
+            text
+        }
+    });
+    let app = spawn(tmp.path(), &rules, &[]);
+    // An agent working late takes the conversation anyway.
+    act(&app, "request-agent", json!({}));
+    app.settle();
+    act(&app, "agent-connect", json!({}));
+    app.settle();
+    let before = calls(&app);
+    assert_eq!(
+        before,
+        [
+            call("set-manual", "false"),
+            call("send-conversation-message", &setting("after_hours_text")),
+        ],
+        "the request itself was answered with the hours"
+    );
+    // The user's keyword while connected must not hand the conversation back to the bot.
+    act(&app, "say", json!({"text": "thanks, agent"}));
+    app.settle();
+    assert_eq!(calls(&app), before, "nothing more was done");
+    assert_eq!(state(&app)["handoff"]["phase"]["value"], "connected");
+}
