@@ -637,10 +637,16 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                     reports.push((note, None));
                     continue;
                 };
-                let mut state = before
+                // `--state` is the state before the event: `changed` conditions compare with it.
+                let prior = before
                     .clone()
                     .unwrap_or_else(|| crate::state::ConversationState::new(conversation.clone()));
+                let mut state = prior.clone();
                 state.apply(&ev);
+                let inputs = crate::actions::Inputs {
+                    before: Some(&prior),
+                    ..Default::default()
+                };
                 let head = format!(
                     "event {} ({}), conversation {}, at {now}, rules version {}",
                     ev.id,
@@ -648,7 +654,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                     conversation,
                     set.version()
                 );
-                reports.push((head, Some(explain::explain(&set, &ev, &state, now))));
+                reports.push((head, Some(explain::explain(&set, &ev, &state, inputs, now))));
             }
             if json {
                 let out: Vec<Value> = reports

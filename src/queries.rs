@@ -105,9 +105,14 @@ pub fn audit(
                 item["sender"] = json!(m.sender());
                 item["message_type"] = json!(m.data.kind.as_str());
             }
+            let before = state.clone();
             state.apply(&event);
             if let Some(set) = set {
-                let verdicts = explain::explain(set, &event, &state, record.received_at);
+                let inputs = crate::actions::Inputs {
+                    before: Some(&before),
+                    ..Default::default()
+                };
+                let verdicts = explain::explain(set, &event, &state, inputs, record.received_at);
                 let shown: Vec<Value> = verdicts
                     .iter()
                     .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
@@ -132,7 +137,8 @@ pub fn audit(
                 item["rules"] = Value::Array(shown);
                 // Rebuild as the fold did: internal actions shape the state for later events.
                 use crate::actions::Decide as _;
-                for decision in set.decide(&event, &state, record.received_at) {
+                let time = crate::actions::DecisionTime::at(record.received_at);
+                for decision in set.evaluate(&event, &state, inputs, time).decisions {
                     let id = crate::actions::action_id(&event.id, &decision.rule, decision.index);
                     decision
                         .action

@@ -293,6 +293,19 @@ impl DecisionTime {
     }
 }
 
+/// What a decision reads besides the event, the conversation's state after the fold and the
+/// clocks. Borrowed and passed in by the caller, which has them at hand (the fold, a replay, an
+/// audit, `rules test`), so deciding stays pure. `None` is unknown: the rule context leaves the
+/// root out (tests and benchmarks that call [`Decide::decide`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inputs<'a> {
+    /// The conversation's state before the event was folded in (`changed` conditions compare it
+    /// with the state after).
+    pub before: Option<&'a crate::state::ConversationState>,
+    /// The conversation's end user, as the bridge knows them (params from `bot.end_user.*`).
+    pub end_user: Option<&'a crate::state::EndUserState>,
+}
+
 /// A rule that fired for an event (matched, under its cap): the fold records it in the
 /// conversation's firing history, which its cap reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -333,28 +346,34 @@ impl Decided {
     }
 }
 
-/// What decides actions: event + state + clocks in, decisions out. Pure (no I/O), so the fold can
-/// call it inside its transaction and tests can call it without a network. The rule engine
-/// implements it.
+/// What decides actions: event + state (+ [`Inputs`]) + clocks in, decisions out. Pure (no I/O),
+/// so the fold can call it inside its transaction and tests can call it without a network. The
+/// rule engine implements it.
 pub trait Decide: Send + Sync {
     /// Everything decided for one event, given the conversation's state after the event was
-    /// folded (its firing history included).
+    /// folded (its firing history included) and the other `inputs`.
     fn evaluate(
         &self,
         event: &crate::webhook::model::Event,
         conversation: &crate::state::ConversationState,
+        inputs: Inputs<'_>,
         time: DecisionTime,
     ) -> Decided;
 
-    /// Just the decisions, with one clock (tests, benchmarks).
+    /// Just the decisions, with one clock and no other inputs (tests, benchmarks).
     fn decide(
         &self,
         event: &crate::webhook::model::Event,
         conversation: &crate::state::ConversationState,
         now: Millis,
     ) -> Vec<Decision> {
-        self.evaluate(event, conversation, DecisionTime::at(now))
-            .decisions
+        self.evaluate(
+            event,
+            conversation,
+            Inputs::default(),
+            DecisionTime::at(now),
+        )
+        .decisions
     }
 
     /// Which rules decided (recorded with every decision, for audits).
@@ -376,6 +395,7 @@ impl Decide for NoRules {
         &self,
         _: &crate::webhook::model::Event,
         _: &crate::state::ConversationState,
+        _: Inputs<'_>,
         _: DecisionTime,
     ) -> Decided {
         Decided::default()

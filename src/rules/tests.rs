@@ -766,4 +766,5 @@ fn timer_names_durations_and_timer_events_are_checked_at_load() {
     assert_eq!(found.len(), 12, "{found:#?}");
 }
 
+mod changed;
 mod loops;

@@ -869,18 +869,24 @@ impl Store {
     }
 }
 
-/// Fold `event` into its conversation's state, decide for it with the state after, and record in
-/// the state which rules fired and which their caps held back (so the fold and a replay keep the
-/// same firing history). A stale timer firing (its timer was cancelled or restarted since) is
-/// folded but decides nothing.
+/// Fold `event` into its conversation's state, decide for it with the state after (and the state
+/// before, which `changed` conditions compare: the fold keeps a copy, so deciding stays pure), and
+/// record in the state which rules fired and which their caps held back (so the fold and a replay
+/// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
+/// since) is folded but decides nothing.
 fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
     rules: &dyn crate::actions::Decide,
     time: crate::actions::DecisionTime,
 ) -> crate::actions::Decided {
+    let before = state.clone();
     if state.apply(event) {
-        let decided = rules.evaluate(event, state, time);
+        let inputs = crate::actions::Inputs {
+            before: Some(&before),
+            ..Default::default()
+        };
+        let decided = rules.evaluate(event, state, inputs, time);
         decided.record(state, &event.id, time.received_at);
         decided
     } else {
