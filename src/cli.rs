@@ -163,6 +163,10 @@ pub enum RulesCommand {
         /// conversation when absent. The event is folded into it first, as the daemon does.
         #[arg(long)]
         state: Option<PathBuf>,
+        /// The conversation's end user (JSON, as `GET /admin/v1/endusers` prints its
+        /// `endUser`), for `end_user.*` fields; unknown when absent.
+        #[arg(long)]
+        end_user: Option<PathBuf>,
         /// The clock: Unix ms or RFC 3339; now when absent.
         #[arg(long)]
         at: Option<String>,
@@ -601,6 +605,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             dir,
             event,
             state,
+            end_user,
             at,
             json,
         } => {
@@ -620,6 +625,19 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                                 path.display()
                             ))
                         })?,
+                ),
+                None => None,
+            };
+            let end_user = match &end_user {
+                Some(path) => Some(
+                    serde_json::from_slice::<crate::state::EndUserState>(&read(path)?).map_err(
+                        |e| {
+                            CliError::Usage(format!(
+                                "{}: not an end-user state: {e}",
+                                path.display()
+                            ))
+                        },
+                    )?,
                 ),
                 None => None,
             };
@@ -645,7 +663,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 state.apply(&ev);
                 let inputs = crate::actions::Inputs {
                     before: Some(&prior),
-                    ..Default::default()
+                    end_user: end_user.as_ref(),
                 };
                 let head = format!(
                     "event {} ({}), conversation {}, at {now}, rules version {}",

@@ -767,4 +767,5 @@ fn timer_names_durations_and_timer_events_are_checked_at_load() {
 }
 
 mod changed;
+mod end_user;
 mod loops;
