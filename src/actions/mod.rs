@@ -23,12 +23,19 @@ pub enum Action {
         conversation_id: ConversationId,
         enabled: bool,
     },
-    /// Move the conversation to another flow (its first node without `node_id`).
+    /// Move the conversation to another flow (its first node without `node_id`), given by id or
+    /// by title (`flow`, with the conversation's bot, whose flow list the executor resolves it
+    /// through: a title is looked up where I/O is allowed, not in the pure rules).
     Navigate {
         conversation_id: ConversationId,
-        flow_id: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flow_id: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         node_id: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flow: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bot_id: Option<crate::ids::BotId>,
     },
     /// Merge params into the conversation (`null` removes a key).
     UpdateParams {
@@ -473,7 +480,8 @@ pub struct DoneRecord {
 pub struct DeadLetter {
     pub entry: OutboxEntry,
     /// Stable reason code: `http_<status>`, the service's error code, `retries_exhausted`,
-    /// `invalid_call`, `no_helpdesk`.
+    /// `invalid_call`, `no_helpdesk`, `unknown_flow` (a navigation's flow title is not in the
+    /// bot's flow list).
     pub reason: String,
     pub error: String,
     pub attempts: u32,
@@ -496,8 +504,10 @@ mod tests {
     fn actions_round_trip_through_json_with_a_stable_tag() {
         let a = Action::Navigate {
             conversation_id: ConversationId::new("c1"),
-            flow_id: 5,
+            flow_id: Some(5),
             node_id: Some(40),
+            flow: None,
+            bot_id: None,
         };
         let json = serde_json::to_value(&a).expect("json");
         assert_eq!(json["type"], "navigate");
@@ -525,8 +535,10 @@ mod tests {
         };
         let nav = Action::Navigate {
             conversation_id: c,
-            flow_id: 1,
+            flow_id: Some(1),
             node_id: None,
+            flow: None,
+            bot_id: None,
         };
         assert_eq!(manual.queue(), nav.queue());
         let other = Action::PartnerUnblock {
