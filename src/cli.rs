@@ -163,6 +163,10 @@ pub enum RulesCommand {
         /// conversation when absent. The event is folded into it first, as the daemon does.
         #[arg(long)]
         state: Option<PathBuf>,
+        /// The conversation's end user (JSON, as `GET /admin/v1/endusers` prints its
+        /// `endUser`), for `end_user.*` fields; unknown when absent.
+        #[arg(long)]
+        end_user: Option<PathBuf>,
         /// The clock: Unix ms or RFC 3339; now when absent.
         #[arg(long)]
         at: Option<String>,
@@ -601,6 +605,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             dir,
             event,
             state,
+            end_user,
             at,
             json,
         } => {
@@ -623,6 +628,19 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 ),
                 None => None,
             };
+            let end_user = match &end_user {
+                Some(path) => Some(
+                    serde_json::from_slice::<crate::state::EndUserState>(&read(path)?).map_err(
+                        |e| {
+                            CliError::Usage(format!(
+                                "{}: not an end-user state: {e}",
+                                path.display()
+                            ))
+                        },
+                    )?,
+                ),
+                None => None,
+            };
             let now = match &at {
                 Some(t) => crate::clock::parse_time(t).map_err(CliError::Usage)?,
                 None => crate::clock::now_millis(),
@@ -637,10 +655,16 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                     reports.push((note, None));
                     continue;
                 };
-                let mut state = before
+                // `--state` is the state before the event: `changed` conditions compare with it.
+                let prior = before
                     .clone()
                     .unwrap_or_else(|| crate::state::ConversationState::new(conversation.clone()));
+                let mut state = prior.clone();
                 state.apply(&ev);
+                let inputs = crate::actions::Inputs {
+                    before: Some(&prior),
+                    end_user: end_user.as_ref(),
+                };
                 let head = format!(
                     "event {} ({}), conversation {}, at {now}, rules version {}",
                     ev.id,
@@ -648,7 +672,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                     conversation,
                     set.version()
                 );
-                reports.push((head, Some(explain::explain(&set, &ev, &state, now))));
+                reports.push((head, Some(explain::explain(&set, &ev, &state, inputs, now))));
             }
             if json {
                 let out: Vec<Value> = reports

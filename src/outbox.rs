@@ -7,16 +7,19 @@
 //! on the next start, with the same idempotency key, so the upstream applies it once. The
 //! in-memory queues are a cache of the outbox, rebuilt on start.
 
-use crate::actions::execute::{execute, ExecuteError};
-use crate::actions::{DeadLetter, OutboxEntry};
+use crate::actions::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
+use crate::actions::{Action, DeadLetter, OutboxEntry};
 use crate::ops::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::upstream::api::OpenApi;
+use crate::upstream::contract::Flow;
 use crate::upstream::error::UpstreamError;
 use crate::upstream::handle::UpstreamHandle;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -247,6 +250,7 @@ pub fn start(
         settings,
         handle: handle.clone(),
         progress: progress_tx,
+        flows: Mutex::new(HashMap::new()),
     };
     let task = tokio::spawn(runner.run(queues, rx, stop));
     Ok((handle, task))
@@ -350,9 +354,62 @@ struct Runner {
     settings: ExecutorSettings,
     handle: ExecutorHandle,
     progress: watch::Sender<usize>,
+    /// Each bot's flow list, for navigations by flow title.
+    flows: Mutex<HashMap<String, BotFlows>>,
+}
+
+/// A bot's flow list as fetched, with the bot's `events_applied` then: a bot event folded since
+/// (`bot.updated`, sent when flows change) makes it stale.
+struct BotFlows {
+    seen: u64,
+    flows: Arc<Vec<Flow>>,
 }
 
 impl Runner {
+    /// The action as it is called: a navigation by flow title gets its flow id from the bot's
+    /// flow list (cached per bot until the fold records a newer event of the bot).
+    async fn resolved<'a>(&self, action: &'a Action) -> Result<Cow<'a, Action>, ExecuteError> {
+        let Some(bot) = flow_title_bot(action) else {
+            return Ok(Cow::Borrowed(action));
+        };
+        let Some(bot) = bot else {
+            return resolve_flow(action, &[]).map(Cow::Owned);
+        };
+        // A store that cannot be read leaves the cache alone: the list is fetched for this call.
+        let seen = match self.store.bot(bot.as_str()) {
+            Ok(state) => Some(state.map_or(0, |b| b.events_applied)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the bot's state; fetching its flows");
+                None
+            }
+        };
+        let cached = seen.and_then(|seen| {
+            let flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
+            flows
+                .get(bot.as_str())
+                .filter(|cached| cached.seen == seen)
+                .map(|cached| cached.flows.clone())
+        });
+        let list = match cached {
+            Some(list) => list,
+            None => {
+                let list = Arc::new(self.api.list_flows(bot.as_str()).await?.data);
+                if let Some(seen) = seen {
+                    let fetched = BotFlows {
+                        seen,
+                        flows: list.clone(),
+                    };
+                    self.flows
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(bot.as_str().to_owned(), fetched);
+                }
+                list
+            }
+        };
+        resolve_flow(action, &list).map(Cow::Owned)
+    }
+
     async fn run(
         self,
         mut queues: Queues,
@@ -439,7 +496,10 @@ impl Runner {
     async fn carry_out(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
         let queue = entry.queue.clone();
         let first_attempt_at = crate::clock::now_millis();
-        let result = execute(&self.api, &entry.action, entry.key()).await;
+        let result = match self.resolved(&entry.action).await {
+            Ok(action) => execute(&self.api, &action, entry.key()).await,
+            Err(e) => Err(e),
+        };
         let now = crate::clock::now_millis();
         let name = entry.action.name();
         let (status, failure) = match &result {
@@ -518,6 +578,7 @@ fn refused_for_good(e: &ExecuteError) -> bool {
 fn classify(e: &ExecuteError) -> (String, Option<String>) {
     match e {
         ExecuteError::NotUpstream(_) => ("no_helpdesk".into(), Some("no_helpdesk".into())),
+        ExecuteError::UnknownFlow { .. } => ("unknown_flow".into(), Some("unknown_flow".into())),
         ExecuteError::Upstream(u) => match u {
             UpstreamError::Stopped => ("stopped".into(), None),
             UpstreamError::Status { status, code, .. } => {
@@ -648,5 +709,11 @@ mod tests {
                 .as_deref(),
             Some("no_helpdesk")
         );
+        let unknown = ExecuteError::UnknownFlow {
+            bot: "B1".into(),
+            title: "Nowhere".into(),
+        };
+        assert_eq!(classify(&unknown).1.as_deref(), Some("unknown_flow"));
+        assert!(!refused_for_good(&unknown), "nothing was called");
     }
 }

@@ -38,7 +38,7 @@ pub fn quarantine_list(store: &Store) -> Result<Value, StoreError> {
 
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in
 /// order, the rules re-evaluated for it (with the rules in force, on the state rebuilt from the
-/// conversation's events, at the event's receive time: which matched, and for the others the
+/// conversation's events, with its end user as stored now, at the event's receive time: which matched, and for the others the
 /// first condition that failed with the value it saw), and every action recorded for it with its
 /// outcome (done, dropped, dead letter, pending) and the rule-set version that decided it.
 /// Events older than the event retention are gone from the timeline.
@@ -93,6 +93,7 @@ pub fn audit(
     let set = rules.rule_set();
     let mut state = crate::state::ConversationState::new(conversation.clone());
     let mut timeline = Vec::with_capacity(records.len());
+    let mut end_user = None;
     for (record, pending) in records {
         let mut item = json!({
             "received_at": record.received_at,
@@ -105,9 +106,18 @@ pub fn audit(
                 item["sender"] = json!(m.sender());
                 item["message_type"] = json!(m.data.kind.as_str());
             }
+            let before = state.clone();
             state.apply(&event);
+            // The end user as stored now (read once, when the conversation first names them).
+            if let (None, Some(id)) = (&end_user, &state.end_user_id) {
+                end_user = Some(store.end_user(id)?);
+            }
             if let Some(set) = set {
-                let verdicts = explain::explain(set, &event, &state, record.received_at);
+                let inputs = crate::actions::Inputs {
+                    before: Some(&before),
+                    end_user: end_user.as_ref().and_then(Option::as_ref),
+                };
+                let verdicts = explain::explain(set, &event, &state, inputs, record.received_at);
                 let shown: Vec<Value> = verdicts
                     .iter()
                     .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
@@ -132,7 +142,8 @@ pub fn audit(
                 item["rules"] = Value::Array(shown);
                 // Rebuild as the fold did: internal actions shape the state for later events.
                 use crate::actions::Decide as _;
-                for decision in set.decide(&event, &state, record.received_at) {
+                let time = crate::actions::DecisionTime::at(record.received_at);
+                for decision in set.evaluate(&event, &state, inputs, time).decisions {
                     let id = crate::actions::action_id(&event.id, &decision.rule, decision.index);
                     decision
                         .action

@@ -78,8 +78,10 @@ fn cases() -> Vec<(Action, &'static str, &'static str, Value)> {
         (
             Action::Navigate {
                 conversation_id: conv(),
-                flow_id: 5,
+                flow_id: Some(5),
                 node_id: Some(40),
+                flow: None,
+                bot_id: None,
             },
             "set-navigation",
             "PUT",

@@ -259,3 +259,70 @@ fn test_refuses_what_is_not_an_event() {
     assert_eq!(code, 2);
     assert!(err.contains("event.json"), "{err}");
 }
+
+#[test]
+fn test_compares_with_the_given_state_and_reads_the_given_end_user() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "a.toml",
+        r#"
+[[rule]]
+name = "first"
+on = ["bot.message.received"]
+when = { field = "state.user_messages", changed = { from = 0 } }
+actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." }]
+"#,
+    );
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, EVENT).expect("event");
+    let user = dir.path().join("user.json");
+    let updated = handoff_bridge::webhook::parse_event(
+        r#"{"id":"e-0","event":"bot.end_user.updated","sourceType":"bot","sourceId":"B1","timestamp":1,
+        "data":{"endUser":{"id":"u-1","platform":"web","userKey":"k-1","params":{"name":"Mina"}}}}"#,
+    )
+    .expect("end-user event");
+    let mut end_user = handoff_bridge::state::EndUserState::new("u-1".into());
+    if let handoff_bridge::webhook::model::Payload::EndUser(u) = &updated.payload {
+        end_user.apply(&updated, u);
+    }
+    std::fs::write(&user, serde_json::to_vec(&end_user).expect("user")).expect("write");
+    let args = |state: Option<&str>| {
+        let mut args = vec![
+            "rules".to_owned(),
+            "test".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--event".into(),
+            event.display().to_string(),
+            "--end-user".into(),
+            user.display().to_string(),
+        ];
+        if let Some(state) = state {
+            args.extend(["--state".into(), state.to_owned()]);
+        }
+        args
+    };
+    // A new conversation: 0 -> 1.
+    let new = args(None);
+    let (code, out, err) = run(&new.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("MATCHED      first"), "{out}");
+    assert!(out.contains("\"text\":\"Hello, Mina.\""), "{out}");
+
+    // One message seen before: 1 -> 2 fails, and the verdict shows both values.
+    let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
+    before.apply(&handoff_bridge::webhook::parse_event(EVENT).expect("event"));
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, serde_json::to_vec(&before).expect("state")).expect("write");
+    let later = args(Some(&state.display().to_string()));
+    let (code, out, err) = run(&later.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "no match     first (priority 0, a.toml): when failed: state.user_messages changed \
+             from 0; before: 1, after: 2"
+        ),
+        "{out}"
+    );
+}

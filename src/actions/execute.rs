@@ -14,6 +14,54 @@ pub enum ExecuteError {
     /// Internal actions are not upstream calls.
     #[error("{0} is not carried out through the Open API")]
     NotUpstream(&'static str),
+    /// A navigation by flow title that names no flow of the bot (or names no bot).
+    #[error("no flow titled {title:?} in bot {bot}'s flow list")]
+    UnknownFlow { bot: String, title: String },
+}
+
+/// A navigation by flow title with the title's flow id filled in, from `flows` (the bot's flow
+/// list); other actions as they are. Titles compare exactly; the first flow of that title wins.
+pub fn resolve_flow(
+    action: &Action,
+    flows: &[crate::upstream::contract::Flow],
+) -> Result<Action, ExecuteError> {
+    match action {
+        Action::Navigate {
+            flow_id: None,
+            flow: Some(title),
+            bot_id,
+            ..
+        } => {
+            let Some(found) = flows.iter().find(|f| f.title == *title) else {
+                return Err(ExecuteError::UnknownFlow {
+                    bot: bot_id
+                        .as_ref()
+                        .map(|b| b.as_str().to_owned())
+                        .unwrap_or_default(),
+                    title: title.clone(),
+                });
+            };
+            let mut resolved = action.clone();
+            if let Action::Navigate { flow_id, .. } = &mut resolved {
+                *flow_id = Some(found.id);
+            }
+            Ok(resolved)
+        }
+        _ => Ok(action.clone()),
+    }
+}
+
+/// The bot whose flow list a navigation by title needs, if the action is one.
+pub fn flow_title_bot(action: &Action) -> Option<Option<&crate::ids::BotId>> {
+    match action {
+        Action::Navigate {
+            flow_id: None,
+            flow: Some(_),
+            bot_id,
+            ..
+        } => Some(bot_id.as_ref()),
+        _ => None,
+    }
 }
 
 /// Make the action's call, with `key` as its idempotency key; returns the answer as JSON.
@@ -37,10 +85,24 @@ pub async fn execute<E: Execute>(
             conversation_id,
             flow_id,
             node_id,
-        } => json(
-            api.set_navigation(conversation_id.as_str(), *flow_id, *node_id, key)
-                .await?,
-        ),
+            flow,
+            bot_id,
+        } => {
+            // By title: the executor resolves it first ([`resolve_flow`]); unresolved, no call.
+            let Some(flow_id) = flow_id else {
+                return Err(ExecuteError::UnknownFlow {
+                    bot: bot_id
+                        .as_ref()
+                        .map(|b| b.as_str().to_owned())
+                        .unwrap_or_default(),
+                    title: flow.clone().unwrap_or_default(),
+                });
+            };
+            json(
+                api.set_navigation(conversation_id.as_str(), *flow_id, *node_id, key)
+                    .await?,
+            )
+        }
         Action::UpdateParams {
             conversation_id,
             params,

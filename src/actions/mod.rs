@@ -23,12 +23,19 @@ pub enum Action {
         conversation_id: ConversationId,
         enabled: bool,
     },
-    /// Move the conversation to another flow (its first node without `node_id`).
+    /// Move the conversation to another flow (its first node without `node_id`), given by id or
+    /// by title (`flow`, with the conversation's bot, whose flow list the executor resolves it
+    /// through: a title is looked up where I/O is allowed, not in the pure rules).
     Navigate {
         conversation_id: ConversationId,
-        flow_id: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flow_id: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         node_id: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        flow: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bot_id: Option<crate::ids::BotId>,
     },
     /// Merge params into the conversation (`null` removes a key).
     UpdateParams {
@@ -293,6 +300,19 @@ impl DecisionTime {
     }
 }
 
+/// What a decision reads besides the event, the conversation's state after the fold and the
+/// clocks. Borrowed and passed in by the caller, which has them at hand (the fold, a replay, an
+/// audit, `rules test`), so deciding stays pure. `None` is unknown: the rule context leaves the
+/// root out (tests and benchmarks that call [`Decide::decide`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inputs<'a> {
+    /// The conversation's state before the event was folded in (`changed` conditions compare it
+    /// with the state after).
+    pub before: Option<&'a crate::state::ConversationState>,
+    /// The conversation's end user, as the bridge knows them (params from `bot.end_user.*`).
+    pub end_user: Option<&'a crate::state::EndUserState>,
+}
+
 /// A rule that fired for an event (matched, under its cap): the fold records it in the
 /// conversation's firing history, which its cap reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -333,28 +353,34 @@ impl Decided {
     }
 }
 
-/// What decides actions: event + state + clocks in, decisions out. Pure (no I/O), so the fold can
-/// call it inside its transaction and tests can call it without a network. The rule engine
-/// implements it.
+/// What decides actions: event + state (+ [`Inputs`]) + clocks in, decisions out. Pure (no I/O),
+/// so the fold can call it inside its transaction and tests can call it without a network. The
+/// rule engine implements it.
 pub trait Decide: Send + Sync {
     /// Everything decided for one event, given the conversation's state after the event was
-    /// folded (its firing history included).
+    /// folded (its firing history included) and the other `inputs`.
     fn evaluate(
         &self,
         event: &crate::webhook::model::Event,
         conversation: &crate::state::ConversationState,
+        inputs: Inputs<'_>,
         time: DecisionTime,
     ) -> Decided;
 
-    /// Just the decisions, with one clock (tests, benchmarks).
+    /// Just the decisions, with one clock and no other inputs (tests, benchmarks).
     fn decide(
         &self,
         event: &crate::webhook::model::Event,
         conversation: &crate::state::ConversationState,
         now: Millis,
     ) -> Vec<Decision> {
-        self.evaluate(event, conversation, DecisionTime::at(now))
-            .decisions
+        self.evaluate(
+            event,
+            conversation,
+            Inputs::default(),
+            DecisionTime::at(now),
+        )
+        .decisions
     }
 
     /// Which rules decided (recorded with every decision, for audits).
@@ -376,6 +402,7 @@ impl Decide for NoRules {
         &self,
         _: &crate::webhook::model::Event,
         _: &crate::state::ConversationState,
+        _: Inputs<'_>,
         _: DecisionTime,
     ) -> Decided {
         Decided::default()
@@ -453,7 +480,8 @@ pub struct DoneRecord {
 pub struct DeadLetter {
     pub entry: OutboxEntry,
     /// Stable reason code: `http_<status>`, the service's error code, `retries_exhausted`,
-    /// `invalid_call`, `no_helpdesk`.
+    /// `invalid_call`, `no_helpdesk`, `unknown_flow` (a navigation's flow title is not in the
+    /// bot's flow list).
     pub reason: String,
     pub error: String,
     pub attempts: u32,
@@ -476,8 +504,10 @@ mod tests {
     fn actions_round_trip_through_json_with_a_stable_tag() {
         let a = Action::Navigate {
             conversation_id: ConversationId::new("c1"),
-            flow_id: 5,
+            flow_id: Some(5),
             node_id: Some(40),
+            flow: None,
+            bot_id: None,
         };
         let json = serde_json::to_value(&a).expect("json");
         assert_eq!(json["type"], "navigate");
@@ -505,8 +535,10 @@ mod tests {
         };
         let nav = Action::Navigate {
             conversation_id: c,
-            flow_id: 1,
+            flow_id: Some(1),
             node_id: None,
+            flow: None,
+            bot_id: None,
         };
         assert_eq!(manual.queue(), nav.queue());
         let other = Action::PartnerUnblock {

@@ -13,7 +13,7 @@ use minijinja::Environment;
 use serde_json::{Map, Value};
 
 /// Fields the engine fills from the context when a rule leaves them out.
-const DEFAULTS: [(&str, &str, &[&str]); 3] = [
+const DEFAULTS: [(&str, &str, &[&str]); 4] = [
     (
         "conversation_id",
         "conversation_id",
@@ -29,6 +29,8 @@ const DEFAULTS: [(&str, &str, &[&str]); 3] = [
         ],
     ),
     ("end_user_id", "end_user_id", &["send_to_end_user"]),
+    // Only for a navigation by flow title (see `compile`): the bot whose flow list has it.
+    ("bot_id", "bot_id", &["navigate"]),
     (
         "user_key",
         "user_key",
@@ -146,10 +148,21 @@ impl ActionSpec {
                 );
             }
         }
+        if kind == "navigate" && body.contains_key("flow_id") == body.contains_key("flow") {
+            return Err(vec![(
+                String::new(),
+                "a `navigate` names its flow by id (`flow_id`) or by title (`flow`): exactly one \
+                 of them"
+                    .into(),
+            )]);
+        }
+        let by_title = body.contains_key("flow");
         let defaults: Vec<(&'static str, &'static str)> = DEFAULTS
             .iter()
             .filter(|(field, _, kinds)| {
-                kinds.contains(&kind.as_str()) && !body.contains_key(*field)
+                kinds.contains(&kind.as_str())
+                    && !body.contains_key(*field)
+                    && (*field != "bot_id" || by_title)
             })
             .map(|(field, key, _)| (*field, *key))
             .collect();

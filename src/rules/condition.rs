@@ -35,6 +35,8 @@ pub struct RawCondition {
     gte: Option<f64>,
     lt: Option<f64>,
     lte: Option<f64>,
+    /// `true`, or `{ from = X, to = Y }` with either left out.
+    changed: Option<Value>,
 }
 
 /// A compiled condition.
@@ -46,6 +48,15 @@ pub enum Condition {
     Leaf {
         path: Vec<String>,
         op: Op,
+    },
+    /// A `state.*` field's value differs between the state before the event and after it (and
+    /// was `from`, is `to`, when given). Its own variant, not an [`Op`]: it reads two values.
+    Changed {
+        path: Vec<String>,
+        /// The same field in the before-state: `before.` + `path`.
+        before: Vec<String>,
+        from: Option<Value>,
+        to: Option<Value>,
     },
     /// The calendar is open for the conversation's bot at the context's `now`.
     BusinessHours {
@@ -150,8 +161,75 @@ impl RawCondition {
             ));
             return None;
         }
+        if let Some(change) = &self.changed {
+            return self.changed(at, path, change, problems);
+        }
         let op = self.op(at, problems)?;
         Some(Condition::Leaf { path, op })
+    }
+
+    /// A `changed` leaf: only on `state.*` fields (nothing else has a value before the event), as
+    /// the only operator, and with a test that can hold.
+    fn changed(
+        &self,
+        at: &str,
+        path: Vec<String>,
+        change: &Value,
+        problems: &mut Vec<(String, String)>,
+    ) -> Option<Condition> {
+        let key = format!("{at}.changed");
+        if self.op_count() > 1 {
+            problems.push((
+                at.to_owned(),
+                "`changed` is the field's only operator here; combine tests with `all`".into(),
+            ));
+            return None;
+        }
+        if path.len() < 2 || path[0] != "state" {
+            problems.push((
+                key,
+                format!(
+                    "`changed` compares a `state.*` field before and after the event; `{}` has no \
+                     value before it",
+                    path.join(".")
+                ),
+            ));
+            return None;
+        }
+        let (from, to) = match change {
+            Value::Bool(true) => (None, None),
+            Value::Object(map) if !map.is_empty() => {
+                if let Some(other) = map.keys().find(|k| *k != "from" && *k != "to") {
+                    problems.push((key, format!("unknown key `{other}` (use `from`, `to`)")));
+                    return None;
+                }
+                (map.get("from").cloned(), map.get("to").cloned())
+            }
+            _ => {
+                problems.push((
+                    key,
+                    format!(
+                        "must be `true` (any change) or a table with `from`, `to` or both, not \
+                         {change} (for \"did not change\", wrap it in `not`)"
+                    ),
+                ));
+                return None;
+            }
+        };
+        if let (Some(a), Some(b)) = (&from, &to) {
+            if same(a, b) {
+                problems.push((key, format!("never holds: `from` and `to` are both {a}")));
+                return None;
+            }
+        }
+        let mut before = vec!["before".to_owned()];
+        before.extend(path.iter().cloned());
+        Some(Condition::Changed {
+            path,
+            before,
+            from,
+            to,
+        })
     }
 
     fn op_count(&self) -> usize {
@@ -168,6 +246,7 @@ impl RawCondition {
             self.gte.is_some(),
             self.lt.is_some(),
             self.lte.is_some(),
+            self.changed.is_some(),
         ]
         .iter()
         .filter(|set| **set)
@@ -221,7 +300,8 @@ impl RawCondition {
                 at.to_owned(),
                 format!(
                     "a `field` condition needs exactly one operator (equals, not_equals, in, \
-                     contains, starts_with, ends_with, matches, exists, gt, gte, lt, lte); found {}",
+                     contains, starts_with, ends_with, matches, exists, gt, gte, lt, lte, changed); found \
+                     {}",
                     ops.len()
                 ),
             ));
@@ -238,6 +318,25 @@ impl Condition {
             Condition::Any(items) => items.iter().any(|c| c.holds(ctx)),
             Condition::Not(inner) => !inner.holds(ctx),
             Condition::Leaf { path, op } => op.holds(context::lookup(ctx, path)),
+            Condition::Changed {
+                path,
+                before,
+                from,
+                to,
+            } => {
+                let was = present(context::lookup(ctx, before));
+                let is = present(context::lookup(ctx, path));
+                let differs = match (was, is) {
+                    (Some(a), Some(b)) => !same(a, b),
+                    (None, None) => false,
+                    _ => true,
+                };
+                let matches = |want: &Option<Value>, value: Option<&Value>| match want {
+                    None => true,
+                    Some(want) => value.is_some_and(|v| same(v, want)),
+                };
+                differs && matches(from, was) && matches(to, is)
+            }
             Condition::BusinessHours { calendar, .. } => {
                 let bot_id = ctx.get("bot_id").and_then(Value::as_str);
                 let now = ctx.get("now").and_then(Value::as_i64);
@@ -256,6 +355,9 @@ pub struct Failure {
     pub test: String,
     /// The field's value (`None`: absent), or the clock for business hours.
     pub actual: Option<Value>,
+    /// `changed` conditions: the field's value before the event (`null`: absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<Value>,
 }
 
 impl Condition {
@@ -281,16 +383,29 @@ impl Condition {
                 at: format!("{at}.not"),
                 test: format!("not ({})", inner.describe()),
                 actual: None,
+                before: None,
             }),
             Condition::Leaf { path, .. } => Some(Failure {
                 at: at.to_owned(),
                 test: self.describe(),
                 actual: context::lookup(ctx, path).cloned(),
+                before: None,
+            }),
+            Condition::Changed { path, before, .. } => Some(Failure {
+                at: at.to_owned(),
+                test: self.describe(),
+                actual: present(context::lookup(ctx, path)).cloned(),
+                before: Some(
+                    present(context::lookup(ctx, before))
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                ),
             }),
             Condition::BusinessHours { .. } => Some(Failure {
                 at: at.to_owned(),
                 test: self.describe(),
                 actual: ctx.get("now").cloned(),
+                before: None,
             }),
         }
     }
@@ -309,6 +424,16 @@ impl Condition {
             Condition::Any(items) => join(items, "or"),
             Condition::Not(inner) => format!("not ({})", inner.describe()),
             Condition::Leaf { path, op } => format!("{} {}", path.join("."), op.describe()),
+            Condition::Changed { path, from, to, .. } => {
+                let mut text = format!("{} changed", path.join("."));
+                if let Some(from) = from {
+                    text.push_str(&format!(" from {from}"));
+                }
+                if let Some(to) = to {
+                    text.push_str(&format!(" to {to}"));
+                }
+                text
+            }
             Condition::BusinessHours { name, .. } => format!("inside business hours `{name}`"),
         }
     }
@@ -386,6 +511,11 @@ impl Op {
             Op::Exists(_) | Op::NotEquals(_) => false,
         }
     }
+}
+
+/// A value that is there: absent and `null` are alike (as for every other test).
+fn present(value: Option<&Value>) -> Option<&Value> {
+    value.filter(|v| !v.is_null())
 }
 
 /// Equality that treats `1` and `1.0` alike (TOML integers meet JSON numbers).

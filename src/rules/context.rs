@@ -1,14 +1,16 @@
-//! What a rule sees: one JSON document built from the event, the conversation's state and the
-//! clock. Conditions address it by dotted path; templates render from it. Building it in one place
-//! keeps the names conditions and templates use identical, and documented in `rules/README.md`.
+//! What a rule sees: one JSON document built from the event, the conversation's state (after the
+//! event, and before it when known), its end user (when known) and the clock. Conditions address
+//! it by dotted path; templates render from it. Building it in one place keeps the names
+//! conditions and templates use identical, and documented in `rules/README.md`.
 
-use crate::state::ConversationState;
+use crate::actions::Inputs;
+use crate::state::{ConversationState, EndUserState};
 use crate::webhook::model::{Event, Millis, Payload};
 use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 16] = [
+pub const ROOTS: [&str; 18] = [
     "event",
     "message",
     "conversation",
@@ -25,10 +27,25 @@ pub const ROOTS: [&str; 16] = [
     "settings",
     "echo",
     "echo_of",
+    "before",
+    "end_user",
 ];
 
-/// The context for one event of a conversation, after the event was folded into `state`.
+/// The context for one event of a conversation, after the event was folded into `state`, without
+/// other inputs (no `before`).
 pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
+    build_with(event, state, Inputs::default(), now)
+}
+
+/// The context for one event of a conversation, after the event was folded into `state`; the
+/// state before the fold, when given, under `before.state` (the same view, at the same `now`, so
+/// a `changed` condition compares like with like).
+pub fn build_with(
+    event: &Event,
+    state: &ConversationState,
+    inputs: Inputs<'_>,
+    now: Millis,
+) -> Value {
     let mut root = Map::new();
     root.insert(
         "event".into(),
@@ -62,6 +79,12 @@ pub fn build(event: &Event, state: &ConversationState, now: Millis) -> Value {
     root.insert("end_user_id".into(), to_value(&state.end_user_id));
     root.insert("user_key".into(), to_value(&state.user_key));
     root.insert("state".into(), state_view(state, now));
+    if let Some(before) = inputs.before {
+        root.insert("before".into(), json!({ "state": state_view(before, now) }));
+    }
+    if let Some(user) = inputs.end_user {
+        root.insert("end_user".into(), end_user_view(user));
+    }
     root.insert("now".into(), json!(now));
     let echo = crate::actions::echo::echo_of(event);
     root.insert("echo".into(), json!(echo.is_some()));
@@ -95,6 +118,20 @@ fn state_view(s: &ConversationState, now: Millis) -> Value {
         "seconds_since_last_bot_message": since(s.messages.last_bot_message_at),
         "seconds_since_last_agent_message": since(s.messages.last_agent_message_at),
         "events_applied": s.events_applied,
+    })
+}
+
+/// The conversation's end user as rules read it: their params (from `bot.end_user.*` events) and
+/// identity, without the store's stamps and counters.
+fn end_user_view(u: &EndUserState) -> Value {
+    json!({
+        "id": u.id.as_str(),
+        "params": u.params.value,
+        "platform": u.platform,
+        "user_key": u.user_key,
+        "bot_id": u.bot_id,
+        "last_conversation_id": u.last_conversation_id.value,
+        "deleted": u.deleted_at.is_some(),
     })
 }
 

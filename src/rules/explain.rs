@@ -4,7 +4,7 @@
 
 use super::condition::{Condition, Failure, Op};
 use super::{Rule, RuleSet};
-use crate::actions::Action;
+use crate::actions::{Action, Inputs};
 use crate::state::ConversationState;
 use crate::webhook::model::{Event, Millis};
 use serde::Serialize;
@@ -55,15 +55,16 @@ pub struct RuleVerdict {
 }
 
 /// Every rule's verdict for `event` on `state` (the state after the event was folded in, as the
-/// daemon decides) at `now`, in evaluation order. `now` is also the caps' clock (the daemon's is
-/// the event's receive time).
+/// daemon decides) with `inputs` (the state before it...) at `now`, in evaluation order. `now` is
+/// also the caps' clock (the daemon's is the event's receive time).
 pub fn explain(
     set: &RuleSet,
     event: &Event,
     state: &ConversationState,
+    inputs: Inputs<'_>,
     now: Millis,
 ) -> Vec<RuleVerdict> {
-    let ctx = set.context(event, state, now);
+    let ctx = set.context(event, state, inputs, now);
     let view = minijinja::Value::from(minijinja::value::Serde(&ctx));
     let echo = crate::actions::echo::echo_of(event);
     let mut stopped_by: Option<String> = None;
@@ -252,12 +253,18 @@ pub fn render_text(verdicts: &[RuleVerdict]) -> String {
                 out.push_str(&format!("not run      {head}: `{by}` stopped the event\n"))
             }
             Verdict::NoMatch { failure } => {
-                let actual = failure
-                    .actual
-                    .as_ref()
-                    .map_or("absent".to_owned(), Value::to_string);
+                let shown = |v: Option<&Value>| v.map_or("absent".to_owned(), Value::to_string);
+                let actual = shown(failure.actual.as_ref());
+                // `changed`: both values; a `null` before is an absent one.
+                let actual = match &failure.before {
+                    Some(before) => {
+                        let before = shown(Some(before).filter(|v| !v.is_null()));
+                        format!("before: {before}, after: {actual}")
+                    }
+                    None => format!("actual: {actual}"),
+                };
                 out.push_str(&format!(
-                    "no match     {head}: {} failed: {}; actual: {actual}\n",
+                    "no match     {head}: {} failed: {}; {actual}\n",
                     failure.at, failure.test
                 ));
             }

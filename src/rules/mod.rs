@@ -1,5 +1,5 @@
 //! The rule engine: TOML rule files compiled into a [`RuleSet`], which decides actions for an
-//! event. Deciding is pure (event + conversation state + clock in, decisions out): the fold calls
+//! event. Deciding is pure (event + conversation state + inputs + clock in, decisions out): the fold calls
 //! it inside its transaction, and tests call it without a network or a store.
 //!
 //! The file format is documented in `rules/README.md`. Everything that can be checked is checked
@@ -17,7 +17,7 @@ pub mod shipped;
 
 pub use condition::Failure;
 
-use crate::actions::{Capped, Decide, Decided, Decision, DecisionTime, Fired};
+use crate::actions::{Capped, Decide, Decided, Decision, DecisionTime, Fired, Inputs};
 use crate::state::{ConversationState, FiringCap};
 use crate::webhook::model::{is_timer_name, Event, EventKind, Millis, TIMER_EVENT_PREFIX};
 use action::ActionSpec;
@@ -233,9 +233,15 @@ impl RuleSet {
         RuleSet::from_sources_with(&read_dir(dir)?, overrides)
     }
 
-    /// The context rules see for an event: [`context::build`] plus the settings.
-    fn context(&self, event: &Event, state: &ConversationState, now: Millis) -> Value {
-        let mut ctx = context::build(event, state, now);
+    /// The context rules see for an event: [`context::build_with`] plus the settings.
+    fn context(
+        &self,
+        event: &Event,
+        state: &ConversationState,
+        inputs: Inputs<'_>,
+        now: Millis,
+    ) -> Value {
+        let mut ctx = context::build_with(event, state, inputs, now);
         if let Value::Object(root) = &mut ctx {
             root.insert("settings".into(), self.settings.clone());
         }
@@ -598,7 +604,13 @@ impl Decide for RuleSet {
     /// event is one) and whose `when` holds either fires, deciding its actions, or, having reached
     /// its cap, is held back. Either way its `stop` ends the event: a capped rule does not hand
     /// its events to the rules after it.
-    fn evaluate(&self, event: &Event, state: &ConversationState, time: DecisionTime) -> Decided {
+    fn evaluate(
+        &self,
+        event: &Event,
+        state: &ConversationState,
+        inputs: Inputs<'_>,
+        time: DecisionTime,
+    ) -> Decided {
         let kind = event.kind.as_str();
         let echo = crate::actions::echo::echo_of(event).is_some();
         let mut ctx = None;
@@ -608,7 +620,7 @@ impl Decide for RuleSet {
             if !rule.enabled || !rule.listens(kind) || (echo && !rule.echoes) {
                 continue;
             }
-            let ctx = ctx.get_or_insert_with(|| self.context(event, state, time.now));
+            let ctx = ctx.get_or_insert_with(|| self.context(event, state, inputs, time.now));
             if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
                 continue;
             }

@@ -3,7 +3,7 @@
 //! rules, the example rules, and `rules test`'s explanation.
 
 use super::{explain, shipped, RuleSet};
-use crate::actions::Decide;
+use crate::actions::{Decide, Inputs};
 use crate::state::ConversationState;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -98,7 +98,7 @@ proptest! {
                 state.apply(&event);
                 for set in sets() {
                     let decided = set.decide(&event, &state, now);
-                    let verdicts = explain::explain(&set, &event, &state, now);
+                    let verdicts = explain::explain(&set, &event, &state, Inputs::default(), now);
                     let rendered: usize = verdicts
                         .iter()
                         .map(|v| match &v.verdict {

@@ -260,7 +260,7 @@ fn every_problem_of_a_file_is_reported_with_its_place() {
     has("when.field: `mesage.data.text` is not a field");
     has("actions[0].type: unknown action `set_manul`");
     has("actions[1].message.text: template");
-    has("actions[2]: invalid `navigate` action");
+    has("actions[2]: a `navigate` names its flow by id (`flow_id`) or by title (`flow`)");
     has("rule[1] (two-ops).when: a `field` condition needs exactly one operator");
     has("rule[2] (regex).when.matches: invalid regex");
     assert!(found
@@ -766,4 +766,7 @@ fn timer_names_durations_and_timer_events_are_checked_at_load() {
     assert_eq!(found.len(), 12, "{found:#?}");
 }
 
+mod changed;
+mod end_user;
 mod loops;
+mod navigate;

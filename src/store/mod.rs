@@ -572,7 +572,8 @@ impl Store {
                     now,
                     received_at: at,
                 };
-                let outcome = fold_and_decide(state, event, rules, time);
+                let user = end_user_of(state, event, &users, &self.end_users)?;
+                let outcome = fold_and_decide(state, event, rules, user.as_deref(), time);
                 for hit in outcome.capped {
                     tracing::warn!(
                         rule = %hit.rule,
@@ -869,24 +870,53 @@ impl Store {
     }
 }
 
-/// Fold `event` into its conversation's state, decide for it with the state after, and record in
-/// the state which rules fired and which their caps held back (so the fold and a replay keep the
-/// same firing history). A stale timer firing (its timer was cancelled or restarted since) is
-/// folded but decides nothing.
+/// Fold `event` into its conversation's state, decide for it with the state after (and the state
+/// before, which `changed` conditions compare: the fold keeps a copy, so deciding stays pure), and
+/// record in the state which rules fired and which their caps held back (so the fold and a replay
+/// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
+/// since) is folded but decides nothing.
 fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
     rules: &dyn crate::actions::Decide,
+    end_user: Option<&EndUserState>,
     time: crate::actions::DecisionTime,
 ) -> crate::actions::Decided {
+    let before = state.clone();
     if state.apply(event) {
-        let decided = rules.evaluate(event, state, time);
+        let inputs = crate::actions::Inputs {
+            before: Some(&before),
+            end_user,
+        };
+        let decided = rules.evaluate(event, state, inputs, time);
         decided.record(state, &event.id, time.received_at);
         decided
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
         crate::actions::Decided::default()
     }
+}
+
+/// The end user of the conversation `event` belongs to (the one a conversation event names, else
+/// the state's), as this fold knows them: from its cache (an end-user event earlier in the batch),
+/// else from the tree. Read only: a user the bridge has not seen stays unknown and is not created.
+fn end_user_of<'a>(
+    state: &ConversationState,
+    event: &Event,
+    cache: &'a HashMap<String, EndUserState>,
+    tree: &sled::Tree,
+) -> Result<Option<std::borrow::Cow<'a, EndUserState>>, StoreError> {
+    let named = match &event.payload {
+        Payload::Conversation(c) => c.end_user_id.as_ref(),
+        _ => None,
+    };
+    let Some(id) = named.or(state.end_user_id.as_ref()) else {
+        return Ok(None);
+    };
+    if let Some(user) = cache.get(id.as_str()) {
+        return Ok(Some(std::borrow::Cow::Borrowed(user)));
+    }
+    Ok(get_decoded(tree, id.as_str(), "end-user state")?.map(std::borrow::Cow::Owned))
 }
 
 /// A state record for the rest of the fold: from the cache, else from the tree, else new.

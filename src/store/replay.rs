@@ -142,6 +142,7 @@ impl Store {
         let now = crate::clock::now_millis();
         let mut states: HashMap<String, ConversationState> = HashMap::new();
         let mut taken = HashSet::new();
+        let mut users: HashMap<String, Option<crate::state::EndUserState>> = HashMap::new();
         for record in records {
             let Ok(event) = crate::webhook::parse_event(record.event.get()) else {
                 continue;
@@ -157,7 +158,21 @@ impl Store {
                 now,
                 received_at: record.received_at,
             };
-            let decided = super::fold_and_decide(state, &event, rules, time);
+            // The end user as stored now: their events are not replayed.
+            let named = match &event.payload {
+                crate::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
+                _ => None,
+            };
+            let user = match named.or_else(|| state.end_user_id.clone()) {
+                Some(id) => {
+                    if !users.contains_key(id.as_str()) {
+                        users.insert(id.as_str().to_owned(), self.end_user(&id)?);
+                    }
+                    users.get(id.as_str()).and_then(Option::as_ref)
+                }
+                None => None,
+            };
+            let decided = super::fold_and_decide(state, &event, rules, user, time);
             let replayed = in_window(&record);
             report.events += u64::from(replayed);
             if replayed {

@@ -1072,3 +1072,102 @@ fn the_fold_persists_firings_and_cap_hits_and_a_replay_caps_the_same_events() {
     assert_eq!(c1.firings["reply"].at, [2_000, 61_500]);
     assert_eq!(c1.capped["reply"].hits, 2, "the audit stays");
 }
+
+#[test]
+fn the_fold_a_replay_and_the_audit_compare_with_the_state_before_each_event() {
+    use replay::ReplayRequest;
+    let (_d, store) = store();
+    let rules = crate::rules::RuleSet::from_sources(&[(
+        "first.toml".into(),
+        "[[rule]]\nname = \"first\"\non = [\"bot.message.received\"]\n\
+         when = { field = \"state.user_messages\", changed = { from = 0 } }\n\
+         actions = [{ type = \"send_message\", text = \"welcome\" }]\n"
+            .into(),
+    )])
+    .expect("rules");
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]),
+        1_000,
+    );
+    let applied = drain_with(&store, &rules);
+    let ids: Vec<&str> = applied.outbox.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, vec!["e1/first/0"], "only the first message: 0 -> 1");
+
+    let request = ReplayRequest {
+        from: 0,
+        to: 2_000,
+        dry_run: true,
+        force: false,
+    };
+    let report = store.replay(&request, &rules).expect("replay");
+    let replayed: Vec<&str> = report.items.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(replayed, vec!["e1/first/0"]);
+
+    let audit = crate::queries::audit(&store, &rules, &ConversationId::new("c1"))
+        .expect("audit")
+        .expect("conversation");
+    let second = &audit["timeline"][1]["rules"][0];
+    assert_eq!(second["matched"], false, "{audit:#}");
+    assert_eq!(second["failed"]["before"], 1);
+    assert_eq!(second["failed"]["actual"], 2);
+    assert_eq!(audit["timeline"][0]["rules"][0]["matched"], true);
+}
+
+#[test]
+fn a_template_reads_the_end_users_params_from_the_batch_or_the_store() {
+    let (_d, store) = store();
+    let rules = crate::rules::RuleSet::from_sources(&[(
+        "tier.toml".into(),
+        "[[rule]]\nname = \"tier\"\non = [\"bot.message.received\"]\n\
+         actions = [{ type = \"send_message\", text = \"tier {{ end_user.params.tier }}\" }]\n"
+            .into(),
+    )])
+    .expect("rules");
+    let user = |id: &str, kind: &str, tier: &str| {
+        format!(
+            r#"{{"id":"{id}","event":"bot.end_user.{kind}","sourceType":"bot","sourceId":"B1","timestamp":1,
+            "data":{{"endUser":{{"id":"u1","platform":"web","userKey":"k1","params":{{"tier":"{tier}"}}}}}}}}"#
+        )
+    };
+    let message = |id: &str| {
+        format!(
+            r#"{{"id":"{id}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":3,
+            "data":{{"message":{{"id":"m{id}","conversationId":"c9","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}"#
+        )
+    };
+    let wrap = |id: &str, events: &[String]| {
+        format!(
+            r#"{{"id":"{id}","webhookId":"w","webhookUrl":"u","messages":[{}]}}"#,
+            events.join(",")
+        )
+        .into_bytes()
+    };
+    let created = r#"{"id":"e2","event":"bot.conversation.created","sourceType":"bot","sourceId":"B1","timestamp":2,
+        "data":{"conversation":{"id":"c9","endUserId":"u1","platform":"web","userKey":"k1"}}}"#;
+    let texts = |applied: &Applied| -> Vec<String> {
+        applied
+            .outbox
+            .iter()
+            .filter_map(|e| match &e.action {
+                crate::actions::Action::SendMessage { message, .. } => message.text.clone(),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // The end user's event is in the same batch: the fold reads it from its cache.
+    let first = [
+        user("e1", "created", "gold"),
+        created.to_owned(),
+        message("e3"),
+    ];
+    accept(&store, &wrap("d1", &first));
+    assert_eq!(texts(&drain_with(&store, &rules)), vec!["tier gold"]);
+
+    // Folded in an earlier batch: read from the store.
+    accept(&store, &wrap("d2", &[user("e4", "updated", "platinum")]));
+    assert!(drain_with(&store, &rules).outbox.is_empty());
+    accept(&store, &wrap("d3", &[message("e5")]));
+    assert_eq!(texts(&drain_with(&store, &rules)), vec!["tier platinum"]);
+}

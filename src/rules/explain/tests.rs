@@ -49,7 +49,7 @@ actions = [{ type = "send_message", text = "hello" }]
 fn a_match_renders_its_actions_and_a_stop_holds_back_the_rest() {
     let rules = set(RULES);
     let (event, state) = user_message("an agent please");
-    let verdicts = explain(&rules, &event, &state, 5_000);
+    let verdicts = explain(&rules, &event, &state, Inputs::default(), 5_000);
     let names: Vec<&str> = verdicts.iter().map(|v| v.rule.as_str()).collect();
     assert_eq!(
         names,
@@ -80,7 +80,7 @@ fn a_match_renders_its_actions_and_a_stop_holds_back_the_rest() {
 fn a_failed_condition_names_its_place_its_test_and_the_value_seen() {
     let rules = set(RULES);
     let (event, state) = user_message("hello");
-    let verdicts = explain(&rules, &event, &state, 5_000);
+    let verdicts = explain(&rules, &event, &state, Inputs::default(), 5_000);
     match &verdicts[0].verdict {
         Verdict::NoMatch { failure } => {
             assert_eq!(failure.at, "when.all[1]");
@@ -120,7 +120,7 @@ when = { not = { field = "sender", equals = "user" } }
 actions = [{ type = "send_message", text = "x" }]
 "#);
     let (event, state) = user_message("x");
-    let verdicts = explain(&rules, &event, &state, 5_000);
+    let verdicts = explain(&rules, &event, &state, Inputs::default(), 5_000);
     let Verdict::NoMatch { failure } = &verdicts[0].verdict else {
         panic!("a: {:?}", verdicts[0].verdict)
     };

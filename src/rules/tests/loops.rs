@@ -39,7 +39,7 @@ fn echo_of(id: &str, conv: &str, action: &str) -> Event {
 /// the event's receive time).
 fn fold(set: &RuleSet, state: &mut ConversationState, event: &Event, at: Millis) -> Decided {
     assert!(state.apply(event));
-    let decided = set.evaluate(event, state, DecisionTime::at(at));
+    let decided = set.evaluate(event, state, Inputs::default(), DecisionTime::at(at));
     decided.record(state, &event.id, at);
     decided
 }
@@ -76,7 +76,7 @@ fn echoes_reach_only_rules_that_take_them() {
     let ctx = context::build(&event, &state, NOW);
     assert_eq!(ctx["echo"], true);
     assert_eq!(ctx["echo_of"], "e1/greet/0");
-    let decided = set.evaluate(&event, &state, DecisionTime::at(NOW));
+    let decided = set.evaluate(&event, &state, Inputs::default(), DecisionTime::at(NOW));
     assert_eq!(rule_names(&decided), ["takes-echoes"]);
     let vars = match &decided.decisions[..] {
         [Decision {
@@ -104,7 +104,7 @@ fn messages_that_are_not_echoes_reach_every_rule() {
         let ctx = context::build(&event, &state, NOW);
         assert_eq!(ctx["echo"], false, "{}", event.id);
         assert!(ctx.get("echo_of").is_none(), "{}", event.id);
-        let decided = set.evaluate(&event, &state, DecisionTime::at(NOW));
+        let decided = set.evaluate(&event, &state, Inputs::default(), DecisionTime::at(NOW));
         let expected: &[&str] = match event.kind.as_str() {
             "bot.message.sent" => &["people-only", "everything"],
             _ => &["everything"],
@@ -336,7 +336,7 @@ fn rules_test_shows_a_capped_rule_and_an_echo_as_their_own_verdicts() {
     fold(&set, &mut state, &user_says("e2", "c1"), NOW - 30_000);
     let event = user_says("e3", "c1");
     state.apply(&event);
-    let verdicts = explain(&set, &event, &state, NOW);
+    let verdicts = explain(&set, &event, &state, Inputs::default(), NOW);
     assert!(
         matches!(
             verdicts[0].verdict,
@@ -354,11 +354,11 @@ fn rules_test_shows_a_capped_rule_and_an_echo_as_their_own_verdicts() {
         "capped       reply (priority 0, test.toml): fired 2 times in the last 10m\n"
     );
     // Past the window (by `--at`), it matches again.
-    let later = explain(&set, &event, &state, NOW + 600_000);
+    let later = explain(&set, &event, &state, Inputs::default(), NOW + 600_000);
     assert!(matches!(later[0].verdict, Verdict::Matched { .. }));
 
     let echo = echo_of("e4", "c1", "e3/reply/0");
-    let verdicts = explain(&set, &echo, &state, NOW);
+    let verdicts = explain(&set, &echo, &state, Inputs::default(), NOW);
     assert_eq!(
         render_text(&verdicts),
         "echo         reply (priority 0, test.toml): the bridge's own message (action \
