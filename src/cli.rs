@@ -348,14 +348,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     set.version()
                 );
                 for rule in set.rules() {
-                    println!(
-                        "#   {:>5}  {}{}  on {}  -> {}",
-                        rule.priority,
-                        rule.name,
-                        if rule.enabled { "" } else { " (disabled)" },
-                        rule.on.join(","),
-                        rule.action_types().join(", ")
-                    );
+                    println!("#   {}", rule_line(rule));
                 }
             }
             Ok(())
@@ -580,15 +573,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 set.version()
             );
             for rule in set.rules() {
-                println!(
-                    "  {:>5}  {}{}  ({})  on {}  -> {}",
-                    rule.priority,
-                    rule.name,
-                    if rule.enabled { "" } else { " (disabled)" },
-                    rule.file,
-                    rule.on.join(","),
-                    rule.action_types().join(", ")
-                );
+                println!("  {}", rule_line(rule));
             }
             let warnings = explain::lint(&set);
             if warnings.is_empty() {
@@ -691,6 +676,19 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             Ok(())
         }
     }
+}
+
+/// One rule as `check` and `rules check` list it: priority, name, file, events, action types.
+fn rule_line(rule: &crate::rules::Rule) -> String {
+    format!(
+        "{:>5}  {}{}  ({})  on {}  -> {}",
+        rule.priority,
+        rule.name,
+        if rule.enabled { "" } else { " (disabled)" },
+        rule.file,
+        rule.on.join(","),
+        rule.action_types().join(", ")
+    )
 }
 
 /// The events of a file holding one event or a whole delivery.
