@@ -193,7 +193,7 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("bad.toml: rule[0] (x).on[0]: `bot.nope` is not a webhook event type"),
+        stderr.contains("bad.toml:1: rule[0] (x).on[0]: `bot.nope` is not a webhook event type"),
         "{stderr}"
     );
     assert!(!data.join("store").exists(), "nothing was created");

@@ -108,9 +108,9 @@ actions = [{ type = "send_message", txt = "x" }]
     let (code, out, err) = run(&["rules", "check", &dir.path().display().to_string()]);
     assert_eq!(code, 2, "{out}");
     for place in [
-        "b.toml: rule[0] (bad).on[0]",
-        "b.toml: rule[0] (bad).when.matches",
-        "b.toml: rule[0] (bad).actions[0]",
+        "b.toml:2: rule[0] (bad).on[0]",
+        "b.toml:2: rule[0] (bad).when.matches",
+        "b.toml:2: rule[0] (bad).actions[0]",
     ] {
         assert!(err.contains(place), "missing {place} in:\n{err}");
     }

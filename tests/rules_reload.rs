@@ -248,6 +248,10 @@ actions = [{ type = "send_message", txt = "x" }]
         "{body}"
     );
     assert!(problems.iter().all(|p| p["file"] == "rules.toml"), "{body}");
+    assert!(
+        problems.iter().all(|p| p["line"] == 2),
+        "the rule's line: {body}"
+    );
     let (status, receipt) = app.post(&message(1));
     assert_eq!(status, 200, "{receipt}");
     wait_drained(&app);

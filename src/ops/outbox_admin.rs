@@ -270,7 +270,7 @@ async fn reload_rules(shared: web::Data<Shared>) -> Result<HttpResponse, ApiErro
             let problems: Vec<serde_json::Value> = match &e {
                 crate::rules::LoadError::Invalid(list) => list
                     .iter()
-                    .map(|p| json!({"file": p.file, "at": p.at, "message": p.message}))
+                    .map(|p| json!({"file": p.file, "line": p.line, "at": p.at, "message": p.message}))
                     .collect(),
                 other => vec![json!({"file": "", "at": "", "message": other.to_string()})],
             };

@@ -48,6 +48,8 @@ pub const MAX_FIRINGS_COUNT: u32 = 1000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleError {
     pub file: String,
+    /// The line (1-based) of the rule the problem is in, when it is in one.
+    pub line: Option<usize>,
     /// Where in the file: `rule[2] (handoff).when.all[0].field`; empty for the whole file.
     pub at: String,
     pub message: String,
@@ -55,10 +57,14 @@ pub struct RuleError {
 
 impl fmt::Display for RuleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: ", self.file)?,
+            None => write!(f, "{}: ", self.file)?,
+        }
         if self.at.is_empty() {
-            write!(f, "{}: {}", self.file, self.message)
+            write!(f, "{}", self.message)
         } else {
-            write!(f, "{}: {}: {}", self.file, self.at, self.message)
+            write!(f, "{}: {}", self.at, self.message)
         }
     }
 }
@@ -80,8 +86,9 @@ pub enum LoadError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RuleFile {
+    /// Spanned, so a problem in a rule can name the line the rule starts on.
     #[serde(default, rename = "rule")]
-    rules: Vec<RawRule>,
+    rules: Vec<toml::Spanned<RawRule>>,
     /// Business-hours calendars by name; any file's rules may use any file's calendars.
     #[serde(default, rename = "calendar")]
     calendars: BTreeMap<String, RawCalendar>,
@@ -273,6 +280,7 @@ impl RuleSet {
                 Ok(f) => parsed.push((file, f)),
                 Err(e) => problems.push(RuleError {
                     file: file.clone(),
+                    line: e.span().map(|span| line_of(text, span.start)),
                     at: String::new(),
                     message: e.to_string().trim_end().to_owned(),
                 }),
@@ -284,7 +292,13 @@ impl RuleSet {
         let timers = started_timers(&parsed);
         let mut names = HashMap::new();
         for (file, parsed) in parsed {
-            for (position, raw) in parsed.rules.into_iter().enumerate() {
+            let text = sources
+                .iter()
+                .find(|(name, _)| name == file)
+                .map_or("", |(_, text)| text.as_str());
+            for (position, spanned) in parsed.rules.into_iter().enumerate() {
+                let line = Some(line_of(text, spanned.span().start));
+                let raw = spanned.into_inner();
                 let at = format!("rule[{position}] ({})", raw.name);
                 let mut report = |key: String, message: String| {
                     let at = if key.is_empty() {
@@ -294,6 +308,7 @@ impl RuleSet {
                     };
                     problems.push(RuleError {
                         file: file.clone(),
+                        line,
                         at,
                         message,
                     });
@@ -354,6 +369,7 @@ fn compile_calendars(parsed: &[(&String, RuleFile)], problems: &mut Vec<RuleErro
         for (name, raw) in &parsed.calendars {
             let report = |key: &str, message: String| RuleError {
                 file: (*file).clone(),
+                line: None,
                 at: if key.is_empty() {
                     format!("calendar.{name}")
                 } else {
@@ -388,7 +404,7 @@ fn started_timers(parsed: &[(&String, RuleFile)]) -> HashSet<String> {
     parsed
         .iter()
         .flat_map(|(_, file)| &file.rules)
-        .flat_map(|rule| rule.actions.iter().filter(starts))
+        .flat_map(|rule| rule.get_ref().actions.iter().filter(starts))
         .filter_map(|action| action.get("name").and_then(Value::as_str))
         .map(str::to_owned)
         .collect()
@@ -507,6 +523,16 @@ fn compile(
     })
 }
 
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()
+        .iter()
+        .take(offset)
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
 /// Every file's settings, then the overrides; a name set by two files, or an override of a name no
 /// file sets, is reported.
 fn merge_settings(
@@ -521,6 +547,7 @@ fn merge_settings(
             if let Some(first) = defined_in.insert(name, file) {
                 problems.push(RuleError {
                     file: (*file).clone(),
+                    line: None,
                     at: format!("settings.{name}"),
                     message: format!("`{name}` is already set in {first}"),
                 });
@@ -535,6 +562,7 @@ fn merge_settings(
         } else {
             problems.push(RuleError {
                 file: "(configuration)".into(),
+                line: None,
                 at: format!("rules.settings.{name}"),
                 message: "no rule file defines this setting".into(),
             });

@@ -263,9 +263,18 @@ fn every_problem_of_a_file_is_reported_with_its_place() {
     has("actions[2]: a `navigate` names its flow by id (`flow_id`) or by title (`flow`)");
     has("rule[1] (two-ops).when: a `field` condition needs exactly one operator");
     has("rule[2] (regex).when.matches: invalid regex");
-    assert!(found
-        .iter()
-        .all(|p| p.to_string().starts_with("bad.toml: ")));
+    assert!(found.iter().all(|p| p.file == "bad.toml"));
+    // Each names the line its rule starts on (the text begins with a newline).
+    let line_of = |rule: &str| {
+        found
+            .iter()
+            .find(|p| p.at.starts_with(rule))
+            .and_then(|p| p.line)
+    };
+    assert_eq!(line_of("rule[0]"), Some(2));
+    assert_eq!(line_of("rule[1]"), Some(12));
+    assert_eq!(line_of("rule[2]"), Some(17));
+    assert!(found[0].to_string().starts_with("bad.toml:2: rule[0]"));
 }
 
 #[test]
@@ -287,7 +296,8 @@ fn unknown_keys_syntax_errors_and_duplicate_names_are_refused() {
     match dup {
         Err(LoadError::Invalid(p)) => {
             assert_eq!(p.len(), 1);
-            assert!(p[0].to_string().starts_with("b.toml: rule[0] (x).name"));
+            assert!(p[0].to_string().starts_with("b.toml:1: rule[0] (x).name"));
+            assert_eq!(p[0].line, Some(1), "the line the rule starts on");
             assert!(p[0].message.contains("a.toml"));
         }
         other => panic!("duplicate names accepted: {other:?}"),
