@@ -47,6 +47,10 @@ pub mod meta {
     /// Every event log frame before this location is indexed (seen and inbox entries); written
     /// in the same transaction as the index entries.
     pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";
+    /// Record counts of the state trees (u64 BE), kept by the folds' transactions.
+    pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";
+    pub const COUNT_END_USERS: &[u8] = b"count/end_users";
+    pub const COUNT_BOTS: &[u8] = b"count/bots";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.

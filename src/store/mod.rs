@@ -635,11 +635,26 @@ impl Store {
             &self.outbox,
             &self.actions,
             &self.timers,
+            &self.meta,
         );
+        let created = [
+            (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
+            (keys::meta::COUNT_END_USERS, out.new_end_users),
+            (keys::meta::COUNT_BOTS, out.new_bots),
+        ];
         trees.transaction(
-            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions, timers)| {
+            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions, timers, meta)| {
                 for seq in &folded {
                     inbox.remove(&keys::seq(*seq))?;
+                }
+                // Record counts kept with the records, so a start need not count whole trees
+                // (which makes sled load every page: most of a restarted daemon's memory).
+                for (key, new) in created.iter().filter(|(_, new)| *new > 0) {
+                    let count = meta
+                        .get(key)?
+                        .and_then(|b| keys::parse_seq(&b))
+                        .unwrap_or(0);
+                    meta.insert(*key, &keys::seq(count + new))?;
                 }
                 for key in &timer_writes.remove {
                     timers.remove(key.as_slice())?;
@@ -770,13 +785,29 @@ impl Store {
     /// Record counts. Linear in the store size: call on start, then track changes.
     pub fn sizes(&self) -> Sizes {
         Sizes {
-            conversations: self.conversations.len() as u64,
-            end_users: self.end_users.len() as u64,
-            bots: self.bots.len() as u64,
+            conversations: self.count(keys::meta::COUNT_CONVERSATIONS, &self.conversations),
+            end_users: self.count(keys::meta::COUNT_END_USERS, &self.end_users),
+            bots: self.count(keys::meta::COUNT_BOTS, &self.bots),
             quarantine: self.quarantine.len() as u64,
             inbox: self.inbox.len() as u64,
             event_log_bytes: eventlog::size(&self.log_dir),
         }
+    }
+
+    /// A state tree's record count, as the folds keep it in `meta`. A store from before the counts
+    /// is counted once (walking the tree) and the count kept from then on. Folds run after this
+    /// (the dispatcher starts after the count), so the two cannot race.
+    fn count(&self, key: &[u8], tree: &sled::Tree) -> u64 {
+        if let Ok(Some(bytes)) = self.meta.get(key) {
+            if let Some(count) = keys::parse_seq(&bytes) {
+                return count;
+            }
+        }
+        let count = tree.len() as u64;
+        if let Err(e) = self.meta.insert(key, &keys::seq(count)) {
+            tracing::warn!(error = %e, "cannot keep a record count; it will be counted again");
+        }
+        count
     }
 
     /// Bytes on disk: sled's files and the event log.

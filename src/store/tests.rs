@@ -1171,3 +1171,50 @@ fn a_template_reads_the_end_users_params_from_the_batch_or_the_store() {
     accept(&store, &wrap("d3", &[message("e5")]));
     assert_eq!(texts(&drain_with(&store, &rules)), vec!["tier platinum"]);
 }
+
+#[test]
+fn record_counts_are_kept_by_the_folds_so_a_start_need_not_walk_the_trees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let counted = |store: &Store| {
+        let meta = |key: &[u8]| {
+            store
+                .meta
+                .get(key)
+                .expect("meta")
+                .and_then(|b| keys::parse_seq(&b))
+        };
+        (
+            meta(keys::meta::COUNT_CONVERSATIONS),
+            meta(keys::meta::COUNT_BOTS),
+        )
+    };
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        // A fresh store: counted once (nothing), kept from then on.
+        assert_eq!(store.sizes().conversations, 0);
+        accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
+        drain(&store);
+        accept(&store, &delivery("d2", &[("e3", "c1", 3), ("e4", "c3", 4)]));
+        drain(&store);
+        assert_eq!(
+            counted(&store),
+            (Some(3), Some(0)),
+            "c1, c2, c3; no bot events"
+        );
+        assert_eq!(
+            store.sizes().conversations,
+            store.conversations.len() as u64
+        );
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(store.sizes().conversations, 3, "read from the kept count");
+    // A store from before the counts: counted once, then kept.
+    store
+        .meta
+        .remove(keys::meta::COUNT_CONVERSATIONS)
+        .expect("remove");
+    assert_eq!(store.sizes().conversations, 3);
+    assert_eq!(counted(&store).0, Some(3));
+}
