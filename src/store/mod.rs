@@ -219,9 +219,6 @@ pub struct Sizes {
     pub end_users: u64,
     pub bots: u64,
     pub quarantine: u64,
-    pub inbox: u64,
-    /// Bytes in the event log's segments.
-    pub event_log_bytes: u64,
 }
 
 /// What folding a batch did.
@@ -789,8 +786,6 @@ impl Store {
             end_users: self.count(keys::meta::COUNT_END_USERS, &self.end_users),
             bots: self.count(keys::meta::COUNT_BOTS, &self.bots),
             quarantine: self.quarantine.len() as u64,
-            inbox: self.inbox.len() as u64,
-            event_log_bytes: eventlog::size(&self.log_dir),
         }
     }
 
