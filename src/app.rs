@@ -389,9 +389,9 @@ async fn prune_loop(
         let audit_before = now - millis(config.outbox.audit_retention);
         let store = store.clone();
         let pruning = move || {
-            let pruned = store.prune(dedupe_before, events_before, 10_000)?;
-            // Event pruning can lag its retention (it stops at an event still in the inbox, and
-            // takes 10,000 a round): the ledger outlives every stored event, so a replay of any
+            let pruned = store.prune(dedupe_before, events_before)?;
+            // Event pruning can lag its retention (it stops at an event still in the inbox): the
+            // ledger outlives every stored event, so a replay of any
             // of them still knows what already ran.
             let oldest = store.oldest_event_received_at()?.unwrap_or(audit_before);
             let finished = store.prune_ledger(audit_before.min(oldest), 10_000)?;

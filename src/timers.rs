@@ -270,6 +270,16 @@ mod tests {
         say(&mut s, 2, "50ms").await;
         let second = next_durable(&mut s).await;
         assert_eq!(second.event.kind.as_str(), "timer.t50ms");
+        // Counted when the firer has the writer's answer, which may come after the event is
+        // indexed (the hook above): wait for it, bounded.
+        let counted = async {
+            while metrics.timers_fired.get() < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), counted)
+            .await
+            .expect("the second firing is counted");
         assert_eq!(metrics.timers_fired.get(), 2);
 
         // A timer not due yet stays, and so does a fired one until its firing is folded;

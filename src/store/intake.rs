@@ -2,26 +2,27 @@
 //!
 //! A group of deliveries goes through three steps, which the writer and syncer threads run in a
 //! pipeline (`writer`), and [`Store::accept_many`] runs in a row:
-//! 1. [`Store::check`]: drop duplicates (against sled and against events still on their way, the
-//!    in-flight set), give each new event its sequence number, frame it for the log;
+//! 1. [`Store::check`]: drop duplicates (against the event log, through the dedupe index, and
+//!    against events still on their way, the in-flight set), give each new event its sequence
+//!    number, frame it for the log;
 //! 2. [`Store::log_queue`] + [`Store::log_commit`]: append and `fdatasync` (the delivery is now
 //!    durable and may be acknowledged);
-//! 3. [`Store::index`]: one sled transaction writes the dedupe and inbox entries and advances the
-//!    index checkpoint; then the in-flight entries are released.
+//! 3. [`Store::index`]: one sled transaction writes the inbox entries and advances the index
+//!    checkpoint; the frames' ids go into the dedupe index; then the in-flight entries are
+//!    released.
 //!
 //! A crash between 2 and 3 loses nothing: on open, every frame past the checkpoint is indexed
 //! again ([`Store::recover_log`]). A crash before 2 completes leaves at most a torn tail, which
 //! nobody was told about.
 
 use super::eventlog::{self, FrameEvent, Frames, Location};
-use super::{abort, keys, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use super::{keys, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
 use crate::ids::{DeliveryId, EventId};
-use crate::webhook::model::Millis;
 use sled::transaction::Transactional;
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 
-/// Ids checked as new but not yet in the sled index: a re-send arriving meanwhile is a duplicate.
+/// Ids checked as new but not yet indexed: a re-send arriving meanwhile is a duplicate.
 #[derive(Default)]
 pub(super) struct InFlight {
     events: HashSet<String>,
@@ -57,15 +58,16 @@ impl Checked {
     }
 }
 
+/// A frame's events: (sequence number, id, partition).
+type Rows = Vec<(u64, EventId, String)>;
+
 /// What [`Store::index`] writes for a group, once its frames have locations.
 #[derive(Default)]
 pub struct Unindexed {
-    /// Per frame, in frame order: its events (sequence number, id, partition).
-    frames: Vec<Vec<(u64, EventId, String)>>,
+    /// Per frame, in frame order: its delivery and events (sequence number, id, partition).
+    frames: Vec<(DeliveryId, Rows)>,
     /// Where each frame went (filled by [`Unindexed::located`]).
     at: Vec<Location>,
-    /// Deliveries seen first in this group.
-    deliveries: Vec<(DeliveryId, Millis)>,
 }
 
 impl Unindexed {
@@ -74,7 +76,7 @@ impl Unindexed {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.frames.is_empty() && self.deliveries.is_empty()
+        self.frames.is_empty()
     }
 }
 
@@ -98,7 +100,7 @@ impl Store {
         for request in requests {
             let delivery = request.delivery;
             let known_in_flight = in_flight.deliveries.contains(delivery.as_str());
-            let known = known_in_flight || self.deliveries.contains_key(delivery.as_str())?;
+            let known = known_in_flight || self.seen_delivery(delivery.as_str())?;
             if known_in_flight {
                 out.relies_on_in_flight = Some(in_flight.failures);
             }
@@ -119,7 +121,7 @@ impl Store {
                     accepted.duplicate_events += 1;
                     continue;
                 }
-                if self.seen.contains_key(id.as_str())? {
+                if self.seen_event(id.as_str())? {
                     accepted.duplicate_events += 1;
                     continue;
                 }
@@ -136,13 +138,14 @@ impl Store {
                     out.quarantined = true;
                 }
             }
-            if !known && (!accepted.new.is_empty() || !accepted.quarantined.is_empty()) {
+            // A delivery is recorded by its frame: one with only quarantined events gets an
+            // empty frame, so a re-send is known.
+            let first_seen =
+                !known && (!accepted.new.is_empty() || !accepted.quarantined.is_empty());
+            if first_seen {
                 in_flight.deliveries.insert(delivery.as_str().to_owned());
-                out.unindexed
-                    .deliveries
-                    .push((delivery.clone(), request.received_at));
             }
-            if !rows.is_empty() {
+            if !rows.is_empty() || first_seen {
                 let picked = accepted.new_index.iter().map(|i| &request.events[*i]);
                 let events: Vec<FrameEvent<'_>> = rows
                     .iter()
@@ -156,7 +159,7 @@ impl Store {
                     .collect();
                 out.frames
                     .push(delivery.as_str(), request.received_at, &events);
-                out.unindexed.frames.push(rows);
+                out.unindexed.frames.push((delivery.clone(), rows));
             }
             out.accepted.push(accepted);
         }
@@ -186,25 +189,30 @@ impl Store {
     /// Step 3: index committed groups in one transaction, and advance the checkpoint to `to`
     /// (every frame before it is in these groups or indexed earlier). Then release their ids.
     pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
-        let trees = (&self.seen, &self.inbox, &self.deliveries, &self.meta);
-        trees.transaction(|(seen, inbox, deliveries, meta)| {
+        if groups.iter().any(|g| g.at.len() != g.frames.len()) {
+            return Err(StoreError::Internal(
+                "index: frames without locations".into(),
+            ));
+        }
+        let trees = (&self.inbox, &self.meta);
+        trees.transaction(|(inbox, meta)| {
             for group in groups {
-                if group.at.len() != group.frames.len() {
-                    return Err(abort("index: frames without locations"));
-                }
-                for (rows, at) in group.frames.iter().zip(&group.at) {
-                    for (seq, id, partition) in rows {
-                        seen.insert(id.as_str(), &keys::seen_value(*seq, *at))?;
+                for ((_, rows), at) in group.frames.iter().zip(&group.at) {
+                    for (seq, _, partition) in rows {
                         inbox.insert(&keys::seq(*seq), keys::inbox_value(*at, partition))?;
                     }
-                }
-                for (delivery, received_at) in &group.deliveries {
-                    deliveries.insert(delivery.as_str(), &received_at.to_be_bytes())?;
                 }
             }
             meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
             Ok(())
         })?;
+        // Into the dedupe index before the in-flight set lets go of them.
+        self.remember(groups.iter().flat_map(|g| {
+            g.frames.iter().zip(&g.at).map(|((delivery, rows), at)| {
+                let ids = rows.iter().map(|(_, id, _)| id.as_str()).collect();
+                (*at, delivery.as_str(), ids)
+            })
+        }))?;
         self.release(groups);
         Ok(())
     }
@@ -235,13 +243,11 @@ impl Store {
         if failed {
             in_flight.failures += 1;
         }
-        for group in groups {
-            for (_, id, _) in group.frames.iter().flatten() {
+        for (delivery, rows) in groups.iter().flat_map(|g| &g.frames) {
+            for (_, id, _) in rows {
                 in_flight.events.remove(id.as_str());
             }
-            for (delivery, _) in &group.deliveries {
-                in_flight.deliveries.remove(delivery.as_str());
-            }
+            in_flight.deliveries.remove(delivery.as_str());
         }
     }
 
@@ -293,34 +299,22 @@ impl Store {
             .get(keys::meta::INDEXED_TO)?
             .and_then(|b| Location::decode(&b))
             .unwrap_or_default();
+        // The checkpoint is written with the inbox entries, so every frame past it is unindexed.
         let mut group = Unindexed::default();
-        let mut failed = None;
         let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
-            let mut rows = Vec::with_capacity(record.seqs.len());
-            for ((seq, id), partition) in
-                record.seqs.iter().zip(&record.ids).zip(&record.partitions)
-            {
-                match self.seen.contains_key(id.as_bytes()) {
-                    Ok(true) => {}
-                    Ok(false) => rows.push((*seq, EventId::new(id.clone()), partition.clone())),
-                    Err(e) => {
-                        failed = Some(e);
-                        return ControlFlow::Break(());
-                    }
-                }
-            }
-            group.frames.push(rows);
+            let rows = record
+                .seqs
+                .iter()
+                .zip(record.ids)
+                .zip(record.partitions)
+                .map(|((seq, id), partition)| (*seq, EventId::new(id), partition))
+                .collect();
+            group.frames.push((DeliveryId::new(record.delivery), rows));
             group.at.push(at);
-            group
-                .deliveries
-                .push((DeliveryId::new(record.delivery), record.received_at));
             ControlFlow::Continue(())
         })
         .map_err(io)?;
-        if let Some(e) = failed {
-            return Err(e.into());
-        }
-        let events: usize = group.frames.iter().map(Vec::len).sum();
+        let events: usize = group.frames.iter().map(|(_, rows)| rows.len()).sum();
         let frames = group.frames.len();
         if frames == 0 && !torn_tail {
             return Ok(());
@@ -413,7 +407,13 @@ impl Store {
         }
         let at = self.log_queue(frames)?;
         let to = self.log_commit()?;
-        let trees = (&self.seen, &self.inbox, &self.meta);
+        let legacy = self.legacy.read().map_err(|_| poisoned())?;
+        let seen = legacy
+            .as_ref()
+            .map(|l| l.seen.clone())
+            .ok_or_else(|| StoreError::Internal("layout 1 migration without its trees".into()))?;
+        drop(legacy);
+        let trees = (&seen, &self.inbox, &self.meta);
         trees.transaction(|(seen, inbox, meta)| {
             for (r, at) in batch.iter().zip(&at) {
                 let key = keys::seq(r.seq);
@@ -430,6 +430,12 @@ impl Store {
             meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
             Ok(())
         })?;
+        self.remember(
+            batch
+                .iter()
+                .zip(&at)
+                .map(|(r, at)| (*at, r.delivery.as_str(), vec![r.id.as_str()])),
+        )?;
         Ok(())
     }
 }

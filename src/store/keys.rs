@@ -2,11 +2,12 @@
 
 /// Tree names. Changing one is a data migration.
 pub mod tree {
-    /// event id -> its sequence number (8 bytes) and where its frame is in the event log
-    /// ([`Location`](super::super::eventlog::Location), 16 bytes). Layout 1 had the sequence
-    /// number only.
+    /// Layouts 1 and 2 (kept read-only after the upgrade until past the dedupe window; layout 3
+    /// indexes the event log's ids in memory): event id -> its sequence number (8 bytes) and where
+    /// its frame is in the event log ([`Location`](super::super::eventlog::Location), 16 bytes).
+    /// Layout 1 had the sequence number only.
     pub const SEEN: &str = "seen/v1";
-    /// delivery id -> receive time; a re-sent delivery is recognised before its events are read.
+    /// Layouts 1 and 2 (like `SEEN`): delivery id -> receive time.
     pub const DELIVERIES: &str = "deliveries/v1";
     /// Layout 1 only: sequence number -> event record. Layout 2 keeps the bodies in the event
     /// log (`eventlog`); opening a layout-1 store moves them there and drops this tree.
@@ -42,8 +43,12 @@ pub mod meta {
     pub const LAYOUT_VERSION: &[u8] = b"layout_version";
     /// Layout 1: the sequence number of the last event whose dedupe record was pruned.
     pub const LEGACY_DEDUPE_PRUNED_THROUGH: &[u8] = b"dedupe_pruned_through";
-    /// Where dedupe pruning continues in the event log (a location).
+    /// Since layout 3: the first event log segment whose ids are in the dedupe window (a
+    /// location at the start of that segment; layout 2 kept a frame's location).
     pub const DEDUPE_PRUNED_TO: &[u8] = b"dedupe_pruned_to";
+    /// When a store of layout 1 or 2 was opened as layout 3 (u64 BE millis): its sled dedupe
+    /// trees are kept until that is past the dedupe window.
+    pub const LEGACY_DEDUPE_SINCE: &[u8] = b"legacy_dedupe_since";
     /// Every event log frame before this location is indexed (seen and inbox entries); written
     /// in the same transaction as the index entries.
     pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";

@@ -9,6 +9,7 @@
 //! - folding an event into state removes its inbox entry in the same transaction, so a crash can
 //!   neither lose nor repeat the fold.
 
+pub mod dedupe;
 pub mod eventlog;
 pub mod intake;
 pub mod keys;
@@ -41,8 +42,11 @@ const LOCK_RETRIES: u32 = 20;
 const EVENT_LOG_DIR: &str = "events";
 
 /// Layout version written on first open; a newer one refuses to open, an older one is migrated.
-/// 2: event bodies in the event log instead of sled.
-const LAYOUT_VERSION: u32 = 2;
+/// 2: event bodies in the event log instead of sled. 3: dedupe records out of sled (the event
+/// log's ids, indexed in memory: `dedupe`).
+const LAYOUT_VERSION: u32 = 3;
+/// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
+const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -250,8 +254,11 @@ pub struct Pruned {
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
-    seen: sled::Tree,
-    deliveries: sled::Tree,
+    /// Which ids are in the event log (see `dedupe`).
+    dedupe: Arc<Mutex<dedupe::DedupeIndex>>,
+    /// Dedupe records of a store from before layout 3, consulted until they are past the dedupe
+    /// window (see [`Legacy`]).
+    legacy: Arc<std::sync::RwLock<Option<Legacy>>>,
     inbox: sled::Tree,
     conversations: sled::Tree,
     end_users: sled::Tree,
@@ -278,6 +285,17 @@ pub struct Store {
     wal_path: PathBuf,
     /// Held for a whole fold (see `apply`).
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
+}
+
+/// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
+/// were pruned before its migration (so they are in no log segment): rather than sort them out,
+/// every record is kept and consulted until the whole set is past the dedupe window (it was
+/// complete when the store was migrated), then the trees are dropped.
+struct Legacy {
+    seen: sled::Tree,
+    deliveries: sled::Tree,
+    /// When the store was migrated to layout 3: every record is older.
+    since: Millis,
 }
 
 impl Store {
@@ -322,13 +340,25 @@ impl Store {
                 other => break other?,
             }
         };
+        if segment_bytes > MAX_SEGMENT_BYTES {
+            return Err(StoreError::Internal(format!(
+                "event log segments of {segment_bytes} bytes exceed {MAX_SEGMENT_BYTES}"
+            )));
+        }
         let t = |name: &str| db.open_tree(name);
         let log_dir = dir.join(EVENT_LOG_DIR);
         let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
             .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
+        let meta = t(keys::tree::META)?;
+        let dedupe_from = meta
+            .get(keys::meta::DEDUPE_PRUNED_TO)?
+            .and_then(|b| eventlog::Location::decode(&b))
+            .map_or(0, |at| at.segment);
+        let dedupe = dedupe::DedupeIndex::load(&log_dir, dedupe_from)
+            .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
         let store = Store {
-            seen: t(keys::tree::SEEN)?,
-            deliveries: t(keys::tree::DELIVERIES)?,
+            dedupe: Arc::new(Mutex::new(dedupe)),
+            legacy: Default::default(),
             inbox: t(keys::tree::INBOX)?,
             conversations: t(keys::tree::CONVERSATIONS)?,
             end_users: t(keys::tree::END_USERS)?,
@@ -340,7 +370,7 @@ impl Store {
             actions: t(keys::tree::ACTIONS)?,
             done: t(keys::tree::DONE)?,
             timers: t(keys::tree::TIMERS)?,
-            meta: t(keys::tree::META)?,
+            meta,
             timer_wakeup: Default::default(),
             db,
             log_dir,
@@ -350,8 +380,17 @@ impl Store {
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
         };
-        if store.check_layout()? < LAYOUT_VERSION {
+        let layout = store.check_layout()?;
+        store.open_legacy(layout)?;
+        if layout < 2 {
             store.migrate_layout_1()?;
+        }
+        if layout < LAYOUT_VERSION {
+            store
+                .meta
+                .insert(keys::meta::LAYOUT_VERSION, &LAYOUT_VERSION.to_be_bytes())?;
+            store.db.flush()?;
+            tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
         Ok(store)
@@ -381,6 +420,111 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Keep the dedupe trees of a store from before layout 3 (see [`Legacy`]).
+    fn open_legacy(&self, layout: u32) -> Result<(), StoreError> {
+        let since = match self.meta.get(keys::meta::LEGACY_DEDUPE_SINCE)? {
+            Some(b) => keys::parse_seq(&b)
+                .map(|v| v as Millis)
+                .ok_or_else(|| corrupt("legacy dedupe time"))?,
+            None if layout < 3 => {
+                let now = crate::clock::now_millis();
+                self.meta
+                    .insert(keys::meta::LEGACY_DEDUPE_SINCE, &keys::seq(now as u64))?;
+                now
+            }
+            None => return Ok(()),
+        };
+        let legacy = Legacy {
+            seen: self.db.open_tree(keys::tree::SEEN)?,
+            deliveries: self.db.open_tree(keys::tree::DELIVERIES)?,
+            since,
+        };
+        *self.legacy.write().map_err(|_| poisoned_legacy())? = Some(legacy);
+        Ok(())
+    }
+
+    /// Whether event `id` is in the event log (or in a legacy dedupe record). Reads the frames
+    /// the index names to compare the id itself.
+    pub(crate) fn seen_event(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.find_event(id)?.is_some() || self.legacy_seen(id, false)?)
+    }
+
+    /// Whether delivery `id` is in the event log (or in a legacy dedupe record).
+    pub(crate) fn seen_delivery(&self, id: &str) -> Result<bool, StoreError> {
+        let candidates = self.candidates(dedupe::delivery_hash(id))?;
+        for at in candidates {
+            if let Some(record) = eventlog::read_at(&self.log_dir, at).map_err(log_error)? {
+                if record.delivery == id {
+                    return Ok(true);
+                }
+            }
+        }
+        self.legacy_seen(id, true)
+    }
+
+    /// The frame holding event `id`, and its position there.
+    fn find_event(&self, id: &str) -> Result<Option<(eventlog::LogRecord, usize)>, StoreError> {
+        for at in self.candidates(dedupe::event_hash(id))? {
+            if let Some(record) = eventlog::read_at(&self.log_dir, at).map_err(log_error)? {
+                if let Some(i) = record.ids.iter().position(|x| x == id) {
+                    return Ok(Some((record, i)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn candidates(&self, hash: u64) -> Result<Vec<eventlog::Location>, StoreError> {
+        Ok(self
+            .dedupe
+            .lock()
+            .map_err(|_| poisoned_dedupe())?
+            .candidates(hash))
+    }
+
+    fn legacy_seen(&self, id: &str, delivery: bool) -> Result<bool, StoreError> {
+        let legacy = self.legacy.read().map_err(|_| poisoned_legacy())?;
+        Ok(match legacy.as_ref() {
+            None => false,
+            Some(l) if delivery => l.deliveries.contains_key(id)?,
+            Some(l) => l.seen.contains_key(id)?,
+        })
+    }
+
+    /// Drop the legacy dedupe trees once every record in them is past the dedupe window.
+    /// Returns the records dropped.
+    fn prune_legacy(&self, dedupe_before: Millis) -> Result<u64, StoreError> {
+        let mut legacy = self.legacy.write().map_err(|_| poisoned_legacy())?;
+        let Some(l) = legacy.as_ref() else {
+            return Ok(0);
+        };
+        if l.since >= dedupe_before {
+            return Ok(0);
+        }
+        let records = (l.seen.len() + l.deliveries.len()) as u64;
+        *legacy = None;
+        self.db.drop_tree(keys::tree::SEEN)?;
+        self.db.drop_tree(keys::tree::DELIVERIES)?;
+        self.meta.remove(keys::meta::LEGACY_DEDUPE_SINCE)?;
+        tracing::info!(
+            records,
+            "dropped the dedupe records of the store's older layout"
+        );
+        Ok(records)
+    }
+
+    /// Record indexed frames in the dedupe index.
+    fn remember<'a>(
+        &self,
+        frames: impl Iterator<Item = (eventlog::Location, &'a str, Vec<&'a str>)>,
+    ) -> Result<(), StoreError> {
+        let mut index = self.dedupe.lock().map_err(|_| poisoned_dedupe())?;
+        for (at, delivery, ids) in frames {
+            index.insert(at, delivery, &ids);
+        }
+        Ok(())
     }
 
     /// The sled handle, for the group-commit flusher.
@@ -438,16 +582,11 @@ impl Store {
         }
     }
 
-    /// The stored event of an id, while its dedupe record is retained.
+    /// The stored event of an id, while its segment is in the dedupe window.
     pub fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
-        match self.seen.get(id.as_str())? {
+        match self.find_event(id.as_str())? {
+            Some((record, i)) => Ok(Some(EventRecord::from_log(&record, i)?)),
             None => Ok(None),
-            Some(v) => match keys::parse_seen(&v) {
-                Some((seq, Some(at))) => self.event_at(seq, at),
-                // A layout-1 record whose event was pruned before the migration.
-                Some((_, None)) => Ok(None),
-                None => Err(corrupt("dedupe record")),
-            },
         }
     }
 
@@ -810,14 +949,14 @@ impl Store {
         self.db.size_on_disk().unwrap_or(0) + eventlog::size(&self.log_dir)
     }
 
-    /// Drop dedupe records older than `dedupe_before` (at most `limit` per call), and the event
-    /// log's segments that hold only events older than `events_before`, all folded, and past the
-    /// dedupe window. Driven by the event log, which is in acceptance (so receive-time) order.
+    /// Forget the dedupe ids of segments whose events are all older than `dedupe_before`, and
+    /// delete the event log's segments that hold only events older than `events_before`, all
+    /// folded, and past the dedupe window. Driven by the event log, which is in acceptance (so
+    /// receive-time) order: a segment's events are all older than the first event of the next.
     pub fn prune(
         &self,
         dedupe_before: Millis,
         events_before: Millis,
-        limit: usize,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
         let location = |key: &[u8]| -> Result<eventlog::Location, StoreError> {
@@ -829,37 +968,36 @@ impl Store {
         };
         let indexed_to = location(keys::meta::INDEXED_TO)?;
         let start = location(keys::meta::DEDUPE_PRUNED_TO)?;
+        let sealed = self
+            .dedupe
+            .lock()
+            .map_err(|_| poisoned_dedupe())?
+            .sealed_segments();
         let mut pruned_to = None;
-        let mut failed = None;
-        eventlog::scan(&self.log_dir, start, |at, record, next| {
-            // Only indexed frames (the rest is new anyway), and whole frames.
-            if record.received_at >= dedupe_before
-                || at >= indexed_to
-                || out.dedupe_records >= limit as u64
-            {
-                return ControlFlow::Break(());
+        for (segment, _) in sealed {
+            let first_of_next = eventlog::Location {
+                segment: segment + 1,
+                offset: 0,
+            };
+            // Sealed means indexed: the log had moved on to the next segment.
+            let newer = eventlog::read_at(&self.log_dir, first_of_next).map_err(log_error)?;
+            match newer {
+                Some(r) if r.received_at < dedupe_before => {}
+                _ => break,
             }
-            let removed = record
-                .ids
-                .iter()
-                .try_for_each(|id| self.seen.remove(id.as_bytes()).map(drop))
-                .and_then(|()| self.deliveries.remove(record.delivery.as_bytes()).map(drop));
-            if let Err(e) = removed {
-                failed = Some(e);
-                return ControlFlow::Break(());
-            }
-            out.dedupe_records += record.ids.len() as u64;
-            pruned_to = Some(next);
-            ControlFlow::Continue(())
-        })
-        .map_err(log_error)?;
-        if let Some(e) = failed {
-            return Err(e.into());
+            let forgotten = self
+                .dedupe
+                .lock()
+                .map_err(|_| poisoned_dedupe())?
+                .forget(segment);
+            out.dedupe_records += forgotten as u64;
+            pruned_to = Some(first_of_next);
         }
         if let Some(to) = pruned_to {
             self.meta
                 .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
         }
+        out.dedupe_records += self.prune_legacy(dedupe_before)?;
         let pruned_to = pruned_to.unwrap_or(start);
         // The oldest event still to fold bounds what may go.
         let first_pending = match self.inbox.first()? {
@@ -890,6 +1028,7 @@ impl Store {
                 _ => break,
             }
             eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
+            dedupe::remove_ids(&self.log_dir, segment);
             out.event_segments += 1;
         }
         Ok(out)
@@ -1005,6 +1144,14 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
 
 fn log_error(e: std::io::Error) -> StoreError {
     StoreError::Log(e.to_string())
+}
+
+fn poisoned_dedupe() -> StoreError {
+    StoreError::Corrupt("dedupe index lock poisoned (a thread panicked)".into())
+}
+
+fn poisoned_legacy() -> StoreError {
+    StoreError::Corrupt("legacy dedupe lock poisoned (a thread panicked)".into())
 }
 
 fn corrupt(what: &str) -> StoreError {

@@ -161,34 +161,47 @@ fn prune_drops_old_dedupe_records_and_whole_old_folded_segments_only() {
     }
     let segments = || eventlog::segments(&store.log_dir).expect("segments");
     assert_eq!(segments(), vec![1, 2, 3, 4]);
-    // Nothing is folded yet: no segment may go, though the old dedupe records do.
-    let p = store.prune(5_000, 5_000, 100).expect("prune");
+    // Nothing is folded yet: no segment may go, though old dedupe records do, a segment at a
+    // time: segment 1 (d1, e1) is older than the first event of segment 2, which is old too.
+    let p = store.prune(5_000, 5_000).expect("prune");
     assert_eq!(p.event_segments, 0);
-    assert_eq!(p.dedupe_records, 2, "e1 and e2 are past the dedupe window");
+    assert_eq!(p.dedupe_records, 2, "d1 and e1 are past the dedupe window");
     drain(&store);
-    let p = store.prune(5_000, 5_000, 100).expect("prune");
-    assert_eq!(p.dedupe_records, 0, "already pruned, cursor persisted");
+    let p = store.prune(5_000, 5_000).expect("prune");
+    assert_eq!(p.dedupe_records, 0, "already pruned");
     // Segment 1 goes: the next one starts with an old event too. Segment 2 stays: its newest
     // event may be as new as the first of segment 3, which is inside the retention.
     assert_eq!(p.event_segments, 1);
     assert_eq!(segments(), vec![2, 3, 4]);
+    assert!(
+        !dedupe::ids_path(&store.log_dir, 1).exists(),
+        "its ids file too"
+    );
     assert_eq!(store.oldest_event_received_at().expect("oldest"), Some(200));
     assert!(store.event_by_id(&"e1".into()).expect("read").is_none());
     assert!(store.event_by_id(&"e3".into()).expect("read").is_some());
-    // e3's dedupe record is kept: a re-send is a duplicate.
-    let again = parse_delivery(&delivery("d3b", &[("e3", "c1", 2)])).expect("parse");
+    // e3's dedupe record is kept: a re-send is a duplicate; and so is e2's, whose segment may
+    // hold events as new as e3 (kept at least the window, not exactly).
+    for (d, e) in [("d3b", "e3"), ("d2b", "e2")] {
+        let again = parse_delivery(&delivery(d, &[(e, "c1", 2)])).expect("parse");
+        let out = store
+            .accept(&again.id, &again.events, 10_001)
+            .expect("accept");
+        assert_eq!(out.duplicate_events, 1, "{e}");
+    }
+    // A restart keeps what pruning forgot forgotten, and the rest.
+    drop(store);
+    let store = Store::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
+    let again = parse_delivery(&delivery("d1c", &[("e1", "c1", 2)])).expect("parse");
     let out = store
-        .accept(&again.id, &again.events, 10_001)
+        .accept(&again.id, &again.events, 10_002)
         .expect("accept");
-    assert_eq!(out.duplicate_events, 1);
-    // The dedupe limit is honoured per call.
-    accept_at(
-        &store,
-        &delivery("d4", &[("e4", "c1", 1), ("e5", "c1", 1)]),
-        300,
+    assert_eq!(out.new.len(), 1, "e1 is past the window: new again");
+    let p = store.prune(50_000, 5_000).expect("prune");
+    assert_eq!(
+        p.dedupe_records, 4,
+        "segments 2 (d2, e2) and 3 (d3, e3); the newer ones are not sealed or not older"
     );
-    let p = store.prune(50_000, 5_000, 1).expect("prune");
-    assert_eq!(p.dedupe_records, 1, "one frame of e3 (its own)");
 }
 
 #[test]
@@ -1217,4 +1230,111 @@ fn record_counts_are_kept_by_the_folds_so_a_start_need_not_walk_the_trees() {
         .expect("remove");
     assert_eq!(store.sizes().conversations, 3);
     assert_eq!(counted(&store).0, Some(3));
+}
+
+#[test]
+fn a_delivery_of_only_invalid_events_is_known_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let id = DeliveryId::new("d-bad");
+    let bad = [QuarantineRecord::new(
+        "event",
+        "invalid_event",
+        "why",
+        b"{}",
+        5,
+    )];
+    let request = AcceptRequest {
+        delivery: &id,
+        events: &[],
+        invalid: &bad,
+        received_at: 5,
+    };
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let out = store.accept_many(&[request]).expect("accept");
+        assert_eq!(out[0].quarantined.len(), 1);
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let out = store.accept_many(&[request]).expect("accept again");
+    assert!(out[0].duplicate_delivery, "recorded by its (empty) frame");
+    assert_eq!(
+        store.quarantined().expect("list").len(),
+        1,
+        "not quarantined twice"
+    );
+    assert!(store.pending().expect("pending").is_empty());
+}
+
+#[test]
+fn a_hash_match_is_only_a_candidate_the_frame_decides() {
+    let (_d, store) = store();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
+    let at = store
+        .candidates(dedupe::event_hash("e1"))
+        .expect("candidates")[0];
+    // Pretend "e2" and "d2" collide with what is in that frame.
+    store.dedupe.lock().expect("lock").insert(at, "d2", &["e2"]);
+    assert!(!store.seen_event("e2").expect("seen"));
+    assert!(!store.seen_delivery("d2").expect("seen"));
+    assert!(store.event_by_id(&"e2".into()).expect("read").is_none());
+    let out = accept(&store, &delivery("d2", &[("e2", "c1", 2)]));
+    assert_eq!((out.new.len(), out.duplicate_delivery), (1, false));
+    assert!(store.seen_event("e1").expect("seen"));
+}
+
+#[test]
+fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        // A layout-2 store: its dedupe records in sled, one of them for an event no longer in
+        // the log (layout 1 pruned its body before migrating), and a delivery likewise.
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
+        store
+            .meta
+            .insert(keys::meta::LAYOUT_VERSION, &2u32.to_be_bytes())
+            .expect("layout");
+        let seen = store.db.open_tree(keys::tree::SEEN).expect("seen");
+        seen.insert("gone", &keys::seq(7)).expect("record");
+        let deliveries = store
+            .db
+            .open_tree(keys::tree::DELIVERIES)
+            .expect("deliveries");
+        deliveries
+            .insert("d-gone", &5i64.to_be_bytes())
+            .expect("delivery");
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("upgrade");
+    let layout = store.meta.get(keys::meta::LAYOUT_VERSION).expect("read");
+    assert_eq!(layout.as_deref(), Some(&LAYOUT_VERSION.to_be_bytes()[..]));
+    let out = accept(
+        &store,
+        &delivery("d9", &[("gone", "c1", 1), ("e1", "c1", 1)]),
+    );
+    assert_eq!(
+        out.duplicate_events, 2,
+        "the legacy record and the log both count"
+    );
+    assert!(accept(&store, &delivery("d-gone", &[("x", "c1", 1)])).duplicate_delivery);
+    // Still inside the window (the upgrade was just now): kept, across a restart too.
+    assert_eq!(store.prune(0, 0).expect("prune").dedupe_records, 0);
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(store.seen_event("gone").expect("seen"));
+    // Past the window: the trees go, and the ids are new again.
+    let later = crate::clock::now_millis() + 1_000;
+    assert_eq!(store.prune(later, 0).expect("prune").dedupe_records, 2);
+    assert!(!store.seen_event("gone").expect("seen"));
+    assert!(!store
+        .db
+        .tree_names()
+        .iter()
+        .any(|n| n.as_ref() == keys::tree::SEEN.as_bytes()));
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(!store.seen_delivery("d-gone").expect("seen"));
+    assert!(store.seen_event("e1").expect("seen"), "the log's ids stay");
 }
