@@ -3,15 +3,16 @@
 //! Why not in sled: a dedupe record per event was the largest thing sled held (about 130 MiB of
 //! its memory while a million were written) and half of every intake transaction. The event log
 //! already holds every id; this index only says where to look. Per id it keeps a 64-bit hash
-//! (xxh3, a fixed algorithm: hashes are written to disk) and the offset of the frame in its
-//! segment: 12 bytes per id once a segment is sealed.
+//! (xxh3, a fixed algorithm: hashes are written to disk) and where its frame is: 16 bytes per id
+//! once its segment is sealed.
 //!
 //! A hash match is a candidate, not a verdict: the caller reads the frame and compares the id
 //! ([`Store::seen_event`](super::Store)), so a collision can never drop an event.
 //!
 //! The newest segment's ids are in a hash map; when the log moves to a new segment the old one is
-//! sealed into sorted arrays, and written to `<segment>.ids` beside it so an open need not read
-//! the whole log. That file is only a cache of the log: it is written without a sync, checked by
+//! sealed: merged into one sorted array of every sealed id (so a lookup costs the same however
+//! many segments the dedupe window spans: a fence per 16 ids narrows it to a cache line or two),
+//! and written to `<segment>.ids` beside it so an open need not read the whole log. That file is only a cache of the log: it is written without a sync, checked by
 //! length and CRC when read, and rebuilt from the segment when missing or bad.
 
 use super::eventlog::{self, Location};
@@ -46,24 +47,6 @@ impl Sealed {
         pairs.dedup();
         let (hashes, offsets) = pairs.into_iter().unzip();
         Sealed { hashes, offsets }
-    }
-
-    fn range(&self, hash: u64) -> std::ops::Range<usize> {
-        let start = self.hashes.partition_point(|h| *h < hash);
-        let end = start + self.hashes[start..].partition_point(|h| *h == hash);
-        start..end
-    }
-
-    fn contains(&self, hash: u64, offset: u32) -> bool {
-        self.range(hash).any(|i| self.offsets[i] == offset)
-    }
-
-    fn insert(&mut self, hash: u64, offset: u32) {
-        if !self.contains(hash, offset) {
-            let at = self.hashes.partition_point(|h| *h <= hash);
-            self.hashes.insert(at, hash);
-            self.offsets.insert(at, offset);
-        }
     }
 
     fn len(&self) -> usize {
@@ -146,11 +129,123 @@ impl Open {
     }
 }
 
+/// Ids per fence of [`Merged`], on average.
+const IDS_PER_FENCE: usize = 16;
+
+/// Every sealed segment's ids, sorted by hash, with where each frame is (`segment << 32 |
+/// offset`).
+#[derive(Debug, Default)]
+struct Merged {
+    hashes: Vec<u64>,
+    at: Vec<u64>,
+    /// `fences[b]..fences[b + 1]` holds the hashes of bucket `b` (the top bits, scaled).
+    fences: Vec<u32>,
+    /// Ids per sealed segment.
+    segments: BTreeMap<u64, usize>,
+}
+
+fn pack(segment: u64, offset: u32) -> u64 {
+    (segment << 32) | u64::from(offset)
+}
+
+fn unpack(at: u64) -> Location {
+    Location {
+        segment: at >> 32,
+        offset: at & u64::from(u32::MAX),
+    }
+}
+
+impl Merged {
+    /// Add sealed segments (not already in).
+    fn add(&mut self, new: Vec<(u64, Sealed)>) {
+        let mut incoming: Vec<(u64, u64)> = Vec::new();
+        for (segment, ids) in new {
+            *self.segments.entry(segment).or_default() += ids.len();
+            incoming.extend(
+                ids.hashes
+                    .iter()
+                    .zip(&ids.offsets)
+                    .map(|(h, o)| (*h, pack(segment, *o))),
+            );
+        }
+        incoming.sort_unstable();
+        let total = self.hashes.len() + incoming.len();
+        let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
+        let mut old = self.hashes.iter().zip(&self.at).peekable();
+        let mut added = incoming.into_iter().peekable();
+        loop {
+            let take_old = match (old.peek(), added.peek()) {
+                (Some((h, a)), Some((nh, na))) => (**h, **a) <= (*nh, *na),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let (h, a) = if take_old {
+                old.next().map(|(h, a)| (*h, *a))
+            } else {
+                added.next()
+            }
+            .unwrap_or_default();
+            hashes.push(h);
+            at.push(a);
+        }
+        self.hashes = hashes;
+        self.at = at;
+        self.fence();
+    }
+
+    /// Forget a segment's ids; returns how many.
+    fn remove(&mut self, segment: u64) -> usize {
+        let Some(count) = self.segments.remove(&segment) else {
+            return 0;
+        };
+        let mut keep = self.at.iter().map(|a| a >> 32 != segment);
+        self.hashes.retain(|_| keep.next().unwrap_or(true));
+        self.at.retain(|a| a >> 32 != segment);
+        self.hashes.shrink_to_fit();
+        self.at.shrink_to_fit();
+        self.fence();
+        count
+    }
+
+    fn bucket(hash: u64, buckets: usize) -> usize {
+        ((u128::from(hash) * buckets as u128) >> 64) as usize
+    }
+
+    fn fence(&mut self) {
+        let buckets = (self.hashes.len() / IDS_PER_FENCE).max(1);
+        let mut fences = Vec::with_capacity(buckets + 1);
+        let mut i = 0;
+        for b in 0..buckets {
+            while i < self.hashes.len() && Self::bucket(self.hashes[i], buckets) < b {
+                i += 1;
+            }
+            fences.push(i as u32);
+        }
+        fences.push(self.hashes.len() as u32);
+        self.fences = fences;
+    }
+
+    fn find(&self, hash: u64, out: &mut Vec<Location>) {
+        let buckets = self.fences.len().saturating_sub(1);
+        if buckets == 0 {
+            return;
+        }
+        let b = Self::bucket(hash, buckets);
+        let (start, end) = (self.fences[b] as usize, self.fences[b + 1] as usize);
+        for i in start..end {
+            if self.hashes[i] == hash {
+                out.push(unpack(self.at[i]));
+            }
+        }
+    }
+}
+
 /// Every id of the retained segments (see the module doc).
 #[derive(Debug)]
 pub struct DedupeIndex {
     dir: PathBuf,
-    sealed: BTreeMap<u64, Sealed>,
+    sealed: Merged,
     open: Open,
 }
 
@@ -164,17 +259,18 @@ impl DedupeIndex {
             .collect();
         let mut index = DedupeIndex {
             dir: dir.to_owned(),
-            sealed: BTreeMap::new(),
+            sealed: Merged::default(),
             open: Open {
                 segment: segments.last().copied().unwrap_or(from),
                 ..Open::default()
             },
         };
+        let mut sealed = Vec::new();
         for (i, &segment) in segments.iter().enumerate() {
             let newest = i + 1 == segments.len();
             if !newest {
-                if let Some(sealed) = read_ids(&ids_path(dir, segment)) {
-                    index.sealed.insert(segment, sealed);
+                if let Some(ids) = read_ids(&ids_path(dir, segment)) {
+                    sealed.push((segment, ids));
                     continue;
                 }
             }
@@ -199,11 +295,12 @@ impl DedupeIndex {
             if newest {
                 index.open = open;
             } else {
-                let sealed = open.seal();
-                write_ids(dir, segment, &sealed);
-                index.sealed.insert(segment, sealed);
+                let ids = open.seal();
+                write_ids(dir, segment, &ids);
+                sealed.push((segment, ids));
             }
         }
+        index.sealed.add(sealed);
         Ok(index)
     }
 
@@ -227,28 +324,34 @@ impl DedupeIndex {
             );
             if !done.first.is_empty() {
                 let segment = done.segment;
-                let sealed = done.seal();
-                write_ids(&self.dir, segment, &sealed);
-                self.sealed.insert(segment, sealed);
+                let ids = done.seal();
+                write_ids(&self.dir, segment, &ids);
+                self.sealed.add(vec![(segment, ids)]);
             }
         }
         if at.segment == self.open.segment {
             for h in hashes {
                 self.open.insert(h, offset);
             }
-        } else if let Some(sealed) = self.sealed.get_mut(&at.segment) {
-            // Recovery indexing frames of a segment sealed before a crash: already there.
-            for h in hashes {
-                sealed.insert(h, offset);
-            }
         } else {
-            let mut pairs: Vec<(u64, u32)> = hashes.map(|h| (h, offset)).collect();
-            pairs.sort_unstable();
-            self.sealed.insert(at.segment, Sealed::from_pairs(pairs));
+            // Recovery indexing frames of a segment sealed before a crash: mostly there already.
+            let mut found = Vec::new();
+            let missing: Vec<(u64, u32)> = hashes
+                .filter(|h| {
+                    found.clear();
+                    self.sealed.find(*h, &mut found);
+                    !found.contains(&at)
+                })
+                .map(|h| (h, offset))
+                .collect();
+            if !missing.is_empty() {
+                self.sealed
+                    .add(vec![(at.segment, Sealed::from_pairs(missing))]);
+            }
         }
     }
 
-    /// Frames that may hold an id of this hash, newest first.
+    /// Frames that may hold an id of this hash.
     pub fn candidates(&self, hash: u64) -> Vec<Location> {
         let mut out = Vec::new();
         let segment = self.open.segment;
@@ -266,32 +369,23 @@ impl DedupeIndex {
                 }
             }
         }
-        for (segment, sealed) in self.sealed.iter().rev() {
-            for i in sealed.range(hash) {
-                out.push(Location {
-                    segment: *segment,
-                    offset: u64::from(sealed.offsets[i]),
-                });
-            }
-        }
+        self.sealed.find(hash, &mut out);
         out
     }
 
     /// Sealed segments, oldest first, with their id counts.
     pub fn sealed_segments(&self) -> Vec<(u64, usize)> {
-        self.sealed.iter().map(|(s, ids)| (*s, ids.len())).collect()
+        self.sealed.segments.iter().map(|(s, n)| (*s, *n)).collect()
     }
 
     /// Forget a sealed segment's ids (pruning). Its `.ids` file goes with the segment.
     pub fn forget(&mut self, segment: u64) -> usize {
-        self.sealed.remove(&segment).map_or(0, |s| s.len())
+        self.sealed.remove(segment)
     }
 
     /// Ids held (events and deliveries).
     pub fn ids(&self) -> usize {
-        self.open.first.len()
-            + self.open.more.len()
-            + self.sealed.values().map(Sealed::len).sum::<usize>()
+        self.open.first.len() + self.open.more.len() + self.sealed.hashes.len()
     }
 }
 
@@ -405,6 +499,49 @@ mod tests {
         let later = DedupeIndex::load(dir.path(), b.segment).expect("load later");
         assert!(later.candidates(event_hash("e1")).is_empty());
         assert_eq!(later.ids(), 2);
+    }
+
+    proptest::proptest! {
+        /// The merged array finds exactly what a plain list of (hash, where) finds, through
+        /// additions and removals of segments; hashes are drawn from a small range so that
+        /// equal hashes and crowded fences happen.
+        #[test]
+        fn merged_finds_what_a_plain_list_finds(
+            segments in proptest::collection::vec(
+                proptest::collection::vec((0u64..64, 0u32..1000), 0..60), 1..8),
+            gone in proptest::collection::vec(0usize..8, 0..4),
+            spread in proptest::bool::ANY,
+        ) {
+            // Spread the small hashes over the whole range (fences cut by top bits) or not.
+            let h = |x: u64| if spread { x.wrapping_mul(0x9E37_79B9_7F4A_7C15) } else { x };
+            let mut merged = Merged::default();
+            let mut plain: Vec<(u64, Location)> = Vec::new();
+            for (i, ids) in segments.iter().enumerate() {
+                let segment = i as u64 + 1;
+                let pairs: Vec<(u64, u32)> = ids.iter().map(|(x, o)| (h(*x), *o)).collect();
+                let sealed = Sealed::from_pairs(pairs);
+                for (hash, o) in sealed.hashes.iter().zip(&sealed.offsets) {
+                    plain.push((*hash, Location { segment, offset: u64::from(*o) }));
+                }
+                merged.add(vec![(segment, sealed)]);
+            }
+            for g in gone {
+                let segment = g as u64 + 1;
+                let removed = merged.remove(segment);
+                let before = plain.len();
+                plain.retain(|(_, at)| at.segment != segment);
+                proptest::prop_assert_eq!(removed, before - plain.len());
+            }
+            for x in 0..64 {
+                let mut found = Vec::new();
+                merged.find(h(x), &mut found);
+                found.sort();
+                let mut want: Vec<Location> =
+                    plain.iter().filter(|(hash, _)| *hash == h(x)).map(|(_, at)| *at).collect();
+                want.sort();
+                proptest::prop_assert_eq!(found, want);
+            }
+        }
     }
 
     #[test]
