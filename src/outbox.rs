@@ -871,10 +871,16 @@ impl Runner {
             .inspect_err(|e| tracing::warn!(error = %e, "cannot read the conversation's state for a help-desk event"))
             .ok()
             .flatten();
-        let end_user = conversation
+        let mut end_user = conversation
             .as_ref()
             .and_then(|c| c.end_user_id.as_ref())
             .and_then(|id| self.store.end_user(id).ok().flatten());
+        let requested = kind == EventKind::HandoffRequested.as_str();
+        let mut conversation = conversation;
+        if requested {
+            self.complete_from_api(conversation_id, &mut conversation, &mut end_user)
+                .await;
+        }
         let mut message = None;
         if kind == EventKind::ConversationMessage.as_str() {
             if let Some(m) = self.source_message(entry) {
@@ -885,7 +891,7 @@ impl Runner {
                 message = Some(hd_events::message(&m));
             }
         }
-        let (transcript, queue) = if kind == EventKind::HandoffRequested.as_str() {
+        let (transcript, queue) = if requested {
             (
                 Some(self.transcript(conversation_id).await),
                 Some(self.helpdesk.queue.queue_info(conversation_id)),
@@ -911,6 +917,56 @@ impl Runner {
         serde_json::to_vec(&hd_events::body(&source)).ok()
     }
 
+    /// The context packet needs who the user is, which the state lacks when the bridge has seen
+    /// only messages of the conversation: what is missing is read through the Open API (a
+    /// failure leaves it out).
+    async fn complete_from_api(
+        &self,
+        conversation_id: &crate::ids::ConversationId,
+        conversation: &mut Option<crate::state::ConversationState>,
+        end_user: &mut Option<crate::state::EndUserState>,
+    ) {
+        let known = conversation
+            .as_ref()
+            .is_some_and(|c| c.platform.is_some() && c.user_key.is_some());
+        if !known {
+            match self.api.get_conversation(conversation_id.as_str()).await {
+                Ok(fetched) => {
+                    let state = conversation.get_or_insert_with(|| {
+                        crate::state::ConversationState::new(conversation_id.clone())
+                    });
+                    state.bot_id = state.bot_id.take().or(fetched.bot_id);
+                    state.end_user_id = state.end_user_id.take().or(fetched.end_user_id);
+                    state.platform = state.platform.take().or(fetched.platform);
+                    state.user_key = state.user_key.take().or(fetched.user_key);
+                    if state.params.value.is_empty() {
+                        state.params.value = fetched.params.unwrap_or_default();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the conversation for a help-desk event")
+                }
+            }
+        }
+        if end_user.is_some() {
+            return;
+        }
+        let Some(id) = conversation.as_ref().and_then(|c| c.end_user_id.clone()) else {
+            return;
+        };
+        match self.api.get_end_user(id.as_str()).await {
+            Ok(fetched) => {
+                let mut state = crate::state::EndUserState::new(id);
+                state.bot_id = fetched.bot_id;
+                state.platform = Some(fetched.platform);
+                state.user_key = Some(fetched.user_key);
+                state.params.value = fetched.params.unwrap_or_default();
+                *end_user = Some(state);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the end user for a help-desk event"),
+        }
+    }
+
     /// The message of the webhook event that decided the entry, if it was a message event.
     fn source_message(&self, entry: &OutboxEntry) -> Option<crate::webhook::model::Message> {
         let record = self.store.event_by_id(&entry.event_id).ok().flatten()?;
@@ -918,7 +974,8 @@ impl Runner {
             return None;
         }
         let mut event: serde_json::Value = serde_json::from_str(record.event.get()).ok()?;
-        serde_json::from_value(event.get_mut("data")?.take()).ok()
+        let message = event.get_mut("data")?.get_mut("message")?.take();
+        serde_json::from_value(message).ok()
     }
 
     /// The conversation's last `helpdesk.transcript_messages` messages, oldest first. The Open
@@ -1078,6 +1135,41 @@ mod tests {
         q.finish("a".into(), Outcome::Again(Box::new(first)));
         assert_eq!(q.next().map(|e| e.seq), Some(1));
         assert_eq!(q.depth, 2);
+    }
+
+    #[test]
+    fn a_delayed_queue_waits_until_due_while_others_go_on() {
+        let mut q = Queues::default();
+        q.push(entry(1, "helpdesk:a"));
+        q.push(entry(2, "helpdesk:a"));
+        q.push(entry(3, "a"));
+        let first = q.next().expect("helpdesk:a 1");
+        assert_eq!(first.seq, 1);
+        let at = Instant::now() + Duration::from_secs(60);
+        q.finish(
+            "helpdesk:a".into(),
+            Outcome::Later {
+                entry: Box::new(first),
+                at,
+            },
+        );
+        assert_eq!(
+            q.next().map(|e| e.seq),
+            Some(3),
+            "the conversation's queue goes on"
+        );
+        q.push(entry(4, "helpdesk:a"));
+        assert!(
+            q.next().is_none(),
+            "the delayed queue waits, new entries too"
+        );
+        assert_eq!(q.next_wake(), Some(at));
+        q.wake_due(at - Duration::from_secs(1));
+        assert!(q.next().is_none(), "not yet due");
+        q.wake_due(at);
+        assert_eq!(q.next().map(|e| e.seq), Some(1), "the same entry first");
+        assert_eq!(q.next_wake(), None);
+        assert_eq!(q.depth, 4, "nothing was lost");
     }
 
     #[test]
