@@ -388,6 +388,24 @@ fn events_wait_while_the_help_desk_is_down_and_arrive_in_order_when_it_returns()
     let app = spawn(tmp.path(), &desk, FAST_RETRY);
     app.emulator_act(CONV, "request-agent", json!({}));
     app.emulator_act(CONV, "say", json!({"text": "is anyone there?"}));
+    // A bot message meanwhile (the service's own, not an echo of the bridge's): not sent, as
+    // `helpdesk.bot_messages` is off.
+    let bot_message = json!({
+        "id": "bot-message-event-1",
+        "event": "bot.message.sent",
+        "sourceType": "bot",
+        "sourceId": "B7f3a2c",
+        "timestamp": 1_763_690_470_000i64,
+        "data": {"message": {
+            "id": "bot-message-1",
+            "conversationId": CONV,
+            "data": {"type": "text", "text": "A person will be with you soon."},
+            "isUser": false,
+            "timestamp": 1_763_690_470_000i64,
+        }},
+    });
+    let (status, answer) = app.post(&delivery("bot-message-delivery-1", &[bot_message]));
+    assert_eq!(status, 200, "{answer}");
     app.emulator_act(CONV, "agent-connect", json!({}));
     app.emulator_act(CONV, "agent-end", json!({}));
     app.emulator_delivered();
@@ -463,6 +481,11 @@ fn events_wait_while_the_help_desk_is_down_and_arrive_in_order_when_it_returns()
         "is anyone there?"
     );
     assert_eq!(accepted[1].json()["data"]["message"]["sender"], "user");
+    assert_eq!(
+        app.metric(r#"handoff_action_attempts_total{action="notify_helpdesk",status="skipped"}"#),
+        1.0,
+        "the bot's message was decided but not sent"
+    );
     for r in &accepted {
         verify_received(NEW_SECRET, r, now_secs()).expect("each delivery is signed");
     }
