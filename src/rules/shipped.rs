@@ -30,8 +30,8 @@ mod tests {
         overrides.insert("notify_helpdesk".into(), serde_json::Value::Bool(true));
         let on = RuleSet::from_sources_with(&sources(), &overrides).expect("load");
         let off = RuleSet::from_sources(&sources()).expect("load");
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/fixtures/webhooks");
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/webhooks");
         for (fixture, kind) in [
             ("agent-call-requested.json", "handoff.requested"),
             ("agent-call-cancelled.json", "handoff.cancelled"),
@@ -40,9 +40,13 @@ mod tests {
         ] {
             let text = std::fs::read_to_string(fixtures.join(fixture)).expect("fixture");
             let delivery: serde_json::Value = serde_json::from_str(&text).expect("json");
-            let event = crate::webhook::parse_event(&delivery["messages"][0].to_string())
-                .expect("event");
-            let id = event.payload.conversation_id().cloned().expect("conversation");
+            let event =
+                crate::webhook::parse_event(&delivery["messages"][0].to_string()).expect("event");
+            let id = event
+                .payload
+                .conversation_id()
+                .cloned()
+                .expect("conversation");
             let mut state = crate::state::ConversationState::new(id);
             state.apply(&event);
             let kinds = |set: &RuleSet| -> Vec<String> {
