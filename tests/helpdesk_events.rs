@@ -389,7 +389,9 @@ fn events_wait_while_the_help_desk_is_down_and_arrive_in_order_when_it_returns()
     app.emulator_act(CONV, "request-agent", json!({}));
     app.emulator_act(CONV, "say", json!({"text": "is anyone there?"}));
     // A bot message meanwhile (the service's own, not an echo of the bridge's): not sent, as
-    // `helpdesk.bot_messages` is off.
+    // `helpdesk.bot_messages` is off. Posted once the request is folded, so it is part of the
+    // handoff.
+    app.emulator_delivered();
     let bot_message = json!({
         "id": "bot-message-event-1",
         "event": "bot.message.sent",

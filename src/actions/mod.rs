@@ -488,7 +488,9 @@ pub struct DeadLetter {
     pub entry: OutboxEntry,
     /// Stable reason code: `http_<status>`, the service's error code, `retries_exhausted`,
     /// `invalid_call`, `no_helpdesk`, `unknown_flow` (a navigation's flow title is not in the
-    /// bot's flow list).
+    /// bot's flow list); for help-desk events `helpdesk_http_<status>` (a help desk refused it),
+    /// `retries_exhausted` (unreachable for `helpdesk.retry.give_up_after`) and
+    /// `unknown_event_kind` (a kind from an older rule set).
     pub reason: String,
     pub error: String,
     pub attempts: u32,
