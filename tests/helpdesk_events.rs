@@ -543,3 +543,71 @@ give_up_after = "500ms""#,
     );
     assert!(desk.received().len() >= 2);
 }
+
+#[test]
+fn an_event_waiting_for_the_help_desk_survives_a_crash_and_keeps_its_id() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let desk = HelpDesk::start(&[], 503);
+    let app = spawn(tmp.path(), &desk, FAST_RETRY);
+    app.emulator_act(CONV, "request-agent", json!({}));
+    app.emulator_delivered();
+    poll_until("failed attempts", Duration::from_secs(30), || {
+        (desk.received().len() >= 2).then_some(())
+    });
+    let id = desk.received()[0].header("webhook-id").to_owned();
+    app.kill9();
+
+    desk.set_then(200);
+    let app = spawn(tmp.path(), &desk, FAST_RETRY);
+    let delivered = poll_until(
+        "the event after the restart",
+        Duration::from_secs(30),
+        || desk.accepted().into_iter().next(),
+    );
+    app.settle();
+    assert_eq!(delivered.json()["type"], "handoff.requested");
+    assert_eq!(
+        delivered.header("webhook-id"),
+        id,
+        "the same id: the help desk dedupes"
+    );
+    assert_eq!(desk.accepted().len(), 1, "delivered once");
+    assert!(dead_letters(&app).is_empty());
+}
+
+#[test]
+fn without_a_help_desk_configured_the_events_are_recorded_as_done() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: vec![
+                (
+                    "HANDOFF_BRIDGE__RULES__SETTINGS__NOTIFY_HELPDESK".into(),
+                    "true".into(),
+                ),
+                (
+                    "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS".into(),
+                    "false".into(),
+                ),
+            ],
+            ..Spawn::default()
+        },
+    );
+    app.emulator_act(CONV, "request-agent", json!({}));
+    app.settle();
+    assert!(dead_letters(&app).is_empty());
+    let (status, done) = app.admin_get("/admin/v1/outbox/done?limit=100");
+    assert_eq!(status, 200, "{done}");
+    let text = done.to_string();
+    assert!(
+        text.contains("\"notify_helpdesk\"") && text.contains("handoff.requested"),
+        "the event is among the finished actions: {done:#}"
+    );
+    assert_eq!(
+        app.metric(
+            r#"handoff_action_attempts_total{action="notify_helpdesk",status="no_helpdesk"}"#
+        ),
+        1.0
+    );
+}

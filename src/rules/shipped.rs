@@ -94,6 +94,17 @@ mod tests {
         types.sort_unstable();
         names.sort_unstable();
         assert_eq!(types, names, "action types in rules/schema.json");
+        let kinds: Vec<&str> = defs["action"]["properties"]["kind"]["enum"]
+            .as_array()
+            .expect("help-desk event kinds")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            crate::helpdesk::EventKind::ALL.map(crate::helpdesk::EventKind::as_str),
+            "notify_helpdesk kinds in rules/schema.json"
+        );
         let keys = |def: &str| -> Vec<String> {
             defs[def]["properties"]
                 .as_object()
