@@ -848,7 +848,13 @@ impl Runner {
             // The last attempt comes at the give-up time, not a whole backoff past it.
             .min(give_up - failing_for)
             .max(Duration::from_millis(1));
-        tracing::warn!(error = %e, retry_in = ?wait, "help desk unavailable; the event and its conversation's next ones wait");
+        // Warned once per event; the attempts after it (up to a day of them) are counted in the
+        // metrics and logged at debug.
+        if d.failures == 1 {
+            tracing::warn!(error = %e, retry_in = ?wait, "help desk unavailable; the event and its conversation's next ones wait");
+        } else {
+            tracing::debug!(error = %e, failures = d.failures, retry_in = ?wait, "help desk still unavailable");
+        }
         (Step::Later(wait), e.outcome())
     }
 
