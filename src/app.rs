@@ -150,9 +150,21 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream::start(&config, &metrics)?;
+    let helpdesk =
+        crate::helpdesk::Helpdesk::start(&config.helpdesk).map_err(AppError::Upstream)?;
+    if helpdesk.is_configured() {
+        let names: Vec<&str> = config
+            .helpdesk
+            .endpoints
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        tracing::info!(endpoints = ?names, "help-desk events go to the configured endpoints");
+    }
     let (executor, executor_task) = crate::outbox::start(
         store.clone(),
         crate::upstream::api::OpenApi::new(upstream.handle.clone()),
+        std::sync::Arc::new(helpdesk),
         metrics.clone(),
         crate::outbox::ExecutorSettings {
             concurrency: config.outbox.concurrency,

@@ -9,6 +9,8 @@
 
 use crate::actions::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
 use crate::actions::{Action, DeadLetter, OutboxEntry};
+use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
+use crate::helpdesk::{DeliveryError, Helpdesk};
 use crate::ops::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::upstream::api::OpenApi;
@@ -23,6 +25,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 /// Pause before an entry whose outcome could not be recorded is tried again.
 const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -215,6 +218,7 @@ impl ExecutorHandle {
 pub fn start(
     store: Store,
     api: OpenApi<UpstreamHandle>,
+    helpdesk: Arc<Helpdesk>,
     metrics: Metrics,
     settings: ExecutorSettings,
     stop: watch::Receiver<bool>,
@@ -251,6 +255,8 @@ pub fn start(
         handle: handle.clone(),
         progress: progress_tx,
         flows: Mutex::new(HashMap::new()),
+        helpdesk,
+        deliveries: Mutex::new(HashMap::new()),
     };
     let task = tokio::spawn(runner.run(queues, rx, stop));
     Ok((handle, task))
@@ -262,6 +268,8 @@ struct Queues {
     ready: VecDeque<String>,
     busy: HashSet<String>,
     blocked: HashSet<String>,
+    /// Queues whose first entry waits for a retry (a help desk was down) until the given time.
+    delayed: HashMap<String, Instant>,
     depth: usize,
 }
 
@@ -273,7 +281,11 @@ impl Queues {
         if entries.insert(entry.seq, entry).is_none() {
             self.depth += 1;
         }
-        if was_empty && !self.busy.contains(&queue) && !self.blocked.contains(&queue) {
+        if was_empty
+            && !self.busy.contains(&queue)
+            && !self.blocked.contains(&queue)
+            && !self.delayed.contains_key(&queue)
+        {
             self.ready.push_back(queue);
         }
     }
@@ -310,6 +322,14 @@ impl Queues {
                     .or_default()
                     .insert(entry.seq, *entry);
             }
+            Outcome::Later { entry, at } => {
+                self.pending
+                    .entry(queue.clone())
+                    .or_default()
+                    .insert(entry.seq, *entry);
+                self.delayed.insert(queue, at);
+                return;
+            }
             Outcome::Done | Outcome::Dead { blocking: false } => {
                 self.depth = self.depth.saturating_sub(1)
             }
@@ -324,9 +344,29 @@ impl Queues {
     fn requeue(&mut self, queue: String) {
         if !self.blocked.contains(&queue)
             && !self.busy.contains(&queue)
+            && !self.delayed.contains_key(&queue)
             && self.pending.get(&queue).is_some_and(|q| !q.is_empty())
         {
             self.ready.push_back(queue);
+        }
+    }
+
+    /// When the next delayed queue is due.
+    fn next_wake(&self) -> Option<Instant> {
+        self.delayed.values().min().copied()
+    }
+
+    /// Delayed queues due at `now` go back in line.
+    fn wake_due(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .delayed
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(q, _)| q.clone())
+            .collect();
+        for queue in due {
+            self.delayed.remove(&queue);
+            self.requeue(queue);
         }
     }
 
@@ -345,6 +385,31 @@ enum Outcome {
     },
     /// Not finished (the outcome could not be recorded, or the client stopped): run it again.
     Again(Box<OutboxEntry>),
+    /// Not finished (a help desk is down): run it again at `at`, its queue waiting until then.
+    Later {
+        entry: Box<OutboxEntry>,
+        at: Instant,
+    },
+}
+
+/// A help-desk event between attempts. Kept in memory: after a restart the event is built and
+/// sent again under the same `webhook-id`, which the help desk dedupes.
+struct Delivery {
+    /// The body, built once so every attempt sends the same event.
+    body: Option<Arc<Vec<u8>>>,
+    /// Endpoints that took it already (not sent to again on a retry).
+    delivered: HashSet<String>,
+    attempts: u32,
+    failures: u32,
+    first_attempt_at: i64,
+    first_failure_at: Option<i64>,
+}
+
+/// How carrying out a help-desk event ended.
+enum Step {
+    Done,
+    Dead { reason: String, error: String },
+    Later(Duration),
 }
 
 struct Runner {
@@ -356,6 +421,9 @@ struct Runner {
     progress: watch::Sender<usize>,
     /// Each bot's flow list, for navigations by flow title.
     flows: Mutex<HashMap<String, BotFlows>>,
+    helpdesk: Arc<Helpdesk>,
+    /// Help-desk events between attempts, by entry id.
+    deliveries: Mutex<HashMap<String, Delivery>>,
 }
 
 /// A bot's flow list as fetched, with the bot's `events_applied` then: a bot event folded since
@@ -435,7 +503,9 @@ impl Runner {
                 ));
             }
             let mut arrived = 0;
+            let wake = queues.next_wake();
             tokio::select! {
+                _ = sleep_until(wake), if wake.is_some() => queues.wake_due(Instant::now()),
                 msg = rx.recv() => match msg {
                     Some(Msg::Entries(entries)) => {
                         arrived = entries.len();
@@ -494,6 +564,9 @@ impl Runner {
 
     /// Make the call and record the outcome. Returns the entry when it must run again.
     async fn carry_out(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
+        if matches!(entry.action, Action::NotifyHelpdesk { .. }) {
+            return self.notify_helpdesk(entry).await;
+        }
         let queue = entry.queue.clone();
         let first_attempt_at = crate::clock::now_millis();
         let result = match self.resolved(&entry.action).await {
@@ -510,29 +583,22 @@ impl Runner {
             .action_attempts
             .with_label_values(&[name, &status])
             .inc();
-        let store = self.store.clone();
-        let recorded = match (result, failure) {
+        match (result, failure) {
             (Ok(_), _) => {
                 self.metrics
                     .action_latency_seconds
                     .observe((now - entry.received_at).max(0) as f64 / 1000.0);
                 tracing::info!("action carried out");
-                let e = entry.clone();
-                tokio::task::spawn_blocking(move || {
-                    store.outbox_done(&e, 1, now).map(|()| Outcome::Done)
-                })
-                .await
+                self.record_done(entry, 1, now).await
             }
-            (Err(_), None) => {
-                // The client stopped (shutdown): leave the entry for the next start.
-                return (queue, Outcome::Again(Box::new(entry)));
-            }
+            // The client stopped (shutdown): leave the entry for the next start.
+            (Err(_), None) => (queue, Outcome::Again(Box::new(entry))),
             (Err(e), Some(reason)) => {
                 let blocking = self.settings.blocking.contains(name);
                 tracing::warn!(reason = %reason, error = %e, blocking, "action failed; moved to dead letters");
                 let letter = DeadLetter {
-                    entry: entry.clone(),
-                    reason: reason.clone(),
+                    entry,
+                    reason,
                     error: e.to_string(),
                     attempts: 1,
                     first_attempt_at,
@@ -540,17 +606,47 @@ impl Runner {
                     blocking,
                     answered: refused_for_good(&e),
                 };
-                let metrics = self.metrics.clone();
-                tokio::task::spawn_blocking(move || {
-                    store.outbox_dead(&letter).map(|()| {
-                        metrics.dead_letters.with_label_values(&[&reason]).inc();
-                        metrics.dead_letter_entries.inc();
-                        Outcome::Dead { blocking }
-                    })
-                })
-                .await
+                self.record_dead(letter).await
             }
-        };
+        }
+    }
+
+    async fn record_done(&self, entry: OutboxEntry, attempts: u32, now: i64) -> (String, Outcome) {
+        let store = self.store.clone();
+        let e = entry.clone();
+        let recorded = tokio::task::spawn_blocking(move || {
+            store.outbox_done(&e, attempts, now).map(|()| Outcome::Done)
+        })
+        .await;
+        self.recorded(entry, recorded).await
+    }
+
+    async fn record_dead(&self, letter: DeadLetter) -> (String, Outcome) {
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let entry = letter.entry.clone();
+        let blocking = letter.blocking;
+        let recorded = tokio::task::spawn_blocking(move || {
+            store.outbox_dead(&letter).map(|()| {
+                metrics
+                    .dead_letters
+                    .with_label_values(&[&letter.reason])
+                    .inc();
+                metrics.dead_letter_entries.inc();
+                Outcome::Dead { blocking }
+            })
+        })
+        .await;
+        self.recorded(entry, recorded).await
+    }
+
+    /// The outcome once recorded; an entry whose outcome could not be recorded runs again.
+    async fn recorded(
+        &self,
+        entry: OutboxEntry,
+        recorded: Result<Result<Outcome, StoreError>, tokio::task::JoinError>,
+    ) -> (String, Outcome) {
+        let queue = entry.queue.clone();
         match recorded {
             Ok(Ok(outcome)) => (queue, outcome),
             Ok(Err(e)) => {
@@ -563,6 +659,388 @@ impl Runner {
                 (queue, Outcome::Again(Box::new(entry)))
             }
         }
+    }
+
+    /// A help-desk event: built once, signed and POSTed to every endpoint that takes its kind,
+    /// and tried again later (its queue waiting, no executor slot held) while one is down.
+    async fn notify_helpdesk(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
+        let queue = entry.queue.clone();
+        let now = crate::clock::now_millis();
+        let taken = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&entry.id);
+        let mut delivery = taken.unwrap_or_else(|| Delivery {
+            body: None,
+            delivered: HashSet::new(),
+            attempts: 0,
+            failures: 0,
+            first_attempt_at: now,
+            first_failure_at: None,
+        });
+        delivery.attempts += 1;
+        let (step, status) = self.deliver(&entry, &mut delivery, now).await;
+        self.metrics
+            .action_attempts
+            .with_label_values(&["notify_helpdesk", &status])
+            .inc();
+        match step {
+            Step::Done => {
+                if status == "ok" {
+                    self.metrics
+                        .action_latency_seconds
+                        .observe((now - entry.received_at).max(0) as f64 / 1000.0);
+                }
+                self.record_done(entry, delivery.attempts, now).await
+            }
+            Step::Dead { reason, error } => {
+                let blocking = self.settings.blocking.contains("notify_helpdesk");
+                tracing::warn!(reason = %reason, error = %error, blocking, "help-desk event failed; moved to dead letters");
+                let letter = DeadLetter {
+                    entry,
+                    reason,
+                    error,
+                    attempts: delivery.attempts,
+                    first_attempt_at: delivery.first_attempt_at,
+                    last_attempt_at: now,
+                    blocking,
+                    // The help desk keeps no answer under the id: a retry keeps it, so a help
+                    // desk that took it from another attempt still dedupes.
+                    answered: false,
+                };
+                self.record_dead(letter).await
+            }
+            Step::Later(wait) => {
+                self.deliveries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(entry.id.clone(), delivery);
+                let at = Instant::now() + wait;
+                (
+                    queue,
+                    Outcome::Later {
+                        entry: Box::new(entry),
+                        at,
+                    },
+                )
+            }
+        }
+    }
+
+    /// One attempt at a help-desk event; with the metric status of the attempt.
+    async fn deliver(&self, entry: &OutboxEntry, d: &mut Delivery, now: i64) -> (Step, String) {
+        let dead = |reason: &str, error: String| {
+            (
+                Step::Dead {
+                    reason: reason.to_owned(),
+                    error,
+                },
+                reason.to_owned(),
+            )
+        };
+        let Action::NotifyHelpdesk {
+            conversation_id,
+            kind,
+            reason,
+            payload,
+        } = &entry.action
+        else {
+            return dead("invalid_call", "not a help-desk event".into());
+        };
+        if EventKind::parse(kind).is_none() {
+            // Rules refuse unknown kinds at load; this is an entry from an older rule set.
+            return dead(
+                "unknown_event_kind",
+                format!(
+                    "`{kind}` is not a help-desk event kind ({})",
+                    EventKind::names()
+                ),
+            );
+        }
+        if !self.helpdesk.is_configured() {
+            tracing::debug!(kind = %kind, "no help desk configured; the event is recorded as done");
+            return (Step::Done, "no_helpdesk".into());
+        }
+        let targets: Vec<String> = self
+            .helpdesk
+            .targets(kind)
+            .into_iter()
+            .filter(|name| !d.delivered.contains(*name))
+            .map(str::to_owned)
+            .collect();
+        if targets.is_empty() {
+            if d.delivered.is_empty() {
+                tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
+                return (Step::Done, "no_endpoint".into());
+            }
+            return (Step::Done, "ok".into());
+        }
+        let body = match &d.body {
+            Some(body) => body.clone(),
+            None => {
+                let built = self
+                    .helpdesk_body(entry, conversation_id, kind, reason.as_deref(), payload)
+                    .await;
+                let Some(built) = built else {
+                    return (Step::Done, "skipped".into());
+                };
+                let built = Arc::new(built);
+                d.body = Some(built.clone());
+                built
+            }
+        };
+        let timestamp = now.div_euclid(1000);
+        let mut refused = None;
+        let mut unavailable = None;
+        for name in &targets {
+            let result = self
+                .helpdesk
+                .post(name, entry.key(), &body, timestamp)
+                .await;
+            let outcome = match &result {
+                Ok(()) => "delivered".to_owned(),
+                Err(e) => e.outcome(),
+            };
+            self.metrics
+                .helpdesk_deliveries
+                .with_label_values(&[name, &outcome])
+                .inc();
+            match result {
+                Ok(()) => {
+                    tracing::info!(endpoint = %name, kind = %kind, "help-desk event delivered");
+                    d.delivered.insert(name.clone());
+                }
+                Err(e @ DeliveryError::Refused { .. }) => {
+                    refused.get_or_insert(e);
+                }
+                Err(e) => {
+                    unavailable.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = refused {
+            return dead(&format!("helpdesk_{}", e.outcome()), e.to_string());
+        }
+        let Some(e) = unavailable else {
+            return (Step::Done, "ok".into());
+        };
+        d.failures += 1;
+        let first_failure = *d.first_failure_at.get_or_insert(now);
+        let give_up = self.helpdesk.give_up_after();
+        let failing_for = Duration::from_millis(u64::try_from(now - first_failure).unwrap_or(0));
+        if failing_for >= give_up {
+            return dead(
+                "retries_exhausted",
+                format!(
+                    "{e}; gave up after {} of failed attempts",
+                    humantime::format_duration(give_up)
+                ),
+            );
+        }
+        let retry_after = match &e {
+            DeliveryError::Unavailable { retry_after, .. } => *retry_after,
+            DeliveryError::Refused { .. } => None,
+        };
+        let wait = self
+            .helpdesk
+            .backoff(d.failures, retry_after, &mut rand::rng())
+            // The last attempt comes at the give-up time, not a whole backoff past it.
+            .min(give_up - failing_for)
+            .max(Duration::from_millis(1));
+        // Warned once per event; the attempts after it (up to a day of them) are counted in the
+        // metrics and logged at debug.
+        if d.failures == 1 {
+            tracing::warn!(error = %e, retry_in = ?wait, "help desk unavailable; the event and its conversation's next ones wait");
+        } else {
+            tracing::debug!(error = %e, failures = d.failures, retry_in = ?wait, "help desk still unavailable");
+        }
+        (Step::Later(wait), e.outcome())
+    }
+
+    /// The event's JSON body, from the conversation's state, the source event and (for
+    /// `handoff.requested`) the transcript and queue standing. `None`: not to be sent (a bot's
+    /// message while `helpdesk.bot_messages` is off).
+    async fn helpdesk_body(
+        &self,
+        entry: &OutboxEntry,
+        conversation_id: &crate::ids::ConversationId,
+        kind: &str,
+        reason: Option<&str>,
+        payload: &serde_json::Value,
+    ) -> Option<Vec<u8>> {
+        // A state that cannot be read leaves its part out: the help desk still learns of the
+        // event, which matters more than its details.
+        let conversation = self
+            .store
+            .conversation(conversation_id)
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot read the conversation's state for a help-desk event"))
+            .ok()
+            .flatten();
+        let mut end_user = conversation
+            .as_ref()
+            .and_then(|c| c.end_user_id.as_ref())
+            .and_then(|id| self.store.end_user(id).ok().flatten());
+        let requested = kind == EventKind::HandoffRequested.as_str();
+        let mut conversation = conversation;
+        if requested {
+            self.complete_from_api(conversation_id, &mut conversation, &mut end_user)
+                .await;
+        }
+        let mut message = None;
+        if kind == EventKind::ConversationMessage.as_str() {
+            if let Some(m) = self.source_message(entry) {
+                if m.sender() == crate::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
+                    tracing::debug!("a bot message; helpdesk.bot_messages is off");
+                    return None;
+                }
+                message = Some(hd_events::message(&m));
+            }
+        }
+        let (transcript, queue) = if requested {
+            (
+                Some(self.transcript(conversation_id).await),
+                Some(self.helpdesk.queue.queue_info(conversation_id)),
+            )
+        } else {
+            (None, None)
+        };
+        let source = hd_events::Source {
+            kind,
+            occurred_at: entry.received_at,
+            conversation_id,
+            conversation: conversation.as_ref(),
+            end_user: end_user.as_ref(),
+            event_id: entry.event_id.as_str(),
+            rule: &entry.rule,
+            action_id: &entry.id,
+            reason,
+            payload,
+            message,
+            transcript,
+            queue,
+        };
+        serde_json::to_vec(&hd_events::body(&source)).ok()
+    }
+
+    /// The context packet needs who the user is, which the state lacks when the bridge has seen
+    /// only messages of the conversation: what is missing is read through the Open API (a
+    /// failure leaves it out).
+    async fn complete_from_api(
+        &self,
+        conversation_id: &crate::ids::ConversationId,
+        conversation: &mut Option<crate::state::ConversationState>,
+        end_user: &mut Option<crate::state::EndUserState>,
+    ) {
+        let known = conversation
+            .as_ref()
+            .is_some_and(|c| c.platform.is_some() && c.user_key.is_some());
+        if !known {
+            match self.api.get_conversation(conversation_id.as_str()).await {
+                Ok(fetched) => {
+                    let state = conversation.get_or_insert_with(|| {
+                        crate::state::ConversationState::new(conversation_id.clone())
+                    });
+                    state.bot_id = state.bot_id.take().or(fetched.bot_id);
+                    state.end_user_id = state.end_user_id.take().or(fetched.end_user_id);
+                    state.platform = state.platform.take().or(fetched.platform);
+                    state.user_key = state.user_key.take().or(fetched.user_key);
+                    if state.params.value.is_empty() {
+                        state.params.value = fetched.params.unwrap_or_default();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the conversation for a help-desk event")
+                }
+            }
+        }
+        if end_user.is_some() {
+            return;
+        }
+        let Some(id) = conversation.as_ref().and_then(|c| c.end_user_id.clone()) else {
+            return;
+        };
+        match self.api.get_end_user(id.as_str()).await {
+            Ok(fetched) => {
+                let mut state = crate::state::EndUserState::new(id);
+                state.bot_id = fetched.bot_id;
+                state.platform = Some(fetched.platform);
+                state.user_key = Some(fetched.user_key);
+                state.params.value = fetched.params.unwrap_or_default();
+                *end_user = Some(state);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the end user for a help-desk event"),
+        }
+    }
+
+    /// The message of the webhook event that decided the entry, if it was a message event.
+    fn source_message(&self, entry: &OutboxEntry) -> Option<crate::webhook::model::Message> {
+        let record = self.store.event_by_id(&entry.event_id).ok().flatten()?;
+        if !record.kind.starts_with("bot.message.") {
+            return None;
+        }
+        let mut event: serde_json::Value = serde_json::from_str(record.event.get()).ok()?;
+        let message = event.get_mut("data")?.get_mut("message")?.take();
+        serde_json::from_value(message).ok()
+    }
+
+    /// The conversation's last `helpdesk.transcript_messages` messages, oldest first. The Open
+    /// API lists oldest first, so past one page the last page is asked for by offset.
+    async fn transcript(&self, conversation_id: &crate::ids::ConversationId) -> Transcript {
+        use crate::upstream::contract::{MessagesQuery, PageQuery};
+        let n = self.helpdesk.transcript_messages;
+        if n == 0 {
+            return Transcript {
+                messages: Vec::new(),
+                complete: true,
+            };
+        }
+        let query = |offset: Option<u32>| MessagesQuery {
+            page: PageQuery {
+                offset,
+                limit: Some(n),
+            },
+            conversation_id: Some(conversation_id.as_str().to_owned()),
+            ..MessagesQuery::default()
+        };
+        let messages = |page: &crate::upstream::contract::Page<crate::webhook::model::Message>| {
+            page.data.iter().map(hd_events::message).collect::<Vec<_>>()
+        };
+        let first = match self.api.list_messages(&query(None)).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the transcript for a help-desk event");
+                return Transcript::default();
+            }
+        };
+        let total = first.paging.total;
+        if total <= u64::from(n) {
+            return Transcript {
+                messages: messages(&first),
+                complete: true,
+            };
+        }
+        let offset = u32::try_from(total - u64::from(n)).unwrap_or(u32::MAX);
+        match self.api.list_messages(&query(Some(offset))).await {
+            Ok(last) => Transcript {
+                messages: messages(&last),
+                complete: true,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the end of the transcript for a help-desk event");
+                Transcript {
+                    messages: Vec::new(),
+                    complete: false,
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -663,6 +1141,41 @@ mod tests {
         q.finish("a".into(), Outcome::Again(Box::new(first)));
         assert_eq!(q.next().map(|e| e.seq), Some(1));
         assert_eq!(q.depth, 2);
+    }
+
+    #[test]
+    fn a_delayed_queue_waits_until_due_while_others_go_on() {
+        let mut q = Queues::default();
+        q.push(entry(1, "helpdesk:a"));
+        q.push(entry(2, "helpdesk:a"));
+        q.push(entry(3, "a"));
+        let first = q.next().expect("helpdesk:a 1");
+        assert_eq!(first.seq, 1);
+        let at = Instant::now() + Duration::from_secs(60);
+        q.finish(
+            "helpdesk:a".into(),
+            Outcome::Later {
+                entry: Box::new(first),
+                at,
+            },
+        );
+        assert_eq!(
+            q.next().map(|e| e.seq),
+            Some(3),
+            "the conversation's queue goes on"
+        );
+        q.push(entry(4, "helpdesk:a"));
+        assert!(
+            q.next().is_none(),
+            "the delayed queue waits, new entries too"
+        );
+        assert_eq!(q.next_wake(), Some(at));
+        q.wake_due(at - Duration::from_secs(1));
+        assert!(q.next().is_none(), "not yet due");
+        q.wake_due(at);
+        assert_eq!(q.next().map(|e| e.seq), Some(1), "the same entry first");
+        assert_eq!(q.next_wake(), None);
+        assert_eq!(q.depth, 4, "nothing was lost");
     }
 
     #[test]

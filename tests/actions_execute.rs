@@ -295,7 +295,8 @@ async fn every_external_action_is_its_call_with_its_body_and_id_as_idempotency_k
         },
         Action::NotifyHelpdesk {
             conversation_id: conv(),
-            kind: "handoff_requested".into(),
+            kind: "handoff.requested".into(),
+            reason: None,
             payload: Value::Null,
         },
     ] {

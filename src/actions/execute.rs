@@ -168,6 +168,8 @@ pub async fn execute<E: Execute>(
             setting,
         } => json(api.pb_update_setting(sender_key, setting, key).await?),
         Action::SendNotification { request } => json(api.notify_send(request, key).await?),
+        // Internal actions are applied in the fold; help-desk events go to the help desks
+        // (`outbox` hands them to `helpdesk`), not the Open API.
         Action::UpdateState { .. }
         | Action::StartTimer { .. }
         | Action::CancelTimer { .. }

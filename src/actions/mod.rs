@@ -112,10 +112,15 @@ pub enum Action {
         conversation_id: ConversationId,
         name: String,
     },
-    /// Internal: tell the help desk (carried out by the help-desk side).
+    /// Tell the help desks (`helpdesk`): an event of `kind` (one of
+    /// `helpdesk::EventKind`, checked when rules load; kept as text so an entry stored by an
+    /// older build still reads) about the conversation, signed and POSTed by the executor.
     NotifyHelpdesk {
         conversation_id: ConversationId,
         kind: String,
+        /// Why, in the help desk's terms (shown to agents).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
         #[serde(default)]
         payload: Value,
     },
@@ -226,10 +231,12 @@ impl Action {
             }
             | Action::CancelTimer {
                 conversation_id, ..
-            }
-            | Action::NotifyHelpdesk {
-                conversation_id, ..
             } => PartitionKey::Conversation(conversation_id.clone()).encode(),
+            // Its own queue: ordered within the conversation's help-desk events, but a help desk
+            // that is down never holds up the conversation's Open API actions.
+            Action::NotifyHelpdesk {
+                conversation_id, ..
+            } => format!("helpdesk:{conversation_id}"),
             Action::SendToEndUser { end_user_id, .. } => {
                 PartitionKey::EndUser(end_user_id.clone()).encode()
             }
@@ -481,7 +488,9 @@ pub struct DeadLetter {
     pub entry: OutboxEntry,
     /// Stable reason code: `http_<status>`, the service's error code, `retries_exhausted`,
     /// `invalid_call`, `no_helpdesk`, `unknown_flow` (a navigation's flow title is not in the
-    /// bot's flow list).
+    /// bot's flow list); for help-desk events `helpdesk_http_<status>` (a help desk refused it),
+    /// `retries_exhausted` (unreachable for `helpdesk.retry.give_up_after`) and
+    /// `unknown_event_kind` (a kind from an older rule set).
     pub reason: String,
     pub error: String,
     pub attempts: u32,
@@ -546,5 +555,31 @@ mod tests {
             user_key: "u".into(),
         };
         assert_ne!(other.queue(), manual.queue());
+    }
+
+    #[test]
+    fn help_desk_events_queue_apart_from_their_conversation() {
+        let notify = |kind: &str| Action::NotifyHelpdesk {
+            conversation_id: ConversationId::new("c1"),
+            kind: kind.into(),
+            reason: None,
+            payload: Value::Null,
+        };
+        let manual = Action::SetManual {
+            conversation_id: ConversationId::new("c1"),
+            enabled: true,
+        };
+        assert_eq!(notify("handoff.requested").queue(), "helpdesk:c1");
+        assert_eq!(
+            notify("handoff.requested").queue(),
+            notify("handoff.ended").queue()
+        );
+        assert_ne!(notify("handoff.requested").queue(), manual.queue());
+        // Entries stored before `reason` existed still read.
+        let old: Action = serde_json::from_value(serde_json::json!({
+            "type": "notify_helpdesk", "conversation_id": "c1", "kind": "handoff.requested"
+        }))
+        .expect("old entry");
+        assert_eq!(old, notify("handoff.requested"));
     }
 }

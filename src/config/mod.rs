@@ -23,6 +23,60 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
+    pub helpdesk: HelpdeskConfig,
+}
+
+/// Where help-desk events go and how hard the bridge tries. No endpoint: events are recorded as
+/// done without a call, so rules can send them before a help desk is connected.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskConfig {
+    pub endpoints: Vec<HelpdeskEndpoint>,
+    /// Messages of the transcript a `handoff.requested` carries (the newest; 0: none).
+    pub transcript_messages: u32,
+    /// Send the bot's messages as `conversation.message` too (the user's always go).
+    pub bot_messages: bool,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// One delivery attempt, answer included.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub retry: HelpdeskRetry,
+}
+
+/// Backoff while a help desk is unreachable. Events wait in order rather than being dropped, for
+/// as long as an agent could still act on them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskRetry {
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// A `Retry-After` longer than this is clamped to it.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_after: Duration,
+    /// From an event's first failed attempt: then it becomes a `retries_exhausted` dead letter.
+    #[serde(with = "humantime_serde")]
+    pub give_up_after: Duration,
+}
+
+/// One help desk (or one of its webhooks).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskEndpoint {
+    /// Names the endpoint in logs and metrics (the URL may carry credentials).
+    pub name: String,
+    pub url: String,
+    /// Standard Webhooks secrets (`whsec_` + base64); each signs, so several allow rotation.
+    pub secrets: Vec<Secret>,
+    /// Event kinds sent here: names, families (`handoff.*`) or `*`.
+    #[serde(default = "all_events")]
+    pub events: Vec<String>,
+}
+
+fn all_events() -> Vec<String> {
+    vec!["*".to_owned()]
 }
 
 /// Where the Open API is and how to call it.
@@ -534,6 +588,7 @@ impl Config {
         if let Err(e) = crate::upstream::limits::Limits::new(&up.limits) {
             bad("upstream.limits", &e, "invalid rate limit");
         }
+        self.validate_helpdesk(&mut bad);
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             bad(
                 "log.level",
@@ -545,6 +600,102 @@ impl Config {
             Ok(())
         } else {
             Err(ConfigError::Invalid(p))
+        }
+    }
+
+    fn validate_helpdesk(&self, bad: &mut impl FnMut(&str, &dyn fmt::Display, &str)) {
+        let hd = &self.helpdesk;
+        let mut names = std::collections::HashSet::new();
+        for (i, ep) in hd.endpoints.iter().enumerate() {
+            let at = format!("helpdesk.endpoints[{i}]");
+            if ep.name.is_empty()
+                || !ep
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                bad(
+                    &format!("{at}.name"),
+                    &ep.name,
+                    "must be non-empty A-Z a-z 0-9 - _ (it labels metrics)",
+                );
+            } else if !names.insert(ep.name.as_str()) {
+                bad(&format!("{at}.name"), &ep.name, "used by another endpoint");
+            }
+            // The URL is not echoed: it may carry credentials.
+            match ep.url.parse::<actix_web::http::Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+                Ok(uri) if uri.scheme_str() == Some("https") => bad(
+                    &format!("{at}.url"),
+                    &"(not shown)",
+                    "https is not built in yet: use an http:// address (e.g. a local TLS-terminating proxy)",
+                ),
+                _ => bad(
+                    &format!("{at}.url"),
+                    &"(not shown)",
+                    "not an http:// URL with a host",
+                ),
+            }
+            if ep.secrets.is_empty() {
+                bad(
+                    &format!("{at}.secrets"),
+                    &"[]",
+                    "at least one signing secret (whsec_ + base64)",
+                );
+            }
+            for (j, secret) in ep.secrets.iter().enumerate() {
+                if let Err(e) = crate::helpdesk::signing::SigningKey::from_secret(secret) {
+                    bad(&format!("{at}.secrets[{j}]"), &"****", &e.to_string());
+                }
+            }
+            if ep.events.is_empty() {
+                bad(
+                    &format!("{at}.events"),
+                    &"[]",
+                    "selects nothing; leave it out to send every kind",
+                );
+            }
+            for pattern in &ep.events {
+                if !crate::helpdesk::events::is_valid_pattern(pattern) {
+                    bad(
+                        &format!("{at}.events"),
+                        pattern,
+                        &format!(
+                            "selects no event kind; kinds: {}, a family (`handoff.*`) or `*`",
+                            crate::helpdesk::EventKind::names()
+                        ),
+                    );
+                }
+            }
+        }
+        if hd.transcript_messages > 100 {
+            bad(
+                "helpdesk.transcript_messages",
+                &hd.transcript_messages,
+                "must be 0..=100 (one page of the Open API)",
+            );
+        }
+        if hd.timeout.is_zero() || hd.connect_timeout.is_zero() {
+            bad(
+                "helpdesk.timeout",
+                &humantime::format_duration(hd.timeout),
+                "timeouts must be positive",
+            );
+        }
+        let r = &hd.retry;
+        if r.initial.is_zero() || r.max < r.initial {
+            bad(
+                "helpdesk.retry.max",
+                &humantime::format_duration(r.max),
+                "initial must be positive and max at least initial",
+            );
+        }
+        if r.give_up_after < r.initial {
+            bad(
+                "helpdesk.retry.give_up_after",
+                &humantime::format_duration(r.give_up_after),
+                "must be at least helpdesk.retry.initial",
+            );
         }
     }
 
@@ -705,7 +856,12 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 }
 
 /// Keys whose values are never shown, even in error messages.
-const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token", "upstream.api_key"];
+const SECRET_KEYS: &[&str] = &[
+    "webhook.tokens",
+    "admin.token",
+    "upstream.api_key",
+    "helpdesk.endpoints",
+];
 
 fn shown(path: &str, value: &toml::Value) -> String {
     if SECRET_KEYS

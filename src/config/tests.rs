@@ -261,3 +261,77 @@ fn the_api_key_can_come_from_a_file() {
         "file-key-abcdef"
     );
 }
+
+#[test]
+fn helpdesk_endpoints_are_validated_every_problem_at_once_and_secrets_never_shown() {
+    let (_dir, path) = write(
+        r#"
+[[helpdesk.endpoints]]
+name = "desk"
+url = "http://127.0.0.1:9000/events"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+events = ["handoff.*"]
+
+[[helpdesk.endpoints]]
+name = "desk"
+url = "https://user:pw@desk.example/events"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSx-not-base64", "plain-secret-value-1234567890"]
+events = ["handof.*"]
+
+[[helpdesk.endpoints]]
+name = "bad name"
+url = "not a url"
+secrets = []
+"#,
+    );
+    let p = problems(Config::load_from(Some(&path), env(&[]), &Overrides::default()).unwrap_err());
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "helpdesk.endpoints[1].name",
+        "helpdesk.endpoints[1].url",
+        "helpdesk.endpoints[1].secrets[0]",
+        "helpdesk.endpoints[1].secrets[1]",
+        "helpdesk.endpoints[1].events",
+        "helpdesk.endpoints[2].name",
+        "helpdesk.endpoints[2].url",
+        "helpdesk.endpoints[2].secrets",
+    ] {
+        assert!(keys.contains(&key), "{key} not reported: {p:#?}");
+    }
+    assert!(
+        !keys.iter().any(|k| k.starts_with("helpdesk.endpoints[0]")),
+        "{p:#?}"
+    );
+    let text = ConfigError::Invalid(p).to_string();
+    for secret in [
+        "plain-secret-value",
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSx",
+        "user:pw",
+    ] {
+        assert!(!text.contains(secret), "{secret} shown in: {text}");
+    }
+}
+
+#[test]
+fn a_helpdesk_endpoint_takes_every_kind_by_default_and_masks_its_secrets() {
+    let (_dir, path) = write(
+        r#"
+[[helpdesk.endpoints]]
+name = "desk"
+url = "http://127.0.0.1:9000/events"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#,
+    );
+    let c = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("valid");
+    assert_eq!(c.helpdesk.endpoints[0].events, ["*"]);
+    assert_eq!(c.helpdesk.transcript_messages, 20);
+    assert_eq!(
+        c.helpdesk.retry.give_up_after,
+        Duration::from_secs(24 * 3600)
+    );
+    let shown = format!("{}\n{:?}", c.to_masked_toml(), c);
+    assert!(
+        !shown.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        "{shown}"
+    );
+}

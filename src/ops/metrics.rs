@@ -41,6 +41,9 @@ pub struct Metrics {
     /// Attempts to carry out an action, by action and outcome (`ok`, `http_<status>`, error kind).
     pub action_attempts: IntCounterVec,
     pub upstream_attempts: IntCounterVec,
+    /// Help-desk delivery attempts by endpoint (its configured name, never its URL) and outcome
+    /// (`delivered`, `http_<status>`, `connect`, `timeout`, `transport`).
+    pub helpdesk_deliveries: IntCounterVec,
     /// Entries moved to the dead letters, by reason.
     pub dead_letters: IntCounterVec,
     pub dead_letter_entries: IntGauge,
@@ -110,6 +113,14 @@ impl Metrics {
             &["endpoint", "status"],
         )?;
         registry.register(Box::new(upstream_attempts.clone()))?;
+        let helpdesk_deliveries = IntCounterVec::new(
+            Opts::new(
+                "helpdesk_deliveries_total",
+                "Attempts to deliver help-desk events, by endpoint and outcome",
+            ),
+            &["endpoint", "outcome"],
+        )?;
+        registry.register(Box::new(helpdesk_deliveries.clone()))?;
         let outbox_oldest_seconds = prometheus::Gauge::new(
             "outbox_oldest_seconds",
             "Age of the oldest pending outbox entry",
@@ -168,6 +179,7 @@ impl Metrics {
             outbox_oldest_seconds,
             action_attempts,
             upstream_attempts,
+            helpdesk_deliveries,
             dead_letters: counter_vec(
                 "dead_letters_total",
                 "Outbox entries moved to the dead letters, by reason",

@@ -140,6 +140,12 @@ impl ActionSpec {
                 return Err(problems);
             }
         }
+        if kind == "notify_helpdesk" {
+            let problems = check_helpdesk(&body);
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        }
         if TEXT_SHORTHAND.contains(&kind.as_str()) && !body.contains_key("message") {
             if let Some(text) = body.remove("text") {
                 body.insert(
@@ -317,6 +323,23 @@ fn check_timer(kind: &str, body: &Map<String, Value>) -> Vec<(String, String)> {
         Some(_) => report("after", "must be a duration string (e.g. `5m`)".into()),
     }
     problems
+}
+
+/// A help-desk event's `kind` is literal and one the help desks know: a help desk routes on it,
+/// so a typo must fail the load, not reach it (or be dead-lettered) later.
+fn check_helpdesk(body: &Map<String, Value>) -> Vec<(String, String)> {
+    use crate::helpdesk::EventKind;
+    let problem = match body.get("kind") {
+        None => format!("missing event kind (one of: {})", EventKind::names()),
+        Some(Value::String(kind)) if is_template(kind) => "must be literal (no template)".into(),
+        Some(Value::String(kind)) if EventKind::parse(kind).is_none() => format!(
+            "unknown help-desk event kind `{kind}` (one of: {})",
+            EventKind::names()
+        ),
+        Some(Value::String(_)) => return Vec::new(),
+        Some(_) => "must be a string".into(),
+    };
+    vec![("kind".into(), problem)]
 }
 
 fn is_template(text: &str) -> bool {

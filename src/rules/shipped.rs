@@ -22,6 +22,47 @@ mod tests {
     use super::*;
     use crate::rules::RuleSet;
 
+    /// With `notify_helpdesk` on, each step of the agent call tells the help desk, once.
+    #[test]
+    fn the_shipped_handoff_tells_the_help_desk_each_step_when_switched_on() {
+        use crate::actions::Decide;
+        let mut overrides = serde_json::Map::new();
+        overrides.insert("notify_helpdesk".into(), serde_json::Value::Bool(true));
+        let on = RuleSet::from_sources_with(&sources(), &overrides).expect("load");
+        let off = RuleSet::from_sources(&sources()).expect("load");
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/webhooks");
+        for (fixture, kind) in [
+            ("agent-call-requested.json", "handoff.requested"),
+            ("agent-call-cancelled.json", "handoff.cancelled"),
+            ("agent-call-connected.json", "handoff.connected"),
+            ("agent-call-disconnected.json", "handoff.ended"),
+        ] {
+            let text = std::fs::read_to_string(fixtures.join(fixture)).expect("fixture");
+            let delivery: serde_json::Value = serde_json::from_str(&text).expect("json");
+            let event =
+                crate::webhook::parse_event(&delivery["messages"][0].to_string()).expect("event");
+            let id = event
+                .payload
+                .conversation_id()
+                .cloned()
+                .expect("conversation");
+            let mut state = crate::state::ConversationState::new(id);
+            state.apply(&event);
+            let kinds = |set: &RuleSet| -> Vec<String> {
+                set.decide(&event, &state, 1_763_690_500_000)
+                    .into_iter()
+                    .filter_map(|d| match d.action {
+                        crate::actions::Action::NotifyHelpdesk { kind, .. } => Some(kind),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            assert_eq!(kinds(&on), [kind], "{fixture}");
+            assert!(kinds(&off).is_empty(), "{fixture}: off by default");
+        }
+    }
+
     #[test]
     fn the_shipped_set_compiles_and_matches_the_repository_files() {
         let set = RuleSet::from_sources(&sources()).expect("the shipped rules load");
@@ -53,6 +94,17 @@ mod tests {
         types.sort_unstable();
         names.sort_unstable();
         assert_eq!(types, names, "action types in rules/schema.json");
+        let kinds: Vec<&str> = defs["action"]["properties"]["kind"]["enum"]
+            .as_array()
+            .expect("help-desk event kinds")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            crate::helpdesk::EventKind::ALL.map(crate::helpdesk::EventKind::as_str),
+            "notify_helpdesk kinds in rules/schema.json"
+        );
         let keys = |def: &str| -> Vec<String> {
             defs[def]["properties"]
                 .as_object()

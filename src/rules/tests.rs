@@ -780,3 +780,52 @@ mod changed;
 mod end_user;
 mod loops;
 mod navigate;
+
+#[test]
+fn notify_helpdesk_kinds_are_checked_at_load_and_take_a_reason() {
+    let found = problems(
+        r#"
+[[rule]]
+name = "typo"
+on = ["*"]
+actions = [
+  { type = "notify_helpdesk", kind = "handoff.reminder" },
+  { type = "notify_helpdesk", kind = "{{ event.type }}" },
+  { type = "notify_helpdesk" },
+]
+"#,
+    );
+    assert_mentioned(&found, "unknown help-desk event kind `handoff.reminder`");
+    assert_mentioned(&found, "must be literal");
+    assert_mentioned(&found, "missing event kind");
+    assert_eq!(found.len(), 3, "{found:#?}");
+
+    let set = rules(
+        r#"
+[[rule]]
+name = "tell"
+on = ["bot.conversation.agent_call_requested"]
+actions = [{ type = "notify_helpdesk", kind = "handoff.requested", reason = "asked via {{ event.type }}", payload = { team = "billing" } }]
+"#,
+    );
+    let (event, state) = fixture("agent-call-requested.json");
+    let decided = set.decide(&event, &state, NOW);
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    match &decided[0].action {
+        Action::NotifyHelpdesk {
+            conversation_id,
+            kind,
+            reason,
+            payload,
+        } => {
+            assert_eq!(conversation_id, &state.id);
+            assert_eq!(kind, "handoff.requested");
+            assert_eq!(
+                reason.as_deref(),
+                Some("asked via bot.conversation.agent_call_requested")
+            );
+            assert_eq!(payload["team"], "billing");
+        }
+        other => panic!("not a help-desk event: {other:?}"),
+    }
+}

@@ -5,7 +5,7 @@
 use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
 use super::error::UpstreamError;
 use super::limits::{Limits, LimitsConfig};
-use super::transport::AwcTransport;
+use super::transport::{AwcTransport, RawRequest, RawResponse, Transport, TransportError};
 use serde_json::Value;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -81,5 +81,54 @@ impl Execute for UpstreamHandle {
             .send((call, reply))
             .map_err(|_| UpstreamError::Stopped)?;
         answer.await.map_err(|_| UpstreamError::Stopped)?
+    }
+}
+
+type RawCall = (
+    RawRequest,
+    oneshot::Sender<Result<RawResponse, TransportError>>,
+);
+
+/// A `Send + Clone` face of a bare [`AwcTransport`], kept on its own arbiter like
+/// [`UpstreamHandle`]: single HTTP exchanges without the Open API client's auth, rate limits and
+/// retries, for callers that sign and retry their own way (the help-desk sender). Requests carry
+/// absolute URLs in `path` (the base is empty), so one handle reaches several hosts.
+#[derive(Clone)]
+pub struct TransportHandle {
+    tx: mpsc::UnboundedSender<RawCall>,
+    _home: Arc<Home>,
+}
+
+impl TransportHandle {
+    pub fn start(connect_timeout: Duration, request_timeout: Duration) -> Result<Self, String> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<RawCall>();
+        let arbiter = actix_rt::Arbiter::new();
+        let started = arbiter.spawn_fn(move || {
+            let transport = Rc::new(AwcTransport::new("", connect_timeout, request_timeout));
+            actix_web::rt::spawn(async move {
+                while let Some((request, reply)) = rx.recv().await {
+                    let transport = transport.clone();
+                    actix_web::rt::spawn(async move {
+                        let _ = reply.send(transport.send(request).await);
+                    });
+                }
+            });
+        });
+        if !started {
+            return Err("cannot start the HTTP client thread".into());
+        }
+        Ok(TransportHandle {
+            tx,
+            _home: Arc::new(Home(arbiter)),
+        })
+    }
+}
+
+impl Transport for TransportHandle {
+    async fn send(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || TransportError::Other("the HTTP client thread has stopped".into());
+        self.tx.send((request, reply)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }

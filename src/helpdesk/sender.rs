@@ -1,0 +1,357 @@
+//! Delivering one event to the help desks: sign, POST, and judge the answer. The outbox decides
+//! when to try again (`outbox::Runner`); this makes single attempts, so an unreachable help desk
+//! holds no executor slot while it waits.
+
+use super::events::pattern_matches;
+use super::signing::{self, SigningKey};
+use super::{NoQueue, QueueSource};
+use crate::config::{HelpdeskConfig, HelpdeskRetry};
+use crate::upstream::handle::TransportHandle;
+use crate::upstream::retry::parse_retry_after;
+use crate::upstream::transport::{RawRequest, Transport, TransportError};
+use rand::Rng;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One configured help desk, its secrets decoded.
+struct Endpoint {
+    name: String,
+    url: String,
+    keys: Vec<SigningKey>,
+    events: Vec<String>,
+}
+
+/// Why an attempt failed. Names the endpoint by its configured name, never its URL (which may
+/// carry credentials).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// A 4xx other than 408/425/429 (or a redirect): the help desk will not take it as it is.
+    #[error("help desk {endpoint} refused the event: HTTP {status}")]
+    Refused { endpoint: String, status: u16 },
+    /// Down, slow, overloaded: worth another attempt later.
+    #[error("help desk {endpoint} is unavailable ({cause})")]
+    Unavailable {
+        endpoint: String,
+        /// `http_<status>`, `connect`, `timeout` or `transport`.
+        cause: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl DeliveryError {
+    /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`.
+    pub fn outcome(&self) -> String {
+        match self {
+            DeliveryError::Refused { status, .. } => format!("http_{status}"),
+            DeliveryError::Unavailable { cause, .. } => cause.clone(),
+        }
+    }
+}
+
+/// The help desks and how to reach them. Generic over the transport so tests can script answers.
+pub struct Helpdesk<T = TransportHandle> {
+    endpoints: Vec<Endpoint>,
+    /// `None` with no endpoint: no client thread is started for nothing.
+    http: Option<T>,
+    pub transcript_messages: u32,
+    pub bot_messages: bool,
+    retry: HelpdeskRetry,
+    /// Position and expected wait of a waiting conversation.
+    pub queue: Arc<dyn QueueSource>,
+}
+
+impl Helpdesk<TransportHandle> {
+    /// From the validated `[helpdesk]` configuration; starts the HTTP client thread when there is
+    /// an endpoint.
+    pub fn start(config: &HelpdeskConfig) -> Result<Self, String> {
+        let http = if config.endpoints.is_empty() {
+            None
+        } else {
+            Some(TransportHandle::start(
+                config.connect_timeout,
+                config.timeout,
+            )?)
+        };
+        Self::with_transport(config, http)
+    }
+}
+
+impl<T: Transport> Helpdesk<T> {
+    pub fn with_transport(config: &HelpdeskConfig, http: Option<T>) -> Result<Self, String> {
+        let mut endpoints = Vec::new();
+        for (i, ep) in config.endpoints.iter().enumerate() {
+            let keys = ep
+                .secrets
+                .iter()
+                .enumerate()
+                .map(|(j, s)| {
+                    SigningKey::from_secret(s)
+                        .map_err(|e| format!("helpdesk.endpoints[{i}].secrets[{j}]: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            endpoints.push(Endpoint {
+                name: ep.name.clone(),
+                url: ep.url.clone(),
+                keys,
+                events: ep.events.clone(),
+            });
+        }
+        Ok(Helpdesk {
+            endpoints,
+            http,
+            transcript_messages: config.transcript_messages,
+            bot_messages: config.bot_messages,
+            retry: config.retry.clone(),
+            queue: Arc::new(NoQueue),
+        })
+    }
+
+    /// Any help desk to send to.
+    pub fn is_configured(&self) -> bool {
+        !self.endpoints.is_empty() && self.http.is_some()
+    }
+
+    /// The names of the endpoints that take `kind`, in configuration order.
+    pub fn targets(&self, kind: &str) -> Vec<&str> {
+        self.endpoints
+            .iter()
+            .filter(|ep| ep.events.iter().any(|p| pattern_matches(p, kind)))
+            .map(|ep| ep.name.as_str())
+            .collect()
+    }
+
+    /// One signed POST of `body` to the endpoint `name`. `id` is the event's stable id (the
+    /// help desk dedupes by it); `timestamp` (Unix seconds) is the attempt's, signed with it.
+    pub async fn post(
+        &self,
+        name: &str,
+        id: &str,
+        body: &[u8],
+        timestamp: i64,
+    ) -> Result<(), DeliveryError> {
+        let unavailable = |cause: &str| DeliveryError::Unavailable {
+            endpoint: name.to_owned(),
+            cause: cause.to_owned(),
+            retry_after: None,
+        };
+        let (Some(ep), Some(http)) = (self.endpoints.iter().find(|ep| ep.name == name), &self.http)
+        else {
+            return Err(unavailable("transport"));
+        };
+        let mut headers = vec![("accept".to_owned(), "application/json".to_owned())];
+        headers.extend(signing::headers(&ep.keys, id, timestamp, body));
+        let request = RawRequest {
+            method: "POST",
+            path: ep.url.clone(),
+            headers,
+            body: Some(body.to_vec()),
+        };
+        match http.send(request).await {
+            Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
+            Ok(resp) if crate::upstream::error::is_retryable_status(resp.status) => {
+                Err(DeliveryError::Unavailable {
+                    endpoint: name.to_owned(),
+                    cause: format!("http_{}", resp.status),
+                    retry_after: resp
+                        .retry_after
+                        .as_deref()
+                        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
+                })
+            }
+            Ok(resp) => Err(DeliveryError::Refused {
+                endpoint: name.to_owned(),
+                status: resp.status,
+            }),
+            Err(TransportError::Connect(_)) => Err(unavailable("connect")),
+            Err(TransportError::Timeout) => Err(unavailable("timeout")),
+            Err(TransportError::Other(_)) => Err(unavailable("transport")),
+        }
+    }
+
+    /// The wait before the attempt after `failures` failed ones: full jitter under a ceiling that
+    /// starts at `initial` and doubles up to `max`, so many waiting conversations do not return
+    /// in step; a `Retry-After` the help desk sent wins, clamped.
+    pub fn backoff(
+        &self,
+        failures: u32,
+        retry_after: Option<Duration>,
+        rng: &mut impl Rng,
+    ) -> Duration {
+        if let Some(wait) = retry_after {
+            return wait.min(self.retry.max_retry_after);
+        }
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
+        let ceiling = self
+            .retry
+            .initial
+            .saturating_mul(factor)
+            .min(self.retry.max);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        // Never zero: an immediate retry of a help desk that just failed is wasted.
+        let floor = nanos / 10;
+        Duration::from_nanos(rng.random_range(floor..=nanos))
+    }
+
+    /// How long an event keeps being tried after its first failure.
+    pub fn give_up_after(&self) -> Duration {
+        self.retry.give_up_after
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{HelpdeskEndpoint, Secret};
+    use crate::upstream::transport::RawResponse;
+    use rand::SeedableRng;
+    use std::sync::Mutex;
+
+    /// Answers with the scripted statuses in turn and keeps every request.
+    #[derive(Default)]
+    struct Scripted {
+        answers: Mutex<Vec<Result<RawResponse, TransportError>>>,
+        seen: Mutex<Vec<RawRequest>>,
+    }
+
+    impl Transport for Scripted {
+        async fn send(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
+            self.seen.lock().expect("seen").push(request);
+            self.answers.lock().expect("answers").remove(0)
+        }
+    }
+
+    fn status(status: u16, retry_after: Option<&str>) -> Result<RawResponse, TransportError> {
+        Ok(RawResponse {
+            status,
+            retry_after: retry_after.map(str::to_owned),
+            body: bytes::Bytes::new(),
+        })
+    }
+
+    fn config(events: &[&str]) -> HelpdeskConfig {
+        let defaults: crate::config::Config =
+            toml::from_str(crate::config::DEFAULTS).expect("defaults");
+        let mut hd = defaults.helpdesk;
+        hd.endpoints = vec![
+            HelpdeskEndpoint {
+                name: "desk".into(),
+                url: "http://127.0.0.1:9/events".into(),
+                secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
+                events: events.iter().map(|s| (*s).to_owned()).collect(),
+            },
+            HelpdeskEndpoint {
+                name: "audit".into(),
+                url: "http://127.0.0.1:9/audit".into(),
+                secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
+                events: vec!["*".into()],
+            },
+        ];
+        hd
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn endpoints_take_the_kinds_they_select() {
+        let hd = Helpdesk::with_transport(&config(&["handoff.*"]), Some(Scripted::default()))
+            .expect("helpdesk");
+        assert!(hd.is_configured());
+        assert_eq!(hd.targets("handoff.ended"), vec!["desk", "audit"]);
+        assert_eq!(hd.targets("user.blocked"), vec!["audit"]);
+    }
+
+    #[test]
+    fn answers_are_judged_retryable_or_refused() {
+        let http = Scripted::default();
+        *http.answers.lock().expect("answers") = vec![
+            status(204, None),
+            status(503, None),
+            status(429, Some("7")),
+            status(408, None),
+            status(400, None),
+            status(302, None),
+            Err(TransportError::Connect("refused".into())),
+            Err(TransportError::Timeout),
+        ];
+        let hd = Helpdesk::with_transport(&config(&["*"]), Some(http)).expect("helpdesk");
+        let results = run(async {
+            let mut out = Vec::new();
+            for _ in 0..8 {
+                out.push(hd.post("desk", "ev/r/0", b"{}", 1_700_000_000).await);
+            }
+            out
+        });
+        assert_eq!(results[0], Ok(()));
+        let outcomes: Vec<String> = results[1..]
+            .iter()
+            .map(|r| r.as_ref().expect_err("failed").outcome())
+            .collect();
+        assert_eq!(
+            outcomes,
+            ["http_503", "http_429", "http_408", "http_400", "http_302", "connect", "timeout"]
+        );
+        assert!(matches!(
+            &results[2],
+            Err(DeliveryError::Unavailable { retry_after: Some(d), .. }) if *d == Duration::from_secs(7)
+        ));
+        assert!(matches!(
+            results[4],
+            Err(DeliveryError::Refused { status: 400, .. })
+        ));
+        assert!(matches!(
+            results[5],
+            Err(DeliveryError::Refused { status: 302, .. })
+        ));
+        let seen = hd
+            .http
+            .as_ref()
+            .expect("http")
+            .seen
+            .lock()
+            .expect("seen")
+            .clone();
+        let first = &seen[0];
+        assert_eq!(first.path, "http://127.0.0.1:9/events");
+        let header = |n: &str| {
+            first
+                .headers
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(header("webhook-id").as_deref(), Some("ev/r/0"));
+        assert_eq!(header("webhook-timestamp").as_deref(), Some("1700000000"));
+        assert!(header("webhook-signature").is_some_and(|s| s.starts_with("v1,")));
+        assert!(
+            !format!("{:?}", results[6]).contains("127.0.0.1"),
+            "errors name the endpoint, not its URL"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap_and_retry_after_wins() {
+        let hd = Helpdesk::with_transport(&config(&["*"]), None::<Scripted>).expect("helpdesk");
+        assert!(!hd.is_configured(), "no client, nothing to send with");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for failures in 1..40 {
+            let d = hd.backoff(failures, None, &mut rng);
+            assert!(d <= Duration::from_secs(300), "{failures}: {d:?}");
+            assert!(d >= Duration::from_millis(100), "{failures}: {d:?}");
+        }
+        assert!(hd.backoff(1, None, &mut rng) <= Duration::from_secs(1));
+        assert_eq!(
+            hd.backoff(1, Some(Duration::from_secs(30)), &mut rng),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            hd.backoff(1, Some(Duration::from_secs(86_400)), &mut rng),
+            Duration::from_secs(600)
+        );
+        assert_eq!(hd.give_up_after(), Duration::from_secs(86_400));
+    }
+}
