@@ -363,7 +363,31 @@ impl Decided {
 /// What decides actions: event + state (+ [`Inputs`]) + clocks in, decisions out. Pure (no I/O),
 /// so the fold can call it inside its transaction and tests can call it without a network. The
 /// rule engine implements it.
+/// Which optional [`Inputs`] a rule set reads: a fold builds only those (a copy of the state
+/// before each event, a read of the end user), since most rule sets read neither.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    pub before: bool,
+    pub end_user: bool,
+}
+
+impl Needs {
+    pub const ALL: Needs = Needs {
+        before: true,
+        end_user: true,
+    };
+    pub const NONE: Needs = Needs {
+        before: false,
+        end_user: false,
+    };
+}
+
 pub trait Decide: Send + Sync {
+    /// The optional inputs [`evaluate`](Decide::evaluate) reads; the others may be left out.
+    fn needs(&self) -> Needs {
+        Needs::ALL
+    }
+
     /// Everything decided for one event, given the conversation's state after the event was
     /// folded (its firing history included) and the other `inputs`.
     fn evaluate(
@@ -405,6 +429,10 @@ pub trait Decide: Send + Sync {
 pub struct NoRules;
 
 impl Decide for NoRules {
+    fn needs(&self) -> Needs {
+        Needs::NONE
+    }
+
     fn evaluate(
         &self,
         _: &crate::webhook::model::Event,

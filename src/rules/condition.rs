@@ -312,6 +312,19 @@ impl RawCondition {
 }
 
 impl Condition {
+    /// Whether it reads the context's `root` (`before`, `end_user`...).
+    pub fn reads(&self, root: &str) -> bool {
+        match self {
+            Condition::All(items) | Condition::Any(items) => items.iter().any(|c| c.reads(root)),
+            Condition::Not(inner) => inner.reads(root),
+            Condition::Leaf { path, .. } => path.first().is_some_and(|p| p == root),
+            Condition::Changed { path, before, .. } => [path, before]
+                .iter()
+                .any(|p| p.first().is_some_and(|p| p == root)),
+            Condition::BusinessHours { .. } => false,
+        }
+    }
+
     pub fn holds(&self, ctx: &Value) -> bool {
         match self {
             Condition::All(items) => items.iter().all(|c| c.holds(ctx)),

@@ -217,6 +217,8 @@ pub struct RuleSet {
     version: String,
     /// `settings.*` of the rule context.
     settings: Value,
+    /// What its conditions and templates read besides the event and state.
+    needs: crate::actions::Needs,
 }
 
 impl fmt::Debug for RuleSet {
@@ -343,11 +345,26 @@ impl RuleSet {
             ));
             version_of(&with)
         };
+        let reads = |root: &str| {
+            let in_conditions = rules
+                .iter()
+                .filter_map(|r| r.when.as_ref())
+                .any(|c| c.reads(root));
+            let in_templates = env
+                .templates()
+                .any(|(_, t)| t.undeclared_variables(false).contains(root));
+            in_conditions || in_templates
+        };
+        let needs = crate::actions::Needs {
+            before: reads("before"),
+            end_user: reads("end_user"),
+        };
         Ok(RuleSet {
             rules,
             env,
             version,
             settings: Value::Object(settings),
+            needs,
         })
     }
 
@@ -632,6 +649,10 @@ impl Decide for RuleSet {
     /// event is one) and whose `when` holds either fires, deciding its actions, or, having reached
     /// its cap, is held back. Either way its `stop` ends the event: a capped rule does not hand
     /// its events to the rules after it.
+    fn needs(&self) -> crate::actions::Needs {
+        self.needs
+    }
+
     fn evaluate(
         &self,
         event: &Event,

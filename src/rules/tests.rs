@@ -829,3 +829,38 @@ actions = [{ type = "notify_helpdesk", kind = "handoff.requested", reason = "ask
         other => panic!("not a help-desk event: {other:?}"),
     }
 }
+
+#[test]
+fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
+    use crate::actions::{Decide, Needs};
+    let set = |text: &str| RuleSet::from_sources(&[("n.toml".into(), text.into())]).expect("rules");
+    let plain = "[[rule]]\nname = \"p\"\non = [\"bot.message.received\"]\n\
+                 when = { field = \"state.manual\", equals = true }\n\
+                 actions = [{ type = \"send_message\", text = \"hi {{ state.platform }}\" }]\n";
+    assert_eq!(set(plain).needs(), Needs::NONE);
+    let changed = "[[rule]]\nname = \"c\"\non = [\"bot.message.received\"]\n\
+                   when = { not = { field = \"state.phase\", changed = true } }\n\
+                   actions = [{ type = \"set_manual\", enabled = true }]\n";
+    assert_eq!(
+        set(changed).needs(),
+        Needs {
+            before: true,
+            end_user: false
+        }
+    );
+    let templated = "[[rule]]\nname = \"t\"\non = [\"bot.message.received\"]\n\
+                     actions = [{ type = \"send_message\", text = \"{{ end_user.params.name }}\" }]\n";
+    assert_eq!(
+        set(templated).needs(),
+        Needs {
+            before: false,
+            end_user: true
+        }
+    );
+    let shipped = RuleSet::from_sources(&crate::rules::shipped::sources()).expect("shipped");
+    assert_eq!(
+        shipped.needs(),
+        Needs::NONE,
+        "the shipped rules read neither"
+    );
+}

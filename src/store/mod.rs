@@ -708,7 +708,11 @@ impl Store {
                     now,
                     received_at: at,
                 };
-                let user = end_user_of(state, event, &users, &self.end_users)?;
+                let user = if rules.needs().end_user {
+                    end_user_of(state, event, &users, &self.end_users)?
+                } else {
+                    None
+                };
                 let outcome = fold_and_decide(state, event, rules, user.as_deref(), time);
                 for hit in outcome.capped {
                     tracing::warn!(
@@ -1047,10 +1051,10 @@ fn fold_and_decide(
     end_user: Option<&EndUserState>,
     time: crate::actions::DecisionTime,
 ) -> crate::actions::Decided {
-    let before = state.clone();
+    let before = rules.needs().before.then(|| state.clone());
     if state.apply(event) {
         let inputs = crate::actions::Inputs {
-            before: Some(&before),
+            before: before.as_ref(),
             end_user,
         };
         let decided = rules.evaluate(event, state, inputs, time);
