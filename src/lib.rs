@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod dispatch;
 pub mod emulator;
+pub mod helpdesk;
 pub mod http_error;
 pub mod ids;
 pub mod intake;

@@ -1,6 +1,8 @@
 //! Configuration: embedded defaults, then a TOML file, then `HANDOFF_BRIDGE_*` variables, then
 //! flags. Validated once; every problem is reported together, with the key, the value and why.
 
+pub mod helpdesk;
+
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -23,6 +25,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
+    pub helpdesk: helpdesk::HelpdeskConfig,
 }
 
 /// Where the Open API is and how to call it.
@@ -253,6 +256,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_LOG_LEVEL", "log.level"),
     ("HANDOFF_BRIDGE_UPSTREAM_URL", "upstream.url"),
     ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "upstream.api_key"),
+    ("HANDOFF_BRIDGE_HELPDESK_TOKENS", "helpdesk.tokens"),
 ];
 
 impl Config {
@@ -534,6 +538,9 @@ impl Config {
         if let Err(e) = crate::upstream::limits::Limits::new(&up.limits) {
             bad("upstream.limits", &e, "invalid rate limit");
         }
+        for (key, value, why) in self.helpdesk.problems() {
+            bad(&key, &value, &why);
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             bad(
                 "log.level",
@@ -563,7 +570,8 @@ impl Config {
 }
 
 /// The one table whose keys are not known in advance (checked by the rule loader instead).
-const FREE_FORM: &str = "rules.settings";
+/// Tables whose keys are names the config does not know: rule settings, and the agent API's bots.
+const FREE_FORM: &[&str] = &["rules.settings", "helpdesk.partner.bots"];
 
 /// Deep-merge `src` into `dst`, checking each key and type against the defaults.
 fn merge(
@@ -589,7 +597,9 @@ fn merge(
         };
         match (value, default) {
             // Free-form: the names are the rule files' settings, checked when rules load.
-            (toml::Value::Table(sub), toml::Value::Table(_)) if path == FREE_FORM => {
+            (toml::Value::Table(sub), toml::Value::Table(_))
+                if FREE_FORM.contains(&path.as_str()) =>
+            {
                 dst.insert(key, toml::Value::Table(sub));
             }
             (toml::Value::Table(sub), toml::Value::Table(def_sub)) => {
@@ -653,7 +663,7 @@ fn set_path(
             }
         }
     }
-    if sections.join(".") == FREE_FORM {
+    if FREE_FORM.contains(&sections.join(".").as_str()) {
         // A setting from the environment: TOML if it parses (numbers, booleans), else text.
         let value = toml::from_str::<toml::Table>(&format!("v = {text}"))
             .ok()
@@ -705,7 +715,12 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 }
 
 /// Keys whose values are never shown, even in error messages.
-const SECRET_KEYS: &[&str] = &["webhook.tokens", "admin.token", "upstream.api_key"];
+const SECRET_KEYS: &[&str] = &[
+    "webhook.tokens",
+    "admin.token",
+    "upstream.api_key",
+    "helpdesk.tokens",
+];
 
 fn shown(path: &str, value: &toml::Value) -> String {
     if SECRET_KEYS

@@ -71,6 +71,9 @@ pub fn build_with(
                 json!({ "name": t.name, "due_at": t.due_at }),
             );
         }
+        Payload::Agent(a) => {
+            root.insert("agent_command".into(), to_value(a));
+        }
         _ => {}
     }
     root.insert("platform".into(), to_value(&state.platform));
@@ -118,6 +121,7 @@ fn state_view(s: &ConversationState, now: Millis) -> Value {
         "seconds_since_last_bot_message": since(s.messages.last_bot_message_at),
         "seconds_since_last_agent_message": since(s.messages.last_agent_message_at),
         "events_applied": s.events_applied,
+        "desk_agent": s.desk.agent,
     })
 }
 

@@ -1,0 +1,112 @@
+//! `[helpdesk]`: the agent API's settings.
+
+use super::Secret;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskConfig {
+    /// Bearer tokens of the agent API; several at once for rotation. Empty: the API answers 503
+    /// `helpdesk_api_disabled` (nothing is generated: a help desk is set up on purpose).
+    pub tokens: Vec<Secret>,
+    /// How long the first answer to an `Idempotency-Key` is kept.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_retention: Duration,
+    /// How long a mutating call waits for its command's verdict (then 504 `command_pending`).
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Messages of the transcript `GET /conversations/{id}` shows (read from the Open API).
+    pub transcript_messages: u32,
+    /// Where a release without a flow sends the conversation: a flow id (digits) or title; empty
+    /// leaves it where it is.
+    pub release_flow: String,
+    pub partner: PartnerConfig,
+}
+
+/// Partner-messenger counseling channels, so agents address users by conversation, not by
+/// channel keys.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartnerConfig {
+    /// The channel of bots not in `bots`; empty: none.
+    pub default_sender_key: String,
+    /// Bot id -> its channel's `senderKey`.
+    pub bots: BTreeMap<String, String>,
+}
+
+impl PartnerConfig {
+    /// The `senderKey` of a bot's channel.
+    pub fn sender_key(&self, bot: Option<&str>) -> Option<&str> {
+        bot.and_then(|b| self.bots.get(b))
+            .map(String::as_str)
+            .or(Some(self.default_sender_key.as_str()))
+            .filter(|k| !k.is_empty())
+    }
+}
+
+impl HelpdeskConfig {
+    /// Semantic problems: (key, value shown, why).
+    pub fn problems(&self) -> Vec<(String, String, String)> {
+        let mut p = Vec::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            if t.expose().len() < 16 || !t.expose().chars().all(|c| c.is_ascii_graphic()) {
+                p.push((
+                    format!("helpdesk.tokens[{i}]"),
+                    "****".into(),
+                    "must be at least 16 visible ASCII characters".into(),
+                ));
+            }
+        }
+        if self.idempotency_retention < Duration::from_secs(60) {
+            p.push((
+                "helpdesk.idempotency_retention".into(),
+                humantime::format_duration(self.idempotency_retention).to_string(),
+                "must be at least 1m".into(),
+            ));
+        }
+        if self.command_timeout.is_zero() || self.command_timeout > Duration::from_secs(300) {
+            p.push((
+                "helpdesk.command_timeout".into(),
+                humantime::format_duration(self.command_timeout).to_string(),
+                "must be more than 0 and at most 5m".into(),
+            ));
+        }
+        if self.transcript_messages > 100 {
+            p.push((
+                "helpdesk.transcript_messages".into(),
+                self.transcript_messages.to_string(),
+                "must be at most 100".into(),
+            ));
+        }
+        for (bot, key) in &self.partner.bots {
+            if key.is_empty() {
+                p.push((
+                    format!("helpdesk.partner.bots.{bot}"),
+                    String::new(),
+                    "a senderKey must not be empty".into(),
+                ));
+            }
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bot_uses_its_own_channel_else_the_default_else_none() {
+        let mut partner = PartnerConfig {
+            default_sender_key: String::new(),
+            bots: BTreeMap::from([("B1".to_owned(), "sk-1".to_owned())]),
+        };
+        assert_eq!(partner.sender_key(Some("B1")), Some("sk-1"));
+        assert_eq!(partner.sender_key(Some("B2")), None);
+        partner.default_sender_key = "sk-default".into();
+        assert_eq!(partner.sender_key(Some("B2")), Some("sk-default"));
+        assert_eq!(partner.sender_key(None), Some("sk-default"));
+    }
+}
