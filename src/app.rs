@@ -212,6 +212,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .clone()
         .spawn_watchers(config.rules.watch_interval, stop_rx);
 
+    let helpdesk = crate::helpdesk::api::Helpdesk::new(config.helpdesk.clone(), verdicts, &metrics);
     let shared = web::Data::new(Shared {
         store: store.clone(),
         writer: writer.clone(),
@@ -228,7 +229,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         upstream: upstream.handle.clone(),
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
         rules: reloader,
-        helpdesk: crate::helpdesk::api::Helpdesk::new(config.helpdesk.clone(), verdicts),
+        helpdesk,
     });
 
     let webhook_path = config.webhook.path.clone();

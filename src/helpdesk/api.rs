@@ -46,12 +46,18 @@ pub struct Helpdesk {
 }
 
 impl Helpdesk {
-    pub fn new(config: HelpdeskConfig, waiters: Arc<Waiters>) -> Self {
+    pub fn new(
+        config: HelpdeskConfig,
+        waiters: Arc<Waiters>,
+        metrics: &crate::ops::metrics::Metrics,
+    ) -> Self {
         Helpdesk {
             tokens: TokenSet::new(config.tokens.clone()),
             config,
             waiters,
-            in_progress: Default::default(),
+            in_progress: Arc::new(InProgress::with_gauge(
+                metrics.helpdesk_calls_in_progress.clone(),
+            )),
         }
     }
 }
@@ -440,11 +446,11 @@ async fn accept(
     shared: web::Data<Shared>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "accept", &id, &body, |shared| {
-        let b: AcceptBody = parse_body(&body, false)?;
+    run(&shared, &req, "accept", &id, Some(body), |shared, body| {
+        let b: AcceptBody = parse_body(body, false)?;
         let agent = agent_of(b.agent, "agent")?;
         let state = conversation(shared, &id)?;
         Ok((state, Command::Accept { agent }))
@@ -477,11 +483,11 @@ async fn send_message(
     shared: web::Data<Shared>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "message", &id, &body, |shared| {
-        let b: MessageBody = parse_body(&body, false)?;
+    run(&shared, &req, "message", &id, Some(body), |shared, body| {
+        let b: MessageBody = parse_body(body, false)?;
         let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
         let message = message_of(b.message)?;
         let state = conversation(shared, &id)?;
@@ -525,11 +531,11 @@ async fn release(
     shared: web::Data<Shared>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "release", &id, &body, |shared| {
-        let b: FlowTarget = parse_body(&body, true)?;
+    run(&shared, &req, "release", &id, Some(body), |shared, body| {
+        let b: FlowTarget = parse_body(body, true)?;
         let mut target = target_of(b)?;
         if !target.is_some() {
             target = configured_release(&shared.helpdesk.config.release_flow);
@@ -564,18 +570,25 @@ async fn transfer(
     shared: web::Data<Shared>,
     req: HttpRequest,
     id: web::Path<String>,
-    body: web::Bytes,
+    body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "transfer", &id, &body, |shared| {
-        let b: FlowTarget = parse_body(&body, false)?;
-        let target = target_of(b)?;
-        if !target.is_some() {
-            return Err(invalid_body("flow_id", "flow_id or flow is required"));
-        }
-        let state = conversation(shared, &id)?;
-        Ok((state, Command::Transfer { target }))
-    })
+    run(
+        &shared,
+        &req,
+        "transfer",
+        &id,
+        Some(body),
+        |shared, body| {
+            let b: FlowTarget = parse_body(body, false)?;
+            let target = target_of(b)?;
+            if !target.is_some() {
+                return Err(invalid_body("flow_id", "flow_id or flow is required"));
+            }
+            let state = conversation(shared, &id)?;
+            Ok((state, Command::Transfer { target }))
+        },
+    )
     .await
 }
 
@@ -604,21 +617,28 @@ async fn block(
     shared: web::Data<Shared>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
-    body: web::Bytes,
+    body: web::Payload,
 ) -> HttpResponse {
     let (platform, user_key) = path.into_inner();
     let route_id = format!("{platform}/{user_key}");
-    run(&shared, &req, "block", &route_id, &body, |shared| {
-        let b: BlockBody = parse_body(&body, true)?;
-        let (state, partner) = partner_user(shared, &platform, &user_key)?;
-        Ok((
-            state,
-            Command::Block {
-                partner,
-                reason: b.reason,
-            },
-        ))
-    })
+    run(
+        &shared,
+        &req,
+        "block",
+        &route_id,
+        Some(body),
+        |shared, body| {
+            let b: BlockBody = parse_body(body, true)?;
+            let (state, partner) = partner_user(shared, &platform, &user_key)?;
+            Ok((
+                state,
+                Command::Block {
+                    partner,
+                    reason: b.reason,
+                },
+            ))
+        },
+    )
     .await
 }
 
@@ -649,7 +669,7 @@ async fn unblock(
 ) -> HttpResponse {
     let (platform, user_key) = path.into_inner();
     let route_id = format!("{platform}/{user_key}");
-    run(&shared, &req, "unblock", &route_id, &[], |shared| {
+    run(&shared, &req, "unblock", &route_id, None, |shared, _| {
         let (state, partner) = partner_user(shared, &platform, &user_key)?;
         Ok((state, Command::Unblock { partner }))
     })
@@ -683,10 +703,17 @@ async fn remove_session(
 ) -> HttpResponse {
     let (platform, user_key) = path.into_inner();
     let route_id = format!("{platform}/{user_key}");
-    run(&shared, &req, "remove_session", &route_id, &[], |shared| {
-        let (state, partner) = partner_user(shared, &platform, &user_key)?;
-        Ok((state, Command::RemoveSession { partner }))
-    })
+    run(
+        &shared,
+        &req,
+        "remove_session",
+        &route_id,
+        None,
+        |shared, _| {
+            let (state, partner) = partner_user(shared, &platform, &user_key)?;
+            Ok((state, Command::RemoveSession { partner }))
+        },
+    )
     .await
 }
 
@@ -707,15 +734,17 @@ impl From<ApiError> for Answer {
     }
 }
 
-/// Authorize, honour the `Idempotency-Key`, build the command (`build` validates and resolves:
-/// the 400s and 404s), store it as an event, wait for its verdict and answer from it.
+/// Authorize, honour the `Idempotency-Key`, read the body, build the command (`build` validates
+/// and resolves: the 400s and 404s), store it as an event, wait for its verdict and answer from
+/// it. The key is claimed before the body is read, so a second call with it while the first is
+/// still sending or waiting gets 409 at once.
 async fn run(
     shared: &Shared,
     req: &HttpRequest,
     route: &'static str,
     target: &str,
-    body: &[u8],
-    build: impl FnOnce(&Shared) -> Result<(ConversationState, Command), ApiError>,
+    payload: Option<web::Payload>,
+    build: impl FnOnce(&Shared, &[u8]) -> Result<(ConversationState, Command), ApiError>,
 ) -> HttpResponse {
     if let Err(e) = authorize(shared, req) {
         return respond(e.into(), false);
@@ -724,14 +753,6 @@ async fn run(
         Ok(key) => key,
         Err(e) => return respond(e.into(), false),
     };
-    // What was asked, to tell a retry from a reuse of the key for something else.
-    let request = format!(
-        "{route} {target} {}",
-        serde_json::from_slice::<Value>(body).map_or_else(
-            |_| String::from_utf8_lossy(body).into_owned(),
-            |v| v.to_string()
-        )
-    );
     let mut _claim = None;
     if let Some(key) = &key {
         match shared.helpdesk.in_progress.claim(route, key) {
@@ -745,6 +766,23 @@ async fn run(
                 return respond(e.into(), false);
             }
         }
+    }
+    let body = match payload {
+        Some(p) => match read_body(p).await {
+            Ok(b) => b,
+            Err(e) => return respond(e.into(), false),
+        },
+        None => web::Bytes::new(),
+    };
+    // What was asked, to tell a retry from a reuse of the key for something else.
+    let request = format!(
+        "{route} {target} {}",
+        serde_json::from_slice::<Value>(&body).map_or_else(
+            |_| String::from_utf8_lossy(&body).into_owned(),
+            |v| v.to_string()
+        )
+    );
+    if let Some(key) = &key {
         match shared.store.idempotent_answer(route, key) {
             Ok(Some(first)) if first.request == request => {
                 let status =
@@ -769,7 +807,7 @@ async fn run(
             Err(e) => return respond(store_error(e).into(), false),
         }
     }
-    let answer = match build(shared) {
+    let answer = match build(shared, &body) {
         Ok((state, command)) => submit(shared, route, key.as_deref(), state, command).await,
         Err(e) => e.into(),
     };
@@ -787,6 +825,26 @@ async fn run(
         }
     }
     respond(answer, false)
+}
+
+/// Longest request body.
+const MAX_BODY: usize = 64 * 1024;
+
+async fn read_body(mut payload: web::Payload) -> Result<web::Bytes, ApiError> {
+    use futures_util::StreamExt as _;
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| invalid_body("body", e.to_string()))?;
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the body is over {MAX_BODY} bytes"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
 }
 
 fn respond(answer: Answer, replayed: bool) -> HttpResponse {

@@ -23,9 +23,13 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
-/// Keys being answered now, by route.
+/// Keys being answered now, by route; their number is the `handoff_helpdesk_calls_in_progress`
+/// gauge.
 #[derive(Default)]
-pub struct InProgress(Mutex<HashSet<String>>);
+pub struct InProgress {
+    keys: Mutex<HashSet<String>>,
+    gauge: Option<prometheus::IntGauge>,
+}
 
 /// A claimed key; released when dropped.
 pub struct Claim {
@@ -34,12 +38,22 @@ pub struct Claim {
 }
 
 impl InProgress {
+    pub fn with_gauge(gauge: prometheus::IntGauge) -> Self {
+        InProgress {
+            keys: Mutex::default(),
+            gauge: Some(gauge),
+        }
+    }
+
     /// Claim `route`'s `key`; `None` while another call holds it.
     pub fn claim(self: &Arc<Self>, route: &str, key: &str) -> Option<Claim> {
         let full = format!("{route}\0{key}");
-        let mut set = self.0.lock().ok()?;
+        let mut set = self.keys.lock().ok()?;
         if !set.insert(full.clone()) {
             return None;
+        }
+        if let Some(g) = &self.gauge {
+            g.inc();
         }
         Some(Claim {
             key: full,
@@ -50,8 +64,12 @@ impl InProgress {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Ok(mut set) = self.set.0.lock() {
-            set.remove(&self.key);
+        if let Ok(mut set) = self.set.keys.lock() {
+            if set.remove(&self.key) {
+                if let Some(g) = &self.set.gauge {
+                    g.dec();
+                }
+            }
         }
     }
 }
