@@ -489,7 +489,7 @@ async fn send_message(
     run(&shared, &req, "message", &id, Some(body), |shared, body| {
         let b: MessageBody = parse_body(body, false)?;
         let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
-        let message = message_of(b.message)?;
+        let message = Box::new(message_of(b.message)?);
         let state = conversation(shared, &id)?;
         let partner = match state.platform {
             Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),

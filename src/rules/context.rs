@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 18] = [
+pub const ROOTS: [&str; 19] = [
     "event",
     "message",
     "conversation",
@@ -29,6 +29,7 @@ pub const ROOTS: [&str; 18] = [
     "echo_of",
     "before",
     "end_user",
+    "agent_command",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`, without

@@ -172,11 +172,11 @@ pub fn builtin_actions(
             Some(p) => Action::PartnerSendMessage {
                 sender_key: p.sender_key.clone(),
                 user_key: p.user_key.clone(),
-                message: message.clone(),
+                message: (**message).clone(),
             },
             None => Action::SendMessage {
                 conversation_id: conversation_id.clone(),
-                message: message.clone(),
+                message: (**message).clone(),
                 custom: None,
             },
         }],

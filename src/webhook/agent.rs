@@ -72,7 +72,7 @@ pub enum Command {
     Message {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<DeskAgent>,
-        message: MessageData,
+        message: Box<MessageData>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         partner: Option<PartnerUser>,
     },
@@ -111,6 +111,23 @@ impl Command {
     }
 }
 
+/// Every command's name, as `agent.<name>` event types use them.
+pub const COMMANDS: [&str; 7] = [
+    "accept",
+    "message",
+    "release",
+    "transfer",
+    "block",
+    "unblock",
+    "remove_session",
+];
+
+/// Whether `kind` is an agent command's event type (rules may listen to them).
+pub fn is_command_event(kind: &str) -> bool {
+    kind.strip_prefix(AGENT_EVENT_PREFIX)
+        .is_some_and(|c| COMMANDS.contains(&c))
+}
+
 impl AgentCommand {
     /// The event type it is stored as.
     pub fn event_type(&self) -> String {
@@ -129,7 +146,7 @@ mod tests {
             conversation_id: "c1".into(),
             command: Command::Message {
                 agent: None,
-                message: MessageData {
+                message: Box::new(MessageData {
                     kind: MessageType::Text,
                     text: Some("hi".into()),
                     media: None,
@@ -137,7 +154,7 @@ mod tests {
                     location: None,
                     button: None,
                     buttons: None,
-                },
+                }),
                 partner: Some(PartnerUser {
                     sender_key: "sk".into(),
                     user_key: "u".into(),
