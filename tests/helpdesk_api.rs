@@ -367,9 +367,8 @@ fn every_documented_error_has_its_status_and_code() {
     let accept = format!("/conversations/{WEB}/accept");
     let alice = json!({"agent": {"id": "alice"}});
 
-    // 401: no token, a wrong one, another scheme. The token never shows in an answer.
-    for (token, header) in [(None, None), (Some("wrong-token-0123456789"), None)] {
-        let _: Option<&str> = header;
+    // 401: no token, a wrong one. The token never shows in an answer.
+    for token in [None, Some("wrong-token-0123456789")] {
         let r = call(&app, "POST", &accept, token, None, Some(alice.clone()));
         assert_eq!((r.status, code(&r)), (401, "unauthorized"));
         assert!(!r.body.to_string().contains(TOKEN_NEW));
