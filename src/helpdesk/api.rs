@@ -389,22 +389,12 @@ async fn get_conversation(
         None => Vec::new(),
     };
     let summary = summary(&state, &positions(&waiting), now);
-    let api = crate::upstream::api::OpenApi::new(shared.upstream.clone());
-    let query = crate::upstream::contract::MessagesQuery {
-        page: crate::upstream::contract::PageQuery {
-            offset: None,
-            limit: Some(shared.helpdesk.config.transcript_messages.max(1)),
-        },
-        conversation_id: Some(state.id.as_str().to_owned()),
-        ..Default::default()
-    };
-    let (transcript, transcript_error) = if shared.helpdesk.config.transcript_messages == 0 {
-        (None, None)
-    } else {
-        match api.list_messages(&query).await {
-            Ok(page) => (Some(json!(page.data)), None),
+    let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
+        0 => (None, None),
+        n => match transcript(&shared, state.id.as_str(), n).await {
+            Ok(messages) => (Some(messages), None),
             Err(e) => (None, Some(e.to_string())),
-        }
+        },
     };
     Ok(HttpResponse::Ok().json(ConversationAnswer {
         summary,
@@ -715,6 +705,31 @@ async fn remove_session(
         },
     )
     .await
+}
+
+/// The newest `n` messages of a conversation, oldest first. The Open API lists oldest first, so
+/// a longer conversation takes a second call at the offset of its last `n`.
+async fn transcript(
+    shared: &Shared,
+    conversation: &str,
+    n: u32,
+) -> Result<Value, crate::upstream::error::UpstreamError> {
+    use crate::upstream::contract::{MessagesQuery, PageQuery};
+    let api = crate::upstream::api::OpenApi::new(shared.upstream.clone());
+    let query = |offset| MessagesQuery {
+        page: PageQuery {
+            offset: Some(offset),
+            limit: Some(n),
+        },
+        conversation_id: Some(conversation.to_owned()),
+        ..Default::default()
+    };
+    let mut page = api.list_messages(&query(0)).await?;
+    if page.paging.total > u64::from(n) {
+        let offset = u32::try_from(page.paging.total - u64::from(n)).unwrap_or(u32::MAX);
+        page = api.list_messages(&query(offset)).await?;
+    }
+    Ok(json!(page.data))
 }
 
 // ---- The path of a mutating call ----
