@@ -1422,4 +1422,42 @@ mod tests {
         }
         assert!(doc["components"]["schemas"]["AcceptBody"].is_object());
     }
+
+    fn waiting(id: &str, bot: &str, requested_at: Millis) -> ConversationState {
+        let mut s = ConversationState::new(id.into());
+        s.bot_id = Some(bot.into());
+        s.handoff.requested_at = Some(requested_at);
+        s.handoff.phase.value = HandoffPhase::Requested;
+        s
+    }
+
+    #[test]
+    fn positions_count_per_bot_by_request_time_and_skip_accepted_and_released() {
+        let mut accepted = waiting("c0", "B1", 1);
+        accepted.desk.agent = Some(DeskAgent {
+            id: "a".into(),
+            name: None,
+        });
+        accepted.desk.accepted_at = Some(2);
+        let mut released = waiting("c4", "B1", 1);
+        released.desk.accepted_at = Some(5);
+        let states = vec![
+            waiting("c3", "B1", 30),
+            waiting("c1", "B1", 10),
+            waiting("c2", "B2", 20),
+            accepted,
+            released,
+        ];
+        let p = positions(&states);
+        assert_eq!(p.get("c1"), Some(&1));
+        assert_eq!(p.get("c3"), Some(&2));
+        assert_eq!(p.get("c2"), Some(&1), "another bot's queue");
+        assert_eq!(p.get("c0"), None);
+        assert_eq!(api_phase(&states[3]), "accepted");
+        assert_eq!(api_phase(&states[4]), "released");
+        // Asked again after the release: waiting again.
+        let mut again = states[4].clone();
+        again.handoff.requested_at = Some(9);
+        assert_eq!(api_phase(&again), "requested");
+    }
 }
