@@ -35,6 +35,8 @@ pub struct Shared {
     pub emulator: Option<crate::emulator::Emulator>,
     /// The rules in force (also used by replay), and how to reload them.
     pub rules: crate::ops::reload::Reloader,
+    /// The agent API (`/helpdesk/v1`).
+    pub helpdesk: crate::helpdesk::api::Helpdesk,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,11 +176,13 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         stop_rx.clone(),
     )?;
     let (decided_tx, decided_rx) = executor.decided_channel();
+    let verdicts = Arc::new(crate::helpdesk::commands::Waiters::default());
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,
         rules: rules.clone(),
         decided: Some(decided_tx),
+        verdicts: Some(verdicts.clone()),
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
@@ -220,6 +224,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .clone()
         .spawn_watchers(config.rules.watch_interval, stop_rx);
 
+    let helpdesk = crate::helpdesk::api::Helpdesk::new(config.helpdesk.clone(), verdicts, &metrics);
     let shared = web::Data::new(Shared {
         store: store.clone(),
         writer: writer.clone(),
@@ -236,6 +241,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         upstream: upstream.handle.clone(),
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
         rules: reloader,
+        helpdesk,
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -253,6 +259,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             .configure(|cfg| crate::intake::routes(cfg, &path))
             .configure(crate::ops::routes)
             .configure(crate::ops::admin::routes)
+            .service(crate::helpdesk::api::scope())
             .default_service(web::to(crate::http_error::not_found))
     })
     .workers(workers)
@@ -399,6 +406,7 @@ async fn prune_loop(
         let dedupe_before = now - millis(config.webhook.dedupe_retention);
         let events_before = now - millis(config.store.event_retention);
         let audit_before = now - millis(config.outbox.audit_retention);
+        let answers_before = now - millis(config.helpdesk.idempotency_retention);
         let store = store.clone();
         let pruning = move || {
             let pruned = store.prune(dedupe_before, events_before)?;
@@ -407,6 +415,10 @@ async fn prune_loop(
             // of them still knows what already ran.
             let oldest = store.oldest_event_received_at()?.unwrap_or(audit_before);
             let finished = store.prune_ledger(audit_before.min(oldest), 10_000)?;
+            let answers = store.prune_idempotency(answers_before, 10_000)?;
+            if answers > 0 {
+                tracing::debug!(answers, "pruned agent API idempotency records");
+            }
             Ok::<_, crate::store::StoreError>((pruned, finished))
         };
         match tokio::task::spawn_blocking(pruning).await {

@@ -78,6 +78,8 @@ pub struct DispatchSettings {
     pub rules: crate::rules::live::LiveRules,
     /// Receives the outbox entries of each committed fold, in fold order.
     pub decided: Option<crate::outbox::DecidedSender>,
+    /// Agent API calls waiting for their command's verdict.
+    pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
 }
 
 /// Start the dispatcher on the current runtime. It recovers the inbox, then runs until `stop`
@@ -210,6 +212,7 @@ async fn run(
             let events: usize = job.iter().map(|(_, b)| b.len()).sum();
             let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
             let (rules, decided) = (settings.rules.current(), settings.decided.clone());
+            let verdicts = settings.verdicts.clone();
             inflight.spawn_blocking(move || {
                 span.in_scope(|| {
                     let fold = Fold {
@@ -217,6 +220,7 @@ async fn run(
                         metrics: &metrics,
                         rules: rules.as_ref(),
                         decided: decided.as_ref(),
+                        verdicts: verdicts.as_deref(),
                     };
                     process(&fold, job)
                 })
@@ -268,6 +272,7 @@ struct Fold<'a> {
     metrics: &'a Metrics,
     rules: &'a dyn crate::actions::Decide,
     decided: Option<&'a crate::outbox::DecidedSender>,
+    verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
 }
 
 /// Fold one job (several partitions' batches) in one transaction. Runs on the blocking pool.
@@ -308,6 +313,10 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
         Ok(applied) => {
             if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
                 tx.send(applied.outbox);
+            }
+            // Committed: the agent API may answer from these verdicts now.
+            if let Some(waiters) = fold.verdicts {
+                waiters.complete(&applied.agent_verdicts);
             }
             let now = crate::clock::now_millis();
             for at in received {

@@ -11,6 +11,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The request field at fault (a `400 invalid_body`), shown as `error.field`.
+    pub field: Option<String>,
 }
 
 impl ApiError {
@@ -19,7 +21,25 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            field: None,
         }
+    }
+    /// Name the request field at fault.
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+    /// The body this error answers with, as JSON (the agent API stores it for idempotent
+    /// retries).
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::to_value(Body {
+            error: Inner {
+                code: self.code,
+                message: &self.message,
+                field: self.field.as_deref(),
+            },
+        })
+        .unwrap_or(serde_json::Value::Null)
     }
     pub fn unauthorized(message: &str) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
@@ -48,6 +68,8 @@ struct Body<'a> {
 struct Inner<'a> {
     code: &'a str,
     message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
 }
 
 impl fmt::Display for ApiError {
@@ -61,12 +83,7 @@ impl ResponseError for ApiError {
         self.status
     }
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(Body {
-            error: Inner {
-                code: self.code,
-                message: &self.message,
-            },
-        })
+        HttpResponse::build(self.status).json(self.body())
     }
 }
 

@@ -1,6 +1,10 @@
 //! Configuration: embedded defaults, then a TOML file, then `HANDOFF_BRIDGE_*` variables, then
 //! flags. Validated once; every problem is reported together, with the key, the value and why.
 
+pub mod helpdesk;
+
+pub use helpdesk::{HelpdeskConfig, HelpdeskEndpoint, HelpdeskRetry};
+
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -24,59 +28,6 @@ pub struct Config {
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
     pub helpdesk: HelpdeskConfig,
-}
-
-/// Where help-desk events go and how hard the bridge tries. No endpoint: events are recorded as
-/// done without a call, so rules can send them before a help desk is connected.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HelpdeskConfig {
-    pub endpoints: Vec<HelpdeskEndpoint>,
-    /// Messages of the transcript a `handoff.requested` carries (the newest; 0: none).
-    pub transcript_messages: u32,
-    /// Send the bot's messages as `conversation.message` too (the user's always go).
-    pub bot_messages: bool,
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// One delivery attempt, answer included.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    pub retry: HelpdeskRetry,
-}
-
-/// Backoff while a help desk is unreachable. Events wait in order rather than being dropped, for
-/// as long as an agent could still act on them.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HelpdeskRetry {
-    #[serde(with = "humantime_serde")]
-    pub initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub max: Duration,
-    /// A `Retry-After` longer than this is clamped to it.
-    #[serde(with = "humantime_serde")]
-    pub max_retry_after: Duration,
-    /// From an event's first failed attempt: then it becomes a `retries_exhausted` dead letter.
-    #[serde(with = "humantime_serde")]
-    pub give_up_after: Duration,
-}
-
-/// One help desk (or one of its webhooks).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HelpdeskEndpoint {
-    /// Names the endpoint in logs and metrics (the URL may carry credentials).
-    pub name: String,
-    pub url: String,
-    /// Standard Webhooks secrets (`whsec_` + base64); each signs, so several allow rotation.
-    pub secrets: Vec<Secret>,
-    /// Event kinds sent here: names, families (`handoff.*`) or `*`.
-    #[serde(default = "all_events")]
-    pub events: Vec<String>,
-}
-
-fn all_events() -> Vec<String> {
-    vec!["*".to_owned()]
 }
 
 /// Where the Open API is and how to call it.
@@ -307,6 +258,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_LOG_LEVEL", "log.level"),
     ("HANDOFF_BRIDGE_UPSTREAM_URL", "upstream.url"),
     ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "upstream.api_key"),
+    ("HANDOFF_BRIDGE_HELPDESK_TOKENS", "helpdesk.tokens"),
 ];
 
 impl Config {
@@ -589,6 +541,9 @@ impl Config {
             bad("upstream.limits", &e, "invalid rate limit");
         }
         self.validate_helpdesk(&mut bad);
+        for (key, value, why) in self.helpdesk.problems() {
+            bad(&key, &value, &why);
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             bad(
                 "log.level",
@@ -714,7 +669,8 @@ impl Config {
 }
 
 /// The one table whose keys are not known in advance (checked by the rule loader instead).
-const FREE_FORM: &str = "rules.settings";
+/// Tables whose keys are names the config does not know: rule settings, and the agent API's bots.
+const FREE_FORM: &[&str] = &["rules.settings", "helpdesk.partner.bots"];
 
 /// Deep-merge `src` into `dst`, checking each key and type against the defaults.
 fn merge(
@@ -740,7 +696,9 @@ fn merge(
         };
         match (value, default) {
             // Free-form: the names are the rule files' settings, checked when rules load.
-            (toml::Value::Table(sub), toml::Value::Table(_)) if path == FREE_FORM => {
+            (toml::Value::Table(sub), toml::Value::Table(_))
+                if FREE_FORM.contains(&path.as_str()) =>
+            {
                 dst.insert(key, toml::Value::Table(sub));
             }
             (toml::Value::Table(sub), toml::Value::Table(def_sub)) => {
@@ -804,7 +762,7 @@ fn set_path(
             }
         }
     }
-    if sections.join(".") == FREE_FORM {
+    if FREE_FORM.contains(&sections.join(".").as_str()) {
         // A setting from the environment: TOML if it parses (numbers, booleans), else text.
         let value = toml::from_str::<toml::Table>(&format!("v = {text}"))
             .ok()
@@ -861,6 +819,7 @@ const SECRET_KEYS: &[&str] = &[
     "admin.token",
     "upstream.api_key",
     "helpdesk.endpoints",
+    "helpdesk.tokens",
 ];
 
 fn shown(path: &str, value: &toml::Value) -> String {

@@ -335,3 +335,43 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         "{shown}"
     );
 }
+
+#[test]
+fn helpdesk_tokens_and_partner_channels_load_and_tokens_stay_masked() {
+    let (_d, path) = write(
+        "[helpdesk.partner]\ndefault_sender_key = \"sk-default\"\n\n[helpdesk.partner.bots]\nB7f3a2c = \"sk-support-0001\"\n",
+    );
+    let c = Config::load_from(
+        Some(&path),
+        env(&[(
+            "HANDOFF_BRIDGE_HELPDESK_TOKENS",
+            "helpdesk-token-one-0001,helpdesk-token-two-0002",
+        )]),
+        &Overrides::default(),
+    )
+    .expect("valid");
+    assert_eq!(c.helpdesk.tokens.len(), 2);
+    assert_eq!(
+        c.helpdesk.partner.sender_key(Some("B7f3a2c")),
+        Some("sk-support-0001")
+    );
+    assert_eq!(
+        c.helpdesk.partner.sender_key(Some("B0")),
+        Some("sk-default")
+    );
+    for shown in [format!("{c:?}"), c.to_masked_toml()] {
+        assert!(!shown.contains("helpdesk-token-one"), "{shown}");
+    }
+    let bad = Config::load_from(
+        None,
+        env(&[("HANDOFF_BRIDGE_HELPDESK_TOKENS", "short")]),
+        &Overrides::default(),
+    )
+    .expect_err("short token");
+    let p = problems(bad);
+    assert!(
+        p.iter()
+            .any(|p| p.key == "helpdesk.tokens[0]" && p.value == "****"),
+        "{p:?}"
+    );
+}

@@ -1,8 +1,18 @@
-//! The help-desk side of the bridge. Outbound: events about conversations (handoff requested,
+//! The help-desk side of the bridge.
+//!
+//! Outbound (`events`, `sender`, `signing`): events about conversations (handoff requested,
 //! connected, ended, messages...) signed the Standard Webhooks way and delivered through the
 //! outbox, so a help desk learns of them reliably, in order, with the context it needs.
+//!
+//! Inbound (`api`, `auth`, `commands`, `idempotency`): the agent API (`/helpdesk/v1`), whose
+//! mutating calls become stored `agent.*` events folded in order with the conversation's webhook
+//! events.
 
+pub mod api;
+pub mod auth;
+pub mod commands;
 pub mod events;
+pub mod idempotency;
 pub mod sender;
 pub mod signing;
 

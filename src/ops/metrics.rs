@@ -54,6 +54,8 @@ pub struct Metrics {
     pub rules_reloads: IntCounterVec,
     /// Rule timers running (started, not yet fired into a fold, cancelled or replaced).
     pub timers_pending: IntGauge,
+    /// Agent API calls holding an `Idempotency-Key` (being read, stored or waiting for a verdict).
+    pub helpdesk_calls_in_progress: IntGauge,
     /// Timer events stored (a re-fire after a restart that was stored before is not counted).
     pub timers_fired: IntCounter,
     /// Events a rule matched but its firing cap held it back for, by rule (names come from the
@@ -203,6 +205,10 @@ impl Metrics {
                 c
             },
             timers_pending: gauge("timers_pending", "Rule timers running")?,
+            helpdesk_calls_in_progress: gauge(
+                "helpdesk_calls_in_progress",
+                "Agent API calls holding an Idempotency-Key",
+            )?,
             timers_fired: counter(
                 "timers_fired_total",
                 "Rule timers fired as events into their conversation",

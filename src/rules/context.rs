@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 18] = [
+pub const ROOTS: [&str; 19] = [
     "event",
     "message",
     "conversation",
@@ -29,6 +29,7 @@ pub const ROOTS: [&str; 18] = [
     "echo_of",
     "before",
     "end_user",
+    "agent_command",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`, without
@@ -70,6 +71,9 @@ pub fn build_with(
                 "timer".into(),
                 json!({ "name": t.name, "due_at": t.due_at }),
             );
+        }
+        Payload::Agent(a) => {
+            root.insert("agent_command".into(), to_value(a));
         }
         _ => {}
     }
@@ -118,6 +122,7 @@ fn state_view(s: &ConversationState, now: Millis) -> Value {
         "seconds_since_last_bot_message": since(s.messages.last_bot_message_at),
         "seconds_since_last_agent_message": since(s.messages.last_agent_message_at),
         "events_applied": s.events_applied,
+        "desk_agent": s.desk.agent,
     })
 }
 

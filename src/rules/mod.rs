@@ -192,8 +192,10 @@ pub struct Rule {
 
 impl Rule {
     fn listens(&self, kind: &str) -> bool {
-        let timer = kind.starts_with(TIMER_EVENT_PREFIX);
-        self.on.iter().any(|o| (o == "*" && !timer) || o == kind)
+        // `*` is every webhook event: the bridge's own timer and agent events are named.
+        let own = kind.starts_with(TIMER_EVENT_PREFIX)
+            || kind.starts_with(crate::webhook::agent::AGENT_EVENT_PREFIX);
+        self.on.iter().any(|o| (o == "*" && !own) || o == kind)
     }
 
     /// Whether it reached its cap in `state` at `at` (the event's receive time): the firings in
@@ -470,9 +472,10 @@ fn compile(
                 "`{kind}` never fires: no rule starts a timer named `{name}`"
             )),
             (None, Some(_)) => None,
+            (None, None) if crate::webhook::agent::is_command_event(kind) => None,
             (None, None) => Some(format!(
-                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\") nor \
-                 a timer (`timer.<name>`)"
+                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\"), \
+                 a timer (`timer.<name>`) nor an agent command (`agent.accept`...)"
             )),
             // Rules run for a conversation; bot and end-user events only change state.
             (Some(k), _) if !matches!(k.data_key(), Some("conversation" | "message")) => {

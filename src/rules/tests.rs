@@ -864,3 +864,49 @@ fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
         "the shipped rules read neither"
     );
 }
+
+#[test]
+fn rules_may_listen_to_agent_commands_by_name_but_not_through_the_wildcard() {
+    let set = rules(
+        r#"
+        [[rule]]
+        name = "greet-agent"
+        on = ["agent.accept"]
+        when = { field = "agent_command.agent.id", equals = "alice" }
+        actions = [{ type = "send_message", text = "An agent is with you" }]
+
+        [[rule]]
+        name = "everything"
+        on = ["*"]
+        actions = [{ type = "update_state", add_labels = ["seen"] }]
+        "#,
+    );
+    let cmd = crate::webhook::agent::AgentCommand {
+        conversation_id: "c1".into(),
+        command: crate::webhook::agent::Command::Accept {
+            agent: crate::webhook::agent::DeskAgent {
+                id: "alice".into(),
+                name: None,
+            },
+        },
+    };
+    let event = crate::webhook::agent_event(&cmd, "agent:c1:accept:k", "B1", NOW)
+        .expect("event")
+        .event;
+    let mut state = ConversationState::new("c1".into());
+    assert!(state.apply(&event), "an applied command reaches rules");
+    let decided = set.decide(&event, &state, NOW);
+    let rules: Vec<&str> = decided.iter().map(|d| d.rule.as_str()).collect();
+    assert_eq!(rules, vec!["greet-agent"]);
+    assert_mentioned(
+        &problems(
+            r#"
+        [[rule]]
+        name = "x"
+        on = ["agent.nope"]
+        actions = [{ type = "set_manual", enabled = true }]
+        "#,
+        ),
+        "nor an agent command",
+    );
+}

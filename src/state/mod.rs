@@ -14,7 +14,9 @@ use crate::webhook::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub mod desk;
 mod firings;
+pub use desk::Desk;
 pub use firings::{CapHit, FiringCap, Firings};
 
 /// Version of the persisted state layout; bump with a migration when the shape changes. Fields
@@ -148,6 +150,9 @@ pub struct ConversationState {
     /// The last time a firing cap held each rule back here: the audit of caps.
     #[serde(default)]
     pub capped: std::collections::BTreeMap<String, CapHit>,
+    /// The agent API's side: the agent who accepted it, and the verdicts on agent commands.
+    #[serde(default)]
+    pub desk: Desk,
 }
 
 /// A running rule timer: it fires as a `timer.<name>` event at `due_at`.
@@ -230,11 +235,13 @@ impl ConversationState {
             timers: Default::default(),
             firings: Default::default(),
             capped: Default::default(),
+            desk: Default::default(),
         }
     }
 
-    /// Fold one conversation, message or timer event in. Returns whether rules may decide for it:
-    /// false only for a stale timer firing (see [`Timer::started_by`]).
+    /// Fold one conversation, message, timer or agent event in. Returns whether rules may decide
+    /// for it: false for a stale timer firing (see [`Timer::started_by`]) and for an agent command
+    /// the state refused (see [`desk`]).
     pub fn apply(&mut self, event: &Event) -> bool {
         let stamp = Stamp::of(event);
         self.events_applied += 1;
@@ -247,6 +254,7 @@ impl ConversationState {
             Payload::Conversation(c) => self.apply_conversation(&event.kind, c, &stamp),
             Payload::Message(m) => self.apply_message(m, &stamp),
             Payload::Timer(t) => return self.fire_timer(t),
+            Payload::Agent(cmd) => return self.fold_agent(event, cmd),
             _ => {}
         }
         true

@@ -10,7 +10,9 @@
 //!   neither lose nor repeat the fold.
 
 pub mod dedupe;
+pub mod desk;
 pub mod eventlog;
+pub mod idempotency;
 pub mod intake;
 pub mod keys;
 pub mod outbox;
@@ -241,6 +243,8 @@ pub struct Applied {
     pub timers_change: i64,
     /// The rule of each event a firing cap held a rule back for (one per hit, for the metric).
     pub capped: Vec<String>,
+    /// The verdict on each folded agent command (the agent API waits for them).
+    pub agent_verdicts: Vec<crate::state::desk::Verdict>,
 }
 
 /// What a prune pass removed.
@@ -725,6 +729,11 @@ impl Store {
                     );
                     out.capped.push(hit.rule);
                 }
+                if let Payload::Agent(_) = &event.payload {
+                    if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
+                        out.agent_verdicts.push(verdict.clone());
+                    }
+                }
                 let decided_by = (rules.version(), at, now);
                 let decisions = outcome.decisions;
                 self.queue_decisions(event, state, decisions, decided_by, &mut decided, &mut out)?;
@@ -1043,7 +1052,9 @@ impl Store {
 /// before, which `changed` conditions compare: the fold keeps a copy, so deciding stays pure), and
 /// record in the state which rules fired and which their caps held back (so the fold and a replay
 /// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
-/// since) is folded but decides nothing.
+/// since) is folded but decides nothing. An agent command decides its own actions first (rule
+/// [`BUILTIN_RULE`](crate::state::desk::BUILTIN_RULE)), then the rules see it; one the state
+/// refused decides nothing.
 fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
@@ -1057,8 +1068,21 @@ fn fold_and_decide(
             before: before.as_ref(),
             end_user,
         };
-        let decided = rules.evaluate(event, state, inputs, time);
+        let mut decided = rules.evaluate(event, state, inputs, time);
         decided.record(state, &event.id, time.received_at);
+        if let Payload::Agent(cmd) = &event.payload {
+            let builtin = crate::state::desk::builtin_actions(event, cmd, state);
+            let own =
+                builtin
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, action)| crate::actions::Decision {
+                        rule: crate::state::desk::BUILTIN_RULE.to_owned(),
+                        index,
+                        action,
+                    });
+            decided.decisions.splice(0..0, own);
+        }
         decided
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");

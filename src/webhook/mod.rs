@@ -4,6 +4,7 @@
 //! Parsing is pure (bytes in, verdict out) so the intake handler, quarantine re-processing and the
 //! dispatcher all judge input the same way.
 
+pub mod agent;
 pub mod model;
 
 use crate::ids::{DeliveryId, PartitionKey};
@@ -65,9 +66,9 @@ pub enum EventError {
     Format(String),
     #[error("event field `{0}` must not be empty")]
     Empty(&'static str),
-    /// `timer.*` events are made by the bridge for its rule timers; from outside they could fire
-    /// (or forge) a conversation's timer.
-    #[error("event type `{0}` is reserved for the bridge's own timers")]
+    /// `timer.*` events are made by the bridge for its rule timers, `agent.*` for the agent API;
+    /// from outside they could fire (or forge) a conversation's timer or an agent's command.
+    #[error("event type `{0}` is reserved for the bridge's own timers and agent commands")]
     Reserved(String),
 }
 
@@ -141,11 +142,13 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
         return Err(EventError::Empty("sourceId"));
     }
     let timer = header.event.timer_name();
-    if timer.is_some() && origin == Origin::Outside {
+    let agent = header.event.agent_command();
+    if (timer.is_some() || agent.is_some()) && origin == Origin::Outside {
         return Err(EventError::Reserved(header.event.as_str().to_owned()));
     }
     let payload = match header.event.data_key() {
         None if timer.is_some() => Payload::Timer(timer_payload(timer, header.data.get())?),
+        None if agent.is_some() => Payload::Agent(agent_payload(agent, header.data.get())?),
         None => Payload::Unknown(
             serde_json::from_str(header.data.get())
                 .map_err(|e| EventError::Format(e.to_string()))?,
@@ -188,7 +191,7 @@ fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
             .as_str()
             .is_empty()
             .then_some("data.message.conversationId"),
-        Payload::Timer(_) | Payload::Unknown(_) => None,
+        Payload::Timer(_) | Payload::Agent(_) | Payload::Unknown(_) => None,
     };
     match empty {
         Some(field) => Err(EventError::Empty(field)),
@@ -213,6 +216,52 @@ fn timer_payload(name: Option<&str>, data: &str) -> Result<model::TimerFiring, E
         ));
     }
     Ok(timer)
+}
+
+/// `data.agent` of an `agent.<command>` event, checked against the command in its type.
+fn agent_payload(name: Option<&str>, data: &str) -> Result<agent::AgentCommand, EventError> {
+    #[derive(serde::Deserialize)]
+    struct Data {
+        agent: agent::AgentCommand,
+    }
+    let Data { agent } =
+        serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
+    if agent.conversation_id.as_str().is_empty() {
+        return Err(EventError::Empty("data.agent.conversationId"));
+    }
+    if name != Some(agent.command.name()) {
+        return Err(EventError::Format(
+            "data.agent.command must be the command in the event type".into(),
+        ));
+    }
+    Ok(agent)
+}
+
+/// The event an agent command is stored as. `id` is made by the API (from the request's
+/// idempotency key when it has one, so a retried call is a duplicate), `bot` is the
+/// conversation's bot (the `sourceId`), `at` when the API received the call.
+pub fn agent_event(
+    command: &agent::AgentCommand,
+    id: &str,
+    bot: &str,
+    at: model::Millis,
+) -> Result<IncomingEvent, EventError> {
+    let raw = serde_json::json!({
+        "id": id,
+        "event": command.event_type(),
+        "sourceType": "bridge",
+        "sourceId": bot,
+        "timestamp": at,
+        "data": { "agent": command },
+    })
+    .to_string();
+    let event = parse_event(&raw)?;
+    Ok(IncomingEvent {
+        partition: partition_of(&event),
+        raw,
+        unknown_platform: false,
+        event,
+    })
 }
 
 /// The event a due timer fires as, stored and folded like a delivered one. Its id is
@@ -445,6 +494,47 @@ mod tests {
             );
         }
         // Quarantine re-processing judges the same way.
+        let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
+        assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
+    }
+
+    fn accept() -> agent::AgentCommand {
+        agent::AgentCommand {
+            conversation_id: "c1".into(),
+            command: agent::Command::Accept {
+                agent: agent::DeskAgent {
+                    id: "a1".into(),
+                    name: None,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn an_agent_event_round_trips_into_its_conversation() {
+        let made = agent_event(&accept(), "agent:c1:accept:k1", "B1", 5).expect("agent event");
+        let event = parse_event(&made.raw).expect("stored form parses");
+        assert_eq!(event.kind.as_str(), "agent.accept");
+        assert_eq!(event.kind.agent_command(), Some("accept"));
+        assert!(matches!(&event.payload, Payload::Agent(a) if *a == accept()));
+        assert_eq!(made.partition, PartitionKey::Conversation("c1".into()));
+        let renamed = made.raw.replace("\"agent.accept\"", "\"agent.release\"");
+        assert!(matches!(parse_event(&renamed), Err(EventError::Format(_))));
+    }
+
+    #[test]
+    fn the_service_cannot_send_agent_events() {
+        let forged = agent_event(&accept(), "e1", "B1", 5).expect("event").raw;
+        let body =
+            format!(r#"{{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[{forged}]}}"#);
+        let parsed = parse_delivery(body.as_bytes()).expect("envelope ok");
+        assert!(parsed.events.is_empty());
+        assert_eq!(parsed.invalid.len(), 1);
+        assert!(
+            parsed.invalid[0].reason.contains("agent commands"),
+            "{}",
+            parsed.invalid[0].reason
+        );
         let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
         assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
     }

@@ -127,6 +127,14 @@ impl EventKind {
         }
     }
 
+    /// The command of an `agent.<command>` event (made by the bridge for the agent API).
+    pub fn agent_command(&self) -> Option<&str> {
+        match self {
+            EventKind::Other(kind) => kind.strip_prefix(super::agent::AGENT_EVENT_PREFIX),
+            _ => None,
+        }
+    }
+
     /// Metric label: the type itself when known, `other` otherwise (bounded cardinality).
     pub fn metric_label(&self) -> &str {
         if self.is_known() {
@@ -219,6 +227,8 @@ pub enum Payload {
     Message(Message),
     /// A rule timer fired (`timer.<name>`; the bridge's own, refused from the service).
     Timer(TimerFiring),
+    /// An agent's command from the agent API (`agent.<command>`; the bridge's own too).
+    Agent(super::agent::AgentCommand),
     Unknown(Value),
 }
 
@@ -229,6 +239,7 @@ impl Payload {
             Payload::Conversation(c) => Some(&c.id),
             Payload::Message(m) => Some(&m.conversation_id),
             Payload::Timer(t) => Some(&t.conversation_id),
+            Payload::Agent(a) => Some(&a.conversation_id),
             _ => None,
         }
     }

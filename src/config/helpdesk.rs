@@ -1,0 +1,160 @@
+//! `[helpdesk]`: the agent API's settings and where help-desk events go.
+
+use super::Secret;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The help desk: its agent API (inbound) and its event endpoints (outbound).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskConfig {
+    /// Bearer tokens of the agent API; several at once for rotation. Empty: the API answers 503
+    /// `helpdesk_api_disabled` (nothing is generated: a help desk is set up on purpose).
+    pub tokens: Vec<Secret>,
+    /// How long the first answer to an `Idempotency-Key` is kept.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_retention: Duration,
+    /// How long a mutating call waits for its command's verdict (then 504 `command_pending`).
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Messages of the transcript `GET /conversations/{id}` shows and a `handoff.requested`
+    /// event carries (the newest, read from the Open API; 0: none).
+    pub transcript_messages: u32,
+    /// Where a release without a flow sends the conversation: a flow id (digits) or title; empty
+    /// leaves it where it is.
+    pub release_flow: String,
+    pub partner: PartnerConfig,
+    /// Where help-desk events go. None: events are recorded as done without a call, so rules can
+    /// send them before a help desk is connected.
+    pub endpoints: Vec<HelpdeskEndpoint>,
+    /// Send the bot's messages as `conversation.message` too (the user's always go).
+    pub bot_messages: bool,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// One delivery attempt, answer included.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub retry: HelpdeskRetry,
+}
+
+/// Partner-messenger counseling channels, so agents address users by conversation, not by
+/// channel keys.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartnerConfig {
+    /// The channel of bots not in `bots`; empty: none.
+    pub default_sender_key: String,
+    /// Bot id -> its channel's `senderKey`.
+    pub bots: BTreeMap<String, String>,
+}
+
+impl PartnerConfig {
+    /// The `senderKey` of a bot's channel.
+    pub fn sender_key(&self, bot: Option<&str>) -> Option<&str> {
+        bot.and_then(|b| self.bots.get(b))
+            .map(String::as_str)
+            .or(Some(self.default_sender_key.as_str()))
+            .filter(|k| !k.is_empty())
+    }
+}
+
+/// Backoff while a help desk is unreachable. Events wait in order rather than being dropped, for
+/// as long as an agent could still act on them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskRetry {
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// A `Retry-After` longer than this is clamped to it.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_after: Duration,
+    /// From an event's first failed attempt: then it becomes a `retries_exhausted` dead letter.
+    #[serde(with = "humantime_serde")]
+    pub give_up_after: Duration,
+}
+
+/// One help desk (or one of its webhooks).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelpdeskEndpoint {
+    /// Names the endpoint in logs and metrics (the URL may carry credentials).
+    pub name: String,
+    pub url: String,
+    /// Standard Webhooks secrets (`whsec_` + base64); each signs, so several allow rotation.
+    pub secrets: Vec<Secret>,
+    /// Event kinds sent here: names, families (`handoff.*`) or `*`.
+    #[serde(default = "all_events")]
+    pub events: Vec<String>,
+}
+
+fn all_events() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+impl HelpdeskConfig {
+    /// Semantic problems: (key, value shown, why).
+    pub fn problems(&self) -> Vec<(String, String, String)> {
+        let mut p = Vec::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            if t.expose().len() < 16 || !t.expose().chars().all(|c| c.is_ascii_graphic()) {
+                p.push((
+                    format!("helpdesk.tokens[{i}]"),
+                    "****".into(),
+                    "must be at least 16 visible ASCII characters".into(),
+                ));
+            }
+        }
+        if self.idempotency_retention < Duration::from_secs(60) {
+            p.push((
+                "helpdesk.idempotency_retention".into(),
+                humantime::format_duration(self.idempotency_retention).to_string(),
+                "must be at least 1m".into(),
+            ));
+        }
+        if self.command_timeout.is_zero() || self.command_timeout > Duration::from_secs(300) {
+            p.push((
+                "helpdesk.command_timeout".into(),
+                humantime::format_duration(self.command_timeout).to_string(),
+                "must be more than 0 and at most 5m".into(),
+            ));
+        }
+        if self.transcript_messages > 100 {
+            p.push((
+                "helpdesk.transcript_messages".into(),
+                self.transcript_messages.to_string(),
+                "must be at most 100".into(),
+            ));
+        }
+        for (bot, key) in &self.partner.bots {
+            if key.is_empty() {
+                p.push((
+                    format!("helpdesk.partner.bots.{bot}"),
+                    String::new(),
+                    "a senderKey must not be empty".into(),
+                ));
+            }
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bot_uses_its_own_channel_else_the_default_else_none() {
+        let mut partner = PartnerConfig {
+            default_sender_key: String::new(),
+            bots: BTreeMap::from([("B1".to_owned(), "sk-1".to_owned())]),
+        };
+        assert_eq!(partner.sender_key(Some("B1")), Some("sk-1"));
+        assert_eq!(partner.sender_key(Some("B2")), None);
+        partner.default_sender_key = "sk-default".into();
+        assert_eq!(partner.sender_key(Some("B2")), Some("sk-default"));
+        assert_eq!(partner.sender_key(None), Some("sk-default"));
+    }
+}

@@ -1,0 +1,1463 @@
+//! The agent API (`/helpdesk/v1`): what a help desk's agents call to see the queue, take a
+//! conversation, answer, hand it back, move it, and block or unblock a partner-messenger user.
+//!
+//! Every mutating call becomes an `agent.<command>` event of its conversation
+//! ([`crate::webhook::agent`]) accepted through the writer like a webhook delivery, so it is
+//! durable, deduped and folded in order with the conversation's own events. The fold decides
+//! (an accept raced by another agent's loses there, not in a pre-check that could be stale), its
+//! actions go to the outbox in the fold's transaction, and the call waits for the verdict and
+//! answers from it. The OpenAPI document (`/helpdesk/v1/openapi.json`) is generated from the
+//! handlers' annotations and the same [`scope`] that mounts them, so it lists exactly what is
+//! served.
+
+use crate::app::Shared;
+use crate::config::helpdesk::HelpdeskConfig;
+use crate::helpdesk::commands::Waiters;
+use crate::helpdesk::idempotency::{self, InProgress};
+use crate::http_error::ApiError;
+use crate::ids::{ConversationId, DeliveryId};
+use crate::intake::auth::TokenSet;
+use crate::state::desk::{Outcome, Verdict};
+use crate::state::{ConversationState, HandoffPhase};
+use crate::store::idempotency::IdempotencyRecord;
+use crate::store::AcceptJob;
+use crate::webhook::agent::{AgentCommand, Command, DeskAgent, PartnerUser, Target};
+use crate::webhook::model::{MessageData, Millis, Platform};
+use actix_web::http::StatusCode;
+use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use utoipa::{IntoParams, ToSchema};
+
+/// Where the API is mounted.
+pub const PREFIX: &str = "/helpdesk/v1";
+/// Longest agent reply text.
+const MAX_TEXT: usize = 4000;
+/// Most conversations the queue looks at (it sorts them to number positions).
+const QUEUE_SCAN_LIMIT: usize = 10_000;
+
+/// The agent API's part of the shared handler state.
+pub struct Helpdesk {
+    pub tokens: TokenSet,
+    pub config: HelpdeskConfig,
+    pub waiters: Arc<Waiters>,
+    pub in_progress: Arc<InProgress>,
+}
+
+impl Helpdesk {
+    pub fn new(
+        config: HelpdeskConfig,
+        waiters: Arc<Waiters>,
+        metrics: &crate::ops::metrics::Metrics,
+    ) -> Self {
+        Helpdesk {
+            tokens: TokenSet::new(config.tokens.clone()),
+            config,
+            waiters,
+            in_progress: Arc::new(InProgress::with_gauge(
+                metrics.helpdesk_calls_in_progress.clone(),
+            )),
+        }
+    }
+}
+
+/// The API's routes, as a scope both the server and the OpenAPI document are built from.
+pub fn scope() -> impl actix_web::dev::HttpServiceFactory + utoipa_actix_web::OpenApiFactory {
+    utoipa_actix_web::scope::scope(PREFIX).configure(|cfg| {
+        cfg.service(openapi_json)
+            .service(list_conversations)
+            .service(get_conversation)
+            .service(accept)
+            .service(send_message)
+            .service(release)
+            .service(transfer)
+            .service(block)
+            .service(unblock)
+            .service(remove_session);
+    })
+}
+
+/// The OpenAPI document of [`scope`].
+pub fn document() -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    use utoipa_actix_web::OpenApiFactory as _;
+    let scope = scope();
+    let mut schemas = Vec::new();
+    scope.schemas(&mut schemas);
+    let mut doc = utoipa::openapi::OpenApiBuilder::new()
+        .info(
+            utoipa::openapi::InfoBuilder::new()
+                .title("handoff-bridge agent API")
+                .version(env!("CARGO_PKG_VERSION"))
+                .description(Some(
+                    "Help-desk agents take, answer, hand back and move conversations. Every \
+                     mutating call accepts an Idempotency-Key header.",
+                ))
+                .build(),
+        )
+        .paths(scope.paths())
+        .build();
+    let components = doc
+        .components
+        .get_or_insert_with(utoipa::openapi::Components::new);
+    components.schemas.extend(schemas);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+    );
+    doc.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+        "bearer",
+        Vec::<String>::new(),
+    )]);
+    doc
+}
+
+// ---- Request and answer bodies ----
+
+/// The one error body: `{"error": {"code", "message", "field"?}}`.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorInner,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorInner {
+    /// Stable, for programs.
+    pub code: String,
+    /// For people.
+    pub message: String,
+    /// The request field at fault (400 `invalid_body`).
+    pub field: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentBody {
+    /// The help desk's id of the agent.
+    pub id: String,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptBody {
+    pub agent: AgentBody,
+}
+
+/// An agent's reply: text, media or cards.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    pub agent: Option<AgentBody>,
+    pub message: ReplyMessage,
+}
+
+#[derive(Deserialize, Serialize, ToSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplyType {
+    Text,
+    Media,
+    Cards,
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyMessage {
+    #[serde(rename = "type")]
+    pub kind: ReplyType,
+    pub text: Option<String>,
+    pub media: Option<ReplyMedia>,
+    pub cards: Option<Vec<ReplyCard>>,
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplyMedia {
+    pub content_type: String,
+    pub uri: String,
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyCard {
+    pub title: String,
+    pub description: Option<String>,
+    pub media: Option<ReplyMedia>,
+    pub uri: Option<String>,
+    pub buttons: Option<Vec<ReplyButton>>,
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyButton {
+    pub label: String,
+    pub uri: Option<String>,
+}
+
+/// Where to send the conversation: a flow by id or by title (`flow`), optionally a node.
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FlowTarget {
+    pub flow_id: Option<i64>,
+    pub flow: Option<String>,
+    pub node_id: Option<i64>,
+}
+
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlockBody {
+    pub reason: Option<String>,
+}
+
+/// The answer to a mutating call: the command's verdict, once folded.
+#[derive(Serialize, ToSchema)]
+pub struct CommandAnswer {
+    pub conversation_id: String,
+    /// `accept`, `message`, `release`, `transfer`, `block`, `unblock`, `remove_session`.
+    pub command: String,
+    /// The stored `agent.<command>` event (in the conversation's audit timeline).
+    pub event_id: String,
+    /// `applied`.
+    pub status: String,
+    /// False for a repeat that had nothing left to do (the same agent accepting again).
+    pub changed: bool,
+    /// The agent who has the conversation now, if any.
+    pub agent: Option<AgentBody>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct QueueQuery {
+    /// `requested` (default: waiting for an agent), `accepted` (taken through this API),
+    /// `connected`, `released`, `cancelled`, `ended`, `bot`, or `all`.
+    pub phase: Option<String>,
+    /// Only this bot's conversations.
+    pub bot: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct QueueItem {
+    pub id: String,
+    pub bot_id: Option<String>,
+    pub platform: Option<String>,
+    pub user_key: Option<String>,
+    pub end_user_id: Option<String>,
+    pub phase: String,
+    /// When the user asked for an agent (Unix ms).
+    pub requested_at: Option<Millis>,
+    /// Seconds since then, while waiting.
+    pub wait_seconds: Option<i64>,
+    /// 1-based place among the conversations waiting for the same bot, by request time.
+    pub position: Option<usize>,
+    pub agent: Option<AgentBody>,
+    pub accepted_at: Option<Millis>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct QueueAnswer {
+    pub conversations: Vec<QueueItem>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ConversationAnswer {
+    #[serde(flatten)]
+    pub summary: QueueItem,
+    /// The service's view: manual status, navigation, params, message counters.
+    #[schema(value_type = Object)]
+    pub state: Value,
+    /// The newest messages, read through the Open API (null when it could not be read).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub transcript: Option<Value>,
+    pub transcript_error: Option<String>,
+}
+
+// ---- Handlers ----
+
+/// The OpenAPI document of this API (no token needed).
+#[utoipa::path(
+    tag = "meta",
+    security(()),
+    responses((status = 200, description = "OpenAPI 3.1 document", content_type = "application/json"))
+)]
+#[get("/openapi.json")]
+async fn openapi_json() -> HttpResponse {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| document().to_json().unwrap_or_else(|_| "{}".to_owned()));
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(doc.clone())
+}
+
+/// The queue: conversations in a phase, with wait time and position.
+#[utoipa::path(
+    tag = "conversations",
+    params(QueueQuery),
+    responses(
+        (status = 200, body = QueueAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_query"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
+    )
+)]
+#[get("/conversations")]
+async fn list_conversations(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    query: web::Query<QueueQuery>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&shared, &req)?;
+    let q = query.into_inner();
+    let phase = q.phase.unwrap_or_else(|| "requested".into());
+    const PHASES: [&str; 8] = [
+        "requested",
+        "accepted",
+        "connected",
+        "released",
+        "cancelled",
+        "ended",
+        "bot",
+        "all",
+    ];
+    if !PHASES.contains(&phase.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("phase must be one of {}", PHASES.join(", ")),
+        )
+        .with_field("phase"));
+    }
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let store = shared.store.clone();
+    let bot = q.bot;
+    let states = web::block(move || {
+        store.conversations_where(
+            |s| bot.as_deref().map_or(true, |b| bot_of(s) == Some(b)),
+            QUEUE_SCAN_LIMIT,
+        )
+    })
+    .await
+    .map_err(|_| store_unavailable())?
+    .map_err(store_error)?;
+    let now = crate::clock::now_millis();
+    let positions = positions(&states);
+    let mut items: Vec<QueueItem> = states
+        .iter()
+        .filter(|s| phase == "all" || api_phase(s) == phase)
+        .map(|s| summary(s, &positions, now))
+        .collect();
+    items.sort_by(|a, b| (a.requested_at, &a.id).cmp(&(b.requested_at, &b.id)));
+    items.truncate(limit);
+    Ok(HttpResponse::Ok().json(QueueAnswer {
+        conversations: items,
+    }))
+}
+
+/// A conversation: phase, agent, state and recent transcript.
+#[utoipa::path(
+    tag = "conversations",
+    params(("id" = String, Path, description = "conversation id")),
+    responses(
+        (status = 200, body = ConversationAnswer),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "conversation_not_found"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
+    )
+)]
+#[get("/conversations/{id}")]
+async fn get_conversation(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&shared, &req)?;
+    let state = conversation(&shared, &id)?;
+    let now = crate::clock::now_millis();
+    let waiting = match bot_of(&state) {
+        Some(bot) => {
+            let bot = bot.to_owned();
+            let store = shared.store.clone();
+            web::block(move || {
+                store.conversations_where(|s| bot_of(s) == Some(bot.as_str()), QUEUE_SCAN_LIMIT)
+            })
+            .await
+            .map_err(|_| store_unavailable())?
+            .map_err(store_error)?
+        }
+        None => Vec::new(),
+    };
+    let summary = summary(&state, &positions(&waiting), now);
+    let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
+        0 => (None, None),
+        n => match transcript(&shared, state.id.as_str(), n).await {
+            Ok(messages) => (Some(messages), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+    };
+    Ok(HttpResponse::Ok().json(ConversationAnswer {
+        summary,
+        state: json!({
+            "manual_status": state.manual_status.value,
+            "handoff_phase": state.handoff.phase.value,
+            "navigation": state.navigation.value,
+            "params": state.params.value,
+            "messages": state.messages,
+            "labels": state.labels,
+            "desk": state.desk,
+        }),
+        transcript,
+        transcript_error,
+    }))
+}
+
+/// An agent takes the conversation: the agent is recorded and manual mode turned on.
+#[utoipa::path(
+    tag = "commands",
+    params(
+        ("id" = String, Path, description = "conversation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    request_body = AcceptBody,
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "conversation_not_found"),
+        (status = 409, body = ErrorBody, description = "already_accepted (by another agent), idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending: stored, not yet applied; retry with the same key"),
+    )
+)]
+#[post("/conversations/{id}/accept")]
+async fn accept(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> HttpResponse {
+    let id = id.into_inner();
+    run(&shared, &req, "accept", &id, Some(body), |shared, body| {
+        let b: AcceptBody = parse_body(body, false)?;
+        let agent = agent_of(b.agent, "agent")?;
+        let state = conversation(shared, &id)?;
+        Ok((state, Command::Accept { agent }))
+    })
+    .await
+}
+
+/// An agent's reply: through the partner messenger's send-message endpoint for partner-messenger
+/// users, otherwise into the conversation.
+#[utoipa::path(
+    tag = "commands",
+    params(
+        ("id" = String, Path, description = "conversation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    request_body = MessageBody,
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "conversation_not_found"),
+        (status = 409, body = ErrorBody, description = "not_with_agent, idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[post("/conversations/{id}/messages")]
+async fn send_message(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> HttpResponse {
+    let id = id.into_inner();
+    run(&shared, &req, "message", &id, Some(body), |shared, body| {
+        let b: MessageBody = parse_body(body, false)?;
+        let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
+        let message = Box::new(message_of(b.message)?);
+        let state = conversation(shared, &id)?;
+        let partner = match state.platform {
+            Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
+            _ => None,
+        };
+        Ok((
+            state,
+            Command::Message {
+                agent,
+                message,
+                partner,
+            },
+        ))
+    })
+    .await
+}
+
+/// Hand back to the bot: manual mode off, and to `flow_id`/`flow` (else `helpdesk.release_flow`).
+#[utoipa::path(
+    tag = "commands",
+    params(
+        ("id" = String, Path, description = "conversation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    request_body(content = Option<FlowTarget>, description = "optional: where the bot picks up"),
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "conversation_not_found"),
+        (status = 409, body = ErrorBody, description = "not_with_agent, idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[post("/conversations/{id}/release")]
+async fn release(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> HttpResponse {
+    let id = id.into_inner();
+    run(&shared, &req, "release", &id, Some(body), |shared, body| {
+        let b: FlowTarget = parse_body(body, true)?;
+        let mut target = target_of(b)?;
+        if !target.is_some() {
+            target = configured_release(&shared.helpdesk.config.release_flow);
+        }
+        let state = conversation(shared, &id)?;
+        Ok((state, Command::Release { target }))
+    })
+    .await
+}
+
+/// Move the conversation to a flow (manual mode and the agent stay as they are).
+#[utoipa::path(
+    tag = "commands",
+    params(
+        ("id" = String, Path, description = "conversation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    request_body = FlowTarget,
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "conversation_not_found"),
+        (status = 409, body = ErrorBody, description = "idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[post("/conversations/{id}/transfer")]
+async fn transfer(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Payload,
+) -> HttpResponse {
+    let id = id.into_inner();
+    run(
+        &shared,
+        &req,
+        "transfer",
+        &id,
+        Some(body),
+        |shared, body| {
+            let b: FlowTarget = parse_body(body, false)?;
+            let target = target_of(b)?;
+            if !target.is_some() {
+                return Err(invalid_body("flow_id", "flow_id or flow is required"));
+            }
+            let state = conversation(shared, &id)?;
+            Ok((state, Command::Transfer { target }))
+        },
+    )
+    .await
+}
+
+/// Block a partner-messenger user (their channel from `helpdesk.partner`).
+#[utoipa::path(
+    tag = "users",
+    params(
+        ("platform" = String, Path, description = "the user's platform (the partner messenger's: kakaobiz)"),
+        ("user_key" = String, Path, description = "the user's userKey"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    request_body(content = Option<BlockBody>),
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "user_not_found"),
+        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[post("/users/{platform}/{user_key}/block")]
+async fn block(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    body: web::Payload,
+) -> HttpResponse {
+    let (platform, user_key) = path.into_inner();
+    let route_id = format!("{platform}/{user_key}");
+    run(
+        &shared,
+        &req,
+        "block",
+        &route_id,
+        Some(body),
+        |shared, body| {
+            let b: BlockBody = parse_body(body, true)?;
+            let (state, partner) = partner_user(shared, &platform, &user_key)?;
+            Ok((
+                state,
+                Command::Block {
+                    partner,
+                    reason: b.reason,
+                },
+            ))
+        },
+    )
+    .await
+}
+
+/// Unblock a partner-messenger user.
+#[utoipa::path(
+    tag = "users",
+    params(
+        ("platform" = String, Path, description = "the user's platform (kakaobiz)"),
+        ("user_key" = String, Path, description = "the user's userKey"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "user_not_found"),
+        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[post("/users/{platform}/{user_key}/unblock")]
+async fn unblock(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> HttpResponse {
+    let (platform, user_key) = path.into_inner();
+    let route_id = format!("{platform}/{user_key}");
+    run(&shared, &req, "unblock", &route_id, None, |shared, _| {
+        let (state, partner) = partner_user(shared, &platform, &user_key)?;
+        Ok((state, Command::Unblock { partner }))
+    })
+    .await
+}
+
+/// End a partner-messenger user's counseling session.
+#[utoipa::path(
+    tag = "users",
+    params(
+        ("platform" = String, Path, description = "the user's platform (kakaobiz)"),
+        ("user_key" = String, Path, description = "the user's userKey"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+    ),
+    responses(
+        (status = 200, body = CommandAnswer),
+        (status = 400, body = ErrorBody, description = "invalid_header"),
+        (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 404, body = ErrorBody, description = "user_not_found"),
+        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = ErrorBody, description = "command_pending"),
+    )
+)]
+#[delete("/users/{platform}/{user_key}/session")]
+async fn remove_session(
+    shared: web::Data<Shared>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> HttpResponse {
+    let (platform, user_key) = path.into_inner();
+    let route_id = format!("{platform}/{user_key}");
+    run(
+        &shared,
+        &req,
+        "remove_session",
+        &route_id,
+        None,
+        |shared, _| {
+            let (state, partner) = partner_user(shared, &platform, &user_key)?;
+            Ok((state, Command::RemoveSession { partner }))
+        },
+    )
+    .await
+}
+
+/// The newest `n` messages of a conversation, oldest first. The Open API lists oldest first, so
+/// a longer conversation takes a second call at the offset of its last `n`.
+async fn transcript(
+    shared: &Shared,
+    conversation: &str,
+    n: u32,
+) -> Result<Value, crate::upstream::error::UpstreamError> {
+    use crate::upstream::contract::{MessagesQuery, PageQuery};
+    let api = crate::upstream::api::OpenApi::new(shared.upstream.clone());
+    let query = |offset| MessagesQuery {
+        page: PageQuery {
+            offset: Some(offset),
+            limit: Some(n),
+        },
+        conversation_id: Some(conversation.to_owned()),
+        ..Default::default()
+    };
+    let mut page = api.list_messages(&query(0)).await?;
+    if page.paging.total > u64::from(n) {
+        let offset = u32::try_from(page.paging.total - u64::from(n)).unwrap_or(u32::MAX);
+        page = api.list_messages(&query(offset)).await?;
+    }
+    Ok(json!(page.data))
+}
+
+// ---- The path of a mutating call ----
+
+/// An answer, as sent and as kept for idempotent retries.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl From<ApiError> for Answer {
+    fn from(e: ApiError) -> Self {
+        Answer {
+            status: e.status,
+            body: e.body(),
+        }
+    }
+}
+
+/// Authorize, honour the `Idempotency-Key`, read the body, build the command (`build` validates
+/// and resolves: the 400s and 404s), store it as an event, wait for its verdict and answer from
+/// it. The key is claimed before the body is read, so a second call with it while the first is
+/// still sending or waiting gets 409 at once.
+async fn run(
+    shared: &Shared,
+    req: &HttpRequest,
+    route: &'static str,
+    target: &str,
+    payload: Option<web::Payload>,
+    build: impl FnOnce(&Shared, &[u8]) -> Result<(ConversationState, Command), ApiError>,
+) -> HttpResponse {
+    if let Err(e) = authorize(shared, req) {
+        return respond(e.into(), false);
+    }
+    let key = match idempotency_key(req) {
+        Ok(key) => key,
+        Err(e) => return respond(e.into(), false),
+    };
+    let mut _claim = None;
+    if let Some(key) = &key {
+        match shared.helpdesk.in_progress.claim(route, key) {
+            Some(c) => _claim = Some(c),
+            None => {
+                let e = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_in_progress",
+                    "a call with this Idempotency-Key is being answered; retry later",
+                );
+                return respond(e.into(), false);
+            }
+        }
+    }
+    let body = match payload {
+        Some(p) => match read_body(p).await {
+            Ok(b) => b,
+            Err(e) => return respond(e.into(), false),
+        },
+        None => web::Bytes::new(),
+    };
+    // What was asked, to tell a retry from a reuse of the key for something else.
+    let request = format!(
+        "{route} {target} {}",
+        serde_json::from_slice::<Value>(&body).map_or_else(
+            |_| String::from_utf8_lossy(&body).into_owned(),
+            |v| v.to_string()
+        )
+    );
+    if let Some(key) = &key {
+        match shared.store.idempotent_answer(route, key) {
+            Ok(Some(first)) if first.request == request => {
+                let status =
+                    StatusCode::from_u16(first.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return respond(
+                    Answer {
+                        status,
+                        body: first.body,
+                    },
+                    true,
+                );
+            }
+            Ok(Some(_)) => {
+                let e = ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used for a different request",
+                );
+                return respond(e.into(), false);
+            }
+            Ok(None) => {}
+            Err(e) => return respond(store_error(e).into(), false),
+        }
+    }
+    let answer = match build(shared, &body) {
+        Ok((state, command)) => submit(shared, route, key.as_deref(), state, command).await,
+        Err(e) => e.into(),
+    };
+    if let (Some(key), true) = (&key, answer.status.as_u16() < 500) {
+        let record = IdempotencyRecord {
+            request,
+            status: answer.status.as_u16(),
+            body: answer.body.clone(),
+            at: crate::clock::now_millis(),
+        };
+        if let Err(e) = shared.store.record_idempotent_answer(route, key, &record) {
+            // The command itself is stored: a retry becomes a duplicate event and is answered
+            // from its recorded verdict, so the call still succeeded.
+            tracing::warn!(error = %e, route, "cannot record an idempotent answer");
+        }
+    }
+    respond(answer, false)
+}
+
+/// Longest request body.
+const MAX_BODY: usize = 64 * 1024;
+
+async fn read_body(mut payload: web::Payload) -> Result<web::Bytes, ApiError> {
+    use futures_util::StreamExt as _;
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| invalid_body("body", e.to_string()))?;
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the body is over {MAX_BODY} bytes"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+fn respond(answer: Answer, replayed: bool) -> HttpResponse {
+    let mut r = HttpResponse::build(answer.status);
+    if replayed {
+        r.insert_header(("Idempotent-Replayed", "true"));
+    }
+    r.json(answer.body)
+}
+
+/// Store the command as an event of its conversation and answer from the fold's verdict.
+async fn submit(
+    shared: &Shared,
+    route: &str,
+    key: Option<&str>,
+    state: ConversationState,
+    command: Command,
+) -> Answer {
+    let conversation = state.id.clone();
+    let event_id = match key {
+        // Deterministic: a retry after a lost answer (or a crash) is a duplicate event.
+        Some(k) => format!("agent:{conversation}:{route}:{k}"),
+        None => {
+            use rand::distr::{Alphanumeric, SampleString};
+            let nonce = Alphanumeric.sample_string(&mut rand::rng(), 24);
+            format!("agent:{conversation}:{route}:{nonce}")
+        }
+    };
+    let cmd = AgentCommand {
+        conversation_id: conversation.clone(),
+        command,
+    };
+    let bot = bot_of(&state).unwrap_or("bridge").to_owned();
+    let now = crate::clock::now_millis();
+    let event = match crate::webhook::agent_event(&cmd, &event_id, &bot, now) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "agent command does not make a valid event");
+            return ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "the command could not be stored",
+            )
+            .into();
+        }
+    };
+    let Some(mut waiter) = shared.helpdesk.waiters.register(&event_id) else {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_pending",
+            "too many agent commands are waiting to be applied; retry later",
+        )
+        .into();
+    };
+    let job = AcceptJob {
+        delivery: DeliveryId::new(event_id.as_str()),
+        events: vec![event],
+        invalid: Vec::new(),
+        received_at: now,
+    };
+    let accepted = match shared.writer.accept(job).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot store an agent command");
+            return store_unavailable().into();
+        }
+    };
+    if accepted.new.is_empty() {
+        // Stored before (a retry whose first answer was lost): its verdict may be recorded.
+        match shared.store.conversation(&conversation) {
+            Ok(Some(s)) => {
+                if let Some(v) = s.desk.verdict(&event_id) {
+                    return verdict_answer(v, &s);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return store_error(e).into(),
+        }
+    }
+    match waiter.wait(shared.helpdesk.config.command_timeout).await {
+        Some(v) => match shared.store.conversation(&conversation) {
+            Ok(Some(s)) => verdict_answer(&v, &s),
+            Ok(None) => store_unavailable().into(),
+            Err(e) => store_error(e).into(),
+        },
+        None => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "command_pending",
+            format!(
+                "the command is stored as event {event_id} but not applied yet; retry with the \
+                 same Idempotency-Key for its answer"
+            ),
+        )
+        .into(),
+    }
+}
+
+fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
+    match &v.outcome {
+        Outcome::Applied { changed } => Answer {
+            status: StatusCode::OK,
+            body: json!(CommandAnswer {
+                conversation_id: state.id.as_str().to_owned(),
+                command: v.command.clone(),
+                event_id: v.event_id.clone(),
+                status: "applied".into(),
+                changed: *changed,
+                agent: state.desk.agent.as_ref().map(agent_body),
+            }),
+        },
+        Outcome::Rejected { reason } => {
+            let message = match reason {
+                crate::state::desk::Rejection::AlreadyAccepted => format!(
+                    "accepted by another agent ({})",
+                    state.desk.agent.as_ref().map_or("?", |a| a.id.as_str())
+                ),
+                crate::state::desk::Rejection::NotWithAgent => {
+                    "no agent has accepted this conversation".to_owned()
+                }
+            };
+            ApiError::new(StatusCode::CONFLICT, reason.code(), message).into()
+        }
+    }
+}
+
+// ---- Helpers ----
+
+fn authorize(shared: &Shared, req: &HttpRequest) -> Result<(), ApiError> {
+    let header = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    crate::helpdesk::auth::check(&shared.helpdesk.tokens, header)
+}
+
+fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(value) = req.headers().get(idempotency::HEADER) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(k) if idempotency::valid_key(k) => Ok(Some(k.to_owned())),
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_header",
+            format!(
+                "Idempotency-Key must be 1 to {} characters of A-Z a-z 0-9 - _ . :",
+                idempotency::MAX_KEY_LEN
+            ),
+        )
+        .with_field(idempotency::HEADER)),
+    }
+}
+
+fn invalid_body(field: &str, reason: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", reason).with_field(field)
+}
+
+/// Parse a JSON body; `optional` bodies may be empty. A serde error names its field when it
+/// can (missing and unknown fields); other errors blame the body as a whole.
+fn parse_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    optional: bool,
+) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return if optional {
+            Ok(T::default())
+        } else {
+            Err(invalid_body("body", "a JSON body is required"))
+        };
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let text = e.to_string();
+        let field = text
+            .split('`')
+            .nth(1)
+            .filter(|_| text.starts_with("missing field") || text.starts_with("unknown field"))
+            .unwrap_or("body")
+            .to_owned();
+        invalid_body(&field, text)
+    })
+}
+
+fn agent_of(a: AgentBody, at: &str) -> Result<DeskAgent, ApiError> {
+    if a.id.trim().is_empty() || a.id.len() > 200 {
+        return Err(invalid_body(
+            &format!("{at}.id"),
+            "must be 1 to 200 characters",
+        ));
+    }
+    Ok(DeskAgent {
+        id: a.id,
+        name: a.name.filter(|n| !n.is_empty()),
+    })
+}
+
+fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
+    let media_ok = |m: &ReplyMedia| !m.uri.is_empty() && !m.content_type.is_empty();
+    match m.kind {
+        ReplyType::Text => match &m.text {
+            Some(t) if !t.trim().is_empty() && t.chars().count() <= MAX_TEXT => {}
+            _ => {
+                return Err(invalid_body(
+                    "message.text",
+                    format!("a text message needs 1 to {MAX_TEXT} characters of text"),
+                ))
+            }
+        },
+        ReplyType::Media => {
+            if !m.media.as_ref().is_some_and(media_ok) {
+                return Err(invalid_body(
+                    "message.media",
+                    "a media message needs media with contentType and uri",
+                ));
+            }
+        }
+        ReplyType::Cards => {
+            let cards = m.cards.as_deref().unwrap_or_default();
+            if cards.is_empty() {
+                return Err(invalid_body(
+                    "message.cards",
+                    "a cards message needs at least one card",
+                ));
+            }
+            if let Some(i) = cards.iter().position(|c| c.title.trim().is_empty()) {
+                return Err(invalid_body(
+                    &format!("message.cards[{i}].title"),
+                    "a card needs a title",
+                ));
+            }
+        }
+    }
+    let value = serde_json::to_value(&m).map_err(|e| invalid_body("message", e.to_string()))?;
+    serde_json::from_value(value).map_err(|e| invalid_body("message", e.to_string()))
+}
+
+impl Default for AcceptBody {
+    fn default() -> Self {
+        AcceptBody {
+            agent: AgentBody {
+                id: String::new(),
+                name: None,
+            },
+        }
+    }
+}
+
+impl Default for MessageBody {
+    fn default() -> Self {
+        MessageBody {
+            agent: None,
+            message: ReplyMessage {
+                kind: ReplyType::Text,
+                text: None,
+                media: None,
+                cards: None,
+            },
+        }
+    }
+}
+
+fn target_of(b: FlowTarget) -> Result<Target, ApiError> {
+    if b.flow_id.is_some() && b.flow.is_some() {
+        return Err(invalid_body("flow", "give flow_id or flow, not both"));
+    }
+    if b.flow.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        return Err(invalid_body("flow", "a flow title must not be empty"));
+    }
+    if b.node_id.is_some() && b.flow_id.is_none() && b.flow.is_none() {
+        return Err(invalid_body("node_id", "a node needs its flow_id or flow"));
+    }
+    Ok(Target {
+        flow_id: b.flow_id,
+        flow: b.flow,
+        node_id: b.node_id,
+    })
+}
+
+/// `helpdesk.release_flow`: digits are a flow id, anything else a title, empty nothing.
+fn configured_release(flow: &str) -> Target {
+    let flow = flow.trim();
+    match flow.parse::<i64>() {
+        _ if flow.is_empty() => Target::default(),
+        Ok(id) => Target {
+            flow_id: Some(id),
+            ..Target::default()
+        },
+        Err(_) => Target {
+            flow: Some(flow.to_owned()),
+            ..Target::default()
+        },
+    }
+}
+
+fn conversation(shared: &Shared, id: &str) -> Result<ConversationState, ApiError> {
+    let id = ConversationId::new(id);
+    match shared.store.conversation(&id).map_err(store_error)? {
+        Some(s) if s.deleted_at.is_none() => Ok(s),
+        _ => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "conversation_not_found",
+            format!("no conversation {id}"),
+        )),
+    }
+}
+
+/// The partner channel of a conversation's bot.
+fn partner_of(shared: &Shared, state: &ConversationState) -> Result<PartnerUser, ApiError> {
+    let sender_key = shared
+        .helpdesk
+        .config
+        .partner
+        .sender_key(bot_of(state))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_partner_channel",
+                "no partner-messenger channel is configured for this bot (helpdesk.partner)",
+            )
+        })?;
+    let user_key = state.user_key.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "no_partner_channel",
+            "the conversation's userKey is not known yet",
+        )
+    })?;
+    Ok(PartnerUser {
+        sender_key: sender_key.to_owned(),
+        user_key: user_key.as_str().to_owned(),
+    })
+}
+
+/// A partner-messenger user and the conversation their command is ordered with: their newest.
+fn partner_user(
+    shared: &Shared,
+    platform: &str,
+    user_key: &str,
+) -> Result<(ConversationState, PartnerUser), ApiError> {
+    if platform != Platform::Kakaobiz.as_str() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_partner_messenger",
+            "block, unblock and session removal are partner-messenger (kakaobiz) actions",
+        ));
+    }
+    let not_found = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "user_not_found",
+            "no end user with this platform and userKey has a known conversation",
+        )
+    };
+    let user = shared
+        .store
+        .find_end_user(platform, user_key)
+        .map_err(store_error)?
+        .ok_or_else(not_found)?;
+    let id = user.last_conversation_id.value.ok_or_else(not_found)?;
+    let state = shared
+        .store
+        .conversation(&id)
+        .map_err(store_error)?
+        .ok_or_else(not_found)?;
+    let sender_key = shared
+        .helpdesk
+        .config
+        .partner
+        .sender_key(bot_of(&state).or(user.bot_id.as_ref().map(|b| b.as_str())))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_partner_channel",
+                "no partner-messenger channel is configured for this user's bot",
+            )
+        })?
+        .to_owned();
+    Ok((
+        state,
+        PartnerUser {
+            sender_key,
+            user_key: user_key.to_owned(),
+        },
+    ))
+}
+
+fn bot_of(s: &ConversationState) -> Option<&str> {
+    s.bot_id.as_ref().map(|b| b.as_str())
+}
+
+/// The phase agents see: the service's handoff phase, refined by what the agent API did.
+pub fn api_phase(s: &ConversationState) -> &'static str {
+    if s.desk.agent.is_some() {
+        return "accepted";
+    }
+    let phase = s.handoff.phase.value;
+    // Released after this request: the request was served.
+    let served = match (s.desk.accepted_at, s.handoff.requested_at) {
+        (Some(accepted), Some(requested)) => accepted >= requested,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    match phase {
+        HandoffPhase::Requested if served => "released",
+        HandoffPhase::Bot if served => "released",
+        HandoffPhase::Requested => "requested",
+        HandoffPhase::Connected => "connected",
+        HandoffPhase::Cancelled => "cancelled",
+        HandoffPhase::Ended => "ended",
+        HandoffPhase::Bot => "bot",
+    }
+}
+
+/// 1-based positions of the waiting conversations, per bot, by request time.
+fn positions(states: &[ConversationState]) -> std::collections::HashMap<String, usize> {
+    let mut waiting: Vec<&ConversationState> = states
+        .iter()
+        .filter(|s| api_phase(s) == "requested")
+        .collect();
+    waiting.sort_by(|a, b| {
+        (bot_of(a), a.handoff.requested_at, a.id.as_str()).cmp(&(
+            bot_of(b),
+            b.handoff.requested_at,
+            b.id.as_str(),
+        ))
+    });
+    let mut out = std::collections::HashMap::new();
+    let mut last_bot = None;
+    let mut n = 0;
+    for s in waiting {
+        if last_bot != Some(bot_of(s)) {
+            last_bot = Some(bot_of(s));
+            n = 0;
+        }
+        n += 1;
+        out.insert(s.id.as_str().to_owned(), n);
+    }
+    out
+}
+
+fn summary(
+    s: &ConversationState,
+    positions: &std::collections::HashMap<String, usize>,
+    now: Millis,
+) -> QueueItem {
+    let phase = api_phase(s);
+    let waiting = phase == "requested";
+    QueueItem {
+        id: s.id.as_str().to_owned(),
+        bot_id: bot_of(s).map(str::to_owned),
+        platform: s.platform.as_ref().map(|p| p.as_str().to_owned()),
+        user_key: s.user_key.as_ref().map(|k| k.as_str().to_owned()),
+        end_user_id: s.end_user_id.as_ref().map(|e| e.as_str().to_owned()),
+        phase: phase.to_owned(),
+        requested_at: s.handoff.requested_at,
+        wait_seconds: s
+            .handoff
+            .requested_at
+            .filter(|_| waiting)
+            .map(|at| (now.saturating_sub(at) / 1000).max(0)),
+        position: positions.get(s.id.as_str()).copied().filter(|_| waiting),
+        agent: s.desk.agent.as_ref().map(agent_body),
+        accepted_at: s.desk.accepted_at.filter(|_| s.desk.agent.is_some()),
+    }
+}
+
+fn agent_body(a: &DeskAgent) -> AgentBody {
+    AgentBody {
+        id: a.id.clone(),
+        name: a.name.clone(),
+    }
+}
+
+fn store_error(e: crate::store::StoreError) -> ApiError {
+    tracing::error!(error = %e, "agent API: store failed");
+    store_unavailable()
+}
+
+fn store_unavailable() -> ApiError {
+    ApiError::unavailable("the store cannot be used now; retry")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_errors_name_the_field() {
+        let e = parse_body::<AcceptBody>(br#"{}"#, false).expect_err("missing");
+        assert_eq!(e.field.as_deref(), Some("agent"));
+        let e =
+            parse_body::<AcceptBody>(br#"{"agent":{"id":"a"},"x":1}"#, false).expect_err("unknown");
+        assert_eq!(e.field.as_deref(), Some("x"));
+        let e = parse_body::<AcceptBody>(b"", false).expect_err("empty");
+        assert_eq!((e.code, e.field.as_deref()), ("invalid_body", Some("body")));
+        assert!(parse_body::<FlowTarget>(b"", true).is_ok());
+        let e = message_of(ReplyMessage {
+            kind: ReplyType::Text,
+            text: Some("  ".into()),
+            media: None,
+            cards: None,
+        })
+        .expect_err("blank text");
+        assert_eq!(e.field.as_deref(), Some("message.text"));
+        let e = target_of(FlowTarget {
+            flow_id: None,
+            flow: None,
+            node_id: Some(3),
+        })
+        .expect_err("node without flow");
+        assert_eq!(e.field.as_deref(), Some("node_id"));
+    }
+
+    #[test]
+    fn replies_become_the_service_message_format() {
+        let m = message_of(ReplyMessage {
+            kind: ReplyType::Media,
+            text: None,
+            media: Some(ReplyMedia {
+                content_type: "image/png".into(),
+                uri: "https://example.com/a.png".into(),
+            }),
+            cards: None,
+        })
+        .expect("media");
+        assert_eq!(m.kind.as_str(), "media");
+        assert_eq!(m.media.expect("media").content_type, "image/png");
+    }
+
+    #[test]
+    fn the_release_flow_setting_is_an_id_a_title_or_nothing() {
+        assert_eq!(configured_release("9").flow_id, Some(9));
+        assert_eq!(
+            configured_release("Satisfaction survey").flow.as_deref(),
+            Some("Satisfaction survey")
+        );
+        assert!(!configured_release("").is_some());
+    }
+
+    #[test]
+    fn the_document_lists_every_route_with_its_method() {
+        let doc = serde_json::to_value(document()).expect("json");
+        let paths = doc["paths"].as_object().expect("paths");
+        for (path, method) in [
+            ("/helpdesk/v1/openapi.json", "get"),
+            ("/helpdesk/v1/conversations", "get"),
+            ("/helpdesk/v1/conversations/{id}", "get"),
+            ("/helpdesk/v1/conversations/{id}/accept", "post"),
+            ("/helpdesk/v1/conversations/{id}/messages", "post"),
+            ("/helpdesk/v1/conversations/{id}/release", "post"),
+            ("/helpdesk/v1/conversations/{id}/transfer", "post"),
+            ("/helpdesk/v1/users/{platform}/{user_key}/block", "post"),
+            ("/helpdesk/v1/users/{platform}/{user_key}/unblock", "post"),
+            ("/helpdesk/v1/users/{platform}/{user_key}/session", "delete"),
+        ] {
+            assert!(
+                paths.get(path).and_then(|p| p.get(method)).is_some(),
+                "{method} {path} missing from {:?}",
+                paths.keys().collect::<Vec<_>>()
+            );
+        }
+        assert!(doc["components"]["schemas"]["AcceptBody"].is_object());
+    }
+
+    fn waiting(id: &str, bot: &str, requested_at: Millis) -> ConversationState {
+        let mut s = ConversationState::new(id.into());
+        s.bot_id = Some(bot.into());
+        s.handoff.requested_at = Some(requested_at);
+        s.handoff.phase.value = HandoffPhase::Requested;
+        s
+    }
+
+    #[test]
+    fn positions_count_per_bot_by_request_time_and_skip_accepted_and_released() {
+        let mut accepted = waiting("c0", "B1", 1);
+        accepted.desk.agent = Some(DeskAgent {
+            id: "a".into(),
+            name: None,
+        });
+        accepted.desk.accepted_at = Some(2);
+        let mut released = waiting("c4", "B1", 1);
+        released.desk.accepted_at = Some(5);
+        let states = vec![
+            waiting("c3", "B1", 30),
+            waiting("c1", "B1", 10),
+            waiting("c2", "B2", 20),
+            accepted,
+            released,
+        ];
+        let p = positions(&states);
+        assert_eq!(p.get("c1"), Some(&1));
+        assert_eq!(p.get("c3"), Some(&2));
+        assert_eq!(p.get("c2"), Some(&1), "another bot's queue");
+        assert_eq!(p.get("c0"), None);
+        assert_eq!(api_phase(&states[3]), "accepted");
+        assert_eq!(api_phase(&states[4]), "released");
+        // Asked again after the release: waiting again.
+        let mut again = states[4].clone();
+        again.handoff.requested_at = Some(9);
+        assert_eq!(api_phase(&again), "requested");
+    }
+}
