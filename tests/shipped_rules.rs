@@ -356,6 +356,8 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
         &[
             ("check_business_hours", "false"),
             ("fallback_flow_id", FALLBACK_FLOW),
+            // No help desk is configured: its events are decided and recorded as done.
+            ("notify_helpdesk", "true"),
         ],
     );
     act(&app, "request-agent", json!({}));
@@ -395,6 +397,22 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
         ]
     );
     assert_eq!(state(&app)["labels"], json!([]));
+    // The first wait also reminded the help desk, once.
+    let audit: Value = serde_json::from_str(&app.cli_ok(&["audit", CONV])).expect("audit JSON");
+    let reminders: Vec<Value> = audit["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter(|e| e["type"] == "timer.agent-quiet")
+        .flat_map(|e| e["actions"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["type"] == "notify_helpdesk")
+        .collect();
+    assert_eq!(reminders.len(), 1, "{reminders:?}");
+    assert_eq!(reminders[0]["status"], "done", "{reminders:?}");
+    assert_eq!(
+        reminders[0]["rule"], "agent-quiet-helpdesk",
+        "{reminders:?}"
+    );
 }
 
 /// A partner-messenger (kakaobiz) conversation of the seed, its user and channel.

@@ -18,18 +18,22 @@ pub enum EventKind {
     HandoffTimedOut,
     HandoffConnected,
     HandoffEnded,
+    /// An agent has the conversation but has not answered the user for a while (issue 5's
+    /// shipped handoff reminds the help desk).
+    HandoffReminder,
     ConversationMessage,
     UserBlocked,
     UserUnblocked,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 9] = [
         EventKind::HandoffRequested,
         EventKind::HandoffCancelled,
         EventKind::HandoffTimedOut,
         EventKind::HandoffConnected,
         EventKind::HandoffEnded,
+        EventKind::HandoffReminder,
         EventKind::ConversationMessage,
         EventKind::UserBlocked,
         EventKind::UserUnblocked,
@@ -42,6 +46,7 @@ impl EventKind {
             EventKind::HandoffTimedOut => "handoff.timed_out",
             EventKind::HandoffConnected => "handoff.connected",
             EventKind::HandoffEnded => "handoff.ended",
+            EventKind::HandoffReminder => "handoff.reminder",
             EventKind::ConversationMessage => "conversation.message",
             EventKind::UserBlocked => "user.blocked",
             EventKind::UserUnblocked => "user.unblocked",
@@ -229,7 +234,7 @@ mod tests {
         for kind in EventKind::ALL {
             assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
         }
-        assert_eq!(EventKind::parse("handoff.reminder"), None);
+        assert_eq!(EventKind::parse("handoff.remind"), None);
         assert!(EventKind::names().contains("handoff.timed_out"));
     }
 
@@ -246,7 +251,7 @@ mod tests {
         assert!(!pattern_matches("user.blocked", "user.unblocked"));
         assert!(is_valid_pattern("user.*"));
         assert!(!is_valid_pattern("handof.*"));
-        assert!(!is_valid_pattern("handoff.reminder"));
+        assert!(!is_valid_pattern("handoff.remind"));
     }
 
     #[test]

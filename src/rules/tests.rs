@@ -789,13 +789,13 @@ fn notify_helpdesk_kinds_are_checked_at_load_and_take_a_reason() {
 name = "typo"
 on = ["*"]
 actions = [
-  { type = "notify_helpdesk", kind = "handoff.reminder" },
+  { type = "notify_helpdesk", kind = "handoff.remind" },
   { type = "notify_helpdesk", kind = "{{ event.type }}" },
   { type = "notify_helpdesk" },
 ]
 "#,
     );
-    assert_mentioned(&found, "unknown help-desk event kind `handoff.reminder`");
+    assert_mentioned(&found, "unknown help-desk event kind `handoff.remind`");
     assert_mentioned(&found, "must be literal");
     assert_mentioned(&found, "missing event kind");
     assert_eq!(found.len(), 3, "{found:#?}");
