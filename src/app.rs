@@ -26,6 +26,8 @@ pub struct Shared {
     pub webhook_cidrs: CidrList,
     pub admin_tokens: TokenSet,
     pub admin_cidrs: CidrList,
+    /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
+    pub test_clock: bool,
     pub max_body_bytes: usize,
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
@@ -235,6 +237,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         webhook_cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
         admin_tokens: TokenSet::new(vec![admin_token]),
         admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
+        test_clock: config.admin.test_clock,
         max_body_bytes: config.webhook.max_body_bytes,
         body_read_timeout: config.server.body_read_timeout,
         shutting_down: AtomicBool::new(false),

@@ -1,12 +1,31 @@
 //! Wall-clock time in the service's unit (Unix milliseconds).
 
 use crate::webhook::model::Millis;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// How far the test clock (`admin.test_clock`) has moved the daemon's time ahead of the system's:
+/// 0 unless an operator rehearsing a handoff advanced it. One per process: the daemon is one.
+static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// The daemon's time: the system's, plus the test clock's offset.
 pub fn now_millis() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+    let system = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
         Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
-    })
+    });
+    system.saturating_add(offset_millis())
+}
+
+/// The test clock's offset.
+pub fn offset_millis() -> Millis {
+    OFFSET_MS.load(Ordering::SeqCst)
+}
+
+/// Move the daemon's time forward by `by` (the test clock; it never goes back). Returns the new
+/// offset. Whoever sleeps until a wall-clock time must be woken by the caller.
+pub fn advance(by: std::time::Duration) -> Millis {
+    let by = Millis::try_from(by.as_millis()).unwrap_or(Millis::MAX);
+    OFFSET_MS.fetch_add(by, Ordering::SeqCst).saturating_add(by)
 }
 
 /// A time given by an operator: Unix milliseconds, or RFC 3339 (`2026-11-22T09:00:00Z`).

@@ -15,7 +15,7 @@ const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 const FALLBACK_FLOW: &str = "2";
 const AFTERCARE_FLOW: &str = "9";
 
-/// The shipped rules, copied with short waits; `edit` may change them further.
+/// The shipped rules, copied as they are; `edit` may change them.
 fn rules(root: &Path, edit: impl Fn(&str, String) -> String) -> PathBuf {
     let dir = root.join("rules");
     std::fs::create_dir_all(&dir).expect("rules dir");
@@ -28,21 +28,26 @@ fn rules(root: &Path, edit: impl Fn(&str, String) -> String) -> PathBuf {
                 .and_then(|n| n.to_str())
                 .expect("name")
                 .to_owned();
-            let mut text = std::fs::read_to_string(&path).expect("read");
-            for wait in ["5m", "10m", "20m", "24h"] {
-                text = text.replace(&format!("after = \"{wait}\""), "after = \"400ms\"");
-            }
+            let text = std::fs::read_to_string(&path).expect("read");
             std::fs::write(dir.join(&name), edit(&name, text)).expect("write");
         }
     }
     dir
 }
 
+/// The daemon on `rules`, with `settings` overridden, and the test clock on: the shipped waits
+/// (5 minutes, 10, 20, a day) run out when a test moves the clock, not in real time.
 fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
-    let mut env = vec![(
-        "HANDOFF_BRIDGE__RULES__DIR".to_owned(),
-        rules.to_str().expect("utf-8").to_owned(),
-    )];
+    let mut env = vec![
+        (
+            "HANDOFF_BRIDGE__RULES__DIR".to_owned(),
+            rules.to_str().expect("utf-8").to_owned(),
+        ),
+        (
+            "HANDOFF_BRIDGE__ADMIN__TEST_CLOCK".to_owned(),
+            "true".to_owned(),
+        ),
+    ];
     for (name, value) in settings {
         env.push((
             format!("HANDOFF_BRIDGE__RULES__SETTINGS__{}", name.to_uppercase()),
@@ -177,6 +182,7 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
         ],
     );
     act(&app, "request-agent", json!({}));
+    app.advance_clock("5m");
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
     });
@@ -258,7 +264,7 @@ fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care
             ("aftercare_flow_id", AFTERCARE_FLOW),
         ],
     );
-    // Connect at once: the 400 ms wait never runs out. The request's own calls go first.
+    // Connect in time. The request's own calls go first.
     act(&app, "request-agent", json!({}));
     app.settle();
     act(&app, "agent-connect", json!({}));
@@ -270,6 +276,8 @@ fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care
         "the wait is cancelled: {connected}"
     );
     assert_eq!(connected["labels"], json!(["with-agent"]), "{connected}");
+    // Past the wait: it was cancelled, so no apology and no fallback.
+    app.advance_clock("5m");
     act(&app, "agent-end", json!({}));
     wait_for(&app, "the after-care flow", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", AFTERCARE_FLOW))
@@ -322,13 +330,13 @@ fn outside_business_hours_a_request_is_not_queued() {
 #[test]
 fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologised_to() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| {
-        t.replace("after = \"400ms\"", "after = \"2s\"")
-    });
+    let rules = rules(tmp.path(), |_, t| t);
     let app = spawn(tmp.path(), &rules, &[("check_business_hours", "false")]);
     act(&app, "request-agent", json!({}));
     app.settle();
     act(&app, "cancel", json!({}));
+    // The wait's time comes and goes: its timer was cancelled, nobody is apologised to.
+    app.advance_clock("5m");
     app.settle();
     let state = state(&app);
     assert_eq!(state["timers"], json!({}), "the wait is cancelled: {state}");
@@ -346,10 +354,7 @@ fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologise
 #[test]
 fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_clock() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    // Waits of 2 s: the agent's answer below must come in before the first one runs out.
-    let rules = rules(tmp.path(), |_, t| {
-        t.replace("after = \"400ms\"", "after = \"2s\"")
-    });
+    let rules = rules(tmp.path(), |_, t| t);
     let app = spawn(
         tmp.path(),
         &rules,
@@ -381,6 +386,14 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
     // The next question stays unanswered: reassurance after the first wait, the bot after the
     // second.
     act(&app, "say", json!({"text": "hello?"}));
+    app.advance_clock("10m");
+    wait_for(&app, "the reassurance", Duration::from_secs(30), |c| {
+        c.contains(&call(
+            "send-conversation-message",
+            &setting("agent_quiet_text"),
+        ))
+    });
+    app.advance_clock("20m");
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
     });
@@ -446,8 +459,12 @@ fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_
         Duration::from_secs(30),
         |c| c.contains(&call("pb-send-message", "안녕하세요, 무엇을 도와드릴까요?")),
     );
-    // Abuse: blocked at once, unblocked when the (shortened) day is over.
+    // Abuse: blocked at once, unblocked when the day is over.
     app.emulator_act(KB_CONV, "say", json!({"text": "fuck you"}));
+    wait_for_in(&app, KB_USER, "the block", Duration::from_secs(30), |c| {
+        c.contains(&call("pb-block", ""))
+    });
+    app.advance_clock("24h");
     wait_for_in(&app, KB_USER, "the unblock", Duration::from_secs(30), |c| {
         c.contains(&call("pb-unblock", ""))
     });

@@ -207,3 +207,43 @@ fn a_timer_due_while_the_daemon_is_stopped_fires_once_on_start() {
     assert_eq!(sent(&app), ["fired after a restart"]);
     assert_eq!(app.metric("handoff_timers_fired_total"), 1.0);
 }
+
+/// POST a body to the test clock of the daemon at `base`: (status, body).
+fn advance(base: &str, body: &str) -> (u16, String) {
+    let mut resp = agent()
+        .post(format!("{base}/admin/v1/clock/advance"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .send(body.to_owned())
+        .expect("POST");
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    (resp.status().as_u16(), text)
+}
+
+/// The test clock is refused unless configured, and takes only a duration.
+#[test]
+fn the_test_clock_is_off_by_default_and_checks_its_body() {
+    let app = TestApp::spawn();
+    let (status, body) = advance(&app.base, r#"{"by": "5m"}"#);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("test_clock_disabled"), "{body}");
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let on = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: vec![(
+                "HANDOFF_BRIDGE__ADMIN__TEST_CLOCK".to_owned(),
+                "true".to_owned(),
+            )],
+            ..Spawn::default()
+        },
+    );
+    let (status, body) = advance(&on.base, r#"{"by": "soon"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_body"), "{body}");
+    let (status, body) = advance(&on.base, r#"{"by": "1h"}"#);
+    assert_eq!(status, 200, "{body}");
+    let moved: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(moved["offset_ms"], 3_600_000, "{moved}");
+}

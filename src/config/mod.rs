@@ -161,6 +161,9 @@ pub struct AdminConfig {
     pub token: Secret,
     /// Source addresses allowed to call the admin API (loopback by default).
     pub allow_cidrs: Vec<IpNet>,
+    /// Allow `POST /admin/v1/clock/advance`, which moves the daemon's time forward (timers,
+    /// business hours, waits): for rehearsing a handoff and for tests, never in production.
+    pub test_clock: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

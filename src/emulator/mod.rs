@@ -153,14 +153,18 @@ struct Clock {
 impl Clock {
     fn new() -> Self {
         Clock {
-            start_wall_ms: crate::clock::now_millis(),
+            start_wall_ms: crate::clock::now_millis() - crate::clock::offset_millis(),
             start: tokio::time::Instant::now(),
         }
     }
 
+    /// Includes the test clock's offset (`crate::clock::advance`), so an embedded emulator's
+    /// events move with the daemon's time.
     fn now_ms(&self) -> Millis {
         let elapsed = Millis::try_from(self.start.elapsed().as_millis()).unwrap_or(Millis::MAX);
-        self.start_wall_ms.saturating_add(elapsed)
+        self.start_wall_ms
+            .saturating_add(elapsed)
+            .saturating_add(crate::clock::offset_millis())
     }
 }
 

@@ -20,6 +20,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/endusers", web::get().to(find_end_user))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
+            .route("/clock/advance", web::post().to(clock_advance))
             .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
@@ -57,6 +58,48 @@ async fn guard(
             .map_into_right_body());
     }
     Ok(next.call(req).await?.map_into_left_body())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Advance {
+    #[serde(with = "humantime_serde")]
+    by: std::time::Duration,
+}
+
+/// The test clock: move the daemon's time forward (rule timers come due, waits run out), so a
+/// handoff can be rehearsed, and tested, without waiting for real. Served only with
+/// `admin.test_clock = true`.
+async fn clock_advance(
+    shared: web::Data<Shared>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    if !shared.test_clock {
+        return Err(ApiError::new(
+            actix_web::http::StatusCode::FORBIDDEN,
+            "test_clock_disabled",
+            "the test clock is off (admin.test_clock = false)",
+        ));
+    }
+    let advance: Advance = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("expected {{\"by\": \"<duration>\"}}: {e}"),
+        )
+    })?;
+    let offset = crate::clock::advance(advance.by);
+    tracing::warn!(
+        by = %humantime::format_duration(advance.by),
+        offset_ms = offset,
+        "test clock advanced"
+    );
+    // The timer firer sleeps until a due time: let it look again.
+    shared.store.timer_wakeup().notify_one();
+    Ok(HttpResponse::Ok().json(json!({
+        "offset_ms": offset,
+        "now": crate::clock::now_millis(),
+    })))
 }
 
 pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {

@@ -315,6 +315,22 @@ impl TestApp {
     pub fn cli_ok(&self, args: &[&str]) -> String {
         cli_ok(&self.data_dir, args)
     }
+
+    /// Move the daemon's time forward by `by` ("5m") with the test clock (the daemon must run
+    /// with `HANDOFF_BRIDGE__ADMIN__TEST_CLOCK=true`), once everything in flight has settled, so
+    /// timers decided so far are scheduled before their time comes.
+    pub fn advance_clock(&self, by: &str) {
+        self.settle();
+        let mut resp = self
+            .agent
+            .post(format!("{}/admin/v1/clock/advance", self.base))
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .header("content-type", "application/json")
+            .send(serde_json::json!({ "by": by }).to_string())
+            .expect("POST");
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        assert_eq!(resp.status().as_u16(), 200, "test clock: {text}");
+    }
 }
 
 /// Run a CLI command on a data directory that must succeed; returns its stdout.
