@@ -158,36 +158,35 @@ fn unpack(at: u64) -> Location {
 impl Merged {
     /// Add sealed segments (not already in).
     fn add(&mut self, new: Vec<(u64, Sealed)>) {
-        let mut incoming: Vec<(u64, u64)> = Vec::new();
-        for (segment, ids) in new {
-            *self.segments.entry(segment).or_default() += ids.len();
-            incoming.extend(
-                ids.hashes
-                    .iter()
-                    .zip(&ids.offsets)
-                    .map(|(h, o)| (*h, pack(segment, *o))),
-            );
-        }
-        incoming.sort_unstable();
-        let total = self.hashes.len() + incoming.len();
+        // A k-way merge of sorted runs (what is merged already, and each new segment) straight
+        // into the new arrays: an open with many segments holds each id twice at most.
+        let runs: Vec<(u64, Sealed)> = new.into_iter().filter(|(_, ids)| ids.len() > 0).collect();
+        let total = self.hashes.len() + runs.iter().map(|(_, ids)| ids.len()).sum::<usize>();
         let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
-        let mut old = self.hashes.iter().zip(&self.at).peekable();
-        let mut added = incoming.into_iter().peekable();
-        loop {
-            let take_old = match (old.peek(), added.peek()) {
-                (Some((h, a)), Some((nh, na))) => (**h, **a) <= (*nh, *na),
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => break,
-            };
-            let (h, a) = if take_old {
-                old.next().map(|(h, a)| (*h, *a))
+        // Run 0 is the current array; run k > 0 is `runs[k - 1]`.
+        let item = |run: usize, i: usize| -> Option<(u64, u64)> {
+            if run == 0 {
+                Some((*self.hashes.get(i)?, self.at[i]))
             } else {
-                added.next()
+                let (segment, ids) = &runs[run - 1];
+                Some((*ids.hashes.get(i)?, pack(*segment, ids.offsets[i])))
             }
-            .unwrap_or_default();
+        };
+        let mut heap = std::collections::BinaryHeap::new();
+        for run in 0..=runs.len() {
+            if let Some((h, a)) = item(run, 0) {
+                heap.push(std::cmp::Reverse((h, a, run, 0usize)));
+            }
+        }
+        while let Some(std::cmp::Reverse((h, a, run, i))) = heap.pop() {
             hashes.push(h);
             at.push(a);
+            if let Some((h, a)) = item(run, i + 1) {
+                heap.push(std::cmp::Reverse((h, a, run, i + 1)));
+            }
+        }
+        for (segment, ids) in &runs {
+            *self.segments.entry(*segment).or_default() += ids.len();
         }
         self.hashes = hashes;
         self.at = at;
