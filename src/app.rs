@@ -317,7 +317,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         println!("upstream: embedded emulator at http://{}", embedded.addr);
     }
     // Machine-readable start line on stdout, printed last: tests and scripts wait for it.
-    println!("listening: http://{bound}");
+    {
+        // A closed stdout must not stop the daemon (a panic here would).
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), "listening: http://{bound}");
+    }
     tracing::info!(%bound, data_dir = %data.root().display(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);

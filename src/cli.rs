@@ -3,6 +3,35 @@
 //! Store-reading commands talk to the running daemon's admin API when it runs (sled allows one
 //! process), and open the store directly when it does not. Both paths print the same JSON.
 
+/// `println!` for a command's output: when stdout is closed early (`| head`), the command ends
+/// quietly with success, as a Unix tool killed by SIGPIPE would, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
+/// `print!` with [`out!`]'s handling of a closed stdout.
+macro_rules! out_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if write!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
+/// `println!` for a long-running server's notices: a closed stdout must not stop it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 use crate::config::{Config, ConfigError, Overrides};
 use crate::datadir::{DataDir, ADMIN_TOKEN_FILE};
 use crate::store::Store;
@@ -339,16 +368,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Check { config, listen } => {
             let config = load(&config, listen)?;
             let rules = crate::app::rule_set(&config)?;
-            println!("# configuration is valid; effective values (secrets masked):");
-            print!("{}", config.to_masked_toml());
+            out!("# configuration is valid; effective values (secrets masked):");
+            out_raw!("{}", config.to_masked_toml());
             if let Some(set) = rules {
-                println!(
+                out!(
                     "# rules valid: {} rule(s), version {}",
                     set.rules().len(),
                     set.version()
                 );
                 for rule in set.rules() {
-                    println!("#   {}", rule_line(rule));
+                    out!("#   {}", rule_line(rule));
                 }
             }
             Ok(())
@@ -508,7 +537,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             }
                         }
                     }
-                    println!(
+                    out!(
                         "{}",
                         serde_json::to_string_pretty(&results).unwrap_or_default()
                     );
@@ -529,7 +558,7 @@ fn quarantine_list(config: &Config) -> Result<Option<Value>, CliError> {
 fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result<(), CliError> {
     match value {
         Some(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            out!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             Ok(())
         }
         None => Err(CliError::NotFound(missing())),
@@ -566,22 +595,22 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
     match action {
         RulesCommand::Check { dir } => {
             let (label, set) = load_set(dir)?;
-            println!(
+            out!(
                 "{}: {} rule(s), version {}",
                 label,
                 set.rules().len(),
                 set.version()
             );
             for rule in set.rules() {
-                println!("  {}", rule_line(rule));
+                out!("  {}", rule_line(rule));
             }
             let warnings = explain::lint(&set);
             if warnings.is_empty() {
-                println!("no warnings");
+                out!("no warnings");
             } else {
-                println!("{} warning(s):", warnings.len());
+                out!("{} warning(s):", warnings.len());
                 for w in &warnings {
-                    println!("  {} rule {}: {}", w.file, w.rule, w.message);
+                    out!("  {} rule {}: {}", w.file, w.rule, w.message);
                 }
             }
             Ok(())
@@ -664,12 +693,12 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                     .iter()
                     .map(|(head, verdicts)| serde_json::json!({"event": head, "rules": verdicts}))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                out!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
             } else {
                 for (head, verdicts) in &reports {
-                    println!("{head}");
+                    out!("{head}");
                     if let Some(verdicts) = verdicts {
-                        print!("{}", explain::render_text(verdicts));
+                        out_raw!("{}", explain::render_text(verdicts));
                     }
                 }
             }
@@ -919,7 +948,7 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
     use crate::upstream::{ApiCall, Execute};
     if args.list {
         for e in Endpoint::ALL {
-            println!("{:<28} {:<6} {}", e.name(), e.method(), e.path_template());
+            out!("{:<28} {:<6} {}", e.name(), e.method(), e.path_template());
         }
         return Ok(());
     }
@@ -969,7 +998,7 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
     });
     match result {
         Ok(value) => {
-            println!(
+            out!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
             );
@@ -977,7 +1006,7 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
         }
         Err(e) => {
             if let crate::upstream::UpstreamError::Status { body, .. } = &e {
-                println!("{body}");
+                out!("{body}");
             }
             Err(CliError::Upstream(e))
         }
@@ -1024,11 +1053,11 @@ fn emulator(
             );
         }
         for addr in &running.addrs {
-            println!("listening: http://{addr}");
+            say!("listening: http://{addr}");
         }
         if generated {
             // A throwaway key for a local emulator, shown once so callers can use it.
-            println!("api key: {key}");
+            say!("api key: {key}");
         }
         let handle = running.server.handle();
         let server = actix_web::rt::spawn(running.server);

@@ -326,3 +326,40 @@ actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." 
         "{out}"
     );
 }
+
+/// Output cut short by its reader (`rules check | head -1`) ends the command quietly, as a Unix
+/// tool would, instead of a panic on the closed pipe.
+#[test]
+fn a_reader_that_stops_early_ends_the_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Far more output than a pipe holds (64 KiB), so the command is still writing when the
+    // reader goes away.
+    let rules: String = (0..1500)
+        .map(|i| {
+            format!(
+                "[[rule]]\nname = \"r{i}-a-long-enough-name-to-fill-the-pipe-sooner\"\n\
+                 on = [\"bot.message.received\"]\nactions = [{{ type = \"set_manual\", enabled = true }}]\n"
+            )
+        })
+        .collect();
+    write(tmp.path(), "many.toml", &rules);
+    let mut child = Command::new(bin())
+        .args(["rules", "check", tmp.path().to_str().expect("utf-8")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("first line");
+    assert!(first.contains(": 1500 rule(s)"), "{first}");
+    // The reader is dropped here: the pipe closes.
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
