@@ -523,3 +523,47 @@ fn outside_business_hours_a_conversation_already_with_an_agent_is_left_alone() {
     assert_eq!(calls(&app), before, "nothing more was done");
     assert_eq!(state(&app)["handoff"]["phase"]["value"], "connected");
 }
+
+/// A partner-messenger user nobody could take gets the call-back notification, its template's
+/// variables filled in (the user has no `name` param: the default).
+#[test]
+fn a_partner_messenger_user_nobody_answered_gets_the_call_back_notification() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("partner_sender_key", SENDER_KEY),
+            ("callback_template_code", "CALLBACK"),
+            ("callback_time", "내일 오전"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+        ],
+    );
+    app.emulator_act(KB_CONV, "request-agent", json!({}));
+    app.advance_clock("5m");
+    wait_for_in(
+        &app,
+        KB_USER,
+        "the call-back",
+        Duration::from_secs(30),
+        |c| c.iter().any(|(endpoint, _)| endpoint == "notify-send"),
+    );
+    app.settle();
+    let sent: Vec<Value> = app
+        .journal()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "notify-send" && took_effect(e))
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let body = &sent[0]["body"];
+    assert_eq!(body["senderKey"], SENDER_KEY, "{body}");
+    assert_eq!(body["templateCode"], "CALLBACK", "{body}");
+    assert_eq!(body["recipient"], KB_USER, "{body}");
+    assert_eq!(
+        body["variables"],
+        json!({"name": "고객", "time": "내일 오전"}),
+        "{body}"
+    );
+}

@@ -860,8 +860,11 @@ fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
     let shipped = RuleSet::from_sources(&crate::rules::shipped::sources()).expect("shipped");
     assert_eq!(
         shipped.needs(),
-        Needs::NONE,
-        "the shipped rules read neither"
+        Needs {
+            before: false,
+            end_user: true
+        },
+        "the shipped call-back notification reads the user's name"
     );
 }
 
