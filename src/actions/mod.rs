@@ -364,7 +364,7 @@ impl Decided {
 /// so the fold can call it inside its transaction and tests can call it without a network. The
 /// rule engine implements it.
 /// Which optional [`Inputs`] a rule set reads: a fold builds only those (a copy of the state
-/// before each event, a read of the end user), since most rule sets read neither.
+/// before each event, a read of the end user), since many rule sets read neither.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Needs {
     pub before: bool,
