@@ -70,7 +70,14 @@ enum Job {
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::UnboundedSender<Job>,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
+}
+
+/// Set by the writer and syncer (checks, log writes) and by the indexer (index transactions).
+#[derive(Debug)]
+struct Health {
+    log: AtomicBool,
+    index: AtomicBool,
 }
 
 impl Writer {
@@ -82,13 +89,16 @@ impl Writer {
             ));
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let healthy = Arc::new(AtomicBool::new(true));
-        let flag = healthy.clone();
+        let health = Arc::new(Health {
+            log: AtomicBool::new(true),
+            index: AtomicBool::new(true),
+        });
+        let flag = health.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || run(store, rx, hooks, flag))
             .map_err(|e| super::StoreError::Sled(sled::Error::Io(e)))?;
-        Ok(Writer { tx, healthy })
+        Ok(Writer { tx, health })
     }
 
     /// Store a delivery; returns once it is durable.
@@ -111,7 +121,7 @@ impl Writer {
 
     /// False after a write or sync failed, until one succeeds again.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.health.log.load(Ordering::Relaxed) && self.health.index.load(Ordering::Relaxed)
     }
 }
 
@@ -134,14 +144,15 @@ fn run(
     store: Store,
     mut rx: mpsc::UnboundedReceiver<Job>,
     hooks: WriterHooks,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
 ) {
+    let healthy = &health.log;
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
     let syncer_store = store.clone();
-    let syncer_healthy = healthy.clone();
+    let syncer_health = health.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || sync_loop(syncer_store, from_writer, hooks, syncer_healthy));
+        .spawn(move || sync_loop(syncer_store, from_writer, hooks, syncer_health));
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -213,8 +224,9 @@ fn run(
     let _ = syncer.join();
 }
 
-/// Logged groups waiting for their index transaction (normally only this round's; more after a
-/// failed transaction, which the next round retries first).
+/// Logged groups waiting for their index transaction: what the syncer hands the indexer after
+/// each sync, gathered while the indexer was busy (so one transaction may cover several syncs),
+/// and kept after a failed transaction, which the next round retries first.
 #[derive(Default)]
 struct Backlog {
     groups: Vec<Unindexed>,
@@ -225,7 +237,11 @@ struct Backlog {
 
 impl Backlog {
     /// Index everything waiting; on success hand the events on.
-    fn index(&mut self, store: &Store, hooks: &WriterHooks) -> Result<(), String> {
+    fn index(
+        &mut self,
+        store: &Store,
+        durable: &(dyn Fn(Vec<NewEvent>) + Send),
+    ) -> Result<(), String> {
         let Some(to) = self.to else { return Ok(()) };
         store.index(&self.groups, to).map_err(|e| {
             tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
@@ -235,22 +251,92 @@ impl Backlog {
         self.to = None;
         let events = std::mem::take(&mut self.new_events);
         if !events.is_empty() {
-            (hooks.durable)(events);
+            durable(events);
         }
         Ok(())
     }
 }
 
+/// What the syncer hands the indexer.
+enum ToIndexer {
+    /// Groups just synced, with the log's end after them.
+    Index(Backlog),
+}
+
+/// The indexing side: sled transactions for what the syncer logged, off the syncer's thread, so
+/// the next sync need not wait for the last one's index. Groups arrive in log order and are
+/// indexed in that order; until indexed, their ids stay in the in-flight set (see `intake`).
+fn index_loop(
+    store: Store,
+    rx: std::sync::mpsc::Receiver<ToIndexer>,
+    durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
+    health: Arc<Health>,
+) {
+    let mut backlog = Backlog::default();
+    let absorb = |backlog: &mut Backlog, message: ToIndexer| match message {
+        ToIndexer::Index(mut more) => {
+            backlog.groups.append(&mut more.groups);
+            backlog.new_events.append(&mut more.new_events);
+            backlog.to = more.to.or(backlog.to);
+        }
+    };
+    loop {
+        // With a backlog left by a failed transaction, try again after a pause even if nothing
+        // new comes.
+        let next = if backlog.to.is_some() {
+            match rx.recv_timeout(INDEX_RETRY_PAUSE) {
+                Ok(message) => Some(message),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(message) => Some(message),
+                Err(_) => break,
+            }
+        };
+        if let Some(message) = next {
+            absorb(&mut backlog, message);
+            while let Ok(more) = rx.try_recv() {
+                absorb(&mut backlog, more);
+            }
+        }
+        let indexed = backlog.index(&store, durable.as_ref());
+        health.index.store(indexed.is_ok(), Ordering::Relaxed);
+    }
+    // The syncer is gone: index what is left, so the next start has nothing to index again.
+    let _ = backlog.index(&store, durable.as_ref());
+}
+
+/// Pause after a failed index transaction.
+const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// The durability side: append the groups that are ready to the event log, sync once, answer;
-/// then index them in sled and pass them on; then flush sled for those who asked (after the
-/// answers, so an acknowledgment never waits for a sled flush it does not need).
+/// hand them to the indexer; then flush sled for those who asked (after the answers, so an
+/// acknowledgment never waits for a sled flush it does not need).
 fn sync_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<Group>,
     hooks: WriterHooks,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
 ) {
-    let mut backlog = Backlog::default();
+    let WriterHooks { observe, durable } = hooks;
+    let healthy = &health.log;
+    let (to_indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
+    let indexer = {
+        let (store, health) = (store.clone(), health.clone());
+        std::thread::Builder::new()
+            .name("store-indexer".into())
+            .spawn(move || index_loop(store, from_syncer, durable, health))
+    };
+    let indexer = match indexer {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the store indexer");
+            healthy.store(false, Ordering::Relaxed);
+            None
+        }
+    };
     let flush = || {
         store.flush().map_err(|e| {
             tracing::error!(error = %e, "store flush failed");
@@ -272,14 +358,15 @@ fn sync_loop(
             }
         }
         let committed = queued.and_then(|()| store.log_commit());
+        let mut synced = Backlog::default();
         let logged = match committed {
             Ok(to) => {
-                backlog.to = Some(to);
+                synced.to = Some(to);
                 for group in &mut groups {
-                    backlog
+                    synced
                         .groups
                         .push(std::mem::take(&mut group.checked.unindexed));
-                    backlog
+                    synced
                         .new_events
                         .append(&mut std::mem::take(&mut group.new_events));
                 }
@@ -294,19 +381,18 @@ fn sync_loop(
                 Err(e.to_string())
             }
         };
-        // Quarantine records are in sled only: index first (the delivery record), then flush.
+        // Quarantine records are in sled only (a delivery itself is known by its log frame).
         let mut flushed = None;
         let replies_durable = match logged {
             Ok(()) if replies_need_sled => {
-                let indexed = backlog.index(&store, &hooks);
                 let result = flush();
                 flushed = Some(result.clone());
-                indexed.and(result)
+                result
             }
             other => other,
         };
         for group in &mut groups {
-            (hooks.observe)(group.started.elapsed(), group.replies.len());
+            observe(group.started.elapsed(), group.replies.len());
             let answer = match &replies_durable {
                 Ok(()) if !group.checked.duplicates_hold(&store) => {
                     Err("a delivery this one repeats failed to store; retry".to_owned())
@@ -322,11 +408,12 @@ fn sync_loop(
                 let _ = reply.send(answer.clone().map(|()| accepted));
             }
         }
-        let indexed = backlog.index(&store, &hooks);
-        healthy.store(
-            replies_durable.is_ok() && indexed.is_ok(),
-            Ordering::Relaxed,
-        );
+        if synced.to.is_some() && to_indexer.send(ToIndexer::Index(synced)).is_err() {
+            // Logged and answered, so not lost: the next start indexes the log's tail.
+            tracing::error!("the store indexer stopped");
+            health.index.store(false, Ordering::Relaxed);
+        }
+        healthy.store(replies_durable.is_ok(), Ordering::Relaxed);
         let flushed = match flushed {
             Some(result) => result,
             None if flush_wanted => flush(),
@@ -338,8 +425,11 @@ fn sync_loop(
             }
         }
     }
-    // The writer is gone: leave sled complete, so the next start has nothing to index again.
-    let _ = backlog.index(&store, &hooks);
+    // The writer is gone: let the indexer finish, then leave sled complete.
+    drop(to_indexer);
+    if let Some(indexer) = indexer {
+        let _ = indexer.join();
+    }
     if let Err(e) = flush() {
         tracing::error!(error = %e, "final store flush failed; the log's tail will be indexed on start");
     }
@@ -372,16 +462,18 @@ mod tests {
     async fn concurrent_deliveries_are_logged_once_indexed_and_handed_on_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        let handed: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let seen = handed.clone();
+        // The indexer hands events on after their index transaction, on its own thread.
+        let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
+        let handed_tx = Mutex::new(handed_tx);
         let writer = Writer::start(
             store.clone(),
             WriterHooks {
                 observe: Box::new(|_, _| {}),
                 durable: Box::new(move |events| {
-                    seen.lock()
-                        .expect("lock")
-                        .extend(events.iter().map(|e| e.seq));
+                    let tx = handed_tx.lock().expect("lock");
+                    for e in &events {
+                        let _ = tx.send(e.seq);
+                    }
                 }),
             },
         )
@@ -415,13 +507,20 @@ mod tests {
         logged.sort();
         logged.dedup();
         assert_eq!(logged.len(), 100, "once each");
-        // Answers go out before the index transaction; a flush comes after it.
-        writer.flush().await.expect("flush");
-        let handed = handed.lock().expect("lock").clone();
-        assert_eq!(handed.len(), 100, "every new event handed on once");
+        // Answers go out before the index transaction; the events are handed on after it.
+        let handed: Vec<u64> = (0..100)
+            .map(|_| {
+                handed_rx
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("every new event handed on")
+            })
+            .collect();
+
         let mut sorted = handed.clone();
         sorted.sort_unstable();
         assert_eq!(handed, sorted, "in acceptance order");
+        sorted.dedup();
+        assert_eq!(sorted.len(), 100, "each once");
         assert_eq!(store.pending().expect("pending").len(), 100);
 
         assert!(writer.is_healthy());
