@@ -409,7 +409,8 @@ async fn prune_loop(
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let now = crate::clock::now_millis();
+        // Real time: the test clock must not make data look old enough to drop.
+        let now = crate::clock::system_millis();
         let dedupe_before = now - millis(config.webhook.dedupe_retention);
         let events_before = now - millis(config.store.event_retention);
         let audit_before = now - millis(config.outbox.audit_retention);
@@ -422,7 +423,16 @@ async fn prune_loop(
             // of them still knows what already ran.
             let oldest = store.oldest_event_received_at()?.unwrap_or(audit_before);
             let finished = store.prune_ledger(audit_before.min(oldest), 10_000)?;
-            let answers = store.prune_idempotency(answers_before, 10_000)?;
+            // Every old answer each round (10,000 at a time), so the tree cannot outgrow the
+            // pruning however busy the agent API is.
+            let mut answers = 0;
+            loop {
+                let removed = store.prune_idempotency(answers_before, 10_000)?;
+                answers += removed;
+                if removed < 10_000 {
+                    break;
+                }
+            }
             if answers > 0 {
                 tracing::debug!(answers, "pruned agent API idempotency records");
             }

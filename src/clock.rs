@@ -8,12 +8,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// 0 unless an operator rehearsing a handoff advanced it. One per process: the daemon is one.
 static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
 
-/// The daemon's time: the system's, plus the test clock's offset.
+/// The daemon's time: the system's, plus the test clock's offset. What the handoff sees (rule
+/// timers, business hours, event receive times).
 pub fn now_millis() -> Millis {
-    let system = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+    system_millis().saturating_add(offset_millis())
+}
+
+/// The system's time, never moved by the test clock: for what other systems or the data's safety
+/// judge by real time (retention and pruning, help-desk signature timestamps and give-up times).
+pub fn system_millis() -> Millis {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
         Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
-    });
-    system.saturating_add(offset_millis())
+    })
 }
 
 /// The test clock's offset.
@@ -25,7 +31,11 @@ pub fn offset_millis() -> Millis {
 /// offset. Whoever sleeps until a wall-clock time must be woken by the caller.
 pub fn advance(by: std::time::Duration) -> Millis {
     let by = Millis::try_from(by.as_millis()).unwrap_or(Millis::MAX);
-    OFFSET_MS.fetch_add(by, Ordering::SeqCst).saturating_add(by)
+    let step = |offset: Millis| Some(offset.saturating_add(by));
+    let before = OFFSET_MS
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, step)
+        .unwrap_or_else(|offset| offset);
+    before.saturating_add(by)
 }
 
 /// A time given by an operator: Unix milliseconds, or RFC 3339 (`2026-11-22T09:00:00Z`).

@@ -665,7 +665,9 @@ impl Runner {
     /// and tried again later (its queue waiting, no executor slot held) while one is down.
     async fn notify_helpdesk(self: Arc<Self>, entry: OutboxEntry) -> (String, Outcome) {
         let queue = entry.queue.clone();
-        let now = crate::clock::now_millis();
+        // Real time: the help desk checks the signature's timestamp against its own clock, and
+        // the give-up time is a promise about real hours.
+        let now = crate::clock::system_millis();
         let taken = self
             .deliveries
             .lock()

@@ -125,7 +125,7 @@ impl HelpdeskConfig {
             p.push((
                 "helpdesk.transcript_messages".into(),
                 self.transcript_messages.to_string(),
-                "must be at most 100".into(),
+                "must be 0..=100 (one page of the Open API)".into(),
             ));
         }
         for (bot, key) in &self.partner.bots {

@@ -626,13 +626,6 @@ impl Config {
                 }
             }
         }
-        if hd.transcript_messages > 100 {
-            bad(
-                "helpdesk.transcript_messages",
-                &hd.transcript_messages,
-                "must be 0..=100 (one page of the Open API)",
-            );
-        }
         if hd.timeout.is_zero() || hd.connect_timeout.is_zero() {
             bad(
                 "helpdesk.timeout",

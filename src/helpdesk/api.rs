@@ -425,7 +425,7 @@ async fn get_conversation(
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "already_accepted (by another agent), idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, already_accepted (by another agent), idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending: stored, not yet applied; retry with the same key"),
@@ -462,7 +462,7 @@ async fn accept(
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "not_with_agent, idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -510,7 +510,7 @@ async fn send_message(
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "not_with_agent, idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -549,7 +549,7 @@ async fn release(
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -596,7 +596,7 @@ async fn transfer(
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -645,7 +645,7 @@ async fn block(
         (status = 400, body = ErrorBody, description = "invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -679,7 +679,7 @@ async fn unblock(
         (status = 400, body = ErrorBody, description = "invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "not_partner_messenger, idempotency_key_in_progress"),
+        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -822,11 +822,17 @@ async fn run(
             Err(e) => return respond(store_error(e).into(), false),
         }
     }
-    let answer = match build(shared, &body) {
-        Ok((state, command)) => submit(shared, route, key.as_deref(), state, command).await,
-        Err(e) => e.into(),
+    // Only a command that was stored has an answer to keep: a refusal before that (bad body,
+    // unknown conversation, no channel) took no effect, and a retry is judged again, against
+    // what may have changed since.
+    let (answer, submitted) = match build(shared, &body) {
+        Ok((state, command)) => (
+            submit(shared, route, key.as_deref(), state, command).await,
+            true,
+        ),
+        Err(e) => (e.into(), false),
     };
-    if let (Some(key), true) = (&key, answer.status.as_u16() < 500) {
+    if let (Some(key), true) = (&key, submitted && answer.status.as_u16() < 500) {
         let record = IdempotencyRecord {
             request,
             status: answer.status.as_u16(),
@@ -938,6 +944,24 @@ async fn submit(
             Ok(None) => {}
             Err(e) => return store_error(e).into(),
         }
+        // No verdict kept: either the command still waits in the inbox (a restart came between;
+        // its fold will answer the waiter), or it was applied so long ago that its verdict is
+        // gone, and waiting could only end in a timeout.
+        match still_pending(&shared.store, &event_id) {
+            Ok(true) => {}
+            Ok(false) => {
+                return ApiError::new(
+                    StatusCode::CONFLICT,
+                    "command_already_applied",
+                    format!(
+                        "this command (event {event_id}) was applied earlier and its answer is \
+                         no longer kept; read the conversation for its state"
+                    ),
+                )
+                .into()
+            }
+            Err(e) => return store_error(e).into(),
+        }
     }
     match waiter.wait(shared.helpdesk.config.command_timeout).await {
         Some(v) => match shared.store.conversation(&conversation) {
@@ -954,6 +978,17 @@ async fn submit(
             ),
         )
         .into(),
+    }
+}
+
+/// Whether the stored event `event_id` is still waiting in the inbox (not folded yet).
+fn still_pending(
+    store: &crate::store::Store,
+    event_id: &str,
+) -> Result<bool, crate::store::StoreError> {
+    match store.event_by_id(&crate::ids::EventId::new(event_id))? {
+        Some(record) => Ok(store.event(record.seq)?.is_some()),
+        None => Ok(false),
     }
 }
 

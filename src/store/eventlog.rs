@@ -326,6 +326,29 @@ pub fn read_at(dir: &Path, at: Location) -> std::io::Result<Option<LogRecord>> {
     })
 }
 
+/// The frame an index points at: `None` when its segment is gone (pruned meanwhile), an error
+/// when the frame is not there or damaged (an index pointing at nothing is corruption, not "no
+/// such event": the dedupe path must not take it for a new id).
+pub fn read_indexed(dir: &Path, at: Location) -> std::io::Result<Option<LogRecord>> {
+    let mut file = match File::open(segment_path(dir, at.segment)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    file.seek(SeekFrom::Start(at.offset))?;
+    match next_frame(&mut file)? {
+        Frame::Record(record, _) => Ok(Some(record)),
+        Frame::End | Frame::Bad => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "event log segment {} has no intact frame at byte {} (an index points there)",
+                segment_path(dir, at.segment).display(),
+                at.offset
+            ),
+        )),
+    }
+}
+
 /// How a scan ended.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ScanEnd {

@@ -459,7 +459,7 @@ impl Store {
     pub(crate) fn seen_delivery(&self, id: &str) -> Result<bool, StoreError> {
         let candidates = self.candidates(dedupe::delivery_hash(id))?;
         for at in candidates {
-            if let Some(record) = eventlog::read_at(&self.log_dir, at).map_err(log_error)? {
+            if let Some(record) = eventlog::read_indexed(&self.log_dir, at).map_err(log_error)? {
                 if record.delivery == id {
                     return Ok(true);
                 }
@@ -471,7 +471,7 @@ impl Store {
     /// The frame holding event `id`, and its position there.
     fn find_event(&self, id: &str) -> Result<Option<(eventlog::LogRecord, usize)>, StoreError> {
         for at in self.candidates(dedupe::event_hash(id))? {
-            if let Some(record) = eventlog::read_at(&self.log_dir, at).map_err(log_error)? {
+            if let Some(record) = eventlog::read_indexed(&self.log_dir, at).map_err(log_error)? {
                 if let Some(i) = record.ids.iter().position(|x| x == id) {
                     return Ok(Some((record, i)));
                 }

@@ -1338,3 +1338,23 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
     assert!(!store.seen_delivery("d-gone").expect("seen"));
     assert!(store.seen_event("e1").expect("seen"), "the log's ids stay");
 }
+
+#[test]
+fn a_damaged_frame_the_dedupe_index_points_at_is_an_error_not_a_new_id() {
+    let (dir, store) = store();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
+    // Damage the frame's payload in place.
+    let segment = eventlog::segments(&store.log_dir).expect("segments")[0];
+    let path = eventlog::segment_path(&store.log_dir, segment);
+    let mut bytes = std::fs::read(&path).expect("read");
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0x55;
+    std::fs::write(&path, bytes).expect("write");
+    assert!(matches!(store.seen_event("e1"), Err(StoreError::Log(_))));
+    let again = parse_delivery(&delivery("d2", &[("e1", "c1", 1)])).expect("parse");
+    assert!(
+        store.accept(&again.id, &again.events, 5).is_err(),
+        "refused (503 for the service), not stored a second time"
+    );
+    drop(dir);
+}
