@@ -82,7 +82,9 @@ pub struct HelpdeskRetry {
 pub struct HelpdeskEndpoint {
     /// Names the endpoint in logs and metrics (the URL may carry credentials).
     pub name: String,
-    pub url: String,
+    /// A `Secret`: it may carry credentials (`http://user:password@...`), so it is masked in
+    /// `Debug`, `check` output and errors like the signing secrets.
+    pub url: Secret,
     /// Standard Webhooks secrets (`whsec_` + base64); each signs, so several allow rotation.
     pub secrets: Vec<Secret>,
     /// Event kinds sent here: names, families (`handoff.*`) or `*`.

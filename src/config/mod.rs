@@ -349,7 +349,7 @@ impl Config {
                 problems.push(Problem {
                     key: "(config)".into(),
                     value: String::new(),
-                    why: e.to_string().trim().to_owned(),
+                    why: scrub_secret_values(e.to_string().trim()),
                 });
                 return Err(ConfigError::Invalid(problems));
             }
@@ -581,7 +581,7 @@ impl Config {
                 bad(&format!("{at}.name"), &ep.name, "used by another endpoint");
             }
             // The URL is not echoed: it may carry credentials.
-            match ep.url.parse::<actix_web::http::Uri>() {
+            match ep.url.expose().parse::<actix_web::http::Uri>() {
                 Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
                 Ok(uri) if uri.scheme_str() == Some("https") => bad(
                     &format!("{at}.url"),
@@ -817,6 +817,39 @@ const SECRET_KEYS: &[&str] = &[
     "helpdesk.endpoints",
     "helpdesk.tokens",
 ];
+
+/// A deserialization error quotes the value it could not take (`invalid type: string "...",
+/// expected a sequence\nin `helpdesk.endpoints.secrets``): masked when the key it names is a
+/// secret's, or when it names none.
+fn scrub_secret_values(message: &str) -> String {
+    let path = message
+        .rsplit_once("in `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(path, _)| path);
+    let secret = path.map_or(true, |p| {
+        SECRET_KEYS
+            .iter()
+            .any(|k| p == *k || p.starts_with(&format!("{k}.")) || p.starts_with(&format!("{k}[")))
+    });
+    if !secret {
+        return message.to_owned();
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut quoted = false;
+    for c in message.chars() {
+        if c == '"' {
+            if !quoted {
+                out.push_str("\"****");
+            } else {
+                out.push('"');
+            }
+            quoted = !quoted;
+        } else if !quoted {
+            out.push(c);
+        }
+    }
+    out
+}
 
 fn shown(path: &str, value: &toml::Value) -> String {
     if SECRET_KEYS

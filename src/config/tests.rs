@@ -375,3 +375,41 @@ fn helpdesk_tokens_and_partner_channels_load_and_tokens_stay_masked() {
         "{p:?}"
     );
 }
+
+#[test]
+fn a_mistyped_secret_is_not_shown_in_the_error() {
+    let (_dir, path) = write(
+        r#"
+[[helpdesk.endpoints]]
+name = "desk"
+url = "http://127.0.0.1:9000/events"
+secrets = "whsec_TOPSECRETVALUE0123456789abcdef"
+"#,
+    );
+    let err = Config::load_from(Some(&path), env(&[]), &Overrides::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(!text.contains("TOPSECRETVALUE"), "{text}");
+    assert!(
+        text.contains("secrets") || text.contains("sequence"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_helpdesk_url_with_credentials_is_masked_like_a_secret() {
+    let (_dir, path) = write(
+        r#"
+[[helpdesk.endpoints]]
+name = "desk"
+url = "http://agent:hunter2pass@127.0.0.1:9000/events"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#,
+    );
+    let c = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("valid");
+    assert_eq!(
+        c.helpdesk.endpoints[0].url.expose(),
+        "http://agent:hunter2pass@127.0.0.1:9000/events"
+    );
+    let shown = format!("{}\n{:?}", c.to_masked_toml(), c);
+    assert!(!shown.contains("hunter2pass"), "{shown}");
+}

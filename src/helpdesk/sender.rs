@@ -91,7 +91,7 @@ impl<T: Transport> Helpdesk<T> {
                 .collect::<Result<Vec<_>, _>>()?;
             endpoints.push(Endpoint {
                 name: ep.name.clone(),
-                url: ep.url.clone(),
+                url: ep.url.expose().to_owned(),
                 keys,
                 events: ep.events.clone(),
             });
@@ -235,13 +235,13 @@ mod tests {
         hd.endpoints = vec![
             HelpdeskEndpoint {
                 name: "desk".into(),
-                url: "http://127.0.0.1:9/events".into(),
+                url: Secret::new("http://127.0.0.1:9/events"),
                 secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
                 events: events.iter().map(|s| (*s).to_owned()).collect(),
             },
             HelpdeskEndpoint {
                 name: "audit".into(),
-                url: "http://127.0.0.1:9/audit".into(),
+                url: Secret::new("http://127.0.0.1:9/audit"),
                 secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
                 events: vec!["*".into()],
             },

@@ -157,10 +157,17 @@ fn unpack(at: u64) -> Location {
 
 impl Merged {
     /// Add sealed segments (not already in).
+    ///
+    /// This rebuilds the arrays: O(ids held) once per sealed segment (a few milliseconds per
+    /// million ids, under the index's lock, so intake waits that long once per 64 MiB of log).
     fn add(&mut self, new: Vec<(u64, Sealed)>) {
+        let runs: Vec<(u64, Sealed)> = new.into_iter().filter(|(_, ids)| ids.len() > 0).collect();
+        if let [(segment, ids)] = runs.as_slice() {
+            self.merge_one(*segment, ids);
+            return;
+        }
         // A k-way merge of sorted runs (what is merged already, and each new segment) straight
         // into the new arrays: an open with many segments holds each id twice at most.
-        let runs: Vec<(u64, Sealed)> = new.into_iter().filter(|(_, ids)| ids.len() > 0).collect();
         let total = self.hashes.len() + runs.iter().map(|(_, ids)| ids.len()).sum::<usize>();
         let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
         // Run 0 is the current array; run k > 0 is `runs[k - 1]`.
@@ -188,6 +195,36 @@ impl Merged {
         for (segment, ids) in &runs {
             *self.segments.entry(*segment).or_default() += ids.len();
         }
+        self.hashes = hashes;
+        self.at = at;
+        self.fence();
+    }
+
+    /// The common case (a segment sealed while running): a plain two-way merge.
+    fn merge_one(&mut self, segment: u64, ids: &Sealed) {
+        let total = self.hashes.len() + ids.len();
+        let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
+        let (mut i, mut j) = (0, 0);
+        while i < self.hashes.len() || j < ids.len() {
+            let new = (j < ids.len()).then(|| (ids.hashes[j], pack(segment, ids.offsets[j])));
+            let old = (i < self.hashes.len()).then(|| (self.hashes[i], self.at[i]));
+            let take_old = match (old, new) {
+                (Some(o), Some(n)) => o <= n,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            let (h, a) = if take_old {
+                i += 1;
+                old
+            } else {
+                j += 1;
+                new
+            }
+            .unwrap_or_default();
+            hashes.push(h);
+            at.push(a);
+        }
+        *self.segments.entry(segment).or_default() += ids.len();
         self.hashes = hashes;
         self.at = at;
         self.fence();
@@ -514,16 +551,23 @@ mod tests {
             // Spread the small hashes over the whole range (fences cut by top bits) or not.
             let h = |x: u64| if spread { x.wrapping_mul(0x9E37_79B9_7F4A_7C15) } else { x };
             let mut merged = Merged::default();
+            let mut all_at_once = Vec::new();
             let mut plain: Vec<(u64, Location)> = Vec::new();
             for (i, ids) in segments.iter().enumerate() {
                 let segment = i as u64 + 1;
                 let pairs: Vec<(u64, u32)> = ids.iter().map(|(x, o)| (h(*x), *o)).collect();
-                let sealed = Sealed::from_pairs(pairs);
+                let sealed = Sealed::from_pairs(pairs.clone());
                 for (hash, o) in sealed.hashes.iter().zip(&sealed.offsets) {
                     plain.push((*hash, Location { segment, offset: u64::from(*o) }));
                 }
                 merged.add(vec![(segment, sealed)]);
+                all_at_once.push((segment, Sealed::from_pairs(pairs)));
             }
+            // One segment at a time (sealing while running) and all at once (an open) agree.
+            let mut loaded = Merged::default();
+            loaded.add(all_at_once);
+            proptest::prop_assert_eq!(&loaded.hashes, &merged.hashes);
+            proptest::prop_assert_eq!(&loaded.at, &merged.at);
             for g in gone {
                 let segment = g as u64 + 1;
                 let removed = merged.remove(segment);
