@@ -96,9 +96,17 @@ async fn clock_advance(
     );
     // The timer firer sleeps until a due time: let it look again.
     shared.store.timer_wakeup().notify_one();
+    let now = crate::clock::now_millis();
+    // How many timers are due now: a caller can wait for that many firings.
+    let due = shared
+        .store
+        .due_timers(now, 100_000, |_| false)
+        .map(|(due, _)| due.len())
+        .map_err(store_error)?;
     Ok(HttpResponse::Ok().json(json!({
         "offset_ms": offset,
-        "now": crate::clock::now_millis(),
+        "now": now,
+        "due_timers": due,
     })))
 }
 

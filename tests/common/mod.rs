@@ -321,6 +321,7 @@ impl TestApp {
     /// timers decided so far are scheduled before their time comes.
     pub fn advance_clock(&self, by: &str) {
         self.settle();
+        let fired = self.metric("handoff_timers_fired_total");
         let mut resp = self
             .agent
             .post(format!("{}/admin/v1/clock/advance", self.base))
@@ -330,6 +331,13 @@ impl TestApp {
             .expect("POST");
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         assert_eq!(resp.status().as_u16(), 200, "test clock: {text}");
+        // Every timer now due has fired (been handed to the writer) before this returns, so a
+        // test's next step sees its effects or, after `settle`, their absence.
+        let answer: Value = serde_json::from_str(&text).expect("JSON answer");
+        let due = answer["due_timers"].as_f64().expect("due_timers");
+        poll_until("the due timers to fire", Duration::from_secs(30), || {
+            (self.metric("handoff_timers_fired_total") >= fired + due).then_some(())
+        });
     }
 }
 
