@@ -567,3 +567,57 @@ fn a_partner_messenger_user_nobody_answered_gets_the_call_back_notification() {
         "{body}"
     );
 }
+
+/// Closed: a partner-messenger user asking for a person is told the hours, sent to the fallback
+/// flow, and gets the call-back notification.
+#[test]
+fn outside_business_hours_a_partner_messenger_user_gets_the_call_back_notification() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |name, text| {
+        if name == "hours.toml" {
+            text.replace("[\"09:00-18:00\"]", "[]")
+        } else {
+            text
+        }
+    });
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("partner_sender_key", SENDER_KEY),
+            ("callback_template_code", "CALLBACK"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+        ],
+    );
+    app.emulator_act(KB_CONV, "request-agent", json!({}));
+    wait_for_in(
+        &app,
+        KB_USER,
+        "the call-back",
+        Duration::from_secs(30),
+        |c| c.iter().any(|(endpoint, _)| endpoint == "notify-send"),
+    );
+    app.settle();
+    let sent: Vec<Value> = app
+        .journal()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "notify-send" && took_effect(e))
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["body"]["recipient"], KB_USER, "{sent:?}");
+    assert_eq!(
+        sent[0]["body"]["variables"],
+        json!({"name": "고객", "time": "영업시간 중"}),
+        "the shipped defaults: {sent:?}"
+    );
+    // Told the hours and never queued: the bot keeps the conversation.
+    let calls = calls_for(&app, KB_CONV);
+    assert!(
+        calls.contains(&call("set-manual", "false")),
+        "bot kept on: {calls:?}"
+    );
+    assert!(
+        !calls.contains(&call("set-manual", "true")),
+        "never queued: {calls:?}"
+    );
+}
