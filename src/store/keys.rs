@@ -62,6 +62,9 @@ pub mod meta {
     pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";
     pub const COUNT_END_USERS: &[u8] = b"count/end_users";
     pub const COUNT_BOTS: &[u8] = b"count/bots";
+    /// Set once the waiting queue (`queue/v1`) was built from the states (a store from before
+    /// the queue existed gets its waiting conversations indexed on its first open).
+    pub const QUEUE_INDEXED: &[u8] = b"queue_indexed";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.

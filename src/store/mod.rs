@@ -401,6 +401,7 @@ impl Store {
             tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
+        store.index_queue_once()?;
         Ok(store)
     }
 

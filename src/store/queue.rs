@@ -186,6 +186,30 @@ impl Store {
     }
 }
 
+impl Store {
+    /// A store from before the waiting queue: index its waiting conversations once, on open
+    /// (before any fold, so nothing races with it). A new store has none and only marks it.
+    pub(super) fn index_queue_once(&self) -> Result<(), StoreError> {
+        if self.meta.contains_key(keys::meta::QUEUE_INDEXED)? {
+            return Ok(());
+        }
+        let mut indexed = 0u64;
+        for item in self.conversations.iter() {
+            let (_, bytes) = item?;
+            let state: ConversationState = super::decode(&bytes, "conversation state")?;
+            if let Some(key) = entry_of(&state) {
+                self.queue.insert(key, Vec::new())?;
+                indexed += 1;
+            }
+        }
+        self.meta.insert(keys::meta::QUEUE_INDEXED, &[1])?;
+        if indexed > 0 {
+            tracing::info!(indexed, "waiting queue built from the conversation states");
+        }
+        Ok(())
+    }
+}
+
 /// The store-backed queue is what the help-desk events read their position and wait from. A
 /// store error leaves them unknown (`null`): the event still goes out.
 impl crate::helpdesk::QueueSource for Store {
