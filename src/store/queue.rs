@@ -21,12 +21,15 @@ fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
     Some(keys::queue_entry(bot.as_str(), since, s.id.as_str()))
 }
 
+/// A conversation's entry as a fold found it (what the tree holds) and its entry now.
+type EntryChange = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// What a fold has done to the queue so far: the overlay over the tree that its reads add, and
 /// its writes at the end.
 #[derive(Debug, Default)]
 pub(super) struct QueueFold {
     /// Conversation id -> its entry as the fold found it (what the tree holds) and its entry now.
-    entries: HashMap<String, (Option<Vec<u8>>, Option<Vec<u8>>)>,
+    entries: HashMap<String, EntryChange>,
     /// Bot -> its accept history (read on first use) and whether the fold changed it.
     history: HashMap<String, (AcceptHistory, bool)>,
 }

@@ -85,7 +85,7 @@ fn joining_the_queue_tells_the_place_in_line_and_the_wait_when_known() {
             ..Default::default()
         };
         let decided = set.evaluate(&event, &state, inputs, DecisionTime::at(NOW));
-        assert_eq!(texts(&decided), [queue_text.clone()]);
+        assert_eq!(texts(&decided), std::slice::from_ref(&queue_text));
     }
 }
 
