@@ -280,12 +280,107 @@ mod tests {
         store.apply(&batch).expect("apply");
     }
 
+    /// Accept and fold `events` as one batch with `rules` deciding; the texts of the messages they
+    /// decided, in order.
+    fn fold_with(
+        store: &Store,
+        delivery: &str,
+        events: Vec<crate::webhook::IncomingEvent>,
+        rules: &crate::rules::RuleSet,
+    ) -> Vec<String> {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        let applied = store.apply_with(&batch, rules, &[]).expect("apply");
+        applied
+            .outbox
+            .iter()
+            .filter_map(|e| match &e.action {
+                crate::actions::Action::SendMessage { message, .. } => message.text.clone(),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn position(store: &Store, conversation: &str) -> Option<u32> {
         store
             .queue_standing(&conversation.into())
             .expect("read")
             .expect("known")
             .position
+    }
+
+    #[test]
+    fn rules_see_the_standing_after_each_event_within_one_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let rules = crate::rules::RuleSet::from_sources(&[(
+            "q.toml".into(),
+            r#"
+[[rule]]
+name = "tell"
+on = ["bot.conversation.agent_call_requested", "bot.conversation.agent_call_cancelled"]
+actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiting }} {{ queue.position }}/{{ queue.length }}" }]
+"#
+            .into(),
+        )])
+        .expect("rules");
+        let requested = "bot.conversation.agent_call_requested";
+        let texts = fold_with(
+            &store,
+            "d1",
+            vec![
+                conversation_event("e1", requested, "c1", 1_000),
+                conversation_event("e2", requested, "c2", 2_000),
+                conversation_event("e3", "bot.conversation.agent_call_cancelled", "c1", 3_000),
+            ],
+            &rules,
+        );
+        // Each event's rules see the queue with that event folded in, the batch's earlier events
+        // included (none of it is in the tree yet).
+        assert_eq!(
+            texts,
+            ["c1 True 1/1", "c2 True 2/2", "c1 False None/1"],
+            "{texts:?}"
+        );
+        let texts = fold_with(
+            &store,
+            "d2",
+            vec![conversation_event("e4", requested, "c3", 4_000)],
+            &rules,
+        );
+        assert_eq!(texts, ["c3 True 2/2"], "the committed tree counts c2");
+    }
+
+    #[test]
+    fn a_store_from_before_the_queue_indexes_its_waiting_conversations_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let requested = "bot.conversation.agent_call_requested";
+            fold(
+                &store,
+                "d1",
+                vec![conversation_event("e1", requested, "c1", 1_000)],
+            );
+            // As a store of the previous version: no queue tree contents, no mark.
+            store.queue.clear().expect("clear");
+            store
+                .meta
+                .remove(keys::meta::QUEUE_INDEXED)
+                .expect("unmark");
+            store.db.flush().expect("flush");
+            assert!(store.waiting_for("B1").expect("queue").is_empty());
+        }
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let waiting = store.waiting_for("B1").expect("queue");
+        assert_eq!(waiting, [ConversationId::new("c1")]);
     }
 
     #[test]
