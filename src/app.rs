@@ -154,8 +154,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream::start(&config, &metrics)?;
-    let helpdesk =
+    let mut helpdesk =
         crate::helpdesk::Helpdesk::start(&config.helpdesk).map_err(AppError::Upstream)?;
+    // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
+    helpdesk.queue = std::sync::Arc::new(store.clone());
     if helpdesk.is_configured() {
         let names: Vec<&str> = config
             .helpdesk

@@ -678,6 +678,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 let inputs = crate::actions::Inputs {
                     before: Some(&prior),
                     end_user: end_user.as_ref(),
+                    queue: None,
                 };
                 let head = format!(
                     "event {} ({}), conversation {}, at {now}, rules version {}",

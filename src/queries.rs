@@ -116,6 +116,7 @@ pub fn audit(
                 let inputs = crate::actions::Inputs {
                     before: Some(&before),
                     end_user: end_user.as_ref().and_then(Option::as_ref),
+                    queue: None,
                 };
                 let verdicts = explain::explain(set, &event, &state, inputs, record.received_at);
                 let shown: Vec<Value> = verdicts

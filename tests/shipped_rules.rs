@@ -169,6 +169,16 @@ fn setting(name: &str) -> String {
         .to_owned()
 }
 
+/// What a user hears on joining the queue at `position` while the bot has no accept rate yet:
+/// the queue text and their place in line.
+fn queued(position: u32) -> String {
+    format!(
+        "{} {}",
+        setting("queue_text"),
+        setting("queue_position_text").replace("{position}", &position.to_string())
+    )
+}
+
 #[test]
 fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallback_flow() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -182,6 +192,8 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
         ],
     );
     act(&app, "request-agent", json!({}));
+    // Five minutes at once: the place-in-line update (every 2 minutes) comes due first, once,
+    // then the wait runs out and stops the updates.
     app.advance_clock("5m");
     wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
         c.contains(&call("set-navigation", FALLBACK_FLOW))
@@ -191,7 +203,11 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
         calls(&app),
         [
             call("set-manual", "true"),
-            call("send-conversation-message", &setting("queue_text")),
+            call("send-conversation-message", &queued(1)),
+            call(
+                "send-conversation-message",
+                &setting("queue_position_text").replace("{position}", "1")
+            ),
             call("set-manual", "false"),
             call("send-conversation-message", &setting("no_agent_text")),
             call("set-navigation", FALLBACK_FLOW),
@@ -287,7 +303,7 @@ fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care
         calls(&app),
         [
             call("set-manual", "true"),
-            call("send-conversation-message", &setting("queue_text")),
+            call("send-conversation-message", &queued(1)),
             call("set-manual", "false"),
             call("set-navigation", AFTERCARE_FLOW),
         ],
@@ -345,7 +361,7 @@ fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologise
         calls(&app),
         [
             call("set-manual", "true"),
-            call("send-conversation-message", &setting("queue_text")),
+            call("send-conversation-message", &queued(1)),
             call("set-manual", "false"),
         ]
     );
@@ -402,7 +418,7 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
         calls(&app),
         [
             call("set-manual", "true"),
-            call("send-conversation-message", &setting("queue_text")),
+            call("send-conversation-message", &queued(1)),
             call("send-conversation-message", &setting("agent_quiet_text")),
             call("set-manual", "false"),
             call("send-conversation-message", &setting("agent_gone_text")),
@@ -425,6 +441,62 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
     assert_eq!(
         reminders[0]["rule"], "agent-quiet-helpdesk",
         "{reminders:?}"
+    );
+}
+
+#[test]
+fn a_waiting_user_hears_their_place_in_line_again_until_an_agent_connects() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A wait long enough for several updates, which come every 300 ms.
+    let rules = rules(tmp.path(), |_, t| {
+        t.replace(
+            "name = \"agent-wait\", after = \"400ms\"",
+            "name = \"agent-wait\", after = \"60s\"",
+        )
+    });
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("queue_update_every", "300ms"),
+        ],
+    );
+    act(&app, "request-agent", json!({}));
+    let update = setting("queue_position_text").replace("{position}", "1");
+    let updates = |c: &[(String, String)]| {
+        c.iter()
+            .filter(|(endpoint, text)| endpoint == "send-conversation-message" && *text == update)
+            .count()
+    };
+    wait_for(&app, "two updates", Duration::from_secs(30), |c| {
+        updates(c) >= 2
+    });
+    assert!(
+        state(&app)["timers"]["queue-update"].is_object(),
+        "the update timer restarts itself while the user waits"
+    );
+    act(&app, "agent-connect", json!({}));
+    app.settle();
+    let state = state(&app);
+    assert_eq!(
+        state["timers"],
+        json!({}),
+        "the connect stops the updates (and the wait): {state}"
+    );
+    let calls = calls(&app);
+    assert_eq!(
+        calls[..2],
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &queued(1)),
+        ],
+        "joining tells the place in line once, with the queue text"
+    );
+    assert_eq!(
+        updates(&calls),
+        calls.len() - 2,
+        "only updates after that: {calls:?}"
     );
 }
 

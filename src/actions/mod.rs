@@ -318,6 +318,9 @@ pub struct Inputs<'a> {
     pub before: Option<&'a crate::state::ConversationState>,
     /// The conversation's end user, as the bridge knows them (params from `bot.end_user.*`).
     pub end_user: Option<&'a crate::state::EndUserState>,
+    /// The conversation's standing in its bot's waiting queue after the event (position,
+    /// length, expected wait), as the fold keeps the queue.
+    pub queue: Option<&'a crate::state::queue::Standing>,
 }
 
 /// A rule that fired for an event (matched, under its cap): the fold records it in the
@@ -364,21 +367,25 @@ impl Decided {
 /// so the fold can call it inside its transaction and tests can call it without a network. The
 /// rule engine implements it.
 /// Which optional [`Inputs`] a rule set reads: a fold builds only those (a copy of the state
-/// before each event, a read of the end user), since many rule sets read neither.
+/// before each event, a read of the end user, the conversation's standing in the waiting queue),
+/// since most rule sets read none of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Needs {
     pub before: bool,
     pub end_user: bool,
+    pub queue: bool,
 }
 
 impl Needs {
     pub const ALL: Needs = Needs {
         before: true,
         end_user: true,
+        queue: true,
     };
     pub const NONE: Needs = Needs {
         before: false,
         end_user: false,
+        queue: false,
     };
 }
 

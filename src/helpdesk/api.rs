@@ -34,7 +34,7 @@ use utoipa::{IntoParams, ToSchema};
 pub const PREFIX: &str = "/helpdesk/v1";
 /// Longest agent reply text.
 const MAX_TEXT: usize = 4000;
-/// Most conversations the queue looks at (it sorts them to number positions).
+/// Most conversations the queue listing looks at (positions come from the waiting queue index).
 const QUEUE_SCAN_LIMIT: usize = 10_000;
 
 /// The agent API's part of the shared handler state.
@@ -332,17 +332,18 @@ async fn list_conversations(
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let store = shared.store.clone();
     let bot = q.bot;
-    let states = web::block(move || {
-        store.conversations_where(
+    let (states, positions) = web::block(move || {
+        let states = store.conversations_where(
             |s| bot.as_deref().map_or(true, |b| bot_of(s) == Some(b)),
             QUEUE_SCAN_LIMIT,
-        )
+        )?;
+        let positions = positions(&store, &states)?;
+        Ok::<_, crate::store::StoreError>((states, positions))
     })
     .await
     .map_err(|_| store_unavailable())?
     .map_err(store_error)?;
     let now = crate::clock::now_millis();
-    let positions = positions(&states);
     let mut items: Vec<QueueItem> = states
         .iter()
         .filter(|s| phase == "all" || api_phase(s) == phase)
@@ -375,20 +376,15 @@ async fn get_conversation(
     authorize(&shared, &req)?;
     let state = conversation(&shared, &id)?;
     let now = crate::clock::now_millis();
-    let waiting = match bot_of(&state) {
-        Some(bot) => {
-            let bot = bot.to_owned();
-            let store = shared.store.clone();
-            web::block(move || {
-                store.conversations_where(|s| bot_of(s) == Some(bot.as_str()), QUEUE_SCAN_LIMIT)
-            })
+    let positions = {
+        let store = shared.store.clone();
+        let states = [state.clone()];
+        web::block(move || positions(&store, &states))
             .await
             .map_err(|_| store_unavailable())?
             .map_err(store_error)?
-        }
-        None => Vec::new(),
     };
-    let summary = summary(&state, &positions(&waiting), now);
+    let summary = summary(&state, &positions, now);
     let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
         0 => (None, None),
         n => match transcript(&shared, state.id.as_str(), n).await {
@@ -1307,31 +1303,24 @@ pub fn api_phase(s: &ConversationState) -> &'static str {
     }
 }
 
-/// 1-based positions of the waiting conversations, per bot, by request time.
-fn positions(states: &[ConversationState]) -> std::collections::HashMap<String, usize> {
-    let mut waiting: Vec<&ConversationState> = states
+/// 1-based positions of the waiting conversations of the bots of `states` that wait, per bot, by
+/// request time: from the waiting queue the folds keep (`store::queue`), a range read per bot.
+fn positions(
+    store: &crate::store::Store,
+    states: &[ConversationState],
+) -> Result<std::collections::HashMap<String, usize>, crate::store::StoreError> {
+    let bots: std::collections::BTreeSet<&str> = states
         .iter()
         .filter(|s| api_phase(s) == "requested")
+        .filter_map(bot_of)
         .collect();
-    waiting.sort_by(|a, b| {
-        (bot_of(a), a.handoff.requested_at, a.id.as_str()).cmp(&(
-            bot_of(b),
-            b.handoff.requested_at,
-            b.id.as_str(),
-        ))
-    });
     let mut out = std::collections::HashMap::new();
-    let mut last_bot = None;
-    let mut n = 0;
-    for s in waiting {
-        if last_bot != Some(bot_of(s)) {
-            last_bot = Some(bot_of(s));
-            n = 0;
+    for bot in bots {
+        for (i, conversation) in store.waiting_for(bot)?.into_iter().enumerate() {
+            out.insert(conversation.as_str().to_owned(), i + 1);
         }
-        n += 1;
-        out.insert(s.id.as_str().to_owned(), n);
     }
-    out
+    Ok(out)
 }
 
 fn summary(
@@ -1467,7 +1456,7 @@ mod tests {
     }
 
     #[test]
-    fn positions_count_per_bot_by_request_time_and_skip_accepted_and_released() {
+    fn the_requested_phase_is_the_waiting_queue() {
         let mut accepted = waiting("c0", "B1", 1);
         accepted.desk.agent = Some(DeskAgent {
             id: "a".into(),
@@ -1483,11 +1472,15 @@ mod tests {
             accepted,
             released,
         ];
-        let p = positions(&states);
-        assert_eq!(p.get("c1"), Some(&1));
-        assert_eq!(p.get("c3"), Some(&2));
-        assert_eq!(p.get("c2"), Some(&1), "another bot's queue");
-        assert_eq!(p.get("c0"), None);
+        // The queue index holds exactly the conversations agents see as `requested`.
+        for s in &states {
+            assert_eq!(
+                api_phase(s) == "requested",
+                crate::state::queue::waiting_since(s).is_some(),
+                "{}",
+                s.id
+            );
+        }
         assert_eq!(api_phase(&states[3]), "accepted");
         assert_eq!(api_phase(&states[4]), "released");
         // Asked again after the release: waiting again.

@@ -84,9 +84,8 @@ pub fn is_valid_pattern(pattern: &str) -> bool {
         .any(|k| pattern_matches(pattern, k.as_str()))
 }
 
-/// Where a waiting conversation stands. Both unknown until the bridge keeps the queue of
-/// conversations waiting for an agent (issue 6, "honest waiting"), which will fill them in through
-/// [`QueueSource`].
+/// Where a waiting conversation stands, from the waiting queue the folds keep (`store::queue`);
+/// `None` when it does not wait, or (the wait) while the bot has fewer than 2 recent accepts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueInfo {
@@ -95,12 +94,13 @@ pub struct QueueInfo {
     pub expected_wait_seconds: Option<u64>,
 }
 
-/// The queue as the event sender sees it. The waiting queue implements this when it is built.
+/// The queue as the event sender sees it: the store implements it; tests plug in their own.
 pub trait QueueSource: Send + Sync {
     fn queue_info(&self, conversation: &ConversationId) -> QueueInfo;
 }
 
-/// No queue yet: position and wait are unknown (`null` in the body).
+/// No queue: position and wait are unknown (`null` in the body). The default of a `Helpdesk`
+/// built without a store (tests).
 pub struct NoQueue;
 
 impl QueueSource for NoQueue {

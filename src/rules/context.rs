@@ -1,5 +1,6 @@
 //! What a rule sees: one JSON document built from the event, the conversation's state (after the
-//! event, and before it when known), its end user (when known) and the clock. Conditions address
+//! event, and before it when known), its end user and its standing in the waiting queue (when
+//! known) and the clock. Conditions address
 //! it by dotted path; templates render from it. Building it in one place keeps the names
 //! conditions and templates use identical, and documented in `rules/README.md`.
 
@@ -10,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 19] = [
+pub const ROOTS: [&str; 20] = [
     "event",
     "message",
     "conversation",
@@ -30,6 +31,7 @@ pub const ROOTS: [&str; 19] = [
     "before",
     "end_user",
     "agent_command",
+    "queue",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`, without
@@ -88,6 +90,9 @@ pub fn build_with(
     }
     if let Some(user) = inputs.end_user {
         root.insert("end_user".into(), end_user_view(user));
+    }
+    if let Some(queue) = inputs.queue {
+        root.insert("queue".into(), to_value(queue));
     }
     root.insert("now".into(), json!(now));
     let echo = crate::actions::echo::echo_of(event);

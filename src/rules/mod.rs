@@ -326,6 +326,7 @@ impl RuleSet {
                 let known = Known {
                     calendars: &calendars,
                     timers: &timers,
+                    settings: &settings,
                 };
                 if let Some(rule) = compile(raw, file, known, &mut env, &mut report) {
                     rules.push(rule);
@@ -360,6 +361,7 @@ impl RuleSet {
         let needs = crate::actions::Needs {
             before: reads("before"),
             end_user: reads("end_user"),
+            queue: reads("queue"),
         };
         Ok(RuleSet {
             rules,
@@ -415,6 +417,38 @@ fn compile_calendars(parsed: &[(&String, RuleFile)], problems: &mut Vec<RuleErro
     calendars
 }
 
+/// A timer's `after` may name a setting, `"{{ settings.<name> }}"` (so an operator sets a cadence
+/// without editing rules): replaced by the setting's value here, at load, since a due time must not
+/// depend on the event. Any other template stays and is refused by the timer checks.
+fn settings_after(
+    body: &mut Map<String, Value>,
+    settings: &Map<String, Value>,
+) -> Result<(), String> {
+    let Some(Value::String(after)) = body.get("after") else {
+        return Ok(());
+    };
+    let Some(name) = after
+        .trim()
+        .strip_prefix("{{")
+        .and_then(|rest| rest.strip_suffix("}}"))
+        .map(str::trim)
+        .and_then(|inner| inner.strip_prefix("settings."))
+    else {
+        return Ok(());
+    };
+    match settings.get(name) {
+        Some(Value::String(value)) => {
+            let value = value.clone();
+            body.insert("after".into(), Value::String(value));
+            Ok(())
+        }
+        Some(_) => Err(format!(
+            "setting `{name}` must be a duration string (e.g. `2m`)"
+        )),
+        None => Err(format!("no setting `{name}`")),
+    }
+}
+
 /// The names of every timer some rule of the files starts (`on = ["timer.<name>"]` needs one).
 fn started_timers(parsed: &[(&String, RuleFile)]) -> HashSet<String> {
     let starts = |action: &&Map<String, Value>| {
@@ -434,6 +468,7 @@ fn started_timers(parsed: &[(&String, RuleFile)]) -> HashSet<String> {
 struct Known<'a> {
     calendars: &'a Calendars,
     timers: &'a HashSet<String>,
+    settings: &'a Map<String, Value>,
 }
 
 fn compile(
@@ -511,8 +546,13 @@ fn compile(
         }
     };
     let mut actions = Vec::with_capacity(raw.actions.len());
-    for (i, body) in raw.actions.into_iter().enumerate() {
+    for (i, mut body) in raw.actions.into_iter().enumerate() {
         let name = format!("{file}#{}.actions[{i}]", raw.name);
+        if let Err(message) = settings_after(&mut body, known.settings) {
+            report(format!("actions[{i}].after"), message);
+            ok = false;
+            continue;
+        }
         match ActionSpec::compile(body, &name, env) {
             Ok(spec) => actions.push(spec),
             Err(list) => {

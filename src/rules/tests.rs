@@ -780,6 +780,7 @@ mod changed;
 mod end_user;
 mod loops;
 mod navigate;
+mod queue;
 
 #[test]
 fn notify_helpdesk_kinds_are_checked_at_load_and_take_a_reason() {
@@ -831,7 +832,7 @@ actions = [{ type = "notify_helpdesk", kind = "handoff.requested", reason = "ask
 }
 
 #[test]
-fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
+fn a_rule_set_needs_the_before_state_end_user_and_queue_only_when_it_reads_them() {
     use crate::actions::{Decide, Needs};
     let set = |text: &str| RuleSet::from_sources(&[("n.toml".into(), text.into())]).expect("rules");
     let plain = "[[rule]]\nname = \"p\"\non = [\"bot.message.received\"]\n\
@@ -845,7 +846,8 @@ fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
         set(changed).needs(),
         Needs {
             before: true,
-            end_user: false
+            end_user: false,
+            queue: false
         }
     );
     let templated = "[[rule]]\nname = \"t\"\non = [\"bot.message.received\"]\n\
@@ -854,7 +856,19 @@ fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
         set(templated).needs(),
         Needs {
             before: false,
-            end_user: true
+            end_user: true,
+            queue: false
+        }
+    );
+    let queued = "[[rule]]\nname = \"q\"\non = [\"bot.message.received\"]\n\
+                  when = { field = \"queue.waiting\", equals = true }\n\
+                  actions = [{ type = \"set_manual\", enabled = true }]\n";
+    assert_eq!(
+        set(queued).needs(),
+        Needs {
+            before: false,
+            end_user: false,
+            queue: true
         }
     );
     let shipped = RuleSet::from_sources(&crate::rules::shipped::sources()).expect("shipped");
@@ -862,9 +876,11 @@ fn a_rule_set_needs_the_before_state_and_end_user_only_when_it_reads_them() {
         shipped.needs(),
         Needs {
             before: false,
-            end_user: true
+            end_user: true,
+            queue: true
         },
-        "the shipped call-back notification reads the user's name"
+        "the shipped rules read the queue (honest waiting) and the user's name (the call-back \
+         notification), not the state before"
     );
 }
 

@@ -191,15 +191,33 @@ pub fn builtin_actions(
             out
         }
         Command::Transfer { target } => vec![navigate(target)],
-        Command::Block { partner, reason } => vec![Action::PartnerBlock {
-            sender_key: partner.sender_key.clone(),
-            user_key: partner.user_key.clone(),
-            reason: reason.clone(),
-        }],
-        Command::Unblock { partner } => vec![Action::PartnerUnblock {
-            sender_key: partner.sender_key.clone(),
-            user_key: partner.user_key.clone(),
-        }],
+        // The help desk hears of a block or unblock by an agent as it does of one by the abuse
+        // rules (`user.blocked` / `user.unblocked`), so every desk sees the user's standing.
+        Command::Block { partner, reason } => vec![
+            Action::PartnerBlock {
+                sender_key: partner.sender_key.clone(),
+                user_key: partner.user_key.clone(),
+                reason: reason.clone(),
+            },
+            Action::NotifyHelpdesk {
+                conversation_id: conversation_id.clone(),
+                kind: "user.blocked".to_owned(),
+                reason: reason.clone(),
+                payload: serde_json::json!({ "by": "agent-api" }),
+            },
+        ],
+        Command::Unblock { partner } => vec![
+            Action::PartnerUnblock {
+                sender_key: partner.sender_key.clone(),
+                user_key: partner.user_key.clone(),
+            },
+            Action::NotifyHelpdesk {
+                conversation_id: conversation_id.clone(),
+                kind: "user.unblocked".to_owned(),
+                reason: None,
+                payload: serde_json::json!({ "by": "agent-api" }),
+            },
+        ],
         Command::RemoveSession { partner } => vec![Action::PartnerRemoveSession {
             sender_key: partner.sender_key.clone(),
             user_key: partner.user_key.clone(),

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 
 pub mod desk;
 mod firings;
+pub mod queue;
 pub use desk::Desk;
 pub use firings::{CapHit, FiringCap, Firings};
 

@@ -35,6 +35,12 @@ pub mod tree {
     /// timer, earliest due first. Equal to the conversation states' `timers`: only the fold
     /// writes it, in the transaction that writes those states.
     pub const TIMERS: &str = "timers/v1";
+    /// The waiting queue: `w` (bot, requested at, conversation id) -> nothing, every conversation
+    /// waiting for an agent, per bot in request order; `h` bot -> its recent accepts (JSON
+    /// [`AcceptHistory`](crate::state::queue::AcceptHistory)). Equal to the conversation states
+    /// (`state::queue::waiting_since`): only the fold writes it, in the transaction that writes
+    /// those states.
+    pub const QUEUE: &str = "queue/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }
@@ -56,6 +62,9 @@ pub mod meta {
     pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";
     pub const COUNT_END_USERS: &[u8] = b"count/end_users";
     pub const COUNT_BOTS: &[u8] = b"count/bots";
+    /// Set once the waiting queue (`queue/v1`) was built from the states (a store from before
+    /// the queue existed gets its waiting conversations indexed on its first open).
+    pub const QUEUE_INDEXED: &[u8] = b"queue_indexed";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.
@@ -132,6 +141,39 @@ pub fn parse_timer(key: &[u8]) -> Option<(i64, &str, &str)> {
     Some((due, conversation, name))
 }
 
+/// The prefix of a bot's waiting entries: `w`, the bot id's length (2 bytes), the bot id; so no
+/// bot id is a prefix of another's entries.
+pub fn queue_bot(bot: &str) -> Vec<u8> {
+    let len = u16::try_from(bot.len()).unwrap_or(u16::MAX);
+    let mut key = Vec::with_capacity(3 + bot.len());
+    key.push(b'w');
+    key.extend_from_slice(&len.to_be_bytes());
+    key.extend_from_slice(&bot.as_bytes()[..usize::from(len)]);
+    key
+}
+
+/// A waiting conversation's key: its bot's prefix, the request time (8 bytes, big-endian, before
+/// 1970 as 0), the conversation id; so a bot's entries sort by request time, then id.
+pub fn queue_entry(bot: &str, requested_at: i64, conversation: &str) -> Vec<u8> {
+    let mut key = queue_bot(bot);
+    key.extend_from_slice(&u64::try_from(requested_at).unwrap_or(0).to_be_bytes());
+    key.extend_from_slice(conversation.as_bytes());
+    key
+}
+
+/// The conversation id of a waiting entry of the bot whose prefix is `prefix`.
+pub fn parse_queue_entry<'a>(prefix: &[u8], key: &'a [u8]) -> Option<&'a str> {
+    std::str::from_utf8(key.get(prefix.len() + 8..)?).ok()
+}
+
+/// A bot's accept history key.
+pub fn queue_history(bot: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + bot.len());
+    key.push(b'h');
+    key.extend_from_slice(bot.as_bytes());
+    key
+}
+
 /// Timer keys due at or before `at` sort before this one.
 pub fn timers_after(at: i64) -> [u8; 8] {
     u64::try_from(at.saturating_add(1))
@@ -156,6 +198,20 @@ mod tests {
             );
         }
         assert_eq!(parse_timer(b"short"), None);
+    }
+
+    #[test]
+    fn queue_keys_sort_per_bot_by_request_time_and_parse_back() {
+        assert!(queue_entry("b", 999, "zz") < queue_entry("b", 1_000, "aa"));
+        assert!(queue_entry("b", 1_000, "a") < queue_entry("b", 1_000, "b"));
+        let prefix = queue_bot("b");
+        assert!(!queue_entry("bb", 0, "c").starts_with(&prefix));
+        assert!(queue_entry("b", -5, "c").starts_with(&prefix));
+        assert_eq!(
+            parse_queue_entry(&prefix, &queue_entry("b", 7, "c:1")),
+            Some("c:1")
+        );
+        assert_ne!(queue_history("b"), prefix);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod intake;
 pub mod keys;
 pub mod outbox;
+pub mod queue;
 pub mod replay;
 pub mod timers;
 pub mod writer;
@@ -274,6 +275,8 @@ pub struct Store {
     actions: sled::Tree,
     done: sled::Tree,
     timers: sled::Tree,
+    /// The waiting queue (see [`queue`]).
+    queue: sled::Tree,
     meta: sled::Tree,
     /// See [`Store::timer_wakeup`].
     timer_wakeup: Arc<tokio::sync::Notify>,
@@ -374,6 +377,7 @@ impl Store {
             actions: t(keys::tree::ACTIONS)?,
             done: t(keys::tree::DONE)?,
             timers: t(keys::tree::TIMERS)?,
+            queue: t(keys::tree::QUEUE)?,
             meta,
             timer_wakeup: Default::default(),
             db,
@@ -397,6 +401,7 @@ impl Store {
             tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
+        store.index_queue_once()?;
         Ok(store)
     }
 
@@ -689,6 +694,7 @@ impl Store {
         // Each conversation's timers as this fold found them, and the keys of folded firings.
         let mut timers_before = HashMap::new();
         let mut fired = Vec::new();
+        let mut queue_fold = queue::QueueFold::default();
         let now = crate::clock::now_millis();
         for (position, (seq, event)) in batch.iter().enumerate() {
             if !self.inbox.contains_key(keys::seq(*seq))? {
@@ -717,7 +723,16 @@ impl Store {
                 } else {
                     None
                 };
-                let outcome = fold_and_decide(state, event, rules, user.as_deref(), time);
+                let waited_since = queue_fold.before(state);
+                let mut after_fold = |after: &ConversationState| {
+                    self.queue_after(&mut queue_fold, after, waited_since, event.timestamp)?;
+                    match rules.needs().queue {
+                        true => self.standing_in(&mut queue_fold, after).map(Some),
+                        false => Ok(None),
+                    }
+                };
+                let outcome =
+                    fold_and_decide(state, event, rules, user.as_deref(), time, &mut after_fold)?;
                 for hit in outcome.capped {
                     tracing::warn!(
                         rule = %hit.rule,
@@ -775,6 +790,7 @@ impl Store {
             .collect();
         let outbox_bytes = outbox::pending_rows(&out.outbox)?;
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
+        let queue_writes = queue_fold.writes()?;
         let trees = (
             &self.inbox,
             &self.conversations,
@@ -784,6 +800,7 @@ impl Store {
             &self.outbox,
             &self.actions,
             &self.timers,
+            &self.queue,
             &self.meta,
         );
         let created = [
@@ -792,7 +809,18 @@ impl Store {
             (keys::meta::COUNT_BOTS, out.new_bots),
         ];
         trees.transaction(
-            |(inbox, conv_tree, user_tree, index, bot_tree, outbox, actions, timers, meta)| {
+            |(
+                inbox,
+                conv_tree,
+                user_tree,
+                index,
+                bot_tree,
+                outbox,
+                actions,
+                timers,
+                queue,
+                meta,
+            )| {
                 for seq in &folded {
                     inbox.remove(&keys::seq(*seq))?;
                 }
@@ -810,6 +838,12 @@ impl Store {
                 }
                 for (key, entry) in &timer_writes.insert {
                     timers.insert(key.as_slice(), entry.as_slice())?;
+                }
+                for key in &queue_writes.remove {
+                    queue.remove(key.as_slice())?;
+                }
+                for (key, value) in &queue_writes.insert {
+                    queue.insert(key.as_slice(), value.as_slice())?;
                 }
                 outbox::insert_pending(outbox, actions, &outbox_bytes)?;
                 for (id, bytes) in &conv_bytes {
@@ -1054,19 +1088,27 @@ impl Store {
 /// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
 /// since) is folded but decides nothing. An agent command decides its own actions first (rule
 /// [`BUILTIN_RULE`](crate::state::desk::BUILTIN_RULE)), then the rules see it; one the state
-/// refused decides nothing.
+/// refused decides nothing. `after_fold` sees the state right after the event is folded, before
+/// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
+/// in it when the rules read it.
 fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
     rules: &dyn crate::actions::Decide,
     end_user: Option<&EndUserState>,
     time: crate::actions::DecisionTime,
-) -> crate::actions::Decided {
+    after_fold: &mut dyn FnMut(
+        &ConversationState,
+    ) -> Result<Option<crate::state::queue::Standing>, StoreError>,
+) -> Result<crate::actions::Decided, StoreError> {
     let before = rules.needs().before.then(|| state.clone());
-    if state.apply(event) {
+    let decides = state.apply(event);
+    let queue = after_fold(state)?;
+    if decides {
         let inputs = crate::actions::Inputs {
             before: before.as_ref(),
             end_user,
+            queue: queue.as_ref(),
         };
         let mut decided = rules.evaluate(event, state, inputs, time);
         decided.record(state, &event.id, time.received_at);
@@ -1083,10 +1125,10 @@ fn fold_and_decide(
                     });
             decided.decisions.splice(0..0, own);
         }
-        decided
+        Ok(decided)
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
-        crate::actions::Decided::default()
+        Ok(crate::actions::Decided::default())
     }
 }
 

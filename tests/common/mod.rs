@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod helpdesk;
 pub mod load;
 
 use serde_json::Value;

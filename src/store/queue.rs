@@ -1,0 +1,481 @@
+//! The waiting queue in sled: the `queue/v1` tree, every conversation waiting for an agent per bot
+//! in request order, and each bot's recent accepts, so a position and an expected wait are a
+//! short range read, not a scan of every conversation.
+//!
+//! Like the timers tree, the fold is the only writer: it compares each conversation's entry as the
+//! batch found it with its entry after the batch and writes the difference in its own transaction,
+//! so the tree always equals the states (by `state::queue::waiting_since`). Folds run one at a
+//! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
+
+use super::{encode, get_decoded, keys, Store, StoreError};
+use crate::ids::ConversationId;
+use crate::state::queue::{self, Accept, AcceptHistory, Standing};
+use crate::state::ConversationState;
+use crate::webhook::model::Millis;
+use std::collections::HashMap;
+
+/// A conversation's key in the queue, when it waits.
+fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
+    let since = queue::waiting_since(s)?;
+    let bot = s.bot_id.as_ref()?;
+    Some(keys::queue_entry(bot.as_str(), since, s.id.as_str()))
+}
+
+/// A conversation's entry as a fold found it (what the tree holds) and its entry now.
+type EntryChange = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// What a fold has done to the queue so far: the overlay over the tree that its reads add, and
+/// its writes at the end.
+#[derive(Debug, Default)]
+pub(super) struct QueueFold {
+    /// Conversation id -> its entry as the fold found it (what the tree holds) and its entry now.
+    entries: HashMap<String, EntryChange>,
+    /// Bot -> its accept history (read on first use) and whether the fold changed it.
+    history: HashMap<String, (AcceptHistory, bool)>,
+}
+
+/// What one fold writes to the queue tree.
+#[derive(Debug, Default)]
+pub(super) struct QueueWrites {
+    pub remove: Vec<Vec<u8>>,
+    pub insert: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl QueueFold {
+    /// Before an event of this conversation is folded: remember the entry the tree holds (on the
+    /// conversation's first event of the fold). Returns since when it waits now.
+    pub fn before(&mut self, s: &ConversationState) -> Option<Millis> {
+        let key = entry_of(s);
+        self.entries
+            .entry(s.id.as_str().to_owned())
+            .or_insert_with(|| (key.clone(), key));
+        queue::waiting_since(s)
+    }
+
+    /// The fold's writes: entries that changed, histories that grew.
+    pub fn writes(&self) -> Result<QueueWrites, StoreError> {
+        let mut out = QueueWrites::default();
+        for (first, now) in self.entries.values() {
+            if first == now {
+                continue;
+            }
+            out.remove.extend(first.iter().cloned());
+            out.insert
+                .extend(now.iter().map(|k| (k.clone(), Vec::new())));
+        }
+        for (bot, (history, changed)) in &self.history {
+            if *changed {
+                out.insert
+                    .push((keys::queue_history(bot), encode(history)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Store {
+    /// After an event was folded into `after`: the conversation's entry now, and an accept
+    /// recorded in its bot's history when it left the queue because someone took it
+    /// (`waited_since`: since when it waited before the event; `at`: the event's time).
+    pub(super) fn queue_after(
+        &self,
+        fold: &mut QueueFold,
+        after: &ConversationState,
+        waited_since: Option<Millis>,
+        at: Millis,
+    ) -> Result<(), StoreError> {
+        let now = entry_of(after);
+        if let Some(slot) = fold.entries.get_mut(after.id.as_str()) {
+            slot.1 = now.clone();
+        }
+        if let (Some(since), None, Some(bot)) = (waited_since, &now, &after.bot_id) {
+            if queue::left_by_accept(after) {
+                let history = self.history(fold, bot.as_str())?;
+                history.0.record(Accept {
+                    at,
+                    waited_ms: at.saturating_sub(since).max(0),
+                });
+                history.1 = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// A bot's accept history as the fold knows it.
+    fn history<'a>(
+        &self,
+        fold: &'a mut QueueFold,
+        bot: &str,
+    ) -> Result<&'a mut (AcceptHistory, bool), StoreError> {
+        if !fold.history.contains_key(bot) {
+            let stored = get_decoded(&self.queue, keys::queue_history(bot), "accept history")?;
+            fold.history
+                .insert(bot.to_owned(), (stored.unwrap_or_default(), false));
+        }
+        fold.history
+            .get_mut(bot)
+            .ok_or_else(|| StoreError::Corrupt("accept history cache".into()))
+    }
+
+    /// A conversation's standing in its bot's queue: the tree with the fold's changes over it.
+    /// Linear in the bot's queue length (the conversations waiting now, not all conversations).
+    pub(super) fn standing_in(
+        &self,
+        fold: &mut QueueFold,
+        s: &ConversationState,
+    ) -> Result<Standing, StoreError> {
+        let Some(bot) = &s.bot_id else {
+            return Ok(Standing::default());
+        };
+        let prefix = keys::queue_bot(bot.as_str());
+        let own = entry_of(s);
+        let before_own = |key: &[u8]| own.as_deref().is_some_and(|o| key < o);
+        let (mut length, mut ahead) = (0u32, 0u32);
+        for item in self.queue.scan_prefix(&prefix) {
+            let (key, _) = item?;
+            let Some(conversation) = keys::parse_queue_entry(&prefix, &key) else {
+                tracing::error!(key = ?key, "unreadable queue key; left out");
+                continue;
+            };
+            if fold.entries.contains_key(conversation) {
+                continue; // the fold's entry below decides
+            }
+            length = length.saturating_add(1);
+            ahead = ahead.saturating_add(u32::from(before_own(&key)));
+        }
+        for (_, now) in fold.entries.values() {
+            if let Some(key) = now.as_deref().filter(|k| k.starts_with(&prefix)) {
+                length = length.saturating_add(1);
+                ahead = ahead.saturating_add(u32::from(before_own(key)));
+            }
+        }
+        let history = self.history(fold, bot.as_str())?.0.clone();
+        let position = own.map(|_| ahead.saturating_add(1));
+        Ok(Standing::new(position, length, &history))
+    }
+
+    /// A conversation's standing now (outside folds: the help-desk events, the agent API);
+    /// `None` for a conversation the bridge does not know.
+    pub fn queue_standing(
+        &self,
+        conversation: &ConversationId,
+    ) -> Result<Option<Standing>, StoreError> {
+        let Some(state) = self.conversation(conversation)? else {
+            return Ok(None);
+        };
+        self.standing_in(&mut QueueFold::default(), &state)
+            .map(Some)
+    }
+
+    /// The conversations waiting for `bot`, in queue order (1 is next).
+    pub fn waiting_for(&self, bot: &str) -> Result<Vec<ConversationId>, StoreError> {
+        let prefix = keys::queue_bot(bot);
+        let mut out = Vec::new();
+        for item in self.queue.scan_prefix(&prefix) {
+            let (key, _) = item?;
+            if let Some(conversation) = keys::parse_queue_entry(&prefix, &key) {
+                out.push(ConversationId::new(conversation));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A bot's recent accepts, oldest first.
+    pub fn accept_history(&self, bot: &str) -> Result<AcceptHistory, StoreError> {
+        Ok(
+            get_decoded(&self.queue, keys::queue_history(bot), "accept history")?
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Store {
+    /// A store from before the waiting queue: index its waiting conversations once, on open
+    /// (before any fold, so nothing races with it). A new store has none and only marks it.
+    pub(super) fn index_queue_once(&self) -> Result<(), StoreError> {
+        if self.meta.contains_key(keys::meta::QUEUE_INDEXED)? {
+            return Ok(());
+        }
+        let mut indexed = 0u64;
+        for item in self.conversations.iter() {
+            let (_, bytes) = item?;
+            let state: ConversationState = super::decode(&bytes, "conversation state")?;
+            if let Some(key) = entry_of(&state) {
+                self.queue.insert(key, Vec::new())?;
+                indexed += 1;
+            }
+        }
+        self.meta.insert(keys::meta::QUEUE_INDEXED, &[1])?;
+        if indexed > 0 {
+            tracing::info!(indexed, "waiting queue built from the conversation states");
+        }
+        Ok(())
+    }
+}
+
+/// The store-backed queue is what the help-desk events read their position and wait from. A
+/// store error leaves them unknown (`null`): the event still goes out.
+impl crate::helpdesk::QueueSource for Store {
+    fn queue_info(&self, conversation: &ConversationId) -> crate::helpdesk::QueueInfo {
+        match self.queue_standing(conversation) {
+            Ok(Some(s)) => crate::helpdesk::QueueInfo {
+                position: s.position,
+                expected_wait_seconds: s.expected_wait_seconds,
+            },
+            Ok(None) => crate::helpdesk::QueueInfo::default(),
+            Err(e) => {
+                tracing::warn!(error = %e, conversation_id = %conversation, "queue unreadable");
+                crate::helpdesk::QueueInfo::default()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DeliveryId;
+    use crate::webhook::agent::{AgentCommand, Command, DeskAgent};
+    use crate::webhook::model::Event;
+
+    fn conversation_event(
+        id: &str,
+        kind: &str,
+        conversation: &str,
+        at: Millis,
+    ) -> crate::webhook::IncomingEvent {
+        let raw = serde_json::json!({
+            "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
+            "data": { "conversation": { "id": conversation, "botId": "B1", "platform": "web" } },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    fn accept(conversation: &str, id: &str, at: Millis) -> crate::webhook::IncomingEvent {
+        let cmd = AgentCommand {
+            conversation_id: conversation.into(),
+            command: Command::Accept {
+                agent: DeskAgent {
+                    id: "alice".into(),
+                    name: None,
+                },
+            },
+        };
+        crate::webhook::agent_event(&cmd, id, "B1", at).expect("event")
+    }
+
+    /// Accept and fold `events` as one batch (like the dispatcher).
+    fn fold(store: &Store, delivery: &str, events: Vec<crate::webhook::IncomingEvent>) {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        assert_eq!(batch.len(), events.len());
+        store.apply(&batch).expect("apply");
+    }
+
+    /// Accept and fold `events` as one batch with `rules` deciding; the texts of the messages they
+    /// decided, in order.
+    fn fold_with(
+        store: &Store,
+        delivery: &str,
+        events: Vec<crate::webhook::IncomingEvent>,
+        rules: &crate::rules::RuleSet,
+    ) -> Vec<String> {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        let applied = store.apply_with(&batch, rules, &[]).expect("apply");
+        applied
+            .outbox
+            .iter()
+            .filter_map(|e| match &e.action {
+                crate::actions::Action::SendMessage { message, .. } => message.text.clone(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn position(store: &Store, conversation: &str) -> Option<u32> {
+        store
+            .queue_standing(&conversation.into())
+            .expect("read")
+            .expect("known")
+            .position
+    }
+
+    #[test]
+    fn rules_see_the_standing_after_each_event_within_one_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let rules = crate::rules::RuleSet::from_sources(&[(
+            "q.toml".into(),
+            r#"
+[[rule]]
+name = "tell"
+on = ["bot.conversation.agent_call_requested", "bot.conversation.agent_call_cancelled"]
+actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiting }} {{ queue.position }}/{{ queue.length }}" }]
+"#
+            .into(),
+        )])
+        .expect("rules");
+        let requested = "bot.conversation.agent_call_requested";
+        let texts = fold_with(
+            &store,
+            "d1",
+            vec![
+                conversation_event("e1", requested, "c1", 1_000),
+                conversation_event("e2", requested, "c2", 2_000),
+                conversation_event("e3", "bot.conversation.agent_call_cancelled", "c1", 3_000),
+            ],
+            &rules,
+        );
+        // Each event's rules see the queue with that event folded in, the batch's earlier events
+        // included (none of it is in the tree yet).
+        assert_eq!(
+            texts,
+            ["c1 True 1/1", "c2 True 2/2", "c1 False None/1"],
+            "{texts:?}"
+        );
+        let texts = fold_with(
+            &store,
+            "d2",
+            vec![conversation_event("e4", requested, "c3", 4_000)],
+            &rules,
+        );
+        assert_eq!(texts, ["c3 True 2/2"], "the committed tree counts c2");
+    }
+
+    #[test]
+    fn a_store_from_before_the_queue_indexes_its_waiting_conversations_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let requested = "bot.conversation.agent_call_requested";
+            fold(
+                &store,
+                "d1",
+                vec![conversation_event("e1", requested, "c1", 1_000)],
+            );
+            // As a store of the previous version: no queue tree contents, no mark.
+            store.queue.clear().expect("clear");
+            store
+                .meta
+                .remove(keys::meta::QUEUE_INDEXED)
+                .expect("unmark");
+            store.db.flush().expect("flush");
+            assert!(store.waiting_for("B1").expect("queue").is_empty());
+        }
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let waiting = store.waiting_for("B1").expect("queue");
+        assert_eq!(waiting, [ConversationId::new("c1")]);
+    }
+
+    #[test]
+    fn the_fold_keeps_the_queue_in_request_order_and_learns_the_accept_rate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let requested = "bot.conversation.agent_call_requested";
+        // c2 asks first; c1 and c3 in the same batch (c3 at the same time as c1).
+        fold(
+            &store,
+            "d1",
+            vec![conversation_event("e2", requested, "c2", 1_000)],
+        );
+        fold(
+            &store,
+            "d2",
+            vec![
+                conversation_event("e1", requested, "c1", 2_000),
+                conversation_event("e3", requested, "c3", 2_000),
+            ],
+        );
+        let order = |store: &Store| {
+            store
+                .waiting_for("B1")
+                .expect("queue")
+                .iter()
+                .map(|c| c.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(&store), ["c2", "c1", "c3"]);
+        assert_eq!(position(&store, "c1"), Some(2));
+        let standing = store
+            .queue_standing(&"c3".into())
+            .expect("read")
+            .expect("known");
+        assert_eq!((standing.position, standing.length), (Some(3), 3));
+        assert_eq!(standing.expected_wait_seconds, None, "no accepts yet");
+
+        // An agent accepts c2 through the agent API; the service connects c1 a minute later.
+        fold(&store, "d3", vec![accept("c2", "a2", 61_000)]);
+        assert_eq!(position(&store, "c2"), None);
+        assert_eq!(position(&store, "c1"), Some(1));
+        fold(
+            &store,
+            "d4",
+            vec![conversation_event(
+                "e4",
+                "bot.conversation.agent_call_connected",
+                "c1",
+                121_000,
+            )],
+        );
+        assert_eq!(order(&store), ["c3"]);
+        let history = store.accept_history("B1").expect("history");
+        let seen: Vec<(Millis, Millis)> = history
+            .accepts
+            .iter()
+            .map(|a| (a.at, a.waited_ms))
+            .collect();
+        assert_eq!(seen, [(61_000, 60_000), (121_000, 119_000)]);
+        // One accept a minute: c3, next in line, waits about a minute.
+        let standing = store
+            .queue_standing(&"c3".into())
+            .expect("read")
+            .expect("known");
+        assert_eq!(standing.position, Some(1));
+        assert_eq!(standing.expected_wait_seconds, Some(60));
+        use crate::helpdesk::QueueSource;
+        assert_eq!(
+            store.queue_info(&"c3".into()),
+            crate::helpdesk::QueueInfo {
+                position: Some(1),
+                expected_wait_seconds: Some(60)
+            }
+        );
+
+        // A cancel leaves the queue without counting as an accept.
+        fold(
+            &store,
+            "d5",
+            vec![conversation_event(
+                "e5",
+                "bot.conversation.agent_call_cancelled",
+                "c3",
+                130_000,
+            )],
+        );
+        assert!(order(&store).is_empty());
+        assert_eq!(
+            store.accept_history("B1").expect("history").accepts.len(),
+            2
+        );
+        assert_eq!(
+            store.queue_info(&"nobody".into()),
+            crate::helpdesk::QueueInfo::default()
+        );
+    }
+}
