@@ -149,7 +149,11 @@ fn agent_says(app: &TestApp, conv: &str, n: u32, text: &str) {
 }
 
 fn state(app: &TestApp) -> Value {
-    let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{CONV}"));
+    state_of(app, CONV)
+}
+
+fn state_of(app: &TestApp, conv: &str) -> Value {
+    let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{conv}"));
     assert_eq!(status, 200, "{state}");
     state
 }
@@ -691,5 +695,65 @@ fn outside_business_hours_a_partner_messenger_user_gets_the_call_back_notificati
     assert!(
         !calls.contains(&call("set-manual", "true")),
         "never queued: {calls:?}"
+    );
+}
+
+/// A partner-messenger user who floods (10 messages within a minute) is blocked once, and
+/// unblocked a day later.
+#[test]
+fn a_partner_messenger_user_who_floods_is_blocked_once_and_unblocked_a_day_later() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("partner_sender_key", SENDER_KEY),
+        ],
+    );
+    // The agent call makes the conversation known (platform, user key).
+    app.emulator_act(KB_CONV, "request-agent", json!({}));
+    app.settle();
+    // Nine messages are fine; the tenth within the minute is a flood; more do not block again.
+    for i in 1..=9 {
+        app.emulator_act(KB_CONV, "say", json!({"text": format!("hello {i}")}));
+    }
+    app.settle();
+    assert!(
+        !calls_for(&app, KB_USER).contains(&call("pb-block", "")),
+        "nine messages are not a flood"
+    );
+    for i in 10..=12 {
+        app.emulator_act(KB_CONV, "say", json!({"text": format!("hello {i}")}));
+    }
+    app.settle();
+    assert_eq!(
+        calls_for(&app, KB_USER),
+        [call("pb-block", "")],
+        "blocked once"
+    );
+    let labels = state_of(&app, KB_CONV)["labels"].clone();
+    assert!(
+        labels
+            .as_array()
+            .is_some_and(|l| l.contains(&json!("flood-blocked"))),
+        "{labels}"
+    );
+    app.advance_clock("24h");
+    wait_for_in(&app, KB_USER, "the unblock", Duration::from_secs(30), |c| {
+        c.contains(&call("pb-unblock", ""))
+    });
+    app.settle();
+    let labels = state_of(&app, KB_CONV)["labels"].clone();
+    assert!(
+        !labels
+            .as_array()
+            .is_some_and(|l| l.contains(&json!("flood-blocked"))),
+        "{labels}"
+    );
+    assert_eq!(
+        calls_for(&app, KB_USER),
+        [call("pb-block", ""), call("pb-unblock", "")]
     );
 }

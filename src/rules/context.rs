@@ -126,6 +126,14 @@ fn state_view(s: &ConversationState, now: Millis) -> Value {
         "seconds_since_last_user_message": since(s.messages.last_user_message_at),
         "seconds_since_last_bot_message": since(s.messages.last_bot_message_at),
         "seconds_since_last_agent_message": since(s.messages.last_agent_message_at),
+        // Newest first: `.9` is how long ago the 10th newest user message came (a flood rule's
+        // "10 messages within a minute" is `lt = 60` on it).
+        "seconds_since_user_messages": s
+            .messages
+            .recent_user_at
+            .iter()
+            .map(|t| since(Some(*t)))
+            .collect::<Vec<_>>(),
         "events_applied": s.events_applied,
         "desk_agent": s.desk.agent,
     })

@@ -106,7 +106,14 @@ pub struct MessageStats {
     pub last_agent_message_at: Option<Millis>,
     /// Id and sender of the newest message.
     pub last_message: Lww<Option<LastMessage>>,
+    /// When the newest user messages were sent (at most [`RECENT_USER_MESSAGES`], newest
+    /// first): how fast a user writes, for flood rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_user_at: Vec<Millis>,
 }
+
+/// User message times kept per conversation (a flood rule can look this far back).
+pub const RECENT_USER_MESSAGES: usize = 20;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LastMessage {
@@ -303,6 +310,10 @@ impl ConversationState {
             Sender::User => {
                 stats.user_messages += 1;
                 stats.last_user_message_at = max_some(stats.last_user_message_at, at);
+                // Newest first whatever order the events came in; the oldest drop out.
+                let pos = stats.recent_user_at.partition_point(|t| *t > at);
+                stats.recent_user_at.insert(pos, at);
+                stats.recent_user_at.truncate(RECENT_USER_MESSAGES);
             }
             Sender::Bot => {
                 stats.bot_messages += 1;

@@ -326,3 +326,27 @@ proptest! {
         prop_assert_eq!(fold(&shuffled), fold(&events));
     }
 }
+
+#[test]
+fn recent_user_message_times_are_kept_newest_first_whatever_the_arrival_order() {
+    let mut state = ConversationState::new("c1".into());
+    let message = |id: &str, at: i64| {
+        let raw = format!(
+            r#"{{"id":"e-{id}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":{at},
+            "data":{{"message":{{"id":"{id}","conversationId":"c1","isUser":true,"meta":null,"timestamp":{at},"data":{{"type":"text","text":"x"}}}}}}}}"#
+        );
+        crate::webhook::parse_event(&raw).expect("event")
+    };
+    for (i, at) in [5, 3, 9, 1].into_iter().enumerate() {
+        state.apply(&message(&format!("m{i}"), at));
+    }
+    assert_eq!(state.messages.recent_user_at, vec![9, 5, 3, 1]);
+    for i in 0..30 {
+        state.apply(&message(&format!("n{i}"), 100 + i));
+    }
+    assert_eq!(
+        state.messages.recent_user_at.len(),
+        crate::state::RECENT_USER_MESSAGES
+    );
+    assert_eq!(state.messages.recent_user_at[0], 129, "the newest first");
+}
