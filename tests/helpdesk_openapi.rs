@@ -19,7 +19,10 @@ fn served_document() -> Value {
 
 /// The official OAS 3.1 schema (`https://spec.openapis.org/oas/3.1/schema/2022-10-07`).
 fn oas_validator() -> jsonschema::Validator {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/oas-3.1-schema.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/oas-3.1-schema.json"
+    );
     let text = std::fs::read_to_string(path).expect("the vendored OAS 3.1 schema");
     let schema: Value = serde_json::from_str(&text).expect("schema JSON");
     assert_eq!(
@@ -78,7 +81,9 @@ fn unresolved_refs(doc: &Value) -> (usize, Vec<String>) {
 fn the_served_document_validates_against_the_official_openapi_3_1_schema() {
     let doc = served_document();
     assert!(
-        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1.")),
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1.")),
         "{}",
         doc["openapi"]
     );
