@@ -366,6 +366,11 @@ fn request_and_state_errors_have_their_status_and_code() {
     let messages = format!("/conversations/{WEB}/messages");
     for (body, field) in [
         (json!({"message": {"type": "text"}}), "message.text"),
+        // Over the service's 1000 characters (Korean counted by characters, not bytes).
+        (
+            json!({"message": {"type": "text", "text": "가".repeat(1001)}}),
+            "message.text",
+        ),
         (
             json!({"message": {"type": "media", "media": {"contentType": "image/png", "uri": ""}}}),
             "message.media",

@@ -227,13 +227,18 @@ fn while_folding_is_held_back_calls_answer_504_pending_and_503_over_the_limit_an
     );
 }
 
-/// A user message of more than a page (4 KiB), so storing it needs new space on the disk.
-fn long_user_message(delivery_id: &str) -> Vec<u8> {
-    let mut event: Value = fixture_value("message-received-text.json")["messages"][0].clone();
-    event["id"] = json!("3e5f0000-0000-4000-8000-0000000000f1");
-    event["data"]["message"]["id"] = json!("6a1d0000-0000-4000-8000-0000000000f1");
-    event["data"]["message"]["data"]["text"] = json!("배송 문의 ".repeat(600));
-    delivery(delivery_id, &[event])
+/// Two long user messages (about 6 KB), more than the page the event log may have left.
+fn long_user_messages(delivery_id: &str) -> Vec<u8> {
+    let events: Vec<Value> = (1..=2)
+        .map(|i| {
+            let mut e = fixture_value("message-received-text.json")["messages"][0].clone();
+            e["id"] = json!(format!("3e5f0000-0000-4000-8000-0000000000f{i}"));
+            e["data"]["message"]["id"] = json!(format!("6a1d0000-0000-4000-8000-0000000000f{i}"));
+            e["data"]["message"]["data"]["text"] = json!("배송 문의드립니다 ".repeat(100));
+            e
+        })
+        .collect();
+    delivery(delivery_id, &events)
 }
 
 #[test]
@@ -253,12 +258,20 @@ fn a_full_disk_is_503_store_unavailable_with_nothing_applied_and_the_api_recover
     assert_eq!(r.status, 200, "{}", r.body);
     app.settle();
 
-    // An agent's long reply (12 KB of text, more than the page the event log may have left).
+    // An agent's reply of product cards (about 8 KB, more than the page the event log may
+    // have left, so storing it needs new space).
     let messages = format!("/conversations/{WEB}/messages");
-    let text = "주문하신 상품은 내일 도착합니다. ".repeat(200);
-    let reply =
-        json!({"message": {"type": "text", "text": text.chars().take(4000).collect::<String>()}});
-    let webhook_delivery = long_user_message("1d0c0000-0000-4000-8000-0000000000f1");
+    let cards: Vec<Value> = (1..=8)
+        .map(|i| {
+            json!({
+                "title": format!("주문 상품 {i}"),
+                "description": "배송 예정일과 교환 안내입니다. ".repeat(25),
+                "uri": format!("https://example.com/orders/42/items/{i}"),
+            })
+        })
+        .collect();
+    let reply = json!({"message": {"type": "cards", "cards": cards}});
+    let webhook_delivery = long_user_messages("1d0c0000-0000-4000-8000-0000000000f1");
 
     let full = disk.fill();
     let r = post(&app, &messages, Some("full-1"), reply.clone());
@@ -291,9 +304,10 @@ fn a_full_disk_is_503_store_unavailable_with_nothing_applied_and_the_api_recover
     app.settle();
     let sent = calls(&app, "send-conversation-message", WEB);
     assert_eq!(sent.len(), 1, "{sent:?}");
-    assert!(sent[0]["body"]["message"]["text"]
-        .as_str()
-        .is_some_and(|t| t.starts_with("주문하신")));
+    assert_eq!(
+        sent[0]["body"]["message"]["cards"][7]["title"],
+        "주문 상품 8"
+    );
     assert_eq!(
         audit_types(&app, WEB, "agent."),
         ["agent.accept", "agent.message"]

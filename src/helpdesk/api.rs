@@ -32,8 +32,9 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Where the API is mounted.
 pub const PREFIX: &str = "/helpdesk/v1";
-/// Longest agent reply text.
-const MAX_TEXT: usize = 4000;
+/// Longest agent reply text: the service's limit (a longer one would be accepted here and then
+/// refused by the send call, a dead letter instead of a 400).
+const MAX_TEXT: usize = 1000;
 /// Most conversations the queue listing looks at (positions come from the waiting queue index).
 const QUEUE_SCAN_LIMIT: usize = 10_000;
 
