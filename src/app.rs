@@ -180,7 +180,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         stop_rx.clone(),
     )?;
     let (decided_tx, decided_rx) = executor.decided_channel();
-    let verdicts = Arc::new(crate::helpdesk::commands::Waiters::default());
+    let verdicts = Arc::new(crate::helpdesk::commands::Waiters::new(
+        config.helpdesk.max_pending_commands,
+    ));
     let settings = DispatchSettings {
         concurrency: config.dispatch.concurrency,
         batch_size: config.dispatch.batch_size,

@@ -35,9 +35,27 @@ pub struct DispatchHandle {
     tx: mpsc::UnboundedSender<Vec<NewEvent>>,
     /// Changes whenever the dispatcher's queue depth changes.
     progress: watch::Receiver<usize>,
+    /// True while an operator holds folding back (`POST /admin/v1/dispatch/pause`).
+    paused: std::sync::Arc<watch::Sender<bool>>,
 }
 
 impl DispatchHandle {
+    /// Hold folding back: events are still accepted, made durable and queued (the inbox keeps
+    /// them), but no new batch starts; batches in flight finish. For an operator who needs the
+    /// state to stand still (and for tests of what waits on a fold). Not kept across restarts.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    /// Fold again, from where the inbox stands.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
     /// Hand over newly durable events with their typed form.
     pub fn notify_events(&self, events: Vec<NewEvent>) {
         if !events.is_empty() {
@@ -92,6 +110,7 @@ pub fn start(
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (progress_tx, progress) = watch::channel(0);
+    let (paused_tx, paused) = watch::channel(false);
     let mut queues = Queues::default();
     for (seq, partition) in store.pending()? {
         queues.push(partition, seq, None);
@@ -103,6 +122,7 @@ pub fn start(
     let inputs = Inputs {
         typed: rx,
         open: true,
+        paused,
     };
     let task = tokio::spawn(run(
         store,
@@ -113,7 +133,12 @@ pub fn start(
         stop,
         progress_tx,
     ));
-    Ok((DispatchHandle { tx, progress }, task))
+    let handle = DispatchHandle {
+        tx,
+        progress,
+        paused: std::sync::Arc::new(paused_tx),
+    };
+    Ok((handle, task))
 }
 
 #[derive(Default)]
@@ -188,6 +213,7 @@ type JobResult = Vec<(PartitionKey, usize, Vec<u64>)>;
 struct Inputs {
     typed: mpsc::UnboundedReceiver<Vec<NewEvent>>,
     open: bool,
+    paused: watch::Receiver<bool>,
 }
 
 async fn run(
@@ -204,7 +230,8 @@ async fn run(
         if *stop.borrow() {
             break;
         }
-        while inflight.len() < settings.concurrency.max(1) {
+        let paused = *inputs.paused.borrow_and_update();
+        while !paused && inflight.len() < settings.concurrency.max(1) {
             let Some(job) = queues.next_job(settings.batch_size.max(1)) else {
                 break;
             };
@@ -245,6 +272,8 @@ async fn run(
                 Err(e) => tracing::error!(error = %e, "dispatch worker panicked"),
             },
             _ = stop.changed() => {}
+            // Resumed (or paused): look at the queues again.
+            Ok(()) = inputs.paused.changed() => {}
         }
         metrics.inbox_depth.set(queues.depth as i64);
         progress.send_modify(|d| *d = queues.depth);

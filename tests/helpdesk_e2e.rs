@@ -311,11 +311,15 @@ fn a_request_reaches_the_help_desk_and_an_agent_takes_answers_and_hands_back() {
                 "bot.conversation.agent_call_requested".to_owned(),
                 done(&["set_manual", "send_message", "notify_helpdesk"])
             ),
-            ("agent.accept".to_owned(), done(&["set_manual"])),
+            // The accept and the release are told to the help desk (shipped rules).
+            (
+                "agent.accept".to_owned(),
+                done(&["set_manual", "notify_helpdesk"])
+            ),
             ("agent.message".to_owned(), done(&["send_message"])),
             (
                 "agent.release".to_owned(),
-                done(&["set_manual", "navigate"])
+                done(&["set_manual", "navigate", "notify_helpdesk"])
             ),
         ],
         "{audit:#}"

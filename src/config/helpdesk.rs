@@ -1,6 +1,7 @@
 //! `[helpdesk]`: the agent API's settings and where help-desk events go.
 
 use super::Secret;
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,12 +13,18 @@ pub struct HelpdeskConfig {
     /// Bearer tokens of the agent API; several at once for rotation. Empty: the API answers 503
     /// `helpdesk_api_disabled` (nothing is generated: a help desk is set up on purpose).
     pub tokens: Vec<Secret>,
+    /// Source addresses allowed to call the agent API (403 `forbidden` to others, before the
+    /// token is looked at); empty allows any, like `webhook.allow_cidrs`.
+    pub allow_cidrs: Vec<IpNet>,
     /// How long the first answer to an `Idempotency-Key` is kept.
     #[serde(with = "humantime_serde")]
     pub idempotency_retention: Duration,
     /// How long a mutating call waits for its command's verdict (then 504 `command_pending`).
     #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// Mutating calls waiting for their verdict at once; more are answered 503
+    /// `too_many_pending` (each holds a connection and a waiter while the fold is behind).
+    pub max_pending_commands: usize,
     /// Messages of the transcript `GET /conversations/{id}` shows and a `handoff.requested`
     /// event carries (the newest, read from the Open API; 0: none).
     pub transcript_messages: u32,
@@ -121,6 +128,13 @@ impl HelpdeskConfig {
                 "helpdesk.command_timeout".into(),
                 humantime::format_duration(self.command_timeout).to_string(),
                 "must be more than 0 and at most 5m".into(),
+            ));
+        }
+        if self.max_pending_commands == 0 || self.max_pending_commands > 100_000 {
+            p.push((
+                "helpdesk.max_pending_commands".into(),
+                self.max_pending_commands.to_string(),
+                "must be 1..=100000".into(),
             ));
         }
         if self.transcript_messages > 100 {

@@ -413,3 +413,43 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
     let shown = format!("{}\n{:?}", c.to_masked_toml(), c);
     assert!(!shown.contains("hunter2pass"), "{shown}");
 }
+
+#[test]
+fn the_agent_api_address_list_and_pending_limit_load_and_are_validated() {
+    let c = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert!(c.helpdesk.allow_cidrs.is_empty(), "any address by default");
+    assert_eq!(c.helpdesk.max_pending_commands, 1024);
+    let c = Config::load_from(
+        None,
+        env(&[(
+            "HANDOFF_BRIDGE__HELPDESK__ALLOW_CIDRS",
+            "10.20.0.0/16,::1/128",
+        )]),
+        &Overrides::default(),
+    )
+    .expect("from the environment");
+    let nets: Vec<String> = c
+        .helpdesk
+        .allow_cidrs
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["10.20.0.0/16", "::1/128"]);
+    let (_d, path) =
+        write("[helpdesk]\nallow_cidrs = [\"10.0.0.300/8\"]\nmax_pending_commands = 0\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    assert!(
+        p.iter().any(|p| p.why.contains("allow_cidrs")),
+        "a bad CIDR is named: {p:?}"
+    );
+    let (_d, path) = write("[helpdesk]\nmax_pending_commands = 0\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    assert!(
+        p.iter().any(|p| p.key == "helpdesk.max_pending_commands"),
+        "{p:?}"
+    );
+}

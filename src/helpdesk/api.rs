@@ -16,7 +16,7 @@ use crate::helpdesk::commands::Waiters;
 use crate::helpdesk::idempotency::{self, InProgress};
 use crate::http_error::ApiError;
 use crate::ids::{ConversationId, DeliveryId};
-use crate::intake::auth::TokenSet;
+use crate::intake::auth::{CidrList, TokenSet};
 use crate::state::desk::{Outcome, Verdict};
 use crate::state::{ConversationState, HandoffPhase};
 use crate::store::idempotency::IdempotencyRecord;
@@ -32,14 +32,17 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Where the API is mounted.
 pub const PREFIX: &str = "/helpdesk/v1";
-/// Longest agent reply text.
-const MAX_TEXT: usize = 4000;
+/// Longest agent reply text: the service's limit (a longer one would be accepted here and then
+/// refused by the send call, a dead letter instead of a 400).
+const MAX_TEXT: usize = 1000;
 /// Most conversations the queue listing looks at (positions come from the waiting queue index).
 const QUEUE_SCAN_LIMIT: usize = 10_000;
 
 /// The agent API's part of the shared handler state.
 pub struct Helpdesk {
     pub tokens: TokenSet,
+    /// `helpdesk.allow_cidrs`: who may call at all.
+    pub cidrs: CidrList,
     pub config: HelpdeskConfig,
     pub waiters: Arc<Waiters>,
     pub in_progress: Arc<InProgress>,
@@ -53,6 +56,7 @@ impl Helpdesk {
     ) -> Self {
         Helpdesk {
             tokens: TokenSet::new(config.tokens.clone()),
+            cidrs: CidrList::new(config.allow_cidrs.clone()),
             config,
             waiters,
             in_progress: Arc::new(InProgress::with_gauge(
@@ -299,6 +303,7 @@ async fn openapi_json() -> HttpResponse {
         (status = 200, body = QueueAnswer),
         (status = 400, body = ErrorBody, description = "invalid_query"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
     )
 )]
@@ -363,6 +368,7 @@ async fn list_conversations(
     responses(
         (status = 200, body = ConversationAnswer),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
     )
@@ -420,8 +426,10 @@ async fn get_conversation(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, already_accepted (by another agent), idempotency_key_in_progress"),
+        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending: stored, not yet applied; retry with the same key"),
@@ -457,8 +465,10 @@ async fn accept(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -505,8 +515,10 @@ async fn send_message(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -544,8 +556,10 @@ async fn release(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, idempotency_key_in_progress"),
+        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -591,8 +605,10 @@ async fn transfer(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
+        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
         (status = 504, body = ErrorBody, description = "command_pending"),
@@ -640,6 +656,7 @@ async fn block(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
@@ -674,6 +691,7 @@ async fn unblock(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_header"),
         (status = 401, body = ErrorBody, description = "unauthorized"),
+        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
@@ -1019,6 +1037,7 @@ fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
 // ---- Helpers ----
 
 fn authorize(shared: &Shared, req: &HttpRequest) -> Result<(), ApiError> {
+    crate::helpdesk::auth::check_peer(&shared.helpdesk.cidrs, req.peer_addr().map(|a| a.ip()))?;
     let header = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)

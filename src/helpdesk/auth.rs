@@ -1,15 +1,29 @@
-//! Who may call the agent API: a bearer token from `helpdesk.tokens`, compared in constant time
-//! (the webhook's [`TokenSet`]). Several may be valid at once, for rotation.
+//! Who may call the agent API: a caller from `helpdesk.allow_cidrs` (the webhook's and admin
+//! API's [`CidrList`]; empty allows any) with a bearer token from `helpdesk.tokens`, compared in
+//! constant time (the webhook's [`TokenSet`]). Several tokens may be valid at once, for rotation.
 //!
-//! A missing and a wrong token both get 401 `unauthorized`: a bearer token only says "a help desk
-//! we trust", there are no scopes that a known token could lack, so 403 would tell nothing more
-//! (and would tell a guesser that the header was read). With no token configured the API answers
-//! 503 `helpdesk_api_disabled`: it is mounted, so the answer says why nothing works instead of a
-//! 404 that looks like a wrong URL.
+//! The address is checked first: a caller outside the list gets 403 `forbidden` whatever it
+//! sends, so the network boundary holds even for a leaked token and a guesser outside it learns
+//! nothing about tokens. Inside it, a missing and a wrong token both get 401 `unauthorized`: a
+//! token has no scopes a known one could lack, so there is no other 403. With no token
+//! configured the API answers 503 `helpdesk_api_disabled`: it is mounted, so the answer says why
+//! nothing works instead of a 404 that looks like a wrong URL.
 
 use crate::http_error::ApiError;
-use crate::intake::auth::TokenSet;
+use crate::intake::auth::{CidrList, TokenSet};
 use actix_web::http::StatusCode;
+use std::net::IpAddr;
+
+/// Check a caller's address against `helpdesk.allow_cidrs`.
+pub fn check_peer(cidrs: &CidrList, peer: Option<IpAddr>) -> Result<(), ApiError> {
+    if cidrs.allows(peer) {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(
+            "the agent API is not open to this address (helpdesk.allow_cidrs)",
+        ))
+    }
+}
 
 /// Check a request's `Authorization` header against the configured tokens.
 pub fn check(tokens: &TokenSet, authorization: Option<&str>) -> Result<(), ApiError> {
@@ -48,5 +62,19 @@ mod tests {
         }
         let e = check(&TokenSet::new(vec![]), Some("Bearer x")).expect_err("disabled");
         assert_eq!((e.status.as_u16(), e.code), (503, "helpdesk_api_disabled"));
+    }
+
+    #[test]
+    fn only_listed_addresses_may_call_and_an_empty_list_allows_any() {
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let list = CidrList::new(vec!["10.0.0.0/8".parse().expect("cidr")]);
+        let e = check_peer(&list, lo).expect_err("outside");
+        assert_eq!((e.status.as_u16(), e.code), (403, "forbidden"));
+        assert!(check_peer(&list, Some(IpAddr::from([10, 1, 2, 3]))).is_ok());
+        assert!(
+            check_peer(&list, None).is_err(),
+            "an unknown peer is outside"
+        );
+        assert!(check_peer(&CidrList::new(vec![]), lo).is_ok());
     }
 }

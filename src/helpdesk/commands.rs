@@ -11,12 +11,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
-/// Agent calls waiting for their fold at once; more are answered 503 (`too_many_pending`).
-pub const MAX_WAITERS: usize = 1024;
-
-#[derive(Default)]
 pub struct Waiters {
     inner: Mutex<HashMap<String, oneshot::Sender<Verdict>>>,
+    /// Agent calls waiting for their fold at once (`helpdesk.max_pending_commands`); more are
+    /// answered 503 (`too_many_pending`).
+    limit: usize,
 }
 
 /// One registered wait; leaves the map when dropped.
@@ -27,12 +26,19 @@ pub struct Waiter {
 }
 
 impl Waiters {
-    /// Wait for `event_id`'s verdict; `None` when [`MAX_WAITERS`] wait already, or the same id
+    pub fn new(limit: usize) -> Self {
+        Waiters {
+            inner: Mutex::default(),
+            limit,
+        }
+    }
+
+    /// Wait for `event_id`'s verdict; `None` when `limit` calls wait already, or the same id
     /// is waited for (a concurrent retry of the same command, which the idempotency layer keeps
     /// out, so this is a safety net).
     pub fn register(self: &Arc<Self>, event_id: &str) -> Option<Waiter> {
         let mut map = self.inner.lock().ok()?;
-        if map.len() >= MAX_WAITERS || map.contains_key(event_id) {
+        if map.len() >= self.limit || map.contains_key(event_id) {
             return None;
         }
         let (tx, rx) = oneshot::channel();
@@ -104,7 +110,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_gets_its_verdict_and_leaves_the_map() {
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(Waiters::new(8));
         let mut w = waiters.register("e1").expect("registered");
         assert!(waiters.register("e1").is_none(), "one waiter per id");
         waiters.complete(&[verdict("other"), verdict("e1")]);
@@ -115,12 +121,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_timed_out_waiter_leaves_nothing_behind_and_the_map_is_bounded() {
-        let waiters = Arc::new(Waiters::default());
+        const LIMIT: usize = 16;
+        let waiters = Arc::new(Waiters::new(LIMIT));
         let mut w = waiters.register("e1").expect("registered");
         assert_eq!(w.wait(Duration::from_millis(1)).await, None);
         drop(w);
         assert!(waiters.is_empty());
-        let held: Vec<Waiter> = (0..MAX_WAITERS)
+        let held: Vec<Waiter> = (0..LIMIT)
             .map(|i| waiters.register(&format!("e{i}")).expect("room"))
             .collect();
         assert!(waiters.register("one-more").is_none());

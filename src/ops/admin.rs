@@ -20,6 +20,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/endusers", web::get().to(find_end_user))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
+            .route("/dispatch/pause", web::post().to(dispatch_pause))
+            .route("/dispatch/resume", web::post().to(dispatch_resume))
             .route("/clock/advance", web::post().to(clock_advance))
             .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
@@ -30,6 +32,20 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .default_service(web::to(crate::http_error::not_found)),
     );
+}
+
+/// Hold folding back: webhooks and agent calls are still accepted and stored, nothing is
+/// folded (so no rule runs and no agent call gets its verdict) until resumed.
+async fn dispatch_pause(shared: web::Data<Shared>) -> HttpResponse {
+    shared.dispatch.pause();
+    tracing::info!("folding paused by an operator");
+    HttpResponse::Ok().json(json!({"paused": true}))
+}
+
+async fn dispatch_resume(shared: web::Data<Shared>) -> HttpResponse {
+    shared.dispatch.resume();
+    tracing::info!("folding resumed by an operator");
+    HttpResponse::Ok().json(json!({"paused": false}))
 }
 
 async fn guard(

@@ -36,6 +36,7 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
             "outbox": if outbox_ok { "ok" } else { "backed_up" },
             "outbox_depth": shared.executor.depth(),
             "outbox_paused": shared.executor.is_paused(),
+            "dispatch_paused": shared.dispatch.is_paused(),
             "rules_version": shared.rules.live.current().version(),
         }
     });

@@ -4,8 +4,10 @@
 
 #![allow(dead_code)]
 
+pub mod agent_api;
 pub mod helpdesk;
 pub mod load;
+pub mod tmpfs;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
