@@ -358,6 +358,12 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
             for rule in &applied.capped {
                 metrics.rule_caps_hit.with_label_values(&[rule]).inc();
             }
+            for rule in &applied.template_errors {
+                metrics
+                    .rule_template_errors
+                    .with_label_values(&[rule])
+                    .inc();
+            }
             let entries = &metrics.state_entries;
             entries
                 .with_label_values(&["conversations"])

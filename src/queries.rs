@@ -37,11 +37,17 @@ pub fn quarantine_list(store: &Store) -> Result<Value, StoreError> {
 }
 
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in
-/// order, the rules re-evaluated for it (with the rules in force, on the state rebuilt from the
-/// conversation's events, with its end user as stored now, at the event's receive time: which matched, and for the others the
-/// first condition that failed with the value it saw), and every action recorded for it with its
-/// outcome (done, dropped, dead letter, pending) and the rule-set version that decided it.
-/// Events older than the event retention are gone from the timeline.
+/// order, rebuilt through the fold's own path (`fold_and_decide`, as a replay does: with the rules
+/// in force, on the state rebuilt from the conversation's events, with its end user as stored now,
+/// at the event's receive time), so a rule its firing cap held back shows as capped, a timer
+/// firing whose timer was cancelled or restarted decides nothing (`stale_timer`), and the echo of
+/// the bridge's own message shows as one (`echo_of`). Each rule that listens to the event: matched
+/// (with the tests of its `when` that held and the values they saw, and the actions it decides),
+/// capped, or not (the first condition that failed with its value, or the rule whose `stop` ended
+/// the event). Then every action recorded for the event with its outcome (done, dropped, dead
+/// letter, pending, and `template_error` for an action whose template failed when the fold
+/// decided it) and the rule-set version that decided it. Events older than the event retention
+/// are gone from the timeline.
 pub fn audit(
     store: &Store,
     rules: &dyn crate::actions::Decide,
@@ -59,7 +65,7 @@ pub fn audit(
         }
         std::ops::ControlFlow::Continue(())
     })?;
-    // What was recorded for each event: finished, dead, pending.
+    // What was recorded for each event: finished, dead, pending, failed templates.
     let mut recorded: std::collections::HashMap<String, Vec<Value>> = Default::default();
     let mut add = |entry: &crate::actions::OutboxEntry, status: &str, extra: Value| {
         let mut item = json!({
@@ -90,6 +96,21 @@ pub fn audit(
     for entry in store.outbox()? {
         add(&entry, "pending", json!({}));
     }
+    // Never queued, so without a seq: listed after the event's queued actions.
+    for failed in &current.template_errors {
+        recorded
+            .entry(failed.event.clone())
+            .or_default()
+            .push(json!({
+                "id": failed.id,
+                "rule": failed.rule,
+                "index": failed.index,
+                "type": failed.kind,
+                "status": "template_error",
+                "error": failed.error,
+                "at": failed.at,
+            }));
+    }
     let set = rules.rule_set();
     let mut state = crate::state::ConversationState::new(conversation.clone());
     let mut timeline = Vec::with_capacity(records.len());
@@ -106,55 +127,58 @@ pub fn audit(
                 item["sender"] = json!(m.sender());
                 item["message_type"] = json!(m.data.kind.as_str());
             }
-            let before = state.clone();
-            state.apply(&event);
-            // The end user as stored now (read once, when the conversation first names them).
-            if let (None, Some(id)) = (&end_user, &state.end_user_id) {
-                end_user = Some(store.end_user(id)?);
+            if let Some(of) = crate::actions::echo::echo_of(&event) {
+                item["echo_of"] = json!(of);
             }
-            if let Some(set) = set {
+            // The end user as stored now (read once, when the conversation first names them).
+            let named = match &event.payload {
+                crate::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
+                _ => None,
+            };
+            if let (None, Some(id)) = (&end_user, named.or_else(|| state.end_user_id.clone())) {
+                end_user = Some(store.end_user(&id)?);
+            }
+            let user = end_user.as_ref().and_then(Option::as_ref);
+            // The state the rules see (after the fold, before their firings are recorded), for
+            // the explanation; the decision itself comes from the fold's path below.
+            let before = state.clone();
+            let mut folded = state.clone();
+            let decides = folded.apply(&event);
+            let time = crate::actions::DecisionTime::at(record.received_at);
+            let decided =
+                crate::store::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
+                    Ok(None)
+                })?;
+            if !decides {
+                item["stale_timer"] = json!(true);
+            }
+            if let (Some(set), true) = (set, decides) {
                 let inputs = crate::actions::Inputs {
                     before: Some(&before),
-                    end_user: end_user.as_ref().and_then(Option::as_ref),
+                    end_user: user,
                     queue: None,
                 };
-                let verdicts = explain::explain(set, &event, &state, inputs, record.received_at);
+                let at = record.received_at;
+                let verdicts = explain::explain(set, &event, &folded, inputs, at);
+                let mut held = explain::conditions_held(set, &event, &folded, inputs, at);
                 let shown: Vec<Value> = verdicts
                     .iter()
                     .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
-                    .map(|v| match &v.verdict {
-                        Verdict::Matched { actions, .. } => json!({
-                            "rule": v.rule,
-                            "matched": true,
-                            "actions": actions.iter().map(|a| match a {
-                                Ok(a) => json!(a.name()),
-                                Err(e) => json!({"skipped": e}),
-                            }).collect::<Vec<_>>(),
-                        }),
-                        Verdict::NoMatch { failure } => json!({
-                            "rule": v.rule, "matched": false, "failed": failure,
-                        }),
-                        Verdict::Stopped { by } => json!({
-                            "rule": v.rule, "matched": false, "stopped_by": by,
-                        }),
-                        _ => json!({"rule": v.rule}),
-                    })
+                    .map(|v| rule_view(v, &decided, held.remove(&v.rule)))
                     .collect();
                 item["rules"] = Value::Array(shown);
-                // Rebuild as the fold did: internal actions shape the state for later events.
-                use crate::actions::Decide as _;
-                let time = crate::actions::DecisionTime::at(record.received_at);
-                for decision in set.evaluate(&event, &state, inputs, time).decisions {
-                    let id = crate::actions::action_id(&event.id, &decision.rule, decision.index);
-                    decision
-                        .action
-                        .apply_to_state(&mut state, record.received_at, &id);
-                }
+            }
+            // Rebuild as the fold did: internal actions shape the state for later events.
+            for decision in &decided.decisions {
+                let id = crate::actions::action_id(&event.id, &decision.rule, decision.index);
+                decision
+                    .action
+                    .apply_to_state(&mut state, record.received_at, &id);
             }
         }
         let mut actions = recorded.remove(record.id.as_str()).unwrap_or_default();
         // In decision order (outbox position), whatever became of them.
-        actions.sort_by_key(|a| a["seq"].as_u64());
+        actions.sort_by_key(|a| a["seq"].as_u64().unwrap_or(u64::MAX));
         item["actions"] = Value::Array(actions);
         timeline.push(item);
     }
@@ -167,4 +191,58 @@ pub fn audit(
         "phase": current.handoff.phase.value,
         "timeline": timeline,
     })))
+}
+
+/// One rule's line in the audit: what the fold decided (fired or capped) wins over the
+/// explanation, which supplies the reasons.
+fn rule_view(
+    v: &crate::rules::explain::RuleVerdict,
+    decided: &crate::actions::Decided,
+    held: Option<Vec<crate::rules::condition::Failure>>,
+) -> Value {
+    use crate::rules::explain::Verdict;
+    if let Some(hit) = decided.capped.iter().find(|c| c.rule == v.rule) {
+        return json!({
+            "rule": v.rule,
+            "matched": true,
+            "capped": true,
+            "fired": hit.fired,
+            "cap": {"count": hit.cap.count, "per": humantime::format_duration(hit.cap.per).to_string()},
+            "conditions": held.unwrap_or_default(),
+        });
+    }
+    if decided.fired.iter().any(|f| f.rule == v.rule) {
+        let mut actions: Vec<(usize, Value)> = decided
+            .decisions
+            .iter()
+            .filter(|d| d.rule == v.rule)
+            .map(|d| (d.index, json!(d.action.name())))
+            .collect();
+        actions.extend(
+            decided
+                .failed
+                .iter()
+                .filter(|f| f.rule == v.rule)
+                .map(|f| (f.index, json!({"type": f.kind, "template_error": f.error}))),
+        );
+        actions.sort_by_key(|(index, _)| *index);
+        return json!({
+            "rule": v.rule,
+            "matched": true,
+            "conditions": held.unwrap_or_default(),
+            "actions": actions.into_iter().map(|(_, a)| a).collect::<Vec<_>>(),
+        });
+    }
+    match &v.verdict {
+        Verdict::NoMatch { failure } => json!({
+            "rule": v.rule, "matched": false, "failed": failure,
+        }),
+        Verdict::Stopped { by } => json!({
+            "rule": v.rule, "matched": false, "stopped_by": by,
+        }),
+        Verdict::Echo { of } => json!({
+            "rule": v.rule, "matched": false, "echo_of": of,
+        }),
+        _ => json!({"rule": v.rule, "matched": false}),
+    }
 }

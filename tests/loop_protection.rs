@@ -5,7 +5,10 @@
 //! - A rule on `bot.message.sent` that sends a message does not loop: the bridge marks what it
 //!   sends, and rules without `echoes = true` never see those echoes.
 //! - A rule with `echoes = true` that answers its own echo is stopped by its firing cap: exactly
-//!   `count` messages go out, and the cap hit shows in the metric, the log and the state.
+//!   `count` messages go out, and the cap hit shows in the metric, the log, the state and the
+//!   audit.
+//! - An action whose template fails at run time is recorded: the audit shows the error for that
+//!   action, the rule's other actions still ran, and a metric counts it.
 
 mod common;
 use common::*;
@@ -177,6 +180,32 @@ fn a_rule_on_sent_messages_does_not_answer_the_bridges_own() {
         app.metric(r#"handoff_rule_caps_hit_total{rule="relay"}"#),
         0.0
     );
+    // The audit shows the echo as one, and `relay` as not run for it.
+    let timeline = audit(&app);
+    let echo = timeline
+        .iter()
+        .find(|e| e["type"] == "bot.message.sent")
+        .unwrap_or_else(|| panic!("the echo is in the timeline: {timeline:?}"));
+    let of = echo["echo_of"].as_str().expect("echo_of");
+    assert!(of.ends_with("/ack/0"), "{echo}");
+    let relay = rule_in(echo, "relay");
+    assert_eq!(relay["matched"], false, "{echo}");
+    assert_eq!(relay["echo_of"], of, "{echo}");
+}
+
+/// The audit's timeline for [`CONV`].
+fn audit(app: &TestApp) -> Vec<Value> {
+    let (status, audit) = app.admin_get(&format!("/admin/v1/conversations/{CONV}/audit"));
+    assert_eq!(status, 200, "{audit}");
+    audit["timeline"].as_array().cloned().expect("timeline")
+}
+
+/// The line of `rule` in a timeline event.
+fn rule_in(event: &Value, rule: &str) -> Value {
+    event["rules"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["rule"] == rule).cloned())
+        .unwrap_or_else(|| panic!("{rule} not in {event}"))
 }
 
 const CHATTER: &str = r#"
@@ -212,6 +241,31 @@ fn a_rule_that_answers_its_own_echoes_stops_at_its_cap() {
         Some(3),
         "{done}"
     );
+    // The audit, rebuilt as the fold decided, shows the held-back event's rule as capped, and
+    // the three before it as fired.
+    let timeline = audit(&app);
+    let capped = timeline
+        .iter()
+        .find(|e| e["event_id"] == held_back)
+        .expect("the held-back event is in the timeline");
+    let line = rule_in(capped, "chatter");
+    assert_eq!(line["capped"], true, "{line}");
+    assert_eq!(line["fired"], 3, "{line}");
+    assert_eq!(line["cap"], json!({ "count": 3, "per": "10m" }), "{line}");
+    assert!(
+        line.get("actions").is_none(),
+        "a capped rule decides nothing: {line}"
+    );
+    let fired = timeline
+        .iter()
+        .filter(|e| {
+            e["rules"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|r| r["rule"] == "chatter" && r["actions"] == json!(["send_message"]))
+            })
+        })
+        .count();
+    assert_eq!(fired, 3, "{timeline:?}");
     let logs = app.terminate_and_logs();
     let line = logs
         .lines()
@@ -220,4 +274,71 @@ fn a_rule_that_answers_its_own_echoes_stops_at_its_cap() {
     for needle in ["WARN", "chatter", CONV, held_back] {
         assert!(line.contains(needle), "{needle} missing: {line}");
     }
+}
+
+const PARTLY_BROKEN: &str = r#"
+[[rule]]
+name = "greet"
+on = ["bot.message.received"]
+when = { field = "sender", equals = "user" }
+actions = [
+  { type = "send_message", text = "hello" },
+  { type = "send_message", text = "your order {{ state.params.orderNo }}" },
+  { type = "update_state", add_labels = ["greeted"] },
+]
+"#;
+
+#[test]
+fn a_template_that_fails_at_run_time_is_recorded_and_the_rest_of_the_rule_runs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = spawn(tmp.path(), PARTLY_BROKEN);
+    say(&app, "hi");
+    settle(&app);
+    // The rule's other actions ran: the message went out, the label is set.
+    assert_eq!(texts(&sent(&app)), ["hello"]);
+    let done = state(&app);
+    assert_eq!(done["labels"], json!(["greeted"]), "{done}");
+    // The failure is kept in the state, with the id the action would have had.
+    let kept = done["template_errors"].as_array().expect("template_errors");
+    assert_eq!(kept.len(), 1, "{done}");
+    let id = kept[0]["id"].as_str().expect("id");
+    assert!(id.ends_with("/greet/1"), "{id}");
+    assert_eq!(
+        app.metric(r#"handoff_rule_template_errors_total{rule="greet"}"#),
+        1.0
+    );
+    // The audit shows it among the event's actions, after the one that ran.
+    let timeline = audit(&app);
+    let event = timeline
+        .iter()
+        .find(|e| e["type"] == "bot.message.received")
+        .expect("the user's message is in the timeline");
+    let actions = event["actions"].as_array().expect("actions");
+    let outcomes: Vec<(&str, &str, &str)> = actions
+        .iter()
+        .map(|a| {
+            (
+                a["id"].as_str().unwrap_or(""),
+                a["type"].as_str().unwrap_or(""),
+                a["status"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    let first = id.replace("/greet/1", "/greet/0");
+    assert_eq!(
+        outcomes,
+        [
+            (first.as_str(), "send_message", "done"),
+            (id, "send_message", "template_error")
+        ],
+        "{event}"
+    );
+    let error = actions[1]["error"].as_str().expect("error");
+    assert!(error.contains("undefined"), "{error}");
+    // The rule's line: matched, the failed action in its place.
+    let greet = rule_in(event, "greet");
+    assert_eq!(greet["matched"], true, "{greet}");
+    assert_eq!(greet["actions"][0], "send_message", "{greet}");
+    assert!(greet["actions"][1]["template_error"].is_string(), "{greet}");
+    assert_eq!(greet["actions"][2], "update_state", "{greet}");
 }

@@ -1,10 +1,11 @@
 //! The shipped agent handoff (`rules/*.toml`), end to end on the real daemon with its embedded
 //! emulator: the emulator's user and agent act (webhooks in), the journal shows the Open API
-//! calls the rules made (calls out). The shipped files are used as they are, except that the
-//! waits are shortened to 400 ms (and, for the after-hours case, every day is closed), so the
-//! timers fire within the test.
+//! calls the rules made (calls out). The shipped files are used as they are (for the after-hours
+//! cases every day is closed), adapted only through their settings; the daemon runs on the test
+//! clock, so the waits (minutes, a day) run out when a test moves the clock.
 
 mod common;
+use common::helpdesk::HelpDesk;
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,11 @@ fn rules(root: &Path, edit: impl Fn(&str, String) -> String) -> PathBuf {
 /// The daemon on `rules`, with `settings` overridden, and the test clock on: the shipped waits
 /// (5 minutes, 10, 20, a day) run out when a test moves the clock, not in real time.
 fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
+    spawn_with(root, rules, settings, Vec::new())
+}
+
+/// [`spawn`] with more command-line arguments (a `--config` file).
+fn spawn_with(root: &Path, rules: &Path, settings: &[(&str, &str)], args: Vec<String>) -> TestApp {
     let mut env = vec![
         (
             "HANDOFF_BRIDGE__RULES__DIR".to_owned(),
@@ -54,12 +60,32 @@ fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
             (*value).to_owned(),
         ));
     }
-    TestApp::spawn_in(
-        &root.join("data"),
-        Spawn {
-            env,
-            ..Spawn::default()
-        },
+    TestApp::spawn_in(&root.join("data"), Spawn { env, args })
+}
+
+/// The daemon as [`spawn`] makes it, sending help-desk events to `desk` (unsigned checks: the
+/// help-desk tests own signatures).
+fn spawn_with_desk(
+    root: &Path,
+    rules: &Path,
+    settings: &[(&str, &str)],
+    desk: &HelpDesk,
+) -> TestApp {
+    let config = root.join("bridge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[helpdesk.endpoints]]\nname = \"desk\"\nurl = \"{}\"\nsecrets = [\"{}\"]\n",
+            desk.url,
+            common::helpdesk::OLD_SECRET
+        ),
+    )
+    .expect("config");
+    spawn_with(
+        root,
+        rules,
+        settings,
+        vec!["--config".into(), config.display().to_string()],
     )
 }
 
@@ -260,7 +286,35 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
         .find(|e| e["type"] == "timer.agent-wait")
         .expect("the timer's event is in the timeline");
     assert_eq!(rule(fired, "no-agent")["matched"], true);
-    assert_eq!(rule(fired, "no-agent-fallback")["matched"], true);
+    // A matched rule shows the conditions that held, with the values seen.
+    let fallback = rule(fired, "no-agent-fallback");
+    assert_eq!(fallback["matched"], true);
+    let conditions: Vec<(String, String)> = fallback["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .map(|c| {
+            (
+                c["test"].as_str().unwrap_or("").to_owned(),
+                c["actual"].to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            (
+                "state.phase not_equals \"connected\"".to_owned(),
+                "\"requested\"".to_owned()
+            ),
+            (
+                "settings.fallback_flow_id gt 0".to_owned(),
+                FALLBACK_FLOW.to_owned()
+            ),
+        ],
+        "{fallback}"
+    );
+    assert_eq!(fallback["actions"], json!(["navigate"]), "{fallback}");
     let done: Vec<&str> = fired["actions"]
         .as_array()
         .expect("actions")
@@ -451,43 +505,50 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
 #[test]
 fn a_waiting_user_hears_their_place_in_line_again_until_an_agent_connects() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    // A wait long enough for several updates, which come every 300 ms.
-    let rules = rules(tmp.path(), |_, t| {
-        t.replace(
-            "name = \"agent-wait\", after = \"400ms\"",
-            "name = \"agent-wait\", after = \"60s\"",
-        )
-    });
+    let rules = rules(tmp.path(), |_, t| t);
     let app = spawn(
         tmp.path(),
         &rules,
         &[
             ("check_business_hours", "false"),
-            ("queue_update_every", "300ms"),
+            ("queue_update_every", "2m"),
         ],
     );
     act(&app, "request-agent", json!({}));
+    app.settle();
     let update = setting("queue_position_text").replace("{position}", "1");
     let updates = |c: &[(String, String)]| {
         c.iter()
             .filter(|(endpoint, text)| endpoint == "send-conversation-message" && *text == update)
             .count()
     };
-    wait_for(&app, "two updates", Duration::from_secs(30), |c| {
-        updates(c) >= 2
-    });
+    assert_eq!(
+        updates(&calls(&app)),
+        0,
+        "no update before the first 2 minutes"
+    );
+    // Two updates within the 5-minute wait, one per 2 minutes.
+    for n in 1..=2 {
+        app.advance_clock("2m");
+        wait_for(&app, "an update", Duration::from_secs(30), |c| {
+            updates(c) >= n
+        });
+    }
     assert!(
         state(&app)["timers"]["queue-update"].is_object(),
         "the update timer restarts itself while the user waits"
     );
     act(&app, "agent-connect", json!({}));
     app.settle();
-    let state = state(&app);
+    let connected = state(&app);
     assert_eq!(
-        state["timers"],
+        connected["timers"],
         json!({}),
-        "the connect stops the updates (and the wait): {state}"
+        "the connect stops the updates (and the wait): {connected}"
     );
+    // Another 2 minutes: nothing more is said.
+    app.advance_clock("2m");
+    app.settle();
     let calls = calls(&app);
     assert_eq!(
         calls[..2],
@@ -497,11 +558,92 @@ fn a_waiting_user_hears_their_place_in_line_again_until_an_agent_connects() {
         ],
         "joining tells the place in line once, with the queue text"
     );
-    assert_eq!(
-        updates(&calls),
-        calls.len() - 2,
-        "only updates after that: {calls:?}"
+    assert_eq!(updates(&calls), 2, "{calls:?}");
+    assert_eq!(calls.len(), 4, "only the two updates after that: {calls:?}");
+}
+
+/// Step 1 by keyword: a user who writes "상담원" during open hours is queued like an agent call,
+/// and when nobody comes within the wait the bot takes over in the fallback flow.
+#[test]
+fn a_user_who_asks_for_an_agent_in_words_is_queued_then_handed_back_after_the_wait() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+        ],
     );
+    act(&app, "say", json!({"text": "상담원 연결해 주세요"}));
+    app.settle();
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+        ],
+        "manual on, the user is told they are queued"
+    );
+    let waiting = state(&app);
+    assert_eq!(waiting["labels"], json!(["waiting-for-agent"]), "{waiting}");
+    assert!(waiting["timers"]["agent-wait"].is_object(), "{waiting}");
+    app.advance_clock("5m");
+    wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", FALLBACK_FLOW))
+    });
+    app.settle();
+    assert_eq!(
+        calls(&app),
+        [
+            call("set-manual", "true"),
+            call("send-conversation-message", &setting("queue_text")),
+            call("set-manual", "false"),
+            call("send-conversation-message", &setting("no_agent_text")),
+            call("set-navigation", FALLBACK_FLOW),
+        ]
+    );
+    let after = state(&app);
+    assert_eq!(after["labels"], json!([]), "{after}");
+    assert_eq!(after["timers"], json!({}), "{after}");
+}
+
+/// The waits are settings: with `agent_wait = "1m"` the wait runs out after one minute (the
+/// shipped 5 minutes would not).
+#[test]
+fn an_operator_shortens_the_agent_wait_through_a_setting() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(
+        tmp.path(),
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("fallback_flow_id", FALLBACK_FLOW),
+            ("agent_wait", "1m"),
+        ],
+    );
+    act(&app, "request-agent", json!({}));
+    app.settle();
+    let timer = state(&app)["timers"]["agent-wait"].clone();
+    let due = timer["due_at"].as_i64().expect("due_at");
+    let started = timer["started_at"].as_i64().expect("started_at");
+    assert_eq!(due - started, 60_000, "{timer}");
+    app.advance_clock("1m");
+    wait_for(&app, "the fallback", Duration::from_secs(30), |c| {
+        c.contains(&call("set-navigation", FALLBACK_FLOW))
+    });
+    app.settle();
+    let calls = calls(&app);
+    assert!(
+        calls.contains(&call(
+            "send-conversation-message",
+            &setting("no_agent_text")
+        )),
+        "{calls:?}"
+    );
+    assert_eq!(state(&app)["timers"], json!({}));
 }
 
 /// A partner-messenger (kakaobiz) conversation of the seed, its user and channel.
@@ -755,5 +897,84 @@ fn a_partner_messenger_user_who_floods_is_blocked_once_and_unblocked_a_day_later
     assert_eq!(
         calls_for(&app, KB_USER),
         [call("pb-block", ""), call("pb-unblock", "")]
+    );
+}
+
+/// The help desk at `desk` got these `user.blocked` reasons, in order.
+fn blocked_reasons(desk: &HelpDesk) -> Vec<String> {
+    desk.accepted()
+        .iter()
+        .map(|r| r.json())
+        .filter(|b| b["type"] == "user.blocked")
+        .map(|b| b["data"]["reason"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// A partner-messenger user's messages up to a flood, with the help desk told (`notify_helpdesk`):
+/// nine plain messages, then `tenth`. Returns the daemon and the help desk.
+fn flood_until(root: &Path, tenth: &str) -> (TestApp, HelpDesk) {
+    let desk = HelpDesk::start(&[], 200);
+    let rules = rules(root, |_, t| t);
+    let app = spawn_with_desk(
+        root,
+        &rules,
+        &[
+            ("check_business_hours", "false"),
+            ("partner_sender_key", SENDER_KEY),
+            ("notify_helpdesk", "true"),
+        ],
+        &desk,
+    );
+    app.emulator_act(KB_CONV, "request-agent", json!({}));
+    app.settle();
+    for i in 1..=9 {
+        app.emulator_act(KB_CONV, "say", json!({"text": format!("hello {i}")}));
+    }
+    app.settle();
+    assert!(
+        blocked_reasons(&desk).is_empty(),
+        "nine messages are no flood"
+    );
+    app.emulator_act(KB_CONV, "say", json!({"text": tenth}));
+    (app, desk)
+}
+
+#[test]
+fn the_help_desk_learns_of_a_flood_block_with_its_reason() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (app, desk) = flood_until(tmp.path(), "hello 10");
+    poll_until("the help desk's notice", Duration::from_secs(30), || {
+        (!blocked_reasons(&desk).is_empty()).then_some(())
+    });
+    app.settle();
+    assert_eq!(blocked_reasons(&desk), ["message flood"]);
+    let notice = desk
+        .accepted()
+        .iter()
+        .map(|r| r.json())
+        .find(|b| b["type"] == "user.blocked")
+        .expect("the notice");
+    assert_eq!(notice["data"]["conversation"]["id"], KB_CONV, "{notice}");
+    assert_eq!(calls_for(&app, KB_USER), [call("pb-block", "")]);
+}
+
+/// An abusive 10th message is a flood and abuse at once: block-abuse takes it (one block, with
+/// its reason), and the flood rules do not also tell of a "message flood".
+#[test]
+fn an_abusive_tenth_message_is_one_block_for_abuse_not_also_a_flood() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (app, desk) = flood_until(tmp.path(), "fuck you");
+    poll_until("the help desk's notice", Duration::from_secs(30), || {
+        (!blocked_reasons(&desk).is_empty()).then_some(())
+    });
+    app.settle();
+    assert_eq!(blocked_reasons(&desk), ["abusive language"]);
+    assert_eq!(calls_for(&app, KB_USER), [call("pb-block", "")]);
+    let labels = state_of(&app, KB_CONV)["labels"].clone();
+    assert!(
+        !labels
+            .as_array()
+            .is_some_and(|l| l.contains(&json!("flood-blocked"))),
+        "{labels}"
     );
 }

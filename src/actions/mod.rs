@@ -340,18 +340,33 @@ pub struct Capped {
     pub fired: usize,
 }
 
+/// An action of a fired rule whose template failed at run time (e.g. a filter on a value the
+/// event lacks): no action is made; the fold records why in the state (`template_errors`), and the
+/// rule's other actions still run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    pub rule: String,
+    /// The action's position in its rule: its id is the one it would have had.
+    pub index: usize,
+    /// The action's type (`send_message`...).
+    pub kind: String,
+    pub error: String,
+}
+
 /// Everything deciding one event yields: the decisions, and what the state must remember of it
-/// (firings, cap hits). Kept apart from the decisions because a rule may fire without deciding an
-/// action (every template failed, or it has none) and a capped rule decides none.
+/// (firings, cap hits, failed templates). Kept apart from the decisions because a rule may fire
+/// without deciding an action (every template failed, or it has none) and a capped rule decides
+/// none.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decided {
     pub decisions: Vec<Decision>,
     pub fired: Vec<Fired>,
     pub capped: Vec<Capped>,
+    pub failed: Vec<Failed>,
 }
 
 impl Decided {
-    /// Record the firings and cap hits in the conversation's state, stamped with the event's
+    /// Record the firings, cap hits and failed templates in the conversation's state, stamped with the event's
     /// receive time. The fold and a replay both call it, so they keep the same history.
     pub fn record(&self, state: &mut crate::state::ConversationState, event: &EventId, at: Millis) {
         for fired in &self.fired {
@@ -359,6 +374,17 @@ impl Decided {
         }
         for capped in &self.capped {
             state.record_cap_hit(&capped.rule, capped.cap, event.as_str(), capped.fired, at);
+        }
+        for failed in &self.failed {
+            state.record_template_error(crate::state::TemplateError {
+                id: action_id(event, &failed.rule, failed.index),
+                event: event.as_str().to_owned(),
+                rule: failed.rule.clone(),
+                index: failed.index,
+                kind: failed.kind.clone(),
+                error: failed.error.clone(),
+                at,
+            });
         }
     }
 }

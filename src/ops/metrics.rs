@@ -61,6 +61,8 @@ pub struct Metrics {
     /// Events a rule matched but its firing cap held it back for, by rule (names come from the
     /// loaded rule files, so the label is bounded).
     pub rule_caps_hit: IntCounterVec,
+    /// Actions skipped because their template failed at run time, by rule (bounded like above).
+    pub rule_template_errors: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -216,6 +218,11 @@ impl Metrics {
             rule_caps_hit: counter_vec(
                 "rule_caps_hit_total",
                 "Events a rule matched but was held back for by its firing cap, by rule",
+                "rule",
+            )?,
+            rule_template_errors: counter_vec(
+                "rule_template_errors_total",
+                "Actions of a fired rule skipped because a template failed at run time, by rule",
                 "rule",
             )?,
             registry,

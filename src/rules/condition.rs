@@ -311,6 +311,49 @@ impl RawCondition {
     }
 }
 
+impl RawCondition {
+    /// A `matches` of exactly `"{{ settings.<name> }}"` takes the setting's pattern, here, at load
+    /// (the regex is compiled and checked once, like a literal one), so operators change a
+    /// keyword list in `[rules.settings]` without editing rules. Reports (key, message) for a
+    /// setting that is missing or not text.
+    pub fn resolve_settings(
+        &mut self,
+        at: &str,
+        settings: &serde_json::Map<String, Value>,
+        problems: &mut Vec<(String, String)>,
+    ) {
+        for (key, items) in [("all", &mut self.all), ("any", &mut self.any)] {
+            for (i, item) in items.iter_mut().flatten().enumerate() {
+                item.resolve_settings(&format!("{at}.{key}[{i}]"), settings, problems);
+            }
+        }
+        if let Some(inner) = &mut self.not {
+            inner.resolve_settings(&format!("{at}.not"), settings, problems);
+        }
+        let Some(name) = self.matches.as_deref().and_then(setting_reference) else {
+            return;
+        };
+        match settings.get(name) {
+            Some(Value::String(pattern)) => self.matches = Some(pattern.clone()),
+            Some(_) => problems.push((
+                format!("{at}.matches"),
+                format!("setting `{name}` must be text (a regex)"),
+            )),
+            None => problems.push((format!("{at}.matches"), format!("no setting `{name}`"))),
+        }
+    }
+}
+
+/// The name in a value that is exactly `{{ settings.<name> }}`.
+pub fn setting_reference(text: &str) -> Option<&str> {
+    text.trim()
+        .strip_prefix("{{")
+        .and_then(|rest| rest.strip_suffix("}}"))
+        .map(str::trim)
+        .and_then(|inner| inner.strip_prefix("settings."))
+        .map(str::trim)
+}
+
 impl Condition {
     /// Whether it reads the context's `root` (`before`, `end_user`...).
     pub fn reads(&self, root: &str) -> bool {
@@ -359,7 +402,8 @@ impl Condition {
     }
 }
 
-/// Why a condition did not hold: where it sits, what it tests, and the value it saw.
+/// A test of a condition and the value it saw: why a condition did not hold (`rules test`), or,
+/// listed by [`Condition::held`], what made it hold (the audit).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Failure {
     /// Key path in the rule (`when.all[1]`).
@@ -374,6 +418,42 @@ pub struct Failure {
 }
 
 impl Condition {
+    /// The tests that made this condition hold on `ctx`, each with the value it saw (as a
+    /// [`Failure`] records a failing one): every item of an `all`, the first branch of an `any`
+    /// that holds, a `not` as a whole. Empty when it does not hold.
+    pub fn held(&self, ctx: &Value, at: &str) -> Vec<Failure> {
+        if !self.holds(ctx) {
+            return Vec::new();
+        }
+        match self {
+            Condition::All(items) => items
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| c.held(ctx, &format!("{at}.all[{i}]")))
+                .collect(),
+            Condition::Any(items) => items
+                .iter()
+                .enumerate()
+                .find(|(_, c)| c.holds(ctx))
+                .map(|(i, c)| c.held(ctx, &format!("{at}.any[{i}]")))
+                .unwrap_or_default(),
+            Condition::Not(inner) => {
+                let actual = match inner.as_ref() {
+                    Condition::Leaf { path, .. } => context::lookup(ctx, path).cloned(),
+                    _ => None,
+                };
+                vec![Failure {
+                    at: format!("{at}.not"),
+                    test: self.describe(),
+                    actual,
+                    before: None,
+                }]
+            }
+            // A leaf, `changed` or calendar holds: the same record as when it fails.
+            _ => self.explain_leaf(ctx, at).into_iter().collect(),
+        }
+    }
+
     /// The first reason this condition fails on `ctx`, or `None` when it holds. For `any`, the
     /// first branch's reason (all of them failed).
     pub fn explain(&self, ctx: &Value, at: &str) -> Option<Failure> {
@@ -398,6 +478,14 @@ impl Condition {
                 actual: None,
                 before: None,
             }),
+            _ => self.explain_leaf(ctx, at),
+        }
+    }
+
+    /// A leaf, `changed` or calendar condition with the value it tests (`None` for the others).
+    fn explain_leaf(&self, ctx: &Value, at: &str) -> Option<Failure> {
+        match self {
+            Condition::All(_) | Condition::Any(_) | Condition::Not(_) => None,
             Condition::Leaf { path, .. } => Some(Failure {
                 at: at.to_owned(),
                 test: self.describe(),

@@ -113,6 +113,27 @@ pub fn explain(
     out
 }
 
+/// For each rule whose `when` holds on this event (as [`explain`] sees it), the tests that held
+/// with the values they saw (none for a rule without conditions): the audit's "matched because".
+pub fn conditions_held(
+    set: &RuleSet,
+    event: &Event,
+    state: &ConversationState,
+    inputs: Inputs<'_>,
+    now: Millis,
+) -> std::collections::HashMap<String, Vec<Failure>> {
+    let ctx = set.context(event, state, inputs, now);
+    set.rules
+        .iter()
+        .filter(|r| r.enabled && r.listens(event.kind.as_str()))
+        .filter_map(|r| match &r.when {
+            None => Some((r.name.clone(), Vec::new())),
+            Some(c) if c.holds(&ctx) => Some((r.name.clone(), c.held(&ctx, "when"))),
+            Some(_) => None,
+        })
+        .collect()
+}
+
 /// A rule-set problem that is not an error: the set loads, but a rule cannot do what its author
 /// meant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -9,7 +9,7 @@
 
 mod action;
 mod calendar;
-mod condition;
+pub mod condition;
 pub mod context;
 pub mod explain;
 pub mod live;
@@ -17,7 +17,7 @@ pub mod shipped;
 
 pub use condition::Failure;
 
-use crate::actions::{Capped, Decide, Decided, Decision, DecisionTime, Fired, Inputs};
+use crate::actions::{Capped, Decide, Decided, Decision, DecisionTime, Failed, Fired, Inputs};
 use crate::state::{ConversationState, FiringCap};
 use crate::webhook::model::{is_timer_name, Event, EventKind, Millis, TIMER_EVENT_PREFIX};
 use action::ActionSpec;
@@ -427,13 +427,7 @@ fn settings_after(
     let Some(Value::String(after)) = body.get("after") else {
         return Ok(());
     };
-    let Some(name) = after
-        .trim()
-        .strip_prefix("{{")
-        .and_then(|rest| rest.strip_suffix("}}"))
-        .map(str::trim)
-        .and_then(|inner| inner.strip_prefix("settings."))
-    else {
+    let Some(name) = condition::setting_reference(after) else {
         return Ok(());
     };
     match settings.get(name) {
@@ -526,10 +520,16 @@ fn compile(
         }
     }
     let mut condition_problems = Vec::new();
-    let when = raw
-        .when
-        .as_ref()
-        .and_then(|c| c.compile("when", known.calendars, &mut condition_problems));
+    let mut raw_when = raw.when;
+    if let Some(c) = &mut raw_when {
+        c.resolve_settings("when", known.settings, &mut condition_problems);
+    }
+    let when = match condition_problems.is_empty() {
+        true => raw_when
+            .as_ref()
+            .and_then(|c| c.compile("when", known.calendars, &mut condition_problems)),
+        false => None,
+    };
     for (key, message) in condition_problems {
         report(key, message);
         ok = false;
@@ -740,14 +740,14 @@ impl Decide for RuleSet {
                         index,
                         action,
                     }),
-                    // Not a panic and not a half-made action: the rest of the rule still runs.
-                    Err(error) => tracing::warn!(
-                        rule = %rule.name,
-                        event_id = %event.id,
+                    // Not a panic and not a half-made action: the rest of the rule still runs,
+                    // and the fold records the error where the audit shows it.
+                    Err(error) => out.failed.push(Failed {
+                        rule: rule.name.clone(),
                         index,
-                        %error,
-                        "rule action skipped"
-                    ),
+                        kind: spec.kind().to_owned(),
+                        error,
+                    }),
                 }
             }
             if rule.stop {

@@ -323,6 +323,83 @@ fn a_template_that_fails_at_run_time_skips_only_that_action() {
     // The surviving action keeps its own index, so its id does not depend on the failure.
     assert_eq!(decisions[0].index, 1);
     assert!(matches!(decisions[0].action, Action::SetManual { .. }));
+    // The failure is part of what was decided, and the state keeps it for the audit.
+    let mut state = state;
+    let decided = set.evaluate(&event, &state, Inputs::default(), DecisionTime::at(NOW));
+    assert_eq!(decided.failed.len(), 1, "{decided:?}");
+    let failed = &decided.failed[0];
+    assert_eq!((failed.rule.as_str(), failed.index), ("partial", 0));
+    assert_eq!(failed.kind, "send_message");
+    assert!(failed.error.contains("undefined"), "{}", failed.error);
+    decided.record(&mut state, &event.id, NOW);
+    decided.record(&mut state, &event.id, NOW);
+    assert_eq!(state.template_errors.len(), 1, "kept once per action");
+    let kept = &state.template_errors[0];
+    assert_eq!(kept.id, format!("{}/partial/0", event.id));
+    assert_eq!((kept.event.as_str(), kept.at), (event.id.as_str(), NOW));
+}
+
+#[test]
+fn a_conversation_keeps_only_its_newest_template_errors() {
+    let (_, mut state) = fixture("agent-call-requested.json");
+    for i in 0..crate::state::TEMPLATE_ERRORS_KEPT + 5 {
+        state.record_template_error(crate::state::TemplateError {
+            id: format!("e-{i}/r/0"),
+            event: format!("e-{i}"),
+            rule: "r".into(),
+            index: 0,
+            kind: "send_message".into(),
+            error: "undefined value".into(),
+            at: NOW,
+        });
+    }
+    assert_eq!(
+        state.template_errors.len(),
+        crate::state::TEMPLATE_ERRORS_KEPT
+    );
+    assert_eq!(state.template_errors[0].id, "e-5/r/0", "the oldest went");
+}
+
+#[test]
+fn a_matches_condition_may_name_a_setting_read_at_load() {
+    let text = r#"
+        [settings]
+        keywords = "(상담원|agent)"
+        [[rule]]
+        name = "ask"
+        on = ["bot.message.received"]
+        when = { all = [
+            { field = "sender", equals = "user" },
+            { not = { field = "message.data.text", matches = "{{ settings.keywords }}" } },
+        ] }
+        actions = [{ type = "set_manual", enabled = true }]
+    "#;
+    let sources = [("test.toml".to_owned(), text.to_owned())];
+    let (event, state) = fixture("message-received-text.json");
+    let text_of = event.payload.clone();
+    let crate::webhook::model::Payload::Message(m) = text_of else {
+        panic!("a message fixture")
+    };
+    let said = m.data.text.clone().unwrap_or_default();
+    // The fixture's text matches a pattern made of itself; `not` then fails.
+    let mut overrides = Map::new();
+    overrides.insert("keywords".into(), Value::String(regex::escape(&said)));
+    let matching = RuleSet::from_sources_with(&sources, &overrides).expect("load");
+    assert!(matching.decide(&event, &state, NOW).is_empty());
+    overrides.insert("keywords".into(), Value::String("^never this$".into()));
+    let other = RuleSet::from_sources_with(&sources, &overrides).expect("load");
+    assert_eq!(other.decide(&event, &state, NOW).len(), 1);
+    // A bad pattern in the setting is a load error at the condition, like a literal one.
+    overrides.insert("keywords".into(), Value::String("(".into()));
+    match RuleSet::from_sources_with(&sources, &overrides) {
+        Err(LoadError::Invalid(found)) => assert_mentioned(&found, "when.all[1].not.matches"),
+        other => panic!("expected problems, got {other:?}"),
+    }
+    // A setting no file defines, or one that is not text.
+    let missing = text.replace("settings.keywords", "settings.nope");
+    assert_mentioned(&problems(&missing), "no setting `nope`");
+    let number = text.replace("keywords = \"(상담원|agent)\"", "keywords = 3");
+    assert_mentioned(&problems(&number), "must be text (a regex)");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Firing caps' memory in a conversation's state: when each rule fired lately (what its cap
-//! counts) and when a cap last held a rule back (the audit `state show` displays).
+//! counts) and when a cap last held a rule back (the audit `state show` displays); and the
+//! actions whose templates failed at run time (the audit shows them with their event).
 //!
 //! Times are the receive times of the events the rules fired for. The history stays bounded: only
 //! firings inside their rule's window are kept, at most the cap's count per rule, and a rule's
@@ -48,6 +49,26 @@ pub struct CapHit {
     pub cap: FiringCap,
     /// How many events the cap held it back for in this conversation, in all.
     pub hits: u64,
+}
+
+/// How many failed templates a conversation keeps: enough for an audit of recent events, bounded
+/// so a rule that fails on every message cannot grow the state.
+pub const TEMPLATE_ERRORS_KEPT: usize = 20;
+
+/// An action of a fired rule whose template failed at run time: no action was made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateError {
+    /// The id the action would have had (`<event>/<rule>/<index>`).
+    pub id: String,
+    pub event: String,
+    pub rule: String,
+    pub index: usize,
+    /// The action's type.
+    pub kind: String,
+    /// The template engine's message (which names the template, never a value from the event).
+    pub error: String,
+    /// The event's receive time.
+    pub at: Millis,
 }
 
 /// Whether a firing at `t` lies in the window of `per_ms` that ends at `at`. A firing stamped
@@ -106,5 +127,19 @@ impl ConversationState {
                 hits: hits.saturating_add(1),
             },
         );
+    }
+
+    /// Keep `error`, forgetting the oldest beyond [`TEMPLATE_ERRORS_KEPT`]. The same action
+    /// failing again (a replay's rebuild) is kept once.
+    pub fn record_template_error(&mut self, error: TemplateError) {
+        if self.template_errors.iter().any(|e| e.id == error.id) {
+            return;
+        }
+        self.template_errors.push(error);
+        let excess = self
+            .template_errors
+            .len()
+            .saturating_sub(TEMPLATE_ERRORS_KEPT);
+        self.template_errors.drain(..excess);
     }
 }

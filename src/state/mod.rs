@@ -18,7 +18,7 @@ pub mod desk;
 mod firings;
 pub mod queue;
 pub use desk::Desk;
-pub use firings::{CapHit, FiringCap, Firings};
+pub use firings::{CapHit, FiringCap, Firings, TemplateError, TEMPLATE_ERRORS_KEPT};
 
 /// Version of the persisted state layout; bump with a migration when the shape changes. Fields
 /// added with a serde default (labels, variables, timers, firings, capped) decode from older
@@ -158,6 +158,10 @@ pub struct ConversationState {
     /// The last time a firing cap held each rule back here: the audit of caps.
     #[serde(default)]
     pub capped: std::collections::BTreeMap<String, CapHit>,
+    /// The newest actions whose templates failed at run time here (at most
+    /// [`TEMPLATE_ERRORS_KEPT`], oldest first): the durable record the audit shows.
+    #[serde(default)]
+    pub template_errors: Vec<TemplateError>,
     /// The agent API's side: the agent who accepted it, and the verdicts on agent commands.
     #[serde(default)]
     pub desk: Desk,
@@ -243,6 +247,7 @@ impl ConversationState {
             timers: Default::default(),
             firings: Default::default(),
             capped: Default::default(),
+            template_errors: Default::default(),
             desk: Default::default(),
         }
     }

@@ -244,6 +244,9 @@ pub struct Applied {
     pub timers_change: i64,
     /// The rule of each event a firing cap held a rule back for (one per hit, for the metric).
     pub capped: Vec<String>,
+    /// The rule of each action whose template failed at run time (one per action, for the
+    /// metric; the state keeps the error).
+    pub template_errors: Vec<String>,
     /// The verdict on each folded agent command (the agent API waits for them).
     pub agent_verdicts: Vec<crate::state::desk::Verdict>,
 }
@@ -744,6 +747,17 @@ impl Store {
                     );
                     out.capped.push(hit.rule);
                 }
+                for failed in outcome.failed {
+                    tracing::warn!(
+                        rule = %failed.rule,
+                        conversation_id = %id,
+                        event_id = %event.id,
+                        index = failed.index,
+                        error = %failed.error,
+                        "rule action's template failed: recorded in the state, the action skipped"
+                    );
+                    out.template_errors.push(failed.rule);
+                }
                 if let Payload::Agent(_) = &event.payload {
                     if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
                         out.agent_verdicts.push(verdict.clone());
@@ -1090,8 +1104,8 @@ impl Store {
 /// [`BUILTIN_RULE`](crate::state::desk::BUILTIN_RULE)), then the rules see it; one the state
 /// refused decides nothing. `after_fold` sees the state right after the event is folded, before
 /// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
-/// in it when the rules read it.
-fn fold_and_decide(
+/// in it when the rules read it. The audit rebuilds a conversation's timeline through it too.
+pub(crate) fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
     rules: &dyn crate::actions::Decide,

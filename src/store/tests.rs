@@ -1358,3 +1358,43 @@ fn a_damaged_frame_the_dedupe_index_points_at_is_an_error_not_a_new_id() {
     );
     drop(dir);
 }
+
+#[test]
+fn the_audit_shows_a_firing_of_a_cancelled_timer_as_stale_and_a_live_one_as_matched() {
+    let (_d, store) = store();
+    let set = timer_rules();
+    accept(&store, &said("d1", "e1", "c1", "start"));
+    drain_with(&store, &set);
+    let first = all_timers(&store);
+    // The firing is on its way when the cancel is folded first: it decides nothing.
+    accept(&store, &said("d2", "e2", "c1", "cancel"));
+    fire(&store, &first[0]);
+    let applied = drain_with(&store, &set);
+    assert!(applied.outbox.is_empty(), "{:?}", applied.outbox);
+    // Started again and fired on time: it decides.
+    accept(&store, &said("d3", "e3", "c1", "start"));
+    drain_with(&store, &set);
+    let second = all_timers(&store);
+    fire(&store, &second[0]);
+    let applied = drain_with(&store, &set);
+    assert_eq!(applied.outbox.len(), 1, "x fired");
+
+    let audit = crate::queries::audit(&store, &set, &ConversationId::new("c1"))
+        .expect("audit")
+        .expect("conversation");
+    let firings: Vec<&serde_json::Value> = audit["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter(|e| e["type"] == "timer.x")
+        .collect();
+    assert_eq!(firings.len(), 2, "{audit:#}");
+    assert_eq!(firings[0]["stale_timer"], true, "{audit:#}");
+    assert!(firings[0].get("rules").is_none(), "no rule ran: {audit:#}");
+    assert_eq!(firings[0]["actions"], serde_json::json!([]), "{audit:#}");
+    assert!(firings[1].get("stale_timer").is_none(), "{audit:#}");
+    let fired = &firings[1]["rules"][0];
+    assert_eq!(fired["rule"], "fired", "{audit:#}");
+    assert_eq!(fired["matched"], true, "{audit:#}");
+    assert_eq!(fired["actions"], serde_json::json!(["send_message"]));
+}
