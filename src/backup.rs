@@ -74,6 +74,20 @@ pub fn backup(data: &DataDir, out: &Path, cache_capacity: u64) -> Result<Manifes
             out.display()
         )));
     }
+    // Opening would migrate an older layout in place, and the build that wrote it could then no
+    // longer open it: that store is for its own build to back up.
+    match store::backup::stored_layout(&data.store_path()) {
+        Ok(Some(layout)) if layout < store::LAYOUT_VERSION => {
+            return Err(BackupError::Refused(format!(
+                "the store has layout {layout}, older than this build's ({}); opening it would \
+                 migrate it: back it up with the build that wrote it, or copy the stopped data \
+                 directory",
+                store::LAYOUT_VERSION
+            )))
+        }
+        Err(e @ StoreError::Locked { .. }) => return Err(BackupError::Refused(e.to_string())),
+        _ => {}
+    }
     // Opening runs the store's own recovery, so a store left by a crash is backed up consistent.
     let store = Store::open(&data.store_path(), cache_capacity)?;
     private_dir(out)?;

@@ -64,6 +64,31 @@ impl Store {
     }
 }
 
+/// The layout version of the store at `store_dir` without opening it as a [`Store`] (which would
+/// migrate an older one); `None` for a store that never recorded one (a new, empty store).
+pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
+    let db = sled::Config::new().path(store_dir).open().map_err(|e| match e {
+        sled::Error::Io(io)
+            if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
+        {
+            StoreError::Locked {
+                path: store_dir.display().to_string(),
+            }
+        }
+        other => StoreError::Sled(other),
+    })?;
+    let meta = db.open_tree(super::keys::tree::META)?;
+    let found = meta.get(super::keys::meta::LAYOUT_VERSION)?;
+    found
+        .map(|v| {
+            v.as_ref()
+                .try_into()
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt("layout version unreadable".into()))
+        })
+        .transpose()
+}
+
 /// The event log's directory inside a store directory (where restored segments go).
 pub fn log_dir(store_dir: &Path) -> PathBuf {
     store_dir.join(EVENT_LOG_DIR)
