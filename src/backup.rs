@@ -169,8 +169,7 @@ pub fn restore(
             }
         }
     }
-    data.create()
-        .map_err(|e| io_error(data.root(), &e))?;
+    data.create().map_err(|e| io_error(data.root(), &e))?;
 
     // Build the new store beside the old one, then swap, so a failed restore leaves the old.
     let staging = data.root().join("store.restoring");
@@ -222,7 +221,11 @@ pub fn verify(from: &Path) -> Result<Manifest, BackupError> {
         )));
     }
     for file in &manifest.files {
-        if file.path.split('/').any(|part| part == ".." || part.is_empty()) {
+        if file
+            .path
+            .split('/')
+            .any(|part| part == ".." || part.is_empty())
+        {
             return Err(BackupError::Invalid(format!("bad path {:?}", file.path)));
         }
         let found = entry(from, &from.join(&file.path))
@@ -350,11 +353,7 @@ fn entry(root: &Path, path: &Path) -> Result<FileEntry, BackupError> {
     Ok(FileEntry {
         path: rel,
         bytes,
-        sha256: hash
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
+        sha256: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
     })
 }
 

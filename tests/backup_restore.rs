@@ -51,16 +51,25 @@ fn a_restored_backup_has_the_same_state_and_knows_every_event() {
         assert_eq!(status, 200, "{name}: {receipt}");
     }
     let (status, receipt) = app.post(b"{not json");
-    assert_eq!((status, &receipt["status"]), (200, &Value::from("quarantined")));
+    assert_eq!(
+        (status, &receipt["status"]),
+        (200, &Value::from("quarantined"))
+    );
     app.settle();
     let decided = app.journal().iter().filter(|e| took_effect(e)).count();
-    assert!(decided > 0, "the shipped rules made no call on the fixtures");
+    assert!(
+        decided > 0,
+        "the shipped rules made no call on the fixtures"
+    );
     let before = views(&app);
     assert!(before[5].contains("invalid_json"), "{}", before[5]);
 
     // Refused while the daemon runs, and nothing is written.
     let out_dir = tmp.path().join("backup");
-    let running = cli(&source, &["backup", "--out", out_dir.to_str().expect("utf-8")]);
+    let running = cli(
+        &source,
+        &["backup", "--out", out_dir.to_str().expect("utf-8")],
+    );
     assert_eq!(running.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&running.stderr);
     assert!(stderr.contains("stop it first"), "{stderr}");
@@ -69,7 +78,10 @@ fn a_restored_backup_has_the_same_state_and_knows_every_event() {
     assert!(app.terminate().success());
     // A generated secret in the data directory travels with the backup.
     std::fs::write(source.join("webhook_token"), "generated-token-0123456789").expect("write");
-    let printed = cli_ok(&source, &["backup", "--out", out_dir.to_str().expect("utf-8")]);
+    let printed = cli_ok(
+        &source,
+        &["backup", "--out", out_dir.to_str().expect("utf-8")],
+    );
     assert!(printed.contains("backed up"), "{printed}");
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("manifest.json")).expect("manifest"))
@@ -95,12 +107,19 @@ fn a_restored_backup_has_the_same_state_and_knows_every_event() {
         std::fs::read_to_string(&token).expect("token"),
         "generated-token-0123456789"
     );
-    let mode = std::fs::metadata(&token).expect("meta").permissions().mode();
+    let mode = std::fs::metadata(&token)
+        .expect("meta")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
 
     let again = spawn(&restored);
     again.settle();
-    assert_eq!(views(&again), before, "the restored daemon shows other state");
+    assert_eq!(
+        views(&again),
+        before,
+        "the restored daemon shows other state"
+    );
     // Nothing decided before is carried out again (the new embedded emulator saw no write).
     let repeated: Vec<Value> = again
         .journal()
@@ -122,7 +141,11 @@ fn a_restored_backup_has_the_same_state_and_knows_every_event() {
         assert_eq!(receipt["duplicates"], events.len(), "{name}: {receipt}");
     }
     again.settle();
-    assert_eq!(views(&again), before, "duplicates changed the restored state");
+    assert_eq!(
+        views(&again),
+        before,
+        "duplicates changed the restored state"
+    );
 
     // A restore over a daemon's directory is refused, and so is one into a non-empty directory.
     let over_running = cli(
@@ -163,7 +186,10 @@ fn a_damaged_backup_is_refused_before_anything_is_written() {
     );
 
     // A second backup into the same directory would mix two: refused.
-    let twice = cli(&source, &["backup", "--out", out_dir.to_str().expect("utf-8")]);
+    let twice = cli(
+        &source,
+        &["backup", "--out", out_dir.to_str().expect("utf-8")],
+    );
     assert_eq!(twice.status.code(), Some(1));
 
     let dump = out_dir.join("sled.dump");

@@ -11,10 +11,9 @@ use std::path::Path;
 
 /// Families registered in `src/ops/metrics.rs`: full name -> (histogram, labelled).
 fn registered() -> BTreeMap<String, (bool, bool)> {
-    let source = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops/metrics.rs"),
-    )
-    .expect("metrics.rs");
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops/metrics.rs"))
+            .expect("metrics.rs");
     let re = regex::Regex::new(
         r#"\b(counter_vec|counter|gauge|histogram|Opts::new|Gauge::new)\(\s*"([a-z_]+)""#,
     )
@@ -23,7 +22,10 @@ fn registered() -> BTreeMap<String, (bool, bool)> {
         .map(|c| {
             let kind = &c[1];
             let labelled = matches!(kind, "counter_vec" | "Opts::new");
-            (format!("handoff_{}", &c[2]), (kind == "histogram", labelled))
+            (
+                format!("handoff_{}", &c[2]),
+                (kind == "histogram", labelled),
+            )
         })
         .collect()
 }
@@ -67,13 +69,19 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
         .filter_map(|l| l.split(['{', ' ']).next())
         .map(|name| family(name, &families).to_owned())
         .collect();
-    let unparsed: Vec<&String> = shown.iter().filter(|n| !families.contains_key(*n)).collect();
+    let unparsed: Vec<&String> = shown
+        .iter()
+        .filter(|n| !families.contains_key(*n))
+        .collect();
     assert!(
         unparsed.is_empty(),
         "the daemon exports families the source parse missed: {unparsed:?}"
     );
 
-    for file in ["deploy/prometheus-alerts.yml", "deploy/grafana-dashboard.json"] {
+    for file in [
+        "deploy/prometheus-alerts.yml",
+        "deploy/grafana-dashboard.json",
+    ] {
         let named = named_in(file);
         assert!(!named.is_empty(), "{file} names no metric");
         for name in &named {

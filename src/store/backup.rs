@@ -67,16 +67,20 @@ impl Store {
 /// The layout version of the store at `store_dir` without opening it as a [`Store`] (which would
 /// migrate an older one); `None` for a store that never recorded one (a new, empty store).
 pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
-    let db = sled::Config::new().path(store_dir).open().map_err(|e| match e {
-        sled::Error::Io(io)
-            if io.kind() == std::io::ErrorKind::WouldBlock || io.to_string().contains("lock") =>
-        {
-            StoreError::Locked {
-                path: store_dir.display().to_string(),
+    let db = sled::Config::new()
+        .path(store_dir)
+        .open()
+        .map_err(|e| match e {
+            sled::Error::Io(io)
+                if io.kind() == std::io::ErrorKind::WouldBlock
+                    || io.to_string().contains("lock") =>
+            {
+                StoreError::Locked {
+                    path: store_dir.display().to_string(),
+                }
             }
-        }
-        other => StoreError::Sled(other),
-    })?;
+            other => StoreError::Sled(other),
+        })?;
     let meta = db.open_tree(super::keys::tree::META)?;
     let found = meta.get(super::keys::meta::LAYOUT_VERSION)?;
     found
@@ -236,7 +240,10 @@ mod tests {
         let db = sled::open(&target).expect("reopen");
         let after = contents(&db);
         assert!(after.contains_key(&b"extra".to_vec()));
-        assert!(before == after, "the restored trees differ from the exported ones");
+        assert!(
+            before == after,
+            "the restored trees differ from the exported ones"
+        );
     }
 
     #[test]
