@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(imported, exported);
         let db = sled::open(&target).expect("reopen");
         let after = contents(&db);
-        assert!(after.contains_key(&b"extra".to_vec()));
+        assert!(after.contains_key(b"extra".as_slice()));
         assert!(
             before == after,
             "the restored trees differ from the exported ones"
