@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check`, `state`, `quarantine`.
+//! Command line: `serve`, `check`, `state`, `quarantine`, `backup`, `restore`, ...
 //!
 //! Store-reading commands talk to the running daemon's admin API when it runs (sled allows one
 //! process), and open the store directly when it does not. Both paths print the same JSON.
@@ -166,6 +166,28 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Copy the stopped daemon's data directory into a new backup directory: the sled trees
+    /// (sled's export), the event log segments, the generated secrets and a manifest with
+    /// checksums. Refused while the daemon runs.
+    Backup {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Backup directory to create (must be absent or empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Restore a backup into a data directory (checked against its manifest first). Refused
+    /// while a daemon runs there, and into a non-empty directory unless --force.
+    Restore {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Backup directory written by `backup`.
+        #[arg(long)]
+        from: PathBuf,
+        /// Replace the store and generated secrets of a non-empty data directory.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -312,6 +334,8 @@ pub enum CliError {
     Upstream(crate::upstream::UpstreamError),
     #[error(transparent)]
     Rules(#[from] crate::rules::LoadError),
+    #[error(transparent)]
+    Backup(#[from] crate::backup::BackupError),
 }
 
 impl CliError {
@@ -383,6 +407,41 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Rules { config, action } => rules_command(&config, action),
+        Command::Backup { config, out } => {
+            let config = load(&config, None)?;
+            let data = DataDir::new(&config.store.data_dir);
+            let m = crate::backup::backup(&data, &out, config.store.cache_capacity_bytes)?;
+            out!(
+                "backed up {} to {}: {} sled trees, {} records, {} files ({} bytes)",
+                data.root().display(),
+                out.display(),
+                m.sled.trees,
+                m.sled.records,
+                m.files.len(),
+                m.files.iter().map(|f| f.bytes).sum::<u64>()
+            );
+            Ok(())
+        }
+        Command::Restore {
+            config,
+            from,
+            force,
+        } => {
+            let config = load(&config, None)?;
+            let data = DataDir::new(&config.store.data_dir);
+            let m = crate::backup::restore(&from, &data, force, config.store.cache_capacity_bytes)?;
+            out!(
+                "restored {} (taken {}, bridge {}) into {}: {} sled trees, {} records, {} files",
+                from.display(),
+                m.created_at,
+                m.bridge_version,
+                data.root().display(),
+                m.sled.trees,
+                m.sled.records,
+                m.files.len()
+            );
+            Ok(())
+        }
         Command::Audit {
             config,
             conversation_id,

@@ -9,6 +9,7 @@
 //! - folding an event into state removes its inbox entry in the same transaction, so a crash can
 //!   neither lose nor repeat the fold.
 
+pub mod backup;
 pub mod dedupe;
 pub mod desk;
 pub mod eventlog;
@@ -47,7 +48,7 @@ const EVENT_LOG_DIR: &str = "events";
 /// Layout version written on first open; a newer one refuses to open, an older one is migrated.
 /// 2: event bodies in the event log instead of sled. 3: dedupe records out of sled (the event
 /// log's ids, indexed in memory: `dedupe`).
-const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
 const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 

@@ -1,0 +1,100 @@
+//! The deployment kit names only metrics the daemon exports: every `handoff_*` name in the alert
+//! rules and the Grafana dashboard is registered in `src/ops/metrics.rs`, and a running daemon's
+//! `/metrics` shows those that have no labels (labelled families appear with their first sample,
+//! so for them the registration is what can be checked). The same parse of the source must
+//! account for every family the running daemon shows, so it cannot silently miss metrics.
+
+mod common;
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Families registered in `src/ops/metrics.rs`: full name -> (histogram, labelled).
+fn registered() -> BTreeMap<String, (bool, bool)> {
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops/metrics.rs"))
+            .expect("metrics.rs");
+    let re = regex::Regex::new(
+        r#"\b(counter_vec|counter|gauge|histogram|Opts::new|Gauge::new)\(\s*"([a-z_]+)""#,
+    )
+    .expect("regex");
+    re.captures_iter(&source)
+        .map(|c| {
+            let kind = &c[1];
+            let labelled = matches!(kind, "counter_vec" | "Opts::new");
+            (
+                format!("handoff_{}", &c[2]),
+                (kind == "histogram", labelled),
+            )
+        })
+        .collect()
+}
+
+/// The family a sample or query name belongs to (histogram series carry a suffix).
+fn family<'a>(name: &'a str, families: &BTreeMap<String, (bool, bool)>) -> &'a str {
+    for suffix in ["_bucket", "_sum", "_count"] {
+        if let Some(base) = name.strip_suffix(suffix) {
+            if families.get(base).is_some_and(|(histogram, _)| *histogram) {
+                return base;
+            }
+        }
+    }
+    name
+}
+
+fn named_in(file: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    regex::Regex::new(r"\bhandoff_[a-z_]+")
+        .expect("regex")
+        .find_iter(&text)
+        .map(|m| m.as_str().to_owned())
+        .collect()
+}
+
+#[test]
+fn alerts_and_dashboard_name_only_exported_metrics() {
+    let families = registered();
+    assert!(families.len() >= 20, "parsed only {families:?}");
+
+    let app = TestApp::spawn();
+    let (status, receipt) = app.post(&fixture_bytes("message-received-text.json"));
+    assert_eq!(status, 200, "{receipt}");
+    wait_drained(&app);
+    let (status, text) = app.get("/metrics");
+    assert_eq!(status, 200);
+    let shown: BTreeSet<String> = text
+        .lines()
+        .filter(|l| l.starts_with("handoff_"))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|name| family(name, &families).to_owned())
+        .collect();
+    let unparsed: Vec<&String> = shown
+        .iter()
+        .filter(|n| !families.contains_key(*n))
+        .collect();
+    assert!(
+        unparsed.is_empty(),
+        "the daemon exports families the source parse missed: {unparsed:?}"
+    );
+
+    for file in [
+        "deploy/prometheus-alerts.yml",
+        "deploy/grafana-dashboard.json",
+    ] {
+        let named = named_in(file);
+        assert!(!named.is_empty(), "{file} names no metric");
+        for name in &named {
+            let base = family(name, &families);
+            let Some((_, labelled)) = families.get(base) else {
+                panic!("{file} names {name}, which the daemon does not export");
+            };
+            if !labelled {
+                assert!(
+                    shown.contains(base),
+                    "{file} names {name}, missing from a running daemon's /metrics"
+                );
+            }
+        }
+    }
+}
