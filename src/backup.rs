@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Written into every manifest; a restore refuses other versions.
@@ -161,9 +161,11 @@ pub fn restore(
         refuse_if_running(data)?;
         // The store lock tells for sure that no daemon holds it (daemon.json may be stale).
         // Any other failure to open is no reason to stop: that store is being replaced.
+        // Only sled is opened (not the store, whose recovery would migrate an older layout in
+        // place, and a failed restore would then leave a store its own build cannot open).
         if data.store_path().exists() {
             if let Err(e @ StoreError::Locked { .. }) =
-                Store::open(&data.store_path(), cache_capacity)
+                store::backup::stored_layout(&data.store_path())
             {
                 return Err(BackupError::Refused(e.to_string()));
             }
@@ -171,29 +173,36 @@ pub fn restore(
     }
     data.create().map_err(|e| io_error(data.root(), &e))?;
 
-    // Build the new store beside the old one, then swap, so a failed restore leaves the old.
+    // Build and check the new store and secrets beside the old ones, then swap, and remove the
+    // old store last: until the new one is in place, a failure leaves the old one as it was.
     let staging = data.root().join("store.restoring");
     remove_dir_if_present(&staging)?;
-    let built = build_store(from, &staging);
+    let built = build_store(from, &staging).and_then(|()| {
+        // Open once: checks the restored store and rebuilds the event log's id caches.
+        drop(Store::open(&staging, cache_capacity)?);
+        stage_secrets(from, data)
+    });
     if let Err(e) = built {
         let _ = std::fs::remove_dir_all(&staging);
+        unstage_secrets(data);
         return Err(e);
     }
-    remove_dir_if_present(&data.store_path())?;
-    std::fs::rename(&staging, data.store_path()).map_err(|e| io_error(&staging, &e))?;
-
-    for name in SECRET_FILES {
-        let target = data.root().join(name);
-        let saved = from.join(SECRETS).join(name);
-        if saved.exists() {
-            copy_private(&saved, &target)?;
-        } else if target.exists() {
-            std::fs::remove_file(&target).map_err(|e| io_error(&target, &e))?;
-        }
+    let old = data.root().join("store.old");
+    remove_dir_if_present(&old)?;
+    let had_old = data.store_path().exists();
+    if had_old {
+        std::fs::rename(data.store_path(), &old).map_err(|e| io_error(&old, &e))?;
     }
+    if let Err(e) = std::fs::rename(&staging, data.store_path()) {
+        if had_old {
+            let _ = std::fs::rename(&old, data.store_path());
+        }
+        unstage_secrets(data);
+        return Err(io_error(&staging, &e));
+    }
+    commit_secrets(data)?;
     data.remove_daemon_info();
-    // Open once: checks the restored store and rebuilds the event log's id caches.
-    drop(Store::open(&data.store_path(), cache_capacity)?);
+    remove_dir_if_present(&old)?;
     Ok(manifest)
 }
 
@@ -296,6 +305,45 @@ fn is_non_empty(dir: &Path) -> Result<bool, BackupError> {
     }
 }
 
+/// A restored secret waits under this suffix until the restored store is in place.
+const STAGED: &str = "restoring";
+
+fn staged(data: &DataDir, name: &str) -> std::path::PathBuf {
+    data.root().join(format!("{name}.{STAGED}"))
+}
+
+/// Copy the backup's secrets beside the live ones. A secret the backup lacks stages nothing, and
+/// its live file is removed on commit.
+fn stage_secrets(from: &Path, data: &DataDir) -> Result<(), BackupError> {
+    for name in SECRET_FILES {
+        let saved = from.join(SECRETS).join(name);
+        if saved.exists() {
+            copy_private(&saved, &staged(data, name))?;
+        }
+    }
+    Ok(())
+}
+
+fn unstage_secrets(data: &DataDir) {
+    for name in SECRET_FILES {
+        let _ = std::fs::remove_file(staged(data, name));
+    }
+}
+
+/// Put the staged secrets in place; a secret the backup did not have is removed (the daemon
+/// generates a new one on start).
+fn commit_secrets(data: &DataDir) -> Result<(), BackupError> {
+    for name in SECRET_FILES {
+        let (target, from) = (data.root().join(name), staged(data, name));
+        if from.exists() {
+            std::fs::rename(&from, &target).map_err(|e| io_error(&target, &e))?;
+        } else if target.exists() {
+            std::fs::remove_file(&target).map_err(|e| io_error(&target, &e))?;
+        }
+    }
+    Ok(())
+}
+
 fn remove_dir_if_present(dir: &Path) -> Result<(), BackupError> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
@@ -310,6 +358,9 @@ fn private_dir(dir: &Path) -> Result<(), BackupError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
+        .map_err(|e| io_error(dir, &e))?;
+    // An empty directory that already existed keeps its mode otherwise.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| io_error(dir, &e))
 }
 

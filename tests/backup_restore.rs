@@ -168,6 +168,25 @@ fn a_restored_backup_has_the_same_state_and_knows_every_event() {
     assert_eq!(not_empty.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&not_empty.stderr);
     assert!(stderr.contains("not empty"), "{stderr}");
+
+    // With --force over the stopped directory the store is swapped whole: no staging or old
+    // store is left beside it, and the daemon shows the backup's state.
+    cli_ok(
+        &restored,
+        &[
+            "restore",
+            "--from",
+            out_dir.to_str().expect("utf-8"),
+            "--force",
+        ],
+    );
+    for leftover in ["store.restoring", "store.old", "webhook_token.restoring"] {
+        assert!(!restored.join(leftover).exists(), "{leftover} left behind");
+    }
+    let forced = spawn(&restored);
+    forced.settle();
+    assert_eq!(views(&forced), before, "a forced restore shows other state");
+    assert!(forced.terminate().success());
 }
 
 #[test]

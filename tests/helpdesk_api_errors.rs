@@ -146,6 +146,8 @@ fn while_folding_is_held_back_calls_answer_504_pending_and_503_over_the_limit_an
     );
     app.emulator_act(WEB, "request-agent", json!({}));
     app.emulator_delivered();
+    // Folded before the pause, so the inbox depth read below cannot drop under the test.
+    app.settle();
     let accept = format!("/conversations/{WEB}/accept");
     let transfer = format!("/conversations/{WEB}/transfer");
     let alice = json!({"agent": {"id": "alice"}});
