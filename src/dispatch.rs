@@ -9,6 +9,9 @@
 //! batches of many ready partitions, folded in one transaction. Events arrive typed from intake
 //! and are only read back from the store after a restart (or when the backlog is too large to
 //! keep them in memory).
+//!
+//! Folds run on the dispatcher's own threads (`fold-N`), at the configured background nice value:
+//! they are never on an acknowledgment's path, so under load they yield the CPU to intake.
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
@@ -16,7 +19,7 @@ use crate::store::{NewEvent, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
@@ -98,6 +101,8 @@ pub struct DispatchSettings {
     pub decided: Option<crate::outbox::DecidedSender>,
     /// Agent API calls waiting for their command's verdict.
     pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
+    /// Nice value of the fold threads (0: the daemon's own).
+    pub niceness: u8,
 }
 
 /// Start the dispatcher on the current runtime. It recovers the inbox, then runs until `stop`
@@ -124,15 +129,22 @@ pub fn start(
         open: true,
         paused,
     };
-    let task = tokio::spawn(run(
+    let niceness = settings.niceness;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(settings.concurrency.max(1))
+        .thread_name(|i| format!("fold-{i}"))
+        .start_handler(move |_| crate::background::lower_this_thread(niceness))
+        .panic_handler(|_| tracing::error!("a fold panicked; its partitions stay queued"))
+        .build()
+        .map_err(|e| {
+            crate::store::StoreError::Internal(format!("cannot start fold threads: {e}"))
+        })?;
+    let workers = Workers {
         store,
         metrics,
-        settings,
-        queues,
-        inputs,
-        stop,
-        progress_tx,
-    ));
+        pool,
+    };
+    let task = tokio::spawn(run(workers, settings, queues, inputs, stop, progress_tx));
     let handle = DispatchHandle {
         tx,
         progress,
@@ -216,16 +228,29 @@ struct Inputs {
     paused: watch::Receiver<bool>,
 }
 
-async fn run(
+/// What folds run with.
+struct Workers {
     store: Store,
     metrics: Metrics,
+    /// The `fold-N` threads.
+    pool: rayon::ThreadPool,
+}
+
+async fn run(
+    workers: Workers,
     settings: DispatchSettings,
     mut queues: Queues,
     mut inputs: Inputs,
     mut stop: watch::Receiver<bool>,
     progress: watch::Sender<usize>,
 ) {
-    let mut inflight: JoinSet<JobResult> = JoinSet::new();
+    let Workers {
+        store,
+        metrics,
+        pool,
+    } = workers;
+    // Each entry waits for one fold on the pool; a fold that panics drops its sender.
+    let mut inflight: JoinSet<Result<JobResult, oneshot::error::RecvError>> = JoinSet::new();
     loop {
         if *stop.borrow() {
             break;
@@ -240,8 +265,9 @@ async fn run(
             let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
             let (rules, decided) = (settings.rules.current(), settings.decided.clone());
             let verdicts = settings.verdicts.clone();
-            inflight.spawn_blocking(move || {
-                span.in_scope(|| {
+            let (done_tx, done_rx) = oneshot::channel();
+            pool.spawn(move || {
+                let results = span.in_scope(|| {
                     let fold = Fold {
                         store: &store,
                         metrics: &metrics,
@@ -250,8 +276,10 @@ async fn run(
                         verdicts: verdicts.as_deref(),
                     };
                     process(&fold, job)
-                })
+                });
+                let _ = done_tx.send(results);
             });
+            inflight.spawn(done_rx);
         }
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
@@ -264,12 +292,13 @@ async fn run(
                 None => inputs.open = false,
             },
             Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
-                Ok(results) => {
+                Ok(Ok(results)) => {
                     for (partition, done, failed) in results {
                         queues.finish(partition, done, failed);
                     }
                 }
-                Err(e) => tracing::error!(error = %e, "dispatch worker panicked"),
+                Ok(Err(_)) => tracing::error!("a fold ended without a result (it panicked)"),
+                Err(e) => tracing::error!(error = %e, "dispatch waiter failed"),
             },
             _ = stop.changed() => {}
             // Resumed (or paused): look at the queues again.
@@ -285,7 +314,7 @@ async fn run(
     }
     // Shutdown: let batches in flight commit; what is queued stays in the inbox.
     while let Some(joined) = inflight.join_next().await {
-        if let Ok(results) = joined {
+        if let Ok(Ok(results)) = joined {
             for (partition, done, failed) in results {
                 queues.finish(partition, done, failed);
             }

@@ -5,6 +5,7 @@
 
 pub mod actions;
 pub mod app;
+pub mod background;
 pub mod backup;
 pub mod cli;
 pub mod clock;

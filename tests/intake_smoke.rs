@@ -21,3 +21,63 @@ fn a_fixture_is_accepted_and_shown_by_the_cli() {
     let state: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(state["handoff"]["phase"]["value"], "requested");
 }
+
+/// Each of the daemon's threads: (name, nice value), read from /proc.
+fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc task list");
+    tasks
+        .filter_map(|t| {
+            let path = t.ok()?.path();
+            let name = std::fs::read_to_string(path.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+            let nice = handoff_bridge::background::niceness_in_stat(&stat)?;
+            Some((name.trim().to_owned(), nice))
+        })
+        .collect()
+}
+
+#[test]
+fn work_after_the_acknowledgment_runs_at_the_background_nice_value() {
+    let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
+    let want = (base + 7).min(19);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: vec![(
+                "HANDOFF_BRIDGE__STORE__BACKGROUND_NICENESS".into(),
+                want.to_string(),
+            )],
+            ..Spawn::default()
+        },
+    );
+    // Folded, so the fold threads have run a job and sled has started its I/O threads.
+    let (status, receipt) = app.post(&fixture_bytes("agent-call-requested.json"));
+    assert_eq!(status, 200, "{receipt}");
+    wait_drained(&app);
+    let threads = thread_niceness(app.child.id());
+    let nice_of = |prefix: &str| -> Vec<i32> {
+        threads
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, n)| *n)
+            .collect()
+    };
+    for background in ["fold-", "store-indexer", "sled-io"] {
+        let found = nice_of(background);
+        assert!(!found.is_empty(), "no {background} thread in {threads:?}");
+        assert!(
+            found.iter().all(|&n| n == want),
+            "{background}: {found:?}, want {want}"
+        );
+    }
+    // The acknowledgment path keeps the daemon's own priority.
+    for intake in ["store-writer", "store-syncer", "actix-rt"] {
+        let found = nice_of(intake);
+        assert!(!found.is_empty(), "no {intake} thread in {threads:?}");
+        assert!(
+            found.iter().all(|&n| n == base),
+            "{intake}: {found:?}, want {base}"
+        );
+    }
+}

@@ -112,6 +112,9 @@ pub struct StoreConfig {
     pub event_retention: Duration,
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
+    /// Nice value of the work after an acknowledgment (fold, index, sled's threads); 0 = the
+    /// daemon's own. See `background`.
+    pub background_niceness: u8,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -441,6 +444,13 @@ impl Config {
                 "store.prune_interval",
                 &humantime::format_duration(self.store.prune_interval),
                 "must be at least 1s",
+            );
+        }
+        if self.store.background_niceness > crate::background::MAX_NICENESS {
+            bad(
+                "store.background_niceness",
+                &self.store.background_niceness,
+                "must be 0 (off) to 19",
             );
         }
         if self.store.cache_capacity_bytes < 1024 * 1024 {
