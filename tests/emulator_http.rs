@@ -752,9 +752,7 @@ async fn a_trickled_call_takes_effect_and_its_answer_arrives_a_byte_at_a_time() 
         .expect("content-length");
     let mut body = std::pin::pin!(resp.into_body());
     let mut chunks = Vec::new();
-    while let Some(chunk) =
-        futures_util::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await
-    {
+    while let Some(chunk) = futures_util::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await {
         chunks.push(chunk.expect("chunk"));
     }
     let bytes: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
@@ -770,7 +768,10 @@ async fn a_trickled_call_takes_effect_and_its_answer_arrives_a_byte_at_a_time() 
     // It took effect once; the journal names the fault with the real status and answer.
     assert_eq!(message_count(&emu), before + 1);
     let entry = emu.journal().pop().expect("journaled");
-    assert_eq!((entry.status, entry.fault.as_deref()), (200, Some("trickle")));
+    assert_eq!(
+        (entry.status, entry.fault.as_deref()),
+        (200, Some("trickle"))
+    );
     assert_eq!(entry.answer, answer);
     // A retry under the same key (a client that gave up) replays, quickly, with no new effect.
     let again = call(

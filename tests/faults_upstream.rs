@@ -184,7 +184,12 @@ fn post_messages(
     let mut events = Vec::new();
     let mut acks = Vec::new();
     for i in 0..count {
-        let (body, id) = message(ids, i % SEEDED.len(), &format!("{phase} {i}"), base_ts + i as i64);
+        let (body, id) = message(
+            ids,
+            i % SEEDED.len(),
+            &format!("{phase} {i}"),
+            base_ts + i as i64,
+        );
         let started = Instant::now();
         let (status, receipt) = post_body(&agent, &app.webhook_url, &body).expect("post");
         acks.push(started.elapsed());
@@ -234,7 +239,10 @@ struct Report {
 fn run(fault: Fault) -> Report {
     let (pre, during) = sizes();
     let seed = seed_from_env_or_clock();
-    eprintln!("{}: seed {seed} (set HANDOFF_BRIDGE_TEST_SEED to replay)", fault.label);
+    eprintln!(
+        "{}: seed {seed} (set HANDOFF_BRIDGE_TEST_SEED to replay)",
+        fault.label
+    );
     let mut ids = Ids {
         tag: (seed ^ (seed >> 32)) as u32,
         next: 0,
@@ -302,7 +310,10 @@ fn run(fault: Fault) -> Report {
         .iter()
         .filter(|e| e.fault.is_none() && !(200..300).contains(&e.status))
         .collect();
-    assert!(refused.is_empty(), "calls the emulator refused: {refused:#?}");
+    assert!(
+        refused.is_empty(),
+        "calls the emulator refused: {refused:#?}"
+    );
 
     // Nothing lost, nothing repeated: one effective call per decided action, and only those.
     let mut effects: BTreeMap<&str, usize> = BTreeMap::new();
@@ -314,7 +325,10 @@ fn run(fault: Fault) -> Report {
     let got: BTreeSet<String> = effects.keys().map(|k| k.to_string()).collect();
     assert_eq!(got, expected, "the actions that took effect");
     let repeated: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(repeated.is_empty(), "actions that took effect twice: {repeated:?}");
+    assert!(
+        repeated.is_empty(),
+        "actions that took effect twice: {repeated:?}"
+    );
 
     // Attempts bounded: per idempotency key, at most max_attempts calls (a dead letter retried
     // under a new key starts a new count, under its own key it counts again: 2 runs).

@@ -105,10 +105,18 @@ pub enum Fault {
     Hang,
     Drop,
     /// Carried out; the answer's body goes out one byte per `byte_delay`.
-    Trickle { byte_delay: Duration },
-    RateLimit { retry_after: String },
-    Fail { status: u16 },
-    Random { status: u16 },
+    Trickle {
+        byte_delay: Duration,
+    },
+    RateLimit {
+        retry_after: String,
+    },
+    Fail {
+        status: u16,
+    },
+    Random {
+        status: u16,
+    },
 }
 
 impl Fault {
