@@ -319,14 +319,18 @@ fn held_connections(pid: u32, port: u16) -> usize {
         .unwrap_or_default()
         .lines()
         .skip(1)
-        .filter(|row| {
+        .filter_map(|row| {
             let cols: Vec<&str> = row.split_whitespace().collect();
-            cols.len() > 9
+            (cols.len() > 9
                 && cols[1].ends_with(&port)
                 && cols[3] != "0A"
-                && inodes.contains(cols[9])
+                && inodes.contains(cols[9]))
+            .then(|| cols[9].to_owned())
         })
-        .count()
+        // By inode: the kernel builds the table across several reads, so a socket can be listed
+        // twice while other sockets come and go.
+        .collect::<std::collections::HashSet<String>>()
+        .len()
 }
 
 #[test]
@@ -407,8 +411,10 @@ fn open_connections_are_bounded_by_max_connections_and_the_rest_wait_their_turn(
         legit.0, 200,
         "the waiting request is served once a slot frees"
     );
+    // An unloaded request takes milliseconds; this one waited for the first slot to free, at
+    // the head timeout (less actix's coarse clock).
     assert!(
-        legit.1 >= timeout / 2,
+        legit.1 >= timeout / 4,
         "the request did not wait for a slot: {:?}",
         legit.1
     );
@@ -426,7 +432,7 @@ fn open_connections_are_bounded_by_max_connections_and_the_rest_wait_their_turn(
     let mut afters: Vec<Duration> = closed.iter().flatten().map(|c| c.after).collect();
     afters.sort();
     assert!(
-        afters[afters.len() - 1] >= afters[0] + timeout / 2,
+        afters[afters.len() - 1] >= afters[0] + timeout / 4,
         "no connection waited for a slot: {afters:?}"
     );
 }
