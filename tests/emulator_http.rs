@@ -720,3 +720,68 @@ async fn it_can_be_mounted_under_a_prefix_and_reset() {
     assert_eq!(r.status, 204);
     assert_eq!(emu.state_snapshot(), before);
 }
+
+#[actix_web::test]
+async fn a_trickled_call_takes_effect_and_its_answer_arrives_a_byte_at_a_time() {
+    let emu = emulator();
+    let app = app!(emu);
+    let before = message_count(&emu);
+    set_faults(
+        &emu,
+        FaultConfig {
+            trickle_next: 1,
+            trickle_byte_ms: 5,
+            ..FaultConfig::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    let resp = test::call_service(
+        &app,
+        send_text("slow")
+            .insert_header(("Idempotency-Key", "trickle-1"))
+            .to_request(),
+    )
+    .await;
+    // The head is there before the body: status and the full length up front.
+    assert_eq!(resp.status().as_u16(), 200);
+    let promised: usize = resp
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("content-length");
+    let mut body = std::pin::pin!(resp.into_body());
+    let mut chunks = Vec::new();
+    while let Some(chunk) = futures_util::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await {
+        chunks.push(chunk.expect("chunk"));
+    }
+    let bytes: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+    assert!(chunks.iter().all(|c| c.len() == 1), "one byte per chunk");
+    assert_eq!(bytes.len(), promised);
+    // One pause per byte.
+    assert!(
+        started.elapsed() >= Duration::from_millis(5 * promised as u64),
+        "{:?} for {promised} bytes",
+        started.elapsed()
+    );
+    let answer: Value = serde_json::from_slice(&bytes).expect("the whole answer");
+    // It took effect once; the journal names the fault with the real status and answer.
+    assert_eq!(message_count(&emu), before + 1);
+    let entry = emu.journal().pop().expect("journaled");
+    assert_eq!(
+        (entry.status, entry.fault.as_deref()),
+        (200, Some("trickle"))
+    );
+    assert_eq!(entry.answer, answer);
+    // A retry under the same key (a client that gave up) replays, quickly, with no new effect.
+    let again = call(
+        &app,
+        send_text("slow")
+            .insert_header(("Idempotency-Key", "trickle-1"))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body, answer);
+    assert_eq!(message_count(&emu), before + 1);
+}

@@ -1,12 +1,15 @@
 //! Fault injection: the failures a client has to survive (errors, rate limits, latency, calls that
-//! never answer, connections cut mid-answer), on demand and reproducibly. A faulted call never
-//! reaches the state, so it has no effect there and a retry is the first real attempt.
+//! never answer, connections cut mid-answer, answers trickled a byte at a time), on demand and
+//! reproducibly. A faulted call never reaches the state, so it has no effect there and a retry is
+//! the first real attempt; except a trickled one, which is a slow answer, not a failure: the call
+//! takes effect and only its answer crawls (a client that gives up retries under the same key and
+//! gets the stored answer).
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// What to inject. Counters (`*_next`) count down as matching calls arrive; at most one fault
-/// applies to a call, in this order: hang, drop, rate limit, fail, error rate. `latency_ms` is
+/// applies to a call, in this order: hang, drop, trickle, rate limit, fail, error rate. `latency_ms` is
 /// added to every matching call, faulted or not.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -28,6 +31,10 @@ pub struct FaultConfig {
     pub hang_next: u32,
     /// The next N calls get response headers and part of a body, then the connection is cut.
     pub drop_next: u32,
+    /// The next N calls are carried out, then answered with their headers at once and their body
+    /// one byte every `trickle_byte_ms` (a slow upstream or network the client's timeout must cut).
+    pub trickle_next: u32,
+    pub trickle_byte_ms: u64,
     /// Only calls whose path starts with this are affected (all `/openapi` calls when unset).
     pub path_prefix: Option<String>,
 }
@@ -44,6 +51,8 @@ impl Default for FaultConfig {
             retry_after: "1".to_owned(),
             hang_next: 0,
             drop_next: 0,
+            trickle_next: 0,
+            trickle_byte_ms: 100,
             path_prefix: None,
         }
     }
@@ -73,6 +82,12 @@ impl FaultConfig {
                 self.latency_ms
             ));
         }
+        if self.trickle_byte_ms > MAX_LATENCY_MS {
+            problems.push(format!(
+                "trickle_byte_ms is {}; at most {MAX_LATENCY_MS} is allowed",
+                self.trickle_byte_ms
+            ));
+        }
         if actix_web::http::header::HeaderValue::from_str(&self.retry_after).is_err() {
             problems.push("retry_after cannot be sent as a header value".to_owned());
         }
@@ -89,9 +104,19 @@ impl FaultConfig {
 pub enum Fault {
     Hang,
     Drop,
-    RateLimit { retry_after: String },
-    Fail { status: u16 },
-    Random { status: u16 },
+    /// Carried out; the answer's body goes out one byte per `byte_delay`.
+    Trickle {
+        byte_delay: Duration,
+    },
+    RateLimit {
+        retry_after: String,
+    },
+    Fail {
+        status: u16,
+    },
+    Random {
+        status: u16,
+    },
 }
 
 impl Fault {
@@ -100,6 +125,7 @@ impl Fault {
         match self {
             Fault::Hang => "hang",
             Fault::Drop => "drop",
+            Fault::Trickle { .. } => "trickle",
             Fault::RateLimit { .. } => "rate_limit",
             Fault::Fail { .. } => "fail",
             Fault::Random { .. } => "error_rate",
@@ -144,6 +170,10 @@ impl FaultState {
             Some(Fault::Hang)
         } else if take(&mut c.drop_next) {
             Some(Fault::Drop)
+        } else if take(&mut c.trickle_next) {
+            Some(Fault::Trickle {
+                byte_delay: Duration::from_millis(c.trickle_byte_ms),
+            })
         } else if take(&mut c.rate_limit_next) {
             Some(Fault::RateLimit {
                 retry_after: c.retry_after.clone(),
@@ -189,6 +219,8 @@ mod tests {
         let mut s = FaultState::new(FaultConfig {
             hang_next: 1,
             drop_next: 1,
+            trickle_next: 1,
+            trickle_byte_ms: 30,
             rate_limit_next: 1,
             fail_next: 1,
             status: 502,
@@ -197,12 +229,15 @@ mod tests {
             ..FaultConfig::default()
         });
         assert_eq!(s.decide("/openapi/messages"), Decision::default());
-        let faults: Vec<_> = (0..5).map(|_| s.decide("/openapi/bot/B1").fault).collect();
+        let faults: Vec<_> = (0..6).map(|_| s.decide("/openapi/bot/B1").fault).collect();
         assert_eq!(
             faults,
             vec![
                 Some(Fault::Hang),
                 Some(Fault::Drop),
+                Some(Fault::Trickle {
+                    byte_delay: Duration::from_millis(30)
+                }),
                 Some(Fault::RateLimit {
                     retry_after: "7".into()
                 }),
@@ -235,12 +270,16 @@ mod tests {
         let bad = FaultConfig {
             status: 200,
             error_rate: 1.5,
+            trickle_byte_ms: MAX_LATENCY_MS + 1,
             retry_after: "a\nb".into(),
             ..FaultConfig::default()
         };
         let err = bad.validate().expect_err("invalid");
         assert!(
-            err.contains("status") && err.contains("error_rate") && err.contains("retry_after")
+            err.contains("status")
+                && err.contains("error_rate")
+                && err.contains("retry_after")
+                && err.contains("trickle_byte_ms")
         );
         assert!(FaultConfig::default().validate().is_ok());
     }

@@ -267,12 +267,32 @@ impl Emulator {
             tokio::time::sleep(delay).await;
         }
         entry.at = self.now_ms();
+        let mut trickle = None;
         if let Some(fault) = decision.fault {
             entry.fault = Some(fault.name().to_owned());
-            return self.answer_fault(fault, entry).await;
+            match fault {
+                // Not a failure: the call goes on and only its answer crawls.
+                Fault::Trickle { byte_delay } => trickle = Some(byte_delay),
+                fault => return self.answer_fault(fault, entry).await,
+            }
         }
+        let resp = self.serve_call(&req, entry, body).await;
+        match trickle {
+            Some(delay) => trickled(resp, delay).await,
+            None => resp,
+        }
+    }
 
-        if !inner.auth.accepts(&req) {
+    /// A call that got past the faults: authentication, routing, idempotency, the state.
+    async fn serve_call(
+        &self,
+        req: &HttpRequest,
+        mut entry: JournalEntry,
+        body: Result<Option<Value>, Failure>,
+    ) -> HttpResponse {
+        let inner = &self.inner;
+
+        if !inner.auth.accepts(req) {
             let answer = error_body("unauthorized", "missing or invalid API key");
             return self.finish(entry, 401, answer, false);
         }
@@ -391,12 +411,47 @@ impl Emulator {
                 }
                 resp.json(answer)
             }
+            // `serve` carries trickled calls out itself; answered as a failure here only so the
+            // match stays total (no panic on a path that cannot be reached).
+            Fault::Trickle { .. } => {
+                let answer = error_body("injected", "injected fault");
+                self.finish(entry, 500, answer, false)
+            }
             Fault::Fail { status } | Fault::Random { status } => {
                 let answer = error_body(fault_code(status), "injected fault");
                 self.finish(entry, status, answer, false)
             }
         }
     }
+}
+
+/// `resp` with its head now and its body one byte per `delay`, `Content-Length` kept, so the
+/// client sees a well-formed answer that arrives too slowly.
+async fn trickled(resp: HttpResponse, delay: std::time::Duration) -> HttpResponse {
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = actix_web::body::to_bytes(resp.into_body())
+        .await
+        .unwrap_or_default();
+    let len = bytes.len() as u64;
+    let body = futures_util::stream::unfold(0usize, move |at| {
+        let bytes = bytes.clone();
+        async move {
+            let byte = bytes.get(at..at + 1)?;
+            tokio::time::sleep(delay).await;
+            Some((
+                Ok::<_, std::io::Error>(web::Bytes::copy_from_slice(byte)),
+                at + 1,
+            ))
+        }
+    });
+    let mut out = HttpResponse::build(status);
+    for (name, value) in headers.iter() {
+        if name != actix_web::http::header::CONTENT_LENGTH {
+            out.insert_header((name.clone(), value.clone()));
+        }
+    }
+    out.no_chunking(len).streaming(body)
 }
 
 async fn get_journal(emu: web::Data<Emulator>) -> HttpResponse {

@@ -52,6 +52,11 @@ pub struct Metrics {
     /// Rule reloads by trigger (`file`, `signal`, `admin`) and outcome (`loaded`, `unchanged`,
     /// `invalid`).
     pub rules_reloads: IntCounterVec,
+    /// Conversations waiting for an agent (handoff requested, nobody took it yet), all bots.
+    pub queue_waiting: IntGauge,
+    /// How long the longest-waiting of them has waited (0 when none does): the stuck-handoff
+    /// alert's input.
+    pub queue_oldest_wait_seconds: prometheus::Gauge,
     /// Rule timers running (started, not yet fired into a fold, cancelled or replaced).
     pub timers_pending: IntGauge,
     /// Agent API calls holding an `Idempotency-Key` (being read, stored or waiting for a verdict).
@@ -130,6 +135,11 @@ impl Metrics {
             "Age of the oldest pending outbox entry",
         )?;
         registry.register(Box::new(outbox_oldest_seconds.clone()))?;
+        let queue_oldest_wait_seconds = prometheus::Gauge::new(
+            "queue_oldest_wait_seconds",
+            "How long the longest-waiting conversation has waited for an agent",
+        )?;
+        registry.register(Box::new(queue_oldest_wait_seconds.clone()))?;
         let m = Metrics {
             deliveries: counter_vec(
                 "webhook_deliveries_total",
@@ -206,6 +216,11 @@ impl Metrics {
                 registry.register(Box::new(c.clone()))?;
                 c
             },
+            queue_waiting: gauge(
+                "queue_waiting",
+                "Conversations waiting for an agent, all bots",
+            )?,
+            queue_oldest_wait_seconds,
             timers_pending: gauge("timers_pending", "Rule timers running")?,
             helpdesk_calls_in_progress: gauge(
                 "helpdesk_calls_in_progress",

@@ -52,6 +52,20 @@ async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         .metrics
         .store_bytes
         .set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
+    // The waiting queue is read from the store at each scrape: the folds keep it, so the gauges
+    // are exact at any moment, right after a restart too, with no bookkeeping of their own.
+    match shared.store.queue_summary() {
+        Ok(q) => {
+            let m = &shared.metrics;
+            m.queue_waiting
+                .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
+            let age = q.oldest_since.map_or(0.0, |since| {
+                (crate::clock::now_millis() - since).max(0) as f64 / 1000.0
+            });
+            m.queue_oldest_wait_seconds.set(age);
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the waiting queue for metrics failed"),
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(shared.metrics.render())

@@ -166,6 +166,14 @@ pub fn parse_queue_entry<'a>(prefix: &[u8], key: &'a [u8]) -> Option<&'a str> {
     std::str::from_utf8(key.get(prefix.len() + 8..)?).ok()
 }
 
+/// The request time of any bot's waiting entry (the bot's prefix read from the key itself).
+pub fn parse_queue_requested_at(key: &[u8]) -> Option<i64> {
+    let len = usize::from(u16::from_be_bytes([*key.get(1)?, *key.get(2)?]));
+    let at = key.get(3 + len..3 + len + 8)?;
+    let at = u64::from_be_bytes(at.try_into().ok()?);
+    i64::try_from(at).ok()
+}
+
 /// A bot's accept history key.
 pub fn queue_history(bot: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + bot.len());
@@ -212,6 +220,11 @@ mod tests {
             Some("c:1")
         );
         assert_ne!(queue_history("b"), prefix);
+        assert_eq!(
+            parse_queue_requested_at(&queue_entry("bot-7", 1_763_690_400_000, "c")),
+            Some(1_763_690_400_000)
+        );
+        assert_eq!(parse_queue_requested_at(&queue_bot("bot-7")), None);
     }
 
     #[test]

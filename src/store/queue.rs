@@ -34,6 +34,15 @@ pub(super) struct QueueFold {
     history: HashMap<String, (AcceptHistory, bool)>,
 }
 
+/// The waiting queue over all bots (`Store::queue_summary`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSummary {
+    /// Conversations waiting for an agent.
+    pub waiting: u64,
+    /// The earliest request time among them.
+    pub oldest_since: Option<Millis>,
+}
+
 /// What one fold writes to the queue tree.
 #[derive(Debug, Default)]
 pub(super) struct QueueWrites {
@@ -176,6 +185,23 @@ impl Store {
             if let Some(conversation) = keys::parse_queue_entry(&prefix, &key) {
                 out.push(ConversationId::new(conversation));
             }
+        }
+        Ok(out)
+    }
+
+    /// Every bot's queue at once: how many conversations wait for an agent and since when the
+    /// longest-waiting one does (for the stuck-handoff gauges). Linear in the conversations
+    /// waiting now; read from the tree, so it is right from the first scrape after a restart.
+    pub fn queue_summary(&self) -> Result<QueueSummary, StoreError> {
+        let mut out = QueueSummary::default();
+        for item in self.queue.scan_prefix([b'w']) {
+            let (key, _) = item?;
+            let Some(since) = keys::parse_queue_requested_at(&key) else {
+                tracing::error!(key = ?key, "unreadable queue key; left out");
+                continue;
+            };
+            out.waiting += 1;
+            out.oldest_since = Some(out.oldest_since.map_or(since, |o: Millis| o.min(since)));
         }
         Ok(out)
     }

@@ -40,6 +40,9 @@ pub trait Transport {
 pub struct AwcTransport {
     client: awc::Client,
     base: String,
+    /// The whole call's bound, answer body included (awc's own timeout ends at the answer's head,
+    /// so an answer trickling in would hold the call, and its queue, for as long as it crawls).
+    request_timeout: Duration,
 }
 
 /// Answers larger than this are refused rather than buffered.
@@ -56,12 +59,22 @@ impl AwcTransport {
         AwcTransport {
             client,
             base: base_url.trim_end_matches('/').to_owned(),
+            request_timeout,
         }
     }
 }
 
 impl Transport for AwcTransport {
     async fn send(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
+        tokio::time::timeout(self.request_timeout, self.exchange(request))
+            .await
+            .unwrap_or(Err(TransportError::Timeout))
+    }
+}
+
+impl AwcTransport {
+    /// One request and its whole answer, unbounded in time (`send` bounds it).
+    async fn exchange(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
         use awc::error::SendRequestError;
         let method = actix_web::http::Method::from_bytes(request.method.as_bytes())
             .map_err(|e| TransportError::Other(e.to_string()))?;

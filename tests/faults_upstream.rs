@@ -1,0 +1,509 @@
+//! Upstream faults end to end (issue 7's fault suite): the real daemon runs a rule that answers
+//! every user message with a message (one Open API call per event), the embedded emulator plays
+//! the service, and each test injects one kind of upstream trouble while webhooks keep coming:
+//! an outage (every call 5xx until everything has given up), a 429 storm with `Retry-After`,
+//! hanging answers, trickling answers, dropped connections. For each, after recovery:
+//!
+//! - nothing lost: every decided action took effect exactly once (by its idempotency key in the
+//!   emulator's journal); what exhausted its attempts went to the dead letters, and retrying them
+//!   after recovery made them take effect once;
+//! - attempts bounded: no idempotency key was tried more than `upstream.retry.max_attempts` times;
+//! - intake unaffected: the webhook kept answering 200 during the fault, with a median latency
+//!   within a generous ratio of the same run's pre-fault median;
+//! - the rate limit held: in every 1 s window of the journal, at most `per_second + burst` calls
+//!   (the global quota, which every attempt passes), so the backlog drained at the limit.
+//!
+//! Quick by default; `HANDOFF_BRIDGE_LONG_TESTS=1` sends more messages.
+//! `HANDOFF_BRIDGE_TEST_SEED` replays a run's ids (the seed is printed).
+
+mod common;
+
+use common::load::{long_tests, post_body, seed_from_env_or_clock};
+use common::*;
+use handoff_bridge::emulator::JournalEntry;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Conversations of the emulator's default seed: (conversation id, end user id, bot id).
+const SEEDED: [(&str, &str, &str); 4] = [
+    (
+        "5c0e9b1f-2222-4d3e-9f10-000000000001",
+        "4e6f0d0a-1111-4a5b-8c9d-000000000001",
+        "B7f3a2c",
+    ),
+    (
+        "5c0e9b1f-2222-4d3e-9f10-000000000002",
+        "4e6f0d0a-1111-4a5b-8c9d-000000000002",
+        "B7f3a2c",
+    ),
+    (
+        "5c0e9b1f-2222-4d3e-9f10-000000000003",
+        "4e6f0d0a-1111-4a5b-8c9d-000000000003",
+        "B7f3a2c",
+    ),
+    (
+        "5c0e9b1f-2222-4d3e-9f10-000000000004",
+        "4e6f0d0a-1111-4a5b-8c9d-000000000004",
+        "B2c9d10",
+    ),
+];
+
+/// The global quota the daemon runs with (every Open API attempt passes it).
+const PER_SECOND: f64 = 10.0;
+const BURST: u32 = 5;
+const MAX_ATTEMPTS: usize = 3;
+/// The intake's median during a fault may be this many times its pre-fault median (machine noise
+/// on a shared runner; a stalled intake is orders of magnitude slower).
+const INTAKE_RATIO: f64 = 10.0;
+
+const RULE: &str = r#"
+[[rule]]
+name = "echo"
+on = ["bot.message.received"]
+max_firings = { count = 1000, per = "1m" }
+when = { field = "sender", equals = "user" }
+actions = [{ type = "send_message", text = "re: {{ message.data.text }}" }]
+"#;
+
+/// How many messages before and during the fault.
+fn sizes() -> (usize, usize) {
+    if long_tests() {
+        (40, 200)
+    } else {
+        (12, 24)
+    }
+}
+
+struct Ids {
+    tag: u32,
+    next: u64,
+}
+
+impl Ids {
+    fn next(&mut self, kind: u16) -> String {
+        self.next += 1;
+        format!("{:08x}-{kind:04x}-4000-8000-{:012x}", self.tag, self.next)
+    }
+}
+
+/// One delivery with one user message in seeded conversation `conv`; returns (body, event id).
+fn message(ids: &mut Ids, conv: usize, text: &str, ts: i64) -> (Vec<u8>, String) {
+    let (conversation, end_user, bot) = SEEDED[conv];
+    let id = ids.next(0xe);
+    let event = json!({
+        "id": id,
+        "event": "bot.message.received",
+        "sourceType": "bot",
+        "sourceId": bot,
+        "timestamp": ts,
+        "data": {"message": {
+            "id": ids.next(0xa),
+            "endUserId": end_user,
+            "conversationId": conversation,
+            "data": {"type": "text", "text": text},
+            "meta": null,
+            "isUser": true,
+            "timestamp": ts,
+            "requestId": ids.next(0xb),
+        }}
+    });
+    (delivery(&ids.next(0xd), &[event]), id)
+}
+
+fn emu_call(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
+    let agent = agent();
+    let result = match body {
+        Some(b) => agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(b.to_string().as_bytes()),
+        None if method == "DELETE" => agent.delete(url).call(),
+        None => agent.get(url).call(),
+    };
+    let mut resp = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn journal(emu: &str) -> Vec<JournalEntry> {
+    let (status, body) = emu_call("GET", &format!("{emu}/_emulator/journal"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_value(body).expect("journal entries")
+}
+
+/// The call took effect: it reached the state (no failure injected; a trickled call is carried
+/// out, only its answer is slow), succeeded, and was not an answer replayed for a key.
+fn effective(e: &JournalEntry) -> bool {
+    matches!(e.fault.as_deref(), None | Some("trickle"))
+        && !e.replayed
+        && (200..300).contains(&e.status)
+}
+
+/// The action id a key belongs to (a dead letter the upstream refused is retried under
+/// `<action id>~retry-<time>`).
+fn action_of(key: &str) -> &str {
+    key.split("~retry-").next().unwrap_or(key)
+}
+
+/// Wait, by the daemon's own signals, until everything accepted is folded, every decided action
+/// has finished (done or dead letter), and the emulator's webhooks about them are folded too.
+fn settle(app: &TestApp, limit: Duration) {
+    for _ in 0..2 {
+        wait_drained(app);
+        // The endpoint answers when idle; asked again in turns shorter than the client's own
+        // 30 s timeout, for as long as `limit` allows (a long outage takes minutes to give up).
+        let deadline = Instant::now() + limit;
+        loop {
+            let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=20000");
+            if status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "outbox not idle within {limit:?}: {idle}"
+            );
+        }
+        app.emulator_delivered();
+    }
+}
+
+fn median(xs: &[Duration]) -> Duration {
+    let mut v = xs.to_vec();
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Post one message per delivery, round robin over the seeded conversations, each answered before
+/// the next; every one must be accepted. Returns the event ids and the ack latencies.
+fn post_messages(
+    app: &TestApp,
+    ids: &mut Ids,
+    count: usize,
+    phase: &str,
+) -> (Vec<String>, Vec<Duration>) {
+    let agent = agent();
+    let base_ts = 1_763_690_400_000i64 + ids.next as i64 * 10;
+    let mut events = Vec::new();
+    let mut acks = Vec::new();
+    for i in 0..count {
+        let (body, id) = message(
+            ids,
+            i % SEEDED.len(),
+            &format!("{phase} {i}"),
+            base_ts + i as i64,
+        );
+        let started = Instant::now();
+        let (status, receipt) = post_body(&agent, &app.webhook_url, &body).expect("post");
+        acks.push(started.elapsed());
+        assert_eq!(status, 200, "{phase} {i}: {receipt}");
+        assert_eq!(receipt["accepted"], 1, "{phase} {i}: {receipt}");
+        events.push(id);
+    }
+    (events, acks)
+}
+
+/// In every window `[t, t + 1 s]` starting at a journal entry, at most `burst + per_second`
+/// calls, plus one for scheduling jitter between the daemon's limiter and the emulator's clock.
+fn assert_rate_limited(entries: &[JournalEntry]) {
+    let bound = f64::from(BURST) + PER_SECOND + 1.0;
+    let times: Vec<i64> = entries.iter().map(|e| e.at).collect();
+    for &t in &times {
+        let n = times.iter().filter(|&&x| x >= t && x < t + 1000).count();
+        assert!(
+            n as f64 <= bound,
+            "{n} calls in the second from {t}, more than {bound}"
+        );
+    }
+}
+
+struct Fault {
+    /// The journal's label for it.
+    label: &'static str,
+    /// The emulator's fault configuration (on every conversation call).
+    config: Value,
+    /// Everything decided during the fault gives up and becomes a dead letter.
+    all_dead: bool,
+    /// The daemon's upstream request timeout.
+    request_timeout: &'static str,
+}
+
+struct Report {
+    dead_letters: usize,
+    faulted_calls: usize,
+    replayed: usize,
+    per_key_max: usize,
+    pre_median: Duration,
+    fault_median: Duration,
+    drain_calls: usize,
+    drain_ms: i64,
+}
+
+fn run(fault: Fault) -> Report {
+    let (pre, during) = sizes();
+    let seed = seed_from_env_or_clock();
+    eprintln!(
+        "{}: seed {seed} (set HANDOFF_BRIDGE_TEST_SEED to replay)",
+        fault.label
+    );
+    let mut ids = Ids {
+        tag: (seed ^ (seed >> 32)) as u32,
+        next: 0,
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = tmp.path().join("rules");
+    std::fs::create_dir_all(&rules).expect("rules dir");
+    std::fs::write(rules.join("echo.toml"), RULE).expect("rule file");
+    let app = spawn(tmp.path(), &rules, fault.request_timeout);
+    let emu = app.emulator_url.clone().expect("embedded emulator");
+    let long = Duration::from_secs(if long_tests() { 600 } else { 120 });
+
+    // Before: the intake's latency with a healthy upstream.
+    let (mut events, pre_acks) = post_messages(&app, &mut ids, pre, "before");
+    settle(&app, long);
+
+    let mut config = fault.config.clone();
+    config["path_prefix"] = json!("/openapi/conversation/");
+    let (status, body) = emu_call("POST", &format!("{emu}/_emulator/faults"), Some(&config));
+    assert_eq!(status, 200, "faults refused: {body}");
+    let (during_events, fault_acks) = post_messages(&app, &mut ids, during, "during");
+    events.extend(during_events);
+    // The fault plays out: every decided action has finished, done or given up.
+    settle(&app, long);
+    let (status, body) = emu_call("DELETE", &format!("{emu}/_emulator/faults"), None);
+    assert_eq!(status, 204, "{body}");
+
+    // Recovery: what gave up is retried once the upstream is healthy.
+    let (_, letters) = app.admin_get("/admin/v1/dead-letters");
+    let dead_letters = letters["count"].as_u64().expect("dead letter count") as usize;
+    if fault.all_dead {
+        assert_eq!(
+            dead_letters, during,
+            "an outage longer than the retries: every action decided during it gave up"
+        );
+    }
+    let recovered_from = journal(&emu).last().map_or(0, |e| e.seq);
+    if dead_letters > 0 {
+        let (_, reasons) = app.admin_get("/admin/v1/dead-letters");
+        assert!(
+            reasons.to_string().contains("retries_exhausted"),
+            "retryable faults give up as retries_exhausted: {reasons}"
+        );
+        let out: Value =
+            serde_json::from_str(&app.cli_ok(&["dlq", "retry", "--all"])).expect("JSON");
+        assert_eq!(
+            out["retried"].as_array().map(Vec::len),
+            Some(dead_letters),
+            "{out}"
+        );
+        settle(&app, long);
+    }
+    let (_, letters) = app.admin_get("/admin/v1/dead-letters");
+    assert_eq!(letters["count"], 0, "{letters}");
+
+    let entries = journal(&emu);
+    // The fault happened.
+    let faulted_calls = entries
+        .iter()
+        .filter(|e| e.fault.as_deref() == Some(fault.label))
+        .count();
+    assert!(faulted_calls > 0, "no `{}` fault was injected", fault.label);
+    // No call refused by the emulator for its own reasons.
+    let refused: Vec<&JournalEntry> = entries
+        .iter()
+        .filter(|e| e.fault.is_none() && !(200..300).contains(&e.status))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "calls the emulator refused: {refused:#?}"
+    );
+
+    // Nothing lost, nothing repeated: one effective call per decided action, and only those.
+    let mut effects: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in entries.iter().filter(|e| effective(e)) {
+        let key = e.idempotency_key.as_deref().expect("every call has a key");
+        *effects.entry(action_of(key)).or_insert(0) += 1;
+    }
+    let expected: BTreeSet<String> = events.iter().map(|id| format!("{id}/echo/0")).collect();
+    let got: BTreeSet<String> = effects.keys().map(|k| k.to_string()).collect();
+    assert_eq!(got, expected, "the actions that took effect");
+    let repeated: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "actions that took effect twice: {repeated:?}"
+    );
+
+    // Attempts bounded: per idempotency key, at most max_attempts calls (a dead letter retried
+    // under a new key starts a new count, under its own key it counts again: 2 runs).
+    let mut attempts: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &entries {
+        if let Some(key) = e.idempotency_key.as_deref() {
+            *attempts.entry(key).or_insert(0) += 1;
+        }
+    }
+    let per_key_max = attempts.values().copied().max().unwrap_or(0);
+    let runs = if dead_letters > 0 { 2 } else { 1 };
+    assert!(
+        per_key_max <= MAX_ATTEMPTS * runs,
+        "a key was tried {per_key_max} times (max_attempts {MAX_ATTEMPTS}, {runs} run(s))"
+    );
+
+    // Intake unaffected.
+    let (pre_median, fault_median) = (median(&pre_acks), median(&fault_acks));
+    assert!(
+        fault_median.as_secs_f64() <= pre_median.as_secs_f64() * INTAKE_RATIO,
+        "webhook acks during the fault: median {fault_median:?}, before it {pre_median:?}"
+    );
+
+    // The rate limit held throughout, the drain after recovery included.
+    assert_rate_limited(&entries);
+    let drain: Vec<&JournalEntry> = entries.iter().filter(|e| e.seq > recovered_from).collect();
+    let drain_ms = match (drain.first(), drain.last()) {
+        (Some(a), Some(b)) => b.at - a.at,
+        _ => 0,
+    };
+    let replayed = entries.iter().filter(|e| e.replayed).count();
+    Report {
+        dead_letters,
+        faulted_calls,
+        replayed,
+        per_key_max,
+        pre_median,
+        fault_median,
+        drain_calls: drain.len(),
+        drain_ms,
+    }
+}
+
+fn spawn(root: &Path, rules: &Path, request_timeout: &str) -> TestApp {
+    let env = [
+        ("HANDOFF_BRIDGE__RULES__DIR", rules.to_str().expect("utf-8")),
+        (
+            "HANDOFF_BRIDGE__UPSTREAM__LIMITS__GLOBAL__PER_SECOND",
+            "10.0",
+        ),
+        ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__GLOBAL__BURST", "5"),
+        // The global quota is the one under test: the write quota out of its way.
+        (
+            "HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__PER_SECOND",
+            "1000.0",
+        ),
+        ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__BURST", "1000"),
+        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "3"),
+        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__BASE", "20ms"),
+        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__CAP", "200ms"),
+        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_RETRY_AFTER", "2s"),
+        ("HANDOFF_BRIDGE__UPSTREAM__REQUEST_TIMEOUT", request_timeout),
+    ];
+    TestApp::spawn_in(
+        &root.join("data"),
+        Spawn {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Spawn::default()
+        },
+    )
+}
+
+fn print(label: &str, r: &Report) {
+    eprintln!(
+        "{label}: {} faulted calls, {} dead letters retried, {} replayed answers, at most {} \
+         attempts per key; intake median {:?} before, {:?} during; drain after recovery: {} \
+         calls in {} ms",
+        r.faulted_calls,
+        r.dead_letters,
+        r.replayed,
+        r.per_key_max,
+        r.pre_median,
+        r.fault_median,
+        r.drain_calls,
+        r.drain_ms
+    );
+}
+
+#[test]
+fn an_outage_dead_letters_within_max_attempts_and_the_retried_backlog_drains_once_at_the_limit() {
+    let r = run(Fault {
+        label: "error_rate",
+        config: json!({"error_rate": 1.0, "status": 503}),
+        all_dead: true,
+        request_timeout: "2s",
+    });
+    print("outage", &r);
+    let (_, during) = sizes();
+    // Every action of the outage tried exactly max_attempts times before giving up.
+    assert_eq!(r.faulted_calls, during * MAX_ATTEMPTS);
+    // The retried backlog (one call each, through the global quota) cannot have drained faster
+    // than the quota allows.
+    assert_eq!(r.drain_calls, during);
+    let least_ms = (during as f64 - f64::from(BURST) - 1.0) / PER_SECOND * 1000.0;
+    assert!(
+        r.drain_ms as f64 >= least_ms,
+        "{} calls drained in {} ms, faster than {PER_SECOND}/s after a burst of {BURST}",
+        r.drain_calls,
+        r.drain_ms
+    );
+}
+
+#[test]
+fn a_429_storm_with_retry_after_is_waited_out_once_per_action() {
+    let (_, during) = sizes();
+    let r = run(Fault {
+        label: "rate_limit",
+        config: json!({"rate_limit_next": during / 2, "retry_after": "1"}),
+        all_dead: false,
+        request_timeout: "2s",
+    });
+    print("429 storm", &r);
+    assert_eq!(r.faulted_calls, during / 2, "the whole storm was served");
+}
+
+#[test]
+fn hanging_answers_time_out_and_their_actions_take_effect_once() {
+    let (_, during) = sizes();
+    let r = run(Fault {
+        label: "hang",
+        config: json!({"hang_next": during / 6}),
+        all_dead: false,
+        request_timeout: "1s",
+    });
+    print("hang", &r);
+    assert_eq!(r.faulted_calls, during / 6);
+}
+
+#[test]
+fn trickling_answers_are_cut_by_the_timeout_and_replayed_not_repeated() {
+    let (_, during) = sizes();
+    let r = run(Fault {
+        label: "trickle",
+        // A few hundred bytes at 20 ms each: far past the 1 s timeout.
+        config: json!({"trickle_next": during / 6, "trickle_byte_ms": 20}),
+        all_dead: false,
+        request_timeout: "1s",
+    });
+    print("trickle", &r);
+    assert_eq!(r.faulted_calls, during / 6);
+    // The trickled calls took effect; the client gave up on their answers and its retries under
+    // the same keys got the stored answers.
+    assert!(r.replayed >= during / 6, "{} replayed answers", r.replayed);
+}
+
+#[test]
+fn dropped_connections_are_retried_and_their_actions_take_effect_once() {
+    let (_, during) = sizes();
+    let r = run(Fault {
+        label: "drop",
+        config: json!({"drop_next": during / 4}),
+        all_dead: false,
+        request_timeout: "1s",
+    });
+    print("drop", &r);
+    assert_eq!(r.faulted_calls, during / 4);
+}
