@@ -113,33 +113,6 @@ pub fn load_rules(
 }
 
 /// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
-/// Open the store from a thread at the background nice value: sled starts its own threads (its
-/// log flusher, its I/O pool) from the thread that opens it, and they inherit that value.
-fn open_store(
-    path: &std::path::Path,
-    config: &crate::config::StoreConfig,
-) -> Result<Store, AppError> {
-    let (niceness, cache) = (config.background_niceness, config.cache_capacity_bytes);
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("store-open".into())
-            .spawn_scoped(scope, || {
-                crate::background::lower_this_thread(niceness);
-                Store::open(path, cache)
-            })
-            .map_err(|e| {
-                AppError::Store(StoreError::Internal(format!(
-                    "cannot start a thread to open the store: {e}"
-                )))
-            })?
-            .join()
-            .map_err(|_| {
-                AppError::Store(StoreError::Internal("opening the store panicked".into()))
-            })?
-            .map_err(AppError::from)
-    })
-}
-
 pub async fn serve(config: Config) -> Result<(), AppError> {
     let data = DataDir::new(&config.store.data_dir);
     let io_err = |source| AppError::DataDir {
@@ -161,7 +134,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         config.admin.token.clone()
     };
 
-    let store = open_store(&data.store_path(), &config.store)?;
+    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
     let metrics = Metrics::new()?;
     let sizes = store.sizes();
     metrics
@@ -216,7 +189,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         rules: rules.clone(),
         decided: Some(decided_tx),
         verdicts: Some(verdicts.clone()),
-        niceness: config.store.background_niceness,
+        niceness: config.dispatch.fold_niceness,
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
@@ -231,7 +204,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             }),
             durable: Box::new(move |events| to_dispatch.notify_events(events)),
         },
-        config.store.background_niceness,
     )?;
     tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));
     // Overdue timers (due while the daemon was down) fire on its first pass.

@@ -1,12 +1,12 @@
-//! CPU priority for the work that runs after an acknowledgment.
+//! CPU priority for the fold, which runs after an acknowledgment.
 //!
-//! On 2 cores, the fold, the index transactions and sled's own log writer compete with the HTTP
-//! workers and the syncer for the CPU, and every millisecond they take from those lengthens an
-//! acknowledgment. None of that work is on the acknowledgment path (the event log makes a delivery
-//! durable; the inbox absorbs a burst), so it runs at a higher nice value: under contention the
-//! scheduler gives the intake path the CPU, and the backlog is folded as soon as it lets go.
-//! A nice value still gets a share (nice 10 gets about a tenth against nice 0), so the fold keeps
-//! up under sustained load instead of starving.
+//! On 2 cores the fold competes with the HTTP workers and the syncer for the CPU, and every
+//! millisecond it takes from those lengthens an acknowledgment. The fold is not on that path (the
+//! event log makes a delivery durable; the inbox absorbs a burst), so it runs at a higher nice
+//! value: under contention the scheduler gives intake the CPU, and the backlog is folded as soon as
+//! it lets go. A nice value still gets a share (nice 10 gets about a tenth against nice 0), so the
+//! fold keeps up under sustained load instead of starving. The indexer stays at the daemon's
+//! priority: until it has indexed a group, the group's typed events wait in memory.
 
 use thread_priority::{ThreadPriority, ThreadPriorityValue};
 
@@ -14,8 +14,7 @@ use thread_priority::{ThreadPriority, ThreadPriorityValue};
 pub const MAX_NICENESS: u8 = 19;
 
 /// Raise the calling thread's nice value to `niceness` (0 leaves it alone). Threads it spawns
-/// afterwards inherit the value: sled's threads, started by the thread that opens the store, do.
-/// A failure is logged, never fatal: the daemon is only slower without it.
+/// afterwards inherit the value. A failure is logged, never fatal: the daemon is only slower.
 pub fn lower_this_thread(niceness: u8) {
     if niceness == 0 {
         return;

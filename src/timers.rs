@@ -184,7 +184,7 @@ mod tests {
                 }
             }),
         };
-        let writer = Writer::start(store.clone(), hooks, 0).expect("writer");
+        let writer = Writer::start(store.clone(), hooks).expect("writer");
         let rule = |after: &str| {
             format!(
                 "[[rule]]\nname = \"t{after}\"\non = [\"bot.message.received\"]\n\

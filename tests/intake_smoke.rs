@@ -37,7 +37,7 @@ fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
 }
 
 #[test]
-fn work_after_the_acknowledgment_runs_at_the_background_nice_value() {
+fn folds_run_at_the_fold_nice_value_and_intake_at_the_daemons_own() {
     let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
     let want = (base + 7).min(19);
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -45,7 +45,7 @@ fn work_after_the_acknowledgment_runs_at_the_background_nice_value() {
         &tmp.path().join("data"),
         Spawn {
             env: vec![(
-                "HANDOFF_BRIDGE__STORE__BACKGROUND_NICENESS".into(),
+                "HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS".into(),
                 want.to_string(),
             )],
             ..Spawn::default()
@@ -63,7 +63,7 @@ fn work_after_the_acknowledgment_runs_at_the_background_nice_value() {
             .map(|(_, n)| *n)
             .collect()
     };
-    for background in ["fold-", "store-indexer", "sled-io"] {
+    for background in ["fold-"] {
         let found = nice_of(background);
         assert!(!found.is_empty(), "no {background} thread in {threads:?}");
         assert!(
@@ -71,8 +71,15 @@ fn work_after_the_acknowledgment_runs_at_the_background_nice_value() {
             "{background}: {found:?}, want {want}"
         );
     }
-    // The acknowledgment path keeps the daemon's own priority.
-    for intake in ["store-writer", "store-syncer", "actix-rt"] {
+    // The acknowledgment path, and the indexing that hands events to the fold, keep the daemon's
+    // own priority.
+    for intake in [
+        "store-writer",
+        "store-syncer",
+        "store-indexer",
+        "sled-io",
+        "actix-rt",
+    ] {
         let found = nice_of(intake);
         assert!(!found.is_empty(), "no {intake} thread in {threads:?}");
         assert!(

@@ -112,9 +112,6 @@ pub struct StoreConfig {
     pub event_retention: Duration,
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
-    /// Nice value of the work after an acknowledgment (fold, index, sled's threads); 0 = the
-    /// daemon's own. See `background`.
-    pub background_niceness: u8,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -124,6 +121,8 @@ pub struct DispatchConfig {
     pub concurrency: usize,
     /// Events folded in one transaction, across conversations.
     pub batch_size: usize,
+    /// Nice value of the fold threads (0: the daemon's own). See `background`.
+    pub fold_niceness: u8,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -446,10 +445,10 @@ impl Config {
                 "must be at least 1s",
             );
         }
-        if self.store.background_niceness > crate::background::MAX_NICENESS {
+        if self.dispatch.fold_niceness > crate::background::MAX_NICENESS {
             bad(
-                "store.background_niceness",
-                &self.store.background_niceness,
+                "dispatch.fold_niceness",
+                &self.dispatch.fold_niceness,
                 "must be 0 (off) to 19",
             );
         }

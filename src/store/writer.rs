@@ -81,13 +81,8 @@ struct Health {
 }
 
 impl Writer {
-    /// Start the writer thread. The store has already replayed any leftover log on open. The
-    /// indexer, which works after the answers, runs at `background_niceness` (see `background`).
-    pub fn start(
-        store: Store,
-        hooks: WriterHooks,
-        background_niceness: u8,
-    ) -> Result<Writer, super::StoreError> {
+    /// Start the writer thread. The store has already replayed any leftover log on open.
+    pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
         if store.writer_started.swap(true, Ordering::SeqCst) {
             return Err(super::StoreError::Internal(
                 "a second writer on one store".into(),
@@ -101,7 +96,7 @@ impl Writer {
         let flag = health.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run(store, rx, hooks, flag, background_niceness))
+            .spawn(move || run(store, rx, hooks, flag))
             .map_err(|e| super::StoreError::Sled(sled::Error::Io(e)))?;
         Ok(Writer { tx, health })
     }
@@ -150,7 +145,6 @@ fn run(
     mut rx: mpsc::UnboundedReceiver<Job>,
     hooks: WriterHooks,
     health: Arc<Health>,
-    background_niceness: u8,
 ) {
     let healthy = &health.log;
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
@@ -158,15 +152,7 @@ fn run(
     let syncer_health = health.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || {
-            sync_loop(
-                syncer_store,
-                from_writer,
-                hooks,
-                syncer_health,
-                background_niceness,
-            )
-        });
+        .spawn(move || sync_loop(syncer_store, from_writer, hooks, syncer_health));
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -333,7 +319,6 @@ fn sync_loop(
     rx: std::sync::mpsc::Receiver<Group>,
     hooks: WriterHooks,
     health: Arc<Health>,
-    background_niceness: u8,
 ) {
     let WriterHooks { observe, durable } = hooks;
     let healthy = &health.log;
@@ -342,10 +327,7 @@ fn sync_loop(
         let (store, health) = (store.clone(), health.clone());
         std::thread::Builder::new()
             .name("store-indexer".into())
-            .spawn(move || {
-                crate::background::lower_this_thread(background_niceness);
-                index_loop(store, from_syncer, durable, health)
-            })
+            .spawn(move || index_loop(store, from_syncer, durable, health))
     };
     let indexer = match indexer {
         Ok(handle) => Some(handle),
@@ -494,7 +476,6 @@ mod tests {
                     }
                 }),
             },
-            0,
         )
         .expect("start");
         let mut tasks = Vec::new();
