@@ -12,7 +12,8 @@
 //!   on their way to the executor.
 //! - Ignored, a bug: retrying a dead letter the upstream itself refused replays the stored error.
 //!
-//! Quick by default; `HANDOFF_BRIDGE_LONG_TESTS=1` runs more messages and kill cycles.
+//! Quick by default; `HANDOFF_BRIDGE_LONG_TESTS=1` runs more messages and kill cycles (the kill
+//! loop: 10 cycles, 100 in the long mode; part of the fault suite, docs/fault-suite.md).
 //! `HANDOFF_BRIDGE_TEST_SEED` replays a run's random choices (the seed is printed).
 
 mod common;
@@ -672,7 +673,7 @@ fn intake_seqs(app: &TestApp, events: &HashSet<String>) -> std::collections::Has
 
 #[test]
 fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
-    let cycles = if long_tests() { 30 } else { 5 };
+    let cycles = if long_tests() { 100 } else { 10 };
     let batch_size = if long_tests() { 60 } else { 30 };
     const THREADS: usize = 6;
     let seed = seed_from_env_or_clock();
@@ -869,8 +870,8 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
     }
     let replays = entries.iter().filter(|e| e.replayed).count();
     eprintln!(
-        "{cycles} kill cycles: {} events, {} actions each effective once; {replays} \
-         replayed answers (crash after the call); {} journal entries; {:?}",
+        "seed {seed}: {cycles} kill cycles: {} events, {} actions each effective once; \
+         {replays} replayed answers (crash after the call); {} journal entries; {:?}",
         acked.len(),
         expected.len(),
         entries.len(),
