@@ -62,6 +62,10 @@ pub enum StoreError {
     TooNew { found: u32, supported: u32 },
     #[error("the store at {path} is in use by another process (is the daemon running?)")]
     Locked { path: String },
+    /// sled refused to open its files (damaged, unreadable): named with the path, since the
+    /// daemon stops on it.
+    #[error("cannot open the store at {path}: {source}")]
+    Open { path: String, source: sled::Error },
     #[error("event log: {0}")]
     Log(String),
     /// A broken internal rule (a bug), refused instead of risking the store.
@@ -336,7 +340,10 @@ impl Store {
                     sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
                         path: dir.display().to_string(),
                     },
-                    other => StoreError::Sled(other),
+                    other => StoreError::Open {
+                        path: dir.display().to_string(),
+                        source: other,
+                    },
                 })
         };
         // A store this process just closed stays locked until sled's background thread notices
@@ -358,9 +365,19 @@ impl Store {
         }
         let t = |name: &str| db.open_tree(name);
         let log_dir = dir.join(EVENT_LOG_DIR);
+        let meta = t(keys::tree::META)?;
+        // Judge the log's tail before anything writes to the store: a store refused for
+        // corruption is left exactly as it was found.
+        let indexed = meta
+            .get(keys::meta::INDEXED_TO)?
+            .and_then(|b| eventlog::Location::decode(&b))
+            .unwrap_or_default();
+        eventlog::check_tail(&log_dir, indexed).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => StoreError::Corrupt(e.to_string()),
+            _ => StoreError::Log(format!("{}: {e}", log_dir.display())),
+        })?;
         let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
             .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
-        let meta = t(keys::tree::META)?;
         let dedupe_from = meta
             .get(keys::meta::DEDUPE_PRUNED_TO)?
             .and_then(|b| eventlog::Location::decode(&b))
