@@ -465,52 +465,72 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// The newest segment's damaged tail, found by [`check_tail`] (read only).
+/// The newest segment's tail, as [`check_tail`] found it (read only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tail {
     /// Nothing but intact frames.
     Clean,
     /// Intact frames up to `good`, then a write cut short (nothing of it was acknowledged); the
     /// appender cuts it off.
-    Torn { good: u64 },
+    Torn { segment: u64, good: u64 },
+}
+
+impl Tail {
+    /// Refuse a torn tail that begins before `indexed`: those frames were indexed, so
+    /// acknowledged, and a crash cannot have damaged them.
+    pub fn check_indexed(&self, dir: &Path, indexed: Location) -> std::io::Result<()> {
+        match *self {
+            Tail::Torn { segment, good } if indexed.segment == segment && good < indexed.offset => {
+                Err(corrupt_at(
+                    dir,
+                    segment,
+                    good,
+                    format!(
+                        "the damage lies before byte {}, up to which events are indexed",
+                        indexed.offset
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn corrupt_at(dir: &Path, segment: u64, at: u64, why: String) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "event log segment {} is corrupt at byte {at}: {why}; refusing to open (a torn write \
+             at the end would be cut off, this is not one)",
+            segment_path(dir, segment).display()
+        ),
+    )
 }
 
 /// Look at the newest segment without changing it: is it clean, does it end in a torn write
 /// (recovered by cutting it off), or is it damaged where a crash cannot have damaged it? A
 /// crash leaves the intact frames followed by a prefix of the last write, so an intact frame
-/// after the damage, or damage before `indexed` (frames already indexed, so acknowledged), is
-/// corruption: cutting there would drop acknowledged events, so the error names the segment
-/// and the byte and nothing is touched.
-pub fn check_tail(dir: &Path, indexed: Location) -> std::io::Result<Tail> {
+/// after the damage is corruption: cutting there would drop acknowledged events, so the error
+/// names the segment and the byte, and nothing is touched. (Run before sled opens the store,
+/// which writes to its own files.)
+pub fn check_tail(dir: &Path) -> std::io::Result<Tail> {
     let Some(&segment) = segments(dir)?.last() else {
         return Ok(Tail::Clean);
     };
-    let path = segment_path(dir, segment);
-    let mut file = File::open(&path)?;
+    let mut file = File::open(segment_path(dir, segment))?;
     let (good, torn) = intact_length(&mut file)?;
     if !torn {
         return Ok(Tail::Clean);
     }
-    let corrupt = |why: String| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "event log segment {} is corrupt at byte {good}: {why}; refusing to open (a torn \
-                 write at the end would be cut off, this is not one)",
-                path.display()
-            ),
-        )
-    };
-    if indexed.segment == segment && good < indexed.offset {
-        return Err(corrupt(format!(
-            "the damage lies before byte {}, up to which events are indexed",
-            indexed.offset
-        )));
-    }
     if let Some(at) = intact_frame_after(&mut file, good)? {
-        return Err(corrupt(format!("an intact frame follows at byte {at}")));
+        return Err(corrupt_at(
+            dir,
+            segment,
+            good,
+            format!("an intact frame follows at byte {at}"),
+        ));
     }
-    Ok(Tail::Torn { good })
+    Ok(Tail::Torn { segment, good })
 }
 
 /// The first offset past `from` where an intact frame starts, if any.

@@ -346,6 +346,10 @@ impl Store {
                     },
                 })
         };
+        // Judge the log's tail before sled opens (which writes to its files): a store refused
+        // for a damaged log is left exactly as it was found.
+        let log_dir = dir.join(EVENT_LOG_DIR);
+        let tail = eventlog::check_tail(&log_dir).map_err(log_check_error(&log_dir))?;
         // A store this process just closed stays locked until sled's background thread notices
         // (well under a second): wait that long before calling it in use.
         let mut tries = 0;
@@ -364,18 +368,14 @@ impl Store {
             )));
         }
         let t = |name: &str| db.open_tree(name);
-        let log_dir = dir.join(EVENT_LOG_DIR);
         let meta = t(keys::tree::META)?;
-        // Judge the log's tail before anything writes to the store: a store refused for
-        // corruption is left exactly as it was found.
+        // Frames up to the index checkpoint were acknowledged: damage there is no torn write.
         let indexed = meta
             .get(keys::meta::INDEXED_TO)?
             .and_then(|b| eventlog::Location::decode(&b))
             .unwrap_or_default();
-        eventlog::check_tail(&log_dir, indexed).map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => StoreError::Corrupt(e.to_string()),
-            _ => StoreError::Log(format!("{}: {e}", log_dir.display())),
-        })?;
+        tail.check_indexed(&log_dir, indexed)
+            .map_err(log_check_error(&log_dir))?;
         let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
             .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
         let dedupe_from = meta
@@ -563,6 +563,18 @@ impl Store {
     }
 
     /// Blocking flush, for offline tools and shutdown.
+    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
+    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
+    /// from one that has space again (see `writer::index_loop`).
+    pub fn dir_takes_writes(&self) -> bool {
+        use std::io::Write;
+        let probe = self.log_dir.join(".write-probe");
+        let written = std::fs::File::create(&probe)
+            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
+        let _ = std::fs::remove_file(&probe);
+        written.is_ok()
+    }
+
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
@@ -1242,6 +1254,14 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     what: &str,
 ) -> Result<Vec<T>, StoreError> {
     tree.iter().map(|item| decode(&item?.1, what)).collect()
+}
+
+/// A failed [`eventlog::check_tail`]: damage is corruption, anything else an I/O error.
+fn log_check_error(log_dir: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |e| match e.kind() {
+        std::io::ErrorKind::InvalidData => StoreError::Corrupt(e.to_string()),
+        _ => StoreError::Log(format!("{}: {e}", log_dir.display())),
+    }
 }
 
 fn log_error(e: std::io::Error) -> StoreError {

@@ -233,7 +233,7 @@ fn overwrite(path: &Path, at: u64, bytes: &[u8]) {
 #[test]
 fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
     // A write cut short, and a tail of zeros (size extended, data never written): torn.
-    let (dir, at, end) = three_frames();
+    let (dir, at, _) = three_frames();
     let path = segment_path(dir.path(), 1);
     OpenOptions::new()
         .write(true)
@@ -241,11 +241,17 @@ fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
         .expect("open")
         .set_len(at[2].offset + 7)
         .expect("cut");
+    let tail = check_tail(dir.path()).expect("torn");
     assert_eq!(
-        check_tail(dir.path(), at[1]).expect("torn"),
-        Tail::Torn { good: at[2].offset }
+        tail,
+        Tail::Torn {
+            segment: 1,
+            good: at[2].offset
+        }
     );
-    let (dir, at, end) = three_frames();
+    tail.check_indexed(dir.path(), at[1])
+        .expect("past the index");
+    let (dir, _, end) = three_frames();
     let path = segment_path(dir.path(), 1);
     OpenOptions::new()
         .write(true)
@@ -254,8 +260,11 @@ fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
         .set_len(end.offset + 4096)
         .expect("extend");
     assert_eq!(
-        check_tail(dir.path(), at[2]).expect("zeros"),
-        Tail::Torn { good: end.offset }
+        check_tail(dir.path()).expect("zeros"),
+        Tail::Torn {
+            segment: 1,
+            good: end.offset
+        }
     );
 
     // Garbage in the middle frame, the last one intact after it: corruption, and the file is
@@ -264,7 +273,7 @@ fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
     let path = segment_path(dir.path(), 1);
     overwrite(&path, at[1].offset + 10, b"garbage");
     let before = std::fs::read(&path).expect("read");
-    let err = check_tail(dir.path(), Location::default()).expect_err("corrupt");
+    let err = check_tail(dir.path()).expect_err("corrupt");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
     let text = err.to_string();
     assert!(text.contains(&path.display().to_string()), "{text}");
@@ -282,10 +291,9 @@ fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
     // The last frame damaged, but already indexed: corruption too.
     let (dir, at, end) = three_frames();
     overwrite(&segment_path(dir.path(), 1), at[2].offset + 9, b"xx");
-    assert!(
-        check_tail(dir.path(), at[1]).expect("not indexed yet")
-            == Tail::Torn { good: at[2].offset }
-    );
-    let err = check_tail(dir.path(), end).expect_err("indexed");
+    let tail = check_tail(dir.path()).expect("a torn tail, as far as the log can tell");
+    tail.check_indexed(dir.path(), at[1])
+        .expect("not indexed yet");
+    let err = tail.check_indexed(dir.path(), end).expect_err("indexed");
     assert!(err.to_string().contains("indexed"), "{err}");
 }
