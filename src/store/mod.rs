@@ -349,7 +349,16 @@ impl Store {
         // Judge the log's tail before sled opens (which writes to its files): a store refused
         // for a damaged log is left exactly as it was found.
         let log_dir = dir.join(EVENT_LOG_DIR);
-        let tail = eventlog::check_tail(&log_dir).map_err(log_check_error(&log_dir))?;
+        let tail = match eventlog::check_tail(&log_dir) {
+            Ok(tail) => tail,
+            // A daemon appending while we read can look damaged: report it as in use.
+            Err(_) if held_by_another_process(dir) => {
+                return Err(StoreError::Locked {
+                    path: dir.display().to_string(),
+                })
+            }
+            Err(e) => return Err(log_check_error(&log_dir)(e)),
+        };
         // A store this process just closed stays locked until sled's background thread notices
         // (well under a second): wait that long before calling it in use.
         let mut tries = 0;
@@ -1254,6 +1263,24 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     what: &str,
 ) -> Result<Vec<T>, StoreError> {
     tree.iter().map(|item| decode(&item?.1, what)).collect()
+}
+
+/// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
+/// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
+/// released.
+fn held_by_another_process(dir: &Path) -> bool {
+    use fs2::FileExt;
+    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+        return false;
+    };
+    for _ in 0..=LOCK_RETRIES {
+        if file.try_lock_exclusive().is_ok() {
+            let _ = FileExt::unlock(&file);
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
 }
 
 /// A failed [`eventlog::check_tail`]: damage is corruption, anything else an I/O error.
