@@ -121,6 +121,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
+    // The store first: one that cannot be opened (in use, corrupt) stops the start before a
+    // generated secret is written next to it.
+    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
         let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
@@ -134,7 +137,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         config.admin.token.clone()
     };
 
-    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
     let metrics = Metrics::new()?;
     let sizes = store.sizes();
     metrics

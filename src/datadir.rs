@@ -33,8 +33,16 @@ impl DataDir {
         }
     }
 
+    /// Create the directory if needed. A path that is something else (a file) is refused with
+    /// that reason, not the bare `File exists` of `mkdir`.
     pub fn create(&self) -> std::io::Result<()> {
-        std::fs::create_dir_all(&self.root)
+        match std::fs::metadata(&self.root) {
+            Ok(meta) if !meta.is_dir() => Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            )),
+            _ => std::fs::create_dir_all(&self.root),
+        }
     }
 
     pub fn root(&self) -> &Path {

@@ -1,7 +1,9 @@
 //! kill -9 while a load of deliveries is in flight, restart on the same data directory: every
 //! delivery answered 200 is present and processed exactly once. Repeated over several cycles with
-//! the ledger accumulating (3 by default, 20 with `HANDOFF_BRIDGE_LONG_TESTS=1`); every second
-//! restart is itself killed right away, during inbox recovery.
+//! the ledger accumulating (10 by default, 100 with `HANDOFF_BRIDGE_LONG_TESTS=1`); every second
+//! restart is itself killed right away, during inbox recovery. Each cycle looks up that cycle's
+//! acknowledged events one by one and every conversation's count; the last daemon looks up the
+//! whole ledger again. Part of the fault suite (docs/fault-suite.md).
 
 mod common;
 use common::load::{long_tests, seed_from_env_or_clock, Generator, Ledger, LoadPlan, Rng};
@@ -13,7 +15,7 @@ const CLIENTS: usize = 16;
 
 #[test]
 fn kill_9_under_load_loses_no_acknowledged_delivery_and_repeats_none() {
-    let cycles = if long_tests() { 20 } else { 3 };
+    let cycles = if long_tests() { 100 } else { 10 };
     let seed = seed_from_env_or_clock();
     eprintln!("seed {seed} (set HANDOFF_BRIDGE_TEST_SEED to replay the delivery shapes)");
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -30,9 +32,9 @@ fn kill_9_under_load_loses_no_acknowledged_delivery_and_repeats_none() {
             // Vary the kill point so it lands at different moments of the flush cycle. Debug
             // builds are several times slower: less load keeps the default run short.
             trigger_after_acks: if cfg!(debug_assertions) {
-                200 + rng.below(800)
+                100 + rng.below(400)
             } else {
-                500 + rng.below(2000)
+                300 + rng.below(1500)
             },
             trigger_timeout: Duration::from_secs(60),
             seed: rng.next_u64(),
@@ -116,9 +118,12 @@ fn kill_9_under_load_loses_no_acknowledged_delivery_and_repeats_none() {
             restarted.elapsed()
         );
     }
+    let summary = ledger.verify_all(&app, &gen);
     eprintln!(
-        "{cycles} kill/restart cycles, {} deliveries in the ledger, {:?}",
+        "seed {seed}: {cycles} kill/restart cycles, {} deliveries ({} events) in the ledger, \
+         each folded once; {:?}",
         ledger.acked.len(),
+        summary.acked_events,
         started.elapsed()
     );
 }

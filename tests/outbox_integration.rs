@@ -12,153 +12,22 @@
 //!   on their way to the executor.
 //! - Ignored, a bug: retrying a dead letter the upstream itself refused replays the stored error.
 //!
-//! Quick by default; `HANDOFF_BRIDGE_LONG_TESTS=1` runs more messages and kill cycles.
+//! Quick by default; `HANDOFF_BRIDGE_LONG_TESTS=1` runs more messages and kill cycles (the kill
+//! loop: 10 cycles, 100 in the long mode; part of the fault suite, docs/fault-suite.md).
 //! `HANDOFF_BRIDGE_TEST_SEED` replays a run's random choices (the seed is printed).
 
 mod common;
 use common::load::{long_tests, post_body, seed_from_env_or_clock, Rng};
+use common::relay::*;
 use common::*;
 use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Conversations of the emulator's default seed (`deploy/emulator-seed.json`):
-/// (conversation id, end user id, bot id).
-const SEEDED: [(&str, &str, &str); 4] = [
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000001",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000001",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000002",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000002",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000003",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000003",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000004",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000004",
-        "B2c9d10",
-    ),
-];
-
-const SEND_MESSAGE: &str = "send-conversation-message";
-const UPDATE_CONVERSATION: &str = "update-conversation";
-const EMULATOR_KEY: &str = "outbox-integration-emulator-key-4411";
-
-// ---- Building deliveries ----
-
-/// Unique ids for one test run (a tag from the seed, then a counter).
-struct Ids {
-    tag: u32,
-    next: u64,
-}
-
-impl Ids {
-    fn new(seed: u64) -> Self {
-        Ids {
-            tag: (seed ^ (seed >> 32)) as u32,
-            next: 1,
-        }
-    }
-
-    fn next(&mut self, kind: u16) -> String {
-        let n = self.next;
-        self.next += 1;
-        format!("{:08x}-{kind:04x}-4000-8000-{n:012x}", self.tag)
-    }
-}
-
-/// A `bot.message.received` event: the user of seeded conversation `conv` wrote `text`.
-fn user_message(ids: &mut Ids, conv: usize, text: &str, ts: i64) -> (String, Value) {
-    let (conversation, end_user, bot) = SEEDED[conv];
-    let id = ids.next(0xe);
-    let event = json!({
-        "id": id,
-        "event": "bot.message.received",
-        "sourceType": "bot",
-        "sourceId": bot,
-        "timestamp": ts,
-        "data": {
-            "message": {
-                "id": ids.next(0xa),
-                "endUserId": end_user,
-                "conversationId": conversation,
-                "data": {"type": "text", "text": text},
-                "meta": null,
-                "isUser": true,
-                "timestamp": ts,
-                "requestId": ids.next(0xb),
-            }
-        }
-    });
-    (id, event)
-}
-
-/// One delivery as sent: its body and the ids of the events it carries.
-#[derive(Clone, Debug)]
-struct Sent {
-    body: Vec<u8>,
-    events: Vec<String>,
-}
-
-fn make_delivery(ids: &mut Ids, events: Vec<(String, Value)>) -> Sent {
-    let id = ids.next(0xd);
-    let (event_ids, bodies): (Vec<String>, Vec<Value>) = events.into_iter().unzip();
-    Sent {
-        body: delivery(&id, &bodies),
-        events: event_ids,
-    }
-}
-
-// ---- Rules and daemon configuration ----
-
-/// Write `text` as the only rule file of a fresh directory under `root`.
-fn rules_dir(root: &Path, text: &str) -> PathBuf {
-    let dir = root.join("rules");
-    std::fs::create_dir_all(&dir).expect("rules dir");
-    std::fs::write(dir.join("test.toml"), text).expect("rule file");
-    dir
-}
-
-/// Environment for a daemon running `rules`: generous rate limits (the tests are about order and
-/// effects, not pacing) and short retry waits; `extra` is added last, so it wins.
-fn daemon_env(rules: &Path, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut env = vec![
-        (
-            "HANDOFF_BRIDGE__RULES__DIR",
-            rules.to_str().expect("utf-8 path"),
-        ),
-        (
-            "HANDOFF_BRIDGE__UPSTREAM__LIMITS__GLOBAL__PER_SECOND",
-            "5000.0",
-        ),
-        ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__GLOBAL__BURST", "1000"),
-        (
-            "HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__PER_SECOND",
-            "5000.0",
-        ),
-        ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__BURST", "1000"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__BASE", "5ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__CAP", "40ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_RETRY_AFTER", "50ms"),
-    ];
-    env.extend_from_slice(extra);
-    env.into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
 
 // ---- Talking to the emulator's control API ----
 
@@ -176,7 +45,13 @@ fn emu_call(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
     };
     let mut resp = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
     let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    // The journal of a long kill loop is tens of MB: past ureq's default 10 MB limit.
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .unwrap_or_else(|e| panic!("{method} {url}: reading the answer: {e}"));
     (
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
@@ -672,7 +547,7 @@ fn intake_seqs(app: &TestApp, events: &HashSet<String>) -> std::collections::Has
 
 #[test]
 fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
-    let cycles = if long_tests() { 30 } else { 5 };
+    let cycles = if long_tests() { 100 } else { 10 };
     let batch_size = if long_tests() { 60 } else { 30 };
     const THREADS: usize = 6;
     let seed = seed_from_env_or_clock();
@@ -696,8 +571,9 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
         [[rule]]
         name = "relay"
         on = ["bot.message.received"]
-        # Many messages per conversation: above the default firing cap.
-        max_firings = { count = 1000, per = "1m" }
+        # Many messages per conversation: above the default firing cap, and the long run's
+        # 3,000 per conversation within two minutes above any cap per minute.
+        max_firings = { count = 1000, per = "1s" }
         when = { field = "sender", equals = "user" }
         actions = [
             { type = "send_message", text = "relay {{ message.data.text }}" },
@@ -869,8 +745,8 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
     }
     let replays = entries.iter().filter(|e| e.replayed).count();
     eprintln!(
-        "{cycles} kill cycles: {} events, {} actions each effective once; {replays} \
-         replayed answers (crash after the call); {} journal entries; {:?}",
+        "seed {seed}: {cycles} kill cycles: {} events, {} actions each effective once; \
+         {replays} replayed answers (crash after the call); {} journal entries; {:?}",
         acked.len(),
         expected.len(),
         entries.len(),

@@ -465,6 +465,101 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
+/// The newest segment's tail, as [`check_tail`] found it (read only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    /// Nothing but intact frames.
+    Clean,
+    /// Intact frames up to `good`, then a write cut short (nothing of it was acknowledged); the
+    /// appender cuts it off.
+    Torn { segment: u64, good: u64 },
+}
+
+impl Tail {
+    /// Refuse a torn tail that begins before `indexed`: those frames were indexed, so
+    /// acknowledged, and a crash cannot have damaged them.
+    pub fn check_indexed(&self, dir: &Path, indexed: Location) -> std::io::Result<()> {
+        match *self {
+            Tail::Torn { segment, good } if indexed.segment == segment && good < indexed.offset => {
+                Err(corrupt_at(
+                    dir,
+                    segment,
+                    good,
+                    format!(
+                        "the damage lies before byte {}, up to which events are indexed",
+                        indexed.offset
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn corrupt_at(dir: &Path, segment: u64, at: u64, why: String) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "event log segment {} is corrupt at byte {at}: {why}; refusing to open (a torn write \
+             at the end would be cut off, this is not one)",
+            segment_path(dir, segment).display()
+        ),
+    )
+}
+
+/// Look at the newest segment without changing it: is it clean, does it end in a torn write
+/// (recovered by cutting it off), or is it damaged where a crash cannot have damaged it? A
+/// crash leaves the intact frames followed by a prefix of the last write, so an intact frame
+/// after the damage is corruption: cutting there would drop acknowledged events, so the error
+/// names the segment and the byte, and nothing is touched. (Run before sled opens the store,
+/// which writes to its own files.)
+pub fn check_tail(dir: &Path) -> std::io::Result<Tail> {
+    let Some(&segment) = segments(dir)?.last() else {
+        return Ok(Tail::Clean);
+    };
+    let mut file = File::open(segment_path(dir, segment))?;
+    let (good, torn) = intact_length(&mut file)?;
+    if !torn {
+        return Ok(Tail::Clean);
+    }
+    if let Some(at) = intact_frame_after(&mut file, good)? {
+        return Err(corrupt_at(
+            dir,
+            segment,
+            good,
+            format!("an intact frame follows at byte {at}"),
+        ));
+    }
+    Ok(Tail::Torn { segment, good })
+}
+
+/// The first offset past `from` where an intact frame starts, if any.
+fn intact_frame_after(file: &mut File, from: u64) -> std::io::Result<Option<u64>> {
+    file.seek(SeekFrom::Start(from))?;
+    let mut rest = Vec::new();
+    file.read_to_end(&mut rest)?;
+    // Every payload is a JSON object that starts with the delivery id: a cheap filter before
+    // the checksum.
+    const PREFIX: &[u8] = b"{\"d\":";
+    for start in 1..rest.len() {
+        let Some(header) = rest.get(start..start + HEADER) else {
+            break;
+        };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let Some(payload) = rest.get(start + HEADER..start + HEADER + len) else {
+            continue;
+        };
+        if payload.starts_with(PREFIX)
+            && crc32fast::hash(payload) == crc
+            && serde_json::from_slice::<LogRecord>(payload).is_ok()
+        {
+            return Ok(Some(from + start as u64));
+        }
+    }
+    Ok(None)
+}
+
 /// Length of the intact prefix of a segment, and whether anything followed it.
 fn intact_length(file: &mut File) -> std::io::Result<(u64, bool)> {
     let total = file.seek(SeekFrom::End(0))?;

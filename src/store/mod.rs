@@ -62,6 +62,10 @@ pub enum StoreError {
     TooNew { found: u32, supported: u32 },
     #[error("the store at {path} is in use by another process (is the daemon running?)")]
     Locked { path: String },
+    /// sled refused to open its files (damaged, unreadable): named with the path, since the
+    /// daemon stops on it.
+    #[error("cannot open the store at {path}: {source}")]
+    Open { path: String, source: sled::Error },
     #[error("event log: {0}")]
     Log(String),
     /// A broken internal rule (a bug), refused instead of risking the store.
@@ -336,8 +340,24 @@ impl Store {
                     sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
                         path: dir.display().to_string(),
                     },
-                    other => StoreError::Sled(other),
+                    other => StoreError::Open {
+                        path: dir.display().to_string(),
+                        source: other,
+                    },
                 })
+        };
+        // Judge the log's tail before sled opens (which writes to its files): a store refused
+        // for a damaged log is left exactly as it was found.
+        let log_dir = dir.join(EVENT_LOG_DIR);
+        let tail = match eventlog::check_tail(&log_dir) {
+            Ok(tail) => tail,
+            // A daemon appending while we read can look damaged: report it as in use.
+            Err(_) if held_by_another_process(dir) => {
+                return Err(StoreError::Locked {
+                    path: dir.display().to_string(),
+                })
+            }
+            Err(e) => return Err(log_check_error(&log_dir)(e)),
         };
         // A store this process just closed stays locked until sled's background thread notices
         // (well under a second): wait that long before calling it in use.
@@ -357,10 +377,16 @@ impl Store {
             )));
         }
         let t = |name: &str| db.open_tree(name);
-        let log_dir = dir.join(EVENT_LOG_DIR);
+        let meta = t(keys::tree::META)?;
+        // Frames up to the index checkpoint were acknowledged: damage there is no torn write.
+        let indexed = meta
+            .get(keys::meta::INDEXED_TO)?
+            .and_then(|b| eventlog::Location::decode(&b))
+            .unwrap_or_default();
+        tail.check_indexed(&log_dir, indexed)
+            .map_err(log_check_error(&log_dir))?;
         let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
             .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
-        let meta = t(keys::tree::META)?;
         let dedupe_from = meta
             .get(keys::meta::DEDUPE_PRUNED_TO)?
             .and_then(|b| eventlog::Location::decode(&b))
@@ -546,6 +572,18 @@ impl Store {
     }
 
     /// Blocking flush, for offline tools and shutdown.
+    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
+    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
+    /// from one that has space again (see `writer::index_loop`).
+    pub fn dir_takes_writes(&self) -> bool {
+        use std::io::Write;
+        let probe = self.log_dir.join(".write-probe");
+        let written = std::fs::File::create(&probe)
+            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
+        let _ = std::fs::remove_file(&probe);
+        written.is_ok()
+    }
+
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
@@ -1225,6 +1263,32 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     what: &str,
 ) -> Result<Vec<T>, StoreError> {
     tree.iter().map(|item| decode(&item?.1, what)).collect()
+}
+
+/// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
+/// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
+/// released.
+fn held_by_another_process(dir: &Path) -> bool {
+    use fs2::FileExt;
+    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+        return false;
+    };
+    for _ in 0..=LOCK_RETRIES {
+        if file.try_lock_exclusive().is_ok() {
+            let _ = FileExt::unlock(&file);
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
+}
+
+/// A failed [`eventlog::check_tail`]: damage is corruption, anything else an I/O error.
+fn log_check_error(log_dir: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |e| match e.kind() {
+        std::io::ErrorKind::InvalidData => StoreError::Corrupt(e.to_string()),
+        _ => StoreError::Log(format!("{}: {e}", log_dir.display())),
+    }
 }
 
 fn log_error(e: std::io::Error) -> StoreError {

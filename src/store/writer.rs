@@ -241,11 +241,10 @@ impl Backlog {
         &mut self,
         store: &Store,
         durable: &(dyn Fn(Vec<NewEvent>) + Send),
-    ) -> Result<(), String> {
+    ) -> Result<(), super::StoreError> {
         let Some(to) = self.to else { return Ok(()) };
-        store.index(&self.groups, to).map_err(|e| {
+        store.index(&self.groups, to).inspect_err(|e| {
             tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
-            e.to_string()
         })?;
         self.groups.clear();
         self.to = None;
@@ -273,6 +272,9 @@ fn index_loop(
     health: Arc<Health>,
 ) {
     let mut backlog = Backlog::default();
+    // The last failed attempt was followed by a successful probe write: another failure means
+    // sled is stuck, not the disk full.
+    let mut disk_was_writable = false;
     let absorb = |backlog: &mut Backlog, message: ToIndexer| match message {
         ToIndexer::Index(mut more) => {
             backlog.groups.append(&mut more.groups);
@@ -303,10 +305,38 @@ fn index_loop(
         }
         let indexed = backlog.index(&store, durable.as_ref());
         health.index.store(indexed.is_ok(), Ordering::Relaxed);
+        match indexed {
+            Ok(()) => disk_was_writable = false,
+            Err(e)
+                if disk_was_writable
+                    && matches!(e, super::StoreError::Sled(sled::Error::Io(_))) =>
+            {
+                // sled 0.34 keeps the first I/O error of its log writer and returns it from
+                // every later call: a store that once hit a full disk stays failed after space
+                // returns, and only reopening it helps. Exit as a crash would (everything
+                // acknowledged is in the event log, indexed again on open), so the supervisor
+                // restarts the daemon on a store that works.
+                tracing::error!(
+                    error = %e,
+                    exit_code = STORE_STUCK_EXIT,
+                    "the store still fails although its disk takes writes again; exiting so a \
+                     restart reopens it"
+                );
+                std::process::exit(STORE_STUCK_EXIT);
+            }
+            Err(super::StoreError::Sled(sled::Error::Io(_))) => {
+                disk_was_writable = store.dir_takes_writes();
+            }
+            Err(_) => disk_was_writable = false,
+        }
     }
     // The syncer is gone: index what is left, so the next start has nothing to index again.
     let _ = backlog.index(&store, durable.as_ref());
 }
+
+/// Exit status of a daemon whose store failed for good in this process (EX_TEMPFAIL: a
+/// restart is expected to help).
+pub const STORE_STUCK_EXIT: i32 = 75;
 
 /// Pause after a failed index transaction.
 const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);

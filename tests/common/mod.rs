@@ -7,6 +7,7 @@
 pub mod agent_api;
 pub mod helpdesk;
 pub mod load;
+pub mod relay;
 pub mod tmpfs;
 
 use serde_json::Value;
@@ -468,4 +469,73 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Opt
         );
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+// ---- A start that must be refused, and a directory's exact contents ----
+
+/// Run `serve` on `data_dir` (the test environment of [`TestApp::spawn_in`], its stderr kept
+/// instead of written into the directory, which must not change) and wait at most `limit` for
+/// it to exit. Returns the exit status and stderr; panics, after killing it, if it started.
+pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
+    use std::io::Read;
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
+        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("HANDOFF_BRIDGE__RULES__ENABLED", "false")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start handoff-bridge");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let status = child.wait().expect("wait");
+        let _ = tx.send(());
+        (status, text)
+    });
+    if rx.recv_timeout(limit).is_err() {
+        // Still our unreaped child (the waiter has not returned), so the pid is its own.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let (_, text) = waiter.join().expect("waiter");
+        panic!("the daemon did not refuse to start within {limit:?}:\n{text}");
+    }
+    waiter.join().expect("waiter")
+}
+
+/// Every entry under `dir` (relative path) with its kind, size and SHA-256: equal digests mean
+/// the directory is byte-for-byte the same.
+pub fn dir_digest(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
+    use sha2::{Digest, Sha256};
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&at).expect("metadata");
+        let rel = at.strip_prefix(dir).expect("under dir").to_path_buf();
+        if meta.is_dir() {
+            out.insert(rel, "dir".to_owned());
+            for entry in std::fs::read_dir(&at).expect("read_dir") {
+                stack.push(entry.expect("entry").path());
+            }
+        } else {
+            let bytes = std::fs::read(&at).expect("read");
+            let hash: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            out.insert(rel, format!("{} bytes {hash}", bytes.len()));
+        }
+    }
+    out
 }

@@ -209,3 +209,91 @@ fn a_layout_1_intake_log_reads_with_empty_index_fields() {
         .expect("read")
         .is_empty());
 }
+
+/// Three committed frames; returns the log's directory and where each frame starts.
+fn three_frames() -> (tempfile::TempDir, Vec<Location>, Location) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut log, _) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
+    let at = log.queue(frames(&[
+        ("d1", 1, &[ev(1, "e1", r#"{"id":"e1"}"#)]),
+        ("d2", 2, &[ev(2, "e2", r#"{"id":"e2"}"#)]),
+        ("d3", 3, &[ev(3, "e3", r#"{"id":"e3"}"#)]),
+    ]));
+    log.commit().expect("commit");
+    let end = log.end();
+    (dir, at, end)
+}
+
+fn overwrite(path: &Path, at: u64, bytes: &[u8]) {
+    let mut file = OpenOptions::new().write(true).open(path).expect("open");
+    file.seek(SeekFrom::Start(at)).expect("seek");
+    file.write_all(bytes).expect("write");
+}
+
+#[test]
+fn check_tail_tells_a_torn_write_from_damage_a_crash_cannot_cause() {
+    // A write cut short, and a tail of zeros (size extended, data never written): torn.
+    let (dir, at, _) = three_frames();
+    let path = segment_path(dir.path(), 1);
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open")
+        .set_len(at[2].offset + 7)
+        .expect("cut");
+    let tail = check_tail(dir.path()).expect("torn");
+    assert_eq!(
+        tail,
+        Tail::Torn {
+            segment: 1,
+            good: at[2].offset
+        }
+    );
+    tail.check_indexed(dir.path(), at[1])
+        .expect("past the index");
+    let (dir, _, end) = three_frames();
+    let path = segment_path(dir.path(), 1);
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open")
+        .set_len(end.offset + 4096)
+        .expect("extend");
+    assert_eq!(
+        check_tail(dir.path()).expect("zeros"),
+        Tail::Torn {
+            segment: 1,
+            good: end.offset
+        }
+    );
+
+    // Garbage in the middle frame, the last one intact after it: corruption, and the file is
+    // not touched.
+    let (dir, at, end) = three_frames();
+    let path = segment_path(dir.path(), 1);
+    overwrite(&path, at[1].offset + 10, b"garbage");
+    let before = std::fs::read(&path).expect("read");
+    let err = check_tail(dir.path()).expect_err("corrupt");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(
+        text.contains(&format!("at byte {}", at[1].offset)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("follows at byte {}", at[2].offset)),
+        "{text}"
+    );
+    assert_eq!(std::fs::read(&path).expect("read"), before);
+    assert_eq!(end.segment, 1);
+
+    // The last frame damaged, but already indexed: corruption too.
+    let (dir, at, end) = three_frames();
+    overwrite(&segment_path(dir.path(), 1), at[2].offset + 9, b"xx");
+    let tail = check_tail(dir.path()).expect("a torn tail, as far as the log can tell");
+    tail.check_indexed(dir.path(), at[1])
+        .expect("not indexed yet");
+    let err = tail.check_indexed(dir.path(), end).expect_err("indexed");
+    assert!(err.to_string().contains("indexed"), "{err}");
+}
