@@ -123,8 +123,63 @@ struct Options {
     /// Events per delivery.
     batch: usize,
     outbox_concurrency: usize,
+    /// What the events are and which upstream calls they must cause.
+    scenario: Scenario,
+    /// The emulator's port on 127.0.0.1 (0: any free one). `benches/run` fixes it so a peer
+    /// started before the runs (Node-RED) can be pointed at each run's fresh emulator.
+    emulator_port: u16,
+    /// Post the webhooks to this address instead of starting a daemon (a peer such as the
+    /// Node-RED flow; it must answer like the daemon and call the emulator).
+    target: Option<SocketAddr>,
+    /// The peer's PID, for its CPU share (0: not reported).
+    target_pid: u32,
     /// Data root, report, daemon binary and its extra environment.
     common: CommonOptions,
+}
+
+/// The events posted and the upstream calls each must cause (matched in the emulator's journal
+/// by their idempotency keys, `{event id}/{rule}/{index}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scenario {
+    /// The bench's own one-rule file: each user message echoed with one `send_message`.
+    Echo,
+    /// The shipped rules (built into the daemon): each `bot.conversation.agent_call_requested`
+    /// is queued for a person by `agent-requested`: `set_manual` (0), then `send_message` (1).
+    Handoff,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Echo => "echo",
+            Scenario::Handoff => "handoff",
+        }
+    }
+    fn fixture(self) -> &'static str {
+        match self {
+            Scenario::Echo => "message-received-text.json",
+            Scenario::Handoff => "agent-call-requested.json",
+        }
+    }
+    fn event_type(self) -> &'static str {
+        match self {
+            Scenario::Echo => "bot.message.received",
+            Scenario::Handoff => "bot.conversation.agent_call_requested",
+        }
+    }
+    fn rule(self) -> &'static str {
+        match self {
+            Scenario::Echo => RULE_NAME,
+            Scenario::Handoff => "agent-requested",
+        }
+    }
+    /// Upstream calls per event (action indexes 0..calls of the rule).
+    fn calls(self) -> usize {
+        match self {
+            Scenario::Echo => 1,
+            Scenario::Handoff => 2,
+        }
+    }
 }
 
 const USAGE: &str = "\
@@ -147,8 +202,14 @@ usage: cargo bench --bench actions -- [options]
   --connections N           keep-alive connections of the generator (default 512)
   --batch N                 events per delivery (default 1)
   --outbox-concurrency N    the daemon's outbox.concurrency (default 64; shipped default 16)
+  --scenario NAME           echo (default: the bench's one rule, one send_message per user message)
+                            or handoff (the shipped rules; agent calls, 2 upstream calls each)
+  --emulator-port N         the emulator's port on 127.0.0.1 (default 0: any free one)
+  --target ADDR             post to this address (a peer, e.g. the Node-RED flow) instead of a daemon
+  --target-pid N            the peer's PID, for its CPU share in the report
   --data-root DIR           where data directories go (default target/tmp)
   --out FILE                also write the markdown report here (default target/tmp/actions-bench.md)
+  --json FILE               also write the results as JSON here (read by benches/run)
   --bin PATH                daemon binary (default: the one cargo built for this bench)
   --daemon-env K=V[,K=V]    extra environment for the daemon, e.g. HANDOFF_BRIDGE__DISPATCH__CONCURRENCY=4
 Every option can also be given as ACTIONS_BENCH_<NAME> (e.g. ACTIONS_BENCH_RUNS=5,
@@ -180,6 +241,10 @@ const KEYS: &[&str] = &[
     "connections",
     "batch",
     "outbox-concurrency",
+    "scenario",
+    "emulator-port",
+    "target",
+    "target-pid",
 ];
 
 impl BenchOptions for Options {
@@ -203,6 +268,10 @@ impl BenchOptions for Options {
             connections: 512,
             batch: 1,
             outbox_concurrency: 64,
+            scenario: Scenario::Echo,
+            emulator_port: 0,
+            target: None,
+            target_pid: 0,
             common: CommonOptions::new("actions-bench.md"),
         }
     }
@@ -251,6 +320,31 @@ impl BenchOptions for Options {
             "connections" => self.connections = s.size()?,
             "batch" => self.batch = s.size()?,
             "outbox-concurrency" => self.outbox_concurrency = s.size()?,
+            "scenario" => {
+                self.scenario = match s.value.as_str() {
+                    "echo" => Scenario::Echo,
+                    "handoff" => Scenario::Handoff,
+                    other => return Err(format!("--scenario: `{other}` is not echo or handoff")),
+                }
+            }
+            "emulator-port" => {
+                self.emulator_port = u16::try_from(s.num()?)
+                    .map_err(|_| format!("--emulator-port: `{}` is not a port", s.value))?
+            }
+            "target" => {
+                let addr: SocketAddr = s
+                    .value
+                    .parse()
+                    .map_err(|_| format!("--target: `{}` is not IP:PORT", s.value))?;
+                if !addr.ip().is_loopback() {
+                    return Err("--target must be a loopback address".into());
+                }
+                self.target = Some(addr);
+            }
+            "target-pid" => {
+                self.target_pid = u32::try_from(s.num()?)
+                    .map_err(|_| format!("--target-pid: `{}` is not a PID", s.value))?
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -411,41 +505,61 @@ enum Piece {
     EndUser,
 }
 
-/// `message-received-text.json`, compact, with its ids cut out: every rendered event is a new
-/// `bot.message.received` from the user of a chosen seeded conversation.
+/// The scenario's fixture (`message-received-text.json` or `agent-call-requested.json`), compact,
+/// with its ids cut out: every rendered event is a new one of the same type in a chosen seeded
+/// conversation (wherever the fixture names its conversation or end user, the new ids go).
 struct Template {
     /// `","webhookId":..,"webhookUrl":..,"messages":[` (follows the delivery id).
     envelope_tail: String,
     event: Vec<Piece>,
 }
 
-fn load_template() -> Result<Template, String> {
-    let path = common::fixtures_dir().join("message-received-text.json");
+/// Every string of `value` equal to `from` becomes `to`.
+fn replace_strings(value: &mut Value, from: &str, to: &str) {
+    match value {
+        Value::String(s) if s == from => *s = to.to_owned(),
+        Value::Array(items) => items.iter_mut().for_each(|v| replace_strings(v, from, to)),
+        Value::Object(fields) => fields
+            .values_mut()
+            .for_each(|v| replace_strings(v, from, to)),
+        _ => {}
+    }
+}
+
+fn load_template(scenario: Scenario) -> Result<Template, String> {
+    let path = common::fixtures_dir().join(scenario.fixture());
     let delivery = common::read_fixture(&path)?;
     let envelope_tail = common::envelope_tail(&delivery);
     let mut event = delivery
         .pointer("/messages/0")
         .cloned()
         .ok_or_else(|| format!("{}: no messages[0]", path.display()))?;
-    if event["event"] != "bot.message.received" {
+    if event["event"] != scenario.event_type() {
         return Err(format!(
-            "{}: messages[0] is not bot.message.received",
-            path.display()
+            "{}: messages[0] is not {}",
+            path.display(),
+            scenario.event_type()
         ));
     }
     event
         .as_object_mut()
         .ok_or("messages[0] is not an object")?
         .insert("id".into(), "@@E@@".into());
-    let message = event
-        .pointer_mut("/data/message")
-        .and_then(Value::as_object_mut)
-        .ok_or_else(|| format!("{}: no data.message", path.display()))?;
-    for (key, marker) in [("id", "M"), ("conversationId", "C"), ("endUserId", "U")] {
-        if !message.contains_key(key) {
-            return Err(format!("{}: data.message has no {key}", path.display()));
-        }
-        message.insert(key.into(), format!("@@{marker}@@").into());
+    let id_at = |pointers: &[&str]| {
+        pointers
+            .iter()
+            .find_map(|p| event.pointer(p).and_then(Value::as_str))
+            .map(str::to_owned)
+    };
+    let conversation = id_at(&["/data/message/conversationId", "/data/conversation/id"])
+        .ok_or_else(|| format!("{}: no conversation id", path.display()))?;
+    let end_user = id_at(&["/data/message/endUserId", "/data/conversation/endUserId"])
+        .ok_or_else(|| format!("{}: no end user id", path.display()))?;
+    let message = id_at(&["/data/message/id"]);
+    replace_strings(&mut event, &conversation, "@@C@@");
+    replace_strings(&mut event, &end_user, "@@U@@");
+    if let Some(m) = message {
+        replace_strings(&mut event, &m, "@@M@@");
     }
     let compact = serde_json::to_string(&event).map_err(|e| e.to_string())?;
     let pieces = compact
@@ -692,7 +806,7 @@ fn emulator_command(opts: &Options, seed: &Path) -> Command {
     let mut cmd = common::bin_command(&opts.common.bin);
     cmd.arg("emulator")
         .arg("--listen")
-        .arg("127.0.0.1:0")
+        .arg(format!("127.0.0.1:{}", opts.emulator_port))
         .arg("--seed")
         .arg(seed)
         .arg("--api-key")
@@ -702,8 +816,20 @@ fn emulator_command(opts: &Options, seed: &Path) -> Command {
 
 fn daemon_command(opts: &Options, data_dir: &Path, rules: &Path, upstream: &str) -> Command {
     let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
-    cmd.env("HANDOFF_BRIDGE__RULES__DIR", rules)
-        .env("HANDOFF_BRIDGE_UPSTREAM_URL", upstream)
+    match opts.scenario {
+        Scenario::Echo => {
+            cmd.env("HANDOFF_BRIDGE__RULES__DIR", rules);
+        }
+        // The shipped set (rules.dir unset). Business hours off: otherwise the outcome would
+        // depend on the hour of the run (closed: the after-hours rules answer instead).
+        Scenario::Handoff => {
+            cmd.env_remove("HANDOFF_BRIDGE__RULES__DIR").env(
+                "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS",
+                "false",
+            );
+        }
+    }
+    cmd.env("HANDOFF_BRIDGE_UPSTREAM_URL", upstream)
         .env("HANDOFF_BRIDGE_UPSTREAM_API_KEY", UPSTREAM_KEY)
         .envs(opts.daemon_settings());
     cmd
@@ -760,6 +886,36 @@ fn wait_quiet(http: &Http, base: &str, limit: Duration) -> Result<Option<Duratio
         }
     }
     Ok(Some(t0.elapsed()))
+}
+
+/// For a peer (no admin API): wait until the emulator's journal holds at least `expected` calls,
+/// within `limit`, or until it stops growing for 5 s (calls that never come). Returns how long it
+/// took, or `None` when it did not get there.
+fn wait_journal(
+    http: &Http,
+    base: &str,
+    expected: u64,
+    limit: Duration,
+) -> Result<Option<Duration>, String> {
+    let t0 = Instant::now();
+    let (mut seen, mut grew_at) = (0u64, Instant::now());
+    while t0.elapsed() < limit && grew_at.elapsed() < Duration::from_secs(5) {
+        let (status, body) = http.get(&format!("{base}/_emulator/journal"), None)?;
+        if status != 200 {
+            return Err(format!("journal answered {status}"));
+        }
+        let rows: Vec<serde::de::IgnoredAny> =
+            serde_json::from_str(&body).map_err(|e| format!("journal: {e}"))?;
+        let count = rows.len() as u64;
+        if count >= expected {
+            return Ok(Some(t0.elapsed()));
+        }
+        if count > seen {
+            (seen, grew_at) = (count, Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok(None)
 }
 
 /// The journal fields the bench reads (the rest, bodies and answers, is ignored).
@@ -878,7 +1034,8 @@ struct RunSpec {
 fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult, String> {
     // Keep the run under the emulator's journal capacity.
     let mut duration = spec.duration;
-    let budget = Duration::from_secs_f64(JOURNAL_BUDGET / spec.rate);
+    let calls = opts.scenario.calls() as f64;
+    let budget = Duration::from_secs_f64(JOURNAL_BUDGET / calls / spec.rate);
     if opts.warmup + duration > budget {
         duration = budget
             .saturating_sub(opts.warmup)
@@ -889,6 +1046,16 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
             duration.as_secs_f64()
         );
     }
+    // The shipped `agent-requested` has the default firing cap (20 per 10 minutes per
+    // conversation): more events per conversation would be capped, not slow.
+    let planned = spec.rate * (opts.warmup + duration).as_secs_f64();
+    if opts.scenario == Scenario::Handoff && planned > 20.0 * opts.conversations as f64 {
+        return Err(format!(
+            "{planned:.0} agent calls over {} conversations exceed the shipped rule's firing cap \
+             (20 per conversation in 10 minutes): raise --conversations",
+            opts.conversations
+        ));
+    }
     let dir = tempfile::Builder::new()
         .prefix("actions-bench-")
         .tempdir_in(&opts.common.data_root)
@@ -898,16 +1065,25 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         emulator_command(opts, &inputs.seed),
         &dir.path().join("emulator.log"),
     )?;
-    let mut daemon = Proc::spawn(
-        "daemon",
-        daemon_command(
-            opts,
-            &dir.path().join("data"),
-            &inputs.rules,
-            &emulator.base(),
-        ),
-        &dir.path().join("daemon.log"),
-    )?;
+    // No daemon when the webhooks go to a peer (`--target`).
+    let mut daemon = match opts.target {
+        Some(_) => None,
+        None => Some(Proc::spawn(
+            "daemon",
+            daemon_command(
+                opts,
+                &dir.path().join("data"),
+                &inputs.rules,
+                &emulator.base(),
+            ),
+            &dir.path().join("daemon.log"),
+        )?),
+    };
+    let (load_addr, load_pid) = match (&daemon, opts.target) {
+        (Some(d), _) => (d.addr, d.pid),
+        (None, Some(addr)) => (addr, opts.target_pid),
+        (None, None) => return Err("neither a daemon nor a target".into()),
+    };
 
     let batch = opts.batch as u64;
     let per_delivery = opts.batch as f64 / spec.rate;
@@ -928,21 +1104,26 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     let (first_measured, deliveries) = (plan.first_measured, plan.deliveries);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = start_sampler(daemon.base(), stop.clone());
-    let load = run_load(
-        daemon.addr,
-        plan,
-        opts.connections,
-        (daemon.pid, emulator.pid),
-    );
+    let sampler = daemon
+        .as_ref()
+        .map(|d| start_sampler(d.base(), stop.clone()));
+    let load = run_load(load_addr, plan, opts.connections, (load_pid, emulator.pid));
     let http = Http::new(HTTP_TIMEOUT, BODY);
-    let quiet = match &load {
-        Ok(_) => wait_quiet(&http, &daemon.base(), spec.drain_limit),
-        Err(_) => Ok(None),
+    let quiet = match (&load, &daemon) {
+        (Ok(_), Some(d)) => wait_quiet(&http, &d.base(), spec.drain_limit),
+        // A peer has no drain or idle wait: wait until the journal holds every expected call.
+        (Ok(l), None) => {
+            let accepted = l.posted.iter().filter(|p| p.ok).count() as u64;
+            let expected = accepted * batch * opts.scenario.calls() as u64;
+            wait_journal(&http, &emulator.base(), expected, spec.drain_limit)
+        }
+        (Err(_), _) => Ok(None),
     };
     let quiet_after = quiet.as_ref().ok().copied().flatten();
     stop.store(true, Ordering::Relaxed);
-    let samples = sampler.join().unwrap_or_default();
+    let samples = sampler
+        .map(|s| s.join().unwrap_or_default())
+        .unwrap_or_default();
     let load = load?;
     let quiet = quiet?;
     if quiet.is_none() {
@@ -952,16 +1133,21 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         );
     }
 
-    let (_, metrics_text) = http.get(&format!("{}/metrics", daemon.base()), None)?;
-    let (status, dead_body) = http.get(
-        &format!("{}/admin/v1/dead-letters", daemon.base()),
-        Some(ADMIN_TOKEN),
-    )?;
-    if status != 200 {
-        return Err(format!("dead letters answered {status}: {dead_body}"));
-    }
-    let dead: Value = serde_json::from_str(&dead_body).map_err(|e| e.to_string())?;
-    let dead_letters = dead["count"].as_u64().unwrap_or(0);
+    let (metrics_text, dead_letters) = match &daemon {
+        Some(d) => {
+            let (_, metrics_text) = http.get(&format!("{}/metrics", d.base()), None)?;
+            let (status, dead_body) = http.get(
+                &format!("{}/admin/v1/dead-letters", d.base()),
+                Some(ADMIN_TOKEN),
+            )?;
+            if status != 200 {
+                return Err(format!("dead letters answered {status}: {dead_body}"));
+            }
+            let dead: Value = serde_json::from_str(&dead_body).map_err(|e| e.to_string())?;
+            (metrics_text, dead["count"].as_u64().unwrap_or(0))
+        }
+        None => (String::new(), 0),
+    };
     let (status, journal_body) =
         http.get(&format!("{}/_emulator/journal", emulator.base()), None)?;
     if status != 200 {
@@ -970,16 +1156,20 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     let journal: Vec<JournalRow> =
         serde_json::from_str(&journal_body).map_err(|e| format!("journal: {e}"))?;
     drop(journal_body);
-    let (_, daemon_status) = daemon.stop(STOP_POLL)?;
-    if !daemon_status.success() {
-        eprintln!(
-            "  daemon exited with {daemon_status}; log:\n{}",
-            common::tail(&daemon.log, 10)
-        );
+    if let Some(d) = daemon.as_mut() {
+        let (_, daemon_status) = d.stop(STOP_POLL)?;
+        if !daemon_status.success() {
+            eprintln!(
+                "  daemon exited with {daemon_status}; log:\n{}",
+                common::tail(&d.log, 10)
+            );
+        }
     }
     emulator.stop(STOP_POLL)?;
-    let log_problems = [&daemon.log, &emulator.log]
+    let log_problems = daemon
         .iter()
+        .map(|d| &d.log)
+        .chain([&emulator.log])
         .flat_map(|log| {
             let name = log.file_name().map(|n| n.to_string_lossy().into_owned());
             std::fs::read_to_string(log)
@@ -993,22 +1183,26 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
 
     // ---- analysis
     let total_events = usize::try_from(deliveries * batch).map_err(|_| "too many events")?;
-    // Unix ms of the effective call of each event, if any.
-    let mut done_at: Vec<Option<i64>> = vec![None; total_events];
+    // Unix ms of each effective call (event x call index), if any; an event is done when all its
+    // calls are, at the last one.
+    let calls = opts.scenario.calls();
+    let mut call_at: Vec<Option<i64>> = vec![None; total_events * calls];
     let prefix = event_prefix(spec.run_tag);
-    let suffix = format!("/{RULE_NAME}/0");
+    let rule_part = format!("/{}/", opts.scenario.rule());
     let (mut doubled, mut other_calls) = (0u64, 0u64);
     let journal_overflow = journal.first().is_some_and(|r| r.seq != 1);
     let mut last_at = None::<i64>;
     for row in &journal {
-        let Some(e) = row
+        let Some(slot) = row
             .idempotency_key
             .as_deref()
-            .and_then(|k| k.strip_suffix(suffix.as_str()))
-            .and_then(|id| id.strip_prefix(prefix.as_str()))
-            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            .and_then(|e| usize::try_from(e).ok())
-            .filter(|&e| e < total_events)
+            .and_then(|k| k.strip_prefix(prefix.as_str()))
+            .and_then(|k| k.split_once(rule_part.as_str()))
+            .and_then(|(hex, index)| {
+                let e = usize::try_from(u64::from_str_radix(hex, 16).ok()?).ok()?;
+                let i = index.parse::<usize>().ok()?;
+                (e < total_events && i < calls).then_some(e * calls + i)
+            })
         else {
             other_calls += 1;
             continue;
@@ -1017,12 +1211,16 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
             other_calls += 1;
             continue;
         }
-        match &mut done_at[e] {
+        match &mut call_at[slot] {
             Some(_) => doubled += 1,
-            slot => *slot = Some(row.at),
+            free => *free = Some(row.at),
         }
         last_at = Some(last_at.map_or(row.at, |l: i64| l.max(row.at)));
     }
+    let done_at: Vec<Option<i64>> = call_at
+        .chunks(calls)
+        .map(|c| c.iter().try_fold(i64::MIN, |m, at| at.map(|a| m.max(a))))
+        .collect();
     let hist = || common::histogram(600_000_000);
     let (mut latency, mut latency_from_ack) = (hist()?, hist()?);
     let (win_start_ms, win_end_ms) = (load.window_start_us / 1000, load.window_end_us / 1000);
@@ -1205,7 +1403,7 @@ fn run(opts: &Options) -> Result<(), String> {
     std::fs::create_dir_all(&rules).map_err(|e| e.to_string())?;
     std::fs::write(rules.join("bench.toml"), RULE_FILE).map_err(|e| e.to_string())?;
     let inputs = Inputs {
-        template: Rc::new(load_template()?),
+        template: Rc::new(load_template(opts.scenario)?),
         seed,
         rules,
     };
@@ -1312,6 +1510,10 @@ fn run(opts: &Options) -> Result<(), String> {
 
     let report = report(opts, &machine, &steps, max_rate, &results, elapsed);
     common::publish(&report, &opts.common.out)?;
+    common::publish_json(
+        &json_results(opts, max_rate, &results),
+        opts.common.json.as_deref(),
+    )?;
     eprintln!(
         "report written to {} ({:.0} s in all)",
         opts.common.out.display(),
@@ -1340,6 +1542,46 @@ fn run(opts: &Options) -> Result<(), String> {
 
 // ---------------------------------------------------------------------------------------------
 // Report
+
+/// The figures `benches/run` tabulates: per measured run, events carried out per second (all
+/// their upstream calls done) and the latency to the last call.
+fn json_results(opts: &Options, max_rate: Option<f64>, results: &[RunResult]) -> Value {
+    let runs: Vec<Value> = results
+        .iter()
+        .map(|x| {
+            serde_json::json!({
+                "case": x.case.name(),
+                "round": x.round,
+                "target_per_s": x.target,
+                "posted_per_s": x.posted_rate,
+                "done_per_s": x.actions_per_s(),
+                "p50_ms": x.ms(0.5),
+                "p99_ms": x.ms(0.99),
+                "p999_ms": x.ms(0.999),
+                "max_ms": x.max_ms(),
+                "ack_p99_ms": x.ack_p99_ms,
+                "sustained": x.sustained,
+                "why_not": x.why_not,
+                "missing": x.missing,
+                "doubled": x.doubled,
+                "dead_letters": x.dead_letters,
+                "errors": x.errors.values().sum::<u64>(),
+                "cpu_share": x.cpu.map(|c| {
+                    let w = x.window.as_secs_f64().max(1e-9);
+                    serde_json::json!({ "server": c[0] / w, "emulator": c[1] / w, "bench": c[2] / w, "other": c[3] / w })
+                }),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "bench": "actions",
+        "scenario": opts.scenario.name(),
+        "calls_per_event": opts.scenario.calls(),
+        "target": opts.target.map(|a| a.to_string()),
+        "max_rate": max_rate,
+        "runs": runs,
+    })
+}
 
 fn run_table(r: &mut String, runs: &[RunResult]) {
     let _ = writeln!(
@@ -1405,13 +1647,28 @@ fn report(
     let _ = writeln!(
         r,
         "\nDaemon: `{}` (git {}), upstream: a standalone `handoff-bridge emulator` per run (fresh, \
-         seeded with {} extra conversations); one rule (`{RULE_NAME}`: one `send_message` per user \
-         message). Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
+         seeded with {} extra conversations); {}. Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
          delivery, events spread round-robin over the {} conversations, {:.1} s warm-up before \
          each window. Total time {:.0} s.\n",
         opts.common.bin.display(),
         common::git_head(),
         opts.conversations,
+        match (opts.target, opts.scenario) {
+            (Some(addr), _) => format!(
+                "**no daemon**: the webhooks go to the peer at {addr}, which calls the same \
+                 emulator; events: `{}`, {} upstream call(s) each (rule `{}`'s keys)",
+                opts.scenario.event_type(),
+                opts.scenario.calls(),
+                opts.scenario.rule()
+            ),
+            (None, Scenario::Echo) => format!(
+                "one rule (`{RULE_NAME}`: one `send_message` per user message)"
+            ),
+            (None, Scenario::Handoff) => "the shipped rules (business hours off): each \
+                 `bot.conversation.agent_call_requested` makes `agent-requested`'s 2 upstream \
+                 calls, `set_manual` and `send_message`; an event counts as done at the last"
+                .to_owned(),
+        },
         opts.daemon_settings()
             .iter()
             .map(|(k, v)| format!("`{k}={v}`"))

@@ -121,6 +121,7 @@ usage: cargo bench --bench intake -- [options]
   --mem-max SECS          stop posting in the memory case after this long (default 900)
   --data-root DIR         where data directories go (default target/tmp; must be a real disk)
   --out FILE              also write the markdown report here (default target/tmp/intake-bench.md)
+  --json FILE             also write the results as JSON here (read by benches/run)
   --bin PATH              daemon binary (default: the one cargo built for this bench)
   --daemon-env K=V[,K=V]  extra environment for the daemon, e.g. HANDOFF_BRIDGE__DISPATCH__BATCH_SIZE=512
 Every option can also be given as INTAKE_BENCH_<NAME> (e.g. INTAKE_BENCH_CONNECTIONS=32,
@@ -218,13 +219,14 @@ impl BenchOptions for Options {
     }
 
     fn check(&self) -> Result<(), String> {
+        // `--runs 0` with the memory case: only the memory case (benches/run calls it once).
         if self.connections == 0
-            || self.runs == 0
+            || (self.runs == 0 && !self.memory)
             || self.conversations == 0
             || self.mem_conversations == 0
             || self.mem_batch == 0
         {
-            return Err("connections, runs, conversations, mem-conversations and mem-batch must be at least 1".into());
+            return Err("connections, runs (unless the memory case runs), conversations, mem-conversations and mem-batch must be at least 1".into());
         }
         if self.batch > 1_000 || self.mem_batch > 1_000 {
             return Err("batch and mem-batch must be at most 1000 events".into());
@@ -813,6 +815,10 @@ fn run(opts: &Options) -> Result<(), String> {
 
     let report = report(opts, &machine, &corpus, &results, memory.as_ref());
     common::publish(&report, &opts.common.out)?;
+    common::publish_json(
+        &json_results(&results, memory.as_ref()),
+        opts.common.json.as_deref(),
+    )?;
     eprintln!("report written to {}", opts.common.out.display());
     Ok(())
 }
@@ -964,6 +970,45 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         rss_idle_kb,
         ready_after_restart,
     })
+}
+
+/// The figures `benches/run` tabulates: per run throughput and latency, the memory case.
+fn json_results(results: &[RunResult], memory: Option<&MemoryResult>) -> Value {
+    let mib = |kb: Option<u64>| kb.map(|k| k as f64 / 1024.0);
+    let runs: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "round": r.round,
+                "case": r.case.name(),
+                "accepted_per_s": r.stats.per_sec(r.stats.accepted),
+                "events_per_s": r.stats.per_sec(r.stats.events),
+                "p50_ms": r.stats.ms(0.5),
+                "p99_ms": r.stats.ms(0.99),
+                "p999_ms": r.stats.ms(0.999),
+                "errors": r.stats.errors.values().sum::<u64>(),
+                "other_cpu": r.stats.other_cpu.map(|c| c / r.stats.window.as_secs_f64().max(1e-9)),
+            })
+        })
+        .collect();
+    let memory = memory.map(|m| {
+        serde_json::json!({
+            "posted_events": m.posted_events,
+            "accepted_events": m.stats.events,
+            "errors": m.stats.errors.values().sum::<u64>(),
+            "drained": m.drained_after.is_some(),
+            "rss_after_drain_mib": mib(m.rss_kb),
+            "rss_peak_mib": mib(m.hwm_kb),
+            "rss_after_restart_mib": mib(m.rss_after_restart_kb),
+            "disk_mib": m.disk.0 as f64 / (1024.0 * 1024.0),
+            "disk_allocated_mib": m.disk.1 as f64 / (1024.0 * 1024.0),
+            "event_log_mib": m.event_log as f64 / (1024.0 * 1024.0),
+            "shutdown_s": m.shutdown.as_secs_f64(),
+            "restart_s": m.restart.as_secs_f64(),
+            "ready_after_restart": m.ready_after_restart,
+        })
+    });
+    serde_json::json!({ "bench": "intake", "runs": runs, "memory": memory })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -73,9 +73,11 @@ pub struct CommonOptions {
     /// Extra environment for the daemon (tuning experiments), e.g.
     /// `HANDOFF_BRIDGE__DISPATCH__CONCURRENCY=4`.
     pub daemon_env: Vec<(String, String)>,
+    /// Also write the results as JSON here (`benches/run` aggregates them into its table).
+    pub json: Option<PathBuf>,
 }
 
-const COMMON_KEYS: &[&str] = &["data-root", "out", "bin", "daemon-env"];
+const COMMON_KEYS: &[&str] = &["data-root", "out", "bin", "daemon-env", "json"];
 
 impl CommonOptions {
     /// Data directories under cargo's `target/tmp`, the report there as `report`, the daemon
@@ -87,6 +89,7 @@ impl CommonOptions {
             data_root: tmp,
             bin: PathBuf::from(env!("CARGO_BIN_EXE_handoff-bridge")),
             daemon_env: Vec::new(),
+            json: None,
         }
     }
 
@@ -96,6 +99,7 @@ impl CommonOptions {
             "out" => self.out = PathBuf::from(&s.value),
             "bin" => self.bin = PathBuf::from(&s.value),
             "daemon-env" => self.daemon_env.extend(s.pairs()?),
+            "json" => self.json = Some(PathBuf::from(&s.value)),
             _ => return Ok(false),
         }
         Ok(true)
@@ -1039,6 +1043,17 @@ pub fn publish(report: &str, out: &Path) -> Result<(), String> {
         let _ = std::fs::create_dir_all(dir);
     }
     std::fs::write(out, report).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// Write `results` as JSON to `--json FILE`, when given: the machine-readable form of the report,
+/// which `benches/run` reads to build its table across benches and rounds.
+pub fn publish_json(results: &serde_json::Value, out: Option<&Path>) -> Result<(), String> {
+    let Some(out) = out else { return Ok(()) };
+    if let Some(dir) = out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let text = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
+    std::fs::write(out, text).map_err(|e| format!("{}: {e}", out.display()))
 }
 
 /// The commit the daemon was built from, as far as git knows (and whether src/ had changes).
