@@ -63,14 +63,12 @@ fn folds_run_at_the_fold_nice_value_and_intake_at_the_daemons_own() {
             .map(|(_, n)| *n)
             .collect()
     };
-    for background in ["fold-"] {
-        let found = nice_of(background);
-        assert!(!found.is_empty(), "no {background} thread in {threads:?}");
-        assert!(
-            found.iter().all(|&n| n == want),
-            "{background}: {found:?}, want {want}"
-        );
-    }
+    let folds = nice_of("fold-");
+    assert!(!folds.is_empty(), "no fold thread in {threads:?}");
+    assert!(
+        folds.iter().all(|&n| n == want),
+        "folds: {folds:?}, want {want}"
+    );
     // The acknowledgment path, and the indexing that hands events to the fold, keep the daemon's
     // own priority.
     for intake in [
