@@ -326,6 +326,28 @@ mod tests {
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
+    /// Found by fuzzing (`fuzz/fuzz_targets/webhook_parser.rs`): a 17-digit longitude came back
+    /// one unit off in the last place after being written and read again, until serde_json's
+    /// `float_roundtrip` parser was turned on.
+    #[test]
+    fn a_message_payload_with_a_17_digit_float_survives_a_json_round_trip() {
+        let path = format!(
+            "{}/tests/data/fuzz/webhook-float-round-trip.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let delivery = parse_delivery(&body).expect("the input is a valid delivery");
+        assert!(!delivery.events.is_empty(), "no valid event in the input");
+        for incoming in &delivery.events {
+            let model::Payload::Message(message) = &incoming.event.payload else {
+                panic!("expected a message event: {}", incoming.raw);
+            };
+            let text = serde_json::to_string(message).expect("to JSON");
+            let back: model::Message = serde_json::from_str(&text).expect("reads back");
+            assert_eq!(&back, message, "{text}");
+        }
+    }
+
     #[test]
     fn every_shared_fixture_parses_without_invalid_events() {
         let dir = format!("{}/../shared/fixtures/webhooks", env!("CARGO_MANIFEST_DIR"));
