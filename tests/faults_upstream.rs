@@ -19,36 +19,16 @@
 mod common;
 
 use common::load::{long_tests, post_body, seed_from_env_or_clock};
+use common::relay::{
+    action_of, clear_faults, journal, make_delivery, rules_dir, set_faults, user_message, Ids,
+    SEEDED,
+};
 use common::*;
 use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// Conversations of the emulator's default seed: (conversation id, end user id, bot id).
-const SEEDED: [(&str, &str, &str); 4] = [
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000001",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000001",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000002",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000002",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000003",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000003",
-        "B7f3a2c",
-    ),
-    (
-        "5c0e9b1f-2222-4d3e-9f10-000000000004",
-        "4e6f0d0a-1111-4a5b-8c9d-000000000004",
-        "B2c9d10",
-    ),
-];
 
 /// The global quota the daemon runs with (every Open API attempt passes it).
 const PER_SECOND: f64 = 10.0;
@@ -76,65 +56,10 @@ fn sizes() -> (usize, usize) {
     }
 }
 
-struct Ids {
-    tag: u32,
-    next: u64,
-}
-
-impl Ids {
-    fn next(&mut self, kind: u16) -> String {
-        self.next += 1;
-        format!("{:08x}-{kind:04x}-4000-8000-{:012x}", self.tag, self.next)
-    }
-}
-
 /// One delivery with one user message in seeded conversation `conv`; returns (body, event id).
 fn message(ids: &mut Ids, conv: usize, text: &str, ts: i64) -> (Vec<u8>, String) {
-    let (conversation, end_user, bot) = SEEDED[conv];
-    let id = ids.next(0xe);
-    let event = json!({
-        "id": id,
-        "event": "bot.message.received",
-        "sourceType": "bot",
-        "sourceId": bot,
-        "timestamp": ts,
-        "data": {"message": {
-            "id": ids.next(0xa),
-            "endUserId": end_user,
-            "conversationId": conversation,
-            "data": {"type": "text", "text": text},
-            "meta": null,
-            "isUser": true,
-            "timestamp": ts,
-            "requestId": ids.next(0xb),
-        }}
-    });
-    (delivery(&ids.next(0xd), &[event]), id)
-}
-
-fn emu_call(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
-    let agent = agent();
-    let result = match body {
-        Some(b) => agent
-            .post(url)
-            .header("content-type", "application/json")
-            .send(b.to_string().as_bytes()),
-        None if method == "DELETE" => agent.delete(url).call(),
-        None => agent.get(url).call(),
-    };
-    let mut resp = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn journal(emu: &str) -> Vec<JournalEntry> {
-    let (status, body) = emu_call("GET", &format!("{emu}/_emulator/journal"), None);
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_value(body).expect("journal entries")
+    let (id, event) = user_message(ids, conv, text, ts);
+    (make_delivery(ids, vec![(id.clone(), event)]).body, id)
 }
 
 /// The call took effect: it reached the state (no failure injected; a trickled call is carried
@@ -143,12 +68,6 @@ fn effective(e: &JournalEntry) -> bool {
     matches!(e.fault.as_deref(), None | Some("trickle"))
         && !e.replayed
         && (200..300).contains(&e.status)
-}
-
-/// The action id a key belongs to (a dead letter the upstream refused is retried under
-/// `<action id>~retry-<time>`).
-fn action_of(key: &str) -> &str {
-    key.split("~retry-").next().unwrap_or(key)
 }
 
 /// Wait, by the daemon's own signals, until everything accepted is folded, every decided action
@@ -188,7 +107,7 @@ fn post_messages(
     phase: &str,
 ) -> (Vec<String>, Vec<Duration>) {
     let agent = agent();
-    let base_ts = 1_763_690_400_000i64 + ids.next as i64 * 10;
+    let base_ts = 1_763_690_400_000i64 + ids.issued() as i64 * 10;
     let mut events = Vec::new();
     let mut acks = Vec::new();
     for i in 0..count {
@@ -251,14 +170,9 @@ fn run(fault: Fault) -> Report {
         "{}: seed {seed} (set HANDOFF_BRIDGE_TEST_SEED to replay)",
         fault.label
     );
-    let mut ids = Ids {
-        tag: (seed ^ (seed >> 32)) as u32,
-        next: 0,
-    };
+    let mut ids = Ids::new(seed);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = tmp.path().join("rules");
-    std::fs::create_dir_all(&rules).expect("rules dir");
-    std::fs::write(rules.join("echo.toml"), RULE).expect("rule file");
+    let rules = rules_dir(tmp.path(), RULE);
     let app = spawn(tmp.path(), &rules, fault.request_timeout);
     let emu = app.emulator_url.clone().expect("embedded emulator");
     let long = Duration::from_secs(if long_tests() { 600 } else { 120 });
@@ -269,14 +183,12 @@ fn run(fault: Fault) -> Report {
 
     let mut config = fault.config.clone();
     config["path_prefix"] = json!("/openapi/conversation/");
-    let (status, body) = emu_call("POST", &format!("{emu}/_emulator/faults"), Some(&config));
-    assert_eq!(status, 200, "faults refused: {body}");
+    set_faults(&emu, config);
     let (during_events, fault_acks) = post_messages(&app, &mut ids, during, "during");
     events.extend(during_events);
     // The fault plays out: every decided action has finished, done or given up.
     settle(&app, long);
-    let (status, body) = emu_call("DELETE", &format!("{emu}/_emulator/faults"), None);
-    assert_eq!(status, 204, "{body}");
+    clear_faults(&emu);
 
     // Recovery: what gave up is retried once the upstream is healthy.
     let (_, letters) = app.admin_get("/admin/v1/dead-letters");

@@ -29,51 +29,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-// ---- Talking to the emulator's control API ----
-
-fn emu_call(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
-    let agent = agent();
-    let result = match (method, body) {
-        ("GET", _) => agent.get(url).call(),
-        ("DELETE", _) => agent.delete(url).call(),
-        ("POST", Some(b)) => agent
-            .post(url)
-            .header("content-type", "application/json")
-            .send(b.to_string().as_bytes()),
-        ("POST", None) => agent.post(url).send_empty(),
-        _ => panic!("unsupported method {method}"),
-    };
-    let mut resp = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let status = resp.status().as_u16();
-    // The journal of a long kill loop is tens of MB: past ureq's default 10 MB limit.
-    let text = resp
-        .body_mut()
-        .with_config()
-        .limit(1 << 30)
-        .read_to_string()
-        .unwrap_or_else(|e| panic!("{method} {url}: reading the answer: {e}"));
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn set_faults(emu: &str, faults: Value) {
-    let (status, body) = emu_call("POST", &format!("{emu}/_emulator/faults"), Some(&faults));
-    assert_eq!(status, 200, "faults refused: {body}");
-}
-
-fn clear_faults(emu: &str) {
-    let (status, body) = emu_call("DELETE", &format!("{emu}/_emulator/faults"), None);
-    assert_eq!(status, 204, "{body}");
-}
-
-fn journal(emu: &str) -> Vec<JournalEntry> {
-    let (status, body) = emu_call("GET", &format!("{emu}/_emulator/journal"), None);
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_value(body).expect("journal entries")
-}
-
 /// The call took effect here: it reached the state (no injected fault), succeeded, and was not an
 /// answer replayed for a key seen before.
 fn effective(e: &JournalEntry) -> bool {
@@ -95,12 +50,6 @@ fn effective_per_key(entries: &[JournalEntry]) -> BTreeMap<String, usize> {
         *out.entry(key).or_insert(0) += 1;
     }
     out
-}
-
-/// The action id a call's idempotency key belongs to: a dead letter the upstream refused is
-/// retried under `<action id>~retry-<time>`.
-fn action_of(key: &str) -> &str {
-    key.split("~retry-").next().unwrap_or(key)
 }
 
 /// Calls the emulator answered with an error of its own (not an injected fault): none are

@@ -1,8 +1,9 @@
 //! Deliveries of user messages to the emulator's seeded conversations, and a daemon running a
-//! rule file of the test's own against a generously rate-limited upstream: shared by the outbox
-//! tests and the fault suite's duplicate storms.
+//! rule file of the test's own against a generously rate-limited upstream, and the emulator's
+//! control API (faults, journal): shared by the outbox tests and the fault suite.
 
-use super::delivery;
+use super::{agent, delivery};
+use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,57 @@ pub const SEND_MESSAGE: &str = "send-conversation-message";
 pub const UPDATE_CONVERSATION: &str = "update-conversation";
 pub const EMULATOR_KEY: &str = "outbox-integration-emulator-key-4411";
 
+// ---- Talking to the emulator's control API ----
+
+pub fn emu_call(method: &str, url: &str, body: Option<&Value>) -> (u16, Value) {
+    let agent = agent();
+    let result = match (method, body) {
+        ("GET", _) => agent.get(url).call(),
+        ("DELETE", _) => agent.delete(url).call(),
+        ("POST", Some(b)) => agent
+            .post(url)
+            .header("content-type", "application/json")
+            .send(b.to_string().as_bytes()),
+        ("POST", None) => agent.post(url).send_empty(),
+        _ => panic!("unsupported method {method}"),
+    };
+    let mut resp = result.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = resp.status().as_u16();
+    // The journal of a long kill loop is tens of MB: past ureq's default 10 MB limit.
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_string()
+        .unwrap_or_else(|e| panic!("{method} {url}: reading the answer: {e}"));
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+pub fn set_faults(emu: &str, faults: Value) {
+    let (status, body) = emu_call("POST", &format!("{emu}/_emulator/faults"), Some(&faults));
+    assert_eq!(status, 200, "faults refused: {body}");
+}
+
+pub fn clear_faults(emu: &str) {
+    let (status, body) = emu_call("DELETE", &format!("{emu}/_emulator/faults"), None);
+    assert_eq!(status, 204, "{body}");
+}
+
+pub fn journal(emu: &str) -> Vec<JournalEntry> {
+    let (status, body) = emu_call("GET", &format!("{emu}/_emulator/journal"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_value(body).expect("journal entries")
+}
+
+/// The action id a call's idempotency key belongs to: a dead letter the upstream refused is
+/// retried under `<action id>~retry-<time>`.
+pub fn action_of(key: &str) -> &str {
+    key.split("~retry-").next().unwrap_or(key)
+}
+
 // ---- Building deliveries ----
 
 /// Unique ids for one test run (a tag from the seed, then a counter).
@@ -49,6 +101,11 @@ impl Ids {
             tag: (seed ^ (seed >> 32)) as u32,
             next: 1,
         }
+    }
+
+    /// How many ids were handed out (a clock for timestamps that must grow across a run).
+    pub fn issued(&self) -> u64 {
+        self.next - 1
     }
 
     pub fn next(&mut self, kind: u16) -> String {
