@@ -10,17 +10,17 @@
 //! and are only read back from the store after a restart (or when the backlog is too large to
 //! keep them in memory).
 //!
-//! Folds run on the dispatcher's own threads (`fold-N`), at the configured background nice value:
-//! they are never on an acknowledgment's path, so under load they yield the CPU to intake.
+//! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_niceness` (0 by
+//! default): they are never on an acknowledgment's path, so they may yield the CPU to intake.
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
 use crate::store::{NewEvent, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinSet;
 
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -249,8 +249,8 @@ async fn run(
         metrics,
         pool,
     } = workers;
-    // Each entry waits for one fold on the pool; a fold that panics drops its sender.
-    let mut inflight: JoinSet<Result<JobResult, oneshot::error::RecvError>> = JoinSet::new();
+    // One receiver per fold on the pool; a fold that panics drops its sender.
+    let mut inflight: FuturesUnordered<oneshot::Receiver<JobResult>> = FuturesUnordered::new();
     loop {
         if *stop.borrow() {
             break;
@@ -279,7 +279,7 @@ async fn run(
                 });
                 let _ = done_tx.send(results);
             });
-            inflight.spawn(done_rx);
+            inflight.push(done_rx);
         }
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
@@ -291,14 +291,13 @@ async fn run(
                 }
                 None => inputs.open = false,
             },
-            Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
-                Ok(Ok(results)) => {
+            Some(joined) = inflight.next(), if !inflight.is_empty() => match joined {
+                Ok(results) => {
                     for (partition, done, failed) in results {
                         queues.finish(partition, done, failed);
                     }
                 }
-                Ok(Err(_)) => tracing::error!("a fold ended without a result (it panicked)"),
-                Err(e) => tracing::error!(error = %e, "dispatch waiter failed"),
+                Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
             },
             _ = stop.changed() => {}
             // Resumed (or paused): look at the queues again.
@@ -313,8 +312,8 @@ async fn run(
         }
     }
     // Shutdown: let batches in flight commit; what is queued stays in the inbox.
-    while let Some(joined) = inflight.join_next().await {
-        if let Ok(Ok(results)) = joined {
+    while let Some(joined) = inflight.next().await {
+        if let Ok(results) = joined {
             for (partition, done, failed) in results {
                 queues.finish(partition, done, failed);
             }

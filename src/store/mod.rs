@@ -571,7 +571,6 @@ impl Store {
         self.db.clone()
     }
 
-    /// Blocking flush, for offline tools and shutdown.
     /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
     /// again). After a sled call failed with an I/O error, this tells a disk that is still full
     /// from one that has space again (see `writer::index_loop`).
@@ -584,6 +583,7 @@ impl Store {
         written.is_ok()
     }
 
+    /// Blocking flush, for offline tools and shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
