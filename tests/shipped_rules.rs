@@ -42,6 +42,15 @@ fn spawn(root: &Path, rules: &Path, settings: &[(&str, &str)]) -> TestApp {
     spawn_with(root, rules, settings, Vec::new())
 }
 
+/// The daemon on the shipped rules as they are, with `settings` overridden (see [`spawn`]); the
+/// directory lives as long as the returned guard.
+fn shipped(settings: &[(&str, &str)]) -> (tempfile::TempDir, TestApp) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |_, t| t);
+    let app = spawn(tmp.path(), &rules, settings);
+    (tmp, app)
+}
+
 /// [`spawn`] with more command-line arguments (a `--config` file).
 fn spawn_with(root: &Path, rules: &Path, settings: &[(&str, &str)], args: Vec<String>) -> TestApp {
     let mut env = vec![
@@ -211,16 +220,10 @@ fn queued(position: u32) -> String {
 
 #[test]
 fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallback_flow() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+    ]);
     act(&app, "request-agent", json!({}));
     // Five minutes at once: the place-in-line update (every 2 minutes) comes due first, once,
     // then the wait runs out and stops the updates.
@@ -327,17 +330,11 @@ fn nobody_answers_in_time_the_user_is_told_and_the_bot_takes_over_in_the_fallbac
 
 #[test]
 fn an_agent_in_time_cancels_the_wait_and_the_end_of_the_call_leads_to_after_care() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-            ("aftercare_flow_id", AFTERCARE_FLOW),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+        ("aftercare_flow_id", AFTERCARE_FLOW),
+    ]);
     // Connect in time. The request's own calls go first.
     act(&app, "request-agent", json!({}));
     app.settle();
@@ -403,9 +400,7 @@ fn outside_business_hours_a_request_is_not_queued() {
 
 #[test]
 fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologised_to() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(tmp.path(), &rules, &[("check_business_hours", "false")]);
+    let (_tmp, app) = shipped(&[("check_business_hours", "false")]);
     act(&app, "request-agent", json!({}));
     app.settle();
     act(&app, "cancel", json!({}));
@@ -427,18 +422,12 @@ fn a_user_who_cancels_before_an_agent_connects_is_cleaned_up_and_never_apologise
 
 #[test]
 fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_clock() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-            // No help desk is configured: its events are decided and recorded as done.
-            ("notify_helpdesk", "true"),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+        // No help desk is configured: its events are decided and recorded as done.
+        ("notify_helpdesk", "true"),
+    ]);
     act(&app, "request-agent", json!({}));
     app.settle();
     act(&app, "agent-connect", json!({}));
@@ -504,16 +493,10 @@ fn a_silent_agent_is_waited_for_then_the_bot_takes_over_and_an_answer_stops_the_
 
 #[test]
 fn a_waiting_user_hears_their_place_in_line_again_until_an_agent_connects() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("queue_update_every", "2m"),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("queue_update_every", "2m"),
+    ]);
     act(&app, "request-agent", json!({}));
     app.settle();
     let update = setting("queue_position_text").replace("{position}", "1");
@@ -566,16 +549,10 @@ fn a_waiting_user_hears_their_place_in_line_again_until_an_agent_connects() {
 /// and when nobody comes within the wait the bot takes over in the fallback flow.
 #[test]
 fn a_user_who_asks_for_an_agent_in_words_is_queued_then_handed_back_after_the_wait() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+    ]);
     act(&app, "say", json!({"text": "상담원 연결해 주세요"}));
     app.settle();
     assert_eq!(
@@ -613,17 +590,11 @@ fn a_user_who_asks_for_an_agent_in_words_is_queued_then_handed_back_after_the_wa
 /// shipped 5 minutes would not).
 #[test]
 fn an_operator_shortens_the_agent_wait_through_a_setting() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-            ("agent_wait", "1m"),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+        ("agent_wait", "1m"),
+    ]);
     act(&app, "request-agent", json!({}));
     app.settle();
     let timer = state(&app)["timers"]["agent-wait"].clone();
@@ -654,16 +625,10 @@ const SENDER_KEY: &str = "sk-support-0001";
 #[test]
 fn partner_messenger_replies_are_relayed_a_session_end_is_honoured_and_abuse_is_blocked_for_a_while(
 ) {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("partner_sender_key", SENDER_KEY),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("partner_sender_key", SENDER_KEY),
+    ]);
     // The agent call makes the conversation known (platform, user key), then the agent answers.
     app.emulator_act(KB_CONV, "request-agent", json!({}));
     app.settle();
@@ -746,19 +711,13 @@ fn outside_business_hours_a_conversation_already_with_an_agent_is_left_alone() {
 /// variables filled in (the user has no `name` param: the default).
 #[test]
 fn a_partner_messenger_user_nobody_answered_gets_the_call_back_notification() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("partner_sender_key", SENDER_KEY),
-            ("callback_template_code", "CALLBACK"),
-            ("callback_time", "내일 오전"),
-            ("fallback_flow_id", FALLBACK_FLOW),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("partner_sender_key", SENDER_KEY),
+        ("callback_template_code", "CALLBACK"),
+        ("callback_time", "내일 오전"),
+        ("fallback_flow_id", FALLBACK_FLOW),
+    ]);
     app.emulator_act(KB_CONV, "request-agent", json!({}));
     app.advance_clock("5m");
     wait_for_in(
@@ -844,16 +803,10 @@ fn outside_business_hours_a_partner_messenger_user_gets_the_call_back_notificati
 /// unblocked a day later.
 #[test]
 fn a_partner_messenger_user_who_floods_is_blocked_once_and_unblocked_a_day_later() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules(tmp.path(), |_, t| t);
-    let app = spawn(
-        tmp.path(),
-        &rules,
-        &[
-            ("check_business_hours", "false"),
-            ("partner_sender_key", SENDER_KEY),
-        ],
-    );
+    let (_tmp, app) = shipped(&[
+        ("check_business_hours", "false"),
+        ("partner_sender_key", SENDER_KEY),
+    ]);
     // The agent call makes the conversation known (platform, user key).
     app.emulator_act(KB_CONV, "request-agent", json!({}));
     app.settle();
