@@ -125,7 +125,7 @@ impl Store {
                     accepted.duplicate_events += 1;
                     continue;
                 }
-                let seq = self.db.generate_id()?;
+                let seq = self.next_seq();
                 in_flight.events.insert(id.as_str().to_owned());
                 rows.push((seq, id.clone(), ev.partition.encode()));
                 accepted.new.push((seq, ev.partition.clone()));
@@ -194,6 +194,12 @@ impl Store {
                 "index: frames without locations".into(),
             ));
         }
+        // Groups come in log order, so the last one's last event has the highest number yet.
+        let last_seq = groups
+            .iter()
+            .flat_map(|g| g.frames.iter())
+            .flat_map(|(_, rows)| rows.iter().map(|(seq, _, _)| *seq))
+            .max();
         let trees = (&self.inbox, &self.meta);
         trees.transaction(|(inbox, meta)| {
             for group in groups {
@@ -204,6 +210,9 @@ impl Store {
                 }
             }
             meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
+            if let Some(last) = last_seq {
+                meta.insert(keys::meta::SEQ_FLOOR, &keys::seq(last))?;
+            }
             Ok(())
         })?;
         // Into the dedupe index before the in-flight set lets go of them.

@@ -58,6 +58,9 @@ pub mod meta {
     /// Every event log frame before this location is indexed (seen and inbox entries); written
     /// in the same transaction as the index entries.
     pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";
+    /// The highest event sequence number indexed so far (u64 BE), written with the index
+    /// entries: a start numbers new events above it (see `Store::next_seq`).
+    pub const SEQ_FLOOR: &[u8] = b"event_seq_floor";
     /// Record counts of the state trees (u64 BE), kept by the folds' transactions.
     pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";
     pub const COUNT_END_USERS: &[u8] = b"count/end_users";

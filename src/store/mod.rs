@@ -300,6 +300,8 @@ pub struct Store {
     wal_path: PathBuf,
     /// Held for a whole fold (see `apply`).
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
+    /// The next event's sequence number (see [`Store::next_seq`]).
+    next_seq: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
@@ -417,7 +419,9 @@ impl Store {
             writer_started: Default::default(),
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
+            next_seq: Default::default(),
         };
+        store.number_events_above_floor()?;
         let layout = store.check_layout()?;
         store.open_legacy(layout)?;
         if layout < 2 {
@@ -431,8 +435,33 @@ impl Store {
             tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
+        // Recovery indexed the log's tail, whose numbers may be above the floor read before.
+        store.number_events_above_floor()?;
         store.index_queue_once()?;
         Ok(store)
+    }
+
+    /// Raise the event counter above every number already given out: the floor the index
+    /// transactions keep or, in a store from before the floor, sled's own id counter, which
+    /// numbered its events (sled keeps it monotonic across crashes).
+    fn number_events_above_floor(&self) -> Result<(), StoreError> {
+        let next = match self.meta.get(keys::meta::SEQ_FLOOR)? {
+            Some(b) => keys::parse_seq(&b)
+                .ok_or_else(|| corrupt("event sequence floor"))?
+                .saturating_add(1),
+            None => self.db.generate_id()?,
+        };
+        self.next_seq
+            .fetch_max(next, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A new event's sequence number. Drawn from an in-memory counter rather than sled's
+    /// `generate_id`, which takes sled's global concurrency lock: on the writer's path (before
+    /// the acknowledgment) it waited for every fold transaction to commit.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The store's layout version (a new store gets the current one). Refuses a newer one.

@@ -1398,3 +1398,45 @@ fn the_audit_shows_a_firing_of_a_cancelled_timer_as_stale_and_a_live_one_as_matc
     assert_eq!(fired["matched"], true, "{audit:#}");
     assert_eq!(fired["actions"], serde_json::json!(["send_message"]));
 }
+
+#[test]
+fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        for i in 0..50 {
+            let body = delivery(&format!("d{i}"), &[(&format!("e{i}"), "c1", i)]);
+            assert_eq!(accept(&store, &body).new.len(), 1);
+        }
+        // Acknowledged, never indexed: its numbers are above the floor the index recorded.
+        log_only(
+            &store,
+            &delivery("dt", &[("et1", "c2", 60), ("et2", "c2", 61)]),
+            2_000,
+        );
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let seen: Vec<u64> = store
+        .pending()
+        .expect("pending")
+        .iter()
+        .map(|(seq, _)| *seq)
+        .collect();
+    assert_eq!(seen.len(), 52, "50 accepted and 2 recovered events");
+    let before = *seen.iter().max().expect("numbers");
+    let after = accept(&store, &delivery("dn", &[("en", "c3", 70)])).new;
+    assert_eq!(after.len(), 1);
+    assert!(
+        after[0].0 > before,
+        "new event numbered {} after {before}",
+        after[0].0
+    );
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
+    let again = accept(&store, &delivery("dm", &[("em", "c3", 80)])).new;
+    assert!(
+        again[0].0 > after[0].0,
+        "numbers never repeat after a restart"
+    );
+}

@@ -235,6 +235,36 @@ struct Backlog {
     to: Option<super::eventlog::Location>,
 }
 
+/// Callers waiting for a sled flush, answered by the indexer after its next transaction.
+#[derive(Default)]
+struct FlushWaiters {
+    /// [`Writer::flush`] calls.
+    flushes: Vec<oneshot::Sender<Result<(), String>>>,
+    /// Deliveries with quarantined events, logged and judged: their answer holds only once the
+    /// quarantine records (written to sled by the check) are flushed.
+    replies: Vec<(oneshot::Sender<Result<Accepted, String>>, Accepted)>,
+}
+
+impl FlushWaiters {
+    fn is_empty(&self) -> bool {
+        self.flushes.is_empty() && self.replies.is_empty()
+    }
+
+    fn append(&mut self, other: &mut FlushWaiters) {
+        self.flushes.append(&mut other.flushes);
+        self.replies.append(&mut other.replies);
+    }
+
+    fn answer(self, flushed: Result<(), String>) {
+        for reply in self.flushes {
+            let _ = reply.send(flushed.clone());
+        }
+        for (reply, accepted) in self.replies {
+            let _ = reply.send(flushed.clone().map(|()| accepted));
+        }
+    }
+}
+
 impl Backlog {
     /// Index everything waiting; on success hand the events on.
     fn index(
@@ -260,11 +290,22 @@ impl Backlog {
 enum ToIndexer {
     /// Groups just synced, with the log's end after them.
     Index(Backlog),
+    /// Callers to answer after a sled flush.
+    Flush(FlushWaiters),
+}
+
+fn flush_store(store: &Store) -> Result<(), String> {
+    store.flush().map_err(|e| {
+        tracing::error!(error = %e, "store flush failed");
+        e.to_string()
+    })
 }
 
 /// The indexing side: sled transactions for what the syncer logged, off the syncer's thread, so
 /// the next sync need not wait for the last one's index. Groups arrive in log order and are
 /// indexed in that order; until indexed, their ids stay in the in-flight set (see `intake`).
+/// It is also the one caller of `Db::flush` while the writer runs: a flush asked for after some
+/// groups runs after their transaction, and the syncer never waits for sled.
 fn index_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<ToIndexer>,
@@ -272,15 +313,17 @@ fn index_loop(
     health: Arc<Health>,
 ) {
     let mut backlog = Backlog::default();
+    let mut waiters = FlushWaiters::default();
     // The last failed attempt was followed by a successful probe write: another failure means
     // sled is stuck, not the disk full.
     let mut disk_was_writable = false;
-    let absorb = |backlog: &mut Backlog, message: ToIndexer| match message {
+    let absorb = |backlog: &mut Backlog, waiters: &mut FlushWaiters, message| match message {
         ToIndexer::Index(mut more) => {
             backlog.groups.append(&mut more.groups);
             backlog.new_events.append(&mut more.new_events);
             backlog.to = more.to.or(backlog.to);
         }
+        ToIndexer::Flush(mut more) => waiters.append(&mut more),
     };
     loop {
         // With a backlog left by a failed transaction, try again after a pause even if nothing
@@ -298,13 +341,18 @@ fn index_loop(
             }
         };
         if let Some(message) = next {
-            absorb(&mut backlog, message);
+            absorb(&mut backlog, &mut waiters, message);
             while let Ok(more) = rx.try_recv() {
-                absorb(&mut backlog, more);
+                absorb(&mut backlog, &mut waiters, more);
             }
         }
         let indexed = backlog.index(&store, durable.as_ref());
         health.index.store(indexed.is_ok(), Ordering::Relaxed);
+        if !waiters.is_empty() {
+            // Whatever the index did: what the waiters wrote is theirs, and a failing sled
+            // fails the flush too.
+            std::mem::take(&mut waiters).answer(flush_store(&store));
+        }
         match indexed {
             Ok(()) => disk_was_writable = false,
             Err(e)
@@ -332,6 +380,9 @@ fn index_loop(
     }
     // The syncer is gone: index what is left, so the next start has nothing to index again.
     let _ = backlog.index(&store, durable.as_ref());
+    if !waiters.is_empty() {
+        waiters.answer(flush_store(&store));
+    }
 }
 
 /// Exit status of a daemon whose store failed for good in this process (EX_TEMPFAIL: a
@@ -342,8 +393,8 @@ pub const STORE_STUCK_EXIT: i32 = 75;
 const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The durability side: append the groups that are ready to the event log, sync once, answer;
-/// hand them to the indexer; then flush sled for those who asked (after the answers, so an
-/// acknowledgment never waits for a sled flush it does not need).
+/// hand them to the indexer, and with them those who wait for a sled flush (so an
+/// acknowledgment never waits for sled).
 fn sync_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<Group>,
@@ -367,19 +418,11 @@ fn sync_loop(
             None
         }
     };
-    let flush = || {
-        store.flush().map_err(|e| {
-            tracing::error!(error = %e, "store flush failed");
-            e.to_string()
-        })
-    };
     while let Ok(first) = rx.recv() {
         let mut groups = vec![first];
         while let Ok(more) = rx.try_recv() {
             groups.push(more);
         }
-        let replies_need_sled = groups.iter().any(|g| g.checked.quarantined);
-        let flush_wanted = groups.iter().any(|g| !g.flushes.is_empty());
         let mut queued = Ok(());
         for group in &mut groups {
             match store.log_queue(std::mem::take(&mut group.checked.frames)) {
@@ -411,47 +454,43 @@ fn sync_loop(
                 Err(e.to_string())
             }
         };
-        // Quarantine records are in sled only (a delivery itself is known by its log frame).
-        let mut flushed = None;
-        let replies_durable = match logged {
-            Ok(()) if replies_need_sled => {
-                let result = flush();
-                flushed = Some(result.clone());
-                result
-            }
-            other => other,
-        };
+        let mut waiters = FlushWaiters::default();
         for group in &mut groups {
             observe(group.started.elapsed(), group.replies.len());
-            let answer = match &replies_durable {
+            let answer = match &logged {
                 Ok(()) if !group.checked.duplicates_hold(&store) => {
                     Err("a delivery this one repeats failed to store; retry".to_owned())
                 }
                 other => other.clone(),
             };
+            // Quarantine records are in sled only (a delivery itself is known by its frame).
+            let after_flush = answer.is_ok() && group.checked.quarantined;
             for (reply, accepted) in group
                 .replies
                 .drain(..)
                 .zip(std::mem::take(&mut group.checked.accepted))
             {
-                // The handler may have gone (client disconnected); the delivery is stored.
-                let _ = reply.send(answer.clone().map(|()| accepted));
+                if after_flush {
+                    waiters.replies.push((reply, accepted));
+                } else {
+                    // The handler may have gone (client disconnected); the delivery is stored.
+                    let _ = reply.send(answer.clone().map(|()| accepted));
+                }
             }
+            waiters.flushes.append(&mut group.flushes);
         }
+        healthy.store(logged.is_ok(), Ordering::Relaxed);
         if synced.to.is_some() && to_indexer.send(ToIndexer::Index(synced)).is_err() {
             // Logged and answered, so not lost: the next start indexes the log's tail.
             tracing::error!("the store indexer stopped");
             health.index.store(false, Ordering::Relaxed);
         }
-        healthy.store(replies_durable.is_ok(), Ordering::Relaxed);
-        let flushed = match flushed {
-            Some(result) => result,
-            None if flush_wanted => flush(),
-            None => Ok(()),
-        };
-        for group in groups {
-            for reply in group.flushes {
-                let _ = reply.send(flushed.clone());
+        if !waiters.is_empty() {
+            if let Err(std::sync::mpsc::SendError(ToIndexer::Flush(waiters))) =
+                to_indexer.send(ToIndexer::Flush(waiters))
+            {
+                // No indexer (it failed to start): flush here rather than leave them waiting.
+                waiters.answer(flush_store(&store));
             }
         }
     }
@@ -460,7 +499,7 @@ fn sync_loop(
     if let Some(indexer) = indexer {
         let _ = indexer.join();
     }
-    if let Err(e) = flush() {
+    if let Err(e) = flush_store(&store) {
         tracing::error!(error = %e, "final store flush failed; the log's tail will be indexed on start");
     }
 }
