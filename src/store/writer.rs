@@ -80,6 +80,48 @@ struct Health {
     index: AtomicBool,
 }
 
+/// At most this many logged events wait for their index transaction (see [`IndexBacklog`]).
+const MAX_INDEX_BACKLOG: usize = 8192;
+
+/// Events the syncer handed the indexer that are not indexed yet. Each holds its typed form and
+/// its ids in memory until then, and nothing else slows intake down to the index transactions'
+/// pace: so the syncer waits while there are [`MAX_INDEX_BACKLOG`] of them, and a burst faster
+/// than sled lengthens acknowledgments instead of growing memory without bound.
+#[derive(Default)]
+struct IndexBacklog {
+    events: std::sync::Mutex<usize>,
+    room: std::sync::Condvar,
+}
+
+impl IndexBacklog {
+    /// Wait for room, then count `n` more events. A failing indexer (whose backlog cannot
+    /// shrink) is not waited for: intake then fails or succeeds on its own, on the event log.
+    fn reserve(&self, n: usize, health: &Health) {
+        let Ok(mut events) = self.events.lock() else {
+            return;
+        };
+        while *events >= MAX_INDEX_BACKLOG && health.index.load(Ordering::Relaxed) {
+            match self.room.wait_timeout(events, INDEX_RETRY_PAUSE) {
+                Ok((guard, _)) => events = guard,
+                Err(_) => return,
+            }
+        }
+        *events += n;
+    }
+
+    fn release(&self, n: usize) {
+        if let Ok(mut events) = self.events.lock() {
+            *events = events.saturating_sub(n);
+            self.room.notify_all();
+        }
+    }
+
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.events.lock().map_or(0, |e| *e)
+    }
+}
+
 impl Writer {
     /// Start the writer thread. The store has already replayed any leftover log on open.
     pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
@@ -311,6 +353,7 @@ fn index_loop(
     rx: std::sync::mpsc::Receiver<ToIndexer>,
     durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
     health: Arc<Health>,
+    waiting: Arc<IndexBacklog>,
 ) {
     let mut backlog = Backlog::default();
     let mut waiters = FlushWaiters::default();
@@ -346,8 +389,15 @@ fn index_loop(
                 absorb(&mut backlog, &mut waiters, more);
             }
         }
+        let events = backlog.new_events.len();
         let indexed = backlog.index(&store, durable.as_ref());
         health.index.store(indexed.is_ok(), Ordering::Relaxed);
+        if indexed.is_ok() {
+            waiting.release(events);
+        } else {
+            // Unhealthy now: wake a syncer waiting for room, which stops waiting.
+            waiting.room.notify_all();
+        }
         if !waiters.is_empty() {
             // Whatever the index did: what the waiters wrote is theirs, and a failing sled
             // fails the flush too.
@@ -404,17 +454,19 @@ fn sync_loop(
     let WriterHooks { observe, durable } = hooks;
     let healthy = &health.log;
     let (to_indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
+    let waiting = Arc::new(IndexBacklog::default());
     let indexer = {
-        let (store, health) = (store.clone(), health.clone());
+        let (store, health, waiting) = (store.clone(), health.clone(), waiting.clone());
         std::thread::Builder::new()
             .name("store-indexer".into())
-            .spawn(move || index_loop(store, from_syncer, durable, health))
+            .spawn(move || index_loop(store, from_syncer, durable, health, waiting))
     };
     let indexer = match indexer {
         Ok(handle) => Some(handle),
         Err(e) => {
             tracing::error!(error = %e, "cannot start the store indexer");
             healthy.store(false, Ordering::Relaxed);
+            health.index.store(false, Ordering::Relaxed);
             None
         }
     };
@@ -480,6 +532,9 @@ fn sync_loop(
             waiters.flushes.append(&mut group.flushes);
         }
         healthy.store(logged.is_ok(), Ordering::Relaxed);
+        if synced.to.is_some() {
+            waiting.reserve(synced.new_events.len(), &health);
+        }
         if synced.to.is_some() && to_indexer.send(ToIndexer::Index(synced)).is_err() {
             // Logged and answered, so not lost: the next start indexes the log's tail.
             tracing::error!("the store indexer stopped");
@@ -509,6 +564,42 @@ mod tests {
     use super::*;
     use crate::webhook::parse_delivery;
     use std::sync::Mutex;
+
+    fn health(index: bool) -> Arc<Health> {
+        Arc::new(Health {
+            log: AtomicBool::new(true),
+            index: AtomicBool::new(index),
+        })
+    }
+
+    #[test]
+    fn the_syncer_waits_for_room_in_a_full_index_backlog_unless_the_indexer_fails() {
+        let backlog = Arc::new(IndexBacklog::default());
+        let healthy = health(true);
+        backlog.reserve(MAX_INDEX_BACKLOG, &healthy);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let (backlog, healthy) = (backlog.clone(), healthy.clone());
+            std::thread::spawn(move || {
+                backlog.reserve(3, &healthy);
+                let _ = done_tx.send(());
+            })
+        };
+        assert_eq!(
+            done_rx.recv_timeout(Duration::from_millis(200)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+            "a full backlog holds the syncer"
+        );
+        backlog.release(10);
+        done_rx.recv().expect("room made: the syncer goes on");
+        waiter.join().expect("waiter");
+        assert_eq!(backlog.count(), MAX_INDEX_BACKLOG - 10 + 3);
+
+        // A failing indexer cannot make room: the syncer does not wait for it.
+        let failing = health(false);
+        backlog.reserve(MAX_INDEX_BACKLOG, &failing);
+        assert_eq!(backlog.count(), 2 * MAX_INDEX_BACKLOG - 7);
+    }
 
     fn body(delivery: &str, event: &str, conversation: &str) -> Vec<u8> {
         format!(
