@@ -4,10 +4,11 @@
 //! millisecond it takes from those lengthens an acknowledgment. The fold is not on that path (the
 //! event log makes a delivery durable; the inbox absorbs a burst), so it runs at a higher nice
 //! value: under contention the scheduler gives intake the CPU, and the backlog is folded as soon as
-//! it lets go. A nice value still gets a share (nice 10 gets about a tenth against nice 0), so the
-//! fold keeps up under sustained load instead of starving. The indexer stays at the daemon's
-//! priority: until it has indexed a group, the group's typed events wait in memory. Off by
-//! default (`dispatch.fold_niceness = 0`): on a quiet machine it measured no gain.
+//! it lets go. A nice value still gets a share of a contended CPU (nice 10 about a tenth against
+//! nice 0, nice 19 about a seventieth) and all of an idle one. The indexer stays at the daemon's
+//! priority: until it has indexed a group, the group's typed events wait in memory. The default
+//! (`dispatch.fold_niceness = 19`) measured best once nothing on the acknowledgment path waited
+//! for sled's lock any more (docs/benchmarks.md, session 8).
 
 use thread_priority::{ThreadPriority, ThreadPriorityValue};
 

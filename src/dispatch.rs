@@ -10,8 +10,8 @@
 //! and are only read back from the store after a restart (or when the backlog is too large to
 //! keep them in memory).
 //!
-//! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_niceness` (0 by
-//! default): they are never on an acknowledgment's path, so they may yield the CPU to intake.
+//! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_niceness` (19 by
+//! default): they are never on an acknowledgment's path, so they yield the CPU to intake.
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
