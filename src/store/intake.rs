@@ -194,7 +194,8 @@ impl Store {
                 "index: frames without locations".into(),
             ));
         }
-        // Groups come in log order, so the last one's last event has the highest number yet.
+        // The highest number in these groups (which come in log order): the floor a start numbers
+        // new events above.
         let last_seq = groups
             .iter()
             .flat_map(|g| g.frames.iter())

@@ -116,6 +116,11 @@ impl IndexBacklog {
         }
     }
 
+    /// The indexer just failed: wake a syncer waiting for room, which then stops waiting.
+    fn indexer_failed(&self) {
+        self.room.notify_all();
+    }
+
     #[cfg(test)]
     fn count(&self) -> usize {
         self.events.lock().map_or(0, |e| *e)
@@ -395,8 +400,7 @@ fn index_loop(
         if indexed.is_ok() {
             waiting.release(events);
         } else {
-            // Unhealthy now: wake a syncer waiting for room, which stops waiting.
-            waiting.room.notify_all();
+            waiting.indexer_failed();
         }
         if !waiters.is_empty() {
             // Whatever the index did: what the waiters wrote is theirs, and a failing sled
@@ -534,11 +538,11 @@ fn sync_loop(
         healthy.store(logged.is_ok(), Ordering::Relaxed);
         if synced.to.is_some() {
             waiting.reserve(synced.new_events.len(), &health);
-        }
-        if synced.to.is_some() && to_indexer.send(ToIndexer::Index(synced)).is_err() {
-            // Logged and answered, so not lost: the next start indexes the log's tail.
-            tracing::error!("the store indexer stopped");
-            health.index.store(false, Ordering::Relaxed);
+            if to_indexer.send(ToIndexer::Index(synced)).is_err() {
+                // Logged and answered, so not lost: the next start indexes the log's tail.
+                tracing::error!("the store indexer stopped");
+                health.index.store(false, Ordering::Relaxed);
+            }
         }
         if !waiters.is_empty() {
             if let Err(std::sync::mpsc::SendError(ToIndexer::Flush(waiters))) =
