@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::load::{long_tests, post_body};
+use common::load::{long_tests, median, post_body};
 use common::*;
 use serde_json::json;
 use std::io::{ErrorKind, Read, Write};
@@ -39,16 +39,7 @@ fn spawn(extra: &[(&str, &str)]) -> (tempfile::TempDir, TestApp) {
         ("HANDOFF_BRIDGE__SERVER__BODY_READ_TIMEOUT", "1s"),
     ];
     env.extend_from_slice(extra);
-    let app = TestApp::spawn_in(
-        &tmp.path().join("data"),
-        Spawn {
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Spawn::default()
-        },
-    );
+    let app = TestApp::spawn_in(&tmp.path().join("data"), Spawn::with_env(&env));
     (tmp, app)
 }
 
@@ -90,12 +81,6 @@ fn legit_posts(app: &TestApp, run: &str, from: usize, count: usize) -> Vec<Durat
             took
         })
         .collect()
-}
-
-fn median(xs: &[Duration]) -> Duration {
-    let mut v = xs.to_vec();
-    v.sort();
-    v[v.len() / 2]
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::load::{long_tests, post_body, seed_from_env_or_clock};
+use common::load::{long_tests, median, post_body, seed_from_env_or_clock};
 use common::relay::{
     action_of, clear_faults, journal, make_delivery, rules_dir, set_faults, user_message, Ids,
     SEEDED,
@@ -68,34 +68,6 @@ fn effective(e: &JournalEntry) -> bool {
     matches!(e.fault.as_deref(), None | Some("trickle"))
         && !e.replayed
         && (200..300).contains(&e.status)
-}
-
-/// Wait, by the daemon's own signals, until everything accepted is folded, every decided action
-/// has finished (done or dead letter), and the emulator's webhooks about them are folded too.
-fn settle(app: &TestApp, limit: Duration) {
-    for _ in 0..2 {
-        wait_drained(app);
-        // The endpoint answers when idle; asked again in turns shorter than the client's own
-        // 30 s timeout, for as long as `limit` allows (a long outage takes minutes to give up).
-        let deadline = Instant::now() + limit;
-        loop {
-            let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=20000");
-            if status == 200 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "outbox not idle within {limit:?}: {idle}"
-            );
-        }
-        app.emulator_delivered();
-    }
-}
-
-fn median(xs: &[Duration]) -> Duration {
-    let mut v = xs.to_vec();
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// Post one message per delivery, round robin over the seeded conversations, each answered before
@@ -179,7 +151,7 @@ fn run(fault: Fault) -> Report {
 
     // Before: the intake's latency with a healthy upstream.
     let (mut events, pre_acks) = post_messages(&app, &mut ids, pre, "before");
-    settle(&app, long);
+    app.settle_within(long);
 
     let mut config = fault.config.clone();
     config["path_prefix"] = json!("/openapi/conversation/");
@@ -187,7 +159,7 @@ fn run(fault: Fault) -> Report {
     let (during_events, fault_acks) = post_messages(&app, &mut ids, during, "during");
     events.extend(during_events);
     // The fault plays out: every decided action has finished, done or given up.
-    settle(&app, long);
+    app.settle_within(long);
     clear_faults(&emu);
 
     // Recovery: what gave up is retried once the upstream is healthy.
@@ -213,7 +185,7 @@ fn run(fault: Fault) -> Report {
             Some(dead_letters),
             "{out}"
         );
-        settle(&app, long);
+        app.settle_within(long);
     }
     let (_, letters) = app.admin_get("/admin/v1/dead-letters");
     assert_eq!(letters["count"], 0, "{letters}");
@@ -312,16 +284,7 @@ fn spawn(root: &Path, rules: &Path, request_timeout: &str) -> TestApp {
         ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_RETRY_AFTER", "2s"),
         ("HANDOFF_BRIDGE__UPSTREAM__REQUEST_TIMEOUT", request_timeout),
     ];
-    TestApp::spawn_in(
-        &root.join("data"),
-        Spawn {
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Spawn::default()
-        },
-    )
+    TestApp::spawn_in(&root.join("data"), Spawn::with_env(&env))
 }
 
 fn print(label: &str, r: &Report) {

@@ -43,13 +43,7 @@ fn folds_run_at_the_fold_nice_value_and_intake_at_the_daemons_own() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
-        Spawn {
-            env: vec![(
-                "HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS".into(),
-                want.to_string(),
-            )],
-            ..Spawn::default()
-        },
+        Spawn::with_env(&[("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string())]),
     );
     // Folded, so the fold threads have run a job and sled has started its I/O threads.
     let (status, receipt) = app.post(&fixture_bytes("agent-call-requested.json"));

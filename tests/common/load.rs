@@ -9,6 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The middle of `xs` (the upper one of an even count).
+pub fn median(xs: &[Duration]) -> Duration {
+    let mut v = xs.to_vec();
+    v.sort();
+    v[v.len() / 2]
+}
+
 /// `HANDOFF_BRIDGE_LONG_TESTS=1` asks for the long variants.
 pub fn long_tests() -> bool {
     std::env::var("HANDOFF_BRIDGE_LONG_TESTS").is_ok_and(|v| v == "1")

@@ -73,6 +73,19 @@ pub struct Spawn {
     pub args: Vec<String>,
 }
 
+impl Spawn {
+    /// Options with this environment, no extra arguments.
+    pub fn with_env(env: &[(&str, &str)]) -> Spawn {
+        Spawn {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Spawn::default()
+        }
+    }
+}
+
 impl TestApp {
     /// A daemon on a fresh data directory.
     pub fn spawn() -> TestApp {
@@ -437,10 +450,25 @@ impl TestApp {
     /// emulator sends about them (`bot.message.sent`...) delivered and folded too (twice, for the
     /// actions those decide).
     pub fn settle(&self) {
+        self.settle_within(Duration::from_secs(30));
+    }
+
+    /// [`settle`](Self::settle), the outbox given up to `limit` to become idle (a long outage
+    /// takes minutes to give up); asked in turns shorter than the client's own 30 s timeout.
+    pub fn settle_within(&self, limit: Duration) {
         for _ in 0..2 {
             wait_drained(self);
-            let (status, idle) = self.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
-            assert_eq!(status, 200, "outbox not idle: {idle}");
+            let deadline = std::time::Instant::now() + limit;
+            loop {
+                let (status, idle) = self.admin_get("/admin/v1/outbox/idle?timeout_ms=20000");
+                if status == 200 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "outbox not idle within {limit:?}: {idle}"
+                );
+            }
             self.emulator_delivered();
         }
     }
