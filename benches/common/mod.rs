@@ -1039,20 +1039,22 @@ pub fn report_head(r: &mut String, title: &str, quick: bool, machine: &[(String,
 /// Print the report on stdout and write it to `out`.
 pub fn publish(report: &str, out: &Path) -> Result<(), String> {
     println!("{report}");
-    if let Some(dir) = out.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    std::fs::write(out, report).map_err(|e| format!("{}: {e}", out.display()))
+    write_file(out, report)
 }
 
 /// Write `results` as JSON to `--json FILE`, when given: the machine-readable form of the report,
 /// which `benches/run` reads to build its table across benches and rounds.
 pub fn publish_json(results: &serde_json::Value, out: Option<&Path>) -> Result<(), String> {
     let Some(out) = out else { return Ok(()) };
+    let text = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
+    write_file(out, &text)
+}
+
+/// Write `text` to `out`, creating its directory.
+fn write_file(out: &Path, text: &str) -> Result<(), String> {
     if let Some(dir) = out.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let text = serde_json::to_string_pretty(results).map_err(|e| e.to_string())?;
     std::fs::write(out, text).map_err(|e| format!("{}: {e}", out.display()))
 }
 
