@@ -64,7 +64,7 @@ const BODY: BodyRead = BodyRead {
 
 /// The same allocator as the daemon, so the baseline server differs from it only in storing.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -915,8 +915,8 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
     let hwm_kb = proc_status_kb(daemon.pid, "VmHWM");
     let rss_anon_kb = proc_status_kb(daemon.pid, "RssAnon");
     let metrics = daemon_metrics(&http, &daemon.base());
-    // The allocator returns freed pages lazily (mimalloc v3 purges what stayed free for a second,
-    // when a thread next allocates): the memory a daemon keeps is the figure after a quiet spell.
+    // The allocator returns freed pages after a delay (jemalloc's background thread purges what
+    // stayed free for a second): the memory a daemon keeps is the figure after a quiet spell.
     let idle_from = Instant::now();
     let health_url = format!("{}/healthz", daemon.base());
     while idle_from.elapsed() < IDLE_AFTER_DRAIN {
