@@ -7,7 +7,7 @@
 //! cargo bench --bench sled_probe -- state        # 1M 1 KB writes over 100,000 keys
 //! ```
 //!
-//! Each mode writes into a fresh sled database (32 MiB cache, as the daemon's default), flushes,
+//! Each mode writes into a fresh sled database (32 MiB cache, the daemon's default when the probe was written), flushes,
 //! prints the process RSS and the directory size, then closes and reopens it and prints the RSS
 //! again (what a restarted daemon would carry).
 
