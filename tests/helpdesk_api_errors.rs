@@ -154,6 +154,7 @@ fn while_folding_is_held_back_calls_answer_504_pending_and_503_over_the_limit_an
     let to_flow = json!({"flow_id": 3});
 
     admin_post(&app, "/admin/v1/dispatch/pause");
+    assert_eq!(app.metric("handoff_dispatch_paused"), 1.0);
     let inbox_before = app.metric("handoff_inbox_depth");
     let (pending_accept, pending_transfer) = std::thread::scope(|s| {
         let a = s.spawn(|| post(&app, &accept, Some("pend-1"), alice.clone()));
@@ -184,6 +185,11 @@ fn while_folding_is_held_back_calls_answer_504_pending_and_503_over_the_limit_an
     assert!(calls(&app, "set-navigation", WEB).is_empty());
 
     admin_post(&app, "/admin/v1/dispatch/resume");
+    let (_, metrics) = app.get("/metrics");
+    assert!(
+        metrics.lines().any(|l| l == "handoff_dispatch_paused 0"),
+        "the gauge is published at 0 after the resume"
+    );
     app.settle();
     // A retry with the same key gets the command's verdict; it acted once.
     let verdict = post(&app, &accept, Some("pend-1"), alice.clone());

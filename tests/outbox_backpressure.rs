@@ -49,6 +49,7 @@ fn a_paused_outbox_backs_up_readiness_not_intake_and_drains_on_resume() {
     let paused: Value = serde_json::from_str(&cli_ok(&app.data_dir, &["outbox", "pause"]))
         .expect("pause prints JSON");
     assert_eq!(paused["paused"], true);
+    assert_eq!(app.metric("handoff_outbox_paused"), 1.0);
 
     // Intake keeps accepting whatever the outbox depth.
     for n in 0..6 {
@@ -97,6 +98,11 @@ fn a_paused_outbox_backs_up_readiness_not_intake_and_drains_on_resume() {
     let resumed: Value = serde_json::from_str(&cli_ok(&app.data_dir, &["outbox", "resume"]))
         .expect("resume prints JSON");
     assert_eq!(resumed["paused"], false);
+    let (_, metrics) = app.get("/metrics");
+    assert!(
+        metrics.lines().any(|l| l == "handoff_outbox_paused 0"),
+        "the gauge is published at 0 after the resume"
+    );
     let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=30000");
     assert_eq!(status, 200, "{idle}");
     let (status, ready) = app.get("/readyz");

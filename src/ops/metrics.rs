@@ -21,6 +21,9 @@ pub struct Metrics {
     pub quarantine_entries: IntGauge,
     /// Events accepted but not yet folded into state.
     pub inbox_depth: IntGauge,
+    /// 1 while an operator holds folding back; set at each scrape. A forgotten pause looks like a
+    /// slow fold otherwise (the inbox grows, nothing errs).
+    pub dispatch_paused: IntGauge,
     /// Events folded into state.
     pub events_applied: IntCounter,
     pub dispatch_errors: IntCounter,
@@ -36,6 +39,8 @@ pub struct Metrics {
     pub pruned: IntCounterVec,
     /// Decided actions not yet carried out.
     pub outbox_depth: IntGauge,
+    /// 1 while an operator holds the outbox's execution back; set at each scrape.
+    pub outbox_paused: IntGauge,
     /// Age of the oldest pending outbox entry (0 when empty).
     pub outbox_oldest_seconds: prometheus::Gauge,
     /// Attempts to carry out an action, by action and outcome (`ok`, `http_<status>`, error kind).
@@ -166,6 +171,10 @@ impl Metrics {
             )?,
             quarantine_entries: gauge("quarantine_entries", "Records currently in quarantine")?,
             inbox_depth: gauge("inbox_depth", "Accepted events not yet folded into state")?,
+            dispatch_paused: gauge(
+                "dispatch_paused",
+                "1 while folding is paused by an operator (POST /admin/v1/dispatch/pause)",
+            )?,
             events_applied: counter("events_applied_total", "Events folded into state")?,
             dispatch_errors: counter(
                 "dispatch_errors_total",
@@ -190,6 +199,10 @@ impl Metrics {
             store_bytes: gauge("store_size_bytes", "Size of the store on disk")?,
             pruned: counter_vec("pruned_total", "Records removed by retention", "kind")?,
             outbox_depth: gauge("outbox_depth", "Decided actions not yet carried out")?,
+            outbox_paused: gauge(
+                "outbox_paused",
+                "1 while the outbox's execution is paused by an operator (outbox pause)",
+            )?,
             outbox_oldest_seconds,
             action_attempts,
             upstream_attempts,

@@ -48,15 +48,16 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
 }
 
 async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
-    shared
-        .metrics
-        .store_bytes
+    let m = &shared.metrics;
+    m.store_bytes
         .set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
+    m.dispatch_paused
+        .set(i64::from(shared.dispatch.is_paused()));
+    m.outbox_paused.set(i64::from(shared.executor.is_paused()));
     // The waiting queue is read from the store at each scrape: the folds keep it, so the gauges
     // are exact at any moment, right after a restart too, with no bookkeeping of their own.
     match shared.store.queue_summary() {
         Ok(q) => {
-            let m = &shared.metrics;
             m.queue_waiting
                 .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
             let age = q.oldest_since.map_or(0.0, |since| {
