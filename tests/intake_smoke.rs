@@ -36,6 +36,19 @@ fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
         .collect()
 }
 
+/// The allocator's options are built in by `.cargo/config.toml`; a build that missed them (cargo
+/// run from outside the repository) would keep a burst's memory. Their visible sign: jemalloc's
+/// purging threads.
+#[test]
+fn the_allocator_purges_from_its_own_threads() {
+    let app = TestApp::spawn();
+    let threads = thread_niceness(app.child.id());
+    assert!(
+        threads.iter().any(|(name, _)| name == "jemalloc_bg_thd"),
+        "no jemalloc background thread in {threads:?}"
+    );
+}
+
 #[test]
 fn folds_run_at_the_fold_nice_value_and_intake_at_the_daemons_own() {
     let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
