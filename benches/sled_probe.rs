@@ -7,9 +7,9 @@
 //! cargo bench --bench sled_probe -- state        # 1M 1 KB writes over 100,000 keys
 //! ```
 //!
-//! Each mode writes into a fresh sled database (32 MiB cache, the daemon's default when the probe was written), flushes,
-//! prints the process RSS and the directory size, then closes and reopens it and prints the RSS
-//! again (what a restarted daemon would carry).
+//! Each mode writes into a fresh sled database (32 MiB cache, the daemon's default when the probe
+//! was written), flushes, prints the process RSS and the directory size, then closes and reopens
+//! it and prints the RSS again (what a restarted daemon would carry).
 
 use std::path::Path;
 use std::time::Instant;

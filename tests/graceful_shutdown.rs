@@ -112,16 +112,14 @@ fn sigterm_under_load_exits_zero_and_loses_nothing() {
         daemon_json(&dir).is_none(),
         "daemon.json left behind by a clean exit"
     );
-    let sent_for = |conv: usize| {
-        ledger
-            .acked
-            .iter()
-            .chain(&report.acked)
-            .chain(&report.unacked)
-            .flat_map(|d| &d.events)
-            .filter(|e| e.conversation == conv)
-            .count() as u64
-    };
+    let sent_for_conv = ledger
+        .acked
+        .iter()
+        .chain(&report.acked)
+        .chain(&report.unacked)
+        .flat_map(|d| &d.events)
+        .filter(|e| e.conversation == folded_conv)
+        .count() as u64;
     let conv = gen.conversations[folded_conv].clone();
     let out = cli(&dir, &["state", "show", &conv]);
     assert!(
@@ -133,9 +131,8 @@ fn sigterm_under_load_exits_zero_and_loses_nothing() {
     assert_eq!(offline["id"], conv.as_str());
     let offline_applied = offline["events_applied"].as_u64().expect("events_applied");
     assert!(
-        offline_applied >= folded_events && offline_applied <= sent_for(folded_conv),
-        "offline events_applied {offline_applied}: folded before the load {folded_events}, sent {}",
-        sent_for(folded_conv)
+        offline_applied >= folded_events && offline_applied <= sent_for_conv,
+        "offline events_applied {offline_applied}: folded before the load {folded_events}, sent {sent_for_conv}"
     );
 
     // Restart: every acknowledged delivery is there exactly once; late ones count as unacknowledged.

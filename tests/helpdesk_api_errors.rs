@@ -185,11 +185,7 @@ fn while_folding_is_held_back_calls_answer_504_pending_and_503_over_the_limit_an
     assert!(calls(&app, "set-navigation", WEB).is_empty());
 
     admin_post(&app, "/admin/v1/dispatch/resume");
-    let (_, metrics) = app.get("/metrics");
-    assert!(
-        metrics.lines().any(|l| l == "handoff_dispatch_paused 0"),
-        "the gauge is published at 0 after the resume"
-    );
+    assert_eq!(app.metric_sample("handoff_dispatch_paused"), Some(0.0));
     app.settle();
     // A retry with the same key gets the command's verdict; it acted once.
     let verdict = post(&app, &accept, Some("pend-1"), alice.clone());

@@ -28,11 +28,9 @@ fn the_queue_gauges_follow_requests_and_connects_and_survive_a_restart() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("data");
     let app = spawn_in(&dir);
-    let (_, text) = app.get("/metrics");
-    assert!(
-        text.contains(&format!("\n{WAITING} 0\n")) && text.contains(&format!("\n{OLDEST} 0\n")),
-        "both gauges are exported, at 0, from the first scrape"
-    );
+    // Both gauges are exported, at 0, from the first scrape.
+    assert_eq!(app.metric_sample(WAITING), Some(0.0));
+    assert_eq!(app.metric_sample(OLDEST), Some(0.0));
 
     // A user asks for an agent: one waits, and the wait ages with the daemon's clock.
     app.emulator_act(CONV1, "request-agent", json!({}));

@@ -211,8 +211,15 @@ impl TestApp {
         )
     }
 
-    /// Scrape one metric sample (exact name with labels, e.g. `handoff_inbox_depth`).
+    /// Scrape one metric sample (exact name with labels, e.g. `handoff_inbox_depth`); 0 when the
+    /// daemon does not publish it.
     pub fn metric(&self, sample: &str) -> f64 {
+        self.metric_sample(sample).unwrap_or(0.0)
+    }
+
+    /// Scrape one metric sample, `None` when it is not published (to tell a gauge at 0 from a
+    /// missing one).
+    pub fn metric_sample(&self, sample: &str) -> Option<f64> {
         let (_, text) = self.get("/metrics");
         text.lines()
             .find_map(|l| {
@@ -220,7 +227,6 @@ impl TestApp {
                     .and_then(|rest| rest.strip_prefix(' '))
             })
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
     }
 
     /// Run a CLI command against this daemon's data directory.
