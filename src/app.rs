@@ -204,7 +204,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
                 flush_metrics.flush_seconds.observe(took.as_secs_f64());
                 flush_metrics.flush_writers.observe(deliveries as f64);
             }),
-            durable: Box::new(move |events| to_dispatch.notify_events(events)),
+            durable: Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end)),
         },
     )?;
     tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));

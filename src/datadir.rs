@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! data/
-//!   store/          sled database (events, inbox, state, quarantine)
+//!   store/          sled database (state, folded marks, quarantine) and the event log
 //!   webhook_token   generated webhook token (0600), when none is configured
 //!   admin_token     generated admin token (0600), when none is configured
 //!   daemon.json     pid and bound address of the running daemon (removed on clean exit)

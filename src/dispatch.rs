@@ -1,9 +1,12 @@
-//! The dispatcher: folds inbox events into state, in order within a partition (a conversation,
-//! end user or bot) and in parallel across partitions, with bounded concurrency.
+//! The dispatcher: folds accepted events into state, in order within a partition (a
+//! conversation, end user or bot) and in parallel across partitions, with bounded concurrency.
 //!
-//! The inbox in sled is the dispatcher's position: an event leaves it in the same transaction that
-//! folds it. The in-memory queues are only a cache of the inbox, rebuilt from it on start, so a
-//! crash or shutdown at any point loses nothing and repeats nothing.
+//! The store keeps the dispatcher's position: each partition's folded mark, raised in the same
+//! transaction that folds, and a low watermark in the event log (`Position`), so the in-memory
+//! queues are only a cache of what is still to fold, rebuilt by a scan on start: a crash or
+//! shutdown at any point loses nothing and repeats nothing. The watermark a fold writes is the
+//! oldest event not in it and not folded yet (queued, or in another fold), or where the log ended
+//! after the newest event received.
 //!
 //! Sled runs one transaction at a time (a global lock), so a job is not one partition but the next
 //! batches of many ready partitions, folded in one transaction. Events arrive typed from intake
@@ -15,10 +18,11 @@
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
-use crate::store::{NewEvent, QuarantineRecord, Store};
+use crate::store::eventlog::Location;
+use crate::store::{NewEvent, Position, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -29,28 +33,44 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// from the store when their turn comes), so a backlog does not grow memory without bound.
 const MAX_EVENTS_IN_MEMORY: usize = 10_000;
 
-/// An inbox entry as queued: the typed event when intake handed it over.
-type Entry = Option<Box<(Millis, Event)>>;
+/// An event as queued: where it is in the log, and its typed form when intake handed it over.
+#[derive(Debug)]
+struct Entry {
+    at: Location,
+    typed: Option<Box<(Millis, Event)>>,
+}
 
-/// Sends newly durable inbox entries to the dispatcher.
+/// Newly durable events, and where the log ended after them.
+type Received = (Vec<NewEvent>, Location);
+
+/// The dispatcher's progress, for [`DispatchHandle::wait_drained`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Progress {
+    /// Events queued or being folded.
+    depth: usize,
+    /// Messages taken from intake so far (compared with those sent).
+    received: u64,
+}
+
+/// Sends newly durable events to the dispatcher.
 #[derive(Clone)]
 pub struct DispatchHandle {
-    tx: mpsc::UnboundedSender<Vec<NewEvent>>,
-    /// Changes whenever the dispatcher's queue depth changes.
-    progress: watch::Receiver<usize>,
+    tx: mpsc::UnboundedSender<Received>,
+    /// Changes whenever the dispatcher's queue depth changes or it takes a message.
+    progress: watch::Receiver<Progress>,
     /// True while an operator holds folding back (`POST /admin/v1/dispatch/pause`).
     paused: std::sync::Arc<watch::Sender<bool>>,
 }
 
 impl DispatchHandle {
-    /// Hold folding back: events are still accepted, made durable and queued (the inbox keeps
+    /// Hold folding back: events are still accepted, made durable and queued (the event log keeps
     /// them), but no new batch starts; batches in flight finish. For an operator who needs the
     /// state to stand still (and for tests of what waits on a fold). Not kept across restarts.
     pub fn pause(&self) {
         self.paused.send_replace(true);
     }
 
-    /// Fold again, from where the inbox stands.
+    /// Fold again, from where the queues stand.
     pub fn resume(&self) {
         self.paused.send_replace(false);
     }
@@ -59,15 +79,22 @@ impl DispatchHandle {
         *self.paused.borrow()
     }
 
-    /// Hand over newly durable events with their typed form.
-    pub fn notify_events(&self, events: Vec<NewEvent>) {
+    /// Hand over newly durable events with their typed form, and where the log ends after them.
+    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: Location) {
         if !events.is_empty() {
-            let _ = self.tx.send(events);
+            // Counted by the store already (`Store::count_hand_over`); a stopped dispatcher
+            // leaves them to the next start's scan.
+            let _ = self.tx.send((events, log_end));
         }
     }
 
-    /// Wait until everything accepted so far is folded (indexed, and out of the inbox), or the
-    /// timeout passes. Returns whether it drained. Woken by dispatcher progress, not polling.
+    /// Wait until everything accepted so far is folded, or the timeout passes. Returns whether
+    /// it drained. Woken by dispatcher progress, not polling.
+    ///
+    /// An accepted event is in intake's in-flight set until its hand-over is counted
+    /// (`Store::count_hand_over`), then in the channel until the dispatcher takes it, then
+    /// queued until folded. The progress is read first: every step that ends later is followed
+    /// by a progress change (the send comes after the release), which wakes the waiter.
     pub async fn wait_drained(
         &self,
         store: &Store,
@@ -75,15 +102,21 @@ impl DispatchHandle {
     ) -> Result<bool, crate::store::StoreError> {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        let drained = |progress: &mut watch::Receiver<Progress>| {
+            // Progress first: any step that ends after this read changes it again, and wakes us.
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
-            let idle = *progress.borrow_and_update() == 0;
-            if idle && store.all_indexed() && store.inbox_is_empty()? {
+            let now = *progress.borrow_and_update();
+            let handed_on = store.all_indexed();
+            let sent = store.handed_over();
+            handed_on && now.received == sent && now.depth == 0
+        };
+        loop {
+            if drained(&mut progress) {
                 return Ok(true);
             }
             match tokio::time::timeout_at(deadline, progress.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Ok(store.all_indexed() && store.inbox_is_empty()?),
+                Ok(Err(_)) | Err(_) => return Ok(drained(&mut progress)),
             }
         }
     }
@@ -105,8 +138,8 @@ pub struct DispatchSettings {
     pub niceness: u8,
 }
 
-/// Start the dispatcher on the current runtime. It recovers the inbox, then runs until `stop`
-/// turns true; it then finishes the batches in flight and returns.
+/// Start the dispatcher on the current runtime. It queues what the store still has to fold,
+/// then runs until `stop` turns true; it then finishes the batches in flight and returns.
 pub fn start(
     store: Store,
     metrics: Metrics,
@@ -114,15 +147,25 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let (progress_tx, progress) = watch::channel(0);
     let (paused_tx, paused) = watch::channel(false);
     let mut queues = Queues::default();
-    for (seq, partition) in store.pending()? {
-        queues.push(partition, seq, None);
+    let pending = store.pending()?;
+    queues.received_end = pending.end;
+    for event in pending.events {
+        let entry = Entry {
+            at: event.at,
+            typed: None,
+        };
+        queues.push(event.partition, event.seq, entry);
     }
+    queues.release_drained();
+    let (progress_tx, progress) = watch::channel(Progress {
+        depth: queues.depth,
+        received: 0,
+    });
     metrics.inbox_depth.set(queues.depth as i64);
     if queues.depth > 0 {
-        tracing::info!(pending = queues.depth, "resuming inbox");
+        tracing::info!(pending = queues.depth, "resuming the events still to fold");
     }
     let inputs = Inputs {
         typed: rx,
@@ -159,6 +202,12 @@ struct Queues {
     ready: VecDeque<PartitionKey>,
     busy: HashSet<PartitionKey>,
     depth: usize,
+    /// Every event queued or being folded, by where it is in the log: the oldest one not in a
+    /// fold is that fold's watermark.
+    unfinished: BTreeSet<(Location, u64)>,
+    /// Where the log ended after the newest event received: every event not received yet is
+    /// past it.
+    received_end: Location,
 }
 
 /// One fold job: the next batch of each of several partitions.
@@ -168,8 +217,10 @@ impl Queues {
     fn push(&mut self, partition: PartitionKey, seq: u64, entry: Entry) {
         let queue = self.pending.entry(partition.clone()).or_default();
         let was_empty = queue.is_empty();
+        let at = entry.at;
         if queue.insert(seq, entry).is_none() {
             self.depth += 1;
+            self.unfinished.insert((at, seq));
         }
         if was_empty && !self.busy.contains(&partition) {
             self.ready.push_back(partition);
@@ -205,13 +256,39 @@ impl Queues {
         (!job.is_empty()).then_some(job)
     }
 
+    /// The watermark for a job: the oldest unfinished event not in it, or the received end.
+    /// Whatever is not folded once the job commits was unfinished then (and not in the job), or
+    /// comes later, past the received end.
+    fn watermark(&self, job: &Job) -> Location {
+        let mine: HashSet<u64> = job
+            .iter()
+            .flat_map(|(_, batch)| batch.iter().map(|(seq, _)| *seq))
+            .collect();
+        self.unfinished
+            .iter()
+            .find(|(_, seq)| !mine.contains(seq))
+            .map_or(self.received_end, |(at, _)| *at)
+    }
+
     /// A partition's batch finished: `failed` entries go back to the front of their queue.
-    fn finish(&mut self, partition: PartitionKey, done: usize, failed: Vec<u64>) {
+    fn finish(&mut self, finished: Finished) {
+        let Finished {
+            partition,
+            done,
+            failed,
+        } = finished;
         self.busy.remove(&partition);
-        self.depth = self.depth.saturating_sub(done);
+        self.depth = self.depth.saturating_sub(done.len());
+        for (seq, at) in done {
+            self.unfinished.remove(&(at, seq));
+        }
         if !failed.is_empty() {
             let queue = self.pending.entry(partition.clone()).or_default();
-            queue.extend(failed.into_iter().map(|seq| (seq, None)));
+            queue.extend(
+                failed
+                    .into_iter()
+                    .map(|(seq, at)| (seq, Entry { at, typed: None })),
+            );
         }
         if self.pending.get(&partition).is_some_and(|q| !q.is_empty()) {
             self.ready.push_back(partition);
@@ -238,11 +315,19 @@ impl Queues {
 /// Capacity the dispatcher's tables keep when empty (see [`Queues::release_drained`]).
 const KEEP_CAPACITY: usize = 1024;
 
-/// Per partition of a job: how many entries left the inbox, and which must be tried again.
-type JobResult = Vec<(PartitionKey, usize, Vec<u64>)>;
+/// A partition's batch after its fold: the entries folded (or passed over), and those to try
+/// again.
+#[derive(Debug)]
+struct Finished {
+    partition: PartitionKey,
+    done: Vec<(u64, Location)>,
+    failed: Vec<(u64, Location)>,
+}
+
+type JobResult = Vec<Finished>;
 
 struct Inputs {
-    typed: mpsc::UnboundedReceiver<Vec<NewEvent>>,
+    typed: mpsc::UnboundedReceiver<Received>,
     open: bool,
     paused: watch::Receiver<bool>,
 }
@@ -261,8 +346,9 @@ async fn run(
     mut queues: Queues,
     mut inputs: Inputs,
     mut stop: watch::Receiver<bool>,
-    progress: watch::Sender<usize>,
+    progress: watch::Sender<Progress>,
 ) {
+    let mut received = 0u64;
     let Workers {
         store,
         metrics,
@@ -281,6 +367,7 @@ async fn run(
             };
             let (store, metrics) = (store.clone(), metrics.clone());
             let events: usize = job.iter().map(|(_, b)| b.len()).sum();
+            let fold_from = queues.watermark(&job);
             let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
             let (rules, decided) = (settings.rules.current(), settings.decided.clone());
             let verdicts = settings.verdicts.clone();
@@ -294,7 +381,7 @@ async fn run(
                         decided: decided.as_ref(),
                         verdicts: verdicts.as_deref(),
                     };
-                    process(&fold, job)
+                    process(&fold, job, fold_from)
                 });
                 let _ = done_tx.send(results);
             });
@@ -302,18 +389,21 @@ async fn run(
         }
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
-                Some(events) => {
+                Some((events, log_end)) => {
+                    received += 1;
                     for e in events {
                         let keep = queues.depth < MAX_EVENTS_IN_MEMORY;
-                        queues.push(e.partition, e.seq, keep.then(|| Box::new((e.received_at, e.event))));
+                        let typed = keep.then(|| Box::new((e.received_at, e.event)));
+                        queues.push(e.partition, e.seq, Entry { at: e.at, typed });
                     }
+                    queues.received_end = queues.received_end.max(log_end);
                 }
                 None => inputs.open = false,
             },
             Some(joined) = inflight.next(), if !inflight.is_empty() => match joined {
                 Ok(results) => {
-                    for (partition, done, failed) in results {
-                        queues.finish(partition, done, failed);
+                    for finished in results {
+                        queues.finish(finished);
                     }
                 }
                 Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
@@ -323,23 +413,26 @@ async fn run(
             Ok(()) = inputs.paused.changed() => {}
         }
         metrics.inbox_depth.set(queues.depth as i64);
-        progress.send_modify(|d| *d = queues.depth);
+        progress.send_replace(Progress {
+            depth: queues.depth,
+            received,
+        });
         if !inputs.open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
             // Every sender is gone and nothing is left: only happens in tests.
             let _ = stop.changed().await;
             break;
         }
     }
-    // Shutdown: let batches in flight commit; what is queued stays in the inbox.
+    // Shutdown: let batches in flight commit; what is queued is found again by the next start.
     while let Some(joined) = inflight.next().await {
         if let Ok(results) = joined {
-            for (partition, done, failed) in results {
-                queues.finish(partition, done, failed);
+            for finished in results {
+                queues.finish(finished);
             }
         }
     }
     metrics.inbox_depth.set(queues.depth as i64);
-    tracing::info!(left_in_inbox = queues.depth, "dispatcher stopped");
+    tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
 }
 
 /// What a fold job works with.
@@ -351,41 +444,63 @@ struct Fold<'a> {
     verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
 }
 
-/// Fold one job (several partitions' batches) in one transaction. Runs on the blocking pool.
-fn process(fold: &Fold<'_>, job: Job) -> JobResult {
+/// Fold one job (several partitions' batches) in one transaction, which also records
+/// `fold_from` as the folds' watermark. Runs on a fold thread.
+fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
     let mut batch: Vec<(u64, Event)> = Vec::new();
+    let mut partitions: Vec<PartitionKey> = Vec::new();
     let mut received: Vec<Millis> = Vec::new();
-    // Index into `results` of each batch entry's partition.
-    let mut owner: Vec<usize> = Vec::new();
+    let mut position = Position {
+        fold_from: Some(fold_from),
+        passed: Vec::new(),
+    };
+    // Per partition: the entries this transaction settles (folded or passed over), in order.
+    let mut settled: Vec<Vec<(u64, Location)>> = Vec::with_capacity(job.len());
     let mut results: JobResult = Vec::with_capacity(job.len());
     for (partition, entries) in job {
-        let index = results.len();
-        let mut done = 0;
+        let mut mine = Vec::new();
         let mut failed = Vec::new();
         for (seq, entry) in entries {
+            let at = entry.at;
             if !failed.is_empty() {
                 // Keep the partition's order: nothing after a failed read goes ahead of it.
-                failed.push(seq);
+                failed.push((seq, at));
                 continue;
             }
-            match entry.map_or_else(|| load(store, metrics, seq), Loaded::Event) {
+            let loaded = match entry.typed {
+                Some(typed) => Loaded::Event(typed),
+                None => load(store, metrics, seq, at),
+            };
+            match loaded {
                 Loaded::Event(typed) => {
-                    let (at, event) = *typed;
-                    received.push(at);
+                    let (received_at, event) = *typed;
+                    received.push(received_at);
                     batch.push((seq, event));
-                    owner.push(index);
+                    partitions.push(partition.clone());
+                    mine.push((seq, at));
                 }
-                Loaded::Quarantined => done += 1,
-                Loaded::Failed => failed.push(seq),
+                Loaded::Quarantined => {
+                    position.passed.push((partition.clone(), seq));
+                    mine.push((seq, at));
+                }
+                Loaded::Failed => failed.push((seq, at)),
             }
         }
-        results.push((partition, done, failed));
+        settled.push(mine);
+        results.push(Finished {
+            partition,
+            done: Vec::new(),
+            failed,
+        });
     }
     for (seq, event) in &batch {
         tracing::debug!(seq, event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
     }
-    match store.apply_with(&batch, fold.rules, &received) {
+    if batch.is_empty() && position.passed.is_empty() {
+        return results;
+    }
+    match store.fold(&batch, &partitions, fold.rules, &received, &position) {
         Ok(applied) => {
             if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
                 tx.send(applied.outbox);
@@ -421,9 +536,9 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
             entries
                 .with_label_values(&["bots"])
                 .add(applied.new_bots as i64);
-            // Every folded (or skipped) event has left the inbox.
-            for &i in &owner {
-                results[i].1 += 1;
+            // Every folded (or skipped, or passed over) event is settled.
+            for (result, mine) in results.iter_mut().zip(settled) {
+                result.done = mine;
             }
             results
         }
@@ -431,9 +546,10 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
             metrics.dispatch_errors.inc();
             tracing::error!(error = %e, "folding batch failed; will retry");
             std::thread::sleep(RETRY_PAUSE);
-            // Queues are ordered by sequence, so putting these back restores each partition's order.
-            for ((seq, _), &i) in batch.iter().zip(&owner) {
-                results[i].2.push(*seq);
+            // Queues are ordered by sequence, so putting these back restores each partition's
+            // order. A passed-over event is quarantined again on the retry.
+            for (result, mine) in results.iter_mut().zip(settled) {
+                result.failed.extend(mine);
             }
             results
         }
@@ -442,32 +558,25 @@ fn process(fold: &Fold<'_>, job: Job) -> JobResult {
 
 enum Loaded {
     Event(Box<(Millis, Event)>),
-    /// Unreadable: quarantined and out of the inbox.
+    /// Unreadable: quarantined; the fold marks it folded.
     Quarantined,
     /// The store failed: try again later.
     Failed,
 }
 
-/// Read an inbox entry's event back from the log (after a restart, or a backlog).
-fn load(store: &Store, metrics: &Metrics, seq: u64) -> Loaded {
-    match store.event(seq) {
+/// Read a queued event back from the log (after a restart, or a backlog).
+fn load(store: &Store, metrics: &Metrics, seq: u64, at: Location) -> Loaded {
+    match store.event_at(seq, at) {
         Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
             // Only possible if a newer model is stricter than the one that accepted it.
             Err(e) => {
-                match quarantine_unreadable(store, metrics, seq, record.event.get(), &e.to_string())
-                {
-                    1 => Loaded::Quarantined,
-                    _ => Loaded::Failed,
-                }
+                quarantine_unreadable(store, metrics, seq, record.event.get(), &e.to_string())
             }
         },
         Ok(None) => {
-            tracing::error!(seq, "inbox entry without event record");
-            match quarantine_unreadable(store, metrics, seq, "", "event record missing") {
-                1 => Loaded::Quarantined,
-                _ => Loaded::Failed,
-            }
+            tracing::error!(seq, "queued event without its frame in the event log");
+            quarantine_unreadable(store, metrics, seq, "", "event record missing")
         }
         Err(e) => {
             metrics.dispatch_errors.inc();
@@ -484,7 +593,7 @@ fn quarantine_unreadable(
     seq: u64,
     raw: &str,
     why: &str,
-) -> usize {
+) -> Loaded {
     let record = QuarantineRecord::new(
         "event",
         "unprocessable_event",
@@ -492,17 +601,14 @@ fn quarantine_unreadable(
         raw.as_bytes(),
         crate::clock::now_millis(),
     );
-    match store
-        .quarantine(record)
-        .and_then(|_| store.drop_from_inbox(seq))
-    {
-        Ok(()) => {
+    match store.quarantine(record) {
+        Ok(_) => {
             metrics.record_quarantined("unprocessable_event");
-            1
+            Loaded::Quarantined
         }
         Err(e) => {
             tracing::error!(error = %e, seq, "cannot quarantine unprocessable event");
-            0
+            Loaded::Failed
         }
     }
 }
@@ -515,6 +621,33 @@ mod tests {
         PartitionKey::Conversation(id.into())
     }
 
+    /// Event `seq`'s frame: the tests put one event per frame, in sequence order.
+    fn at(seq: u64) -> Location {
+        Location {
+            segment: 0,
+            offset: seq * 100,
+        }
+    }
+
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            at: at(seq),
+            typed: None,
+        }
+    }
+
+    fn push(q: &mut Queues, partition: &str, seq: u64) {
+        q.push(conv(partition), seq, entry(seq));
+    }
+
+    fn finish(q: &mut Queues, partition: &str, done: &[u64], failed: &[u64]) {
+        q.finish(Finished {
+            partition: conv(partition),
+            done: done.iter().map(|s| (*s, at(*s))).collect(),
+            failed: failed.iter().map(|s| (*s, at(*s))).collect(),
+        });
+    }
+
     fn seqs(job: &Job) -> Vec<(PartitionKey, Vec<u64>)> {
         job.iter()
             .map(|(p, b)| (p.clone(), b.iter().map(|(s, _)| *s).collect()))
@@ -524,17 +657,17 @@ mod tests {
     #[test]
     fn a_partition_is_handed_out_once_until_its_batch_finishes() {
         let mut q = Queues::default();
-        q.push(conv("a"), 2, None);
-        q.push(conv("a"), 1, None);
-        q.push(conv("b"), 3, None);
+        push(&mut q, "a", 2);
+        push(&mut q, "a", 1);
+        push(&mut q, "b", 3);
         let job = q.next_job(10).expect("job");
         assert_eq!(
             seqs(&job),
             vec![(conv("a"), vec![1, 2]), (conv("b"), vec![3])]
         );
-        q.push(conv("a"), 4, None);
+        push(&mut q, "a", 4);
         assert!(q.next_job(10).is_none(), "a and b are busy");
-        q.finish(conv("a"), 2, vec![]);
+        finish(&mut q, "a", &[1, 2], &[]);
         assert_eq!(
             seqs(&q.next_job(10).expect("job")),
             vec![(conv("a"), vec![4])]
@@ -546,16 +679,16 @@ mod tests {
     fn a_job_stops_at_the_event_limit_and_leaves_the_rest_queued() {
         let mut q = Queues::default();
         for s in 1..=3 {
-            q.push(conv("a"), s, None);
+            push(&mut q, "a", s);
         }
-        q.push(conv("b"), 4, None);
+        push(&mut q, "b", 4);
         let job = q.next_job(2).expect("job");
         assert_eq!(seqs(&job), vec![(conv("a"), vec![1, 2])]);
         // b is next in line; a's remaining event waits for a's batch to finish.
         let job = q.next_job(2).expect("job");
         assert_eq!(seqs(&job), vec![(conv("b"), vec![4])]);
         assert!(q.next_job(2).is_none());
-        q.finish(conv("a"), 2, vec![]);
+        finish(&mut q, "a", &[1, 2], &[]);
         assert_eq!(
             seqs(&q.next_job(2).expect("job")),
             vec![(conv("a"), vec![3])]
@@ -566,15 +699,20 @@ mod tests {
     fn a_drained_burst_gives_its_tables_back() {
         let mut q = Queues::default();
         for i in 0..20_000u64 {
-            q.push(conv(&format!("c{i}")), i, None);
+            push(&mut q, &format!("c{i}"), i);
         }
         assert!(q.pending.capacity() >= 20_000);
         while let Some(job) = q.next_job(256) {
             for (partition, batch) in job {
-                q.finish(partition, batch.len(), Vec::new());
+                q.finish(Finished {
+                    partition,
+                    done: batch.iter().map(|(s, e)| (*s, e.at)).collect(),
+                    failed: Vec::new(),
+                });
             }
         }
         assert_eq!(q.depth, 0);
+        assert!(q.unfinished.is_empty());
         assert!(
             q.pending.capacity() <= KEEP_CAPACITY
                 && q.ready.capacity() <= KEEP_CAPACITY
@@ -585,7 +723,7 @@ mod tests {
             q.busy.capacity()
         );
         // Still works after giving them back.
-        q.push(conv("again"), 30_000, None);
+        push(&mut q, "again", 30_000);
         assert_eq!(
             seqs(&q.next_job(10).expect("job")),
             vec![(conv("again"), vec![30_000])]
@@ -596,15 +734,134 @@ mod tests {
     fn failed_entries_go_back_in_order() {
         let mut q = Queues::default();
         for s in [5, 6, 7] {
-            q.push(conv("a"), s, None);
+            push(&mut q, "a", s);
         }
         let job = q.next_job(2).expect("job");
         assert_eq!(seqs(&job), vec![(conv("a"), vec![5, 6])]);
-        q.finish(conv("a"), 0, vec![5, 6]);
+        finish(&mut q, "a", &[], &[5, 6]);
         assert_eq!(
             seqs(&q.next_job(10).expect("job")),
             vec![(conv("a"), vec![5, 6, 7])]
         );
         assert_eq!(q.depth, 3);
+    }
+
+    #[test]
+    fn a_jobs_watermark_is_the_oldest_event_outside_it_whatever_order_jobs_commit_in() {
+        let mut q = Queues {
+            received_end: at(10),
+            ..Queues::default()
+        };
+        for (p, s) in [("a", 1), ("b", 2), ("a", 3), ("c", 4)] {
+            push(&mut q, p, s);
+        }
+        // Two jobs in flight at once: {a: 1, 3} and {b: 2, c: 4}.
+        let first = q.next_job(2).expect("first");
+        assert_eq!(seqs(&first), vec![(conv("a"), vec![1, 3])]);
+        let second = q.next_job(2).expect("second");
+        assert_eq!(
+            seqs(&second),
+            vec![(conv("b"), vec![2]), (conv("c"), vec![4])]
+        );
+        // Each stops at the oldest event the other holds: neither may claim it folded.
+        assert_eq!(q.watermark(&first), at(2));
+        assert_eq!(q.watermark(&second), at(1));
+        // The second commits first; the first's watermark (computed at its start) stays at or
+        // before everything unfolded after either commit.
+        finish(&mut q, "b", &[2], &[]);
+        finish(&mut q, "c", &[4], &[]);
+        assert!(q
+            .unfinished
+            .iter()
+            .all(|(where_, _)| at(2).min(at(1)) <= *where_));
+        // A failed event keeps holding the watermark back.
+        finish(&mut q, "a", &[1], &[3]);
+        push(&mut q, "d", 9);
+        let retry = q.next_job(1).expect("retry");
+        assert_eq!(seqs(&retry), vec![(conv("a"), vec![3])]);
+        assert_eq!(
+            q.watermark(&retry),
+            at(9),
+            "the oldest event not in the retry"
+        );
+        let last = q.next_job(1).expect("last");
+        assert_eq!(q.watermark(&last), at(3), "the retry is still unfinished");
+        finish(&mut q, "a", &[3], &[]);
+        finish(&mut q, "d", &[9], &[]);
+        // Nothing left: the next job (of new events) may claim up to the received end.
+        q.received_end = at(12);
+        push(&mut q, "e", 11);
+        let next = q.next_job(5).expect("next");
+        assert_eq!(q.watermark(&next), at(12));
+    }
+
+    #[test]
+    fn an_unreadable_event_is_quarantined_and_the_partitions_later_events_still_fold() {
+        use crate::store::eventlog::{FrameEvent, Frames};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        // An event this model cannot read (valid JSON, not an event), then a readable one, both
+        // of conversation c1.
+        let bad_seq = store.next_seq();
+        let mut frames = Frames::default();
+        let partition = conv("c1").encode();
+        frames.push(
+            "d0",
+            1,
+            &[FrameEvent {
+                seq: bad_seq,
+                id: "e0",
+                partition: &partition,
+                raw: r#"{"id":"e0"}"#,
+            }],
+        );
+        store.log_queue(frames).expect("queue");
+        store.log_commit().expect("commit");
+        let body = br#"{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[{"id":"e1","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{"message":{"id":"m1","conversationId":"c1","isUser":true,"meta":null,"data":{"type":"text","text":"x"}}}}]}"#;
+        let parsed = crate::webhook::parse_delivery(body).expect("valid");
+        store.accept(&parsed.id, &parsed.events, 2).expect("accept");
+        let pending = store.pending().expect("pending");
+        assert_eq!(pending.len(), 2);
+        let job: Job = vec![(
+            conv("c1"),
+            pending
+                .events
+                .iter()
+                .map(|p| {
+                    let entry = Entry {
+                        at: p.at,
+                        typed: None,
+                    };
+                    (p.seq, entry)
+                })
+                .collect(),
+        )];
+        let metrics = Metrics::new().expect("metrics");
+        let fold = Fold {
+            store: &store,
+            metrics: &metrics,
+            rules: &crate::actions::NoRules,
+            decided: None,
+            verdicts: None,
+        };
+        let results = process(&fold, job, pending.end);
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].done.len(), 2, "both settled");
+        assert!(results[0].failed.is_empty());
+        assert_eq!(store.quarantined().expect("quarantine").len(), 1);
+        let state = store.conversation(&"c1".into()).expect("read").expect("c1");
+        assert_eq!(state.events_applied, 1, "the readable event is folded");
+        assert!(
+            store.pending().expect("pending").is_empty(),
+            "neither is to fold again (so not quarantined again after a restart)"
+        );
+    }
+
+    #[test]
+    fn an_event_queued_twice_counts_once() {
+        let mut q = Queues::default();
+        push(&mut q, "a", 1);
+        push(&mut q, "a", 1);
+        assert_eq!((q.depth, q.unfinished.len()), (1, 1));
     }
 }

@@ -178,7 +178,7 @@ mod tests {
         let (tx, durable) = mpsc::unbounded_channel();
         let hooks = WriterHooks {
             observe: Box::new(|_, _| {}),
-            durable: Box::new(move |events| {
+            durable: Box::new(move |events, _| {
                 for e in events {
                     let _ = tx.send(e);
                 }

@@ -995,13 +995,13 @@ async fn submit(
     }
 }
 
-/// Whether the stored event `event_id` is still waiting in the inbox (not folded yet).
+/// Whether the stored event `event_id` is still to fold.
 fn still_pending(
     store: &crate::store::Store,
     event_id: &str,
 ) -> Result<bool, crate::store::StoreError> {
     match store.event_by_id(&crate::ids::EventId::new(event_id))? {
-        Some(record) => Ok(store.event(record.seq)?.is_some()),
+        Some(record) => store.is_pending(&record),
         None => Ok(false),
     }
 }

@@ -190,7 +190,7 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
     let id = EventId::new(id.into_inner());
     match shared.store.event_by_id(&id).map_err(store_error)? {
         Some(record) => {
-            let pending = shared.store.is_pending(record.seq).map_err(store_error)?;
+            let pending = shared.store.is_pending(&record).map_err(store_error)?;
             Ok(HttpResponse::Ok().json(json!({"record": record, "pending": pending})))
         }
         None => Err(ApiError::not_found(format!(

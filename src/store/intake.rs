@@ -1,4 +1,4 @@
-//! Accepting events: dedupe, the event log, and the sled index that points into it.
+//! Accepting events: dedupe and the event log.
 //!
 //! A group of deliveries goes through three steps, which the writer and syncer threads run in a
 //! pipeline (`writer`), and [`Store::accept_many`] runs in a row:
@@ -7,19 +7,20 @@
 //!    number, frame it for the log;
 //! 2. [`Store::log_queue`] + [`Store::log_commit`]: append and `fdatasync` (the delivery is now
 //!    durable and may be acknowledged);
-//! 3. [`Store::index`]: one sled transaction writes the inbox entries and advances the index
-//!    checkpoint; the frames' ids go into the dedupe index; then the in-flight entries are
-//!    released.
+//! 3. [`Store::index`]: the frames' ids go into the dedupe index, the checkpoint advances (one
+//!    sled write per group, not per event: the log is the inbox), and the events are handed to
+//!    the dispatcher; then the in-flight entries are released.
 //!
-//! A crash between 2 and 3 loses nothing: on open, every frame past the checkpoint is indexed
-//! again ([`Store::recover_log`]). A crash before 2 completes leaves at most a torn tail, which
+//! A crash between 2 and 3 loses nothing: the dedupe index is rebuilt from the log on open, the
+//! checkpoint is advanced over the tail ([`Store::recover_log`]), and a start's scan finds the
+//! tail's events still to fold. A crash before 2 completes leaves at most a torn tail, which
 //! nobody was told about.
 
 use super::eventlog::{self, FrameEvent, Frames, Location};
 use super::{keys, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
 use crate::ids::{DeliveryId, EventId};
 use sled::transaction::Transactional;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 
 /// Ids checked as new but not yet indexed: a re-send arriving meanwhile is a duplicate.
@@ -77,6 +78,14 @@ impl Unindexed {
 
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
+    }
+
+    /// Each event's sequence number and frame location, in log order (once located).
+    pub fn locations(&self) -> impl Iterator<Item = (u64, Location)> + '_ {
+        self.frames
+            .iter()
+            .zip(&self.at)
+            .flat_map(|((_, rows), at)| rows.iter().map(move |(seq, _, _)| (*seq, *at)))
     }
 }
 
@@ -186,8 +195,9 @@ impl Store {
         }
     }
 
-    /// Step 3: index committed groups in one transaction, and advance the checkpoint to `to`
-    /// (every frame before it is in these groups or indexed earlier). Then release their ids.
+    /// Step 3: put committed groups' ids into the dedupe index and advance the checkpoint to `to`
+    /// (every frame before it is in these groups or indexed earlier). The caller then releases
+    /// their ids ([`release`](Store::release)) and hands the events on.
     pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
         if groups.iter().any(|g| g.at.len() != g.frames.len()) {
             return Err(StoreError::Internal(
@@ -201,21 +211,12 @@ impl Store {
             .flat_map(|g| g.frames.iter())
             .flat_map(|(_, rows)| rows.iter().map(|(seq, _, _)| *seq))
             .max();
-        let trees = (&self.inbox, &self.meta);
-        trees.transaction(|(inbox, meta)| {
-            for group in groups {
-                for ((_, rows), at) in group.frames.iter().zip(&group.at) {
-                    for (seq, _, partition) in rows {
-                        inbox.insert(&keys::seq(*seq), keys::inbox_value(*at, partition))?;
-                    }
-                }
-            }
-            meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
-            if let Some(last) = last_seq {
-                meta.insert(keys::meta::SEQ_FLOOR, &keys::seq(last))?;
-            }
-            Ok(())
-        })?;
+        let mut checkpoint = sled::Batch::default();
+        checkpoint.insert(keys::meta::INDEXED_TO, &to.encode());
+        if let Some(last) = last_seq {
+            checkpoint.insert(keys::meta::SEQ_FLOOR, &keys::seq(last));
+        }
+        self.meta.apply_batch(checkpoint)?;
         // Into the dedupe index before the in-flight set lets go of them.
         self.remember(groups.iter().flat_map(|g| {
             g.frames.iter().zip(&g.at).map(|((delivery, rows), at)| {
@@ -223,16 +224,27 @@ impl Store {
                 (*at, delivery.as_str(), ids)
             })
         }))?;
-        self.release(groups);
         Ok(())
     }
 
-    /// True when every accepted event is indexed (an acknowledged event is in the inbox, or
-    /// folded). Events are handed to the dispatcher only after that.
+    /// True when no accepted event is between its check and its hand-over to the dispatcher
+    /// (counted by [`count_hand_over`](Store::count_hand_over) before its id is released).
     pub fn all_indexed(&self) -> bool {
         self.in_flight
             .lock()
             .is_ok_and(|in_flight| in_flight.events.is_empty())
+    }
+
+    /// Count a hand-over of events to the dispatcher (one message), before their ids are
+    /// released: a drain waiter that sees no id in flight then sees the message counted.
+    pub fn count_hand_over(&self) {
+        self.handed_over
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Hand-overs counted so far.
+    pub fn handed_over(&self) -> u64 {
+        self.handed_over.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Forget groups' in-flight ids once indexed.
@@ -287,7 +299,10 @@ impl Store {
         match logged {
             Ok((at, to)) => {
                 checked.unindexed.located(at);
-                self.index(std::slice::from_ref(&checked.unindexed), to)?;
+                let groups = std::slice::from_ref(&checked.unindexed);
+                self.index(groups, to)?;
+                // Offline: the next start's scan hands them to a dispatcher.
+                self.release(groups);
             }
             Err(e) => {
                 self.log_discard();
@@ -301,15 +316,15 @@ impl Store {
         Ok(checked.accepted)
     }
 
-    /// Index every frame past the checkpoint (written and synced, maybe acknowledged, but the
-    /// sled transaction that indexes it did not reach the disk before a crash).
+    /// Advance the checkpoint (and the sequence floor) over every frame past it: written and
+    /// synced, maybe acknowledged, but the checkpoint write did not reach the disk before a
+    /// crash. A start's scan ([`Store::pending`]) finds their events still to fold.
     pub(super) fn recover_log(&self, torn_tail: bool) -> Result<(), StoreError> {
         let from = self
             .meta
             .get(keys::meta::INDEXED_TO)?
             .and_then(|b| Location::decode(&b))
             .unwrap_or_default();
-        // The checkpoint is written with the inbox entries, so every frame past it is unindexed.
         let mut group = Unindexed::default();
         let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
             let rows = record
@@ -330,6 +345,7 @@ impl Store {
             return Ok(());
         }
         self.index(std::slice::from_ref(&group), end.next)?;
+        self.release(std::slice::from_ref(&group));
         self.db.flush()?;
         tracing::info!(
             frames,
@@ -359,7 +375,10 @@ impl Store {
                 break;
             }
         }
-        // Deliveries acknowledged through the old intake log, perhaps not yet in sled.
+        // Deliveries acknowledged through the old intake log, perhaps not yet in sled. They are
+        // appended past the checkpoint, which stays before them: the move to layout 4 takes
+        // frames past it, and not in the inbox, as still to fold.
+        let wal_from = self.appender.lock().map_err(|_| poisoned())?.end();
         let records = eventlog::read_legacy(&self.wal_path).map_err(io)?;
         for record in &records {
             let delivery = DeliveryId::new(record.delivery.clone());
@@ -385,12 +404,15 @@ impl Store {
             };
             self.accept_in_a_row(std::slice::from_ref(&request), false)?;
         }
+        if !records.is_empty() {
+            self.meta
+                .insert(keys::meta::INDEXED_TO, &wal_from.encode())?;
+        }
         self.db.drop_tree(keys::tree::LEGACY_EVENTS)?;
         self.meta.remove(keys::meta::LEGACY_DEDUPE_PRUNED_THROUGH)?;
-        self.meta.insert(
-            keys::meta::LAYOUT_VERSION,
-            &super::LAYOUT_VERSION.to_be_bytes(),
-        )?;
+        // Layout 3 (its inbox written): the move to layout 4 follows.
+        self.meta
+            .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())?;
         self.db.flush()?;
         match std::fs::remove_file(&self.wal_path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
@@ -423,7 +445,8 @@ impl Store {
             .map(|l| l.seen.clone())
             .ok_or_else(|| StoreError::Internal("layout 1 migration without its trees".into()))?;
         drop(legacy);
-        let trees = (&seen, &self.inbox, &self.meta);
+        let inbox = self.db.open_tree(keys::tree::INBOX)?;
+        let trees = (&seen, &inbox, &self.meta);
         trees.transaction(|(seen, inbox, meta)| {
             for (r, at) in batch.iter().zip(&at) {
                 let key = keys::seq(r.seq);
@@ -446,6 +469,76 @@ impl Store {
                 .zip(&at)
                 .map(|(r, at)| (*at, r.delivery.as_str(), vec![r.id.as_str()])),
         )?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Layout 2 or 3 -> 4: the sled inbox becomes folded marks and a low watermark. The
+    /// watermark is the inbox's oldest entry (or the checkpoint, if the inbox is empty); from
+    /// there, an event of a frame before the checkpoint and not in the inbox was folded (its
+    /// partition's mark is raised to it), and the others (in the inbox, or past the checkpoint:
+    /// logged but not indexed before a crash) are still to fold. The marks are written first,
+    /// then the watermark with the layout number, then the inbox is dropped: a crash before the
+    /// layout number repeats the move from the untouched inbox.
+    pub(super) fn migrate_to_layout_4(&self) -> Result<(), StoreError> {
+        let has_inbox = self
+            .db
+            .tree_names()
+            .iter()
+            .any(|name| name.as_ref() == keys::tree::INBOX.as_bytes());
+        let indexed_to = self
+            .meta
+            .get(keys::meta::INDEXED_TO)?
+            .and_then(|b| Location::decode(&b))
+            .unwrap_or_default();
+        let mut waiting = HashSet::new();
+        let mut from = indexed_to;
+        if has_inbox {
+            for item in self.db.open_tree(keys::tree::INBOX)?.iter() {
+                let (key, value) = item?;
+                let seq = keys::parse_seq(&key).ok_or_else(|| super::corrupt("inbox key"))?;
+                let (at, _) =
+                    keys::parse_inbox(&value).ok_or_else(|| super::corrupt("inbox entry"))?;
+                waiting.insert(seq);
+                from = from.min(at);
+            }
+        }
+        let mut marks: HashMap<String, u64> = HashMap::new();
+        eventlog::scan(&self.log_dir, from, |at, record, _| {
+            if at < indexed_to {
+                for (seq, partition) in record.seqs.iter().zip(record.partitions) {
+                    if !waiting.contains(seq) {
+                        let mark = marks.entry(partition).or_insert(*seq);
+                        *mark = (*mark).max(*seq);
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        })
+        .map_err(io)?;
+        let mut folded = sled::Batch::default();
+        for (partition, seq) in &marks {
+            folded.insert(partition.as_bytes(), &keys::seq(*seq));
+        }
+        self.folded.apply_batch(folded)?;
+        let mut meta = sled::Batch::default();
+        meta.insert(keys::meta::FOLD_FROM, &from.encode());
+        meta.insert(
+            keys::meta::LAYOUT_VERSION,
+            &super::LAYOUT_VERSION.to_be_bytes(),
+        );
+        self.meta.apply_batch(meta)?;
+        self.db.flush()?;
+        if has_inbox {
+            self.db.drop_tree(keys::tree::INBOX)?;
+            self.db.flush()?;
+        }
+        tracing::info!(
+            still_to_fold_in_inbox = waiting.len(),
+            partitions_marked = marks.len(),
+            "moved the inbox into the event log's folded marks (store layout 4)"
+        );
         Ok(())
     }
 }

@@ -12,9 +12,15 @@ pub mod tree {
     /// Layout 1 only: sequence number -> event record. Layout 2 keeps the bodies in the event
     /// log (`eventlog`); opening a layout-1 store moves them there and drops this tree.
     pub const LEGACY_EVENTS: &str = "events/v1";
-    /// sequence number -> where the event's frame is (16 bytes) and its partition key, for
-    /// events not yet folded into state. Layout 1 had the partition key only.
+    /// Layouts 1 to 3: sequence number -> where the event's frame is (16 bytes) and its
+    /// partition key, for events not yet folded into state (layout 1 had the partition key
+    /// only). Layout 4 reads it once to migrate, then drops it: the event log and `FOLDED` say
+    /// the same without two sled writes per event.
     pub const INBOX: &str = "inbox/v1";
+    /// Since layout 4: partition key (text form) -> the sequence number of the partition's last
+    /// folded event (u64 BE). A partition's events are folded in order, so an event is still to
+    /// fold exactly when its number is above its partition's mark. Only folds write it.
+    pub const FOLDED: &str = "folded/v1";
     pub const CONVERSATIONS: &str = "conversations/v1";
     pub const END_USERS: &str = "end_users/v1";
     /// (platform, userKey) -> end user id.
@@ -55,11 +61,14 @@ pub mod meta {
     /// When a store of layout 1 or 2 was opened as layout 3 (u64 BE millis): its sled dedupe
     /// trees are kept until that is past the dedupe window.
     pub const LEGACY_DEDUPE_SINCE: &[u8] = b"legacy_dedupe_since";
-    /// Every event log frame before this location is indexed (seen and inbox entries); written
-    /// in the same transaction as the index entries.
+    /// Every event log frame before this location was acknowledged and handed on (layouts 1 to
+    /// 3: indexed into the inbox). Damage before it is not a torn write (`eventlog::check_tail`).
     pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";
-    /// The highest event sequence number indexed so far (u64 BE), written with the index
-    /// entries: a start numbers new events above it (see `Store::next_seq`).
+    /// Since layout 4: a location at or before every event still to fold; a start scans the log
+    /// from here against `FOLDED`. Written by the folds (conservatively: it may lag, never lead).
+    pub const FOLD_FROM: &[u8] = b"fold_from";
+    /// The highest event sequence number handed on so far (u64 BE), written with
+    /// `INDEXED_TO`: a start numbers new events above it (see `Store::next_seq`).
     pub const SEQ_FLOOR: &[u8] = b"event_seq_floor";
     /// Record counts of the state trees (u64 BE), kept by the folds' transactions.
     pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";

@@ -1,13 +1,15 @@
-//! The durable store: the event log (segment files, [`eventlog`]) and, in sled, the inbox, dedupe
-//! records, per-conversation state, outbox and quarantine. This is the only module that imports
+//! The durable store: the event log (segment files, [`eventlog`]) and, in sled, per-conversation
+//! state, the folds' position, outbox and quarantine. This is the only module that imports
 //! sled; keys are built in [`keys`].
 //!
 //! Invariants kept here:
-//! - an event is acknowledged only once its frame is synced in the event log; its dedupe record
-//!   and inbox entry follow in one transaction, and on open every frame past the index checkpoint
-//!   is indexed again, so an acknowledged event is never lost and never indexed twice;
-//! - folding an event into state removes its inbox entry in the same transaction, so a crash can
-//!   neither lose nor repeat the fold.
+//! - an event is acknowledged only once its frame is synced in the event log; its ids then go
+//!   into the in-memory dedupe index (rebuilt from the log on open), so an acknowledged event is
+//!   never lost and never accepted twice;
+//! - the event log is the inbox (layout 4): an event is still to fold while its sequence number
+//!   is above its partition's folded mark (`folded/v1`). Folding an event raises that mark in the
+//!   same transaction, so a crash can neither lose nor repeat the fold. A start scans the log
+//!   from the folds' low watermark (`meta/fold_from`), which each fold also writes.
 
 pub mod backup;
 pub mod dedupe;
@@ -47,8 +49,9 @@ const EVENT_LOG_DIR: &str = "events";
 
 /// Layout version written on first open; a newer one refuses to open, an older one is migrated.
 /// 2: event bodies in the event log instead of sled. 3: dedupe records out of sled (the event
-/// log's ids, indexed in memory: `dedupe`).
-pub const LAYOUT_VERSION: u32 = 3;
+/// log's ids, indexed in memory: `dedupe`). 4: no sled inbox (the event log with per-partition
+/// folded marks and a low watermark; see `docs/store-layout-4.md`).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
 const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
@@ -122,6 +125,66 @@ impl EventRecord {
             kind,
             event: raw.clone(),
         })
+    }
+}
+
+/// The events still to fold when a store opens (see [`Store::pending`]).
+#[derive(Debug, Default)]
+pub struct Pending {
+    pub events: Vec<PendingEvent>,
+    /// Where the log ended: every event after it reaches the dispatcher from intake.
+    pub end: eventlog::Location,
+}
+
+impl Pending {
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Numbers and partitions, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &PartitionKey)> {
+        self.events.iter().map(|p| (p.seq, &p.partition))
+    }
+}
+
+/// An event still to fold: its number, ordering domain and frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingEvent {
+    pub seq: u64,
+    pub partition: PartitionKey,
+    pub at: eventlog::Location,
+}
+
+/// What a fold records beside the events' effects: how far the folds have come.
+#[derive(Debug, Default)]
+pub struct Position {
+    /// A location at or before every event still to fold once this fold commits (written as
+    /// [`keys::meta::FOLD_FROM`]); `None` leaves it as it is.
+    pub fold_from: Option<eventlog::Location>,
+    /// Events passed over without folding (unreadable, so quarantined instead): marked folded.
+    pub passed: Vec<(PartitionKey, u64)>,
+}
+
+/// Folded marks read so far: a scan or a fold reads each partition's once.
+#[derive(Default)]
+struct Marks(HashMap<String, Option<u64>>);
+
+impl Marks {
+    fn get(&mut self, store: &Store, partition: &str) -> Result<Option<u64>, StoreError> {
+        if let Some(mark) = self.0.get(partition) {
+            return Ok(*mark);
+        }
+        let mark = store.mark(partition)?;
+        self.0.insert(partition.to_owned(), mark);
+        Ok(mark)
+    }
+
+    fn is_pending(&mut self, store: &Store, partition: &str, seq: u64) -> Result<bool, StoreError> {
+        Ok(self.get(store, partition)?.map_or(true, |mark| seq > mark))
     }
 }
 
@@ -272,7 +335,8 @@ pub struct Store {
     /// Dedupe records of a store from before layout 3, consulted until they are past the dedupe
     /// window (see [`Legacy`]).
     legacy: Arc<std::sync::RwLock<Option<Legacy>>>,
-    inbox: sled::Tree,
+    /// Per partition, the last folded event (see [`keys::tree::FOLDED`]).
+    folded: sled::Tree,
     conversations: sled::Tree,
     end_users: sled::Tree,
     user_index: sled::Tree,
@@ -293,6 +357,8 @@ pub struct Store {
     appender: Arc<Mutex<eventlog::Appender>>,
     /// Accepted ids not yet indexed (see `intake`).
     in_flight: Arc<Mutex<intake::InFlight>>,
+    /// Messages of new events handed to the dispatcher (see [`Store::count_hand_over`]).
+    handed_over: Arc<std::sync::atomic::AtomicU64>,
     /// A [`Writer`] owns intake: [`Store::accept_many`] must not run beside it (both would
     /// advance the index checkpoint over the other's frames).
     writer_started: Arc<std::sync::atomic::AtomicBool>,
@@ -398,7 +464,7 @@ impl Store {
         let store = Store {
             dedupe: Arc::new(Mutex::new(dedupe)),
             legacy: Default::default(),
-            inbox: t(keys::tree::INBOX)?,
+            folded: t(keys::tree::FOLDED)?,
             conversations: t(keys::tree::CONVERSATIONS)?,
             end_users: t(keys::tree::END_USERS)?,
             user_index: t(keys::tree::USER_INDEX)?,
@@ -416,6 +482,7 @@ impl Store {
             log_dir,
             appender: Arc::new(Mutex::new(appender)),
             in_flight: Default::default(),
+            handed_over: Default::default(),
             writer_started: Default::default(),
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
@@ -428,10 +495,8 @@ impl Store {
             store.migrate_layout_1()?;
         }
         if layout < LAYOUT_VERSION {
-            store
-                .meta
-                .insert(keys::meta::LAYOUT_VERSION, &LAYOUT_VERSION.to_be_bytes())?;
-            store.db.flush()?;
+            // Layouts 2 and 3 differ only in the dedupe records, kept by `open_legacy`.
+            store.migrate_to_layout_4()?;
             tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
@@ -636,30 +701,82 @@ impl Store {
         out.pop().ok_or_else(|| corrupt("accept result"))
     }
 
-    /// Everything still waiting in the inbox, oldest first (used on start).
-    pub fn pending(&self) -> Result<Vec<(u64, PartitionKey)>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.inbox.iter() {
-            let (k, v) = item?;
-            let seq = keys::parse_seq(&k).ok_or_else(|| corrupt("inbox key"))?;
-            let (_, text) = keys::parse_inbox(&v).ok_or_else(|| corrupt("inbox entry"))?;
-            let partition = PartitionKey::decode(text).ok_or_else(|| corrupt("inbox partition"))?;
-            out.push((seq, partition));
+    /// Every event still to fold, oldest first, and where the log ended when it was read: a
+    /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
+    /// partitions' folded marks.
+    pub fn pending(&self) -> Result<Pending, StoreError> {
+        let mut marks = Marks::default();
+        let mut events = Vec::new();
+        let mut failed = None;
+        let end = eventlog::scan(&self.log_dir, self.fold_from()?, |at, record, _| {
+            for (seq, partition) in record.seqs.iter().zip(&record.partitions) {
+                let pending = marks.is_pending(self, partition, *seq).and_then(|pending| {
+                    Ok(match pending {
+                        true => Some(
+                            PartitionKey::decode(partition)
+                                .ok_or_else(|| corrupt("event log partition"))?,
+                        ),
+                        false => None,
+                    })
+                });
+                match pending {
+                    Ok(Some(partition)) => events.push(PendingEvent {
+                        seq: *seq,
+                        partition,
+                        at,
+                    }),
+                    Ok(None) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        })
+        .map_err(log_error)?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(Pending {
+                events,
+                end: end.next,
+            }),
         }
-        Ok(out)
     }
 
-    /// An event still waiting in the inbox, read back from the log (a backlog, or after a
-    /// restart). Folded events are reached by id ([`event_by_id`](Store::event_by_id)) or by
-    /// scanning ([`scan_events`](Store::scan_events)).
+    /// A pending event by number, read back (a scan from the watermark: tests only).
+    #[cfg(test)]
     pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
-        match self.inbox.get(keys::seq(seq))? {
+        match self.pending()?.events.into_iter().find(|p| p.seq == seq) {
+            Some(p) => self.event_at(seq, p.at),
             None => Ok(None),
-            Some(v) => {
-                let (at, _) = keys::parse_inbox(&v).ok_or_else(|| corrupt("inbox entry"))?;
-                self.event_at(seq, at)
-            }
         }
+    }
+
+    /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
+    fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
+        Ok(self
+            .meta
+            .get(keys::meta::FOLD_FROM)?
+            .and_then(|b| eventlog::Location::decode(&b))
+            .unwrap_or_default())
+    }
+
+    /// A partition's folded mark: the number of its last folded event, if any.
+    fn mark(&self, partition: &str) -> Result<Option<u64>, StoreError> {
+        match self.folded.get(partition.as_bytes())? {
+            None => Ok(None),
+            Some(b) => Ok(Some(
+                keys::parse_seq(&b).ok_or_else(|| corrupt("folded mark"))?,
+            )),
+        }
+    }
+
+    /// Whether a stored event is still to fold.
+    pub fn is_pending(&self, record: &EventRecord) -> Result<bool, StoreError> {
+        Ok(self
+            .mark(&record.partition)?
+            .map_or(true, |m| record.seq > m))
     }
 
     /// The stored event of an id, while its segment is in the dedupe window.
@@ -670,7 +787,9 @@ impl Store {
         }
     }
 
-    fn event_at(
+    /// The event `seq` of the frame at `at` (where [`pending`](Store::pending) or intake found
+    /// it), read back from the log.
+    pub fn event_at(
         &self,
         seq: u64,
         at: eventlog::Location,
@@ -700,16 +819,17 @@ impl Store {
         Ok(oldest)
     }
 
-    /// Visit the stored events in acceptance order, with whether each is still in the inbox,
-    /// until `f` breaks.
+    /// Visit the stored events in acceptance order, with whether each is still to fold, until `f`
+    /// breaks.
     pub fn scan_events(
         &self,
         mut f: impl FnMut(EventRecord, bool) -> ControlFlow<()>,
     ) -> Result<(), StoreError> {
         let mut failed = None;
+        let mut marks = Marks::default();
         let mut visit = |record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
-            for (i, seq) in record.seqs.iter().enumerate() {
-                let pending = self.inbox.contains_key(keys::seq(*seq))?;
+            for (i, (seq, partition)) in record.seqs.iter().zip(&record.partitions).enumerate() {
+                let pending = marks.is_pending(self, partition, *seq)?;
                 if f(EventRecord::from_log(&record, i)?, pending).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
@@ -732,26 +852,49 @@ impl Store {
     }
 
     /// Fold a batch of events (of any partitions, each partition's in order) into state, each
-    /// exactly once: an event whose inbox entry is already gone was folded before and is skipped.
-    ///
-    /// Reading and folding happen outside the transaction, which then only writes: sled runs one
-    /// transaction at a time, and intake's transactions wait for this one. That is safe because
-    /// folds are serialised by `fold_lock` and nothing else writes state or removes inbox entries
-    /// of events still to fold.
+    /// exactly once: an event at or below its partition's folded mark was folded before and is
+    /// skipped. For tests and offline tools: the partitions are worked out from the events.
     pub fn apply(&self, batch: &[(u64, Event)]) -> Result<Applied, StoreError> {
         self.apply_with(batch, &crate::actions::NoRules, &[])
     }
 
-    /// [`apply`](Store::apply), with the rules deciding actions for each folded event from the
-    /// conversation's state after the fold. Internal state actions are applied at once; the
-    /// others go to the outbox in the same transaction, and so do the changes to the timers tree
-    /// (timers started, restarted, cancelled or fired). `received` is each event's receive time.
+    /// [`apply`](Store::apply) with rules (see [`fold`](Store::fold)).
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
         rules: &dyn crate::actions::Decide,
         received: &[Millis],
     ) -> Result<Applied, StoreError> {
+        let partitions: Vec<PartitionKey> = batch
+            .iter()
+            .map(|(_, event)| crate::webhook::partition_of(event))
+            .collect();
+        self.fold(batch, &partitions, rules, received, &Position::default())
+    }
+
+    /// Fold a batch, with the rules deciding actions for each folded event from the
+    /// conversation's state after the fold. Internal state actions are applied at once; the
+    /// others go to the outbox in the same transaction, and so do the changes to the timers tree
+    /// (timers started, restarted, cancelled or fired), the partitions' folded marks and the
+    /// `position`. `partitions` and `received` run parallel to `batch`: each event's partition
+    /// as intake stored it (the marks' key) and its receive time.
+    ///
+    /// Reading and folding happen outside the transaction, which then only writes: sled runs one
+    /// transaction at a time. That is safe because folds are serialised by `fold_lock` and
+    /// nothing else writes state or folded marks.
+    pub fn fold(
+        &self,
+        batch: &[(u64, Event)],
+        partitions: &[PartitionKey],
+        rules: &dyn crate::actions::Decide,
+        received: &[Millis],
+        position: &Position,
+    ) -> Result<Applied, StoreError> {
+        if partitions.len() != batch.len() {
+            return Err(StoreError::Internal(
+                "fold: a partition per event expected".into(),
+            ));
+        }
         let _folding = self
             .fold_lock
             .lock()
@@ -760,19 +903,30 @@ impl Store {
         let mut convs: HashMap<String, ConversationState> = HashMap::new();
         let mut users: HashMap<String, EndUserState> = HashMap::new();
         let mut bots: HashMap<String, BotState> = HashMap::new();
-        let mut folded = Vec::with_capacity(batch.len());
+        let mut marks = Marks::default();
+        // Partitions whose mark this fold raises, to the number of their last event in it.
+        let mut raised: HashMap<String, u64> = HashMap::new();
         let mut decided = std::collections::HashSet::new();
         // Each conversation's timers as this fold found them, and the keys of folded firings.
         let mut timers_before = HashMap::new();
         let mut fired = Vec::new();
         let mut queue_fold = queue::QueueFold::default();
         let now = crate::clock::now_millis();
-        for (position, (seq, event)) in batch.iter().enumerate() {
-            if !self.inbox.contains_key(keys::seq(*seq))? {
+        for (partition, seq) in &position.passed {
+            let partition = partition.encode();
+            if marks.is_pending(self, &partition, *seq)? {
+                marks.0.insert(partition.clone(), Some(*seq));
+                raised.insert(partition, *seq);
+            }
+        }
+        for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
+            let partition = partition.encode();
+            if !marks.is_pending(self, &partition, *seq)? {
                 out.skipped += 1;
                 continue;
             }
-            folded.push(*seq);
+            marks.0.insert(partition.clone(), Some(*seq));
+            raised.insert(partition, *seq);
             out.applied += 1;
             if let Some(id) = event.payload.conversation_id() {
                 let new = || ConversationState::new(id.clone());
@@ -784,7 +938,7 @@ impl Store {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
                 }
                 out.new_conversations += u64::from(created);
-                let at = received.get(position).copied().unwrap_or(event.timestamp);
+                let at = received.get(i).copied().unwrap_or(event.timestamp);
                 let time = crate::actions::DecisionTime {
                     now,
                     received_at: at,
@@ -873,8 +1027,9 @@ impl Store {
         let outbox_bytes = outbox::pending_rows(&out.outbox)?;
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
         let queue_writes = queue_fold.writes()?;
+        let fold_from = position.fold_from.map(eventlog::Location::encode);
         let trees = (
-            &self.inbox,
+            &self.folded,
             &self.conversations,
             &self.end_users,
             &self.user_index,
@@ -892,7 +1047,7 @@ impl Store {
         ];
         trees.transaction(
             |(
-                inbox,
+                folded,
                 conv_tree,
                 user_tree,
                 index,
@@ -903,8 +1058,11 @@ impl Store {
                 queue,
                 meta,
             )| {
-                for seq in &folded {
-                    inbox.remove(&keys::seq(*seq))?;
+                for (partition, seq) in &raised {
+                    folded.insert(partition.as_bytes(), &keys::seq(*seq))?;
+                }
+                if let Some(at) = &fold_from {
+                    meta.insert(keys::meta::FOLD_FROM, at)?;
                 }
                 // Record counts kept with the records, so a start need not count whole trees
                 // (which makes sled load every page: most of a restarted daemon's memory).
@@ -1026,22 +1184,6 @@ impl Store {
         get_decoded(&self.quarantine, keys::seq(id), "quarantine record")
     }
 
-    /// True when no accepted event waits to be folded.
-    pub fn inbox_is_empty(&self) -> Result<bool, StoreError> {
-        Ok(self.inbox.first()?.is_none())
-    }
-
-    /// Whether an event still waits to be folded.
-    pub fn is_pending(&self, seq: u64) -> Result<bool, StoreError> {
-        Ok(self.inbox.contains_key(keys::seq(seq))?)
-    }
-
-    /// Take an entry out of the inbox without folding it (it was quarantined instead).
-    pub fn drop_from_inbox(&self, seq: u64) -> Result<(), StoreError> {
-        self.inbox.remove(keys::seq(seq))?;
-        Ok(())
-    }
-
     /// Remove a quarantine record (after it was re-processed).
     pub fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
         Ok(self.quarantine.remove(keys::seq(id))?.is_some())
@@ -1128,11 +1270,8 @@ impl Store {
         }
         out.dedupe_records += self.prune_legacy(dedupe_before)?;
         let pruned_to = pruned_to.unwrap_or(start);
-        // The oldest event still to fold bounds what may go.
-        let first_pending = match self.inbox.first()? {
-            Some((_, v)) => keys::parse_inbox(&v).map(|(at, _)| at),
-            None => None,
-        };
+        // The folds' low watermark bounds what may go: a start scans the log from it.
+        let fold_from = self.fold_from()?;
         let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
         for pair in segments.windows(2) {
             let (segment, next) = (pair[0], pair[1]);
@@ -1142,7 +1281,7 @@ impl Store {
                 segment,
                 offset: len,
             };
-            let folded = first_pending.map_or(true, |p| p.segment > segment);
+            let folded = fold_from.segment > segment;
             if !folded || pruned_to < end || indexed_to < end {
                 break;
             }

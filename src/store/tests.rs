@@ -31,16 +31,30 @@ fn accept(store: &Store, body: &[u8]) -> Accepted {
         .expect("accept")
 }
 
+/// Fold everything still to fold, as the dispatcher would: in one batch whose watermark is the
+/// log's end.
 fn drain(store: &Store) -> Applied {
     let pending = store.pending().expect("pending");
-    let batch: Vec<(u64, Event)> = pending
-        .iter()
-        .map(|(seq, _)| {
-            let rec = store.event(*seq).expect("read").expect("record");
-            (*seq, parse_event(rec.event.get()).expect("parse"))
-        })
-        .collect();
-    store.apply(&batch).expect("apply")
+    let mut batch: Vec<(u64, Event)> = Vec::new();
+    let mut partitions = Vec::new();
+    for p in &pending.events {
+        let rec = store.event_at(p.seq, p.at).expect("read").expect("record");
+        batch.push((p.seq, parse_event(rec.event.get()).expect("parse")));
+        partitions.push(p.partition.clone());
+    }
+    let position = Position {
+        fold_from: Some(pending.end),
+        passed: Vec::new(),
+    };
+    store
+        .fold(
+            &batch,
+            &partitions,
+            &crate::actions::NoRules,
+            &[],
+            &position,
+        )
+        .expect("fold")
 }
 
 #[test]
@@ -78,8 +92,8 @@ fn applying_is_exactly_once_even_when_a_batch_is_repeated() {
         .iter()
         .map(|(seq, _)| {
             (
-                *seq,
-                parse_event(store.event(*seq).expect("read").expect("rec").event.get())
+                seq,
+                parse_event(store.event(seq).expect("read").expect("rec").event.get())
                     .expect("parse"),
             )
         })
@@ -97,7 +111,7 @@ fn applying_is_exactly_once_even_when_a_batch_is_repeated() {
         .expect("state");
     assert_eq!(state.events_applied, 2);
     assert_eq!(state.messages.user_messages, 2);
-    assert!(store.inbox_is_empty().expect("inbox"));
+    assert!(store.pending().expect("pending").is_empty());
 }
 
 #[test]
@@ -262,14 +276,7 @@ fn pending_ids(store: &Store) -> Vec<String> {
         .pending()
         .expect("pending")
         .iter()
-        .map(|(seq, _)| {
-            store
-                .event(*seq)
-                .expect("read")
-                .expect("rec")
-                .id
-                .to_string()
-        })
+        .map(|(seq, _)| store.event(seq).expect("read").expect("rec").id.to_string())
         .collect()
 }
 
@@ -284,8 +291,8 @@ fn opening_the_store_indexes_what_only_the_event_log_holds_once() {
         log_only(&store, &logged, 2_000);
         assert_eq!(
             store.pending().expect("pending").len(),
-            1,
-            "e2, e3 not indexed"
+            3,
+            "the event log is the inbox: logged is pending"
         );
     }
     let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
@@ -500,8 +507,8 @@ fn drain_with(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
     let batch: Vec<(u64, Event)> = pending
         .iter()
         .map(|(seq, _)| {
-            let rec = store.event(*seq).expect("read").expect("record");
-            (*seq, parse_event(rec.event.get()).expect("parse"))
+            let rec = store.event(seq).expect("read").expect("record");
+            (seq, parse_event(rec.event.get()).expect("parse"))
         })
         .collect();
     let received = vec![0; batch.len()];
@@ -978,7 +985,7 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
 fn drain_received(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
     let mut batch = Vec::new();
     let mut received = Vec::new();
-    for (seq, _) in store.pending().expect("pending") {
+    for (seq, _) in store.pending().expect("pending").iter() {
         let rec = store.event(seq).expect("read").expect("record");
         received.push(rec.received_at);
         batch.push((seq, parse_event(rec.event.get()).expect("parse")));
@@ -1421,7 +1428,7 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
         .pending()
         .expect("pending")
         .iter()
-        .map(|(seq, _)| *seq)
+        .map(|(seq, _)| seq)
         .collect();
     assert_eq!(seen.len(), 52, "50 accepted and 2 recovered events");
     let before = *seen.iter().max().expect("numbers");
@@ -1439,4 +1446,203 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
         again[0].0 > after[0].0,
         "numbers never repeat after a restart"
     );
+}
+
+/// The conversation's folded event count.
+fn events_applied(store: &Store, conversation: &str) -> Option<u64> {
+    store
+        .conversation(&conversation.into())
+        .expect("read")
+        .map(|s| s.events_applied)
+}
+
+/// Fold the pending events with these ids, with a given watermark.
+fn fold_ids(store: &Store, ids: &[&str], fold_from: Option<eventlog::Location>) -> Applied {
+    let mut batch = Vec::new();
+    let mut partitions = Vec::new();
+    for p in store.pending().expect("pending").events {
+        let rec = store.event_at(p.seq, p.at).expect("read").expect("record");
+        if ids.contains(&rec.id.as_str()) {
+            batch.push((p.seq, parse_event(rec.event.get()).expect("parse")));
+            partitions.push(p.partition);
+        }
+    }
+    let position = Position {
+        fold_from,
+        passed: Vec::new(),
+    };
+    store
+        .fold(
+            &batch,
+            &partitions,
+            &crate::actions::NoRules,
+            &[],
+            &position,
+        )
+        .expect("fold")
+}
+
+#[test]
+fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark_stands() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept(
+            &store,
+            &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c1", 3)]),
+        );
+        accept(&store, &delivery("d2", &[("e4", "c1", 4)]));
+        // c1's first event and all of c2 are folded, by a fold that left the watermark where it
+        // was (the start of the log): the marks alone must tell what is left.
+        let applied = fold_ids(&store, &["e1", "e2"], None);
+        assert_eq!(applied.applied, 2);
+        assert_eq!(pending_ids(&store), vec!["e3", "e4"]);
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert_eq!(pending_ids(&store), vec!["e3", "e4"]);
+    // Folding a batch that repeats folded events folds only the new ones.
+    let applied = fold_ids(&store, &["e3"], None);
+    assert_eq!((applied.applied, applied.skipped), (1, 0));
+    let again = store
+        .apply(&[(
+            store
+                .event_by_id(&"e1".into())
+                .expect("read")
+                .expect("e1")
+                .seq,
+            parse_event(
+                store
+                    .event_by_id(&"e1".into())
+                    .expect("read")
+                    .expect("e1")
+                    .event
+                    .get(),
+            )
+            .expect("parse"),
+        )])
+        .expect("apply");
+    assert_eq!(
+        (again.applied, again.skipped),
+        (0, 1),
+        "e1 is below c1's mark"
+    );
+    drain(&store);
+    assert_eq!(events_applied(&store, "c1"), Some(3));
+    assert_eq!(events_applied(&store, "c2"), Some(1));
+    // The drain wrote the log's end as the watermark: nothing is left to scan.
+    assert_eq!(
+        store.fold_from().expect("watermark"),
+        store.pending().expect("p").end
+    );
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(store.pending().expect("pending").is_empty());
+}
+
+#[test]
+fn an_event_passed_over_is_marked_folded_with_the_fold_and_not_before() {
+    let (_d, store) = store();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]));
+    let pending = store.pending().expect("pending");
+    let (first, second) = (&pending.events[0], &pending.events[1]);
+    // e1 is passed over (unreadable, quarantined) in the same fold that folds e2: the mark ends
+    // at e2, and e2 is folded although e1's number is below it.
+    let rec = store
+        .event_at(second.seq, second.at)
+        .expect("read")
+        .expect("e2");
+    let position = Position {
+        fold_from: Some(pending.end),
+        passed: vec![(first.partition.clone(), first.seq)],
+    };
+    let applied = store
+        .fold(
+            &[(second.seq, parse_event(rec.event.get()).expect("parse"))],
+            std::slice::from_ref(&second.partition),
+            &crate::actions::NoRules,
+            &[],
+            &position,
+        )
+        .expect("fold");
+    assert_eq!(applied.applied, 1);
+    assert_eq!(events_applied(&store, "c1"), Some(1), "e2 only");
+    assert!(store.pending().expect("pending").is_empty());
+}
+
+#[test]
+fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept(
+            &store,
+            &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2), ("e3", "c2", 3)]),
+        );
+        accept(&store, &delivery("d2", &[("e4", "c1", 4)]));
+        // Logged (acknowledged) but not indexed before a crash: past the checkpoint.
+        log_only(
+            &store,
+            &delivery("d3", &[("e5", "c1", 5), ("e6", "c3", 6)]),
+            3_000,
+        );
+        fold_ids(&store, &["e1", "e3"], None);
+        assert_eq!(events_applied(&store, "c1"), Some(1));
+        // Turn it into what layout 3 left: no marks, no watermark, e2 and e4 in the sled inbox.
+        let waiting: Vec<PendingEvent> = store
+            .pending()
+            .expect("pending")
+            .events
+            .into_iter()
+            .filter(|p| {
+                let id = store.event_at(p.seq, p.at).expect("read").expect("rec").id;
+                ["e2", "e4"].contains(&id.as_str())
+            })
+            .collect();
+        assert_eq!(waiting.len(), 2);
+        let inbox = store.db.open_tree(keys::tree::INBOX).expect("inbox");
+        for p in &waiting {
+            inbox
+                .insert(
+                    keys::seq(p.seq),
+                    keys::inbox_value(p.at, &p.partition.encode()),
+                )
+                .expect("inbox");
+        }
+        store.folded.clear().expect("marks");
+        store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
+        store
+            .meta
+            .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())
+            .expect("layout");
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    assert_eq!(pending_ids(&store), vec!["e2", "e4", "e5", "e6"]);
+    assert_eq!(store.check_layout().expect("layout"), LAYOUT_VERSION);
+    assert!(
+        !store
+            .db
+            .tree_names()
+            .iter()
+            .any(|n| n.as_ref() == keys::tree::INBOX.as_bytes()),
+        "the inbox is dropped"
+    );
+    drain(&store);
+    assert_eq!(
+        events_applied(&store, "c1"),
+        Some(4),
+        "e1, e2, e4, e5 once each"
+    );
+    assert_eq!(events_applied(&store, "c2"), Some(1));
+    assert_eq!(events_applied(&store, "c3"), Some(1));
+    drop(store);
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(
+        store.pending().expect("pending").is_empty(),
+        "migrated once"
+    );
+    assert_eq!(events_applied(&store, "c1"), Some(4));
 }

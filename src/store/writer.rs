@@ -3,15 +3,16 @@
 //! Handlers hand it parsed deliveries and wait. The writer thread takes every delivery queued at
 //! that moment and checks the whole group for duplicates ([`Store::check`]: sled reads, no
 //! transaction). The syncer thread appends the group's new events to the event log, syncs it
-//! (once for all groups that are ready), answers them, then indexes them in one sled transaction
-//! and passes them on to the dispatcher, while the writer already checks the next group. So a
-//! group costs at most one `fdatasync` and one transaction, HTTP workers never wait on sled's
-//! global lock, and only one flush is ever in flight (sled 0.34's `flush_async` hangs when several
-//! are).
+//! (once for all groups that are ready) and answers them; the indexer thread then puts their ids
+//! into the dedupe index, advances the checkpoint (one small sled write) and passes the events on
+//! to the dispatcher, while the writer already checks the next group. So a group costs at most
+//! one `fdatasync`, HTTP workers never wait on sled's global lock, and only one flush is ever in
+//! flight (sled 0.34's `flush_async` hangs when several are).
 //!
-//! Sled itself flushes in the background (every 500 ms); what it has not flushed at a crash is
-//! indexed again from the log on open. An explicit [`Writer::flush`] flushes it at once.
+//! Sled itself flushes in the background (every 500 ms); a checkpoint it has not flushed at a
+//! crash is advanced again from the log on open. An explicit [`Writer::flush`] flushes it at once.
 
+use super::eventlog::Location;
 use super::{AcceptRequest, Accepted, Checked, QuarantineRecord, Store, Unindexed};
 use crate::ids::{DeliveryId, PartitionKey};
 use crate::webhook::model::{Event, Millis};
@@ -48,6 +49,8 @@ impl AcceptJob {
 pub struct NewEvent {
     pub seq: u64,
     pub partition: PartitionKey,
+    /// Its frame in the event log (where a fold reads it back, and the folds' watermark).
+    pub at: Location,
     pub received_at: Millis,
     pub event: Event,
 }
@@ -56,8 +59,8 @@ pub struct NewEvent {
 pub struct WriterHooks {
     /// (time the group took to become durable, deliveries in it).
     pub observe: Box<dyn Fn(Duration, usize) + Send>,
-    /// Newly durable events, in acceptance order.
-    pub durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
+    /// Newly durable events, in acceptance order, and where the log ends after them.
+    pub durable: Box<dyn Fn(Vec<NewEvent>, Location) + Send>,
 }
 
 enum Job {
@@ -243,6 +246,8 @@ fn run(
                         |((seq, partition), ev)| NewEvent {
                             seq: *seq,
                             partition: partition.clone(),
+                            // Known once the syncer queues the frames.
+                            at: Location::default(),
                             received_at,
                             event: ev.event,
                         },
@@ -279,7 +284,7 @@ struct Backlog {
     groups: Vec<Unindexed>,
     new_events: Vec<NewEvent>,
     /// The log's end after the newest of them.
-    to: Option<super::eventlog::Location>,
+    to: Option<Location>,
 }
 
 /// Callers waiting for a sled flush, answered by the indexer after its next transaction.
@@ -313,21 +318,27 @@ impl FlushWaiters {
 }
 
 impl Backlog {
-    /// Index everything waiting; on success hand the events on.
+    /// Index everything waiting; on success hand the events on. The hand-over is counted before
+    /// their ids leave the in-flight set and sent after (see `DispatchHandle::wait_drained`).
     fn index(
         &mut self,
         store: &Store,
-        durable: &(dyn Fn(Vec<NewEvent>) + Send),
+        durable: &(dyn Fn(Vec<NewEvent>, Location) + Send),
     ) -> Result<(), super::StoreError> {
         let Some(to) = self.to else { return Ok(()) };
         store.index(&self.groups, to).inspect_err(|e| {
             tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
         })?;
-        self.groups.clear();
         self.to = None;
         let events = std::mem::take(&mut self.new_events);
-        if !events.is_empty() {
-            durable(events);
+        let handing_on = !events.is_empty();
+        if handing_on {
+            store.count_hand_over();
+        }
+        store.release(&self.groups);
+        self.groups.clear();
+        if handing_on {
+            durable(events, to);
         }
         Ok(())
     }
@@ -356,7 +367,7 @@ fn flush_store(store: &Store) -> Result<(), String> {
 fn index_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<ToIndexer>,
-    durable: Box<dyn Fn(Vec<NewEvent>) + Send>,
+    durable: Box<dyn Fn(Vec<NewEvent>, Location) + Send>,
     health: Arc<Health>,
     waiting: Arc<IndexBacklog>,
 ) {
@@ -439,6 +450,25 @@ fn index_loop(
     }
 }
 
+/// Give a group's new events their frame locations. They are in the order of the group's rows.
+fn locate(events: &mut [NewEvent], group: &Unindexed) {
+    let mut located = group.locations();
+    for event in events {
+        match located.next() {
+            Some((seq, at)) if seq == event.seq => event.at = at,
+            _ => {
+                // Not expected (the writer builds both in one order); a wrong location would
+                // make a fold read the wrong frame, so look it up.
+                tracing::error!(seq = event.seq, "new event out of its group's frame order");
+                if let Some((_, at)) = group.locations().find(|(seq, _)| *seq == event.seq) {
+                    event.at = at;
+                }
+                located = group.locations();
+            }
+        }
+    }
+}
+
 /// Exit status of a daemon whose store failed for good in this process (EX_TEMPFAIL: a
 /// restart is expected to help).
 pub const STORE_STUCK_EXIT: i32 = 75;
@@ -482,7 +512,10 @@ fn sync_loop(
         let mut queued = Ok(());
         for group in &mut groups {
             match store.log_queue(std::mem::take(&mut group.checked.frames)) {
-                Ok(at) => group.checked.unindexed.located(at),
+                Ok(at) => {
+                    group.checked.unindexed.located(at);
+                    locate(&mut group.new_events, &group.checked.unindexed);
+                }
                 Err(e) => queued = Err(e),
             }
         }
@@ -633,7 +666,7 @@ mod tests {
             store.clone(),
             WriterHooks {
                 observe: Box::new(|_, _| {}),
-                durable: Box::new(move |events| {
+                durable: Box::new(move |events, _| {
                     let tx = handed_tx.lock().expect("lock");
                     for e in &events {
                         let _ = tx.send(e.seq);
@@ -685,7 +718,7 @@ mod tests {
         assert_eq!(handed, sorted, "in acceptance order");
         sorted.dedup();
         assert_eq!(sorted.len(), 100, "each once");
-        assert_eq!(store.pending().expect("pending").len(), 100);
+        assert_eq!(store.pending().expect("pending").events.len(), 100);
 
         assert!(writer.is_healthy());
     }
