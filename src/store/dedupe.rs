@@ -2,21 +2,31 @@
 //!
 //! Why not in sled: a dedupe record per event was the largest thing sled held (about 130 MiB of
 //! its memory while a million were written) and half of every intake transaction. The event log
-//! already holds every id; this index only says where to look. Per id it keeps a 64-bit hash
-//! (xxh3, a fixed algorithm: hashes are written to disk) and where its frame is: 16 bytes per id
-//! once its segment is sealed.
+//! already holds every id; this index only says where to look: by a 64-bit hash (xxh3, a fixed
+//! algorithm: hashes are written to disk) to the frames that may hold it.
 //!
 //! A hash match is a candidate, not a verdict: the caller reads the frame and compares the id
-//! ([`Store::seen_event`](super::Store)), so a collision can never drop an event.
+//! ([`Store::seen_event`](super::Store)), so a collision can never drop an event. That is why
+//! sealed ids keep only 48 bits of their hash: a false match costs a rare extra frame read.
 //!
 //! The newest segment's ids are in a hash map; when the log moves to a new segment the old one is
-//! sealed: merged into one sorted array of every sealed id (so a lookup costs the same however
-//! many segments the dedupe window spans: a fence per 16 ids narrows it to a cache line or two),
-//! and written to `<segment>.ids` beside it so an open need not read the whole log. That file is only a cache of the log: it is written without a sync, checked by
-//! length and CRC when read, and rebuilt from the segment when missing or bad.
+//! sealed: merged into one array of every sealed id, so a lookup costs the same however many
+//! segments the dedupe window spans. 10 bytes per sealed id (at 16, the 1.1M ids of a million
+//! events took 17 MB of a daemon meant to stay under 100 MB): the top 16 bits of the hash pick
+//! one of 2^16 buckets (a fence table of 256 KiB; about 16 ids per bucket per million held,
+//! binary-searched) and are not stored, the low 32 are; the frame's offset takes 32 bits and its
+//! segment a 16-bit ordinal among the sealed segments, renumbered whenever they change. So at
+//! most 65,536 segments (4 TiB of log) fit in the window at once; one more is refused (an open
+//! fails, the indexer retries until pruning makes room) rather than letting an ordinal wrap and
+//! name wrong frames.
+//!
+//! Each sealed segment's ids are also written to `<segment>.ids` beside it, with full hashes, so
+//! an open need not read the whole log. That file is only a cache of the log: it is written
+//! without a sync, checked by length and CRC when read, and rebuilt from the segment when
+//! missing or bad.
 
 use super::eventlog::{self, Location};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -129,151 +139,343 @@ impl Open {
     }
 }
 
-/// Ids per fence of [`Merged`], on average.
-const IDS_PER_FENCE: usize = 16;
+/// Hash bits that pick an id's bucket in [`Merged`] (so they need not be stored).
+const BUCKET_BITS: u32 = 16;
+const BUCKETS: usize = 1 << BUCKET_BITS;
 
-/// Every sealed segment's ids, sorted by hash, with where each frame is (`segment << 32 |
-/// offset`).
+/// Sealed segments the index holds at once: an id names its segment by a 16-bit ordinal. With
+/// 64 MiB segments that is 4 TiB of event log in the dedupe window.
+pub const MAX_SEALED_SEGMENTS: usize = 1 << 16;
+
+/// Ids [`Merged`] holds at once (its fences are 32-bit).
+const MAX_SEALED_IDS: usize = u32::MAX as usize;
+
+fn bucket(hash: u64) -> usize {
+    (hash >> (64 - BUCKET_BITS)) as usize
+}
+
+/// The hash bits kept beside the bucket's: 48 of the 64 in all.
+fn low(hash: u64) -> u32 {
+    (hash & u64::from(u32::MAX)) as u32
+}
+
+/// A position in the columns as a fence (below [`MAX_SEALED_IDS`], which `Merged::add` checks).
+fn fence(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
+
+/// The sealed index cannot take more segments or ids: sealing is refused rather than letting an
+/// ordinal or a fence wrap and name wrong frames. Pruning (a shorter dedupe window) makes room.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the dedupe index would hold {segments} sealed segments and {ids} ids, over its limits of \
+     {max_segments} and {max_ids}: the dedupe window spans too much of the event log",
+    max_segments = MAX_SEALED_SEGMENTS,
+    max_ids = MAX_SEALED_IDS
+)]
+pub struct IndexFull {
+    segments: usize,
+    ids: usize,
+}
+
+fn check_room(segments: usize, ids: usize) -> Result<(), IndexFull> {
+    if segments > MAX_SEALED_SEGMENTS || ids > MAX_SEALED_IDS {
+        return Err(IndexFull { segments, ids });
+    }
+    Ok(())
+}
+
+/// Sealed ids, a column per field, sorted by bucket, then by (low hash bits, segment, offset).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Columns {
+    /// The low 32 bits of each hash (its bucket holds the top 16).
+    low: Vec<u32>,
+    offsets: Vec<u32>,
+    /// Each frame's segment as its position in [`Merged::segments`], which is in segment order,
+    /// so ordinals sort as segment numbers do.
+    ordinals: Vec<u16>,
+    /// `fences[b]..fences[b + 1]` holds bucket `b`; empty while no id is held.
+    fences: Vec<u32>,
+}
+
+impl Columns {
+    fn len(&self) -> usize {
+        self.low.len()
+    }
+
+    fn range(&self, b: usize) -> std::ops::Range<usize> {
+        match (self.fences.get(b), self.fences.get(b + 1)) {
+            (Some(start), Some(end)) => *start as usize..*end as usize,
+            _ => 0..0,
+        }
+    }
+
+    fn key(&self, i: usize) -> (u32, u16, u32) {
+        (self.low[i], self.ordinals[i], self.offsets[i])
+    }
+
+    /// Sealed segments' ids, each run with its segment's ordinal: placed by bucket (a counting
+    /// sort, linear however many runs), then each bucket sorted (a few dozen ids).
+    fn from_runs(runs: &[(u16, &Sealed)]) -> Columns {
+        let total = runs.iter().map(|(_, ids)| ids.len()).sum();
+        let mut fences = vec![0u32; BUCKETS + 1];
+        for (_, ids) in runs {
+            for h in &ids.hashes {
+                fences[bucket(*h)] += 1;
+            }
+        }
+        let mut sum = 0;
+        for f in &mut fences {
+            (*f, sum) = (sum, sum + *f);
+        }
+        let mut next = fences.clone();
+        let mut columns = Columns {
+            low: vec![0; total],
+            offsets: vec![0; total],
+            ordinals: vec![0; total],
+            fences,
+        };
+        for (ordinal, ids) in runs {
+            for (h, offset) in ids.hashes.iter().zip(&ids.offsets) {
+                let slot = &mut next[bucket(*h)];
+                let i = *slot as usize;
+                *slot += 1;
+                columns.low[i] = low(*h);
+                columns.offsets[i] = *offset;
+                columns.ordinals[i] = *ordinal;
+            }
+        }
+        drop(next);
+        let mut bucket_ids = Vec::new();
+        for b in 0..BUCKETS {
+            let range = columns.range(b);
+            if range.len() < 2 {
+                continue;
+            }
+            bucket_ids.clear();
+            bucket_ids.extend(range.clone().map(|i| columns.key(i)));
+            bucket_ids.sort_unstable();
+            for (i, (low, ordinal, offset)) in range.zip(&bucket_ids) {
+                columns.low[i] = *low;
+                columns.ordinals[i] = *ordinal;
+                columns.offsets[i] = *offset;
+            }
+        }
+        columns
+    }
+
+    /// Merge `new` in (its ordinals final; `remap[o]` is what this one's ordinal `o` becomes).
+    ///
+    /// One column at a time, after a pass that records which side each id comes from (a bit
+    /// per id): the rebuild holds the old columns, `new` and one new column (10 + 4 bytes per id
+    /// held), not two whole copies.
+    fn merge(&mut self, remap: &[u16], new: Columns) {
+        let total = self.len() + new.len();
+        let mut from_old = vec![0u64; total.div_ceil(64)];
+        let mut fences = Vec::with_capacity(BUCKETS + 1);
+        let mut p = 0;
+        for b in 0..BUCKETS {
+            fences.push(fence(p));
+            let (mut old, mut added) = (self.range(b), new.range(b));
+            loop {
+                let take_old = match (old.start < old.end, added.start < added.end) {
+                    (true, true) => {
+                        let (low, ordinal, offset) = self.key(old.start);
+                        (low, remap[usize::from(ordinal)], offset) <= new.key(added.start)
+                    }
+                    (true, false) => true,
+                    (false, true) => false,
+                    (false, false) => break,
+                };
+                if take_old {
+                    from_old[p / 64] |= 1 << (p % 64);
+                    old.start += 1;
+                } else {
+                    added.start += 1;
+                }
+                p += 1;
+            }
+        }
+        fences.push(fence(p));
+        let Columns {
+            low,
+            offsets,
+            ordinals,
+            fences: _,
+        } = new;
+        self.low = interleave(&from_old, total, self.low.iter().copied(), low);
+        self.offsets = interleave(&from_old, total, self.offsets.iter().copied(), offsets);
+        let old_ordinals = self.ordinals.iter().map(|o| remap[usize::from(*o)]);
+        self.ordinals = interleave(&from_old, total, old_ordinals, ordinals);
+        self.fences = fences;
+    }
+}
+
+/// `total` items, from `old` where `from_old` has the item's bit set and from `new` elsewhere.
+fn interleave<T>(
+    from_old: &[u64],
+    total: usize,
+    mut old: impl Iterator<Item = T>,
+    new: Vec<T>,
+) -> Vec<T> {
+    let mut new = new.into_iter();
+    let mut out = Vec::with_capacity(total);
+    for p in 0..total {
+        let is_old = from_old
+            .get(p / 64)
+            .is_some_and(|bits| (bits >> (p % 64)) & 1 == 1);
+        out.extend(if is_old { old.next() } else { new.next() });
+    }
+    out
+}
+
+/// Every sealed segment's ids (see the module doc).
 #[derive(Debug, Default)]
 struct Merged {
-    hashes: Vec<u64>,
-    at: Vec<u64>,
-    /// `fences[b]..fences[b + 1]` holds the hashes of bucket `b` (the top bits, scaled).
-    fences: Vec<u32>,
-    /// Ids per sealed segment.
-    segments: BTreeMap<u64, usize>,
+    ids: Columns,
+    /// The sealed segments in order, with their id counts: an id's ordinal is its segment's
+    /// position here. Every change renumbers them, so ordinals are reused as old segments are
+    /// forgotten; only how many are sealed at once is bounded ([`MAX_SEALED_SEGMENTS`]).
+    segments: Vec<(u64, usize)>,
 }
 
-fn pack(segment: u64, offset: u32) -> u64 {
-    (segment << 32) | u64::from(offset)
-}
-
-fn unpack(at: u64) -> Location {
-    Location {
-        segment: at >> 32,
-        offset: at & u64::from(u32::MAX),
-    }
+fn ordinal(segments: &[(u64, usize)], segment: u64) -> Option<u16> {
+    let i = segments.binary_search_by_key(&segment, |(s, _)| *s).ok()?;
+    u16::try_from(i).ok()
 }
 
 impl Merged {
-    /// Add sealed segments (not already in).
-    ///
-    /// This rebuilds the arrays: O(ids held) once per sealed segment (a few milliseconds per
-    /// million ids, under the index's lock, so intake waits that long once per 64 MiB of log).
-    fn add(&mut self, new: Vec<(u64, Sealed)>) {
-        let runs: Vec<(u64, Sealed)> = new.into_iter().filter(|(_, ids)| ids.len() > 0).collect();
-        if let [(segment, ids)] = runs.as_slice() {
-            self.merge_one(*segment, ids);
-            return;
-        }
-        // A k-way merge of sorted runs (what is merged already, and each new segment) straight
-        // into the new arrays: an open with many segments holds each id twice at most.
-        let total = self.hashes.len() + runs.iter().map(|(_, ids)| ids.len()).sum::<usize>();
-        let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
-        // Run 0 is the current array; run k > 0 is `runs[k - 1]`.
-        let item = |run: usize, i: usize| -> Option<(u64, u64)> {
-            if run == 0 {
-                Some((*self.hashes.get(i)?, self.at[i]))
-            } else {
-                let (segment, ids) = &runs[run - 1];
-                Some((*ids.hashes.get(i)?, pack(*segment, ids.offsets[i])))
-            }
-        };
-        let mut heap = std::collections::BinaryHeap::new();
-        for run in 0..=runs.len() {
-            if let Some((h, a)) = item(run, 0) {
-                heap.push(std::cmp::Reverse((h, a, run, 0usize)));
-            }
-        }
-        while let Some(std::cmp::Reverse((h, a, run, i))) = heap.pop() {
-            hashes.push(h);
-            at.push(a);
-            if let Some((h, a)) = item(run, i + 1) {
-                heap.push(std::cmp::Reverse((h, a, run, i + 1)));
-            }
-        }
-        for (segment, ids) in &runs {
-            *self.segments.entry(*segment).or_default() += ids.len();
-        }
-        self.hashes = hashes;
-        self.at = at;
-        self.fence();
+    fn len(&self) -> usize {
+        self.ids.len()
     }
 
-    /// The common case (a segment sealed while running): a plain two-way merge.
-    fn merge_one(&mut self, segment: u64, ids: &Sealed) {
-        let total = self.hashes.len() + ids.len();
-        let (mut hashes, mut at) = (Vec::with_capacity(total), Vec::with_capacity(total));
-        let (mut i, mut j) = (0, 0);
-        while i < self.hashes.len() || j < ids.len() {
-            let new = (j < ids.len()).then(|| (ids.hashes[j], pack(segment, ids.offsets[j])));
-            let old = (i < self.hashes.len()).then(|| (self.hashes[i], self.at[i]));
-            let take_old = match (old, new) {
-                (Some(o), Some(n)) => o <= n,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            let (h, a) = if take_old {
-                i += 1;
-                old
-            } else {
-                j += 1;
-                new
-            }
-            .unwrap_or_default();
-            hashes.push(h);
-            at.push(a);
+    /// Whether a segment of `ids` ids can be sealed (what [`add`](Merged::add) checks).
+    fn room_for(&self, segment: u64, ids: usize) -> Result<(), IndexFull> {
+        let new = usize::from(ordinal(&self.segments, segment).is_none());
+        check_room(self.segments.len() + new, self.len() + ids)
+    }
+
+    /// Add sealed segments' ids (a segment already in, as in recovery, gains them). Refused,
+    /// changing nothing, beyond [`MAX_SEALED_SEGMENTS`] segments or [`MAX_SEALED_IDS`] ids.
+    ///
+    /// This rebuilds the columns: a few passes over the ids held, once per sealed segment, under
+    /// the index's lock (intake waits that long once per 64 MiB of log). The new ids are sorted
+    /// into columns of their own first ([`Columns::from_runs`], which at an open takes every
+    /// segment at once), then merged in ([`Columns::merge`]).
+    fn add(&mut self, runs: Vec<(u64, Sealed)>) -> Result<(), IndexFull> {
+        let runs: Vec<(u64, Sealed)> = runs.into_iter().filter(|(_, ids)| ids.len() > 0).collect();
+        if runs.is_empty() {
+            return Ok(());
         }
-        *self.segments.entry(segment).or_default() += ids.len();
-        self.hashes = hashes;
-        self.at = at;
-        self.fence();
+        let mut segments = self.segments.clone();
+        segments.extend(runs.iter().map(|(segment, ids)| (*segment, ids.len())));
+        segments.sort_by_key(|(segment, _)| *segment);
+        segments.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 += later.1;
+            }
+            same
+        });
+        let ids = self.len() + runs.iter().map(|(_, ids)| ids.len()).sum::<usize>();
+        check_room(segments.len(), ids)?;
+        let placed: Option<Vec<(u16, &Sealed)>> = runs
+            .iter()
+            .map(|(segment, ids)| Some((ordinal(&segments, *segment)?, ids)))
+            .collect();
+        let remap: Option<Vec<u16>> = self
+            .segments
+            .iter()
+            .map(|(segment, _)| ordinal(&segments, *segment))
+            .collect();
+        let (Some(placed), Some(remap)) = (placed, remap) else {
+            // Cannot happen: every number is in `segments`, which fits in 16 bits.
+            return Err(IndexFull {
+                segments: segments.len(),
+                ids,
+            });
+        };
+        let new = Columns::from_runs(&placed);
+        drop(placed);
+        drop(runs);
+        if self.len() == 0 {
+            self.ids = new;
+        } else {
+            self.ids.merge(&remap, new);
+        }
+        self.segments = segments;
+        Ok(())
     }
 
     /// Forget a segment's ids; returns how many.
     fn remove(&mut self, segment: u64) -> usize {
-        let Some(count) = self.segments.remove(&segment) else {
+        let Ok(position) = self.segments.binary_search_by_key(&segment, |(s, _)| *s) else {
             return 0;
         };
-        let mut keep = self.at.iter().map(|a| a >> 32 != segment);
-        self.hashes.retain(|_| keep.next().unwrap_or(true));
-        self.at.retain(|a| a >> 32 != segment);
-        self.hashes.shrink_to_fit();
-        self.at.shrink_to_fit();
-        self.fence();
+        let Ok(gone) = u16::try_from(position) else {
+            return 0;
+        };
+        let (_, count) = self.segments.remove(position);
+        // Compacted in place, bucket by bucket; the ordinals after the gone one move down.
+        let ids = &mut self.ids;
+        let mut kept = 0;
+        for b in 0..ids.fences.len().saturating_sub(1) {
+            let range = ids.range(b);
+            ids.fences[b] = fence(kept);
+            for i in range {
+                let ordinal = ids.ordinals[i];
+                if ordinal == gone {
+                    continue;
+                }
+                ids.low[kept] = ids.low[i];
+                ids.offsets[kept] = ids.offsets[i];
+                ids.ordinals[kept] = if ordinal > gone { ordinal - 1 } else { ordinal };
+                kept += 1;
+            }
+        }
+        if let Some(last) = ids.fences.last_mut() {
+            *last = fence(kept);
+        }
+        if kept == 0 {
+            *ids = Columns::default();
+        } else {
+            for column in [&mut ids.low, &mut ids.offsets] {
+                column.truncate(kept);
+                column.shrink_to_fit();
+            }
+            ids.ordinals.truncate(kept);
+            ids.ordinals.shrink_to_fit();
+        }
         count
     }
 
-    fn bucket(hash: u64, buckets: usize) -> usize {
-        ((u128::from(hash) * buckets as u128) >> 64) as usize
-    }
-
-    fn fence(&mut self) {
-        let buckets = (self.hashes.len() / IDS_PER_FENCE).max(1);
-        let mut fences = Vec::with_capacity(buckets + 1);
-        let mut i = 0;
-        for b in 0..buckets {
-            while i < self.hashes.len() && Self::bucket(self.hashes[i], buckets) < b {
-                i += 1;
-            }
-            fences.push(i as u32);
-        }
-        fences.push(self.hashes.len() as u32);
-        self.fences = fences;
-    }
-
     fn find(&self, hash: u64, out: &mut Vec<Location>) {
-        let buckets = self.fences.len().saturating_sub(1);
-        if buckets == 0 {
+        let range = self.ids.range(bucket(hash));
+        let Some(lows) = self.ids.low.get(range.clone()) else {
             return;
-        }
-        let b = Self::bucket(hash, buckets);
-        let (start, end) = (self.fences[b] as usize, self.fences[b + 1] as usize);
-        for i in start..end {
-            if self.hashes[i] == hash {
-                out.push(unpack(self.at[i]));
+        };
+        let want = low(hash);
+        let first = range.start + lows.partition_point(|l| *l < want);
+        for i in first..range.end {
+            if self.ids.low[i] != want {
+                break;
+            }
+            if let Some((segment, _)) = self.segments.get(usize::from(self.ids.ordinals[i])) {
+                out.push(Location {
+                    segment: *segment,
+                    offset: u64::from(self.ids.offsets[i]),
+                });
             }
         }
+    }
+
+    /// Heap bytes held (by capacity).
+    fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let ids = &self.ids;
+        (ids.low.capacity() + ids.offsets.capacity() + ids.fences.capacity()) * size_of::<u32>()
+            + ids.ordinals.capacity() * size_of::<u16>()
+            + self.segments.capacity() * size_of::<(u64, usize)>()
     }
 }
 
@@ -336,21 +538,28 @@ impl DedupeIndex {
                 sealed.push((segment, ids));
             }
         }
-        index.sealed.add(sealed);
+        index.sealed.add(sealed).map_err(std::io::Error::other)?;
         Ok(index)
     }
 
     /// Record a frame's delivery and event ids at `at`.
-    pub fn insert(&mut self, at: Location, delivery: &str, ids: &[&str]) {
+    ///
+    /// Refused when the frame would seal the open segment into a full sealed index: nothing
+    /// changes then (the open segment keeps its ids), and the same frames may come again.
+    pub fn insert(&mut self, at: Location, delivery: &str, ids: &[&str]) -> Result<(), IndexFull> {
         let Ok(offset) = u32::try_from(at.offset) else {
             // Segments are far smaller than 4 GiB (`Store::open_with` checks the size).
             tracing::error!(?at, "event log offset out of range for the dedupe index");
-            return;
+            return Ok(());
         };
         let hashes =
             std::iter::once(delivery_hash(delivery)).chain(ids.iter().map(|id| event_hash(id)));
         if at.segment > self.open.segment {
             // The log moved on: the open segment is complete.
+            if !self.open.first.is_empty() {
+                let ids = self.open.first.len() + self.open.more.len();
+                self.sealed.room_for(self.open.segment, ids)?;
+            }
             let done = std::mem::replace(
                 &mut self.open,
                 Open {
@@ -362,7 +571,8 @@ impl DedupeIndex {
                 let segment = done.segment;
                 let ids = done.seal();
                 write_ids(&self.dir, segment, &ids);
-                self.sealed.add(vec![(segment, ids)]);
+                // Room was checked above.
+                self.sealed.add(vec![(segment, ids)])?;
             }
         }
         if at.segment == self.open.segment {
@@ -382,9 +592,10 @@ impl DedupeIndex {
                 .collect();
             if !missing.is_empty() {
                 self.sealed
-                    .add(vec![(at.segment, Sealed::from_pairs(missing))]);
+                    .add(vec![(at.segment, Sealed::from_pairs(missing))])?;
             }
         }
+        Ok(())
     }
 
     /// Frames that may hold an id of this hash.
@@ -411,7 +622,7 @@ impl DedupeIndex {
 
     /// Sealed segments, oldest first, with their id counts.
     pub fn sealed_segments(&self) -> Vec<(u64, usize)> {
-        self.sealed.segments.iter().map(|(s, n)| (*s, *n)).collect()
+        self.sealed.segments.clone()
     }
 
     /// Forget a sealed segment's ids (pruning). Its `.ids` file goes with the segment.
@@ -421,7 +632,13 @@ impl DedupeIndex {
 
     /// Ids held (events and deliveries).
     pub fn ids(&self) -> usize {
-        self.open.first.len() + self.open.more.len() + self.sealed.hashes.len()
+        self.open.first.len() + self.open.more.len() + self.sealed.len()
+    }
+
+    /// Heap bytes of the sealed segments' ids (by capacity): about 10 per id, plus 256 KiB of
+    /// fences once any is held.
+    pub fn sealed_heap_bytes(&self) -> usize {
+        self.sealed.heap_bytes()
     }
 }
 
@@ -509,9 +726,9 @@ mod tests {
         let (mut log, _) = Appender::open(dir.path(), 10).expect("open");
         let mut index = DedupeIndex::load(dir.path(), 0).expect("load");
         let a = append(&mut log, "d1", &["e1", "e2"]);
-        index.insert(a, "d1", &["e1", "e2"]);
+        index.insert(a, "d1", &["e1", "e2"]).expect("insert");
         let b = append(&mut log, "d2", &["e3"]);
-        index.insert(b, "d2", &["e3"]);
+        index.insert(b, "d2", &["e3"]).expect("insert");
         assert_eq!(a.segment + 1, b.segment);
         assert_eq!(index.candidates(event_hash("e1")), vec![a]);
         assert_eq!(index.candidates(event_hash("e3")), vec![b]);
@@ -537,54 +754,350 @@ mod tests {
         assert_eq!(later.ids(), 2);
     }
 
+    /// Hash parts drawn from few values, so that ids share a bucket (the top 16 bits), share
+    /// the low 32 bits too while their middle bits differ (one candidate for both: harmless),
+    /// or are equal. The first and last buckets are among them.
+    const TOPS: [u64; 4] = [0, 1, 0x8000, 0xFFFF];
+    const MIDS: [u64; 3] = [0, 1, 0xFFFF];
+    const LOWS: [u64; 4] = [0, 7, 0x8000_0000, 0xFFFF_FFFF];
+    /// Segment numbers far apart, past 16 and 32 bits.
+    const SEGMENT_NUMBERS: [u64; 7] = [0, 1, 5, 6, 70_000, 70_001, 1 << 40];
+
+    fn model_hash((top, mid, low): (usize, usize, usize)) -> u64 {
+        TOPS[top] << 48 | MIDS[mid] << 32 | LOWS[low]
+    }
+
+    fn spread(x: u64) -> u64 {
+        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// What a lookup compares: the bucket's bits and the low 32.
+    fn kept_bits(hash: u64) -> u64 {
+        hash & 0xFFFF_0000_FFFF_FFFF
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Seal a segment (`SEGMENT_NUMBERS[i]`) with these ids; one already in gains them.
+        Add(usize, Vec<(u64, u32)>),
+        Remove(usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let hash = prop_oneof![
+            (0..TOPS.len(), 0..MIDS.len(), 0..LOWS.len()).prop_map(model_hash),
+            (0u64..16).prop_map(spread),
+        ];
+        let offset = prop_oneof![0u32..8, Just(u32::MAX), any::<u32>()];
+        prop_oneof![
+            3 => (0..SEGMENT_NUMBERS.len(), proptest::collection::vec((hash, offset), 0..40))
+                .prop_map(|(s, ids)| Op::Add(s, ids)),
+            1 => (0..SEGMENT_NUMBERS.len()).prop_map(Op::Remove),
+        ]
+    }
+
+    /// The columns' own rules: fences cut sorted buckets, ordinals name the listed segments and
+    /// the counts agree.
+    fn assert_consistent(merged: &Merged) {
+        let ids = &merged.ids;
+        assert_eq!(ids.offsets.len(), ids.len());
+        assert_eq!(ids.ordinals.len(), ids.len());
+        if ids.len() == 0 {
+            assert!(ids.fences.is_empty(), "no fences while empty");
+        } else {
+            assert_eq!(ids.fences.len(), BUCKETS + 1);
+            assert_eq!(ids.fences.first().copied(), Some(0));
+            assert_eq!(ids.fences.last().copied(), Some(fence(ids.len())));
+            assert!(ids.fences.windows(2).all(|w| w[0] <= w[1]));
+            for b in 0..BUCKETS {
+                let range = ids.range(b);
+                assert!(range
+                    .clone()
+                    .zip(range.skip(1))
+                    .all(|(i, j)| ids.key(i) <= ids.key(j)));
+            }
+        }
+        assert!(merged.segments.windows(2).all(|w| w[0].0 < w[1].0));
+        let mut counts = vec![0; merged.segments.len()];
+        for o in &ids.ordinals {
+            counts[usize::from(*o)] += 1;
+        }
+        let listed: Vec<usize> = merged.segments.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, listed);
+        assert!(listed.iter().all(|n| *n > 0));
+    }
+
     proptest::proptest! {
-        /// The merged array finds exactly what a plain list of (hash, where) finds, through
-        /// additions and removals of segments; hashes are drawn from a small range so that
-        /// equal hashes and crowded fences happen.
+        /// The merged columns find what a plain list of (hash, where) finds, through additions
+        /// (in any segment order, to a segment already in too) and removals: every id whose
+        /// hash matches in the bucket's and the low 32 bits, in frame order. So no id with the
+        /// hash asked for is missed, and ids that differ only in the middle bits come along.
         #[test]
         fn merged_finds_what_a_plain_list_finds(
-            segments in proptest::collection::vec(
-                proptest::collection::vec((0u64..64, 0u32..1000), 0..60), 1..8),
-            gone in proptest::collection::vec(0usize..8, 0..4),
-            spread in proptest::bool::ANY,
+            ops in proptest::collection::vec(op(), 1..12),
         ) {
-            // Spread the small hashes over the whole range (fences cut by top bits) or not.
-            let h = |x: u64| if spread { x.wrapping_mul(0x9E37_79B9_7F4A_7C15) } else { x };
             let mut merged = Merged::default();
-            let mut all_at_once = Vec::new();
             let mut plain: Vec<(u64, Location)> = Vec::new();
-            for (i, ids) in segments.iter().enumerate() {
-                let segment = i as u64 + 1;
-                let pairs: Vec<(u64, u32)> = ids.iter().map(|(x, o)| (h(*x), *o)).collect();
-                let sealed = Sealed::from_pairs(pairs.clone());
-                for (hash, o) in sealed.hashes.iter().zip(&sealed.offsets) {
-                    plain.push((*hash, Location { segment, offset: u64::from(*o) }));
+            // What is sealed now, run by run, to load all at once at the end.
+            let mut runs: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Add(s, pairs) => {
+                        let segment = SEGMENT_NUMBERS[s];
+                        let sealed = Sealed::from_pairs(pairs.clone());
+                        for (hash, o) in sealed.hashes.iter().zip(&sealed.offsets) {
+                            plain.push((*hash, Location { segment, offset: u64::from(*o) }));
+                        }
+                        merged.add(vec![(segment, sealed)]).expect("room");
+                        runs.push((segment, pairs));
+                    }
+                    Op::Remove(s) => {
+                        let segment = SEGMENT_NUMBERS[s];
+                        let before = plain.len();
+                        plain.retain(|(_, at)| at.segment != segment);
+                        runs.retain(|(s, _)| *s != segment);
+                        proptest::prop_assert_eq!(merged.remove(segment), before - plain.len());
+                    }
                 }
-                merged.add(vec![(segment, sealed)]);
-                all_at_once.push((segment, Sealed::from_pairs(pairs)));
+                assert_consistent(&merged);
+                let mut listed: Vec<(u64, usize)> = Vec::new();
+                for (_, at) in &plain {
+                    match listed.iter_mut().find(|(s, _)| *s == at.segment) {
+                        Some((_, n)) => *n += 1,
+                        None => listed.push((at.segment, 1)),
+                    }
+                }
+                listed.sort();
+                proptest::prop_assert_eq!(&merged.segments, &listed);
             }
             // One segment at a time (sealing while running) and all at once (an open) agree.
             let mut loaded = Merged::default();
-            loaded.add(all_at_once);
-            proptest::prop_assert_eq!(&loaded.hashes, &merged.hashes);
-            proptest::prop_assert_eq!(&loaded.at, &merged.at);
-            for g in gone {
-                let segment = g as u64 + 1;
-                let removed = merged.remove(segment);
-                let before = plain.len();
-                plain.retain(|(_, at)| at.segment != segment);
-                proptest::prop_assert_eq!(removed, before - plain.len());
+            loaded
+                .add(runs.into_iter().map(|(s, pairs)| (s, Sealed::from_pairs(pairs))).collect())
+                .expect("room");
+            assert_consistent(&loaded);
+            proptest::prop_assert_eq!(&loaded.ids, &merged.ids);
+            proptest::prop_assert_eq!(&loaded.segments, &merged.segments);
+
+            let mut asked: Vec<u64> = (0u64..16).map(spread).collect();
+            for top in 0..TOPS.len() {
+                for low in 0..LOWS.len() {
+                    for mid in 0..MIDS.len() {
+                        asked.push(model_hash((top, mid, low)));
+                    }
+                    // Middle bits no id has: still the candidates of its bucket and low bits.
+                    asked.push(model_hash((top, 0, low)) | 0x1234 << 32);
+                }
             }
-            for x in 0..64 {
+            for hash in asked {
                 let mut found = Vec::new();
-                merged.find(h(x), &mut found);
-                found.sort();
-                let mut want: Vec<Location> =
-                    plain.iter().filter(|(hash, _)| *hash == h(x)).map(|(_, at)| *at).collect();
+                merged.find(hash, &mut found);
+                let mut exact: Vec<Location> =
+                    plain.iter().filter(|(h, _)| *h == hash).map(|(_, at)| *at).collect();
+                exact.sort();
+                let mut want: Vec<Location> = plain
+                    .iter()
+                    .filter(|(h, _)| kept_bits(*h) == kept_bits(hash))
+                    .map(|(_, at)| *at)
+                    .collect();
                 want.sort();
-                proptest::prop_assert_eq!(found, want);
+                proptest::prop_assert!(
+                    exact.iter().all(|at| found.contains(at)),
+                    "a candidate missed: {:?} not all in {:?}", exact, found
+                );
+                proptest::prop_assert_eq!(found, want, "hash {:#x}", hash);
             }
         }
+    }
+
+    /// Pseudo-random, well-spread hashes (splitmix64).
+    fn hashes(seed: u64) -> impl Iterator<Item = u64> {
+        let mut state = seed;
+        std::iter::repeat_with(move || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        })
+    }
+
+    #[test]
+    fn the_sealed_index_holds_10_bytes_per_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut index = DedupeIndex::load(dir.path(), 0).expect("load");
+        assert_eq!(
+            index.sealed_heap_bytes(),
+            0,
+            "nothing before the first seal"
+        );
+        let fences = (BUCKETS + 1) * std::mem::size_of::<u32>();
+        let per_id = |index: &DedupeIndex| {
+            (index.sealed_heap_bytes() - fences) as f64 / index.sealed.len() as f64
+        };
+        // Four sealed segments of 262,144 ids: 1,048,576 in all.
+        let per_segment = 1 << 18;
+        let numbers = [3u64, 4, 9, 70_000];
+        let runs = |seed: u64| {
+            let offsets = (0u32..).map(|i| i * 61);
+            Sealed::from_pairs(hashes(seed).zip(offsets).take(per_segment).collect())
+        };
+        for segment in numbers {
+            // As while running: one segment at a time, merged in.
+            index
+                .sealed
+                .add(vec![(segment, runs(segment))])
+                .expect("add");
+            let bytes = per_id(&index);
+            assert!(
+                bytes <= 10.5,
+                "{bytes} bytes per id after sealing {segment}"
+            );
+        }
+        assert_eq!(index.ids(), 1 << 20);
+        println!(
+            "sealed index: {} ids, {} heap bytes, {:.3} bytes per id beside the fences ({fences} \
+             bytes), {:.1} ids per bucket",
+            index.ids(),
+            index.sealed_heap_bytes(),
+            per_id(&index),
+            index.ids() as f64 / BUCKETS as f64,
+        );
+        let widest = (0..BUCKETS).map(|b| index.sealed.ids.range(b).len()).max();
+        println!("widest bucket: {widest:?} ids");
+        // Every id is found at its own frame.
+        for segment in numbers {
+            let first = hashes(segment).next().expect("a hash");
+            assert!(index
+                .candidates(first)
+                .contains(&Location { segment, offset: 0 }));
+        }
+        // Forgetting one shrinks the columns to fit.
+        assert_eq!(index.forget(4), per_segment);
+        let bytes = per_id(&index);
+        assert!(
+            bytes <= 10.5,
+            "{bytes} bytes per id after forgetting a segment"
+        );
+        // As an open loads them: all at once.
+        let mut loaded = DedupeIndex::load(dir.path(), 0).expect("load");
+        loaded
+            .sealed
+            .add(numbers.iter().map(|s| (*s, runs(*s))).collect())
+            .expect("add");
+        let bytes = per_id(&loaded);
+        assert!(bytes <= 10.5, "{bytes} bytes per id loaded at once");
+    }
+
+    #[test]
+    fn sealing_past_the_ordinal_range_is_refused_and_ordinals_are_reused() {
+        // One id per segment, at an offset and a hash of its own.
+        let hash_of = spread;
+        let run = |segment: u64| {
+            let offset = u32::try_from(segment % 1000).expect("small");
+            (
+                segment,
+                Sealed::from_pairs(vec![(hash_of(segment), offset)]),
+            )
+        };
+        let frame_of = |segment: u64| Location {
+            segment,
+            offset: segment % 1000,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut index = DedupeIndex::load(dir.path(), 100_000).expect("load");
+        let full = MAX_SEALED_SEGMENTS as u64;
+        index
+            .sealed
+            .add((0..full).map(run).collect())
+            .expect("65,536 sealed segments fit");
+        assert_eq!(index.sealed_segments().len(), MAX_SEALED_SEGMENTS);
+        assert_eq!(
+            index.candidates(hash_of(full - 1)),
+            vec![frame_of(full - 1)]
+        );
+
+        // One more is refused, and nothing changes.
+        let refused = index.sealed.add(vec![run(99_999)]);
+        let too_many = IndexFull {
+            segments: MAX_SEALED_SEGMENTS + 1,
+            ids: MAX_SEALED_SEGMENTS + 1,
+        };
+        assert_eq!(refused, Err(too_many));
+        assert_eq!(index.sealed_segments().len(), MAX_SEALED_SEGMENTS);
+        assert!(index.candidates(hash_of(99_999)).is_empty());
+        assert_consistent(&index.sealed);
+
+        // Nor can the open segment be sealed: the frame that would seal it is refused and the
+        // open segment keeps its ids (the indexer tries that frame again).
+        let open = Location {
+            segment: 100_000,
+            offset: 0,
+        };
+        let next = Location {
+            segment: 100_001,
+            offset: 0,
+        };
+        index.insert(open, "d1", &["e1"]).expect("open segment");
+        let no_room = IndexFull {
+            segments: MAX_SEALED_SEGMENTS + 1,
+            ids: MAX_SEALED_SEGMENTS + 2,
+        };
+        assert_eq!(index.insert(next, "d2", &["e2"]), Err(no_room));
+        assert_eq!(index.candidates(event_hash("e1")), vec![open]);
+        assert!(index.candidates(event_hash("e2")).is_empty());
+        assert_eq!(index.ids(), MAX_SEALED_SEGMENTS + 2);
+
+        // Pruning makes room; ordinals are renumbered, so any number of segments can pass
+        // through over the daemon's life.
+        for segment in 0..10 {
+            assert_eq!(index.forget(segment), 1);
+        }
+        index.insert(next, "d2", &["e2"]).expect("room now");
+        assert_eq!(index.candidates(event_hash("e1")), vec![open]);
+        assert_eq!(index.candidates(event_hash("e2")), vec![next]);
+        for segment in 200_000..200_009 {
+            index.sealed.add(vec![run(segment)]).expect("room");
+        }
+        assert_eq!(index.sealed_segments().len(), MAX_SEALED_SEGMENTS);
+        assert_consistent(&index.sealed);
+        // Each id still names its own segment: no ordinal names another's.
+        for (segment, count) in index.sealed_segments() {
+            let want = if segment == open.segment {
+                open
+            } else {
+                frame_of(segment)
+            };
+            let hash = if segment == open.segment {
+                event_hash("e1")
+            } else {
+                hash_of(segment)
+            };
+            assert!(index.candidates(hash).contains(&want), "segment {segment}");
+            assert_eq!(count, if segment == open.segment { 2 } else { 1 });
+        }
+        assert_eq!(
+            index.sealed.add(vec![run(300_000)]).map_err(|e| e.segments),
+            Err(MAX_SEALED_SEGMENTS + 1)
+        );
+    }
+
+    #[test]
+    fn the_ids_file_format_is_unchanged() {
+        let sealed = Sealed::from_pairs(vec![(0x0102_0304_0506_0708, 9), (1, 2)]);
+        let mut want = b"HBIDS\0\0\x01".to_vec();
+        want.extend_from_slice(&2u64.to_le_bytes());
+        let body: Vec<u8> = [
+            &1u64.to_le_bytes()[..],
+            &0x0102_0304_0506_0708u64.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            &9u32.to_le_bytes(),
+        ]
+        .concat();
+        want.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        want.extend_from_slice(&body);
+        assert_eq!(sealed.encode(), want);
     }
 
     #[test]
@@ -592,18 +1105,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut index = DedupeIndex::load(dir.path(), 1).expect("load");
         let at = |offset| Location { segment: 1, offset };
-        index.insert(at(0), "d1", &["e1"]);
-        index.insert(at(50), "d2", &["e1"]);
-        index.insert(at(50), "d2", &["e1"]);
+        index.insert(at(0), "d1", &["e1"]).expect("insert");
+        index.insert(at(50), "d2", &["e1"]).expect("insert");
+        index.insert(at(50), "d2", &["e1"]).expect("insert");
         assert_eq!(index.candidates(event_hash("e1")), vec![at(0), at(50)]);
-        index.insert(
-            Location {
-                segment: 2,
-                offset: 0,
-            },
-            "d3",
-            &[],
-        );
+        index
+            .insert(
+                Location {
+                    segment: 2,
+                    offset: 0,
+                },
+                "d3",
+                &[],
+            )
+            .expect("insert");
         assert_eq!(index.candidates(event_hash("e1")), vec![at(0), at(50)]);
         assert_eq!(index.forget(1), 4, "d1, d2 and e1 twice");
         assert!(index.candidates(event_hash("e1")).is_empty());

@@ -655,7 +655,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut index = self.dedupe.lock().map_err(|_| poisoned_dedupe())?;
         for (at, delivery, ids) in frames {
-            index.insert(at, delivery, &ids);
+            index
+                .insert(at, delivery, &ids)
+                .map_err(|e| StoreError::Log(e.to_string()))?;
         }
         Ok(())
     }

@@ -1281,7 +1281,12 @@ fn a_hash_match_is_only_a_candidate_the_frame_decides() {
         .candidates(dedupe::event_hash("e1"))
         .expect("candidates")[0];
     // Pretend "e2" and "d2" collide with what is in that frame.
-    store.dedupe.lock().expect("lock").insert(at, "d2", &["e2"]);
+    store
+        .dedupe
+        .lock()
+        .expect("lock")
+        .insert(at, "d2", &["e2"])
+        .expect("insert");
     assert!(!store.seen_event("e2").expect("seen"));
     assert!(!store.seen_delivery("d2").expect("seen"));
     assert!(store.event_by_id(&"e2".into()).expect("read").is_none());
