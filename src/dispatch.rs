@@ -22,7 +22,7 @@ use crate::store::eventlog::Location;
 use crate::store::{NewEvent, Position, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -202,9 +202,10 @@ struct Queues {
     ready: VecDeque<PartitionKey>,
     busy: HashSet<PartitionKey>,
     depth: usize,
-    /// Every event queued or being folded, by where it is in the log: the oldest one not in a
-    /// fold is that fold's watermark.
-    unfinished: BTreeSet<(Location, u64)>,
+    /// How many events queued or being folded each frame holds: the oldest frame with one not
+    /// in a fold is that fold's watermark. Counted per frame, not per event: a burst's frames
+    /// hold several events each, and this map is as large as the backlog.
+    unfinished: BTreeMap<Location, u32>,
     /// Where the log ended after the newest event received: every event not received yet is
     /// past it.
     received_end: Location,
@@ -220,7 +221,7 @@ impl Queues {
         let at = entry.at;
         if queue.insert(seq, entry).is_none() {
             self.depth += 1;
-            self.unfinished.insert((at, seq));
+            *self.unfinished.entry(at).or_default() += 1;
         }
         if was_empty && !self.busy.contains(&partition) {
             self.ready.push_back(partition);
@@ -260,13 +261,13 @@ impl Queues {
     /// Whatever is not folded once the job commits was unfinished then (and not in the job), or
     /// comes later, past the received end.
     fn watermark(&self, job: &Job) -> Location {
-        let mine: HashSet<u64> = job
-            .iter()
-            .flat_map(|(_, batch)| batch.iter().map(|(seq, _)| *seq))
-            .collect();
+        let mut mine: HashMap<Location, u32> = HashMap::new();
+        for (_, entry) in job.iter().flat_map(|(_, batch)| batch) {
+            *mine.entry(entry.at).or_default() += 1;
+        }
         self.unfinished
             .iter()
-            .find(|(_, seq)| !mine.contains(seq))
+            .find(|(at, count)| **count > mine.get(*at).copied().unwrap_or(0))
             .map_or(self.received_end, |(at, _)| *at)
     }
 
@@ -279,8 +280,13 @@ impl Queues {
         } = finished;
         self.busy.remove(&partition);
         self.depth = self.depth.saturating_sub(done.len());
-        for (seq, at) in done {
-            self.unfinished.remove(&(at, seq));
+        for (_, at) in done {
+            if let Some(count) = self.unfinished.get_mut(&at) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.unfinished.remove(&at);
+                }
+            }
         }
         if !failed.is_empty() {
             let queue = self.pending.entry(partition.clone()).or_default();
@@ -770,12 +776,12 @@ mod tests {
         // before everything unfolded after either commit.
         finish(&mut q, "b", &[2], &[]);
         finish(&mut q, "c", &[4], &[]);
-        assert!(q
-            .unfinished
-            .iter()
-            .all(|(where_, _)| at(2).min(at(1)) <= *where_));
         // A failed event keeps holding the watermark back.
         finish(&mut q, "a", &[1], &[3]);
+        assert!(
+            q.unfinished.keys().all(|where_| at(2) <= *where_),
+            "the first job's watermark, committed last, is at or before what is left"
+        );
         push(&mut q, "d", 9);
         let retry = q.next_job(1).expect("retry");
         assert_eq!(seqs(&retry), vec![(conv("a"), vec![3])]);
@@ -862,6 +868,17 @@ mod tests {
         let mut q = Queues::default();
         push(&mut q, "a", 1);
         push(&mut q, "a", 1);
-        assert_eq!((q.depth, q.unfinished.len()), (1, 1));
+        assert_eq!((q.depth, q.unfinished.get(&at(1)).copied()), (1, Some(1)));
+        // Queued again while its first copy is being folded (intake's hand-over and a start's
+        // scan can both bring it): both copies count until both are settled.
+        let job = q.next_job(1).expect("job");
+        push(&mut q, "a", 1);
+        assert_eq!((q.depth, q.unfinished.get(&at(1)).copied()), (2, Some(2)));
+        assert_eq!(q.watermark(&job), at(1), "the second copy holds it");
+        finish(&mut q, "a", &[1], &[]);
+        let again = q.next_job(1).expect("again");
+        finish(&mut q, "a", &[1], &[]);
+        assert_eq!(seqs(&again), vec![(conv("a"), vec![1])]);
+        assert_eq!((q.depth, q.unfinished.len()), (0, 0));
     }
 }

@@ -33,7 +33,7 @@ const SUFFIX: &str = ".log";
 
 /// Where a frame starts: segment number and byte offset. Encoded big-endian so that locations
 /// sort in log order.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Location {
     pub segment: u64,
     pub offset: u64,
