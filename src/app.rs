@@ -217,6 +217,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     );
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
+        writer.clone(),
         metrics.clone(),
         config.clone(),
         stop_rx.clone(),
@@ -377,7 +378,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     match flushed {
         Ok(()) => tracing::info!("stopped cleanly"),
         Err(e) => {
-            tracing::error!(error = %e, "final flush failed; the event log's tail will be indexed on start")
+            tracing::error!(error = %e, "final flush failed; the next start scans the event log's tail again")
         }
     }
     match server_result {
@@ -405,6 +406,7 @@ pub async fn shutdown_signal() -> &'static str {
 /// Retention: drop dedupe records and processed log entries past their windows.
 async fn prune_loop(
     store: Store,
+    writer: Writer,
     metrics: Metrics,
     config: Config,
     mut stop: watch::Receiver<bool>,
@@ -422,9 +424,22 @@ async fn prune_loop(
         let events_before = now - millis(config.store.event_retention);
         let audit_before = now - millis(config.outbox.audit_retention);
         let answers_before = now - millis(config.helpdesk.idempotency_retention);
+        // The folds' watermark, then a flush (the writer's: the one flusher): segments below
+        // it go only once the folds before it are on disk.
+        let fold_from = match store.fold_from() {
+            Ok(at) => at,
+            Err(e) => {
+                tracing::warn!(error = %e, "prune failed");
+                continue;
+            }
+        };
+        if let Err(e) = writer.flush().await {
+            tracing::warn!(error = %e, "prune skipped: the store did not flush");
+            continue;
+        }
         let store = store.clone();
         let pruning = move || {
-            let pruned = store.prune(dedupe_before, events_before)?;
+            let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
             // Event pruning can lag its retention (it stops at an event still in the inbox): the
             // ledger outlives every stored event, so a replay of any
             // of them still knows what already ran.

@@ -73,7 +73,8 @@ pub enum PartitionKey {
 }
 
 impl PartitionKey {
-    /// Stable text form, persisted in the inbox (`c:`, `u:`, `b:` prefixes).
+    /// Stable text form, persisted in event log frames and as `folded/v1` keys (`c:`, `u:`, `b:`
+    /// prefixes).
     pub fn encode(&self) -> String {
         match self {
             PartitionKey::Conversation(id) => format!("c:{id}"),

@@ -378,7 +378,18 @@ impl Store {
         // Deliveries acknowledged through the old intake log, perhaps not yet in sled. They are
         // appended past the checkpoint, which stays before them: the move to layout 4 takes
         // frames past it, and not in the inbox, as still to fold.
-        let wal_from = self.appender.lock().map_err(|_| poisoned())?.end();
+        let wal_from = match self.meta.get(keys::meta::LEGACY_WAL_FROM)? {
+            Some(b) => {
+                Location::decode(&b).ok_or_else(|| super::corrupt("legacy intake log start"))?
+            }
+            None => {
+                let end = self.appender.lock().map_err(|_| poisoned())?.end();
+                self.meta
+                    .insert(keys::meta::LEGACY_WAL_FROM, &end.encode())?;
+                self.db.flush()?;
+                end
+            }
+        };
         let records = eventlog::read_legacy(&self.wal_path).map_err(io)?;
         for record in &records {
             let delivery = DeliveryId::new(record.delivery.clone());
@@ -408,6 +419,7 @@ impl Store {
             self.meta
                 .insert(keys::meta::INDEXED_TO, &wal_from.encode())?;
         }
+        self.meta.remove(keys::meta::LEGACY_WAL_FROM)?;
         self.db.drop_tree(keys::tree::LEGACY_EVENTS)?;
         self.meta.remove(keys::meta::LEGACY_DEDUPE_PRUNED_THROUGH)?;
         // Layout 3 (its inbox written): the move to layout 4 follows.
@@ -493,14 +505,18 @@ impl Store {
             .and_then(|b| Location::decode(&b))
             .unwrap_or_default();
         let mut waiting = HashSet::new();
+        // Per partition, its lowest waiting event: a mark must stay below it.
+        let mut first_waiting: HashMap<String, u64> = HashMap::new();
         let mut from = indexed_to;
         if has_inbox {
             for item in self.db.open_tree(keys::tree::INBOX)?.iter() {
                 let (key, value) = item?;
                 let seq = keys::parse_seq(&key).ok_or_else(|| super::corrupt("inbox key"))?;
-                let (at, _) =
+                let (at, partition) =
                     keys::parse_inbox(&value).ok_or_else(|| super::corrupt("inbox entry"))?;
                 waiting.insert(seq);
+                let first = first_waiting.entry(partition.to_owned()).or_insert(seq);
+                *first = (*first).min(seq);
                 from = from.min(at);
             }
         }
@@ -518,8 +534,28 @@ impl Store {
         })
         .map_err(io)?;
         let mut folded = sled::Batch::default();
+        let mut lowered = 0usize;
         for (partition, seq) in &marks {
-            folded.insert(partition.as_bytes(), &keys::seq(*seq));
+            match first_waiting.get(partition) {
+                // Layout 3 took an unreadable event out of the inbox when it quarantined it,
+                // before the fold of its partition's earlier events committed: a crash between
+                // left a later event out of the inbox and an earlier one in it. Keep the earlier
+                // one to fold (the later one is read, and quarantined, again).
+                Some(first) if *first <= *seq => {
+                    lowered += 1;
+                    match first.checked_sub(1) {
+                        Some(below) => folded.insert(partition.as_bytes(), &keys::seq(below)),
+                        None => folded.remove(partition.as_bytes()),
+                    }
+                }
+                _ => folded.insert(partition.as_bytes(), &keys::seq(*seq)),
+            }
+        }
+        if lowered > 0 {
+            tracing::warn!(
+                partitions = lowered,
+                "events out of the old inbox ahead of waiting ones: kept from the first waiting one"
+            );
         }
         self.folded.apply_batch(folded)?;
         let mut meta = sled::Batch::default();

@@ -61,6 +61,9 @@ pub mod meta {
     /// When a store of layout 1 or 2 was opened as layout 3 (u64 BE millis): its sled dedupe
     /// trees are kept until that is past the dedupe window.
     pub const LEGACY_DEDUPE_SINCE: &[u8] = b"legacy_dedupe_since";
+    /// Layout 1 -> 3 migration in progress: where the event log ended before the old intake
+    /// log's deliveries were appended (a rerun after a crash keeps the first run's value).
+    pub const LEGACY_WAL_FROM: &[u8] = b"legacy_wal_from";
     /// Every event log frame before this location was acknowledged and handed on (layouts 1 to
     /// 3: indexed into the inbox). Damage before it is not a torn write (`eventlog::check_tail`).
     pub const INDEXED_TO: &[u8] = b"event_log_indexed_to";

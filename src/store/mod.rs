@@ -183,7 +183,25 @@ impl Marks {
         Ok(mark)
     }
 
-    fn is_pending(&mut self, store: &Store, partition: &str, seq: u64) -> Result<bool, StoreError> {
+    /// Still to fold: at or past the watermark (everything before it is folded, and a store
+    /// migrated from layout 3 has no marks for what was folded before its watermark) and above
+    /// its partition's mark.
+    fn is_pending(
+        &mut self,
+        store: &Store,
+        fold_from: &eventlog::Location,
+        at: eventlog::Location,
+        partition: &str,
+        seq: u64,
+    ) -> Result<bool, StoreError> {
+        if at < *fold_from {
+            return Ok(false);
+        }
+        Ok(self.get(store, partition)?.map_or(true, |mark| seq > mark))
+    }
+
+    /// Above its partition's mark (a fold's check: the batch is pending by construction).
+    fn above(&mut self, store: &Store, partition: &str, seq: u64) -> Result<bool, StoreError> {
         Ok(self.get(store, partition)?.map_or(true, |mark| seq > mark))
     }
 }
@@ -599,10 +617,18 @@ impl Store {
 
     /// The frame holding event `id`, and its position there.
     fn find_event(&self, id: &str) -> Result<Option<(eventlog::LogRecord, usize)>, StoreError> {
+        Ok(self.locate_event(id)?.map(|(record, i, _)| (record, i)))
+    }
+
+    /// [`find_event`](Store::find_event), with where its frame is.
+    fn locate_event(
+        &self,
+        id: &str,
+    ) -> Result<Option<(eventlog::LogRecord, usize, eventlog::Location)>, StoreError> {
         for at in self.candidates(dedupe::event_hash(id))? {
             if let Some(record) = eventlog::read_indexed(&self.log_dir, at).map_err(log_error)? {
                 if let Some(i) = record.ids.iter().position(|x| x == id) {
-                    return Ok(Some((record, i)));
+                    return Ok(Some((record, i, at)));
                 }
             }
         }
@@ -710,9 +736,11 @@ impl Store {
         let mut marks = Marks::default();
         let mut events = Vec::new();
         let mut failed = None;
-        let end = eventlog::scan(&self.log_dir, self.fold_from()?, |at, record, _| {
+        let fold_from = self.fold_from()?;
+        let end = eventlog::scan(&self.log_dir, fold_from, |at, record, _| {
             for (seq, partition) in record.seqs.iter().zip(&record.partitions) {
-                let pending = marks.is_pending(self, partition, *seq).and_then(|pending| {
+                let pending = marks.is_pending(self, &fold_from, at, partition, *seq);
+                let pending = pending.and_then(|pending| {
                     Ok(match pending {
                         true => Some(
                             PartitionKey::decode(partition)
@@ -756,7 +784,7 @@ impl Store {
     }
 
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
-    fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
+    pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
         Ok(self
             .meta
             .get(keys::meta::FOLD_FROM)?
@@ -776,9 +804,11 @@ impl Store {
 
     /// Whether a stored event is still to fold.
     pub fn is_pending(&self, record: &EventRecord) -> Result<bool, StoreError> {
-        Ok(self
-            .mark(&record.partition)?
-            .map_or(true, |m| record.seq > m))
+        let Some((_, _, at)) = self.locate_event(record.id.as_str())? else {
+            return Ok(false);
+        };
+        let mut marks = Marks::default();
+        marks.is_pending(self, &self.fold_from()?, at, &record.partition, record.seq)
     }
 
     /// The stored event of an id, while its segment is in the dedupe window.
@@ -829,9 +859,10 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut failed = None;
         let mut marks = Marks::default();
-        let mut visit = |record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
+        let fold_from = self.fold_from()?;
+        let mut visit = |at, record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
             for (i, (seq, partition)) in record.seqs.iter().zip(&record.partitions).enumerate() {
-                let pending = marks.is_pending(self, partition, *seq)?;
+                let pending = marks.is_pending(self, &fold_from, at, partition, *seq)?;
                 if f(EventRecord::from_log(&record, i)?, pending).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
@@ -841,7 +872,7 @@ impl Store {
         eventlog::scan(
             &self.log_dir,
             eventlog::Location::default(),
-            |_, record, _| match visit(record) {
+            |at, record, _| match visit(at, record) {
                 Ok(flow) => flow,
                 Err(e) => {
                     failed = Some(e);
@@ -914,16 +945,9 @@ impl Store {
         let mut fired = Vec::new();
         let mut queue_fold = queue::QueueFold::default();
         let now = crate::clock::now_millis();
-        for (partition, seq) in &position.passed {
-            let partition = partition.encode();
-            if marks.is_pending(self, &partition, *seq)? {
-                marks.0.insert(partition.clone(), Some(*seq));
-                raised.insert(partition, *seq);
-            }
-        }
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             let partition = partition.encode();
-            if !marks.is_pending(self, &partition, *seq)? {
+            if !marks.above(self, &partition, *seq)? {
                 out.skipped += 1;
                 continue;
             }
@@ -1014,6 +1038,15 @@ impl Store {
                 let (bot, created) = cached(&self.bots, &mut bots, id.as_str(), new)?;
                 bot.apply(event);
                 out.new_bots += u64::from(created);
+            }
+        }
+        // After the batch: a passed-over event may come after events of its partition that this
+        // fold folds, and a mark raised first would skip them.
+        for (partition, seq) in &position.passed {
+            let partition = partition.encode();
+            if marks.above(self, &partition, *seq)? {
+                marks.0.insert(partition.clone(), Some(*seq));
+                raised.insert(partition, *seq);
             }
         }
         let conv_bytes = encoded(&convs)?;
@@ -1226,10 +1259,28 @@ impl Store {
     /// delete the event log's segments that hold only events older than `events_before`, all
     /// folded, and past the dedupe window. Driven by the event log, which is in acceptance (so
     /// receive-time) order: a segment's events are all older than the first event of the next.
+    ///
+    /// Offline (no writer running): it reads the folds' watermark and flushes sled itself. The
+    /// daemon uses [`prune_with`](Store::prune_with).
     pub fn prune(
         &self,
         dedupe_before: Millis,
         events_before: Millis,
+    ) -> Result<Pruned, StoreError> {
+        let fold_from = self.fold_from()?;
+        self.db.flush()?;
+        self.prune_with(dedupe_before, events_before, fold_from)
+    }
+
+    /// [`prune`](Store::prune) with the folds' watermark read before a sled flush that has
+    /// completed since: segments go only below a watermark whose folds (state and marks) are on
+    /// disk, so a crash cannot bring back an older watermark that points into a deleted
+    /// segment's unfolded events.
+    pub fn prune_with(
+        &self,
+        dedupe_before: Millis,
+        events_before: Millis,
+        fold_from: eventlog::Location,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
         let location = |key: &[u8]| -> Result<eventlog::Location, StoreError> {
@@ -1273,7 +1324,6 @@ impl Store {
         out.dedupe_records += self.prune_legacy(dedupe_before)?;
         let pruned_to = pruned_to.unwrap_or(start);
         // The folds' low watermark bounds what may go: a start scans the log from it.
-        let fold_from = self.fold_from()?;
         let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
         for pair in segments.windows(2) {
             let (segment, next) = (pair[0], pair[1]);

@@ -1507,7 +1507,7 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
     }
     let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(pending_ids(&store), vec!["e3", "e4"]);
-    // Folding a batch that repeats folded events folds only the new ones.
+    // The rest folds on; then a batch repeating a folded event (e1) skips it.
     let applied = fold_ids(&store, &["e3"], None);
     assert_eq!((applied.applied, applied.skipped), (1, 0));
     let again = store
@@ -1650,4 +1650,70 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
         "migrated once"
     );
     assert_eq!(events_applied(&store, "c1"), Some(4));
+}
+
+#[test]
+fn an_event_passed_over_after_folded_ones_of_its_partition_does_not_hide_them() {
+    let (_d, store) = store();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]));
+    let pending = store.pending().expect("pending");
+    let (first, second) = (&pending.events[0], &pending.events[1]);
+    // e1 folds, and e2 (later) is passed over in the same fold.
+    let rec = store
+        .event_at(first.seq, first.at)
+        .expect("read")
+        .expect("e1");
+    let position = Position {
+        fold_from: Some(pending.end),
+        passed: vec![(second.partition.clone(), second.seq)],
+    };
+    let applied = store
+        .fold(
+            &[(first.seq, parse_event(rec.event.get()).expect("parse"))],
+            std::slice::from_ref(&first.partition),
+            &crate::actions::NoRules,
+            &[],
+            &position,
+        )
+        .expect("fold");
+    assert_eq!(applied.applied, 1);
+    assert_eq!(events_applied(&store, "c1"), Some(1), "e1 folded");
+    assert!(store.pending().expect("pending").is_empty());
+}
+
+#[test]
+fn events_folded_before_a_migration_are_not_pending_though_they_have_no_mark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
+        drain(&store);
+        // What layout 3 left with everything folded: an empty inbox, no marks, no watermark.
+        store.folded.clear().expect("marks");
+        store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
+        store
+            .meta
+            .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())
+            .expect("layout");
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    assert!(store.pending().expect("pending").is_empty());
+    let e1 = store.event_by_id(&"e1".into()).expect("read").expect("e1");
+    assert!(
+        !store.is_pending(&e1).expect("pending?"),
+        "folded before the watermark"
+    );
+    let mut flags = Vec::new();
+    store
+        .scan_events(|record, pending| {
+            flags.push((record.id.to_string(), pending));
+            ControlFlow::Continue(())
+        })
+        .expect("scan");
+    assert_eq!(
+        flags,
+        vec![("e1".to_owned(), false), ("e2".to_owned(), false)]
+    );
 }

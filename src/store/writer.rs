@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
-/// At most this many deliveries share a group (bounds its transaction's size and lock hold time).
+/// At most this many deliveries share a group (bounds its check's and its frames' size).
 const MAX_GROUP: usize = 512;
 
 /// A delivery for the writer to store.
@@ -76,18 +76,18 @@ pub struct Writer {
     health: Arc<Health>,
 }
 
-/// Set by the writer and syncer (checks, log writes) and by the indexer (index transactions).
+/// Set by the writer and syncer (checks, log writes) and by the indexer (checkpoint writes).
 #[derive(Debug)]
 struct Health {
     log: AtomicBool,
     index: AtomicBool,
 }
 
-/// At most this many logged events wait for their index transaction (see [`IndexBacklog`]).
+/// At most this many logged events wait for the indexer (see [`IndexBacklog`]).
 const MAX_INDEX_BACKLOG: usize = 8192;
 
 /// Events the syncer handed the indexer that are not indexed yet. Each holds its typed form and
-/// its ids in memory until then, and nothing else slows intake down to the index transactions'
+/// its ids in memory until then, and nothing else slows intake down to the indexer's
 /// pace: so the syncer waits while there are [`MAX_INDEX_BACKLOG`] of them, and a burst faster
 /// than sled lengthens acknowledgments instead of growing memory without bound.
 #[derive(Default)]
@@ -276,9 +276,9 @@ fn run(
     let _ = syncer.join();
 }
 
-/// Logged groups waiting for their index transaction: what the syncer hands the indexer after
-/// each sync, gathered while the indexer was busy (so one transaction may cover several syncs),
-/// and kept after a failed transaction, which the next round retries first.
+/// Logged groups waiting for the indexer: what the syncer hands it after each sync, gathered
+/// while the indexer was busy (so one round may cover several syncs), and kept after a failed
+/// checkpoint write, which the next round retries first.
 #[derive(Default)]
 struct Backlog {
     groups: Vec<Unindexed>,
@@ -287,7 +287,7 @@ struct Backlog {
     to: Option<Location>,
 }
 
-/// Callers waiting for a sled flush, answered by the indexer after its next transaction.
+/// Callers waiting for a sled flush, answered by the indexer after its next round.
 #[derive(Default)]
 struct FlushWaiters {
     /// [`Writer::flush`] calls.
@@ -359,11 +359,11 @@ fn flush_store(store: &Store) -> Result<(), String> {
     })
 }
 
-/// The indexing side: sled transactions for what the syncer logged, off the syncer's thread, so
+/// The indexing side: dedupe index, checkpoint and hand-over for what the syncer logged, off the syncer's thread, so
 /// the next sync need not wait for the last one's index. Groups arrive in log order and are
 /// indexed in that order; until indexed, their ids stay in the in-flight set (see `intake`).
 /// It is also the one caller of `Db::flush` while the writer runs: a flush asked for after some
-/// groups runs after their transaction, and the syncer never waits for sled.
+/// groups runs after their checkpoint write, and the syncer never waits for sled.
 fn index_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<ToIndexer>,
@@ -385,7 +385,7 @@ fn index_loop(
         ToIndexer::Flush(mut more) => waiters.append(&mut more),
     };
     loop {
-        // With a backlog left by a failed transaction, try again after a pause even if nothing
+        // With a backlog left by a failed checkpoint write, try again after a pause even if nothing
         // new comes.
         let next = if backlog.to.is_some() {
             match rx.recv_timeout(INDEX_RETRY_PAUSE) {
@@ -427,7 +427,7 @@ fn index_loop(
                 // sled 0.34 keeps the first I/O error of its log writer and returns it from
                 // every later call: a store that once hit a full disk stays failed after space
                 // returns, and only reopening it helps. Exit as a crash would (everything
-                // acknowledged is in the event log, indexed again on open), so the supervisor
+                // acknowledged is in the event log, found again on open), so the supervisor
                 // restarts the daemon on a store that works.
                 tracing::error!(
                     error = %e,
@@ -473,7 +473,7 @@ fn locate(events: &mut [NewEvent], group: &Unindexed) {
 /// restart is expected to help).
 pub const STORE_STUCK_EXIT: i32 = 75;
 
-/// Pause after a failed index transaction.
+/// Pause after a failed checkpoint write.
 const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The durability side: append the groups that are ready to the event log, sync once, answer;
@@ -592,7 +592,7 @@ fn sync_loop(
         let _ = indexer.join();
     }
     if let Err(e) = flush_store(&store) {
-        tracing::error!(error = %e, "final store flush failed; the log's tail will be indexed on start");
+        tracing::error!(error = %e, "final store flush failed; the next start scans the log's tail again");
     }
 }
 
@@ -659,7 +659,7 @@ mod tests {
     async fn concurrent_deliveries_are_logged_once_indexed_and_handed_on_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        // The indexer hands events on after their index transaction, on its own thread.
+        // The indexer hands events on after their checkpoint, on its own thread.
         let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
         let handed_tx = Mutex::new(handed_tx);
         let writer = Writer::start(
@@ -704,7 +704,7 @@ mod tests {
         logged.sort();
         logged.dedup();
         assert_eq!(logged.len(), 100, "once each");
-        // Answers go out before the index transaction; the events are handed on after it.
+        // Answers go out before the indexer's round; the events are handed on after it.
         let handed: Vec<u64> = (0..100)
             .map(|_| {
                 handed_rx
