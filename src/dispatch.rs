@@ -158,7 +158,6 @@ pub fn start(
         };
         queues.push(event.partition, event.seq, entry);
     }
-    queues.release_drained();
     let (progress_tx, progress) = watch::channel(Progress {
         depth: queues.depth,
         received: 0,

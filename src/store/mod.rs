@@ -169,18 +169,32 @@ pub struct Position {
     pub passed: Vec<(PartitionKey, u64)>,
 }
 
-/// Folded marks read so far: a scan or a fold reads each partition's once.
+/// Folded marks read so far (a scan or a fold reads each partition's once), and those a fold
+/// raises, for its transaction to write.
 #[derive(Default)]
-struct Marks(HashMap<String, Option<u64>>);
+struct Marks {
+    read: HashMap<String, Option<u64>>,
+    raised: HashMap<String, u64>,
+}
 
 impl Marks {
     fn get(&mut self, store: &Store, partition: &str) -> Result<Option<u64>, StoreError> {
-        if let Some(mark) = self.0.get(partition) {
+        if let Some(mark) = self.read.get(partition) {
             return Ok(*mark);
         }
         let mark = store.mark(partition)?;
-        self.0.insert(partition.to_owned(), mark);
+        self.read.insert(partition.to_owned(), mark);
         Ok(mark)
+    }
+
+    /// Raise a partition's mark to `seq` if it is above it; returns whether it was.
+    fn raise(&mut self, store: &Store, partition: String, seq: u64) -> Result<bool, StoreError> {
+        if !self.above(store, &partition, seq)? {
+            return Ok(false);
+        }
+        self.read.insert(partition.clone(), Some(seq));
+        self.raised.insert(partition, seq);
+        Ok(true)
     }
 
     /// Still to fold: at or past the watermark (everything before it is folded, and a store
@@ -194,10 +208,7 @@ impl Marks {
         partition: &str,
         seq: u64,
     ) -> Result<bool, StoreError> {
-        if at < *fold_from {
-            return Ok(false);
-        }
-        Ok(self.get(store, partition)?.map_or(true, |mark| seq > mark))
+        Ok(at >= *fold_from && self.above(store, partition, seq)?)
     }
 
     /// Above its partition's mark (a fold's check: the batch is pending by construction).
@@ -936,9 +947,8 @@ impl Store {
         let mut convs: HashMap<String, ConversationState> = HashMap::new();
         let mut users: HashMap<String, EndUserState> = HashMap::new();
         let mut bots: HashMap<String, BotState> = HashMap::new();
+        // Partitions' marks, and those this fold raises (to its last event of each).
         let mut marks = Marks::default();
-        // Partitions whose mark this fold raises, to the number of their last event in it.
-        let mut raised: HashMap<String, u64> = HashMap::new();
         let mut decided = std::collections::HashSet::new();
         // Each conversation's timers as this fold found them, and the keys of folded firings.
         let mut timers_before = HashMap::new();
@@ -946,13 +956,10 @@ impl Store {
         let mut queue_fold = queue::QueueFold::default();
         let now = crate::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
-            let partition = partition.encode();
-            if !marks.above(self, &partition, *seq)? {
+            if !marks.raise(self, partition.encode(), *seq)? {
                 out.skipped += 1;
                 continue;
             }
-            marks.0.insert(partition.clone(), Some(*seq));
-            raised.insert(partition, *seq);
             out.applied += 1;
             if let Some(id) = event.payload.conversation_id() {
                 let new = || ConversationState::new(id.clone());
@@ -1043,11 +1050,7 @@ impl Store {
         // After the batch: a passed-over event may come after events of its partition that this
         // fold folds, and a mark raised first would skip them.
         for (partition, seq) in &position.passed {
-            let partition = partition.encode();
-            if marks.above(self, &partition, *seq)? {
-                marks.0.insert(partition.clone(), Some(*seq));
-                raised.insert(partition, *seq);
-            }
+            marks.raise(self, partition.encode(), *seq)?;
         }
         let conv_bytes = encoded(&convs)?;
         let user_bytes = encoded(&users)?;
@@ -1093,7 +1096,7 @@ impl Store {
                 queue,
                 meta,
             )| {
-                for (partition, seq) in &raised {
+                for (partition, seq) in &marks.raised {
                     folded.insert(partition.as_bytes(), &keys::seq(*seq))?;
                 }
                 if let Some(at) = &fold_from {
