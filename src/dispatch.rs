@@ -661,10 +661,40 @@ mod tests {
     }
 
     fn entry(seq: u64) -> Entry {
-        Entry {
-            at: at(seq),
-            typed: None,
-        }
+        untyped(at(seq))
+    }
+
+    /// An entry to read back from the log at `at` (as after a restart).
+    fn untyped(at: Location) -> Entry {
+        Entry { at, typed: None }
+    }
+
+    fn new_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        (dir, store)
+    }
+
+    /// Store a delivery of one user message of conversation `conv`.
+    fn accept(store: &Store, delivery: &str, event: &str, conv: &str) {
+        let body = format!(
+            r#"{{"id":"{delivery}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{event}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-{event}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}]}}"#
+        );
+        let parsed = crate::webhook::parse_delivery(body.as_bytes()).expect("valid");
+        store.accept(&parsed.id, &parsed.events, 1).expect("accept");
+    }
+
+    /// Fold a job as a fold thread does, without rules.
+    fn process_without_rules(store: &Store, job: Job, fold_from: Location) -> JobResult {
+        let metrics = Metrics::new().expect("metrics");
+        let fold = Fold {
+            store,
+            metrics: &metrics,
+            rules: &crate::actions::NoRules,
+            decided: None,
+            verdicts: None,
+        };
+        process(&fold, job, fold_from)
     }
 
     fn push(q: &mut Queues, partition: &str, seq: u64) {
@@ -829,8 +859,7 @@ mod tests {
     #[test]
     fn an_unreadable_event_is_quarantined_and_the_partitions_later_events_still_fold() {
         use crate::store::eventlog::{FrameEvent, Frames};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let (_dir, store) = new_store();
         // An event this model cannot read (valid JSON, not an event), then a readable one, both
         // of conversation c1.
         let bad_seq = store.next_seq();
@@ -848,9 +877,7 @@ mod tests {
         );
         store.log_queue(frames).expect("queue");
         store.log_commit().expect("commit");
-        let body = br#"{"id":"d1","webhookId":"w","webhookUrl":"u","messages":[{"id":"e1","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{"message":{"id":"m1","conversationId":"c1","isUser":true,"meta":null,"data":{"type":"text","text":"x"}}}}]}"#;
-        let parsed = crate::webhook::parse_delivery(body).expect("valid");
-        store.accept(&parsed.id, &parsed.events, 2).expect("accept");
+        accept(&store, "d1", "e1", "c1");
         let pending = store.pending().expect("pending");
         assert_eq!(pending.len(), 2);
         let job: Job = vec![(
@@ -858,24 +885,10 @@ mod tests {
             pending
                 .events
                 .iter()
-                .map(|p| {
-                    let entry = Entry {
-                        at: p.at,
-                        typed: None,
-                    };
-                    (p.seq, entry)
-                })
+                .map(|p| (p.seq, untyped(p.at)))
                 .collect(),
         )];
-        let metrics = Metrics::new().expect("metrics");
-        let fold = Fold {
-            store: &store,
-            metrics: &metrics,
-            rules: &crate::actions::NoRules,
-            decided: None,
-            verdicts: None,
-        };
-        let results = process(&fold, job, pending.end);
+        let results = process_without_rules(&store, job, pending.end);
         assert_eq!(results.len(), 1);
         assert_eq!(results[0].done.len(), 2, "both settled");
         assert!(results[0].failed.is_empty());
@@ -890,64 +903,24 @@ mod tests {
 
     #[test]
     fn a_fold_whose_read_failed_keeps_the_watermark_at_or_before_that_event() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        let body = |d: &str, e: &str, c: &str| {
-            format!(
-                r#"{{"id":"{d}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{e}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-{e}","conversationId":"{c}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}]}}"#
-            )
-        };
-        let accept = |d: &str, e: &str, c: &str| {
-            let parsed = crate::webhook::parse_delivery(body(d, e, c).as_bytes()).expect("valid");
-            store.accept(&parsed.id, &parsed.events, 1).expect("accept");
-        };
-        accept("d0", "e0", "c0");
+        let (_dir, store) = new_store();
+        accept(&store, "d0", "e0", "c0");
         let folded = store.pending().expect("pending");
-        let e0_at = folded.events[0].at;
-        let rec = store
-            .event_at(folded.events[0].seq, e0_at)
-            .expect("read")
-            .expect("e0");
-        let e0 = crate::webhook::parse_event(rec.event.get()).expect("parse");
-        store.apply(&[(folded.events[0].seq, e0)]).expect("fold e0");
-        accept("d1", "e1", "c1");
-        accept("d2", "e2", "c2");
+        let e0 = &folded.events[0];
+        let job = vec![(conv("c0"), vec![(e0.seq, untyped(e0.at))])];
+        process_without_rules(&store, job, folded.end);
+        accept(&store, "d1", "e1", "c1");
+        accept(&store, "d2", "e2", "c2");
         let pending = store.pending().expect("pending");
         let (e1, e2) = (&pending.events[0], &pending.events[1]);
         // e1's read fails (its entry names a frame that does not hold it, as a read error
         // would), while e2 of another partition folds in the same job.
         let job: Job = vec![
-            (
-                conv("c1"),
-                vec![(
-                    e1.seq,
-                    Entry {
-                        at: e0_at,
-                        typed: None,
-                    },
-                )],
-            ),
-            (
-                conv("c2"),
-                vec![(
-                    e2.seq,
-                    Entry {
-                        at: e2.at,
-                        typed: None,
-                    },
-                )],
-            ),
+            (conv("c1"), vec![(e1.seq, untyped(e0.at))]),
+            (conv("c2"), vec![(e2.seq, untyped(e2.at))]),
         ];
-        let metrics = Metrics::new().expect("metrics");
-        let fold = Fold {
-            store: &store,
-            metrics: &metrics,
-            rules: &crate::actions::NoRules,
-            decided: None,
-            verdicts: None,
-        };
         // The dispatcher's watermark for a job holding every unfinished event: the log's end.
-        let results = process(&fold, job, pending.end);
+        let results = process_without_rules(&store, job, pending.end);
         assert_eq!(results[0].failed.len(), 1, "e1 goes back to its queue");
         assert_eq!(results[1].done.len(), 1, "e2 folded");
         assert!(

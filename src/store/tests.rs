@@ -31,30 +31,49 @@ fn accept(store: &Store, body: &[u8]) -> Accepted {
         .expect("accept")
 }
 
+/// Every event still to fold, read back once each, and where the log ended.
+fn pending_records(store: &Store) -> (Vec<(PendingEvent, EventRecord)>, eventlog::Location) {
+    let pending = store.pending().expect("pending");
+    let records = pending
+        .events
+        .into_iter()
+        .map(|p| {
+            let rec = store.event_at(p.seq, p.at).expect("read").expect("record");
+            (p, rec)
+        })
+        .collect();
+    (records, pending.end)
+}
+
+/// Fold the events of `records` that `keep` picks, without rules, recording `position`.
+fn fold_picked(
+    store: &Store,
+    records: &[(PendingEvent, EventRecord)],
+    keep: impl Fn(&EventRecord) -> bool,
+    position: &Position,
+) -> Applied {
+    let (batch, partitions): (Vec<(u64, Event)>, Vec<PartitionKey>) = records
+        .iter()
+        .filter(|(_, rec)| keep(rec))
+        .map(|(p, rec)| {
+            let event = parse_event(rec.event.get()).expect("parse");
+            ((p.seq, event), p.partition.clone())
+        })
+        .unzip();
+    store
+        .fold(&batch, &partitions, &crate::actions::NoRules, &[], position)
+        .expect("fold")
+}
+
 /// Fold everything still to fold, as the dispatcher would: in one batch whose watermark is the
 /// log's end.
 fn drain(store: &Store) -> Applied {
-    let pending = store.pending().expect("pending");
-    let mut batch: Vec<(u64, Event)> = Vec::new();
-    let mut partitions = Vec::new();
-    for p in &pending.events {
-        let rec = store.event_at(p.seq, p.at).expect("read").expect("record");
-        batch.push((p.seq, parse_event(rec.event.get()).expect("parse")));
-        partitions.push(p.partition.clone());
-    }
+    let (records, end) = pending_records(store);
     let position = Position {
-        fold_from: Some(pending.end),
+        fold_from: Some(end),
         passed: Vec::new(),
     };
-    store
-        .fold(
-            &batch,
-            &partitions,
-            &crate::actions::NoRules,
-            &[],
-            &position,
-        )
-        .expect("fold")
+    fold_picked(store, &records, |_| true, &position)
 }
 
 #[test]
@@ -272,11 +291,10 @@ fn log_only(store: &Store, body: &[u8], received_at: Millis) {
 }
 
 fn pending_ids(store: &Store) -> Vec<String> {
-    store
-        .pending()
-        .expect("pending")
-        .iter()
-        .map(|(seq, _)| store.event(seq).expect("read").expect("rec").id.to_string())
+    pending_records(store)
+        .0
+        .into_iter()
+        .map(|(_, rec)| rec.id.to_string())
         .collect()
 }
 
@@ -503,13 +521,10 @@ fn dead_letter(
 }
 
 fn drain_with(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
-    let pending = store.pending().expect("pending");
-    let batch: Vec<(u64, Event)> = pending
+    let batch: Vec<(u64, Event)> = pending_records(store)
+        .0
         .iter()
-        .map(|(seq, _)| {
-            let rec = store.event(seq).expect("read").expect("record");
-            (seq, parse_event(rec.event.get()).expect("parse"))
-        })
+        .map(|(p, rec)| (p.seq, parse_event(rec.event.get()).expect("parse")))
         .collect();
     let received = vec![0; batch.len()];
     store.apply_with(&batch, rules, &received).expect("apply")
@@ -985,10 +1000,9 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
 fn drain_received(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
     let mut batch = Vec::new();
     let mut received = Vec::new();
-    for (seq, _) in store.pending().expect("pending").iter() {
-        let rec = store.event(seq).expect("read").expect("record");
+    for (p, rec) in pending_records(store).0 {
         received.push(rec.received_at);
-        batch.push((seq, parse_event(rec.event.get()).expect("parse")));
+        batch.push((p.seq, parse_event(rec.event.get()).expect("parse")));
     }
     store.apply_with(&batch, rules, &received).expect("apply")
 }
@@ -1463,28 +1477,47 @@ fn events_applied(store: &Store, conversation: &str) -> Option<u64> {
 
 /// Fold the pending events with these ids, with a given watermark.
 fn fold_ids(store: &Store, ids: &[&str], fold_from: Option<eventlog::Location>) -> Applied {
-    let mut batch = Vec::new();
-    let mut partitions = Vec::new();
-    for p in store.pending().expect("pending").events {
-        let rec = store.event_at(p.seq, p.at).expect("read").expect("record");
-        if ids.contains(&rec.id.as_str()) {
-            batch.push((p.seq, parse_event(rec.event.get()).expect("parse")));
-            partitions.push(p.partition);
-        }
-    }
     let position = Position {
         fold_from,
         passed: Vec::new(),
     };
+    let records = pending_records(store).0;
+    fold_picked(
+        store,
+        &records,
+        |rec| ids.contains(&rec.id.as_str()),
+        &position,
+    )
+}
+
+/// Fold the pending event `folded` while `passed` (of the same partition) is passed over in the
+/// same fold, as an unreadable event is.
+fn fold_passing_over(store: &Store, folded: &str, passed: &str) -> Applied {
+    let (records, end) = pending_records(store);
+    let find = |id: &str| {
+        records
+            .iter()
+            .find(|(_, rec)| rec.id.as_str() == id)
+            .map(|(p, _)| p)
+            .expect("pending")
+    };
+    let passed = find(passed);
+    let position = Position {
+        fold_from: Some(end),
+        passed: vec![(passed.partition.clone(), passed.seq)],
+    };
+    fold_picked(store, &records, |rec| rec.id.as_str() == folded, &position)
+}
+
+/// Turn a store into what layout 3 left, inbox aside: no folded marks, no watermark.
+fn as_layout_3(store: &Store) {
+    store.folded.clear().expect("marks");
+    store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
     store
-        .fold(
-            &batch,
-            &partitions,
-            &crate::actions::NoRules,
-            &[],
-            &position,
-        )
-        .expect("fold")
+        .meta
+        .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())
+        .expect("layout");
+    store.flush().expect("flush");
 }
 
 #[test]
@@ -1510,23 +1543,9 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
     // The rest folds on; then a batch repeating a folded event (e1) skips it.
     let applied = fold_ids(&store, &["e3"], None);
     assert_eq!((applied.applied, applied.skipped), (1, 0));
+    let e1 = store.event_by_id(&"e1".into()).expect("read").expect("e1");
     let again = store
-        .apply(&[(
-            store
-                .event_by_id(&"e1".into())
-                .expect("read")
-                .expect("e1")
-                .seq,
-            parse_event(
-                store
-                    .event_by_id(&"e1".into())
-                    .expect("read")
-                    .expect("e1")
-                    .event
-                    .get(),
-            )
-            .expect("parse"),
-        )])
+        .apply(&[(e1.seq, parse_event(e1.event.get()).expect("parse"))])
         .expect("apply");
     assert_eq!(
         (again.applied, again.skipped),
@@ -1550,27 +1569,9 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
 fn an_event_passed_over_is_marked_folded_with_the_fold_and_not_before() {
     let (_d, store) = store();
     accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]));
-    let pending = store.pending().expect("pending");
-    let (first, second) = (&pending.events[0], &pending.events[1]);
     // e1 is passed over (unreadable, quarantined) in the same fold that folds e2: the mark ends
     // at e2, and e2 is folded although e1's number is below it.
-    let rec = store
-        .event_at(second.seq, second.at)
-        .expect("read")
-        .expect("e2");
-    let position = Position {
-        fold_from: Some(pending.end),
-        passed: vec![(first.partition.clone(), first.seq)],
-    };
-    let applied = store
-        .fold(
-            &[(second.seq, parse_event(rec.event.get()).expect("parse"))],
-            std::slice::from_ref(&second.partition),
-            &crate::actions::NoRules,
-            &[],
-            &position,
-        )
-        .expect("fold");
+    let applied = fold_passing_over(&store, "e2", "e1");
     assert_eq!(applied.applied, 1);
     assert_eq!(events_applied(&store, "c1"), Some(1), "e2 only");
     assert!(store.pending().expect("pending").is_empty());
@@ -1616,13 +1617,7 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
                 )
                 .expect("inbox");
         }
-        store.folded.clear().expect("marks");
-        store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
-        store
-            .meta
-            .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())
-            .expect("layout");
-        store.flush().expect("flush");
+        as_layout_3(&store);
     }
     let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
     assert_eq!(pending_ids(&store), vec!["e2", "e4", "e5", "e6"]);
@@ -1656,26 +1651,8 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
 fn an_event_passed_over_after_folded_ones_of_its_partition_does_not_hide_them() {
     let (_d, store) = store();
     accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2)]));
-    let pending = store.pending().expect("pending");
-    let (first, second) = (&pending.events[0], &pending.events[1]);
     // e1 folds, and e2 (later) is passed over in the same fold.
-    let rec = store
-        .event_at(first.seq, first.at)
-        .expect("read")
-        .expect("e1");
-    let position = Position {
-        fold_from: Some(pending.end),
-        passed: vec![(second.partition.clone(), second.seq)],
-    };
-    let applied = store
-        .fold(
-            &[(first.seq, parse_event(rec.event.get()).expect("parse"))],
-            std::slice::from_ref(&first.partition),
-            &crate::actions::NoRules,
-            &[],
-            &position,
-        )
-        .expect("fold");
+    let applied = fold_passing_over(&store, "e1", "e2");
     assert_eq!(applied.applied, 1);
     assert_eq!(events_applied(&store, "c1"), Some(1), "e1 folded");
     assert!(store.pending().expect("pending").is_empty());
@@ -1690,13 +1667,7 @@ fn events_folded_before_a_migration_are_not_pending_though_they_have_no_mark() {
         accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
         drain(&store);
         // What layout 3 left with everything folded: an empty inbox, no marks, no watermark.
-        store.folded.clear().expect("marks");
-        store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
-        store
-            .meta
-            .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())
-            .expect("layout");
-        store.flush().expect("flush");
+        as_layout_3(&store);
     }
     let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
     assert!(store.pending().expect("pending").is_empty());
