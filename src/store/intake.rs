@@ -320,11 +320,7 @@ impl Store {
     /// synced, maybe acknowledged, but the checkpoint write did not reach the disk before a
     /// crash. A start's scan ([`Store::pending`]) finds their events still to fold.
     pub(super) fn recover_log(&self, torn_tail: bool) -> Result<(), StoreError> {
-        let from = self
-            .meta
-            .get(keys::meta::INDEXED_TO)?
-            .and_then(|b| Location::decode(&b))
-            .unwrap_or_default();
+        let from = self.meta_location(keys::meta::INDEXED_TO)?;
         let mut group = Unindexed::default();
         let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
             let rows = record
@@ -499,11 +495,7 @@ impl Store {
             .tree_names()
             .iter()
             .any(|name| name.as_ref() == keys::tree::INBOX.as_bytes());
-        let indexed_to = self
-            .meta
-            .get(keys::meta::INDEXED_TO)?
-            .and_then(|b| Location::decode(&b))
-            .unwrap_or_default();
+        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
         let mut waiting = HashSet::new();
         // Per partition, its lowest waiting event: a mark must stay below it.
         let mut first_waiting: HashMap<String, u64> = HashMap::new();

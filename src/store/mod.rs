@@ -796,9 +796,14 @@ impl Store {
 
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
     pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
+        self.meta_location(keys::meta::FOLD_FROM)
+    }
+
+    /// A log location kept in `meta` (the start of the log if there is none yet).
+    fn meta_location(&self, key: &[u8]) -> Result<eventlog::Location, StoreError> {
         Ok(self
             .meta
-            .get(keys::meta::FOLD_FROM)?
+            .get(key)?
             .and_then(|b| eventlog::Location::decode(&b))
             .unwrap_or_default())
     }
@@ -1286,15 +1291,8 @@ impl Store {
         fold_from: eventlog::Location,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
-        let location = |key: &[u8]| -> Result<eventlog::Location, StoreError> {
-            Ok(self
-                .meta
-                .get(key)?
-                .and_then(|b| eventlog::Location::decode(&b))
-                .unwrap_or_default())
-        };
-        let indexed_to = location(keys::meta::INDEXED_TO)?;
-        let start = location(keys::meta::DEDUPE_PRUNED_TO)?;
+        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
+        let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
         let sealed = self
             .dedupe
             .lock()

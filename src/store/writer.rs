@@ -454,17 +454,20 @@ fn index_loop(
 fn locate(events: &mut [NewEvent], group: &Unindexed) {
     let mut located = group.locations();
     for event in events {
-        match located.next() {
-            Some((seq, at)) if seq == event.seq => event.at = at,
+        let at = match located.next() {
+            Some((seq, at)) if seq == event.seq => Some(at),
+            // Not expected (the writer builds both in one order); a wrong location would make a
+            // fold read the wrong frame, so look it up.
             _ => {
-                // Not expected (the writer builds both in one order); a wrong location would
-                // make a fold read the wrong frame, so look it up.
                 tracing::error!(seq = event.seq, "new event out of its group's frame order");
-                if let Some((_, at)) = group.locations().find(|(seq, _)| *seq == event.seq) {
-                    event.at = at;
-                }
-                located = group.locations();
+                group
+                    .locations()
+                    .find(|(seq, _)| *seq == event.seq)
+                    .map(|(_, at)| at)
             }
+        };
+        if let Some(at) = at {
+            event.at = at;
         }
     }
 }
