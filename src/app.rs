@@ -123,7 +123,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     data.create().map_err(io_err)?;
     // The store first: one that cannot be opened (in use, corrupt) stops the start before a
     // generated secret is written next to it.
-    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    // Opened on a thread at the fold's priority: sled's I/O threads, started from there, inherit
+    // it (they write what the folds change; see `background`).
+    let open = || {
+        let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+        store.start_io_threads()?;
+        Ok::<_, AppError>(store)
+    };
+    let store = crate::background::on_thread_at(config.dispatch.priority(), "store-open", open)
+        .map_err(io_err)??;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
         let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
@@ -191,7 +199,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         rules: rules.clone(),
         decided: Some(decided_tx),
         verdicts: Some(verdicts.clone()),
-        niceness: config.dispatch.fold_niceness,
+        priority: config.dispatch.priority(),
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;

@@ -2,18 +2,84 @@
 //!
 //! On 2 cores the fold competes with the HTTP workers and the syncer for the CPU, and every
 //! millisecond it takes from those lengthens an acknowledgment. The fold is not on that path (the
-//! event log makes a delivery durable; the inbox absorbs a burst), so it runs at a higher nice
-//! value: under contention the scheduler gives intake the CPU, and the backlog is folded as soon as
-//! it lets go. A nice value still gets a share of a contended CPU (nice 10 about a tenth against
-//! nice 0, nice 19 about a seventieth) and all of an idle one. The indexer stays at the daemon's
-//! priority: until it has indexed a group, the group's typed events wait in memory. The default
-//! (`dispatch.fold_niceness = 19`) measured best once nothing on the acknowledgment path waited
-//! for sled's lock any more (docs/benchmarks.md, session 8).
+//! event log makes a delivery durable and is the fold's inbox, so a burst waits there), so its
+//! threads, and sled's I/O threads that write what the folds change, run at a lower priority:
+//!
+//! - [`Priority::Idle`] (the default): Linux's `SCHED_IDLE`. Such a thread gets a CPU only when no
+//!   other thread wants it, and a waking HTTP worker takes the CPU from it at once. A nice value
+//!   is not enough: the scheduler may let a niced thread that got an idle CPU run out its time
+//!   slice (up to about 1.5 ms on 2 cores) before a waking worker gets it, against an
+//!   acknowledgment of about 1.7 ms. Measured on 2 cores: see docs/benchmarks.md, session 11.
+//! - [`Priority::Nice`]: a nice value, which still gets a share of a contended CPU (nice 19 about
+//!   a seventieth against nice 0). For a host that other programs keep busy: the fold then keeps
+//!   some pace instead of waiting for idle time that never comes.
+//!
+//! Threads inherit their creator's scheduling. Sled starts its I/O threads from the thread that
+//! first writes its log, so the daemon opens the store on a thread at the fold's priority
+//! ([`on_thread_at`]). Under a burst sled may start more I/O threads from whichever thread
+//! writes; those keep that thread's priority. The indexer stays at the daemon's priority: until
+//! it has indexed a group, the group's typed events wait in memory.
 
 use thread_priority::{ThreadPriority, ThreadPriorityValue};
 
 /// The highest nice value Linux has.
 pub const MAX_NICENESS: u8 = 19;
+
+/// How the fold's threads (and sled's I/O threads) are scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// `SCHED_IDLE` (Linux): only CPU time no other thread wants.
+    Idle,
+    /// A nice value, 0 (the daemon's own) to 19.
+    Nice(u8),
+}
+
+impl Priority {
+    /// Apply to the calling thread (and so to the threads it starts afterwards). A failure is
+    /// logged, never fatal: the daemon is only slower.
+    pub fn apply_to_this_thread(self) {
+        match self {
+            Priority::Idle => idle_this_thread(),
+            Priority::Nice(n) => lower_this_thread(n),
+        }
+    }
+}
+
+/// Run `f` on a new thread named `name` at `priority` and wait for its result: threads that `f`
+/// starts inherit that priority, the caller keeps its own.
+pub fn on_thread_at<T: Send>(
+    priority: Priority,
+    name: &str,
+    f: impl FnOnce() -> T + Send,
+) -> std::io::Result<T> {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn_scoped(scope, move || {
+                priority.apply_to_this_thread();
+                f()
+            })?;
+        match handle.join() {
+            Ok(out) => Ok(out),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Put the calling thread under `SCHED_IDLE`.
+fn idle_this_thread() {
+    use thread_priority::unix::{
+        set_thread_priority_and_policy, thread_native_id, thread_schedule_policy,
+        NormalThreadSchedulePolicy, ThreadSchedulePolicy,
+    };
+    let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+    // The crate also resets the nice value to 0 (meaningless under SCHED_IDLE), which a thread
+    // already niced may not do: what counts is whether the policy took.
+    let set = set_thread_priority_and_policy(thread_native_id(), ThreadPriority::Min, idle);
+    if thread_schedule_policy().ok() != Some(idle) {
+        tracing::warn!(error = ?set.err(), "cannot put a background thread under SCHED_IDLE");
+    }
+}
 
 /// Raise the calling thread's nice value to `niceness` (0 leaves it alone). Threads it spawns
 /// afterwards inherit the value. A failure is logged, never fatal: the daemon is only slower.
@@ -55,9 +121,26 @@ pub fn this_thread_niceness() -> Option<i32> {
 /// Field 19 of a /proc/<pid>/task/<tid>/stat line (after the parenthesised command name, which
 /// may itself contain spaces and parentheses).
 pub fn niceness_in_stat(stat: &str) -> Option<i32> {
+    stat_field(stat, 19)
+}
+
+/// Field `n` (1-based, as in proc(5)) of a stat line, read past the parenthesised command name.
+fn stat_field(stat: &str, n: usize) -> Option<i32> {
     let after_name = &stat[stat.rfind(')')? + 1..];
-    // Fields 3.. follow the name; nice is field 19, the 17th of those.
-    after_name.split_whitespace().nth(16)?.parse().ok()
+    // Fields 3.. follow the name.
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
+/// `SCHED_IDLE`'s number in field 41 of a /proc stat line.
+pub const SCHED_IDLE_POLICY: i32 = 5;
+
+/// Field 41 (the scheduling policy: 0 normal, 5 idle) of a /proc/<pid>/task/<tid>/stat line.
+pub fn policy_in_stat(stat: &str) -> Option<i32> {
+    stat_field(stat, 41)
 }
 
 #[cfg(test)]
@@ -95,6 +178,30 @@ mod tests {
         assert_eq!(this_thread_niceness(), Some(base));
     }
 
+    /// This thread's scheduling policy, from /proc.
+    fn this_thread_policy() -> Option<i32> {
+        policy_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)
+    }
+
+    #[test]
+    fn a_thread_started_at_idle_runs_idle_and_so_do_its_children_but_not_the_caller() {
+        let caller = this_thread_policy().expect("own policy");
+        assert_ne!(
+            caller, SCHED_IDLE_POLICY,
+            "the test must not run under SCHED_IDLE"
+        );
+        let (own, child) = on_thread_at(Priority::Idle, "idle-test", || {
+            let child = std::thread::spawn(this_thread_policy)
+                .join()
+                .expect("child");
+            (this_thread_policy(), child)
+        })
+        .expect("thread");
+        assert_eq!(own, Some(SCHED_IDLE_POLICY));
+        assert_eq!(child, Some(SCHED_IDLE_POLICY), "inherited");
+        assert_eq!(this_thread_policy(), Some(caller));
+    }
+
     #[test]
     fn zero_leaves_the_thread_alone() {
         let base = this_thread_niceness();
@@ -108,8 +215,15 @@ mod tests {
     }
 
     #[test]
-    fn the_nice_field_is_read_past_a_name_with_spaces_and_parentheses() {
-        let line = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 9 4 0 100 0 0";
-        assert_eq!(niceness_in_stat(line), Some(9));
+    fn the_nice_and_policy_fields_are_read_past_a_name_with_spaces_and_parentheses() {
+        // Fields 1-41 as proc(5) numbers them: nice (19) is 9, policy (41) is 5.
+        let mut fields: Vec<String> = (3..=52).map(|n| (n * 100).to_string()).collect();
+        fields[19 - 3] = "9".into();
+        fields[41 - 3] = "5".into();
+        let line = format!("42 (a (b) c) {}", fields.join(" "));
+        assert_eq!(niceness_in_stat(&line), Some(9));
+        assert_eq!(policy_in_stat(&line), Some(5));
+        assert_eq!(stat_field(&line, 3), Some(300));
+        assert_eq!(stat_field(&line, 2), None);
     }
 }

@@ -13,8 +13,9 @@
 //! and are only read back from the store after a restart (or when the backlog is too large to
 //! keep them in memory).
 //!
-//! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_niceness` (19 by
-//! default): they are never on an acknowledgment's path, so they yield the CPU to intake.
+//! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_priority` (Linux's
+//! `SCHED_IDLE` by default, see `background`): they are never on an acknowledgment's path, so they
+//! yield the CPU to intake.
 
 use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
@@ -134,8 +135,8 @@ pub struct DispatchSettings {
     pub decided: Option<crate::outbox::DecidedSender>,
     /// Agent API calls waiting for their command's verdict.
     pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
-    /// Nice value of the fold threads (0: the daemon's own).
-    pub niceness: u8,
+    /// How the fold threads are scheduled.
+    pub priority: crate::background::Priority,
 }
 
 /// Start the dispatcher on the current runtime. It queues what the store still has to fold,
@@ -171,11 +172,11 @@ pub fn start(
         open: true,
         paused,
     };
-    let niceness = settings.niceness;
+    let priority = settings.priority;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(settings.concurrency.max(1))
         .thread_name(|i| format!("fold-{i}"))
-        .start_handler(move |_| crate::background::lower_this_thread(niceness))
+        .start_handler(move |_| priority.apply_to_this_thread())
         .panic_handler(|_| tracing::error!("a fold panicked; its partitions stay queued"))
         .build()
         .map_err(|e| {

@@ -22,19 +22,56 @@ fn a_fixture_is_accepted_and_shown_by_the_cli() {
     assert_eq!(state["handoff"]["phase"]["value"], "requested");
 }
 
-/// Each of the daemon's threads: (name, nice value), read from /proc.
-fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
+/// One of the daemon's threads as /proc shows it.
+#[derive(Debug)]
+struct Thread {
+    name: String,
+    nice: i32,
+    /// Scheduling policy: 0 normal, 5 idle.
+    policy: i32,
+}
+
+fn threads_of(pid: u32) -> Vec<Thread> {
+    use handoff_bridge::background::{niceness_in_stat, policy_in_stat};
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc task list");
     tasks
         .filter_map(|t| {
             let path = t.ok()?.path();
             let name = std::fs::read_to_string(path.join("comm")).ok()?;
             let stat = std::fs::read_to_string(path.join("stat")).ok()?;
-            let nice = handoff_bridge::background::niceness_in_stat(&stat)?;
-            Some((name.trim().to_owned(), nice))
+            Some(Thread {
+                name: name.trim().to_owned(),
+                nice: niceness_in_stat(&stat)?,
+                policy: policy_in_stat(&stat)?,
+            })
         })
         .collect()
 }
+
+/// The threads whose name starts with `prefix`; panics if there is none.
+fn named<'a>(threads: &'a [Thread], prefix: &str) -> Vec<&'a Thread> {
+    let found: Vec<&Thread> = threads
+        .iter()
+        .filter(|t| t.name.starts_with(prefix))
+        .collect();
+    assert!(!found.is_empty(), "no {prefix} thread in {threads:?}");
+    found
+}
+
+/// A daemon that has folded one delivery, so the fold threads have run a job and sled has
+/// written its log.
+fn spawn_folded(env: &[(&str, &str)]) -> (TestApp, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = TestApp::spawn_in(&tmp.path().join("data"), Spawn::with_env(env));
+    let (status, receipt) = app.post(&fixture_bytes("agent-call-requested.json"));
+    assert_eq!(status, 200, "{receipt}");
+    wait_drained(&app);
+    (app, tmp)
+}
+
+/// The acknowledgment path, and the indexing that hands events to the fold, keep the daemon's
+/// own priority.
+const INTAKE_THREADS: [&str; 4] = ["store-writer", "store-syncer", "store-indexer", "actix-rt"];
 
 /// The allocator's options are built in by `.cargo/config.toml`; a build that missed them (cargo
 /// run from outside the repository) would keep a burst's memory. Their visible sign: jemalloc's
@@ -42,54 +79,44 @@ fn thread_niceness(pid: u32) -> Vec<(String, i32)> {
 #[test]
 fn the_allocator_purges_from_its_own_threads() {
     let app = TestApp::spawn();
-    let threads = thread_niceness(app.child.id());
-    assert!(
-        threads.iter().any(|(name, _)| name == "jemalloc_bg_thd"),
-        "no jemalloc background thread in {threads:?}"
-    );
+    named(&threads_of(app.child.id()), "jemalloc_bg_thd");
 }
 
 #[test]
-fn folds_run_at_the_fold_nice_value_and_intake_at_the_daemons_own() {
+fn folds_and_sleds_io_threads_run_under_sched_idle_by_default_and_intake_does_not() {
+    let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
+    let (app, _tmp) = spawn_folded(&[]);
+    let threads = threads_of(app.child.id());
+    let idle = handoff_bridge::background::SCHED_IDLE_POLICY;
+    for background in ["fold-", "sled-io"] {
+        for t in named(&threads, background) {
+            assert_eq!(t.policy, idle, "{t:?} in {threads:?}");
+        }
+    }
+    for intake in INTAKE_THREADS {
+        for t in named(&threads, intake) {
+            assert_eq!((t.policy, t.nice), (0, base), "{t:?}");
+        }
+    }
+}
+
+#[test]
+fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
     let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
     let want = (base + 7).min(19);
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let app = TestApp::spawn_in(
-        &tmp.path().join("data"),
-        Spawn::with_env(&[("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string())]),
-    );
-    // Folded, so the fold threads have run a job and sled has started its I/O threads.
-    let (status, receipt) = app.post(&fixture_bytes("agent-call-requested.json"));
-    assert_eq!(status, 200, "{receipt}");
-    wait_drained(&app);
-    let threads = thread_niceness(app.child.id());
-    let nice_of = |prefix: &str| -> Vec<i32> {
-        threads
-            .iter()
-            .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(_, n)| *n)
-            .collect()
-    };
-    let folds = nice_of("fold-");
-    assert!(!folds.is_empty(), "no fold thread in {threads:?}");
-    assert!(
-        folds.iter().all(|&n| n == want),
-        "folds: {folds:?}, want {want}"
-    );
-    // The acknowledgment path, and the indexing that hands events to the fold, keep the daemon's
-    // own priority.
-    for intake in [
-        "store-writer",
-        "store-syncer",
-        "store-indexer",
-        "sled-io",
-        "actix-rt",
-    ] {
-        let found = nice_of(intake);
-        assert!(!found.is_empty(), "no {intake} thread in {threads:?}");
-        assert!(
-            found.iter().all(|&n| n == base),
-            "{intake}: {found:?}, want {base}"
-        );
+    let (app, _tmp) = spawn_folded(&[
+        ("HANDOFF_BRIDGE__DISPATCH__FOLD_PRIORITY", "nice"),
+        ("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string()),
+    ]);
+    let threads = threads_of(app.child.id());
+    for background in ["fold-", "sled-io"] {
+        for t in named(&threads, background) {
+            assert_eq!((t.policy, t.nice), (0, want), "{t:?} in {threads:?}");
+        }
+    }
+    for intake in INTAKE_THREADS {
+        for t in named(&threads, intake) {
+            assert_eq!((t.policy, t.nice), (0, base), "{t:?}");
+        }
     }
 }

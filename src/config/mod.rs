@@ -121,8 +121,28 @@ pub struct DispatchConfig {
     pub concurrency: usize,
     /// Events folded in one transaction, across conversations.
     pub batch_size: usize,
-    /// Nice value of the fold threads (0: the daemon's own). See `background`.
+    /// How the fold's threads and sled's I/O threads are scheduled. See `background`.
+    pub fold_priority: FoldPriority,
+    /// Their nice value under `fold_priority = "nice"` (0: the daemon's own).
     pub fold_niceness: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FoldPriority {
+    /// Linux's `SCHED_IDLE`.
+    Idle,
+    /// `fold_niceness`.
+    Nice,
+}
+
+impl DispatchConfig {
+    pub fn priority(&self) -> crate::background::Priority {
+        match self.fold_priority {
+            FoldPriority::Idle => crate::background::Priority::Idle,
+            FoldPriority::Nice => crate::background::Priority::Nice(self.fold_niceness),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

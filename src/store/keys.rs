@@ -80,6 +80,8 @@ pub mod meta {
     /// Set once the waiting queue (`queue/v1`) was built from the states (a store from before
     /// the queue existed gets its waiting conversations indexed on its first open).
     pub const QUEUE_INDEXED: &[u8] = b"queue_indexed";
+    /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
+    pub const OPENED_AT: &[u8] = b"opened_at";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.

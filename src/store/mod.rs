@@ -722,6 +722,17 @@ impl Store {
         Ok(())
     }
 
+    /// Make sled start its I/O thread pool now, from the calling thread, whose scheduling its
+    /// threads inherit (see `background`): the pool starts with the first write of sled's log,
+    /// which a flush with something to write does. Notes when the store was opened, which is
+    /// that something.
+    pub fn start_io_threads(&self) -> Result<(), StoreError> {
+        let now = crate::clock::now_millis().max(0) as u64;
+        self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
     /// tools and tests; the daemon goes through the [`Writer`].
     pub fn accept(
