@@ -63,6 +63,11 @@ pub enum AppError {
     Upstream(String),
     #[error("rules: {0}")]
     Rules(#[from] crate::rules::LoadError),
+    #[error("cannot start thread {name}: {source}")]
+    Thread {
+        name: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// The configured rules, compiled: `rules.dir`'s files, or the shipped set when it is empty;
@@ -123,15 +128,20 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     data.create().map_err(io_err)?;
     // The store first: one that cannot be opened (in use, corrupt) stops the start before a
     // generated secret is written next to it.
-    // Opened on a thread at the fold's priority: sled's I/O threads, started from there, inherit
-    // it (they write what the folds change; see `background`).
+    // Opened on a thread at the fold's priority: sled starts its I/O threads and its log flusher
+    // from there (during recovery, or at the first write of its log), and they inherit it.
     let open = || {
         let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
         store.start_io_threads()?;
         Ok::<_, AppError>(store)
     };
-    let store = crate::background::on_thread_at(config.dispatch.priority(), "store-open", open)
-        .map_err(io_err)??;
+    let opened = crate::background::on_thread_at(config.dispatch.priority(), "store-open", open);
+    let thread = |name| move |source| AppError::Thread { name, source };
+    let store = opened.map_err(thread("store-open"))??;
+    // The folds' commits hold sled's lock: they run at this thread's (the daemon's) priority.
+    store
+        .start_fold_committer()
+        .map_err(thread("store-committer"))?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
         let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;

@@ -60,18 +60,88 @@ fn named<'a>(threads: &'a [Thread], prefix: &str) -> Vec<&'a Thread> {
 
 /// A daemon that has folded one delivery, so the fold threads have run a job and sled has
 /// written its log.
-fn spawn_folded(env: &[(&str, &str)]) -> (TestApp, tempfile::TempDir) {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let app = TestApp::spawn_in(&tmp.path().join("data"), Spawn::with_env(env));
+fn spawn_folded(data: &std::path::Path, env: &[(&str, &str)]) -> TestApp {
+    let app = TestApp::spawn_in(data, Spawn::with_env(env));
     let (status, receipt) = app.post(&fixture_bytes("agent-call-requested.json"));
     assert_eq!(status, 200, "{receipt}");
     wait_drained(&app);
-    (app, tmp)
+    app
 }
 
-/// The acknowledgment path, and the indexing that hands events to the fold, keep the daemon's
-/// own priority.
-const INTAKE_THREADS: [&str; 4] = ["store-writer", "store-syncer", "store-indexer", "actix-rt"];
+/// The acknowledgment path, the indexing that hands events to the fold, and the thread that
+/// commits folds (it holds sled's lock, which the indexer waits for) keep the daemon's own
+/// priority.
+const NORMAL_THREADS: [&str; 5] = [
+    "store-writer",
+    "store-syncer",
+    "store-indexer",
+    "store-committer",
+    "actix-rt",
+];
+
+/// The test's own (policy, nice value): what the daemon's threads start with.
+fn own_scheduling() -> (i32, i32) {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
+    let policy = handoff_bridge::background::policy_in_stat(&stat).expect("own policy");
+    let nice = handoff_bridge::background::niceness_in_stat(&stat).expect("own nice value");
+    (policy, nice)
+}
+
+/// Fold and sled I/O threads under `SCHED_IDLE`, the rest as the daemon started.
+fn assert_idle_background(app: &TestApp) {
+    let own = own_scheduling();
+    let idle = handoff_bridge::background::SCHED_IDLE_POLICY;
+    assert_ne!(own.0, idle, "the test must not itself run under SCHED_IDLE");
+    let threads = threads_of(app.child.id());
+    for background in ["fold-", "sled-io"] {
+        for t in named(&threads, background) {
+            assert_eq!(t.policy, idle, "{t:?} in {threads:?}");
+        }
+    }
+    for normal in NORMAL_THREADS {
+        for t in named(&threads, normal) {
+            assert_eq!((t.policy, t.nice), own, "{t:?}");
+        }
+    }
+}
+
+#[test]
+fn folds_and_sleds_io_threads_run_under_sched_idle_by_default_and_intake_does_not() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let app = spawn_folded(&data, &[]);
+    assert_idle_background(&app);
+    // On a store that exists, sled starts its threads while it recovers: the same.
+    assert!(app.terminate().success());
+    let app = spawn_folded(&data, &[]);
+    assert_idle_background(&app);
+}
+
+#[test]
+fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
+    let own = own_scheduling();
+    let want = (own.1 + 7).min(19);
+    assert_ne!(want, own.1, "the test must run below nice 19");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let app = spawn_folded(
+        &tmp.path().join("data"),
+        &[
+            ("HANDOFF_BRIDGE__DISPATCH__FOLD_PRIORITY", "nice"),
+            ("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string()),
+        ],
+    );
+    let threads = threads_of(app.child.id());
+    for background in ["fold-", "sled-io"] {
+        for t in named(&threads, background) {
+            assert_eq!((t.policy, t.nice), (own.0, want), "{t:?} in {threads:?}");
+        }
+    }
+    for normal in NORMAL_THREADS {
+        for t in named(&threads, normal) {
+            assert_eq!((t.policy, t.nice), own, "{t:?}");
+        }
+    }
+}
 
 /// The allocator's options are built in by `.cargo/config.toml`; a build that missed them (cargo
 /// run from outside the repository) would keep a burst's memory. Their visible sign: jemalloc's
@@ -80,43 +150,4 @@ const INTAKE_THREADS: [&str; 4] = ["store-writer", "store-syncer", "store-indexe
 fn the_allocator_purges_from_its_own_threads() {
     let app = TestApp::spawn();
     named(&threads_of(app.child.id()), "jemalloc_bg_thd");
-}
-
-#[test]
-fn folds_and_sleds_io_threads_run_under_sched_idle_by_default_and_intake_does_not() {
-    let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
-    let (app, _tmp) = spawn_folded(&[]);
-    let threads = threads_of(app.child.id());
-    let idle = handoff_bridge::background::SCHED_IDLE_POLICY;
-    for background in ["fold-", "sled-io"] {
-        for t in named(&threads, background) {
-            assert_eq!(t.policy, idle, "{t:?} in {threads:?}");
-        }
-    }
-    for intake in INTAKE_THREADS {
-        for t in named(&threads, intake) {
-            assert_eq!((t.policy, t.nice), (0, base), "{t:?}");
-        }
-    }
-}
-
-#[test]
-fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
-    let base = handoff_bridge::background::this_thread_niceness().expect("own nice value");
-    let want = (base + 7).min(19);
-    let (app, _tmp) = spawn_folded(&[
-        ("HANDOFF_BRIDGE__DISPATCH__FOLD_PRIORITY", "nice"),
-        ("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string()),
-    ]);
-    let threads = threads_of(app.child.id());
-    for background in ["fold-", "sled-io"] {
-        for t in named(&threads, background) {
-            assert_eq!((t.policy, t.nice), (0, want), "{t:?} in {threads:?}");
-        }
-    }
-    for intake in INTAKE_THREADS {
-        for t in named(&threads, intake) {
-            assert_eq!((t.policy, t.nice), (0, base), "{t:?}");
-        }
-    }
 }

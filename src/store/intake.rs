@@ -211,12 +211,14 @@ impl Store {
             .flat_map(|g| g.frames.iter())
             .flat_map(|(_, rows)| rows.iter().map(|(seq, _, _)| *seq))
             .max();
-        let mut checkpoint = sled::Batch::default();
-        checkpoint.insert(keys::meta::INDEXED_TO, &to.encode());
+        // Two inserts, not a batch: a batch takes sled's global lock exclusively, and would wait
+        // for any fold (an idle-priority thread, see `background`) reading the store. The floor
+        // goes first: sled recovers a prefix of its writes, so a checkpoint that survives a crash
+        // has its floor too (a floor without its checkpoint only numbers events higher).
         if let Some(last) = last_seq {
-            checkpoint.insert(keys::meta::SEQ_FLOOR, &keys::seq(last));
+            self.meta.insert(keys::meta::SEQ_FLOOR, &keys::seq(last))?;
         }
-        self.meta.apply_batch(checkpoint)?;
+        self.meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
         // Into the dedupe index before the in-flight set lets go of them.
         self.remember(groups.iter().flat_map(|g| {
             g.frames.iter().zip(&g.at).map(|((delivery, rows), at)| {

@@ -12,6 +12,7 @@
 //!   from the folds' low watermark (`meta/fold_from`), which each fold also writes.
 
 pub mod backup;
+mod committer;
 pub mod dedupe;
 pub mod desk;
 pub mod eventlog;
@@ -397,6 +398,8 @@ pub struct Store {
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
     /// The next event's sequence number (see [`Store::next_seq`]).
     next_seq: Arc<std::sync::atomic::AtomicU64>,
+    /// Where folds commit (see `committer`).
+    committer: committer::Committer,
 }
 
 /// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
@@ -516,6 +519,7 @@ impl Store {
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
             next_seq: Default::default(),
+            committer: Default::default(),
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
@@ -722,15 +726,21 @@ impl Store {
         Ok(())
     }
 
-    /// Make sled start its I/O thread pool now, from the calling thread, whose scheduling its
-    /// threads inherit (see `background`): the pool starts with the first write of sled's log,
-    /// which a flush with something to write does. Notes when the store was opened, which is
-    /// that something.
+    /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
+    /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
+    /// recovery of an existing store does, a new store's first write of its log does, and so does
+    /// a flush with something to write. Notes when the store was opened, which is that something.
     pub fn start_io_threads(&self) -> Result<(), StoreError> {
         let now = crate::clock::now_millis().max(0) as u64;
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
         self.db.flush()?;
         Ok(())
+    }
+
+    /// Commit folds from now on on a thread started here, at the calling thread's priority
+    /// (see `committer`); until then a fold commits on its own thread.
+    pub fn start_fold_committer(&self) -> std::io::Result<()> {
+        self.committer.start()
     }
 
     /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
@@ -1068,20 +1078,42 @@ impl Store {
         for (partition, seq) in &position.passed {
             marks.raise(self, partition.encode(), *seq)?;
         }
-        let conv_bytes = encoded(&convs)?;
-        let user_bytes = encoded(&users)?;
-        let bot_bytes = encoded(&bots)?;
-        let index_entries: Vec<(Vec<u8>, &str)> = users
+        let index_entries: Vec<(Vec<u8>, String)> = users
             .iter()
             .filter_map(|(id, u)| match (&u.platform, &u.user_key) {
-                (Some(p), Some(k)) => Some((keys::user_index(p.as_str(), k.as_str()), id.as_str())),
+                (Some(p), Some(k)) => Some((keys::user_index(p.as_str(), k.as_str()), id.clone())),
                 _ => None,
             })
             .collect();
-        let outbox_bytes = outbox::pending_rows(&out.outbox)?;
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
-        let queue_writes = queue_fold.writes()?;
-        let fold_from = position.fold_from.map(eventlog::Location::encode);
+        out.timers_change = timer_writes.change;
+        let timers_added = !timer_writes.insert.is_empty();
+        let writes = FoldWrites {
+            marks: marks.raised,
+            fold_from: position.fold_from.map(eventlog::Location::encode),
+            created: [
+                (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
+                (keys::meta::COUNT_END_USERS, out.new_end_users),
+                (keys::meta::COUNT_BOTS, out.new_bots),
+            ],
+            timers: timer_writes,
+            queue: queue_fold.writes()?,
+            outbox: outbox::pending_rows(&out.outbox)?,
+            conversations: owned(encoded(&convs)?),
+            end_users: owned(encoded(&users)?),
+            index_entries,
+            bots: owned(encoded(&bots)?),
+        };
+        let store = self.clone();
+        self.committer.run(move || store.commit_fold(&writes))?;
+        if timers_added {
+            self.timer_wakeup.notify_one();
+        }
+        Ok(out)
+    }
+
+    /// A fold's writes, in one transaction (see [`Committer`] for the thread it runs on).
+    fn commit_fold(&self, writes: &FoldWrites) -> Result<(), StoreError> {
         let trees = (
             &self.folded,
             &self.conversations,
@@ -1094,11 +1126,6 @@ impl Store {
             &self.queue,
             &self.meta,
         );
-        let created = [
-            (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
-            (keys::meta::COUNT_END_USERS, out.new_end_users),
-            (keys::meta::COUNT_BOTS, out.new_bots),
-        ];
         trees.transaction(
             |(
                 folded,
@@ -1112,54 +1139,50 @@ impl Store {
                 queue,
                 meta,
             )| {
-                for (partition, seq) in &marks.raised {
+                for (partition, seq) in &writes.marks {
                     folded.insert(partition.as_bytes(), &keys::seq(*seq))?;
                 }
-                if let Some(at) = &fold_from {
+                if let Some(at) = &writes.fold_from {
                     meta.insert(keys::meta::FOLD_FROM, at)?;
                 }
                 // Record counts kept with the records, so a start need not count whole trees
                 // (which makes sled load every page: most of a restarted daemon's memory).
-                for (key, new) in created.iter().filter(|(_, new)| *new > 0) {
+                for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
                     let count = meta
                         .get(key)?
                         .and_then(|b| keys::parse_seq(&b))
                         .unwrap_or(0);
                     meta.insert(*key, &keys::seq(count + new))?;
                 }
-                for key in &timer_writes.remove {
+                for key in &writes.timers.remove {
                     timers.remove(key.as_slice())?;
                 }
-                for (key, entry) in &timer_writes.insert {
+                for (key, entry) in &writes.timers.insert {
                     timers.insert(key.as_slice(), entry.as_slice())?;
                 }
-                for key in &queue_writes.remove {
+                for key in &writes.queue.remove {
                     queue.remove(key.as_slice())?;
                 }
-                for (key, value) in &queue_writes.insert {
+                for (key, value) in &writes.queue.insert {
                     queue.insert(key.as_slice(), value.as_slice())?;
                 }
-                outbox::insert_pending(outbox, actions, &outbox_bytes)?;
-                for (id, bytes) in &conv_bytes {
+                outbox::insert_pending(outbox, actions, &writes.outbox)?;
+                for (id, bytes) in &writes.conversations {
                     conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
                 }
-                for (key, id) in &index_entries {
+                for (key, id) in &writes.index_entries {
                     index.insert(key.as_slice(), id.as_bytes())?;
                 }
-                for (id, bytes) in &user_bytes {
+                for (id, bytes) in &writes.end_users {
                     user_tree.insert(id.as_bytes(), bytes.as_slice())?;
                 }
-                for (id, bytes) in &bot_bytes {
+                for (id, bytes) in &writes.bots {
                     bot_tree.insert(id.as_bytes(), bytes.as_slice())?;
                 }
                 Ok(())
             },
         )?;
-        out.timers_change = timer_writes.change;
-        if !timer_writes.insert.is_empty() {
-            self.timer_wakeup.notify_one();
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// Apply a fold's internal state actions to `state` and turn the others into outbox entries,
@@ -1465,6 +1488,30 @@ fn cached<'a, T: for<'de> Deserialize<'de>>(
 }
 
 /// Each cached record, encoded for writing.
+/// Everything a fold writes, owned, so that another thread can commit it.
+struct FoldWrites {
+    /// Partitions' folded marks raised.
+    marks: HashMap<String, u64>,
+    fold_from: Option<[u8; eventlog::Location::LEN]>,
+    /// Records each state tree gains, by its count key in `meta`.
+    created: [(&'static [u8], u64); 3],
+    timers: timers::TimerWrites,
+    queue: queue::QueueWrites,
+    outbox: Vec<outbox::PendingRow>,
+    conversations: Vec<(String, Vec<u8>)>,
+    end_users: Vec<(String, Vec<u8>)>,
+    /// `(platform, userKey)` index keys and the end user each names.
+    index_entries: Vec<(Vec<u8>, String)>,
+    bots: Vec<(String, Vec<u8>)>,
+}
+
+fn owned(encoded: Vec<(&str, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    encoded
+        .into_iter()
+        .map(|(id, bytes)| (id.to_owned(), bytes))
+        .collect()
+}
+
 fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(&str, Vec<u8>)>, StoreError> {
     cache
         .iter()
