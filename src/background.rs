@@ -14,11 +14,13 @@
 //!   a seventieth against nice 0). For a host that other programs keep busy: the fold then keeps
 //!   some pace instead of waiting for idle time that never comes.
 //!
-//! Threads inherit their creator's scheduling. Sled starts its I/O threads from the thread that
-//! first writes its log, so the daemon opens the store on a thread at the fold's priority
-//! ([`on_thread_at`]). Under a burst sled may start more I/O threads from whichever thread
-//! writes; those keep that thread's priority. The indexer stays at the daemon's priority: until
-//! it has indexed a group, the group's typed events wait in memory.
+//! Threads inherit their creator's scheduling. Sled starts its I/O threads and its log flusher
+//! from the thread that opens the store (or first writes its log), so the daemon opens it on a
+//! thread at the fold's priority ([`on_thread_at`]). Under a burst sled may start more I/O
+//! threads from whichever thread writes; those keep that thread's priority. What holds sled's
+//! lock exclusively stays at the daemon's priority, so intake never waits for an idle thread to
+//! release it: the folds' commits (`store::committer`). So do the writer, syncer and indexer:
+//! until the indexer has indexed a group, the group's typed events wait in memory.
 
 use thread_priority::{ThreadPriority, ThreadPriorityValue};
 
