@@ -17,10 +17,13 @@
 //! Threads inherit their creator's scheduling. Sled starts its I/O threads and its log flusher
 //! from the thread that opens the store (or first writes its log), so the daemon opens it on a
 //! thread at the fold's priority ([`on_thread_at`]). Under a burst sled may start more I/O
-//! threads from whichever thread writes; those keep that thread's priority. What holds sled's
-//! lock exclusively stays at the daemon's priority, so intake never waits for an idle thread to
-//! release it: the folds' commits (`store::committer`). So do the writer, syncer and indexer:
-//! until the indexer has indexed a group, the group's typed events wait in memory.
+//! threads from whichever thread writes; those keep that thread's priority. Nothing idle holds
+//! sled's global lock exclusively: the folds' commits run at the daemon's priority
+//! (`store::committer`). Idle threads do hold it shared (a fold's reads, sled's log flusher), and
+//! a transaction waiting for it, with the readers queued behind that transaction, waits while
+//! such a thread waits for a CPU: moments, while the daemon is the only load. The writer, syncer
+//! and indexer keep the daemon's priority: until the indexer has indexed a group, the group's
+//! typed events wait in memory.
 
 use thread_priority::{ThreadPriority, ThreadPriorityValue};
 

@@ -87,13 +87,13 @@ fn own_scheduling() -> (i32, i32) {
     (policy, nice)
 }
 
-/// Fold and sled I/O threads under `SCHED_IDLE`, the rest as the daemon started.
+/// Fold threads and sled's (I/O, log flusher) under `SCHED_IDLE`, the rest as the daemon started.
 fn assert_idle_background(app: &TestApp) {
     let own = own_scheduling();
     let idle = handoff_bridge::background::SCHED_IDLE_POLICY;
     assert_ne!(own.0, idle, "the test must not itself run under SCHED_IDLE");
     let threads = threads_of(app.child.id());
-    for background in ["fold-", "sled-io"] {
+    for background in ["fold-", "sled-io", "log flusher"] {
         for t in named(&threads, background) {
             assert_eq!(t.policy, idle, "{t:?} in {threads:?}");
         }

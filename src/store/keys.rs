@@ -70,7 +70,7 @@ pub mod meta {
     /// Since layout 4: a location at or before every event still to fold; a start scans the log
     /// from here against `FOLDED`. Written by the folds (conservatively: it may lag, never lead).
     pub const FOLD_FROM: &[u8] = b"fold_from";
-    /// The highest event sequence number handed on so far (u64 BE), written with
+    /// The highest event sequence number handed on so far (u64 BE), written just before
     /// `INDEXED_TO`: a start numbers new events above it (see `Store::next_seq`).
     pub const SEQ_FLOOR: &[u8] = b"event_seq_floor";
     /// Record counts of the state trees (u64 BE), kept by the folds' transactions.

@@ -1112,7 +1112,7 @@ impl Store {
         Ok(out)
     }
 
-    /// A fold's writes, in one transaction (see [`Committer`] for the thread it runs on).
+    /// A fold's writes, in one transaction (see `committer` for the thread it runs on).
     fn commit_fold(&self, writes: &FoldWrites) -> Result<(), StoreError> {
         let trees = (
             &self.folded,
@@ -1487,7 +1487,6 @@ fn cached<'a, T: for<'de> Deserialize<'de>>(
     Ok((state, created))
 }
 
-/// Each cached record, encoded for writing.
 /// Everything a fold writes, owned, so that another thread can commit it.
 struct FoldWrites {
     /// Partitions' folded marks raised.
@@ -1512,6 +1511,7 @@ fn owned(encoded: Vec<(&str, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// Each cached record, encoded for writing.
 fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(&str, Vec<u8>)>, StoreError> {
     cache
         .iter()
