@@ -1000,10 +1000,8 @@ fn still_pending(
     store: &crate::store::Store,
     event_id: &str,
 ) -> Result<bool, crate::store::StoreError> {
-    match store.event_by_id(&crate::ids::EventId::new(event_id))? {
-        Some(record) => store.is_pending(&record),
-        None => Ok(false),
-    }
+    let status = store.event_status(&crate::ids::EventId::new(event_id))?;
+    Ok(status.is_some_and(|(_, pending)| pending))
 }
 
 fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {

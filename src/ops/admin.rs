@@ -188,9 +188,8 @@ async fn find_end_user(
 
 async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = EventId::new(id.into_inner());
-    match shared.store.event_by_id(&id).map_err(store_error)? {
-        Some(record) => {
-            let pending = shared.store.is_pending(&record).map_err(store_error)?;
+    match shared.store.event_status(&id).map_err(store_error)? {
+        Some((record, pending)) => {
             Ok(HttpResponse::Ok().json(json!({"record": record, "pending": pending})))
         }
         None => Err(ApiError::not_found(format!(

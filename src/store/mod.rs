@@ -204,12 +204,12 @@ impl Marks {
     fn is_pending(
         &mut self,
         store: &Store,
-        fold_from: &eventlog::Location,
+        fold_from: eventlog::Location,
         at: eventlog::Location,
         partition: &str,
         seq: u64,
     ) -> Result<bool, StoreError> {
-        Ok(at >= *fold_from && self.above(store, partition, seq)?)
+        Ok(at >= fold_from && self.above(store, partition, seq)?)
     }
 
     /// Above its partition's mark (a fold's check: the batch is pending by construction).
@@ -767,31 +767,21 @@ impl Store {
     pub fn pending(&self) -> Result<Pending, StoreError> {
         let mut marks = Marks::default();
         let mut events = Vec::new();
-        let mut failed = None;
         let fold_from = self.fold_from()?;
+        let mut visit = |at, seq, partition: &str| -> Result<(), StoreError> {
+            if marks.is_pending(self, fold_from, at, partition, seq)? {
+                let partition = PartitionKey::decode(partition)
+                    .ok_or_else(|| corrupt("event log partition"))?;
+                events.push(PendingEvent { seq, partition, at });
+            }
+            Ok(())
+        };
+        let mut failed = None;
         let end = eventlog::scan(&self.log_dir, fold_from, |at, record, _| {
             for (seq, partition) in record.seqs.iter().zip(&record.partitions) {
-                let pending = marks.is_pending(self, &fold_from, at, partition, *seq);
-                let pending = pending.and_then(|pending| {
-                    Ok(match pending {
-                        true => Some(
-                            PartitionKey::decode(partition)
-                                .ok_or_else(|| corrupt("event log partition"))?,
-                        ),
-                        false => None,
-                    })
-                });
-                match pending {
-                    Ok(Some(partition)) => events.push(PendingEvent {
-                        seq: *seq,
-                        partition,
-                        at,
-                    }),
-                    Ok(None) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        return ControlFlow::Break(());
-                    }
+                if let Err(e) = visit(at, *seq, partition) {
+                    failed = Some(e);
+                    return ControlFlow::Break(());
                 }
             }
             ControlFlow::Continue(())
@@ -839,13 +829,17 @@ impl Store {
         }
     }
 
-    /// Whether a stored event is still to fold.
-    pub fn is_pending(&self, record: &EventRecord) -> Result<bool, StoreError> {
-        let Some((_, _, at)) = self.locate_event(record.id.as_str())? else {
-            return Ok(false);
+    /// The stored event of an id (as [`event_by_id`](Store::event_by_id)), and whether it is
+    /// still to fold.
+    pub fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError> {
+        let Some((frame, i, at)) = self.locate_event(id.as_str())? else {
+            return Ok(None);
         };
+        let record = EventRecord::from_log(&frame, i)?;
         let mut marks = Marks::default();
-        marks.is_pending(self, &self.fold_from()?, at, &record.partition, record.seq)
+        let pending =
+            marks.is_pending(self, self.fold_from()?, at, &record.partition, record.seq)?;
+        Ok(Some((record, pending)))
     }
 
     /// The stored event of an id, while its segment is in the dedupe window.
@@ -899,7 +893,7 @@ impl Store {
         let fold_from = self.fold_from()?;
         let mut visit = |at, record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
             for (i, (seq, partition)) in record.seqs.iter().zip(&record.partitions).enumerate() {
-                let pending = marks.is_pending(self, &fold_from, at, partition, *seq)?;
+                let pending = marks.is_pending(self, fold_from, at, partition, *seq)?;
                 if f(EventRecord::from_log(&record, i)?, pending).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
@@ -1099,10 +1093,10 @@ impl Store {
             timers: timer_writes,
             queue: queue_fold.writes()?,
             outbox: outbox::pending_rows(&out.outbox)?,
-            conversations: owned(encoded(&convs)?),
-            end_users: owned(encoded(&users)?),
+            conversations: encoded(&convs)?,
+            end_users: encoded(&users)?,
             index_entries,
-            bots: owned(encoded(&bots)?),
+            bots: encoded(&bots)?,
         };
         let store = self.clone();
         self.committer.run(move || store.commit_fold(&writes))?;
@@ -1504,18 +1498,11 @@ struct FoldWrites {
     bots: Vec<(String, Vec<u8>)>,
 }
 
-fn owned(encoded: Vec<(&str, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
-    encoded
-        .into_iter()
-        .map(|(id, bytes)| (id.to_owned(), bytes))
-        .collect()
-}
-
 /// Each cached record, encoded for writing.
-fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(&str, Vec<u8>)>, StoreError> {
+fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
     cache
         .iter()
-        .map(|(id, state)| Ok((id.as_str(), encode(state)?)))
+        .map(|(id, state)| Ok((id.clone(), encode(state)?)))
         .collect()
 }
 
