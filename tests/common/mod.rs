@@ -196,10 +196,16 @@ impl TestApp {
         (status, resp.body_mut().read_to_string().unwrap_or_default())
     }
 
+    /// The full URL of an admin API path (`/admin/v1/...`) or `/metrics`: tests reach the admin
+    /// endpoints only through this (and the helpers that use it), never through `base`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     pub fn admin_get(&self, path: &str) -> (u16, Value) {
         let mut resp = self
             .agent
-            .get(format!("{}{path}", self.base))
+            .get(self.admin_url(path))
             .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
             .call()
             .expect("GET");
@@ -220,7 +226,12 @@ impl TestApp {
     /// Scrape one metric sample, `None` when it is not published (to tell a gauge at 0 from a
     /// missing one).
     pub fn metric_sample(&self, sample: &str) -> Option<f64> {
-        let (_, text) = self.get("/metrics");
+        let mut resp = self
+            .agent
+            .get(self.admin_url("/metrics"))
+            .call()
+            .expect("GET /metrics");
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
         text.lines()
             .find_map(|l| {
                 l.strip_prefix(sample)
@@ -322,7 +333,7 @@ impl TestApp {
     pub fn admin_post(&self, path: &str) -> (u16, Value) {
         let mut resp = self
             .agent
-            .post(format!("{}{path}", self.base))
+            .post(self.admin_url(path))
             .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
             .send_empty()
             .expect("POST");
@@ -347,7 +358,7 @@ impl TestApp {
         let fired = self.metric("handoff_timers_fired_total");
         let mut resp = self
             .agent
-            .post(format!("{}/admin/v1/clock/advance", self.base))
+            .post(self.admin_url("/admin/v1/clock/advance"))
             .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
             .header("content-type", "application/json")
             .send(serde_json::json!({ "by": by }).to_string())
