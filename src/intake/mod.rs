@@ -6,6 +6,7 @@
 //! webhook loses every later event.
 
 pub mod auth;
+pub mod scrub;
 
 use crate::app::Shared;
 use crate::http_error::ApiError;
@@ -150,6 +151,8 @@ async fn handle(
         }
     };
 
+    // Nothing of the body is stored, logged or parsed before its webhook tokens are replaced.
+    let body = shared.scrubber.scrub(&body);
     let content_type = req.content_type().to_owned();
     let now = crate::clock::now_millis();
     let parsed = if is_json(&content_type) {
