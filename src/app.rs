@@ -130,6 +130,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
+    if let Some(mode) = data.loose_mode() {
+        tracing::warn!(
+            data_dir = %data.root().display(),
+            mode = format_args!("{mode:o}"),
+            "the data directory is readable by others than its owner (it holds message texts and \
+             secrets): chmod 700 it"
+        );
+    }
     // The store first: one that cannot be opened (in use, corrupt) stops the start before a
     // generated secret is written next to it.
     // Opened on a thread at the fold's priority: sled starts its I/O threads and its log flusher
@@ -161,8 +169,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             .iter()
             .chain(generated.iter())
             .map(crate::config::Secret::expose),
-    )
-    ?;
+    )?;
     let admin_token = if config.admin.token.is_empty() {
         data.secret(ADMIN_TOKEN_FILE).map_err(io_err)?.0
     } else {

@@ -50,6 +50,14 @@ impl DataDir {
         }
     }
 
+    /// The data directory's mode when others than its owner may enter or read it (an existing
+    /// directory keeps the mode it was given: the operator is told instead).
+    pub fn loose_mode(&self) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&self.root).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then_some(mode)
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -45,7 +45,9 @@ fn unescape(bytes: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'u') {
-            let hex = bytes.get(i + 2..i + 6).and_then(|h| std::str::from_utf8(h).ok());
+            let hex = bytes
+                .get(i + 2..i + 6)
+                .and_then(|h| std::str::from_utf8(h).ok());
             if let Some(b) = hex
                 .and_then(|h| u16::from_str_radix(h, 16).ok())
                 .filter(|c| *c < 0x80)
@@ -129,7 +131,10 @@ fn assert_clean(what: &str, text: &[u8]) {
 
 #[test]
 fn the_detector_finds_the_token_in_every_encoding_it_checks() {
-    let body = format!(r#"{{"u":"https:\/\/h\/webhook\/{}"}}"#, json_escaped(WEBHOOK_TOKEN));
+    let body = format!(
+        r#"{{"u":"https:\/\/h\/webhook\/{}"}}"#,
+        json_escaped(WEBHOOK_TOKEN)
+    );
     let encoded = base64::engine::general_purpose::STANDARD.encode(body.as_bytes());
     let record = format!(r#"{{"id":3,"body_base64":"{encoded}"}}"#);
     let percent: String = WEBHOOK_TOKEN.bytes().map(|b| format!("%{b:02x}")).collect();
@@ -166,10 +171,18 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
     // A valid delivery, the tokens in its URL and in a message text.
     let valid = envelope("d-valid", &path_url, &[event("e-1", conv, &all)]);
     let (status, answer) = app.post(valid.as_bytes());
-    assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")), "{answer}");
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
     // The same delivery again: a duplicate (dedupe is unchanged by scrubbing).
     let (status, answer) = app.post(valid.as_bytes());
-    assert_eq!((status, answer["status"].as_str()), (200, Some("duplicate")), "{answer}");
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("duplicate")),
+        "{answer}"
+    );
     // The same event in a new delivery: still a duplicate event.
     let again = envelope("d-again", &path_url, &[event("e-1", conv, &all)]);
     let (_, answer) = app.post(again.as_bytes());
@@ -187,7 +200,11 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
     );
     let query_url = format!("{}/webhook/closer?token={OTHER_TOKEN}", app.base);
     let (status, answer) = app.post_to(&query_url, escaped.as_bytes(), Some("application/json"));
-    assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")), "{answer}");
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
     // Percent-encoded in the URL, and an invalid event beside a valid one (quarantined alone).
     let percent: String = WEBHOOK_TOKEN.bytes().map(|b| format!("%{b:02X}")).collect();
     let mut invalid = event("e-bad", conv, &all);
@@ -234,7 +251,10 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
         shown.push_str(&cli);
     }
     assert_clean("the quarantine records", shown.as_bytes());
-    assert!(shown.contains(MARKER), "bodies kept, tokens marked: {shown}");
+    assert!(
+        shown.contains(MARKER),
+        "bodies kept, tokens marked: {shown}"
+    );
     for event_id in ["e-1", "e-2", "e-3"] {
         let (status, body) = app.admin_get(&format!("/admin/v1/events/{event_id}"));
         assert_eq!(status, 200, "{event_id}: {body}");
@@ -262,7 +282,9 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
     }
     let stored = files(&data, &["webhook_token", "admin_token"]);
     assert!(
-        stored.iter().any(|p| p.extension().is_some_and(|e| e == "log")),
+        stored
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "log")),
         "the event log is walked: {stored:?}"
     );
     for path in &stored {
@@ -280,7 +302,10 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
         "{copied:?}"
     );
     for path in copied {
-        assert_clean(&path.display().to_string(), &std::fs::read(&path).expect("read"));
+        assert_clean(
+            &path.display().to_string(),
+            &std::fs::read(&path).expect("read"),
+        );
     }
 }
 
@@ -366,7 +391,12 @@ fn everything_written_is_owner_only_whatever_the_umask() {
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .call()
         .expect("drained");
-    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.body_mut().read_to_string());
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{:?}",
+        resp.body_mut().read_to_string()
+    );
     drop(lines);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
@@ -382,7 +412,10 @@ fn everything_written_is_owner_only_whatever_the_umask() {
     assert!(backup.status.success(), "{backup:?}");
 
     let seen = assert_owner_only(&tmp.path().join("var"));
-    assert!(seen >= 8, "the store, its log and secrets were walked ({seen} entries)");
+    assert!(
+        seen >= 8,
+        "the store, its log and secrets were walked ({seen} entries)"
+    );
     assert!(data.join("webhook_token").exists() && data.join("store").join("db").exists());
     assert_owner_only(&out);
     assert!(out.join("sled.dump").exists());

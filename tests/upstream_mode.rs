@@ -66,7 +66,10 @@ fn assert_refused(what: &str, out: &Output) {
         .find(|l| l.contains("upstream.url"))
         .unwrap_or_else(|| panic!("{what}: no line names upstream.url:\n{err}"));
     assert!(line.contains("API key"), "{what}: {line}");
-    assert!(!err.contains(KEY) && !stdout.contains(KEY), "{what} shows the key");
+    assert!(
+        !err.contains(KEY) && !stdout.contains(KEY),
+        "{what} shows the key"
+    );
 }
 
 #[test]
@@ -78,9 +81,14 @@ fn an_api_key_without_a_url_is_refused_by_serve_and_check() {
     std::fs::write(&key_file, format!("{KEY}\n")).expect("key file");
     let file = file.to_str().expect("utf8").to_owned();
     let key_file = key_file.to_str().expect("utf8").to_owned();
-    let cases: [(&str, Vec<&str>, Vec<(&str, &str)>); 3] = [
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>);
+    let cases: [Case; 3] = [
         ("config file", vec!["--config", &file], vec![]),
-        ("env", vec![], vec![("HANDOFF_BRIDGE_UPSTREAM_API_KEY", KEY)]),
+        (
+            "env",
+            vec![],
+            vec![("HANDOFF_BRIDGE_UPSTREAM_API_KEY", KEY)],
+        ),
         (
             "api_key_file",
             vec![],
@@ -94,7 +102,10 @@ fn an_api_key_without_a_url_is_refused_by_serve_and_check() {
         let data = tmp.path().join(format!("data-{i}"));
         let out = serve_output(&data, args, env);
         assert_refused(&format!("serve ({what})"), &out);
-        assert!(!data.exists(), "serve ({what}) touched nothing before refusing");
+        assert!(
+            !data.exists(),
+            "serve ({what}) touched nothing before refusing"
+        );
     }
 }
 
@@ -171,7 +182,10 @@ fn no_configuration_runs_the_embedded_emulator_and_says_so_loudly() {
             .any(|l| l.starts_with("WARNING") && l.contains("not the real service")),
         "{banner}"
     );
-    assert!(banner.contains("upstream: embedded emulator at http://127.0.0.1:"), "{banner}");
+    assert!(
+        banner.contains("upstream: embedded emulator at http://127.0.0.1:"),
+        "{banner}"
+    );
     let ready = readyz(&daemon.base);
     assert_eq!(ready["checks"]["upstream"]["mode"], "embedded", "{ready}");
     drop(daemon);
@@ -219,7 +233,10 @@ fn embedded_asked_for_runs_even_with_a_key() {
     let out = run(&["check", "--config", file.to_str().expect("utf8")], &[]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("url = \"embedded\"") && !text.contains(KEY), "{text}");
+    assert!(
+        text.contains("url = \"embedded\"") && !text.contains(KEY),
+        "{text}"
+    );
 }
 
 /// A standalone emulator, the service the remote mode talks to.

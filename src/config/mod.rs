@@ -892,7 +892,9 @@ pub fn mask_url(url: &str) -> String {
         },
         None => authority.to_owned(),
     };
-    let (before_fragment, fragment) = tail.split_once('#').map_or((tail, None), |(a, f)| (a, Some(f)));
+    let (before_fragment, fragment) = tail
+        .split_once('#')
+        .map_or((tail, None), |(a, f)| (a, Some(f)));
     let tail = match before_fragment.split_once('?') {
         Some((path, query)) => {
             let query: Vec<String> = query
@@ -916,8 +918,17 @@ pub fn mask_url(url: &str) -> String {
 fn secret_name(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     [
-        "token", "key", "secret", "password", "passwd", "pwd", "auth", "signature", "sig",
-        "credential", "session",
+        "token",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "auth",
+        "signature",
+        "sig",
+        "credential",
+        "session",
     ]
     .iter()
     .any(|word| name.contains(word))

@@ -36,10 +36,17 @@ fn an_api_key_without_a_url_is_refused_naming_upstream_url() {
     std::fs::write(&key_file, "from-a-file-0123456789\n").expect("write");
     let key_file = key_file.display().to_string();
     let (_d, file) = write("[upstream]\napi_key = \"in-the-file-0123456789\"\n");
-    let cases: [(Option<&Path>, Vec<(&str, &str)>); 3] = [
+    type Case<'a> = (Option<&'a Path>, Vec<(&'a str, &'a str)>);
+    let cases: [Case; 3] = [
         (Some(&file), vec![]),
-        (None, vec![("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "in-the-env-0123456789")]),
-        (None, vec![("HANDOFF_BRIDGE__UPSTREAM__API_KEY_FILE", key_file.as_str())]),
+        (
+            None,
+            vec![("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "in-the-env-0123456789")],
+        ),
+        (
+            None,
+            vec![("HANDOFF_BRIDGE__UPSTREAM__API_KEY_FILE", key_file.as_str())],
+        ),
     ];
     for (file, pairs) in cases {
         let err = load(file, &pairs).expect_err("refused");
@@ -69,8 +76,11 @@ fn embedded_asked_for_or_a_url_is_accepted_with_a_key() {
     )
     .expect("--upstream embedded");
     assert_eq!(c.upstream.mode(), "embedded");
-    let c = load(None, &[key, ("HANDOFF_BRIDGE_UPSTREAM_URL", "http://10.0.0.1:9000")])
-        .expect("remote");
+    let c = load(
+        None,
+        &[key, ("HANDOFF_BRIDGE_UPSTREAM_URL", "http://10.0.0.1:9000")],
+    )
+    .expect("remote");
     assert_eq!(c.upstream.mode(), "remote");
 }
 
@@ -81,12 +91,18 @@ fn credentials_in_urls_are_masked() {
             "http://user:s3cr3t@api.example.com/v1?x=1",
             "http://user:****@api.example.com/v1?x=1",
         ),
-        ("http://t0k3n@api.example.com", "http://****@api.example.com"),
+        (
+            "http://t0k3n@api.example.com",
+            "http://****@api.example.com",
+        ),
         (
             "http://api.example.com/v1?token=s3cr3t&page=2&api_key=s3cr3t&Secret=s3cr3t#f",
             "http://api.example.com/v1?token=****&page=2&api_key=****&Secret=****#f",
         ),
-        ("http://api.example.com:8080/v1", "http://api.example.com:8080/v1"),
+        (
+            "http://api.example.com:8080/v1",
+            "http://api.example.com:8080/v1",
+        ),
         ("embedded", "embedded"),
     ];
     for (url, masked) in cases {
@@ -102,15 +118,24 @@ fn credentials_in_urls_are_masked() {
     .expect("valid");
     let shown = c.to_masked_toml();
     assert!(!shown.contains("s3cr3t"), "{shown}");
-    assert!(shown.contains("http://user:****@127.0.0.1:9/v1?token=****"), "{shown}");
+    assert!(
+        shown.contains("http://user:****@127.0.0.1:9/v1?token=****"),
+        "{shown}"
+    );
     // An invalid one is reported masked too.
     let err = load(
         None,
-        &[("HANDOFF_BRIDGE_UPSTREAM_URL", "ftp://user:s3cr3t@host/?key=s3cr3t")],
+        &[(
+            "HANDOFF_BRIDGE_UPSTREAM_URL",
+            "ftp://user:s3cr3t@host/?key=s3cr3t",
+        )],
     )
     .expect_err("not http");
     let text = err.to_string();
-    assert!(text.contains("upstream.url") && !text.contains("s3cr3t"), "{text}");
+    assert!(
+        text.contains("upstream.url") && !text.contains("s3cr3t"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -118,8 +143,11 @@ fn a_mistyped_key_never_echoes_its_value() {
     let (_d, file) = write(
         "[upstream]\napikey = \"s3cr3t-value\"\n[admin]\ntokn = \"s3cr3t-admin\"\n[upstraem]\napi_key = \"s3cr3t-section\"\n",
     );
-    let err = load(Some(&file), &[("HANDOFF_BRIDGE__UPSTREAM__APIKEY", "s3cr3t-env")])
-        .expect_err("unknown keys");
+    let err = load(
+        Some(&file),
+        &[("HANDOFF_BRIDGE__UPSTREAM__APIKEY", "s3cr3t-env")],
+    )
+    .expect_err("unknown keys");
     let text = err.to_string();
     for key in ["upstream.apikey", "admin.tokn", "upstraem"] {
         assert!(text.contains(key), "{key} named: {text}");

@@ -158,10 +158,7 @@ mod tests {
         s.chars()
             .map(|c| {
                 let hex = format!("{:04x}", c as u32);
-                format!(
-                    "\\u{}",
-                    if upper { hex.to_uppercase() } else { hex }
-                )
+                format!("\\u{}", if upper { hex.to_uppercase() } else { hex })
             })
             .collect()
     }
@@ -234,7 +231,10 @@ mod tests {
     #[test]
     fn a_token_that_prefixes_another_leaves_no_tail() {
         let long = format!("{TOKEN}-longer");
-        assert_eq!(scrub(&[TOKEN, &long], &format!("a {long} b")), format!("a {MARKER} b"));
+        assert_eq!(
+            scrub(&[TOKEN, &long], &format!("a {long} b")),
+            format!("a {MARKER} b")
+        );
     }
 
     #[test]
@@ -266,7 +266,10 @@ mod tests {
         assert!(matches!(s.scrub(body), Cow::Borrowed(b) if b == body));
         let none = Scrubber::new(["", ""]).expect("scrubber");
         assert!(!none.is_active());
-        assert!(matches!(none.scrub(b"anything"), Cow::Borrowed(b"anything")));
+        assert!(matches!(
+            none.scrub(b"anything"),
+            Cow::Borrowed(b"anything")
+        ));
     }
 
     #[test]

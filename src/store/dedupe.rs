@@ -28,8 +28,8 @@
 use super::eventlog::{self, Location};
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::ops::ControlFlow;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const IDS_MAGIC: &[u8; 8] = b"HBIDS\x00\x00\x01";

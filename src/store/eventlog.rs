@@ -21,8 +21,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::ops::ControlFlow;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Frames larger than this are treated as corruption (a delivery is at most the body limit).
