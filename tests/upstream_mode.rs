@@ -1,7 +1,8 @@
 //! Issue 19, "the upstream is never silently the fake": an API key without `upstream.url` is
 //! refused by `serve` and `check`; the embedded emulator runs only when nothing is configured or
 //! when asked for; `/readyz`, `handoff_upstream_info` and the banner say which upstream runs; and
-//! credentials inside `upstream.url` are masked wherever it is shown.
+//! credentials inside `upstream.url` are masked wherever it is shown, and a mistyped key's value is
+//! never echoed.
 
 mod common;
 use common::*;
@@ -337,5 +338,34 @@ fn a_remote_upstream_is_reported_and_its_url_credentials_are_masked() {
         for secret in ["pa55w0rd-in-url", "t0k3n-in-url", KEY] {
             assert!(!shown.contains(secret), "{secret} shown in: {shown}");
         }
+    }
+}
+
+#[test]
+fn a_mistyped_secret_key_is_named_by_check_and_serve_never_echoed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("bridge.toml");
+    std::fs::write(
+        &file,
+        "[upstream]\napikey = \"s3cr3t-in-file\"\n[admin]\ntokn = \"s3cr3t-admin-tokn\"\n",
+    )
+    .expect("config");
+    let file = file.to_str().expect("utf8");
+    let env = [("HANDOFF_BRIDGE__UPSTREAM__APIKEY", "s3cr3t-in-env")];
+    let check = run(&["check", "--config", file], &env);
+    let data = tmp.path().join("data");
+    let serve = serve_output(&data, &["--config", file], &env);
+    for (what, out) in [("check", check), ("serve", serve)] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        for key in [
+            "upstream.apikey",
+            "admin.tokn",
+            "HANDOFF_BRIDGE__UPSTREAM__APIKEY",
+        ] {
+            assert!(err.contains(key), "{what} names {key}: {err}");
+        }
+        let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
+        assert!(!all.contains("s3cr3t"), "{what} echoes a value: {all}");
     }
 }

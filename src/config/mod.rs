@@ -985,10 +985,11 @@ fn scrub_secret_values(message: &str) -> String {
 }
 
 fn shown(path: &str, value: &toml::Value) -> String {
-    if SECRET_KEYS
-        .iter()
-        .any(|k| path == *k || path.starts_with(&format!("{k}.")))
-    {
+    // A secret's key, a key inside one, or a section holding one given as a value
+    // (`upstream = "..."`).
+    if SECRET_KEYS.iter().any(|k| {
+        path == *k || path.starts_with(&format!("{k}.")) || k.starts_with(&format!("{path}."))
+    }) {
         "****".into()
     } else {
         short(value)

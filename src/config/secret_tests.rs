@@ -157,6 +157,16 @@ fn a_mistyped_key_never_echoes_its_value() {
 }
 
 #[test]
+fn a_section_given_as_a_value_is_not_echoed() {
+    let (_d, file) = write("upstream = \"s3cr3t-as-section\"\n");
+    let text = load(Some(&file), &[]).expect_err("wrong type").to_string();
+    assert!(
+        text.contains("upstream") && !text.contains("s3cr3t"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_toml_syntax_error_does_not_quote_the_line() {
     let (_d, file) = write("[upstream]\napi_key = s3cr3t-unquoted\n");
     let err = load(Some(&file), &[]).expect_err("syntax");
