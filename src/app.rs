@@ -162,14 +162,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         (config.webhook.tokens.clone(), false)
     };
     // Every token a delivery may carry: the ones in force, and a generated one left in the data
-    // directory (from before tokens were configured).
-    let generated = data.read_secret(WEBHOOK_TOKEN_FILE);
-    let scrubber = crate::intake::scrub::Scrubber::new(
-        webhook_token
-            .iter()
-            .chain(generated.iter())
-            .map(crate::config::Secret::expose),
-    )?;
+    // directory (from before tokens were configured). Read after the generation above.
+    let scrubber = crate::intake::scrub::Scrubber::configured(&config)?;
     let admin_token = if config.admin.token.is_empty() {
         data.secret(ADMIN_TOKEN_FILE).map_err(io_err)?.0
     } else {

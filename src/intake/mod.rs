@@ -400,15 +400,17 @@ pub enum Reprocess {
 /// Step 1 of re-processing quarantine record `id` (`None`: no such record). Step 2 stores the job:
 /// through the writer in the daemon ([`crate::store::Writer::accept`]), else with
 /// [`Store::accept_many`] (offline: no writer may run beside it). Step 3 is [`finish_reprocess`].
+/// The body is scrubbed again: a record stored by an older build may still hold a token.
 pub fn prepare_reprocess(
     store: &Store,
     id: u64,
     now: i64,
+    scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocess>, StoreError> {
     let Some(record) = store.quarantined_one(id)? else {
         return Ok(None);
     };
-    let body = record.body()?;
+    let body = scrubber.scrub(&record.body()?).into_owned();
     let still_invalid = |detail: String| {
         Reprocess::StillInvalid(Reprocessed {
             quarantine_id: id,
@@ -480,8 +482,9 @@ pub fn reprocess_offline(
     store: &Store,
     id: u64,
     now: i64,
+    scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocessed>, StoreError> {
-    match prepare_reprocess(store, id, now)? {
+    match prepare_reprocess(store, id, now, scrubber)? {
         None => Ok(None),
         Some(Reprocess::StillInvalid(out)) => Ok(Some(out)),
         Some(Reprocess::Accept(job, kinds)) => {

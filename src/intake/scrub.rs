@@ -74,6 +74,22 @@ impl Scrubber {
         }
     }
 
+    /// A scrubber for every webhook token of this configuration: `webhook.tokens`, and the
+    /// generated one in the data directory if there is one (kept after tokens were configured,
+    /// deliveries may still carry it).
+    pub fn configured(config: &crate::config::Config) -> Result<Scrubber, regex::Error> {
+        let data = crate::datadir::DataDir::new(&config.store.data_dir);
+        let generated = data.read_secret(crate::datadir::WEBHOOK_TOKEN_FILE);
+        Scrubber::new(
+            config
+                .webhook
+                .tokens
+                .iter()
+                .chain(generated.iter())
+                .map(crate::config::Secret::expose),
+        )
+    }
+
     /// Whether any token is known.
     pub fn is_active(&self) -> bool {
         self.pattern.is_some()
@@ -270,6 +286,36 @@ mod tests {
             none.scrub(b"anything"),
             Cow::Borrowed(b"anything")
         ));
+    }
+
+    #[test]
+    fn a_body_quarantined_by_an_older_build_is_scrubbed_when_reprocessed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            crate::store::Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let body = format!(
+            r#"{{"id":"d-old","webhookId":"w","webhookUrl":"https://h/webhook/{TOKEN}","messages":[{{"id":"e-old","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-1","conversationId":"c-1","isUser":true,"meta":null,"data":{{"type":"text","text":"my hook: {TOKEN}"}}}}}}}}]}}"#
+        );
+        let record = crate::store::QuarantineRecord::new(
+            "delivery",
+            "invalid_format",
+            "stored before scrubbing",
+            body.as_bytes(),
+            1,
+        );
+        let id = store.quarantine(record).expect("quarantine");
+        let scrubber = Scrubber::new([TOKEN]).expect("scrubber");
+        let out = crate::intake::reprocess_offline(&store, id, 2, &scrubber)
+            .expect("reprocess")
+            .expect("record");
+        assert_eq!((out.status.as_str(), out.accepted), ("accepted", 1));
+        let (event, _) = store
+            .event_status(&crate::ids::EventId::new("e-old"))
+            .expect("read")
+            .expect("stored");
+        let text = event.event.get();
+        assert!(!text.contains(TOKEN), "{text}");
+        assert!(text.contains(&format!("my hook: {MARKER}")), "{text}");
     }
 
     #[test]
