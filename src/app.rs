@@ -24,6 +24,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub webhook_tokens: TokenSet,
     pub webhook_cidrs: CidrList,
+    /// Replaces every known webhook token in a body before it is stored (`intake::scrub`).
+    pub scrubber: crate::intake::scrub::Scrubber,
     pub admin_tokens: TokenSet,
     pub admin_cidrs: CidrList,
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
@@ -61,6 +63,8 @@ pub enum AppError {
     Server(std::io::Error),
     #[error("upstream: {0}")]
     Upstream(String),
+    #[error("webhook tokens: {0}")]
+    Tokens(#[from] regex::Error),
     #[error("rules: {0}")]
     Rules(#[from] crate::rules::LoadError),
     #[error("cannot start thread {name}: {source}")]
@@ -126,6 +130,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
+    if let Some(mode) = data.loose_mode() {
+        tracing::warn!(
+            data_dir = %data.root().display(),
+            mode = format_args!("{mode:o}"),
+            "the data directory is readable by others than its owner (it holds message texts and \
+             secrets): chmod 700 it"
+        );
+    }
     // The store first: one that cannot be opened (in use, corrupt) stops the start before a
     // generated secret is written next to it.
     // Opened on a thread at the fold's priority: sled starts its I/O threads and its log flusher
@@ -149,6 +161,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     } else {
         (config.webhook.tokens.clone(), false)
     };
+    // Every token a delivery may carry: the ones in force, and a generated one left in the data
+    // directory (from before tokens were configured). Read after the generation above.
+    let scrubber = crate::intake::scrub::Scrubber::configured(&config)?;
     let admin_token = if config.admin.token.is_empty() {
         data.secret(ADMIN_TOKEN_FILE).map_err(io_err)?.0
     } else {
@@ -174,6 +189,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream::start(&config, &metrics)?;
+    metrics
+        .upstream_info
+        .with_label_values(&[config.upstream.mode()])
+        .set(1);
     let mut helpdesk =
         crate::helpdesk::Helpdesk::start(&config.helpdesk).map_err(AppError::Upstream)?;
     // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
@@ -261,6 +280,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics,
         webhook_tokens: TokenSet::new(webhook_token.clone()),
         webhook_cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
+        scrubber,
         admin_tokens: TokenSet::new(vec![admin_token]),
         admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
         test_clock: config.admin.test_clock,
@@ -340,7 +360,21 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
                 window: Duration::from_millis(50),
             },
         );
+        // Loud: a bridge that talks to the fake reaches no real user.
+        println!(
+            "WARNING: the upstream is the embedded emulator, not the real service: no message \
+             reaches a real user (set upstream.url to the service's Open API for production)"
+        );
+        tracing::warn!(
+            addr = %embedded.addr,
+            "upstream is the embedded emulator, not the real service"
+        );
         println!("upstream: embedded emulator at http://{}", embedded.addr);
+    }
+    if upstream.emulator.is_none() {
+        let url = crate::config::mask_url(&config.upstream.url);
+        println!("upstream: remote {url}");
+        tracing::info!(%url, "upstream is the service's Open API");
     }
     // Machine-readable start line on stdout, printed last: tests and scripts wait for it.
     {
@@ -348,7 +382,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         use std::io::Write as _;
         let _ = writeln!(std::io::stdout(), "listening: http://{bound}");
     }
-    tracing::info!(%bound, data_dir = %data.root().display(), "handoff-bridge started");
+    tracing::info!(%bound, data_dir = %data.root().display(), upstream = config.upstream.mode(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);
     let server_result = tokio::select! {

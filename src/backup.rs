@@ -271,7 +271,11 @@ fn build_store(from: &Path, staging: &Path) -> Result<(), BackupError> {
     let mut input = BufReader::new(File::open(&dump).map_err(|e| io_error(&dump, &e))?);
     store::backup::import_sled(staging, &mut input)?;
     let log_dir = store::backup::log_dir(staging);
-    std::fs::create_dir_all(&log_dir).map_err(|e| io_error(&log_dir, &e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&log_dir)
+        .map_err(|e| io_error(&log_dir, &e))?;
     if let Ok(entries) = std::fs::read_dir(from.join(EVENTS)) {
         for e in entries {
             let e = e.map_err(|e| io_error(&from.join(EVENTS), &e))?;

@@ -571,6 +571,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             return Err(CliError::Usage("give a quarantine id or --all".into()))
                         }
                     };
+                    let scrubber = crate::intake::scrub::Scrubber::configured(&config)
+                        .map_err(|e| CliError::Usage(format!("webhook tokens: {e}")))?;
                     let mut results = Vec::new();
                     for id in ids {
                         let value = read(
@@ -582,6 +584,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                                     store,
                                     id,
                                     crate::clock::now_millis(),
+                                    &scrubber,
                                 )?;
                                 store.flush()?;
                                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))

@@ -12,7 +12,7 @@ use crate::config::Secret;
 use rand::distr::{Alphanumeric, SampleString};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 pub struct DataDir {
@@ -33,16 +33,29 @@ impl DataDir {
         }
     }
 
-    /// Create the directory if needed. A path that is something else (a file) is refused with
-    /// that reason, not the bare `File exists` of `mkdir`.
+    /// Create the directory if needed, owner-only (0700, parents too) whatever the umask. A path
+    /// that is something else (a file) is refused with that reason, not the bare `File exists`
+    /// of `mkdir`. An existing directory keeps its mode (the operator chose it).
     pub fn create(&self) -> std::io::Result<()> {
         match std::fs::metadata(&self.root) {
             Ok(meta) if !meta.is_dir() => Err(std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
                 "exists and is not a directory",
             )),
-            _ => std::fs::create_dir_all(&self.root),
+            Ok(_) => Ok(()),
+            Err(_) => std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.root),
         }
+    }
+
+    /// The data directory's mode when others than its owner may enter or read it (an existing
+    /// directory keeps the mode it was given: the operator is told instead).
+    pub fn loose_mode(&self) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&self.root).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then_some(mode)
     }
 
     pub fn root(&self) -> &Path {
@@ -90,7 +103,14 @@ impl DataDir {
 
     pub fn write_daemon_info(&self, info: &DaemonInfo) -> std::io::Result<()> {
         let tmp = self.root.join("daemon.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(info).unwrap_or_default())?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&serde_json::to_vec(info).unwrap_or_default())?;
+        drop(file);
         std::fs::rename(tmp, self.daemon_file())
     }
 
@@ -102,6 +122,13 @@ impl DataDir {
     pub fn remove_daemon_info(&self) {
         let _ = std::fs::remove_file(self.daemon_file());
     }
+}
+
+/// Set the process umask to 0077: files the process creates (sled's included) are 0600 and
+/// directories 0700, whatever the umask it was started with.
+pub fn private_umask() {
+    use nix::sys::stat::{umask, Mode};
+    umask(Mode::S_IRWXG | Mode::S_IRWXO);
 }
 
 pub const WEBHOOK_TOKEN_FILE: &str = "webhook_token";

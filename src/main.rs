@@ -11,6 +11,9 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Everything the daemon and the CLI create (the store, sled's own files, the event log,
+    // backups, generated secrets) is owner-only, whatever umask it was started with.
+    handoff_bridge::datadir::private_umask();
     let cli = handoff_bridge::cli::Cli::parse();
     match handoff_bridge::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -153,6 +153,8 @@ fn the_upstream_key_stays_out_of_logs_journal_and_check_output() {
         Spawn {
             env: vec![
                 ("HANDOFF_BRIDGE_UPSTREAM_API_KEY".into(), key.into()),
+                // A key without a URL is refused: the emulator is asked for.
+                ("HANDOFF_BRIDGE_UPSTREAM_URL".into(), "embedded".into()),
                 ("RUST_LOG".into(), "debug".into()),
             ],
             ..Spawn::default()
@@ -182,7 +184,14 @@ fn the_upstream_key_stays_out_of_logs_journal_and_check_output() {
     let (_, journal) = app.admin_get("/admin/v1/emulator/journal");
     let journal = journal.to_string();
     assert!(journal.contains("/openapi/bot/B7f3a2c"));
-    let check = run(&["check"], &[("HANDOFF_BRIDGE_UPSTREAM_API_KEY", key)]);
+    let check = run(
+        &["check"],
+        &[
+            ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", key),
+            ("HANDOFF_BRIDGE_UPSTREAM_URL", "embedded"),
+        ],
+    );
+    assert!(check.status.success(), "{check:?}");
     let logs = app.terminate_and_logs();
     for (name, text) in [
         ("logs", logs),

@@ -1075,7 +1075,14 @@ fn a_dead_letter_retried_after_its_cause_is_fixed_takes_effect() {
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
         Spawn {
-            env: daemon_env(&rules, &[("HANDOFF_BRIDGE_UPSTREAM_API_KEY", KEY)]),
+            env: daemon_env(
+                &rules,
+                &[
+                    ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", KEY),
+                    // A key without a URL is refused: the emulator is asked for.
+                    ("HANDOFF_BRIDGE_UPSTREAM_URL", "embedded"),
+                ],
+            ),
             ..Spawn::default()
         },
     );

@@ -34,7 +34,10 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// `embedded` or an `http://` base address.
+    /// `embedded`, an `http://` base address, or empty: the embedded emulator, unless an API key
+    /// is configured (then the configuration is refused: production never silently gets the
+    /// fake). Shown with its credentials masked ([`mask_url`]).
+    #[serde(serialize_with = "serialize_masked_url")]
     pub url: String,
     pub api_key: Secret,
     pub api_key_file: String,
@@ -50,8 +53,19 @@ pub struct UpstreamConfig {
 }
 
 impl UpstreamConfig {
+    /// The embedded emulator: asked for (`embedded`), or no URL (the first-run default; refused
+    /// by `validate` when an API key is configured).
     pub fn is_embedded(&self) -> bool {
-        self.url == "embedded"
+        self.url == "embedded" || self.url.is_empty()
+    }
+
+    /// `embedded` or `remote`, for `/readyz`, the `handoff_upstream_info` gauge and the banner.
+    pub fn mode(&self) -> &'static str {
+        if self.is_embedded() {
+            "embedded"
+        } else {
+            "remote"
+        }
     }
 
     /// The key from `api_key`, else from `api_key_file` (first line).
@@ -311,7 +325,7 @@ impl Config {
             })?;
             let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Syntax {
                 path: path.display().to_string(),
-                message: e.to_string(),
+                message: syntax_message(&text, &e),
             })?;
             merge(&mut merged, table, &defaults, "", &mut problems);
         }
@@ -365,7 +379,7 @@ impl Config {
         }
         // Rejected values were not merged, so the table still has the right shape: check the
         // semantics too, and report everything together.
-        let config: Config = match merged.try_into() {
+        let mut config: Config = match merged.try_into() {
             Ok(c) => c,
             Err(e) => {
                 problems.push(Problem {
@@ -380,6 +394,10 @@ impl Config {
             problems.extend(more);
         }
         if problems.is_empty() {
+            // No URL and no API key: the first-run default, said explicitly from here on.
+            if config.upstream.url.is_empty() {
+                config.upstream.url = "embedded".into();
+            }
             Ok(config)
         } else {
             Err(ConfigError::Invalid(problems))
@@ -526,13 +544,22 @@ impl Config {
             bad("admin.token", &"****", "must be at least 16 characters");
         }
         let up = &self.upstream;
+        if up.url.is_empty() && (!up.api_key.is_empty() || !up.api_key_file.is_empty()) {
+            bad(
+                "upstream.url",
+                &"(not set)",
+                "an API key is configured (upstream.api_key, HANDOFF_BRIDGE_UPSTREAM_API_KEY or \
+                 upstream.api_key_file) but no upstream.url: set it to the service's Open API base \
+                 address, or to \"embedded\" to run the built-in emulator on purpose",
+            );
+        }
         if !(up.is_embedded() || up.url.starts_with("http://")) {
             let why = if up.url.starts_with("https://") {
                 "https is not built in yet: use an http:// address (e.g. a local TLS-terminating proxy)"
             } else {
                 "must be \"embedded\" or an http:// base address"
             };
-            bad("upstream.url", &up.url, why);
+            bad("upstream.url", &mask_url(&up.url), why);
         }
         if !up.api_key.is_empty() && !up.api_key_file.is_empty() {
             bad(
@@ -712,8 +739,9 @@ fn merge(
             format!("{prefix}.{key}")
         };
         let Some(default) = defaults.get(&key) else {
+            // Never its value: a mistyped key may be a secret's (`api_kye = "..."`).
             problems.push(Problem {
-                value: shown(&path, &value),
+                value: "(not shown)".into(),
                 key: path,
                 why: "unknown key".into(),
             });
@@ -834,6 +862,82 @@ fn set_path(
     }
 }
 
+/// A TOML syntax error without the source line `toml` quotes (the line may hold a secret): its
+/// place and its message.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let place = e.span().map(|span| {
+        let before = &text.as_bytes()[..span.start.min(text.len())];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+        format!("line {line}, column {column}: ")
+    });
+    format!("{}{}", place.unwrap_or_default(), e.message().trim())
+}
+
+/// `url` with its credentials masked: the userinfo's password (`user:****@`) and the values of
+/// query parameters whose name says secret (token, key, secret, password, auth, signature...).
+/// Text that is not a URL is returned as is.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest
+        .find(['/', '?', '#'])
+        .map_or((rest, ""), |i| rest.split_at(i));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:****@{host}"),
+            // A bare userinfo is a token as often as a user name.
+            None => format!("****@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let (before_fragment, fragment) = tail
+        .split_once('#')
+        .map_or((tail, None), |(a, f)| (a, Some(f)));
+    let tail = match before_fragment.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) if secret_name(name) && !value.is_empty() => {
+                        format!("{name}=****")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => before_fragment.to_owned(),
+    };
+    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+    format!("{scheme}://{authority}{tail}{fragment}")
+}
+
+/// A query parameter name that carries a credential.
+fn secret_name(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "token",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "auth",
+        "signature",
+        "sig",
+        "credential",
+        "session",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
+}
+
+fn serialize_masked_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&mask_url(url))
+}
+
 fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
@@ -881,10 +985,11 @@ fn scrub_secret_values(message: &str) -> String {
 }
 
 fn shown(path: &str, value: &toml::Value) -> String {
-    if SECRET_KEYS
-        .iter()
-        .any(|k| path == *k || path.starts_with(&format!("{k}.")))
-    {
+    // A secret's key, a key inside one, or a section holding one given as a value
+    // (`upstream = "..."`).
+    if SECRET_KEYS.iter().any(|k| {
+        path == *k || path.starts_with(&format!("{k}.")) || k.starts_with(&format!("{path}."))
+    }) {
         "****".into()
     } else {
         short(value)
@@ -905,3 +1010,6 @@ fn short(value: &toml::Value) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod secret_tests;

@@ -249,10 +249,14 @@ fn the_api_key_can_come_from_a_file() {
     let (_d, path) = write("file-key-abcdef\nignored\n");
     let c = Config::load_from(
         None,
-        env(&[(
-            "HANDOFF_BRIDGE__UPSTREAM__API_KEY_FILE",
-            path.to_str().expect("utf8"),
-        )]),
+        env(&[
+            (
+                "HANDOFF_BRIDGE__UPSTREAM__API_KEY_FILE",
+                path.to_str().expect("utf8"),
+            ),
+            // A key without a URL is refused (see secret_tests).
+            ("HANDOFF_BRIDGE_UPSTREAM_URL", "embedded"),
+        ]),
         &Overrides::default(),
     )
     .expect("load");

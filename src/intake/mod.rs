@@ -6,6 +6,7 @@
 //! webhook loses every later event.
 
 pub mod auth;
+pub mod scrub;
 
 use crate::app::Shared;
 use crate::http_error::ApiError;
@@ -150,6 +151,8 @@ async fn handle(
         }
     };
 
+    // Nothing of the body is stored, logged or parsed before its webhook tokens are replaced.
+    let body = shared.scrubber.scrub(&body);
     let content_type = req.content_type().to_owned();
     let now = crate::clock::now_millis();
     let parsed = if is_json(&content_type) {
@@ -397,15 +400,17 @@ pub enum Reprocess {
 /// Step 1 of re-processing quarantine record `id` (`None`: no such record). Step 2 stores the job:
 /// through the writer in the daemon ([`crate::store::Writer::accept`]), else with
 /// [`Store::accept_many`] (offline: no writer may run beside it). Step 3 is [`finish_reprocess`].
+/// The body is scrubbed again: a record stored by an older build may still hold a token.
 pub fn prepare_reprocess(
     store: &Store,
     id: u64,
     now: i64,
+    scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocess>, StoreError> {
     let Some(record) = store.quarantined_one(id)? else {
         return Ok(None);
     };
-    let body = record.body()?;
+    let body = scrubber.scrub(&record.body()?).into_owned();
     let still_invalid = |detail: String| {
         Reprocess::StillInvalid(Reprocessed {
             quarantine_id: id,
@@ -477,8 +482,9 @@ pub fn reprocess_offline(
     store: &Store,
     id: u64,
     now: i64,
+    scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocessed>, StoreError> {
-    match prepare_reprocess(store, id, now)? {
+    match prepare_reprocess(store, id, now, scrubber)? {
         None => Ok(None),
         Some(Reprocess::StillInvalid(out)) => Ok(Some(out)),
         Some(Reprocess::Accept(job, kinds)) => {

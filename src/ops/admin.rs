@@ -231,7 +231,8 @@ async fn quarantine_reprocess(
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
     let now = crate::clock::now_millis();
-    let prepared = crate::intake::prepare_reprocess(&shared.store, id, now).map_err(store_error)?;
+    let prepared = crate::intake::prepare_reprocess(&shared.store, id, now, &shared.scrubber)
+        .map_err(store_error)?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),

@@ -46,6 +46,8 @@ pub struct Metrics {
     /// Attempts to carry out an action, by action and outcome (`ok`, `http_<status>`, error kind).
     pub action_attempts: IntCounterVec,
     pub upstream_attempts: IntCounterVec,
+    /// 1 for the upstream in use: `mode="embedded"` (the built-in emulator) or `"remote"`.
+    pub upstream_info: IntGaugeVec,
     /// Help-desk delivery attempts by endpoint (its configured name, never its URL) and outcome
     /// (`delivered`, `http_<status>`, `connect`, `timeout`, `transport`).
     pub helpdesk_deliveries: IntCounterVec,
@@ -127,6 +129,14 @@ impl Metrics {
             &["endpoint", "status"],
         )?;
         registry.register(Box::new(upstream_attempts.clone()))?;
+        let upstream_info = IntGaugeVec::new(
+            Opts::new(
+                "upstream_info",
+                "1 for the Open API upstream in use: embedded (the built-in emulator) or remote",
+            ),
+            &["mode"],
+        )?;
+        registry.register(Box::new(upstream_info.clone()))?;
         let helpdesk_deliveries = IntCounterVec::new(
             Opts::new(
                 "helpdesk_deliveries_total",
@@ -206,6 +216,7 @@ impl Metrics {
             outbox_oldest_seconds,
             action_attempts,
             upstream_attempts,
+            upstream_info,
             helpdesk_deliveries,
             dead_letters: counter_vec(
                 "dead_letters_total",

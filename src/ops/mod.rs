@@ -38,6 +38,9 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
             "outbox_paused": shared.executor.is_paused(),
             "dispatch_paused": shared.dispatch.is_paused(),
             "rules_version": shared.rules.live.current().version(),
+            "upstream": {
+                "mode": if shared.emulator.is_some() { "embedded" } else { "remote" },
+            },
         }
     });
     if ready {

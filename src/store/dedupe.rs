@@ -29,6 +29,7 @@ use super::eventlog::{self, Location};
 use std::collections::HashMap;
 use std::io::Write;
 use std::ops::ControlFlow;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const IDS_MAGIC: &[u8; 8] = b"HBIDS\x00\x00\x01";
@@ -672,7 +673,12 @@ fn read_ids(path: &Path) -> Option<Sealed> {
 fn write_ids(dir: &Path, segment: u64, sealed: &Sealed) {
     let path = ids_path(dir, segment);
     let tmp = path.with_extension("ids.tmp");
-    let written = std::fs::File::create(&tmp)
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
         .and_then(|mut f| f.write_all(&sealed.encode()))
         .and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = written {

@@ -22,6 +22,7 @@ use serde_json::value::RawValue;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::ops::ControlFlow;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Frames larger than this are treated as corruption (a delivery is at most the body limit).
@@ -171,10 +172,15 @@ impl Appender {
     /// Open the log for appending: the newest segment, its torn tail (if any) cut off, or a first
     /// segment. Returns the appender and whether a torn tail was cut.
     pub fn open(dir: &Path, segment_bytes: u64) -> std::io::Result<(Appender, bool)> {
-        std::fs::create_dir_all(dir)?;
+        // Owner-only whatever the umask: the bodies are the conversations' messages.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
         let segment = segments(dir)?.last().copied().unwrap_or(1);
         let path = segment_path(dir, segment);
         let mut file = OpenOptions::new()
+            .mode(0o600)
             .create(true)
             .truncate(false)
             .read(true)
@@ -261,6 +267,7 @@ impl Appender {
     fn rotate(&mut self) -> std::io::Result<()> {
         let next = self.segment + 1;
         let file = OpenOptions::new()
+            .mode(0o600)
             .create(true)
             .truncate(true)
             .read(true)

@@ -713,8 +713,14 @@ impl Store {
     /// from one that has space again (see `writer::index_loop`).
     pub fn dir_takes_writes(&self) -> bool {
         use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let probe = self.log_dir.join(".write-probe");
-        let written = std::fs::File::create(&probe)
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&probe)
             .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
         let _ = std::fs::remove_file(&probe);
         written.is_ok()
