@@ -5,7 +5,7 @@
 //!   store/          sled database (state, folded marks, quarantine) and the event log
 //!   webhook_token   generated webhook token (0600), when none is configured
 //!   admin_token     generated admin token (0600), when none is configured
-//!   daemon.json     pid and bound address of the running daemon (removed on clean exit)
+//!   daemon.json     pid and bound addresses of the running daemon (removed on clean exit)
 //! ```
 
 use crate::config::Secret;
@@ -23,7 +23,19 @@ pub struct DataDir {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DaemonInfo {
     pub pid: u32,
+    /// The public listener (`server.listen`).
     pub listen: String,
+    /// Where the admin API is (`admin.listen`, or `listen` when that is empty). Absent in the
+    /// files of daemons from before the admin listener, which served it on `listen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+}
+
+impl DaemonInfo {
+    /// The admin API's address.
+    pub fn admin_addr(&self) -> &str {
+        self.admin.as_deref().unwrap_or(&self.listen)
+    }
 }
 
 impl DataDir {
@@ -102,6 +114,16 @@ impl DataDir {
     pub fn remove_daemon_info(&self) {
         let _ = std::fs::remove_file(self.daemon_file());
     }
+
+    /// The daemon recorded in `daemon.json`, if it still runs on this directory: its process is
+    /// alive and the store's lock is held. A file left by a daemon that died (or whose pid was
+    /// reused by another program) names nobody: the CLI must not send it the admin token.
+    pub fn running_daemon(&self) -> Option<DaemonInfo> {
+        let info = self.daemon_info()?;
+        let alive = i32::try_from(info.pid).is_ok_and(|pid| pid > 0)
+            && Path::new("/proc").join(info.pid.to_string()).exists();
+        (alive && crate::store::lock_is_held(&self.store_path())).then_some(info)
+    }
 }
 
 pub const WEBHOOK_TOKEN_FILE: &str = "webhook_token";
@@ -111,6 +133,44 @@ pub const ADMIN_TOKEN_FILE: &str = "admin_token";
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_older_daemon_json_without_the_admin_address_means_the_public_one() {
+        let old: DaemonInfo =
+            serde_json::from_str(r#"{"pid": 7, "listen": "127.0.0.1:8080"}"#).expect("old file");
+        assert_eq!(old.admin_addr(), "127.0.0.1:8080");
+        let new: DaemonInfo = serde_json::from_str(
+            r#"{"pid": 7, "listen": "127.0.0.1:8080", "admin": "127.0.0.1:8081"}"#,
+        )
+        .expect("new file");
+        assert_eq!(new.admin_addr(), "127.0.0.1:8081");
+    }
+
+    #[test]
+    fn a_recorded_daemon_counts_only_while_alive_and_holding_the_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::new(dir.path());
+        let info = DaemonInfo {
+            pid: std::process::id(),
+            listen: "127.0.0.1:1".into(),
+            admin: None,
+        };
+        data.write_daemon_info(&info).expect("write");
+        // Alive (this test), but nobody holds the store: not running.
+        assert_eq!(data.running_daemon(), None);
+        // A store locked by another open file description: this process's pid now counts.
+        std::fs::create_dir_all(data.store_path()).expect("store dir");
+        let db = std::fs::File::create(data.store_path().join("db")).expect("db");
+        fs2::FileExt::try_lock_exclusive(&db).expect("lock");
+        assert_eq!(data.running_daemon(), Some(info.clone()));
+        // A dead pid with the lock held by someone else: not running either.
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("reap");
+        data.write_daemon_info(&DaemonInfo { pid: dead, ..info })
+            .expect("write");
+        assert_eq!(data.running_daemon(), None);
+    }
 
     #[test]
     fn a_generated_secret_is_private_and_stable() {

@@ -50,6 +50,66 @@ pub(super) struct QueueWrites {
     pub insert: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl QueueWrites {
+    /// The request times of the waiting entries this fold removes and adds (accept histories
+    /// left out).
+    pub fn waiting_changes(&self) -> WaitingChanges {
+        let requested_at = |key: &[u8]| {
+            key.first()
+                .filter(|b| **b == keys::QUEUE_WAITING)
+                .and_then(|_| keys::parse_queue_requested_at(key))
+        };
+        WaitingChanges {
+            removed: self.remove.iter().filter_map(|k| requested_at(k)).collect(),
+            added: self
+                .insert
+                .iter()
+                .filter_map(|(k, _)| requested_at(k))
+                .collect(),
+        }
+    }
+}
+
+/// A fold's changes to the waiting entries, by request time.
+#[derive(Debug, Default)]
+pub(super) struct WaitingChanges {
+    removed: Vec<Millis>,
+    added: Vec<Millis>,
+}
+
+/// How many conversations wait since each request time: the queue tree's waiting entries,
+/// counted once on open and then kept by each committed fold's changes, so the gauges read it
+/// without a scan. Folds run one at a time and the tree equals their changes, so it stays exact.
+#[derive(Debug, Default)]
+pub(super) struct WaitingCounts {
+    by_time: std::collections::BTreeMap<Millis, u64>,
+    total: u64,
+}
+
+impl WaitingCounts {
+    fn add(&mut self, at: Millis) {
+        *self.by_time.entry(at).or_default() += 1;
+        self.total += 1;
+    }
+
+    fn remove(&mut self, at: Millis) {
+        if let std::collections::btree_map::Entry::Occupied(mut slot) = self.by_time.entry(at) {
+            *slot.get_mut() -= 1;
+            if *slot.get() == 0 {
+                slot.remove();
+            }
+            self.total -= 1;
+        }
+    }
+
+    fn summary(&self) -> QueueSummary {
+        QueueSummary {
+            waiting: self.total,
+            oldest_since: self.by_time.keys().next().copied(),
+        }
+    }
+}
+
 impl QueueFold {
     /// Before an event of this conversation is folded: remember the entry the tree holds (on the
     /// conversation's first event of the fold). Returns since when it waits now.
@@ -190,20 +250,52 @@ impl Store {
     }
 
     /// Every bot's queue at once: how many conversations wait for an agent and since when the
-    /// longest-waiting one does (for the stuck-handoff gauges). Linear in the conversations
-    /// waiting now; read from the tree, so it is right from the first scrape after a restart.
-    pub fn queue_summary(&self) -> Result<QueueSummary, StoreError> {
-        let mut out = QueueSummary::default();
-        for item in self.queue.scan_prefix([b'w']) {
+    /// longest-waiting one does (for the stuck-handoff gauges). Kept in memory: counted from the
+    /// tree on open and changed by each committed fold, so a scrape costs no scan and is right
+    /// from the first one after a restart.
+    pub fn queue_summary(&self) -> QueueSummary {
+        match self.waiting.lock() {
+            Ok(counts) => counts.summary(),
+            Err(poisoned) => poisoned.into_inner().summary(),
+        }
+    }
+
+    /// The summary counted from the tree (on open; and tests compare with it).
+    pub(super) fn queue_summary_scanned(&self) -> Result<WaitingCounts, StoreError> {
+        let mut out = WaitingCounts::default();
+        for item in self.queue.scan_prefix([keys::QUEUE_WAITING]) {
             let (key, _) = item?;
             let Some(since) = keys::parse_queue_requested_at(&key) else {
                 tracing::error!(key = ?key, "unreadable queue key; left out");
                 continue;
             };
-            out.waiting += 1;
-            out.oldest_since = Some(out.oldest_since.map_or(since, |o: Millis| o.min(since)));
+            out.add(since);
         }
         Ok(out)
+    }
+
+    /// Count the waiting entries once, on open.
+    pub(super) fn count_waiting(&self) -> Result<(), StoreError> {
+        let counted = self.queue_summary_scanned()?;
+        match self.waiting.lock() {
+            Ok(mut counts) => *counts = counted,
+            Err(poisoned) => *poisoned.into_inner() = counted,
+        }
+        Ok(())
+    }
+
+    /// After a fold committed: its changes to the waiting entries.
+    pub(super) fn note_waiting(&self, changes: &WaitingChanges) {
+        let mut counts = match self.waiting.lock() {
+            Ok(counts) => counts,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for at in &changes.removed {
+            counts.remove(*at);
+        }
+        for at in &changes.added {
+            counts.add(*at);
+        }
     }
 
     /// A bot's recent accepts, oldest first.
