@@ -426,6 +426,14 @@ mod tests {
             .collect()
     }
 
+    /// The kept summary, checked against a count of the tree.
+    fn summary(store: &Store) -> QueueSummary {
+        let kept = store.queue_summary();
+        let scanned = store.queue_summary_scanned().expect("scan").summary();
+        assert_eq!(kept, scanned, "the kept counts equal the tree");
+        kept
+    }
+
     fn position(store: &Store, conversation: &str) -> Option<u32> {
         store
             .queue_standing(&conversation.into())
@@ -474,6 +482,55 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             &rules,
         );
         assert_eq!(texts, ["c3 True 2/2"], "the committed tree counts c2");
+    }
+
+    #[test]
+    fn the_kept_queue_counts_are_right_after_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let requested = "bot.conversation.agent_call_requested";
+        {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            fold(
+                &store,
+                "d1",
+                vec![
+                    conversation_event("e1", requested, "c1", 5_000),
+                    conversation_event("e2", requested, "c2", 3_000),
+                    // Asked again later in the same batch: one entry, moved to the new request.
+                    conversation_event("e3", requested, "c1", 9_000),
+                ],
+            );
+            fold(&store, "d2", vec![accept("c2", "a2", 10_000)]);
+            assert_eq!(
+                summary(&store),
+                QueueSummary {
+                    waiting: 1,
+                    oldest_since: Some(9_000)
+                }
+            );
+            store.flush().expect("flush");
+        }
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        assert_eq!(
+            store.queue_summary(),
+            QueueSummary {
+                waiting: 1,
+                oldest_since: Some(9_000)
+            },
+            "counted on open"
+        );
+        fold(
+            &store,
+            "d3",
+            vec![conversation_event("e4", requested, "c3", 4_000)],
+        );
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 2,
+                oldest_since: Some(4_000)
+            }
+        );
     }
 
     #[test]
@@ -529,6 +586,13 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
                 .collect::<Vec<_>>()
         };
         assert_eq!(order(&store), ["c2", "c1", "c3"]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 3,
+                oldest_since: Some(1_000)
+            }
+        );
         assert_eq!(position(&store, "c1"), Some(2));
         let standing = store
             .queue_standing(&"c3".into())
@@ -539,6 +603,14 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
 
         // An agent accepts c2 through the agent API; the service connects c1 a minute later.
         fold(&store, "d3", vec![accept("c2", "a2", 61_000)]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 2,
+                oldest_since: Some(2_000)
+            },
+            "an accept leaves the queue"
+        );
         assert_eq!(position(&store, "c2"), None);
         assert_eq!(position(&store, "c1"), Some(1));
         fold(
@@ -552,6 +624,13 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             )],
         );
         assert_eq!(order(&store), ["c3"]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 1,
+                oldest_since: Some(2_000)
+            }
+        );
         let history = store.accept_history("B1").expect("history");
         let seen: Vec<(Millis, Millis)> = history
             .accepts
@@ -587,6 +666,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             )],
         );
         assert!(order(&store).is_empty());
+        assert_eq!(summary(&store), QueueSummary::default(), "a cancel leaves");
         assert_eq!(
             store.accept_history("B1").expect("history").accepts.len(),
             2
