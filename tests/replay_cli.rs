@@ -212,7 +212,7 @@ fn admin_query_strings_that_do_not_parse_get_the_json_error_body() {
     }
     let mut resp = app
         .agent
-        .post(format!("{}/admin/v1/replay?from=0", app.base))
+        .post(app.admin_url("/admin/v1/replay?from=0"))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .send_empty()
         .expect("POST");
