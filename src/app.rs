@@ -373,6 +373,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         );
         println!("upstream: embedded emulator at http://{}", embedded.addr);
     }
+    let signals = shutdown_signal();
     // Machine-readable start lines on stdout, the public one last: tests and scripts wait for it.
     {
         // A closed stdout must not stop the daemon (a panic here would).
@@ -395,7 +396,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     // Which server ended on its own, if one did (its task is then finished).
     let (server_result, public_ended, admin_ended) = tokio::select! {
-        signal = shutdown_signal() => {
+        signal = signals => {
             tracing::info!(signal, "shutting down");
             (None, false, false)
         }
@@ -500,19 +501,23 @@ fn admin_server(
     Ok(Some((server.run(), bound)))
 }
 
-/// Wait for SIGTERM or SIGINT; returns which.
-pub async fn shutdown_signal() -> &'static str {
+/// Wait for SIGTERM or SIGINT; returns which. The handlers are installed when this is called
+/// (not when first awaited), so a signal right after the start line is not the default action's.
+pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     }
 }
 
