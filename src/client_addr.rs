@@ -203,7 +203,10 @@ mod tests {
 
     fn proxies(header: ProxyHeader) -> Proxies {
         Proxies::new(
-            vec!["127.0.0.0/8".parse().expect("net"), "10.9.0.0/16".parse().expect("net")],
+            vec![
+                "127.0.0.0/8".parse().expect("net"),
+                "10.9.0.0/16".parse().expect("net"),
+            ],
             header,
         )
     }
@@ -277,7 +280,10 @@ mod tests {
         let p = proxies(ProxyHeader::XForwardedFor);
         let lo = Some(ip("127.0.0.1"));
         let xff = |v: &str| headers(&[("x-forwarded-for", v)]);
-        assert_eq!(p.client_ip(lo, &xff("203.0.113.9")), Some(ip("203.0.113.9")));
+        assert_eq!(
+            p.client_ip(lo, &xff("203.0.113.9")),
+            Some(ip("203.0.113.9"))
+        );
         // A spoofed left entry does not win over the address the proxy saw.
         assert_eq!(
             p.client_ip(lo, &xff("10.0.0.5, 203.0.113.9")),
@@ -296,7 +302,10 @@ mod tests {
         assert_eq!(
             p.client_ip(
                 lo,
-                &headers(&[("x-forwarded-for", "10.0.0.5"), ("x-forwarded-for", "203.0.113.9")])
+                &headers(&[
+                    ("x-forwarded-for", "10.0.0.5"),
+                    ("x-forwarded-for", "203.0.113.9")
+                ])
             ),
             Some(ip("203.0.113.9"))
         );
@@ -333,7 +342,10 @@ mod tests {
         assert_eq!(
             p.client_ip(
                 lo,
-                &headers(&[("forwarded", "for=10.0.0.5, for=\"[2001:db8::9]:80\";proto=https")])
+                &headers(&[(
+                    "forwarded",
+                    "for=10.0.0.5, for=\"[2001:db8::9]:80\";proto=https"
+                )])
             ),
             Some(ip("2001:db8::9"))
         );

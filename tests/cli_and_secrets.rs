@@ -66,7 +66,13 @@ fn first_start_generates_a_token_and_prints_the_url_once() {
     let data = dir.path().join("data");
     let start = || {
         let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
             .arg("--data-dir")
             .arg(&data)
             .env_clear()

@@ -34,7 +34,10 @@ fn the_admin_api_and_metrics_live_on_the_admin_listener_only() {
     let app = TestApp::spawn();
     assert_ne!(app.admin_base, app.base, "two listeners");
     let (status, receipt) = app.post(b"{}");
-    assert_eq!(status, 200, "the webhook is on the public listener: {receipt}");
+    assert_eq!(
+        status, 200,
+        "the webhook is on the public listener: {receipt}"
+    );
 
     // The admin listener: admin API, /metrics, probes.
     let (status, body) = app.admin_get("/admin/v1/quarantine");
@@ -43,12 +46,20 @@ fn the_admin_api_and_metrics_live_on_the_admin_listener_only() {
     assert_eq!(status, 200);
     assert!(metrics.contains("handoff_queue_waiting"), "{metrics}");
     for probe in ["/healthz", "/readyz"] {
-        assert_eq!(app.admin_get_text(probe).0, 200, "{probe} on the admin listener");
+        assert_eq!(
+            app.admin_get_text(probe).0,
+            200,
+            "{probe} on the admin listener"
+        );
         assert_eq!(app.get(probe).0, 200, "{probe} on the public listener");
     }
 
     // The public listener: the admin API and /metrics are not there, even with the token.
-    for path in ["/admin/v1/quarantine", "/admin/v1/inbox/drained", "/metrics"] {
+    for path in [
+        "/admin/v1/quarantine",
+        "/admin/v1/inbox/drained",
+        "/metrics",
+    ] {
         let (status, text) = get_with_token(&app, &format!("{}{path}", app.base));
         assert_eq!(status, 404, "{path} on the public listener: {text}");
         assert_eq!(json(&text)["error"]["code"], "not_found", "{path}: {text}");

@@ -29,7 +29,10 @@ fn spawn(extra: &[(&str, &str)]) -> (tempfile::TempDir, TestApp) {
 /// the admin API 200 (with its token), the agent API 401 (without a token; the address is
 /// checked first, so a refused address gets 403 whatever it sends).
 fn statuses(app: &TestApp, header: Option<(&str, &str)>) -> [u16; 3] {
-    fn add<B>(req: ureq::RequestBuilder<B>, header: Option<(&str, &str)>) -> ureq::RequestBuilder<B> {
+    fn add<B>(
+        req: ureq::RequestBuilder<B>,
+        header: Option<(&str, &str)>,
+    ) -> ureq::RequestBuilder<B> {
         match header {
             Some((name, value)) => req.header(name, value),
             None => req,
@@ -37,12 +40,15 @@ fn statuses(app: &TestApp, header: Option<(&str, &str)>) -> [u16; 3] {
     }
     let with = |req| add(req, header);
     let with_body = |req| add(req, header);
-    let webhook = with_body(app.agent.post(format!("{}/webhook/{WEBHOOK_TOKEN}", app.base)))
-        .header("content-type", "application/json")
-        .send("{}")
-        .expect("POST webhook")
-        .status()
-        .as_u16();
+    let webhook = with_body(
+        app.agent
+            .post(format!("{}/webhook/{WEBHOOK_TOKEN}", app.base)),
+    )
+    .header("content-type", "application/json")
+    .send("{}")
+    .expect("POST webhook")
+    .status()
+    .as_u16();
     let admin = with(app.agent.get(app.admin_url("/admin/v1/quarantine")))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .call()

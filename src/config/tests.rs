@@ -480,17 +480,24 @@ fn the_admin_listener_has_its_own_address_flag_env_and_an_empty_escape_hatch() {
     )
     .expect("flag over env");
     assert_eq!(c.admin_listen_addr(), None, "empty: shares server.listen");
-    for (bad, why) in [("nowhere", "not an IP:port"), ("127.0.0.1:8080", "must differ")] {
+    for (bad, why) in [
+        ("nowhere", "not an IP:port"),
+        ("127.0.0.1:8080", "must differ"),
+    ] {
         let Err(ConfigError::Invalid(p)) = load(&[], Some(bad)) else {
             panic!("{bad} accepted");
         };
         assert!(
-            p.iter().any(|p| p.key == "admin.listen" && p.why.contains(why)),
+            p.iter()
+                .any(|p| p.key == "admin.listen" && p.why.contains(why)),
             "{p:?}"
         );
     }
     // Port 0 on both picks two free ports: allowed.
-    let c = load(&[("HANDOFF_BRIDGE_LISTEN", "127.0.0.1:0")], Some("127.0.0.1:0"));
+    let c = load(
+        &[("HANDOFF_BRIDGE_LISTEN", "127.0.0.1:0")],
+        Some("127.0.0.1:0"),
+    );
     assert!(c.is_ok(), "{c:?}");
 }
 

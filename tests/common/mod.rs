@@ -115,10 +115,9 @@ impl TestApp {
         // The admin listener on a free port too, unless the test chooses it (flags beat the
         // environment, so the flag is left out then).
         let admin_chosen = opts.args.iter().any(|a| a.starts_with("--admin-listen"))
-            || opts
-                .env
-                .iter()
-                .any(|(k, _)| k == "HANDOFF_BRIDGE_ADMIN_LISTEN" || k == "HANDOFF_BRIDGE__ADMIN__LISTEN");
+            || opts.env.iter().any(|(k, _)| {
+                k == "HANDOFF_BRIDGE_ADMIN_LISTEN" || k == "HANDOFF_BRIDGE__ADMIN__LISTEN"
+            });
         if !admin_chosen {
             cmd.arg("--admin-listen").arg("127.0.0.1:0");
         }
@@ -222,11 +221,7 @@ impl TestApp {
     /// GET an admin-listener path without a token (`/metrics`, or an admin call that must be
     /// refused): status and text.
     pub fn admin_get_text(&self, path: &str) -> (u16, String) {
-        let mut resp = self
-            .agent
-            .get(self.admin_url(path))
-            .call()
-            .expect("GET");
+        let mut resp = self.agent.get(self.admin_url(path)).call().expect("GET");
         let status = resp.status().as_u16();
         (status, resp.body_mut().read_to_string().unwrap_or_default())
     }
