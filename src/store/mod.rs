@@ -1546,7 +1546,7 @@ pub fn lock_is_held(dir: &Path) -> bool {
     let Ok(file) = std::fs::File::open(dir.join("db")) else {
         return false;
     };
-    if file.try_lock_shared().is_ok() {
+    if FileExt::try_lock_shared(&file).is_ok() {
         let _ = FileExt::unlock(&file);
         return false;
     }
