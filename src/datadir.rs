@@ -12,7 +12,7 @@ use crate::config::Secret;
 use rand::distr::{Alphanumeric, SampleString};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 pub struct DataDir {
@@ -122,8 +122,39 @@ impl DataDir {
         let info = self.daemon_info()?;
         let alive = i32::try_from(info.pid).is_ok_and(|pid| pid > 0)
             && Path::new("/proc").join(info.pid.to_string()).exists();
-        (alive && crate::store::lock_is_held(&self.store_path())).then_some(info)
+        if !alive || !crate::store::lock_is_held(&self.store_path()) {
+            return None;
+        }
+        // Held, and by that process: where the kernel says who holds it (`/proc/locks`), the
+        // recorded pid must be among the holders (a reused pid next to another holder is not it).
+        let db = self.store_path().join("db");
+        let holders = std::fs::metadata(&db).ok().and_then(|meta| {
+            let locks = std::fs::read_to_string("/proc/locks").ok()?;
+            Some(lock_holders(&locks, meta.ino()))
+        });
+        match holders {
+            Some(pids) if !pids.is_empty() => pids.contains(&info.pid).then_some(info),
+            _ => Some(info),
+        }
     }
+}
+
+/// The pids that `/proc/locks` (its text in `locks`) shows holding a lock on the file with inode
+/// `ino` (waiters, `->`, left out).
+fn lock_holders(locks: &str, ino: u64) -> Vec<u32> {
+    locks
+        .lines()
+        .filter_map(|line| {
+            // `1: FLOCK  ADVISORY  WRITE 2795 08:02:1234567 0 EOF`
+            let mut fields = line.split_whitespace().skip(1);
+            if fields.next()? == "->" {
+                return None;
+            }
+            let pid: u32 = fields.nth(2)?.parse().ok()?;
+            let inode: u64 = fields.next()?.rsplit(':').next()?.parse().ok()?;
+            (inode == ino).then_some(pid)
+        })
+        .collect()
 }
 
 pub const WEBHOOK_TOKEN_FILE: &str = "webhook_token";
@@ -133,6 +164,18 @@ pub const ADMIN_TOKEN_FILE: &str = "admin_token";
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn lock_holders_are_read_from_proc_locks_lines() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 2795 08:02:1234567 0 EOF\n\
+                     1: -> FLOCK  ADVISORY  WRITE 2800 08:02:1234567 0 EOF\n\
+                     2: POSIX  ADVISORY  READ 311 00:1a:99 0 EOF\n\
+                     3: OFDLCK ADVISORY  WRITE -1 08:02:1234567 0 EOF\n\
+                     garbage\n";
+        assert_eq!(lock_holders(locks, 1_234_567), [2795]);
+        assert_eq!(lock_holders(locks, 99), [311]);
+        assert!(lock_holders(locks, 5).is_empty());
+    }
 
     #[test]
     fn an_older_daemon_json_without_the_admin_address_means_the_public_one() {
@@ -163,6 +206,20 @@ mod tests {
         let db = std::fs::File::create(data.store_path().join("db")).expect("db");
         fs2::FileExt::try_lock_exclusive(&db).expect("lock");
         assert_eq!(data.running_daemon(), Some(info.clone()));
+        // A live pid that is not the holder (this process holds the lock): not running.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        data.write_daemon_info(&DaemonInfo {
+            pid: other.id(),
+            ..info.clone()
+        })
+        .expect("write");
+        let seen = data.running_daemon();
+        let _ = other.kill();
+        let _ = other.wait();
+        assert_eq!(seen, None, "alive, but another process holds the store");
         // A dead pid with the lock held by someone else: not running either.
         let mut child = std::process::Command::new("true").spawn().expect("spawn");
         let dead = child.id();
