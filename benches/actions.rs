@@ -1106,11 +1106,11 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = daemon
         .as_ref()
-        .map(|d| start_sampler(d.base(), stop.clone()));
+        .map(|d| start_sampler(d.admin_base(), stop.clone()));
     let load = run_load(load_addr, plan, opts.connections, (load_pid, emulator.pid));
     let http = Http::new(HTTP_TIMEOUT, BODY);
     let quiet = match (&load, &daemon) {
-        (Ok(_), Some(d)) => wait_quiet(&http, &d.base(), spec.drain_limit),
+        (Ok(_), Some(d)) => wait_quiet(&http, &d.admin_base(), spec.drain_limit),
         // A peer has no drain or idle wait: wait until the journal holds every expected call.
         (Ok(l), None) => {
             let accepted = l.posted.iter().filter(|p| p.ok).count() as u64;
@@ -1135,9 +1135,9 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
 
     let (metrics_text, dead_letters) = match &daemon {
         Some(d) => {
-            let (_, metrics_text) = http.get(&format!("{}/metrics", d.base()), None)?;
+            let (_, metrics_text) = http.get(&format!("{}/metrics", d.admin_base()), None)?;
             let (status, dead_body) = http.get(
-                &format!("{}/admin/v1/dead-letters", d.base()),
+                &format!("{}/admin/v1/dead-letters", d.admin_base()),
                 Some(ADMIN_TOKEN),
             )?;
             if status != 200 {

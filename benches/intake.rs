@@ -848,7 +848,7 @@ fn throughput_run(
     };
     let stats = run_load(proc.addr, &plan, opts.connections, stop, proc.pid)?;
     let daemon = match case {
-        Case::Daemon => daemon_metrics(&http(), &proc.base()),
+        Case::Daemon => daemon_metrics(&http(), &proc.admin_base()),
         Case::Baseline => None,
     };
     proc.stop(STOP_POLL)?;
@@ -895,7 +895,10 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         stats.errors_text()
     );
     let http = http();
-    let drain_url = format!("{}/admin/v1/inbox/drained?timeout_ms=60000", daemon.base());
+    let drain_url = format!(
+        "{}/admin/v1/inbox/drained?timeout_ms=60000",
+        daemon.admin_base()
+    );
     let mut drained_after = None;
     while posted_at.elapsed() < DRAIN_LIMIT {
         let (status, body) = http.get(&drain_url, Some(ADMIN_TOKEN))?;
@@ -914,7 +917,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
     let rss_kb = proc_status_kb(daemon.pid, "VmRSS");
     let hwm_kb = proc_status_kb(daemon.pid, "VmHWM");
     let rss_anon_kb = proc_status_kb(daemon.pid, "RssAnon");
-    let metrics = daemon_metrics(&http, &daemon.base());
+    let metrics = daemon_metrics(&http, &daemon.admin_base());
     // The allocator returns freed pages after a delay (jemalloc's background thread purges what
     // stayed free for a second): the memory a daemon keeps is the figure after a quiet spell.
     let idle_from = Instant::now();

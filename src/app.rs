@@ -28,6 +28,8 @@ pub struct Shared {
     pub scrubber: crate::intake::scrub::Scrubber,
     pub admin_tokens: TokenSet,
     pub admin_cidrs: CidrList,
+    /// `server.trusted_proxies`: who may name the client (see `client_addr`).
+    pub proxies: crate::client_addr::Proxies,
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
     pub test_clock: bool,
     pub max_body_bytes: usize,
@@ -121,6 +123,14 @@ pub fn load_rules(
     Ok(Arc::new(set))
 }
 
+impl Shared {
+    /// The client address the allow-lists judge: the peer, or what a trusted proxy says.
+    pub fn client_ip(&self, req: &actix_web::HttpRequest) -> Option<std::net::IpAddr> {
+        self.proxies
+            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
+    }
+}
+
 /// Run the daemon until SIGTERM or SIGINT. Must run inside an actix system.
 pub async fn serve(config: Config) -> Result<(), AppError> {
     let data = DataDir::new(&config.store.data_dir);
@@ -186,6 +196,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .set(sizes.bots as i64);
     metrics.quarantine_entries.set(sizes.quarantine as i64);
     metrics.timers_pending.set(store.timers_pending() as i64);
+    metrics
+        .store_bytes
+        .set(i64::try_from(store.size_on_disk()).unwrap_or(i64::MAX));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let upstream = Upstream::start(&config, &metrics)?;
@@ -252,6 +265,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
+    tokio::spawn(store_size_loop(
+        store.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let pruner = tokio::spawn(prune_loop(
         store.clone(),
         writer.clone(),
@@ -283,6 +301,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         scrubber,
         admin_tokens: TokenSet::new(vec![admin_token]),
         admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
+        proxies: crate::client_addr::Proxies::new(
+            config.server.trusted_proxies.clone(),
+            config.server.proxy_header,
+        ),
         test_clock: config.admin.test_clock,
         max_body_bytes: config.webhook.max_body_bytes,
         body_read_timeout: config.server.body_read_timeout,
@@ -300,14 +322,20 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         n => n,
     };
     let addr = config.listen_addr();
+    // With `admin.listen` empty the admin API and /metrics stay on this listener.
+    let admin_here = config.admin_listen_addr().is_none();
     let server = HttpServer::new(move || {
         let path = webhook_path.clone();
         App::new()
             .app_data(app_data.clone())
             .app_data(crate::http_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
-            .configure(crate::ops::routes)
-            .configure(crate::ops::admin::routes)
+            .configure(crate::ops::probe_routes)
+            .configure(|cfg| {
+                if admin_here {
+                    crate::ops::admin_routes(cfg);
+                }
+            })
             .service(crate::helpdesk::api::scope())
             .default_service(web::to(crate::http_error::not_found))
     })
@@ -323,12 +351,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         source,
     })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
+    let admin = admin_server(&config, &shared)?;
+    let admin_bound = admin.as_ref().map(|(_, at)| *at);
     let server = server.run();
     let handle = server.handle();
 
     data.write_daemon_info(&DaemonInfo {
         pid: std::process::id(),
         listen: bound.to_string(),
+        admin: Some(admin_bound.unwrap_or(bound).to_string()),
     })
     .map_err(io_err)?;
     let token_shown = if generated_webhook {
@@ -376,29 +407,59 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         println!("upstream: remote {url}");
         tracing::info!(%url, "upstream is the service's Open API");
     }
-    // Machine-readable start line on stdout, printed last: tests and scripts wait for it.
+    let signals = shutdown_signal();
+    // Machine-readable start lines on stdout, the public one last: tests and scripts wait for it.
     {
         // A closed stdout must not stop the daemon (a panic here would).
         use std::io::Write as _;
+        if let Some(at) = admin_bound {
+            let _ = writeln!(std::io::stdout(), "admin listening: http://{at}");
+        }
         let _ = writeln!(std::io::stdout(), "listening: http://{bound}");
     }
-    tracing::info!(%bound, data_dir = %data.root().display(), upstream = config.upstream.mode(), "handoff-bridge started");
+    tracing::info!(%bound, admin = ?admin_bound, data_dir = %data.root().display(), upstream = config.upstream.mode(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);
-    let server_result = tokio::select! {
-        signal = shutdown_signal() => {
+    let (admin_handle, mut admin_task) = match admin {
+        Some((server, _)) => (Some(server.handle()), tokio::spawn(server)),
+        // Never ends: only the public server's end or a signal stops the daemon.
+        None => (
+            None,
+            tokio::spawn(std::future::pending::<std::io::Result<()>>()),
+        ),
+    };
+    // Which server ended on its own, if one did (its task is then finished).
+    let (server_result, public_ended, admin_ended) = tokio::select! {
+        signal = signals => {
             tracing::info!(signal, "shutting down");
-            None
+            (None, false, false)
         }
-        res = &mut server_task => Some(res),
+        res = &mut server_task => (Some(res), true, false),
+        res = &mut admin_task => {
+            tracing::error!("the admin listener stopped; shutting down");
+            (Some(res), false, true)
+        }
     };
 
     shared.shutting_down.store(true, Ordering::Relaxed);
-    if server_result.is_none() {
-        // Stop accepting; requests in flight finish (they wait for their flush) within the timeout.
-        handle.stop(true).await;
-        let _ = server_task.await;
-    }
+    // Stop accepting on both listeners; requests in flight finish (they wait for their flush)
+    // within the timeout.
+    let stop_public = async {
+        if !public_ended {
+            handle.stop(true).await;
+            let _ = (&mut server_task).await;
+        }
+    };
+    let stop_admin = async {
+        match &admin_handle {
+            Some(h) if !admin_ended => {
+                h.stop(true).await;
+                let _ = (&mut admin_task).await;
+            }
+            _ => admin_task.abort(),
+        }
+    };
+    tokio::join!(stop_public, stop_admin);
     let _ = stop_tx.send(true);
     // A firing handed over as the dispatcher stops waits in the inbox for the next start.
     if tokio::time::timeout(config.server.shutdown_timeout, firer)
@@ -439,19 +500,58 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     }
 }
 
-/// Wait for SIGTERM or SIGINT; returns which.
-pub async fn shutdown_signal() -> &'static str {
+/// The admin listener (`admin.listen`): the admin API, `/metrics` and the probes, with the
+/// public server's limits and timeouts. `None` when `admin.listen` is empty (the admin API is
+/// then served on `server.listen`). Bound here, run by the caller.
+fn admin_server(
+    config: &Config,
+    shared: &web::Data<Shared>,
+) -> Result<Option<(actix_web::dev::Server, std::net::SocketAddr)>, AppError> {
+    let Some(addr) = config.admin_listen_addr() else {
+        return Ok(None);
+    };
+    let app_data = shared.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(app_data.clone())
+            .app_data(crate::http_error::query_config())
+            .configure(crate::ops::probe_routes)
+            .configure(crate::ops::admin_routes)
+            .default_service(web::to(crate::http_error::not_found))
+    })
+    // Operators' and Prometheus' calls: a couple of workers are plenty.
+    .workers(2)
+    .max_connections(config.server.max_connections)
+    .client_request_timeout(config.server.client_request_timeout)
+    .keep_alive(config.server.keep_alive)
+    .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
+    .disable_signals()
+    .bind(addr)
+    .map_err(|source| AppError::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let bound = server.addrs().first().copied().unwrap_or(addr);
+    Ok(Some((server.run(), bound)))
+}
+
+/// Wait for SIGTERM or SIGINT; returns which. The handlers are installed when this is called
+/// (not when first awaited), so a signal right after the start line is not the default action's.
+pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     }
 }
 
@@ -540,6 +640,29 @@ async fn prune_loop(
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "prune failed"),
             Err(e) => tracing::warn!(error = %e, "prune task failed"),
+        }
+    }
+}
+
+/// How often `handoff_store_size_bytes` is measured (a walk of the store's files).
+const STORE_SIZE_EVERY: Duration = Duration::from_secs(15);
+
+/// Keep `handoff_store_size_bytes` current, measured off the HTTP workers, so a scrape reads a
+/// gauge instead of walking the directory.
+async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STORE_SIZE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // measured at the start already
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let store = store.clone();
+        if let Ok(bytes) = tokio::task::spawn_blocking(move || store.size_on_disk()).await {
+            metrics
+                .store_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
 }

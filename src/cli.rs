@@ -70,6 +70,9 @@ pub enum Command {
         /// Address to listen on (port 0 picks a free one).
         #[arg(long)]
         listen: Option<String>,
+        /// Address of the admin API and /metrics (admin.listen; "" serves them on --listen).
+        #[arg(long)]
+        admin_listen: Option<String>,
         /// The Open API base address, or `embedded` for the built-in emulator.
         #[arg(long)]
         upstream: Option<String>,
@@ -80,6 +83,8 @@ pub enum Command {
         config: ConfigArgs,
         #[arg(long)]
         listen: Option<String>,
+        #[arg(long)]
+        admin_listen: Option<String>,
     },
     /// Read per-conversation and end-user state.
     State {
@@ -350,18 +355,20 @@ impl CliError {
 }
 
 fn load(args: &ConfigArgs, listen: Option<String>) -> Result<Config, ConfigError> {
-    load_with(args, listen, None)
+    load_with(
+        args,
+        Overrides {
+            listen,
+            ..Overrides::default()
+        },
+    )
 }
 
-fn load_with(
-    args: &ConfigArgs,
-    listen: Option<String>,
-    upstream: Option<String>,
-) -> Result<Config, ConfigError> {
+/// The config with these flags over it (`--data-dir` from `args`).
+fn load_with(args: &ConfigArgs, overrides: Overrides) -> Result<Config, ConfigError> {
     let overrides = Overrides {
-        listen,
-        upstream,
         data_dir: args.data_dir.clone(),
+        ..overrides
     };
     Config::load(args.config.as_deref(), &overrides)
 }
@@ -372,15 +379,26 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Serve {
             config,
             listen,
+            admin_listen,
             upstream,
         } => {
-            let config = load_with(&config, listen, upstream)?;
+            let overrides = Overrides {
+                listen,
+                admin_listen,
+                upstream,
+                data_dir: None,
+            };
+            let config = load_with(&config, overrides)?;
             crate::telemetry::init(&config.log);
             actix_web::rt::System::new().block_on(crate::app::serve(config))?;
             Ok(())
         }
         Command::Api { config, call } => {
-            let config = load_with(&config, None, call.upstream.clone())?;
+            let overrides = Overrides {
+                upstream: call.upstream.clone(),
+                ..Overrides::default()
+            };
+            let config = load_with(&config, overrides)?;
             api(&config, call)
         }
         Command::Emulator {
@@ -389,8 +407,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             api_key,
             webhook_url,
         } => emulator(listen, seed, api_key, webhook_url),
-        Command::Check { config, listen } => {
-            let config = load(&config, listen)?;
+        Command::Check {
+            config,
+            listen,
+            admin_listen,
+        } => {
+            let overrides = Overrides {
+                listen,
+                admin_listen,
+                ..Overrides::default()
+            };
+            let config = load_with(&config, overrides)?;
             let rules = crate::app::rule_set(&config)?;
             out!("# configuration is valid; effective values (secrets masked):");
             out_raw!("{}", config.to_masked_toml());
@@ -933,9 +960,11 @@ fn read(
 }
 
 /// Through the running daemon's admin API; `None` when no daemon runs on this data directory.
+/// A `daemon.json` whose process is gone or does not hold the store is stale: its addresses are
+/// never called (whoever listens there now must not get the admin token).
 fn online(config: &Config, method: &str, path: &str) -> Result<Option<Option<Value>>, CliError> {
     let data = DataDir::new(&config.store.data_dir);
-    if let Some(info) = data.daemon_info() {
+    if let Some(info) = data.running_daemon() {
         let token = if config.admin.token.is_empty() {
             data.read_secret(ADMIN_TOKEN_FILE)
                 .map(|s| s.expose().to_owned())
@@ -943,7 +972,7 @@ fn online(config: &Config, method: &str, path: &str) -> Result<Option<Option<Val
         } else {
             config.admin.token.expose().to_owned()
         };
-        match admin_call(&info.listen, &token, method, path) {
+        match admin_call(info.admin_addr(), &token, method, path) {
             Ok(found) => return Ok(Some(found)),
             Err(AdminCallError::Unreachable) => {} // stale daemon.json: the daemon is gone
             Err(AdminCallError::Failed(msg)) => return Err(CliError::Admin(msg)),

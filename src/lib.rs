@@ -8,6 +8,7 @@ pub mod app;
 pub mod background;
 pub mod backup;
 pub mod cli;
+pub mod client_addr;
 pub mod clock;
 pub mod config;
 pub mod datadir;

@@ -35,7 +35,7 @@ fn views(app: &TestApp) -> Vec<String> {
 }
 
 fn accepted_events(app: &TestApp) -> f64 {
-    let (_, text) = app.get("/metrics");
+    let (_, text) = app.admin_get_text("/metrics");
     text.lines()
         .filter(|l| l.starts_with("handoff_webhook_events_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -557,7 +557,7 @@ fn wrong_methods_and_unknown_paths_answer_json_errors() {
     let (status, answer) = app.admin_get("/admin/v1/nope");
     assert_eq!(status, 404);
     assert_error_body(&answer, "not_found", "admin /nope");
-    let (status, text) = app.get("/admin/v1/quarantine");
+    let (status, text) = app.admin_get_text("/admin/v1/quarantine");
     assert_eq!(status, 401, "{text}");
     assert_error_body(
         &serde_json::from_str(&text).expect("JSON 401"),

@@ -66,7 +66,14 @@ fn first_start_generates_a_token_and_prints_the_url_once() {
     let data = dir.path().join("data");
     let start = || {
         let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
             .arg(&data)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -117,7 +124,7 @@ fn tokens_and_message_texts_stay_out_of_logs_and_metrics() {
     let wrong = format!("{}/webhook/wrong-token-abcdefghijkl", app.base);
     assert_eq!(app.post_to(&wrong, b"{}", Some("application/json")).0, 401);
     wait_drained(&app);
-    let (_, metrics) = app.get("/metrics");
+    let (_, metrics) = app.admin_get_text("/metrics");
     let logs = app.terminate_and_logs();
     let message_text = "주문한 상품이 아직 안 왔어요";
     for (name, text) in [("logs", &logs), ("metrics", &metrics)] {

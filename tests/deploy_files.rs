@@ -61,7 +61,7 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
     let (status, receipt) = app.post(&fixture_bytes("message-received-text.json"));
     assert_eq!(status, 200, "{receipt}");
     wait_drained(&app);
-    let (status, text) = app.get("/metrics");
+    let (status, text) = app.admin_get_text("/metrics");
     assert_eq!(status, 200);
     let shown: BTreeSet<String> = text
         .lines()

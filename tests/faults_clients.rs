@@ -270,7 +270,7 @@ fn slowloris_headers_and_bodies_are_cut_at_their_timeouts_and_intake_keeps_its_l
         afters[afters.len() / 2],
         afters[afters.len() - 1]
     );
-    let (_, counted) = app.get("/metrics");
+    let (_, counted) = app.admin_get_text("/metrics");
     assert!(
         counted.contains("handoff_webhook_deliveries_total{outcome=\"timeout\"}"),
         "timeouts are counted"

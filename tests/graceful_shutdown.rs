@@ -150,6 +150,11 @@ fn sigterm_under_load_exits_zero_and_loses_nothing() {
         format!("http://{}", info["listen"].as_str().expect("listen")),
         app.base
     );
+    assert_eq!(
+        format!("http://{}", info["admin"].as_str().expect("admin")),
+        app.admin_base,
+        "daemon.json names the admin listener"
+    );
     let summary = ledger.check_after_restart(&app, &gen, unacked);
     eprintln!("after restart: {summary:?}");
     // A graceful stop finishes every request it began processing; one it never read is not stored.

@@ -179,7 +179,8 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
     )
     .expect("write");
     let out = Command::new(common::bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
         .arg(&data)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -212,7 +213,7 @@ fn admin_query_strings_that_do_not_parse_get_the_json_error_body() {
     }
     let mut resp = app
         .agent
-        .post(format!("{}/admin/v1/replay?from=0", app.base))
+        .post(app.admin_url("/admin/v1/replay?from=0"))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .send_empty()
         .expect("POST");

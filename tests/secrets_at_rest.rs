@@ -346,7 +346,14 @@ fn everything_written_is_owner_only_whatever_the_umask() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // Not created beforehand: the daemon makes it (and its parent).
     let data = tmp.path().join("var").join("data");
-    let mut child = under_umask_000(&["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+    let mut child = under_umask_000(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+    ])
         .arg(&data)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -355,18 +362,22 @@ fn everything_written_is_owner_only_whatever_the_umask() {
         .expect("start");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut base = None;
+    let mut admin = None;
     let mut webhook_url = None;
     for line in lines.by_ref() {
         let line = line.expect("line");
         if let Some(url) = line.strip_prefix("webhook url: ") {
             webhook_url = Some(url.to_owned());
         }
+        if let Some(rest) = line.strip_prefix("admin listening: ") {
+            admin = Some(rest.to_owned());
+        }
         if let Some(rest) = line.strip_prefix("listening: ") {
             base = Some(rest.to_owned());
             break;
         }
     }
-    let (Some(base), Some(webhook_url)) = (base, webhook_url) else {
+    let (Some(_), Some(admin), Some(webhook_url)) = (base, admin, webhook_url) else {
         let _ = child.kill();
         let _ = child.wait();
         panic!("the daemon did not start");
@@ -387,7 +398,7 @@ fn everything_written_is_owner_only_whatever_the_umask() {
     let answer = post("not json".to_owned());
     assert_eq!(answer["status"], "quarantined", "{answer}");
     let mut resp = agent
-        .get(format!("{base}/admin/v1/inbox/drained?timeout_ms=30000"))
+        .get(format!("{admin}/admin/v1/inbox/drained?timeout_ms=30000"))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .call()
         .expect("drained");

@@ -1,7 +1,8 @@
 //! The stuck-handoff gauges on the real daemon: `handoff_queue_waiting` counts the conversations
 //! waiting for an agent and `handoff_queue_oldest_wait_seconds` ages the longest wait on the
-//! daemon's clock (the test clock here); both follow the queue as users ask and agents connect,
-//! and are right on the first scrape after a restart.
+//! daemon's clock (the test clock here); both follow the queue as users ask, agents connect and
+//! users cancel, and are right on the first scrape after a restart (the store counts the queue on
+//! open and the folds keep the counts; a scrape scans nothing).
 
 mod common;
 
@@ -67,4 +68,10 @@ fn the_queue_gauges_follow_requests_and_connects_and_survive_a_restart() {
         (1200.0..1800.0 + 300.0).contains(&old),
         "30 minutes on, less the 10 the request was stamped ahead: {old}"
     );
+
+    // The user cancels: the restarted daemon's kept counts follow too.
+    app.emulator_act(CONV2, "cancel", json!({}));
+    app.emulator_delivered();
+    assert_eq!(app.metric(WAITING), 0.0, "after a cancel");
+    assert_eq!(app.metric(OLDEST), 0.0);
 }

@@ -208,10 +208,10 @@ fn a_timer_due_while_the_daemon_is_stopped_fires_once_on_start() {
     assert_eq!(app.metric("handoff_timers_fired_total"), 1.0);
 }
 
-/// POST a body to the test clock of the daemon at `base`: (status, body).
-fn advance(base: &str, body: &str) -> (u16, String) {
+/// POST a body to the test clock of `app`: (status, body).
+fn advance(app: &TestApp, body: &str) -> (u16, String) {
     let mut resp = agent()
-        .post(format!("{base}/admin/v1/clock/advance"))
+        .post(app.admin_url("/admin/v1/clock/advance"))
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .header("content-type", "application/json")
         .send(body.to_owned())
@@ -224,7 +224,7 @@ fn advance(base: &str, body: &str) -> (u16, String) {
 #[test]
 fn the_test_clock_is_off_by_default_and_checks_its_body() {
     let app = TestApp::spawn();
-    let (status, body) = advance(&app.base, r#"{"by": "5m"}"#);
+    let (status, body) = advance(&app, r#"{"by": "5m"}"#);
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("test_clock_disabled"), "{body}");
 
@@ -239,10 +239,10 @@ fn the_test_clock_is_off_by_default_and_checks_its_body() {
             ..Spawn::default()
         },
     );
-    let (status, body) = advance(&on.base, r#"{"by": "soon"}"#);
+    let (status, body) = advance(&on, r#"{"by": "soon"}"#);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("invalid_body"), "{body}");
-    let (status, body) = advance(&on.base, r#"{"by": "1h"}"#);
+    let (status, body) = advance(&on, r#"{"by": "1h"}"#);
     assert_eq!(status, 200, "{body}");
     let moved: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(moved["offset_ms"], 3_600_000, "{moved}");

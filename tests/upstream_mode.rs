@@ -29,7 +29,8 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
 /// refusal comes before anything listens).
 fn serve_output(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(bin());
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0", "--data-dir"])
         .arg(data)
         .args(extra)
         .env_clear()
@@ -127,7 +128,8 @@ impl Drop for Started {
 /// `serve` with nothing configured but `env` (the quick start's `handoff-bridge serve`).
 fn start(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Started {
     let mut child = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0", "--data-dir"])
         .arg(data)
         .args(extra)
         .env_clear()

@@ -265,6 +265,8 @@ pub struct Proc {
     child: Child,
     pub pid: u32,
     pub addr: SocketAddr,
+    /// The daemon's admin listener (its `admin listening:` line), when it printed one.
+    pub admin_addr: Option<SocketAddr>,
     pub log: PathBuf,
 }
 
@@ -318,12 +320,17 @@ impl Proc {
         let pid = child.id();
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = mpsc::channel();
-        // Reads the start line, then keeps draining stdout until the process exits.
+        // Reads the start lines (the admin one comes first), then keeps draining stdout until
+        // the process exits.
         std::thread::spawn(move || {
+            let mut admin = None;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if let Some(rest) = line.trim().strip_prefix("admin listening: http://") {
+                    admin = Some(rest.to_owned());
+                }
                 if let Some(rest) = line.trim().strip_prefix("listening: http://") {
-                    let _ = tx.send((rest.to_owned(), Instant::now()));
+                    let _ = tx.send((rest.to_owned(), admin.take(), Instant::now()));
                 }
             }
         });
@@ -332,13 +339,21 @@ impl Proc {
             child,
             pid,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: None,
             log: log.to_path_buf(),
         };
         match rx.recv_timeout(START_TIMEOUT) {
-            Ok((addr, at)) => {
+            Ok((addr, admin, at)) => {
                 proc.addr = addr
                     .parse()
                     .map_err(|_| format!("{name}: bad listening address {addr}"))?;
+                proc.admin_addr = match admin {
+                    Some(a) => Some(
+                        a.parse()
+                            .map_err(|_| format!("{name}: bad admin address {a}"))?,
+                    ),
+                    None => None,
+                };
                 Ok((proc, at.duration_since(t0)))
             }
             Err(_) => {
@@ -386,6 +401,12 @@ impl Proc {
     pub fn base(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// The admin API's and /metrics' base: the admin listener, or the public one when the
+    /// daemon serves them there.
+    pub fn admin_base(&self) -> String {
+        format!("http://{}", self.admin_addr.unwrap_or(self.addr))
+    }
 }
 
 impl Drop for Proc {
@@ -425,6 +446,8 @@ pub fn daemon_command(bin: &Path, data_dir: &Path) -> Command {
     let mut cmd = bin_command(bin);
     cmd.arg("serve")
         .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--admin-listen")
         .arg("127.0.0.1:0")
         .arg("--data-dir")
         .arg(data_dir)

@@ -98,6 +98,20 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Open connections per worker.
     pub max_connections: usize,
+    /// Reverse proxies whose `X-Forwarded-For` (or `Forwarded`) names the client; empty: the
+    /// headers are ignored and the TCP peer is the client (see `client_addr`).
+    pub trusted_proxies: Vec<IpNet>,
+    /// Which header a trusted proxy writes: `x-forwarded-for` or `forwarded` (RFC 7239).
+    pub proxy_header: ProxyHeader,
+}
+
+/// The header trusted proxies append the client's address to. Only that one is read: a header
+/// the proxy passes through untouched would be the client's own words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyHeader {
+    XForwardedFor,
+    Forwarded,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -193,6 +207,8 @@ pub struct RulesConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
+    /// The admin API's and `/metrics`' own listener; empty: served on `server.listen`.
+    pub listen: String,
     /// Bearer token of the admin API. Empty: one is generated on first start.
     pub token: Secret,
     /// Source addresses allowed to call the admin API (loopback by default).
@@ -282,6 +298,7 @@ pub enum ConfigError {
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub admin_listen: Option<String>,
     pub upstream: Option<String>,
     pub data_dir: Option<PathBuf>,
 }
@@ -290,6 +307,7 @@ pub struct Overrides {
 /// `HANDOFF_BRIDGE__SECTION__KEY`.
 pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_LISTEN", "server.listen"),
+    ("HANDOFF_BRIDGE_ADMIN_LISTEN", "admin.listen"),
     ("HANDOFF_BRIDGE_DATA_DIR", "store.data_dir"),
     ("HANDOFF_BRIDGE_WEBHOOK_TOKENS", "webhook.tokens"),
     ("HANDOFF_BRIDGE_ADMIN_TOKEN", "admin.token"),
@@ -353,6 +371,16 @@ impl Config {
                 "server.listen",
                 listen,
                 "--listen",
+                &mut problems,
+            );
+        }
+        if let Some(listen) = &overrides.admin_listen {
+            set_path(
+                &mut merged,
+                &defaults,
+                "admin.listen",
+                listen,
+                "--admin-listen",
                 &mut problems,
             );
         }
@@ -420,6 +448,23 @@ impl Config {
                 &self.server.listen,
                 "not an IP:port socket address",
             );
+        }
+        if !self.admin.listen.is_empty() {
+            match self.admin.listen.parse::<SocketAddr>() {
+                Err(_) => bad(
+                    "admin.listen",
+                    &self.admin.listen,
+                    "not an IP:port socket address (or \"\" to serve the admin API on server.listen)",
+                ),
+                Ok(admin) if admin.port() != 0 && Some(admin) == self.server.listen.parse().ok() => {
+                    bad(
+                        "admin.listen",
+                        &self.admin.listen,
+                        "must differ from server.listen (or be \"\" to share it)",
+                    )
+                }
+                Ok(_) => {}
+            }
         }
         if self.server.max_connections == 0 {
             bad("server.max_connections", &0, "must be at least 1");
@@ -712,6 +757,12 @@ impl Config {
             .listen
             .parse()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080)))
+    }
+
+    /// The admin listener's address; `None` when the admin API shares `server.listen`.
+    pub fn admin_listen_addr(&self) -> Option<SocketAddr> {
+        // Validated in `validate`, like `listen_addr`.
+        self.admin.listen.parse().ok()
     }
 
     /// The effective configuration as TOML, secrets masked.

@@ -76,6 +76,7 @@ fn file_then_env_then_flags_override_in_order() {
         &Overrides {
             upstream: None,
             listen: Some("127.0.0.1:9002".into()),
+            admin_listen: None,
             data_dir: Some("/tmp/x".into()),
         },
     )
@@ -456,4 +457,86 @@ fn the_agent_api_address_list_and_pending_limit_load_and_are_validated() {
         p.iter().any(|p| p.key == "helpdesk.max_pending_commands"),
         "{p:?}"
     );
+}
+
+#[test]
+fn the_admin_listener_has_its_own_address_flag_env_and_an_empty_escape_hatch() {
+    let load = |env: &[(&str, &str)], flag: Option<&str>| {
+        Config::load_from(
+            None,
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+            &Overrides {
+                admin_listen: flag.map(str::to_owned),
+                ..Overrides::default()
+            },
+        )
+    };
+    let c = load(&[], None).expect("defaults");
+    assert_eq!(
+        c.admin_listen_addr(),
+        Some("127.0.0.1:8081".parse().expect("addr"))
+    );
+    let c = load(&[("HANDOFF_BRIDGE_ADMIN_LISTEN", "127.0.0.1:9001")], None).expect("env");
+    assert_eq!(c.admin.listen, "127.0.0.1:9001");
+    let c = load(
+        &[("HANDOFF_BRIDGE__ADMIN__LISTEN", "127.0.0.1:9001")],
+        Some(""),
+    )
+    .expect("flag over env");
+    assert_eq!(c.admin_listen_addr(), None, "empty: shares server.listen");
+    for (bad, why) in [
+        ("nowhere", "not an IP:port"),
+        ("127.0.0.1:8080", "must differ"),
+    ] {
+        let Err(ConfigError::Invalid(p)) = load(&[], Some(bad)) else {
+            panic!("{bad} accepted");
+        };
+        assert!(
+            p.iter()
+                .any(|p| p.key == "admin.listen" && p.why.contains(why)),
+            "{p:?}"
+        );
+    }
+    // Port 0 on both picks two free ports: allowed.
+    let c = load(
+        &[("HANDOFF_BRIDGE_LISTEN", "127.0.0.1:0")],
+        Some("127.0.0.1:0"),
+    );
+    assert!(c.is_ok(), "{c:?}");
+}
+
+#[test]
+fn trusted_proxies_and_their_header_are_read_and_checked() {
+    let c = Config::load_from(
+        None,
+        [
+            (
+                "HANDOFF_BRIDGE__SERVER__TRUSTED_PROXIES".to_owned(),
+                "10.0.0.0/8, ::1/128".to_owned(),
+            ),
+            (
+                "HANDOFF_BRIDGE__SERVER__PROXY_HEADER".to_owned(),
+                "forwarded".to_owned(),
+            ),
+        ],
+        &Overrides::default(),
+    )
+    .expect("load");
+    assert_eq!(c.server.trusted_proxies.len(), 2);
+    assert_eq!(c.server.proxy_header, crate::config::ProxyHeader::Forwarded);
+    let defaults = Config::load_from(None, Vec::new(), &Overrides::default()).expect("load");
+    assert!(defaults.server.trusted_proxies.is_empty());
+    assert_eq!(
+        defaults.server.proxy_header,
+        crate::config::ProxyHeader::XForwardedFor
+    );
+    let bad = Config::load_from(
+        None,
+        [(
+            "HANDOFF_BRIDGE__SERVER__PROXY_HEADER".to_owned(),
+            "x-real-ip".to_owned(),
+        )],
+        &Overrides::default(),
+    );
+    assert!(matches!(bad, Err(ConfigError::Invalid(_))), "{bad:?}");
 }

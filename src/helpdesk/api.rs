@@ -1035,7 +1035,7 @@ fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
 // ---- Helpers ----
 
 fn authorize(shared: &Shared, req: &HttpRequest) -> Result<(), ApiError> {
-    crate::helpdesk::auth::check_peer(&shared.helpdesk.cidrs, req.peer_addr().map(|a| a.ip()))?;
+    crate::helpdesk::auth::check_peer(&shared.helpdesk.cidrs, shared.client_ip(req))?;
     let header = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)

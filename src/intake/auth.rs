@@ -41,7 +41,13 @@ impl CidrList {
         if self.0.is_empty() {
             return true;
         }
-        let Some(ip) = ip else { return false };
+        ip.is_some_and(|ip| self.contains(ip))
+    }
+
+    /// Whether a listed network holds `ip`; an empty list holds none (unlike [`allows`]).
+    ///
+    /// [`allows`]: CidrList::allows
+    pub fn contains(&self, ip: IpAddr) -> bool {
         // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -82,5 +88,7 @@ mod tests {
         assert!(!list.allows(Some("10.1.2.3".parse().expect("ip"))));
         assert!(!list.allows(None));
         assert!(CidrList::new(vec![]).allows(None));
+        assert!(!CidrList::new(vec![]).contains("127.0.0.1".parse().expect("ip")));
+        assert!(list.contains("::ffff:127.0.0.9".parse().expect("ip")));
     }
 }

@@ -97,7 +97,7 @@ async fn handle(
     let metrics = &shared.metrics;
     let outcome = |name: &str| metrics.deliveries.with_label_values(&[name]).inc();
 
-    if !shared.webhook_cidrs.allows(req.peer_addr().map(|a| a.ip())) {
+    if !shared.webhook_cidrs.allows(shared.client_ip(&req)) {
         outcome("forbidden");
         return Err(ApiError::forbidden("source address not allowed"));
     }

@@ -58,7 +58,7 @@ async fn guard(
     let Some(shared) = req.app_data::<web::Data<Shared>>().cloned() else {
         return Err(ApiError::unavailable("admin API not configured").into());
     };
-    if !shared.admin_cidrs.allows(req.peer_addr().map(|a| a.ip())) {
+    if !shared.admin_cidrs.allows(shared.client_ip(req.request())) {
         return Ok(req
             .error_response(ApiError::forbidden("admin API is not open to this address"))
             .map_into_right_body());

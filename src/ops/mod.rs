@@ -10,10 +10,17 @@ use actix_web::{web, HttpResponse};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
+/// The probes, served on both listeners (a probe may use either).
+pub fn probe_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz))
-        .route("/metrics", web::get().to(metrics));
+        .route("/readyz", web::get().to(readyz));
+}
+
+/// What only the admin listener serves (`admin.listen`), or the public one when that is empty:
+/// `/metrics` (unauthenticated, Prometheus's convention) and the admin API.
+pub fn admin_routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(metrics));
+    admin::routes(cfg);
 }
 
 /// Alive: the process answers.
@@ -50,26 +57,22 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
     }
 }
 
+/// A scrape reads gauges only: no store scan, no directory walk. The store keeps the waiting
+/// queue's counts as folds change it, and the store size is refreshed by a periodic task
+/// (`app::store_size_loop`).
 async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
     let m = &shared.metrics;
-    m.store_bytes
-        .set(i64::try_from(shared.store.size_on_disk()).unwrap_or(i64::MAX));
     m.dispatch_paused
         .set(i64::from(shared.dispatch.is_paused()));
     m.outbox_paused.set(i64::from(shared.executor.is_paused()));
-    // The waiting queue is read from the store at each scrape: the folds keep it, so the gauges
-    // are exact at any moment, right after a restart too, with no bookkeeping of their own.
-    match shared.store.queue_summary() {
-        Ok(q) => {
-            m.queue_waiting
-                .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
-            let age = q.oldest_since.map_or(0.0, |since| {
-                (crate::clock::now_millis() - since).max(0) as f64 / 1000.0
-            });
-            m.queue_oldest_wait_seconds.set(age);
-        }
-        Err(e) => tracing::warn!(error = %e, "reading the waiting queue for metrics failed"),
-    }
+    let q = shared.store.queue_summary();
+    m.queue_waiting
+        .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
+    // The age on the daemon's clock (the test clock included) at the scrape.
+    let age = q.oldest_since.map_or(0.0, |since| {
+        (crate::clock::now_millis() - since).max(0) as f64 / 1000.0
+    });
+    m.queue_oldest_wait_seconds.set(age);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(shared.metrics.render())

@@ -163,7 +163,7 @@ pub fn parse_timer(key: &[u8]) -> Option<(i64, &str, &str)> {
 pub fn queue_bot(bot: &str) -> Vec<u8> {
     let len = u16::try_from(bot.len()).unwrap_or(u16::MAX);
     let mut key = Vec::with_capacity(3 + bot.len());
-    key.push(b'w');
+    key.push(QUEUE_WAITING);
     key.extend_from_slice(&len.to_be_bytes());
     key.extend_from_slice(&bot.as_bytes()[..usize::from(len)]);
     key
@@ -190,6 +190,9 @@ pub fn parse_queue_requested_at(key: &[u8]) -> Option<i64> {
     let at = u64::from_be_bytes(at.try_into().ok()?);
     i64::try_from(at).ok()
 }
+
+/// The first byte of every waiting entry's key (accept histories start with `h`).
+pub const QUEUE_WAITING: u8 = b'w';
 
 /// A bot's accept history key.
 pub fn queue_history(bot: &str) -> Vec<u8> {

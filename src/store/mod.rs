@@ -400,6 +400,8 @@ pub struct Store {
     next_seq: Arc<std::sync::atomic::AtomicU64>,
     /// Where folds commit (see `committer`).
     committer: committer::Committer,
+    /// The waiting queue's request times, counted (see [`Store::queue_summary`]).
+    waiting: Arc<Mutex<queue::WaitingCounts>>,
 }
 
 /// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
@@ -520,6 +522,7 @@ impl Store {
             fold_lock: Default::default(),
             next_seq: Default::default(),
             committer: Default::default(),
+            waiting: Default::default(),
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
@@ -536,6 +539,7 @@ impl Store {
         // Recovery indexed the log's tail, whose numbers may be above the floor read before.
         store.number_events_above_floor()?;
         store.index_queue_once()?;
+        store.count_waiting()?;
         Ok(store)
     }
 
@@ -1104,8 +1108,11 @@ impl Store {
             index_entries,
             bots: encoded(&bots)?,
         };
+        let waiting = writes.queue.waiting_changes();
         let store = self.clone();
         self.committer.run(move || store.commit_fold(&writes))?;
+        // Still under the fold lock: the counts follow the commits in order.
+        self.note_waiting(&waiting);
         if timers_added {
             self.timer_wakeup.notify_one();
         }
@@ -1535,6 +1542,21 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     what: &str,
 ) -> Result<Vec<T>, StoreError> {
     tree.iter().map(|item| decode(&item?.1, what)).collect()
+}
+
+/// Whether some process (another one, or another open of the file) holds the lock sled takes on
+/// the store at `dir` while it is open: one probe of the `db` file's lock, without opening sled
+/// and without waiting. A missing store is not held.
+pub fn lock_is_held(dir: &Path) -> bool {
+    use fs2::FileExt;
+    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+        return false;
+    };
+    if FileExt::try_lock_shared(&file).is_ok() {
+        let _ = FileExt::unlock(&file);
+        return false;
+    }
+    true
 }
 
 /// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed

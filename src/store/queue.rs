@@ -50,6 +50,66 @@ pub(super) struct QueueWrites {
     pub insert: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl QueueWrites {
+    /// The request times of the waiting entries this fold removes and adds (accept histories
+    /// left out).
+    pub fn waiting_changes(&self) -> WaitingChanges {
+        let requested_at = |key: &[u8]| {
+            key.first()
+                .filter(|b| **b == keys::QUEUE_WAITING)
+                .and_then(|_| keys::parse_queue_requested_at(key))
+        };
+        WaitingChanges {
+            removed: self.remove.iter().filter_map(|k| requested_at(k)).collect(),
+            added: self
+                .insert
+                .iter()
+                .filter_map(|(k, _)| requested_at(k))
+                .collect(),
+        }
+    }
+}
+
+/// A fold's changes to the waiting entries, by request time.
+#[derive(Debug, Default)]
+pub(super) struct WaitingChanges {
+    removed: Vec<Millis>,
+    added: Vec<Millis>,
+}
+
+/// How many conversations wait since each request time: the queue tree's waiting entries,
+/// counted once on open and then kept by each committed fold's changes, so the gauges read it
+/// without a scan. Folds run one at a time and the tree equals their changes, so it stays exact.
+#[derive(Debug, Default)]
+pub(super) struct WaitingCounts {
+    by_time: std::collections::BTreeMap<Millis, u64>,
+    total: u64,
+}
+
+impl WaitingCounts {
+    fn add(&mut self, at: Millis) {
+        *self.by_time.entry(at).or_default() += 1;
+        self.total += 1;
+    }
+
+    fn remove(&mut self, at: Millis) {
+        if let std::collections::btree_map::Entry::Occupied(mut slot) = self.by_time.entry(at) {
+            *slot.get_mut() -= 1;
+            if *slot.get() == 0 {
+                slot.remove();
+            }
+            self.total -= 1;
+        }
+    }
+
+    fn summary(&self) -> QueueSummary {
+        QueueSummary {
+            waiting: self.total,
+            oldest_since: self.by_time.keys().next().copied(),
+        }
+    }
+}
+
 impl QueueFold {
     /// Before an event of this conversation is folded: remember the entry the tree holds (on the
     /// conversation's first event of the fold). Returns since when it waits now.
@@ -190,20 +250,52 @@ impl Store {
     }
 
     /// Every bot's queue at once: how many conversations wait for an agent and since when the
-    /// longest-waiting one does (for the stuck-handoff gauges). Linear in the conversations
-    /// waiting now; read from the tree, so it is right from the first scrape after a restart.
-    pub fn queue_summary(&self) -> Result<QueueSummary, StoreError> {
-        let mut out = QueueSummary::default();
-        for item in self.queue.scan_prefix([b'w']) {
+    /// longest-waiting one does (for the stuck-handoff gauges). Kept in memory: counted from the
+    /// tree on open and changed by each committed fold, so a scrape costs no scan and is right
+    /// from the first one after a restart.
+    pub fn queue_summary(&self) -> QueueSummary {
+        match self.waiting.lock() {
+            Ok(counts) => counts.summary(),
+            Err(poisoned) => poisoned.into_inner().summary(),
+        }
+    }
+
+    /// The summary counted from the tree (on open; and tests compare with it).
+    pub(super) fn queue_summary_scanned(&self) -> Result<WaitingCounts, StoreError> {
+        let mut out = WaitingCounts::default();
+        for item in self.queue.scan_prefix([keys::QUEUE_WAITING]) {
             let (key, _) = item?;
             let Some(since) = keys::parse_queue_requested_at(&key) else {
                 tracing::error!(key = ?key, "unreadable queue key; left out");
                 continue;
             };
-            out.waiting += 1;
-            out.oldest_since = Some(out.oldest_since.map_or(since, |o: Millis| o.min(since)));
+            out.add(since);
         }
         Ok(out)
+    }
+
+    /// Count the waiting entries once, on open.
+    pub(super) fn count_waiting(&self) -> Result<(), StoreError> {
+        let counted = self.queue_summary_scanned()?;
+        match self.waiting.lock() {
+            Ok(mut counts) => *counts = counted,
+            Err(poisoned) => *poisoned.into_inner() = counted,
+        }
+        Ok(())
+    }
+
+    /// After a fold committed: its changes to the waiting entries.
+    pub(super) fn note_waiting(&self, changes: &WaitingChanges) {
+        let mut counts = match self.waiting.lock() {
+            Ok(counts) => counts,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for at in &changes.removed {
+            counts.remove(*at);
+        }
+        for at in &changes.added {
+            counts.add(*at);
+        }
     }
 
     /// A bot's recent accepts, oldest first.
@@ -334,6 +426,14 @@ mod tests {
             .collect()
     }
 
+    /// The kept summary, checked against a count of the tree.
+    fn summary(store: &Store) -> QueueSummary {
+        let kept = store.queue_summary();
+        let scanned = store.queue_summary_scanned().expect("scan").summary();
+        assert_eq!(kept, scanned, "the kept counts equal the tree");
+        kept
+    }
+
     fn position(store: &Store, conversation: &str) -> Option<u32> {
         store
             .queue_standing(&conversation.into())
@@ -382,6 +482,55 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             &rules,
         );
         assert_eq!(texts, ["c3 True 2/2"], "the committed tree counts c2");
+    }
+
+    #[test]
+    fn the_kept_queue_counts_are_right_after_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let requested = "bot.conversation.agent_call_requested";
+        {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            fold(
+                &store,
+                "d1",
+                vec![
+                    conversation_event("e1", requested, "c1", 5_000),
+                    conversation_event("e2", requested, "c2", 3_000),
+                    // Asked again later in the same batch: one entry, moved to the new request.
+                    conversation_event("e3", requested, "c1", 9_000),
+                ],
+            );
+            fold(&store, "d2", vec![accept("c2", "a2", 10_000)]);
+            assert_eq!(
+                summary(&store),
+                QueueSummary {
+                    waiting: 1,
+                    oldest_since: Some(9_000)
+                }
+            );
+            store.flush().expect("flush");
+        }
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        assert_eq!(
+            store.queue_summary(),
+            QueueSummary {
+                waiting: 1,
+                oldest_since: Some(9_000)
+            },
+            "counted on open"
+        );
+        fold(
+            &store,
+            "d3",
+            vec![conversation_event("e4", requested, "c3", 4_000)],
+        );
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 2,
+                oldest_since: Some(4_000)
+            }
+        );
     }
 
     #[test]
@@ -437,6 +586,13 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
                 .collect::<Vec<_>>()
         };
         assert_eq!(order(&store), ["c2", "c1", "c3"]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 3,
+                oldest_since: Some(1_000)
+            }
+        );
         assert_eq!(position(&store, "c1"), Some(2));
         let standing = store
             .queue_standing(&"c3".into())
@@ -447,6 +603,14 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
 
         // An agent accepts c2 through the agent API; the service connects c1 a minute later.
         fold(&store, "d3", vec![accept("c2", "a2", 61_000)]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 2,
+                oldest_since: Some(2_000)
+            },
+            "an accept leaves the queue"
+        );
         assert_eq!(position(&store, "c2"), None);
         assert_eq!(position(&store, "c1"), Some(1));
         fold(
@@ -460,6 +624,13 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             )],
         );
         assert_eq!(order(&store), ["c3"]);
+        assert_eq!(
+            summary(&store),
+            QueueSummary {
+                waiting: 1,
+                oldest_since: Some(2_000)
+            }
+        );
         let history = store.accept_history("B1").expect("history");
         let seen: Vec<(Millis, Millis)> = history
             .accepts
@@ -495,6 +666,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             )],
         );
         assert!(order(&store).is_empty());
+        assert_eq!(summary(&store), QueueSummary::default(), "a cancel leaves");
         assert_eq!(
             store.accept_history("B1").expect("history").accepts.len(),
             2

@@ -504,7 +504,7 @@ impl Ledger {
         gen: &Generator,
         unacked: Vec<SentDelivery>,
     ) -> CheckSummary {
-        let base = app.base.as_str();
+        let base = app.admin_base.as_str();
         wait_drained(app);
         let mut summary = CheckSummary {
             unacked_deliveries: unacked.len(),
@@ -658,7 +658,7 @@ impl Ledger {
     /// Every conversation's `events_applied` equals `expected` (404 only where nothing is stored).
     pub fn assert_counts(&self, app: &TestApp, gen: &Generator, expected: &[u64], when: &str) {
         let indexed: Vec<usize> = (0..self.conversations).collect();
-        let base = app.base.as_str();
+        let base = app.admin_base.as_str();
         let problems: Vec<String> = par_map(&indexed, |agent, &i| {
             let id = &gen.conversations[i];
             match admin_get_with(agent, base, &format!("/admin/v1/conversations/{id}")) {

@@ -55,7 +55,10 @@ pub fn agent() -> ureq::Agent {
 
 pub struct TestApp {
     pub child: Child,
+    /// The public listener (webhook, agent API, probes).
     pub base: String,
+    /// The admin listener (admin API, /metrics); reach it through [`TestApp::admin_url`].
+    pub admin_base: String,
     pub webhook_url: String,
     /// The embedded emulator's base URL, when the upstream is embedded (the default).
     pub emulator_url: Option<String>,
@@ -108,10 +111,17 @@ impl TestApp {
         ));
         let log = std::fs::File::create(&log_path).expect("log file");
         let mut cmd = Command::new(bin());
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
+        cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
+        // The admin listener on a free port too, unless the test chooses it (flags beat the
+        // environment, so the flag is left out then).
+        let admin_chosen = opts.args.iter().any(|a| a.starts_with("--admin-listen"))
+            || opts.env.iter().any(|(k, _)| {
+                k == "HANDOFF_BRIDGE_ADMIN_LISTEN" || k == "HANDOFF_BRIDGE__ADMIN__LISTEN"
+            });
+        if !admin_chosen {
+            cmd.arg("--admin-listen").arg("127.0.0.1:0");
+        }
+        cmd.arg("--data-dir")
             .arg(data_dir)
             .args(&opts.args)
             .env_clear()
@@ -136,6 +146,7 @@ impl TestApp {
         let stdout = child.stdout.take().expect("stdout");
         let mut reader = BufReader::new(stdout);
         let mut base = None;
+        let mut admin_base = None;
         let mut upstream = None;
         let mut line = String::new();
         // The daemon prints `listening: http://ADDR` once it accepts connections.
@@ -149,6 +160,9 @@ impl TestApp {
             if let Some(rest) = line.trim().strip_prefix("listening: ") {
                 base = Some(rest.to_owned());
             }
+            if let Some(rest) = line.trim().strip_prefix("admin listening: ") {
+                admin_base = Some(rest.to_owned());
+            }
             if let Some(rest) = line.trim().strip_prefix("upstream: embedded emulator at ") {
                 upstream = Some(rest.to_owned());
             }
@@ -157,6 +171,8 @@ impl TestApp {
         TestApp {
             webhook_url: format!("{base}/webhook/{WEBHOOK_TOKEN}"),
             emulator_url: upstream,
+            // `admin.listen = ""` (a test's own flag or variable): all on the public listener.
+            admin_base: admin_base.unwrap_or_else(|| base.clone()),
             base,
             child,
             data_dir: data_dir.to_path_buf(),
@@ -199,7 +215,15 @@ impl TestApp {
     /// The full URL of an admin API path (`/admin/v1/...`) or `/metrics`: tests reach the admin
     /// endpoints only through this (and the helpers that use it), never through `base`.
     pub fn admin_url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        format!("{}{path}", self.admin_base)
+    }
+
+    /// GET an admin-listener path without a token (`/metrics`, or an admin call that must be
+    /// refused): status and text.
+    pub fn admin_get_text(&self, path: &str) -> (u16, String) {
+        let mut resp = self.agent.get(self.admin_url(path)).call().expect("GET");
+        let status = resp.status().as_u16();
+        (status, resp.body_mut().read_to_string().unwrap_or_default())
     }
 
     pub fn admin_get(&self, path: &str) -> (u16, Value) {
@@ -526,6 +550,8 @@ pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
     let mut child = Command::new(bin())
         .arg("serve")
         .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--admin-listen")
         .arg("127.0.0.1:0")
         .arg("--data-dir")
         .arg(data_dir)
