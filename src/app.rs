@@ -29,6 +29,9 @@ pub struct Shared {
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
     pub test_clock: bool,
     pub max_body_bytes: usize,
+    /// `webhook.max_events` and `webhook.max_clock_skew` (see [`Shared::webhook_checks`]).
+    pub max_events: usize,
+    pub max_clock_skew: Duration,
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
     /// The Open API client (owned by its own arbiter thread).
@@ -39,6 +42,13 @@ pub struct Shared {
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
     pub helpdesk: crate::helpdesk::api::Helpdesk,
+}
+
+impl Shared {
+    /// The webhook's checks for a body received (or re-processed) at `now`.
+    pub fn webhook_checks(&self, now: i64) -> crate::webhook::Checks {
+        crate::webhook::Checks::intake(self.max_events, self.max_clock_skew, now)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -265,6 +275,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
         test_clock: config.admin.test_clock,
         max_body_bytes: config.webhook.max_body_bytes,
+        max_events: config.webhook.max_events,
+        max_clock_skew: config.webhook.max_clock_skew,
         body_read_timeout: config.server.body_read_timeout,
         shutting_down: AtomicBool::new(false),
         upstream: upstream.handle.clone(),

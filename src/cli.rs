@@ -578,11 +578,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
-                                let out = crate::intake::reprocess_offline(
-                                    store,
-                                    id,
+                                let checks = crate::webhook::Checks::configured(
+                                    &config.webhook,
                                     crate::clock::now_millis(),
-                                )?;
+                                );
+                                let out = crate::intake::reprocess_offline(store, id, &checks)?;
                                 store.flush()?;
                                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
                             },

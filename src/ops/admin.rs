@@ -230,8 +230,9 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    let now = crate::clock::now_millis();
-    let prepared = crate::intake::prepare_reprocess(&shared.store, id, now).map_err(store_error)?;
+    let checks = shared.webhook_checks(crate::clock::now_millis());
+    let prepared =
+        crate::intake::prepare_reprocess(&shared.store, id, &checks).map_err(store_error)?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),
@@ -247,6 +248,9 @@ async fn quarantine_reprocess(
     };
     if outcome.status != "still_invalid" {
         shared.metrics.quarantine_entries.dec();
+    }
+    if outcome.requarantined.is_some() {
+        shared.metrics.record_quarantined("invalid_event");
     }
     for kind in &outcome.new_kinds {
         shared
