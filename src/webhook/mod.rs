@@ -379,14 +379,6 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     if header.id.as_str().trim().is_empty() {
         return Err(EventError::Empty("id"));
     }
-    if origin == Origin::Outside {
-        if let Some(prefix) = crate::ids::reserved_prefix(header.id.as_str()) {
-            return Err(EventError::ReservedId {
-                id: header.id.as_str().to_owned(),
-                prefix,
-            });
-        }
-    }
     if header.source_id.as_str().is_empty() {
         return Err(EventError::Empty("sourceId"));
     }
@@ -394,6 +386,14 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     let agent = header.event.agent_command();
     if (timer.is_some() || agent.is_some()) && origin == Origin::Outside {
         return Err(EventError::Reserved(header.event.as_str().to_owned()));
+    }
+    if origin == Origin::Outside {
+        if let Some(prefix) = crate::ids::reserved_prefix(header.id.as_str()) {
+            return Err(EventError::ReservedId {
+                id: header.id.as_str().to_owned(),
+                prefix,
+            });
+        }
     }
     let payload = match header.event.data_key() {
         None if timer.is_some() => Payload::Timer(timer_payload(timer, header.data.get())?),
