@@ -287,6 +287,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let webhook_path = config.webhook.path.clone();
     let app_data = shared.clone();
+    // One budget for every listener: the largest body a route reads is the webhook's (the agent
+    // API reads 64 KiB at most, the admin API actix's default 256 KiB).
+    let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
+        config.server.max_inflight_body_bytes,
+        config.webhook.max_body_bytes.max(256 * 1024),
+        config.server.body_read_timeout,
+        shared.metrics.clone(),
+    ));
     let workers = match config.server.workers {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
@@ -295,6 +303,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let server = HttpServer::new(move || {
         let path = webhook_path.clone();
         App::new()
+            .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
+            .app_data(body_budget.clone())
             .app_data(app_data.clone())
             .app_data(crate::http_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))

@@ -73,6 +73,11 @@ pub struct Metrics {
     pub rule_caps_hit: IntCounterVec,
     /// Actions skipped because their template failed at run time, by rule (bounded like above).
     pub rule_template_errors: IntCounterVec,
+    /// Request bodies by how they got their share of `server.max_inflight_body_bytes`:
+    /// `immediate`, `waited`, `refused` (503).
+    pub body_budget: IntCounterVec,
+    /// Request-body bytes held against that budget now.
+    pub inflight_body_bytes: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -253,6 +258,15 @@ impl Metrics {
                 "Actions of a fired rule skipped because a template failed at run time, by rule",
                 "rule",
             )?,
+            body_budget: counter_vec(
+                "body_budget_total",
+                "Request bodies by how they got room in server.max_inflight_body_bytes",
+                "outcome",
+            )?,
+            inflight_body_bytes: gauge(
+                "inflight_body_bytes",
+                "Request-body bytes held against server.max_inflight_body_bytes",
+            )?,
             registry,
         };
         // Make every outcome visible from the first scrape.
@@ -267,6 +281,9 @@ impl Metrics {
             "unavailable",
         ] {
             m.deliveries.with_label_values(&[outcome]);
+        }
+        for outcome in ["immediate", "waited", "refused"] {
+            m.body_budget.with_label_values(&[outcome]);
         }
         Ok(m)
     }
