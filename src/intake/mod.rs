@@ -152,14 +152,28 @@ async fn handle(
 
     let content_type = req.content_type().to_owned();
     let now = crate::clock::now_millis();
-    let parsed = if is_json(&content_type) {
-        webhook::parse_delivery_with(&body, &shared.webhook_checks(now))
-            .map_err(|e| (e.code(), e.to_string()))
-    } else if content_type.is_empty() {
-        Err(("unsupported_content_type", "no content type".to_owned()))
+    let checks = shared.webhook_checks(now);
+    // A large body is judged (and, if bad, compressed into quarantine) on the blocking pool: a
+    // body at the size limit takes a while, and the HTTP worker keeps answering other deliveries.
+    let large = body.len() > OFF_WORKER_OVER;
+    let judge_body = {
+        let content_type = content_type.clone();
+        move |body: bytes::BytesMut| {
+            let parsed = judge(&body, &content_type, &checks);
+            (body, parsed)
+        }
+    };
+    let (body, parsed) = if large {
+        match web::block(move || judge_body(body)).await {
+            Ok(judged) => judged,
+            Err(e) => {
+                outcome("unavailable");
+                tracing::error!(error = %e, "judging a delivery failed");
+                return Err(ApiError::unavailable("the delivery cannot be judged now; retry later"));
+            }
+        }
     } else {
-        let why = format!("content type {content_type} is not JSON");
-        Err(("unsupported_content_type", why))
+        judge_body(body)
     };
     let stored = match parsed {
         Ok(parsed) => {
@@ -174,14 +188,19 @@ async fn handle(
         }
         Err((reason, detail)) => {
             // Rare path: written here, then made durable by a flush of the writer.
-            match quarantine_delivery(
-                &shared.store,
-                &body,
-                Some(&content_type),
-                reason,
-                &detail,
-                now,
-            ) {
+            let store = shared.store.clone();
+            let content_type = content_type.clone();
+            let quarantine = move || {
+                quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
+            };
+            let quarantined = if large {
+                web::block(quarantine)
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::Corrupt(e.to_string())))
+            } else {
+                quarantine()
+            };
+            match quarantined {
                 Ok(ingested) => shared.writer.flush().await.map(|()| ingested),
                 Err(e) => Err(e.to_string()),
             }
@@ -220,6 +239,25 @@ fn record_metrics(shared: &Shared, ingested: &Ingested) {
         .inc_by(ingested.accepted.duplicate_events as u64);
     for (reason, _) in &ingested.quarantined {
         m.record_quarantined(reason);
+    }
+}
+
+/// Bodies longer than this are judged on the blocking pool rather than on the HTTP worker.
+const OFF_WORKER_OVER: usize = 256 * 1024;
+
+/// The verdict on a body: a delivery (maybe with invalid events), or why it is quarantined whole.
+fn judge(
+    body: &[u8],
+    content_type: &str,
+    checks: &webhook::Checks,
+) -> Result<webhook::ParsedDelivery, (&'static str, String)> {
+    if is_json(content_type) {
+        webhook::parse_delivery_with(body, checks).map_err(|e| (e.code(), e.to_string()))
+    } else if content_type.is_empty() {
+        Err(("unsupported_content_type", "no content type".to_owned()))
+    } else {
+        let why = format!("content type {content_type} is not JSON");
+        Err(("unsupported_content_type", why))
     }
 }
 
