@@ -90,11 +90,11 @@ impl BodyBudget {
                 p
             }
             Err(_) => {
-                let waited = tokio::time::timeout(
-                    self.wait,
-                    self.permits.clone().acquire_many_owned(kib),
-                )
-                .await;
+                self.metrics.body_budget_waiting.inc();
+                let waited =
+                    tokio::time::timeout(self.wait, self.permits.clone().acquire_many_owned(kib))
+                        .await;
+                self.metrics.body_budget_waiting.dec();
                 match waited {
                     Ok(Ok(p)) => {
                         outcome("waited");
@@ -111,9 +111,7 @@ impl BodyBudget {
                 }
             }
         };
-        self.metrics
-            .inflight_body_bytes
-            .add(i64::from(kib) * 1024);
+        self.metrics.inflight_body_bytes.add(i64::from(kib) * 1024);
         Ok(Share {
             _permit: permit,
             kib,
@@ -127,9 +125,15 @@ impl BodyBudget {
             return Some(self.largest_body);
         }
         let length = headers.get(header::CONTENT_LENGTH)?;
-        match length.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+        match length
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
             Some(0) => None,
-            Some(n) => Some(usize::try_from(n).map_or(self.largest_body, |n| n.min(self.largest_body))),
+            Some(n) => {
+                Some(usize::try_from(n).map_or(self.largest_body, |n| n.min(self.largest_body)))
+            }
             // Unreadable: actix refuses the request before any handler reads it.
             None => None,
         }
@@ -176,7 +180,12 @@ mod tests {
 
     fn budget(kib: usize, wait_ms: u64) -> BodyBudget {
         let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
-        BodyBudget::new(kib * 1024, 8 * 1024, Duration::from_millis(wait_ms), metrics)
+        BodyBudget::new(
+            kib * 1024,
+            8 * 1024,
+            Duration::from_millis(wait_ms),
+            metrics,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -191,15 +200,22 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!waiting.is_finished(), "waits while the budget is full");
+        assert_eq!(b.metrics.body_budget_waiting.get(), 1);
         drop(first);
         assert_eq!(waiting.await.expect("task"), Ok(()));
-        assert_eq!(b.metrics.body_budget.with_label_values(&["waited"]).get(), 1);
+        assert_eq!(
+            b.metrics.body_budget.with_label_values(&["waited"]).get(),
+            1
+        );
         // Nothing gives room back: refused after the wait.
         let _held = b.take(16 * 1024).await.expect("room");
         let start = tokio::time::Instant::now();
         assert!(b.take(1).await.is_err());
         assert_eq!(start.elapsed(), Duration::from_millis(1_000));
-        assert_eq!(b.metrics.body_budget.with_label_values(&["refused"]).get(), 1);
+        assert_eq!(
+            b.metrics.body_budget.with_label_values(&["refused"]).get(),
+            1
+        );
         assert_eq!(b.metrics.inflight_body_bytes.get(), 16 * 1024);
     }
 

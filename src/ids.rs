@@ -154,7 +154,11 @@ mod tests {
         }
         assert_eq!(reserved_prefix("timer-ish"), None);
         assert_eq!(reserved_prefix("e1"), None);
-        assert_eq!(reserved_prefix("Timer:1"), None, "prefixes are case-sensitive");
+        assert_eq!(
+            reserved_prefix("Timer:1"),
+            None,
+            "prefixes are case-sensitive"
+        );
     }
 
     #[test]

@@ -169,7 +169,9 @@ async fn handle(
             Err(e) => {
                 outcome("unavailable");
                 tracing::error!(error = %e, "judging a delivery failed");
-                return Err(ApiError::unavailable("the delivery cannot be judged now; retry later"));
+                return Err(ApiError::unavailable(
+                    "the delivery cannot be judged now; retry later",
+                ));
             }
         }
     } else {
@@ -387,14 +389,10 @@ fn accept_job(
     now: i64,
 ) -> (AcceptJob, Vec<(EventKind, bool)>, usize) {
     let invalid_count = parsed.invalid.len();
-    let invalid = QuarantineRecord::invalid_events(
-        &parsed.invalid,
-        parsed.id.as_str(),
-        content_type,
-        now,
-    )
-    .into_iter()
-    .collect();
+    let invalid =
+        QuarantineRecord::invalid_events(&parsed.invalid, parsed.id.as_str(), content_type, now)
+            .into_iter()
+            .collect();
     let kinds = parsed
         .events
         .iter()

@@ -186,11 +186,8 @@ async fn find_end_user(
     shared: web::Data<Shared>,
     q: web::Query<FindQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let (store, platform, user_key) = (
-        shared.store.clone(),
-        q.platform.clone(),
-        q.user_key.clone(),
-    );
+    let (store, platform, user_key) =
+        (shared.store.clone(), q.platform.clone(), q.user_key.clone());
     let found =
         blocking(move || crate::queries::find_end_user(&store, &platform, &user_key)).await?;
     match found {
@@ -257,8 +254,7 @@ async fn quarantine_reprocess(
     let id = parse_id(&id, "quarantine id")?;
     let checks = shared.webhook_checks(crate::clock::now_millis());
     let store = shared.store.clone();
-    let prepared =
-        blocking(move || crate::intake::prepare_reprocess(&store, id, &checks)).await?;
+    let prepared = blocking(move || crate::intake::prepare_reprocess(&store, id, &checks)).await?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),

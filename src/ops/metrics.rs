@@ -78,6 +78,8 @@ pub struct Metrics {
     pub body_budget: IntCounterVec,
     /// Request-body bytes held against that budget now.
     pub inflight_body_bytes: IntGauge,
+    /// Requests waiting for room in that budget now.
+    pub body_budget_waiting: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -266,6 +268,10 @@ impl Metrics {
             inflight_body_bytes: gauge(
                 "inflight_body_bytes",
                 "Request-body bytes held against server.max_inflight_body_bytes",
+            )?,
+            body_budget_waiting: gauge(
+                "body_budget_waiting",
+                "Requests waiting for room in server.max_inflight_body_bytes",
             )?,
             registry,
         };

@@ -132,14 +132,8 @@ async fn retry_dead(
 
 async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
     let store = shared.store.clone();
-    let ids: Vec<u64> = blocking(move || {
-        Ok(store
-            .dead_letters()?
-            .iter()
-            .map(|l| l.entry.seq)
-            .collect())
-    })
-    .await?;
+    let ids: Vec<u64> =
+        blocking(move || Ok(store.dead_letters()?.iter().map(|l| l.entry.seq).collect())).await?;
     let retried = retry(&shared, &ids).await?;
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
 }

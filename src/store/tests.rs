@@ -274,11 +274,14 @@ fn a_delivery_s_invalid_events_make_one_record() {
     };
     assert!(QuarantineRecord::invalid_events(&[], "d", None, 5).is_none());
     let one = QuarantineRecord::invalid_events(&[bad(0)], "d", None, 5).expect("one");
-    assert_eq!((one.scope.as_str(), one.detail.as_str()), ("event", "reason 0"));
+    assert_eq!(
+        (one.scope.as_str(), one.detail.as_str()),
+        ("event", "reason 0")
+    );
     assert_eq!(one.body().expect("body"), br#"{"id":"e0"}"#);
     let many: Vec<_> = (0..8).map(bad).collect();
-    let record = QuarantineRecord::invalid_events(&many, "d", Some("application/json"), 5)
-        .expect("record");
+    let record =
+        QuarantineRecord::invalid_events(&many, "d", Some("application/json"), 5).expect("record");
     assert_eq!(record.scope, "events");
     assert_eq!(record.reason, "invalid_event");
     assert_eq!(record.delivery_id.as_deref(), Some("d"));
@@ -286,7 +289,11 @@ fn a_delivery_s_invalid_events_make_one_record() {
         serde_json::from_slice(&record.body().expect("body")).expect("a JSON array");
     assert_eq!(body.len(), 8);
     assert_eq!(body[7]["id"], "e7");
-    assert!(record.detail.starts_with("8 invalid events; [0] reason 0"), "{}", record.detail);
+    assert!(
+        record.detail.starts_with("8 invalid events; [0] reason 0"),
+        "{}",
+        record.detail
+    );
     assert!(record.detail.ends_with("and 3 more"), "{}", record.detail);
 }
 

@@ -893,7 +893,9 @@ mod tests {
             assert_eq!(parsed.events[0].event.id.as_str(), "e-ok");
             assert_eq!(parsed.invalid.len(), 1, "{prefix}");
             assert!(
-                parsed.invalid[0].reason.contains("reserved for the bridge's own ids"),
+                parsed.invalid[0]
+                    .reason
+                    .contains("reserved for the bridge's own ids"),
                 "{}",
                 parsed.invalid[0].reason
             );
