@@ -578,11 +578,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
-                                let checks = crate::webhook::Checks::configured(
-                                    &config.webhook,
-                                    crate::clock::now_millis(),
-                                );
-                                let out = crate::intake::reprocess_offline(store, id, &checks)?;
+                                let now = crate::clock::now_millis();
+                                let checks =
+                                    crate::webhook::Checks::configured(&config.webhook, now);
+                                let out =
+                                    crate::intake::reprocess_offline(store, id, &checks, now)?;
                                 store.flush()?;
                                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
                             },

@@ -196,15 +196,16 @@ async fn handle(
                 quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
             };
             let quarantined = if large {
-                web::block(quarantine)
-                    .await
-                    .unwrap_or_else(|e| Err(StoreError::Corrupt(e.to_string())))
+                match web::block(quarantine).await {
+                    Ok(done) => done.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
             } else {
-                quarantine()
+                quarantine().map_err(|e| e.to_string())
             };
             match quarantined {
                 Ok(ingested) => shared.writer.flush().await.map(|()| ingested),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             }
         }
     };
@@ -449,22 +450,18 @@ pub enum Reprocess {
     Accept(AcceptJob, Vec<EventKind>),
 }
 
-/// Step 1 of re-processing quarantine record `id` (`None`: no such record), judged by `checks`
-/// (intake's, at the time of re-processing). Step 2 stores the job: through the writer in the
+/// Step 1 of re-processing quarantine record `id` (`None`: no such record) at `now`, judged by
+/// `checks` (intake's, for a body received at `now`). Step 2 stores the job: through the writer in the
 /// daemon ([`crate::store::Writer::accept`]), else with [`Store::accept_many`] (offline: no writer
 /// may run beside it). Step 3 is [`finish_reprocess`].
 pub fn prepare_reprocess(
     store: &Store,
     id: u64,
     checks: &webhook::Checks,
+    now: i64,
 ) -> Result<Option<Reprocess>, StoreError> {
     let Some(record) = store.quarantined_one(id)? else {
         return Ok(None);
-    };
-    let Some((now, _)) = checks.not_after else {
-        return Err(StoreError::Corrupt(
-            "re-processing needs the time of intake".into(),
-        ));
     };
     let body = record.body()?;
     let still_invalid = |detail: String| {
@@ -570,8 +567,9 @@ pub fn reprocess_offline(
     store: &Store,
     id: u64,
     checks: &webhook::Checks,
+    now: i64,
 ) -> Result<Option<Reprocessed>, StoreError> {
-    match prepare_reprocess(store, id, checks)? {
+    match prepare_reprocess(store, id, checks, now)? {
         None => Ok(None),
         Some(Reprocess::StillInvalid(out)) => Ok(Some(out)),
         Some(Reprocess::Accept(job, kinds)) => {

@@ -252,9 +252,11 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    let checks = shared.webhook_checks(crate::clock::now_millis());
+    let now = crate::clock::now_millis();
+    let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
-    let prepared = blocking(move || crate::intake::prepare_reprocess(&store, id, &checks)).await?;
+    let prepared =
+        blocking(move || crate::intake::prepare_reprocess(&store, id, &checks, now)).await?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),
