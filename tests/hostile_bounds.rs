@@ -67,8 +67,12 @@ fn empty_events() -> Vec<u8> {
 /// Just under `MAX_EVENTS` invalid events (no `data.conversation`), padded with text to fill
 /// `MAX_BODY`.
 fn invalid_events() -> Vec<u8> {
+    invalid_events_in("d-invalid")
+}
+
+fn invalid_events_in(delivery: &str) -> Vec<u8> {
     let n = MAX_EVENTS - 10;
-    let shell = envelope_around("d-invalid", "").len();
+    let shell = envelope_around(delivery, "").len();
     let event = |i: usize, pad: &str| {
         format!(
             r#"{{"id":"bad-{i:06}","event":"bot.conversation.updated","sourceType":"bot","sourceId":"Bbounds","timestamp":1,"data":{{"note":"{pad}"}}}}"#
@@ -79,7 +83,7 @@ fn invalid_events() -> Vec<u8> {
     let words = "the user asked for an agent and waited while the bot kept answering ";
     let pad: String = words.chars().cycle().take(pad_len).collect();
     let events: Vec<String> = (0..n).map(|i| event(i, &pad)).collect();
-    let body = envelope_around("d-invalid", &events.join(","));
+    let body = envelope_around(delivery, &events.join(","));
     assert!(body.len() <= MAX_BODY && body.len() > MAX_BODY - 2 * n);
     body
 }
@@ -235,4 +239,86 @@ fn one_delivery_at_the_size_limit_stays_within_memory_time_and_disk_bounds() {
         serde_json::from_str(record["body_text"].as_str().expect("body text")).expect("array");
     assert_eq!(kept.len(), MAX_EVENTS - 10);
     assert_eq!(kept[0]["id"], "bad-000000");
+}
+
+#[test]
+fn admin_reads_run_off_the_http_worker_so_deliveries_are_acknowledged_meanwhile() {
+    // One HTTP worker: an admin call doing its store work (and encoding) on it would hold every
+    // delivery back until it answered.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn::with_env(&[
+            ("HANDOFF_BRIDGE__SERVER__WORKERS", "1"),
+            (
+                "HANDOFF_BRIDGE__WEBHOOK__MAX_BODY_BYTES",
+                &MAX_BODY.to_string(),
+            ),
+        ]),
+    );
+    // Three large records make listing the quarantine slow: each body is read back, expanded
+    // and encoded.
+    for i in 0..3 {
+        let (status, receipt) = app.post(&invalid_events_in(&format!("d-slow-list-{i}")));
+        assert_eq!(
+            (status, receipt["reason"].as_str()),
+            (200, Some("invalid_event")),
+            "{receipt}"
+        );
+    }
+    let lister = {
+        let (agent, url) = (app.agent.clone(), app.admin_url("/admin/v1/quarantine"));
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut resp = agent
+                .get(&url)
+                .header("authorization", format!("Bearer {}", common::ADMIN_TOKEN))
+                .call()
+                .expect("GET");
+            // The answer's head: the daemon has done its work (the body is still to be read).
+            let answered = Instant::now();
+            let status = resp.status().as_u16();
+            let text = resp
+                .body_mut()
+                .with_config()
+                .limit(256 * 1024 * 1024)
+                .read_to_string()
+                .expect("the list");
+            (started, answered, status, text.len())
+        })
+    };
+    let mut answers = Vec::new();
+    let mut i = 0;
+    while !lister.is_finished() && i < 10_000 {
+        let event = json!({
+            "id": format!("list-small-{i}"), "event": "bot.updated", "sourceType": "bot",
+            "sourceId": "Bsmall", "timestamp": 1, "data": {"bot": {"id": "Bsmall"}}
+        });
+        let sent = Instant::now();
+        let (status, _) = app.post(&common::delivery(&format!("d-list-small-{i}"), &[event]));
+        answers.push((sent, Instant::now(), status));
+        i += 1;
+    }
+    let (started, finished, status, len) = lister.join().expect("lister");
+    assert_eq!(status, 200);
+    assert!(
+        len > 3 * MAX_BODY,
+        "the list holds the three bodies ({len} bytes)"
+    );
+    assert!(
+        answers.iter().all(|a| a.2 == 200),
+        "every delivery acknowledged"
+    );
+    let during = answers
+        .iter()
+        .filter(|(sent, answered, _)| *sent >= started && *answered <= finished)
+        .count();
+    eprintln!(
+        "listing took {:.2} s; {during} deliveries acknowledged meanwhile",
+        (finished - started).as_secs_f64()
+    );
+    assert!(
+        during >= 1,
+        "deliveries were acknowledged while the list was made"
+    );
 }

@@ -214,8 +214,16 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
 
 async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
     let store = shared.store.clone();
-    let list = blocking(move || crate::queries::quarantine_list(&store)).await?;
-    Ok(HttpResponse::Ok().json(list))
+    // Encoded on the blocking pool too: bodies can be megabytes each.
+    let json = blocking(move || json_bytes(&crate::queries::quarantine_list(&store)?)).await?;
+    Ok(HttpResponse::Ok()
+        .content_type(actix_web::http::header::ContentType::json())
+        .body(json))
+}
+
+/// A value as JSON text (for answers encoded off the HTTP workers; a `Value` always encodes).
+fn json_bytes(value: &serde_json::Value) -> Result<Vec<u8>, crate::store::StoreError> {
+    serde_json::to_vec(value).map_err(|e| crate::store::StoreError::Corrupt(e.to_string()))
 }
 
 /// A numeric record id from the path; `what` names it in the error ("quarantine id").
@@ -236,13 +244,16 @@ async fn quarantine_show(
     let id = parse_id(&id, "quarantine id")?;
     let store = shared.store.clone();
     let found = blocking(move || {
-        Ok(store
+        store
             .quarantined_one(id)?
-            .map(|r| crate::queries::quarantine_view(&r)))
+            .map(|r| json_bytes(&crate::queries::quarantine_view(&r)))
+            .transpose()
     })
     .await?;
     match found {
-        Some(view) => Ok(HttpResponse::Ok().json(view)),
+        Some(json) => Ok(HttpResponse::Ok()
+            .content_type(actix_web::http::header::ContentType::json())
+            .body(json)),
         None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
     }
 }
