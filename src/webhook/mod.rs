@@ -883,6 +883,44 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        /// The counting visitor keeps what fits, counts the rest, and agrees with the unlimited
+        /// parse on every delivery within the limit.
+        #[test]
+        fn the_count_decides_and_within_it_the_parse_is_unchanged(
+            kinds in proptest::collection::vec(0u8..3, 0..40),
+            max in 1usize..40,
+        ) {
+            let events: Vec<String> = kinds
+                .iter()
+                .enumerate()
+                .map(|(i, k)| match k {
+                    0 => "{}".to_owned(),
+                    1 => bot_event(&format!("e{i}"), 1),
+                    _ => format!("[{i}]"),
+                })
+                .collect();
+            let body = envelope("d1", &events);
+            let checks = Checks { max_events: max, ..Checks::NONE };
+            let limited = parse_delivery_with(&body, &checks);
+            match (events.len(), limited) {
+                (0, out) => proptest::prop_assert_eq!(out.map(|_| ()), Err(DeliveryError::EmptyBatch)),
+                (n, out) if n > max => proptest::prop_assert_eq!(
+                    out.map(|_| ()),
+                    Err(DeliveryError::TooManyEvents { count: n, max })
+                ),
+                (n, out) => {
+                    let out = out.expect("within the limit");
+                    let all = parse_delivery(&body).expect("unlimited");
+                    proptest::prop_assert_eq!(out.events.len() + out.invalid.len(), n);
+                    let ids = |p: &ParsedDelivery| p.events.iter().map(|e| e.raw.clone()).collect::<Vec<_>>();
+                    proptest::prop_assert_eq!(ids(&out), ids(&all));
+                    proptest::prop_assert_eq!(out.invalid.len(), all.invalid.len());
+                }
+            }
+        }
+    }
+
     #[test]
     fn ids_with_a_reserved_prefix_are_refused_from_outside() {
         for prefix in crate::ids::RESERVED_ID_PREFIXES {
