@@ -33,6 +33,9 @@ pub struct Shared {
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
     pub test_clock: bool,
     pub max_body_bytes: usize,
+    /// `webhook.max_events` and `webhook.max_clock_skew` (see [`Shared::webhook_checks`]).
+    pub max_events: usize,
+    pub max_clock_skew: Duration,
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
     /// The Open API client (owned by its own arbiter thread).
@@ -43,6 +46,13 @@ pub struct Shared {
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
     pub helpdesk: crate::helpdesk::api::Helpdesk,
+}
+
+impl Shared {
+    /// The webhook's checks for a body received (or re-processed) at `now`.
+    pub fn webhook_checks(&self, now: i64) -> crate::webhook::Checks {
+        crate::webhook::Checks::intake(self.max_events, self.max_clock_skew, now)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -307,6 +317,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         ),
         test_clock: config.admin.test_clock,
         max_body_bytes: config.webhook.max_body_bytes,
+        max_events: config.webhook.max_events,
+        max_clock_skew: config.webhook.max_clock_skew,
         body_read_timeout: config.server.body_read_timeout,
         shutting_down: AtomicBool::new(false),
         upstream: upstream.handle.clone(),
@@ -317,6 +329,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let webhook_path = config.webhook.path.clone();
     let app_data = shared.clone();
+    // One budget for every listener: the largest body a route reads is the webhook's (the agent
+    // API reads 64 KiB at most, the admin API actix's default 256 KiB).
+    let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
+        config.server.max_inflight_body_bytes,
+        config.webhook.max_body_bytes.max(256 * 1024),
+        config.server.body_read_timeout,
+        shared.metrics.clone(),
+    ));
+    let admin_body_budget = body_budget.clone();
     let workers = match config.server.workers {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
@@ -327,6 +348,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let server = HttpServer::new(move || {
         let path = webhook_path.clone();
         App::new()
+            .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
+            .app_data(body_budget.clone())
             .app_data(app_data.clone())
             .app_data(crate::http_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
@@ -351,7 +374,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         source,
     })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
-    let admin = admin_server(&config, &shared)?;
+    let admin = admin_server(&config, &shared, admin_body_budget)?;
     let admin_bound = admin.as_ref().map(|(_, at)| *at);
     let server = server.run();
     let handle = server.handle();
@@ -501,11 +524,12 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 }
 
 /// The admin listener (`admin.listen`): the admin API, `/metrics` and the probes, with the
-/// public server's limits and timeouts. `None` when `admin.listen` is empty (the admin API is
+/// public server's limits, timeouts and body budget. `None` when `admin.listen` is empty (the admin API is
 /// then served on `server.listen`). Bound here, run by the caller.
 fn admin_server(
     config: &Config,
     shared: &web::Data<Shared>,
+    body_budget: web::Data<crate::body_budget::BodyBudget>,
 ) -> Result<Option<(actix_web::dev::Server, std::net::SocketAddr)>, AppError> {
     let Some(addr) = config.admin_listen_addr() else {
         return Ok(None);
@@ -513,6 +537,9 @@ fn admin_server(
     let app_data = shared.clone();
     let server = HttpServer::new(move || {
         App::new()
+            // The same budget as the public listener's: bodies in memory are counted together.
+            .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
+            .app_data(body_budget.clone())
             .app_data(app_data.clone())
             .app_data(crate::http_error::query_config())
             .configure(crate::ops::probe_routes)

@@ -607,11 +607,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
+                                let now = crate::clock::now_millis();
+                                let checks =
+                                    crate::webhook::Checks::configured(&config.webhook, now);
                                 let out = crate::intake::reprocess_offline(
-                                    store,
-                                    id,
-                                    crate::clock::now_millis(),
-                                    &scrubber,
+                                    store, id, &checks, now, &scrubber,
                                 )?;
                                 store.flush()?;
                                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))

@@ -62,6 +62,42 @@ string_id!(
     UserKey
 );
 
+/// Id prefixes the bridge keeps for the ids it makes itself (event and delivery ids): timer
+/// firings, agent commands, re-processed quarantine records, and reconciliation events (a future
+/// internal kind). The one list: [`Internal`] makes ids from it, and the webhook refuses an event
+/// or delivery whose id starts with one of them, so none from outside can pre-empt (be taken as a
+/// duplicate of) an id the bridge will make.
+pub const RESERVED_ID_PREFIXES: &[&str] = &["timer:", "agent:", "quarantine:", "reconcile:"];
+
+/// The kinds of ids the bridge makes for itself; each takes its prefix from
+/// [`RESERVED_ID_PREFIXES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Internal {
+    Timer = 0,
+    Agent = 1,
+    Quarantine = 2,
+    Reconcile = 3,
+}
+
+impl Internal {
+    pub fn prefix(self) -> &'static str {
+        RESERVED_ID_PREFIXES[self as usize]
+    }
+
+    /// `<prefix><rest>`, for example `timer:<conversation>:<name>:<due>`.
+    pub fn id(self, rest: impl fmt::Display) -> String {
+        format!("{}{rest}", self.prefix())
+    }
+}
+
+/// The reserved prefix `id` starts with, if any.
+pub fn reserved_prefix(id: &str) -> Option<&'static str> {
+    RESERVED_ID_PREFIXES
+        .iter()
+        .copied()
+        .find(|prefix| id.starts_with(prefix))
+}
+
 /// The ordering domain of an event: events with the same key are processed one at a time, in
 /// arrival order. Conversation and message events are keyed by conversation, end-user events by
 /// end user, bot and unknown events by bot.
@@ -103,6 +139,27 @@ impl fmt::Display for PartitionKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_ids_take_their_prefix_from_the_reserved_list() {
+        for (kind, prefix) in [
+            (Internal::Timer, "timer:"),
+            (Internal::Agent, "agent:"),
+            (Internal::Quarantine, "quarantine:"),
+            (Internal::Reconcile, "reconcile:"),
+        ] {
+            let id = kind.id("x:1");
+            assert_eq!(id, format!("{prefix}x:1"));
+            assert_eq!(reserved_prefix(&id), Some(prefix));
+        }
+        assert_eq!(reserved_prefix("timer-ish"), None);
+        assert_eq!(reserved_prefix("e1"), None);
+        assert_eq!(
+            reserved_prefix("Timer:1"),
+            None,
+            "prefixes are case-sensitive"
+        );
+    }
 
     #[test]
     fn partition_key_round_trips_through_its_text_form() {

@@ -7,6 +7,7 @@ pub mod actions;
 pub mod app;
 pub mod background;
 pub mod backup;
+pub mod body_budget;
 pub mod cli;
 pub mod client_addr;
 pub mod clock;

@@ -20,11 +20,20 @@ pub fn find_end_user(
 }
 
 /// A quarantine record with its body also shown as text when it is UTF-8.
+/// `body_base64` is the body as received, also when the store keeps it compressed.
 pub fn quarantine_view(record: &crate::store::QuarantineRecord) -> Value {
-    let text = record.body().ok().and_then(|b| String::from_utf8(b).ok());
+    use base64::Engine as _;
+    let body = record.body().ok();
     let mut v = serde_json::to_value(record).unwrap_or(Value::Null);
-    if let (Some(obj), Some(text)) = (v.as_object_mut(), text) {
-        obj.insert("body_text".into(), Value::String(text));
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("body_gzip");
+        if let (true, Some(body)) = (record.body_gzip, &body) {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(body);
+            obj.insert("body_base64".into(), Value::String(b64));
+        }
+        if let Some(text) = body.and_then(|b| String::from_utf8(b).ok()) {
+            obj.insert("body_text".into(), Value::String(text));
+        }
     }
     v
 }

@@ -103,6 +103,9 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// Which header a trusted proxy writes: `x-forwarded-for` or `forwarded` (RFC 7239).
     pub proxy_header: ProxyHeader,
+    /// Request bodies held in memory at once, all connections together; over it a new body waits
+    /// (at most `body_read_timeout`), then gets 503.
+    pub max_inflight_body_bytes: usize,
 }
 
 /// The header trusted proxies append the client's address to. Only that one is read: a header
@@ -124,6 +127,11 @@ pub struct WebhookConfig {
     /// Source addresses allowed to deliver; empty allows any.
     pub allow_cidrs: Vec<IpNet>,
     pub max_body_bytes: usize,
+    /// Events per delivery; a delivery with more is quarantined whole (`too_many_events`).
+    pub max_events: usize,
+    /// How far ahead of its receive time an event may be stamped; later ones are quarantined.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
     /// How long event and delivery ids are remembered to drop re-sent deliveries.
     #[serde(with = "humantime_serde")]
     pub dedupe_retention: Duration,
@@ -498,6 +506,16 @@ impl Config {
                 "webhook.max_body_bytes",
                 &self.webhook.max_body_bytes,
                 "must be at least 1024",
+            );
+        }
+        if self.webhook.max_events == 0 {
+            bad("webhook.max_events", &0, "must be at least 1");
+        }
+        if self.server.max_inflight_body_bytes < self.webhook.max_body_bytes {
+            bad(
+                "server.max_inflight_body_bytes",
+                &self.server.max_inflight_body_bytes,
+                "must be at least webhook.max_body_bytes (or no delivery at the limit is read)",
             );
         }
         if self.webhook.dedupe_retention < Duration::from_secs(60) {

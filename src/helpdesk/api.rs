@@ -901,11 +901,11 @@ async fn submit(
     let conversation = state.id.clone();
     let event_id = match key {
         // Deterministic: a retry after a lost answer (or a crash) is a duplicate event.
-        Some(k) => format!("agent:{conversation}:{route}:{k}"),
+        Some(k) => crate::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{k}")),
         None => {
             use rand::distr::{Alphanumeric, SampleString};
             let nonce = Alphanumeric.sample_string(&mut rand::rng(), 24);
-            format!("agent:{conversation}:{route}:{nonce}")
+            crate::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{nonce}"))
         }
     };
     let cmd = AgentCommand {

@@ -151,41 +151,70 @@ async fn handle(
         }
     };
 
-    // Nothing of the body is stored, logged or parsed before its webhook tokens are replaced.
-    let body = shared.scrubber.scrub(&body);
     let content_type = req.content_type().to_owned();
     let now = crate::clock::now_millis();
-    let parsed = if is_json(&content_type) {
-        webhook::parse_delivery(&body).map_err(|e| (e.code(), e.to_string()))
-    } else if content_type.is_empty() {
-        Err(("unsupported_content_type", "no content type".to_owned()))
+    let checks = shared.webhook_checks(now);
+    // A large body is judged (and, if bad, compressed into quarantine) on the blocking pool: a
+    // body at the size limit takes a while, and the HTTP worker keeps answering other deliveries.
+    let large = body.len() > OFF_WORKER_OVER;
+    let judge_body = {
+        let content_type = content_type.clone();
+        let scrubber = shared.scrubber.clone();
+        move |body: bytes::BytesMut| {
+            // Nothing of the body is stored, logged or parsed before its webhook tokens are
+            // replaced.
+            let clean = match scrubber.scrub(&body) {
+                std::borrow::Cow::Owned(clean) => Some(bytes::BytesMut::from(&clean[..])),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            let body = clean.unwrap_or(body);
+            let parsed = judge(&body, &content_type, &checks);
+            (body, parsed)
+        }
+    };
+    let (body, parsed) = if large {
+        match web::block(move || judge_body(body)).await {
+            Ok(judged) => judged,
+            Err(e) => {
+                outcome("unavailable");
+                tracing::error!(error = %e, "judging a delivery failed");
+                return Err(ApiError::unavailable(
+                    "the delivery cannot be judged now; retry later",
+                ));
+            }
+        }
     } else {
-        let why = format!("content type {content_type} is not JSON");
-        Err(("unsupported_content_type", why))
+        judge_body(body)
     };
     let stored = match parsed {
         Ok(parsed) => {
             tracing::Span::current().record("delivery_id", tracing::field::display(&parsed.id));
-            let (job, kinds) = accept_job(parsed, Some(&content_type), now);
+            let (job, kinds, invalid) = accept_job(parsed, Some(&content_type), now);
             let delivery_id = job.delivery.clone();
             shared
                 .writer
                 .accept(job)
                 .await
-                .map(|accepted| Ingested::new(delivery_id, accepted, kinds))
+                .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
         }
         Err((reason, detail)) => {
             // Rare path: written here, then made durable by a flush of the writer.
-            match quarantine_delivery(
-                &shared.store,
-                &body,
-                Some(&content_type),
-                reason,
-                &detail,
-                now,
-            ) {
+            let store = shared.store.clone();
+            let content_type = content_type.clone();
+            let quarantine = move || {
+                quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
+            };
+            let quarantined = if large {
+                match web::block(quarantine).await {
+                    Ok(done) => done.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            } else {
+                quarantine().map_err(|e| e.to_string())
+            };
+            match quarantined {
                 Ok(ingested) => shared.writer.flush().await.map(|()| ingested),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             }
         }
     };
@@ -222,6 +251,25 @@ fn record_metrics(shared: &Shared, ingested: &Ingested) {
         .inc_by(ingested.accepted.duplicate_events as u64);
     for (reason, _) in &ingested.quarantined {
         m.record_quarantined(reason);
+    }
+}
+
+/// Bodies longer than this are judged on the blocking pool rather than on the HTTP worker.
+const OFF_WORKER_OVER: usize = 256 * 1024;
+
+/// The verdict on a body: a delivery (maybe with invalid events), or why it is quarantined whole.
+fn judge(
+    body: &[u8],
+    content_type: &str,
+    checks: &webhook::Checks,
+) -> Result<webhook::ParsedDelivery, (&'static str, String)> {
+    if is_json(content_type) {
+        webhook::parse_delivery_with(body, checks).map_err(|e| (e.code(), e.to_string()))
+    } else if content_type.is_empty() {
+        Err(("unsupported_content_type", "no content type".to_owned()))
+    } else {
+        let why = format!("content type {content_type} is not JSON");
+        Err(("unsupported_content_type", why))
     }
 }
 
@@ -273,16 +321,30 @@ pub struct Ingested {
     pub accepted: Accepted,
     /// Type of each new event, and whether its platform is unknown (for metrics).
     pub new_kinds: Vec<(EventKind, bool)>,
-    /// (reason code, quarantine id) of each quarantined part.
+    /// (reason code, quarantine id) of each quarantine record made (at most one per delivery).
     pub quarantined: Vec<(String, u64)>,
+    /// Invalid events of a valid delivery in that record.
+    pub quarantined_events: usize,
     pub whole_delivery: Option<(String, String)>,
 }
 
 impl Ingested {
-    /// What storing a valid delivery did; `kinds` describes each of its valid events.
-    fn new(delivery_id: DeliveryId, accepted: Accepted, kinds: Vec<(EventKind, bool)>) -> Self {
+    /// What storing a valid delivery did; `kinds` describes each of its valid events, `invalid`
+    /// counts its invalid ones.
+    fn new(
+        delivery_id: DeliveryId,
+        accepted: Accepted,
+        kinds: Vec<(EventKind, bool)>,
+        invalid: usize,
+    ) -> Self {
         let new_kinds = accepted.pick_new(kinds);
         Ingested {
+            // A re-sent delivery's invalid events were quarantined the first time.
+            quarantined_events: if accepted.quarantined.is_empty() {
+                0
+            } else {
+                invalid
+            },
             delivery_id: Some(delivery_id),
             quarantined: accepted
                 .quarantined
@@ -316,7 +378,12 @@ impl Ingested {
             delivery_id: self.delivery_id.as_ref().map(|d| d.to_string()),
             accepted: new,
             duplicates: self.accepted.duplicate_events,
-            quarantined: self.quarantined.len(),
+            // Invalid events quarantined, or 1 for a whole body.
+            quarantined: if self.whole_delivery.is_some() {
+                self.quarantined.len()
+            } else {
+                self.quarantined_events
+            },
             reason,
             detail,
             quarantine_id: self.quarantined.first().map(|(_, id)| *id),
@@ -324,26 +391,18 @@ impl Ingested {
     }
 }
 
-/// The writer's job for a valid delivery (its invalid events become quarantine records), and the
-/// type of each valid event.
+/// The writer's job for a valid delivery (its invalid events become one quarantine record), the
+/// type of each valid event, and how many are invalid.
 fn accept_job(
     parsed: webhook::ParsedDelivery,
     content_type: Option<&str>,
     now: i64,
-) -> (AcceptJob, Vec<(EventKind, bool)>) {
-    let invalid = parsed
-        .invalid
-        .iter()
-        .map(|bad| {
-            QuarantineRecord::invalid_event(
-                &bad.reason,
-                &bad.raw,
-                parsed.id.as_str(),
-                content_type,
-                now,
-            )
-        })
-        .collect();
+) -> (AcceptJob, Vec<(EventKind, bool)>, usize) {
+    let invalid_count = parsed.invalid.len();
+    let invalid =
+        QuarantineRecord::invalid_events(&parsed.invalid, parsed.id.as_str(), content_type, now)
+            .into_iter()
+            .collect();
     let kinds = parsed
         .events
         .iter()
@@ -355,7 +414,7 @@ fn accept_job(
         invalid,
         received_at: now,
     };
-    (job, kinds)
+    (job, kinds, invalid_count)
 }
 
 fn quarantine_delivery(
@@ -388,6 +447,9 @@ pub struct Reprocessed {
     /// Type of each new event (for the events metric, as on intake).
     #[serde(skip)]
     pub new_kinds: Vec<EventKind>,
+    /// The new record holding the events that are still invalid, when others were accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requarantined: Option<u64>,
 }
 
 /// A quarantined body judged by today's validation: still invalid (the outcome), or a job to
@@ -397,13 +459,15 @@ pub enum Reprocess {
     Accept(AcceptJob, Vec<EventKind>),
 }
 
-/// Step 1 of re-processing quarantine record `id` (`None`: no such record). Step 2 stores the job:
-/// through the writer in the daemon ([`crate::store::Writer::accept`]), else with
-/// [`Store::accept_many`] (offline: no writer may run beside it). Step 3 is [`finish_reprocess`].
-/// The body is scrubbed again: a record stored by an older build may still hold a token.
+/// Step 1 of re-processing quarantine record `id` (`None`: no such record) at `now`, judged by
+/// `checks` (intake's, for a body received at `now`). Step 2 stores the job: through the writer in the
+/// daemon ([`crate::store::Writer::accept`]), else with [`Store::accept_many`] (offline: no writer
+/// may run beside it). Step 3 is [`finish_reprocess`]. The body is scrubbed again: a record stored
+/// by an older build may still hold a token.
 pub fn prepare_reprocess(
     store: &Store,
     id: u64,
+    checks: &webhook::Checks,
     now: i64,
     scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocess>, StoreError> {
@@ -419,34 +483,65 @@ pub fn prepare_reprocess(
             duplicates: 0,
             detail: Some(detail),
             new_kinds: Vec::new(),
+            requarantined: None,
         })
     };
-    if record.scope == "event" {
-        let raw = match serde_json::from_slice::<Box<serde_json::value::RawValue>>(&body) {
-            Ok(raw) => raw,
-            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+    if record.scope == "event" || record.scope == "events" {
+        // One event, or a JSON array of a delivery's invalid events.
+        let raws: Vec<&serde_json::value::RawValue> = if record.scope == "event" {
+            match serde_json::from_slice(&body) {
+                Ok(raw) => vec![raw],
+                Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+            }
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(raws) => raws,
+                Err(e) => return Ok(Some(still_invalid(e.to_string()))),
+            }
         };
-        let event = match webhook::validate_event(&raw) {
-            Ok(ev) => ev,
-            Err(e) => return Ok(Some(still_invalid(e.to_string()))),
-        };
-        // Its delivery id is already recorded (its siblings were accepted), so use one of its own.
-        let kind = event.event.kind.clone();
+        let mut events = Vec::new();
+        let mut invalid = Vec::new();
+        for raw in raws {
+            match checks.validate(raw) {
+                Ok(ev) => events.push(ev),
+                Err(e) => invalid.push(webhook::InvalidEvent {
+                    raw: raw.get().to_owned(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if events.is_empty() {
+            let detail = match invalid.len() {
+                1 => invalid[0].reason.clone(),
+                n => format!("{n} events still invalid; [0] {}", invalid[0].reason),
+            };
+            return Ok(Some(still_invalid(detail)));
+        }
+        // Its delivery id is already recorded (its siblings were accepted), so use one of its
+        // own. Events still invalid go to a new record (one), this one is released.
+        let kinds = events.iter().map(|e| e.event.kind.clone()).collect();
+        let delivery = record.delivery_id.as_deref().unwrap_or_default();
+        let requarantine = QuarantineRecord::invalid_events(
+            &invalid,
+            delivery,
+            record.content_type.as_deref(),
+            now,
+        );
         let job = AcceptJob {
-            delivery: DeliveryId::new(format!("quarantine:{id}")),
-            events: vec![event],
-            invalid: Vec::new(),
+            delivery: DeliveryId::new(crate::ids::Internal::Quarantine.id(id)),
+            events,
+            invalid: requarantine.into_iter().collect(),
             received_at: now,
         };
-        return Ok(Some(Reprocess::Accept(job, vec![kind])));
+        return Ok(Some(Reprocess::Accept(job, kinds)));
     }
-    match webhook::parse_delivery(&body) {
+    match webhook::parse_delivery_with(&body, checks) {
         Err(e) => Ok(Some(still_invalid(e.to_string()))),
         Ok(parsed) if !parsed.invalid.is_empty() && parsed.events.is_empty() => {
             Ok(Some(still_invalid(parsed.invalid[0].reason.clone())))
         }
         Ok(parsed) => {
-            let (job, kinds) = accept_job(parsed, record.content_type.as_deref(), now);
+            let (job, kinds, _) = accept_job(parsed, record.content_type.as_deref(), now);
             let kinds = kinds.into_iter().map(|(k, _)| k).collect();
             Ok(Some(Reprocess::Accept(job, kinds)))
         }
@@ -473,6 +568,7 @@ pub fn finish_reprocess(
         duplicates: accepted.duplicate_events,
         detail: None,
         new_kinds: accepted.pick_new(kinds),
+        requarantined: accepted.quarantined.first().copied(),
     })
 }
 
@@ -481,10 +577,11 @@ pub fn finish_reprocess(
 pub fn reprocess_offline(
     store: &Store,
     id: u64,
+    checks: &webhook::Checks,
     now: i64,
     scrubber: &scrub::Scrubber,
 ) -> Result<Option<Reprocessed>, StoreError> {
-    match prepare_reprocess(store, id, now, scrubber)? {
+    match prepare_reprocess(store, id, checks, now, scrubber)? {
         None => Ok(None),
         Some(Reprocess::StillInvalid(out)) => Ok(Some(out)),
         Some(Reprocess::Accept(job, kinds)) => {

@@ -305,7 +305,7 @@ mod tests {
         );
         let id = store.quarantine(record).expect("quarantine");
         let scrubber = Scrubber::new([TOKEN]).expect("scrubber");
-        let out = crate::intake::reprocess_offline(&store, id, 2, &scrubber)
+        let out = crate::intake::reprocess_offline(&store, id, &crate::webhook::Checks::NONE, 2, &scrubber)
             .expect("reprocess")
             .expect("record");
         assert_eq!((out.status.as_str(), out.accepted), ("accepted", 1));

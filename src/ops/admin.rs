@@ -114,11 +114,13 @@ async fn clock_advance(
     shared.store.timer_wakeup().notify_one();
     let now = crate::clock::now_millis();
     // How many timers are due now: a caller can wait for that many firings.
-    let due = shared
-        .store
-        .due_timers(now, 100_000, |_| false)
-        .map(|(due, _)| due.len())
-        .map_err(store_error)?;
+    let store = shared.store.clone();
+    let due = blocking(move || {
+        store
+            .due_timers(now, 100_000, |_| false)
+            .map(|(due, _)| due.len())
+    })
+    .await?;
     Ok(HttpResponse::Ok().json(json!({
         "offset_ms": offset,
         "now": now,
@@ -131,12 +133,30 @@ pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {
     ApiError::unavailable("the store cannot be read now")
 }
 
+/// Store work of an admin call, on the blocking pool: sled calls can wait for its lock (a fold's
+/// commit) or its I/O, and must not hold an HTTP worker, which also answers the webhook.
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    web::block(work)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+            )
+        })?
+        .map_err(store_error)
+}
+
 async fn conversation(
     shared: web::Data<Shared>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ConversationId::new(id.into_inner());
-    match shared.store.conversation(&id).map_err(store_error)? {
+    let (store, key) = (shared.store.clone(), id.clone());
+    match blocking(move || store.conversation(&key)).await? {
         Some(state) => Ok(HttpResponse::Ok().json(state)),
         None => Err(ApiError::not_found(format!("no conversation {id}"))),
     }
@@ -147,16 +167,7 @@ async fn audit(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
     let id = ConversationId::new(id.into_inner());
     let (store, rules) = (shared.store.clone(), shared.rules.live.current());
     let lookup = id.clone();
-    let found = web::block(move || crate::queries::audit(&store, rules.as_ref(), &lookup))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-        })?
-        .map_err(store_error)?;
+    let found = blocking(move || crate::queries::audit(&store, rules.as_ref(), &lookup)).await?;
     match found {
         Some(timeline) => Ok(HttpResponse::Ok().json(timeline)),
         None => Err(ApiError::not_found(format!("no conversation {id}"))),
@@ -175,8 +186,10 @@ async fn find_end_user(
     shared: web::Data<Shared>,
     q: web::Query<FindQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let found = crate::queries::find_end_user(&shared.store, &q.platform, &q.user_key)
-        .map_err(store_error)?;
+    let (store, platform, user_key) =
+        (shared.store.clone(), q.platform.clone(), q.user_key.clone());
+    let found =
+        blocking(move || crate::queries::find_end_user(&store, &platform, &user_key)).await?;
     match found {
         Some(v) => Ok(HttpResponse::Ok().json(v)),
         None => Err(ApiError::not_found(format!(
@@ -188,7 +201,8 @@ async fn find_end_user(
 
 async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = EventId::new(id.into_inner());
-    match shared.store.event_status(&id).map_err(store_error)? {
+    let (store, key) = (shared.store.clone(), id.clone());
+    match blocking(move || store.event_status(&key)).await? {
         Some((record, pending)) => {
             Ok(HttpResponse::Ok().json(json!({"record": record, "pending": pending})))
         }
@@ -199,8 +213,17 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
 }
 
 async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let list = crate::queries::quarantine_list(&shared.store).map_err(store_error)?;
-    Ok(HttpResponse::Ok().json(list))
+    let store = shared.store.clone();
+    // Encoded on the blocking pool too: bodies can be megabytes each.
+    let json = blocking(move || json_bytes(&crate::queries::quarantine_list(&store)?)).await?;
+    Ok(HttpResponse::Ok()
+        .content_type(actix_web::http::header::ContentType::json())
+        .body(json))
+}
+
+/// A value as JSON text (for answers encoded off the HTTP workers; a `Value` always encodes).
+fn json_bytes(value: &serde_json::Value) -> Result<Vec<u8>, crate::store::StoreError> {
+    serde_json::to_vec(value).map_err(|e| crate::store::StoreError::Corrupt(e.to_string()))
 }
 
 /// A numeric record id from the path; `what` names it in the error ("quarantine id").
@@ -219,8 +242,18 @@ async fn quarantine_show(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    match shared.store.quarantined_one(id).map_err(store_error)? {
-        Some(r) => Ok(HttpResponse::Ok().json(crate::queries::quarantine_view(&r))),
+    let store = shared.store.clone();
+    let found = blocking(move || {
+        store
+            .quarantined_one(id)?
+            .map(|r| json_bytes(&crate::queries::quarantine_view(&r)))
+            .transpose()
+    })
+    .await?;
+    match found {
+        Some(json) => Ok(HttpResponse::Ok()
+            .content_type(actix_web::http::header::ContentType::json())
+            .body(json)),
         None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
     }
 }
@@ -231,8 +264,13 @@ async fn quarantine_reprocess(
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
     let now = crate::clock::now_millis();
-    let prepared = crate::intake::prepare_reprocess(&shared.store, id, now, &shared.scrubber)
-        .map_err(store_error)?;
+    let checks = shared.webhook_checks(now);
+    let store = shared.store.clone();
+    let scrubber = shared.scrubber.clone();
+    let prepared = blocking(move || {
+        crate::intake::prepare_reprocess(&store, id, &checks, now, &scrubber)
+    })
+    .await?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),
@@ -240,14 +278,19 @@ async fn quarantine_reprocess(
         // Through the writer, like any delivery: it hands the new events to the dispatcher.
         Some(crate::intake::Reprocess::Accept(job, kinds)) => {
             let accepted = shared.writer.accept(job).await.map_err(unavailable)?;
-            let outcome = crate::intake::finish_reprocess(&shared.store, id, accepted, kinds)
-                .map_err(store_error)?;
+            let store = shared.store.clone();
+            let outcome =
+                blocking(move || crate::intake::finish_reprocess(&store, id, accepted, kinds))
+                    .await?;
             shared.writer.flush().await.map_err(unavailable)?;
             outcome
         }
     };
     if outcome.status != "still_invalid" {
         shared.metrics.quarantine_entries.dec();
+    }
+    if outcome.requarantined.is_some() {
+        shared.metrics.record_quarantined("invalid_event");
     }
     for kind in &outcome.new_kinds {
         shared

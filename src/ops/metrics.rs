@@ -75,6 +75,13 @@ pub struct Metrics {
     pub rule_caps_hit: IntCounterVec,
     /// Actions skipped because their template failed at run time, by rule (bounded like above).
     pub rule_template_errors: IntCounterVec,
+    /// Request bodies by how they got their share of `server.max_inflight_body_bytes`:
+    /// `immediate`, `waited`, `refused` (503).
+    pub body_budget: IntCounterVec,
+    /// Request-body bytes held against that budget now.
+    pub inflight_body_bytes: IntGauge,
+    /// Requests waiting for room in that budget now.
+    pub body_budget_waiting: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -264,6 +271,19 @@ impl Metrics {
                 "Actions of a fired rule skipped because a template failed at run time, by rule",
                 "rule",
             )?,
+            body_budget: counter_vec(
+                "body_budget_total",
+                "Request bodies by how they got room in server.max_inflight_body_bytes",
+                "outcome",
+            )?,
+            inflight_body_bytes: gauge(
+                "inflight_body_bytes",
+                "Request-body bytes held against server.max_inflight_body_bytes",
+            )?,
+            body_budget_waiting: gauge(
+                "body_budget_waiting",
+                "Requests waiting for room in server.max_inflight_body_bytes",
+            )?,
             registry,
         };
         // Make every outcome visible from the first scrape.
@@ -278,6 +298,9 @@ impl Metrics {
             "unavailable",
         ] {
             m.deliveries.with_label_values(&[outcome]);
+        }
+        for outcome in ["immediate", "waited", "refused"] {
+            m.body_budget.with_label_values(&[outcome]);
         }
         Ok(m)
     }

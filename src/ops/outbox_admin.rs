@@ -1,6 +1,6 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
-use super::admin::store_error;
+use super::admin::blocking;
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use actix_web::http::StatusCode;
@@ -34,7 +34,8 @@ fn not_found(id: u64) -> ApiError {
 }
 
 async fn list_outbox(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let entries = shared.store.outbox().map_err(store_error)?;
+    let store = shared.store.clone();
+    let entries = blocking(move || store.outbox()).await?;
     Ok(HttpResponse::Ok().json(json!({
         "paused": shared.executor.is_paused(),
         "depth": entries.len(),
@@ -47,7 +48,8 @@ async fn show_pending(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = super::admin::parse_id(&id, "outbox entry id")?;
-    match shared.store.outbox_entry(id).map_err(store_error)? {
+    let store = shared.store.clone();
+    match blocking(move || store.outbox_entry(id)).await? {
         Some(entry) => Ok(HttpResponse::Ok().json(entry)),
         None => Err(ApiError::not_found(format!("no pending outbox entry {id}"))),
     }
@@ -64,7 +66,8 @@ async fn list_done(
     q: web::Query<LimitQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = q.limit.unwrap_or(100).min(10_000);
-    let records = shared.store.finished(limit).map_err(store_error)?;
+    let store = shared.store.clone();
+    let records = blocking(move || store.finished(limit)).await?;
     Ok(HttpResponse::Ok().json(json!({ "count": records.len(), "finished": records })))
 }
 
@@ -98,7 +101,8 @@ async fn idle(shared: web::Data<Shared>, q: web::Query<IdleQuery>) -> HttpRespon
 }
 
 async fn list_dead(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let letters = shared.store.dead_letters().map_err(store_error)?;
+    let store = shared.store.clone();
+    let letters = blocking(move || store.dead_letters()).await?;
     Ok(HttpResponse::Ok().json(json!({ "count": letters.len(), "dead_letters": letters })))
 }
 
@@ -107,7 +111,8 @@ async fn show_dead(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    match shared.store.dead_letter(id).map_err(store_error)? {
+    let store = shared.store.clone();
+    match blocking(move || store.dead_letter(id)).await? {
         Some(letter) => Ok(HttpResponse::Ok().json(letter)),
         None => Err(not_found(id)),
     }
@@ -126,8 +131,9 @@ async fn retry_dead(
 }
 
 async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let letters = shared.store.dead_letters().map_err(store_error)?;
-    let ids: Vec<u64> = letters.iter().map(|l| l.entry.seq).collect();
+    let store = shared.store.clone();
+    let ids: Vec<u64> =
+        blocking(move || Ok(store.dead_letters()?.iter().map(|l| l.entry.seq).collect())).await?;
     let retried = retry(&shared, &ids).await?;
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
 }
@@ -136,16 +142,17 @@ async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> 
 /// were dead letters.
 async fn retry(shared: &Shared, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
     let now = crate::clock::now_millis();
-    let mut entries = Vec::new();
-    for &id in ids {
-        if let Some(entry) = shared
-            .store
-            .retry_dead_letter(id, now)
-            .map_err(store_error)?
-        {
-            entries.push(entry);
+    let (store, ids) = (shared.store.clone(), ids.to_vec());
+    let entries = blocking(move || {
+        let mut entries = Vec::new();
+        for id in ids {
+            if let Some(entry) = store.retry_dead_letter(id, now)? {
+                entries.push(entry);
+            }
         }
-    }
+        Ok(entries)
+    })
+    .await?;
     if entries.is_empty() {
         return Ok(Vec::new());
     }
@@ -186,10 +193,9 @@ async fn drop_dead(
             )
         })?;
     let now = crate::clock::now_millis();
-    let letter = shared
-        .store
-        .drop_dead_letter(id, &reason, now)
-        .map_err(store_error)?
+    let (store, why) = (shared.store.clone(), reason.clone());
+    let letter = blocking(move || store.drop_dead_letter(id, &why, now))
+        .await?
         .ok_or_else(|| not_found(id))?;
     shared
         .writer
@@ -211,10 +217,7 @@ async fn replay(
     let request = q.into_inner().request()?;
     let store = shared.store.clone();
     let rules = shared.rules.live.current();
-    let report = web::block(move || store.replay(&request, rules.as_ref()))
-        .await
-        .map_err(|_| ApiError::unavailable("replay was interrupted"))?
-        .map_err(store_error)?;
+    let report = blocking(move || store.replay(&request, rules.as_ref())).await?;
     if !report.entries.is_empty() {
         shared
             .writer

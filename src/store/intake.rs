@@ -392,19 +392,25 @@ impl Store {
         for record in &records {
             let delivery = DeliveryId::new(record.delivery.clone());
             let mut events = Vec::with_capacity(record.events.len());
-            let mut bad = Vec::new();
+            let mut invalid = Vec::new();
             for raw in &record.events {
                 match crate::webhook::validate_event(raw) {
                     Ok(ev) => events.push(ev),
-                    Err(e) => bad.push(QuarantineRecord::invalid_event(
-                        &e.to_string(),
-                        raw.get(),
-                        &record.delivery,
-                        None,
-                        record.received_at,
-                    )),
+                    Err(e) => invalid.push(crate::webhook::InvalidEvent {
+                        raw: raw.get().to_owned(),
+                        reason: e.to_string(),
+                    }),
                 }
             }
+            // One record for the delivery's invalid events, as intake makes.
+            let bad: Vec<QuarantineRecord> = QuarantineRecord::invalid_events(
+                &invalid,
+                &record.delivery,
+                None,
+                record.received_at,
+            )
+            .into_iter()
+            .collect();
             let request = AcceptRequest {
                 delivery: &delivery,
                 events: &events,

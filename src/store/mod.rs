@@ -255,27 +255,40 @@ pub struct AcceptRequest<'a> {
     pub received_at: Millis,
 }
 
-/// A quarantined body: a whole delivery or one event of one.
+/// A quarantined body: a whole delivery, one invalid event of one, or all the invalid events of
+/// one (`events`: the body is a JSON array of them, in delivery order).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct QuarantineRecord {
     pub id: u64,
     pub received_at: Millis,
-    /// `delivery` or `event`.
+    /// `delivery`, `event` or `events`.
     pub scope: String,
-    /// Stable reason code (`invalid_json`, `invalid_format`, `empty_batch`,
+    /// Stable reason code (`invalid_json`, `invalid_format`, `empty_batch`, `too_many_events`,
     /// `unsupported_content_type`, `invalid_event`).
     pub reason: String,
     pub detail: String,
     pub delivery_id: Option<String>,
     pub content_type: Option<String>,
-    /// The body as received, base64 so any bytes survive.
+    /// The body as received, base64 so any bytes survive; gzip-compressed first when
+    /// `body_gzip` (bodies over [`QuarantineRecord::GZIP_OVER`]).
     pub body_base64: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub body_gzip: bool,
 }
 
 impl QuarantineRecord {
+    /// Bodies longer than this are stored gzip-compressed: a hostile body at the size limit is
+    /// mostly repetition (millions of `{}` events) and shrinks to a few KiB.
+    pub const GZIP_OVER: usize = 64 * 1024;
+    /// The most a stored body may expand to when read (a damaged record cannot exhaust memory).
+    const MAX_EXPANDED: u64 = 256 * 1024 * 1024;
+
     /// A record for `store.quarantine` (which assigns the id).
     pub fn new(scope: &str, reason: &str, detail: &str, body: &[u8], received_at: Millis) -> Self {
         use base64::Engine;
+        let gzipped = (body.len() > Self::GZIP_OVER)
+            .then(|| gzip(body))
+            .and_then(|z| z.ok());
         QuarantineRecord {
             id: 0,
             received_at,
@@ -284,7 +297,9 @@ impl QuarantineRecord {
             detail: detail.to_owned(),
             delivery_id: None,
             content_type: None,
-            body_base64: base64::engine::general_purpose::STANDARD.encode(body),
+            body_base64: base64::engine::general_purpose::STANDARD
+                .encode(gzipped.as_deref().unwrap_or(body)),
+            body_gzip: gzipped.is_some(),
         }
     }
 
@@ -308,13 +323,77 @@ impl QuarantineRecord {
         record
     }
 
+    /// The one record for all the invalid events of a delivery (`None` when it has none): scope
+    /// `event` with the event as its body when there is one, else scope `events` with a JSON
+    /// array of them as its body, in delivery order, and the first reasons in `detail` (each is
+    /// found again by re-processing: validation is pure).
+    pub fn invalid_events(
+        bad: &[crate::webhook::InvalidEvent],
+        delivery_id: &str,
+        content_type: Option<&str>,
+        received_at: Millis,
+    ) -> Option<Self> {
+        /// Reasons quoted in `detail`.
+        const QUOTED: usize = 5;
+        match bad {
+            [] => None,
+            [one] => Some(Self::invalid_event(
+                &one.reason,
+                &one.raw,
+                delivery_id,
+                content_type,
+                received_at,
+            )),
+            many => {
+                let mut body = Vec::with_capacity(many.iter().map(|b| b.raw.len() + 1).sum());
+                body.push(b'[');
+                for (i, b) in many.iter().enumerate() {
+                    if i > 0 {
+                        body.push(b',');
+                    }
+                    body.extend_from_slice(b.raw.as_bytes());
+                }
+                body.push(b']');
+                let mut detail = format!("{} invalid events", many.len());
+                for (i, b) in many.iter().take(QUOTED).enumerate() {
+                    detail.push_str(&format!("; [{i}] {}", b.reason));
+                }
+                if many.len() > QUOTED {
+                    detail.push_str(&format!("; and {} more", many.len() - QUOTED));
+                }
+                let mut record =
+                    QuarantineRecord::new("events", "invalid_event", &detail, &body, received_at);
+                record.delivery_id = Some(delivery_id.to_owned());
+                record.content_type = content_type.map(str::to_owned);
+                Some(record)
+            }
+        }
+    }
+
     /// The body as received.
     pub fn body(&self) -> Result<Vec<u8>, StoreError> {
         use base64::Engine;
-        base64::engine::general_purpose::STANDARD
+        use std::io::Read as _;
+        let stored = base64::engine::general_purpose::STANDARD
             .decode(&self.body_base64)
-            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))
+            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+        if !self.body_gzip {
+            return Ok(stored);
+        }
+        let mut body = Vec::new();
+        flate2::read::GzDecoder::new(stored.as_slice())
+            .take(Self::MAX_EXPANDED)
+            .read_to_end(&mut body)
+            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+        Ok(body)
     }
+}
+
+fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(body)?;
+    z.finish()
 }
 
 /// Counts of stored records, for metrics.

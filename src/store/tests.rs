@@ -238,6 +238,66 @@ fn prune_drops_old_dedupe_records_and_whole_old_folded_segments_only() {
 }
 
 #[test]
+fn a_large_quarantined_body_is_stored_compressed_and_read_back_whole() {
+    let (_d, store) = store();
+    let body = format!(
+        r#"{{"id":"d","webhookId":"w","webhookUrl":"u","messages":[{}]}}"#,
+        vec!["{}"; 200_000].join(",")
+    );
+    let record = QuarantineRecord::new("delivery", "too_many_events", "x", body.as_bytes(), 5);
+    assert!(record.body_gzip, "{} bytes are compressed", body.len());
+    assert!(
+        record.body_base64.len() < body.len() / 20,
+        "stored {} bytes for {}",
+        record.body_base64.len(),
+        body.len()
+    );
+    let id = store.quarantine(record).expect("quarantine");
+    let back = store.quarantined_one(id).expect("get").expect("record");
+    assert_eq!(back.body().expect("body"), body.as_bytes());
+    let view = crate::queries::quarantine_view(&back);
+    assert!(view.get("body_gzip").is_none(), "{view:?}");
+    assert_eq!(view["body_text"].as_str(), Some(body.as_str()));
+    // Small bodies stay as they were, and a record from before the field reads as uncompressed.
+    let small = QuarantineRecord::new("delivery", "invalid_json", "x", b"{bad", 5);
+    assert!(!small.body_gzip);
+    let old = r#"{"id":1,"received_at":5,"scope":"delivery","reason":"invalid_json","detail":"x","delivery_id":null,"content_type":null,"body_base64":"e2JhZA=="}"#;
+    let old: QuarantineRecord = serde_json::from_str(old).expect("old record");
+    assert_eq!(old.body().expect("body"), b"{bad");
+}
+
+#[test]
+fn a_delivery_s_invalid_events_make_one_record() {
+    let bad = |i: usize| crate::webhook::InvalidEvent {
+        raw: format!(r#"{{"id":"e{i}"}}"#),
+        reason: format!("reason {i}"),
+    };
+    assert!(QuarantineRecord::invalid_events(&[], "d", None, 5).is_none());
+    let one = QuarantineRecord::invalid_events(&[bad(0)], "d", None, 5).expect("one");
+    assert_eq!(
+        (one.scope.as_str(), one.detail.as_str()),
+        ("event", "reason 0")
+    );
+    assert_eq!(one.body().expect("body"), br#"{"id":"e0"}"#);
+    let many: Vec<_> = (0..8).map(bad).collect();
+    let record =
+        QuarantineRecord::invalid_events(&many, "d", Some("application/json"), 5).expect("record");
+    assert_eq!(record.scope, "events");
+    assert_eq!(record.reason, "invalid_event");
+    assert_eq!(record.delivery_id.as_deref(), Some("d"));
+    let body: Vec<serde_json::Value> =
+        serde_json::from_slice(&record.body().expect("body")).expect("a JSON array");
+    assert_eq!(body.len(), 8);
+    assert_eq!(body[7]["id"], "e7");
+    assert!(
+        record.detail.starts_with("8 invalid events; [0] reason 0"),
+        "{}",
+        record.detail
+    );
+    assert!(record.detail.ends_with("and 3 more"), "{}", record.detail);
+}
+
+#[test]
 fn quarantine_round_trips_and_releases() {
     let (_d, store) = store();
     let id = store
@@ -250,6 +310,7 @@ fn quarantine_round_trips_and_releases() {
             delivery_id: None,
             content_type: Some("application/json".into()),
             body_base64: "e2JhZA==".into(),
+            body_gzip: false,
         })
         .expect("quarantine");
     let listed = store.quarantined().expect("list");

@@ -8,7 +8,7 @@ pub mod agent;
 pub mod model;
 
 use crate::ids::{DeliveryId, PartitionKey};
-use model::{Delivery, Event, EventHeader, Payload};
+use model::{Event, EventHeader, Millis, Payload};
 use serde_json::value::RawValue;
 
 /// A delivery that passed envelope validation. Individual events may still be invalid.
@@ -46,6 +46,10 @@ pub enum DeliveryError {
     InvalidFormat(String),
     #[error("delivery has no events")]
     EmptyBatch,
+    /// More events than `webhook.max_events`: the whole delivery is quarantined (the events
+    /// were counted, not built).
+    #[error("delivery has {count} events, more than the limit of {max} (webhook.max_events)")]
+    TooManyEvents { count: usize, max: usize },
 }
 
 impl DeliveryError {
@@ -55,6 +59,7 @@ impl DeliveryError {
             DeliveryError::InvalidJson(_) => "invalid_json",
             DeliveryError::InvalidFormat(_) => "invalid_format",
             DeliveryError::EmptyBatch => "empty_batch",
+            DeliveryError::TooManyEvents { .. } => "too_many_events",
         }
     }
 }
@@ -70,24 +75,118 @@ pub enum EventError {
     /// from outside they could fire (or forge) a conversation's timer or an agent's command.
     #[error("event type `{0}` is reserved for the bridge's own timers and agent commands")]
     Reserved(String),
+    /// The id starts with a prefix the bridge makes its own ids with (`ids::RESERVED_ID_PREFIXES`):
+    /// accepted, it would make the bridge's own event (a timer firing, an agent command, a
+    /// re-processed record) a duplicate.
+    #[error("event id `{id}` starts with `{prefix}`, which is reserved for the bridge's own ids")]
+    ReservedId { id: String, prefix: &'static str },
+    /// Stamped further ahead of its receive time than `webhook.max_clock_skew`: it would win
+    /// every last-writer-wins field until real time caught up with it.
+    #[error("event timestamp {timestamp} is {ahead_ms} ms after its receive time, more than the allowed clock skew of {skew_ms} ms (webhook.max_clock_skew)")]
+    Future {
+        timestamp: Millis,
+        ahead_ms: i64,
+        skew_ms: i64,
+    },
+}
+
+/// What intake checks beyond the format: the event count and how far in the future an event may
+/// be stamped. [`Checks::NONE`] checks neither (tools and tests that judge a body on its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checks {
+    /// At most this many events per delivery (`webhook.max_events`).
+    pub max_events: usize,
+    /// `(receive time, max skew)`, both ms: an event stamped after their sum is invalid.
+    pub not_after: Option<(Millis, i64)>,
+}
+
+impl Checks {
+    pub const NONE: Checks = Checks {
+        max_events: usize::MAX,
+        not_after: None,
+    };
+
+    /// The webhook's checks for a body received at `now`.
+    pub fn intake(max_events: usize, max_clock_skew: std::time::Duration, now: Millis) -> Checks {
+        Checks {
+            max_events,
+            not_after: Some((
+                now,
+                i64::try_from(max_clock_skew.as_millis()).unwrap_or(i64::MAX),
+            )),
+        }
+    }
+
+    /// [`Checks::intake`] with the configured limits.
+    pub fn configured(config: &crate::config::WebhookConfig, now: Millis) -> Checks {
+        Checks::intake(config.max_events, config.max_clock_skew, now)
+    }
+
+    /// An event stamped too far ahead of its receive time.
+    pub fn check_time(&self, event: &Event) -> Result<(), EventError> {
+        let Some((now, skew_ms)) = self.not_after else {
+            return Ok(());
+        };
+        let ahead_ms = event.timestamp.saturating_sub(now);
+        if ahead_ms > skew_ms {
+            return Err(EventError::Future {
+                timestamp: event.timestamp,
+                ahead_ms,
+                skew_ms,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`validate_event`], then the time check.
+    pub fn validate(&self, raw: &RawValue) -> Result<IncomingEvent, EventError> {
+        let event = validate_event(raw)?;
+        self.check_time(&event.event)?;
+        Ok(event)
+    }
 }
 
 /// Validate a delivery body. Envelope errors reject the whole delivery; event errors only that
-/// event.
+/// event. No count limit, no time check: see [`parse_delivery_with`].
 pub fn parse_delivery(body: &[u8]) -> Result<ParsedDelivery, DeliveryError> {
-    let delivery: Delivery<'_> = serde_json::from_slice(body).map_err(classify)?;
+    parse_delivery_with(body, &Checks::NONE)
+}
+
+/// [`parse_delivery`] with intake's checks. The envelope is read in one pass that keeps (as
+/// borrowed raw slices) at most `max_events` events and only counts the rest, so a body of
+/// millions of tiny events costs a count, not millions of typed events.
+pub fn parse_delivery_with(body: &[u8], checks: &Checks) -> Result<ParsedDelivery, DeliveryError> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let delivery = envelope::EnvelopeSeed {
+        max_events: checks.max_events,
+    }
+    .deserialize(&mut de)
+    .and_then(|d| de.end().map(|()| d))
+    .map_err(classify)?;
     if delivery.id.trim().is_empty() {
         return Err(DeliveryError::InvalidFormat(
             "field `id` must not be empty".into(),
         ));
     }
-    if delivery.messages.is_empty() {
+    if delivery.count == 0 {
         return Err(DeliveryError::EmptyBatch);
+    }
+    if delivery.count > checks.max_events {
+        return Err(DeliveryError::TooManyEvents {
+            count: delivery.count,
+            max: checks.max_events,
+        });
+    }
+    if let Some(prefix) = crate::ids::reserved_prefix(&delivery.id) {
+        return Err(DeliveryError::InvalidFormat(format!(
+            "delivery id starts with `{prefix}`, which is reserved for the bridge's own ids"
+        )));
     }
     let mut events = Vec::with_capacity(delivery.messages.len());
     let mut invalid = Vec::new();
     for raw in delivery.messages {
-        match validate_event(raw) {
+        match checks.validate(raw) {
             Ok(event) => events.push(event),
             Err(err) => invalid.push(InvalidEvent {
                 raw: raw.get().to_owned(),
@@ -100,6 +199,148 @@ pub fn parse_delivery(body: &[u8]) -> Result<ParsedDelivery, DeliveryError> {
         events,
         invalid,
     })
+}
+
+/// The delivery envelope read by a visitor that counts `messages[]` past a limit without keeping
+/// those entries (`IgnoredAny`). Same fields and errors as [`model::Delivery`].
+mod envelope {
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+    use std::fmt;
+
+    pub struct Envelope<'a> {
+        pub id: String,
+        /// The first `max_events` events.
+        pub messages: Vec<&'a RawValue>,
+        /// How many events `messages[]` holds.
+        pub count: usize,
+    }
+
+    pub struct EnvelopeSeed {
+        pub max_events: usize,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(field_identifier, rename_all = "camelCase")]
+    enum Field {
+        Id,
+        WebhookId,
+        WebhookUrl,
+        Messages,
+        #[serde(other)]
+        Other,
+    }
+
+    impl<'de> DeserializeSeed<'de> for EnvelopeSeed {
+        type Value = Envelope<'de>;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for EnvelopeSeed {
+        type Value = Envelope<'de>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("struct Delivery")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut id: Option<String> = None;
+            let mut webhook_id = false;
+            let mut webhook_url = false;
+            let mut messages: Option<(Vec<&'de RawValue>, usize)> = None;
+            fn once<E: de::Error>(seen: bool, name: &'static str) -> Result<(), E> {
+                if seen {
+                    return Err(E::duplicate_field(name));
+                }
+                Ok(())
+            }
+            while let Some(field) = map.next_key::<Field>()? {
+                match field {
+                    Field::Id => {
+                        once(id.is_some(), "id")?;
+                        id = Some(map.next_value()?);
+                    }
+                    Field::WebhookId => {
+                        once(webhook_id, "webhookId")?;
+                        map.next_value::<String>()?;
+                        webhook_id = true;
+                    }
+                    Field::WebhookUrl => {
+                        once(webhook_url, "webhookUrl")?;
+                        map.next_value::<String>()?;
+                        webhook_url = true;
+                    }
+                    Field::Messages => {
+                        once(messages.is_some(), "messages")?;
+                        messages = Some(map.next_value_seed(Messages {
+                            max: self.max_events,
+                        })?);
+                    }
+                    Field::Other => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            let id = id.ok_or_else(|| de::Error::missing_field("id"))?;
+            if !webhook_id {
+                return Err(de::Error::missing_field("webhookId"));
+            }
+            if !webhook_url {
+                return Err(de::Error::missing_field("webhookUrl"));
+            }
+            let (messages, count) = messages.ok_or_else(|| de::Error::missing_field("messages"))?;
+            Ok(Envelope {
+                id,
+                messages,
+                count,
+            })
+        }
+    }
+
+    /// `messages[]`: keeps the first `max` entries (raw), counts all.
+    struct Messages {
+        max: usize,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Messages {
+        type Value = (Vec<&'de RawValue>, usize);
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Messages {
+        type Value = (Vec<&'de RawValue>, usize);
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sequence of events")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut kept = Vec::new();
+            let mut count = 0usize;
+            loop {
+                let more = if kept.len() < self.max {
+                    match seq.next_element::<&'de RawValue>()? {
+                        Some(raw) => {
+                            kept.push(raw);
+                            true
+                        }
+                        None => false,
+                    }
+                } else {
+                    seq.next_element::<IgnoredAny>()?.is_some()
+                };
+                if !more {
+                    return Ok((kept, count));
+                }
+                count += 1;
+            }
+        }
+    }
 }
 
 /// Validate one event (as found in `messages[]`) and work out where it is processed. Events from
@@ -145,6 +386,14 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     let agent = header.event.agent_command();
     if (timer.is_some() || agent.is_some()) && origin == Origin::Outside {
         return Err(EventError::Reserved(header.event.as_str().to_owned()));
+    }
+    if origin == Origin::Outside {
+        if let Some(prefix) = crate::ids::reserved_prefix(header.id.as_str()) {
+            return Err(EventError::ReservedId {
+                id: header.id.as_str().to_owned(),
+                prefix,
+            });
+        }
     }
     let payload = match header.event.data_key() {
         None if timer.is_some() => Payload::Timer(timer_payload(timer, header.data.get())?),
@@ -268,10 +517,10 @@ pub fn agent_event(
 /// deterministic (`timer:<conversation>:<name>:<due ms>`), so firing it again after a crash is a
 /// duplicate. `bot` is the conversation's bot (the event's `sourceId`).
 pub fn timer_event(timer: &model::TimerFiring, bot: &str) -> Result<IncomingEvent, EventError> {
-    let id = format!(
-        "timer:{}:{}:{}",
+    let id = crate::ids::Internal::Timer.id(format_args!(
+        "{}:{}:{}",
         timer.conversation_id, timer.name, timer.due_at
-    );
+    ));
     let raw = serde_json::json!({
         "id": id,
         "event": format!("{}{}", model::TIMER_EVENT_PREFIX, timer.name),
@@ -559,6 +808,175 @@ mod tests {
         );
         let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
         assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
+    }
+
+    fn bot_event(id: &str, timestamp: i64) -> String {
+        format!(
+            r#"{{"id":"{id}","event":"bot.updated","sourceType":"bot","sourceId":"B1","timestamp":{timestamp},"data":{{"bot":{{"id":"B1"}}}}}}"#
+        )
+    }
+
+    fn envelope(id: &str, events: &[String]) -> Vec<u8> {
+        format!(
+            r#"{{"id":"{id}","webhookId":"w","webhookUrl":"u","messages":[{}]}}"#,
+            events.join(",")
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn events_past_the_limit_are_counted_not_kept() {
+        let empties = vec!["{}".to_owned(); 1_000];
+        let body = envelope("d1", &empties);
+        let checks = Checks {
+            max_events: 10,
+            ..Checks::NONE
+        };
+        assert_eq!(
+            parse_delivery_with(&body, &checks).map(|_| ()),
+            Err(DeliveryError::TooManyEvents {
+                count: 1_000,
+                max: 10
+            })
+        );
+        assert_eq!(
+            DeliveryError::TooManyEvents { count: 2, max: 1 }.code(),
+            "too_many_events"
+        );
+        // At the limit: a delivery, each `{}` an invalid event.
+        let checks = Checks {
+            max_events: 1_000,
+            ..Checks::NONE
+        };
+        let parsed = parse_delivery_with(&body, &checks).expect("at the limit");
+        assert_eq!((parsed.events.len(), parsed.invalid.len()), (0, 1_000));
+        // Bad JSON after the limit is still bad JSON; the envelope's own errors are unchanged.
+        let mut broken = envelope("d1", &empties);
+        broken.truncate(broken.len() - 3);
+        let checks = Checks {
+            max_events: 10,
+            ..Checks::NONE
+        };
+        assert!(matches!(
+            parse_delivery_with(&broken, &checks),
+            Err(DeliveryError::InvalidJson(_))
+        ));
+        let twice = br#"{"id":"d","id":"e","webhookId":"w","webhookUrl":"u","messages":[{}]}"#;
+        assert!(matches!(
+            parse_delivery(twice),
+            Err(DeliveryError::InvalidFormat(e)) if e.contains("duplicate field `id`")
+        ));
+        let no_url = br#"{"id":"d","webhookId":"w","messages":[{}]}"#;
+        assert!(matches!(
+            parse_delivery(no_url),
+            Err(DeliveryError::InvalidFormat(e)) if e.contains("webhookUrl")
+        ));
+        let messages_object = br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":{}}"#;
+        assert!(matches!(
+            parse_delivery(messages_object),
+            Err(DeliveryError::InvalidFormat(_))
+        ));
+        let trailing = br#"{"id":"d","webhookId":"w","webhookUrl":"u","messages":[{}]} x"#;
+        assert!(matches!(
+            parse_delivery(trailing),
+            Err(DeliveryError::InvalidJson(_))
+        ));
+    }
+
+    proptest::proptest! {
+        /// The counting visitor keeps what fits, counts the rest, and agrees with the unlimited
+        /// parse on every delivery within the limit.
+        #[test]
+        fn the_count_decides_and_within_it_the_parse_is_unchanged(
+            kinds in proptest::collection::vec(0u8..3, 0..40),
+            max in 1usize..40,
+        ) {
+            let events: Vec<String> = kinds
+                .iter()
+                .enumerate()
+                .map(|(i, k)| match k {
+                    0 => "{}".to_owned(),
+                    1 => bot_event(&format!("e{i}"), 1),
+                    _ => format!("[{i}]"),
+                })
+                .collect();
+            let body = envelope("d1", &events);
+            let checks = Checks { max_events: max, ..Checks::NONE };
+            let limited = parse_delivery_with(&body, &checks);
+            match (events.len(), limited) {
+                (0, out) => proptest::prop_assert_eq!(out.map(|_| ()), Err(DeliveryError::EmptyBatch)),
+                (n, out) if n > max => proptest::prop_assert_eq!(
+                    out.map(|_| ()),
+                    Err(DeliveryError::TooManyEvents { count: n, max })
+                ),
+                (n, out) => {
+                    let out = out.expect("within the limit");
+                    let all = parse_delivery(&body).expect("unlimited");
+                    proptest::prop_assert_eq!(out.events.len() + out.invalid.len(), n);
+                    let ids = |p: &ParsedDelivery| p.events.iter().map(|e| e.raw.clone()).collect::<Vec<_>>();
+                    proptest::prop_assert_eq!(ids(&out), ids(&all));
+                    proptest::prop_assert_eq!(out.invalid.len(), all.invalid.len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ids_with_a_reserved_prefix_are_refused_from_outside() {
+        for prefix in crate::ids::RESERVED_ID_PREFIXES {
+            let forged = bot_event(&format!("{prefix}c1:x:1"), 1);
+            let body = envelope("d1", &[forged.clone(), bot_event("e-ok", 2)]);
+            let parsed = parse_delivery(&body).expect("envelope ok");
+            assert_eq!(parsed.events.len(), 1, "{prefix}");
+            assert_eq!(parsed.events[0].event.id.as_str(), "e-ok");
+            assert_eq!(parsed.invalid.len(), 1, "{prefix}");
+            assert!(
+                parsed.invalid[0]
+                    .reason
+                    .contains("reserved for the bridge's own ids"),
+                "{}",
+                parsed.invalid[0].reason
+            );
+            let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
+            assert!(matches!(
+                validate_event(&raw),
+                Err(EventError::ReservedId { prefix: p, .. }) if p == *prefix
+            ));
+            // The bridge still reads its own stored events with such ids.
+            parse_event(&forged).expect("stored events are the bridge's");
+            // A delivery id with the prefix is refused whole.
+            let body = envelope(&format!("{prefix}7"), &[bot_event("e1", 1)]);
+            assert!(matches!(
+                parse_delivery(&body),
+                Err(DeliveryError::InvalidFormat(e)) if e.contains("reserved")
+            ));
+        }
+    }
+
+    #[test]
+    fn events_stamped_beyond_the_clock_skew_are_invalid() {
+        let now = 1_763_690_000_000;
+        let checks = Checks::intake(10, std::time::Duration::from_secs(300), now);
+        let year = 365 * 24 * 3_600_000;
+        let body = envelope(
+            "d1",
+            &[
+                bot_event("e-year", now + year),
+                bot_event("e-edge", now + 300_000),
+                bot_event("e-past", now - year),
+            ],
+        );
+        let parsed = parse_delivery_with(&body, &checks).expect("envelope ok");
+        let ids: Vec<&str> = parsed.events.iter().map(|e| e.event.id.as_str()).collect();
+        assert_eq!(ids, ["e-edge", "e-past"]);
+        assert_eq!(parsed.invalid.len(), 1);
+        assert!(
+            parsed.invalid[0].reason.contains("max_clock_skew"),
+            "{}",
+            parsed.invalid[0].reason
+        );
+        // Without intake's checks (tools), the time is not judged.
+        assert!(parse_delivery(&body).expect("ok").invalid.is_empty());
     }
 
     #[test]

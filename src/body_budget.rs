@@ -1,0 +1,247 @@
+//! The budget on request bodies held in memory at once, across every connection and route
+//! (`server.max_inflight_body_bytes`): a byte-counting semaphore (permits are KiB). A request that
+//! brings a body takes its share before its handler reads it and gives it back when the handler
+//! has answered (the body parsed and handed on). The share is the `Content-Length`, at most the
+//! largest body any route reads; a body without a length (chunked) takes that largest size.
+//!
+//! Over the budget a request waits for room, at most `server.body_read_timeout`, then gets
+//! `503 server_busy` with `Retry-After`. Waiting first: the service disables the webhook after
+//! three non-200 answers in 30 minutes, and a burst of large bodies drains in well under a second
+//! each, so a short wait turns a refusal into a slower 200.
+
+use crate::http_error::ApiError;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::Next;
+use actix_web::{web, HttpResponse, ResponseError as _};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Seconds a refused client is told to wait.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// The shared budget (one per daemon, in every listener's app data).
+#[derive(Clone)]
+pub struct BodyBudget {
+    permits: Arc<Semaphore>,
+    /// Total permits (KiB).
+    total_kib: u32,
+    /// The largest body a route reads: the share of a body of unknown length, and the cap on a
+    /// claimed `Content-Length` (its handler refuses more without reading it).
+    largest_body: usize,
+    wait: Duration,
+    metrics: crate::ops::metrics::Metrics,
+}
+
+/// A body's share of the budget, given back when dropped.
+pub struct Share {
+    _permit: OwnedSemaphorePermit,
+    kib: u32,
+    metrics: crate::ops::metrics::Metrics,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.metrics
+            .inflight_body_bytes
+            .sub(i64::from(self.kib) * 1024);
+    }
+}
+
+/// No room came up within the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no room for a request body of {bytes} bytes within {wait:?}")]
+pub struct Busy {
+    pub bytes: usize,
+    pub wait: Duration,
+}
+
+impl BodyBudget {
+    pub fn new(
+        max_inflight_bytes: usize,
+        largest_body: usize,
+        wait: Duration,
+        metrics: crate::ops::metrics::Metrics,
+    ) -> Self {
+        let total_kib = u32::try_from(max_inflight_bytes / 1024)
+            .unwrap_or(u32::MAX)
+            .min(Semaphore::MAX_PERMITS as u32)
+            .max(1);
+        BodyBudget {
+            permits: Arc::new(Semaphore::new(total_kib as usize)),
+            total_kib,
+            largest_body,
+            wait,
+            metrics,
+        }
+    }
+
+    /// Take a share for a body of `bytes`, waiting at most the configured wait.
+    pub async fn take(&self, bytes: usize) -> Result<Share, Busy> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total_kib);
+        let outcome = |name: &str| self.metrics.body_budget.with_label_values(&[name]).inc();
+        let permit = match self.permits.clone().try_acquire_many_owned(kib) {
+            Ok(p) => {
+                outcome("immediate");
+                p
+            }
+            Err(_) => {
+                self.metrics.body_budget_waiting.inc();
+                let waited =
+                    tokio::time::timeout(self.wait, self.permits.clone().acquire_many_owned(kib))
+                        .await;
+                self.metrics.body_budget_waiting.dec();
+                match waited {
+                    Ok(Ok(p)) => {
+                        outcome("waited");
+                        p
+                    }
+                    // Timed out (the semaphore is never closed).
+                    _ => {
+                        outcome("refused");
+                        return Err(Busy {
+                            bytes,
+                            wait: self.wait,
+                        });
+                    }
+                }
+            }
+        };
+        self.metrics.inflight_body_bytes.add(i64::from(kib) * 1024);
+        Ok(Share {
+            _permit: permit,
+            kib,
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// The share a request's body takes: `None` when it brings none.
+    fn share_of(&self, headers: &header::HeaderMap) -> Option<usize> {
+        if headers.contains_key(header::TRANSFER_ENCODING) {
+            return Some(self.largest_body);
+        }
+        let length = headers.get(header::CONTENT_LENGTH)?;
+        match length
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            Some(0) => None,
+            Some(n) => {
+                Some(usize::try_from(n).map_or(self.largest_body, |n| n.min(self.largest_body)))
+            }
+            // Unreadable: actix refuses the request before any handler reads it.
+            None => None,
+        }
+    }
+}
+
+/// The middleware (`actix_web::middleware::from_fn(body_budget::limit)`) on every listener's app.
+pub async fn limit(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let Some(budget) = req.app_data::<web::Data<BodyBudget>>().cloned() else {
+        return Ok(next.call(req).await?.map_into_left_body());
+    };
+    let Some(bytes) = budget.share_of(req.headers()) else {
+        return Ok(next.call(req).await?.map_into_left_body());
+    };
+    match budget.take(bytes).await {
+        Ok(share) => {
+            let response = next.call(req).await;
+            drop(share);
+            Ok(response?.map_into_left_body())
+        }
+        Err(busy) => {
+            tracing::warn!(path = %req.path(), bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
+            let error = ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                "too many request bodies are being read at once; retry later",
+            );
+            let mut response: HttpResponse = error.error_response();
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(RETRY_AFTER_SECS),
+            );
+            Ok(req.into_response(response).map_into_right_body())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(kib: usize, wait_ms: u64) -> BodyBudget {
+        let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
+        BodyBudget::new(
+            kib * 1024,
+            8 * 1024,
+            Duration::from_millis(wait_ms),
+            metrics,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_over_the_budget_waits_for_room_then_is_refused() {
+        let b = budget(16, 1_000);
+        let first = b.take(10 * 1024).await.expect("room");
+        assert_eq!(b.metrics.inflight_body_bytes.get(), 10 * 1024);
+        // 10 + 8 > 16 KiB: waits, and gets room once the first is given back.
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.take(8 * 1024).await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "waits while the budget is full");
+        assert_eq!(b.metrics.body_budget_waiting.get(), 1);
+        drop(first);
+        assert_eq!(waiting.await.expect("task"), Ok(()));
+        assert_eq!(
+            b.metrics.body_budget.with_label_values(&["waited"]).get(),
+            1
+        );
+        // Nothing gives room back: refused after the wait.
+        let _held = b.take(16 * 1024).await.expect("room");
+        let start = tokio::time::Instant::now();
+        assert!(b.take(1).await.is_err());
+        assert_eq!(start.elapsed(), Duration::from_millis(1_000));
+        assert_eq!(
+            b.metrics.body_budget.with_label_values(&["refused"]).get(),
+            1
+        );
+        assert_eq!(b.metrics.inflight_body_bytes.get(), 16 * 1024);
+    }
+
+    #[test]
+    fn a_share_is_the_claimed_length_capped_at_the_largest_body() {
+        let b = budget(64, 10);
+        let headers = |pairs: &[(header::HeaderName, &str)]| {
+            let mut h = header::HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(k.clone(), header::HeaderValue::from_str(v).expect("value"));
+            }
+            h
+        };
+        assert_eq!(b.share_of(&headers(&[])), None);
+        assert_eq!(b.share_of(&headers(&[(header::CONTENT_LENGTH, "0")])), None);
+        assert_eq!(
+            b.share_of(&headers(&[(header::CONTENT_LENGTH, "100")])),
+            Some(100)
+        );
+        assert_eq!(
+            b.share_of(&headers(&[(header::CONTENT_LENGTH, "99999999999")])),
+            Some(8 * 1024)
+        );
+        assert_eq!(
+            b.share_of(&headers(&[(header::TRANSFER_ENCODING, "chunked")])),
+            Some(8 * 1024)
+        );
+    }
+}
