@@ -1,0 +1,345 @@
+//! The agent API's input rules, in one place for both sides of the contract: the handlers check
+//! requests with these constants and functions, and the OpenAPI document's schemas are built
+//! from the same ones ([`schema`]), so the document says exactly what the handlers accept.
+
+use crate::helpdesk::idempotency;
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
+};
+use utoipa::openapi::{RefOr, Required};
+
+/// Longest agent id, in characters.
+pub const MAX_AGENT_ID: usize = 200;
+/// Longest agent reply text, in characters: the service's limit (a longer one would be accepted
+/// here and then refused by the send call, a dead letter instead of a 400).
+pub const MAX_TEXT: usize = 1000;
+/// The queue's phases (`phase` query parameter); the first is the default.
+pub const PHASES: [&str; 8] = [
+    "requested",
+    "accepted",
+    "connected",
+    "released",
+    "cancelled",
+    "ended",
+    "bot",
+    "all",
+];
+/// The queue's `limit` query parameter: its range and default.
+pub const LIMIT_MIN: usize = 1;
+pub const LIMIT_MAX: usize = 1000;
+pub const LIMIT_DEFAULT: usize = 100;
+
+/// Unicode's `White_Space` characters, which `char::is_whitespace` (and so `str::trim`) tests:
+/// written out so the document's "not blank" pattern names the same set.
+const WHITE_SPACE: [char; 25] = [
+    '\u{9}', '\u{a}', '\u{b}', '\u{c}', '\u{d}', ' ', '\u{85}', '\u{a0}', '\u{1680}', '\u{2000}',
+    '\u{2001}', '\u{2002}', '\u{2003}', '\u{2004}', '\u{2005}', '\u{2006}', '\u{2007}', '\u{2008}',
+    '\u{2009}', '\u{200a}', '\u{2028}', '\u{2029}', '\u{202f}', '\u{205f}', '\u{3000}',
+];
+
+/// Whether `s` has no character but white space (or none at all).
+pub fn blank(s: &str) -> bool {
+    s.chars().all(|c| WHITE_SPACE.contains(&c))
+}
+
+/// A JSON Schema pattern (ECMA-262; unanchored, so it matches a string that holds a match
+/// anywhere) for "not [`blank`]": some character outside [`WHITE_SPACE`].
+pub fn non_blank_pattern() -> String {
+    let class: String = WHITE_SPACE
+        .iter()
+        .map(|c| format!("\\u{:04x}", u32::from(*c)))
+        .collect();
+    format!("[^{class}]")
+}
+
+/// An agent id's rule: 1 to [`MAX_AGENT_ID`] characters, not blank.
+pub fn valid_agent_id(id: &str) -> bool {
+    !blank(id) && id.chars().count() <= MAX_AGENT_ID
+}
+
+/// A reply text's rule: 1 to [`MAX_TEXT`] characters, not blank.
+pub fn valid_text(text: &str) -> bool {
+    !blank(text) && text.chars().count() <= MAX_TEXT
+}
+
+/// An optional JSON integer as JSON Schema counts them: any number with no fractional part
+/// (`2.0` is the integer 2), within `i64`. serde alone refuses `2.0` for an `i64`.
+pub fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::{Deserialize as _, Error as _};
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    // 2^63: the first float past i64::MAX (i64::MIN = -2^63 is a float exactly).
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && (-LIMIT..LIMIT).contains(&f) => Ok(Some(f as i64)),
+        _ => Err(D::Error::custom(format!(
+            "invalid value: {n}, expected an integer from {} to {}",
+            i64::MIN,
+            i64::MAX
+        ))),
+    }
+}
+
+/// The `Idempotency-Key` pattern, from [`idempotency::KEY_PUNCTUATION`].
+pub fn key_pattern() -> String {
+    let punct: String = idempotency::KEY_PUNCTUATION
+        .iter()
+        .map(|b| match b {
+            b'-' => "\\-".to_owned(),
+            b => char::from(*b).to_string(),
+        })
+        .collect();
+    format!("^[A-Za-z0-9{punct}]+$")
+}
+
+/// Schemas of the document, each built from the rules above.
+pub mod schema {
+    use super::*;
+
+    fn string() -> ObjectBuilder {
+        ObjectBuilder::new().schema_type(Type::String)
+    }
+
+    fn nullable(t: Type) -> SchemaType {
+        SchemaType::from_iter([t, Type::Null])
+    }
+
+    fn null() -> ObjectBuilder {
+        ObjectBuilder::new().schema_type(Type::Null)
+    }
+
+    fn reference(name: &str) -> RefOr<Schema> {
+        RefOr::Ref(utoipa::openapi::Ref::from_schema_name(name))
+    }
+
+    fn null_or(name: &str) -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(null())
+            .item(reference(name))
+            .into()
+    }
+
+    /// A string that is not blank.
+    pub fn non_blank() -> RefOr<Schema> {
+        string()
+            .min_length(Some(1))
+            .pattern(Some(non_blank_pattern()))
+            .build()
+            .into()
+    }
+
+    /// A string of at least one character.
+    pub fn non_empty() -> RefOr<Schema> {
+        string().min_length(Some(1)).build().into()
+    }
+
+    pub fn agent_id() -> RefOr<Schema> {
+        string()
+            .min_length(Some(1))
+            .max_length(Some(MAX_AGENT_ID))
+            .pattern(Some(non_blank_pattern()))
+            .description(Some(format!(
+                "The help desk's id of the agent: 1 to {MAX_AGENT_ID} characters, not blank."
+            )))
+            .build()
+            .into()
+    }
+
+    pub fn phase() -> RefOr<Schema> {
+        string()
+            .enum_values(Some(PHASES))
+            .default(Some(PHASES[0].into()))
+            .build()
+            .into()
+    }
+
+    pub fn limit() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(LIMIT_MIN))
+            .maximum(Some(LIMIT_MAX))
+            .default(Some(LIMIT_DEFAULT.into()))
+            .build()
+            .into()
+    }
+
+    /// A path segment: any non-empty string.
+    pub fn segment() -> RefOr<Schema> {
+        non_empty()
+    }
+
+    pub fn idempotency_key() -> RefOr<Schema> {
+        string()
+            .min_length(Some(1))
+            .max_length(Some(idempotency::MAX_KEY_LEN))
+            .pattern(Some(key_pattern()))
+            .build()
+            .into()
+    }
+
+    /// `ReplyMessage`: one shape per `type`, each requiring its own content; the other
+    /// contents are optional (and passed on as they are).
+    pub fn reply_message() -> RefOr<Schema> {
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(nullable(Type::String))
+                .build()
+        };
+        let media = || null_or("ReplyMedia");
+        let cards = || {
+            ArrayBuilder::new()
+                .schema_type(nullable(Type::Array))
+                .items(reference("ReplyCard"))
+                .build()
+        };
+        let shape = |kind: &str, own: &str, schema: RefOr<Schema>| {
+            let mut o = ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property("type", string().enum_values(Some([kind])))
+                .required("type")
+                .required(own)
+                .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+            for (name, s) in [
+                ("text", RefOr::T(Schema::Object(text()))),
+                ("media", media()),
+                ("cards", RefOr::T(Schema::Array(cards()))),
+            ] {
+                o = o.property(name, if name == own { schema.clone() } else { s });
+            }
+            o.build()
+        };
+        let text_schema = string()
+            .min_length(Some(1))
+            .max_length(Some(MAX_TEXT))
+            .pattern(Some(non_blank_pattern()))
+            .build()
+            .into();
+        let cards_schema = ArrayBuilder::new()
+            .items(reference("ReplyCard"))
+            .min_items(Some(1))
+            .build()
+            .into();
+        OneOfBuilder::new()
+            .description(Some(format!(
+                "A reply: `text` needs 1 to {MAX_TEXT} characters of text (not blank), \
+                 `media` its media, `cards` at least one card."
+            )))
+            .item(shape("text", "text", text_schema))
+            .item(shape("media", "media", reference("ReplyMedia")))
+            .item(shape("cards", "cards", cards_schema))
+            .into()
+    }
+
+    /// `FlowTarget` (transfer): a flow by id or by title, not both, optionally a node.
+    pub fn flow_target() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .description(Some(
+                "Where to send the conversation: a flow by id (`flow_id`) or by title (`flow`, \
+                 not blank), not both; optionally a node of it (`node_id`).",
+            ))
+            .item(flow_shape(Some("flow_id")))
+            .item(flow_shape(Some("flow")))
+            .into()
+    }
+
+    /// `ReleaseTarget`: a [`flow_target`], or nothing (then `helpdesk.release_flow`).
+    pub fn release_target() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .description(Some(
+                "Where the bot picks up: a FlowTarget, or no flow at all (then the configured \
+                 helpdesk.release_flow).",
+            ))
+            .item(reference("FlowTarget"))
+            .item(flow_shape(None))
+            .into()
+    }
+
+    /// The object with `given` (`flow_id` or `flow`) set and the other null or absent; with
+    /// none given, all three are null or absent.
+    fn flow_shape(given: Option<&str>) -> Schema {
+        let int = |nullable_: bool| {
+            let t = if nullable_ {
+                nullable(Type::Integer)
+            } else {
+                SchemaType::Type(Type::Integer)
+            };
+            ObjectBuilder::new()
+                .schema_type(t)
+                .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                    utoipa::openapi::KnownFormat::Int64,
+                )))
+                .minimum(Some(i64::MIN))
+                .maximum(Some(i64::MAX))
+                .build()
+        };
+        let mut o = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        o = match given {
+            Some("flow_id") => o
+                .property("flow_id", int(false))
+                .required("flow_id")
+                .property("flow", null()),
+            Some(_) => o
+                .property("flow", non_blank())
+                .required("flow")
+                .property("flow_id", null()),
+            None => o.property("flow_id", null()).property("flow", null()),
+        };
+        o = if given.is_some() {
+            o.property("node_id", int(true))
+        } else {
+            o.property("node_id", null())
+        };
+        Schema::Object(o.build())
+    }
+
+    /// Whether a parameter must be given.
+    pub fn optional() -> Required {
+        Required::False
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn white_space_is_what_char_is_whitespace_says() {
+        for c in (0..=0x10ffffu32).filter_map(char::from_u32) {
+            assert_eq!(c.is_whitespace(), WHITE_SPACE.contains(&c), "{c:?}");
+        }
+        assert!(blank("") && blank(" \t\u{3000}"));
+        assert!(!blank(" a "));
+    }
+
+    /// A JSON Schema validator of strings with `pattern` (the ECMA-262 dialect the document
+    /// declares, as a JSON Schema library reads it).
+    fn matches(pattern: &str) -> impl Fn(&str) -> bool {
+        let schema = serde_json::json!({"type": "string", "pattern": pattern});
+        let validator = jsonschema::draft202012::new(&schema).expect("pattern compiles");
+        move |s| validator.is_valid(&serde_json::json!(s))
+    }
+
+    #[test]
+    fn the_patterns_say_what_the_checks_do() {
+        let non_blank = matches(&non_blank_pattern());
+        for s in ["a", " a", "\u{3000}x", "\u{1c}", "x\u{2028}"] {
+            assert!(non_blank(s) && !blank(s), "{s:?}");
+        }
+        for s in ["", " ", "\t\n", "\u{2028}\u{a0}", "\u{85}\u{3000}"] {
+            assert!(!non_blank(s) && blank(s), "{s:?}");
+        }
+        let key = matches(&key_pattern());
+        for k in ["a", "order:42.retry_1", "A-Z_0.9:x"] {
+            assert!(key(k) && idempotency::valid_key(k), "{k:?}");
+        }
+        for k in ["", "a/b", "has space", "k\n", "é", "a\u{0}"] {
+            assert!(!key(k) && !idempotency::valid_key(k), "{k:?}");
+        }
+    }
+}
