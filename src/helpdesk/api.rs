@@ -233,6 +233,7 @@ impl ToSchema for ReplyMessage {
         use utoipa::PartialSchema as _;
         schemas.push((ReplyMedia::name().into(), ReplyMedia::schema()));
         schemas.push((ReplyCard::name().into(), ReplyCard::schema()));
+        schemas.push((ReplyButton::name().into(), ReplyButton::schema()));
         <ReplyCard as ToSchema>::schemas(schemas);
     }
 }
@@ -240,9 +241,10 @@ impl ToSchema for ReplyMessage {
 #[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReplyMedia {
-    #[schema(schema_with = contract::schema::non_empty)]
+    #[schema(schema_with = contract::schema::media_type)]
     pub content_type: String,
-    #[schema(schema_with = contract::schema::non_empty)]
+    /// Not blank.
+    #[schema(schema_with = contract::schema::non_blank)]
     pub uri: String,
 }
 
@@ -250,17 +252,21 @@ pub struct ReplyMedia {
 #[serde(deny_unknown_fields)]
 pub struct ReplyCard {
     /// Not blank.
-    #[schema(schema_with = contract::schema::non_blank)]
+    #[schema(schema_with = contract::schema::card_title)]
     pub title: String,
+    #[schema(schema_with = contract::schema::card_description)]
     pub description: Option<String>,
     pub media: Option<ReplyMedia>,
     pub uri: Option<String>,
+    #[schema(schema_with = contract::schema::card_buttons)]
     pub buttons: Option<Vec<ReplyButton>>,
 }
 
 #[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplyButton {
+    /// Not blank.
+    #[schema(schema_with = contract::schema::button_label)]
     pub label: String,
     pub uri: Option<String>,
 }
@@ -1320,41 +1326,98 @@ fn agent_of(a: AgentBody, at: &str) -> Result<DeskAgent, ApiError> {
     })
 }
 
+/// Check a reply against the service's rules (those [`contract::schema::reply_message`] states)
+/// and turn it into the service's message format.
 fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
-    let media_ok = |m: &ReplyMedia| !m.uri.is_empty() && !m.content_type.is_empty();
-    // Media anywhere (a card's too) needs both fields, whatever the type.
-    if m.media.as_ref().is_some_and(|media| !media_ok(media)) {
-        return Err(invalid_body(
-            "message.media",
-            "media needs a contentType and a uri",
-        ));
-    }
-    for (i, card) in m.cards.iter().flatten().enumerate() {
-        if contract::blank(&card.title) {
+    use contract::{non_blank_within, within};
+    let media = |at: &str, m: &ReplyMedia| {
+        if !contract::MEDIA_TYPES.contains(&m.content_type.as_str()) {
             return Err(invalid_body(
-                &format!("message.cards[{i}].title"),
-                "a card needs a title",
+                &format!("{at}.contentType"),
+                format!("must be one of {}", contract::MEDIA_TYPES.join(", ")),
             ));
         }
-        if card.media.as_ref().is_some_and(|media| !media_ok(media)) {
+        if contract::blank(&m.uri) {
+            return Err(invalid_body(&format!("{at}.uri"), "must not be blank"));
+        }
+        Ok(())
+    };
+    // Every content present is checked, whatever the type.
+    if m.text.as_deref().is_some_and(|t| !within(t, MAX_TEXT)) {
+        return Err(invalid_body(
+            "message.text",
+            format!("at most {MAX_TEXT} characters"),
+        ));
+    }
+    if let Some(m) = &m.media {
+        media("message.media", m)?;
+    }
+    let cards = m.cards.as_deref().unwrap_or_default();
+    if cards.len() > contract::MAX_CARDS {
+        return Err(invalid_body(
+            "message.cards",
+            format!("at most {} cards", contract::MAX_CARDS),
+        ));
+    }
+    for (i, card) in cards.iter().enumerate() {
+        let at = format!("message.cards[{i}]");
+        if !non_blank_within(&card.title, contract::MAX_CARD_TITLE) {
             return Err(invalid_body(
-                &format!("message.cards[{i}].media"),
-                "media needs a contentType and a uri",
+                &format!("{at}.title"),
+                format!(
+                    "a card needs a title of 1 to {} characters, not blank",
+                    contract::MAX_CARD_TITLE
+                ),
+            ));
+        }
+        if let Some(d) = card
+            .description
+            .as_deref()
+            .filter(|d| !within(d, contract::MAX_CARD_DESCRIPTION))
+        {
+            return Err(invalid_body(
+                &format!("{at}.description"),
+                format!(
+                    "at most {} characters, not {}",
+                    contract::MAX_CARD_DESCRIPTION,
+                    d.chars().count()
+                ),
+            ));
+        }
+        if let Some(m) = &card.media {
+            media(&format!("{at}.media"), m)?;
+        }
+        let buttons = card.buttons.as_deref().unwrap_or_default();
+        if buttons.len() > contract::MAX_BUTTONS {
+            return Err(invalid_body(
+                &format!("{at}.buttons"),
+                format!("at most {} buttons", contract::MAX_BUTTONS),
+            ));
+        }
+        if let Some(j) = buttons
+            .iter()
+            .position(|b| !non_blank_within(&b.label, contract::MAX_LABEL))
+        {
+            return Err(invalid_body(
+                &format!("{at}.buttons[{j}].label"),
+                format!(
+                    "a button needs a label of 1 to {} characters, not blank",
+                    contract::MAX_LABEL
+                ),
             ));
         }
     }
     match m.kind {
-        ReplyType::Text => match &m.text {
-            Some(t) if contract::valid_text(t) => {}
-            _ => {
+        ReplyType::Text => {
+            if !m.text.as_deref().is_some_and(|t| !contract::blank(t)) {
                 return Err(invalid_body(
                     "message.text",
                     format!("a text message needs 1 to {MAX_TEXT} characters of text"),
-                ))
+                ));
             }
-        },
+        }
         ReplyType::Media => {
-            if !m.media.as_ref().is_some_and(media_ok) {
+            if m.media.is_none() {
                 return Err(invalid_body(
                     "message.media",
                     "a media message needs media with contentType and uri",
@@ -1362,7 +1425,6 @@ fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
             }
         }
         ReplyType::Cards => {
-            let cards = m.cards.as_deref().unwrap_or_default();
             if cards.is_empty() {
                 return Err(invalid_body(
                     "message.cards",
@@ -1651,14 +1713,14 @@ mod tests {
             kind: ReplyType::Media,
             text: None,
             media: Some(ReplyMedia {
-                content_type: "image/png".into(),
+                content_type: "image".into(),
                 uri: "https://example.com/a.png".into(),
             }),
             cards: None,
         })
         .expect("media");
         assert_eq!(m.kind.as_str(), "media");
-        assert_eq!(m.media.expect("media").content_type, "image/png");
+        assert_eq!(m.media.expect("media").content_type, "image");
     }
 
     #[test]

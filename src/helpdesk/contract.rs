@@ -10,9 +10,26 @@ use utoipa::openapi::{RefOr, Required};
 
 /// Longest agent id, in characters.
 pub const MAX_AGENT_ID: usize = 200;
-/// Longest agent reply text, in characters: the service's limit (a longer one would be accepted
-/// here and then refused by the send call, a dead letter instead of a 400).
+// A reply's bounds are the service's (MESSAGE.DATA, MEDIA, CARD and BUTTON in its webhook
+// format): one past them would be accepted here and then refused by the send call, a dead letter
+// instead of a 400. Lengths are in characters, as the service counts them.
+/// Longest reply text.
 pub const MAX_TEXT: usize = 1000;
+/// A media's `contentType`.
+pub const MEDIA_TYPES: [&str; 4] = ["image", "video", "audio", "link"];
+/// Most cards in a reply.
+pub const MAX_CARDS: usize = 10;
+/// Longest card title.
+pub const MAX_CARD_TITLE: usize = 50;
+/// Longest card description.
+pub const MAX_CARD_DESCRIPTION: usize = 500;
+/// Most buttons on a card.
+pub const MAX_BUTTONS: usize = 9;
+/// Longest button label.
+pub const MAX_LABEL: usize = 255;
+/// Largest flow and node id magnitude: 2^53 - 1, the integers every JSON reader (a JavaScript
+/// one, or one that reads numbers as doubles) holds exactly.
+pub const MAX_ID: i64 = (1 << 53) - 1;
 /// The queue's phases (`phase` query parameter); the first is the default.
 pub const PHASES: [&str; 8] = [
     "requested",
@@ -57,31 +74,37 @@ pub fn valid_agent_id(id: &str) -> bool {
     !blank(id) && id.chars().count() <= MAX_AGENT_ID
 }
 
-/// A reply text's rule: 1 to [`MAX_TEXT`] characters, not blank.
-pub fn valid_text(text: &str) -> bool {
-    !blank(text) && text.chars().count() <= MAX_TEXT
+/// At most `max` characters.
+pub fn within(text: &str, max: usize) -> bool {
+    text.chars().count() <= max
+}
+
+/// Not blank, and at most `max` characters.
+pub fn non_blank_within(text: &str, max: usize) -> bool {
+    !blank(text) && within(text, max)
 }
 
 /// An optional JSON integer as JSON Schema counts them: any number with no fractional part
-/// (`2.0` is the integer 2), within `i64`. serde alone refuses `2.0` for an `i64`.
+/// (`2.0` is the integer 2), within [`MAX_ID`] either side of 0, where a double is exact (serde
+/// alone refuses `2.0` for an `i64`, and reads integers past `i64` as inexact doubles).
 pub fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     use serde::de::{Deserialize as _, Error as _};
     let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
         return Ok(None);
     };
-    if let Some(i) = n.as_i64() {
-        return Ok(Some(i));
-    }
-    // 2^63: the first float past i64::MAX (i64::MIN = -2^63 is a float exactly).
-    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
-    match n.as_f64() {
-        Some(f) if f.fract() == 0.0 && (-LIMIT..LIMIT).contains(&f) => Ok(Some(f as i64)),
-        _ => Err(D::Error::custom(format!(
-            "invalid value: {n}, expected an integer from {} to {}",
-            i64::MIN,
-            i64::MAX
-        ))),
-    }
+    let max = MAX_ID as f64;
+    let value = match n.as_i64() {
+        Some(i) => Some(i).filter(|i| i.abs() <= MAX_ID),
+        None => n
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && f.abs() <= max)
+            .map(|f| f as i64),
+    };
+    value.map(Some).ok_or_else(|| {
+        D::Error::custom(format!(
+            "invalid value: {n}, expected an integer from -{MAX_ID} to {MAX_ID}"
+        ))
+    })
 }
 
 /// The `Idempotency-Key` pattern, from [`idempotency::KEY_PUNCTUATION`].
@@ -132,16 +155,47 @@ pub mod schema {
             .into()
     }
 
-    /// A string of at least one character.
-    pub fn non_empty() -> RefOr<Schema> {
-        string().min_length(Some(1)).build().into()
+    fn bounded_non_blank(max: usize) -> ObjectBuilder {
+        string()
+            .min_length(Some(1))
+            .max_length(Some(max))
+            .pattern(Some(non_blank_pattern()))
+    }
+
+    fn nullable_string(max: usize) -> Schema {
+        ObjectBuilder::new()
+            .schema_type(nullable(Type::String))
+            .max_length(Some(max))
+            .into()
+    }
+
+    pub fn media_type() -> RefOr<Schema> {
+        string().enum_values(Some(MEDIA_TYPES)).build().into()
+    }
+
+    pub fn card_title() -> RefOr<Schema> {
+        bounded_non_blank(MAX_CARD_TITLE).build().into()
+    }
+
+    pub fn card_description() -> RefOr<Schema> {
+        nullable_string(MAX_CARD_DESCRIPTION).into()
+    }
+
+    pub fn card_buttons() -> RefOr<Schema> {
+        ArrayBuilder::new()
+            .schema_type(nullable(Type::Array))
+            .items(reference("ReplyButton"))
+            .max_items(Some(MAX_BUTTONS))
+            .build()
+            .into()
+    }
+
+    pub fn button_label() -> RefOr<Schema> {
+        bounded_non_blank(MAX_LABEL).build().into()
     }
 
     pub fn agent_id() -> RefOr<Schema> {
-        string()
-            .min_length(Some(1))
-            .max_length(Some(MAX_AGENT_ID))
-            .pattern(Some(non_blank_pattern()))
+        bounded_non_blank(MAX_AGENT_ID)
             .description(Some(format!(
                 "The help desk's id of the agent: 1 to {MAX_AGENT_ID} characters, not blank."
             )))
@@ -167,11 +221,6 @@ pub mod schema {
             .into()
     }
 
-    /// A path segment: any non-empty string.
-    pub fn segment() -> RefOr<Schema> {
-        non_empty()
-    }
-
     pub fn idempotency_key() -> RefOr<Schema> {
         string()
             .min_length(Some(1))
@@ -182,55 +231,52 @@ pub mod schema {
     }
 
     /// `ReplyMessage`: one shape per `type`, each requiring its own content; the other
-    /// contents are optional (and passed on as they are).
+    /// contents are optional (and passed on as they are), within the same bounds.
     pub fn reply_message() -> RefOr<Schema> {
-        let text = || {
-            ObjectBuilder::new()
-                .schema_type(nullable(Type::String))
-                .build()
-        };
-        let media = || null_or("ReplyMedia");
-        let cards = || {
+        let cards = |min: usize, t: SchemaType| {
             ArrayBuilder::new()
-                .schema_type(nullable(Type::Array))
+                .schema_type(t)
                 .items(reference("ReplyCard"))
+                .min_items(Some(min).filter(|m| *m > 0))
+                .max_items(Some(MAX_CARDS))
                 .build()
         };
-        let shape = |kind: &str, own: &str, schema: RefOr<Schema>| {
-            let mut o = ObjectBuilder::new()
+        let shape = |kind: &str| {
+            let own = |name: &str| kind == name;
+            let text: RefOr<Schema> = if own("text") {
+                bounded_non_blank(MAX_TEXT).build().into()
+            } else {
+                nullable_string(MAX_TEXT).into()
+            };
+            let media = if own("media") {
+                reference("ReplyMedia")
+            } else {
+                null_or("ReplyMedia")
+            };
+            let cards = if own("cards") {
+                cards(1, SchemaType::Type(Type::Array))
+            } else {
+                cards(0, nullable(Type::Array))
+            };
+            ObjectBuilder::new()
                 .schema_type(Type::Object)
                 .property("type", string().enum_values(Some([kind])))
+                .property("text", text)
+                .property("media", media)
+                .property("cards", cards)
                 .required("type")
-                .required(own)
-                .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-            for (name, s) in [
-                ("text", RefOr::T(Schema::Object(text()))),
-                ("media", media()),
-                ("cards", RefOr::T(Schema::Array(cards()))),
-            ] {
-                o = o.property(name, if name == own { schema.clone() } else { s });
-            }
-            o.build()
+                .required(kind)
+                .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+                .build()
         };
-        let text_schema = string()
-            .min_length(Some(1))
-            .max_length(Some(MAX_TEXT))
-            .pattern(Some(non_blank_pattern()))
-            .build()
-            .into();
-        let cards_schema = ArrayBuilder::new()
-            .items(reference("ReplyCard"))
-            .min_items(Some(1))
-            .build()
-            .into();
         OneOfBuilder::new()
             .description(Some(format!(
-                "A reply: `text` needs 1 to {MAX_TEXT} characters of text (not blank), \
-                 `media` its media, `cards` at least one card."
+                "A reply, by `type`: `text` needs its text (not blank), `media` its media, \
+                 `cards` 1 to {MAX_CARDS} cards. Text is at most {MAX_TEXT} characters."
             )))
-            .item(shape("text", "text", text_schema))
-            .item(shape("media", "media", reference("ReplyMedia")))
-            .item(shape("cards", "cards", cards_schema))
+            .item(shape("text"))
+            .item(shape("media"))
+            .item(shape("cards"))
             .into()
     }
 
@@ -272,8 +318,8 @@ pub mod schema {
                 .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
                     utoipa::openapi::KnownFormat::Int64,
                 )))
-                .minimum(Some(i64::MIN))
-                .maximum(Some(i64::MAX))
+                .minimum(Some(-MAX_ID))
+                .maximum(Some(MAX_ID))
                 .build()
         };
         let mut o = ObjectBuilder::new()
