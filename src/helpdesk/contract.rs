@@ -205,6 +205,10 @@ pub mod schema {
 
     pub fn phase() -> RefOr<Schema> {
         string()
+            .description(Some(
+                "`requested` (the default: waiting for an agent), `accepted` (taken through this \
+                 API), `connected`, `released`, `cancelled`, `ended`, `bot`, or `all`.",
+            ))
             .enum_values(Some(PHASES))
             .default(Some(PHASES[0].into()))
             .build()
@@ -214,6 +218,7 @@ pub mod schema {
     pub fn limit() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::Integer)
+            .description(Some("At most this many conversations."))
             .minimum(Some(LIMIT_MIN))
             .maximum(Some(LIMIT_MAX))
             .default(Some(LIMIT_DEFAULT.into()))
@@ -223,6 +228,10 @@ pub mod schema {
 
     pub fn idempotency_key() -> RefOr<Schema> {
         string()
+            .description(Some(
+                "The same key returns the first answer to the same request; another request \
+                 with it is 422 idempotency_key_reused.",
+            ))
             .min_length(Some(1))
             .max_length(Some(idempotency::MAX_KEY_LEN))
             .pattern(Some(key_pattern()))
