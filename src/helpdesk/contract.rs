@@ -372,6 +372,50 @@ mod tests {
         assert!(!blank(" a "));
     }
 
+    #[test]
+    fn reply_bounds_are_the_ones_the_emulator_holds_the_service_to() {
+        use crate::emulator::validate as service;
+        assert_eq!(MAX_TEXT, service::MAX_TEXT);
+        assert_eq!(MEDIA_TYPES, service::MEDIA_TYPES);
+        assert_eq!(MAX_CARDS, service::MAX_CARDS);
+        assert_eq!(MAX_CARD_TITLE, service::MAX_CARD_TITLE);
+        assert_eq!(MAX_CARD_DESCRIPTION, service::MAX_CARD_DESCRIPTION);
+        assert_eq!(MAX_BUTTONS, service::MAX_BUTTONS);
+        assert_eq!(MAX_LABEL, service::MAX_LABEL);
+    }
+
+    #[test]
+    fn integers_are_what_json_schema_counts_and_a_double_holds_exactly() {
+        #[derive(serde::Deserialize)]
+        struct Ids {
+            #[serde(default, deserialize_with = "integral")]
+            id: Option<i64>,
+        }
+        let id = |text: &str| serde_json::from_str::<Ids>(text).map(|i| i.id);
+        assert_eq!(id(r#"{"id": 2}"#).ok(), Some(Some(2)));
+        assert_eq!(id(r#"{"id": 2.0}"#).ok(), Some(Some(2)));
+        assert_eq!(id(r#"{"id": -2e3}"#).ok(), Some(Some(-2000)));
+        assert_eq!(id(r#"{"id": null}"#).ok(), Some(None));
+        assert_eq!(id(r#"{}"#).ok(), Some(None));
+        assert_eq!(
+            id(&format!(r#"{{"id": {MAX_ID}}}"#)).ok(),
+            Some(Some(MAX_ID))
+        );
+        assert_eq!(
+            id(&format!(r#"{{"id": -{MAX_ID}}}"#)).ok(),
+            Some(Some(-MAX_ID))
+        );
+        for bad in [
+            "2.5".to_owned(),
+            (MAX_ID + 1).to_string(),
+            "-9223372036854775809".to_owned(),
+            "1e300".to_owned(),
+            "\"2\"".to_owned(),
+        ] {
+            assert!(id(&format!(r#"{{"id": {bad}}}"#)).is_err(), "{bad}");
+        }
+    }
+
     /// A JSON Schema validator of strings with `pattern` (the ECMA-262 dialect the document
     /// declares, as a JSON Schema library reads it).
     fn matches(pattern: &str) -> impl Fn(&str) -> bool {

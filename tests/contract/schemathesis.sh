@@ -104,6 +104,11 @@ if [ -z "$base" ]; then
   exit 1
 fi
 emulator=$(sed -n 's/^upstream: embedded emulator at //p' "$work/stdout")
+if [ -z "$emulator" ]; then
+  echo "the daemon did not print its 'upstream: embedded emulator at' line:" >&2
+  cat "$work/stdout" >&2
+  exit 1
+fi
 echo "-- daemon $pid at $base (emulator $emulator)"
 
 # Seed: both users ask for an agent; wait until the emulator's webhooks are delivered.
