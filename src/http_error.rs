@@ -101,6 +101,23 @@ pub async fn method_not_allowed() -> HttpResponse {
     .error_response()
 }
 
+/// JSON 405 with the `Allow` header: the methods the path does serve (`allow`, e.g. `"GET"` or
+/// `"GET, POST"`), as RFC 9110 asks of a 405.
+pub fn method_not_allowed_allowing(allow: &str) -> HttpResponse {
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("method not allowed on this endpoint (allowed: {allow})"),
+    )
+    .error_response();
+    if let Ok(value) = actix_web::http::header::HeaderValue::from_str(allow) {
+        response
+            .headers_mut()
+            .insert(actix_web::http::header::ALLOW, value);
+    }
+    response
+}
+
 /// Query strings that do not parse get the JSON error body too (actix answers plain text).
 pub fn query_config() -> actix_web::web::QueryConfig {
     actix_web::web::QueryConfig::default().error_handler(|err, _| {

@@ -372,8 +372,13 @@ fn request_and_state_errors_have_their_status_and_code() {
             "message.text",
         ),
         (
-            json!({"message": {"type": "media", "media": {"contentType": "image/png", "uri": ""}}}),
-            "message.media",
+            json!({"message": {"type": "media", "media": {"contentType": "image", "uri": ""}}}),
+            "message.media.uri",
+        ),
+        // The service's media types are image, video, audio and link.
+        (
+            json!({"message": {"type": "media", "media": {"contentType": "image/png", "uri": "https://example.com/a.png"}}}),
+            "message.media.contentType",
         ),
         (
             json!({"message": {"type": "cards", "cards": [{"title": " "}]}}),

@@ -91,7 +91,8 @@ pub struct ServerConfig {
     /// Time a client has to send its request head.
     #[serde(with = "humantime_serde")]
     pub client_request_timeout: Duration,
-    /// Time a client has to send the whole body (slow senders are cut off).
+    /// Time a client has to send the whole body (slow senders are cut off): the webhook's and
+    /// the agent API's.
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
     #[serde(with = "humantime_serde")]

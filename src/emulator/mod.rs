@@ -50,7 +50,7 @@ mod journal;
 pub mod seed;
 pub mod sender;
 pub mod state;
-mod validate;
+pub(crate) mod validate;
 
 pub use faults::{Fault, FaultConfig};
 pub use journal::JournalEntry;

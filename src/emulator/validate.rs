@@ -14,7 +14,7 @@ pub const MAX_USER_KEY: usize = 90;
 /// `meta.custom` and a postback payload share the text bound (webhook format).
 pub const MAX_CUSTOM: usize = 1000;
 
-const MEDIA_TYPES: [&str; 4] = ["image", "video", "audio", "link"];
+pub const MEDIA_TYPES: [&str; 4] = ["image", "video", "audio", "link"];
 const BUTTON_TYPES: [&str; 3] = ["postback", "link", "goto"];
 const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 

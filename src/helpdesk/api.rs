@@ -13,6 +13,7 @@
 use crate::app::Shared;
 use crate::config::helpdesk::HelpdeskConfig;
 use crate::helpdesk::commands::Waiters;
+use crate::helpdesk::contract::{self, MAX_TEXT};
 use crate::helpdesk::idempotency::{self, InProgress};
 use crate::http_error::ApiError;
 use crate::ids::{ConversationId, DeliveryId};
@@ -32,9 +33,6 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Where the API is mounted.
 pub const PREFIX: &str = "/helpdesk/v1";
-/// Longest agent reply text: the service's limit (a longer one would be accepted here and then
-/// refused by the send call, a dead letter instead of a 400).
-const MAX_TEXT: usize = 1000;
 /// Most conversations the queue listing looks at (positions come from the waiting queue index).
 const QUEUE_SCAN_LIMIT: usize = 10_000;
 
@@ -68,18 +66,59 @@ impl Helpdesk {
 
 /// The API's routes, as a scope both the server and the OpenAPI document are built from.
 pub fn scope() -> impl actix_web::dev::HttpServiceFactory + utoipa_actix_web::OpenApiFactory {
-    utoipa_actix_web::scope::scope(PREFIX).configure(|cfg| {
-        cfg.service(openapi_json)
-            .service(list_conversations)
-            .service(get_conversation)
-            .service(accept)
-            .service(send_message)
-            .service(release)
-            .service(transfer)
-            .service(block)
-            .service(unblock)
-            .service(remove_session);
-    })
+    utoipa_actix_web::scope::scope(PREFIX)
+        .configure(|cfg| {
+            cfg.service(openapi_json)
+                .service(list_conversations)
+                .service(get_conversation)
+                .service(accept)
+                .service(send_message)
+                .service(release)
+                .service(transfer)
+                .service(block)
+                .service(unblock)
+                .service(remove_session);
+        })
+        .default_service(web::to(unmatched))
+}
+
+/// A request under [`PREFIX`] no handler took: 405 with `Allow` when its path is declared (in
+/// the document, so with exactly the methods it lists), else 404.
+async fn unmatched(req: HttpRequest) -> HttpResponse {
+    match allowed_methods(req.path()) {
+        Some(allow) => crate::http_error::method_not_allowed_allowing(allow),
+        None => crate::http_error::not_found().await,
+    }
+}
+
+/// The methods the document declares for `path` (a request path, matched against its path
+/// templates the way actix routes), as an `Allow` value.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    use actix_web::dev::ResourceDef;
+    static ROUTES: std::sync::OnceLock<Vec<(ResourceDef, String)>> = std::sync::OnceLock::new();
+    let routes = ROUTES.get_or_init(|| {
+        let doc = serde_json::to_value(document()).unwrap_or_default();
+        let methods = [
+            "get", "put", "post", "delete", "options", "head", "patch", "trace",
+        ];
+        doc["paths"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(template, item)| {
+                let allow: Vec<String> = methods
+                    .iter()
+                    .filter(|m| item.get(**m).is_some())
+                    .map(|m| m.to_ascii_uppercase())
+                    .collect();
+                (ResourceDef::new(template.as_str()), allow.join(", "))
+            })
+            .collect()
+    });
+    routes
+        .iter()
+        .find(|(def, _)| def.is_match(path))
+        .map(|(_, allow)| allow.as_str())
 }
 
 /// The OpenAPI document of [`scope`].
@@ -139,6 +178,7 @@ pub struct ErrorInner {
 #[serde(deny_unknown_fields)]
 pub struct AgentBody {
     /// The help desk's id of the agent.
+    #[schema(schema_with = contract::schema::agent_id)]
     pub id: String,
     pub name: Option<String>,
 }
@@ -165,7 +205,9 @@ pub enum ReplyType {
     Cards,
 }
 
-#[derive(Deserialize, Serialize, ToSchema)]
+/// Its schema is one shape per `type` ([`contract::schema::reply_message`]), which says what
+/// [`message_of`] requires of each.
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplyMessage {
     #[serde(rename = "type")]
@@ -175,37 +217,115 @@ pub struct ReplyMessage {
     pub cards: Option<Vec<ReplyCard>>,
 }
 
+impl utoipa::PartialSchema for ReplyMessage {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        contract::schema::reply_message()
+    }
+}
+
+impl ToSchema for ReplyMessage {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema as _;
+        schemas.push((ReplyMedia::name().into(), ReplyMedia::schema()));
+        schemas.push((ReplyCard::name().into(), ReplyCard::schema()));
+        schemas.push((ReplyButton::name().into(), ReplyButton::schema()));
+        <ReplyCard as ToSchema>::schemas(schemas);
+    }
+}
+
 #[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReplyMedia {
+    #[schema(schema_with = contract::schema::media_type)]
     pub content_type: String,
+    /// Not blank.
+    #[schema(schema_with = contract::schema::non_blank)]
     pub uri: String,
 }
 
 #[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplyCard {
+    /// Not blank.
+    #[schema(schema_with = contract::schema::card_title)]
     pub title: String,
+    #[schema(schema_with = contract::schema::card_description)]
     pub description: Option<String>,
     pub media: Option<ReplyMedia>,
     pub uri: Option<String>,
+    #[schema(schema_with = contract::schema::card_buttons)]
     pub buttons: Option<Vec<ReplyButton>>,
 }
 
 #[derive(Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplyButton {
+    /// Not blank.
+    #[schema(schema_with = contract::schema::button_label)]
     pub label: String,
     pub uri: Option<String>,
 }
 
-/// Where to send the conversation: a flow by id or by title (`flow`), optionally a node.
-#[derive(Debug, Deserialize, Default, ToSchema)]
+/// Where to send the conversation: a flow by id or by title (`flow`), optionally a node. Its
+/// schema ([`contract::schema::flow_target`]) states what [`target_of`] requires.
+#[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct FlowTarget {
+    #[serde(default, deserialize_with = "contract::integral")]
     pub flow_id: Option<i64>,
     pub flow: Option<String>,
+    #[serde(default, deserialize_with = "contract::integral")]
     pub node_id: Option<i64>,
+}
+
+impl utoipa::PartialSchema for FlowTarget {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        contract::schema::flow_target()
+    }
+}
+
+impl ToSchema for FlowTarget {}
+
+/// The release call's body: a [`FlowTarget`] or no flow (then `helpdesk.release_flow`). Only a
+/// schema: the call parses a [`FlowTarget`].
+pub struct ReleaseTarget;
+
+impl utoipa::PartialSchema for ReleaseTarget {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        contract::schema::release_target()
+    }
+}
+
+impl ToSchema for ReleaseTarget {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema as _;
+        schemas.push((FlowTarget::name().into(), FlowTarget::schema()));
+    }
+}
+
+/// The `Idempotency-Key` header of the mutating calls.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub struct KeyHeader {
+    /// The same key returns the first answer (for the same request; another request with it is
+    /// 422 `idempotency_key_reused`).
+    #[param(
+        rename = "Idempotency-Key",
+        schema_with = contract::schema::idempotency_key,
+        required = false
+    )]
+    key: Option<String>,
 }
 
 #[derive(Deserialize, Default, ToSchema)]
@@ -235,10 +355,12 @@ pub struct CommandAnswer {
 pub struct QueueQuery {
     /// `requested` (default: waiting for an agent), `accepted` (taken through this API),
     /// `connected`, `released`, `cancelled`, `ended`, `bot`, or `all`.
+    #[param(schema_with = contract::schema::phase, required = false)]
     pub phase: Option<String>,
     /// Only this bot's conversations.
     pub bot: Option<String>,
-    /// At most this many (default 100, at most 1000).
+    /// At most this many (default 100, 1 to 1000).
+    #[param(schema_with = contract::schema::limit, required = false)]
     pub limit: Option<usize>,
 }
 
@@ -315,26 +437,28 @@ async fn list_conversations(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&shared, &req)?;
     let q = query.into_inner();
-    let phase = q.phase.unwrap_or_else(|| "requested".into());
-    const PHASES: [&str; 8] = [
-        "requested",
-        "accepted",
-        "connected",
-        "released",
-        "cancelled",
-        "ended",
-        "bot",
-        "all",
-    ];
-    if !PHASES.contains(&phase.as_str()) {
+    let phase = q.phase.unwrap_or_else(|| contract::PHASES[0].into());
+    if !contract::PHASES.contains(&phase.as_str()) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            format!("phase must be one of {}", PHASES.join(", ")),
+            format!("phase must be one of {}", contract::PHASES.join(", ")),
         )
         .with_field("phase"));
     }
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = q.limit.unwrap_or(contract::LIMIT_DEFAULT);
+    if !(contract::LIMIT_MIN..=contract::LIMIT_MAX).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!(
+                "limit must be {} to {}",
+                contract::LIMIT_MIN,
+                contract::LIMIT_MAX
+            ),
+        )
+        .with_field("limit"));
+    }
     let store = shared.store.clone();
     let bot = q.bot;
     let (states, positions) = web::block(move || {
@@ -364,7 +488,7 @@ async fn list_conversations(
 /// A conversation: phase, agent, state and recent transcript.
 #[utoipa::path(
     tag = "conversations",
-    params(("id" = String, Path, description = "conversation id")),
+    params(("id" = String, Path, description = "conversation id", min_length = 1)),
     responses(
         (status = 200, body = ConversationAnswer),
         (status = 401, body = ErrorBody, description = "unauthorized"),
@@ -380,16 +504,15 @@ async fn get_conversation(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&shared, &req)?;
-    let state = conversation(&shared, &id)?;
+    let id = id.into_inner();
+    let (state, positions) = blocking(&shared, move |shared| {
+        let state = conversation(shared, &id)?;
+        let positions =
+            positions(&shared.store, std::slice::from_ref(&state)).map_err(store_error)?;
+        Ok((state, positions))
+    })
+    .await?;
     let now = crate::clock::now_millis();
-    let positions = {
-        let store = shared.store.clone();
-        let states = [state.clone()];
-        web::block(move || positions(&store, &states))
-            .await
-            .map_err(|_| store_unavailable())?
-            .map_err(store_error)?
-    };
     let summary = summary(&state, &positions, now);
     let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
         0 => (None, None),
@@ -418,8 +541,8 @@ async fn get_conversation(
 #[utoipa::path(
     tag = "commands",
     params(
-        ("id" = String, Path, description = "conversation id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("id" = String, Path, description = "conversation id", min_length = 1),
+        KeyHeader,
     ),
     request_body = AcceptBody,
     responses(
@@ -429,6 +552,7 @@ async fn get_conversation(
         (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, already_accepted (by another agent), idempotency_key_in_progress"),
+        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
         (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
@@ -443,12 +567,19 @@ async fn accept(
     body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "accept", &id, Some(body), |shared, body| {
-        let b: AcceptBody = parse_body(body, false)?;
-        let agent = agent_of(b.agent, "agent")?;
-        let state = conversation(shared, &id)?;
-        Ok((state, Command::Accept { agent }))
-    })
+    run(
+        &shared,
+        &req,
+        "accept",
+        &id.clone(),
+        Some(body),
+        move |shared, body| {
+            let b: AcceptBody = parse_body(body, false)?;
+            let agent = agent_of(b.agent, "agent")?;
+            let state = conversation(shared, &id)?;
+            Ok((state, Command::Accept { agent }))
+        },
+    )
     .await
 }
 
@@ -457,8 +588,8 @@ async fn accept(
 #[utoipa::path(
     tag = "commands",
     params(
-        ("id" = String, Path, description = "conversation id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("id" = String, Path, description = "conversation id", min_length = 1),
+        KeyHeader,
     ),
     request_body = MessageBody,
     responses(
@@ -468,6 +599,7 @@ async fn accept(
         (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
         (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
@@ -482,24 +614,31 @@ async fn send_message(
     body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "message", &id, Some(body), |shared, body| {
-        let b: MessageBody = parse_body(body, false)?;
-        let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
-        let message = Box::new(message_of(b.message)?);
-        let state = conversation(shared, &id)?;
-        let partner = match state.platform {
-            Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
-            _ => None,
-        };
-        Ok((
-            state,
-            Command::Message {
-                agent,
-                message,
-                partner,
-            },
-        ))
-    })
+    run(
+        &shared,
+        &req,
+        "message",
+        &id.clone(),
+        Some(body),
+        move |shared, body| {
+            let b: MessageBody = parse_body(body, false)?;
+            let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
+            let message = Box::new(message_of(b.message)?);
+            let state = conversation(shared, &id)?;
+            let partner = match state.platform {
+                Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
+                _ => None,
+            };
+            Ok((
+                state,
+                Command::Message {
+                    agent,
+                    message,
+                    partner,
+                },
+            ))
+        },
+    )
     .await
 }
 
@@ -507,10 +646,10 @@ async fn send_message(
 #[utoipa::path(
     tag = "commands",
     params(
-        ("id" = String, Path, description = "conversation id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("id" = String, Path, description = "conversation id", min_length = 1),
+        KeyHeader,
     ),
-    request_body(content = Option<FlowTarget>, description = "optional: where the bot picks up"),
+    request_body(content = Option<ReleaseTarget>, description = "optional: where the bot picks up"),
     responses(
         (status = 200, body = CommandAnswer),
         (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
@@ -518,6 +657,7 @@ async fn send_message(
         (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
         (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
@@ -532,15 +672,22 @@ async fn release(
     body: web::Payload,
 ) -> HttpResponse {
     let id = id.into_inner();
-    run(&shared, &req, "release", &id, Some(body), |shared, body| {
-        let b: FlowTarget = parse_body(body, true)?;
-        let mut target = target_of(b)?;
-        if !target.is_some() {
-            target = configured_release(&shared.helpdesk.config.release_flow);
-        }
-        let state = conversation(shared, &id)?;
-        Ok((state, Command::Release { target }))
-    })
+    run(
+        &shared,
+        &req,
+        "release",
+        &id.clone(),
+        Some(body),
+        move |shared, body| {
+            let b: FlowTarget = parse_body(body, true)?;
+            let mut target = target_of(b)?;
+            if !target.is_some() {
+                target = configured_release(&shared.helpdesk.config.release_flow);
+            }
+            let state = conversation(shared, &id)?;
+            Ok((state, Command::Release { target }))
+        },
+    )
     .await
 }
 
@@ -548,8 +695,8 @@ async fn release(
 #[utoipa::path(
     tag = "commands",
     params(
-        ("id" = String, Path, description = "conversation id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("id" = String, Path, description = "conversation id", min_length = 1),
+        KeyHeader,
     ),
     request_body = FlowTarget,
     responses(
@@ -559,6 +706,7 @@ async fn release(
         (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "conversation_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, idempotency_key_in_progress"),
+        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
         (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
@@ -577,9 +725,9 @@ async fn transfer(
         &shared,
         &req,
         "transfer",
-        &id,
+        &id.clone(),
         Some(body),
-        |shared, body| {
+        move |shared, body| {
             let b: FlowTarget = parse_body(body, false)?;
             let target = target_of(b)?;
             if !target.is_some() {
@@ -596,9 +744,9 @@ async fn transfer(
 #[utoipa::path(
     tag = "users",
     params(
-        ("platform" = String, Path, description = "the user's platform (the partner messenger's: kakaobiz)"),
-        ("user_key" = String, Path, description = "the user's userKey"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("platform" = String, Path, description = "the user's platform (the partner messenger's: kakaobiz)", min_length = 1),
+        ("user_key" = String, Path, description = "the user's userKey", min_length = 1),
+        KeyHeader,
     ),
     request_body(content = Option<BlockBody>),
     responses(
@@ -608,6 +756,7 @@ async fn transfer(
         (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
         (status = 404, body = ErrorBody, description = "user_not_found"),
         (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
+        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
         (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
         (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
         (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
@@ -629,7 +778,7 @@ async fn block(
         "block",
         &route_id,
         Some(body),
-        |shared, body| {
+        move |shared, body| {
             let b: BlockBody = parse_body(body, true)?;
             let (state, partner) = partner_user(shared, &platform, &user_key)?;
             Ok((
@@ -648,9 +797,9 @@ async fn block(
 #[utoipa::path(
     tag = "users",
     params(
-        ("platform" = String, Path, description = "the user's platform (kakaobiz)"),
-        ("user_key" = String, Path, description = "the user's userKey"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("platform" = String, Path, description = "the user's platform (kakaobiz)", min_length = 1),
+        ("user_key" = String, Path, description = "the user's userKey", min_length = 1),
+        KeyHeader,
     ),
     responses(
         (status = 200, body = CommandAnswer),
@@ -672,10 +821,17 @@ async fn unblock(
 ) -> HttpResponse {
     let (platform, user_key) = path.into_inner();
     let route_id = format!("{platform}/{user_key}");
-    run(&shared, &req, "unblock", &route_id, None, |shared, _| {
-        let (state, partner) = partner_user(shared, &platform, &user_key)?;
-        Ok((state, Command::Unblock { partner }))
-    })
+    run(
+        &shared,
+        &req,
+        "unblock",
+        &route_id,
+        None,
+        move |shared, _| {
+            let (state, partner) = partner_user(shared, &platform, &user_key)?;
+            Ok((state, Command::Unblock { partner }))
+        },
+    )
     .await
 }
 
@@ -683,9 +839,9 @@ async fn unblock(
 #[utoipa::path(
     tag = "users",
     params(
-        ("platform" = String, Path, description = "the user's platform (kakaobiz)"),
-        ("user_key" = String, Path, description = "the user's userKey"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the same key returns the first answer"),
+        ("platform" = String, Path, description = "the user's platform (kakaobiz)", min_length = 1),
+        ("user_key" = String, Path, description = "the user's userKey", min_length = 1),
+        KeyHeader,
     ),
     responses(
         (status = 200, body = CommandAnswer),
@@ -713,7 +869,7 @@ async fn remove_session(
         "remove_session",
         &route_id,
         None,
-        |shared, _| {
+        move |shared, _| {
             let (state, partner) = partner_user(shared, &platform, &user_key)?;
             Ok((state, Command::RemoveSession { partner }))
         },
@@ -768,12 +924,14 @@ impl From<ApiError> for Answer {
 /// it. The key is claimed before the body is read, so a second call with it while the first is
 /// still sending or waiting gets 409 at once.
 async fn run(
-    shared: &Shared,
+    shared: &web::Data<Shared>,
     req: &HttpRequest,
     route: &'static str,
     target: &str,
     payload: Option<web::Payload>,
-    build: impl FnOnce(&Shared, &[u8]) -> Result<(ConversationState, Command), ApiError>,
+    build: impl FnOnce(&Shared, &[u8]) -> Result<(ConversationState, Command), ApiError>
+        + Send
+        + 'static,
 ) -> HttpResponse {
     if let Err(e) = authorize(shared, req) {
         return respond(e.into(), false);
@@ -797,7 +955,7 @@ async fn run(
         }
     }
     let body = match payload {
-        Some(p) => match read_body(p).await {
+        Some(p) => match read_body(p, shared.body_read_timeout).await {
             Ok(b) => b,
             Err(e) => return respond(e.into(), false),
         },
@@ -811,8 +969,15 @@ async fn run(
             |v| v.to_string()
         )
     );
-    if let Some(key) = &key {
-        match shared.store.idempotent_answer(route, key) {
+    if let Some(key) = key.clone() {
+        let first = blocking(shared, move |shared| {
+            shared
+                .store
+                .idempotent_answer(route, &key)
+                .map_err(store_error)
+        })
+        .await;
+        match first {
             Ok(Some(first)) if first.request == request => {
                 let status =
                     StatusCode::from_u16(first.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -833,13 +998,14 @@ async fn run(
                 return respond(e.into(), false);
             }
             Ok(None) => {}
-            Err(e) => return respond(store_error(e).into(), false),
+            Err(e) => return respond(e.into(), false),
         }
     }
     // Only a command that was stored has an answer to keep: a refusal before that (bad body,
     // unknown conversation, no channel) took no effect, and a retry is judged again, against
     // what may have changed since.
-    let (answer, submitted) = match build(shared, &body) {
+    let built = blocking(shared, move |shared| build(shared, &body)).await;
+    let (answer, submitted) = match built {
         Ok((state, command)) => (
             submit(shared, route, key.as_deref(), state, command).await,
             true,
@@ -853,7 +1019,15 @@ async fn run(
             body: answer.body.clone(),
             at: crate::clock::now_millis(),
         };
-        if let Err(e) = shared.store.record_idempotent_answer(route, key, &record) {
+        let key = key.clone();
+        let recorded = blocking(shared, move |shared| {
+            shared
+                .store
+                .record_idempotent_answer(route, &key, &record)
+                .map_err(store_error)
+        })
+        .await;
+        if let Err(e) = recorded {
             // The command itself is stored: a retry becomes a duplicate event and is answered
             // from its recorded verdict, so the call still succeeded.
             tracing::warn!(error = %e, route, "cannot record an idempotent answer");
@@ -865,21 +1039,47 @@ async fn run(
 /// Longest request body.
 const MAX_BODY: usize = 64 * 1024;
 
-async fn read_body(mut payload: web::Payload) -> Result<web::Bytes, ApiError> {
+/// Read the body, at most [`MAX_BODY`] bytes, within `timeout` (`server.body_read_timeout`, as
+/// the webhook's): a caller that stops sending gets 408 instead of holding the call open.
+async fn read_body(
+    mut payload: web::Payload,
+    timeout: std::time::Duration,
+) -> Result<web::Bytes, ApiError> {
     use futures_util::StreamExt as _;
-    let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| invalid_body("body", e.to_string()))?;
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("the body is over {MAX_BODY} bytes"),
-            ));
+    let read = async {
+        let mut body = web::BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| invalid_body("body", e.to_string()))?;
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("the body is over {MAX_BODY} bytes"),
+                ));
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body.freeze())
+        Ok(body.freeze())
+    };
+    tokio::time::timeout(timeout, read).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            "request body was not received in time",
+        )
+    })?
+}
+
+/// Run `f`, which uses the store (sled), on the blocking pool, off the HTTP workers (as the
+/// webhook's path does): a slow sled call then never stalls other connections.
+async fn blocking<T: Send + 'static>(
+    shared: &web::Data<Shared>,
+    f: impl FnOnce(&Shared) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let shared = shared.clone();
+    web::block(move || f(&shared))
+        .await
+        .map_err(|_| store_unavailable())?
 }
 
 fn respond(answer: Answer, replayed: bool) -> HttpResponse {
@@ -892,7 +1092,7 @@ fn respond(answer: Answer, replayed: bool) -> HttpResponse {
 
 /// Store the command as an event of its conversation and answer from the fold's verdict.
 async fn submit(
-    shared: &Shared,
+    shared: &web::Data<Shared>,
     route: &str,
     key: Option<&str>,
     state: ConversationState,
@@ -949,21 +1149,28 @@ async fn submit(
     };
     if accepted.new.is_empty() {
         // Stored before (a retry whose first answer was lost): its verdict may be recorded.
-        match shared.store.conversation(&conversation) {
-            Ok(Some(s)) => {
+        // If not, either the command still waits in the inbox (a restart came between; its
+        // fold will answer the waiter), or it was applied so long ago that its verdict is gone,
+        // and waiting could only end in a timeout.
+        let (id, eid) = (conversation.clone(), event_id.clone());
+        let found = blocking(shared, move |shared| {
+            let state = shared.store.conversation(&id).map_err(store_error)?;
+            if let Some(s) = state.filter(|s| s.desk.verdict(&eid).is_some()) {
+                return Ok(Err(s));
+            }
+            still_pending(&shared.store, &eid)
+                .map(Ok)
+                .map_err(store_error)
+        })
+        .await;
+        match found {
+            Ok(Err(s)) => {
                 if let Some(v) = s.desk.verdict(&event_id) {
                     return verdict_answer(v, &s);
                 }
             }
-            Ok(None) => {}
-            Err(e) => return store_error(e).into(),
-        }
-        // No verdict kept: either the command still waits in the inbox (a restart came between;
-        // its fold will answer the waiter), or it was applied so long ago that its verdict is
-        // gone, and waiting could only end in a timeout.
-        match still_pending(&shared.store, &event_id) {
-            Ok(true) => {}
-            Ok(false) => {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
                 return ApiError::new(
                     StatusCode::CONFLICT,
                     "command_already_applied",
@@ -974,15 +1181,22 @@ async fn submit(
                 )
                 .into()
             }
-            Err(e) => return store_error(e).into(),
+            Err(e) => return e.into(),
         }
     }
     match waiter.wait(shared.helpdesk.config.command_timeout).await {
-        Some(v) => match shared.store.conversation(&conversation) {
-            Ok(Some(s)) => verdict_answer(&v, &s),
-            Ok(None) => store_unavailable().into(),
-            Err(e) => store_error(e).into(),
-        },
+        Some(v) => {
+            let id = conversation.clone();
+            let state = blocking(shared, move |shared| {
+                shared.store.conversation(&id).map_err(store_error)
+            })
+            .await;
+            match state {
+                Ok(Some(s)) => verdict_answer(&v, &s),
+                Ok(None) => store_unavailable().into(),
+                Err(e) => e.into(),
+            }
+        }
         None => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "command_pending",
@@ -1065,7 +1279,7 @@ fn invalid_body(field: &str, reason: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", reason).with_field(field)
 }
 
-/// Parse a JSON body; `optional` bodies may be empty. A serde error names its field when it
+/// Parse a JSON body; `optional` bodies may be empty or `null`. A serde error names its field when it
 /// can (missing and unknown fields); other errors blame the body as a whole.
 fn parse_body<T: serde::de::DeserializeOwned + Default>(
     body: &[u8],
@@ -1078,7 +1292,13 @@ fn parse_body<T: serde::de::DeserializeOwned + Default>(
             Err(invalid_body("body", "a JSON body is required"))
         };
     }
-    serde_json::from_slice(body).map_err(|e| {
+    let parsed = if optional {
+        // An optional body may also be JSON `null` (the document's `oneOf: [null, ...]`).
+        serde_json::from_slice::<Option<T>>(body).map(Option::unwrap_or_default)
+    } else {
+        serde_json::from_slice(body)
+    };
+    parsed.map_err(|e| {
         let text = e.to_string();
         let field = text
             .split('`')
@@ -1091,10 +1311,13 @@ fn parse_body<T: serde::de::DeserializeOwned + Default>(
 }
 
 fn agent_of(a: AgentBody, at: &str) -> Result<DeskAgent, ApiError> {
-    if a.id.trim().is_empty() || a.id.len() > 200 {
+    if !contract::valid_agent_id(&a.id) {
         return Err(invalid_body(
             &format!("{at}.id"),
-            "must be 1 to 200 characters",
+            format!(
+                "must be 1 to {} characters, not blank",
+                contract::MAX_AGENT_ID
+            ),
         ));
     }
     Ok(DeskAgent {
@@ -1103,20 +1326,98 @@ fn agent_of(a: AgentBody, at: &str) -> Result<DeskAgent, ApiError> {
     })
 }
 
+/// Check a reply against the service's rules (those [`contract::schema::reply_message`] states)
+/// and turn it into the service's message format.
 fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
-    let media_ok = |m: &ReplyMedia| !m.uri.is_empty() && !m.content_type.is_empty();
+    use contract::{non_blank_within, within};
+    let media = |at: &str, m: &ReplyMedia| {
+        if !contract::MEDIA_TYPES.contains(&m.content_type.as_str()) {
+            return Err(invalid_body(
+                &format!("{at}.contentType"),
+                format!("must be one of {}", contract::MEDIA_TYPES.join(", ")),
+            ));
+        }
+        if contract::blank(&m.uri) {
+            return Err(invalid_body(&format!("{at}.uri"), "must not be blank"));
+        }
+        Ok(())
+    };
+    // Every content present is checked, whatever the type.
+    if m.text.as_deref().is_some_and(|t| !within(t, MAX_TEXT)) {
+        return Err(invalid_body(
+            "message.text",
+            format!("at most {MAX_TEXT} characters"),
+        ));
+    }
+    if let Some(m) = &m.media {
+        media("message.media", m)?;
+    }
+    let cards = m.cards.as_deref().unwrap_or_default();
+    if cards.len() > contract::MAX_CARDS {
+        return Err(invalid_body(
+            "message.cards",
+            format!("at most {} cards", contract::MAX_CARDS),
+        ));
+    }
+    for (i, card) in cards.iter().enumerate() {
+        let at = format!("message.cards[{i}]");
+        if !non_blank_within(&card.title, contract::MAX_CARD_TITLE) {
+            return Err(invalid_body(
+                &format!("{at}.title"),
+                format!(
+                    "a card needs a title of 1 to {} characters, not blank",
+                    contract::MAX_CARD_TITLE
+                ),
+            ));
+        }
+        if let Some(d) = card
+            .description
+            .as_deref()
+            .filter(|d| !within(d, contract::MAX_CARD_DESCRIPTION))
+        {
+            return Err(invalid_body(
+                &format!("{at}.description"),
+                format!(
+                    "at most {} characters, not {}",
+                    contract::MAX_CARD_DESCRIPTION,
+                    d.chars().count()
+                ),
+            ));
+        }
+        if let Some(m) = &card.media {
+            media(&format!("{at}.media"), m)?;
+        }
+        let buttons = card.buttons.as_deref().unwrap_or_default();
+        if buttons.len() > contract::MAX_BUTTONS {
+            return Err(invalid_body(
+                &format!("{at}.buttons"),
+                format!("at most {} buttons", contract::MAX_BUTTONS),
+            ));
+        }
+        if let Some(j) = buttons
+            .iter()
+            .position(|b| !non_blank_within(&b.label, contract::MAX_LABEL))
+        {
+            return Err(invalid_body(
+                &format!("{at}.buttons[{j}].label"),
+                format!(
+                    "a button needs a label of 1 to {} characters, not blank",
+                    contract::MAX_LABEL
+                ),
+            ));
+        }
+    }
     match m.kind {
-        ReplyType::Text => match &m.text {
-            Some(t) if !t.trim().is_empty() && t.chars().count() <= MAX_TEXT => {}
-            _ => {
+        ReplyType::Text => {
+            if !m.text.as_deref().is_some_and(|t| !contract::blank(t)) {
                 return Err(invalid_body(
                     "message.text",
                     format!("a text message needs 1 to {MAX_TEXT} characters of text"),
-                ))
+                ));
             }
-        },
+        }
         ReplyType::Media => {
-            if !m.media.as_ref().is_some_and(media_ok) {
+            if m.media.is_none() {
                 return Err(invalid_body(
                     "message.media",
                     "a media message needs media with contentType and uri",
@@ -1124,17 +1425,10 @@ fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
             }
         }
         ReplyType::Cards => {
-            let cards = m.cards.as_deref().unwrap_or_default();
             if cards.is_empty() {
                 return Err(invalid_body(
                     "message.cards",
                     "a cards message needs at least one card",
-                ));
-            }
-            if let Some(i) = cards.iter().position(|c| c.title.trim().is_empty()) {
-                return Err(invalid_body(
-                    &format!("message.cards[{i}].title"),
-                    "a card needs a title",
                 ));
             }
         }
@@ -1172,7 +1466,7 @@ fn target_of(b: FlowTarget) -> Result<Target, ApiError> {
     if b.flow_id.is_some() && b.flow.is_some() {
         return Err(invalid_body("flow", "give flow_id or flow, not both"));
     }
-    if b.flow.as_deref().is_some_and(|f| f.trim().is_empty()) {
+    if b.flow.as_deref().is_some_and(contract::blank) {
         return Err(invalid_body("flow", "a flow title must not be empty"));
     }
     if b.node_id.is_some() && b.flow_id.is_none() && b.flow.is_none() {
@@ -1419,14 +1713,14 @@ mod tests {
             kind: ReplyType::Media,
             text: None,
             media: Some(ReplyMedia {
-                content_type: "image/png".into(),
+                content_type: "image".into(),
                 uri: "https://example.com/a.png".into(),
             }),
             cards: None,
         })
         .expect("media");
         assert_eq!(m.kind.as_str(), "media");
-        assert_eq!(m.media.expect("media").content_type, "image/png");
+        assert_eq!(m.media.expect("media").content_type, "image");
     }
 
     #[test]

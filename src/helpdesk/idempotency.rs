@@ -13,6 +13,9 @@ pub const HEADER: &str = "Idempotency-Key";
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 128;
 
+/// What a key may hold besides ASCII letters and digits.
+pub const KEY_PUNCTUATION: &[u8] = b"-_.:";
+
 /// Keys become part of event ids, sled keys and logs: visible ASCII without `/` (the action id
 /// separator) only.
 pub fn valid_key(key: &str) -> bool {
@@ -20,7 +23,7 @@ pub fn valid_key(key: &str) -> bool {
         && key.len() <= MAX_KEY_LEN
         && key
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || KEY_PUNCTUATION.contains(&b))
 }
 
 /// Keys being answered now, by route; their number is the `handoff_helpdesk_calls_in_progress`

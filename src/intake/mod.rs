@@ -25,13 +25,17 @@ pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
     cfg.service(
         web::resource(format!("{path}/{{token}}"))
             .route(web::post().to(receive))
-            .default_service(web::to(crate::http_error::method_not_allowed)),
+            .default_service(web::to(|| async {
+                crate::http_error::method_not_allowed_allowing("POST")
+            })),
     )
     .service(
         // `{path}/` is the token route with an empty token: unauthenticated, not unknown.
         web::resource([path.to_owned(), format!("{path}/")])
             .route(web::post().to(receive_without_token))
-            .default_service(web::to(crate::http_error::method_not_allowed)),
+            .default_service(web::to(|| async {
+                crate::http_error::method_not_allowed_allowing("POST")
+            })),
     );
 }
 
