@@ -1053,7 +1053,14 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
                 "upstream is \"embedded\": give --upstream URL (e.g. a running `handoff-bridge emulator`)".into(),
             ));
         }
-        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout);
+        let tls = crate::tls::ClientTls {
+            config: crate::tls::Trust::load()
+                .client_config(&up.ca_file)
+                .map_err(|e| crate::upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?,
+            destination: "upstream".into(),
+            observer: None,
+        };
+        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout, tls);
         crate::upstream::Client::new(transport, settings, limits).execute(call).await
     });
     match result {
