@@ -106,10 +106,11 @@ impl ServerCert {
         metrics: Metrics,
         mut stop: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
+        // Registered before the task runs (and before the start line is printed), so a SIGHUP
+        // sent right after the start reloads rather than ends the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         tokio::spawn(async move {
-            let mut hangup = match tokio::signal::unix::signal(
-                tokio::signal::unix::SignalKind::hangup(),
-            ) {
+            let mut hangup = match hangup {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot watch SIGHUP; the TLS certificate is not reloaded");
