@@ -337,6 +337,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         "webhook url: {scheme}://{bound}{}/{token_shown}",
         config.webhook.path
     );
+    if upstream.emulator.is_some() && scheme == "https" {
+        tracing::warn!("the embedded emulator sends its webhooks over plain HTTP, which the TLS listener refuses: configure a real upstream with server.tls");
+    }
     if let (Some(embedded), Some(token)) = (&upstream.emulator, webhook_token.first()) {
         // The embedded emulator plays the service: its webhook events come back to this daemon.
         let mut to = bound;

@@ -1225,6 +1225,17 @@ mod tests {
         assert!(!refused_for_good(&ExecuteError::Upstream(
             UpstreamError::Timeout
         )));
+        // A handshake that never verified: retried by the client, then a dead letter that says
+        // why; never "refused for good" (nothing was sent, the key stays).
+        let tls = ExecuteError::Upstream(UpstreamError::Tls(crate::tls::TlsFailure {
+            reason: crate::tls::TlsReason::NameMismatch,
+            detail: "invalid peer certificate: NotValidForName".into(),
+        }));
+        assert_eq!(
+            classify(&tls),
+            ("tls".to_owned(), Some("tls_name_mismatch".to_owned()))
+        );
+        assert!(!refused_for_good(&tls));
         assert_eq!(
             classify(&ExecuteError::NotUpstream("notify_helpdesk"))
                 .1
