@@ -60,6 +60,9 @@ impl Trust {
                 "some of the platform's trusted certificates could not be parsed"
             );
         }
+        if added == 0 {
+            tracing::warn!("no trusted root certificate found on this system: an https destination needs its ca_file (or SSL_CERT_FILE)");
+        }
         tracing::debug!(roots = added, "platform trust loaded");
         Trust {
             platform: Arc::new(store),
@@ -84,9 +87,6 @@ impl Trust {
                     .add(cert)
                     .map_err(|e| format!("{ca_file}: not a usable CA certificate: {e}"))?;
             }
-        }
-        if roots.is_empty() {
-            tracing::warn!("no trusted certificate at all: https destinations will be refused (set SSL_CERT_FILE or a ca_file)");
         }
         let mut config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
