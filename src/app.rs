@@ -549,7 +549,10 @@ fn client_tls(config: &Config, metrics: &Metrics) -> (crate::tls::Trust, crate::
     crate::tls::install_provider();
     let https = std::iter::once(config.upstream.url.as_str())
         .chain(config.helpdesk.endpoints.iter().map(|e| e.url.expose()))
-        .any(|url| url.starts_with("https://"));
+        .any(|url| {
+            url.get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        });
     let trust = if https {
         crate::tls::Trust::load()
     } else {
@@ -607,13 +610,9 @@ impl Upstream {
         } else {
             (up.url.clone(), None)
         };
-        let tls = crate::tls::ClientTls {
-            config: trust
-                .client_config(if emulator.is_some() { "" } else { &up.ca_file })
-                .map_err(|e| AppError::Upstream(format!("upstream.ca_file: {e}")))?,
-            destination: "upstream".into(),
-            observer: Some(tls_observer),
-        };
+        let ca_file = if emulator.is_some() { "" } else { &up.ca_file };
+        let tls = crate::tls::ClientTls::new(trust, ca_file, "upstream", Some(tls_observer))
+            .map_err(|e| AppError::Upstream(format!("upstream.ca_file: {e}")))?;
         let endpoint = Endpoint {
             base_url,
             connect_timeout: up.connect_timeout,

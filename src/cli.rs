@@ -1053,13 +1053,8 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
                 "upstream is \"embedded\": give --upstream URL (e.g. a running `handoff-bridge emulator`)".into(),
             ));
         }
-        let tls = crate::tls::ClientTls {
-            config: crate::tls::Trust::load()
-                .client_config(&up.ca_file)
-                .map_err(|e| crate::upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?,
-            destination: "upstream".into(),
-            observer: None,
-        };
+        let tls = crate::tls::ClientTls::new(&crate::tls::Trust::load(), &up.ca_file, "upstream", None)
+            .map_err(|e| crate::upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?;
         let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout, tls);
         crate::upstream::Client::new(transport, settings, limits).execute(call).await
     });

@@ -553,6 +553,63 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
     assert!(matches!(app.child.try_wait(), Ok(None)));
 }
 
+/// The platform's roots are read as OpenSSL-based tools read them: `SSL_CERT_FILE` names the
+/// bundle, so a CA given there (and no `ca_file`) is trusted.
+#[test]
+fn ssl_cert_file_is_honoured_as_the_platform_roots() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("handoff-bridge test CA via SSL_CERT_FILE");
+    let bundle = write_file(tmp.path(), "bundle.pem", &ca.pem());
+    let desk = HelpDesk::start(&[], 200);
+    let plain: SocketAddr = desk
+        .url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("desk address");
+    let relay = Relay::start(plain, &ca.leaf(&["127.0.0.1"], false));
+    let config_path = write_file(
+        tmp.path(),
+        "bridge.toml",
+        &format!(
+            "[[helpdesk.endpoints]]\nname = \"desk\"\nurl = \"https://127.0.0.1:{}/events\"\nsecrets = [\"{OLD_SECRET}\"]\n",
+            relay.addr.port()
+        ),
+    );
+    let rules = rules_dir(
+        tmp.path(),
+        r#"
+        [[rule]]
+        name = "tell"
+        on = ["bot.message.received"]
+        when = { field = "sender", equals = "user" }
+        actions = [{ type = "notify_helpdesk", kind = "conversation.message" }]
+        "#,
+    );
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: daemon_env(&rules, &[("SSL_CERT_FILE", utf8(&bundle))]),
+            args: vec!["--config".into(), utf8(&config_path).into()],
+        },
+    );
+    let mut ids = Ids::new(22);
+    let event = user_message(&mut ids, 0, "hello", 1_763_690_500_000);
+    let sent = make_delivery(&mut ids, vec![event]);
+    let (status, receipt) = app.post(&sent.body);
+    assert_eq!(status, 200, "{receipt}");
+    let action = format!("{}/tell/0", sent.events[0]);
+    poll_until(
+        "the event recorded as done",
+        Duration::from_secs(30),
+        || done_ids(&app).iter().any(|d| d == &action).then_some(()),
+    );
+    let accepted = desk.accepted();
+    assert_eq!(accepted.len(), 1, "delivered once over https");
+    assert_eq!(accepted[0].header("webhook-id"), action);
+    assert_eq!(tls_failures(&app, "desk", "unknown_issuer"), 0.0);
+}
+
 // ---- 3. The public listener over TLS ----
 
 /// One TLS connection to the daemon, kept open (keep-alive) across requests.

@@ -78,13 +78,8 @@ impl Helpdesk<TransportHandle> {
     ) -> Result<Self, String> {
         let mut http = Vec::new();
         for (i, ep) in config.endpoints.iter().enumerate() {
-            let tls = crate::tls::ClientTls {
-                config: trust
-                    .client_config(&ep.ca_file)
-                    .map_err(|e| format!("helpdesk.endpoints[{i}].ca_file: {e}"))?,
-                destination: ep.name.clone(),
-                observer: observer.clone(),
-            };
+            let tls = crate::tls::ClientTls::new(trust, &ep.ca_file, &ep.name, observer.clone())
+                .map_err(|e| format!("helpdesk.endpoints[{i}].ca_file: {e}"))?;
             http.push(Some(TransportHandle::start(
                 config.connect_timeout,
                 config.timeout,

@@ -227,6 +227,20 @@ impl std::fmt::Debug for ClientTls {
 }
 
 impl ClientTls {
+    /// The client of `destination`: `trust`'s roots plus `ca_file` (empty: none).
+    pub fn new(
+        trust: &Trust,
+        ca_file: &str,
+        destination: &str,
+        observer: Option<TlsObserver>,
+    ) -> Result<ClientTls, String> {
+        Ok(ClientTls {
+            config: trust.client_config(ca_file)?,
+            destination: destination.to_owned(),
+            observer,
+        })
+    }
+
     /// Log and count a failed handshake.
     pub fn failed(&self, failure: &TlsFailure) {
         tracing::error!(
