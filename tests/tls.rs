@@ -411,6 +411,13 @@ fn an_https_upstream_is_refused_until_its_certificate_verifies_then_called_once(
     assert_eq!(calls.len(), 1, "one call under the action's key: {calls:?}");
     assert_eq!(calls[0].status / 100, 2, "{calls:?}");
     assert!(dead_letters(&app).is_empty());
+    assert!(
+        plain_logs(&app)
+            .lines()
+            .any(|l| l.contains("TLS handshakes succeed again")
+                && l.contains("destination=upstream")),
+        "the recovery is logged"
+    );
     let (status, _) = app.get("/healthz");
     assert_eq!(status, 200, "the daemon keeps running");
 }

@@ -216,6 +216,9 @@ pub struct ClientTls {
     /// `upstream` or the help-desk endpoint's name (never a URL: it may carry credentials).
     pub destination: String,
     pub observer: Option<TlsObserver>,
+    /// The reason last logged at error level: the same failure again (every retry of every
+    /// queued call) goes to debug, a new reason to error, a success after failures to info.
+    logged: Arc<std::sync::Mutex<Option<TlsReason>>>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -238,19 +241,42 @@ impl ClientTls {
             config: trust.client_config(ca_file)?,
             destination: destination.to_owned(),
             observer,
+            logged: Arc::default(),
         })
     }
 
-    /// Log and count a failed handshake.
+    /// Log and count a failed handshake: an error the first time for its reason, debug while
+    /// the same failure repeats (each is counted).
     pub fn failed(&self, failure: &TlsFailure) {
-        tracing::error!(
-            destination = %self.destination,
-            reason = failure.reason.label(),
-            error = %failure,
-            "TLS handshake failed; the call is retried (fix the certificate or the CA option)"
-        );
+        let first = {
+            let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+            logged.replace(failure.reason) != Some(failure.reason)
+        };
+        if first {
+            tracing::error!(
+                destination = %self.destination,
+                reason = failure.reason.label(),
+                error = %failure,
+                "TLS handshake failed; the call is retried (fix the certificate or the CA option)"
+            );
+        } else {
+            tracing::debug!(
+                destination = %self.destination,
+                reason = failure.reason.label(),
+                error = %failure,
+                "TLS handshake failed again"
+            );
+        }
         if let Some(observe) = &self.observer {
             observe(&self.destination, failure);
+        }
+    }
+
+    /// An exchange got through: after failures, say so once.
+    pub fn succeeded(&self) {
+        let was = self.logged.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(reason) = was {
+            tracing::info!(destination = %self.destination, after = reason.label(), "TLS handshakes succeed again");
         }
     }
 }

@@ -215,3 +215,43 @@ fn https_and_the_tls_options_are_validated_every_problem_at_once() {
     let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys, ["server.tls.key_file", "upstream.ca_file"], "{p:?}");
 }
+
+#[test]
+fn every_failed_handshake_is_counted_and_a_repeat_is_not_logged_as_new() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let observer: TlsObserver = Arc::new(move |destination, failure| {
+        record
+            .lock()
+            .expect("seen")
+            .push((destination.to_owned(), failure.reason));
+    });
+    let tls = ClientTls::new(&Trust::empty(), "", "desk", Some(observer)).expect("client");
+    let expired = TlsFailure::from_rustls(&rustls::Error::InvalidCertificate(C::Expired));
+    let unknown = TlsFailure::from_rustls(&rustls::Error::InvalidCertificate(C::UnknownIssuer));
+    let logged = || *tls.logged.lock().expect("logged");
+    tls.failed(&expired);
+    assert_eq!(logged(), Some(TlsReason::Expired));
+    tls.failed(&expired);
+    tls.failed(&unknown);
+    assert_eq!(
+        logged(),
+        Some(TlsReason::UnknownIssuer),
+        "a new reason is logged anew"
+    );
+    tls.succeeded();
+    assert_eq!(
+        logged(),
+        None,
+        "after a success the next failure is logged again"
+    );
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        [
+            ("desk".to_owned(), TlsReason::Expired),
+            ("desk".to_owned(), TlsReason::Expired),
+            ("desk".to_owned(), TlsReason::UnknownIssuer),
+        ],
+        "every failure is counted"
+    );
+}

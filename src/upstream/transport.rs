@@ -124,6 +124,7 @@ impl AwcTransport {
             SendRequestError::Timeout => TransportError::Timeout,
             other => TransportError::Other(other.to_string()),
         })?;
+        self.tls.succeeded();
         let retry_after = resp
             .headers()
             .get("retry-after")
