@@ -88,15 +88,14 @@ impl ServerCert {
         Ok(())
     }
 
-    /// The rustls server config: this resolver, HTTP/1.1 (what the listener serves).
+    /// The rustls server config with this resolver (actix-web adds the ALPN protocols it
+    /// serves, h2 and http/1.1, when it binds).
     pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, String> {
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        Ok(rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS setup: {e}"))?
             .with_no_client_auth()
-            .with_cert_resolver(self.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
+            .with_cert_resolver(self.clone()))
     }
 
     /// Reload on every SIGHUP until `stop` (the rule reloader listens to the same signal: each
