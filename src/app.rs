@@ -337,21 +337,20 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         "webhook url: {scheme}://{bound}{}/{token_shown}",
         config.webhook.path
     );
-    if upstream.emulator.is_some() && scheme == "https" {
-        tracing::warn!("the embedded emulator sends its webhooks over plain HTTP, which the TLS listener refuses: configure a real upstream with server.tls");
-    }
     if let (Some(embedded), Some(token)) = (&upstream.emulator, webhook_token.first()) {
-        // The embedded emulator plays the service: its webhook events come back to this daemon.
+        // The embedded emulator plays the service: its webhook events come back to this daemon
+        // (over TLS too, trusting exactly the listener's certificate).
         let mut to = bound;
         if to.ip().is_unspecified() {
             to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
-        let url = format!("http://{to}{}/{}", config.webhook.path, token.expose());
+        let url = format!("{scheme}://{to}{}/{}", config.webhook.path, token.expose());
         crate::emulator::sender::start(
             embedded.emulator.clone(),
             crate::emulator::sender::SenderConfig {
                 url,
                 window: Duration::from_millis(50),
+                tls: public_tls.loopback_client().map_err(AppError::Tls)?,
             },
         );
         println!("upstream: embedded emulator at http://{}", embedded.addr);

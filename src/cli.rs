@@ -1106,11 +1106,26 @@ fn emulator(
         )
         .map_err(|e| CliError::Usage(e.to_string()))?;
         if let Some(url) = webhook_url {
+            // An https:// webhook URL is verified against the platform's roots.
+            let tls = if url
+                .get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+            {
+                crate::tls::install_provider();
+                Some(
+                    crate::tls::Trust::load()
+                        .client_config("")
+                        .map_err(CliError::Usage)?,
+                )
+            } else {
+                None
+            };
             sender::start(
                 running.emulator.clone(),
                 sender::SenderConfig {
                     url,
                     window: std::time::Duration::from_millis(50),
+                    tls,
                 },
             );
         }

@@ -28,6 +28,9 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+/// A web conversation of the emulator's default seed.
+const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+
 // ---- Certificates ----
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -758,6 +761,24 @@ fn the_public_listener_serves_https_and_a_sighup_swaps_its_certificate_for_new_c
     assert_eq!(status, 200, "{body}");
     let receipt: Value = serde_json::from_str(&body).expect("JSON receipt");
     assert_eq!(receipt["accepted"], 1, "{receipt}");
+    // The embedded emulator's webhooks reach the TLS listener too (pinned to its certificate).
+    let accepted = |app: &TestApp| {
+        metric_over(
+            app,
+            &client,
+            r#"handoff_webhook_deliveries_total{outcome="accepted"}"#,
+        )
+    };
+    app.emulator_act(
+        CONV,
+        "say",
+        serde_json::json!({"text": "from the emulator"}),
+    );
+    poll_until(
+        "the emulator's webhook over https",
+        Duration::from_secs(30),
+        || (accepted(&app) >= 2.0).then_some(()),
+    );
 
     // Rotation: new files, then SIGHUP. New connections get the new certificate.
     let second = ca.leaf(&["127.0.0.1", "localhost"], false);
@@ -777,6 +798,17 @@ fn the_public_listener_serves_https_and_a_sighup_swaps_its_certificate_for_new_c
             r#"handoff_tls_reloads_total{result="loaded"}"#
         ),
         1.0
+    );
+    // The emulator's sender trusts the new certificate as it is served.
+    app.emulator_act(
+        CONV,
+        "say",
+        serde_json::json!({"text": "after the rotation"}),
+    );
+    poll_until(
+        "the emulator's webhook after the rotation",
+        Duration::from_secs(30),
+        || (accepted(&app) >= 3.0).then_some(()),
     );
     // The connection opened before keeps working, on the certificate it was made with.
     let (status, body) = kept.request("GET", "/healthz", b"");

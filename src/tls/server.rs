@@ -141,6 +141,58 @@ impl ServerCert {
     }
 }
 
+/// Trusts exactly the certificate the listener serves at the moment (pinning, compared byte for
+/// byte), for the embedded emulator's webhooks to this daemon over loopback: that peer is this
+/// process, reached by IP address, which the certificate need not name. Signatures are checked
+/// with the provider's algorithms as usual.
+#[derive(Debug)]
+struct PinnedToListener {
+    cert: Arc<ServerCert>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedToListener {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let current = self.cert.resolve_current();
+        if current.cert.first() == Some(end_entity) {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
 /// The public listener: plain HTTP, or TLS with a certificate reloaded on SIGHUP.
 pub struct PublicTls(Option<Arc<ServerCert>>);
 
@@ -166,6 +218,26 @@ impl PublicTls {
     /// What to bind the listener with: `None` for plain HTTP.
     pub fn server_config(&self) -> Result<Option<rustls::ServerConfig>, String> {
         self.0.as_ref().map(|cert| cert.server_config()).transpose()
+    }
+
+    /// With TLS, a client for this daemon's own listener over loopback (the embedded
+    /// emulator's webhooks): it trusts only the certificate the listener serves.
+    pub fn loopback_client(&self) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+        let Some(cert) = &self.0 else {
+            return Ok(None);
+        };
+        let provider = provider();
+        let verifier = Arc::new(PinnedToListener {
+            cert: cert.clone(),
+            algorithms: provider.signature_verification_algorithms,
+        });
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Ok(Some(Arc::new(config)))
     }
 
     /// With TLS, reload the certificate on SIGHUP until `stop`.

@@ -255,3 +255,88 @@ fn every_failed_handshake_is_counted_and_a_repeat_is_not_logged_as_new() {
         "every failure is counted"
     );
 }
+
+/// A whole handshake in memory between a client and a server config; the client's verdict.
+fn handshake(
+    client: Arc<ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+) -> Result<(), rustls::Error> {
+    let io = |e: std::io::Error| rustls::Error::General(e.to_string());
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut c = rustls::ClientConnection::new(client, name)?;
+    let mut s = rustls::ServerConnection::new(server)?;
+    for _ in 0..10 {
+        let mut to_server = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut to_server).map_err(io)?;
+        }
+        s.read_tls(&mut &to_server[..]).map_err(io)?;
+        // The server's own verdict does not matter here: the client's is tested.
+        let _ = s.process_new_packets();
+        let mut to_client = Vec::new();
+        while s.wants_write() {
+            s.write_tls(&mut to_client).map_err(io)?;
+        }
+        c.read_tls(&mut &to_client[..]).map_err(io)?;
+        c.process_new_packets()?;
+        if !c.is_handshaking() {
+            return Ok(());
+        }
+    }
+    Err(rustls::Error::General("the handshake did not end".into()))
+}
+
+#[test]
+fn the_loopback_client_trusts_exactly_the_certificate_the_listener_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    // For another name than the address it is reached by: pinning does not look at names.
+    let (_, leaf, key) = ca_and_leaf(&["bridge.example"]);
+    let own = crate::config::ServerTlsConfig {
+        cert_file: write("cert.pem", &leaf),
+        key_file: write("key.pem", &key),
+    };
+    let (_, other_leaf, other_key) = ca_and_leaf(&["bridge.example"]);
+    let other = server::ServerCert::load(
+        Path::new(&write("other.pem", &other_leaf)),
+        Path::new(&write("other-key.pem", &other_key)),
+    )
+    .expect("other");
+
+    let listener = server::PublicTls::from_config(&own).expect("listener");
+    let client = listener
+        .loopback_client()
+        .expect("client")
+        .expect("TLS is on");
+    let served = Arc::new(
+        listener
+            .server_config()
+            .expect("config")
+            .expect("TLS is on"),
+    );
+    handshake(client.clone(), served.clone()).expect("its own certificate");
+    let err = handshake(
+        client.clone(),
+        Arc::new(other.server_config().expect("config")),
+    )
+    .expect_err("another certificate, even from the same kind of CA");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(C::UnknownIssuer)),
+        "{err:?}"
+    );
+    assert!(
+        server::PublicTls::from_config(&crate::config::ServerTlsConfig {
+            cert_file: String::new(),
+            key_file: String::new(),
+        })
+        .expect("plain")
+        .loopback_client()
+        .expect("client")
+        .is_none(),
+        "no TLS, no client"
+    );
+}
