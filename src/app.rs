@@ -79,6 +79,8 @@ pub enum AppError {
     Tokens(#[from] regex::Error),
     #[error("rules: {0}")]
     Rules(#[from] crate::rules::LoadError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("cannot start thread {name}: {source}")]
     Thread {
         name: &'static str,
@@ -211,13 +213,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .set(i64::try_from(store.size_on_disk()).unwrap_or(i64::MAX));
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let upstream = Upstream::start(&config, &metrics)?;
+    let (trust, tls_observer) = client_tls(&config, &metrics);
+    let upstream = Upstream::start(&config, &metrics, &trust, tls_observer.clone())?;
     metrics
         .upstream_info
         .with_label_values(&[config.upstream.mode()])
         .set(1);
     let mut helpdesk =
-        crate::helpdesk::Helpdesk::start(&config.helpdesk).map_err(AppError::Upstream)?;
+        crate::helpdesk::Helpdesk::start(&config.helpdesk, &trust, Some(tls_observer))
+            .map_err(AppError::Upstream)?;
     // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
     helpdesk.queue = std::sync::Arc::new(store.clone());
     if helpdesk.is_configured() {
@@ -297,7 +301,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let watcher = reloader
         .clone()
-        .spawn_watchers(config.rules.watch_interval, stop_rx);
+        .spawn_watchers(config.rules.watch_interval, stop_rx.clone());
 
     let helpdesk = crate::helpdesk::api::Helpdesk::new(config.helpdesk.clone(), verdicts, &metrics);
     let shared = web::Data::new(Shared {
@@ -345,6 +349,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let addr = config.listen_addr();
     // With `admin.listen` empty the admin API and /metrics stay on this listener.
     let admin_here = config.admin_listen_addr().is_none();
+    let public_tls =
+        crate::tls::server::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
     let server = HttpServer::new(move || {
         let path = webhook_path.clone();
         App::new()
@@ -367,12 +373,17 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     .client_request_timeout(config.server.client_request_timeout)
     .keep_alive(config.server.keep_alive)
     .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
-    .disable_signals()
-    .bind(addr)
-    .map_err(|source| AppError::Bind {
+    .disable_signals();
+    let bound_server = match public_tls.server_config().map_err(AppError::Tls)? {
+        None => server.bind(addr),
+        Some(tls) => server.bind_rustls_0_23(addr, tls),
+    };
+    let server = bound_server.map_err(|source| AppError::Bind {
         addr: addr.to_string(),
         source,
     })?;
+    let scheme = public_tls.scheme();
+    let cert_reloader = public_tls.spawn_reloader(shared.metrics.clone(), stop_rx.clone());
     let bound = server.addrs().first().copied().unwrap_or(addr);
     let admin = admin_server(&config, &shared, admin_body_budget)?;
     let admin_bound = admin.as_ref().map(|(_, at)| *at);
@@ -397,21 +408,23 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         )
     };
     println!(
-        "webhook url: http://{bound}{}/{token_shown}",
+        "webhook url: {scheme}://{bound}{}/{token_shown}",
         config.webhook.path
     );
     if let (Some(embedded), Some(token)) = (&upstream.emulator, webhook_token.first()) {
-        // The embedded emulator plays the service: its webhook events come back to this daemon.
+        // The embedded emulator plays the service: its webhook events come back to this daemon
+        // (over TLS too, trusting exactly the listener's certificate).
         let mut to = bound;
         if to.ip().is_unspecified() {
             to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
-        let url = format!("http://{to}{}/{}", config.webhook.path, token.expose());
+        let url = format!("{scheme}://{to}{}/{}", config.webhook.path, token.expose());
         crate::emulator::sender::start(
             embedded.emulator.clone(),
             crate::emulator::sender::SenderConfig {
                 url,
                 window: Duration::from_millis(50),
+                tls: public_tls.loopback_client().map_err(AppError::Tls)?,
             },
         );
         // Loud: a bridge that talks to the fake reaches no real user.
@@ -438,9 +451,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         if let Some(at) = admin_bound {
             let _ = writeln!(std::io::stdout(), "admin listening: http://{at}");
         }
-        let _ = writeln!(std::io::stdout(), "listening: http://{bound}");
+        let _ = writeln!(std::io::stdout(), "listening: {scheme}://{bound}");
     }
-    tracing::info!(%bound, admin = ?admin_bound, data_dir = %data.root().display(), upstream = config.upstream.mode(), "handoff-bridge started");
+    tracing::info!(%bound, scheme, admin = ?admin_bound, data_dir = %data.root().display(), upstream = config.upstream.mode(), "handoff-bridge started");
 
     let mut server_task = tokio::spawn(server);
     let (admin_handle, mut admin_task) = match admin {
@@ -505,6 +518,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     }
     let _ = pruner.await;
     let _ = watcher.await;
+    if let Some(reloader) = cert_reloader {
+        let _ = reloader.await;
+    }
     if let Some(embedded) = upstream.emulator {
         embedded.server.stop(true).await;
     }
@@ -710,8 +726,37 @@ struct Embedded {
     server: actix_web::dev::ServerHandle,
 }
 
+/// The platform's trust (read only when a destination is `https://`) and the hook that counts
+/// failed handshakes in `handoff_tls_failures_total`.
+fn client_tls(config: &Config, metrics: &Metrics) -> (crate::tls::Trust, crate::tls::TlsObserver) {
+    crate::tls::install_provider();
+    let https = std::iter::once(config.upstream.url.as_str())
+        .chain(config.helpdesk.endpoints.iter().map(|e| e.url.expose()))
+        .any(|url| {
+            url.get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        });
+    let trust = if https {
+        crate::tls::Trust::load()
+    } else {
+        crate::tls::Trust::empty()
+    };
+    let failures = metrics.tls_failures.clone();
+    let observer: crate::tls::TlsObserver = Arc::new(move |destination, failure| {
+        failures
+            .with_label_values(&[destination, failure.reason.label()])
+            .inc();
+    });
+    (trust, observer)
+}
+
 impl Upstream {
-    fn start(config: &Config, metrics: &Metrics) -> Result<Upstream, AppError> {
+    fn start(
+        config: &Config,
+        metrics: &Metrics,
+        trust: &crate::tls::Trust,
+        tls_observer: crate::tls::TlsObserver,
+    ) -> Result<Upstream, AppError> {
         use crate::upstream::handle::{Endpoint, UpstreamHandle};
         let up = &config.upstream;
         let mut settings = crate::upstream::settings(up).map_err(AppError::Upstream)?;
@@ -748,10 +793,14 @@ impl Upstream {
         } else {
             (up.url.clone(), None)
         };
+        let ca_file = if emulator.is_some() { "" } else { &up.ca_file };
+        let tls = crate::tls::ClientTls::new(trust, ca_file, "upstream", Some(tls_observer))
+            .map_err(|e| AppError::Upstream(format!("upstream.ca_file: {e}")))?;
         let endpoint = Endpoint {
             base_url,
             connect_timeout: up.connect_timeout,
             request_timeout: up.request_timeout,
+            tls,
         };
         let attempts = metrics.upstream_attempts.clone();
         let observer = crate::upstream::client::AttemptObserver::new(move |endpoint, status| {

@@ -1085,7 +1085,9 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
                 "upstream is \"embedded\": give --upstream URL (e.g. a running `handoff-bridge emulator`)".into(),
             ));
         }
-        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout);
+        let tls = crate::tls::ClientTls::new(&crate::tls::Trust::load(), &up.ca_file, "upstream", None)
+            .map_err(|e| crate::upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?;
+        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout, tls);
         crate::upstream::Client::new(transport, settings, limits).execute(call).await
     });
     match result {
@@ -1136,11 +1138,26 @@ fn emulator(
         )
         .map_err(|e| CliError::Usage(e.to_string()))?;
         if let Some(url) = webhook_url {
+            // An https:// webhook URL is verified against the platform's roots.
+            let tls = if url
+                .get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+            {
+                crate::tls::install_provider();
+                Some(
+                    crate::tls::Trust::load()
+                        .client_config("")
+                        .map_err(CliError::Usage)?,
+                )
+            } else {
+                None
+            };
             sender::start(
                 running.emulator.clone(),
                 sender::SenderConfig {
                     url,
                     window: std::time::Duration::from_millis(50),
+                    tls,
                 },
             );
         }

@@ -27,5 +27,6 @@ pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod timers;
+pub mod tls;
 pub mod upstream;
 pub mod webhook;

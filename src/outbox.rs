@@ -832,8 +832,13 @@ impl Runner {
         let give_up = self.helpdesk.give_up_after();
         let failing_for = Duration::from_millis(u64::try_from(now - first_failure).unwrap_or(0));
         if failing_for >= give_up {
+            // A help desk whose certificate never verified says so in the reason.
+            let reason = match &e {
+                DeliveryError::Tls { failure, .. } => format!("tls_{}", failure.reason.label()),
+                _ => "retries_exhausted".to_owned(),
+            };
             return dead(
-                "retries_exhausted",
+                &reason,
                 format!(
                     "{e}; gave up after {} of failed attempts",
                     humantime::format_duration(give_up)
@@ -842,7 +847,7 @@ impl Runner {
         }
         let retry_after = match &e {
             DeliveryError::Unavailable { retry_after, .. } => *retry_after,
-            DeliveryError::Refused { .. } => None,
+            DeliveryError::Refused { .. } | DeliveryError::Tls { .. } => None,
         };
         let wait = self
             .helpdesk
@@ -1072,6 +1077,8 @@ fn classify(e: &ExecuteError) -> (String, Option<String>) {
                 }
             }
             UpstreamError::Connect(_) => ("connect".into(), Some("retries_exhausted".into())),
+            // Retried by the client like a refused connection; the reason names why.
+            UpstreamError::Tls(f) => ("tls".into(), Some(format!("tls_{}", f.reason.label()))),
             UpstreamError::Timeout => ("timeout".into(), Some("retries_exhausted".into())),
             UpstreamError::Transport(_) => ("transport".into(), Some("retries_exhausted".into())),
             UpstreamError::Decode(_) => ("bad_answer".into(), Some("bad_answer".into())),
@@ -1218,6 +1225,17 @@ mod tests {
         assert!(!refused_for_good(&ExecuteError::Upstream(
             UpstreamError::Timeout
         )));
+        // A handshake that never verified: retried by the client, then a dead letter that says
+        // why; never "refused for good" (nothing was sent, the key stays).
+        let tls = ExecuteError::Upstream(UpstreamError::Tls(crate::tls::TlsFailure {
+            reason: crate::tls::TlsReason::NameMismatch,
+            detail: "invalid peer certificate: NotValidForName".into(),
+        }));
+        assert_eq!(
+            classify(&tls),
+            ("tls".to_owned(), Some("tls_name_mismatch".to_owned()))
+        );
+        assert!(!refused_for_good(&tls));
         assert_eq!(
             classify(&ExecuteError::NotUpstream("notify_helpdesk"))
                 .1

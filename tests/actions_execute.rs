@@ -49,7 +49,18 @@ fn api(base: &str) -> OpenApi<Client<AwcTransport>> {
         },
     };
     OpenApi::new(Client::new(
-        AwcTransport::new(base, Duration::from_secs(2), Duration::from_secs(5)),
+        AwcTransport::new(
+            base,
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            handoff_bridge::tls::ClientTls::new(
+                &handoff_bridge::tls::Trust::empty(),
+                "",
+                "upstream",
+                None,
+            )
+            .expect("client TLS"),
+        ),
         settings,
         limits,
     ))

@@ -98,3 +98,50 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
         }
     }
 }
+
+/// The deploy kit points at a real `https://` Open API (a placeholder to replace) and shows the
+/// private-CA option; the image carries a CA bundle for it (deploy/check checks the same).
+#[test]
+fn the_deploy_kit_sets_an_https_upstream_and_shows_the_ca_option() {
+    let read = |file: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+    };
+    let found = |file: &str, pattern: &str| {
+        regex::Regex::new(pattern)
+            .expect("regex")
+            .is_match(&read(file))
+    };
+    for (file, url, ca) in [
+        (
+            "deploy/Dockerfile",
+            r"HANDOFF_BRIDGE_UPSTREAM_URL=https://\S+",
+            r"HANDOFF_BRIDGE__UPSTREAM__CA_FILE=/\S+",
+        ),
+        (
+            "deploy/handoff-bridge.service",
+            r"(?m)^Environment=HANDOFF_BRIDGE_UPSTREAM_URL=https://\S+",
+            r"HANDOFF_BRIDGE__UPSTREAM__CA_FILE=/\S+",
+        ),
+        (
+            "deploy/kubernetes.yaml",
+            r#"(?m)^\s+url = "https://[^"]+""#,
+            r#"(?m)^\s+# ca_file = "/[^"]+""#,
+        ),
+    ] {
+        assert!(found(file, url), "{file}: no https:// upstream URL");
+        assert!(found(file, ca), "{file}: the CA option is not shown");
+        assert!(
+            !found(file, r"(?i)upstream\S*\s*=\s*.?http://"),
+            "{file}: a plain-http upstream"
+        );
+    }
+    assert!(found(
+        "deploy/Dockerfile",
+        r"(?m)^COPY --from=build /etc/ssl/certs/ca-certificates.crt"
+    ));
+    assert!(found(
+        "deploy/kubernetes.yaml",
+        r#"(?m)^\s+# cert_file = "/[^"]+""#
+    ));
+}

@@ -142,7 +142,18 @@ impl Env {
 fn client(base: &str, key: &str, scheme: &str, request_timeout: Duration) -> Api {
     OpenApi::new(
         Client::new(
-            AwcTransport::new(base, Duration::from_secs(2), request_timeout),
+            AwcTransport::new(
+                base,
+                Duration::from_secs(2),
+                request_timeout,
+                handoff_bridge::tls::ClientTls::new(
+                    &handoff_bridge::tls::Trust::empty(),
+                    "",
+                    "upstream",
+                    None,
+                )
+                .expect("client TLS"),
+            ),
             settings(key, scheme),
             limits(),
         )

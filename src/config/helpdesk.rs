@@ -97,6 +97,10 @@ pub struct HelpdeskEndpoint {
     /// Event kinds sent here: names, families (`handoff.*`) or `*`.
     #[serde(default = "all_events")]
     pub events: Vec<String>,
+    /// A private CA (PEM, one or more certificates) trusted for this endpoint's `https://` URL,
+    /// besides the platform's roots. Empty: the platform's roots only.
+    #[serde(default)]
+    pub ca_file: String,
 }
 
 fn all_events() -> Vec<String> {

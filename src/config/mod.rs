@@ -34,11 +34,14 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
-    /// `embedded`, an `http://` base address, or empty: the embedded emulator, unless an API key
-    /// is configured (then the configuration is refused: production never silently gets the
-    /// fake). Shown with its credentials masked ([`mask_url`]).
+    /// `embedded`, an `http://` / `https://` base address, or empty: the embedded emulator,
+    /// unless an API key is configured (then the configuration is refused: production never
+    /// silently gets the fake). Shown with its credentials masked ([`mask_url`]).
     #[serde(serialize_with = "serialize_masked_url")]
     pub url: String,
+    /// A private CA (PEM, one or more certificates) trusted for an `https://` URL besides the
+    /// platform's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` or the system store). Empty: none.
+    pub ca_file: String,
     pub api_key: Secret,
     pub api_key_file: String,
     pub auth_header: String,
@@ -107,6 +110,8 @@ pub struct ServerConfig {
     /// Request bodies held in memory at once, all connections together; over it a new body waits
     /// (at most `body_read_timeout`), then gets 503.
     pub max_inflight_body_bytes: usize,
+    /// TLS for the public listener (both files, or neither: plain HTTP).
+    pub tls: ServerTlsConfig,
 }
 
 /// The header trusted proxies append the client's address to. Only that one is read: a header
@@ -116,6 +121,22 @@ pub struct ServerConfig {
 pub enum ProxyHeader {
     XForwardedFor,
     Forwarded,
+}
+
+/// The public listener's certificate: PEM files, reloaded on SIGHUP.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// The certificate chain, leaf first.
+    pub cert_file: String,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+}
+
+impl ServerTlsConfig {
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty() || !self.key_file.is_empty()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -607,6 +628,28 @@ impl Config {
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             bad("admin.token", &"****", "must be at least 16 characters");
         }
+        let tls = &self.server.tls;
+        match (tls.cert_file.is_empty(), tls.key_file.is_empty()) {
+            (true, true) => {}
+            (false, false) => {
+                if let Err(e) = crate::tls::server::load_certified_key(
+                    Path::new(&tls.cert_file),
+                    Path::new(&tls.key_file),
+                ) {
+                    bad("server.tls", &tls.cert_file, &e);
+                }
+            }
+            (false, true) => bad(
+                "server.tls.key_file",
+                &"\"\"",
+                "give both cert_file and key_file",
+            ),
+            (true, false) => bad(
+                "server.tls.cert_file",
+                &"\"\"",
+                "give both cert_file and key_file",
+            ),
+        }
         let up = &self.upstream;
         if up.url.is_empty() && (!up.api_key.is_empty() || !up.api_key_file.is_empty()) {
             bad(
@@ -617,13 +660,22 @@ impl Config {
                  address, or to \"embedded\" to run the built-in emulator on purpose",
             );
         }
-        if !(up.is_embedded() || up.url.starts_with("http://")) {
-            let why = if up.url.starts_with("https://") {
-                "https is not built in yet: use an http:// address (e.g. a local TLS-terminating proxy)"
-            } else {
-                "must be \"embedded\" or an http:// base address"
-            };
-            bad("upstream.url", &mask_url(&up.url), why);
+        if !up.is_embedded() {
+            match up.url.parse::<actix_web::http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.host().is_some() => {}
+                _ => bad(
+                    "upstream.url",
+                    &mask_url(&up.url),
+                    "must be \"embedded\" or an http:// or https:// base address",
+                ),
+            }
+        }
+        if !up.ca_file.is_empty() {
+            if let Err(e) = crate::tls::read_ca_file(Path::new(&up.ca_file)) {
+                bad("upstream.ca_file", &up.ca_file, &e);
+            }
         }
         if !up.api_key.is_empty() && !up.api_key_file.is_empty() {
             bad(
@@ -702,17 +754,19 @@ impl Config {
             }
             // The URL is not echoed: it may carry credentials.
             match ep.url.expose().parse::<actix_web::http::Uri>() {
-                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
-                Ok(uri) if uri.scheme_str() == Some("https") => bad(
-                    &format!("{at}.url"),
-                    &"(not shown)",
-                    "https is not built in yet: use an http:// address (e.g. a local TLS-terminating proxy)",
-                ),
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.host().is_some() => {}
                 _ => bad(
                     &format!("{at}.url"),
                     &"(not shown)",
-                    "not an http:// URL with a host",
+                    "not an http:// or https:// URL with a host",
                 ),
+            }
+            if !ep.ca_file.is_empty() {
+                if let Err(e) = crate::tls::read_ca_file(Path::new(&ep.ca_file)) {
+                    bad(&format!("{at}.ca_file"), &ep.ca_file, &e);
+                }
             }
             if ep.secrets.is_empty() {
                 bad(

@@ -273,13 +273,14 @@ fn helpdesk_endpoints_are_validated_every_problem_at_once_and_secrets_never_show
         r#"
 [[helpdesk.endpoints]]
 name = "desk"
-url = "http://127.0.0.1:9000/events"
+url = "https://desk.example/events"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 events = ["handoff.*"]
 
 [[helpdesk.endpoints]]
 name = "desk"
-url = "https://user:pw@desk.example/events"
+url = "ftp://user:pw@desk.example/events"
+ca_file = "/nonexistent/handoff-bridge-test/ca.pem"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSx-not-base64", "plain-secret-value-1234567890"]
 events = ["handof.*"]
 
@@ -294,6 +295,7 @@ secrets = []
     for key in [
         "helpdesk.endpoints[1].name",
         "helpdesk.endpoints[1].url",
+        "helpdesk.endpoints[1].ca_file",
         "helpdesk.endpoints[1].secrets[0]",
         "helpdesk.endpoints[1].secrets[1]",
         "helpdesk.endpoints[1].events",

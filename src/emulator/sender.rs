@@ -20,6 +20,8 @@ pub struct SenderConfig {
     pub url: String,
     /// Events of this window share one delivery, as the service batches them.
     pub window: Duration,
+    /// How an `https://` URL is verified (`None`: plain HTTP only).
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// Routes under `/_emulator` (the scope's data is the emulator).
@@ -181,7 +183,12 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
         Alphanumeric.sample_string(&mut rand::rng(), 8)
     );
     actix_web::rt::spawn(async move {
+        let mut connector = awc::Connector::new();
+        if let Some(tls) = config.tls.clone() {
+            connector = connector.rustls_0_23(tls);
+        }
         let client = awc::Client::builder()
+            .connector(connector)
             .timeout(Duration::from_secs(10))
             .finish();
         let mut tick = tokio::time::interval(config.window);

@@ -13,12 +13,13 @@ use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// One configured help desk, its secrets decoded.
-struct Endpoint {
+/// One configured help desk, its secrets decoded, and its own client (its own TLS trust).
+struct Endpoint<T> {
     name: String,
     url: String,
     keys: Vec<SigningKey>,
     events: Vec<String>,
+    http: Option<T>,
 }
 
 /// Why an attempt failed. Names the endpoint by its configured name, never its URL (which may
@@ -36,23 +37,29 @@ pub enum DeliveryError {
         cause: String,
         retry_after: Option<Duration>,
     },
+    /// Its TLS handshake failed (certificate not trusted, expired, for another name...): tried
+    /// again later like a connect failure, the certificate may be fixed meanwhile.
+    #[error("help desk {endpoint}: {failure}")]
+    Tls {
+        endpoint: String,
+        failure: crate::tls::TlsFailure,
+    },
 }
 
 impl DeliveryError {
-    /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`.
+    /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`, `tls`.
     pub fn outcome(&self) -> String {
         match self {
             DeliveryError::Refused { status, .. } => format!("http_{status}"),
             DeliveryError::Unavailable { cause, .. } => cause.clone(),
+            DeliveryError::Tls { .. } => "tls".into(),
         }
     }
 }
 
 /// The help desks and how to reach them. Generic over the transport so tests can script answers.
 pub struct Helpdesk<T = TransportHandle> {
-    endpoints: Vec<Endpoint>,
-    /// `None` with no endpoint: no client thread is started for nothing.
-    http: Option<T>,
+    endpoints: Vec<Endpoint<T>>,
     pub transcript_messages: u32,
     pub bot_messages: bool,
     retry: HelpdeskRetry,
@@ -61,25 +68,44 @@ pub struct Helpdesk<T = TransportHandle> {
 }
 
 impl Helpdesk<TransportHandle> {
-    /// From the validated `[helpdesk]` configuration; starts the HTTP client thread when there is
-    /// an endpoint.
-    pub fn start(config: &HelpdeskConfig) -> Result<Self, String> {
-        let http = if config.endpoints.is_empty() {
-            None
-        } else {
-            Some(TransportHandle::start(
+    /// From the validated `[helpdesk]` configuration; starts one HTTP client thread per
+    /// endpoint (none without endpoints), each trusting the platform's roots (`trust`) and its
+    /// `ca_file`. A failed TLS handshake is logged and told to `observer`.
+    pub fn start(
+        config: &HelpdeskConfig,
+        trust: &crate::tls::Trust,
+        observer: Option<crate::tls::TlsObserver>,
+    ) -> Result<Self, String> {
+        let mut http = Vec::new();
+        for (i, ep) in config.endpoints.iter().enumerate() {
+            let tls = crate::tls::ClientTls::new(trust, &ep.ca_file, &ep.name, observer.clone())
+                .map_err(|e| format!("helpdesk.endpoints[{i}].ca_file: {e}"))?;
+            http.push(Some(TransportHandle::start(
                 config.connect_timeout,
                 config.timeout,
-            )?)
-        };
-        Self::with_transport(config, http)
+                tls,
+            )?));
+        }
+        Self::build(config, http)
     }
 }
 
 impl<T: Transport> Helpdesk<T> {
-    pub fn with_transport(config: &HelpdeskConfig, http: Option<T>) -> Result<Self, String> {
+    /// Every endpoint sends through (a clone of) `http`; `None`: nothing to send with.
+    pub fn with_transport(config: &HelpdeskConfig, http: Option<T>) -> Result<Self, String>
+    where
+        T: Clone,
+    {
+        Self::build(
+            config,
+            config.endpoints.iter().map(|_| http.clone()).collect(),
+        )
+    }
+
+    /// `http[i]` is the client of the `i`th endpoint.
+    fn build(config: &HelpdeskConfig, http: Vec<Option<T>>) -> Result<Self, String> {
         let mut endpoints = Vec::new();
-        for (i, ep) in config.endpoints.iter().enumerate() {
+        for ((i, ep), http) in config.endpoints.iter().enumerate().zip(http) {
             let keys = ep
                 .secrets
                 .iter()
@@ -94,11 +120,11 @@ impl<T: Transport> Helpdesk<T> {
                 url: ep.url.expose().to_owned(),
                 keys,
                 events: ep.events.clone(),
+                http,
             });
         }
         Ok(Helpdesk {
             endpoints,
-            http,
             transcript_messages: config.transcript_messages,
             bot_messages: config.bot_messages,
             retry: config.retry.clone(),
@@ -108,7 +134,7 @@ impl<T: Transport> Helpdesk<T> {
 
     /// Any help desk to send to.
     pub fn is_configured(&self) -> bool {
-        !self.endpoints.is_empty() && self.http.is_some()
+        !self.endpoints.is_empty() && self.endpoints.iter().all(|ep| ep.http.is_some())
     }
 
     /// The names of the endpoints that take `kind`, in configuration order.
@@ -134,7 +160,11 @@ impl<T: Transport> Helpdesk<T> {
             cause: cause.to_owned(),
             retry_after: None,
         };
-        let (Some(ep), Some(http)) = (self.endpoints.iter().find(|ep| ep.name == name), &self.http)
+        let Some((ep, Some(http))) = self
+            .endpoints
+            .iter()
+            .find(|ep| ep.name == name)
+            .map(|ep| (ep, ep.http.as_ref()))
         else {
             return Err(unavailable("transport"));
         };
@@ -163,6 +193,10 @@ impl<T: Transport> Helpdesk<T> {
                 status: resp.status,
             }),
             Err(TransportError::Connect(_)) => Err(unavailable("connect")),
+            Err(TransportError::Tls(failure)) => Err(DeliveryError::Tls {
+                endpoint: name.to_owned(),
+                failure,
+            }),
             Err(TransportError::Timeout) => Err(unavailable("timeout")),
             Err(TransportError::Other(_)) => Err(unavailable("transport")),
         }
@@ -238,12 +272,14 @@ mod tests {
                 url: Secret::new("http://127.0.0.1:9/events"),
                 secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
                 events: events.iter().map(|s| (*s).to_owned()).collect(),
+                ca_file: String::new(),
             },
             HelpdeskEndpoint {
                 name: "audit".into(),
                 url: Secret::new("http://127.0.0.1:9/audit"),
                 secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
                 events: vec!["*".into()],
+                ca_file: String::new(),
             },
         ];
         hd
@@ -258,8 +294,9 @@ mod tests {
 
     #[test]
     fn endpoints_take_the_kinds_they_select() {
-        let hd = Helpdesk::with_transport(&config(&["handoff.*"]), Some(Scripted::default()))
-            .expect("helpdesk");
+        let hd =
+            Helpdesk::with_transport(&config(&["handoff.*"]), Some(Arc::new(Scripted::default())))
+                .expect("helpdesk");
         assert!(hd.is_configured());
         assert_eq!(hd.targets("handoff.ended"), vec!["desk", "audit"]);
         assert_eq!(hd.targets("user.blocked"), vec!["audit"]);
@@ -267,7 +304,7 @@ mod tests {
 
     #[test]
     fn answers_are_judged_retryable_or_refused() {
-        let http = Scripted::default();
+        let http = Arc::new(Scripted::default());
         *http.answers.lock().expect("answers") = vec![
             status(204, None),
             status(503, None),
@@ -277,11 +314,15 @@ mod tests {
             status(302, None),
             Err(TransportError::Connect("refused".into())),
             Err(TransportError::Timeout),
+            Err(TransportError::Tls(crate::tls::TlsFailure {
+                reason: crate::tls::TlsReason::Expired,
+                detail: "invalid peer certificate: Expired".into(),
+            })),
         ];
-        let hd = Helpdesk::with_transport(&config(&["*"]), Some(http)).expect("helpdesk");
+        let hd = Helpdesk::with_transport(&config(&["*"]), Some(http.clone())).expect("helpdesk");
         let results = run(async {
             let mut out = Vec::new();
-            for _ in 0..8 {
+            for _ in 0..9 {
                 out.push(hd.post("desk", "ev/r/0", b"{}", 1_700_000_000).await);
             }
             out
@@ -293,8 +334,22 @@ mod tests {
             .collect();
         assert_eq!(
             outcomes,
-            ["http_503", "http_429", "http_408", "http_400", "http_302", "connect", "timeout"]
+            [
+                "http_503", "http_429", "http_408", "http_400", "http_302", "connect", "timeout",
+                "tls"
+            ]
         );
+        // A failed handshake is a failure to reach it (tried again later), with its reason.
+        assert!(matches!(
+            &results[8],
+            Err(DeliveryError::Tls { endpoint, failure })
+                if endpoint == "desk" && failure.reason == crate::tls::TlsReason::Expired
+        ));
+        assert!(results[8]
+            .as_ref()
+            .expect_err("tls")
+            .to_string()
+            .contains("certificate expired"));
         assert!(matches!(
             &results[2],
             Err(DeliveryError::Unavailable { retry_after: Some(d), .. }) if *d == Duration::from_secs(7)
@@ -307,14 +362,7 @@ mod tests {
             results[5],
             Err(DeliveryError::Refused { status: 302, .. })
         ));
-        let seen = hd
-            .http
-            .as_ref()
-            .expect("http")
-            .seen
-            .lock()
-            .expect("seen")
-            .clone();
+        let seen = http.seen.lock().expect("seen").clone();
         let first = &seen[0];
         assert_eq!(first.path, "http://127.0.0.1:9/events");
         let header = |n: &str| {
@@ -335,7 +383,8 @@ mod tests {
 
     #[test]
     fn backoff_grows_to_its_cap_and_retry_after_wins() {
-        let hd = Helpdesk::with_transport(&config(&["*"]), None::<Scripted>).expect("helpdesk");
+        let hd =
+            Helpdesk::with_transport(&config(&["*"]), None::<Arc<Scripted>>).expect("helpdesk");
         assert!(!hd.is_configured(), "no client, nothing to send with");
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for failures in 1..40 {

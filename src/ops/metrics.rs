@@ -56,6 +56,11 @@ pub struct Metrics {
     pub dead_letter_entries: IntGauge,
     /// Event received -> upstream answered, for carried-out actions.
     pub action_latency_seconds: Histogram,
+    /// TLS handshakes that failed, by destination (`upstream` or a help-desk endpoint's name) and
+    /// reason (`tls::TlsReason::label`).
+    pub tls_failures: IntCounterVec,
+    /// Reloads of the public listener's certificate (SIGHUP), by result (`loaded`, `failed`).
+    pub tls_reloads: IntCounterVec,
     /// Rule reloads by trigger (`file`, `signal`, `admin`) and outcome (`loaded`, `unchanged`,
     /// `invalid`).
     pub rules_reloads: IntCounterVec,
@@ -152,6 +157,14 @@ impl Metrics {
             &["endpoint", "outcome"],
         )?;
         registry.register(Box::new(helpdesk_deliveries.clone()))?;
+        let tls_failures = IntCounterVec::new(
+            Opts::new(
+                "tls_failures_total",
+                "Failed TLS handshakes of the daemon's clients, by destination and reason",
+            ),
+            &["destination", "reason"],
+        )?;
+        registry.register(Box::new(tls_failures.clone()))?;
         let outbox_oldest_seconds = prometheus::Gauge::new(
             "outbox_oldest_seconds",
             "Age of the oldest pending outbox entry",
@@ -238,6 +251,12 @@ impl Metrics {
                 "action_latency_seconds",
                 "Time from receipt of the source event to the upstream's answer",
                 latency_buckets(),
+            )?,
+            tls_failures,
+            tls_reloads: counter_vec(
+                "tls_reloads_total",
+                "Reloads of the public listener's TLS certificate (SIGHUP), by result",
+                "result",
             )?,
             rules_reloads: {
                 let c = prometheus::IntCounterVec::new(

@@ -108,7 +108,7 @@ pub struct Client<T> {
 }
 
 /// Told of every HTTP attempt (endpoint name, outcome: `2xx`, an error status code, or `connect`,
-/// `timeout`, `transport`, `decode`), retries included: the metrics hook, kept out of this module.
+/// `tls`, `timeout`, `transport`, `decode`), retries included: the metrics hook, kept out of this module.
 #[derive(Clone)]
 pub struct AttemptObserver(Arc<ObserveFn>);
 
@@ -131,6 +131,7 @@ fn attempt_outcome(result: &Result<Value, UpstreamError>) -> String {
         Ok(_) => "2xx".into(),
         Err(UpstreamError::Status { status, .. }) => status.to_string(),
         Err(UpstreamError::Connect(_)) => "connect".into(),
+        Err(UpstreamError::Tls(_)) => "tls".into(),
         Err(UpstreamError::Timeout) => "timeout".into(),
         Err(UpstreamError::Decode(_)) => "decode".into(),
         Err(_) => "transport".into(),
@@ -198,6 +199,7 @@ impl<T: Transport> Client<T> {
         let resp = match answer {
             Ok(r) => r,
             Err(TransportError::Connect(e)) => return Err(UpstreamError::Connect(e)),
+            Err(TransportError::Tls(f)) => return Err(UpstreamError::Tls(f)),
             Err(TransportError::Timeout) => return Err(UpstreamError::Timeout),
             Err(TransportError::Other(e)) => return Err(UpstreamError::Transport(e)),
         };

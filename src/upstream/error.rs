@@ -8,6 +8,9 @@ use std::time::Duration;
 pub enum UpstreamError {
     #[error("cannot connect to the upstream: {0}")]
     Connect(String),
+    /// The TLS handshake failed (certificate not trusted, expired, for another name...).
+    #[error("cannot connect to the upstream: {0}")]
+    Tls(crate::tls::TlsFailure),
     #[error("the upstream did not answer in time")]
     Timeout,
     #[error("the upstream connection failed: {0}")]
@@ -35,9 +38,10 @@ impl UpstreamError {
     /// Connect errors, timeouts, dropped connections, 408, 425, 429 and 5xx may succeed later.
     pub fn is_retryable(&self) -> bool {
         match self {
-            UpstreamError::Connect(_) | UpstreamError::Timeout | UpstreamError::Transport(_) => {
-                true
-            }
+            UpstreamError::Connect(_)
+            | UpstreamError::Tls(_)
+            | UpstreamError::Timeout
+            | UpstreamError::Transport(_) => true,
             UpstreamError::Status { status, .. } => is_retryable_status(*status),
             UpstreamError::Decode(_) | UpstreamError::InvalidCall(_) | UpstreamError::Stopped => {
                 false
@@ -82,6 +86,11 @@ mod tests {
         }
         assert!(UpstreamError::Timeout.is_retryable());
         assert!(UpstreamError::Connect("refused".into()).is_retryable());
+        assert!(UpstreamError::Tls(crate::tls::TlsFailure {
+            reason: crate::tls::TlsReason::UnknownIssuer,
+            detail: "invalid peer certificate: UnknownIssuer".into(),
+        })
+        .is_retryable());
         assert!(!UpstreamError::Decode("x".into()).is_retryable());
         assert_eq!(status(404).status(), Some(404));
     }

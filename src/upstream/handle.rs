@@ -35,6 +35,8 @@ pub struct Endpoint {
     pub base_url: String,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    /// How `https://` is verified, and who hears of a failed handshake.
+    pub tls: crate::tls::ClientTls,
 }
 
 impl UpstreamHandle {
@@ -52,6 +54,7 @@ impl UpstreamHandle {
                 &endpoint.base_url,
                 endpoint.connect_timeout,
                 endpoint.request_timeout,
+                endpoint.tls,
             );
             let client = Rc::new(Client::new(transport, settings, limits).with_observer(observer));
             actix_web::rt::spawn(async move {
@@ -91,8 +94,9 @@ type RawCall = (
 
 /// A `Send + Clone` face of a bare [`AwcTransport`], kept on its own arbiter like
 /// [`UpstreamHandle`]: single HTTP exchanges without the Open API client's auth, rate limits and
-/// retries, for callers that sign and retry their own way (the help-desk sender). Requests carry
-/// absolute URLs in `path` (the base is empty), so one handle reaches several hosts.
+/// retries, for callers that sign and retry their own way (the help-desk sender: one handle per
+/// endpoint, each with its own TLS trust). Requests carry absolute URLs in `path` (the base is
+/// empty).
 #[derive(Clone)]
 pub struct TransportHandle {
     tx: mpsc::UnboundedSender<RawCall>,
@@ -100,11 +104,15 @@ pub struct TransportHandle {
 }
 
 impl TransportHandle {
-    pub fn start(connect_timeout: Duration, request_timeout: Duration) -> Result<Self, String> {
+    pub fn start(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        tls: crate::tls::ClientTls,
+    ) -> Result<Self, String> {
         let (tx, mut rx) = mpsc::unbounded_channel::<RawCall>();
         let arbiter = actix_rt::Arbiter::new();
         let started = arbiter.spawn_fn(move || {
-            let transport = Rc::new(AwcTransport::new("", connect_timeout, request_timeout));
+            let transport = Rc::new(AwcTransport::new("", connect_timeout, request_timeout, tls));
             actix_web::rt::spawn(async move {
                 while let Some((request, reply)) = rx.recv().await {
                     let transport = transport.clone();

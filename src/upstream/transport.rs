@@ -25,8 +25,20 @@ pub struct RawResponse {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransportError {
     Connect(String),
+    /// The TLS handshake failed (certificate not trusted, expired, for another name...): a
+    /// connect failure, retried like one, with its typed reason.
+    Tls(crate::tls::TlsFailure),
     Timeout,
     Other(String),
+}
+
+impl<T: Transport> Transport for std::sync::Arc<T> {
+    fn send(
+        &self,
+        request: RawRequest,
+    ) -> impl Future<Output = Result<RawResponse, TransportError>> {
+        (**self).send(request)
+    }
 }
 
 pub trait Transport {
@@ -43,14 +55,26 @@ pub struct AwcTransport {
     /// The whole call's bound, answer body included (awc's own timeout ends at the answer's head,
     /// so an answer trickling in would hold the call, and its queue, for as long as it crawls).
     request_timeout: Duration,
+    /// Who to name and tell when a handshake fails.
+    tls: crate::tls::ClientTls,
 }
 
 /// Answers larger than this are refused rather than buffered.
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 impl AwcTransport {
-    pub fn new(base_url: &str, connect_timeout: Duration, request_timeout: Duration) -> Self {
-        let connector = awc::Connector::new().timeout(connect_timeout);
+    /// `https://` URLs are verified with `tls.config` (the platform's roots and the
+    /// destination's private CA; hostname verification always on).
+    pub fn new(
+        base_url: &str,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        tls: crate::tls::ClientTls,
+    ) -> Self {
+        let connector = awc::Connector::new()
+            .timeout(connect_timeout)
+            .handshake_timeout(connect_timeout)
+            .rustls_0_23(tls.config.clone());
         let client = awc::Client::builder()
             .connector(connector)
             .timeout(request_timeout)
@@ -60,6 +84,7 @@ impl AwcTransport {
             client,
             base: base_url.trim_end_matches('/').to_owned(),
             request_timeout,
+            tls,
         }
     }
 }
@@ -89,10 +114,17 @@ impl AwcTransport {
             None => req.send().await,
         };
         let mut resp = sent.map_err(|e| match e {
-            SendRequestError::Connect(e) => TransportError::Connect(e.to_string()),
+            SendRequestError::Connect(e) => match crate::tls::TlsFailure::from_connect_error(&e) {
+                Some(failure) => {
+                    self.tls.failed(&failure);
+                    TransportError::Tls(failure)
+                }
+                None => TransportError::Connect(e.to_string()),
+            },
             SendRequestError::Timeout => TransportError::Timeout,
             other => TransportError::Other(other.to_string()),
         })?;
+        self.tls.succeeded();
         let retry_after = resp
             .headers()
             .get("retry-after")

@@ -1,0 +1,342 @@
+use super::*;
+use crate::config::{Config, ConfigError, Overrides};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::CertificateError as C;
+
+/// A CA and a leaf for `names` signed by it: (CA PEM, leaf PEM, leaf key PEM).
+fn ca_and_leaf(names: &[&str]) -> (String, String, String) {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "handoff-bridge unit test CA");
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .expect("leaf params")
+        .signed_by(&key, &ca)
+        .expect("leaf");
+    (ca.pem(), leaf.pem(), key.serialize_pem())
+}
+
+fn failure(e: rustls::Error) -> TlsReason {
+    TlsFailure::from_rustls(&e).reason
+}
+
+#[test]
+fn rustls_errors_map_to_a_small_set_of_reasons() {
+    let cert = rustls::Error::InvalidCertificate;
+    assert_eq!(failure(cert(C::UnknownIssuer)), TlsReason::UnknownIssuer);
+    assert_eq!(failure(cert(C::Expired)), TlsReason::Expired);
+    assert_eq!(failure(cert(C::NotValidYet)), TlsReason::NotYetValid);
+    assert_eq!(failure(cert(C::NotValidForName)), TlsReason::NameMismatch);
+    assert_eq!(failure(cert(C::BadSignature)), TlsReason::BadCertificate);
+    assert_eq!(failure(cert(C::Revoked)), TlsReason::BadCertificate);
+    assert_eq!(
+        failure(rustls::Error::AlertReceived(
+            rustls::AlertDescription::HandshakeFailure
+        )),
+        TlsReason::Handshake
+    );
+    let labels: std::collections::HashSet<&str> =
+        TlsReason::ALL.iter().map(|r| r.label()).collect();
+    assert_eq!(labels.len(), TlsReason::ALL.len(), "labels are distinct");
+    let text = TlsFailure::from_rustls(&cert(C::UnknownIssuer)).to_string();
+    assert!(
+        text.contains("certificate not trusted") && text.contains("UnknownIssuer"),
+        "{text}"
+    );
+}
+
+#[test]
+fn awc_connect_errors_are_searched_for_the_rustls_error_inside() {
+    use awc::error::ConnectError;
+    // What awc hands back for a failed handshake: its Io variant around tokio-rustls' io::Error.
+    let handshake = ConnectError::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        rustls::Error::InvalidCertificate(C::Expired),
+    ));
+    assert_eq!(
+        TlsFailure::from_connect_error(&handshake).map(|f| f.reason),
+        Some(TlsReason::Expired)
+    );
+    let refused = ConnectError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    assert_eq!(TlsFailure::from_connect_error(&refused), None);
+    assert_eq!(TlsFailure::from_connect_error(&ConnectError::Timeout), None);
+    assert_eq!(
+        TlsFailure::from_connect_error(&ConnectError::NoRecords),
+        None
+    );
+}
+
+#[test]
+fn a_ca_file_must_exist_and_hold_certificates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, leaf, key) = ca_and_leaf(&["localhost"]);
+    let two = dir.path().join("two.pem");
+    std::fs::write(&two, format!("{ca}{leaf}")).expect("write");
+    assert_eq!(read_ca_file(&two).expect("two certificates").len(), 2);
+
+    let missing = read_ca_file(&dir.path().join("missing.pem")).expect_err("missing");
+    assert!(missing.contains("cannot read"), "{missing}");
+    let only_key = dir.path().join("key.pem");
+    std::fs::write(&only_key, &key).expect("write");
+    let err = read_ca_file(&only_key).expect_err("a key is not a certificate");
+    assert!(err.contains("no PEM certificate"), "{err}");
+    assert!(
+        !err.contains("PRIVATE KEY"),
+        "the contents are never shown: {err}"
+    );
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").expect("write");
+    assert!(read_ca_file(&empty).is_err());
+
+    // A client config with the private CA builds; one with a bad file does not.
+    let trust = Trust::empty();
+    assert!(trust.client_config(two.to_str().expect("utf-8")).is_ok());
+    assert!(trust
+        .client_config(only_key.to_str().expect("utf-8"))
+        .is_err());
+}
+
+#[test]
+fn a_server_certificate_needs_its_own_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, leaf, key) = ca_and_leaf(&["localhost"]);
+    let (_, _, other_key) = ca_and_leaf(&["localhost"]);
+    let cert_file = dir.path().join("cert.pem");
+    let key_file = dir.path().join("key.pem");
+    let wrong_key = dir.path().join("wrong.pem");
+    std::fs::write(&cert_file, &leaf).expect("write");
+    std::fs::write(&key_file, &key).expect("write");
+    std::fs::write(&wrong_key, &other_key).expect("write");
+    let cert = server::ServerCert::load(&cert_file, &key_file).expect("matching pair");
+    assert!(cert.server_config().is_ok());
+
+    let err = server::load_certified_key(&cert_file, &wrong_key).expect_err("mismatch");
+    assert!(err.contains("does not match"), "{err}");
+    assert!(
+        !err.contains("PRIVATE KEY") && !err.contains(other_key.lines().nth(1).unwrap_or("-")),
+        "the key is never shown: {err}"
+    );
+    let err = server::load_certified_key(&key_file, &key_file).expect_err("no certificate");
+    assert!(err.contains("no PEM certificate"), "{err}");
+
+    // A reload from broken files keeps the certificate in force.
+    let before = cert.resolve_current();
+    std::fs::write(&cert_file, "garbage").expect("write");
+    assert!(cert.reload().is_err());
+    assert_eq!(cert.resolve_current().cert, before.cert);
+    // A good pair is swapped in.
+    let (_, new_leaf, new_key) = ca_and_leaf(&["localhost"]);
+    std::fs::write(&cert_file, &new_leaf).expect("write");
+    std::fs::write(&key_file, &new_key).expect("write");
+    cert.reload().expect("reload");
+    assert_ne!(cert.resolve_current().cert, before.cert);
+}
+
+fn problems(err: ConfigError) -> Vec<(String, String)> {
+    match err {
+        ConfigError::Invalid(p) => p.into_iter().map(|p| (p.key, p.why)).collect(),
+        other => panic!("not a validation error: {other}"),
+    }
+}
+
+fn env(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect()
+}
+
+#[test]
+fn https_and_the_tls_options_are_validated_every_problem_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).to_str().expect("utf-8").to_owned();
+    let (ca, leaf, key) = ca_and_leaf(&["localhost"]);
+    let (_, _, other_key) = ca_and_leaf(&["localhost"]);
+    std::fs::write(path("ca.pem"), &ca).expect("write");
+    std::fs::write(path("cert.pem"), &leaf).expect("write");
+    std::fs::write(path("key.pem"), &key).expect("write");
+    std::fs::write(path("other.pem"), &other_key).expect("write");
+    std::fs::write(path("empty.pem"), "").expect("write");
+
+    let good = Config::load_from(
+        None,
+        env(&[
+            (
+                "HANDOFF_BRIDGE_UPSTREAM_URL",
+                "https://api.example.com/v1".into(),
+            ),
+            ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", path("ca.pem")),
+            ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
+            ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", path("key.pem")),
+        ]),
+        &Overrides::default(),
+    )
+    .expect("https with a private CA and a server certificate");
+    assert_eq!(good.upstream.url, "https://api.example.com/v1");
+    assert!(good.server.tls.enabled());
+
+    let p = problems(
+        Config::load_from(
+            None,
+            env(&[
+                ("HANDOFF_BRIDGE_UPSTREAM_URL", "https://".into()),
+                ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", path("empty.pem")),
+                ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
+                ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", path("other.pem")),
+            ]),
+            &Overrides::default(),
+        )
+        .expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["server.tls", "upstream.url", "upstream.ca_file"],
+        "{p:?}"
+    );
+    assert!(p[0].1.contains("does not match"), "{p:?}");
+    assert!(p[2].1.contains("no PEM certificate"), "{p:?}");
+
+    let p = problems(
+        Config::load_from(
+            None,
+            env(&[
+                ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", path("missing.pem")),
+                ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
+            ]),
+            &Overrides::default(),
+        )
+        .expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["server.tls.key_file", "upstream.ca_file"], "{p:?}");
+}
+
+#[test]
+fn every_failed_handshake_is_counted_and_a_repeat_is_not_logged_as_new() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let observer: TlsObserver = Arc::new(move |destination, failure| {
+        record
+            .lock()
+            .expect("seen")
+            .push((destination.to_owned(), failure.reason));
+    });
+    let tls = ClientTls::new(&Trust::empty(), "", "desk", Some(observer)).expect("client");
+    let expired = TlsFailure::from_rustls(&rustls::Error::InvalidCertificate(C::Expired));
+    let unknown = TlsFailure::from_rustls(&rustls::Error::InvalidCertificate(C::UnknownIssuer));
+    let logged = || *tls.logged.lock().expect("logged");
+    tls.failed(&expired);
+    assert_eq!(logged(), Some(TlsReason::Expired));
+    tls.failed(&expired);
+    tls.failed(&unknown);
+    assert_eq!(
+        logged(),
+        Some(TlsReason::UnknownIssuer),
+        "a new reason is logged anew"
+    );
+    tls.succeeded();
+    assert_eq!(
+        logged(),
+        None,
+        "after a success the next failure is logged again"
+    );
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        [
+            ("desk".to_owned(), TlsReason::Expired),
+            ("desk".to_owned(), TlsReason::Expired),
+            ("desk".to_owned(), TlsReason::UnknownIssuer),
+        ],
+        "every failure is counted"
+    );
+}
+
+/// A whole handshake in memory between a client and a server config; the client's verdict.
+fn handshake(
+    client: Arc<ClientConfig>,
+    server: Arc<rustls::ServerConfig>,
+) -> Result<(), rustls::Error> {
+    let io = |e: std::io::Error| rustls::Error::General(e.to_string());
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut c = rustls::ClientConnection::new(client, name)?;
+    let mut s = rustls::ServerConnection::new(server)?;
+    for _ in 0..10 {
+        let mut to_server = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut to_server).map_err(io)?;
+        }
+        s.read_tls(&mut &to_server[..]).map_err(io)?;
+        // The server's own verdict does not matter here: the client's is tested.
+        let _ = s.process_new_packets();
+        let mut to_client = Vec::new();
+        while s.wants_write() {
+            s.write_tls(&mut to_client).map_err(io)?;
+        }
+        c.read_tls(&mut &to_client[..]).map_err(io)?;
+        c.process_new_packets()?;
+        if !c.is_handshaking() {
+            return Ok(());
+        }
+    }
+    Err(rustls::Error::General("the handshake did not end".into()))
+}
+
+#[test]
+fn the_loopback_client_trusts_exactly_the_certificate_the_listener_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    // For another name than the address it is reached by: pinning does not look at names.
+    let (_, leaf, key) = ca_and_leaf(&["bridge.example"]);
+    let own = crate::config::ServerTlsConfig {
+        cert_file: write("cert.pem", &leaf),
+        key_file: write("key.pem", &key),
+    };
+    let (_, other_leaf, other_key) = ca_and_leaf(&["bridge.example"]);
+    let other = server::ServerCert::load(
+        Path::new(&write("other.pem", &other_leaf)),
+        Path::new(&write("other-key.pem", &other_key)),
+    )
+    .expect("other");
+
+    let listener = server::PublicTls::from_config(&own).expect("listener");
+    let client = listener
+        .loopback_client()
+        .expect("client")
+        .expect("TLS is on");
+    let served = Arc::new(
+        listener
+            .server_config()
+            .expect("config")
+            .expect("TLS is on"),
+    );
+    handshake(client.clone(), served.clone()).expect("its own certificate");
+    let err = handshake(
+        client.clone(),
+        Arc::new(other.server_config().expect("config")),
+    )
+    .expect_err("another certificate, even from the same kind of CA");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(C::UnknownIssuer)),
+        "{err:?}"
+    );
+    assert!(
+        server::PublicTls::from_config(&crate::config::ServerTlsConfig {
+            cert_file: String::new(),
+            key_file: String::new(),
+        })
+        .expect("plain")
+        .loopback_client()
+        .expect("client")
+        .is_none(),
+        "no TLS, no client"
+    );
+}
