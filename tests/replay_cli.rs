@@ -179,7 +179,13 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
     )
     .expect("write");
     let out = Command::new(common::bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(&data)
         .env_clear()

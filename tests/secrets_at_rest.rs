@@ -68,10 +68,34 @@ fn unescape(bytes: &[u8]) -> Vec<u8> {
     percent_encoding::percent_decode(&json).collect()
 }
 
-/// Whether `token` is in `bytes`: as is, JSON-escaped or percent-encoded, and inside any
-/// base64 run (the quarantine keeps bodies as base64), decoded the same way.
+/// What every gzip stream starting in `bytes` decompresses to (the quarantine keeps a large body
+/// gzip-compressed), as far as it decodes: a stream cut short still yields its beginning.
+fn gunzipped(bytes: &[u8]) -> Vec<Vec<u8>> {
+    use std::io::Read;
+    let magic = [0x1f, 0x8b, 0x08];
+    (0..bytes.len().saturating_sub(2))
+        .filter(|&at| bytes[at..].starts_with(&magic))
+        .map(|at| {
+            let mut decoder = flate2::read::GzDecoder::new(&bytes[at..]);
+            let mut out = Vec::new();
+            let mut chunk = [0u8; 16 * 1024];
+            while let Ok(n) = decoder.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&chunk[..n]);
+            }
+            out
+        })
+        .filter(|out| !out.is_empty())
+        .collect()
+}
+
+/// Whether `token` is in `bytes`: as is, JSON-escaped or percent-encoded, inside any gzip stream,
+/// and inside any base64 run (the quarantine keeps bodies as base64, large ones gzipped first),
+/// decoded the same way.
 fn holds(bytes: &[u8], token: &str) -> bool {
-    let found = |b: &[u8]| {
+    let found_as_text = |b: &[u8]| {
         let t = token.as_bytes();
         let plain = b.windows(t.len()).any(|w| w == t);
         let once = unescape(b);
@@ -79,6 +103,8 @@ fn holds(bytes: &[u8], token: &str) -> bool {
             || once.windows(t.len()).any(|w| w == t)
             || unescape(&once).windows(t.len()).any(|w| w == t)
     };
+    let found =
+        |b: &[u8]| found_as_text(b) || gunzipped(b).iter().any(|inflated| found_as_text(inflated));
     if found(bytes) {
         return true;
     }
@@ -140,12 +166,25 @@ fn the_detector_finds_the_token_in_every_encoding_it_checks() {
     let percent: String = WEBHOOK_TOKEN.bytes().map(|b| format!("%{b:02x}")).collect();
     for text in [
         WEBHOOK_TOKEN.to_owned(),
-        body,
+        body.clone(),
         record,
         format!("x?token={percent}&y"),
     ] {
         assert!(holds(text.as_bytes(), WEBHOOK_TOKEN), "not found in {text}");
     }
+    // Gzipped, bare and inside base64 (a large quarantined body).
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, body.as_bytes()).expect("gzip");
+    let gz = gz.finish().expect("gzip");
+    let mut framed = b"frame:".to_vec();
+    framed.extend_from_slice(&gz);
+    assert!(holds(&framed, WEBHOOK_TOKEN), "not found gzipped");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&gz);
+    let record = format!(r#"{{"id":4,"body_base64":"{encoded}"}}"#);
+    assert!(
+        holds(record.as_bytes(), WEBHOOK_TOKEN),
+        "not found in {record}"
+    );
     assert!(!holds(b"[webhook-token] and nothing else", WEBHOOK_TOKEN));
 }
 
@@ -226,6 +265,11 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
     assert_eq!(answer["status"], "quarantined", "{answer}");
     let (_, answer) = app.post_to(&app.webhook_url, all.as_bytes(), Some("text/plain"));
     assert_eq!(answer["status"], "quarantined", "{answer}");
+    // A large broken body: the quarantine keeps it gzip-compressed (over 64 KiB).
+    let large = format!("{broken} {}", all.repeat(4096));
+    assert!(large.len() > 128 * 1024);
+    let (_, answer) = app.post(large.as_bytes());
+    assert_eq!(answer["status"], "quarantined", "{answer}");
     wait_drained(&app);
 
     // The admin API: quarantine list and each record, the events.
@@ -240,7 +284,7 @@ fn webhook_tokens_never_reach_the_data_dir_a_backup_the_admin_api_or_the_cli() {
         .iter()
         .filter_map(|r| r["id"].as_u64())
         .collect();
-    assert_eq!(ids.len(), 3, "{list}");
+    assert_eq!(ids.len(), 4, "{list}");
     let mut shown = String::new();
     for id in &ids {
         let (status, record) = app.admin_get(&format!("/admin/v1/quarantine/{id}"));
@@ -354,12 +398,12 @@ fn everything_written_is_owner_only_whatever_the_umask() {
         "127.0.0.1:0",
         "--data-dir",
     ])
-        .arg(&data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start");
+    .arg(&data)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .stdin(Stdio::null())
+    .spawn()
+    .expect("start");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut base = None;
     let mut admin = None;

@@ -305,9 +305,15 @@ mod tests {
         );
         let id = store.quarantine(record).expect("quarantine");
         let scrubber = Scrubber::new([TOKEN]).expect("scrubber");
-        let out = crate::intake::reprocess_offline(&store, id, &crate::webhook::Checks::NONE, 2, &scrubber)
-            .expect("reprocess")
-            .expect("record");
+        let out = crate::intake::reprocess_offline(
+            &store,
+            id,
+            &crate::webhook::Checks::NONE,
+            2,
+            &scrubber,
+        )
+        .expect("reprocess")
+        .expect("record");
         assert_eq!((out.status.as_str(), out.accepted), ("accepted", 1));
         let (event, _) = store
             .event_status(&crate::ids::EventId::new("e-old"))

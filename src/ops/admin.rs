@@ -267,10 +267,9 @@ async fn quarantine_reprocess(
     let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
     let scrubber = shared.scrubber.clone();
-    let prepared = blocking(move || {
-        crate::intake::prepare_reprocess(&store, id, &checks, now, &scrubber)
-    })
-    .await?;
+    let prepared =
+        blocking(move || crate::intake::prepare_reprocess(&store, id, &checks, now, &scrubber))
+            .await?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
         None => return Err(ApiError::not_found(format!("no quarantine record {id}"))),
