@@ -167,11 +167,7 @@ async fn handle(
         move |body: bytes::BytesMut| {
             // Nothing of the body is stored, logged or parsed before its webhook tokens are
             // replaced.
-            let clean = match scrubber.scrub(&body) {
-                std::borrow::Cow::Owned(clean) => Some(bytes::BytesMut::from(&clean[..])),
-                std::borrow::Cow::Borrowed(_) => None,
-            };
-            let body = clean.unwrap_or(body);
+            let body = scrubber.scrub_owned(body);
             let parsed = judge(&body, &content_type, &checks);
             (body, parsed)
         }
