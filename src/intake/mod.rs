@@ -120,18 +120,19 @@ async fn handle(
     }
 
     let limit = shared.max_body_bytes;
-    if let Some(len) = req
+    let declared = req
         .headers()
         .get(actix_web::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            outcome("too_large");
-            return Err(too_large(limit));
-        }
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        outcome("too_large");
+        return Err(too_large(limit));
     }
-    let body = match read_body(payload, limit, shared.body_read_timeout).await {
+    // The buffer is sized once from the declared length (at most the limit), not grown by doubling
+    // (which held up to twice the body while it grew).
+    let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));
+    let body = match read_body(payload, limit, capacity, shared.body_read_timeout).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
             outcome("too_large");
@@ -296,10 +297,11 @@ enum BodyError {
 async fn read_body(
     mut payload: web::Payload,
     limit: usize,
+    capacity: usize,
     timeout: std::time::Duration,
 ) -> Result<bytes::BytesMut, BodyError> {
     let read = async {
-        let mut buf = bytes::BytesMut::new();
+        let mut buf = bytes::BytesMut::with_capacity(capacity);
         while let Some(chunk) = payload.next().await {
             let chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
             if buf.len() + chunk.len() > limit {
