@@ -158,7 +158,9 @@ pub async fn limit(
             Ok(response?.map_into_left_body())
         }
         Err(busy) => {
-            tracing::warn!(path = %req.path(), bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
+            // The route's pattern, never the raw path: the webhook's path holds its token.
+            let route = req.match_pattern().unwrap_or_else(|| "<unmatched>".to_owned());
+            tracing::warn!(%route, bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
             let error = ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
                 "server_busy",

@@ -389,9 +389,19 @@ fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
         (200, Some(1)),
         "{receipt}"
     );
+    let logs = app.logs();
     assert!(
-        app.logs().contains("request body refused"),
+        logs.contains("request body refused"),
         "the refusal is logged"
+    );
+    // By its route, never its path: the webhook's path holds the token.
+    assert!(
+        logs.contains("/webhook/{token}"),
+        "the refusal names the route: {logs}"
+    );
+    assert!(
+        !logs.contains(common::WEBHOOK_TOKEN),
+        "no webhook token in the log: {logs}"
     );
 }
 
