@@ -333,11 +333,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let webhook_path = config.webhook.path.clone();
     let app_data = shared.clone();
-    // One budget for every listener: the largest body a route reads is the webhook's (the agent
-    // API reads 64 KiB at most, the admin API actix's default 256 KiB).
+    // One budget for every listener; each route's share is capped at what it reads (the webhook
+    // `webhook.max_body_bytes`, the agent API 64 KiB, the admin API 256 KiB).
     let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
         config.server.max_inflight_body_bytes,
-        config.webhook.max_body_bytes.max(256 * 1024),
+        crate::body_budget::RouteCaps::daemon(&config.webhook.path, config.webhook.max_body_bytes),
         config.server.body_read_timeout,
         shared.metrics.clone(),
     ));

@@ -10,8 +10,13 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Where the admin API is served.
+pub const PREFIX: &str = "/admin/v1";
+/// The longest body it reads (actix's default limit for `web::Bytes`).
+pub const MAX_BODY: usize = 256 * 1024;
+
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    let scope = super::outbox_admin::routes(web::scope("/admin/v1"));
+    let scope = super::outbox_admin::routes(web::scope(PREFIX));
     cfg.service(
         scope
             .wrap(actix_web::middleware::from_fn(guard))
