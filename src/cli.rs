@@ -396,6 +396,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 admin_listen,
                 upstream,
                 data_dir: None,
+                check_files: true,
             };
             let config = load_with(&config, overrides)?;
             crate::telemetry::init(&config.log);
@@ -424,6 +425,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let overrides = Overrides {
                 listen,
                 admin_listen,
+                check_files: true,
                 ..Overrides::default()
             };
             let config = load_with(&config, overrides)?;
