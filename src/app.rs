@@ -2,6 +2,7 @@
 //! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
 //! dispatching, flush).
 
+use std::io::IsTerminal as _;
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
 use crate::dispatch::{self, DispatchHandle, DispatchSettings};
@@ -396,11 +397,17 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         admin: Some(admin_bound.unwrap_or(bound).to_string()),
     })
     .map_err(io_err)?;
-    let token_shown = if generated_webhook {
-        // First start with a generated token: show it once so it can be registered.
+    let token_shown = if generated_webhook && std::io::stdout().is_terminal() {
+        // First start with a generated token, by hand: show it once so it can be registered.
+        // Under systemd or Kubernetes stdout is a log, and the token stays in its file.
         webhook_token
             .first()
             .map_or("<token>".to_owned(), |t| t.expose().to_owned())
+    } else if generated_webhook {
+        format!(
+            "<generated token, saved in {}>",
+            data.root().join(WEBHOOK_TOKEN_FILE).display()
+        )
     } else {
         format!(
             "<token in {} or config>",
