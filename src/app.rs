@@ -2,7 +2,6 @@
 //! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
 //! dispatching, flush).
 
-use std::io::IsTerminal as _;
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
 use crate::dispatch::{self, DispatchHandle, DispatchSettings};
@@ -11,6 +10,7 @@ use crate::ops::metrics::Metrics;
 use crate::store::writer::WriterHooks;
 use crate::store::{Store, StoreError, Writer};
 use actix_web::{web, App, HttpServer};
+use std::io::IsTerminal as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

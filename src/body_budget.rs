@@ -35,7 +35,10 @@ impl RouteCaps {
     /// The daemon's routes: the webhook (at `webhook_path`), the agent API, the admin API.
     pub fn daemon(webhook_path: &str, webhook_max_body: usize) -> Self {
         RouteCaps(vec![
-            (webhook_path.trim_end_matches('/').to_owned(), webhook_max_body),
+            (
+                webhook_path.trim_end_matches('/').to_owned(),
+                webhook_max_body,
+            ),
             (
                 crate::helpdesk::api::PREFIX.to_owned(),
                 crate::helpdesk::api::MAX_BODY,
@@ -198,7 +201,8 @@ pub async fn limit(
     let Some(budget) = req.app_data::<web::Data<BodyBudget>>().cloned() else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
-    let Some(bytes) = budget.share_of(req.method(), req.version(), req.path(), req.headers()) else {
+    let Some(bytes) = budget.share_of(req.method(), req.version(), req.path(), req.headers())
+    else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
     match budget.take(bytes).await {
@@ -209,7 +213,9 @@ pub async fn limit(
         }
         Err(busy) => {
             // The route's pattern, never the raw path: the webhook's path holds its token.
-            let route = req.match_pattern().unwrap_or_else(|| "<unmatched>".to_owned());
+            let route = req
+                .match_pattern()
+                .unwrap_or_else(|| "<unmatched>".to_owned());
             tracing::warn!(%route, bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
             let error = ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -282,7 +288,8 @@ mod tests {
     #[test]
     fn a_share_is_the_claimed_length_capped_at_the_largest_body() {
         let b = budget(64, 10);
-        let post = |h: &header::HeaderMap| b.share_of(&Method::POST, Version::HTTP_11, "/hook/t", h);
+        let post =
+            |h: &header::HeaderMap| b.share_of(&Method::POST, Version::HTTP_11, "/hook/t", h);
         assert_eq!(post(&headers(&[])), None, "HTTP/1 without length: no body");
         assert_eq!(post(&headers(&[(header::CONTENT_LENGTH, "0")])), None);
         assert_eq!(
@@ -339,15 +346,24 @@ mod tests {
         };
         for h in [&huge, &chunked] {
             assert_eq!(share("/webhook/tok", h), Some(1024 * 1024));
-            assert_eq!(share("/helpdesk/v1/conversations/c1/accept", h), Some(64 * 1024));
-            assert_eq!(share("/admin/v1/quarantine/1/reprocess", h), Some(256 * 1024));
+            assert_eq!(
+                share("/helpdesk/v1/conversations/c1/accept", h),
+                Some(64 * 1024)
+            );
+            assert_eq!(
+                share("/admin/v1/quarantine/1/reprocess", h),
+                Some(256 * 1024)
+            );
             // Routes that read no body (probes, unknown paths) take no share.
             assert_eq!(share("/healthz", h), None);
             assert_eq!(share("/webhookx", h), None);
             assert_eq!(share("/nowhere", h), None);
         }
         assert_eq!(
-            share("/helpdesk/v1/x", &headers(&[(header::CONTENT_LENGTH, "100")])),
+            share(
+                "/helpdesk/v1/x",
+                &headers(&[(header::CONTENT_LENGTH, "100")])
+            ),
             Some(100)
         );
     }

@@ -592,7 +592,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                         let page = pages.page(after, crate::queries::QUARANTINE_PAGE_MAX)?;
                         for record in page["records"].as_array().into_iter().flatten() {
                             let text = serde_json::to_string_pretty(record).unwrap_or_default();
-                            out_raw!("{}\n  {}", if first { "" } else { "," }, text.replace('\n', "\n  "));
+                            out_raw!(
+                                "{}\n  {}",
+                                if first { "" } else { "," },
+                                text.replace('\n', "\n  ")
+                            );
                             first = false;
                         }
                         match page.get("next_after").and_then(Value::as_u64) {

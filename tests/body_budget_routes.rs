@@ -61,9 +61,11 @@ fn a_chunked_agent_api_body_takes_its_routes_share_and_an_oversized_length_is_41
         "{}",
         String::from_utf8_lossy(&answer[..n])
     );
-    poll_until("the share to be given back", Duration::from_secs(10), || {
-        (app.metric("handoff_inflight_body_bytes") == 0.0).then_some(())
-    });
+    poll_until(
+        "the share to be given back",
+        Duration::from_secs(10),
+        || (app.metric("handoff_inflight_body_bytes") == 0.0).then_some(()),
+    );
 
     // A Content-Length over 64 KiB: 413 before a byte of the body is sent.
     let started = std::time::Instant::now();

@@ -99,7 +99,10 @@ fn first_start_generates_a_token_and_prints_where_it_is_not_the_token() {
     assert_eq!(token.len(), 40);
     // Stdout is not a terminal here (as under systemd or Kubernetes, where it is a log): the
     // line says where the token is, never the token.
-    assert!(!first.contains(&token), "the token stays out of stdout: {first}");
+    assert!(
+        !first.contains(&token),
+        "the token stays out of stdout: {first}"
+    );
     assert!(
         first.contains("/webhook/<generated token, saved in ") && first.contains("webhook_token"),
         "{first}"

@@ -23,7 +23,10 @@ fn offline_commands_work_with_an_unreadable_tls_key_and_check_reports_it() {
 
     let listed = cli_ok(&data, &["quarantine", "list", "--config", config]);
     assert_eq!(listed.trim(), "[]");
-    let state = cli(&data, &["state", "show", "no-such-conversation", "--config", config]);
+    let state = cli(
+        &data,
+        &["state", "show", "no-such-conversation", "--config", config],
+    );
     assert_eq!(
         state.status.code(),
         Some(1),

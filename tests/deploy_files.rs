@@ -154,8 +154,8 @@ fn the_kubernetes_probes_use_the_plain_http_admin_port() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes.yaml"),
     )
     .expect("deploy/kubernetes.yaml");
-    let probes = regex::Regex::new(r"httpGet: \{path: /(healthz|readyz), port: (\w+)\}")
-        .expect("regex");
+    let probes =
+        regex::Regex::new(r"httpGet: \{path: /(healthz|readyz), port: (\w+)\}").expect("regex");
     let ports: Vec<&str> = probes
         .captures_iter(&text)
         .filter_map(|c| c.get(2).map(|m| m.as_str()))

@@ -37,9 +37,15 @@ fn the_list_pages_metadata_and_the_body_is_read_whole_on_its_own() {
     assert_eq!(first["next_after"].as_u64(), Some(all[1]));
     let record = &first["records"][0];
     for body_field in ["body_base64", "body_text"] {
-        assert!(record.get(body_field).is_none(), "no body in the list: {record}");
+        assert!(
+            record.get(body_field).is_none(),
+            "no body in the list: {record}"
+        );
     }
-    assert_eq!(record["body_bytes"].as_u64(), Some(posted[0].1.len() as u64));
+    assert_eq!(
+        record["body_bytes"].as_u64(),
+        Some(posted[0].1.len() as u64)
+    );
     assert_eq!(record["reason"], "invalid_json");
     let (_, second) = app.admin_get(&format!("/admin/v1/quarantine?limit=2&after={}", all[1]));
     assert_eq!(ids(&second), all[2..4]);
@@ -105,8 +111,8 @@ fn the_list_pages_metadata_and_the_body_is_read_whole_on_its_own() {
         .collect();
     assert_eq!(listed, all);
     // Re-processing all takes every id from the pages: all still invalid, all still there.
-    let out: Value = serde_json::from_str(&cli_ok(&data, &["quarantine", "reprocess", "--all"]))
-        .expect("JSON");
+    let out: Value =
+        serde_json::from_str(&cli_ok(&data, &["quarantine", "reprocess", "--all"])).expect("JSON");
     let statuses: Vec<&str> = out
         .as_array()
         .expect("results")

@@ -551,8 +551,14 @@ fn trusted_proxies_and_their_header_are_read_and_checked() {
 #[test]
 fn tls_on_the_public_listener_needs_the_admin_api_on_its_own() {
     let tls = [
-        ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", "/nonexistent/tls.crt"),
-        ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", "/nonexistent/tls.key"),
+        (
+            "HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE",
+            "/nonexistent/tls.crt",
+        ),
+        (
+            "HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE",
+            "/nonexistent/tls.key",
+        ),
     ];
     let mut shared = tls.to_vec();
     shared.push(("HANDOFF_BRIDGE__ADMIN__LISTEN", ""));

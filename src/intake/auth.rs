@@ -119,6 +119,8 @@ mod tests {
         assert!(!list.contains(ip("11.1.2.3")));
         assert!(list.contains(ip("2001:db8::1")));
         // The whole mapped range is every IPv4 address.
-        assert!(CidrList::new(vec!["::ffff:0:0/96".parse().expect("net")]).contains(ip("192.0.2.1")));
+        assert!(
+            CidrList::new(vec!["::ffff:0:0/96".parse().expect("net")]).contains(ip("192.0.2.1"))
+        );
     }
 }

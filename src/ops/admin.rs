@@ -234,10 +234,9 @@ async fn quarantine_list(
     let store = shared.store.clone();
     let limit = q.limit.unwrap_or(crate::queries::QUARANTINE_PAGE);
     let after = q.after;
-    let json = blocking(move || {
-        json_bytes(&crate::queries::quarantine_list(&store, after, limit)?)
-    })
-    .await?;
+    let json =
+        blocking(move || json_bytes(&crate::queries::quarantine_list(&store, after, limit)?))
+            .await?;
     Ok(HttpResponse::Ok()
         .content_type(actix_web::http::header::ContentType::json())
         .body(json))

@@ -1770,7 +1770,10 @@ fn the_quarantine_list_pages_metadata_with_the_body_size_as_received() {
     assert_eq!(last.iter().map(|m| m.id).collect::<Vec<_>>(), ids[4..]);
     assert_eq!(next, None, "no more");
     // Exactly a page left: no `next`, and after the last id nothing.
-    assert_eq!(store.quarantine_page(Some(ids[2]), 2).expect("page").1, None);
+    assert_eq!(
+        store.quarantine_page(Some(ids[2]), 2).expect("page").1,
+        None
+    );
     assert!(store
         .quarantine_page(Some(ids[4]), 2)
         .expect("page")
@@ -1782,14 +1785,20 @@ fn the_quarantine_list_pages_metadata_with_the_body_size_as_received() {
     assert_eq!(record.body_prefix(1000).expect("prefix"), vec![b'x'; 1000]);
     let view = crate::queries::quarantine_view(&record);
     assert_eq!(
-        (view["body_bytes"].as_u64(), view["body_truncated"].as_bool()),
+        (
+            view["body_bytes"].as_u64(),
+            view["body_truncated"].as_bool()
+        ),
         (Some(200_000), Some(false))
     );
     let huge = vec![b'y'; crate::queries::QUARANTINE_VIEW_BODY + 10];
     let record = QuarantineRecord::new("delivery", "invalid_json", "x", &huge, 9);
     let view = crate::queries::quarantine_view(&record);
     assert_eq!(
-        (view["body_bytes"].as_u64(), view["body_truncated"].as_bool()),
+        (
+            view["body_bytes"].as_u64(),
+            view["body_truncated"].as_bool()
+        ),
         (Some(huge.len() as u64), Some(true))
     );
     assert_eq!(
