@@ -10,6 +10,7 @@ use crate::ops::metrics::Metrics;
 use crate::store::writer::WriterHooks;
 use crate::store::{Store, StoreError, Writer};
 use actix_web::{web, App, HttpServer};
+use std::io::IsTerminal as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -333,11 +334,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let webhook_path = config.webhook.path.clone();
     let app_data = shared.clone();
-    // One budget for every listener: the largest body a route reads is the webhook's (the agent
-    // API reads 64 KiB at most, the admin API actix's default 256 KiB).
+    // One budget for every listener; each route's share is capped at what it reads (the webhook
+    // `webhook.max_body_bytes`, the agent API 64 KiB, the admin API 256 KiB).
     let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
         config.server.max_inflight_body_bytes,
-        config.webhook.max_body_bytes.max(256 * 1024),
+        crate::body_budget::RouteCaps::daemon(&config.webhook.path, config.webhook.max_body_bytes),
         config.server.body_read_timeout,
         shared.metrics.clone(),
     ));
@@ -396,11 +397,17 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         admin: Some(admin_bound.unwrap_or(bound).to_string()),
     })
     .map_err(io_err)?;
-    let token_shown = if generated_webhook {
-        // First start with a generated token: show it once so it can be registered.
+    let token_shown = if generated_webhook && std::io::stdout().is_terminal() {
+        // First start with a generated token, by hand: show it once so it can be registered.
+        // Under systemd or Kubernetes stdout is a log, and the token stays in its file.
         webhook_token
             .first()
             .map_or("<token>".to_owned(), |t| t.expose().to_owned())
+    } else if generated_webhook {
+        format!(
+            "<generated token, saved in {}>",
+            data.root().join(WEBHOOK_TOKEN_FILE).display()
+        )
     } else {
         format!(
             "<token in {} or config>",

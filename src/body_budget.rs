@@ -2,7 +2,11 @@
 //! (`server.max_inflight_body_bytes`): a byte-counting semaphore (permits are KiB). A request that
 //! brings a body takes its share before its handler reads it and gives it back when the handler
 //! has answered (the body parsed and handed on). The share is the `Content-Length`, at most the
-//! largest body any route reads; a body without a length (chunked) takes that largest size.
+//! largest body its route reads (`RouteCaps`: the webhook's `webhook.max_body_bytes`, the agent
+//! API's 64 KiB, the admin API's 256 KiB; other routes read no body and take none). A body
+//! without a length (chunked, or any body over HTTP/2) takes its route's largest size. Methods
+//! that carry no body for any of our routes (GET, HEAD, OPTIONS, TRACE) take none: no handler of
+//! theirs reads one.
 //!
 //! Over the budget a request waits for room, at most `server.body_read_timeout`, then gets
 //! `503 server_busy` with `Retry-After`. Waiting first: the service disables the webhook after
@@ -12,7 +16,7 @@
 use crate::http_error::ApiError;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header;
+use actix_web::http::{header, Method, Version};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse, ResponseError as _};
 use std::sync::Arc;
@@ -22,15 +26,52 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Seconds a refused client is told to wait.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
+/// The largest body each route that reads one reads, by path prefix (a prefix matches itself
+/// and what follows it after a `/`). A path under none reads no body.
+#[derive(Clone, Debug, Default)]
+pub struct RouteCaps(Vec<(String, usize)>);
+
+impl RouteCaps {
+    /// The daemon's routes: the webhook (at `webhook_path`), the agent API, the admin API.
+    pub fn daemon(webhook_path: &str, webhook_max_body: usize) -> Self {
+        RouteCaps(vec![
+            (
+                webhook_path.trim_end_matches('/').to_owned(),
+                webhook_max_body,
+            ),
+            (
+                crate::helpdesk::api::PREFIX.to_owned(),
+                crate::helpdesk::api::MAX_BODY,
+            ),
+            (
+                crate::ops::admin::PREFIX.to_owned(),
+                crate::ops::admin::MAX_BODY,
+            ),
+        ])
+    }
+
+    /// The most the route of `path` reads; `None` when it reads no body.
+    fn cap(&self, path: &str) -> Option<usize> {
+        self.0
+            .iter()
+            .filter(|(prefix, _)| {
+                path.strip_prefix(prefix.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            })
+            .map(|(_, cap)| *cap)
+            .max()
+    }
+}
+
 /// The shared budget (one per daemon, in every listener's app data).
 #[derive(Clone)]
 pub struct BodyBudget {
     permits: Arc<Semaphore>,
     /// Total permits (KiB).
     total_kib: u32,
-    /// The largest body a route reads: the share of a body of unknown length, and the cap on a
-    /// claimed `Content-Length` (its handler refuses more without reading it).
-    largest_body: usize,
+    /// The largest body each route reads: the share of a body of unknown length there, and the
+    /// cap on a claimed `Content-Length` (its handler refuses more without reading it).
+    routes: RouteCaps,
     wait: Duration,
     metrics: crate::ops::metrics::Metrics,
 }
@@ -61,7 +102,7 @@ pub struct Busy {
 impl BodyBudget {
     pub fn new(
         max_inflight_bytes: usize,
-        largest_body: usize,
+        routes: RouteCaps,
         wait: Duration,
         metrics: crate::ops::metrics::Metrics,
     ) -> Self {
@@ -72,7 +113,7 @@ impl BodyBudget {
         BodyBudget {
             permits: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,
-            largest_body,
+            routes,
             wait,
             metrics,
         }
@@ -119,21 +160,33 @@ impl BodyBudget {
         })
     }
 
-    /// The share a request's body takes: `None` when it brings none.
-    fn share_of(&self, headers: &header::HeaderMap) -> Option<usize> {
-        if headers.contains_key(header::TRANSFER_ENCODING) {
-            return Some(self.largest_body);
+    /// The share a request's body takes: `None` when it brings none, or its route reads none.
+    fn share_of(
+        &self,
+        method: &Method,
+        version: Version,
+        path: &str,
+        headers: &header::HeaderMap,
+    ) -> Option<usize> {
+        if [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method) {
+            return None;
         }
-        let length = headers.get(header::CONTENT_LENGTH)?;
+        let cap = self.routes.cap(path)?;
+        if headers.contains_key(header::TRANSFER_ENCODING) {
+            return Some(cap);
+        }
+        let Some(length) = headers.get(header::CONTENT_LENGTH) else {
+            // HTTP/1: no length and no chunking is no body. HTTP/2 and later send bodies in
+            // frames, with the length optional: unknown, so the most the route reads.
+            return (version >= Version::HTTP_2).then_some(cap);
+        };
         match length
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
         {
             Some(0) => None,
-            Some(n) => {
-                Some(usize::try_from(n).map_or(self.largest_body, |n| n.min(self.largest_body)))
-            }
+            Some(n) => Some(usize::try_from(n).map_or(cap, |n| n.min(cap))),
             // Unreadable: actix refuses the request before any handler reads it.
             None => None,
         }
@@ -148,7 +201,8 @@ pub async fn limit(
     let Some(budget) = req.app_data::<web::Data<BodyBudget>>().cloned() else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
-    let Some(bytes) = budget.share_of(req.headers()) else {
+    let Some(bytes) = budget.share_of(req.method(), req.version(), req.path(), req.headers())
+    else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
     match budget.take(bytes).await {
@@ -158,7 +212,11 @@ pub async fn limit(
             Ok(response?.map_into_left_body())
         }
         Err(busy) => {
-            tracing::warn!(path = %req.path(), bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
+            // The route's pattern, never the raw path: the webhook's path holds its token.
+            let route = req
+                .match_pattern()
+                .unwrap_or_else(|| "<unmatched>".to_owned());
+            tracing::warn!(%route, bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
             let error = ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
                 "server_busy",
@@ -182,7 +240,7 @@ mod tests {
         let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
         BodyBudget::new(
             kib * 1024,
-            8 * 1024,
+            RouteCaps(vec![("/hook".to_owned(), 8 * 1024)]),
             Duration::from_millis(wait_ms),
             metrics,
         )
@@ -219,29 +277,94 @@ mod tests {
         assert_eq!(b.metrics.inflight_body_bytes.get(), 16 * 1024);
     }
 
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> header::HeaderMap {
+        let mut h = header::HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(k.clone(), header::HeaderValue::from_str(v).expect("value"));
+        }
+        h
+    }
+
     #[test]
     fn a_share_is_the_claimed_length_capped_at_the_largest_body() {
         let b = budget(64, 10);
-        let headers = |pairs: &[(header::HeaderName, &str)]| {
-            let mut h = header::HeaderMap::new();
-            for (k, v) in pairs {
-                h.insert(k.clone(), header::HeaderValue::from_str(v).expect("value"));
-            }
-            h
-        };
-        assert_eq!(b.share_of(&headers(&[])), None);
-        assert_eq!(b.share_of(&headers(&[(header::CONTENT_LENGTH, "0")])), None);
+        let post =
+            |h: &header::HeaderMap| b.share_of(&Method::POST, Version::HTTP_11, "/hook/t", h);
+        assert_eq!(post(&headers(&[])), None, "HTTP/1 without length: no body");
+        assert_eq!(post(&headers(&[(header::CONTENT_LENGTH, "0")])), None);
         assert_eq!(
-            b.share_of(&headers(&[(header::CONTENT_LENGTH, "100")])),
+            post(&headers(&[(header::CONTENT_LENGTH, "100")])),
             Some(100)
         );
         assert_eq!(
-            b.share_of(&headers(&[(header::CONTENT_LENGTH, "99999999999")])),
+            post(&headers(&[(header::CONTENT_LENGTH, "99999999999")])),
             Some(8 * 1024)
         );
         assert_eq!(
-            b.share_of(&headers(&[(header::TRANSFER_ENCODING, "chunked")])),
+            post(&headers(&[(header::TRANSFER_ENCODING, "chunked")])),
             Some(8 * 1024)
+        );
+    }
+
+    #[test]
+    fn a_body_of_unknown_length_takes_its_routes_largest_share() {
+        let b = budget(64, 10);
+        // HTTP/2 sends no Transfer-Encoding, and Content-Length is optional.
+        for version in [Version::HTTP_2, Version::HTTP_3] {
+            assert_eq!(
+                b.share_of(&Method::POST, version, "/hook/t", &headers(&[])),
+                Some(8 * 1024)
+            );
+            assert_eq!(
+                b.share_of(&Method::PUT, version, "/hook", &headers(&[])),
+                Some(8 * 1024)
+            );
+        }
+        // Methods none of our routes reads a body with take none, whatever they send.
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            let chunked = headers(&[(header::TRANSFER_ENCODING, "chunked")]);
+            assert_eq!(
+                b.share_of(&method, Version::HTTP_11, "/hook/t", &chunked),
+                None
+            );
+            assert_eq!(
+                b.share_of(&method, Version::HTTP_2, "/hook/t", &headers(&[])),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn each_route_s_share_is_capped_at_what_it_reads() {
+        let caps = RouteCaps::daemon("/webhook", 1024 * 1024);
+        let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
+        let b = BodyBudget::new(8 << 20, caps, Duration::from_millis(10), metrics);
+        let huge = headers(&[(header::CONTENT_LENGTH, "99999999")]);
+        let chunked = headers(&[(header::TRANSFER_ENCODING, "chunked")]);
+        let share = |path: &str, h: &header::HeaderMap| {
+            b.share_of(&Method::POST, Version::HTTP_11, path, h)
+        };
+        for h in [&huge, &chunked] {
+            assert_eq!(share("/webhook/tok", h), Some(1024 * 1024));
+            assert_eq!(
+                share("/helpdesk/v1/conversations/c1/accept", h),
+                Some(64 * 1024)
+            );
+            assert_eq!(
+                share("/admin/v1/quarantine/1/reprocess", h),
+                Some(256 * 1024)
+            );
+            // Routes that read no body (probes, unknown paths) take no share.
+            assert_eq!(share("/healthz", h), None);
+            assert_eq!(share("/webhookx", h), None);
+            assert_eq!(share("/nowhere", h), None);
+        }
+        assert_eq!(
+            share(
+                "/helpdesk/v1/x",
+                &headers(&[(header::CONTENT_LENGTH, "100")])
+            ),
+            Some(100)
         );
     }
 }

@@ -309,8 +309,17 @@ pub enum StateCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum QuarantineCommand {
-    /// Every quarantined delivery or event.
-    List,
+    /// Quarantined deliveries and events, without their bodies (`show` has them). Without
+    /// flags: every record, as one JSON array (read page by page). With `--limit` or `--after`:
+    /// one page, as the admin API answers (`records`, and `next_after` when more remain).
+    List {
+        /// Records in the page (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Start after this record id (a page's `next_after`).
+        #[arg(long)]
+        after: Option<u64>,
+    },
     /// One record, with its body.
     Show { id: u64 },
     /// Run a record (or all) through current validation; valid ones are accepted.
@@ -387,6 +396,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 admin_listen,
                 upstream,
                 data_dir: None,
+                check_files: true,
             };
             let config = load_with(&config, overrides)?;
             crate::telemetry::init(&config.log);
@@ -415,6 +425,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let overrides = Overrides {
                 listen,
                 admin_listen,
+                check_files: true,
                 ..Overrides::default()
             };
             let config = load_with(&config, overrides)?;
@@ -566,9 +577,35 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quarantine { config, action } => {
             let config = load(&config, None)?;
             match action {
-                QuarantineCommand::List => {
-                    let value = quarantine_list(&config)?;
-                    print_found(value, String::new)
+                QuarantineCommand::List { limit, after } => {
+                    let mut pages = QuarantinePages::new(&config);
+                    if limit.is_some() || after.is_some() {
+                        let limit = limit.unwrap_or(crate::queries::QUARANTINE_PAGE);
+                        let page = pages.page(after, limit)?;
+                        return print_found(Some(page), String::new);
+                    }
+                    // Every record, one page in memory at a time.
+                    let mut after = None;
+                    let mut first = true;
+                    out_raw!("[");
+                    loop {
+                        let page = pages.page(after, crate::queries::QUARANTINE_PAGE_MAX)?;
+                        for record in page["records"].as_array().into_iter().flatten() {
+                            let text = serde_json::to_string_pretty(record).unwrap_or_default();
+                            out_raw!(
+                                "{}\n  {}",
+                                if first { "" } else { "," },
+                                text.replace('\n', "\n  ")
+                            );
+                            first = false;
+                        }
+                        match page.get("next_after").and_then(Value::as_u64) {
+                            Some(next) => after = Some(next),
+                            None => break,
+                        }
+                    }
+                    out!("{}", if first { "]" } else { "\n]" });
+                    Ok(())
                 }
                 QuarantineCommand::Show { id } => {
                     let value = read(
@@ -587,12 +624,27 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     let ids: Vec<u64> = match (id, all) {
                         (Some(id), _) => vec![id],
                         (None, true) => {
-                            let list = quarantine_list(&config)?;
-                            list.and_then(|v| v.as_array().cloned())
-                                .unwrap_or_default()
-                                .iter()
-                                .filter_map(|r| r.get("id").and_then(Value::as_u64))
-                                .collect()
+                            // Ids only, page by page (the pages hold no bodies); the pager, and
+                            // the store it may have opened, is gone before re-processing.
+                            let mut pages = QuarantinePages::new(&config);
+                            let mut ids = Vec::new();
+                            let mut after = None;
+                            loop {
+                                let page =
+                                    pages.page(after, crate::queries::QUARANTINE_PAGE_MAX)?;
+                                ids.extend(
+                                    page["records"]
+                                        .as_array()
+                                        .into_iter()
+                                        .flatten()
+                                        .filter_map(|r| r.get("id").and_then(Value::as_u64)),
+                                );
+                                match page.get("next_after").and_then(Value::as_u64) {
+                                    Some(next) => after = Some(next),
+                                    None => break,
+                                }
+                            }
+                            ids
                         }
                         (None, false) => {
                             return Err(CliError::Usage("give a quarantine id or --all".into()))
@@ -637,11 +689,42 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-/// Every quarantine record, as the admin API shows them.
-fn quarantine_list(config: &Config) -> Result<Option<Value>, CliError> {
-    read(config, "GET", "/admin/v1/quarantine", |store| {
-        crate::queries::quarantine_list(store).map(Some)
-    })
+/// Pages of the quarantine list, as the admin API shows them: through the running daemon, else
+/// from the store (opened once, on the first page that needs it).
+struct QuarantinePages<'a> {
+    config: &'a Config,
+    store: Option<Store>,
+}
+
+impl<'a> QuarantinePages<'a> {
+    fn new(config: &'a Config) -> Self {
+        QuarantinePages {
+            config,
+            store: None,
+        }
+    }
+
+    fn page(&mut self, after: Option<u64>, limit: usize) -> Result<Value, CliError> {
+        if self.store.is_none() {
+            let mut path = format!("/admin/v1/quarantine?limit={limit}");
+            if let Some(after) = after {
+                path.push_str(&format!("&after={after}"));
+            }
+            if let Some(found) = online(self.config, "GET", &path)? {
+                return Ok(found.unwrap_or(Value::Null));
+            }
+        }
+        let store = match self.store.take() {
+            Some(store) => store,
+            None => {
+                let data = DataDir::new(&self.config.store.data_dir);
+                Store::open(&data.store_path(), self.config.store.cache_capacity_bytes)?
+            }
+        };
+        let page = crate::queries::quarantine_list(&store, after, limit);
+        self.store = Some(store);
+        Ok(page?)
+    }
 }
 
 fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result<(), CliError> {

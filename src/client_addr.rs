@@ -5,8 +5,9 @@
 //! the peer is a trusted proxy, the client is read from the one header the proxies append to
 //! (`server.proxy_header`: `X-Forwarded-For`, or RFC 7239 `Forwarded`'s `for=`): walking from the
 //! right (the hop nearest to us), the first address that is not itself a trusted proxy; when every
-//! address is trusted, the leftmost. Entries left of that are the client's own words and are never
-//! believed. A header that does not parse, or an unknown hop (`unknown`, an obfuscated name)
+//! address is trusted, the rightmost (the one our nearest proxy wrote from its own TCP peer; the
+//! leftmost is whatever the client wrote). Entries left of that are the client's own words and are
+//! never believed. A header that does not parse, or an unknown hop (`unknown`, an obfuscated name)
 //! reached before an untrusted address, makes the client unknown (`None`): a non-empty allow-list
 //! then refuses. A trusted peer that sends no header is itself the client.
 
@@ -62,7 +63,8 @@ impl Proxies {
         self.pick(&hops)
     }
 
-    /// The rightmost hop that is not a trusted proxy; the leftmost when all are.
+    /// The rightmost hop that is not a trusted proxy; the rightmost when all are (what our nearest
+    /// proxy saw; anything left of it may be the client's own words).
     fn pick(&self, hops: &[Hop]) -> Option<IpAddr> {
         for hop in hops.iter().rev() {
             match hop {
@@ -71,7 +73,7 @@ impl Proxies {
                 Hop::Unknown => return None,
             }
         }
-        match hops.first() {
+        match hops.last() {
             Some(Hop::Ip(ip)) => Some(*ip),
             _ => None,
         }
@@ -276,6 +278,34 @@ mod tests {
     }
 
     #[test]
+    fn all_hops_trusted_the_client_is_the_rightmost_not_what_the_client_wrote() {
+        // The client wrote `127.0.0.1` itself; our proxy (peer 10.9.1.2) appended the peer it
+        // saw, 10.9.1.1. With loopback trusted too (a sidecar), every hop is trusted: the client
+        // is what our proxy wrote, never the loopback address the client claimed.
+        let headers = headers(&[("x-forwarded-for", "127.0.0.1, 10.9.1.1")]);
+        let both = Proxies::new(
+            vec![
+                "10.0.0.0/8".parse().expect("net"),
+                "127.0.0.0/8".parse().expect("net"),
+            ],
+            ProxyHeader::XForwardedFor,
+        );
+        assert_eq!(
+            both.client_ip(Some(ip("10.9.1.2")), &headers),
+            Some(ip("10.9.1.1"))
+        );
+        // Only 10/8 trusted: 127.0.0.1 is the rightmost untrusted hop, as for any address.
+        let ten = Proxies::new(
+            vec!["10.0.0.0/8".parse().expect("net")],
+            ProxyHeader::XForwardedFor,
+        );
+        assert_eq!(
+            ten.client_ip(Some(ip("10.9.1.2")), &headers),
+            Some(ip("127.0.0.1"))
+        );
+    }
+
+    #[test]
     fn the_client_is_the_rightmost_untrusted_hop_behind_a_trusted_peer() {
         let p = proxies(ProxyHeader::XForwardedFor);
         let lo = Some(ip("127.0.0.1"));
@@ -289,14 +319,15 @@ mod tests {
             p.client_ip(lo, &xff("10.0.0.5, 203.0.113.9")),
             Some(ip("203.0.113.9"))
         );
-        // Trusted hops on the right are skipped; all trusted: the leftmost.
+        // Trusted hops on the right are skipped; all trusted: the rightmost (the one our nearest
+        // proxy wrote; the leftmost could be the client's own).
         assert_eq!(
             p.client_ip(lo, &xff("198.51.100.7, 10.9.1.1, 127.0.0.2")),
             Some(ip("198.51.100.7"))
         );
         assert_eq!(
             p.client_ip(lo, &xff("10.9.0.1, 10.9.0.2")),
-            Some(ip("10.9.0.1"))
+            Some(ip("10.9.0.2"))
         );
         // Several header lines are one list.
         assert_eq!(

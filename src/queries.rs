@@ -19,30 +19,67 @@ pub fn find_end_user(
     Ok(Some(json!({ "endUser": user, "lastConversation": last })))
 }
 
-/// A quarantine record with its body also shown as text when it is UTF-8.
-/// `body_base64` is the body as received, also when the store keeps it compressed.
+/// The most of a body [`quarantine_view`] shows; `GET /admin/v1/quarantine/{id}/body` returns
+/// the whole of it.
+pub const QUARANTINE_VIEW_BODY: usize = 1024 * 1024;
+
+/// A quarantine record with its body (at most [`QUARANTINE_VIEW_BODY`] bytes of it:
+/// `body_truncated` says whether that is all, `body_bytes` is its whole size), also shown as text
+/// when it is UTF-8. `body_base64` is the body as received, also when the store keeps it
+/// compressed.
 pub fn quarantine_view(record: &crate::store::QuarantineRecord) -> Value {
     use base64::Engine as _;
-    let body = record.body().ok();
+    let total = record.body_len();
+    let body = record.body_prefix(QUARANTINE_VIEW_BODY).ok();
     let mut v = serde_json::to_value(record).unwrap_or(Value::Null);
     if let Some(obj) = v.as_object_mut() {
         obj.remove("body_gzip");
-        if let (true, Some(body)) = (record.body_gzip, &body) {
+        obj.insert("body_bytes".into(), json!(total));
+        let shown = body.as_ref().map_or(0, Vec::len) as u64;
+        obj.insert("body_truncated".into(), json!(shown < total));
+        if let Some(body) = &body {
             let b64 = base64::engine::general_purpose::STANDARD.encode(body);
             obj.insert("body_base64".into(), Value::String(b64));
         }
-        if let Some(text) = body.and_then(|b| String::from_utf8(b).ok()) {
+        if let Some(text) = body.and_then(utf8_prefix) {
             obj.insert("body_text".into(), Value::String(text));
         }
     }
     v
 }
 
-/// Every quarantine record, each as [`quarantine_view`] shows it.
-pub fn quarantine_list(store: &Store) -> Result<Value, StoreError> {
-    Ok(Value::Array(
-        store.quarantined()?.iter().map(quarantine_view).collect(),
-    ))
+/// The bytes as text when they are UTF-8, but for a character the cut split at their end.
+fn utf8_prefix(bytes: Vec<u8>) -> Option<String> {
+    match String::from_utf8(bytes) {
+        Ok(text) => Some(text),
+        Err(e) if e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut bytes = e.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).ok()
+        }
+        Err(_) => None,
+    }
+}
+
+/// Records in a quarantine list page by default, and at most.
+pub const QUARANTINE_PAGE: usize = 100;
+pub const QUARANTINE_PAGE_MAX: usize = 1000;
+
+/// One page of the quarantine list: at most `limit` records (clamped to
+/// 1..=[`QUARANTINE_PAGE_MAX`]) after id `after`, metadata only, as
+/// `{"records": [...], "next_after": id}` (`next_after` only when more remain).
+pub fn quarantine_list(
+    store: &Store,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Value, StoreError> {
+    let (records, next) = store.quarantine_page(after, limit.clamp(1, QUARANTINE_PAGE_MAX))?;
+    let mut page = json!({ "records": records });
+    if let (Some(next), Some(obj)) = (next, page.as_object_mut()) {
+        obj.insert("next_after".into(), json!(next));
+    }
+    Ok(page)
 }
 
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in

@@ -26,14 +26,27 @@ fn spawn(dir: &Path) -> TestApp {
 
 /// What must survive a backup: conversation state, the action ledger, dead letters, quarantine.
 fn views(app: &TestApp) -> Vec<String> {
-    vec![
+    let list = app.cli_ok(&["quarantine", "list"]);
+    let ids: Vec<u64> = serde_json::from_str::<Value>(&list)
+        .expect("quarantine list JSON")
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|r| r["id"].as_u64())
+        .collect();
+    let mut views = vec![
         app.cli_ok(&["state", "show", CONV1]),
         app.cli_ok(&["state", "show", CONV2]),
         app.cli_ok(&["outbox", "done", "--limit", "10000"]),
         app.cli_ok(&["outbox", "list"]),
         app.cli_ok(&["dlq", "list"]),
-        app.cli_ok(&["quarantine", "list"]),
-    ]
+        list,
+    ];
+    // The list holds no bodies: each record, with its body.
+    for id in ids {
+        views.push(app.cli_ok(&["quarantine", "show", &id.to_string()]));
+    }
+    views
 }
 
 fn events_of(body: &[u8]) -> Vec<Value> {

@@ -82,12 +82,23 @@ fn assert_unchanged(app: &TestApp, base: &Baseline, case: &str) {
     }
 }
 
+/// Every quarantine record with its body: the list (metadata, one page) then each record.
 fn quarantine(app: &TestApp) -> Vec<Value> {
-    let (status, list) = app.admin_get("/admin/v1/quarantine");
+    let (status, list) = app.admin_get("/admin/v1/quarantine?limit=1000");
     assert_eq!(status, 200, "{list}");
-    list.as_array()
-        .expect("quarantine list is an array")
-        .clone()
+    assert!(list.get("next_after").is_none(), "one page: {list}");
+    list["records"]
+        .as_array()
+        .expect("quarantine list has records")
+        .iter()
+        .map(|meta| {
+            let id = meta["id"].as_u64().expect("id");
+            let (status, record) = app.admin_get(&format!("/admin/v1/quarantine/{id}"));
+            assert_eq!(status, 200, "{record}");
+            assert_eq!(record["body_bytes"], meta["body_bytes"], "{record}");
+            record
+        })
+        .collect()
 }
 
 fn decode_body(record: &Value) -> Vec<u8> {
@@ -447,7 +458,7 @@ fn authenticated_bad_bodies_are_quarantined_and_change_nothing() {
             "detail",
             "delivery_id",
             "content_type",
-            "body_base64",
+            "body_bytes",
             "received_at",
         ] {
             assert_eq!(

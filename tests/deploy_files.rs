@@ -145,3 +145,21 @@ fn the_deploy_kit_sets_an_https_upstream_and_shows_the_ca_option() {
         r#"(?m)^\s+# cert_file = "/[^"]+""#
     ));
 }
+
+/// The Kubernetes example's probes use the admin port (plain HTTP), so turning on the commented
+/// `[server.tls]` for 8080 does not fail them.
+#[test]
+fn the_kubernetes_probes_use_the_plain_http_admin_port() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes.yaml"),
+    )
+    .expect("deploy/kubernetes.yaml");
+    let probes =
+        regex::Regex::new(r"httpGet: \{path: /(healthz|readyz), port: (\w+)\}").expect("regex");
+    let ports: Vec<&str> = probes
+        .captures_iter(&text)
+        .filter_map(|c| c.get(2).map(|m| m.as_str()))
+        .collect();
+    assert_eq!(ports, ["admin"; 3], "startup, liveness, readiness");
+    assert!(text.contains("- {name: admin, containerPort: 8081}"));
+}

@@ -39,10 +39,22 @@ fn invalid(id: &str) -> Value {
     })
 }
 
+/// Every quarantine record with its body: the list (metadata, one page) then each record.
 fn quarantine(app: &TestApp) -> Vec<Value> {
-    let (status, list) = app.admin_get("/admin/v1/quarantine");
+    let (status, list) = app.admin_get("/admin/v1/quarantine?limit=1000");
     assert_eq!(status, 200, "{list}");
-    list.as_array().expect("a list").clone()
+    assert!(list.get("next_after").is_none(), "one page: {list}");
+    list["records"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|meta| {
+            let id = meta["id"].as_u64().expect("id");
+            let (status, record) = app.admin_get(&format!("/admin/v1/quarantine/{id}"));
+            assert_eq!(status, 200, "{record}");
+            record
+        })
+        .collect()
 }
 
 fn body_of(record: &Value) -> Vec<u8> {
@@ -389,9 +401,19 @@ fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
         (200, Some(1)),
         "{receipt}"
     );
+    let logs = app.logs();
     assert!(
-        app.logs().contains("request body refused"),
+        logs.contains("request body refused"),
         "the refusal is logged"
+    );
+    // By its route, never its path: the webhook's path holds the token.
+    assert!(
+        logs.contains("/webhook/{token}"),
+        "the refusal names the route: {logs}"
+    );
+    assert!(
+        !logs.contains(common::WEBHOOK_TOKEN),
+        "no webhook token in the log: {logs}"
     );
 }
 

@@ -421,11 +421,15 @@ fn everything_written_is_owner_only_whatever_the_umask() {
             break;
         }
     }
-    let (Some(_), Some(admin), Some(webhook_url)) = (base, admin, webhook_url) else {
+    let (Some(base), Some(admin), Some(shown_url)) = (base, admin, webhook_url) else {
         let _ = child.kill();
         let _ = child.wait();
         panic!("the daemon did not start");
     };
+    // Stdout is no terminal: the line names the token's file, and the token is read from it.
+    let token = std::fs::read_to_string(data.join("webhook_token")).expect("the token file");
+    assert!(!shown_url.contains(&token), "{shown_url}");
+    let webhook_url = format!("{base}/webhook/{token}");
     let agent = agent();
     let post = |body: String| {
         let mut resp = agent

@@ -331,6 +331,9 @@ pub struct Overrides {
     pub admin_listen: Option<String>,
     pub upstream: Option<String>,
     pub data_dir: Option<PathBuf>,
+    /// Also read the files the config names (`server.tls`, `ca_file`s): `serve` and `check`
+    /// only, so other commands work whatever those files hold ([`Config::validate_files`]).
+    pub check_files: bool,
 }
 
 /// Named environment variables and the key each sets. Any key can also be set as
@@ -450,6 +453,11 @@ impl Config {
         };
         if let Err(ConfigError::Invalid(more)) = config.validate() {
             problems.extend(more);
+        }
+        if overrides.check_files {
+            if let Err(ConfigError::Invalid(more)) = config.validate_files() {
+                problems.extend(more);
+            }
         }
         if problems.is_empty() {
             // No URL and no API key: the first-run default, said explicitly from here on.
@@ -629,16 +637,17 @@ impl Config {
             bad("admin.token", &"****", "must be at least 16 characters");
         }
         let tls = &self.server.tls;
+        if self.admin.listen.is_empty() && !(tls.cert_file.is_empty() && tls.key_file.is_empty()) {
+            bad(
+                "admin.listen",
+                &"\"\"",
+                "with server.tls the admin API would be served over TLS on server.listen, which \
+                 the CLI (plain http) cannot reach: give admin.listen its own address (e.g. \
+                 127.0.0.1:8081)",
+            );
+        }
         match (tls.cert_file.is_empty(), tls.key_file.is_empty()) {
-            (true, true) => {}
-            (false, false) => {
-                if let Err(e) = crate::tls::server::load_certified_key(
-                    Path::new(&tls.cert_file),
-                    Path::new(&tls.key_file),
-                ) {
-                    bad("server.tls", &tls.cert_file, &e);
-                }
-            }
+            (true, true) | (false, false) => {}
             (false, true) => bad(
                 "server.tls.key_file",
                 &"\"\"",
@@ -670,11 +679,6 @@ impl Config {
                     &mask_url(&up.url),
                     "must be \"embedded\" or an http:// or https:// base address",
                 ),
-            }
-        }
-        if !up.ca_file.is_empty() {
-            if let Err(e) = crate::tls::read_ca_file(Path::new(&up.ca_file)) {
-                bad("upstream.ca_file", &up.ca_file, &e);
             }
         }
         if !up.api_key.is_empty() && !up.api_key_file.is_empty() {
@@ -733,6 +737,47 @@ impl Config {
         }
     }
 
+    /// The files the config names, read: the public listener's certificate and key, and every
+    /// `ca_file`. For `serve` and `check` ([`Overrides::check_files`]); the other commands never
+    /// use them, so an unreadable key (readable only by the service's user) does not stop them.
+    pub fn validate_files(&self) -> Result<(), ConfigError> {
+        let mut p = Vec::new();
+        let mut bad = |key: &str, value: &dyn fmt::Display, why: &str| {
+            p.push(Problem {
+                key: key.into(),
+                value: value.to_string(),
+                why: why.into(),
+            })
+        };
+        let tls = &self.server.tls;
+        if !tls.cert_file.is_empty() && !tls.key_file.is_empty() {
+            if let Err(e) = crate::tls::server::load_certified_key(
+                Path::new(&tls.cert_file),
+                Path::new(&tls.key_file),
+            ) {
+                bad("server.tls", &tls.cert_file, &e);
+            }
+        }
+        let up = &self.upstream;
+        if !up.ca_file.is_empty() {
+            if let Err(e) = crate::tls::read_ca_file(Path::new(&up.ca_file)) {
+                bad("upstream.ca_file", &up.ca_file, &e);
+            }
+        }
+        for (i, ep) in self.helpdesk.endpoints.iter().enumerate() {
+            if !ep.ca_file.is_empty() {
+                if let Err(e) = crate::tls::read_ca_file(Path::new(&ep.ca_file)) {
+                    bad(&format!("helpdesk.endpoints[{i}].ca_file"), &ep.ca_file, &e);
+                }
+            }
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(p))
+        }
+    }
+
     fn validate_helpdesk(&self, bad: &mut impl FnMut(&str, &dyn fmt::Display, &str)) {
         let hd = &self.helpdesk;
         let mut names = std::collections::HashSet::new();
@@ -762,11 +807,6 @@ impl Config {
                     &"(not shown)",
                     "not an http:// or https:// URL with a host",
                 ),
-            }
-            if !ep.ca_file.is_empty() {
-                if let Err(e) = crate::tls::read_ca_file(Path::new(&ep.ca_file)) {
-                    bad(&format!("{at}.ca_file"), &ep.ca_file, &e);
-                }
             }
             if ep.secrets.is_empty() {
                 bad(

@@ -78,6 +78,7 @@ fn file_then_env_then_flags_override_in_order() {
             listen: Some("127.0.0.1:9002".into()),
             admin_listen: None,
             data_dir: Some("/tmp/x".into()),
+            check_files: false,
         },
     )
     .expect("load");
@@ -290,7 +291,11 @@ url = "not a url"
 secrets = []
 "#,
     );
-    let p = problems(Config::load_from(Some(&path), env(&[]), &Overrides::default()).unwrap_err());
+    let files = Overrides {
+        check_files: true,
+        ..Overrides::default()
+    };
+    let p = problems(Config::load_from(Some(&path), env(&[]), &files).unwrap_err());
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
     for key in [
         "helpdesk.endpoints[1].name",
@@ -541,4 +546,55 @@ fn trusted_proxies_and_their_header_are_read_and_checked() {
         &Overrides::default(),
     );
     assert!(matches!(bad, Err(ConfigError::Invalid(_))), "{bad:?}");
+}
+
+#[test]
+fn tls_on_the_public_listener_needs_the_admin_api_on_its_own() {
+    let tls = [
+        (
+            "HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE",
+            "/nonexistent/tls.crt",
+        ),
+        (
+            "HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE",
+            "/nonexistent/tls.key",
+        ),
+    ];
+    let mut shared = tls.to_vec();
+    shared.push(("HANDOFF_BRIDGE__ADMIN__LISTEN", ""));
+    let p = problems(Config::load_from(None, env(&shared), &Overrides::default()).unwrap_err());
+    let admin = p
+        .iter()
+        .find(|p| p.key == "admin.listen")
+        .unwrap_or_else(|| panic!("admin.listen not reported: {p:#?}"));
+    assert!(admin.why.contains("CLI"), "{admin:?}");
+    // Its own listener (the default): fine. Without TLS an empty admin.listen is fine too.
+    Config::load_from(None, env(&tls), &Overrides::default()).expect("admin on its own listener");
+    Config::load_from(
+        None,
+        env(&[("HANDOFF_BRIDGE__ADMIN__LISTEN", "")]),
+        &Overrides::default(),
+    )
+    .expect("no TLS");
+}
+
+#[test]
+fn the_files_the_config_names_are_read_only_when_asked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let missing = |name: &str| dir.path().join(name).display().to_string();
+    let (cert, key, ca) = (missing("tls.crt"), missing("tls.key"), missing("ca.pem"));
+    let vars = env(&[
+        ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", &cert),
+        ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", &key),
+        ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", &ca),
+    ]);
+    Config::load_from(None, vars.clone(), &Overrides::default())
+        .expect("other commands do not read them");
+    let files = Overrides {
+        check_files: true,
+        ..Overrides::default()
+    };
+    let p = problems(Config::load_from(None, vars, &files).unwrap_err());
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["server.tls", "upstream.ca_file"], "{p:#?}");
 }

@@ -33,8 +33,11 @@ impl TokenSet {
 pub struct CidrList(Vec<IpNet>);
 
 impl CidrList {
+    /// IPv4-mapped networks (`::ffff:10.0.0.0/104`) become the IPv4 networks they name: clients
+    /// are judged by their IPv4 address (see [`CidrList::contains`]), so as written they would
+    /// never match.
     pub fn new(nets: Vec<IpNet>) -> Self {
-        CidrList(nets)
+        CidrList(nets.into_iter().map(unmap).collect())
     }
 
     pub fn allows(&self, ip: Option<IpAddr>) -> bool {
@@ -54,6 +57,18 @@ impl CidrList {
             v4 => v4,
         };
         self.0.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// `::ffff:a.b.c.d/n` (n >= 96) as `a.b.c.d/(n - 96)`; any other network as it is.
+fn unmap(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .network()
+            .to_ipv4_mapped()
+            .and_then(|v4| ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        other => other,
     }
 }
 
@@ -90,5 +105,22 @@ mod tests {
         assert!(CidrList::new(vec![]).allows(None));
         assert!(!CidrList::new(vec![]).contains("127.0.0.1".parse().expect("ip")));
         assert!(list.contains("::ffff:127.0.0.9".parse().expect("ip")));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_network_matches_ipv4_clients() {
+        let list = CidrList::new(vec![
+            "::ffff:10.0.0.0/104".parse().expect("net"),
+            "2001:db8::/32".parse().expect("net"),
+        ]);
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert!(list.contains(ip("10.1.2.3")));
+        assert!(list.contains(ip("::ffff:10.1.2.3")));
+        assert!(!list.contains(ip("11.1.2.3")));
+        assert!(list.contains(ip("2001:db8::1")));
+        // The whole mapped range is every IPv4 address.
+        assert!(
+            CidrList::new(vec!["::ffff:0:0/96".parse().expect("net")]).contains(ip("192.0.2.1"))
+        );
     }
 }

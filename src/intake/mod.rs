@@ -513,9 +513,11 @@ pub fn prepare_reprocess(
             }
         }
         if events.is_empty() {
-            let detail = match invalid.len() {
-                1 => invalid[0].reason.clone(),
-                n => format!("{n} events still invalid; [0] {}", invalid[0].reason),
+            // An empty array (a damaged or hand-made record) holds nothing to re-process.
+            let detail = match (invalid.len(), invalid.first()) {
+                (_, None) => "no events in the record".to_owned(),
+                (1, Some(first)) => first.reason.clone(),
+                (n, Some(first)) => format!("{n} events still invalid; [0] {}", first.reason),
             };
             return Ok(Some(still_invalid(detail)));
         }
@@ -592,6 +594,37 @@ pub fn reprocess_offline(
                 .pop()
                 .ok_or_else(|| StoreError::Corrupt("accept result missing".into()))?;
             finish_reprocess(store, id, accepted, kinds).map(Some)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_events_record_with_an_empty_array_is_still_invalid_not_a_panic() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let id = store
+            .quarantine(QuarantineRecord::new(
+                "events",
+                "invalid_event",
+                "0 invalid events",
+                b"[]",
+                1,
+            ))
+            .expect("quarantine");
+        let scrubber = scrub::Scrubber::new(["t0ken"]).expect("scrubber");
+        let outcome = prepare_reprocess(&store, id, &webhook::Checks::NONE, 2, &scrubber)
+            .expect("store")
+            .expect("the record");
+        match outcome {
+            Reprocess::StillInvalid(r) => {
+                assert_eq!(r.status, "still_invalid");
+                assert_eq!(r.detail.as_deref(), Some("no events in the record"));
+            }
+            Reprocess::Accept(..) => panic!("nothing to accept"),
         }
     }
 }

@@ -10,8 +10,13 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+/// Where the admin API is served.
+pub const PREFIX: &str = "/admin/v1";
+/// The longest body it reads (actix's default limit for `web::Bytes`).
+pub const MAX_BODY: usize = 256 * 1024;
+
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    let scope = super::outbox_admin::routes(web::scope("/admin/v1"));
+    let scope = super::outbox_admin::routes(web::scope(PREFIX));
     cfg.service(
         scope
             .wrap(actix_web::middleware::from_fn(guard))
@@ -26,6 +31,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
+            .route("/quarantine/{id}/body", web::get().to(quarantine_body))
             .route(
                 "/quarantine/{id}/reprocess",
                 web::post().to(quarantine_reprocess),
@@ -212,13 +218,44 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
     }
 }
 
-async fn quarantine_list(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+/// `?limit=` (default 100, at most 1000) and `?after=<id>` (the previous page's `next_after`).
+#[derive(Deserialize)]
+struct PageQuery {
+    limit: Option<usize>,
+    after: Option<u64>,
+}
+
+/// One page of the quarantine list, metadata only (the bodies: `/quarantine/{id}` and
+/// `/quarantine/{id}/body`).
+async fn quarantine_list(
+    shared: web::Data<Shared>,
+    q: web::Query<PageQuery>,
+) -> Result<HttpResponse, ApiError> {
     let store = shared.store.clone();
-    // Encoded on the blocking pool too: bodies can be megabytes each.
-    let json = blocking(move || json_bytes(&crate::queries::quarantine_list(&store)?)).await?;
+    let limit = q.limit.unwrap_or(crate::queries::QUARANTINE_PAGE);
+    let after = q.after;
+    let json =
+        blocking(move || json_bytes(&crate::queries::quarantine_list(&store, after, limit)?))
+            .await?;
     Ok(HttpResponse::Ok()
         .content_type(actix_web::http::header::ContentType::json())
         .body(json))
+}
+
+/// A record's whole body as received, as bytes.
+async fn quarantine_body(
+    shared: web::Data<Shared>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = parse_id(&id, "quarantine id")?;
+    let store = shared.store.clone();
+    let found = blocking(move || store.quarantined_one(id)?.map(|r| r.body()).transpose()).await?;
+    match found {
+        Some(body) => Ok(HttpResponse::Ok()
+            .content_type(actix_web::http::header::ContentType::octet_stream())
+            .body(body)),
+        None => Err(ApiError::not_found(format!("no quarantine record {id}"))),
+    }
 }
 
 /// A value as JSON text (for answers encoded off the HTTP workers; a `Value` always encodes).

@@ -370,6 +370,31 @@ impl QuarantineRecord {
         }
     }
 
+    /// The body's size as received (without expanding it).
+    pub fn body_len(&self) -> u64 {
+        body_len(&self.body_base64, self.body_gzip)
+    }
+
+    /// At most the first `limit` bytes of the body as received (a compressed body is expanded
+    /// only that far).
+    pub fn body_prefix(&self, limit: usize) -> Result<Vec<u8>, StoreError> {
+        use base64::Engine;
+        use std::io::Read as _;
+        let mut stored = base64::engine::general_purpose::STANDARD
+            .decode(&self.body_base64)
+            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+        if !self.body_gzip {
+            stored.truncate(limit);
+            return Ok(stored);
+        }
+        let mut body = Vec::new();
+        flate2::read::GzDecoder::new(stored.as_slice())
+            .take(limit as u64)
+            .read_to_end(&mut body)
+            .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
+        Ok(body)
+    }
+
     /// The body as received.
     pub fn body(&self) -> Result<Vec<u8>, StoreError> {
         use base64::Engine;
@@ -386,6 +411,79 @@ impl QuarantineRecord {
             .read_to_end(&mut body)
             .map_err(|e| StoreError::Corrupt(format!("quarantine body: {e}")))?;
         Ok(body)
+    }
+}
+
+/// A quarantine record without its body: what the list shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantineMeta {
+    pub id: u64,
+    pub received_at: Millis,
+    pub scope: String,
+    pub reason: String,
+    pub detail: String,
+    pub delivery_id: Option<String>,
+    pub content_type: Option<String>,
+    /// The body's size as received.
+    pub body_bytes: u64,
+    /// Whether the store keeps it gzip-compressed.
+    pub body_gzip: bool,
+}
+
+/// A stored record read without copying its body out.
+#[derive(Deserialize)]
+struct QuarantineMetaRaw<'a> {
+    id: u64,
+    received_at: Millis,
+    scope: String,
+    reason: String,
+    detail: String,
+    delivery_id: Option<String>,
+    content_type: Option<String>,
+    #[serde(borrow)]
+    body_base64: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    body_gzip: bool,
+}
+
+impl QuarantineMetaRaw<'_> {
+    fn into_meta(self) -> QuarantineMeta {
+        QuarantineMeta {
+            body_bytes: body_len(&self.body_base64, self.body_gzip),
+            id: self.id,
+            received_at: self.received_at,
+            scope: self.scope,
+            reason: self.reason,
+            detail: self.detail,
+            delivery_id: self.delivery_id,
+            content_type: self.content_type,
+            body_gzip: self.body_gzip,
+        }
+    }
+}
+
+/// The size of a stored body as received, from its base64 text without decoding it all: the
+/// decoded length, or for a gzip stream its trailer's ISIZE (the size modulo 2^32; bodies are far
+/// smaller). 0 when the text is not valid base64 (reading the body then says so).
+fn body_len(base64_text: &str, gzipped: bool) -> u64 {
+    use base64::Engine as _;
+    let text = base64_text.as_bytes();
+    if text.len() % 4 != 0 {
+        return 0;
+    }
+    let padding = text.iter().rev().take(2).filter(|&&b| b == b'=').count();
+    let stored = (text.len() / 4 * 3 - padding) as u64;
+    if !gzipped {
+        return stored;
+    }
+    // The last 8 characters hold the stream's last 4 to 6 bytes.
+    let tail = &text[text.len().saturating_sub(8)..];
+    match base64::engine::general_purpose::STANDARD.decode(tail) {
+        Ok(bytes) if bytes.len() >= 4 => {
+            let isize: [u8; 4] = bytes[bytes.len() - 4..].try_into().unwrap_or([0; 4]);
+            u64::from(u32::from_le_bytes(isize))
+        }
+        _ => 0,
     }
 }
 
@@ -1339,8 +1437,36 @@ impl Store {
         Ok(record.id)
     }
 
+    /// Every record, bodies included: for tests and small stores only; lists use
+    /// [`Store::quarantine_page`].
     pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
         all_decoded(&self.quarantine, "quarantine record")
+    }
+
+    /// At most `limit` records after id `after` (from the first when `None`), in id order,
+    /// without their bodies (a body is neither copied nor decoded), and the id to continue after
+    /// when more remain.
+    pub fn quarantine_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<(Vec<QuarantineMeta>, Option<u64>), StoreError> {
+        let start = match after {
+            None => 0,
+            Some(u64::MAX) => return Ok((Vec::new(), None)),
+            Some(id) => id + 1,
+        };
+        let mut page = Vec::new();
+        for item in self.quarantine.range(keys::seq(start)..) {
+            let (_, value) = item?;
+            if page.len() == limit {
+                let next = page.last().map(|m: &QuarantineMeta| m.id);
+                return Ok((page, next));
+            }
+            let raw: QuarantineMetaRaw<'_> = decode_borrowed(&value, "quarantine record")?;
+            page.push(raw.into_meta());
+        }
+        Ok((page, None))
     }
 
     pub fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
@@ -1600,6 +1726,10 @@ fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(String, Vec<
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|e| StoreError::Corrupt(format!("encode: {e}")))
+}
+
+fn decode_borrowed<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, StoreError> {

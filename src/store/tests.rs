@@ -1746,3 +1746,63 @@ fn events_folded_before_a_migration_are_not_pending_though_they_have_no_mark() {
         vec![("e1".to_owned(), false), ("e2".to_owned(), false)]
     );
 }
+
+#[test]
+fn the_quarantine_list_pages_metadata_with_the_body_size_as_received() {
+    let (_d, store) = store();
+    let big = vec![b'x'; 200_000];
+    let mut ids = Vec::new();
+    for i in 0..5u8 {
+        let body: &[u8] = if i == 2 { &big } else { b"{bad" };
+        let record = QuarantineRecord::new("delivery", "invalid_json", "x", body, i64::from(i));
+        ids.push(store.quarantine(record).expect("quarantine"));
+    }
+    let (first, next) = store.quarantine_page(None, 2).expect("page");
+    assert_eq!(first.iter().map(|m| m.id).collect::<Vec<_>>(), ids[..2]);
+    assert_eq!(next, Some(ids[1]));
+    let (second, next) = store.quarantine_page(next, 2).expect("page");
+    assert_eq!(second.iter().map(|m| m.id).collect::<Vec<_>>(), ids[2..4]);
+    // The gzip-compressed body's size as received, from its trailer.
+    assert!(second[0].body_gzip);
+    assert_eq!(second[0].body_bytes, 200_000);
+    assert_eq!((second[1].body_gzip, second[1].body_bytes), (false, 4));
+    let (last, next) = store.quarantine_page(next, 2).expect("page");
+    assert_eq!(last.iter().map(|m| m.id).collect::<Vec<_>>(), ids[4..]);
+    assert_eq!(next, None, "no more");
+    // Exactly a page left: no `next`, and after the last id nothing.
+    assert_eq!(
+        store.quarantine_page(Some(ids[2]), 2).expect("page").1,
+        None
+    );
+    assert!(store
+        .quarantine_page(Some(ids[4]), 2)
+        .expect("page")
+        .0
+        .is_empty());
+    // The view shows at most its cap of the body, and says so.
+    let record = store.quarantined_one(ids[2]).expect("get").expect("record");
+    assert_eq!(record.body_len(), 200_000);
+    assert_eq!(record.body_prefix(1000).expect("prefix"), vec![b'x'; 1000]);
+    let view = crate::queries::quarantine_view(&record);
+    assert_eq!(
+        (
+            view["body_bytes"].as_u64(),
+            view["body_truncated"].as_bool()
+        ),
+        (Some(200_000), Some(false))
+    );
+    let huge = vec![b'y'; crate::queries::QUARANTINE_VIEW_BODY + 10];
+    let record = QuarantineRecord::new("delivery", "invalid_json", "x", &huge, 9);
+    let view = crate::queries::quarantine_view(&record);
+    assert_eq!(
+        (
+            view["body_bytes"].as_u64(),
+            view["body_truncated"].as_bool()
+        ),
+        (Some(huge.len() as u64), Some(true))
+    );
+    assert_eq!(
+        view["body_text"].as_str().map(str::len),
+        Some(crate::queries::QUARANTINE_VIEW_BODY)
+    );
+}

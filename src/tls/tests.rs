@@ -162,6 +162,11 @@ fn https_and_the_tls_options_are_validated_every_problem_at_once() {
     std::fs::write(path("other.pem"), &other_key).expect("write");
     std::fs::write(path("empty.pem"), "").expect("write");
 
+    // The files are read for `serve` and `check` (`check_files`), after the other checks.
+    let files = Overrides {
+        check_files: true,
+        ..Overrides::default()
+    };
     let good = Config::load_from(
         None,
         env(&[
@@ -173,7 +178,7 @@ fn https_and_the_tls_options_are_validated_every_problem_at_once() {
             ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
             ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", path("key.pem")),
         ]),
-        &Overrides::default(),
+        &files,
     )
     .expect("https with a private CA and a server certificate");
     assert_eq!(good.upstream.url, "https://api.example.com/v1");
@@ -188,17 +193,17 @@ fn https_and_the_tls_options_are_validated_every_problem_at_once() {
                 ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
                 ("HANDOFF_BRIDGE__SERVER__TLS__KEY_FILE", path("other.pem")),
             ]),
-            &Overrides::default(),
+            &files,
         )
         .expect_err("invalid"),
     );
     let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         keys,
-        ["server.tls", "upstream.url", "upstream.ca_file"],
+        ["upstream.url", "server.tls", "upstream.ca_file"],
         "{p:?}"
     );
-    assert!(p[0].1.contains("does not match"), "{p:?}");
+    assert!(p[1].1.contains("does not match"), "{p:?}");
     assert!(p[2].1.contains("no PEM certificate"), "{p:?}");
 
     let p = problems(
@@ -208,7 +213,7 @@ fn https_and_the_tls_options_are_validated_every_problem_at_once() {
                 ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", path("missing.pem")),
                 ("HANDOFF_BRIDGE__SERVER__TLS__CERT_FILE", path("cert.pem")),
             ]),
-            &Overrides::default(),
+            &files,
         )
         .expect_err("invalid"),
     );
