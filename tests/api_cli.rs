@@ -3,48 +3,16 @@
 
 mod common;
 use common::bin;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use common::emulator::ExternalEmulator;
+use std::process::Command;
 
 const KEY: &str = "emulator-key-for-cli-tests-77";
 
-struct Emu {
-    child: Child,
-    base: String,
+fn start_emulator() -> ExternalEmulator {
+    ExternalEmulator::start(KEY)
 }
 
-impl Drop for Emu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_emulator() -> Emu {
-    let mut child = Command::new(bin())
-        .args(["emulator", "--listen", "127.0.0.1:0", "--api-key", KEY])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start emulator");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut base = None;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("line");
-        if let Some(rest) = line.strip_prefix("listening: ") {
-            base = Some(rest.to_owned());
-            break;
-        }
-    }
-    Emu {
-        child,
-        base: base.expect("listening line"),
-    }
-}
-
-fn api(emu: &Emu, key: &str, args: &[&str]) -> std::process::Output {
+fn api(emu: &ExternalEmulator, key: &str, args: &[&str]) -> std::process::Output {
     Command::new(bin())
         .arg("api")
         .args(args)

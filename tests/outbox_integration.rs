@@ -17,14 +17,13 @@
 //! `HANDOFF_BRIDGE_TEST_SEED` replays a run's random choices (the seed is printed).
 
 mod common;
+use common::emulator::ExternalEmulator;
 use common::load::{long_tests, post_body, seed_from_env_or_clock, Rng};
 use common::relay::*;
 use common::*;
 use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
@@ -94,60 +93,6 @@ fn dead_letters(app: &TestApp) -> Value {
 fn cli_json(app: &TestApp, args: &[&str]) -> Value {
     let out = app.cli_ok(args);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"))
-}
-
-// ---- An emulator in its own process ----
-
-/// `handoff-bridge emulator` as a separate process, so its journal (and idempotency records)
-/// outlive daemons killed with SIGKILL. Killed by PID when dropped.
-struct ExternalEmulator {
-    child: Child,
-    base: String,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl ExternalEmulator {
-    fn start() -> Self {
-        let mut child = Command::new(bin())
-            .args([
-                "emulator",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-key",
-                EMULATOR_KEY,
-            ])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the emulator");
-        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let base = loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("emulator stdout");
-            assert!(n > 0, "the emulator exited before listening");
-            if let Some(rest) = line.trim().strip_prefix("listening: ") {
-                break rest.to_owned();
-            }
-        };
-        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
-        ExternalEmulator {
-            child,
-            base,
-            _stdout: reader,
-        }
-    }
-}
-
-impl Drop for ExternalEmulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---- 1. Order under faults ----
@@ -505,7 +450,7 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
     let mut rng = Rng::new(seed);
     let mut ids = Ids::new(seed);
 
-    let emulator = ExternalEmulator::start();
+    let emulator = ExternalEmulator::start(EMULATOR_KEY);
     let emu = emulator.base.clone();
     // A little latency widens the window between a call's effect and its outcome being recorded;
     // a few 5xx make retries part of what gets interrupted.

@@ -11,6 +11,7 @@
 //!   working, and a broken file on SIGHUP keeping the running certificate.
 
 mod common;
+use common::emulator::ExternalEmulator;
 use common::helpdesk::{HelpDesk, OLD_SECRET};
 use common::relay::{
     daemon_env, make_delivery, rules_dir, user_message, Ids, EMULATOR_KEY, SEND_MESSAGE,
@@ -24,7 +25,6 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -170,65 +170,6 @@ impl Relay {
     }
 }
 
-// ---- The emulator as its own process ----
-
-/// `handoff-bridge emulator` on a free loopback port; killed by PID when dropped.
-struct ExternalEmulator {
-    child: Child,
-    base: String,
-    _stdout: BufReader<ChildStdout>,
-}
-
-impl ExternalEmulator {
-    fn start() -> Self {
-        let mut child = Command::new(bin())
-            .args([
-                "emulator",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-key",
-                EMULATOR_KEY,
-            ])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the emulator");
-        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let base = loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("emulator stdout");
-            assert!(n > 0, "the emulator exited before listening");
-            if let Some(rest) = line.trim().strip_prefix("listening: ") {
-                break rest.to_owned();
-            }
-        };
-        ExternalEmulator {
-            child,
-            base,
-            _stdout: reader,
-        }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.base
-            .strip_prefix("http://")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("emulator address: {}", self.base))
-    }
-}
-
-impl Drop for ExternalEmulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ---- Reading the daemon ----
 
 fn pending_ids(app: &TestApp) -> Vec<String> {
@@ -314,7 +255,7 @@ fn an_https_upstream_is_refused_until_its_certificate_verifies_then_called_once(
     let private = Ca::new("handoff-bridge test private CA");
     let unknown = Ca::new("handoff-bridge test unknown CA");
     let ca_file = write_file(tmp.path(), "private-ca.pem", &private.pem());
-    let emulator = ExternalEmulator::start();
+    let emulator = ExternalEmulator::start(EMULATOR_KEY);
     // First a certificate from a CA the daemon does not trust.
     let relay = Relay::start(emulator.addr(), &unknown.leaf(&["127.0.0.1"], false));
     let rules = rules_dir(

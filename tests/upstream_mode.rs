@@ -5,6 +5,7 @@
 //! never echoed.
 
 mod common;
+use common::emulator::ExternalEmulator;
 use common::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -243,38 +244,8 @@ fn embedded_asked_for_runs_even_with_a_key() {
 }
 
 /// A standalone emulator, the service the remote mode talks to.
-struct Emulator {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_emulator() -> Emulator {
-    let mut child = Command::new(bin())
-        .args(["emulator", "--listen", "127.0.0.1:0", "--api-key", KEY])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start emulator");
-    let stdout = child.stdout.take().expect("stdout");
-    let base = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("listening: ").map(str::to_owned));
-    let Some(base) = base else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("the emulator did not start");
-    };
-    Emulator { child, base }
+fn start_emulator() -> ExternalEmulator {
+    ExternalEmulator::start(KEY)
 }
 
 #[test]

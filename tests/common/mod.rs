@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod agent_api;
+pub mod emulator;
 pub mod helpdesk;
 pub mod load;
 pub mod relay;
