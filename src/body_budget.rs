@@ -8,6 +8,11 @@
 //! that carry no body for any of our routes (GET, HEAD, OPTIONS, TRACE) take none: no handler of
 //! theirs reads one.
 //!
+//! The webhook and the agent API take their share in the handler, once the caller's token and
+//! address were accepted ([`admit`]): a caller without a valid token never holds any of the budget
+//! nor queues for it ahead of real deliveries. Other routes (the admin API) take it in the
+//! middleware, before their extractors read the body.
+//!
 //! Over the budget a request waits for room, at most `server.body_read_timeout`, then gets
 //! `503 server_busy` with `Retry-After`. Waiting first: the service disables the webhook after
 //! three non-200 answers in 30 minutes, and a burst of large bodies drains in well under a second
@@ -18,7 +23,7 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, Method, Version};
 use actix_web::middleware::Next;
-use actix_web::{web, HttpResponse, ResponseError as _};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError as _};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -27,40 +32,61 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub const RETRY_AFTER_SECS: u64 = 1;
 
 /// The largest body each route that reads one reads, by path prefix (a prefix matches itself
-/// and what follows it after a `/`). A path under none reads no body.
+/// and what follows it after a `/`). A path under none reads no body. Routes whose handlers take
+/// their share themselves, once they have authenticated the caller ([`BodyBudget::admit`]), are
+/// passed over by the middleware: a caller without a valid token never holds any of the budget.
 #[derive(Clone, Debug, Default)]
-pub struct RouteCaps(Vec<(String, usize)>);
+pub struct RouteCaps {
+    caps: Vec<(String, usize)>,
+    by_handler: Vec<String>,
+}
 
 impl RouteCaps {
-    /// The daemon's routes: the webhook (at `webhook_path`), the agent API, the admin API.
+    /// These caps, every share taken by the middleware.
+    pub fn new(caps: Vec<(String, usize)>) -> Self {
+        RouteCaps {
+            caps,
+            by_handler: Vec::new(),
+        }
+    }
+
+    /// The daemon's routes: the webhook (at `webhook_path`) and the agent API, whose handlers take
+    /// their shares after authenticating the caller, and the admin API (the middleware's).
     pub fn daemon(webhook_path: &str, webhook_max_body: usize) -> Self {
-        RouteCaps(vec![
-            (
-                webhook_path.trim_end_matches('/').to_owned(),
-                webhook_max_body,
-            ),
-            (
-                crate::helpdesk::api::PREFIX.to_owned(),
-                crate::helpdesk::api::MAX_BODY,
-            ),
-            (
-                crate::ops::admin::PREFIX.to_owned(),
-                crate::ops::admin::MAX_BODY,
-            ),
-        ])
+        let webhook = webhook_path.trim_end_matches('/').to_owned();
+        let agent = crate::helpdesk::api::PREFIX.to_owned();
+        RouteCaps {
+            caps: vec![
+                (webhook.clone(), webhook_max_body),
+                (agent.clone(), crate::helpdesk::api::MAX_BODY),
+                (
+                    crate::ops::admin::PREFIX.to_owned(),
+                    crate::ops::admin::MAX_BODY,
+                ),
+            ],
+            by_handler: vec![webhook, agent],
+        }
     }
 
     /// The most the route of `path` reads; `None` when it reads no body.
     fn cap(&self, path: &str) -> Option<usize> {
-        self.0
+        self.caps
             .iter()
-            .filter(|(prefix, _)| {
-                path.strip_prefix(prefix.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            })
+            .filter(|(prefix, _)| under(path, prefix))
             .map(|(_, cap)| *cap)
             .max()
     }
+
+    /// Whether the handler of `path` takes its share itself.
+    fn by_handler(&self, path: &str) -> bool {
+        self.by_handler.iter().any(|prefix| under(path, prefix))
+    }
+}
+
+/// `path` is `prefix` or below it.
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The shared budget (one per daemon, in every listener's app data).
@@ -160,6 +186,23 @@ impl BodyBudget {
         })
     }
 
+    /// For a handler that takes its body's share itself, after authenticating the caller: the
+    /// share `req`'s body takes (`None` when it brings none), held until dropped. A refusal is
+    /// logged with the route's pattern (never the path: the webhook's holds its token).
+    pub async fn admit(&self, req: &HttpRequest) -> Result<Option<Share>, Busy> {
+        let Some(bytes) = self.share_of(req.method(), req.version(), req.path(), req.headers())
+        else {
+            return Ok(None);
+        };
+        match self.take(bytes).await {
+            Ok(share) => Ok(Some(share)),
+            Err(busy) => {
+                log_refusal(req.match_pattern(), &busy);
+                Err(busy)
+            }
+        }
+    }
+
     /// The share a request's body takes: `None` when it brings none, or its route reads none.
     fn share_of(
         &self,
@@ -201,6 +244,9 @@ pub async fn limit(
     let Some(budget) = req.app_data::<web::Data<BodyBudget>>().cloned() else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
+    if budget.routes.by_handler(req.path()) {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
     let Some(bytes) = budget.share_of(req.method(), req.version(), req.path(), req.headers())
     else {
         return Ok(next.call(req).await?.map_into_left_body());
@@ -212,24 +258,40 @@ pub async fn limit(
             Ok(response?.map_into_left_body())
         }
         Err(busy) => {
-            // The route's pattern, never the raw path: the webhook's path holds its token.
-            let route = req
-                .match_pattern()
-                .unwrap_or_else(|| "<unmatched>".to_owned());
-            tracing::warn!(%route, bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
-            let error = ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "server_busy",
-                "too many request bodies are being read at once; retry later",
-            );
-            let mut response: HttpResponse = error.error_response();
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                header::HeaderValue::from(RETRY_AFTER_SECS),
-            );
-            Ok(req.into_response(response).map_into_right_body())
+            log_refusal(req.match_pattern(), &busy);
+            Ok(req.into_response(busy_response()).map_into_right_body())
         }
     }
+}
+
+/// A refusal in the log: the route's pattern, never the raw path (the webhook's holds its token).
+fn log_refusal(pattern: Option<String>, busy: &Busy) {
+    let route = pattern.unwrap_or_else(|| "<unmatched>".to_owned());
+    tracing::warn!(%route, bytes = busy.bytes, wait = ?busy.wait, "request body refused: the body budget stayed full");
+}
+
+/// The answer to a body the budget had no room for: 503 `server_busy` with `Retry-After`.
+pub fn busy_response() -> HttpResponse {
+    let error = ApiError::new(
+        actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+        "server_busy",
+        "too many request bodies are being read at once; retry later",
+    );
+    let mut response: HttpResponse = error.error_response();
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        header::HeaderValue::from(RETRY_AFTER_SECS),
+    );
+    response
+}
+
+/// [`BodyBudget::admit`] with the daemon's budget (none in an app without one: no share), the
+/// refusal as its answer.
+pub async fn admit(req: &HttpRequest) -> Result<Option<Share>, HttpResponse> {
+    let Some(budget) = req.app_data::<web::Data<BodyBudget>>() else {
+        return Ok(None);
+    };
+    budget.admit(req).await.map_err(|_| busy_response())
 }
 
 #[cfg(test)]
@@ -240,7 +302,7 @@ mod tests {
         let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
         BodyBudget::new(
             kib * 1024,
-            RouteCaps(vec![("/hook".to_owned(), 8 * 1024)]),
+            RouteCaps::new(vec![("/hook".to_owned(), 8 * 1024)]),
             Duration::from_millis(wait_ms),
             metrics,
         )

@@ -356,6 +356,19 @@ fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
         Duration::from_secs(10),
         || (app.metric("handoff_body_budget_waiting") == 1.0).then_some(()),
     );
+    // A caller without the token takes no share and never queues behind them: 401 at once
+    // (it would otherwise wait in line ahead of real deliveries).
+    let started = std::time::Instant::now();
+    let wrong = format!("{}/webhook/wrong-token-0123456789", app.base);
+    let body = delivery("d-stranger", &[bot_updated("stranger-1", 1)]);
+    let (status, answer) = app.post_to(&wrong, &body, Some("application/json"));
+    assert_eq!(status, 401, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered without waiting for room: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(app.metric("handoff_body_budget_waiting"), 1.0);
     // A small body waits behind them, then is refused with a stable code and Retry-After.
     let started = std::time::Instant::now();
     let mut resp = app

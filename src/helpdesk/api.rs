@@ -954,6 +954,15 @@ async fn run(
             }
         }
     }
+    // The body's share of the in-flight budget, taken once the caller is authenticated, and given
+    // back once the body is built into a command (not held while the verdict is awaited).
+    let share = match payload {
+        Some(_) => match crate::body_budget::admit(req).await {
+            Ok(share) => share,
+            Err(busy) => return busy,
+        },
+        None => None,
+    };
     let body = match payload {
         Some(p) => match read_body(req, p, shared.body_read_timeout).await {
             Ok(b) => b,
@@ -1005,6 +1014,7 @@ async fn run(
     // unknown conversation, no channel) took no effect, and a retry is judged again, against
     // what may have changed since.
     let built = blocking(shared, move |shared| build(shared, &body)).await;
+    drop(share);
     let (answer, submitted) = match built {
         Ok((state, command)) => (
             submit(shared, route, key.as_deref(), state, command).await,

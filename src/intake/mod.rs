@@ -129,6 +129,15 @@ async fn handle(
         outcome("too_large");
         return Err(too_large(limit));
     }
+    // The body's share of the in-flight budget, taken only now that the caller is authenticated
+    // (a caller without the token never holds any of it), and held until the delivery is handed on.
+    let _share = match crate::body_budget::admit(&req).await {
+        Ok(share) => share,
+        Err(busy) => {
+            outcome("busy");
+            return Ok(busy);
+        }
+    };
     // The buffer is sized once from the declared length (at most the limit), not grown by doubling
     // (which held up to twice the body while it grew).
     let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));

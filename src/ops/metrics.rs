@@ -315,6 +315,7 @@ impl Metrics {
             "too_large",
             "timeout",
             "unavailable",
+            "busy",
         ] {
             m.deliveries.with_label_values(&[outcome]);
         }
