@@ -388,6 +388,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let bound = server.addrs().first().copied().unwrap_or(addr);
     let admin = admin_server(&config, &shared, admin_body_budget)?;
     let admin_bound = admin.as_ref().map(|(_, at)| *at);
+    if let Some(at) = admin_bound.filter(|at| !at.ip().is_loopback()) {
+        if !shared.admin_cidrs.loopback_only() {
+            tracing::warn!(
+                %at,
+                "the admin API listens beyond loopback over plain HTTP and admin.allow_cidrs admits \
+                 other hosts: the admin token would cross the network in clear; keep \
+                 admin.allow_cidrs to loopback (the default), or reach it through a TLS proxy"
+            );
+        }
+    }
     let server = server.run();
     let handle = server.handle();
 

@@ -34,7 +34,7 @@ pub fn check(tokens: &TokenSet, authorization: Option<&str>) -> Result<(), ApiEr
             "the agent API has no tokens configured (helpdesk.tokens)",
         ));
     }
-    let token = authorization.and_then(|v| v.strip_prefix("Bearer "));
+    let token = authorization.and_then(crate::intake::auth::bearer_token);
     if token.is_some_and(|t| tokens.accepts(t)) {
         Ok(())
     } else {
@@ -55,6 +55,7 @@ mod tests {
         ]);
         assert!(check(&tokens, Some("Bearer old-helpdesk-token-01")).is_ok());
         assert!(check(&tokens, Some("Bearer new-helpdesk-token-01")).is_ok());
+        assert!(check(&tokens, Some("bearer new-helpdesk-token-01")).is_ok());
         for bad in [None, Some("Bearer wrong"), Some("old-helpdesk-token-01")] {
             let e = check(&tokens, bad).expect_err("refused");
             assert_eq!((e.status.as_u16(), e.code), (401, "unauthorized"));

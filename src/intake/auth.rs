@@ -28,6 +28,15 @@ impl TokenSet {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header value. The scheme is matched without
+/// regard to case, as RFC 9110 says of every authentication scheme.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 /// An empty list allows every address.
 #[derive(Clone, Debug)]
 pub struct CidrList(Vec<IpNet>);
@@ -38,6 +47,15 @@ impl CidrList {
     /// never match.
     pub fn new(nets: Vec<IpNet>) -> Self {
         CidrList(nets.into_iter().map(unmap).collect())
+    }
+
+    /// Whether only loopback clients are allowed (an empty list allows everyone).
+    pub fn loopback_only(&self) -> bool {
+        !self.0.is_empty()
+            && self
+                .0
+                .iter()
+                .all(|net| net.network().is_loopback() && net.broadcast().is_loopback())
     }
 
     pub fn allows(&self, ip: Option<IpAddr>) -> bool {
@@ -89,6 +107,27 @@ mod tests {
         assert!(!set.accepts("new-token-012345678"));
         assert!(!set.accepts("new-token-01234567890"));
         assert!(!TokenSet::new(vec![]).accepts(""));
+    }
+
+    #[test]
+    fn a_list_is_loopback_only_when_every_network_is_loopback() {
+        let list =
+            |nets: &[&str]| CidrList::new(nets.iter().map(|n| n.parse().expect("net")).collect());
+        assert!(list(&["127.0.0.0/8", "::1/128"]).loopback_only());
+        assert!(list(&["127.0.0.1/32"]).loopback_only());
+        assert!(!list(&["127.0.0.0/8", "10.0.0.0/8"]).loopback_only());
+        assert!(!list(&["0.0.0.0/0"]).loopback_only());
+        assert!(!list(&[]).loopback_only(), "empty allows everyone");
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_whatever_its_case() {
+        for header in ["Bearer tok", "bearer tok", "BEARER  tok"] {
+            assert_eq!(bearer_token(header), Some("tok"), "{header}");
+        }
+        for header in ["Basic tok", "Bearertok", "tok", ""] {
+            assert_eq!(bearer_token(header), None, "{header}");
+        }
     }
 
     #[test]

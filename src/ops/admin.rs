@@ -73,7 +73,7 @@ async fn guard(
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(crate::intake::auth::bearer_token);
     if !token.is_some_and(|t| shared.admin_tokens.accepts(t)) {
         return Ok(req
             .error_response(ApiError::unauthorized("missing or invalid admin token"))
