@@ -298,3 +298,20 @@ fn sighup_reloads_the_rule_files() {
     let status = app.terminate();
     assert!(status.success(), "a clean exit after SIGHUP: {status}");
 }
+
+#[test]
+fn sighup_without_a_rule_directory_is_caught_not_fatal() {
+    // No rules.dir (the shipped rules, or rules off as here): nothing to reload, but a reload
+    // request (`systemctl reload` sends SIGHUP) must not end the daemon, whose default action
+    // for SIGHUP would.
+    let app = TestApp::spawn();
+    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    poll_until("the SIGHUP to be logged", Duration::from_secs(20), || {
+        app.logs().contains("nothing to reload").then_some(())
+    });
+    let (status, _) = app.get("/healthz");
+    assert_eq!(status, 200, "still serving after SIGHUP");
+    let status = app.terminate();
+    assert!(status.success(), "a clean exit after SIGHUP: {status}");
+}

@@ -98,20 +98,33 @@ impl Reloader {
     }
 
     /// Watch for SIGHUP and (every `interval`, unless zero) for changed files, until `stop`.
+    /// SIGHUP is caught from this call on, whatever the rules: a reload request (`systemctl
+    /// reload`) never ends the daemon, also when there is nothing to reload.
     pub fn spawn_watchers(
         self,
         interval: Duration,
         mut stop: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         tokio::spawn(async move {
-            let Some(dir) = self.dir.clone() else { return };
-            let mut hangup = match tokio::signal::unix::signal(
-                tokio::signal::unix::SignalKind::hangup(),
-            ) {
+            let mut hangup = match hangup {
                 Ok(s) => Some(s),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot watch SIGHUP; reload by file change or admin API");
                     None
+                }
+            };
+            let Some(dir) = self.dir.clone() else {
+                // The shipped rules are built in (or rules are off): nothing to reload.
+                let Some(mut hangup) = hangup else { return };
+                loop {
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        got = hangup.recv() => match got {
+                            Some(()) => tracing::info!("SIGHUP: no rules.dir, nothing to reload"),
+                            None => return,
+                        },
+                    }
                 }
             };
             let watching = !interval.is_zero();
