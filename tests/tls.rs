@@ -170,6 +170,19 @@ impl Relay {
     }
 }
 
+// ---- Driving the daemon ----
+
+/// Post one user message ("hello") in a new delivery (ids from `seed`); the id of the action rule
+/// `rule` decides for it.
+fn post_hello(app: &TestApp, seed: u64, rule: &str) -> String {
+    let mut ids = Ids::new(seed);
+    let event = user_message(&mut ids, 0, "hello", 1_763_690_500_000);
+    let sent = make_delivery(&mut ids, vec![event]);
+    let (status, receipt) = app.post(&sent.body);
+    assert_eq!(status, 200, "{receipt}");
+    format!("{}/{rule}/0", sent.events[0])
+}
+
 // ---- Reading the daemon ----
 
 fn pending_ids(app: &TestApp) -> Vec<String> {
@@ -287,12 +300,7 @@ fn an_https_upstream_is_refused_until_its_certificate_verifies_then_called_once(
             ..Spawn::default()
         },
     );
-    let mut ids = Ids::new(19);
-    let event = user_message(&mut ids, 0, "hello", 1_763_690_500_000);
-    let sent = make_delivery(&mut ids, vec![event]);
-    let (status, receipt) = app.post(&sent.body);
-    assert_eq!(status, 200, "{receipt}");
-    let action = format!("{}/ack/0", sent.events[0]);
+    let action = post_hello(&app, 19, "ack");
 
     let refusals = [
         ("unknown_issuer", "UnknownIssuer", None),
@@ -431,12 +439,7 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
             args: vec!["--config".into(), utf8(&config_path).into()],
         },
     );
-    let mut ids = Ids::new(20);
-    let event = user_message(&mut ids, 0, "hello", 1_763_690_500_000);
-    let sent = make_delivery(&mut ids, vec![event]);
-    let (status, receipt) = app.post(&sent.body);
-    assert_eq!(status, 200, "{receipt}");
-    let action = format!("{}/tell/0", sent.events[0]);
+    let action = post_hello(&app, 20, "tell");
 
     poll_until(
         "the good desk's delivery and a refusal by every other",
@@ -546,12 +549,7 @@ fn ssl_cert_file_is_honoured_as_the_platform_roots() {
             args: vec!["--config".into(), utf8(&config_path).into()],
         },
     );
-    let mut ids = Ids::new(22);
-    let event = user_message(&mut ids, 0, "hello", 1_763_690_500_000);
-    let sent = make_delivery(&mut ids, vec![event]);
-    let (status, receipt) = app.post(&sent.body);
-    assert_eq!(status, 200, "{receipt}");
-    let action = format!("{}/tell/0", sent.events[0]);
+    let action = post_hello(&app, 22, "tell");
     poll_until(
         "the event recorded as done",
         Duration::from_secs(30),

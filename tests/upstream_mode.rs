@@ -26,9 +26,8 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("run")
 }
 
-/// `serve` that must refuse: it exits on its own (bounded by `serve_refused`-like waiting: the
-/// refusal comes before anything listens).
-fn serve_output(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+/// `serve` on free loopback ports with nothing configured but `env`, its output piped.
+fn serve_command(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(bin());
     cmd.args(["serve", "--listen", "127.0.0.1:0"])
         .args(["--admin-listen", "127.0.0.1:0", "--data-dir"])
@@ -40,7 +39,13 @@ fn serve_output(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("spawn");
+    cmd
+}
+
+/// `serve` that must refuse: it exits on its own (bounded by `serve_refused`-like waiting: the
+/// refusal comes before anything listens).
+fn serve_output(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let child = serve_command(data, extra, env).spawn().expect("spawn");
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
@@ -128,19 +133,7 @@ impl Drop for Started {
 
 /// `serve` with nothing configured but `env` (the quick start's `handoff-bridge serve`).
 fn start(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Started {
-    let mut child = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(["--admin-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data)
-        .args(extra)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut child = serve_command(data, extra, env).spawn().expect("spawn");
     let mut stdout = Vec::new();
     let mut base = None;
     for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {

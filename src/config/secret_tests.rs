@@ -1,21 +1,8 @@
 //! Issue 19: the upstream is never silently the emulator, and configuration errors and output
 //! never show a secret (a mistyped key's value, credentials in `upstream.url`).
 
+use super::tests::{env, write};
 use super::*;
-
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("bridge.toml");
-    std::fs::write(&path, text).expect("write");
-    (dir, path)
-}
 
 fn load(file: Option<&Path>, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     Config::load_from(file, env(pairs), &Overrides::default())

@@ -1,13 +1,13 @@
 use super::*;
 
-fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+pub(super) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
 
-fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+pub(super) fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bridge.toml");
     std::fs::write(&path, text).expect("write");
