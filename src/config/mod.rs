@@ -472,14 +472,9 @@ impl Config {
 
     /// Semantic checks, all at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let mut p = Vec::new();
-        let mut bad = |key: &str, value: &dyn fmt::Display, why: &str| {
-            p.push(Problem {
-                key: key.into(),
-                value: value.to_string(),
-                why: why.into(),
-            })
-        };
+        let mut problems = Problems::default();
+        let mut bad =
+            |key: &str, value: &dyn fmt::Display, why: &str| problems.add(key, value, why);
         if self.server.listen.parse::<SocketAddr>().is_err() {
             bad(
                 "server.listen",
@@ -730,25 +725,16 @@ impl Config {
                 "not a tracing filter (e.g. info, handoff_bridge=debug)",
             );
         }
-        if p.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid(p))
-        }
+        problems.into_result()
     }
 
     /// The files the config names, read: the public listener's certificate and key, and every
     /// `ca_file`. For `serve` and `check` ([`Overrides::check_files`]); the other commands never
     /// use them, so an unreadable key (readable only by the service's user) does not stop them.
     pub fn validate_files(&self) -> Result<(), ConfigError> {
-        let mut p = Vec::new();
-        let mut bad = |key: &str, value: &dyn fmt::Display, why: &str| {
-            p.push(Problem {
-                key: key.into(),
-                value: value.to_string(),
-                why: why.into(),
-            })
-        };
+        let mut problems = Problems::default();
+        let mut bad =
+            |key: &str, value: &dyn fmt::Display, why: &str| problems.add(key, value, why);
         let tls = &self.server.tls;
         if !tls.cert_file.is_empty() && !tls.key_file.is_empty() {
             if let Err(e) = crate::tls::server::load_certified_key(
@@ -771,11 +757,7 @@ impl Config {
                 }
             }
         }
-        if p.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid(p))
-        }
+        problems.into_result()
     }
 
     fn validate_helpdesk(&self, bad: &mut impl FnMut(&str, &dyn fmt::Display, &str)) {
@@ -1023,6 +1005,28 @@ fn set_path(
             },
             why: format!("expected {}", default.type_str()),
         }),
+    }
+}
+
+/// Problems found by a check that reports every one of them.
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, key: &str, value: &dyn fmt::Display, why: &str) {
+        self.0.push(Problem {
+            key: key.into(),
+            value: value.to_string(),
+            why: why.into(),
+        });
+    }
+
+    fn into_result(self) -> Result<(), ConfigError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(self.0))
+        }
     }
 }
 
