@@ -182,19 +182,15 @@ async fn handle(
             (body, parsed)
         }
     };
-    let (body, parsed) = if large {
-        match web::block(move || judge_body(body)).await {
-            Ok(judged) => judged,
-            Err(e) => {
-                outcome("unavailable");
-                tracing::error!(error = %e, "judging a delivery failed");
-                return Err(ApiError::unavailable(
-                    "the delivery cannot be judged now; retry later",
-                ));
-            }
+    let (body, parsed) = match off_worker_if(large, move || judge_body(body)).await {
+        Ok(judged) => judged,
+        Err(e) => {
+            outcome("unavailable");
+            tracing::error!(error = %e, "judging a delivery failed");
+            return Err(ApiError::unavailable(
+                "the delivery cannot be judged now; retry later",
+            ));
         }
-    } else {
-        judge_body(body)
     };
     let stored = match parsed {
         Ok(parsed) => {
@@ -214,17 +210,10 @@ async fn handle(
             let quarantine = move || {
                 quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
             };
-            let quarantined = if large {
-                match web::block(quarantine).await {
-                    Ok(done) => done.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                }
-            } else {
-                quarantine().map_err(|e| e.to_string())
-            };
-            match quarantined {
-                Ok(ingested) => shared.writer.flush().await.map(|()| ingested),
-                Err(e) => Err(e),
+            match off_worker_if(large, quarantine).await {
+                Ok(Ok(ingested)) => shared.writer.flush().await.map(|()| ingested),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
             }
         }
     };
@@ -266,6 +255,19 @@ fn record_metrics(shared: &Shared, ingested: &Ingested) {
 
 /// Bodies longer than this are judged on the blocking pool rather than on the HTTP worker.
 const OFF_WORKER_OVER: usize = 256 * 1024;
+
+/// `work` on the blocking pool when `large` (the HTTP worker keeps answering meanwhile), else
+/// right here.
+async fn off_worker_if<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, actix_web::error::BlockingError> {
+    if large {
+        web::block(work).await
+    } else {
+        Ok(work())
+    }
+}
 
 /// The verdict on a body: a delivery (maybe with invalid events), or why it is quarantined whole.
 fn judge(
