@@ -120,7 +120,7 @@ impl ExecutorHandle {
                         self.notify_decided(entries);
                         break;
                     }
-                    Err(e) if e == crate::store::writer::WRITER_STOPPED => {
+                    Err(crate::store::writer::WriterError::Stopped) => {
                         // Shutting down: they stay in the outbox and run after the next start.
                         self.withdraw_decided(entries.len());
                         return;

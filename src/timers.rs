@@ -12,7 +12,7 @@
 
 use crate::ids::DeliveryId;
 use crate::ops::metrics::Metrics;
-use crate::store::writer::WRITER_STOPPED;
+use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, DueTimer, Store, Writer};
 use crate::webhook::model::Millis;
 use std::collections::HashSet;
@@ -92,7 +92,7 @@ enum Fired {
     /// The keys handed over (new or duplicate: either way stored).
     Done(Vec<Vec<u8>>),
     /// Some were handed over, the others failed and will be fired again.
-    Failed(Vec<Vec<u8>>, String),
+    Failed(Vec<Vec<u8>>, WriterError),
     WriterStopped,
 }
 
@@ -145,7 +145,7 @@ async fn fire(writer: &Writer, metrics: &Metrics, due: Vec<DueTimer>, now: Milli
                 }
                 done.push(timer.key);
             }
-            Err(e) if e == WRITER_STOPPED => return Fired::WriterStopped,
+            Err(WriterError::Stopped) => return Fired::WriterStopped,
             Err(e) => failed = Some(e),
         }
     }

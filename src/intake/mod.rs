@@ -11,6 +11,7 @@ pub mod scrub;
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use crate::ids::DeliveryId;
+use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use crate::webhook;
 use crate::webhook::model::EventKind;
@@ -212,8 +213,8 @@ async fn handle(
             };
             match off_worker_if(large, quarantine).await {
                 Ok(Ok(ingested)) => shared.writer.flush().await.map(|()| ingested),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
+                Err(e) => Err(WriterError::Store(e.to_string())),
             }
         }
     };

@@ -64,9 +64,9 @@ pub struct WriterHooks {
 }
 
 enum Job {
-    Accept(AcceptJob, oneshot::Sender<Result<Accepted, String>>),
+    Accept(AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>),
     /// Flush sled: makes durable whatever was written to the store directly before it.
-    Flush(oneshot::Sender<Result<(), String>>),
+    Flush(oneshot::Sender<Result<(), WriterError>>),
 }
 
 /// Handle to the writer thread. Cloning is cheap; the thread ends when every handle is gone.
@@ -152,21 +152,21 @@ impl Writer {
     }
 
     /// Store a delivery; returns once it is durable.
-    pub async fn accept(&self, job: AcceptJob) -> Result<Accepted, String> {
+    pub async fn accept(&self, job: AcceptJob) -> Result<Accepted, WriterError> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Job::Accept(job, tx))
-            .map_err(|_| WRITER_STOPPED.to_owned())?;
-        rx.await.map_err(|_| WRITER_STOPPED.to_owned())?
+            .map_err(|_| WriterError::Stopped)?;
+        rx.await.map_err(|_| WriterError::Stopped)?
     }
 
     /// Wait until everything written to the store before this call is on disk.
-    pub async fn flush(&self) -> Result<(), String> {
+    pub async fn flush(&self) -> Result<(), WriterError> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Job::Flush(tx))
-            .map_err(|_| WRITER_STOPPED.to_owned())?;
-        rx.await.map_err(|_| WRITER_STOPPED.to_owned())?
+            .map_err(|_| WriterError::Stopped)?;
+        rx.await.map_err(|_| WriterError::Stopped)?
     }
 
     /// False after a write or sync failed, until one succeeds again.
@@ -175,16 +175,24 @@ impl Writer {
     }
 }
 
-/// The error of a writer call made after the writer stopped (shutdown): retrying cannot help.
-pub const WRITER_STOPPED: &str = "writer stopped";
+/// Why the writer could not take a delivery or flush.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriterError {
+    /// The writer stopped (shutdown): retrying cannot help.
+    #[error("writer stopped")]
+    Stopped,
+    /// The event log or the store failed; a later call may succeed.
+    #[error("{0}")]
+    Store(String),
+}
 
 /// A checked group on its way to the syncer.
 struct Group {
     checked: Checked,
-    replies: Vec<oneshot::Sender<Result<Accepted, String>>>,
+    replies: Vec<oneshot::Sender<Result<Accepted, WriterError>>>,
     new_events: Vec<NewEvent>,
     /// Waiters for a sled flush (folds' decisions, admin writes).
-    flushes: Vec<oneshot::Sender<Result<(), String>>>,
+    flushes: Vec<oneshot::Sender<Result<(), WriterError>>>,
     started: Instant,
 }
 
@@ -260,7 +268,7 @@ fn run(
                 tracing::error!(error = %e, deliveries = accepts.len(), "cannot check deliveries");
                 healthy.store(false, Ordering::Relaxed);
                 for (_, reply) in accepts {
-                    let _ = reply.send(Err(e.to_string()));
+                    let _ = reply.send(Err(WriterError::Store(e.to_string())));
                 }
                 // Flushes still go through the syncer, after what it already has.
             }
@@ -291,10 +299,10 @@ struct Backlog {
 #[derive(Default)]
 struct FlushWaiters {
     /// [`Writer::flush`] calls.
-    flushes: Vec<oneshot::Sender<Result<(), String>>>,
+    flushes: Vec<oneshot::Sender<Result<(), WriterError>>>,
     /// Deliveries with quarantined events, logged and judged: their answer holds only once the
     /// quarantine records (written to sled by the check) are flushed.
-    replies: Vec<(oneshot::Sender<Result<Accepted, String>>, Accepted)>,
+    replies: Vec<(oneshot::Sender<Result<Accepted, WriterError>>, Accepted)>,
 }
 
 impl FlushWaiters {
@@ -307,7 +315,7 @@ impl FlushWaiters {
         self.replies.append(&mut other.replies);
     }
 
-    fn answer(self, flushed: Result<(), String>) {
+    fn answer(self, flushed: Result<(), WriterError>) {
         for reply in self.flushes {
             let _ = reply.send(flushed.clone());
         }
@@ -352,10 +360,10 @@ enum ToIndexer {
     Flush(FlushWaiters),
 }
 
-fn flush_store(store: &Store) -> Result<(), String> {
+fn flush_store(store: &Store) -> Result<(), WriterError> {
     store.flush().map_err(|e| {
         tracing::error!(error = %e, "store flush failed");
-        e.to_string()
+        WriterError::Store(e.to_string())
     })
 }
 
@@ -543,16 +551,16 @@ fn sync_loop(
                 for group in &groups {
                     store.release_failed(std::slice::from_ref(&group.checked.unindexed));
                 }
-                Err(e.to_string())
+                Err(WriterError::Store(e.to_string()))
             }
         };
         let mut waiters = FlushWaiters::default();
         for group in &mut groups {
             observe(group.started.elapsed(), group.replies.len());
             let answer = match &logged {
-                Ok(()) if !group.checked.duplicates_hold(&store) => {
-                    Err("a delivery this one repeats failed to store; retry".to_owned())
-                }
+                Ok(()) if !group.checked.duplicates_hold(&store) => Err(WriterError::Store(
+                    "a delivery this one repeats failed to store; retry".to_owned(),
+                )),
                 other => other.clone(),
             };
             // Quarantine records are in sled only (a delivery itself is known by its frame).
