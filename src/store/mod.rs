@@ -1753,6 +1753,27 @@ fn all_decoded<T: for<'de> Deserialize<'de>>(
     tree.iter().map(|item| decode(&item?.1, what)).collect()
 }
 
+/// At most `limit` records of a tree keyed by sequence number, those after `after` (from the
+/// start when `None`), in order: one page of a list too long to hold whole.
+fn page_decoded<T: for<'de> Deserialize<'de>>(
+    tree: &sled::Tree,
+    after: Option<u64>,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<T>, StoreError> {
+    let from = match after {
+        Some(seq) => match seq.checked_add(1) {
+            Some(next) => std::ops::Bound::Included(keys::seq(next)),
+            None => return Ok(Vec::new()),
+        },
+        None => std::ops::Bound::Unbounded,
+    };
+    tree.range::<[u8; 8], _>((from, std::ops::Bound::Unbounded))
+        .take(limit)
+        .map(|item| decode(&item?.1, what))
+        .collect()
+}
+
 /// Whether some process (another one, or another open of the file) holds the lock sled takes on
 /// the store at `dir` while it is open: one probe of the `db` file's lock, without opening sled
 /// and without waiting. A missing store is not held.

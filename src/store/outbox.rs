@@ -9,7 +9,7 @@
 //! the outbox and recording its outcome is one transaction, so an entry is either pending or
 //! finished, never both or neither.
 
-use super::{all_decoded, decode, encode, get_decoded, keys, Store, StoreError};
+use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store, StoreError};
 use crate::actions::{DeadLetter, DoneRecord, OutboxEntry};
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,25 @@ impl Store {
     /// Every pending outbox entry, in decision order (used on start).
     pub fn outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
         all_decoded(&self.outbox, "outbox entry")
+    }
+
+    /// At most `limit` pending entries after seq `after` (from the first when `None`), in
+    /// decision order: a page of the outbox, which is never read whole while the daemon runs.
+    pub fn outbox_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        page_decoded(&self.outbox, after, limit, "outbox entry")
+    }
+
+    /// At most `limit` dead letters after seq `after` (from the first when `None`), in order.
+    pub fn dead_letters_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        page_decoded(&self.dead_letters, after, limit, "dead letter")
     }
 
     /// One pending entry.

@@ -669,6 +669,22 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
             .starts_with(&format!("{}/greet/0~replay-", item.event_id)));
     }
     assert_eq!(store.outbox().expect("outbox").len(), 7);
+    // Paged: the pages, in order, are the whole outbox; a page starts after its cursor.
+    let whole = store.outbox().expect("outbox");
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.outbox_page(after, 3).expect("page");
+        assert!(page.len() <= 3);
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        paged.extend(page);
+    }
+    assert_eq!(paged, whole);
+    assert!(store
+        .outbox_page(Some(u64::MAX), 10)
+        .expect("page")
+        .is_empty());
 }
 
 #[test]
