@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 pub mod desk;
 mod firings;
 pub mod queue;
+pub mod reconcile;
 pub use desk::Desk;
 pub use firings::{CapHit, FiringCap, Firings, TemplateError, TEMPLATE_ERRORS_KEPT};
 
@@ -132,8 +133,14 @@ pub struct ConversationState {
     pub user_key: Option<UserKey>,
     pub params: Lww<Map<String, Value>>,
     pub navigation: Lww<Navigation>,
-    /// `context.manual.status` as last reported by the service.
+    /// `context.manual.status` as last reported by the service (or found by the reconciliation
+    /// sweeper: a `reconcile.drift` event).
     pub manual_status: Lww<Option<String>>,
+    /// The bridge's own last `set_manual` decision here (stamped with the event it was decided
+    /// for): with `manual_status`, what the bridge believes of manual mode
+    /// ([`reconcile::believed`]).
+    #[serde(default)]
+    pub manual_set: Lww<Option<bool>>,
     pub handoff: Handoff,
     pub messages: MessageStats,
     pub created_at: Option<Millis>,
@@ -235,6 +242,7 @@ impl ConversationState {
             params: Lww::default(),
             navigation: Lww::default(),
             manual_status: Lww::default(),
+            manual_set: Lww::default(),
             handoff: Handoff::default(),
             messages: MessageStats::default(),
             created_at: None,
@@ -268,6 +276,7 @@ impl ConversationState {
             Payload::Message(m) => self.apply_message(m, &stamp),
             Payload::Timer(t) => return self.fire_timer(t),
             Payload::Agent(cmd) => return self.fold_agent(event, cmd),
+            Payload::Reconcile(drift) => self.fold_drift(drift, &stamp),
             _ => {}
         }
         true

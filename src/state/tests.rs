@@ -350,3 +350,81 @@ fn recent_user_message_times_are_kept_newest_first_whatever_the_arrival_order() 
     );
     assert_eq!(state.messages.recent_user_at[0], 129, "the newest first");
 }
+
+/// A `reconcile.drift` event of c1, as the sweeper makes it.
+fn drift_event(kind: crate::webhook::reconcile::DriftKind, manual: bool, at: i64) -> Event {
+    use crate::webhook::reconcile::{Believed, Drift, Observed};
+    let drift = Drift {
+        conversation_id: "c1".into(),
+        kind,
+        believed: Believed::default(),
+        service: Observed {
+            manual,
+            status: manual.then(|| "HANDOVER".to_owned()),
+            updated_at: None,
+        },
+        found_at: at,
+    };
+    crate::webhook::drift_event(&drift, "B1")
+        .expect("drift event")
+        .event
+}
+
+/// The lifecycle with a drift of each kind.
+fn lifecycle_with_drifts() -> Vec<Event> {
+    use crate::webhook::reconcile::DriftKind;
+    let mut events = lifecycle();
+    events.push(drift_event(DriftKind::ManualOffUnknown, false, 135));
+    events.push(drift_event(DriftKind::ManualOnUnknown, true, 200));
+    events
+}
+
+proptest! {
+    /// Drifts fold as last-writer-wins writes too: any order, any times, the same state.
+    #[test]
+    fn drift_fold_is_independent_of_arrival_order(
+        stamps in proptest::collection::vec(0i64..50, 11),
+        order in Just((0..11usize).collect::<Vec<_>>()).prop_shuffle(),
+    ) {
+        let events: Vec<Event> = lifecycle_with_drifts().into_iter().zip(stamps).map(|(mut e, t)| { e.timestamp = t; e }).collect();
+        let shuffled: Vec<Event> = order.iter().map(|&i| events[i].clone()).collect();
+        prop_assert_eq!(fold(&shuffled), fold(&events));
+    }
+}
+
+#[test]
+fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
+    use crate::webhook::reconcile::DriftKind;
+    let mut state = fold(&[conv_event(
+        "e1",
+        "bot.conversation.agent_call_requested",
+        100,
+        "{}",
+        1,
+        None,
+    )]);
+    // The shipped rule turned manual mode on for the request.
+    let request = conv_event("e1", "bot.conversation.agent_call_requested", 100, "{}", 1, None);
+    state.note_manual_decided(true, &request);
+    assert!(reconcile::believes_manual(&state));
+    assert_eq!(queue::waiting_since(&state), Some(100));
+    assert!(reconcile::is_active(&state));
+
+    assert!(state.apply(&drift_event(DriftKind::ManualOffUnknown, false, 500)));
+    assert!(!reconcile::believes_manual(&state), "the service's word is newer");
+    assert_eq!(state.manual_status.value, None);
+    assert_eq!(state.handoff.phase.value, HandoffPhase::Ended);
+    assert_eq!(queue::waiting_since(&state), None, "it left the queue");
+    assert!(!reconcile::is_active(&state));
+    assert_eq!(reconcile::released_at(&state), Some(500));
+
+    // Manual on found later: believed on, stamped with the drift.
+    state.apply(&drift_event(DriftKind::ManualOnUnknown, true, 900));
+    assert_eq!(state.manual_status.value.as_deref(), Some("HANDOVER"));
+    assert!(reconcile::believes_manual(&state));
+    assert_eq!(state.handoff.phase.value, HandoffPhase::Ended, "no agent for it");
+    // A rule handing back to the bot for that drift: the bridge's decision wins the tie.
+    let drift = drift_event(DriftKind::ManualOnUnknown, true, 900);
+    state.note_manual_decided(false, &drift);
+    assert!(!reconcile::believes_manual(&state));
+}

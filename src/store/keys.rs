@@ -45,7 +45,8 @@ pub mod tree {
     /// waiting for an agent, per bot in request order; `h` bot -> its recent accepts (JSON
     /// [`AcceptHistory`](crate::state::queue::AcceptHistory)). Equal to the conversation states
     /// (`state::queue::waiting_since`): only the fold writes it, in the transaction that writes
-    /// those states.
+    /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
+    /// `store::watch`), kept the same way.
     pub const QUEUE: &str = "queue/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
@@ -80,6 +81,8 @@ pub mod meta {
     /// Set once the waiting queue (`queue/v1`) was built from the states (a store from before
     /// the queue existed gets its waiting conversations indexed on its first open).
     pub const QUEUE_INDEXED: &[u8] = b"queue_indexed";
+    /// Set once the reconciliation index (in `queue/v1`) was built from the states.
+    pub const WATCH_INDEXED: &[u8] = b"watch_indexed";
     /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
 }
@@ -200,6 +203,44 @@ pub fn queue_history(bot: &str) -> Vec<u8> {
     key.push(b'h');
     key.extend_from_slice(bot.as_bytes());
     key
+}
+
+/// The first byte of the reconciliation index's active entries (in `queue/v1`; see
+/// `store::watch`): `a` + conversation id.
+pub const WATCH_ACTIVE: u8 = b'a';
+/// The first byte of its released entries: `r` + the release time (8 bytes, big-endian, before
+/// 1970 as 0) + conversation id, so the recently released are a range.
+pub const WATCH_RELEASED: u8 = b'r';
+
+/// An active conversation's index key.
+pub fn watch_active(conversation: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + conversation.len());
+    key.push(WATCH_ACTIVE);
+    key.extend_from_slice(conversation.as_bytes());
+    key
+}
+
+/// A released conversation's index key.
+pub fn watch_released(at: i64, conversation: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(9 + conversation.len());
+    key.push(WATCH_RELEASED);
+    key.extend_from_slice(&u64::try_from(at).unwrap_or(0).to_be_bytes());
+    key.extend_from_slice(conversation.as_bytes());
+    key
+}
+
+/// The conversation id of an active entry.
+pub fn parse_watch_active(key: &[u8]) -> Option<&str> {
+    key.strip_prefix(&[WATCH_ACTIVE])
+        .and_then(|id| std::str::from_utf8(id).ok())
+}
+
+/// The release time and conversation id of a released entry.
+pub fn parse_watch_released(key: &[u8]) -> Option<(i64, &str)> {
+    let rest = key.strip_prefix(&[WATCH_RELEASED])?;
+    let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let id = std::str::from_utf8(rest.get(8..)?).ok()?;
+    Some((i64::try_from(at).ok()?, id))
 }
 
 /// Timer keys due at or before `at` sort before this one.

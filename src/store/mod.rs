@@ -23,6 +23,7 @@ pub mod outbox;
 pub mod queue;
 pub mod replay;
 pub mod timers;
+pub mod watch;
 pub mod writer;
 
 use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
@@ -716,6 +717,7 @@ impl Store {
         // Recovery indexed the log's tail, whose numbers may be above the floor read before.
         store.number_events_above_floor()?;
         store.index_queue_once()?;
+        store.index_watch_once()?;
         store.count_waiting()?;
         Ok(store)
     }
@@ -1161,6 +1163,8 @@ impl Store {
         let mut timers_before = HashMap::new();
         let mut fired = Vec::new();
         let mut queue_fold = queue::QueueFold::default();
+        // Each conversation's key in the sweeper's index as this fold found it.
+        let mut watch_before = HashMap::new();
         let now = crate::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
@@ -1173,6 +1177,7 @@ impl Store {
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
+                    watch_before.insert(id.as_str().to_owned(), watch::watch_key(state));
                 }
                 if let Payload::Timer(t) = &event.payload {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
@@ -1279,6 +1284,7 @@ impl Store {
             ],
             timers: timer_writes,
             queue: queue_fold.writes()?,
+            watch: watch::watch_writes(&watch_before, &convs),
             outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
             end_users: encoded(&users)?,
@@ -1349,6 +1355,12 @@ impl Store {
                 }
                 for (key, value) in &writes.queue.insert {
                     queue.insert(key.as_slice(), value.as_slice())?;
+                }
+                for key in &writes.watch.remove {
+                    queue.remove(key.as_slice())?;
+                }
+                for key in &writes.watch.insert {
+                    queue.insert(key.as_slice(), &[])?;
                 }
                 outbox::insert_pending(outbox, actions, &writes.outbox)?;
                 for (id, bytes) in &writes.conversations {
@@ -1645,6 +1657,9 @@ pub(crate) fn fold_and_decide(
                     });
             decided.decisions.splice(0..0, own);
         }
+        // What the bridge asked of manual mode is what it believes of it (until the service says
+        // otherwise): the reconciliation sweeper compares that with the service.
+        state.note_decided(event, decided.decisions.iter().map(|d| &d.action));
         Ok(decided)
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
@@ -1708,6 +1723,7 @@ struct FoldWrites {
     created: [(&'static [u8], u64); 3],
     timers: timers::TimerWrites,
     queue: queue::QueueWrites,
+    watch: watch::WatchWrites,
     outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,
     end_users: Vec<(String, Vec<u8>)>,

@@ -5,6 +5,7 @@
 //! dispatcher all judge input the same way.
 
 pub mod agent;
+pub mod reconcile;
 pub mod model;
 
 use crate::ids::{DeliveryId, PartitionKey};
@@ -73,7 +74,7 @@ pub enum EventError {
     Empty(&'static str),
     /// `timer.*` events are made by the bridge for its rule timers, `agent.*` for the agent API;
     /// from outside they could fire (or forge) a conversation's timer or an agent's command.
-    #[error("event type `{0}` is reserved for the bridge's own timers and agent commands")]
+    #[error("event type `{0}` is reserved for the bridge's own timers, agent commands and reconciliation")]
     Reserved(String),
     /// The id starts with a prefix the bridge makes its own ids with (`ids::RESERVED_ID_PREFIXES`):
     /// accepted, it would make the bridge's own event (a timer firing, an agent command, a
@@ -384,7 +385,12 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     }
     let timer = header.event.timer_name();
     let agent = header.event.agent_command();
-    if (timer.is_some() || agent.is_some()) && origin == Origin::Outside {
+    let drift = reconcile::is_reconcile_event(header.event.as_str())
+        || header
+            .event
+            .as_str()
+            .starts_with(reconcile::RECONCILE_EVENT_PREFIX);
+    if (timer.is_some() || agent.is_some() || drift) && origin == Origin::Outside {
         return Err(EventError::Reserved(header.event.as_str().to_owned()));
     }
     if origin == Origin::Outside {
@@ -398,6 +404,7 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     let payload = match header.event.data_key() {
         None if timer.is_some() => Payload::Timer(timer_payload(timer, header.data.get())?),
         None if agent.is_some() => Payload::Agent(agent_payload(agent, header.data.get())?),
+        None if drift => Payload::Reconcile(drift_payload(&header.event, header.data.get())?),
         None => Payload::Unknown(
             serde_json::from_str(header.data.get())
                 .map_err(|e| EventError::Format(e.to_string()))?,
@@ -440,7 +447,7 @@ fn typed_payload(key: &'static str, data: &str) -> Result<Payload, EventError> {
             .as_str()
             .is_empty()
             .then_some("data.message.conversationId"),
-        Payload::Timer(_) | Payload::Agent(_) | Payload::Unknown(_) => None,
+        Payload::Timer(_) | Payload::Agent(_) | Payload::Reconcile(_) | Payload::Unknown(_) => None,
     };
     match empty {
         Some(field) => Err(EventError::Empty(field)),
@@ -484,6 +491,50 @@ fn agent_payload(name: Option<&str>, data: &str) -> Result<agent::AgentCommand, 
         ));
     }
     Ok(agent)
+}
+
+/// `data.drift` of a `reconcile.drift` event (the only `reconcile.*` type).
+fn drift_payload(
+    kind: &model::EventKind,
+    data: &str,
+) -> Result<reconcile::Drift, EventError> {
+    #[derive(serde::Deserialize)]
+    struct Data {
+        drift: reconcile::Drift,
+    }
+    if !reconcile::is_reconcile_event(kind.as_str()) {
+        return Err(EventError::Format(format!(
+            "`{kind}` is not a reconciliation event type (`{}`)",
+            reconcile::DRIFT_EVENT
+        )));
+    }
+    let Data { drift } =
+        serde_json::from_str(data).map_err(|e| EventError::Format(format!("data: {e}")))?;
+    if drift.conversation_id.as_str().is_empty() {
+        return Err(EventError::Empty("data.drift.conversation_id"));
+    }
+    Ok(drift)
+}
+
+/// The event a drift found by the sweeper is stored as: id from [`reconcile::Drift::event_id`],
+/// timestamp its `found_at`, `bot` the conversation's bot (the `sourceId`).
+pub fn drift_event(drift: &reconcile::Drift, bot: &str) -> Result<IncomingEvent, EventError> {
+    let raw = serde_json::json!({
+        "id": drift.event_id(),
+        "event": reconcile::DRIFT_EVENT,
+        "sourceType": "bridge",
+        "sourceId": bot,
+        "timestamp": drift.found_at,
+        "data": { "drift": drift },
+    })
+    .to_string();
+    let event = parse_event(&raw)?;
+    Ok(IncomingEvent {
+        partition: partition_of(&event),
+        raw,
+        unknown_platform: false,
+        event,
+    })
 }
 
 /// The event an agent command is stored as. `id` is made by the API (from the request's
@@ -808,6 +859,48 @@ mod tests {
         );
         let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
         assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
+    }
+
+    fn drift() -> reconcile::Drift {
+        reconcile::Drift {
+            conversation_id: "c1".into(),
+            kind: reconcile::DriftKind::ManualOnUnknown,
+            believed: reconcile::Believed {
+                manual: false,
+                phase: "bot".into(),
+                agent: false,
+                waiting: false,
+            },
+            service: reconcile::Observed {
+                manual: true,
+                status: Some("HANDOVER".into()),
+                updated_at: Some(3),
+            },
+            found_at: 1_763_690_700_000,
+        }
+    }
+
+    #[test]
+    fn a_drift_event_round_trips_into_its_conversation_and_is_refused_from_outside() {
+        let made = drift_event(&drift(), "B1").expect("drift event");
+        let event = parse_event(&made.raw).expect("parse");
+        assert_eq!(
+            event.id.as_str(),
+            "reconcile:c1:manual_on_unknown:1763690700000"
+        );
+        assert_eq!(event.kind.as_str(), "reconcile.drift");
+        assert_eq!(event.timestamp, 1_763_690_700_000);
+        assert!(matches!(&event.payload, Payload::Reconcile(d) if *d == drift()));
+        assert_eq!(
+            made.partition,
+            PartitionKey::Conversation(ConversationId::new("c1"))
+        );
+        // From the webhook: the type is the bridge's own, whatever the id.
+        let forged = made.raw.replace("reconcile:c1", "e1");
+        let raw: Box<RawValue> = serde_json::from_str(&forged).expect("raw");
+        assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
+        let other = made.raw.replace("reconcile.drift", "reconcile.other");
+        assert!(matches!(parse_event(&other), Err(EventError::Format(_))));
     }
 
     fn bot_event(id: &str, timestamp: i64) -> String {

@@ -229,6 +229,8 @@ pub enum Payload {
     Timer(TimerFiring),
     /// An agent's command from the agent API (`agent.<command>`; the bridge's own too).
     Agent(super::agent::AgentCommand),
+    /// Drift the reconciliation sweeper found (`reconcile.drift`; the bridge's own too).
+    Reconcile(super::reconcile::Drift),
     Unknown(Value),
 }
 
@@ -240,6 +242,7 @@ impl Payload {
             Payload::Message(m) => Some(&m.conversation_id),
             Payload::Timer(t) => Some(&t.conversation_id),
             Payload::Agent(a) => Some(&a.conversation_id),
+            Payload::Reconcile(d) => Some(&d.conversation_id),
             _ => None,
         }
     }
