@@ -1,4 +1,5 @@
-//! Wiring: open the store, start the writer, dispatcher, executor, timer firer and pruner, serve
+//! Wiring: open the store, start the writer, dispatcher, executor, timer firer, reconciliation
+//! sweeper and pruner, serve
 //! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
 //! dispatching, flush).
 
@@ -47,6 +48,8 @@ pub struct Shared {
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
     pub helpdesk: crate::helpdesk::api::Helpdesk,
+    /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
+    pub reconcile: crate::reconcile::Sweeper,
 }
 
 impl Shared {
@@ -280,6 +283,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
+    let sweeper = crate::reconcile::Sweeper::new(
+        store.clone(),
+        writer.clone(),
+        upstream.handle.clone(),
+        metrics.clone(),
+        config.reconcile.clone(),
+    )
+    .map_err(AppError::Upstream)?;
+    let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(
         store.clone(),
         metrics.clone(),
@@ -330,6 +342,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
         rules: reloader,
         helpdesk,
+        reconcile: sweeper,
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -514,6 +527,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     tokio::join!(stop_public, stop_admin);
     let _ = stop_tx.send(true);
+    // A pass in progress is cut short: what it handed the writer is stored, the rest is found
+    // again by the next start's passes.
+    sweeper_task.abort();
     // A firing handed over as the dispatcher stops waits in the inbox for the next start.
     if tokio::time::timeout(config.server.shutdown_timeout, firer)
         .await

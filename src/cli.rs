@@ -129,6 +129,15 @@ pub enum Command {
         #[command(subcommand)]
         action: OutboxCommand,
     },
+    /// Compare the bridge's conversations with the service now (the running daemon's
+    /// reconciliation pass) and print the drifts found; each becomes a `reconcile.drift` event.
+    Reconcile {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Find and print the drifts without handing any to the daemon's writer.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Actions that failed for good: list, show, retry, drop.
     Dlq {
         #[command(flatten)]
@@ -564,6 +573,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     })?;
                     print_found(value, String::new)
                 }
+            }
+        }
+        Command::Reconcile { config, dry_run } => {
+            let config = load(&config, None)?;
+            let path = format!("/admin/v1/reconcile?dry_run={dry_run}");
+            match online(&config, "POST", &path)? {
+                Some(value) => print_found(value, String::new),
+                // The pass needs the daemon's Open API client and writer.
+                None => Err(CliError::Usage(
+                    "`reconcile` runs a pass of the running daemon, and none is running here"
+                        .into(),
+                )),
             }
         }
         Command::Dlq { config, action } => dlq(&load(&config, None)?, action),

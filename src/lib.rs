@@ -22,6 +22,7 @@ pub mod intake;
 pub mod ops;
 pub mod outbox;
 pub mod queries;
+pub mod reconcile;
 pub mod rules;
 pub mod state;
 pub mod store;

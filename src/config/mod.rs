@@ -2,8 +2,10 @@
 //! flags. Validated once; every problem is reported together, with the key, the value and why.
 
 pub mod helpdesk;
+pub mod reconcile;
 
 pub use helpdesk::{HelpdeskConfig, HelpdeskEndpoint, HelpdeskRetry};
+pub use reconcile::ReconcileConfig;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -23,6 +25,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub dispatch: DispatchConfig,
     pub outbox: OutboxConfig,
+    pub reconcile: ReconcileConfig,
     pub rules: RulesConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
@@ -713,6 +716,9 @@ impl Config {
         }
         if let Err(e) = crate::upstream::limits::Limits::new(&up.limits) {
             bad("upstream.limits", &e, "invalid rate limit");
+        }
+        for (key, value, why) in self.reconcile.problems(up.limits.global.per_second) {
+            bad(&key, &value, &why);
         }
         self.validate_helpdesk(&mut bad);
         for (key, value, why) in self.helpdesk.problems() {

@@ -55,6 +55,11 @@ pub(super) fn configure(emulator: Emulator, cfg: &mut web::ServiceConfig) {
                     .default_service(not_allowed()),
             )
             .service(
+                web::resource("/conversations/{id}/manual")
+                    .route(web::post().to(set_manual_silently))
+                    .default_service(not_allowed()),
+            )
+            .service(
                 web::resource("/reset")
                     .route(web::post().to(reset))
                     .default_service(not_allowed()),
@@ -488,6 +493,34 @@ async fn clear_faults(emu: web::Data<Emulator>) -> HttpResponse {
 
 async fn get_state(emu: web::Data<Emulator>) -> HttpResponse {
     HttpResponse::Ok().json(emu.state_snapshot())
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SilentManual {
+    enabled: bool,
+}
+
+/// `POST /_emulator/conversations/{id}/manual` `{"enabled": bool}`: change the manual status
+/// the way the builder's UI does, with no webhook (the service sends none for it). Answers the
+/// status as `GET /openapi/conversation/{id}/manual` would; 404 for an unknown conversation.
+async fn set_manual_silently(
+    emu: web::Data<Emulator>,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let reply = match serde_json::from_slice::<SilentManual>(&body) {
+        Err(e) => Failure::invalid_body(format!("expected {{\"enabled\": bool}}: {e}")).into_reply(),
+        Ok(req) => {
+            let now = emu.now_ms();
+            match emu.with_state(|state| state.set_manual_silently(&id, req.enabled, now)) {
+                Ok(manual) => (200, serde_json::to_value(manual).unwrap_or(Value::Null)),
+                Err(failure) => failure.into_reply(),
+            }
+        }
+    };
+    let status = StatusCode::from_u16(reply.0).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    HttpResponse::build(status).json(reply.1)
 }
 
 async fn reset(emu: web::Data<Emulator>) -> HttpResponse {

@@ -801,6 +801,20 @@ impl EmulatorState {
         }
     }
 
+    /// Change a conversation's manual status as an agent in the builder would: no webhook, no
+    /// journal entry (the `/_emulator/conversations/{id}/manual` control path). The drift the
+    /// reconciliation sweeper must find.
+    pub fn set_manual_silently(
+        &mut self,
+        conversation_id: &str,
+        enabled: bool,
+        now: Millis,
+    ) -> Result<Manual, Failure> {
+        let i = self.conversation_index(conversation_id)?;
+        self.set_manual(i, enabled, now);
+        Ok(self.manual(i))
+    }
+
     /// Also mirrored into `context.manual.status`, where webhook consumers read it. Setting the
     /// value it already has changes nothing, not even `updatedAt`.
     fn set_manual(&mut self, i: usize, enabled: bool, now: Millis) {

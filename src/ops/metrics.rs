@@ -87,6 +87,17 @@ pub struct Metrics {
     pub inflight_body_bytes: IntGauge,
     /// Requests waiting for room in that budget now.
     pub body_budget_waiting: IntGauge,
+    /// Drift the reconciliation sweeper found and handed on as `reconcile.drift` events, by kind
+    /// (`webhook::reconcile::DriftKind::ALL`).
+    pub reconcile_drift: IntCounterVec,
+    /// Sweeper passes, by outcome (`done`, `failed`); dry runs are not counted.
+    pub reconcile_passes: IntCounterVec,
+    /// Conversations a pass left for the next one, by reason (`pending`: outbox actions of
+    /// theirs were pending; `read_failed`: the Open API read failed; `changed`: an event was
+    /// folded for them during the pass).
+    pub reconcile_skipped: IntCounterVec,
+    /// How long one pass took.
+    pub reconcile_pass_seconds: Histogram,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -303,6 +314,26 @@ impl Metrics {
                 "body_budget_waiting",
                 "Requests waiting for room in server.max_inflight_body_bytes",
             )?,
+            reconcile_drift: counter_vec(
+                "reconcile_drift_total",
+                "Drift between the bridge and the service found by the reconciliation sweeper, by kind",
+                "kind",
+            )?,
+            reconcile_passes: counter_vec(
+                "reconcile_passes_total",
+                "Reconciliation passes (dry runs not counted), by outcome",
+                "outcome",
+            )?,
+            reconcile_skipped: counter_vec(
+                "reconcile_skipped_total",
+                "Conversations a reconciliation pass left for the next one, by reason",
+                "reason",
+            )?,
+            reconcile_pass_seconds: histogram(
+                "reconcile_pass_seconds",
+                "Duration of one reconciliation pass",
+                vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0],
+            )?,
             registry,
         };
         // Make every outcome visible from the first scrape.
@@ -321,6 +352,9 @@ impl Metrics {
         }
         for outcome in ["immediate", "waited", "refused"] {
             m.body_budget.with_label_values(&[outcome]);
+        }
+        for kind in crate::webhook::reconcile::DriftKind::ALL {
+            m.reconcile_drift.with_label_values(&[kind.as_str()]);
         }
         Ok(m)
     }

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 /// Top-level names of the context; a condition's field must start with one of them (checked when
 /// the rule file is loaded, so a typo is a load error rather than a rule that never fires).
-pub const ROOTS: [&str; 20] = [
+pub const ROOTS: [&str; 21] = [
     "event",
     "message",
     "conversation",
@@ -32,6 +32,7 @@ pub const ROOTS: [&str; 20] = [
     "end_user",
     "agent_command",
     "queue",
+    "drift",
 ];
 
 /// The context for one event of a conversation, after the event was folded into `state`, without
@@ -76,6 +77,9 @@ pub fn build_with(
         }
         Payload::Agent(a) => {
             root.insert("agent_command".into(), to_value(a));
+        }
+        Payload::Reconcile(d) => {
+            root.insert("drift".into(), to_value(d));
         }
         _ => {}
     }

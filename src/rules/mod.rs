@@ -194,7 +194,8 @@ impl Rule {
     fn listens(&self, kind: &str) -> bool {
         // `*` is every webhook event: the bridge's own timer and agent events are named.
         let own = kind.starts_with(TIMER_EVENT_PREFIX)
-            || kind.starts_with(crate::webhook::agent::AGENT_EVENT_PREFIX);
+            || kind.starts_with(crate::webhook::agent::AGENT_EVENT_PREFIX)
+            || kind.starts_with(crate::webhook::reconcile::RECONCILE_EVENT_PREFIX);
         self.on.iter().any(|o| (o == "*" && !own) || o == kind)
     }
 
@@ -502,9 +503,11 @@ fn compile(
             )),
             (None, Some(_)) => None,
             (None, None) if crate::webhook::agent::is_command_event(kind) => None,
+            (None, None) if crate::webhook::reconcile::is_reconcile_event(kind) => None,
             (None, None) => Some(format!(
                 "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\"), \
-                 a timer (`timer.<name>`) nor an agent command (`agent.accept`...)"
+                 a timer (`timer.<name>`), an agent command (`agent.accept`...) nor \
+                 `reconcile.drift`"
             )),
             // Rules run for a conversation; bot and end-user events only change state.
             (Some(k), _) if !matches!(k.data_key(), Some("conversation" | "message")) => {

@@ -1003,6 +1003,6 @@ fn rules_may_listen_to_agent_commands_by_name_but_not_through_the_wildcard() {
         actions = [{ type = "set_manual", enabled = true }]
         "#,
         ),
-        "nor an agent command",
+        "an agent command (`agent.accept`...) nor `reconcile.drift`",
     );
 }

@@ -1,0 +1,414 @@
+//! The reconciliation sweeper: finds where the service drifted from what the bridge believes
+//! (an agent turned manual mode off in the builder, which sends no webhook; a lost webhook) and
+//! hands each drift to the writer as a `reconcile.drift` event of its conversation.
+//!
+//! A pass:
+//! 1. reads the candidates from the store's index (`store::watch`, kept by the folds): every
+//!    conversation out of plain bot mode, those released within `reconcile.recent`, and a
+//!    rotating sample of `reconcile.sample` others (a page of the conversations tree after the
+//!    last pass's cursor);
+//! 2. reads the outbox's pending entries once (`Store::outbox_page`, page by page) and skips every
+//!    conversation with a pending action in any of its queues (`c:<id>`, `helpdesk:<id>`): the
+//!    sweeper never fights a change in flight;
+//! 3. asks the service (`GET /openapi/conversation/{id}/manual`) at `reconcile.per_second` (its
+//!    own limiter); a failed read leaves the conversation for the next pass;
+//! 4. compares ([`compare`], pure) and, unless it is a dry run, hands each drift to the writer,
+//!    unless an event was folded for its conversation meanwhile (then the next pass looks again).
+//!
+//! The sweeper writes nothing else: no state, no outbox. What a drift changes is its fold's and
+//! the rules' business, in order with the conversation's other events.
+
+pub mod compare;
+
+use crate::config::ReconcileConfig;
+use crate::ids::{ConversationId, DeliveryId};
+use crate::ops::metrics::Metrics;
+use crate::state::ConversationState;
+use crate::store::writer::WriterError;
+use crate::store::{AcceptJob, Store, StoreError, Writer};
+use crate::upstream::api::OpenApi;
+use crate::upstream::handle::UpstreamHandle;
+use crate::webhook::model::Millis;
+use crate::webhook::reconcile::Drift;
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Outbox entries read per page when collecting the pending queues.
+const OUTBOX_PAGE: usize = 1_000;
+/// How often the loop looks at the daemon's clock (which the test clock moves) for a due pass.
+const TICK: Duration = Duration::from_secs(1);
+/// The `sourceId` of a drift whose conversation's bot is unknown.
+const NO_BOT: &str = "bridge";
+
+/// Why a pass could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the writer has stopped")]
+    WriterStopped,
+    #[error("the writer could not store the drift: {0}")]
+    Writer(String),
+    #[error("the store task failed: {0}")]
+    Task(String),
+}
+
+/// What one pass did (the admin API's answer).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PassReport {
+    pub dry_run: bool,
+    /// Daemon time the pass started (Unix ms).
+    pub started_at: Millis,
+    /// Conversations compared with the service.
+    pub checked: u64,
+    /// Left for the next pass: pending outbox actions of theirs.
+    pub skipped_pending: u64,
+    /// Left for the next pass: the Open API read failed.
+    pub read_failed: u64,
+    /// Left for the next pass: an event was folded for them while the pass ran.
+    pub skipped_changed: u64,
+    /// The drifts found (and, unless a dry run, handed to the writer).
+    pub drifts: Vec<Drift>,
+    /// Drift events newly stored (a drift handed on twice is stored once).
+    pub written: u64,
+}
+
+/// Time since the limiter was made, on tokio's clock.
+#[derive(Clone, Copy, Debug)]
+struct TokioClock {
+    start: tokio::time::Instant,
+}
+
+impl Clock for TokioClock {
+    type Instant = Duration;
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
+type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
+
+struct Inner {
+    store: Store,
+    writer: Writer,
+    api: OpenApi<UpstreamHandle>,
+    metrics: Metrics,
+    config: ReconcileConfig,
+    limiter: Limiter,
+    clock: TokioClock,
+    /// The last conversation id the rotating sample reached.
+    cursor: Mutex<Option<String>>,
+    /// One pass at a time (the periodic one and those asked for).
+    running: tokio::sync::Mutex<()>,
+}
+
+/// The sweeper; cheap to clone.
+#[derive(Clone)]
+pub struct Sweeper {
+    inner: Arc<Inner>,
+}
+
+impl Sweeper {
+    /// A sweeper over `store`, reading the service through `upstream`. The config is validated
+    /// (`per_second` positive and finite).
+    pub fn new(
+        store: Store,
+        writer: Writer,
+        upstream: UpstreamHandle,
+        metrics: Metrics,
+        config: ReconcileConfig,
+    ) -> Result<Self, String> {
+        let clock = TokioClock {
+            start: tokio::time::Instant::now(),
+        };
+        let rate = config.per_second;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err("reconcile.per_second must be a positive number".into());
+        }
+        let quota = Quota::with_period(Duration::from_secs_f64(1.0 / rate))
+            .ok_or("reconcile.per_second is too large")?;
+        Ok(Sweeper {
+            inner: Arc::new(Inner {
+                store,
+                writer,
+                api: OpenApi::new(upstream),
+                metrics,
+                config,
+                limiter: RateLimiter::direct_with_clock(quota, clock),
+                clock,
+                cursor: Mutex::new(None),
+                running: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// Run one pass now (after a pass in progress ends). A dry run reads and compares but hands
+    /// nothing to the writer and counts nothing.
+    pub async fn pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
+        let _one = self.inner.running.lock().await;
+        let started = std::time::Instant::now();
+        let result = self.run_pass(dry_run).await;
+        if !dry_run {
+            let outcome = if result.is_ok() { "done" } else { "failed" };
+            let m = &self.inner.metrics;
+            m.reconcile_passes.with_label_values(&[outcome]).inc();
+            m.reconcile_pass_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    async fn run_pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
+        let inner = &self.inner;
+        let now = crate::clock::now_millis();
+        let mut report = PassReport {
+            dry_run,
+            started_at: now,
+            ..PassReport::default()
+        };
+        let (candidates, pending) = self.candidates(now).await?;
+        let mut found = Vec::new();
+        for state in candidates {
+            if is_pending(&pending, &state.id) {
+                report.skipped_pending += 1;
+                continue;
+            }
+            self.wait_turn().await;
+            let answer = match inner.api.get_manual(state.id.as_str()).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    tracing::debug!(conversation_id = %state.id, error = %e, "reconcile: cannot read manual status; next pass");
+                    report.read_failed += 1;
+                    continue;
+                }
+            };
+            report.checked += 1;
+            let service = compare::observed(&answer);
+            if let Some(drift) = compare::drift(&state, &service, crate::clock::now_millis()) {
+                found.push((state, drift));
+            }
+        }
+        // The states may have moved on while the service was read: an event folded since
+        // (whatever it was) means the comparison is stale; the next pass looks again.
+        let store = inner.store.clone();
+        let checked = blocking(move || {
+            found
+                .into_iter()
+                .map(|(before, drift)| {
+                    let now = store.conversation(&before.id)?;
+                    let same = now
+                        .as_ref()
+                        .is_some_and(|s| s.events_applied == before.events_applied);
+                    Ok((same, before.bot_id, drift))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+        .await??;
+        for (same, bot, drift) in checked {
+            if !same {
+                report.skipped_changed += 1;
+                continue;
+            }
+            tracing::info!(
+                conversation_id = %drift.conversation_id,
+                kind = %drift.kind,
+                believed_manual = drift.believed.manual,
+                service_manual = drift.service.manual,
+                dry_run,
+                "reconcile: drift found"
+            );
+            if !dry_run {
+                inner
+                    .metrics
+                    .reconcile_drift
+                    .with_label_values(&[drift.kind.as_str()])
+                    .inc();
+                report.written += self.write(&drift, bot.as_ref().map(|b| b.as_str())).await?;
+            }
+            report.drifts.push(drift);
+        }
+        if !dry_run {
+            let m = &inner.metrics.reconcile_skipped;
+            m.with_label_values(&["pending"])
+                .inc_by(report.skipped_pending);
+            m.with_label_values(&["read_failed"])
+                .inc_by(report.read_failed);
+            m.with_label_values(&["changed"])
+                .inc_by(report.skipped_changed);
+        }
+        Ok(report)
+    }
+
+    /// The pass's conversations (watched, then the sample) and the pending outbox queues.
+    async fn candidates(
+        &self,
+        now: Millis,
+    ) -> Result<(Vec<ConversationState>, HashSet<String>), SweepError> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let config = &inner.config;
+            let recent = i64::try_from(config.recent.as_millis()).unwrap_or(i64::MAX);
+            let watched = inner
+                .store
+                .watched(now.saturating_sub(recent), config.max_per_pass)?;
+            let mut seen = HashSet::new();
+            let mut states = Vec::new();
+            for id in watched.active.into_iter().chain(watched.released) {
+                if !seen.insert(id.clone()) {
+                    continue;
+                }
+                if let Some(state) = inner.store.conversation(&ConversationId::new(id))? {
+                    states.push(state);
+                }
+            }
+            let room = config.max_per_pass.saturating_sub(states.len());
+            let sample = config.sample.min(room);
+            if sample > 0 {
+                let mut cursor = inner.cursor.lock().unwrap_or_else(|p| p.into_inner());
+                let mut page = inner.store.conversations_page(cursor.as_deref(), sample)?;
+                if page.len() < sample {
+                    // Wrapped around: start again from the first conversation.
+                    let more = inner.store.conversations_page(None, sample - page.len())?;
+                    page.extend(more);
+                }
+                *cursor = page.last().map(|s| s.id.as_str().to_owned());
+                for state in page {
+                    if seen.insert(state.id.as_str().to_owned()) {
+                        states.push(state);
+                    }
+                }
+            }
+            Ok((states, pending_queues(&inner.store)?))
+        })
+        .await?
+    }
+
+    /// Wait for the sweeper's own rate limit.
+    async fn wait_turn(&self) {
+        let inner = &self.inner;
+        while let Err(not_until) = inner.limiter.check() {
+            tokio::time::sleep(not_until.wait_time_from(inner.clock.now())).await;
+        }
+    }
+
+    /// Hand a drift to the writer; 1 when it was stored now (0: a duplicate).
+    async fn write(&self, drift: &Drift, bot: Option<&str>) -> Result<u64, SweepError> {
+        let bot = bot.filter(|b| !b.is_empty()).unwrap_or(NO_BOT);
+        let event = match crate::webhook::drift_event(drift, bot) {
+            Ok(event) => event,
+            Err(e) => {
+                // Cannot happen for a drift made here; logged, not stored.
+                tracing::error!(error = %e, conversation_id = %drift.conversation_id, "reconcile: drift event refused");
+                return Ok(0);
+            }
+        };
+        let job = AcceptJob {
+            delivery: DeliveryId::new(event.event.id.as_str()),
+            events: vec![event],
+            invalid: Vec::new(),
+            received_at: crate::clock::now_millis(),
+        };
+        match self.inner.writer.accept(job).await {
+            Ok(accepted) => Ok(accepted.new.len() as u64),
+            Err(WriterError::Stopped) => Err(SweepError::WriterStopped),
+            Err(WriterError::Store(e)) => Err(SweepError::Writer(e)),
+        }
+    }
+}
+
+/// Every queue with a pending outbox entry, read page by page.
+fn pending_queues(store: &Store) -> Result<HashSet<String>, StoreError> {
+    let mut queues = HashSet::new();
+    let mut after = None;
+    loop {
+        let page = store.outbox_page(after, OUTBOX_PAGE)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        let full = page.len() == OUTBOX_PAGE;
+        queues.extend(page.into_iter().map(|entry| entry.action.queue()));
+        if !full {
+            break;
+        }
+    }
+    Ok(queues)
+}
+
+/// Whether any of a conversation's queues has a pending action.
+fn is_pending(pending: &HashSet<String>, id: &ConversationId) -> bool {
+    let own = crate::ids::PartitionKey::Conversation(id.clone()).encode();
+    pending.contains(&own) || pending.contains(&format!("helpdesk:{id}"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, SweepError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SweepError::Task(e.to_string()))
+}
+
+/// Run passes every `reconcile.interval` of daemon time (the test clock moves it) until `stop`;
+/// none when the interval is off. The first pass runs one interval after the start.
+pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let interval = sweeper.inner.config.interval;
+        if interval.is_zero() {
+            tracing::info!("reconciliation sweeper: periodic passes off (reconcile.interval)");
+            return;
+        }
+        let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+        let mut due = crate::clock::now_millis().saturating_add(every);
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let now = crate::clock::now_millis();
+            if now >= due {
+                match sweeper.pass(false).await {
+                    Ok(report) if !report.drifts.is_empty() => tracing::info!(
+                        drifts = report.drifts.len(),
+                        checked = report.checked,
+                        "reconciliation pass found drift"
+                    ),
+                    Ok(report) => tracing::debug!(checked = report.checked, "reconciliation pass"),
+                    Err(SweepError::WriterStopped) => break,
+                    Err(e) => tracing::error!(error = %e, "reconciliation pass failed; next interval"),
+                }
+                due = crate::clock::now_millis().saturating_add(every);
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TICK) => {}
+                changed = stop.changed() => if changed.is_err() { break },
+            }
+        }
+        tracing::info!("reconciliation sweeper stopped");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_is_pending_by_either_of_its_queues() {
+        let id = ConversationId::new("c1");
+        let mut pending = HashSet::new();
+        assert!(!is_pending(&pending, &id));
+        pending.insert("c:c2".to_owned());
+        pending.insert("u:c1".to_owned());
+        assert!(!is_pending(&pending, &id), "another's queues");
+        pending.insert("helpdesk:c1".to_owned());
+        assert!(is_pending(&pending, &id));
+        pending.clear();
+        pending.insert("c:c1".to_owned());
+        assert!(is_pending(&pending, &id));
+    }
+}
