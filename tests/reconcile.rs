@@ -24,6 +24,8 @@ fn spawn(dir: &std::path::Path, interval: &str) -> TestApp {
         dir,
         Spawn::with_env(&[
             ("HANDOFF_BRIDGE__RULES__ENABLED", "true"),
+            // Any time of day: the after-hours rule would turn manual mode off at once.
+            ("HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS", "false"),
             ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK", "true"),
             ("HANDOFF_BRIDGE__RECONCILE__INTERVAL", interval),
             // Quick passes: the seeded conversations are few.
