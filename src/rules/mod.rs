@@ -773,3 +773,5 @@ impl Decide for RuleSet {
 mod proptests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reconcile;

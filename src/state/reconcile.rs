@@ -12,20 +12,30 @@ use crate::webhook::reconcile::{Believed, Drift, DriftKind};
 /// The service's manual status while manual mode is on (the only one it is known to use).
 pub const MANUAL_ON_STATUS: &str = "HANDOVER";
 
-/// Whether the bridge believes manual mode on: the newer of the service's last report
-/// (`manual_status`, from webhooks and drifts) and the bridge's own last `set_manual`
-/// (`manual_set`). On a tie (the same event), the bridge's decision wins: it was taken after
-/// that event's report was folded.
+/// Whether the bridge believes manual mode on: what the newest of three stamped sources says:
+/// - the bridge's own last `set_manual` (`manual_set`);
+/// - the handoff's phase: `connected` means on, `cancelled` and `ended` mean off (the service
+///   turns manual mode on and off with them; its events' `context.manual.status` is empty when
+///   off, which the fold cannot tell from "not reported");
+/// - the service's last reported status (`manual_status`, from webhooks and drifts): set means on.
+///
+/// On a tie (the same event) the bridge's decision wins, then the phase: both were taken with
+/// that event's report in view.
 pub fn believes_manual(s: &ConversationState) -> bool {
-    let reported = s
-        .manual_status
-        .value
-        .as_deref()
-        .is_some_and(|v| !v.is_empty());
-    match s.manual_set.value {
-        Some(set) if s.manual_set.stamp >= s.manual_status.stamp => set,
-        _ => reported,
+    let set = s.manual_set.value.map(|on| (&s.manual_set.stamp, 2, on));
+    let phase = match s.handoff.phase.value {
+        HandoffPhase::Connected => Some(true),
+        HandoffPhase::Cancelled | HandoffPhase::Ended => Some(false),
+        HandoffPhase::Bot | HandoffPhase::Requested => None,
     }
+    .map(|on| (&s.handoff.phase.stamp, 1, on));
+    let reported = s.manual_status.value.as_deref().is_some_and(|v| !v.is_empty());
+    let report = Some((&s.manual_status.stamp, 0, reported));
+    [set, phase, report]
+        .into_iter()
+        .flatten()
+        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
+        .is_some_and(|(_, _, on)| on)
 }
 
 /// An agent has the conversation: connected at the service, or accepted through the agent API.

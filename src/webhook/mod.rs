@@ -893,7 +893,7 @@ mod tests {
         assert!(matches!(&event.payload, Payload::Reconcile(d) if *d == drift()));
         assert_eq!(
             made.partition,
-            PartitionKey::Conversation(ConversationId::new("c1"))
+            PartitionKey::Conversation(crate::ids::ConversationId::new("c1"))
         );
         // From the webhook: the type is the bridge's own, whatever the id.
         let forged = made.raw.replace("reconcile:c1", "e1");
