@@ -25,7 +25,10 @@ fn spawn(dir: &std::path::Path, interval: &str) -> TestApp {
         Spawn::with_env(&[
             ("HANDOFF_BRIDGE__RULES__ENABLED", "true"),
             // Any time of day: the after-hours rule would turn manual mode off at once.
-            ("HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS", "false"),
+            (
+                "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS",
+                "false",
+            ),
             ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK", "true"),
             ("HANDOFF_BRIDGE__RECONCILE__INTERVAL", interval),
             // Quick passes: the seeded conversations are few.
@@ -127,7 +130,9 @@ fn manual_on_at_the_service_is_found_folded_repaired_and_counted_and_a_dry_run_w
     app.settle();
     assert_eq!(app.metric(DRIFT_ON), 0.0, "a dry run counts nothing");
     assert!(
-        !audit_types(&app, CONV1).iter().any(|t| t == "reconcile.drift"),
+        !audit_types(&app, CONV1)
+            .iter()
+            .any(|t| t == "reconcile.drift"),
         "a dry run stores no event"
     );
     assert!(manual_calls(&app, CONV1).is_empty(), "and repairs nothing");
@@ -147,11 +152,17 @@ fn manual_on_at_the_service_is_found_folded_repaired_and_counted_and_a_dry_run_w
 
     // Folded into the conversation's timeline, and the shipped rule handed it back to the bot.
     assert!(
-        audit_types(&app, CONV1).iter().any(|t| t == "reconcile.drift"),
+        audit_types(&app, CONV1)
+            .iter()
+            .any(|t| t == "reconcile.drift"),
         "{:?}",
         audit_types(&app, CONV1)
     );
-    assert_eq!(manual_calls(&app, CONV1), [false], "the repair reached the service");
+    assert_eq!(
+        manual_calls(&app, CONV1),
+        [false],
+        "the repair reached the service"
+    );
     // Now both agree: a further pass finds nothing and counts nothing more.
     let after = pass(&app, false);
     assert!(drifts(&after).is_empty(), "{after}");
@@ -188,7 +199,10 @@ fn manual_off_at_the_service_ends_the_wait_and_pending_actions_hold_the_sweeper_
         [(CONV2.to_owned(), "manual_off_unknown".to_owned())],
         "{report}"
     );
-    assert!(report["skipped_pending"].as_u64().unwrap_or(0) >= 1, "{report}");
+    assert!(
+        report["skipped_pending"].as_u64().unwrap_or(0) >= 1,
+        "{report}"
+    );
     assert_eq!(app.metric(DRIFT_OFF), 1.0);
 
     // CONV2's state is brought in line by the fold: the handoff ended, the wait is over.
@@ -209,7 +223,9 @@ fn manual_off_at_the_service_ends_the_wait_and_pending_actions_hold_the_sweeper_
         1.0,
         "CONV2 left the queue; CONV3 waits"
     );
-    assert!(audit_types(&app, CONV2).iter().any(|t| t == "reconcile.drift"));
+    assert!(audit_types(&app, CONV2)
+        .iter()
+        .any(|t| t == "reconcile.drift"));
 
     // CONV3's actions ran: the service now agrees with it; nothing drifts.
     let again = pass(&app, false);

@@ -111,10 +111,7 @@ mod tests {
 
     #[test]
     fn the_interval_is_a_duration_or_off() {
-        assert_eq!(
-            parse("5m").expect("5m").interval,
-            Duration::from_secs(300)
-        );
+        assert_eq!(parse("5m").expect("5m").interval, Duration::from_secs(300));
         assert!(!parse("off").expect("off").periodic());
         assert!(!parse("0").expect("0").periodic());
         assert!(parse("often").is_err());

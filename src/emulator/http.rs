@@ -510,7 +510,9 @@ async fn set_manual_silently(
     body: web::Bytes,
 ) -> HttpResponse {
     let reply = match serde_json::from_slice::<SilentManual>(&body) {
-        Err(e) => Failure::invalid_body(format!("expected {{\"enabled\": bool}}: {e}")).into_reply(),
+        Err(e) => {
+            Failure::invalid_body(format!("expected {{\"enabled\": bool}}: {e}")).into_reply()
+        }
         Ok(req) => {
             let now = emu.now_ms();
             match emu.with_state(|state| state.set_manual_silently(&id, req.enabled, now)) {

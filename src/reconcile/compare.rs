@@ -27,9 +27,7 @@ pub fn compare(state: &ConversationState, service: &Observed) -> Option<DriftKin
         true if !belief.manual && !belief.agent && !belief.waiting => {
             Some(DriftKind::ManualOnUnknown)
         }
-        false
-            if believes_manual(state) || state.handoff.phase.value == HandoffPhase::Connected =>
-        {
+        false if believes_manual(state) || state.handoff.phase.value == HandoffPhase::Connected => {
             Some(DriftKind::ManualOffUnknown)
         }
         _ => None,
@@ -54,9 +52,10 @@ mod tests {
     use crate::webhook::model::Event;
 
     fn event(kind: &str, at: Millis, manual: Option<&str>) -> Event {
-        let context = manual.map_or(serde_json::json!({}), |m| {
-            serde_json::json!({ "manual": { "status": m } })
-        });
+        let context = manual.map_or(
+            serde_json::json!({}),
+            |m| serde_json::json!({ "manual": { "status": m } }),
+        );
         let raw = serde_json::json!({
             "id": format!("e{at}"), "event": kind, "sourceType": "bot", "sourceId": "B1",
             "timestamp": at,
@@ -105,7 +104,10 @@ mod tests {
             compare(&bot, &service(true)),
             Some(DriftKind::ManualOnUnknown)
         );
-        let ended = state(&[event(CONNECTED, 10, Some("HANDOVER")), event(ENDED, 20, None)]);
+        let ended = state(&[
+            event(CONNECTED, 10, Some("HANDOVER")),
+            event(ENDED, 20, None),
+        ]);
         let found = drift(&ended, &service(true), 99).expect("drift");
         assert_eq!(found.kind, DriftKind::ManualOnUnknown);
         assert_eq!(found.found_at, 99);
@@ -139,7 +141,10 @@ mod tests {
             Some(DriftKind::ManualOffUnknown)
         );
         // The bridge turned it off later than the service's last report of on.
-        let mut off = state(&[event(CONNECTED, 10, Some("HANDOVER")), event(ENDED, 20, None)]);
+        let mut off = state(&[
+            event(CONNECTED, 10, Some("HANDOVER")),
+            event(ENDED, 20, None),
+        ]);
         off.note_manual_decided(false, &event(ENDED, 20, None));
         assert_eq!(compare(&off, &service(false)), None);
     }

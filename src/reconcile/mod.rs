@@ -379,7 +379,9 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
                     ),
                     Ok(report) => tracing::debug!(checked = report.checked, "reconciliation pass"),
                     Err(SweepError::WriterStopped) => break,
-                    Err(e) => tracing::error!(error = %e, "reconciliation pass failed; next interval"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "reconciliation pass failed; next interval")
+                    }
                 }
                 due = crate::clock::now_millis().saturating_add(every);
                 continue;

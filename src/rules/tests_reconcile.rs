@@ -114,8 +114,10 @@ fn manual_off_ends_the_wait_its_timers_and_labels() {
         "{decided:?}"
     );
     assert!(
-        decided.iter().any(|(rule, a)| rule == "drift-manual-off-helpdesk"
-            && matches!(a, Action::NotifyHelpdesk { kind, .. } if kind == "handoff.ended")),
+        decided
+            .iter()
+            .any(|(rule, a)| rule == "drift-manual-off-helpdesk"
+                && matches!(a, Action::NotifyHelpdesk { kind, .. } if kind == "handoff.ended")),
         "{decided:?}"
     );
     // Nothing is asked of the service: it already has manual mode off.

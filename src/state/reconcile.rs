@@ -29,7 +29,11 @@ pub fn believes_manual(s: &ConversationState) -> bool {
         HandoffPhase::Bot | HandoffPhase::Requested => None,
     }
     .map(|on| (&s.handoff.phase.stamp, 1, on));
-    let reported = s.manual_status.value.as_deref().is_some_and(|v| !v.is_empty());
+    let reported = s
+        .manual_status
+        .value
+        .as_deref()
+        .is_some_and(|v| !v.is_empty());
     let report = Some((&s.manual_status.stamp, 0, reported));
     [set, phase, report]
         .into_iter()
@@ -109,17 +113,14 @@ impl ConversationState {
     /// (phase `ended` at that time), so the conversation leaves the waiting queue
     /// (`queue::waiting_since`). Unconditional LWW writes: any order gives the same state.
     pub(super) fn fold_drift(&mut self, drift: &Drift, stamp: &Stamp) {
-        let status = drift
-            .service
-            .manual
-            .then(|| {
-                drift
-                    .service
-                    .status
-                    .clone()
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| MANUAL_ON_STATUS.to_owned())
-            });
+        let status = drift.service.manual.then(|| {
+            drift
+                .service
+                .status
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| MANUAL_ON_STATUS.to_owned())
+        });
         self.manual_status.set(status, stamp);
         if drift.kind == DriftKind::ManualOffUnknown {
             self.handoff.phase.set(HandoffPhase::Ended, stamp);

@@ -404,14 +404,24 @@ fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
         None,
     )]);
     // The shipped rule turned manual mode on for the request.
-    let request = conv_event("e1", "bot.conversation.agent_call_requested", 100, "{}", 1, None);
+    let request = conv_event(
+        "e1",
+        "bot.conversation.agent_call_requested",
+        100,
+        "{}",
+        1,
+        None,
+    );
     state.note_manual_decided(true, &request);
     assert!(reconcile::believes_manual(&state));
     assert_eq!(queue::waiting_since(&state), Some(100));
     assert!(reconcile::is_active(&state));
 
     assert!(state.apply(&drift_event(DriftKind::ManualOffUnknown, false, 500)));
-    assert!(!reconcile::believes_manual(&state), "the service's word is newer");
+    assert!(
+        !reconcile::believes_manual(&state),
+        "the service's word is newer"
+    );
     assert_eq!(state.manual_status.value, None);
     assert_eq!(state.handoff.phase.value, HandoffPhase::Ended);
     assert_eq!(queue::waiting_since(&state), None, "it left the queue");
@@ -422,7 +432,11 @@ fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
     state.apply(&drift_event(DriftKind::ManualOnUnknown, true, 900));
     assert_eq!(state.manual_status.value.as_deref(), Some("HANDOVER"));
     assert!(reconcile::believes_manual(&state));
-    assert_eq!(state.handoff.phase.value, HandoffPhase::Ended, "no agent for it");
+    assert_eq!(
+        state.handoff.phase.value,
+        HandoffPhase::Ended,
+        "no agent for it"
+    );
     // A rule handing back to the bot for that drift: the bridge's decision wins the tie.
     let drift = drift_event(DriftKind::ManualOnUnknown, true, 900);
     state.note_manual_decided(false, &drift);

@@ -128,8 +128,165 @@ impl Store {
         }
         self.meta.insert(keys::meta::WATCH_INDEXED, &[1])?;
         if indexed > 0 {
-            tracing::info!(indexed, "reconciliation index built from the conversation states");
+            tracing::info!(
+                indexed,
+                "reconciliation index built from the conversation states"
+            );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DeliveryId;
+    use crate::webhook::model::Event;
+
+    fn conversation_event(
+        id: &str,
+        kind: &str,
+        conversation: &str,
+        at: Millis,
+    ) -> crate::webhook::IncomingEvent {
+        let raw = serde_json::json!({
+            "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
+            "data": { "conversation": { "id": conversation, "botId": "B1", "platform": "web" } },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    fn fold(store: &Store, delivery: &str, events: Vec<crate::webhook::IncomingEvent>) {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        store.apply(&batch).expect("apply");
+    }
+
+    /// Every index entry, scanned.
+    fn index(store: &Store) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = [keys::WATCH_ACTIVE, keys::WATCH_RELEASED]
+            .iter()
+            .flat_map(|p| store.queue.scan_prefix([*p]).keys())
+            .map(|k| k.expect("key").to_vec())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn the_fold_keeps_active_and_released_conversations_indexed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let requested = "bot.conversation.agent_call_requested";
+        fold(
+            &store,
+            "d1",
+            vec![
+                conversation_event("e1", requested, "c1", 1_000),
+                conversation_event("e2", "bot.conversation.updated", "c2", 1_000),
+                conversation_event("e3", requested, "c3", 1_000),
+            ],
+        );
+        assert_eq!(
+            store.watched(0, 100).expect("watched"),
+            Watched {
+                active: vec!["c1".into(), "c3".into()],
+                released: vec![],
+            },
+            "plain bot mode (c2) is not indexed"
+        );
+        // c1 is cancelled at 5 s, c3 ends at 9 s: released, by time.
+        fold(
+            &store,
+            "d2",
+            vec![
+                conversation_event(
+                    "e4",
+                    "bot.conversation.agent_call_disconnected",
+                    "c3",
+                    9_000,
+                ),
+                conversation_event("e5", "bot.conversation.agent_call_cancelled", "c1", 5_000),
+            ],
+        );
+        assert_eq!(
+            store.watched(0, 100).expect("watched"),
+            Watched {
+                active: vec![],
+                released: vec!["c1".into(), "c3".into()],
+            }
+        );
+        assert_eq!(
+            store.watched(6_000, 100).expect("watched").released,
+            ["c3"],
+            "only those released since"
+        );
+        assert_eq!(
+            store.watched(0, 1).expect("watched").released.len(),
+            1,
+            "bounded"
+        );
+        // One key per conversation, equal to the states.
+        let expected: Vec<Vec<u8>> = ["c1", "c2", "c3"]
+            .iter()
+            .filter_map(|id| {
+                let state = store.conversation(&(*id).into()).expect("read")?;
+                watch_key(&state)
+            })
+            .collect();
+        let mut expected = expected;
+        expected.sort();
+        assert_eq!(index(&store), expected);
+    }
+
+    #[test]
+    fn a_store_from_before_the_index_builds_it_on_open_and_the_sample_pages_round() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            fold(
+                &store,
+                "d1",
+                vec![
+                    conversation_event("e1", "bot.conversation.agent_call_requested", "c1", 1),
+                    conversation_event("e2", "bot.conversation.updated", "c2", 1),
+                    conversation_event("e3", "bot.conversation.updated", "c3", 1),
+                ],
+            );
+            for key in index(&store) {
+                store.queue.remove(key).expect("remove");
+            }
+            store
+                .meta
+                .remove(keys::meta::WATCH_INDEXED)
+                .expect("unmark");
+            store.db.flush().expect("flush");
+            assert_eq!(store.watched(0, 10).expect("watched"), Watched::default());
+        }
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        assert_eq!(store.watched(0, 10).expect("watched").active, ["c1"]);
+        let ids = |page: Vec<ConversationState>| -> Vec<String> {
+            page.iter().map(|s| s.id.as_str().to_owned()).collect()
+        };
+        assert_eq!(
+            ids(store.conversations_page(None, 2).expect("page")),
+            ["c1", "c2"]
+        );
+        assert_eq!(
+            ids(store.conversations_page(Some("c2"), 2).expect("page")),
+            ["c3"]
+        );
+        assert!(store
+            .conversations_page(Some("c3"), 2)
+            .expect("page")
+            .is_empty());
     }
 }

@@ -5,8 +5,8 @@
 //! dispatcher all judge input the same way.
 
 pub mod agent;
-pub mod reconcile;
 pub mod model;
+pub mod reconcile;
 
 use crate::ids::{DeliveryId, PartitionKey};
 use model::{Event, EventHeader, Millis, Payload};
@@ -494,10 +494,7 @@ fn agent_payload(name: Option<&str>, data: &str) -> Result<agent::AgentCommand, 
 }
 
 /// `data.drift` of a `reconcile.drift` event (the only `reconcile.*` type).
-fn drift_payload(
-    kind: &model::EventKind,
-    data: &str,
-) -> Result<reconcile::Drift, EventError> {
+fn drift_payload(kind: &model::EventKind, data: &str) -> Result<reconcile::Drift, EventError> {
     #[derive(serde::Deserialize)]
     struct Data {
         drift: reconcile::Drift,
