@@ -137,6 +137,9 @@ fn manual_on_at_the_service_is_found_folded_repaired_and_counted_and_a_dry_run_w
     );
     assert!(manual_calls(&app, CONV1).is_empty(), "and repairs nothing");
 
+    // Folding held back: the drift waits in the inbox, and a second pass does not report it again.
+    let (status, _) = app.admin_post("/admin/v1/dispatch/pause");
+    assert_eq!(status, 200);
     let real = pass(&app, false);
     assert_eq!(
         drifts(&real),
@@ -148,6 +151,12 @@ fn manual_on_at_the_service_is_found_folded_repaired_and_counted_and_a_dry_run_w
     assert_eq!(drift["service"]["manual"], true, "{drift}");
     assert_eq!(real["written"], 1);
     assert_eq!(app.metric(DRIFT_ON), 1.0);
+    let held = pass(&app, false);
+    assert!(drifts(&held).is_empty(), "not folded yet: {held}");
+    assert_eq!(held["skipped_pending"], 1, "{held}");
+    assert_eq!(app.metric(DRIFT_ON), 1.0, "counted once");
+    let (status, _) = app.admin_post("/admin/v1/dispatch/resume");
+    assert_eq!(status, 200);
     app.settle();
 
     // Folded into the conversation's timeline, and the shipped rule handed it back to the bot.

@@ -105,6 +105,11 @@ struct Inner {
     clock: TokioClock,
     /// The last conversation id the rotating sample reached.
     cursor: Mutex<Option<String>>,
+    /// Conversations whose drift the last passes handed to the writer, with their
+    /// `events_applied` then: until that changes (the drift is folded), they are not read again,
+    /// so a drift waiting in the inbox is not reported twice. Holds at most the drifts of one
+    /// pass and those still unfolded from before.
+    unfolded: Mutex<std::collections::HashMap<String, u64>>,
     /// One pass at a time (the periodic one and those asked for).
     running: tokio::sync::Mutex<()>,
 }
@@ -144,6 +149,7 @@ impl Sweeper {
                 limiter: RateLimiter::direct_with_clock(quota, clock),
                 clock,
                 cursor: Mutex::new(None),
+                unfolded: Mutex::default(),
                 running: tokio::sync::Mutex::new(()),
             }),
         })
@@ -174,8 +180,17 @@ impl Sweeper {
             ..PassReport::default()
         };
         let (candidates, pending) = self.candidates(now).await?;
+        let before = std::mem::take(&mut *lock(&inner.unfolded));
+        let mut unfolded = std::collections::HashMap::new();
         let mut found = Vec::new();
         for state in candidates {
+            let id = state.id.as_str();
+            if before.get(id) == Some(&state.events_applied) {
+                // Its drift event is not folded yet: pending too.
+                unfolded.insert(id.to_owned(), state.events_applied);
+                report.skipped_pending += 1;
+                continue;
+            }
             if is_pending(&pending, &state.id) {
                 report.skipped_pending += 1;
                 continue;
@@ -206,16 +221,16 @@ impl Sweeper {
                     let same = now
                         .as_ref()
                         .is_some_and(|s| s.events_applied == before.events_applied);
-                    Ok((same, before.bot_id, drift))
+                    Ok((same.then_some(before.events_applied), before.bot_id, drift))
                 })
                 .collect::<Result<Vec<_>, StoreError>>()
         })
         .await??;
-        for (same, bot, drift) in checked {
-            if !same {
+        for (applied, bot, drift) in checked {
+            let Some(applied) = applied else {
                 report.skipped_changed += 1;
                 continue;
-            }
+            };
             tracing::info!(
                 conversation_id = %drift.conversation_id,
                 kind = %drift.kind,
@@ -230,10 +245,22 @@ impl Sweeper {
                     .reconcile_drift
                     .with_label_values(&[drift.kind.as_str()])
                     .inc();
-                report.written += self.write(&drift, bot.as_ref().map(|b| b.as_str())).await?;
+                let written = self.write(&drift, bot.as_ref().map(|b| b.as_str())).await;
+                // Remembered even when the writer failed: it may have stored it.
+                unfolded.insert(drift.conversation_id.as_str().to_owned(), applied);
+                if let Err(e) = written {
+                    *lock(&inner.unfolded) = unfolded;
+                    return Err(e);
+                }
+                report.written += written.unwrap_or(0);
             }
             report.drifts.push(drift);
         }
+        // A dry run wrote nothing: what earlier passes wrote stays remembered.
+        if dry_run {
+            unfolded.extend(before);
+        }
+        *lock(&inner.unfolded) = unfolded;
         if !dry_run {
             let m = &inner.metrics.reconcile_skipped;
             m.with_label_values(&["pending"])
@@ -271,7 +298,7 @@ impl Sweeper {
             let room = config.max_per_pass.saturating_sub(states.len());
             let sample = config.sample.min(room);
             if sample > 0 {
-                let mut cursor = inner.cursor.lock().unwrap_or_else(|p| p.into_inner());
+                let mut cursor = lock(&inner.cursor);
                 let mut page = inner.store.conversations_page(cursor.as_deref(), sample)?;
                 if page.len() < sample {
                     // Wrapped around: start again from the first conversation.
@@ -321,6 +348,10 @@ impl Sweeper {
             Err(WriterError::Store(e)) => Err(SweepError::Writer(e)),
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Every queue with a pending outbox entry, read page by page.
