@@ -113,6 +113,16 @@ fn manual_on_at_the_service_is_found_folded_repaired_and_counted_and_a_dry_run_w
     app.emulator_act(CONV1, "say", json!({ "text": "hello" }));
     app.settle();
     assert_eq!(app.metric_sample(DRIFT_ON), Some(0.0), "exported at 0");
+    // The emulator's silent switch: an unknown conversation or a bad body changes nothing.
+    let switch = |conversation: &str, body: &str| {
+        let url = format!(
+            "{}/_emulator/conversations/{conversation}/manual",
+            app.emulator()
+        );
+        app.post_to(&url, body.as_bytes(), Some("application/json"))
+    };
+    assert_eq!(switch("nobody", r#"{"enabled": true}"#).0, 404);
+    assert_eq!(switch(CONV1, r#"{"enabled": "yes"}"#).0, 400);
     let agreed = pass(&app, false);
     assert!(drifts(&agreed).is_empty(), "{agreed}");
     assert!(agreed["checked"].as_u64().unwrap_or(0) >= 1, "{agreed}");
@@ -268,4 +278,14 @@ fn the_periodic_pass_runs_on_the_daemon_clock_and_the_cli_reaches_the_daemon() {
     app.settle();
     assert_eq!(manual_calls(&app, CONV1), [false], "repaired");
     assert!(app.metric("handoff_reconcile_passes_total{outcome=\"done\"}") >= 1.0);
+
+    // Without a running daemon there is no pass to run: a usage error, nothing touched.
+    let dir = tmp.path().join("data");
+    assert!(app.terminate().success());
+    let out = common::cli(&dir, &["reconcile"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("running daemon"),
+        "{out:?}"
+    );
 }

@@ -295,6 +295,8 @@ impl Sweeper {
                     states.push(state);
                 }
             }
+            // Deleted at the service: nothing to compare (the read would fail every pass).
+            states.retain(|s| s.deleted_at.is_none());
             let room = config.max_per_pass.saturating_sub(states.len());
             let sample = config.sample.min(room);
             if sample > 0 {
@@ -306,7 +308,7 @@ impl Sweeper {
                     page.extend(more);
                 }
                 *cursor = page.last().map(|s| s.id.as_str().to_owned());
-                for state in page {
+                for state in page.into_iter().filter(|s| s.deleted_at.is_none()) {
                     if seen.insert(state.id.as_str().to_owned()) {
                         states.push(state);
                     }
