@@ -7,9 +7,10 @@
 //!    conversation out of plain bot mode, those released within `reconcile.recent`, and a
 //!    rotating sample of `reconcile.sample` others (a page of the conversations tree after the
 //!    last pass's cursor);
-//! 2. reads the outbox's pending entries once (`Store::outbox_page`, page by page) and skips every
-//!    conversation with a pending action in any of its queues (`c:<id>`, `helpdesk:<id>`): the
-//!    sweeper never fights a change in flight;
+//! 2. reads their states 200 at a time and, after each chunk's states, the outbox's pending
+//!    entries (`Store::outbox_page`, page by page), and skips every conversation with a pending
+//!    action in any of its queues (`c:<id>`, `helpdesk:<id>`): the sweeper never fights a change
+//!    in flight;
 //! 3. asks the service (`GET /openapi/conversation/{id}/manual`) at `reconcile.per_second` (its
 //!    own limiter); a failed read leaves the conversation for the next pass;
 //! 4. compares ([`compare`], pure) and, unless it is a dry run, hands each drift to the writer,
@@ -42,6 +43,8 @@ use tokio::sync::watch;
 
 /// Outbox entries read per page when collecting the pending queues.
 const OUTBOX_PAGE: usize = 1_000;
+/// Candidates whose states are read (and the outbox's pending queues with them) at a time.
+const CHUNK: usize = 200;
 /// How often the loop looks at the daemon's clock (which the test clock moves) for a due pass.
 const TICK: Duration = Duration::from_secs(1);
 /// The `sourceId` of a drift whose conversation's bot is unknown.
@@ -179,11 +182,62 @@ impl Sweeper {
             started_at: now,
             ..PassReport::default()
         };
-        let (candidates, pending) = self.candidates(now).await?;
+        let candidates = self.candidates(now).await?;
         let before = std::mem::take(&mut *lock(&inner.unfolded));
         let mut unfolded = std::collections::HashMap::new();
+        let result = self
+            .sweep(candidates, &before, &mut unfolded, &mut report)
+            .await;
+        // A dry run wrote nothing: what earlier passes wrote stays remembered.
+        if dry_run {
+            unfolded.extend(before);
+        }
+        *lock(&inner.unfolded) = unfolded;
+        result?;
+        if !dry_run {
+            let m = &inner.metrics.reconcile_skipped;
+            m.with_label_values(&["pending"])
+                .inc_by(report.skipped_pending);
+            m.with_label_values(&["read_failed"])
+                .inc_by(report.read_failed);
+            m.with_label_values(&["changed"])
+                .inc_by(report.skipped_changed);
+        }
+        Ok(report)
+    }
+
+    /// Compare the candidates a chunk at a time, writing (unless a dry run) the drifts found.
+    /// `before`: the drifts earlier passes handed on, by conversation (see `Inner::unfolded`);
+    /// `unfolded` gets those still unfolded and this pass's.
+    async fn sweep(
+        &self,
+        candidates: Vec<ConversationId>,
+        before: &std::collections::HashMap<String, u64>,
+        unfolded: &mut std::collections::HashMap<String, u64>,
+        report: &mut PassReport,
+    ) -> Result<(), SweepError> {
+        for ids in candidates.chunks(CHUNK) {
+            let (states, pending) = self.chunk(ids.to_vec()).await?;
+            let found = self
+                .compare_chunk(states, &pending, before, unfolded, report)
+                .await;
+            self.hand_on(found, unfolded, report).await?;
+        }
+        Ok(())
+    }
+
+    /// Read the service for each state of a chunk; the drifts found with their states.
+    async fn compare_chunk(
+        &self,
+        states: Vec<ConversationState>,
+        pending: &HashSet<String>,
+        before: &std::collections::HashMap<String, u64>,
+        unfolded: &mut std::collections::HashMap<String, u64>,
+        report: &mut PassReport,
+    ) -> Vec<(ConversationState, Drift)> {
+        let inner = &self.inner;
         let mut found = Vec::new();
-        for state in candidates {
+        for state in states {
             let id = state.id.as_str();
             if before.get(id) == Some(&state.events_applied) {
                 // Its drift event is not folded yet: pending too.
@@ -191,7 +245,7 @@ impl Sweeper {
                 report.skipped_pending += 1;
                 continue;
             }
-            if is_pending(&pending, &state.id) {
+            if is_pending(pending, &state.id) {
                 report.skipped_pending += 1;
                 continue;
             }
@@ -210,8 +264,23 @@ impl Sweeper {
                 found.push((state, drift));
             }
         }
-        // The states may have moved on while the service was read: an event folded since
-        // (whatever it was) means the comparison is stale; the next pass looks again.
+        found
+    }
+
+    /// Hand the drifts of a chunk on (a dry run: only report them). The states may have moved
+    /// on while the service was read: an event folded since (whatever it was) means the comparison
+    /// is stale; the next pass looks again.
+    async fn hand_on(
+        &self,
+        found: Vec<(ConversationState, Drift)>,
+        unfolded: &mut std::collections::HashMap<String, u64>,
+        report: &mut PassReport,
+    ) -> Result<(), SweepError> {
+        if found.is_empty() {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let dry_run = report.dry_run;
         let store = inner.store.clone();
         let checked = blocking(move || {
             found
@@ -245,39 +314,18 @@ impl Sweeper {
                     .reconcile_drift
                     .with_label_values(&[drift.kind.as_str()])
                     .inc();
-                let written = self.write(&drift, bot.as_ref().map(|b| b.as_str())).await;
-                // Remembered even when the writer failed: it may have stored it.
+                // Remembered even when the writer fails: it may have stored it.
                 unfolded.insert(drift.conversation_id.as_str().to_owned(), applied);
-                if let Err(e) = written {
-                    *lock(&inner.unfolded) = unfolded;
-                    return Err(e);
-                }
-                report.written += written.unwrap_or(0);
+                report.written += self.write(&drift, bot.as_ref().map(|b| b.as_str())).await?;
             }
             report.drifts.push(drift);
         }
-        // A dry run wrote nothing: what earlier passes wrote stays remembered.
-        if dry_run {
-            unfolded.extend(before);
-        }
-        *lock(&inner.unfolded) = unfolded;
-        if !dry_run {
-            let m = &inner.metrics.reconcile_skipped;
-            m.with_label_values(&["pending"])
-                .inc_by(report.skipped_pending);
-            m.with_label_values(&["read_failed"])
-                .inc_by(report.read_failed);
-            m.with_label_values(&["changed"])
-                .inc_by(report.skipped_changed);
-        }
-        Ok(report)
+        Ok(())
     }
 
-    /// The pass's conversations (watched, then the sample) and the pending outbox queues.
-    async fn candidates(
-        &self,
-        now: Millis,
-    ) -> Result<(Vec<ConversationState>, HashSet<String>), SweepError> {
+    /// The pass's conversations (watched, then the sample), as ids: their states are read a
+    /// chunk at a time ([`Sweeper::chunk`]), so a long pass holds few in memory.
+    async fn candidates(&self, now: Millis) -> Result<Vec<ConversationId>, SweepError> {
         let inner = self.inner.clone();
         blocking(move || {
             let config = &inner.config;
@@ -286,18 +334,13 @@ impl Sweeper {
                 .store
                 .watched(now.saturating_sub(recent), config.max_per_pass)?;
             let mut seen = HashSet::new();
-            let mut states = Vec::new();
+            let mut ids = Vec::new();
             for id in watched.active.into_iter().chain(watched.released) {
-                if !seen.insert(id.clone()) {
-                    continue;
-                }
-                if let Some(state) = inner.store.conversation(&ConversationId::new(id))? {
-                    states.push(state);
+                if seen.insert(id.clone()) {
+                    ids.push(ConversationId::new(id));
                 }
             }
-            // Deleted at the service: nothing to compare (the read would fail every pass).
-            states.retain(|s| s.deleted_at.is_none());
-            let room = config.max_per_pass.saturating_sub(states.len());
+            let room = config.max_per_pass.saturating_sub(ids.len());
             let sample = config.sample.min(room);
             if sample > 0 {
                 let mut cursor = lock(&inner.cursor);
@@ -308,13 +351,36 @@ impl Sweeper {
                     page.extend(more);
                 }
                 *cursor = page.last().map(|s| s.id.as_str().to_owned());
-                for state in page.into_iter().filter(|s| s.deleted_at.is_none()) {
+                for state in page {
                     if seen.insert(state.id.as_str().to_owned()) {
+                        ids.push(state.id);
+                    }
+                }
+            }
+            Ok(ids)
+        })
+        .await?
+    }
+
+    /// The states of a chunk of candidates (deleted ones left out: the service has nothing to
+    /// compare), and then the queues with pending outbox entries. Read in this order, so a
+    /// conversation whose state is unchanged when its drift is handed on had no entry decided
+    /// after this snapshot of the outbox (entries are decided only with a fold of its events).
+    async fn chunk(
+        &self,
+        ids: Vec<ConversationId>,
+    ) -> Result<(Vec<ConversationState>, HashSet<String>), SweepError> {
+        let store = self.inner.store.clone();
+        blocking(move || {
+            let mut states = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(state) = store.conversation(id)? {
+                    if state.deleted_at.is_none() {
                         states.push(state);
                     }
                 }
             }
-            Ok((states, pending_queues(&inner.store)?))
+            Ok((states, pending_queues(&store)?))
         })
         .await?
     }
