@@ -49,7 +49,7 @@ fuzz_target!(|body: &[u8]| {
             Payload::EndUser(v) => round_trip(v),
             Payload::Conversation(v) => round_trip(v),
             Payload::Message(v) => round_trip(v),
-            Payload::Timer(_) | Payload::Agent(_) => {
+            Payload::Timer(_) | Payload::Agent(_) | Payload::Reconcile(_) => {
                 panic!("reserved event accepted from outside: {}", incoming.raw)
             }
             Payload::Unknown(_) => {}
