@@ -237,6 +237,25 @@ impl Emulator {
         lock(&self.inner.journal).entries()
     }
 
+    /// A change of the webhook's state (disabled, enabled) in the journal: `method` `WEBHOOK`,
+    /// `endpoint` the change, `body` why.
+    pub fn journal_webhook(&self, at: Millis, change: &str, why: Value) {
+        lock(&self.inner.journal).push(JournalEntry {
+            seq: 0,
+            at,
+            method: "WEBHOOK".to_owned(),
+            path: "/_emulator/webhook".to_owned(),
+            query: String::new(),
+            endpoint: Some(change.to_owned()),
+            body: why,
+            idempotency_key: None,
+            status: 0,
+            answer: Value::Null,
+            replayed: false,
+            fault: None,
+        });
+    }
+
     pub fn clear_journal(&self) {
         lock(&self.inner.journal).clear();
     }
