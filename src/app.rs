@@ -47,6 +47,8 @@ pub struct Shared {
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
     pub helpdesk: crate::helpdesk::api::Helpdesk,
+    /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
+    pub backfill: crate::backfill::Backfill,
 }
 
 impl Shared {
@@ -280,6 +282,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
+    let backfill = crate::backfill::Backfill::new(
+        store.clone(),
+        writer.clone(),
+        upstream.handle.clone(),
+        metrics.clone(),
+        crate::backfill::Settings::from_config(&config.backfill),
+        crate::backfill::WebhookWatch::new(&metrics),
+    );
+    // The first pass at once: what the service did while the daemon was down.
+    let _backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(
         store.clone(),
         metrics.clone(),
@@ -330,6 +342,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         emulator: upstream.emulator.as_ref().map(|e| e.emulator.clone()),
         rules: reloader,
         helpdesk,
+        backfill,
     });
 
     let webhook_path = config.webhook.path.clone();

@@ -992,6 +992,24 @@ impl Store {
         }
     }
 
+    /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
+    pub fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
+        Ok(self
+            .meta
+            .get(keys::meta::BACKFILL_CURSOR)?
+            .and_then(|v| keys::parse_seq(&v))
+            .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
+    }
+
+    /// Moves backfill's cursor. A plain insert (sled's own flusher persists it within its flush
+    /// interval): a cursor lost in a crash only makes the next pass read a little more, which
+    /// dedupe absorbs.
+    pub fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
+        self.meta
+            .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
+        Ok(())
+    }
+
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
     pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)
