@@ -92,6 +92,8 @@ struct WatchInner {
     silent_since: AtomicI64,
     /// When the last authenticated delivery arrived (daemon ms), or `i64::MIN`.
     last_delivery_at: AtomicI64,
+    /// The oldest message backfill found missing since that delivery, or `i64::MAX`.
+    first_missing_at: AtomicI64,
     /// Events backfilled since start.
     backfilled: AtomicU64,
     gauge: prometheus::IntGauge,
@@ -104,6 +106,7 @@ impl WebhookWatch {
             inner: Arc::new(WatchInner {
                 silent_since: AtomicI64::new(NOT_SILENT),
                 last_delivery_at: AtomicI64::new(i64::MIN),
+                first_missing_at: AtomicI64::new(i64::MAX),
                 backfilled: AtomicU64::new(0),
                 gauge: metrics.webhook_silent.clone(),
             }),
@@ -113,6 +116,7 @@ impl WebhookWatch {
     /// A delivery from the service was accepted (intake): the webhook works, silence ends.
     pub fn arrived(&self, now: Millis) {
         self.inner.last_delivery_at.fetch_max(now, Ordering::Relaxed);
+        self.inner.first_missing_at.store(i64::MAX, Ordering::Relaxed);
         if self.inner.silent_since.swap(NOT_SILENT, Ordering::Relaxed) != NOT_SILENT {
             self.inner.gauge.set(0);
             tracing::info!("webhook deliveries arrive again: the webhook is no longer silent");
@@ -121,6 +125,22 @@ impl WebhookWatch {
 
     fn last_delivery_at(&self) -> Millis {
         self.inner.last_delivery_at.load(Ordering::Relaxed)
+    }
+
+    /// A pass that began at `started` found messages missing, the oldest from `oldest`. Returns
+    /// the oldest message missing since the last delivery, unless a delivery arrived since the
+    /// pass began (then the webhook works, and what the pass found was only late).
+    fn missing(&self, oldest: Option<Millis>, started: Millis) -> Option<Millis> {
+        if self.last_delivery_at() >= started {
+            return None;
+        }
+        if let Some(oldest) = oldest {
+            self.inner
+                .first_missing_at
+                .fetch_min(oldest, Ordering::Relaxed);
+        }
+        let first = self.inner.first_missing_at.load(Ordering::Relaxed);
+        (first != i64::MAX).then_some(first)
     }
 
     /// Backfill found events the webhook should have delivered long ago. Returns true when this
@@ -271,6 +291,8 @@ impl Backfill {
         };
 
         let mut missing: Vec<(Millis, IncomingEvent)> = Vec::new();
+        let mut with_missing: std::collections::HashSet<&ConversationId> = Default::default();
+        let mut oldest_message: Option<Millis> = None;
         for m in &messages {
             let known = states
                 .get(&m.conversation_id)
@@ -281,16 +303,26 @@ impl Backfill {
             }
             let at = m.timestamp.unwrap_or(to);
             match crate::webhook::backfill_message_event(m, &bot_of(&m.conversation_id), at) {
-                Ok(event) => missing.push((at, event)),
+                Ok(event) => {
+                    with_missing.insert(&m.conversation_id);
+                    oldest_message = Some(oldest_message.map_or(at, |o| o.min(at)));
+                    missing.push((at, event));
+                }
                 Err(e) => tracing::warn!(error = %e, conversation_id = %m.conversation_id, "a listed message cannot be backfilled"),
             }
         }
+        // A conversation's change is inferred only where the webhook demonstrably missed
+        // something (messages of it missing, the webhook silent) or the bridge never heard of
+        // it: changes the service makes without a webhook (the bridge's own API calls, the
+        // builder) are the reconciliation sweeper's.
+        let silent = self.watch.is_silent();
         for c in &conversations {
             let Some(updated) = updated_ms(c) else {
                 continue;
             };
             let state = states.get(&c.id).and_then(|s| s.as_ref());
-            if !differs(state, c, updated) {
+            let missed = silent || state.is_none() || with_missing.contains(&c.id);
+            if !missed || !differs(state, c, updated) {
                 continue;
             }
             match crate::webhook::backfill_conversation_event(c, &bot_of(&c.id), updated) {
@@ -306,21 +338,20 @@ impl Backfill {
         self.metrics.backfill_events.inc_by(report.stored);
         self.watch.count(report.stored);
 
-        // Silence: something the webhook should have brought long ago, and no delivery since
-        // this pass began (a re-send that arrives meanwhile is the webhook working again).
+        // Silence: messages the webhook should have brought, missing for longer than
+        // `silence_alert_after` with no delivery since (a delivery during this pass means the
+        // webhook works, and what the pass found was only late).
         let silence_after = millis(self.settings.silence_alert_after);
-        if let Some(oldest) = report.oldest_missing_at {
-            if started.saturating_sub(oldest) > silence_after
-                && self.watch.last_delivery_at() < started
-            {
+        if let Some(first) = self.watch.missing(oldest_message, started) {
+            if started.saturating_sub(first) > silence_after {
                 report.silent = true;
-                if self.watch.silent(oldest) {
+                if self.watch.silent(first) {
                     tracing::warn!(
                         missing = report.missing,
-                        oldest_missing_at = oldest,
-                        "the webhook did not deliver events older than backfill.silence_alert_after: \
-                         the service may have disabled the webhook after failed deliveries: \
-                         re-enable it in the bot's webhook settings"
+                        first_missing_at = first,
+                        "the webhook has not delivered messages for longer than \
+                         backfill.silence_alert_after: the service may have disabled the webhook \
+                         after failed deliveries: re-enable it in the bot's webhook settings"
                     );
                 }
             }
@@ -529,6 +560,9 @@ mod tests {
         let metrics = Metrics::new().expect("metrics");
         let watch = WebhookWatch::new(&metrics);
         assert_eq!(watch.detail()["silent"], false);
+        assert_eq!(watch.missing(Some(1_000), 2_000), Some(1_000));
+        assert_eq!(watch.missing(Some(1_500), 2_500), Some(1_000), "the oldest");
+        assert_eq!(watch.missing(None, 3_000), Some(1_000), "kept until a delivery");
         assert!(watch.silent(1_000), "starts the silence");
         assert!(!watch.silent(2_000), "already silent");
         assert_eq!(metrics.webhook_silent.get(), 1);
@@ -540,5 +574,11 @@ mod tests {
         assert_eq!(watch.detail()["since"], Value::Null);
         assert_eq!(watch.detail()["backfilled"], 3);
         assert_eq!(watch.last_delivery_at(), 5_000);
+        assert_eq!(watch.missing(None, 6_000), None, "a delivery forgets what was missing");
+        assert_eq!(
+            watch.missing(Some(5_500), 5_000),
+            None,
+            "a delivery since the pass began: only late"
+        );
     }
 }

@@ -195,8 +195,17 @@ pub fn audit(
                 crate::store::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
                     Ok(None)
                 })?;
+            if crate::webhook::is_backfilled(&event) {
+                item["source"] = json!(crate::webhook::BACKFILL_SOURCE);
+            }
             if !decides {
-                item["stale_timer"] = json!(true);
+                match &event.payload {
+                    // The same message came by the other path (webhook or backfill) first.
+                    crate::webhook::model::Payload::Message(m) => {
+                        item["duplicate_message"] = json!(m.id);
+                    }
+                    _ => item["stale_timer"] = json!(true),
+                }
             }
             if let (Some(set), true) = (set, decides) {
                 let inputs = crate::actions::Inputs {
