@@ -296,3 +296,64 @@ fn the_webhook_refuses_backfill_ids_from_outside() {
     assert_eq!(answer["accepted"], 0, "{answer}");
     assert!(answer["quarantine_id"].is_number(), "{answer}");
 }
+
+/// The other order: the webhook's copy of a message is stored first (folding held back, so the
+/// state does not know it yet and backfill reads it as missing), then backfill's copy; once
+/// folding resumes the first copy is folded and the second is a duplicate.
+#[test]
+fn a_message_stored_by_the_webhook_then_by_backfill_is_folded_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules_dir(tmp.path(), RULES);
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: daemon_env(&rules, &[("HANDOFF_BRIDGE__BACKFILL__INTERVAL", "1h")]),
+            ..Spawn::default()
+        },
+    );
+    let emu = app.emulator().to_owned();
+    let (conv, _, _) = SEEDED[1];
+    let (status, body) = app.admin_post("/admin/v1/dispatch/pause");
+    assert_eq!(status, 200, "{body}");
+    say(&emu, conv, "an agent please");
+    let (status, body) = emu_call(
+        "GET",
+        &format!("{emu}/_emulator/webhook/flushed?timeout_ms=30000"),
+        None,
+    );
+    assert_eq!(status, 200, "the webhook delivered it: {body}");
+    let (status, pass) = app.admin_post("/admin/v1/backfill");
+    assert_eq!(status, 200, "{pass}");
+    // The message, and the conversation the bridge has no state for yet (inferred).
+    assert_eq!(pass["pass"]["messages_read"], 1, "{pass}");
+    assert_eq!(pass["pass"]["stored"], 2, "not folded yet, so read as missing: {pass}");
+    assert_eq!(pass["pass"]["silent"], false, "seconds late is not silence: {pass}");
+    let (status, body) = app.admin_post("/admin/v1/dispatch/resume");
+    assert_eq!(status, 200, "{body}");
+    app.settle();
+    let state = conversation(&app, conv);
+    assert_eq!(state["messages"]["user_messages"], 1, "{state}");
+    assert_eq!(effective_embedded(&app, "set-manual"), 1);
+    assert_eq!(effective_embedded(&app, "send-conversation-message"), 1);
+    let (status, audit) = app.admin_get(&format!("/admin/v1/conversations/{conv}/audit"));
+    assert_eq!(status, 200);
+    let timeline = audit["timeline"].as_array().cloned().unwrap_or_default();
+    let dup = timeline
+        .iter()
+        .find(|e| e["duplicate_message"].is_string())
+        .unwrap_or_else(|| panic!("a duplicate in {audit}"));
+    assert_eq!(dup["source"], "backfill", "the second copy is backfill's: {audit}");
+    // A later pass finds nothing missing.
+    let (status, pass) = app.admin_post("/admin/v1/backfill");
+    assert_eq!(status, 200, "{pass}");
+    assert_eq!(pass["pass"]["missing"], 0, "{pass}");
+    assert_eq!(readyz_webhook(&app)["silent"], false);
+}
+
+/// Calls of `endpoint` that took effect at the embedded emulator.
+fn effective_embedded(app: &TestApp, endpoint: &str) -> usize {
+    app.journal()
+        .iter()
+        .filter(|e| e["endpoint"] == endpoint && common::took_effect(e))
+        .count()
+}
