@@ -13,14 +13,18 @@
 //!   `bot.message.received` / `bot.message.sent` event the webhook would have carried;
 //! - a conversation changed at the service after the bridge last heard of it, whose manual
 //!   status, params or navigation differ from the state's, becomes a `bot.conversation.updated`
-//!   carrying the conversation as listed. Agent-call steps (requested, connected...) have no
-//!   trace in the Open API: they are left to the reconciliation sweeper (and to the webhook's
-//!   re-send once it is enabled again).
+//!   carrying the conversation as listed, but only where the webhook demonstrably missed
+//!   something (messages of it missing, the webhook silent) or the bridge has no state for it.
+//!   Agent-call steps (requested, connected...) have no trace in the Open API, and changes made
+//!   without a webhook (the bridge's own calls, the builder) are not the webhook's to miss: both
+//!   are left to the reconciliation sweeper (and agent-call steps to the webhook's re-send once it
+//!   is enabled again).
 //!
 //! A message is folded once whichever path brings it first: the fold knows a conversation's
 //! recent message ids (`state::ConversationState::knows_message`).
 //!
-//! A missing event older than `backfill.silence_alert_after` means the webhook is silent: the
+//! Messages missing longer than `backfill.silence_alert_after` (with no delivery since) mean the
+//! webhook is silent: the
 //! `handoff_webhook_silent` gauge, a `warn` line naming the likely cause, and `/readyz`'s
 //! `checks.webhook` (detail only, never a 503) say so until a delivery arrives again
 //! ([`WebhookWatch::arrived`]). A failed Open API read ends the pass without moving the cursor:
@@ -115,8 +119,12 @@ impl WebhookWatch {
 
     /// A delivery from the service was accepted (intake): the webhook works, silence ends.
     pub fn arrived(&self, now: Millis) {
-        self.inner.last_delivery_at.fetch_max(now, Ordering::Relaxed);
-        self.inner.first_missing_at.store(i64::MAX, Ordering::Relaxed);
+        self.inner
+            .last_delivery_at
+            .fetch_max(now, Ordering::Relaxed);
+        self.inner
+            .first_missing_at
+            .store(i64::MAX, Ordering::Relaxed);
         if self.inner.silent_since.swap(NOT_SILENT, Ordering::Relaxed) != NOT_SILENT {
             self.inner.gauge.set(0);
             tracing::info!("webhook deliveries arrive again: the webhook is no longer silent");
@@ -308,7 +316,9 @@ impl Backfill {
                     oldest_message = Some(oldest_message.map_or(at, |o| o.min(at)));
                     missing.push((at, event));
                 }
-                Err(e) => tracing::warn!(error = %e, conversation_id = %m.conversation_id, "a listed message cannot be backfilled"),
+                Err(e) => {
+                    tracing::warn!(error = %e, conversation_id = %m.conversation_id, "a listed message cannot be backfilled")
+                }
             }
         }
         // A conversation's change is inferred only where the webhook demonstrably missed
@@ -327,7 +337,9 @@ impl Backfill {
             }
             match crate::webhook::backfill_conversation_event(c, &bot_of(&c.id), updated) {
                 Ok(event) => missing.push((updated, event)),
-                Err(e) => tracing::warn!(error = %e, conversation_id = %c.id, "a listed conversation cannot be backfilled"),
+                Err(e) => {
+                    tracing::warn!(error = %e, conversation_id = %c.id, "a listed conversation cannot be backfilled")
+                }
             }
         }
         // Oldest first: each conversation's events reach its fold in the order they happened.
@@ -378,7 +390,11 @@ impl Backfill {
         Ok(report)
     }
 
-    async fn messages(&self, from: Millis, to: Millis) -> Result<(Vec<Message>, bool), BackfillError> {
+    async fn messages(
+        &self,
+        from: Millis,
+        to: Millis,
+    ) -> Result<(Vec<Message>, bool), BackfillError> {
         let mut out = Vec::new();
         for page in 0..MAX_PAGES {
             let q = MessagesQuery {
@@ -439,9 +455,9 @@ impl Backfill {
             let chunk: Vec<IncomingEvent> = events.by_ref().take(JOB_EVENTS).collect();
             n += 1;
             let job = AcceptJob {
-                delivery: DeliveryId::new(crate::ids::Internal::Backfill.id(format_args!(
-                    "pass:{now}:{n}"
-                ))),
+                delivery: DeliveryId::new(
+                    crate::ids::Internal::Backfill.id(format_args!("pass:{now}:{n}")),
+                ),
                 events: chunk,
                 invalid: Vec::new(),
                 received_at: now,
@@ -483,10 +499,7 @@ fn differs(state: Option<&ConversationState>, c: &Conversation, updated: Millis)
         return false;
     }
     let manual = c.manual_status().map(str::to_owned);
-    let params_differ = c
-        .params
-        .as_ref()
-        .is_some_and(|p| *p != state.params.value);
+    let params_differ = c.params.as_ref().is_some_and(|p| *p != state.params.value);
     let nav_differs = c
         .effective_navigation()
         .is_some_and(|n| *n != state.navigation.value);
@@ -544,9 +557,15 @@ mod tests {
         assert!(differs(None, &c, updated), "unknown to the bridge");
         let mut state = ConversationState::new("c1".into());
         state.last_event_at = updated - 1;
-        assert!(differs(Some(&state), &c, updated), "manual on at the service only");
+        assert!(
+            differs(Some(&state), &c, updated),
+            "manual on at the service only"
+        );
         state.manual_status.value = Some("HANDOVER".into());
-        assert!(!differs(Some(&state), &c, updated), "the same manual status");
+        assert!(
+            !differs(Some(&state), &c, updated),
+            "the same manual status"
+        );
         state.manual_status.value = None;
         state.last_event_at = updated;
         assert!(
@@ -562,7 +581,11 @@ mod tests {
         assert_eq!(watch.detail()["silent"], false);
         assert_eq!(watch.missing(Some(1_000), 2_000), Some(1_000));
         assert_eq!(watch.missing(Some(1_500), 2_500), Some(1_000), "the oldest");
-        assert_eq!(watch.missing(None, 3_000), Some(1_000), "kept until a delivery");
+        assert_eq!(
+            watch.missing(None, 3_000),
+            Some(1_000),
+            "kept until a delivery"
+        );
         assert!(watch.silent(1_000), "starts the silence");
         assert!(!watch.silent(2_000), "already silent");
         assert_eq!(metrics.webhook_silent.get(), 1);
@@ -574,7 +597,11 @@ mod tests {
         assert_eq!(watch.detail()["since"], Value::Null);
         assert_eq!(watch.detail()["backfilled"], 3);
         assert_eq!(watch.last_delivery_at(), 5_000);
-        assert_eq!(watch.missing(None, 6_000), None, "a delivery forgets what was missing");
+        assert_eq!(
+            watch.missing(None, 6_000),
+            None,
+            "a delivery forgets what was missing"
+        );
         assert_eq!(
             watch.missing(Some(5_500), 5_000),
             None,

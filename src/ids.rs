@@ -67,13 +67,8 @@ string_id!(
 /// service's events read back through the Open API by backfill (`backfill`). The one list: [`Internal`] makes ids from it, and the webhook refuses an event
 /// or delivery whose id starts with one of them, so none from outside can pre-empt (be taken as a
 /// duplicate of) an id the bridge will make.
-pub const RESERVED_ID_PREFIXES: &[&str] = &[
-    "timer:",
-    "agent:",
-    "quarantine:",
-    "reconcile:",
-    "backfill:",
-];
+pub const RESERVED_ID_PREFIXES: &[&str] =
+    &["timer:", "agent:", "quarantine:", "reconcile:", "backfill:"];
 
 /// The kinds of ids the bridge makes for itself; each takes its prefix from
 /// [`RESERVED_ID_PREFIXES`].

@@ -59,7 +59,10 @@ fn conversation(app: &TestApp, id: &str) -> Value {
 
 fn readyz_webhook(app: &TestApp) -> Value {
     let (status, body) = app.get("/readyz");
-    assert_eq!(status, 200, "a silent webhook never makes the bridge unready: {body}");
+    assert_eq!(
+        status, 200,
+        "a silent webhook never makes the bridge unready: {body}"
+    );
     let body: Value = serde_json::from_str(&body).expect("readyz JSON");
     body["checks"]["webhook"].clone()
 }
@@ -81,7 +84,12 @@ fn advance_clock(app: &TestApp, by: &str) {
         .header("content-type", "application/json")
         .send(json!({ "by": by }).to_string())
         .expect("POST clock/advance");
-    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.body_mut().read_to_string());
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{:?}",
+        resp.body_mut().read_to_string()
+    );
 }
 
 /// Every action decided so far was carried out.
@@ -95,7 +103,8 @@ fn outbox_idle(app: &TestApp) {
 fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once() {
     // The emulator starts with a dead webhook URL; each bridge registers its own (the bot's
     // webhook settings).
-    let emulator = ExternalEmulator::start_with_webhook(EMULATOR_KEY, "http://127.0.0.1:9/webhook/x");
+    let emulator =
+        ExternalEmulator::start_with_webhook(EMULATOR_KEY, "http://127.0.0.1:9/webhook/x");
     let emu = emulator.base.clone();
     let tmp = tempfile::tempdir().expect("tempdir");
     let rules = rules_dir(tmp.path(), RULES);
@@ -148,9 +157,15 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
         let w = webhook_status(&emu);
         (w["enabled"] == false).then_some(w)
     });
-    assert_eq!(disabled["failures"].as_array().map(Vec::len), Some(3), "{disabled}");
+    assert_eq!(
+        disabled["failures"].as_array().map(Vec::len),
+        Some(3),
+        "{disabled}"
+    );
     assert!(
-        disabled["reason"].as_str().is_some_and(|r| r.contains("3 failed deliveries")),
+        disabled["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("3 failed deliveries")),
         "{disabled}"
     );
     assert!(
@@ -181,7 +196,10 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
         .and_then(|c| c.iter().find(|r| r["conversation"]["id"] == conv))
         .cloned()
         .expect("the conversation at the service");
-    assert_eq!(record["manual"]["enabled"], true, "the handoff reached the service");
+    assert_eq!(
+        record["manual"]["enabled"], true,
+        "the handoff reached the service"
+    );
     let backfilled = app.metric("handoff_backfill_events_total");
     assert!(backfilled >= 2.0, "{backfilled}");
     assert_eq!(
@@ -196,13 +214,17 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
     let (status, pass) = app.admin_post("/admin/v1/backfill");
     assert_eq!(status, 200, "{pass}");
     assert_eq!(pass["pass"]["silent"], true, "{pass}");
-    assert!(pass["pass"]["stored"].as_u64().is_some_and(|n| n >= 1), "{pass}");
+    assert!(
+        pass["pass"]["stored"].as_u64().is_some_and(|n| n >= 1),
+        "{pass}"
+    );
     assert_eq!(app.metric("handoff_webhook_silent"), 1.0);
     let detail = readyz_webhook(&app);
     assert_eq!(detail["silent"], true, "{detail}");
     assert!(detail["since"].is_i64(), "{detail}");
     assert!(
-        app.logs().contains("the service may have disabled the webhook after failed deliveries"),
+        app.logs()
+            .contains("the service may have disabled the webhook after failed deliveries"),
         "the warn line names the likely cause"
     );
     poll_until("the newest message backfilled", LIMIT, || {
@@ -223,7 +245,10 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
             .unwrap_or(0)
     };
     let actions_before = decided(&audit_before);
-    assert_eq!(actions_before, 2, "set_manual and send_message: {audit_before}");
+    assert_eq!(
+        actions_before, 2,
+        "set_manual and send_message: {audit_before}"
+    );
 
     // 5. The webhook is enabled again: the service re-sends every held event with its ids. The
     // messages are duplicates of the backfilled ones (no state change, no rule); the agent call,
@@ -247,7 +272,10 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
     });
     outbox_idle(&app);
     let after = conversation(&app, conv);
-    assert_eq!(after["messages"]["user_messages"], 4, "no message counted twice");
+    assert_eq!(
+        after["messages"]["user_messages"], 4,
+        "no message counted twice"
+    );
     assert_eq!(
         after["messages"]["bot_messages"], before["messages"]["bot_messages"],
         "the re-sent echo of the bot's message is a duplicate too"
@@ -258,20 +286,39 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
         "only the agent call was new"
     );
     assert_eq!(effective(&emu, "set-manual"), 1, "the handoff ran once");
-    assert_eq!(effective(&emu, "send-conversation-message"), 1, "one message to the user");
+    assert_eq!(
+        effective(&emu, "send-conversation-message"),
+        1,
+        "one message to the user"
+    );
     let (status, audit_after) = app.admin_get(&format!("/admin/v1/conversations/{conv}/audit"));
     assert_eq!(status, 200);
-    assert_eq!(decided(&audit_after), actions_before, "no action decided again");
-    let timeline = audit_after["timeline"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        decided(&audit_after),
+        actions_before,
+        "no action decided again"
+    );
+    let timeline = audit_after["timeline"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(
         timeline.iter().any(|e| e["source"] == "backfill"),
         "backfilled events are marked in the audit"
     );
     assert!(
-        timeline.iter().filter(|e| e["duplicate_message"].is_string()).count() >= 3,
+        timeline
+            .iter()
+            .filter(|e| e["duplicate_message"].is_string())
+            .count()
+            >= 3,
         "the re-sent copies show as duplicates: {audit_after}"
     );
-    assert_eq!(readyz_webhook(&app)["silent"], false, "deliveries arrive again");
+    assert_eq!(
+        readyz_webhook(&app)["silent"],
+        false,
+        "deliveries arrive again"
+    );
     assert_eq!(app.metric("handoff_webhook_silent"), 0.0);
     let _ = app.terminate();
 }
@@ -326,8 +373,14 @@ fn a_message_stored_by_the_webhook_then_by_backfill_is_folded_once() {
     assert_eq!(status, 200, "{pass}");
     // The message, and the conversation the bridge has no state for yet (inferred).
     assert_eq!(pass["pass"]["messages_read"], 1, "{pass}");
-    assert_eq!(pass["pass"]["stored"], 2, "not folded yet, so read as missing: {pass}");
-    assert_eq!(pass["pass"]["silent"], false, "seconds late is not silence: {pass}");
+    assert_eq!(
+        pass["pass"]["stored"], 2,
+        "not folded yet, so read as missing: {pass}"
+    );
+    assert_eq!(
+        pass["pass"]["silent"], false,
+        "seconds late is not silence: {pass}"
+    );
     let (status, body) = app.admin_post("/admin/v1/dispatch/resume");
     assert_eq!(status, 200, "{body}");
     app.settle();
@@ -342,7 +395,10 @@ fn a_message_stored_by_the_webhook_then_by_backfill_is_folded_once() {
         .iter()
         .find(|e| e["duplicate_message"].is_string())
         .unwrap_or_else(|| panic!("a duplicate in {audit}"));
-    assert_eq!(dup["source"], "backfill", "the second copy is backfill's: {audit}");
+    assert_eq!(
+        dup["source"], "backfill",
+        "the second copy is backfill's: {audit}"
+    );
     // A later pass finds nothing missing.
     let (status, pass) = app.admin_post("/admin/v1/backfill");
     assert_eq!(status, 200, "{pass}");

@@ -13,9 +13,9 @@ use super::state::PendingEvent;
 use super::Emulator;
 use crate::http_error::ApiError;
 use crate::webhook::model::MessageData;
+use crate::webhook::model::Millis;
 use actix_web::{web, HttpResponse};
 use rand::distr::{Alphanumeric, SampleString};
-use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -181,7 +181,11 @@ async fn enable(emu: web::Data<Emulator>, body: web::Bytes) -> Result<HttpRespon
     });
     if was_disabled {
         tracing::info!("emulator webhook enabled again");
-        emu.journal_webhook(now, "webhook-enabled", json!({ "reason": "enabled through /_emulator/webhook/enable" }));
+        emu.journal_webhook(
+            now,
+            "webhook-enabled",
+            json!({ "reason": "enabled through /_emulator/webhook/enable" }),
+        );
     }
     emu.with_state(|s| s.events_done(0));
     Ok(HttpResponse::Ok().json(status))
@@ -452,7 +456,10 @@ mod tests {
         let reason = w.reason.clone().unwrap_or_default();
         assert!(reason.contains("3 failed deliveries"), "{reason}");
         assert!(reason.contains("connection failed"), "{reason}");
-        assert!(!w.failed(29 * MIN + 1, "status 503".into()), "disabled once");
+        assert!(
+            !w.failed(29 * MIN + 1, "status 503".into()),
+            "disabled once"
+        );
     }
 
     #[test]
@@ -478,7 +485,10 @@ mod tests {
         assert!(w.enabled && w.failures.is_empty());
         assert_eq!(w.enabled_at, Some(5 * MIN));
         assert!(!w.enable(6 * MIN), "already enabled");
-        assert!(!w.failed(7 * MIN, "status 500".into()), "counting starts afresh");
+        assert!(
+            !w.failed(7 * MIN, "status 500".into()),
+            "counting starts afresh"
+        );
     }
 
     #[test]

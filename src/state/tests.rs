@@ -355,7 +355,13 @@ fn message_ids_are_kept_newest_first_and_bounded() {
     let mut state = ConversationState::new("c1".into());
     let total = crate::state::RECENT_MESSAGE_IDS as i64 + 5;
     for i in (0..total).rev() {
-        state.apply(&msg_event(&format!("x{i}"), "bot.message.received", i, true, "null"));
+        state.apply(&msg_event(
+            &format!("x{i}"),
+            "bot.message.received",
+            i,
+            true,
+            "null",
+        ));
     }
     let ids = &state.messages.recent_ids;
     assert_eq!(ids.len(), crate::state::RECENT_MESSAGE_IDS);
