@@ -64,9 +64,10 @@ string_id!(
 
 /// Id prefixes the bridge keeps for the ids it makes itself (event and delivery ids): timer
 /// firings, agent commands, re-processed quarantine records, reconciliation events, and the
-/// service's events read back through the Open API by backfill (`backfill`). The one list: [`Internal`] makes ids from it, and the webhook refuses an event
-/// or delivery whose id starts with one of them, so none from outside can pre-empt (be taken as a
-/// duplicate of) an id the bridge will make.
+/// service's events read back through the Open API by backfill (`backfill`). The one list:
+/// [`Internal`] makes ids from it, and the webhook refuses an event or delivery whose id starts
+/// with one of them, so none from outside can pre-empt (be taken as a duplicate of) an id the
+/// bridge will make.
 pub const RESERVED_ID_PREFIXES: &[&str] =
     &["timer:", "agent:", "quarantine:", "reconcile:", "backfill:"];
 
