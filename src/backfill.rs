@@ -258,6 +258,7 @@ impl Backfill {
             // A new store: the service's history before the bridge existed is not its to fold.
             self.blocking(move |s| s.set_backfill_cursor(started))
                 .await?;
+            self.writer.flush().await?;
             tracing::info!("backfill starts from now (first pass on this store)");
             return Ok(PassReport::default());
         };
@@ -378,6 +379,8 @@ impl Backfill {
             to
         };
         self.blocking(move |s| s.set_backfill_cursor(next)).await?;
+        // Durable before the pass is done (the writer's indexer is the one that flushes).
+        self.writer.flush().await?;
         if report.stored > 0 {
             tracing::info!(
                 stored = report.stored,

@@ -141,6 +141,16 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
         (conversation(&app, conv)["messages"]["user_messages"] == 1).then_some(())
     });
     assert_eq!(readyz_webhook(&app)["silent"], false);
+    // A pass has read a window and made its cursor durable (the one on start normally has).
+    poll_until("a pass that reads a window", LIMIT, || {
+        let (status, pass) = app.admin_post("/admin/v1/backfill");
+        assert_eq!(status, 200, "{pass}");
+        assert_eq!(
+            pass["pass"]["missing"], 0,
+            "the webhook delivered everything: {pass}"
+        );
+        pass["pass"]["to"].as_i64()
+    });
     app.kill9();
 
     // 2. The bridge is down: the user writes and asks for an agent, and the agent call is made.
@@ -360,6 +370,12 @@ fn a_message_stored_by_the_webhook_then_by_backfill_is_folded_once() {
     );
     let emu = app.emulator().to_owned();
     let (conv, _, _) = SEEDED[1];
+    // A new store's first pass (normally the one on start) only sets the cursor.
+    poll_until("a pass that reads a window", LIMIT, || {
+        let (status, pass) = app.admin_post("/admin/v1/backfill");
+        assert_eq!(status, 200, "{pass}");
+        pass["pass"]["to"].as_i64()
+    });
     let (status, body) = app.admin_post("/admin/v1/dispatch/pause");
     assert_eq!(status, 200, "{body}");
     say(&emu, conv, "an agent please");
@@ -412,4 +428,54 @@ fn effective_embedded(app: &TestApp, endpoint: &str) -> usize {
         .iter()
         .filter(|e| e["endpoint"] == endpoint && common::took_effect(e))
         .count()
+}
+
+/// A failed Open API read ends the pass without moving its cursor: the next pass reads the same
+/// window again and finds what the failed one could not.
+#[test]
+fn a_failed_read_leaves_the_cursor_for_the_next_pass() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules_dir(tmp.path(), RULES);
+    let app = TestApp::spawn_in(
+        &tmp.path().join("data"),
+        Spawn {
+            env: daemon_env(&rules, &[("HANDOFF_BRIDGE__BACKFILL__INTERVAL", "1h")]),
+            ..Spawn::default()
+        },
+    );
+    let emu = app.emulator().to_owned();
+    // A new store's first pass (normally the one on start) only sets the cursor.
+    let cursor = poll_until("a pass that reads a window", LIMIT, || {
+        let (status, pass) = app.admin_post("/admin/v1/backfill");
+        assert_eq!(status, 200, "{pass}");
+        pass["pass"]["to"].as_i64()
+    });
+    // Held back from folding, the message is one the state does not know.
+    let (status, body) = app.admin_post("/admin/v1/dispatch/pause");
+    assert_eq!(status, 200, "{body}");
+    let (conv, _, _) = SEEDED[2];
+    say(&emu, conv, "hello");
+    common::relay::set_faults(
+        &emu,
+        json!({"error_rate": 1.0, "status": 503, "path_prefix": "/openapi/messages"}),
+    );
+    let (status, failed) = app.admin_post("/admin/v1/backfill");
+    assert_eq!(status, 502, "{failed}");
+    assert_eq!(failed["error"]["code"], "backfill_failed", "{failed}");
+    common::relay::clear_faults(&emu);
+    let (status, again) = app.admin_post("/admin/v1/backfill");
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        again["pass"]["from"].as_i64(),
+        Some(cursor - 120_000),
+        "from the last good pass's end, minus the overlap: {again}"
+    );
+    assert!(
+        again["pass"]["stored"].as_u64().is_some_and(|n| n >= 1),
+        "{again}"
+    );
+    let (status, body) = app.admin_post("/admin/v1/dispatch/resume");
+    assert_eq!(status, 200, "{body}");
+    app.settle();
+    assert_eq!(conversation(&app, conv)["messages"]["user_messages"], 1);
 }

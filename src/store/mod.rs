@@ -1001,9 +1001,8 @@ impl Store {
             .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
     }
 
-    /// Moves backfill's cursor. A plain insert (sled's own flusher persists it within its flush
-    /// interval): a cursor lost in a crash only makes the next pass read a little more, which
-    /// dedupe absorbs.
+    /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
+    /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
     pub fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
         self.meta
             .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
