@@ -270,7 +270,7 @@ impl Backfill {
             ..PassReport::default()
         };
 
-        let (conversations, conv_full) = self.conversations(from, to).await?;
+        let (mut conversations, conv_full) = self.conversations(from, to).await?;
         let (messages, msg_full) = self.messages(from, to).await?;
         report.conversations_read = conversations.len() as u64;
         report.messages_read = messages.len() as u64;
@@ -288,6 +288,25 @@ impl Backfill {
                     .collect()
             })
             .await?;
+        // A message of a conversation the bridge has no state for and the list did not show
+        // (changed before the window): read the conversation itself, for its bot and end user.
+        let mut unseen: Vec<ConversationId> = messages
+            .iter()
+            .map(|m| &m.conversation_id)
+            .filter(|id| !matches!(states.get(*id), Some(Some(_))))
+            .filter(|id| !conversations.iter().any(|c| &c.id == *id))
+            .cloned()
+            .collect();
+        unseen.sort();
+        unseen.dedup();
+        for id in unseen {
+            match self.api.get_conversation(id.as_str()).await {
+                Ok(c) => conversations.push(c),
+                // Gone at the service: its messages are still folded, under an unknown bot.
+                Err(UpstreamError::Status { status: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let listed: HashMap<&ConversationId, &Conversation> =
             conversations.iter().map(|c| (&c.id, c)).collect();
         let bot_of = |id: &ConversationId| -> String {

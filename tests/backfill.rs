@@ -242,6 +242,16 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
     });
     outbox_idle(&app);
     let before = conversation(&app, conv);
+    assert!(
+        before["labels"]
+            .as_array()
+            .is_some_and(|l| l.contains(&json!("waiting"))),
+        "the rule's handoff is in the state: {before}"
+    );
+    assert_eq!(
+        before["manual_status"]["value"], "HANDOVER",
+        "inferred from the conversation as the Open API shows it: {before}"
+    );
     let (status, audit_before) = app.admin_get(&format!("/admin/v1/conversations/{conv}/audit"));
     assert_eq!(status, 200, "{audit_before}");
     let decided = |audit: &Value| -> usize {

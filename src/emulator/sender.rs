@@ -25,6 +25,9 @@ use std::time::Duration;
 pub const DISABLE_AFTER_FAILURES: usize = 3;
 /// 30 minutes.
 pub const FAILURE_WINDOW_MS: Millis = 30 * 60 * 1000;
+/// Events in one delivery at most: a long backlog (the re-send after the webhook is enabled
+/// again) goes in several, each within the bridge's `webhook.max_events`.
+pub const MAX_DELIVERY_EVENTS: usize = 100;
 
 /// One failed delivery attempt.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -351,8 +354,13 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
             .finish();
         let mut tick = tokio::time::interval(config.window);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // More events wait than one delivery took: the next goes at once.
+        let mut backlog = false;
         loop {
-            tick.tick().await;
+            if !backlog {
+                tick.tick().await;
+            }
+            backlog = false;
             // Disabled: nothing is sent; the events wait (the state keeps changing).
             let Some((events, url)) = emulator.with_state(|s| {
                 let w = s.webhook();
@@ -360,10 +368,11 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
                     return None;
                 }
                 let url = w.url.clone().unwrap_or_else(|| config.url.clone());
-                Some((s.take_events(), url))
+                Some((s.take_events_up_to(MAX_DELIVERY_EVENTS), url))
             }) else {
                 continue;
             };
+            backlog = events.len() == MAX_DELIVERY_EVENTS;
             if events.is_empty() {
                 continue;
             }
@@ -423,6 +432,7 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
             if disabled {
                 // Held for the re-send: still undelivered.
                 emulator.with_state(|s| s.requeue_events(events));
+                backlog = false;
                 continue;
             }
             if !delivered {
@@ -517,5 +527,8 @@ mod tests {
         let body = delivery("w", "http://x", &again);
         assert_eq!(body["messages"][0]["id"], json!(ids[0]));
         assert_eq!(state.delivery_status().0, 2, "both still undelivered");
+        state.requeue_events(again);
+        assert_eq!(state.take_events_up_to(1).len(), 1, "a delivery's worth");
+        assert_eq!(state.take_events_up_to(10).len(), 1, "then the rest");
     }
 }

@@ -967,6 +967,15 @@ impl EmulatorState {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The oldest `max` events collected (a delivery's worth), the rest left for the next.
+    pub fn take_events_up_to(&mut self, max: usize) -> Vec<PendingEvent> {
+        match self.events.as_mut() {
+            Some(events) if events.len() > max => events.drain(..max).collect(),
+            Some(events) => std::mem::take(events),
+            None => Vec::new(),
+        }
+    }
+
     /// Taken events the sender could not deliver (the webhook was disabled meanwhile) go back in
     /// front of the queue, to be re-sent with the same ids once it is enabled again.
     pub fn requeue_events(&mut self, mut taken: Vec<PendingEvent>) {
