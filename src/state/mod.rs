@@ -106,7 +106,8 @@ pub struct MessageStats {
     pub last_agent_message_at: Option<Millis>,
     /// Id and sender of the newest message.
     pub last_message: Lww<Option<LastMessage>>,
-    /// The newest messages' own ids (at most [`RECENT_MESSAGE_IDS`], newest first): a second
+    /// The newest messages' own ids (at most [`RECENT_MESSAGE_IDS`], within
+    /// [`RECENT_MESSAGE_HORIZON_MS`] of the newest; newest first): a second
     /// event carrying one of them (webhook and backfill, in either order) is a duplicate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_ids: Vec<SeenMessage>,
@@ -122,7 +123,11 @@ pub const RECENT_USER_MESSAGES: usize = 20;
 /// Message ids kept per conversation (the newest by time): a message that comes again under
 /// another event id (the webhook's copy and the backfilled one) within this many newer messages
 /// is recognised as a duplicate.
-pub const RECENT_MESSAGE_IDS: usize = 200;
+pub const RECENT_MESSAGE_IDS: usize = 100;
+
+/// ... and within this long (ms) of the conversation's newest message: the default event dedupe
+/// window (`webhook.dedupe_retention`), so a state does not carry ids older than the store's.
+pub const RECENT_MESSAGE_HORIZON_MS: Millis = 48 * 3600 * 1000;
 
 /// A message folded into a conversation: its own id (`MESSAGE.id`) and its event's time.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -374,6 +379,10 @@ impl ConversationState {
         let pos = stats.recent_ids.partition_point(|s| *s > seen);
         stats.recent_ids.insert(pos, seen);
         stats.recent_ids.truncate(RECENT_MESSAGE_IDS);
+        if let Some(newest) = stats.recent_ids.first().map(|s| s.at) {
+            let horizon = newest.saturating_sub(RECENT_MESSAGE_HORIZON_MS);
+            stats.recent_ids.retain(|s| s.at >= horizon);
+        }
         let sender = m.sender();
         match sender {
             Sender::User => {

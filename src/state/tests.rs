@@ -369,6 +369,22 @@ fn message_ids_are_kept_newest_first_and_bounded() {
     assert!(ids.windows(2).all(|w| w[0] > w[1]));
     assert!(!state.knows_message("m-x0"), "the oldest dropped out");
     assert!(state.knows_message(&format!("m-x{}", total - 1)));
+    // A message two days newer: the ids beyond the horizon go too.
+    let later = total + crate::state::RECENT_MESSAGE_HORIZON_MS;
+    state.apply(&msg_event(
+        "late",
+        "bot.message.received",
+        later,
+        true,
+        "null",
+    ));
+    assert_eq!(
+        state.messages.recent_ids.len(),
+        1,
+        "{:?}",
+        state.messages.recent_ids
+    );
+    assert!(state.knows_message("m-late"));
 }
 
 proptest! {
