@@ -52,7 +52,7 @@ use tokio::sync::watch;
 /// Items per Open API page (the contract's maximum).
 const PAGE_LIMIT: u32 = 100;
 /// Pages of each list one pass reads at most; a pass that stops there moves its cursor only as
-/// far as it read, and the next pass goes on.
+/// far as the messages it read, and the next pass goes on.
 const MAX_PAGES: u32 = 50;
 /// Events handed to the writer in one job.
 const JOB_EVENTS: usize = 256;
@@ -210,7 +210,8 @@ pub struct PassReport {
     pub oldest_missing_at: Option<Millis>,
     /// The pass found the webhook silent.
     pub silent: bool,
-    /// A list was longer than one pass reads: the cursor moved only as far as read.
+    /// A list was longer than one pass reads: the cursor moved only as far as the messages read
+    /// (the next pass goes on from there).
     pub truncated: bool,
 }
 
@@ -389,14 +390,24 @@ impl Backfill {
             }
         }
 
-        // Up to where everything is known now (only as far as read when a list was cut short).
-        let next = if report.truncated {
-            let newest_msg = messages.iter().filter_map(|m| m.timestamp).max();
-            let newest_conv = conversations.iter().filter_map(updated_ms).max();
-            newest_msg.max(newest_conv).unwrap_or(cursor).max(cursor)
-        } else {
-            to
-        };
+        // Up to where everything is known now. Messages come oldest first: when their list was
+        // cut short the next pass starts at the newest one read (its `from` is the cursor minus
+        // the overlap). The conversations' list is in no time order: cut short, what it did not
+        // show is not inferred (their messages still are).
+        if !conv_full {
+            tracing::warn!(
+                read = report.conversations_read,
+                "more conversations changed than one backfill pass reads: changes of the others are not inferred"
+            );
+        }
+        let newest_read = messages.iter().filter_map(|m| m.timestamp).max();
+        let next = next_cursor(
+            cursor,
+            to,
+            msg_full,
+            newest_read,
+            millis(self.settings.overlap),
+        );
         self.blocking(move |s| s.set_backfill_cursor(next)).await?;
         // Durable before the pass is done (the writer's indexer is the one that flushes).
         self.writer.flush().await?;
@@ -503,6 +514,25 @@ impl Backfill {
     }
 }
 
+/// Where the next pass reads from (before its overlap): the end of this pass's window, or, when
+/// the messages' list was cut short, the newest message read (plus the overlap the next pass
+/// takes off again), never behind the cursor nor past the window.
+fn next_cursor(
+    cursor: Millis,
+    to: Millis,
+    complete: bool,
+    newest_read: Option<Millis>,
+    overlap: Millis,
+) -> Millis {
+    if complete {
+        return to;
+    }
+    newest_read
+        .map_or(cursor, |n| n.saturating_add(overlap))
+        .max(cursor)
+        .min(to)
+}
+
 /// `updatedAt` of a listed conversation, in ms.
 fn updated_ms(c: &Conversation) -> Option<Millis> {
     c.updated_at
@@ -594,6 +624,26 @@ mod tests {
             !differs(Some(&state), &c, updated),
             "the bridge heard of it since"
         );
+    }
+
+    #[test]
+    fn a_pass_cut_short_moves_the_cursor_only_as_far_as_it_read() {
+        assert_eq!(next_cursor(1_000, 9_000, true, Some(5_000), 100), 9_000);
+        // The next pass reads from the newest message read (its from = cursor - overlap).
+        assert_eq!(next_cursor(1_000, 9_000, false, Some(5_000), 100), 5_100);
+        assert_eq!(next_cursor(1_000, 9_000, false, None, 100), 1_000);
+        assert_eq!(
+            next_cursor(1_000, 9_000, false, Some(500), 100),
+            1_000,
+            "never back"
+        );
+        assert_eq!(
+            next_cursor(1_000, 9_000, false, Some(8_950), 100),
+            9_000,
+            "never past"
+        );
+        // A clock stepped back: no panic, the window's end.
+        assert_eq!(next_cursor(10_000, 9_000, false, Some(5_000), 100), 9_000);
     }
 
     #[test]

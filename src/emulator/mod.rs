@@ -42,7 +42,9 @@
 //!   dropped call answers 200 with `Content-Length: 4096`, sends a few bytes, then cuts the
 //!   connection; awc 3 returns such a short body without an error, so a client should treat a
 //!   2xx body that is not valid JSON as a transport failure.
-//! - Admin calls (`/_emulator/*`) are not journaled.
+//! - Admin calls (`/_emulator/*`) are not journaled. The webhook's changes are: a `WEBHOOK`
+//!   entry (`webhook-disabled` after three failed deliveries within 30 minutes, `webhook-enabled`)
+//!   with the reason in `body` (see `sender`).
 
 mod faults;
 mod http;
