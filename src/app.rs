@@ -1,6 +1,6 @@
-//! Wiring: open the store, start the writer, dispatcher, executor, timer firer and pruner, serve
-//! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
-//! dispatching, flush).
+//! Wiring: open the store, start the writer, dispatcher, executor, timer firer, backfill and
+//! pruner, serve HTTP, and shut down in order (stop accepting, finish requests, stop firing
+//! timers, backfilling and dispatching, flush).
 
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
@@ -291,7 +291,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         crate::backfill::WebhookWatch::new(&metrics),
     );
     // The first pass at once: what the service did while the daemon was down.
-    let _backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
+    let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(
         store.clone(),
         metrics.clone(),
@@ -533,6 +533,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .is_err()
     {
         tracing::warn!("timer firer did not stop in time; due timers fire on the next start");
+    }
+    if let Some(backfiller) = backfiller {
+        // It stops at once: a pass in progress is dropped at its next await.
+        let _ = backfiller.await;
     }
     if tokio::time::timeout(config.server.shutdown_timeout, dispatcher)
         .await

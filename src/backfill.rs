@@ -580,8 +580,13 @@ pub fn start(
             if *stop.borrow() {
                 break;
             }
-            if let Err(e) = backfill.pass().await {
-                tracing::warn!(error = %e, "backfill pass failed; the next pass tries again");
+            // A pass cut off by the stop is harmless: what it handed over is stored, its cursor
+            // did not move, and the next start reads the window again (dedupe absorbs it).
+            tokio::select! {
+                done = backfill.pass() => if let Err(e) = done {
+                    tracing::warn!(error = %e, "backfill pass failed; the next pass tries again");
+                },
+                _ = stop.changed() => break,
             }
         }
         tracing::info!("backfill stopped");

@@ -340,7 +340,7 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
         "deliveries arrive again"
     );
     assert_eq!(app.metric("handoff_webhook_silent"), 0.0);
-    let _ = app.terminate();
+    assert!(app.terminate().success(), "a clean stop, backfill included");
 }
 
 #[test]
