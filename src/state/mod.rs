@@ -3,8 +3,9 @@
 //! Events arrive out of order and are sometimes re-sent, so every field is a last-writer-wins
 //! register stamped with the (timestamp, event id) of the event that set it, counters only grow,
 //! and "last seen" times take the maximum. Applying the same set of events in any order therefore
-//! gives the same state: an older event never rolls state back. (Exactly-once application is the
-//! store's job; the fold itself does not dedupe.)
+//! gives the same state: an older event never rolls state back. (Exactly-once application of an
+//! event is the store's job. The fold dedupes one thing itself: a message the webhook and backfill
+//! both bring, under two event ids, by its own id; see [`ConversationState::knows_message`].)
 
 use crate::ids::{BotId, ConversationId, EndUserId, UserKey};
 use crate::webhook::model::{
@@ -160,7 +161,7 @@ pub struct ConversationState {
     pub created_at: Option<Millis>,
     pub deleted_at: Option<Millis>,
     /// Events applied to this conversation; with exactly-once processing this equals the number
-    /// of distinct events stored for it.
+    /// of distinct events stored for it, less the second copies of messages (not applied).
     pub events_applied: u64,
     pub first_event_at: Millis,
     pub last_event_at: Millis,
