@@ -119,13 +119,18 @@ impl WebhookWatch {
 
     /// A delivery from the service was accepted (intake): the webhook works, silence ends.
     pub fn arrived(&self, now: Millis) {
+        // Every delivery comes here: read before writing, so the usual case writes one atomic.
         self.inner
             .last_delivery_at
             .fetch_max(now, Ordering::Relaxed);
-        self.inner
-            .first_missing_at
-            .store(i64::MAX, Ordering::Relaxed);
-        if self.inner.silent_since.swap(NOT_SILENT, Ordering::Relaxed) != NOT_SILENT {
+        if self.inner.first_missing_at.load(Ordering::Relaxed) != i64::MAX {
+            self.inner
+                .first_missing_at
+                .store(i64::MAX, Ordering::Relaxed);
+        }
+        if self.is_silent()
+            && self.inner.silent_since.swap(NOT_SILENT, Ordering::Relaxed) != NOT_SILENT
+        {
             self.inner.gauge.set(0);
             tracing::info!("webhook deliveries arrive again: the webhook is no longer silent");
         }

@@ -489,3 +489,39 @@ fn a_failed_read_leaves_the_cursor_for_the_next_pass() {
     app.settle();
     assert_eq!(conversation(&app, conv)["messages"]["user_messages"], 1);
 }
+
+/// The emulator's webhook controls refuse what they cannot use, and its state shows the webhook.
+#[test]
+fn the_emulator_webhook_controls_check_their_input_and_show_the_status() {
+    let emulator =
+        ExternalEmulator::start_with_webhook(EMULATOR_KEY, "http://127.0.0.1:9/webhook/x");
+    let emu = emulator.base.clone();
+    let status = webhook_status(&emu);
+    assert_eq!(status["enabled"], true, "{status}");
+    assert!(
+        status.get("url").is_none(),
+        "the URL (its token) is not shown: {status}"
+    );
+    for bad in [
+        json!({"url": "ftp://x"}),
+        json!({"bogus": 1}),
+        json!("text"),
+    ] {
+        let (code, body) = emu_call(
+            "POST",
+            &format!("{emu}/_emulator/webhook/enable"),
+            Some(&bad),
+        );
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_body", "{body}");
+    }
+    let (code, body) = emu_call("POST", &format!("{emu}/_emulator/webhook/enable"), None);
+    assert_eq!(code, 200, "no body: enable as it is: {body}");
+    let (code, state) = emu_call("GET", &format!("{emu}/_emulator/state"), None);
+    assert_eq!(code, 200);
+    assert_eq!(state["webhook"]["enabled"], true, "{}", state["webhook"]);
+    assert!(
+        !journal(&emu).iter().any(|e| e.method == "WEBHOOK"),
+        "enabling an enabled webhook changes nothing worth a journal entry"
+    );
+}
