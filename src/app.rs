@@ -1,7 +1,6 @@
 //! Wiring: open the store, start the writer, dispatcher, executor, timer firer, reconciliation
-//! sweeper and pruner, serve
-//! HTTP, and shut down in order (stop accepting, finish requests, stop firing timers and
-//! dispatching, flush).
+//! sweeper, backfill and pruner, serve HTTP, and shut down in order (stop accepting, finish
+//! requests, stop firing timers, sweeping, backfilling and dispatching, flush).
 
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
@@ -50,6 +49,8 @@ pub struct Shared {
     pub helpdesk: crate::helpdesk::api::Helpdesk,
     /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
     pub reconcile: crate::reconcile::Sweeper,
+    /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
+    pub backfill: crate::backfill::Backfill,
 }
 
 impl Shared {
@@ -292,6 +293,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     )
     .map_err(AppError::Upstream)?;
     let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
+    let backfill = crate::backfill::Backfill::new(
+        store.clone(),
+        writer.clone(),
+        upstream.handle.clone(),
+        metrics.clone(),
+        crate::backfill::Settings::from_config(&config.backfill),
+        crate::backfill::WebhookWatch::new(&metrics),
+    );
+    // The first pass at once: what the service did while the daemon was down.
+    let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(
         store.clone(),
         metrics.clone(),
@@ -343,6 +354,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         rules: reloader,
         helpdesk,
         reconcile: sweeper,
+        backfill,
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -536,6 +548,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .is_err()
     {
         tracing::warn!("timer firer did not stop in time; due timers fire on the next start");
+    }
+    if let Some(backfiller) = backfiller {
+        // It stops at once: a pass in progress is dropped at its next await.
+        let _ = backfiller.await;
     }
     if tokio::time::timeout(config.server.shutdown_timeout, dispatcher)
         .await

@@ -63,11 +63,13 @@ string_id!(
 );
 
 /// Id prefixes the bridge keeps for the ids it makes itself (event and delivery ids): timer
-/// firings, agent commands, re-processed quarantine records, and reconciliation events (a future
-/// internal kind). The one list: [`Internal`] makes ids from it, and the webhook refuses an event
-/// or delivery whose id starts with one of them, so none from outside can pre-empt (be taken as a
-/// duplicate of) an id the bridge will make.
-pub const RESERVED_ID_PREFIXES: &[&str] = &["timer:", "agent:", "quarantine:", "reconcile:"];
+/// firings, agent commands, re-processed quarantine records, reconciliation events, and the
+/// service's events read back through the Open API by backfill (`backfill`). The one list:
+/// [`Internal`] makes ids from it, and the webhook refuses an event or delivery whose id starts
+/// with one of them, so none from outside can pre-empt (be taken as a duplicate of) an id the
+/// bridge will make.
+pub const RESERVED_ID_PREFIXES: &[&str] =
+    &["timer:", "agent:", "quarantine:", "reconcile:", "backfill:"];
 
 /// The kinds of ids the bridge makes for itself; each takes its prefix from
 /// [`RESERVED_ID_PREFIXES`].
@@ -77,6 +79,7 @@ pub enum Internal {
     Agent = 1,
     Quarantine = 2,
     Reconcile = 3,
+    Backfill = 4,
 }
 
 impl Internal {
@@ -147,6 +150,7 @@ mod tests {
             (Internal::Agent, "agent:"),
             (Internal::Quarantine, "quarantine:"),
             (Internal::Reconcile, "reconcile:"),
+            (Internal::Backfill, "backfill:"),
         ] {
             let id = kind.id("x:1");
             assert_eq!(id, format!("{prefix}x:1"));

@@ -5,6 +5,7 @@
 
 pub mod actions;
 pub mod app;
+pub mod backfill;
 pub mod background;
 pub mod backup;
 pub mod body_budget;

@@ -86,8 +86,10 @@ pub fn quarantine_list(
 /// order, rebuilt through the fold's own path (`fold_and_decide`, as a replay does: with the rules
 /// in force, on the state rebuilt from the conversation's events, with its end user as stored now,
 /// at the event's receive time), so a rule its firing cap held back shows as capped, a timer
-/// firing whose timer was cancelled or restarted decides nothing (`stale_timer`), and the echo of
-/// the bridge's own message shows as one (`echo_of`). Each rule that listens to the event: matched
+/// firing whose timer was cancelled or restarted decides nothing (`stale_timer`), a message the
+/// other path (webhook or backfill) brought first decides nothing (`duplicate_message`, its
+/// `MESSAGE.id`), a backfilled event says so (`source: backfill`), and the echo of the bridge's
+/// own message shows as one (`echo_of`). Each rule that listens to the event: matched
 /// (with the tests of its `when` that held and the values they saw, and the actions it decides),
 /// capped, or not (the first condition that failed with its value, or the rule whose `stop` ended
 /// the event). Then every action recorded for the event with its outcome (done, dropped, dead
@@ -195,8 +197,17 @@ pub fn audit(
                 crate::store::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
                     Ok(None)
                 })?;
+            if crate::webhook::is_backfilled(&event) {
+                item["source"] = json!(crate::webhook::BACKFILL_SOURCE);
+            }
             if !decides {
-                item["stale_timer"] = json!(true);
+                match &event.payload {
+                    // The same message came by the other path (webhook or backfill) first.
+                    crate::webhook::model::Payload::Message(m) => {
+                        item["duplicate_message"] = json!(m.id);
+                    }
+                    _ => item["stale_timer"] = json!(true),
+                }
             }
             if let (Some(set), true) = (set, decides) {
                 let inputs = crate::actions::Inputs {

@@ -28,10 +28,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The call took effect here: it reached the state (no injected fault), succeeded, and was not an
-/// answer replayed for a key seen before.
+/// An action's call took effect here: it reached the state (no injected fault), succeeded, and
+/// was not an answer replayed for a key seen before. Actions carry their id as the idempotency
+/// key; reads (backfill's list calls after a restart) carry none and are not counted.
 fn effective(e: &JournalEntry) -> bool {
-    e.fault.is_none() && !e.replayed && (200..300).contains(&e.status)
+    e.idempotency_key.is_some()
+        && e.fault.is_none()
+        && !e.replayed
+        && (200..300).contains(&e.status)
 }
 
 /// The conversation id of a `/openapi/conversation/{id}[/...]` call.

@@ -31,6 +31,43 @@ pub struct Config {
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
     pub helpdesk: HelpdeskConfig,
+    pub backfill: BackfillConfig,
+}
+
+/// Backfill: the service's events the webhook did not deliver, read back through the Open API
+/// (`backfill`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillConfig {
+    /// A pass on start and then this often; `0` or `"off"` turns the periodic passes off (the
+    /// admin API's `POST /admin/v1/backfill` still runs one).
+    #[serde(with = "duration_or_off")]
+    pub interval: Duration,
+    /// Events the webhook has not delivered this long after they happened make the bridge say
+    /// the webhook is silent (gauge, warn log, `/readyz` detail).
+    #[serde(with = "humantime_serde")]
+    pub silence_alert_after: Duration,
+    /// Each pass reads from its cursor minus this (events delivered late, clocks apart).
+    #[serde(with = "humantime_serde")]
+    pub overlap: Duration,
+}
+
+/// A duration, or `"off"` for zero.
+mod duration_or_off {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        humantime_serde::serialize(d, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim().eq_ignore_ascii_case("off") || text.trim() == "0" {
+            return Ok(Duration::ZERO);
+        }
+        humantime::parse_duration(text.trim()).map_err(serde::de::Error::custom)
+    }
 }
 
 /// Where the Open API is and how to call it.
@@ -572,6 +609,28 @@ impl Config {
                 "store.prune_interval",
                 &humantime::format_duration(self.store.prune_interval),
                 "must be at least 1s",
+            );
+        }
+        let bf = &self.backfill;
+        if !bf.interval.is_zero() && bf.interval < Duration::from_secs(1) {
+            bad(
+                "backfill.interval",
+                &humantime::format_duration(bf.interval),
+                "must be at least 1s (or 0 / \"off\")",
+            );
+        }
+        if bf.silence_alert_after < Duration::from_secs(1) {
+            bad(
+                "backfill.silence_alert_after",
+                &humantime::format_duration(bf.silence_alert_after),
+                "must be at least 1s",
+            );
+        }
+        if bf.overlap > Duration::from_secs(24 * 3600) {
+            bad(
+                "backfill.overlap",
+                &humantime::format_duration(bf.overlap),
+                "must be at most 24h",
             );
         }
         if self.dispatch.fold_niceness > crate::background::MAX_NICENESS {

@@ -598,3 +598,43 @@ fn the_files_the_config_names_are_read_only_when_asked() {
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(keys, ["server.tls", "upstream.ca_file"], "{p:#?}");
 }
+
+#[test]
+fn backfill_keys_load_off_turns_passes_off_and_bad_values_are_reported() {
+    let c = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert_eq!(c.backfill.interval, Duration::from_secs(60));
+    assert_eq!(c.backfill.silence_alert_after, Duration::from_secs(600));
+    for off in ["off", "0"] {
+        let c = Config::load_from(
+            None,
+            env(&[("HANDOFF_BRIDGE__BACKFILL__INTERVAL", off)]),
+            &Overrides::default(),
+        )
+        .expect("off is valid");
+        assert!(c.backfill.interval.is_zero(), "{off}");
+    }
+    let (_d, path) = write(
+        "[backfill]\ninterval = \"500ms\"\nsilence_alert_after = \"0s\"\noverlap = \"48h\"\n",
+    );
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            "backfill.interval",
+            "backfill.silence_alert_after",
+            "backfill.overlap"
+        ]
+    );
+    let (_d, path) = write("[backfill]\ninterval = \"sometimes\"\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    assert!(
+        p.iter()
+            .any(|p| p.key == "backfill.interval" || p.why.contains("backfill.interval")),
+        "{p:?}"
+    );
+}

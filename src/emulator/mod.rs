@@ -42,7 +42,9 @@
 //!   dropped call answers 200 with `Content-Length: 4096`, sends a few bytes, then cuts the
 //!   connection; awc 3 returns such a short body without an error, so a client should treat a
 //!   2xx body that is not valid JSON as a transport failure.
-//! - Admin calls (`/_emulator/*`) are not journaled.
+//! - Admin calls (`/_emulator/*`) are not journaled. The webhook's changes are: a `WEBHOOK`
+//!   entry (`webhook-disabled` after three failed deliveries within 30 minutes, `webhook-enabled`)
+//!   with the reason in `body` (see `sender`).
 
 mod faults;
 mod http;
@@ -235,6 +237,25 @@ impl Emulator {
 
     pub fn journal(&self) -> Vec<JournalEntry> {
         lock(&self.inner.journal).entries()
+    }
+
+    /// A change of the webhook's state (disabled, enabled) in the journal: `method` `WEBHOOK`,
+    /// `endpoint` the change, `body` why.
+    pub fn journal_webhook(&self, at: Millis, change: &str, why: Value) {
+        lock(&self.inner.journal).push(JournalEntry {
+            seq: 0,
+            at,
+            method: "WEBHOOK".to_owned(),
+            path: "/_emulator/webhook".to_owned(),
+            query: String::new(),
+            endpoint: Some(change.to_owned()),
+            body: why,
+            idempotency_key: None,
+            status: 0,
+            answer: Value::Null,
+            replayed: false,
+            fault: None,
+        });
     }
 
     pub fn clear_journal(&self) {

@@ -2,16 +2,113 @@
 //! `/_emulator/conversations/{id}/...` (and messages the bot sends through the API) become webhook
 //! deliveries in the documented format, batched over a short window, POSTed to a configured URL.
 //! This closes the local loop: emulator -> webhook -> bridge -> Open API -> emulator.
+//!
+//! It follows the real sender's rule: three non-200 answers (or connection failures) within 30
+//! minutes disable the webhook ([`WebhookStatus`]). While disabled nothing is sent (the service's
+//! state still changes, and the events are held); `POST /_emulator/webhook/enable` enables it
+//! again, and what was not delivered is re-sent with the same event ids. The state
+//! (`GET /_emulator/state`, `GET /_emulator/webhook`) and the journal show each change and why.
 
 use super::state::PendingEvent;
 use super::Emulator;
 use crate::http_error::ApiError;
 use crate::webhook::model::MessageData;
+use crate::webhook::model::Millis;
 use actix_web::{web, HttpResponse};
 use rand::distr::{Alphanumeric, SampleString};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// Failed deliveries (non-200 answers or connection failures) within [`FAILURE_WINDOW_MS`] that
+/// disable the webhook, as the service does.
+pub const DISABLE_AFTER_FAILURES: usize = 3;
+/// 30 minutes.
+pub const FAILURE_WINDOW_MS: Millis = 30 * 60 * 1000;
+/// Events in one delivery at most: a long backlog (the re-send after the webhook is enabled
+/// again) goes in several, each within the bridge's `webhook.max_events`.
+pub const MAX_DELIVERY_EVENTS: usize = 100;
+
+/// One failed delivery attempt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryFailure {
+    pub at: Millis,
+    /// `status 503`, or the connection error.
+    pub what: String,
+}
+
+/// The webhook as the service judges it: enabled until [`DISABLE_AFTER_FAILURES`] failures fall
+/// within [`FAILURE_WINDOW_MS`], then disabled until enabled again. Pure: the times are passed in.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookStatus {
+    pub enabled: bool,
+    /// When it was disabled last, and why.
+    pub disabled_at: Option<Millis>,
+    pub reason: Option<String>,
+    pub enabled_at: Option<Millis>,
+    /// Failures within the window (the oldest go as it moves).
+    pub failures: Vec<DeliveryFailure>,
+    /// Deliveries answered 200.
+    pub delivered: u64,
+    /// Held events dropped past `state::MAX_HELD_EVENTS`.
+    pub dropped: u64,
+    /// Where deliveries go when enable named a new URL (not shown: it holds the token).
+    #[serde(skip)]
+    pub url: Option<String>,
+}
+
+impl Default for WebhookStatus {
+    fn default() -> Self {
+        WebhookStatus {
+            enabled: true,
+            disabled_at: None,
+            reason: None,
+            enabled_at: None,
+            failures: Vec::new(),
+            delivered: 0,
+            dropped: 0,
+            url: None,
+        }
+    }
+}
+
+impl WebhookStatus {
+    /// A delivery answered 200.
+    pub fn delivered(&mut self) {
+        self.delivered += 1;
+    }
+
+    /// A failed attempt at `at`. Returns true when it disables the webhook (the third failure
+    /// within the window).
+    pub fn failed(&mut self, at: Millis, what: String) -> bool {
+        self.failures
+            .retain(|f| at.saturating_sub(f.at) < FAILURE_WINDOW_MS);
+        self.failures.push(DeliveryFailure { at, what });
+        if self.enabled && self.failures.len() >= DISABLE_AFTER_FAILURES {
+            self.enabled = false;
+            self.disabled_at = Some(at);
+            self.reason = Some(format!(
+                "{} failed deliveries within 30 minutes (last: {})",
+                self.failures.len(),
+                self.failures.last().map_or("", |f| f.what.as_str())
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// Enabled again (the bot's webhook settings): the failures are forgotten. Returns whether
+    /// it was disabled.
+    pub fn enable(&mut self, at: Millis) -> bool {
+        let was_disabled = !self.enabled;
+        self.enabled = true;
+        self.enabled_at = Some(at);
+        self.failures.clear();
+        was_disabled
+    }
+}
 
 /// Where deliveries go and how events are batched.
 #[derive(Clone, Debug)]
@@ -37,7 +134,64 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
         )
         .route("/conversations/{id}/agent-end", web::post().to(agent_end))
         .route("/conversations/{id}/cancel", web::post().to(cancel))
-        .route("/webhook/flushed", web::get().to(flushed));
+        .route("/webhook/flushed", web::get().to(flushed))
+        .route("/webhook", web::get().to(webhook_status))
+        .route("/webhook/enable", web::post().to(enable));
+}
+
+async fn webhook_status(emu: web::Data<Emulator>) -> HttpResponse {
+    HttpResponse::Ok().json(emu.with_state(|s| s.webhook().clone()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct EnableBody {
+    /// Deliver to this URL from now on (the bot's webhook settings, where it is re-enabled).
+    url: Option<String>,
+}
+
+/// The bot's webhook settings: enable the webhook again (optionally at a new URL). What was not
+/// delivered is re-sent by the sender with the same event ids.
+async fn enable(emu: web::Data<Emulator>, body: web::Bytes) -> Result<HttpResponse, ApiError> {
+    let body: EnableBody = if body.is_empty() {
+        EnableBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(
+                actix_web::http::StatusCode::BAD_REQUEST,
+                "invalid_body",
+                format!("expected {{\"url\": ...}} or no body: {e}"),
+            )
+        })?
+    };
+    if let Some(url) = &body.url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ApiError::new(
+                actix_web::http::StatusCode::BAD_REQUEST,
+                "invalid_body",
+                "`url` must be an http:// or https:// URL",
+            ));
+        }
+    }
+    let now = emu.now_ms();
+    let (was_disabled, status) = emu.with_state(|s| {
+        let w = s.webhook_mut();
+        if let Some(url) = body.url {
+            w.url = Some(url);
+        }
+        let was = w.enable(now);
+        (was, w.clone())
+    });
+    if was_disabled {
+        tracing::info!("emulator webhook enabled again");
+        emu.journal_webhook(
+            now,
+            "webhook-enabled",
+            json!({ "reason": "enabled through /_emulator/webhook/enable" }),
+        );
+    }
+    emu.with_state(|s| s.events_done(0));
+    Ok(HttpResponse::Ok().json(status))
 }
 
 #[derive(Deserialize)]
@@ -59,6 +213,12 @@ async fn flushed(emu: web::Data<Emulator>, q: web::Query<FlushedQuery>) -> HttpR
         let undelivered = undelivered.min(emu.with_state(|s| s.delivery_status().0));
         if undelivered == 0 {
             return HttpResponse::Ok().json(json!({ "undelivered": 0 }));
+        }
+        if !emu.with_state(|s| s.webhook().enabled) {
+            return HttpResponse::Conflict().json(json!({
+                "error": { "code": "webhook_disabled", "message": "the webhook is disabled (re-enable it: POST /_emulator/webhook/enable)" },
+                "undelivered": undelivered,
+            }));
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             return HttpResponse::GatewayTimeout().json(json!({
@@ -143,12 +303,11 @@ fn failure(f: super::state::Failure) -> ApiError {
 
 /// A delivery envelope around events, as the service sends it.
 pub fn delivery(webhook_id: &str, url: &str, events: &[PendingEvent]) -> Value {
-    let id = || uuid_like();
     let messages: Vec<Value> = events
         .iter()
         .map(|e| {
             json!({
-                "id": id(),
+                "id": e.id,
                 "event": e.kind,
                 "sourceType": "bot",
                 "sourceId": e.bot_id,
@@ -157,10 +316,11 @@ pub fn delivery(webhook_id: &str, url: &str, events: &[PendingEvent]) -> Value {
             })
         })
         .collect();
-    json!({ "id": id(), "webhookId": webhook_id, "webhookUrl": url, "messages": messages })
+    json!({ "id": uuid_like(), "webhookId": webhook_id, "webhookUrl": url, "messages": messages })
 }
 
-fn uuid_like() -> String {
+/// A random UUID-shaped id (event and delivery ids).
+pub fn uuid_like() -> String {
     let hex = |n: usize| {
         let mut s = String::with_capacity(n);
         for _ in 0..n {
@@ -173,9 +333,10 @@ fn uuid_like() -> String {
 }
 
 /// Start sending: collect the emulator's events every `window` and POST them as one delivery.
-/// A delivery that is not answered 200 is retried up to 3 times, as the service does, then
-/// dropped with an error log. Runs on the current actix runtime (awc is not `Send`) until the
-/// runtime stops.
+/// A delivery that is not answered 200 is retried (up to 4 attempts, as the service does); every
+/// failed attempt counts toward the rule that disables the webhook ([`WebhookStatus::failed`]).
+/// Events of a delivery that disabled it are held and re-sent, with the same ids, once it is
+/// enabled again. Runs on the current actix runtime (awc is not `Send`) until the runtime stops.
 pub fn start(emulator: Emulator, config: SenderConfig) {
     emulator.with_state(|s| s.enable_events());
     let webhook_id = format!(
@@ -193,33 +354,86 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
             .finish();
         let mut tick = tokio::time::interval(config.window);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // More events wait than one delivery took: the next goes at once.
+        let mut backlog = false;
         loop {
-            tick.tick().await;
-            let events = emulator.with_state(|s| s.take_events());
+            if !backlog {
+                tick.tick().await;
+            }
+            backlog = false;
+            // Disabled: nothing is sent; the events wait (the state keeps changing).
+            let Some((events, url)) = emulator.with_state(|s| {
+                let w = s.webhook();
+                if !w.enabled {
+                    return None;
+                }
+                let url = w.url.clone().unwrap_or_else(|| config.url.clone());
+                Some((s.take_events_up_to(MAX_DELIVERY_EVENTS), url))
+            }) else {
+                continue;
+            };
+            backlog = events.len() == MAX_DELIVERY_EVENTS;
             if events.is_empty() {
                 continue;
             }
-            let body = delivery(&webhook_id, &config.url, &events);
+            let body = delivery(&webhook_id, &url, &events);
             let mut delivered = false;
+            let mut disabled = false;
             for attempt in 1..=4u32 {
-                match client
-                    .post(&config.url)
+                let failure = match client
+                    .post(&url)
                     .insert_header(("user-agent", "CLOSER/webhook"))
                     .send_json(&body)
                     .await
                 {
-                    Ok(resp) if resp.status().as_u16() == 200 => {
+                    Ok(resp) if resp.status().as_u16() == 200 => None,
+                    Ok(resp) => {
+                        let status = resp.status().as_u16();
+                        tracing::warn!(status, attempt, "webhook delivery refused");
+                        Some(format!("status {status}"))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, attempt, "webhook delivery failed");
+                        Some(format!("connection failed: {e}"))
+                    }
+                };
+                let now = emulator.now_ms();
+                match failure {
+                    None => {
+                        emulator.with_state(|s| s.webhook_mut().delivered());
                         delivered = true;
                         break;
                     }
-                    Ok(resp) => tracing::warn!(
-                        status = resp.status().as_u16(),
-                        attempt,
-                        "webhook delivery refused"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, attempt, "webhook delivery failed"),
+                    Some(what) => {
+                        let (now_disabled, reason) = emulator.with_state(|s| {
+                            let w = s.webhook_mut();
+                            (w.failed(now, what), w.reason.clone())
+                        });
+                        if now_disabled {
+                            tracing::error!(
+                                reason = reason.as_deref().unwrap_or(""),
+                                held = events.len(),
+                                "emulator webhook disabled after failed deliveries"
+                            );
+                            emulator.journal_webhook(
+                                now,
+                                "webhook-disabled",
+                                json!({ "reason": reason }),
+                            );
+                        }
+                        if !emulator.with_state(|s| s.webhook().enabled) {
+                            disabled = true;
+                            break;
+                        }
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+            if disabled {
+                // Held for the re-send: still undelivered.
+                emulator.with_state(|s| s.requeue_events(events));
+                backlog = false;
+                continue;
             }
             if !delivered {
                 tracing::error!(
@@ -230,4 +444,91 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
             emulator.with_state(|s| s.events_done(events.len() as u64));
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: Millis = 60_000;
+
+    #[test]
+    fn three_failures_within_30_minutes_disable_the_webhook() {
+        let mut w = WebhookStatus::default();
+        assert!(w.enabled);
+        assert!(!w.failed(0, "status 503".into()));
+        w.delivered();
+        assert!(!w.failed(10 * MIN, "status 500".into()));
+        assert!(w.enabled, "two failures leave it enabled");
+        assert!(w.failed(29 * MIN, "connection failed: refused".into()));
+        assert!(!w.enabled);
+        assert_eq!(w.disabled_at, Some(29 * MIN));
+        let reason = w.reason.clone().unwrap_or_default();
+        assert!(reason.contains("3 failed deliveries"), "{reason}");
+        assert!(reason.contains("connection failed"), "{reason}");
+        assert!(
+            !w.failed(29 * MIN + 1, "status 503".into()),
+            "disabled once"
+        );
+    }
+
+    #[test]
+    fn failures_further_apart_than_30_minutes_do_not_disable_it() {
+        let mut w = WebhookStatus::default();
+        assert!(!w.failed(0, "status 503".into()));
+        assert!(!w.failed(20 * MIN, "status 503".into()));
+        // The first failure is 30 minutes old: out of the window.
+        assert!(!w.failed(30 * MIN, "status 503".into()));
+        assert!(w.enabled);
+        assert_eq!(w.failures.len(), 2);
+        assert!(w.failed(31 * MIN, "status 503".into()));
+    }
+
+    #[test]
+    fn enabling_again_forgets_the_failures() {
+        let mut w = WebhookStatus::default();
+        for t in 0..3 {
+            w.failed(t, "status 500".into());
+        }
+        assert!(!w.enabled);
+        assert!(w.enable(5 * MIN));
+        assert!(w.enabled && w.failures.is_empty());
+        assert_eq!(w.enabled_at, Some(5 * MIN));
+        assert!(!w.enable(6 * MIN), "already enabled");
+        assert!(
+            !w.failed(7 * MIN, "status 500".into()),
+            "counting starts afresh"
+        );
+    }
+
+    #[test]
+    fn held_events_keep_their_ids_and_go_back_in_front() {
+        let seed = super::super::Seed::default_seed().expect("seed");
+        let mut state = super::super::EmulatorState::from_seed(&seed);
+        state.enable_events();
+        let conv = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+        let text = |t: &str| MessageData {
+            kind: crate::webhook::model::MessageType::Text,
+            text: Some(t.into()),
+            media: None,
+            cards: None,
+            location: None,
+            button: None,
+            buttons: None,
+        };
+        state.user_says(conv, text("one"), 1).expect("say");
+        let taken = state.take_events();
+        let ids: Vec<String> = taken.iter().map(|e| e.id.clone()).collect();
+        state.user_says(conv, text("two"), 2).expect("say");
+        state.requeue_events(taken);
+        let again = state.take_events();
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[0].id, ids[0], "the same id on the re-send");
+        let body = delivery("w", "http://x", &again);
+        assert_eq!(body["messages"][0]["id"], json!(ids[0]));
+        assert_eq!(state.delivery_status().0, 2, "both still undelivered");
+        state.requeue_events(again);
+        assert_eq!(state.take_events_up_to(1).len(), 1, "a delivery's worth");
+        assert_eq!(state.take_events_up_to(10).len(), 1, "then the rest");
+    }
 }

@@ -173,11 +173,19 @@ pub struct EmulatorState {
     undelivered: u64,
     /// Woken whenever deliveries complete, for `/_emulator/webhook/flushed`.
     delivery_progress: std::sync::Arc<tokio::sync::Notify>,
+    /// The webhook's health as the service judges it (the rule that disables it).
+    webhook: super::sender::WebhookStatus,
 }
 
-/// An event the service would send by webhook: its type and its `data` object.
+/// Events held for the webhook at most (the oldest go past it, counted in the webhook status):
+/// a webhook disabled for long does not grow the emulator without bound.
+pub const MAX_HELD_EVENTS: usize = 100_000;
+
+/// An event the service would send by webhook: its id (the same on every re-send), type and
+/// `data` object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PendingEvent {
+    pub id: String,
     pub kind: String,
     pub bot_id: String,
     pub at: Millis,
@@ -229,6 +237,7 @@ impl EmulatorState {
             events: None,
             undelivered: 0,
             delivery_progress: std::sync::Arc::new(tokio::sync::Notify::new()),
+            webhook: super::sender::WebhookStatus::default(),
             notifications: Vec::new(),
             next_id: 1,
         };
@@ -972,10 +981,50 @@ impl EmulatorState {
         self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The oldest `max` events collected (a delivery's worth), the rest left for the next.
+    pub fn take_events_up_to(&mut self, max: usize) -> Vec<PendingEvent> {
+        match self.events.as_mut() {
+            Some(events) if events.len() > max => events.drain(..max).collect(),
+            Some(events) => std::mem::take(events),
+            None => Vec::new(),
+        }
+    }
+
+    /// Taken events the sender could not deliver (the webhook was disabled meanwhile) go back in
+    /// front of the queue, to be re-sent with the same ids once it is enabled again.
+    pub fn requeue_events(&mut self, mut taken: Vec<PendingEvent>) {
+        if let Some(events) = self.events.as_mut() {
+            taken.append(events);
+            *events = taken;
+            let over = events.len().saturating_sub(MAX_HELD_EVENTS);
+            if over > 0 {
+                events.drain(..over);
+                self.webhook.dropped += over as u64;
+                self.undelivered = self.undelivered.saturating_sub(over as u64);
+            }
+        }
+        self.delivery_progress.notify_waiters();
+    }
+
+    /// The webhook's health (enabled or disabled, and why).
+    pub fn webhook(&self) -> &super::sender::WebhookStatus {
+        &self.webhook
+    }
+
+    pub fn webhook_mut(&mut self) -> &mut super::sender::WebhookStatus {
+        &mut self.webhook
+    }
+
     fn emit(&mut self, kind: &str, bot_id: Option<BotId>, at: Millis, data: Value) {
         if let Some(events) = self.events.as_mut() {
-            self.undelivered += 1;
+            if events.len() >= MAX_HELD_EVENTS {
+                events.remove(0);
+                self.webhook.dropped += 1;
+            } else {
+                self.undelivered += 1;
+            }
             events.push(PendingEvent {
+                id: super::sender::uuid_like(),
                 kind: kind.to_owned(),
                 bot_id: bot_id.map(|b| b.as_str().to_owned()).unwrap_or_default(),
                 at,
@@ -1107,6 +1156,7 @@ impl EmulatorState {
             })).collect::<Vec<_>>(),
             "partnerMessages": self.partner_messages,
             "notifications": self.notifications,
+            "webhook": self.webhook,
         })
     }
 }

@@ -228,6 +228,8 @@ async fn handle(
             ));
         }
     };
+    // The webhook works: a silence backfill found is over.
+    shared.backfill.watch().arrived(now);
     record_metrics(&shared, &ingested);
     let receipt = ingested.receipt();
     outcome(&receipt.status);

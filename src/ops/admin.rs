@@ -29,6 +29,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/dispatch/pause", web::post().to(dispatch_pause))
             .route("/dispatch/resume", web::post().to(dispatch_resume))
             .route("/clock/advance", web::post().to(clock_advance))
+            .route("/backfill", web::post().to(backfill_pass))
             .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
             .route("/quarantine/{id}", web::get().to(quarantine_show))
@@ -39,6 +40,25 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .default_service(web::to(crate::http_error::not_found)),
     );
+}
+
+/// Run a backfill pass now (after the one running, if any): what it read, what it stored, and
+/// whether the webhook looks silent.
+async fn backfill_pass(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    match shared.backfill.pass().await {
+        Ok(report) => Ok(HttpResponse::Ok().json(json!({
+            "pass": report,
+            "webhook": shared.backfill.watch().detail(),
+        }))),
+        Err(e) => {
+            tracing::warn!(error = %e, "backfill pass failed");
+            Err(ApiError::new(
+                actix_web::http::StatusCode::BAD_GATEWAY,
+                "backfill_failed",
+                format!("the backfill pass failed; the next one tries again: {e}"),
+            ))
+        }
+    }
 }
 
 /// Hold folding back: webhooks and agent calls are still accepted and stored, nothing is

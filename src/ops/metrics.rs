@@ -75,6 +75,11 @@ pub struct Metrics {
     pub helpdesk_calls_in_progress: IntGauge,
     /// Timer events stored (a re-fire after a restart that was stored before is not counted).
     pub timers_fired: IntCounter,
+    /// Events backfill read through the Open API that the webhook had not delivered, stored.
+    pub backfill_events: IntCounter,
+    /// 1 while backfill finds events the webhook did not deliver for longer than
+    /// `backfill.silence_alert_after` (the service may have disabled the webhook).
+    pub webhook_silent: IntGauge,
     /// Events a rule matched but its firing cap held it back for, by rule (names come from the
     /// loaded rule files, so the label is bounded).
     pub rule_caps_hit: IntCounterVec,
@@ -290,6 +295,14 @@ impl Metrics {
             timers_fired: counter(
                 "timers_fired_total",
                 "Rule timers fired as events into their conversation",
+            )?,
+            backfill_events: counter(
+                "backfill_events_total",
+                "Events the webhook had not delivered, read back through the Open API and stored",
+            )?,
+            webhook_silent: gauge(
+                "webhook_silent",
+                "1 while backfill finds events the webhook did not deliver for longer than backfill.silence_alert_after",
             )?,
             rule_caps_hit: counter_vec(
                 "rule_caps_hit_total",

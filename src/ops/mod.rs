@@ -49,6 +49,8 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
             "upstream": {
                 "mode": if shared.emulator.is_some() { "embedded" } else { "remote" },
             },
+            // Detail only: a silent webhook is never a reason for 503.
+            "webhook": shared.backfill.watch().detail(),
         }
     });
     if ready {

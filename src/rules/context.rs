@@ -58,6 +58,8 @@ pub fn build_with(
             "type": event.kind.as_str(),
             "source_id": event.source_id.as_str(),
             "timestamp": event.timestamp,
+            // Read back through the Open API by backfill (the webhook had not delivered it).
+            "backfilled": crate::webhook::is_backfilled(event),
         }),
     );
     match &event.payload {

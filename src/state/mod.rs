@@ -3,8 +3,9 @@
 //! Events arrive out of order and are sometimes re-sent, so every field is a last-writer-wins
 //! register stamped with the (timestamp, event id) of the event that set it, counters only grow,
 //! and "last seen" times take the maximum. Applying the same set of events in any order therefore
-//! gives the same state: an older event never rolls state back. (Exactly-once application is the
-//! store's job; the fold itself does not dedupe.)
+//! gives the same state: an older event never rolls state back. (Exactly-once application of an
+//! event is the store's job. The fold dedupes one thing itself: a message the webhook and backfill
+//! both bring, under two event ids, by its own id; see [`ConversationState::knows_message`].)
 
 use crate::ids::{BotId, ConversationId, EndUserId, UserKey};
 use crate::webhook::model::{
@@ -107,6 +108,11 @@ pub struct MessageStats {
     pub last_agent_message_at: Option<Millis>,
     /// Id and sender of the newest message.
     pub last_message: Lww<Option<LastMessage>>,
+    /// The newest messages' own ids (at most [`RECENT_MESSAGE_IDS`], within
+    /// [`RECENT_MESSAGE_HORIZON_MS`] of the newest; newest first): a second
+    /// event carrying one of them (webhook and backfill, in either order) is a duplicate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_ids: Vec<SeenMessage>,
     /// When the newest user messages were sent (at most [`RECENT_USER_MESSAGES`], newest
     /// first): how fast a user writes, for flood rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -115,6 +121,22 @@ pub struct MessageStats {
 
 /// User message times kept per conversation (a flood rule can look this far back).
 pub const RECENT_USER_MESSAGES: usize = 20;
+
+/// Message ids kept per conversation (the newest by time): a message that comes again under
+/// another event id (the webhook's copy and the backfilled one) within this many newer messages
+/// is recognised as a duplicate.
+pub const RECENT_MESSAGE_IDS: usize = 100;
+
+/// ... and within this long (ms) of the conversation's newest message: the default event dedupe
+/// window (`webhook.dedupe_retention`), so a state does not carry ids older than the store's.
+pub const RECENT_MESSAGE_HORIZON_MS: Millis = 48 * 3600 * 1000;
+
+/// A message folded into a conversation: its own id (`MESSAGE.id`) and its event's time.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SeenMessage {
+    pub at: Millis,
+    pub id: String,
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LastMessage {
@@ -146,7 +168,7 @@ pub struct ConversationState {
     pub created_at: Option<Millis>,
     pub deleted_at: Option<Millis>,
     /// Events applied to this conversation; with exactly-once processing this equals the number
-    /// of distinct events stored for it.
+    /// of distinct events stored for it, less the second copies of messages (not applied).
     pub events_applied: u64,
     pub first_event_at: Millis,
     pub last_event_at: Millis,
@@ -261,10 +283,17 @@ impl ConversationState {
     }
 
     /// Fold one conversation, message, timer or agent event in. Returns whether rules may decide
-    /// for it: false for a stale timer firing (see [`Timer::started_by`]) and for an agent command
-    /// the state refused (see [`desk`]).
+    /// for it: false for a stale timer firing (see [`Timer::started_by`]), for an agent command
+    /// the state refused (see [`desk`]) and for a message already folded under another event id
+    /// (see [`ConversationState::knows_message`]).
     pub fn apply(&mut self, event: &Event) -> bool {
         let stamp = Stamp::of(event);
+        if let Payload::Message(m) = &event.payload {
+            if self.knows_message(&m.id) {
+                self.merge_duplicate(event, m, &stamp);
+                return false;
+            }
+        }
         self.events_applied += 1;
         self.first_event_at = self.first_event_at.min(event.timestamp);
         self.last_event_at = self.last_event_at.max(event.timestamp);
@@ -315,10 +344,55 @@ impl ConversationState {
         }
     }
 
+    /// Whether a message with this own id (`MESSAGE.id`) was folded here (among the newest
+    /// [`RECENT_MESSAGE_IDS`]): the webhook and backfill may both bring it, under different
+    /// event ids.
+    pub fn knows_message(&self, id: &str) -> bool {
+        self.messages.recent_ids.iter().any(|m| m.id == id)
+    }
+
+    /// A second copy of a folded message: counters, lists and rules are left alone; only what
+    /// commutes is merged (the times seen, and the stamps of the registers the message set, whose
+    /// values are the same), so the state does not depend on which copy came first.
+    fn merge_duplicate(&mut self, event: &Event, m: &Message, stamp: &Stamp) {
+        self.first_event_at = self.first_event_at.min(event.timestamp);
+        self.last_event_at = self.last_event_at.max(event.timestamp);
+        let stats = &mut self.messages;
+        let sender = m.sender();
+        let last_at = match sender {
+            Sender::User => &mut stats.last_user_message_at,
+            Sender::Bot => &mut stats.last_bot_message_at,
+            Sender::Agent => &mut stats.last_agent_message_at,
+        };
+        *last_at = max_some(*last_at, stamp.at);
+        let last = LastMessage {
+            id: m.id.clone(),
+            sender,
+        };
+        stats.last_message.set(Some(last), stamp);
+        if sender == Sender::Agent {
+            let agent = m.meta.as_ref().and_then(|meta| meta.sender.clone());
+            if agent.is_some() {
+                self.handoff.agent.set(agent, stamp);
+            }
+        }
+    }
+
     fn apply_message(&mut self, m: &Message, stamp: &Stamp) {
         fill(&mut self.end_user_id, m.end_user_id.as_ref());
         let at = stamp.at;
         let stats = &mut self.messages;
+        let seen = SeenMessage {
+            at,
+            id: m.id.clone(),
+        };
+        let pos = stats.recent_ids.partition_point(|s| *s > seen);
+        stats.recent_ids.insert(pos, seen);
+        stats.recent_ids.truncate(RECENT_MESSAGE_IDS);
+        if let Some(newest) = stats.recent_ids.first().map(|s| s.at) {
+            let horizon = newest.saturating_sub(RECENT_MESSAGE_HORIZON_MS);
+            stats.recent_ids.retain(|s| s.at >= horizon);
+        }
         let sender = m.sender();
         match sender {
             Sender::User => {

@@ -306,7 +306,107 @@ fn the_firing_history_keeps_only_the_window_and_at_most_count_per_rule() {
     assert_eq!(state.firings["long"].at, [4_500, 5_000, 11_000]);
 }
 
+/// The backfilled copy of a lifecycle message event: same message, same time, another event id.
+fn backfilled(event: &Event) -> Option<Event> {
+    let Payload::Message(m) = &event.payload else {
+        return None;
+    };
+    let made = crate::webhook::backfill_message_event(m, "B1", event.timestamp).expect("backfill");
+    let mut copy = made.event;
+    copy.timestamp = event.timestamp;
+    Some(copy)
+}
+
+/// The lifecycle with a backfilled copy of each message after it.
+fn lifecycle_with_copies() -> Vec<Event> {
+    lifecycle()
+        .into_iter()
+        .flat_map(|e| {
+            let copy = backfilled(&e);
+            std::iter::once(e).chain(copy)
+        })
+        .collect()
+}
+
+#[test]
+fn a_message_is_folded_once_whether_the_webhook_or_backfill_brings_it_first() {
+    let webhook = msg_event("e3", "bot.message.received", 120, true, "null");
+    let copy = backfilled(&webhook).expect("a message");
+    assert!(crate::webhook::is_backfilled(&copy));
+    assert_ne!(copy.id, webhook.id, "another event id");
+    for (first, second) in [(&webhook, &copy), (&copy, &webhook)] {
+        let mut state = ConversationState::new("c1".into());
+        assert!(state.apply(first), "the first copy reaches rules");
+        assert!(state.knows_message("m-e3"));
+        let before = state.clone();
+        assert!(!state.apply(second), "the second copy reaches no rule");
+        assert_eq!(state.events_applied, 1);
+        assert_eq!(state.messages.user_messages, 1);
+        assert_eq!(state.messages.recent_user_at, vec![120]);
+        assert_eq!(state.messages.recent_ids, before.messages.recent_ids);
+    }
+    let one = fold(&[webhook.clone(), copy.clone()]);
+    let other = fold(&[copy, webhook]);
+    assert_eq!(one, other, "the same state in both orders");
+}
+
+#[test]
+fn message_ids_are_kept_newest_first_and_bounded() {
+    let mut state = ConversationState::new("c1".into());
+    let total = crate::state::RECENT_MESSAGE_IDS as i64 + 5;
+    for i in (0..total).rev() {
+        state.apply(&msg_event(
+            &format!("x{i}"),
+            "bot.message.received",
+            i,
+            true,
+            "null",
+        ));
+    }
+    let ids = &state.messages.recent_ids;
+    assert_eq!(ids.len(), crate::state::RECENT_MESSAGE_IDS);
+    assert_eq!(ids[0].id, format!("m-x{}", total - 1), "the newest first");
+    assert!(ids.windows(2).all(|w| w[0] > w[1]));
+    assert!(!state.knows_message("m-x0"), "the oldest dropped out");
+    assert!(state.knows_message(&format!("m-x{}", total - 1)));
+    // A message two days newer: the ids beyond the horizon go too.
+    let later = total + crate::state::RECENT_MESSAGE_HORIZON_MS;
+    state.apply(&msg_event(
+        "late",
+        "bot.message.received",
+        later,
+        true,
+        "null",
+    ));
+    assert_eq!(
+        state.messages.recent_ids.len(),
+        1,
+        "{:?}",
+        state.messages.recent_ids
+    );
+    assert!(state.knows_message("m-late"));
+}
+
 proptest! {
+    /// Webhook and backfilled copies of the same messages, in any order, fold into one state, and
+    /// each message counts once.
+    #[test]
+    fn copies_from_both_paths_fold_once_in_any_order(
+        order in Just((0..lifecycle_with_copies().len()).collect::<Vec<_>>()).prop_shuffle(),
+    ) {
+        let events = lifecycle_with_copies();
+        let shuffled: Vec<Event> = order.iter().map(|&i| events[i].clone()).collect();
+        let state = fold(&shuffled);
+        prop_assert_eq!(&state, &fold(&events));
+        let plain = fold(&lifecycle());
+        prop_assert_eq!(state.events_applied, plain.events_applied);
+        prop_assert_eq!(&state.messages.recent_ids, &plain.messages.recent_ids);
+        prop_assert_eq!(
+            (state.messages.user_messages, state.messages.bot_messages, state.messages.agent_messages),
+            (plain.messages.user_messages, plain.messages.bot_messages, plain.messages.agent_messages)
+        );
+    }
+
     /// Any arrival order of the same events gives the same state.
     #[test]
     fn fold_is_independent_of_arrival_order(order in Just((0..9usize).collect::<Vec<_>>()).prop_shuffle()) {

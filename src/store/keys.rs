@@ -85,6 +85,9 @@ pub mod meta {
     pub const WATCH_INDEXED: &[u8] = b"watch_indexed";
     /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
+    /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
+    /// known to the bridge (delivered by the webhook or backfilled). Written by backfill only.
+    pub const BACKFILL_CURSOR: &[u8] = b"backfill_cursor";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.

@@ -994,6 +994,23 @@ impl Store {
         }
     }
 
+    /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
+    pub fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
+        Ok(self
+            .meta
+            .get(keys::meta::BACKFILL_CURSOR)?
+            .and_then(|v| keys::parse_seq(&v))
+            .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
+    }
+
+    /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
+    /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
+    pub fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
+        self.meta
+            .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
+        Ok(())
+    }
+
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
     pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)

@@ -588,6 +588,86 @@ pub fn timer_event(timer: &model::TimerFiring, bot: &str) -> Result<IncomingEven
     })
 }
 
+/// What a backfilled event's raw JSON says of its origin (`"source": "backfill"`), next to the
+/// service's own fields: the audit shows it, and the id's prefix (`backfill:`) marks it too.
+pub const BACKFILL_SOURCE: &str = "backfill";
+
+/// A message the Open API lists and the webhook never delivered, as the event the service would
+/// have sent (`bot.message.received` for a user's, `bot.message.sent` otherwise), marked
+/// `source: backfill`. Its id is deterministic (`backfill:message:<message id>`), so reading it
+/// again is a duplicate; the fold knows the message by its own id whichever copy came first.
+/// Stamped with the message's own time (`at` when it has none).
+pub fn backfill_message_event(
+    message: &model::Message,
+    bot: &str,
+    at: model::Millis,
+) -> Result<IncomingEvent, EventError> {
+    let kind = if message.is_user {
+        model::EventKind::MessageReceived
+    } else {
+        model::EventKind::MessageSent
+    };
+    let id = crate::ids::Internal::Backfill.id(format_args!("message:{}", message.id));
+    let data = serde_json::json!({ "message": message });
+    backfill_event(&id, kind, bot, message.timestamp.unwrap_or(at), data)
+}
+
+/// A conversation the Open API shows changed (its `updatedAt`), as a `bot.conversation.updated`
+/// event carrying the conversation as listed (manual status, params, navigation), marked
+/// `source: backfill`; id `backfill:conversation:<id>:<updatedAt ms>`.
+pub fn backfill_conversation_event(
+    conversation: &model::Conversation,
+    bot: &str,
+    updated_at: model::Millis,
+) -> Result<IncomingEvent, EventError> {
+    let id = crate::ids::Internal::Backfill.id(format_args!(
+        "conversation:{}:{updated_at}",
+        conversation.id
+    ));
+    let data = serde_json::json!({ "conversation": conversation });
+    backfill_event(
+        &id,
+        model::EventKind::ConversationUpdated,
+        bot,
+        updated_at,
+        data,
+    )
+}
+
+fn backfill_event(
+    id: &str,
+    kind: model::EventKind,
+    bot: &str,
+    at: model::Millis,
+    data: serde_json::Value,
+) -> Result<IncomingEvent, EventError> {
+    let raw = serde_json::json!({
+        "id": id,
+        "event": kind.as_str(),
+        "sourceType": "bot",
+        "source": BACKFILL_SOURCE,
+        "sourceId": bot,
+        "timestamp": at,
+        "data": data,
+    })
+    .to_string();
+    let event = parse_event(&raw)?;
+    Ok(IncomingEvent {
+        partition: partition_of(&event),
+        raw,
+        unknown_platform: false,
+        event,
+    })
+}
+
+/// Whether an event was made by backfill (its id carries the reserved `backfill:` prefix).
+pub fn is_backfilled(event: &model::Event) -> bool {
+    event
+        .id
+        .as_str()
+        .starts_with(crate::ids::Internal::Backfill.prefix())
+}
+
 /// The ordering domain of an event.
 pub fn partition_of(event: &Event) -> PartitionKey {
     if let Some(id) = event.payload.conversation_id() {

@@ -17,8 +17,19 @@ pub struct ExternalEmulator {
 impl ExternalEmulator {
     /// Start one that accepts `api_key`, and wait for its `listening:` line.
     pub fn start(api_key: &str) -> Self {
+        Self::start_with(api_key, &[])
+    }
+
+    /// [`start`](Self::start) with its webhook sender delivering to `url` (changed later by
+    /// `POST /_emulator/webhook/enable {"url": ...}`, as the bot's webhook settings do).
+    pub fn start_with_webhook(api_key: &str, url: &str) -> Self {
+        Self::start_with(api_key, &["--webhook-url", url])
+    }
+
+    fn start_with(api_key: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(super::bin())
             .args(["emulator", "--listen", "127.0.0.1:0", "--api-key", api_key])
+            .args(extra)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "warn")
