@@ -66,8 +66,12 @@ pub enum Outcome {
     Dead {
         blocking: bool,
     },
-    /// Try again at `state.next_attempt_at`.
-    Retry(RetryState),
+    /// Try again at `state.next_attempt_at`, or (when the failure opened or kept open the
+    /// circuit) at the circuit's next probe, not before `not_before` (a `Retry-After`).
+    Retry {
+        state: RetryState,
+        not_before: Option<Millis>,
+    },
     /// Wait for the destinations whose circuits are open.
     Held(RetryState),
     /// Not finished (the outcome could not be recorded, or the client stopped): again, first.
@@ -445,7 +449,25 @@ impl Scheduler {
                     self.blocked.insert(queue.to_owned());
                 }
             }
-            Outcome::Retry(state) | Outcome::Again(state) => {
+            Outcome::Retry { state, not_before } => {
+                if let Some(slot) = self.slot(queue, seq) {
+                    slot.state = state;
+                    slot.last_dests = all.clone();
+                }
+                // A destination whose circuit is open paces its entries by its probes (so its
+                // recovery is seen within a probe interval), not by their own backoff; a
+                // Retry-After it sent defers the next probe.
+                held_on = all
+                    .into_iter()
+                    .filter(|d| self.breakers.is_open(d))
+                    .collect();
+                if let Some(at) = not_before {
+                    for d in &held_on {
+                        self.breakers.defer(d, at);
+                    }
+                }
+            }
+            Outcome::Again(state) => {
                 if let Some(slot) = self.slot(queue, seq) {
                     slot.state = state;
                     slot.last_dests = all;
@@ -486,6 +508,10 @@ impl Scheduler {
         for name in held {
             if let Some(q) = self.queues.get_mut(&name) {
                 if q.state == QState::Held {
+                    if let Some(head) = q.entries.values_mut().next() {
+                        head.state.next_attempt_at = None;
+                        head.state.failures = 0;
+                    }
                     q.state = QState::Idle;
                     self.settle(&name, now);
                 }
@@ -595,7 +621,16 @@ mod tests {
         let mut s = sched(100);
         s.decided(vec![entry(1, "a"), entry(2, "a"), entry(3, "b")], 0);
         let a1 = s.next(0, &openapi).expect("a1");
-        s.finish("a", a1.entry.seq, Outcome::Retry(failed(5_000)), &[], 0);
+        s.finish(
+            "a",
+            a1.entry.seq,
+            Outcome::Retry {
+                state: failed(5_000),
+                not_before: None,
+            },
+            &[],
+            0,
+        );
         assert_eq!(seq(s.next(0, &openapi)), Some(3), "b goes on");
         assert!(
             s.next(4_999, &openapi).is_none(),
@@ -624,7 +659,16 @@ mod tests {
         let mut s = sched(100);
         let failed_at = |s: &mut Scheduler, q: &str, n: u64, now| {
             let reached = [("openapi".to_owned(), Reach::Failed)];
-            s.finish(q, n, Outcome::Retry(failed(now + 60_000)), &reached, now)
+            s.finish(
+                q,
+                n,
+                Outcome::Retry {
+                    state: failed(now + 60_000),
+                    not_before: None,
+                },
+                &reached,
+                now,
+            )
         };
         s.decided((1..=5).map(|n| entry(n, &format!("q{n}"))).collect(), 0);
         s.next(0, &openapi).expect("q1");
@@ -644,7 +688,10 @@ mod tests {
         s.finish(
             &probe.entry.queue,
             probe.entry.seq,
-            Outcome::Retry(failed(80_000)),
+            Outcome::Retry {
+                state: failed(80_000),
+                not_before: None,
+            },
             &reached,
             15_002,
         );
@@ -741,7 +788,10 @@ mod tests {
         s.finish(
             &first.entry.queue,
             first.entry.seq,
-            Outcome::Retry(failed(60_000)),
+            Outcome::Retry {
+                state: failed(60_000),
+                not_before: None,
+            },
             &reached,
             0,
         );
