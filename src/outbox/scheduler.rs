@@ -94,7 +94,13 @@ pub struct Scheduler {
     depth: i64,
     /// seq -> decided_at of loaded entries (the oldest pending one).
     loaded: BTreeMap<u64, Millis>,
+    /// The last entries finished (bounded): a hand-over that comes after its entry was read from
+    /// the store and finished is not run again.
+    finished: VecDeque<u64>,
 }
+
+/// Finished seqs remembered.
+const FINISHED_KEPT: usize = 4096;
 
 impl Scheduler {
     /// `pending`: the entries in the store at start, the highest of them `durable`.
@@ -111,6 +117,7 @@ impl Scheduler {
             durable,
             depth: i64::try_from(pending).unwrap_or(i64::MAX),
             loaded: BTreeMap::new(),
+            finished: VecDeque::new(),
         }
     }
 
@@ -154,7 +161,11 @@ impl Scheduler {
             let kind = SinkKind::of(&entry) as usize;
             let c = self.cursors[kind];
             if c.at.is_some_and(|at| entry.seq <= at) {
-                // Read from the store already (it was durable before its hand-over came).
+                // Behind the cursor: read from the store already (another hand-over with a
+                // higher seq came first), unless it never was (then it is loaded now).
+                if !self.loaded.contains_key(&entry.seq) && !self.finished.contains(&entry.seq) {
+                    self.load(entry, RetryState::default(), now);
+                }
                 continue;
             }
             if c.caught_up && c.loaded < self.per_sink {
@@ -444,6 +455,10 @@ impl Scheduler {
                     let c = &mut self.cursors[SinkKind::of(&slot.entry) as usize];
                     c.loaded = c.loaded.saturating_sub(1);
                     self.loaded.remove(&seq);
+                    if self.finished.len() >= FINISHED_KEPT {
+                        self.finished.pop_front();
+                    }
+                    self.finished.push_back(seq);
                 }
                 if matches!(outcome, Outcome::Dead { blocking: true }) {
                     self.blocked.insert(queue.to_owned());
@@ -798,5 +813,47 @@ mod tests {
         let next = s.next(1, &dests).expect("the help-desk event goes");
         assert_eq!(next.entry.seq, 21);
         assert!(s.loaded() <= 4);
+    }
+
+    #[test]
+    fn an_open_help_desk_endpoint_does_not_hold_back_the_others() {
+        let mut s = sched(100);
+        let mut e = entry(1, "helpdesk:c1");
+        e.action = Action::NotifyHelpdesk {
+            conversation_id: ConversationId::new("c1"),
+            kind: "handoff.requested".into(),
+            reason: None,
+            payload: serde_json::Value::Null,
+        };
+        s.decided(vec![e], 0);
+        let both = |_: &OutboxEntry| vec!["helpdesk:a".to_owned(), "helpdesk:b".to_owned()];
+        // Endpoint a failed twice (the threshold) for other events: its circuit is open.
+        s.breakers.failure("helpdesk:a", 0);
+        s.breakers.failure("helpdesk:a", 0);
+        assert!(s.breakers.is_open("helpdesk:a") && !s.breakers.is_open("helpdesk:b"));
+        // Still due for b: it goes, to b alone (a waits for its probe).
+        let job = s.next(20, &both).expect("b is allowed");
+        assert_eq!(job.allowed, ["helpdesk:b"]);
+        // b took it; a still needs it: held for a's circuit, no failure counted.
+        let only_a = |_: &OutboxEntry| vec!["helpdesk:a".to_owned()];
+        let reached = [("helpdesk:b".to_owned(), Reach::Answered)];
+        s.finish("helpdesk:c1", 1, Outcome::Held(failed(20)), &reached, 20);
+        assert!(s.next(21, &only_a).is_none(), "held until a's probe");
+        let probe = s.next(15_010, &only_a).expect("a's probe");
+        assert_eq!(probe.allowed, ["helpdesk:a"]);
+    }
+
+    #[test]
+    fn a_hand_over_behind_the_cursor_that_was_never_read_is_loaded_and_a_finished_one_is_not() {
+        let mut s = sched(100);
+        s.decided(vec![entry(5, "a")], 0);
+        let five = s.next(0, &openapi).expect("5");
+        s.finish("a", five.entry.seq, Outcome::Done, &[], 0);
+        // 3 was decided elsewhere (a replay) and handed over after 5.
+        s.decided(vec![entry(3, "b")], 0);
+        assert_eq!(seq(s.next(0, &openapi)), Some(3));
+        // 5's hand-over again (read from the store before it came): not run twice.
+        s.decided(vec![entry(5, "a")], 0);
+        assert!(s.next(0, &openapi).is_none());
     }
 }

@@ -581,3 +581,64 @@ async fn a_window_smaller_than_the_backlog_keeps_its_bound_and_order() {
     }
     r.finish().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_mid_outage_keeps_the_give_up_clock_and_the_attempts() {
+    // The state a previous run left: failing for 23 h 59 min, 40 attempts, due now.
+    let r = run(1, 1, Answer::Unavailable, &[], 10_000);
+    r.finish().await;
+    let ledger = Arc::new(MemLedger::default());
+    ledger
+        .outbox
+        .lock()
+        .expect("outbox")
+        .insert(1, entry(1, "c0"));
+    let state = RetryState {
+        attempts: 40,
+        failures: 40,
+        first_attempt_at: Some(T0 - 86_340_000),
+        first_failure_at: Some(T0 - 86_340_000),
+        last_attempt_at: Some(T0 - 1_000),
+        last_error: Some("503".into()),
+        next_attempt_at: Some(T0 + 30_000),
+    };
+    ledger.retry.lock().expect("retry").insert(1, state);
+    let clock = paused_clock();
+    let sink = FakeSink::new(clock.clone(), Answer::Unavailable, &[]);
+    let (stop, stop_rx) = watch::channel(false);
+    let (handle, task) = start_with(
+        ledger.clone(),
+        Sinks {
+            openapi: sink.clone(),
+            helpdesk: Arc::new(Unused),
+        },
+        &[OPENAPI.to_owned()],
+        Metrics::new().expect("metrics"),
+        settings(10_000),
+        clock,
+        stop_rx,
+    )
+    .expect("start");
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(
+        sink.calls().is_empty(),
+        "its next attempt time holds after the restart"
+    );
+    assert!(handle.wait_idle(Duration::from_secs(3600)).await);
+    let dead = ledger.dead.lock().expect("dead").clone();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].reason, "retries_exhausted");
+    assert_eq!(
+        dead[0].first_attempt_at,
+        T0 - 86_340_000,
+        "the clock went on"
+    );
+    assert_eq!(
+        dead[0].attempts,
+        40 + sink.calls().len() as u32,
+        "the count went on"
+    );
+    assert!(sink.calls()[0].1 >= T0 + 30_000);
+    let _ = stop.send(true);
+    let _ = task.await;
+}
