@@ -221,6 +221,9 @@ impl Runner {
     fn publish(&self, sched: &Scheduler) {
         let depth = sched.depth();
         self.handle.depth.store(depth, Ordering::SeqCst);
+        self.handle
+            .in_memory
+            .store(sched.loaded(), Ordering::SeqCst);
         self.metrics.outbox_depth.set(depth as i64);
         let age = sched
             .oldest_decided_at()
