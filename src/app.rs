@@ -151,6 +151,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         path: config.store.data_dir.display().to_string(),
         source,
     };
+    for note in &config.deprecated {
+        tracing::warn!("config: {note}");
+    }
     let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
     if let Some(mode) = data.loose_mode() {
@@ -239,11 +242,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         crate::upstream::api::OpenApi::new(upstream.handle.clone()),
         std::sync::Arc::new(helpdesk),
         metrics.clone(),
-        crate::outbox::ExecutorSettings {
-            concurrency: config.outbox.concurrency,
-            blocking: config.outbox.blocking.iter().cloned().collect(),
-            max_depth: config.outbox.max_depth,
-        },
+        crate::outbox::ExecutorSettings::from_config(&config.outbox),
         stop_rx.clone(),
     )?;
     let (decided_tx, decided_rx) = executor.decided_channel();

@@ -446,6 +446,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             };
             let config = load_with(&config, overrides)?;
             let rules = crate::app::rule_set(&config)?;
+            for note in &config.deprecated {
+                out!("# warning: {note}");
+            }
             out!("# configuration is valid; effective values (secrets masked):");
             out_raw!("{}", config.to_masked_toml());
             if let Some(set) = rules {

@@ -530,6 +530,33 @@ impl OutboxEntry {
     }
 }
 
+/// Why a pending entry waits: its attempts so far, kept (in the store, by seq) after each failed
+/// attempt and removed in the transaction that records its outcome, so a restart keeps the
+/// give-up clock and the count, and an operator sees why it waits. No secrets: the error is the
+/// failure's display text, which names endpoints, never URLs or keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryState {
+    /// Attempts made (every one, failed or not).
+    #[serde(default)]
+    pub attempts: u32,
+    /// Transient failures in a row (the backoff's exponent).
+    #[serde(default)]
+    pub failures: u32,
+    /// Daemon time of the first attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_at: Option<Millis>,
+    /// Daemon time of the first failed attempt: the give-up clock (`outbox.give_up_after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When it is tried again (daemon time); `None`: when its destination's circuit lets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Millis>,
+}
+
 /// A finished entry, kept for the audit window (`outbox.audit_retention`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DoneRecord {

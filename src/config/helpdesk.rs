@@ -42,7 +42,6 @@ pub struct HelpdeskConfig {
     /// One delivery attempt, answer included.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    pub retry: HelpdeskRetry,
 }
 
 /// Partner-messenger counseling channels, so agents address users by conversation, not by
@@ -64,23 +63,6 @@ impl PartnerConfig {
             .or(Some(self.default_sender_key.as_str()))
             .filter(|k| !k.is_empty())
     }
-}
-
-/// Backoff while a help desk is unreachable. Events wait in order rather than being dropped, for
-/// as long as an agent could still act on them.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HelpdeskRetry {
-    #[serde(with = "humantime_serde")]
-    pub initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub max: Duration,
-    /// A `Retry-After` longer than this is clamped to it.
-    #[serde(with = "humantime_serde")]
-    pub max_retry_after: Duration,
-    /// From an event's first failed attempt: then it becomes a `retries_exhausted` dead letter.
-    #[serde(with = "humantime_serde")]
-    pub give_up_after: Duration,
 }
 
 /// One help desk (or one of its webhooks).

@@ -2,8 +2,9 @@
 //! flags. Validated once; every problem is reported together, with the key, the value and why.
 
 pub mod helpdesk;
+pub mod legacy;
 
-pub use helpdesk::{HelpdeskConfig, HelpdeskEndpoint, HelpdeskRetry};
+pub use helpdesk::{HelpdeskConfig, HelpdeskEndpoint};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,9 @@ pub struct Config {
     pub log: LogConfig,
     pub upstream: UpstreamConfig,
     pub helpdesk: HelpdeskConfig,
+    /// Notes on old keys the configuration used ([`legacy`]), logged at start.
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
 }
 
 /// Where the Open API is and how to call it.
@@ -51,7 +55,6 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    pub retry: crate::upstream::retry::RetryPolicy,
     pub limits: crate::upstream::limits::LimitsConfig,
 }
 
@@ -216,6 +219,28 @@ pub struct OutboxConfig {
     /// `store.event_retention`, so a replay of any stored event still knows what already ran.
     #[serde(with = "humantime_serde")]
     pub audit_retention: Duration,
+    /// A transient failure (connect, TLS handshake, timeout, 408, 425, 429, 5xx) never
+    /// dead-letters before the entry has been failing this long (from its first failed attempt).
+    #[serde(with = "humantime_serde")]
+    pub give_up_after: Duration,
+    /// Pending entries held in memory at most (half for the Open API, half for the help-desk
+    /// events); the rest wait in the store and are read in order as room frees.
+    pub window: usize,
+    /// The one backoff policy, for both sinks.
+    pub retry: crate::outbox::backoff::Backoff,
+    /// The circuit breaker of each destination (`openapi`, `helpdesk:<endpoint>`).
+    pub breaker: BreakerConfig,
+}
+
+/// `[outbox.breaker]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive transient failures that open a destination's circuit.
+    pub failures: u32,
+    /// While open, at most one call (the probe) this often.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -369,15 +394,18 @@ impl Config {
         })?;
         let mut merged = defaults.clone();
         let mut problems = Vec::new();
+        let mut deprecated = Vec::new();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.display().to_string(),
                 source,
             })?;
-            let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Syntax {
-                path: path.display().to_string(),
-                message: syntax_message(&text, &e),
-            })?;
+            let mut table: toml::Table =
+                toml::from_str(&text).map_err(|e| ConfigError::Syntax {
+                    path: path.display().to_string(),
+                    message: syntax_message(&text, &e),
+                })?;
+            legacy::rewrite(&mut table, &mut deprecated);
             merge(&mut merged, table, &defaults, "", &mut problems);
         }
         for (name, value) in env {
@@ -387,6 +415,16 @@ impl Config {
                 rest.to_lowercase().replace("__", ".")
             } else {
                 continue;
+            };
+            let key = match legacy::renamed(&key) {
+                Some(new) => {
+                    deprecated.push(legacy::note(&key, new));
+                    match new {
+                        Some(new) => new.to_owned(),
+                        None => continue,
+                    }
+                }
+                None => key,
             };
             set_path(
                 &mut merged,
@@ -464,6 +502,7 @@ impl Config {
             if config.upstream.url.is_empty() {
                 config.upstream.url = "embedded".into();
             }
+            config.deprecated = deprecated;
             Ok(config)
         } else {
             Err(ConfigError::Invalid(problems))
@@ -606,6 +645,31 @@ impl Config {
                 "must be 1..=1024",
             );
         }
+        let ob = &self.outbox;
+        if ob.retry.base.is_zero() || ob.retry.cap < ob.retry.base {
+            bad(
+                "outbox.retry.cap",
+                &humantime::format_duration(ob.retry.cap),
+                "base must be positive and cap at least base",
+            );
+        }
+        if ob.give_up_after < ob.retry.base {
+            bad(
+                "outbox.give_up_after",
+                &humantime::format_duration(ob.give_up_after),
+                "must be at least outbox.retry.base",
+            );
+        }
+        if ob.window < 2 {
+            bad("outbox.window", &ob.window, "must be at least 2");
+        }
+        if ob.breaker.failures == 0 || ob.breaker.probe_interval.is_zero() {
+            bad(
+                "outbox.breaker.failures",
+                &ob.breaker.failures,
+                "failures and probe_interval must be positive",
+            );
+        }
         if self.outbox.max_depth == 0 {
             bad(
                 "outbox.max_depth",
@@ -688,20 +752,6 @@ impl Config {
                 "upstream.auth_header",
                 &up.auth_header,
                 "header names must not be empty",
-            );
-        }
-        if up.retry.max_attempts == 0 || up.retry.max_attempts > 20 {
-            bad(
-                "upstream.retry.max_attempts",
-                &up.retry.max_attempts,
-                "must be 1..=20",
-            );
-        }
-        if up.retry.base.is_zero() || up.retry.cap < up.retry.base {
-            bad(
-                "upstream.retry.cap",
-                &humantime::format_duration(up.retry.cap),
-                "base must be positive and cap at least base",
             );
         }
         if up.request_timeout.is_zero() || up.connect_timeout.is_zero() {
@@ -827,21 +877,6 @@ impl Config {
                 "helpdesk.timeout",
                 &humantime::format_duration(hd.timeout),
                 "timeouts must be positive",
-            );
-        }
-        let r = &hd.retry;
-        if r.initial.is_zero() || r.max < r.initial {
-            bad(
-                "helpdesk.retry.max",
-                &humantime::format_duration(r.max),
-                "initial must be positive and max at least initial",
-            );
-        }
-        if r.give_up_after < r.initial {
-            bad(
-                "helpdesk.retry.give_up_after",
-                &humantime::format_duration(r.give_up_after),
-                "must be at least helpdesk.retry.initial",
             );
         }
     }

@@ -239,11 +239,8 @@ fn upstream_settings_load_validate_and_mask_the_key() {
         .expect_err("invalid"),
     );
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(
-        keys,
-        vec!["upstream.url", "upstream.retry.max_attempts"],
-        "{p:?}"
-    );
+    // The client's old retry count is no longer used: accepted (with a note), never an error.
+    assert_eq!(keys, vec!["upstream.url"], "{p:?}");
 }
 
 #[test]
@@ -337,10 +334,7 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
     let c = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("valid");
     assert_eq!(c.helpdesk.endpoints[0].events, ["*"]);
     assert_eq!(c.helpdesk.transcript_messages, 20);
-    assert_eq!(
-        c.helpdesk.retry.give_up_after,
-        Duration::from_secs(24 * 3600)
-    );
+    assert_eq!(c.outbox.give_up_after, Duration::from_secs(24 * 3600));
     let shown = format!("{}\n{:?}", c.to_masked_toml(), c);
     assert!(
         !shown.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
@@ -597,4 +591,34 @@ fn the_files_the_config_names_are_read_only_when_asked() {
     let p = problems(Config::load_from(None, vars, &files).unwrap_err());
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(keys, ["server.tls", "upstream.ca_file"], "{p:#?}");
+}
+
+#[test]
+fn old_retry_keys_are_accepted_from_env_and_files_with_a_note() {
+    let (_d, path) = write(
+        r#"
+[helpdesk.retry]
+give_up_after = "12h"
+max = "2m"
+"#,
+    );
+    let c = Config::load_from(
+        Some(&path),
+        env(&[("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "3")]),
+        &Overrides::default(),
+    )
+    .expect("old keys are never an error");
+    assert_eq!(c.outbox.give_up_after, Duration::from_secs(12 * 3600));
+    assert_eq!(c.outbox.retry.cap, Duration::from_secs(120));
+    assert_eq!(c.deprecated.len(), 3, "{:?}", c.deprecated);
+    assert!(c
+        .deprecated
+        .iter()
+        .any(|n| n.contains("helpdesk.retry.give_up_after") && n.contains("outbox.give_up_after")));
+    let d = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert_eq!(d.outbox.give_up_after, Duration::from_secs(24 * 3600));
+    assert_eq!(d.outbox.window, 10_000);
+    assert_eq!(d.outbox.breaker.failures, 5);
+    assert_eq!(d.outbox.breaker.probe_interval, Duration::from_secs(15));
+    assert!(d.deprecated.is_empty());
 }

@@ -5,11 +5,10 @@
 use super::events::pattern_matches;
 use super::signing::{self, SigningKey};
 use super::{NoQueue, QueueSource};
-use crate::config::{HelpdeskConfig, HelpdeskRetry};
+use crate::config::HelpdeskConfig;
 use crate::upstream::handle::TransportHandle;
 use crate::upstream::retry::parse_retry_after;
 use crate::upstream::transport::{RawRequest, Transport, TransportError};
-use rand::Rng;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +61,6 @@ pub struct Helpdesk<T = TransportHandle> {
     endpoints: Vec<Endpoint<T>>,
     pub transcript_messages: u32,
     pub bot_messages: bool,
-    retry: HelpdeskRetry,
     /// Position and expected wait of a waiting conversation.
     pub queue: Arc<dyn QueueSource>,
 }
@@ -127,7 +125,6 @@ impl<T: Transport> Helpdesk<T> {
             endpoints,
             transcript_messages: config.transcript_messages,
             bot_messages: config.bot_messages,
-            retry: config.retry.clone(),
             queue: Arc::new(NoQueue),
         })
     }
@@ -135,6 +132,11 @@ impl<T: Transport> Helpdesk<T> {
     /// Any help desk to send to.
     pub fn is_configured(&self) -> bool {
         !self.endpoints.is_empty() && self.endpoints.iter().all(|ep| ep.http.is_some())
+    }
+
+    /// Every endpoint's name, in configuration order.
+    pub fn endpoint_names(&self) -> impl Iterator<Item = &str> {
+        self.endpoints.iter().map(|ep| ep.name.as_str())
     }
 
     /// The names of the endpoints that take `kind`, in configuration order.
@@ -201,35 +203,6 @@ impl<T: Transport> Helpdesk<T> {
             Err(TransportError::Other(_)) => Err(unavailable("transport")),
         }
     }
-
-    /// The wait before the attempt after `failures` failed ones: full jitter under a ceiling that
-    /// starts at `initial` and doubles up to `max`, so many waiting conversations do not return
-    /// in step; a `Retry-After` the help desk sent wins, clamped.
-    pub fn backoff(
-        &self,
-        failures: u32,
-        retry_after: Option<Duration>,
-        rng: &mut impl Rng,
-    ) -> Duration {
-        if let Some(wait) = retry_after {
-            return wait.min(self.retry.max_retry_after);
-        }
-        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
-        let ceiling = self
-            .retry
-            .initial
-            .saturating_mul(factor)
-            .min(self.retry.max);
-        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-        // Never zero: an immediate retry of a help desk that just failed is wasted.
-        let floor = nanos / 10;
-        Duration::from_nanos(rng.random_range(floor..=nanos))
-    }
-
-    /// How long an event keeps being tried after its first failure.
-    pub fn give_up_after(&self) -> Duration {
-        self.retry.give_up_after
-    }
 }
 
 #[cfg(test)]
@@ -237,7 +210,6 @@ mod tests {
     use super::*;
     use crate::config::{HelpdeskEndpoint, Secret};
     use crate::upstream::transport::RawResponse;
-    use rand::SeedableRng;
     use std::sync::Mutex;
 
     /// Answers with the scripted statuses in turn and keeps every request.
@@ -379,28 +351,5 @@ mod tests {
             !format!("{:?}", results[6]).contains("127.0.0.1"),
             "errors name the endpoint, not its URL"
         );
-    }
-
-    #[test]
-    fn backoff_grows_to_its_cap_and_retry_after_wins() {
-        let hd =
-            Helpdesk::with_transport(&config(&["*"]), None::<Arc<Scripted>>).expect("helpdesk");
-        assert!(!hd.is_configured(), "no client, nothing to send with");
-        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        for failures in 1..40 {
-            let d = hd.backoff(failures, None, &mut rng);
-            assert!(d <= Duration::from_secs(300), "{failures}: {d:?}");
-            assert!(d >= Duration::from_millis(100), "{failures}: {d:?}");
-        }
-        assert!(hd.backoff(1, None, &mut rng) <= Duration::from_secs(1));
-        assert_eq!(
-            hd.backoff(1, Some(Duration::from_secs(30)), &mut rng),
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            hd.backoff(1, Some(Duration::from_secs(86_400)), &mut rng),
-            Duration::from_secs(600)
-        );
-        assert_eq!(hd.give_up_after(), Duration::from_secs(86_400));
     }
 }

@@ -118,6 +118,8 @@ async fn clock_advance(
     );
     // The timer firer sleeps until a due time: let it look again.
     shared.store.timer_wakeup().notify_one();
+    // And the executor: retries due in daemon time run now.
+    shared.executor.wake();
     let now = crate::clock::now_millis();
     // How many timers are due now: a caller can wait for that many firings.
     let store = shared.store.clone();

@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Help-desk delivery attempts by endpoint (its configured name, never its URL) and outcome
     /// (`delivered`, `http_<status>`, `connect`, `timeout`, `transport`).
     pub helpdesk_deliveries: IntCounterVec,
+    /// 1 while a destination's circuit is open (`openapi`, `helpdesk:<endpoint>`).
+    pub circuit_open: IntGaugeVec,
     /// Entries moved to the dead letters, by reason.
     pub dead_letters: IntCounterVec,
     pub dead_letter_entries: IntGauge,
@@ -157,6 +159,14 @@ impl Metrics {
             &["endpoint", "outcome"],
         )?;
         registry.register(Box::new(helpdesk_deliveries.clone()))?;
+        let circuit_open = IntGaugeVec::new(
+            Opts::new(
+                "circuit_open",
+                "1 while a destination's circuit breaker is open (no calls but a probe every outbox.breaker.probe_interval)",
+            ),
+            &["destination"],
+        )?;
+        registry.register(Box::new(circuit_open.clone()))?;
         let tls_failures = IntCounterVec::new(
             Opts::new(
                 "tls_failures_total",
@@ -238,6 +248,7 @@ impl Metrics {
             upstream_attempts,
             upstream_info,
             helpdesk_deliveries,
+            circuit_open,
             dead_letters: counter_vec(
                 "dead_letters_total",
                 "Outbox entries moved to the dead letters, by reason",

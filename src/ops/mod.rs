@@ -43,6 +43,9 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
             "outbox": if outbox_ok { "ok" } else { "backed_up" },
             "outbox_depth": shared.executor.depth(),
             "outbox_paused": shared.executor.is_paused(),
+            // Detail only, never a reason for 503: a bridge taken out of rotation while the
+            // upstream is down would get the service to disable its webhook.
+            "circuits": shared.executor.circuits(),
             "dispatch_paused": shared.dispatch.is_paused(),
             "rules_version": shared.rules.live.current().version(),
             "upstream": {

@@ -32,6 +32,11 @@ pub mod tree {
     pub const OUTBOX: &str = "outbox/v1";
     /// sequence number (as in the outbox) -> action that failed for good.
     pub const DEAD_LETTERS: &str = "dead_letters/v1";
+    /// sequence number (as in the outbox) -> why a pending entry waits ([`RetryState`]): written
+    /// after each failed attempt, removed with the entry's outcome.
+    ///
+    /// [`RetryState`]: crate::actions::RetryState
+    pub const OUTBOX_RETRY: &str = "outbox_retry/v1";
     /// action id -> its status (pending, done, dead, dropped): every decided action.
     pub const ACTIONS: &str = "actions/v1";
     /// sequence number (as in the outbox) -> finished entry (done or dropped), for the audit

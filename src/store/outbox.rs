@@ -2,6 +2,8 @@
 //!
 //! - `outbox`: seq -> [`OutboxEntry`], decided actions not yet carried out;
 //! - `dead_letters`: seq -> [`DeadLetter`], entries that failed for good (same seq as in the outbox);
+//! - `outbox_retry`: seq -> [`RetryState`], why a pending entry waits (its failed attempts);
+//!   removed in the transaction that records the entry's outcome;
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
@@ -10,7 +12,7 @@
 //! finished, never both or neither.
 
 use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store, StoreError};
-use crate::actions::{DeadLetter, DoneRecord, OutboxEntry};
+use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use sled::transaction::{ConflictableTransactionResult, TransactionalTree};
@@ -110,6 +112,11 @@ impl Store {
         self.outbox.len()
     }
 
+    /// The highest seq in the outbox (`None`: empty).
+    pub fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.outbox.last()?.and_then(|(k, _)| keys::parse_seq(&k)))
+    }
+
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
         all_decoded(&self.dead_letters, "dead letter")
     }
@@ -145,13 +152,30 @@ impl Store {
             note: None,
         })?;
         let key = keys::seq(entry.seq);
-        (&self.outbox, &self.actions, &self.done).transaction(|(outbox, actions, done)| {
-            outbox.remove(&key)?;
-            actions.insert(entry.id.as_bytes(), status.as_slice())?;
-            done.insert(&key, record.as_slice())?;
-            Ok(())
-        })?;
+        (&self.outbox, &self.actions, &self.done, &self.outbox_retry).transaction(
+            |(outbox, actions, done, retry)| {
+                outbox.remove(&key)?;
+                retry.remove(&key)?;
+                actions.insert(entry.id.as_bytes(), status.as_slice())?;
+                done.insert(&key, record.as_slice())?;
+                Ok(())
+            },
+        )?;
         Ok(())
+    }
+
+    /// Why the pending entry `seq` waits (its failed attempts), if it failed before.
+    pub fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError> {
+        get_decoded(&self.outbox_retry, keys::seq(seq), "outbox retry state")
+    }
+
+    /// Record why the pending entry `seq` waits, after a failed attempt. Not flushed: a crash
+    /// may lose the last few, which costs an attempt count and a later give-up, never an entry.
+    pub fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
+        self.outbox_retry
+            .insert(keys::seq(seq), encode(state)?)
+            .map(drop)
+            .map_err(StoreError::from)
     }
 
     /// Finished entries (done or dropped) still in the audit window, newest first.
@@ -208,14 +232,19 @@ impl Store {
         };
         let (status, bytes) = (encode(&status)?, encode(letter)?);
         let seq = keys::seq(letter.entry.seq);
-        (&self.outbox, &self.dead_letters, &self.actions).transaction(
-            |(outbox, dead, actions)| {
+        (
+            &self.outbox,
+            &self.dead_letters,
+            &self.actions,
+            &self.outbox_retry,
+        )
+            .transaction(|(outbox, dead, actions, retry)| {
                 outbox.remove(&seq)?;
+                retry.remove(&seq)?;
                 dead.insert(&seq, bytes.as_slice())?;
                 actions.insert(letter.entry.id.as_bytes(), status.as_slice())?;
                 Ok(())
-            },
-        )?;
+            })?;
         Ok(())
     }
 

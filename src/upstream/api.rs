@@ -1,5 +1,5 @@
 //! One typed method per endpoint. Each builds an [`ApiCall`] and decodes the answer into the
-//! contract's type; the transport, retries and limits are the executor's business.
+//! contract's type; the transport and limits are the client's business, retries the outbox's.
 
 use super::client::{ApiCall, Execute};
 use super::contract::*;
@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+#[derive(Clone)]
 pub struct OpenApi<E> {
     exec: E,
 }

@@ -1,15 +1,15 @@
-//! The Open API client: auth header, idempotency keys, rate limits, retries.
+//! The Open API client: auth header, idempotency keys, rate limits; one attempt per call (the
+//! outbox schedules retries, `outbox::backoff`).
 
 use super::contract::Endpoint;
 use super::error::UpstreamError;
 use super::limits::Limits;
-use super::retry::{parse_retry_after, RetryPolicy};
+use super::retry::parse_retry_after;
 use super::transport::{RawRequest, RawResponse, Transport, TransportError};
 use crate::config::Secret;
-use rand::SeedableRng;
 use serde_json::Value;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// One call of one endpoint, fully described: what the typed methods build and what crosses to
 /// the task that owns the HTTP client.
@@ -96,14 +96,12 @@ pub struct ClientSettings {
     pub auth_scheme: String,
     pub api_key: Secret,
     pub idempotency_header: String,
-    pub retry: RetryPolicy,
 }
 
 pub struct Client<T> {
     transport: T,
     settings: ClientSettings,
     limits: Limits,
-    rng: Mutex<rand::rngs::StdRng>,
     observer: Option<AttemptObserver>,
 }
 
@@ -144,7 +142,6 @@ impl<T: Transport> Client<T> {
             transport,
             settings,
             limits,
-            rng: Mutex::new(rand::rngs::StdRng::from_os_rng()),
             observer: None,
         }
     }
@@ -152,12 +149,6 @@ impl<T: Transport> Client<T> {
     /// Report every attempt to `observer` (metrics).
     pub fn with_observer(mut self, observer: Option<AttemptObserver>) -> Self {
         self.observer = observer;
-        self
-    }
-
-    /// Fix the jitter sequence (tests).
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.rng = Mutex::new(rand::rngs::StdRng::seed_from_u64(seed));
         self
     }
 
@@ -225,8 +216,7 @@ impl<T: Transport> Client<T> {
         let retry_after = resp
             .retry_after
             .as_deref()
-            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()))
-            .map(|d| d.min(self.settings.retry.max_retry_after));
+            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
         Err(UpstreamError::Status {
             status: resp.status,
             code,
@@ -247,42 +237,18 @@ impl<T: Transport> Execute for Client<T> {
             (_, false) => None,
         };
         let request = self.request(&call, key.as_deref())?;
-        let attempts = self.settings.retry.max_attempts.max(1);
-        let mut attempt = 1;
-        loop {
-            self.limits.acquire(call.endpoint.class()).await;
-            let result = self.classify(self.transport.send(request.clone()).await);
-            if let Some(observe) = &self.observer {
-                (observe.0)(call.endpoint.name(), &attempt_outcome(&result));
-            }
-            match result {
-                Ok(value) => {
-                    tracing::debug!(
-                        endpoint = call.endpoint.name(),
-                        attempt,
-                        "upstream call succeeded"
-                    );
-                    return Ok(value);
-                }
-                Err(e) if e.is_retryable() && attempt < attempts => {
-                    let retry_after = match &e {
-                        UpstreamError::Status { retry_after, .. } => *retry_after,
-                        _ => None,
-                    };
-                    let wait = match self.rng.lock() {
-                        Ok(mut rng) => self.settings.retry.delay(attempt, retry_after, &mut *rng),
-                        Err(_) => self.settings.retry.ceiling(attempt),
-                    };
-                    tracing::debug!(endpoint = call.endpoint.name(), attempt, error = %e, ?wait, "upstream call failed; retrying");
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
-                Err(e) => {
-                    tracing::debug!(endpoint = call.endpoint.name(), attempt, error = %e, "upstream call failed");
-                    return Err(e);
-                }
+        self.limits.acquire(call.endpoint.class()).await;
+        let result = self.classify(self.transport.send(request).await);
+        if let Some(observe) = &self.observer {
+            (observe.0)(call.endpoint.name(), &attempt_outcome(&result));
+        }
+        match &result {
+            Ok(_) => tracing::debug!(endpoint = call.endpoint.name(), "upstream call succeeded"),
+            Err(e) => {
+                tracing::debug!(endpoint = call.endpoint.name(), error = %e, "upstream call failed")
             }
         }
+        result
     }
 }
 

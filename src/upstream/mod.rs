@@ -1,5 +1,5 @@
-//! The service's Open API: the contract types, and the client that calls it under rate limits
-//! with retries. The client is generic over its transport (awc in production) and its executor
+//! The service's Open API: the contract types, and the client that calls it under rate limits,
+//! one attempt per call. The client is generic over its transport (awc in production) and its executor
 //! (the client itself, or [`handle::UpstreamHandle`] from any thread).
 
 pub mod api;
@@ -25,6 +25,5 @@ pub fn settings(config: &crate::config::UpstreamConfig) -> Result<ClientSettings
         auth_scheme: config.auth_scheme.clone(),
         api_key: config.resolve_api_key()?,
         idempotency_header: config.idempotency_header.clone(),
-        retry: config.retry.clone(),
     })
 }

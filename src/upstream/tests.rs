@@ -1,11 +1,10 @@
-//! Client behaviour under paused time with a scripted transport: attempts, spacing,
-//! `Retry-After`, permanent errors, idempotency keys.
+//! Client behaviour under paused time with a scripted transport: one attempt per call (the
+//! outbox schedules retries), `Retry-After` parsed, permanent errors, idempotency keys.
 
 use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
 use super::contract::Endpoint;
 use super::error::UpstreamError;
 use super::limits::{Limits, LimitsConfig, Rate};
-use super::retry::RetryPolicy;
 use super::transport::{RawRequest, RawResponse, Transport, TransportError};
 use crate::config::Secret;
 use std::cell::RefCell;
@@ -70,20 +69,14 @@ fn unlimited() -> LimitsConfig {
     }
 }
 
-fn client(t: &Scripted, attempts: u32) -> Client<&Scripted> {
+fn client(t: &Scripted) -> Client<&Scripted> {
     let settings = ClientSettings {
         auth_header: "Authorization".into(),
         auth_scheme: "Bearer".into(),
         api_key: Secret::new("k-secret-123"),
         idempotency_header: "Idempotency-Key".into(),
-        retry: RetryPolicy {
-            max_attempts: attempts,
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(2),
-            max_retry_after: Duration::from_secs(10),
-        },
     };
-    Client::new(t, settings, Limits::new(&unlimited()).expect("limits")).with_seed(42)
+    Client::new(t, settings, Limits::new(&unlimited()).expect("limits"))
 }
 
 fn manual_call() -> ApiCall {
@@ -93,13 +86,8 @@ fn manual_call() -> ApiCall {
     call
 }
 
-fn gaps(t: &Scripted) -> Vec<Duration> {
-    let seen = t.seen.borrow();
-    seen.windows(2).map(|w| w[1].0 - w[0].0).collect()
-}
-
 #[tokio::test(start_paused = true)]
-async fn transient_failures_are_retried_with_capped_jittered_backoff_and_one_key() {
+async fn a_transient_failure_is_one_attempt_returned_at_once_under_the_same_key() {
     let t = Scripted::new(vec![
         status(503, None),
         Err(TransportError::Timeout),
@@ -107,10 +95,19 @@ async fn transient_failures_are_retried_with_capped_jittered_backoff_and_one_key
         status(429, Some("garbage")),
         ok(r#"{"conversationId":"c","enabled":true,"status":"HANDOVER","updatedAt":1}"#),
     ]);
-    let value = client(&t, 5)
-        .execute(manual_call())
-        .await
-        .expect("succeeds on the 5th attempt");
+    let c = client(&t);
+    let start = Instant::now();
+    for expected in 1..=4 {
+        let err = c.execute(manual_call()).await.expect_err("transient");
+        assert!(err.is_retryable(), "{err:?}");
+        assert_eq!(t.seen.borrow().len(), expected, "one attempt per call");
+    }
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "no sleeping inside the client"
+    );
+    let value = c.execute(manual_call()).await.expect("succeeds");
     assert_eq!(value["status"], "HANDOVER");
     let seen = t.seen.borrow();
     assert_eq!(seen.len(), 5);
@@ -125,34 +122,13 @@ async fn transient_failures_are_retried_with_capped_jittered_backoff_and_one_key
             .headers
             .contains(&("Authorization".into(), "Bearer k-secret-123".into())));
     }
-    drop(seen);
-    // Full jitter: each wait is within [0, min(cap, base * 2^(n-1))].
-    let ceilings = [100, 200, 400, 800];
-    for (gap, ceiling) in gaps(&t).iter().zip(ceilings) {
-        assert!(
-            *gap <= Duration::from_millis(ceiling),
-            "{gap:?} > {ceiling} ms"
-        );
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn attempts_are_bounded_and_the_last_error_is_returned() {
-    let t = Scripted::new((0..10).map(|_| status(502, None)).collect());
-    let err = client(&t, 3)
-        .execute(manual_call())
-        .await
-        .expect_err("gives up");
-    assert_eq!(err.status(), Some(502));
-    assert!(err.is_retryable());
-    assert_eq!(t.seen.borrow().len(), 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn permanent_errors_are_not_retried_and_keep_status_and_body() {
     for code in [400, 401, 404, 409, 422] {
         let t = Scripted::new(vec![status(code, None), ok("{}")]);
-        let err = client(&t, 5)
+        let err = client(&t)
             .execute(manual_call())
             .await
             .expect_err("permanent");
@@ -174,38 +150,44 @@ async fn permanent_errors_are_not_retried_and_keep_status_and_body() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_is_honoured_in_seconds_and_dates_and_clamped() {
+async fn retry_after_is_parsed_in_seconds_and_dates() {
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(5));
     let t = Scripted::new(vec![
         status(429, Some("3")),
         status(503, Some(&date)),
         status(429, Some("86400")),
-        ok("{}"),
     ]);
-    client(&t, 5)
-        .execute(manual_call())
-        .await
-        .expect("succeeds");
-    let g = gaps(&t);
-    assert_eq!(g[0], Duration::from_secs(3));
+    let c = client(&t);
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        match c.execute(manual_call()).await {
+            Err(UpstreamError::Status { retry_after, .. }) => waits.push(retry_after),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(waits[0], Some(Duration::from_secs(3)));
     // An HTTP date is relative to the wall clock at parse time: about 5 s (4..=5 after rounding).
+    let w = waits[1].expect("date");
     assert!(
-        g[1] >= Duration::from_secs(4) && g[1] <= Duration::from_secs(5),
-        "{:?}",
-        g[1]
+        w >= Duration::from_secs(4) && w <= Duration::from_secs(5),
+        "{w:?}"
     );
-    assert_eq!(g[2], Duration::from_secs(10), "clamped to max_retry_after");
+    // Not clamped here: the outbox's policy clamps (`outbox.retry.max_retry_after`).
+    assert_eq!(waits[2], Some(Duration::from_secs(86_400)));
 }
 
 #[tokio::test(start_paused = true)]
 async fn reads_carry_no_key_and_unkeyed_writes_get_a_stable_generated_one() {
     let t = Scripted::new(vec![ok("{}"), status(500, None), ok("{}")]);
-    let c = client(&t, 3);
+    let c = client(&t);
     c.execute(ApiCall::new(Endpoint::GetBot, &["B1"]))
         .await
         .expect("read");
     let mut write = manual_call();
     write.idempotency_key = None;
+    c.execute(write.clone())
+        .await
+        .expect_err("500, one attempt");
     c.execute(write).await.expect("write");
     let seen = t.seen.borrow();
     assert!(!seen[0]
@@ -221,14 +203,16 @@ async fn reads_carry_no_key_and_unkeyed_writes_get_a_stable_generated_one() {
             .find(|(k, _)| k == "Idempotency-Key")
             .map(|(_, v)| v.clone())
     };
-    assert!(key(1).is_some());
-    assert_eq!(key(1), key(2), "the retry reuses the generated key");
+    assert!(
+        key(1).is_some() && key(2).is_some(),
+        "every write carries a key"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn bad_calls_fail_before_anything_is_sent() {
     let t = Scripted::new(vec![]);
-    let c = client(&t, 3);
+    let c = client(&t);
     let err = c
         .execute(ApiCall::new(Endpoint::PbBlock, &["only-one"]))
         .await
@@ -271,11 +255,13 @@ async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
             s.push(format!("{endpoint} {status}"));
         }
     });
-    client(&t, 5)
-        .with_observer(Some(observer))
-        .execute(manual_call())
+    let c = client(&t).with_observer(Some(observer));
+    for _ in 0..3 {
+        c.execute(manual_call()).await.expect_err("transient");
+    }
+    c.execute(manual_call())
         .await
-        .expect("succeeds on the 4th attempt");
+        .expect("succeeds on the 4th call");
     let seen = seen.lock().expect("lock").clone();
     let name = Endpoint::SetManual.name();
     assert_eq!(

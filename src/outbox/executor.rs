@@ -1,0 +1,391 @@
+//! The executor's loop: it asks the scheduler what is due, runs sinks with bounded concurrency
+//! (each attempt its own task, no slot held between attempts), and records outcomes: done or
+//! dead in the store, or a failure's retry state and next attempt time (the one backoff).
+
+use super::backoff::{after_failure, AfterFailure};
+use super::breaker::Transition;
+use super::ledger::Ledger;
+use super::scheduler::{Outcome, Scheduler};
+use super::sink::{Attempt, Job, Reach, Sink, SinkKind};
+use super::{Clock, ExecutorHandle, ExecutorSettings, Msg};
+use crate::actions::{DeadLetter, OutboxEntry, RetryState};
+use crate::ops::metrics::Metrics;
+use crate::store::StoreError;
+use crate::webhook::model::Millis;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// Pause before an entry whose outcome could not be recorded is tried again, and before a page
+/// that could not be read is read again.
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Page reads per turn of the loop (the rest on the next turns, which come at once).
+const PAGES_PER_TURN: usize = 4;
+
+/// The two sinks.
+#[derive(Clone)]
+pub struct Sinks {
+    pub openapi: Arc<dyn Sink>,
+    pub helpdesk: Arc<dyn Sink>,
+}
+
+impl Sinks {
+    fn of(&self, entry: &OutboxEntry) -> &Arc<dyn Sink> {
+        match SinkKind::of(entry) {
+            SinkKind::OpenApi => &self.openapi,
+            SinkKind::Helpdesk => &self.helpdesk,
+        }
+    }
+}
+
+pub(super) struct Runner {
+    pub ledger: Arc<dyn Ledger>,
+    pub sinks: Sinks,
+    pub metrics: Metrics,
+    pub settings: ExecutorSettings,
+    pub handle: ExecutorHandle,
+    pub progress: watch::Sender<usize>,
+    pub clock: Clock,
+}
+
+/// A finished attempt, back to the loop.
+struct Finished {
+    queue: String,
+    seq: u64,
+    outcome: Outcome,
+    reached: Vec<(String, Reach)>,
+}
+
+impl Runner {
+    /// A store call, on the blocking pool when the ledger is the store.
+    async fn store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Ledger) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if !self.ledger.on_blocking_pool() {
+            return f(self.ledger.as_ref());
+        }
+        let ledger = self.ledger.clone();
+        tokio::task::spawn_blocking(move || f(ledger.as_ref()))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Internal(format!("store task failed: {e}"))))
+    }
+
+    pub(super) async fn run(
+        self,
+        mut sched: Scheduler,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let runner = Arc::new(self);
+        let mut inflight: JoinSet<Finished> = JoinSet::new();
+        let mut page_failed_at: Option<tokio::time::Instant> = None;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            // Room in the window: read the next pages of the outbox.
+            let mut more_pages = false;
+            if page_failed_at.is_none_or(|at| at.elapsed() >= STORE_RETRY_PAUSE) {
+                page_failed_at = None;
+                for _ in 0..PAGES_PER_TURN {
+                    let Some((kind, after, limit)) = sched.refill() else {
+                        break;
+                    };
+                    match runner.store(move |l| l.page(after, limit)).await {
+                        Ok(page) => sched.refilled(kind, page, limit, (runner.clock)()),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot read the outbox; trying again");
+                            page_failed_at = Some(tokio::time::Instant::now());
+                            break;
+                        }
+                    }
+                }
+                more_pages = page_failed_at.is_none() && sched.refill().is_some();
+            }
+            let now = (runner.clock)();
+            let sinks = runner.sinks.clone();
+            let dests = move |e: &OutboxEntry| sinks.of(e).destinations(e);
+            while !runner.handle.is_paused() && inflight.len() < runner.settings.concurrency.max(1)
+            {
+                let Some(job) = sched.next(now, &dests) else {
+                    break;
+                };
+                let runner = runner.clone();
+                let e = &job.entry;
+                let span = tracing::info_span!("action", action_id = %e.id, event_id = %e.event_id, queue = %e.queue, action = e.action.name());
+                inflight.spawn(tracing::Instrument::instrument(
+                    async move { runner.carry_out(job).await },
+                    span,
+                ));
+            }
+            runner.publish(&sched);
+            // Sleep until the next due time in daemon time (the test clock's advance wakes it).
+            let wait = if more_pages {
+                Some(Duration::ZERO)
+            } else {
+                let page_retry =
+                    page_failed_at.map(|at| STORE_RETRY_PAUSE.saturating_sub(at.elapsed()));
+                let due = sched
+                    .next_wake()
+                    .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0)));
+                match (due, page_retry) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            };
+            let mut arrived = 0;
+            tokio::select! {
+                _ = sleep(wait), if wait.is_some() => {}
+                msg = rx.recv() => match msg {
+                    Some(Msg::Entries(entries)) => {
+                        arrived = entries.len();
+                        sched.decided(entries, (runner.clock)());
+                    }
+                    Some(Msg::Retried(entry)) => {
+                        arrived = 1;
+                        sched.retried(*entry, (runner.clock)());
+                    }
+                    Some(Msg::Withdrawn(n)) => arrived = n,
+                    Some(Msg::Unblock(queue)) => sched.unblock(&queue, (runner.clock)()),
+                    Some(Msg::Wake) => {}
+                    None => break,
+                },
+                Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
+                    Ok(f) => {
+                        let changes = sched.finish(&f.queue, f.seq, f.outcome, &f.reached, (runner.clock)());
+                        runner.transitions(&changes);
+                    }
+                    Err(e) => tracing::error!(error = %e, "action task failed"),
+                },
+                _ = stop.changed() => {}
+            }
+            runner.publish(&sched);
+            if arrived > 0 {
+                // After the publish, so a waiter never sees neither the entries nor their transit.
+                runner
+                    .handle
+                    .in_transit
+                    .fetch_sub(arrived, Ordering::SeqCst);
+                runner.progress.send_modify(|_| {});
+            }
+        }
+        // Shutdown: calls in flight finish (bounded by the clients' timeouts); the rest stay in
+        // the outbox for the next start.
+        while let Some(joined) = inflight.join_next().await {
+            if let Ok(f) = joined {
+                let changes =
+                    sched.finish(&f.queue, f.seq, f.outcome, &f.reached, (runner.clock)());
+                runner.transitions(&changes);
+            }
+        }
+        runner.publish(&sched);
+        tracing::info!(left_in_outbox = sched.depth(), "executor stopped");
+    }
+
+    fn transitions(&self, changes: &[Transition]) {
+        for change in changes {
+            match change {
+                Transition::Opened {
+                    destination,
+                    failures,
+                } => {
+                    tracing::warn!(destination = %destination, failures, probe_every = ?self.settings.breaker.probe_interval, "circuit open: no calls to the destination but a probe; its entries wait");
+                    self.metrics
+                        .circuit_open
+                        .with_label_values(&[destination])
+                        .set(1);
+                }
+                Transition::Closed {
+                    destination,
+                    open_for,
+                } => {
+                    tracing::info!(destination = %destination, open_for = %humantime::format_duration(Duration::from_secs(open_for.as_secs())), "circuit closed: the destination answered; its waiting entries go now");
+                    self.metrics
+                        .circuit_open
+                        .with_label_values(&[destination])
+                        .set(0);
+                }
+            }
+        }
+    }
+
+    fn publish(&self, sched: &Scheduler) {
+        let depth = sched.depth();
+        self.handle.depth.store(depth, Ordering::SeqCst);
+        self.metrics.outbox_depth.set(depth as i64);
+        let age = sched
+            .oldest_decided_at()
+            .map_or(0.0, |at| ((self.clock)() - at).max(0) as f64 / 1000.0);
+        self.metrics.outbox_oldest_seconds.set(age);
+        *self
+            .handle
+            .circuits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = sched.circuits();
+        self.progress.send_if_modified(|d| {
+            let changed = *d != depth;
+            *d = depth;
+            changed
+        });
+    }
+
+    /// One attempt through the entry's sink, and its outcome recorded.
+    async fn carry_out(self: Arc<Self>, job: Job) -> Finished {
+        let sink = self.sinks.of(&job.entry).clone();
+        let started = (self.clock)();
+        let report = sink.attempt(&job).await;
+        let now = (self.clock)();
+        let Job {
+            entry, mut state, ..
+        } = job;
+        let name = entry.action.name();
+        if report.attempted {
+            state.attempts = state.attempts.saturating_add(1);
+            state.first_attempt_at.get_or_insert(started);
+            self.metrics
+                .action_attempts
+                .with_label_values(&[name, &report.status])
+                .inc();
+        }
+        let queue = entry.queue.clone();
+        let seq = entry.seq;
+        let outcome = match report.attempt {
+            Attempt::Done => {
+                if report.status == "ok" {
+                    self.metrics
+                        .action_latency_seconds
+                        .observe((now - entry.received_at).max(0) as f64 / 1000.0);
+                }
+                tracing::info!(attempts = state.attempts, "action carried out");
+                sink.forget(&entry);
+                self.record_done(entry, state, now).await
+            }
+            Attempt::Dead(dead) => {
+                let blocking = self.settings.blocking.contains(name);
+                tracing::warn!(reason = %dead.reason, error = %dead.error, blocking, "action failed for good; moved to dead letters");
+                let letter = DeadLetter {
+                    reason: dead.reason,
+                    error: dead.error,
+                    attempts: state.attempts,
+                    first_attempt_at: state.first_attempt_at.unwrap_or(started),
+                    last_attempt_at: now,
+                    blocking,
+                    answered: dead.answered,
+                    entry,
+                };
+                sink.forget(&letter.entry);
+                self.record_dead(letter, state).await
+            }
+            Attempt::Retry { after, failure } => {
+                // `after_failure` counts the attempt itself.
+                state.attempts = state.attempts.saturating_sub(1);
+                let error = failure.to_string();
+                let verdict = after_failure(
+                    state,
+                    now,
+                    error.clone(),
+                    after,
+                    &self.settings.retry,
+                    self.settings.give_up_after,
+                    &mut rand::rng(),
+                );
+                match verdict {
+                    AfterFailure::RetryAt(state) => {
+                        let next = state.next_attempt_at.unwrap_or(now);
+                        if state.failures == 1 {
+                            tracing::warn!(error = %error, retry_in_ms = next - now, "action failed; its queue waits and it is tried again");
+                        } else {
+                            tracing::debug!(error = %error, failures = state.failures, retry_in_ms = next - now, "action failed again");
+                        }
+                        self.save_state(seq, &state).await;
+                        Outcome::Retry(state)
+                    }
+                    AfterFailure::GiveUp(state) => {
+                        let blocking = self.settings.blocking.contains(name);
+                        let reason = failure.give_up_reason();
+                        tracing::warn!(reason = %reason, error = %error, attempts = state.attempts, blocking, "action failed for outbox.give_up_after; moved to dead letters");
+                        let letter = DeadLetter {
+                            reason,
+                            error: format!(
+                                "{error}; gave up after {} of failed attempts",
+                                humantime::format_duration(self.settings.give_up_after)
+                            ),
+                            attempts: state.attempts,
+                            first_attempt_at: state.first_attempt_at.unwrap_or(started),
+                            last_attempt_at: now,
+                            blocking,
+                            // A transient failure may follow an attempt that took effect.
+                            answered: false,
+                            entry,
+                        };
+                        sink.forget(&letter.entry);
+                        self.record_dead(letter, state).await
+                    }
+                }
+            }
+            Attempt::Held => {
+                if report.attempted {
+                    self.save_state(seq, &state).await;
+                }
+                Outcome::Held(state)
+            }
+            Attempt::Stopped => Outcome::Again(state),
+        };
+        Finished {
+            queue,
+            seq,
+            outcome,
+            reached: report.reached,
+        }
+    }
+
+    /// Why the entry waits, kept for a restart and the operator. A failure to write it costs
+    /// the count after a restart, never the entry: logged, and the entry waits as planned.
+    async fn save_state(&self, seq: u64, state: &RetryState) {
+        let s = state.clone();
+        if let Err(e) = self.store(move |l| l.set_retry_state(seq, &s)).await {
+            tracing::error!(error = %e, "cannot record the action's retry state");
+        }
+    }
+
+    async fn record_done(&self, entry: OutboxEntry, state: RetryState, now: Millis) -> Outcome {
+        let attempts = state.attempts;
+        let recorded = self.store(move |l| l.done(&entry, attempts, now)).await;
+        self.recorded(recorded.map(|()| Outcome::Done), state).await
+    }
+
+    async fn record_dead(&self, letter: DeadLetter, state: RetryState) -> Outcome {
+        let metrics = self.metrics.clone();
+        let blocking = letter.blocking;
+        let reason = letter.reason.clone();
+        let recorded = self.store(move |l| l.dead(&letter)).await.map(|()| {
+            metrics.dead_letters.with_label_values(&[&reason]).inc();
+            metrics.dead_letter_entries.inc();
+            Outcome::Dead { blocking }
+        });
+        self.recorded(recorded, state).await
+    }
+
+    /// The outcome once recorded; an entry whose outcome could not be recorded runs again.
+    async fn recorded(&self, recorded: Result<Outcome, StoreError>, state: RetryState) -> Outcome {
+        match recorded {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the action's outcome; it will run again");
+                tokio::time::sleep(STORE_RETRY_PAUSE).await;
+                Outcome::Again(state)
+            }
+        }
+    }
+}
+
+async fn sleep(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,417 @@
+//! The help-desk sink: a help-desk event built once (state, source event, transcript) and kept
+//! between attempts, signed and POSTed to every endpoint that takes its kind and has not taken
+//! it yet, each endpoint its own destination (`helpdesk:<name>`, its own circuit): an endpoint
+//! whose circuit is open does not hold back the others; the entry is done when every target
+//! took it.
+
+use super::sink::{helpdesk_destination, Attempt, Dead, Failure, Job, Reach, Report, Sink};
+use crate::actions::{Action, OutboxEntry};
+use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
+use crate::helpdesk::{DeliveryError, Helpdesk};
+use crate::ops::metrics::Metrics;
+use crate::store::Store;
+use crate::upstream::api::OpenApi;
+use crate::upstream::handle::UpstreamHandle;
+use futures_util::future::BoxFuture;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+pub struct HelpdeskSink {
+    helpdesk: Arc<Helpdesk>,
+    api: OpenApi<UpstreamHandle>,
+    store: Store,
+    metrics: Metrics,
+    /// Help-desk events between attempts, by entry id. Kept in memory: after a restart the event
+    /// is built and sent again under the same `webhook-id`, which the help desk dedupes.
+    deliveries: Mutex<HashMap<String, Delivery>>,
+}
+
+#[derive(Default)]
+struct Delivery {
+    /// The body, built once so every attempt sends the same event.
+    body: Option<Arc<Vec<u8>>>,
+    /// Endpoints that took it already (not sent to again on a retry).
+    delivered: HashSet<String>,
+}
+
+impl Sink for HelpdeskSink {
+    fn destinations(&self, entry: &OutboxEntry) -> Vec<String> {
+        let Action::NotifyHelpdesk { kind, .. } = &entry.action else {
+            return Vec::new();
+        };
+        if !self.helpdesk.is_configured() {
+            return Vec::new();
+        }
+        let deliveries = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        let delivered = deliveries.get(&entry.id).map(|d| &d.delivered);
+        self.helpdesk
+            .targets(kind)
+            .into_iter()
+            .filter(|name| delivered.is_none_or(|d| !d.contains(*name)))
+            .map(helpdesk_destination)
+            .collect()
+    }
+
+    fn attempt<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Report> {
+        Box::pin(async move {
+            let mut d = self
+                .deliveries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&job.entry.id)
+                .unwrap_or_default();
+            let report = self.deliver(job, &mut d).await;
+            if matches!(report.attempt, Attempt::Retry { .. } | Attempt::Held) {
+                self.deliveries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(job.entry.id.clone(), d);
+            }
+            report
+        })
+    }
+
+    fn forget(&self, entry: &OutboxEntry) {
+        self.deliveries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&entry.id);
+    }
+}
+
+impl HelpdeskSink {
+    pub fn new(
+        helpdesk: Arc<Helpdesk>,
+        api: OpenApi<UpstreamHandle>,
+        store: Store,
+        metrics: Metrics,
+    ) -> Self {
+        HelpdeskSink {
+            helpdesk,
+            api,
+            store,
+            metrics,
+            deliveries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The endpoints' destination names.
+    pub fn destinations_known(&self) -> Vec<String> {
+        self.helpdesk
+            .endpoint_names()
+            .map(helpdesk_destination)
+            .collect()
+    }
+
+    /// One attempt at a help-desk event, to the endpoints its circuits allow.
+    async fn deliver(&self, job: &Job, d: &mut Delivery) -> Report {
+        let entry = &job.entry;
+        let dead = |reason: &str, error: String| {
+            Report::new(
+                Attempt::Dead(Dead {
+                    reason: reason.to_owned(),
+                    error,
+                    // The help desk keeps no answer under the id: a retry keeps it, so a help
+                    // desk that took it from another attempt still dedupes.
+                    answered: false,
+                }),
+                reason,
+            )
+        };
+        let Action::NotifyHelpdesk {
+            conversation_id,
+            kind,
+            reason,
+            payload,
+        } = &entry.action
+        else {
+            return dead("invalid_call", "not a help-desk event".into());
+        };
+        if EventKind::parse(kind).is_none() {
+            // Rules refuse unknown kinds at load; this is an entry from an older rule set.
+            return dead(
+                "unknown_event_kind",
+                format!(
+                    "`{kind}` is not a help-desk event kind ({})",
+                    EventKind::names()
+                ),
+            );
+        }
+        if !self.helpdesk.is_configured() {
+            tracing::debug!(kind = %kind, "no help desk configured; the event is recorded as done");
+            return Report::new(Attempt::Done, "no_helpdesk");
+        }
+        let targets: Vec<String> = self
+            .helpdesk
+            .targets(kind)
+            .into_iter()
+            .filter(|name| !d.delivered.contains(*name))
+            .map(str::to_owned)
+            .collect();
+        if targets.is_empty() {
+            if d.delivered.is_empty() {
+                tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
+                return Report::new(Attempt::Done, "no_endpoint");
+            }
+            return Report::new(Attempt::Done, "ok");
+        }
+        let (now_targets, later): (Vec<String>, Vec<String>) = targets
+            .into_iter()
+            .partition(|name| job.allowed.contains(&helpdesk_destination(name)));
+        let body = match &d.body {
+            Some(body) => body.clone(),
+            None => {
+                let built = self
+                    .helpdesk_body(entry, conversation_id, kind, reason.as_deref(), payload)
+                    .await;
+                let Some(built) = built else {
+                    return Report::new(Attempt::Done, "skipped");
+                };
+                let built = Arc::new(built);
+                d.body = Some(built.clone());
+                built
+            }
+        };
+        // Real time: the help desk checks the signature's timestamp against its own clock.
+        let timestamp = crate::clock::system_millis().div_euclid(1000);
+        let mut reached = Vec::new();
+        let mut refused = None;
+        let mut unavailable = None;
+        for name in &now_targets {
+            let result = self
+                .helpdesk
+                .post(name, entry.key(), &body, timestamp)
+                .await;
+            let outcome = match &result {
+                Ok(()) => "delivered".to_owned(),
+                Err(e) => e.outcome(),
+            };
+            self.metrics
+                .helpdesk_deliveries
+                .with_label_values(&[name, &outcome])
+                .inc();
+            let destination = helpdesk_destination(name);
+            match result {
+                Ok(()) => {
+                    tracing::info!(endpoint = %name, kind = %kind, "help-desk event delivered");
+                    d.delivered.insert(name.clone());
+                    reached.push((destination, Reach::Answered));
+                }
+                Err(e @ DeliveryError::Refused { .. }) => {
+                    reached.push((destination, Reach::Answered));
+                    refused.get_or_insert(e);
+                }
+                Err(e) => {
+                    reached.push((destination, Reach::Failed));
+                    unavailable.get_or_insert(e);
+                }
+            }
+        }
+        let mut report = if let Some(e) = refused {
+            dead(&format!("helpdesk_{}", e.outcome()), e.to_string())
+        } else if let Some(e) = unavailable {
+            let status = e.outcome();
+            // Warned once per event; the attempts after it (up to a day of them) are counted in
+            // the metrics and logged at debug.
+            if job.state.failures == 0 {
+                tracing::warn!(error = %e, "help desk unavailable; the event and its conversation's next ones wait");
+            } else {
+                tracing::debug!(error = %e, failures = job.state.failures, "help desk still unavailable");
+            }
+            let failure = Failure::Helpdesk(e);
+            Report::new(
+                Attempt::Retry {
+                    after: failure.retry_after(),
+                    failure,
+                },
+                status,
+            )
+        } else if !later.is_empty() {
+            let mut r = Report::new(Attempt::Held, "held");
+            r.attempted = !now_targets.is_empty();
+            r
+        } else {
+            Report::new(Attempt::Done, "ok")
+        };
+        report.reached = reached;
+        report
+    }
+
+    /// The event's JSON body, from the conversation's state, the source event and (for
+    /// `handoff.requested`) the transcript and queue standing. `None`: not to be sent (a bot's
+    /// message while `helpdesk.bot_messages` is off).
+    async fn helpdesk_body(
+        &self,
+        entry: &OutboxEntry,
+        conversation_id: &crate::ids::ConversationId,
+        kind: &str,
+        reason: Option<&str>,
+        payload: &serde_json::Value,
+    ) -> Option<Vec<u8>> {
+        // A state that cannot be read leaves its part out: the help desk still learns of the
+        // event, which matters more than its details.
+        let conversation = self
+            .store
+            .conversation(conversation_id)
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot read the conversation's state for a help-desk event"))
+            .ok()
+            .flatten();
+        let mut end_user = conversation
+            .as_ref()
+            .and_then(|c| c.end_user_id.as_ref())
+            .and_then(|id| self.store.end_user(id).ok().flatten());
+        let requested = kind == EventKind::HandoffRequested.as_str();
+        let mut conversation = conversation;
+        if requested {
+            self.complete_from_api(conversation_id, &mut conversation, &mut end_user)
+                .await;
+        }
+        let mut message = None;
+        if kind == EventKind::ConversationMessage.as_str() {
+            if let Some(m) = self.source_message(entry) {
+                if m.sender() == crate::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
+                    tracing::debug!("a bot message; helpdesk.bot_messages is off");
+                    return None;
+                }
+                message = Some(hd_events::message(&m));
+            }
+        }
+        let (transcript, queue) = if requested {
+            (
+                Some(self.transcript(conversation_id).await),
+                Some(self.helpdesk.queue.queue_info(conversation_id)),
+            )
+        } else {
+            (None, None)
+        };
+        let source = hd_events::Source {
+            kind,
+            occurred_at: entry.received_at,
+            conversation_id,
+            conversation: conversation.as_ref(),
+            end_user: end_user.as_ref(),
+            event_id: entry.event_id.as_str(),
+            rule: &entry.rule,
+            action_id: &entry.id,
+            reason,
+            payload,
+            message,
+            transcript,
+            queue,
+        };
+        serde_json::to_vec(&hd_events::body(&source)).ok()
+    }
+
+    /// The context packet needs who the user is, which the state lacks when the bridge has seen
+    /// only messages of the conversation: what is missing is read through the Open API (a
+    /// failure leaves it out).
+    async fn complete_from_api(
+        &self,
+        conversation_id: &crate::ids::ConversationId,
+        conversation: &mut Option<crate::state::ConversationState>,
+        end_user: &mut Option<crate::state::EndUserState>,
+    ) {
+        let known = conversation
+            .as_ref()
+            .is_some_and(|c| c.platform.is_some() && c.user_key.is_some());
+        if !known {
+            match self.api.get_conversation(conversation_id.as_str()).await {
+                Ok(fetched) => {
+                    let state = conversation.get_or_insert_with(|| {
+                        crate::state::ConversationState::new(conversation_id.clone())
+                    });
+                    state.bot_id = state.bot_id.take().or(fetched.bot_id);
+                    state.end_user_id = state.end_user_id.take().or(fetched.end_user_id);
+                    state.platform = state.platform.take().or(fetched.platform);
+                    state.user_key = state.user_key.take().or(fetched.user_key);
+                    if state.params.value.is_empty() {
+                        state.params.value = fetched.params.unwrap_or_default();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the conversation for a help-desk event")
+                }
+            }
+        }
+        if end_user.is_some() {
+            return;
+        }
+        let Some(id) = conversation.as_ref().and_then(|c| c.end_user_id.clone()) else {
+            return;
+        };
+        match self.api.get_end_user(id.as_str()).await {
+            Ok(fetched) => {
+                let mut state = crate::state::EndUserState::new(id);
+                state.bot_id = fetched.bot_id;
+                state.platform = Some(fetched.platform);
+                state.user_key = Some(fetched.user_key);
+                state.params.value = fetched.params.unwrap_or_default();
+                *end_user = Some(state);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the end user for a help-desk event"),
+        }
+    }
+
+    /// The message of the webhook event that decided the entry, if it was a message event.
+    fn source_message(&self, entry: &OutboxEntry) -> Option<crate::webhook::model::Message> {
+        let record = self.store.event_by_id(&entry.event_id).ok().flatten()?;
+        if !record.kind.starts_with("bot.message.") {
+            return None;
+        }
+        let mut event: serde_json::Value = serde_json::from_str(record.event.get()).ok()?;
+        let message = event.get_mut("data")?.get_mut("message")?.take();
+        serde_json::from_value(message).ok()
+    }
+
+    /// The conversation's last `helpdesk.transcript_messages` messages, oldest first. The Open
+    /// API lists oldest first, so past one page the last page is asked for by offset.
+    async fn transcript(&self, conversation_id: &crate::ids::ConversationId) -> Transcript {
+        use crate::upstream::contract::{MessagesQuery, PageQuery};
+        let n = self.helpdesk.transcript_messages;
+        if n == 0 {
+            return Transcript {
+                messages: Vec::new(),
+                complete: true,
+            };
+        }
+        let query = |offset: Option<u32>| MessagesQuery {
+            page: PageQuery {
+                offset,
+                limit: Some(n),
+            },
+            conversation_id: Some(conversation_id.as_str().to_owned()),
+            ..MessagesQuery::default()
+        };
+        let messages = |page: &crate::upstream::contract::Page<crate::webhook::model::Message>| {
+            page.data.iter().map(hd_events::message).collect::<Vec<_>>()
+        };
+        let first = match self.api.list_messages(&query(None)).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the transcript for a help-desk event");
+                return Transcript::default();
+            }
+        };
+        let total = first.paging.total;
+        if total <= u64::from(n) {
+            return Transcript {
+                messages: messages(&first),
+                complete: true,
+            };
+        }
+        let offset = u32::try_from(total - u64::from(n)).unwrap_or(u32::MAX);
+        match self.api.list_messages(&query(Some(offset))).await {
+            Ok(last) => Transcript {
+                messages: messages(&last),
+                complete: true,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the end of the transcript for a help-desk event");
+                Transcript {
+                    messages: Vec::new(),
+                    complete: false,
+                }
+            }
+        }
+    }
+}

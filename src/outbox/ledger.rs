@@ -1,0 +1,86 @@
+//! What the executor reads and writes in the store, behind a trait: the store in the daemon
+//! (each call on the blocking pool), a map in memory in tests.
+
+use crate::actions::{DeadLetter, OutboxEntry, RetryState};
+use crate::store::{Store, StoreError};
+use crate::webhook::model::Millis;
+use std::collections::HashSet;
+
+/// The dead letters as the executor needs them on start.
+#[derive(Default)]
+pub struct Letters {
+    pub count: usize,
+    /// Queues halted by a blocking dead letter.
+    pub blocked: HashSet<String>,
+}
+
+pub trait Ledger: Send + Sync + 'static {
+    /// Pending entries (counted on start, without reading them).
+    fn pending(&self) -> Result<usize, StoreError>;
+    /// The highest pending seq (on start: every entry up to it is durable).
+    fn last_seq(&self) -> Result<Option<u64>, StoreError>;
+    fn blocking_queues(&self) -> Result<Letters, StoreError>;
+    /// At most `limit` pending entries after `after`, in seq order, each with its retry state.
+    fn page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(OutboxEntry, Option<RetryState>)>, StoreError>;
+    fn set_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError>;
+    /// The entry was carried out (it leaves the outbox, its retry state with it).
+    fn done(&self, entry: &OutboxEntry, attempts: u32, now: Millis) -> Result<(), StoreError>;
+    /// The entry failed for good (it moves to the dead letters, its retry state removed).
+    fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError>;
+    /// Calls go to the blocking pool (sled), not the async workers.
+    fn on_blocking_pool(&self) -> bool {
+        true
+    }
+}
+
+impl Ledger for Store {
+    fn pending(&self) -> Result<usize, StoreError> {
+        Ok(self.outbox_len())
+    }
+
+    fn last_seq(&self) -> Result<Option<u64>, StoreError> {
+        self.outbox_last_seq()
+    }
+
+    fn blocking_queues(&self) -> Result<Letters, StoreError> {
+        let letters = self.dead_letters()?;
+        Ok(Letters {
+            count: letters.len(),
+            blocked: letters
+                .into_iter()
+                .filter(|l| l.blocking)
+                .map(|l| l.entry.queue)
+                .collect(),
+        })
+    }
+
+    fn page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(OutboxEntry, Option<RetryState>)>, StoreError> {
+        self.outbox_page(after, limit)?
+            .into_iter()
+            .map(|e| {
+                let state = self.outbox_retry_state(e.seq)?;
+                Ok((e, state))
+            })
+            .collect()
+    }
+
+    fn set_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
+        self.set_outbox_retry_state(seq, state)
+    }
+
+    fn done(&self, entry: &OutboxEntry, attempts: u32, now: Millis) -> Result<(), StoreError> {
+        self.outbox_done(entry, attempts, now)
+    }
+
+    fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+        self.outbox_dead(letter)
+    }
+}

@@ -1,0 +1,348 @@
+//! The executor: carries out outbox entries through its sinks (the Open API, the help desks), in
+//! decision order within a queue (a conversation, an end user, a partner-messenger user, a
+//! conversation's help-desk events...) and in parallel across queues, with bounded concurrency.
+//!
+//! - [`scheduler`]: what is due (per-queue order, due times, the in-memory window, breaker
+//!   gating), a data structure without I/O;
+//! - [`sink`]: `trait Sink` (one attempt -> done, retry, dead), the failure types;
+//! - [`openapi`], [`helpdesk`]: the two sinks;
+//! - [`backoff`]: the one backoff policy (`[outbox.retry]`) and the give-up time;
+//! - [`breaker`]: a circuit per destination;
+//! - [`executor`]: the loop that asks the scheduler, runs sinks and records outcomes.
+//!
+//! The outbox in sled is the executor's position: an entry leaves it only in the transaction that
+//! records its outcome (done or dead letter). A crash before that point means the entry runs again
+//! on the next start, with the same idempotency key, so the upstream applies it once. The
+//! in-memory window is a cache of the outbox, read from it in order.
+
+pub mod backoff;
+pub mod breaker;
+mod executor;
+pub mod helpdesk;
+pub mod ledger;
+pub mod openapi;
+pub mod scheduler;
+pub mod sink;
+
+pub use breaker::CircuitView;
+pub use ledger::Ledger;
+
+use crate::actions::OutboxEntry;
+use crate::helpdesk::Helpdesk;
+use crate::ops::metrics::Metrics;
+use crate::store::{Store, StoreError};
+use crate::upstream::api::OpenApi;
+use crate::upstream::handle::UpstreamHandle;
+use crate::webhook::model::Millis;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+pub struct ExecutorSettings {
+    /// Entries carried out at once (each from a different queue).
+    pub concurrency: usize,
+    /// Action names whose dead letter halts the rest of its queue until retried or dropped.
+    pub blocking: HashSet<String>,
+    /// Above this many pending entries `/readyz` reports the outbox as backed up.
+    pub max_depth: usize,
+    /// A transient failure never dead-letters before the entry failed for this long.
+    pub give_up_after: Duration,
+    /// Pending entries in memory at most.
+    pub window: usize,
+    pub retry: backoff::Backoff,
+    pub breaker: crate::config::BreakerConfig,
+}
+
+impl ExecutorSettings {
+    pub fn from_config(c: &crate::config::OutboxConfig) -> Self {
+        ExecutorSettings {
+            concurrency: c.concurrency,
+            blocking: c.blocking.iter().cloned().collect(),
+            max_depth: c.max_depth,
+            give_up_after: c.give_up_after,
+            window: c.window,
+            retry: c.retry.clone(),
+            breaker: c.breaker.clone(),
+        }
+    }
+}
+
+/// The daemon's time as the executor reads it: `clock::now_millis` in the daemon, a clock on
+/// tokio's paused time in tests.
+pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
+
+enum Msg {
+    /// Durable entries to run; counted in `in_transit` until they arrive.
+    Entries(Vec<OutboxEntry>),
+    /// Entries sent through a [`DecidedSender`] that will not come (the writer stopped; they
+    /// stay in the outbox and run after the next start).
+    Withdrawn(usize),
+    /// A dead letter back in the outbox (loaded whatever the window), its queue unblocked.
+    Retried(Box<OutboxEntry>),
+    /// A blocking dead letter of this queue was dropped.
+    Unblock(String),
+    /// Look again (after resume, or the test clock moved).
+    Wake,
+}
+
+/// Hands entries to the executor and controls it. Cloning is cheap.
+#[derive(Clone)]
+pub struct ExecutorHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    paused: Arc<AtomicBool>,
+    depth: Arc<AtomicUsize>,
+    max_depth: usize,
+    /// Changes whenever the executor's pending count, or `in_transit`, changes.
+    progress: watch::Receiver<usize>,
+    /// Entries decided by a fold and on their way here (being flushed).
+    in_transit: Arc<AtomicUsize>,
+    /// Each destination's circuit, as the executor last published it.
+    circuits: Arc<Mutex<BTreeMap<String, CircuitView>>>,
+}
+
+/// How the fold hands decided entries on. They count as pending from the moment they are sent,
+/// so [`ExecutorHandle::wait_idle`] cannot report idle while entries are still being flushed.
+#[derive(Clone)]
+pub struct DecidedSender {
+    tx: mpsc::UnboundedSender<Vec<OutboxEntry>>,
+    in_transit: Arc<AtomicUsize>,
+}
+
+impl DecidedSender {
+    pub fn send(&self, entries: Vec<OutboxEntry>) {
+        let n = entries.len();
+        if n == 0 {
+            return;
+        }
+        self.in_transit.fetch_add(n, Ordering::SeqCst);
+        if self.tx.send(entries).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ExecutorHandle {
+    /// The channel a fold sends decided entries into; its receiver goes to
+    /// [`forward_decided`](Self::forward_decided).
+    pub fn decided_channel(&self) -> (DecidedSender, mpsc::UnboundedReceiver<Vec<OutboxEntry>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sender = DecidedSender {
+            tx,
+            in_transit: self.in_transit.clone(),
+        };
+        (sender, rx)
+    }
+
+    /// Hand newly decided actions (from [`decided_channel`](Self::decided_channel)) to the
+    /// executor once their decision is durable. A decision lost in a crash is made again when its
+    /// event is folded again, possibly differently (rules may read the clock), so an action must
+    /// not run before the fold that decided it is on disk. One task, in fold order, so the
+    /// executor sees each queue's entries in decision order.
+    pub async fn forward_decided(
+        self,
+        mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
+        writer: crate::store::writer::Writer,
+    ) {
+        while let Some(mut entries) = rx.recv().await {
+            while let Ok(more) = rx.try_recv() {
+                entries.extend(more);
+            }
+            // Entries are never dropped here while the writer runs: a later batch of the same
+            // conversation must not overtake them, and idle must not be reported without them.
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match writer.flush().await {
+                    Ok(()) => {
+                        self.notify_decided(entries);
+                        break;
+                    }
+                    Err(crate::store::writer::WriterError::Stopped) => {
+                        // Shutting down: they stay in the outbox and run after the next start.
+                        self.withdraw_decided(entries.len());
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, actions = entries.len(), retry_in = ?pause, "cannot make decided actions durable");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hand over entries received from a [`DecidedSender`] (already counted), now durable.
+    fn notify_decided(&self, entries: Vec<OutboxEntry>) {
+        let n = entries.len();
+        if n > 0 && self.tx.send(Msg::Entries(entries)).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Entries received from a [`DecidedSender`] that will not come (the writer stopped).
+    fn withdraw_decided(&self, n: usize) {
+        if n > 0 && self.tx.send(Msg::Withdrawn(n)).is_err() {
+            self.in_transit.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Hand over entries that are durable in the outbox.
+    pub fn notify(&self, entries: Vec<OutboxEntry>) {
+        self.in_transit.fetch_add(entries.len(), Ordering::SeqCst);
+        self.notify_decided(entries);
+    }
+
+    /// A dead letter went back to the outbox: run it (and what waited behind it).
+    pub fn retried(&self, entry: OutboxEntry) {
+        self.in_transit.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(Msg::Retried(Box::new(entry))).is_err() {
+            self.in_transit.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Look at what is due now: the daemon's clock moved (the test clock).
+    pub fn wake(&self) {
+        let _ = self.tx.send(Msg::Wake);
+    }
+
+    /// Each destination's circuit (`openapi`, `helpdesk:<endpoint>`), for `/readyz`.
+    pub fn circuits(&self) -> BTreeMap<String, CircuitView> {
+        self.circuits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A dead letter was dropped: its queue goes on.
+    pub fn dropped(&self, queue: String) {
+        let _ = self.tx.send(Msg::Unblock(queue));
+    }
+
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        self.wake();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Pending entries (queued or running).
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::SeqCst)
+    }
+
+    /// More pending entries than the configured limit.
+    pub fn backed_up(&self) -> bool {
+        self.depth() > self.max_depth
+    }
+
+    /// Wait until nothing is pending (every entry done or dead), or the timeout passes.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let mut progress = self.progress.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        // The runner publishes the depth before it decrements `in_transit`, so `in_transit` is
+        // read before the depth: seeing the entries arrived implies seeing them counted. Marking
+        // the progress seen first means any change after it wakes the wait below.
+        let idle = |progress: &watch::Receiver<usize>| {
+            self.in_transit.load(Ordering::SeqCst) == 0 && *progress.borrow() == 0
+        };
+        loop {
+            progress.borrow_and_update();
+            if idle(&progress) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return idle(&progress),
+            }
+        }
+    }
+}
+
+/// Start the executor on the current runtime: it reads the outbox in pages as it goes, and runs
+/// until `stop`.
+pub fn start(
+    store: Store,
+    api: OpenApi<UpstreamHandle>,
+    helpdesk: Arc<Helpdesk>,
+    metrics: Metrics,
+    settings: ExecutorSettings,
+    stop: watch::Receiver<bool>,
+) -> Result<(ExecutorHandle, tokio::task::JoinHandle<()>), StoreError> {
+    let openapi = Arc::new(openapi::OpenApiSink::new(api.clone(), store.clone()));
+    let hd = helpdesk::HelpdeskSink::new(helpdesk, api, store.clone(), metrics.clone());
+    let mut destinations = vec![sink::OPENAPI.to_owned()];
+    destinations.extend(hd.destinations_known());
+    let sinks = executor::Sinks {
+        openapi,
+        helpdesk: Arc::new(hd),
+    };
+    let clock: Clock = Arc::new(crate::clock::now_millis);
+    start_with(
+        Arc::new(store),
+        sinks,
+        &destinations,
+        metrics,
+        settings,
+        clock,
+        stop,
+    )
+}
+
+/// [`start`] with any ledger, sinks and clock (tests: in memory, fakes, paused time).
+pub fn start_with(
+    ledger: Arc<dyn Ledger>,
+    sinks: executor::Sinks,
+    destinations: &[String],
+    metrics: Metrics,
+    settings: ExecutorSettings,
+    clock: Clock,
+    stop: watch::Receiver<bool>,
+) -> Result<(ExecutorHandle, tokio::task::JoinHandle<()>), StoreError> {
+    let pending = ledger.pending()?;
+    let last = ledger.last_seq()?;
+    let mut breakers =
+        breaker::Breakers::new(settings.breaker.failures, settings.breaker.probe_interval);
+    for d in destinations {
+        breakers.known(d);
+        metrics.circuit_open.with_label_values(&[d]).set(0);
+    }
+    let mut scheduler = scheduler::Scheduler::new(settings.window, breakers, pending, last);
+    let letters = ledger.blocking_queues()?;
+    for queue in &letters.blocked {
+        scheduler.block(queue);
+    }
+    metrics.dead_letter_entries.set(letters.count as i64);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (progress_tx, progress) = watch::channel(scheduler.depth());
+    let handle = ExecutorHandle {
+        tx,
+        paused: Arc::new(AtomicBool::new(false)),
+        depth: Arc::new(AtomicUsize::new(scheduler.depth())),
+        max_depth: settings.max_depth,
+        progress,
+        in_transit: Arc::new(AtomicUsize::new(0)),
+        circuits: Arc::new(Mutex::new(scheduler.circuits())),
+    };
+    if pending > 0 {
+        tracing::info!(pending, "resuming the outbox");
+    }
+    let runner = executor::Runner {
+        ledger,
+        sinks,
+        metrics,
+        settings,
+        handle: handle.clone(),
+        progress: progress_tx,
+        clock,
+    };
+    let task = tokio::spawn(runner.run(scheduler, rx, stop));
+    Ok((handle, task))
+}
