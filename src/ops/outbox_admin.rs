@@ -50,7 +50,7 @@ impl PageQuery {
 }
 
 /// One page of the pending entries, in decision order; `depth` is the executor's exact count of
-/// everything pending (also what is on no page yet: decided, on its way through the flush).
+/// what it holds pending, in its window or not.
 async fn list_outbox(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
