@@ -95,6 +95,11 @@ struct Rig {
 
 impl Rig {
     fn new(conversations: &[usize]) -> Rig {
+        Rig::with_env(conversations, &[])
+    }
+
+    /// With `extra` settings over the rig's own.
+    fn with_env(conversations: &[usize], extra: &[(&str, &str)]) -> Rig {
         let tmp = tempfile::tempdir().expect("tempdir");
         let rules = rules_dir(
             tmp.path(),
@@ -142,6 +147,8 @@ impl Rig {
             ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "15s"),
         ]
         .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let app = TestApp::spawn_in(
@@ -456,8 +463,13 @@ fn outage(kind: Outage, length: Duration, step: Duration, write_during: bool) {
 }
 
 /// Poll `check` for up to 2 s; whether it held.
-fn wait_a_little(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(2);
+fn wait_a_little(check: impl FnMut() -> bool) -> bool {
+    wait_for(Duration::from_secs(2), check)
+}
+
+/// Poll `check` for up to `limit`; whether it held.
+fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
     loop {
         if check() {
             return true;
@@ -640,6 +652,38 @@ fn the_breaker_opens_makes_no_calls_but_probes_and_closes_on_the_first_success()
     });
     let closed = rig.circuit_detail();
     assert_eq!(closed["open"], false, "{closed}");
+    rig.wait_idle(Duration::from_secs(60));
+    rig.assert_all_done_once_in_order();
+}
+
+/// However long each action's own backoff has grown, the backlog moves within 30 s of the
+/// upstream's recovery: the breaker's probe (every ~15 s) finds it back, and closing releases the
+/// waiting queues. One conversation (no other queue happens to be due), every backoff at 5 m
+/// (base = cap: each wait uniform in 30 s..5 m), a 20-minute outage crossed in 15 s steps as real
+/// time would pass.
+#[test]
+fn the_backlog_moves_within_30s_of_recovery_whatever_the_backoff() {
+    let mut rig = Rig::with_env(
+        &[0],
+        &[
+            ("HANDOFF_BRIDGE__OUTBOX__RETRY__BASE", "5m"),
+            ("HANDOFF_BRIDGE__OUTBOX__RETRY__CAP", "5m"),
+        ],
+    );
+    rig.start(Outage::Status5xx);
+    rig.write(3);
+    for _ in 0..80 {
+        let seen = rig.journal().len();
+        rig.advance(Duration::from_secs(15));
+        let _ = wait_for(Duration::from_millis(300), || rig.journal().len() > seen);
+    }
+    let letters = rig.dead_letters();
+    assert_eq!(letters["count"], 0, "{letters}");
+    let mid = rig.journal().len();
+    rig.end(Outage::Status5xx);
+    let recovered = rig.daemon_now();
+    let moved = rig.first_effect_after(mid, recovered);
+    assert!(moved - recovered <= MOVES_WITHIN_MS);
     rig.wait_idle(Duration::from_secs(60));
     rig.assert_all_done_once_in_order();
 }
