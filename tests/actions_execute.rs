@@ -11,7 +11,6 @@ use handoff_bridge::upstream::contract::{
     ChannelSetting, NotifyRequest, PbStatus, UpdatePbConversation,
 };
 use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::retry::RetryPolicy;
 use handoff_bridge::upstream::transport::AwcTransport;
 use handoff_bridge::upstream::{Client, ClientSettings, OpenApi};
 use handoff_bridge::webhook::model::MessageData;
@@ -41,12 +40,6 @@ fn api(base: &str) -> OpenApi<Client<AwcTransport>> {
         auth_scheme: "Bearer".into(),
         api_key: Secret::new(KEY),
         idempotency_header: "Idempotency-Key".into(),
-        retry: RetryPolicy {
-            max_attempts: 2,
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(20),
-            max_retry_after: Duration::from_secs(1),
-        },
     };
     OpenApi::new(Client::new(
         AwcTransport::new(

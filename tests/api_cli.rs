@@ -20,7 +20,6 @@ fn api(emu: &ExternalEmulator, key: &str, args: &[&str]) -> std::process::Output
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("HANDOFF_BRIDGE_UPSTREAM_API_KEY", key)
-        .env("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "2")
         .output()
         .expect("run api")
 }

@@ -1,13 +1,15 @@
 //! Upstream faults end to end (issue 7's fault suite): the real daemon runs a rule that answers
 //! every user message with a message (one Open API call per event), the embedded emulator plays
 //! the service, and each test injects one kind of upstream trouble while webhooks keep coming:
-//! an outage (every call 5xx until everything has given up), a 429 storm with `Retry-After`,
-//! hanging answers, trickling answers, dropped connections. For each, after recovery:
+//! an outage (every call 5xx until the circuit is open and every action waits), a 429 storm with
+//! `Retry-After`, hanging answers, trickling answers, dropped connections. For each, after
+//! recovery:
 //!
 //! - nothing lost: every decided action took effect exactly once (by its idempotency key in the
-//!   emulator's journal); what exhausted its attempts went to the dead letters, and retrying them
-//!   after recovery made them take effect once;
-//! - attempts bounded: no idempotency key was tried more than `upstream.retry.max_attempts` times;
+//!   emulator's journal), and none became a dead letter (a transient failure is tried again
+//!   until `outbox.give_up_after`, 24 h);
+//! - an outage holds calls back: a conversation's actions wait behind its failing head, and the
+//!   open circuit lets one probe through per `outbox.breaker.probe_interval`;
 //! - intake unaffected: the webhook kept answering 200 during the fault, with a median latency
 //!   within a generous ratio of the same run's pre-fault median;
 //! - the rate limit held: in every 1 s window of the journal, at most `per_second + burst` calls
@@ -33,7 +35,6 @@ use std::time::{Duration, Instant};
 /// The global quota the daemon runs with (every Open API attempt passes it).
 const PER_SECOND: f64 = 10.0;
 const BURST: u32 = 5;
-const MAX_ATTEMPTS: usize = 3;
 /// The intake's median during a fault may be this many times its pre-fault median (machine noise
 /// on a shared runner; a stalled intake is orders of magnitude slower).
 const INTAKE_RATIO: f64 = 10.0;
@@ -118,14 +119,13 @@ struct Fault {
     label: &'static str,
     /// The emulator's fault configuration (on every conversation call).
     config: Value,
-    /// Everything decided during the fault gives up and becomes a dead letter.
-    all_dead: bool,
+    /// Every call fails until the faults are cleared: the circuit opens and everything waits.
+    outage: bool,
     /// The daemon's upstream request timeout.
     request_timeout: &'static str,
 }
 
 struct Report {
-    dead_letters: usize,
     faulted_calls: usize,
     replayed: usize,
     per_key_max: usize,
@@ -158,37 +158,39 @@ fn run(fault: Fault) -> Report {
     set_faults(&emu, config);
     let (during_events, fault_acks) = post_messages(&app, &mut ids, during, "during");
     events.extend(during_events);
-    // The fault plays out: every decided action has finished, done or given up.
-    app.settle_within(long);
-    clear_faults(&emu);
-
-    // Recovery: what gave up is retried once the upstream is healthy.
-    let (_, letters) = app.admin_get("/admin/v1/dead-letters");
-    let dead_letters = letters["count"].as_u64().expect("dead letter count") as usize;
-    if fault.all_dead {
+    if fault.outage {
+        // The outage plays out: the circuit opens and every action decided during it waits
+        // (none gives up); the bridge stays ready, the open circuit is detail.
+        wait_drained(&app);
+        poll_until("the circuit to open", long, || {
+            (app.metric(r#"handoff_circuit_open{destination="openapi"}"#) == 1.0).then_some(())
+        });
+        poll_until("every action of the outage pending", long, || {
+            (app.metric("handoff_outbox_depth") == during as f64).then_some(())
+        });
+        let (status, ready) = app.admin_get("/readyz");
+        assert_eq!(status, 200, "an open circuit is no reason for 503: {ready}");
         assert_eq!(
-            dead_letters, during,
-            "an outage longer than the retries: every action decided during it gave up"
+            ready["checks"]["circuits"]["openapi"]["open"], true,
+            "{ready}"
         );
-    }
-    let recovered_from = journal(&emu).last().map_or(0, |e| e.seq);
-    if dead_letters > 0 {
-        let (_, reasons) = app.admin_get("/admin/v1/dead-letters");
-        assert!(
-            reasons.to_string().contains("retries_exhausted"),
-            "retryable faults give up as retries_exhausted: {reasons}"
-        );
-        let out: Value =
-            serde_json::from_str(&app.cli_ok(&["dlq", "retry", "--all"])).expect("JSON");
-        assert_eq!(
-            out["retried"].as_array().map(Vec::len),
-            Some(dead_letters),
-            "{out}"
-        );
+    } else {
+        // The fault plays out: every decided action is done.
         app.settle_within(long);
     }
+    let recovered_from = journal(&emu).last().map_or(0, |e| e.seq);
+    clear_faults(&emu);
+    app.settle_within(long);
+    // Nothing gave up: transient failures are tried again until outbox.give_up_after.
     let (_, letters) = app.admin_get("/admin/v1/dead-letters");
     assert_eq!(letters["count"], 0, "{letters}");
+    if fault.outage {
+        assert_eq!(
+            app.metric(r#"handoff_circuit_open{destination="openapi"}"#),
+            0.0,
+            "the probe's success closed the circuit"
+        );
+    }
 
     let entries = journal(&emu);
     // The fault happened.
@@ -222,8 +224,7 @@ fn run(fault: Fault) -> Report {
         "actions that took effect twice: {repeated:?}"
     );
 
-    // Attempts bounded: per idempotency key, at most max_attempts calls (a dead letter retried
-    // under a new key starts a new count, under its own key it counts again: 2 runs).
+    // Attempts per idempotency key (the most of any key, for the report).
     let mut attempts: BTreeMap<&str, usize> = BTreeMap::new();
     for e in &entries {
         if let Some(key) = e.idempotency_key.as_deref() {
@@ -231,11 +232,6 @@ fn run(fault: Fault) -> Report {
         }
     }
     let per_key_max = attempts.values().copied().max().unwrap_or(0);
-    let runs = if dead_letters > 0 { 2 } else { 1 };
-    assert!(
-        per_key_max <= MAX_ATTEMPTS * runs,
-        "a key was tried {per_key_max} times (max_attempts {MAX_ATTEMPTS}, {runs} run(s))"
-    );
 
     // Intake unaffected.
     let (pre_median, fault_median) = (median(&pre_acks), median(&fault_acks));
@@ -253,7 +249,6 @@ fn run(fault: Fault) -> Report {
     };
     let replayed = entries.iter().filter(|e| e.replayed).count();
     Report {
-        dead_letters,
         faulted_calls,
         replayed,
         per_key_max,
@@ -278,10 +273,10 @@ fn spawn(root: &Path, rules: &Path, request_timeout: &str) -> TestApp {
             "1000.0",
         ),
         ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__BURST", "1000"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "3"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__BASE", "20ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__CAP", "200ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_RETRY_AFTER", "2s"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__BASE", "20ms"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__CAP", "200ms"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__MAX_RETRY_AFTER", "2s"),
+        ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "500ms"),
         ("HANDOFF_BRIDGE__UPSTREAM__REQUEST_TIMEOUT", request_timeout),
     ];
     TestApp::spawn_in(&root.join("data"), Spawn::with_env(&env))
@@ -289,11 +284,10 @@ fn spawn(root: &Path, rules: &Path, request_timeout: &str) -> TestApp {
 
 fn print(label: &str, r: &Report) {
     eprintln!(
-        "{label}: {} faulted calls, {} dead letters retried, {} replayed answers, at most {} \
+        "{label}: {} faulted calls, {} replayed answers, at most {} \
          attempts per key; intake median {:?} before, {:?} during; drain after recovery: {} \
          calls in {} ms",
         r.faulted_calls,
-        r.dead_letters,
         r.replayed,
         r.per_key_max,
         r.pre_median,
@@ -304,19 +298,24 @@ fn print(label: &str, r: &Report) {
 }
 
 #[test]
-fn an_outage_dead_letters_within_max_attempts_and_the_retried_backlog_drains_once_at_the_limit() {
+fn an_outage_is_held_without_dead_letters_and_the_backlog_drains_once_at_the_limit() {
     let r = run(Fault {
         label: "error_rate",
         config: json!({"error_rate": 1.0, "status": 503}),
-        all_dead: true,
+        outage: true,
         request_timeout: "2s",
     });
     print("outage", &r);
     let (_, during) = sizes();
-    // Every action of the outage tried exactly max_attempts times before giving up.
-    assert_eq!(r.faulted_calls, during * MAX_ATTEMPTS);
-    // The retried backlog (one call each, through the global quota) cannot have drained faster
-    // than the quota allows.
+    // Held back: each conversation's actions wait behind its failing head, and the open
+    // circuit lets only probes through, so far fewer calls failed than actions waited.
+    assert!(
+        r.faulted_calls < during,
+        "{} failed calls for {during} actions",
+        r.faulted_calls
+    );
+    // The backlog (one call each after recovery, through the global quota) cannot have drained
+    // faster than the quota allows.
     assert_eq!(r.drain_calls, during);
     let least_ms = (during as f64 - f64::from(BURST) - 1.0) / PER_SECOND * 1000.0;
     assert!(
@@ -333,7 +332,7 @@ fn a_429_storm_with_retry_after_is_waited_out_once_per_action() {
     let r = run(Fault {
         label: "rate_limit",
         config: json!({"rate_limit_next": during / 2, "retry_after": "1"}),
-        all_dead: false,
+        outage: false,
         request_timeout: "2s",
     });
     print("429 storm", &r);
@@ -346,7 +345,7 @@ fn hanging_answers_time_out_and_their_actions_take_effect_once() {
     let r = run(Fault {
         label: "hang",
         config: json!({"hang_next": during / 6}),
-        all_dead: false,
+        outage: false,
         request_timeout: "1s",
     });
     print("hang", &r);
@@ -360,7 +359,7 @@ fn trickling_answers_are_cut_by_the_timeout_and_replayed_not_repeated() {
         label: "trickle",
         // A few hundred bytes at 20 ms each: far past the 1 s timeout.
         config: json!({"trickle_next": during / 6, "trickle_byte_ms": 20}),
-        all_dead: false,
+        outage: false,
         request_timeout: "1s",
     });
     print("trickle", &r);
@@ -376,7 +375,7 @@ fn dropped_connections_are_retried_and_their_actions_take_effect_once() {
     let r = run(Fault {
         label: "drop",
         config: json!({"drop_next": during / 4}),
-        all_dead: false,
+        outage: false,
         request_timeout: "1s",
     });
     print("drop", &r);

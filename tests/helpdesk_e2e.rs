@@ -40,9 +40,9 @@ name = "desk"
 url = "{url}"
 secrets = ["{OLD_SECRET}", "{NEW_SECRET}"]
 
-[helpdesk.retry]
-initial = "50ms"
-max = "200ms"
+[outbox.retry]
+base = "50ms"
+cap = "200ms"
 "#,
             url = desk.url
         ),

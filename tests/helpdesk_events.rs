@@ -15,10 +15,10 @@ use std::time::Duration;
 const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 
 /// The daemon with the shipped rules telling the help desk, at any hour, and `desk` as its one
-/// endpoint with both secrets; `retry` is the `[helpdesk.retry]` table.
+/// endpoint with both secrets; `retry` is the `[outbox]` settings (give-up, backoff, breaker).
 fn spawn(root: &Path, desk: &HelpDesk, retry: &str) -> TestApp {
     let config = format!(
-        "[helpdesk]\ntranscript_messages = 5\n\n{}\n[helpdesk.retry]\n{retry}\n",
+        "[helpdesk]\ntranscript_messages = 5\n\n{}\n{retry}\n",
         endpoint(
             "desk",
             desk,
@@ -63,9 +63,13 @@ fn spawn_with(root: &Path, config: &str, env: &[(&str, &str)]) -> TestApp {
     )
 }
 
-const FAST_RETRY: &str = r#"initial = "50ms"
-max = "200ms"
-give_up_after = "1h""#;
+const FAST_RETRY: &str = r#"[outbox]
+give_up_after = "1h"
+[outbox.retry]
+base = "50ms"
+cap = "200ms"
+[outbox.breaker]
+probe_interval = "100ms""#;
 
 /// The dead letters, through the admin API.
 fn dead_letters(app: &TestApp) -> Vec<Value> {
@@ -348,9 +352,13 @@ fn a_help_desk_down_past_give_up_after_produces_a_retries_exhausted_dead_letter(
     let app = spawn(
         tmp.path(),
         &desk,
-        r#"initial = "50ms"
-max = "100ms"
-give_up_after = "500ms""#,
+        r#"[outbox]
+give_up_after = "500ms"
+[outbox.retry]
+base = "50ms"
+cap = "100ms"
+[outbox.breaker]
+probe_interval = "100ms""#,
     );
     app.emulator_act(CONV, "request-agent", json!({}));
     app.settle();

@@ -67,11 +67,18 @@ fn upstream_errors(entries: &[JournalEntry]) -> Vec<&JournalEntry> {
 /// entries still being flushed on their way to it). The durable outbox is then empty.
 fn settle(app: &TestApp, limit: Duration) {
     wait_drained(app);
-    let (status, idle) = app.admin_get(&format!(
-        "/admin/v1/outbox/idle?timeout_ms={}",
-        limit.as_millis()
-    ));
-    assert_eq!(status, 200, "outbox not idle within {limit:?}: {idle}");
+    // Asked in turns shorter than the test client's own 30 s timeout.
+    let deadline = Instant::now() + limit;
+    loop {
+        let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=20000");
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "outbox not idle within {limit:?}: {idle}"
+        );
+    }
     let (_, outbox) = app.admin_get("/admin/v1/outbox");
     let first: Vec<&Value> = outbox["entries"]
         .as_array()
@@ -125,9 +132,10 @@ fn actions_reach_the_upstream_in_conversation_order_under_faults() {
             env: daemon_env(
                 &rules,
                 &[
-                    // Enough attempts that a run of injected failures never exhausts them:
-                    // at most 10 counted faults in a row, then 25% random failures.
-                    ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "20"),
+                    // Transient failures are tried again until outbox.give_up_after (24 h): a
+                    // run of injected failures (at most 10 counted faults in a row, then 25%
+                    // random failures) never dead-letters. The circuit they open probes often.
+                    ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "200ms"),
                     // Hung calls time out quickly.
                     ("HANDOFF_BRIDGE__UPSTREAM__REQUEST_TIMEOUT", "1s"),
                 ],
@@ -482,7 +490,8 @@ fn kill_9_loop_every_decided_action_takes_effect_exactly_once() {
             &[
                 ("HANDOFF_BRIDGE_UPSTREAM_URL", emu.as_str()),
                 ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", EMULATOR_KEY),
-                ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "10"),
+                // A restarted emulator answers again at once: probe it often.
+                ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "200ms"),
             ],
         ),
         ..Spawn::default()
@@ -674,7 +683,11 @@ fn dead_letters_are_listed_dropped_and_retried_through_the_cli() {
         Spawn {
             env: daemon_env(
                 &rules,
-                &[("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "2")],
+                &[
+                    // A transient failure gives up after failing this long (24 h by default).
+                    ("HANDOFF_BRIDGE__OUTBOX__GIVE_UP_AFTER", "300ms"),
+                    ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "100ms"),
+                ],
             ),
             ..Spawn::default()
         },
@@ -702,7 +715,8 @@ fn dead_letters_are_listed_dropped_and_retried_through_the_cli() {
         &mut ids,
     );
     settle(&app, Duration::from_secs(60));
-    // A transient failure that does not end (503): dead once the attempts are used up.
+    // A transient failure that does not end (503): tried again until outbox.give_up_after,
+    // then dead (one action at a time: the second waits behind the first).
     set_faults(
         &emu,
         json!({"error_rate": 1.0, "status": 503, "path_prefix": "/openapi/conversation/"}),
@@ -748,16 +762,22 @@ fn dead_letters_are_listed_dropped_and_retried_through_the_cli() {
         app.metric(r#"handoff_dead_letters_total{reason="retries_exhausted"}"#),
         2.0
     );
-    // The emulator saw each permanent failure once (not retried) and each transient one twice
-    // (max_attempts); nothing took effect.
+    // The emulator saw each permanent failure once (not retried) and each transient one as
+    // often as its dead letter counts (tried again until it gave up); nothing took effect.
     let entries = journal(&emu);
-    for (keys, attempts) in [(&permanent[..], 1), (&exhausted[..], 2)] {
+    for (keys, transient) in [(&permanent[..], false), (&exhausted[..], true)] {
         for k in keys {
             let n = entries
                 .iter()
                 .filter(|e| e.idempotency_key.as_deref() == Some(k.as_str()))
                 .count();
-            assert_eq!(n, attempts, "attempts of {k}");
+            let counted = by_id[k.as_str()]["attempts"].as_u64().expect("attempts");
+            assert_eq!(n as u64, counted, "attempts of {k}");
+            if transient {
+                assert!(n >= 2, "tried again: {k} {n}");
+            } else {
+                assert_eq!(n, 1, "a permanent failure is not tried again: {k}");
+            }
         }
     }
     assert!(entries.iter().all(|e| !effective(e)), "{entries:#?}");

@@ -291,10 +291,11 @@ fn an_https_upstream_is_refused_until_its_certificate_verifies_then_called_once(
                     ("HANDOFF_BRIDGE_UPSTREAM_URL", &url),
                     ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", EMULATOR_KEY),
                     ("HANDOFF_BRIDGE__UPSTREAM__CA_FILE", utf8(&ca_file)),
-                    // Room for every refusal below before the client gives up.
-                    ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_ATTEMPTS", "20"),
-                    ("HANDOFF_BRIDGE__UPSTREAM__RETRY__BASE", "200ms"),
-                    ("HANDOFF_BRIDGE__UPSTREAM__RETRY__CAP", "1s"),
+                    // Tried again (transient) until outbox.give_up_after; the circuit that
+                    // opens probes often enough for every refusal below.
+                    ("HANDOFF_BRIDGE__OUTBOX__RETRY__BASE", "200ms"),
+                    ("HANDOFF_BRIDGE__OUTBOX__RETRY__CAP", "1s"),
+                    ("HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL", "500ms"),
                 ],
             ),
             ..Spawn::default()
@@ -403,7 +404,7 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
     ];
     let mut desks = Vec::new();
     let mut config = String::from(
-        "[helpdesk.retry]\ninitial = \"100ms\"\nmax = \"400ms\"\ngive_up_after = \"15s\"\n\n",
+        "[outbox]\ngive_up_after = \"15s\"\n[outbox.retry]\nbase = \"100ms\"\ncap = \"400ms\"\n[outbox.breaker]\nprobe_interval = \"500ms\"\n\n",
     );
     for (name, leaf, _) in &cases {
         let desk = HelpDesk::start(&[], 200);

@@ -15,7 +15,6 @@ use handoff_bridge::upstream::contract::{
     UpdatePbConversation,
 };
 use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::retry::RetryPolicy;
 use handoff_bridge::upstream::transport::AwcTransport;
 use handoff_bridge::upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 use handoff_bridge::webhook::model::MessageData;
@@ -45,15 +44,6 @@ const MISSING: &str = "does-not-exist";
 
 type Api = OpenApi<Client<AwcTransport>>;
 
-fn policy() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 3,
-        base: Duration::from_millis(10),
-        cap: Duration::from_millis(50),
-        max_retry_after: Duration::from_secs(1),
-    }
-}
-
 fn limits() -> Limits {
     let r = Rate {
         per_second: 10_000.0,
@@ -74,7 +64,6 @@ fn settings(key: &str, scheme: &str) -> ClientSettings {
         auth_scheme: scheme.into(),
         api_key: Secret::new(key),
         idempotency_header: "Idempotency-Key".into(),
-        retry: policy(),
     }
 }
 
@@ -140,25 +129,22 @@ impl Env {
 }
 
 fn client(base: &str, key: &str, scheme: &str, request_timeout: Duration) -> Api {
-    OpenApi::new(
-        Client::new(
-            AwcTransport::new(
-                base,
-                Duration::from_secs(2),
-                request_timeout,
-                handoff_bridge::tls::ClientTls::new(
-                    &handoff_bridge::tls::Trust::empty(),
-                    "",
-                    "upstream",
-                    None,
-                )
-                .expect("client TLS"),
-            ),
-            settings(key, scheme),
-            limits(),
-        )
-        .with_seed(7),
-    )
+    OpenApi::new(Client::new(
+        AwcTransport::new(
+            base,
+            Duration::from_secs(2),
+            request_timeout,
+            handoff_bridge::tls::ClientTls::new(
+                &handoff_bridge::tls::Trust::empty(),
+                "",
+                "upstream",
+                None,
+            )
+            .expect("client TLS"),
+        ),
+        settings(key, scheme),
+        limits(),
+    ))
 }
 
 #[track_caller]
@@ -1725,7 +1711,7 @@ async fn the_api_key_never_reaches_the_journal_or_error_texts() {
 // Transport faults over a real socket
 
 #[actix_web::test]
-async fn a_hung_call_times_out_and_is_retried_with_the_same_key() {
+async fn a_hung_call_times_out_as_a_transient_failure_and_the_retry_with_the_same_key_works() {
     let env = Env::start().await;
     let api = client(&env.base, KEY, "Bearer", Duration::from_millis(300));
     env.emu
@@ -1736,17 +1722,24 @@ async fn a_hung_call_times_out_and_is_retried_with_the_same_key() {
         .expect("faults");
     env.emu.clear_journal();
     let started = std::time::Instant::now();
-    let m = api
+    let err = api
         .set_manual(CONV2, true, "k-hang-1")
         .await
-        .expect("succeeds on the retry");
-    assert!(m.enabled);
-    // The client waited out its 300 ms timeout before retrying (measured where it runs).
+        .expect_err("times out");
+    assert_eq!(err, UpstreamError::Timeout);
+    assert!(err.is_retryable(), "the outbox tries it again later");
+    // The client waited out its 300 ms timeout (measured where it runs).
     assert!(
         started.elapsed() >= Duration::from_millis(300),
         "{:?}",
         started.elapsed()
     );
+    // The outbox's next attempt: the same key.
+    let m = api
+        .set_manual(CONV2, true, "k-hang-1")
+        .await
+        .expect("succeeds on the retry");
+    assert!(m.enabled);
     let j = env.emu.journal();
     assert_eq!(j.len(), 2, "{j:#?}");
     assert_eq!((j[0].status, j[0].fault.as_deref()), (0, Some("hang")));
@@ -1764,9 +1757,10 @@ async fn a_hung_call_times_out_and_is_retried_with_the_same_key() {
 
 /// The emulator's drop fault answers 200 with `Content-Length: 4096` and cuts the connection
 /// after a few bytes. awc 3 hands the short body back without an error, so the client has to
-/// treat an undecodable 2xx as a transport failure and retry it (module docs of `emulator`).
+/// treat an undecodable 2xx as a transport failure (transient: the outbox tries it again, same
+/// key) (module docs of `emulator`).
 #[actix_web::test]
-async fn a_dropped_answer_is_retried() {
+async fn a_dropped_answer_is_a_transient_failure() {
     let env = Env::start().await;
     let drop_next = |n| {
         env.emu
@@ -1778,6 +1772,11 @@ async fn a_dropped_answer_is_retried() {
     };
     drop_next(1);
     env.emu.clear_journal();
+    let first = env.api.get_bot(BOT).await;
+    assert!(
+        matches!(&first, Err(e @ UpstreamError::Transport(_)) if e.is_retryable()),
+        "{first:?}"
+    );
     let bot = env.api.get_bot(BOT).await;
     let j = env.emu.journal();
     assert!(bot.is_ok(), "{bot:?}; journal {j:#?}");
@@ -1787,6 +1786,8 @@ async fn a_dropped_answer_is_retried() {
 
     drop_next(1);
     env.emu.clear_journal();
+    let first = env.api.set_manual(CONV2, true, "k-drop-1").await;
+    assert!(first.is_err_and(|e| e.is_retryable()));
     let m = env.api.set_manual(CONV2, true, "k-drop-1").await;
     let j = env.emu.journal();
     assert!(m.is_ok(), "{m:?}; journal {j:#?}");

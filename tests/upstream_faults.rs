@@ -1,5 +1,7 @@
 //! Retries and rate limits of the Open API client under faults injected by the emulator, in
-//! paused (virtual) time. The client talks to the emulator's actix `App` in-process through a
+//! paused (virtual) time. The client makes one attempt per call; the retries between are the
+//! outbox's, with its one backoff policy (`outbox::backoff::Backoff`), which [`retrying`] applies
+//! here as the executor does (its own scheduling is tested in `outbox::executor`). The client talks to the emulator's actix `App` in-process through a
 //! test `Transport` (no sockets), so `tokio::time::pause()` governs the client's backoff and
 //! limits and the emulator's clock alike, and the journal's `at` (virtual ms) shows when each
 //! attempt arrived.
@@ -11,18 +13,23 @@ use actix_web::App;
 use futures_util::future::{join_all, LocalBoxFuture};
 use handoff_bridge::config::Secret;
 use handoff_bridge::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
+use handoff_bridge::outbox::backoff::Backoff;
 use handoff_bridge::upstream::contract::PageQuery;
 use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::retry::RetryPolicy;
 use handoff_bridge::upstream::transport::{RawRequest, RawResponse, Transport, TransportError};
 use handoff_bridge::upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 use handoff_bridge::webhook::model::MessageData;
 use serde_json::json;
 use std::cell::Cell;
+use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
 
 const KEY: &str = "hb-faults-SUPERSECRET-key-51ad";
+const PAGE: PageQuery = PageQuery {
+    offset: None,
+    limit: None,
+};
 const BOT: &str = "B7f3a2c";
 const CONV1: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 const SK: &str = "sk-support-0001";
@@ -109,12 +116,37 @@ impl Transport for &InProc {
     }
 }
 
-fn policy(max_attempts: u32) -> RetryPolicy {
-    RetryPolicy {
-        max_attempts,
+fn policy() -> Backoff {
+    Backoff {
         base: Duration::from_millis(100),
         cap: Duration::from_secs(1),
         max_retry_after: Duration::from_secs(5),
+    }
+}
+
+/// A call made as the outbox makes it: a transient failure is tried again after the policy's
+/// wait (a `Retry-After` honoured, clamped), at most `attempts` calls in all, the same call (and
+/// idempotency key) each time.
+async fn retrying<T, F, Fut>(attempts: u32, mut call: F) -> Result<T, UpstreamError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, UpstreamError>>,
+{
+    let policy = policy();
+    let mut rng = rand::rng();
+    let mut failures = 0;
+    loop {
+        match call().await {
+            Err(e) if e.is_retryable() && failures + 1 < attempts => {
+                failures += 1;
+                let retry_after = match &e {
+                    UpstreamError::Status { retry_after, .. } => *retry_after,
+                    _ => None,
+                };
+                tokio::time::sleep(policy.delay(failures, retry_after, &mut rng)).await;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -152,22 +184,18 @@ impl Rig {
         Rig { emu, t0, transport }
     }
 
-    fn api(&self, retry: RetryPolicy, limits: &LimitsConfig) -> OpenApi<Client<&InProc>> {
+    fn api(&self, limits: &LimitsConfig) -> OpenApi<Client<&InProc>> {
         let settings = ClientSettings {
             auth_header: "Authorization".into(),
             auth_scheme: "Bearer".into(),
             api_key: Secret::new(KEY),
             idempotency_header: "Idempotency-Key".into(),
-            retry,
         };
-        OpenApi::new(
-            Client::new(
-                &self.transport,
-                settings,
-                Limits::new(limits).expect("limits"),
-            )
-            .with_seed(42),
-        )
+        OpenApi::new(Client::new(
+            &self.transport,
+            settings,
+            Limits::new(limits).expect("limits"),
+        ))
     }
 
     fn faults(&self, faults: FaultConfig) {
@@ -223,7 +251,7 @@ fn assert_status(err: &UpstreamError, want: u16, want_code: &str) {
 #[actix_web::test]
 async fn failures_are_retried_with_full_jitter_within_the_ceilings_and_one_effect() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     let ceilings = [100, 200, 400];
     let mut slots: [Vec<i64>; 3] = Default::default();
     for round in 0..20 {
@@ -233,10 +261,11 @@ async fn failures_are_retried_with_full_jitter_within_the_ceilings_and_one_effec
         });
         let before = rig.messages();
         let key = format!("k-fail-{round}");
-        let m = api
-            .send_conversation_message(CONV1, text(&format!("round {round}")), None, &key)
-            .await
-            .expect("succeeds on the 4th attempt");
+        let m = retrying(5, || {
+            api.send_conversation_message(CONV1, text(&format!("round {round}")), None, &key)
+        })
+        .await
+        .expect("succeeds on the 4th attempt");
         let j = rig.emu.journal();
         assert_eq!(j.len(), 4, "{j:#?}");
         for e in &j[..3] {
@@ -275,14 +304,13 @@ async fn failures_are_retried_with_full_jitter_within_the_ceilings_and_one_effec
 #[actix_web::test]
 async fn retry_after_in_seconds_is_honoured() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     rig.faults(FaultConfig {
         rate_limit_next: 1,
         retry_after: "2".into(),
         ..FaultConfig::default()
     });
-    let manual = api
-        .set_manual(CONV1, true, "k-ra-2")
+    let manual = retrying(5, || api.set_manual(CONV1, true, "k-ra-2"))
         .await
         .expect("succeeds");
     let j = rig.emu.journal();
@@ -303,7 +331,7 @@ async fn retry_after_in_seconds_is_honoured() {
         retry_after: "1".into(),
         ..FaultConfig::default()
     });
-    api.list_bots(&PageQuery::default()).await.expect("list");
+    retrying(5, || api.list_bots(&PAGE)).await.expect("list");
     let j = rig.emu.journal();
     assert_eq!(j.len(), 3);
     for gap in gaps(&rig.times(&j)) {
@@ -314,14 +342,14 @@ async fn retry_after_in_seconds_is_honoured() {
 #[actix_web::test]
 async fn a_huge_retry_after_is_clamped_to_max_retry_after() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     for huge in ["86400", "Fri, 01 Jan 2100 00:00:00 GMT"] {
         rig.faults(FaultConfig {
             rate_limit_next: 1,
             retry_after: huge.into(),
             ..FaultConfig::default()
         });
-        api.get_bot(BOT).await.expect("succeeds");
+        retrying(5, || api.get_bot(BOT)).await.expect("succeeds");
         let j = rig.emu.journal();
         assert_eq!(j.len(), 2, "{j:#?}");
         let gap = gaps(&rig.times(&j))[0];
@@ -336,7 +364,7 @@ async fn a_huge_retry_after_is_clamped_to_max_retry_after() {
         retry_after: "Thu, 01 Jan 1970 00:00:00 GMT".into(),
         ..FaultConfig::default()
     });
-    api.get_bot(BOT).await.expect("succeeds");
+    retrying(5, || api.get_bot(BOT)).await.expect("succeeds");
     let gap = gaps(&rig.times(&rig.emu.journal()))[0];
     assert!((0..=MS).contains(&gap), "waited {gap} ms");
 }
@@ -344,14 +372,14 @@ async fn a_huge_retry_after_is_clamped_to_max_retry_after() {
 #[actix_web::test]
 async fn a_garbage_retry_after_falls_back_to_backoff() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     for garbage in ["soon", "-5", "1.5", "", "3 seconds"] {
         rig.faults(FaultConfig {
             rate_limit_next: 2,
             retry_after: garbage.into(),
             ..FaultConfig::default()
         });
-        api.get_bot(BOT).await.expect("succeeds");
+        retrying(5, || api.get_bot(BOT)).await.expect("succeeds");
         let j = rig.emu.journal();
         assert_eq!(j.len(), 3, "{j:#?}");
         let g = gaps(&rig.times(&j));
@@ -365,7 +393,7 @@ async fn a_garbage_retry_after_falls_back_to_backoff() {
 #[actix_web::test]
 async fn permanent_statuses_are_not_retried_and_transient_ones_are() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     for (status, code) in [
         (400, "invalid_body"),
         (401, "unauthorized"),
@@ -380,11 +408,13 @@ async fn permanent_statuses_are_not_retried_and_transient_ones_are() {
             status,
             ..FaultConfig::default()
         });
+        let perm_key = format!("k-perm-{status}");
         let before = rig.messages();
-        let err = api
-            .send_conversation_message(CONV1, text("x"), None, &format!("k-perm-{status}"))
-            .await
-            .expect_err("permanent");
+        let err = retrying(5, || {
+            api.send_conversation_message(CONV1, text("x"), None, &perm_key)
+        })
+        .await
+        .expect_err("permanent");
         assert_status(&err, status, code);
         assert!(!err.is_retryable());
         assert_eq!(rig.emu.journal().len(), 1, "{status} was retried");
@@ -394,8 +424,7 @@ async fn permanent_statuses_are_not_retried_and_transient_ones_are() {
     // A refusal by the state itself (409: the user is not blocked) is not retried either.
     rig.emu.clear_faults();
     rig.emu.clear_journal();
-    let err = api
-        .pb_unblock(SK, UK, "k-perm-state")
+    let err = retrying(5, || api.pb_unblock(SK, UK, "k-perm-state"))
         .await
         .expect_err("conflict");
     assert_status(&err, 409, "conflict");
@@ -407,10 +436,13 @@ async fn permanent_statuses_are_not_retried_and_transient_ones_are() {
             status,
             ..FaultConfig::default()
         });
+        let transient_key = format!("k-transient-{status}");
         let before = rig.messages();
-        api.send_conversation_message(CONV1, text("y"), None, &format!("k-transient-{status}"))
-            .await
-            .unwrap_or_else(|e| panic!("{status} must be retried: {e:?}"));
+        retrying(5, || {
+            api.send_conversation_message(CONV1, text("y"), None, &transient_key)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{status} must be retried: {e:?}"));
         let j = rig.emu.journal();
         let statuses: Vec<u16> = j.iter().map(|e| e.status).collect();
         assert_eq!(statuses, vec![status, status, 200]);
@@ -420,51 +452,57 @@ async fn permanent_statuses_are_not_retried_and_transient_ones_are() {
 }
 
 #[actix_web::test]
-async fn attempts_are_bounded_by_max_attempts() {
+async fn a_call_is_one_attempt_and_a_transient_failure_comes_back_at_once() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(4), &unlimited());
+    let api = rig.api(&unlimited());
     rig.faults(FaultConfig {
         fail_next: 10,
         status: 502,
         ..FaultConfig::default()
     });
     let before = rig.messages();
+    let start = tokio::time::Instant::now();
     let err = api
-        .send_conversation_message(CONV1, text("never"), None, "k-bounded")
+        .send_conversation_message(CONV1, text("never"), None, "k-once")
         .await
-        .expect_err("gives up");
+        .expect_err("transient");
     assert_status(&err, 502, "unavailable");
-    assert!(err.is_retryable(), "the last transient error comes back");
+    assert!(err.is_retryable(), "the outbox tries it again later");
+    assert_eq!(start.elapsed(), Duration::ZERO, "no sleeping in the client");
     let j = rig.emu.journal();
-    assert_eq!(j.len(), 4, "{j:#?}");
-    assert_same_call(&j, "k-bounded");
-    assert_eq!(rig.emu.faults().fail_next, 6);
+    assert_eq!(j.len(), 1, "{j:#?}");
+    assert_eq!(rig.emu.faults().fail_next, 9);
     assert_eq!(rig.messages(), before, "no effect");
-    let times = rig.times(&j);
-    assert!(times[3] - times[0] <= 100 + 200 + 400 + 3 * MS, "{times:?}");
 
-    // Retry-After does not add attempts either.
+    // A Retry-After comes back parsed, for the outbox's policy to honour (and clamp).
     rig.faults(FaultConfig {
         rate_limit_next: 10,
-        retry_after: "1".into(),
+        retry_after: "86400".into(),
         ..FaultConfig::default()
     });
-    let err = api.get_bot(BOT).await.expect_err("gives up");
-    assert_status(&err, 429, "rate_limited");
-    assert_eq!(rig.emu.journal().len(), 4);
+    match api.get_bot(BOT).await {
+        Err(UpstreamError::Status {
+            status: 429,
+            retry_after,
+            ..
+        }) => assert_eq!(retry_after, Some(Duration::from_secs(86_400))),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.emu.journal().len(), 1);
 }
 
 #[actix_web::test]
 async fn one_effect_per_idempotency_key_when_answers_are_lost() {
     let rig = Rig::new(Duration::from_secs(30)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     rig.emu.clear_journal();
     let before = rig.messages();
     rig.transport.lose_answers.set(1);
-    let m = api
-        .send_conversation_message(CONV1, text("exactly once"), None, "k-lost-1")
-        .await
-        .expect("succeeds on the retry");
+    let m = retrying(5, || {
+        api.send_conversation_message(CONV1, text("exactly once"), None, "k-lost-1")
+    })
+    .await
+    .expect("succeeds on the retry");
     let j = rig.emu.journal();
     assert_eq!(j.len(), 2, "{j:#?}");
     assert_same_call(&j, "k-lost-1");
@@ -485,8 +523,7 @@ async fn one_effect_per_idempotency_key_when_answers_are_lost() {
     // Two lost answers of a call the state allows only once: still one effect, no 409.
     rig.emu.clear_journal();
     rig.transport.lose_answers.set(2);
-    let c = api
-        .pb_block(SK, UK, None, "k-lost-block")
+    let c = retrying(5, || api.pb_block(SK, UK, None, "k-lost-block"))
         .await
         .expect("the replayed block");
     let j = rig.emu.journal();
@@ -510,9 +547,11 @@ async fn one_effect_per_idempotency_key_when_answers_are_lost() {
         ..FaultConfig::default()
     });
     let before = rig.messages();
-    api.send_conversation_message(CONV1, text("through faults"), None, "k-faulted")
-        .await
-        .expect("succeeds");
+    retrying(5, || {
+        api.send_conversation_message(CONV1, text("through faults"), None, "k-faulted")
+    })
+    .await
+    .expect("succeeds");
     let j = rig.emu.journal();
     let faults: Vec<Option<&str>> = j.iter().map(|e| e.fault.as_deref()).collect();
     assert_eq!(
@@ -527,15 +566,17 @@ async fn one_effect_per_idempotency_key_when_answers_are_lost() {
 #[actix_web::test]
 async fn a_hung_call_times_out_and_the_retry_succeeds() {
     let rig = Rig::new(Duration::from_millis(250)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     rig.faults(FaultConfig {
         hang_next: 1,
         ..FaultConfig::default()
     });
     let before = rig.messages();
-    api.send_conversation_message(CONV1, text("after a hang"), None, "k-hang")
-        .await
-        .expect("succeeds on the retry");
+    retrying(5, || {
+        api.send_conversation_message(CONV1, text("after a hang"), None, "k-hang")
+    })
+    .await
+    .expect("succeeds on the retry");
     let j = rig.emu.journal();
     assert_eq!(j.len(), 2, "{j:#?}");
     assert_eq!((j[0].status, j[0].fault.as_deref()), (0, Some("hang")));
@@ -553,7 +594,9 @@ async fn a_hung_call_times_out_and_the_retry_succeeds() {
         hang_next: 10,
         ..FaultConfig::default()
     });
-    let err = api.get_bot(BOT).await.expect_err("gives up");
+    let err = retrying(5, || api.get_bot(BOT))
+        .await
+        .expect_err("gives up");
     assert_eq!(err, UpstreamError::Timeout);
     assert_eq!(rig.emu.journal().len(), 5);
 }
@@ -561,13 +604,15 @@ async fn a_hung_call_times_out_and_the_retry_succeeds() {
 #[actix_web::test]
 async fn latency_is_waited_out_under_the_timeout() {
     let rig = Rig::new(Duration::from_secs(1)).await;
-    let api = rig.api(policy(5), &unlimited());
+    let api = rig.api(&unlimited());
     rig.faults(FaultConfig {
         latency_ms: 700,
         ..FaultConfig::default()
     });
     let start = tokio::time::Instant::now();
-    api.get_bot(BOT).await.expect("slow but in time");
+    retrying(5, || api.get_bot(BOT))
+        .await
+        .expect("slow but in time");
     // Timers fire on whole ms, rounded up.
     let took = start.elapsed();
     assert!(
@@ -612,15 +657,15 @@ async fn a_concurrent_burst_is_spread_by_the_global_quota_and_every_call_succeed
         global,
         ..unlimited()
     };
-    let api = rig.api(policy(3), &limits);
+    let api = rig.api(&limits);
     rig.emu.clear_journal();
     let calls = (0..60).map(|i| {
         let api = &api;
         async move {
             if i % 2 == 0 {
-                api.get_bot(BOT).await.map(|_| ())
+                retrying(3, || api.get_bot(BOT)).await.map(|_| ())
             } else {
-                api.list_bots(&PageQuery::default()).await.map(|_| ())
+                retrying(3, || api.list_bots(&PAGE)).await.map(|_| ())
             }
         }
     });
@@ -655,19 +700,22 @@ async fn partner_burst(rig: &Rig, global: Rate, partner: Rate) -> Vec<JournalEnt
         partner_send: partner,
         ..unlimited()
     };
-    let api = rig.api(policy(3), &limits);
+    let api = rig.api(&limits);
     rig.emu.clear_journal();
     let sends = (0..10).map(|i| {
         let api = &api;
+        let pb_key = format!("k-pb-{i}");
         async move {
-            api.pb_send_message(SK, UK, text(&format!("send {i}")), &format!("k-pb-{i}"))
-                .await
-                .map(|_| ())
+            retrying(3, || {
+                api.pb_send_message(SK, UK, text(&format!("send {i}")), &pb_key)
+            })
+            .await
+            .map(|_| ())
         }
     });
     let reads = (0..30).map(|_| {
         let api = &api;
-        async move { api.get_bot(BOT).await.map(|_| ()) }
+        async move { retrying(3, || api.get_bot(BOT)).await.map(|_| ()) }
     });
     let (sent, read) = futures_util::future::join(join_all(sends), join_all(reads)).await;
     assert!(sent.iter().all(Result::is_ok), "{sent:?}");

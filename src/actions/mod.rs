@@ -578,7 +578,7 @@ pub struct DeadLetter {
     /// `tls_<reason>` (retries ran out on a TLS handshake that failed: `tls::TlsReason::label`),
     /// `invalid_call`, `no_helpdesk`, `unknown_flow` (a navigation's flow title is not in the
     /// bot's flow list); for help-desk events `helpdesk_http_<status>` (a help desk refused it),
-    /// `retries_exhausted` (unreachable for `helpdesk.retry.give_up_after`), `tls_<reason>` (its
+    /// `retries_exhausted` (unreachable for `outbox.give_up_after`), `tls_<reason>` (its
     /// certificate never verified meanwhile) and `unknown_event_kind` (a kind from an older rule
     /// set).
     pub reason: String,

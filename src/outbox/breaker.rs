@@ -138,6 +138,16 @@ impl Breakers {
         })
     }
 
+    /// No probe of an open `destination` before `at` (it asked for a wait: `Retry-After`).
+    pub fn defer(&mut self, destination: &str, at: Millis) {
+        let interval = self.probe_interval;
+        if let Some(c) = self.circuits.get_mut(destination) {
+            if c.open_since.is_some() {
+                c.last_probe_at = c.last_probe_at.max(at.saturating_sub(interval));
+            }
+        }
+    }
+
     /// A probe that reached nothing (the sink stopped before calling): another may go.
     pub fn release(&mut self, destination: &str) {
         if let Some(c) = self.circuits.get_mut(destination) {
@@ -205,14 +215,25 @@ mod tests {
             Admit::Probe,
             "a probe that reached nothing"
         );
+        assert_eq!(b.failure(d, 30_102), None);
+        b.defer(d, 90_000);
         assert_eq!(
-            b.success(d, 35_005),
+            b.probe_at(d),
+            Some(90_000),
+            "a Retry-After defers the probe"
+        );
+        assert_eq!(b.admit(d, 89_999), Admit::Wait);
+        b.defer(d, 1);
+        assert_eq!(b.probe_at(d), Some(90_000), "never earlier");
+        assert_eq!(b.admit(d, 90_000), Admit::Probe);
+        assert_eq!(
+            b.success(d, 95_005),
             Some(Transition::Closed {
                 destination: d.into(),
-                open_for: Duration::from_secs(35)
+                open_for: Duration::from_secs(95)
             })
         );
-        assert_eq!(b.admit(d, 35_006), Admit::Go);
+        assert_eq!(b.admit(d, 95_006), Admit::Go);
         let views = b.views();
         assert_eq!(views[d], CircuitView::default());
     }

@@ -89,7 +89,7 @@ impl Runner {
             }
             // Room in the window: read the next pages of the outbox.
             let mut more_pages = false;
-            if page_failed_at.is_none_or(|at| at.elapsed() >= STORE_RETRY_PAUSE) {
+            if !page_failed_at.is_some_and(|at| at.elapsed() < STORE_RETRY_PAUSE) {
                 page_failed_at = None;
                 for _ in 0..PAGES_PER_TURN {
                     let Some((kind, after, limit)) = sched.refill() else {
@@ -284,11 +284,12 @@ impl Runner {
                 // `after_failure` counts the attempt itself.
                 state.attempts = state.attempts.saturating_sub(1);
                 let error = failure.to_string();
+                let retry_after = after.or_else(|| failure.retry_after());
                 let verdict = after_failure(
                     state,
                     now,
                     error.clone(),
-                    after,
+                    retry_after,
                     &self.settings.retry,
                     self.settings.give_up_after,
                     &mut rand::rng(),
@@ -302,7 +303,11 @@ impl Runner {
                             tracing::debug!(error = %error, failures = state.failures, retry_in_ms = next - now, "action failed again");
                         }
                         self.save_state(seq, &state).await;
-                        Outcome::Retry(state)
+                        let not_before = retry_after.map(|d| {
+                            let d = d.min(self.settings.retry.max_retry_after);
+                            now.saturating_add(super::backoff::millis(d))
+                        });
+                        Outcome::Retry { state, not_before }
                     }
                     AfterFailure::GiveUp(state) => {
                         let blocking = self.settings.blocking.contains(name);

@@ -47,7 +47,7 @@ impl Sink for HelpdeskSink {
         self.helpdesk
             .targets(kind)
             .into_iter()
-            .filter(|name| delivered.is_none_or(|d| !d.contains(*name)))
+            .filter(|name| !delivered.is_some_and(|d| d.contains(*name)))
             .map(helpdesk_destination)
             .collect()
     }

@@ -23,6 +23,8 @@ pub mod ledger;
 pub mod openapi;
 pub mod scheduler;
 pub mod sink;
+#[cfg(test)]
+mod tests;
 
 pub use breaker::CircuitView;
 pub use ledger::Ledger;

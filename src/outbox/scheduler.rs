@@ -66,8 +66,12 @@ pub enum Outcome {
     Dead {
         blocking: bool,
     },
-    /// Try again at `state.next_attempt_at`.
-    Retry(RetryState),
+    /// Try again at `state.next_attempt_at`, or (when the failure opened or kept open the
+    /// circuit) at the circuit's next probe, not before `not_before` (a `Retry-After`).
+    Retry {
+        state: RetryState,
+        not_before: Option<Millis>,
+    },
     /// Wait for the destinations whose circuits are open.
     Held(RetryState),
     /// Not finished (the outcome could not be recorded, or the client stopped): again, first.
@@ -90,7 +94,13 @@ pub struct Scheduler {
     depth: i64,
     /// seq -> decided_at of loaded entries (the oldest pending one).
     loaded: BTreeMap<u64, Millis>,
+    /// The last entries finished (bounded): a hand-over that comes after its entry was read from
+    /// the store and finished is not run again.
+    finished: VecDeque<u64>,
 }
+
+/// Finished seqs remembered.
+const FINISHED_KEPT: usize = 4096;
 
 impl Scheduler {
     /// `pending`: the entries in the store at start, the highest of them `durable`.
@@ -107,6 +117,7 @@ impl Scheduler {
             durable,
             depth: i64::try_from(pending).unwrap_or(i64::MAX),
             loaded: BTreeMap::new(),
+            finished: VecDeque::new(),
         }
     }
 
@@ -150,7 +161,11 @@ impl Scheduler {
             let kind = SinkKind::of(&entry) as usize;
             let c = self.cursors[kind];
             if c.at.is_some_and(|at| entry.seq <= at) {
-                // Read from the store already (it was durable before its hand-over came).
+                // Behind the cursor: read from the store already (another hand-over with a
+                // higher seq came first), unless it never was (then it is loaded now).
+                if !self.loaded.contains_key(&entry.seq) && !self.finished.contains(&entry.seq) {
+                    self.load(entry, RetryState::default(), now);
+                }
                 continue;
             }
             if c.caught_up && c.loaded < self.per_sink {
@@ -440,12 +455,34 @@ impl Scheduler {
                     let c = &mut self.cursors[SinkKind::of(&slot.entry) as usize];
                     c.loaded = c.loaded.saturating_sub(1);
                     self.loaded.remove(&seq);
+                    if self.finished.len() >= FINISHED_KEPT {
+                        self.finished.pop_front();
+                    }
+                    self.finished.push_back(seq);
                 }
                 if matches!(outcome, Outcome::Dead { blocking: true }) {
                     self.blocked.insert(queue.to_owned());
                 }
             }
-            Outcome::Retry(state) | Outcome::Again(state) => {
+            Outcome::Retry { state, not_before } => {
+                if let Some(slot) = self.slot(queue, seq) {
+                    slot.state = state;
+                    slot.last_dests = all.clone();
+                }
+                // A destination whose circuit is open paces its entries by its probes (so its
+                // recovery is seen within a probe interval), not by their own backoff; a
+                // Retry-After it sent defers the next probe.
+                held_on = all
+                    .into_iter()
+                    .filter(|d| self.breakers.is_open(d))
+                    .collect();
+                if let Some(at) = not_before {
+                    for d in &held_on {
+                        self.breakers.defer(d, at);
+                    }
+                }
+            }
+            Outcome::Again(state) => {
                 if let Some(slot) = self.slot(queue, seq) {
                     slot.state = state;
                     slot.last_dests = all;
@@ -486,6 +523,10 @@ impl Scheduler {
         for name in held {
             if let Some(q) = self.queues.get_mut(&name) {
                 if q.state == QState::Held {
+                    if let Some(head) = q.entries.values_mut().next() {
+                        head.state.next_attempt_at = None;
+                        head.state.failures = 0;
+                    }
                     q.state = QState::Idle;
                     self.settle(&name, now);
                 }
@@ -595,7 +636,16 @@ mod tests {
         let mut s = sched(100);
         s.decided(vec![entry(1, "a"), entry(2, "a"), entry(3, "b")], 0);
         let a1 = s.next(0, &openapi).expect("a1");
-        s.finish("a", a1.entry.seq, Outcome::Retry(failed(5_000)), &[], 0);
+        s.finish(
+            "a",
+            a1.entry.seq,
+            Outcome::Retry {
+                state: failed(5_000),
+                not_before: None,
+            },
+            &[],
+            0,
+        );
         assert_eq!(seq(s.next(0, &openapi)), Some(3), "b goes on");
         assert!(
             s.next(4_999, &openapi).is_none(),
@@ -624,7 +674,16 @@ mod tests {
         let mut s = sched(100);
         let failed_at = |s: &mut Scheduler, q: &str, n: u64, now| {
             let reached = [("openapi".to_owned(), Reach::Failed)];
-            s.finish(q, n, Outcome::Retry(failed(now + 60_000)), &reached, now)
+            s.finish(
+                q,
+                n,
+                Outcome::Retry {
+                    state: failed(now + 60_000),
+                    not_before: None,
+                },
+                &reached,
+                now,
+            )
         };
         s.decided((1..=5).map(|n| entry(n, &format!("q{n}"))).collect(), 0);
         s.next(0, &openapi).expect("q1");
@@ -644,7 +703,10 @@ mod tests {
         s.finish(
             &probe.entry.queue,
             probe.entry.seq,
-            Outcome::Retry(failed(80_000)),
+            Outcome::Retry {
+                state: failed(80_000),
+                not_before: None,
+            },
             &reached,
             15_002,
         );
@@ -679,7 +741,7 @@ mod tests {
         let page = |after: Option<u64>, limit: usize| -> Vec<(OutboxEntry, Option<RetryState>)> {
             stored
                 .iter()
-                .filter(|e| after.is_none_or(|a| e.seq > a))
+                .filter(|e| !after.is_some_and(|a| e.seq <= a))
                 .take(limit)
                 .map(|e| (e.clone(), None))
                 .collect()
@@ -723,7 +785,7 @@ mod tests {
         let page = |after: Option<u64>, limit: usize| -> Vec<(OutboxEntry, Option<RetryState>)> {
             stored
                 .iter()
-                .filter(|e| after.is_none_or(|a| e.seq > a))
+                .filter(|e| !after.is_some_and(|a| e.seq <= a))
                 .take(limit)
                 .map(|e| (e.clone(), None))
                 .collect()
@@ -741,12 +803,57 @@ mod tests {
         s.finish(
             &first.entry.queue,
             first.entry.seq,
-            Outcome::Retry(failed(60_000)),
+            Outcome::Retry {
+                state: failed(60_000),
+                not_before: None,
+            },
             &reached,
             0,
         );
         let next = s.next(1, &dests).expect("the help-desk event goes");
         assert_eq!(next.entry.seq, 21);
         assert!(s.loaded() <= 4);
+    }
+
+    #[test]
+    fn an_open_help_desk_endpoint_does_not_hold_back_the_others() {
+        let mut s = sched(100);
+        let mut e = entry(1, "helpdesk:c1");
+        e.action = Action::NotifyHelpdesk {
+            conversation_id: ConversationId::new("c1"),
+            kind: "handoff.requested".into(),
+            reason: None,
+            payload: serde_json::Value::Null,
+        };
+        s.decided(vec![e], 0);
+        let both = |_: &OutboxEntry| vec!["helpdesk:a".to_owned(), "helpdesk:b".to_owned()];
+        // Endpoint a failed twice (the threshold) for other events: its circuit is open.
+        s.breakers.failure("helpdesk:a", 0);
+        s.breakers.failure("helpdesk:a", 0);
+        assert!(s.breakers.is_open("helpdesk:a") && !s.breakers.is_open("helpdesk:b"));
+        // Still due for b: it goes, to b alone (a waits for its probe).
+        let job = s.next(20, &both).expect("b is allowed");
+        assert_eq!(job.allowed, ["helpdesk:b"]);
+        // b took it; a still needs it: held for a's circuit, no failure counted.
+        let only_a = |_: &OutboxEntry| vec!["helpdesk:a".to_owned()];
+        let reached = [("helpdesk:b".to_owned(), Reach::Answered)];
+        s.finish("helpdesk:c1", 1, Outcome::Held(failed(20)), &reached, 20);
+        assert!(s.next(21, &only_a).is_none(), "held until a's probe");
+        let probe = s.next(15_010, &only_a).expect("a's probe");
+        assert_eq!(probe.allowed, ["helpdesk:a"]);
+    }
+
+    #[test]
+    fn a_hand_over_behind_the_cursor_that_was_never_read_is_loaded_and_a_finished_one_is_not() {
+        let mut s = sched(100);
+        s.decided(vec![entry(5, "a")], 0);
+        let five = s.next(0, &openapi).expect("5");
+        s.finish("a", five.entry.seq, Outcome::Done, &[], 0);
+        // 3 was decided elsewhere (a replay) and handed over after 5.
+        s.decided(vec![entry(3, "b")], 0);
+        assert_eq!(seq(s.next(0, &openapi)), Some(3));
+        // 5's hand-over again (read from the store before it came): not run twice.
+        s.decided(vec![entry(5, "a")], 0);
+        assert!(s.next(0, &openapi).is_none());
     }
 }

@@ -1822,3 +1822,49 @@ fn the_quarantine_list_pages_metadata_with_the_body_size_as_received() {
         Some(crate::queries::QUARANTINE_VIEW_BODY)
     );
 }
+
+#[test]
+fn an_entrys_retry_state_is_kept_and_leaves_with_its_outcome() {
+    let (_d, store) = store();
+    accept_at(
+        &store,
+        &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]),
+        1_000,
+    );
+    let applied = drain_with(&store, &one_message_rule("greet"));
+    let [done, dead] = &applied.outbox[..] else {
+        panic!("two entries: {:?}", applied.outbox);
+    };
+    assert_eq!(
+        store.outbox_last_seq().expect("last"),
+        Some(dead.seq.max(done.seq))
+    );
+    let state = crate::actions::RetryState {
+        attempts: 3,
+        failures: 3,
+        first_failure_at: Some(1_000),
+        last_error: Some("the upstream answered 503".into()),
+        next_attempt_at: Some(9_000),
+        ..Default::default()
+    };
+    for e in [done, dead] {
+        assert_eq!(store.outbox_retry_state(e.seq).expect("read"), None);
+        store.set_outbox_retry_state(e.seq, &state).expect("write");
+        assert_eq!(
+            store.outbox_retry_state(e.seq).expect("read"),
+            Some(state.clone())
+        );
+    }
+    store.outbox_done(done, 4, 10_000).expect("done");
+    store
+        .outbox_dead(&dead_letter(dead, "retries_exhausted", false))
+        .expect("dead");
+    for e in [done, dead] {
+        assert_eq!(
+            store.outbox_retry_state(e.seq).expect("read"),
+            None,
+            "removed in the outcome's transaction"
+        );
+    }
+    assert_eq!(store.outbox_last_seq().expect("last"), None);
+}

@@ -185,9 +185,9 @@ pub fn daemon_env(rules: &Path, extra: &[(&str, &str)]) -> Vec<(String, String)>
             "5000.0",
         ),
         ("HANDOFF_BRIDGE__UPSTREAM__LIMITS__WRITE__BURST", "1000"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__BASE", "5ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__CAP", "40ms"),
-        ("HANDOFF_BRIDGE__UPSTREAM__RETRY__MAX_RETRY_AFTER", "50ms"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__BASE", "5ms"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__CAP", "40ms"),
+        ("HANDOFF_BRIDGE__OUTBOX__RETRY__MAX_RETRY_AFTER", "50ms"),
     ];
     env.extend_from_slice(extra);
     env.into_iter()
