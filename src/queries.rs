@@ -388,3 +388,31 @@ fn rule_view(
         _ => json!({"rule": v.rule, "matched": false}),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_query_is_a_limit_from_1_to_1000_and_a_seq_cursor() {
+        let page = |l: Option<&str>, a: Option<&str>| Page::parse(l, a);
+        assert_eq!(page(None, None), Ok(Page::first(OUTBOX_PAGE)));
+        assert_eq!(
+            page(Some("1000"), Some("42")),
+            Ok(Page::first(1000).after(42))
+        );
+        assert_eq!(page(Some(" 7 "), None), Ok(Page::first(7)));
+        for bad in ["0", "1001", "-1", "ten", "", "1e3"] {
+            let e = page(Some(bad), None).expect_err(bad);
+            assert_eq!(e.code(), "invalid_limit", "{bad}");
+        }
+        for bad in ["-1", "x", "", "18446744073709551616"] {
+            let e = page(None, Some(bad)).expect_err(bad);
+            assert_eq!(e.code(), "invalid_cursor", "{bad}");
+        }
+        // What the caller sent is echoed, cut short: never a long string back.
+        let long = "9".repeat(500);
+        let e = page(Some(&long), None).expect_err("long");
+        assert!(e.to_string().len() < 200, "{e}");
+    }
+}
