@@ -129,8 +129,13 @@ impl Runner {
             } else {
                 let page_retry =
                     page_failed_at.map(|at| STORE_RETRY_PAUSE.saturating_sub(at.elapsed()));
+                // Nothing can start while paused or at the concurrency limit: then only a
+                // message or a finished call wakes the loop (no spinning on a past due time).
+                let can_start = !runner.handle.is_paused()
+                    && inflight.len() < runner.settings.concurrency.max(1);
                 let due = sched
                     .next_wake()
+                    .filter(|_| can_start)
                     .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0)));
                 match (due, page_retry) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -216,6 +221,9 @@ impl Runner {
     fn publish(&self, sched: &Scheduler) {
         let depth = sched.depth();
         self.handle.depth.store(depth, Ordering::SeqCst);
+        self.handle
+            .in_memory
+            .store(sched.loaded(), Ordering::SeqCst);
         self.metrics.outbox_depth.set(depth as i64);
         let age = sched
             .oldest_decided_at()

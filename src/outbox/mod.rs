@@ -102,6 +102,8 @@ pub struct ExecutorHandle {
     in_transit: Arc<AtomicUsize>,
     /// Each destination's circuit, as the executor last published it.
     circuits: Arc<Mutex<BTreeMap<String, CircuitView>>>,
+    /// Pending entries in memory (at most `outbox.window`).
+    in_memory: Arc<AtomicUsize>,
 }
 
 /// How the fold hands decided entries on. They count as pending from the moment they are sent,
@@ -207,6 +209,11 @@ impl ExecutorHandle {
     /// Look at what is due now: the daemon's clock moved (the test clock).
     pub fn wake(&self) {
         let _ = self.tx.send(Msg::Wake);
+    }
+
+    /// Pending entries held in memory (the window); the rest wait in the store.
+    pub fn in_memory(&self) -> usize {
+        self.in_memory.load(Ordering::SeqCst)
     }
 
     /// Each destination's circuit (`openapi`, `helpdesk:<endpoint>`), for `/readyz`.
@@ -332,6 +339,7 @@ pub fn start_with(
         progress,
         in_transit: Arc::new(AtomicUsize::new(0)),
         circuits: Arc::new(Mutex::new(scheduler.circuits())),
+        in_memory: Arc::new(AtomicUsize::new(0)),
     };
     if pending > 0 {
         tracing::info!(pending, "resuming the outbox");
