@@ -50,7 +50,7 @@ impl PageQuery {
 }
 
 /// One page of the pending entries, in decision order; `depth` is the executor's exact count of
-/// what it holds pending, in its window or not.
+/// what it holds pending, in its window or not, `in_memory` how many of them are in the window.
 async fn list_outbox(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
@@ -61,6 +61,7 @@ async fn list_outbox(
     if let Some(obj) = body.as_object_mut() {
         obj.insert("paused".into(), json!(shared.executor.is_paused()));
         obj.insert("depth".into(), json!(shared.executor.depth()));
+        obj.insert("in_memory".into(), json!(shared.executor.in_memory()));
     }
     Ok(HttpResponse::Ok().json(body))
 }
