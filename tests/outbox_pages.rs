@@ -237,6 +237,23 @@ fn the_outbox_and_dead_letter_lists_page_online_and_offline() {
         serde_json::from_str(&cli_ok(&data, &["outbox", "list"])).expect("JSON");
     assert_eq!(seqs(&offline_all, "entries"), outbox);
     assert_eq!(offline_all["count"], 8);
+
+    // Every letter back to the outbox on the stopped store, 100 at a time.
+    let retried: Value =
+        serde_json::from_str(&cli_ok(&data, &["dlq", "retry", "--all"])).expect("JSON");
+    let mut ids: Vec<u64> = retried["retried"]
+        .as_array()
+        .expect("retried")
+        .iter()
+        .map(|v| v.as_u64().expect("id"))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, letters, "every letter, each once");
+    let left: Value = serde_json::from_str(&cli_ok(&data, &["dlq", "list"])).expect("JSON");
+    assert_eq!(left["count"], 0, "{left}");
+    let pending: Value = serde_json::from_str(&cli_ok(&data, &["outbox", "list"])).expect("JSON");
+    assert_eq!(pending["count"], 8 + DEAD);
+    assert_eq!(pending["depth"], 8 + DEAD);
 }
 
 #[test]
