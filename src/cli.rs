@@ -243,8 +243,16 @@ pub enum RulesCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {
-    /// Every pending entry, in decision order.
-    List,
+    /// Pending entries, in decision order. Without flags: every entry (read page by page). With
+    /// `--limit` or `--after`: one page, as the admin API answers (`next`: the next page's cursor).
+    List {
+        /// Entries in the page (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Start after this seq (a page's `next`).
+        #[arg(long)]
+        after: Option<u64>,
+    },
     /// One pending entry.
     Show { id: u64 },
     /// Stop carrying out actions (the running daemon; they stay queued, intake goes on).
@@ -260,8 +268,16 @@ pub enum OutboxCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum DlqCommand {
-    /// Every dead letter.
-    List,
+    /// Dead letters, in decision order. Without flags: every letter (read page by page). With
+    /// `--limit` or `--after`: one page, as the admin API answers (`next`: the next page's cursor).
+    List {
+        /// Letters in the page (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Start after this seq (a page's `next`).
+        #[arg(long)]
+        after: Option<u64>,
+    },
     /// One dead letter, with its error.
     Show { id: u64 },
     /// Put a dead letter (or all) back in the outbox. It keeps its idempotency key unless the
@@ -531,16 +547,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Outbox { config, action } => {
             let config = load(&config, None)?;
             match action {
-                OutboxCommand::List => {
-                    let value = read(&config, "GET", "/admin/v1/outbox", |store| {
-                        let entries = store.outbox()?;
-                        Ok(Some(serde_json::json!({
-                            "paused": false,
-                            "depth": entries.len(),
-                            "entries": entries,
-                        })))
-                    })?;
-                    print_found(value, String::new)
+                OutboxCommand::List { limit, after } => {
+                    list_pages(&config, List::Outbox, limit, after)
                 }
                 OutboxCommand::Show { id } => {
                     let path = format!("/admin/v1/outbox/{id}");
@@ -749,6 +757,152 @@ impl<'a> QuarantinePages<'a> {
         self.store = Some(store);
         Ok(page?)
     }
+}
+
+/// The seqs of a page of dead letters after `after`.
+fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, crate::store::StoreError> {
+    Ok(store
+        .dead_letters_page(after, crate::queries::OUTBOX_PAGE)?
+        .iter()
+        .map(|l| l.entry.seq)
+        .collect())
+}
+
+/// The paged lists of the outbox (`outbox list`) and the dead letters (`dlq list`).
+#[derive(Clone, Copy)]
+enum List {
+    Outbox,
+    DeadLetters,
+}
+
+impl List {
+    fn path(self) -> &'static str {
+        match self {
+            List::Outbox => "/admin/v1/outbox",
+            List::DeadLetters => "/admin/v1/dead-letters",
+        }
+    }
+
+    /// The array a page holds its items in.
+    fn items(self) -> &'static str {
+        match self {
+            List::Outbox => "entries",
+            List::DeadLetters => "dead_letters",
+        }
+    }
+
+    /// A page read from a stopped daemon's store, shaped as the admin API answers it.
+    fn offline(
+        self,
+        store: &Store,
+        page: crate::queries::Page,
+    ) -> Result<Value, crate::store::StoreError> {
+        match self {
+            List::Outbox => {
+                let mut value = crate::queries::outbox_list(store, page)?;
+                if let Some(obj) = value.as_object_mut() {
+                    obj.insert("paused".into(), Value::Bool(false));
+                    obj.insert("depth".into(), store.outbox_len().into());
+                }
+                Ok(value)
+            }
+            List::DeadLetters => crate::queries::dead_letters_list(store, page),
+        }
+    }
+}
+
+/// Pages of a list: through the running daemon, else from the store (opened once).
+struct ListPages<'a> {
+    config: &'a Config,
+    list: List,
+    store: Option<Store>,
+}
+
+impl ListPages<'_> {
+    fn page(&mut self, page: crate::queries::Page) -> Result<Value, CliError> {
+        if self.store.is_none() {
+            let mut path = format!("{}?limit={}", self.list.path(), page.limit);
+            if let Some(after) = page.after {
+                path.push_str(&format!("&after={after}"));
+            }
+            if let Some(found) = online(self.config, "GET", &path)? {
+                return Ok(found.unwrap_or(Value::Null));
+            }
+        }
+        let store = match self.store.take() {
+            Some(store) => store,
+            None => {
+                let data = DataDir::new(&self.config.store.data_dir);
+                Store::open(&data.store_path(), self.config.store.cache_capacity_bytes)?
+            }
+        };
+        let value = self.list.offline(&store, page);
+        self.store = Some(store);
+        Ok(value?)
+    }
+}
+
+/// `outbox list` / `dlq list`: one page with `--limit` or `--after`; without them every item,
+/// as one JSON object (the first page's fields, the items of every page, and their `count`),
+/// one page in memory at a time.
+fn list_pages(
+    config: &Config,
+    list: List,
+    limit: Option<usize>,
+    after: Option<u64>,
+) -> Result<(), CliError> {
+    use crate::queries::{Page, PageError, OUTBOX_PAGE, OUTBOX_PAGE_MAX};
+    let mut pages = ListPages {
+        config,
+        list,
+        store: None,
+    };
+    if limit.is_some() || after.is_some() {
+        let limit = limit.unwrap_or(OUTBOX_PAGE);
+        if !(1..=OUTBOX_PAGE_MAX).contains(&limit) {
+            return Err(CliError::Usage(
+                PageError::Limit(limit.to_string()).to_string(),
+            ));
+        }
+        let page = pages.page(Page { after, limit })?;
+        return print_found(Some(page), String::new);
+    }
+    let mut page = pages.page(Page::first(OUTBOX_PAGE_MAX))?;
+    // The first page's own fields (paused, depth), then the items as they come.
+    let mut head = serde_json::Map::new();
+    if let Some(obj) = page.as_object() {
+        for (k, v) in obj {
+            if !matches!(k.as_str(), "count" | "next") && k != list.items() {
+                head.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let mut count = 0usize;
+    out_raw!("{{");
+    for (k, v) in &head {
+        out_raw!("\n  {}: {},", Value::String(k.clone()), v);
+    }
+    out_raw!("\n  \"{}\": [", list.items());
+    loop {
+        for item in page[list.items()].as_array().into_iter().flatten() {
+            let text = serde_json::to_string_pretty(item).unwrap_or_default();
+            out_raw!(
+                "{}\n    {}",
+                if count == 0 { "" } else { "," },
+                text.replace('\n', "\n    ")
+            );
+            count += 1;
+        }
+        match page.get("next").and_then(Value::as_u64) {
+            Some(next) => page = pages.page(Page::first(OUTBOX_PAGE_MAX).after(next))?,
+            None => break,
+        }
+    }
+    out!(
+        "{}\n  \"count\": {count}\n}}",
+        if count == 0 { "]," } else { "\n  ]," }
+    );
+    Ok(())
 }
 
 fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result<(), CliError> {
@@ -983,15 +1137,7 @@ fn replay(
 fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
     let now = crate::clock::now_millis();
     match action {
-        DlqCommand::List => {
-            let value = read(config, "GET", "/admin/v1/dead-letters", |store| {
-                let letters = store.dead_letters()?;
-                Ok(Some(
-                    serde_json::json!({"count": letters.len(), "dead_letters": letters}),
-                ))
-            })?;
-            print_found(value, String::new)
-        }
+        DlqCommand::List { limit, after } => list_pages(config, List::DeadLetters, limit, after),
         DlqCommand::Show { id } => {
             let value = read(
                 config,
@@ -1014,15 +1160,22 @@ fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
                 }
             };
             let value = read(config, "POST", &path, |store| {
-                let ids: Vec<u64> = match wanted {
-                    Some(id) => vec![id],
-                    None => store.dead_letters()?.iter().map(|l| l.entry.seq).collect(),
-                };
                 let mut retried = Vec::new();
-                for id in ids {
-                    if store.retry_dead_letter(id, now)?.is_some() {
-                        retried.push(id);
+                let mut page = match wanted {
+                    Some(id) => vec![id],
+                    None => first_letters(store, None)?,
+                };
+                // All of them a page at a time (each page leaves the dead letters as it goes).
+                while let Some(&last) = page.last() {
+                    for &id in &page {
+                        if store.retry_dead_letter(id, now)?.is_some() {
+                            retried.push(id);
+                        }
                     }
+                    page = match wanted {
+                        Some(_) => Vec::new(),
+                        None => first_letters(store, Some(last))?,
+                    };
                 }
                 store.flush()?;
                 Ok((wanted.is_none() || !retried.is_empty())

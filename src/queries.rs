@@ -82,6 +82,102 @@ pub fn quarantine_list(
     Ok(page)
 }
 
+/// Entries in an outbox or dead-letter list page by default, and at most.
+pub const OUTBOX_PAGE: usize = 100;
+pub const OUTBOX_PAGE_MAX: usize = 1000;
+
+/// Why a list page's query was refused (the admin API answers 400 with [`PageError::code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageError {
+    #[error("limit must be a whole number from 1 to {OUTBOX_PAGE_MAX}, not `{0}`")]
+    Limit(String),
+    #[error("after must be an entry's seq (a page's `next`), not `{0}`")]
+    Cursor(String),
+}
+
+impl PageError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            PageError::Limit(_) => "invalid_limit",
+            PageError::Cursor(_) => "invalid_cursor",
+        }
+    }
+}
+
+/// A list page's position: `limit` (default [`OUTBOX_PAGE`], 1..=[`OUTBOX_PAGE_MAX`]) entries
+/// after seq `after` (the previous page's `next`; from the first when absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub after: Option<u64>,
+    pub limit: usize,
+}
+
+impl Page {
+    /// From the query's text values, as given (absent: the default).
+    pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<Page, PageError> {
+        let limit = match limit.map(str::trim) {
+            None => OUTBOX_PAGE,
+            Some(text) => text
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=OUTBOX_PAGE_MAX).contains(n))
+                .ok_or_else(|| PageError::Limit(text.chars().take(40).collect()))?,
+        };
+        let after = match after.map(str::trim) {
+            None => None,
+            Some(text) => Some(
+                text.parse::<u64>()
+                    .map_err(|_| PageError::Cursor(text.chars().take(40).collect()))?,
+            ),
+        };
+        Ok(Page { after, limit })
+    }
+
+    pub fn first(limit: usize) -> Page {
+        Page { after: None, limit }
+    }
+
+    /// The same size of page, after `seq`.
+    pub fn after(self, seq: u64) -> Page {
+        Page {
+            after: Some(seq),
+            ..self
+        }
+    }
+}
+
+/// Read one more than the page holds: the extra one only says another page follows, and the
+/// cursor to it is the page's last seq.
+fn paged<T>(
+    page: Page,
+    read: impl FnOnce(Option<u64>, usize) -> Result<Vec<T>, StoreError>,
+    seq: impl Fn(&T) -> u64,
+) -> Result<(Vec<T>, Option<u64>), StoreError> {
+    let limit = page.limit.clamp(1, OUTBOX_PAGE_MAX);
+    let mut items = read(page.after, limit + 1)?;
+    let next = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(&seq)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+/// One page of the pending outbox entries, in decision order: `{"entries": [...], "next": seq
+/// or null}`. The caller adds what the executor knows (`depth`, `paused`).
+pub fn outbox_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+    let (entries, next) = paged(page, |a, l| store.outbox_page(a, l), |e| e.seq)?;
+    Ok(json!({ "count": entries.len(), "entries": entries, "next": next }))
+}
+
+/// One page of the dead letters, oldest decision first: `{"count": n in this page,
+/// "dead_letters": [...], "next": seq or null}`.
+pub fn dead_letters_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+    let (letters, next) = paged(page, |a, l| store.dead_letters_page(a, l), |l| l.entry.seq)?;
+    Ok(json!({ "count": letters.len(), "dead_letters": letters, "next": next }))
+}
+
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in
 /// order, rebuilt through the fold's own path (`fold_and_decide`, as a replay does: with the rules
 /// in force, on the state rebuilt from the conversation's events, with its end user as stored now,
@@ -301,5 +397,33 @@ fn rule_view(
             "rule": v.rule, "matched": false, "echo_of": of,
         }),
         _ => json!({"rule": v.rule, "matched": false}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_query_is_a_limit_from_1_to_1000_and_a_seq_cursor() {
+        let page = |l: Option<&str>, a: Option<&str>| Page::parse(l, a);
+        assert_eq!(page(None, None), Ok(Page::first(OUTBOX_PAGE)));
+        assert_eq!(
+            page(Some("1000"), Some("42")),
+            Ok(Page::first(1000).after(42))
+        );
+        assert_eq!(page(Some(" 7 "), None), Ok(Page::first(7)));
+        for bad in ["0", "1001", "-1", "ten", "", "1e3"] {
+            let e = page(Some(bad), None).expect_err(bad);
+            assert_eq!(e.code(), "invalid_limit", "{bad}");
+        }
+        for bad in ["-1", "x", "", "18446744073709551616"] {
+            let e = page(None, Some(bad)).expect_err(bad);
+            assert_eq!(e.code(), "invalid_cursor", "{bad}");
+        }
+        // What the caller sent is echoed, cut short: never a long string back.
+        let long = "9".repeat(500);
+        let e = page(Some(&long), None).expect_err("long");
+        assert!(e.to_string().len() < 200, "{e}");
     }
 }

@@ -3,6 +3,7 @@
 use super::admin::blocking;
 use crate::app::Shared;
 use crate::http_error::ApiError;
+use crate::queries::Page;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -33,14 +34,36 @@ fn not_found(id: u64) -> ApiError {
     ApiError::not_found(format!("no dead letter {id}"))
 }
 
-async fn list_outbox(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+/// `?limit=` (default 100, 1 to 1000) and `?after=<seq>` (the previous page's `next`), as text:
+/// a bad value is answered 400 with its own code, not the extractor's plain text.
+#[derive(Deserialize)]
+struct PageQuery {
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+impl PageQuery {
+    fn page(&self) -> Result<Page, ApiError> {
+        Page::parse(self.limit.as_deref(), self.after.as_deref())
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))
+    }
+}
+
+/// One page of the pending entries, in decision order; `depth` is the executor's exact count of
+/// what it holds pending, in its window or not, `in_memory` how many of them are in the window.
+async fn list_outbox(
+    shared: web::Data<Shared>,
+    q: web::Query<PageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let page = q.page()?;
     let store = shared.store.clone();
-    let entries = blocking(move || store.outbox()).await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "paused": shared.executor.is_paused(),
-        "depth": entries.len(),
-        "entries": entries,
-    })))
+    let mut body = blocking(move || crate::queries::outbox_list(&store, page)).await?;
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("paused".into(), json!(shared.executor.is_paused()));
+        obj.insert("depth".into(), json!(shared.executor.depth()));
+        obj.insert("in_memory".into(), json!(shared.executor.in_memory()));
+    }
+    Ok(HttpResponse::Ok().json(body))
 }
 
 async fn show_pending(
@@ -100,10 +123,15 @@ async fn idle(shared: web::Data<Shared>, q: web::Query<IdleQuery>) -> HttpRespon
     }
 }
 
-async fn list_dead(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+/// One page of the dead letters (`count` is the page's).
+async fn list_dead(
+    shared: web::Data<Shared>,
+    q: web::Query<PageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let page = q.page()?;
     let store = shared.store.clone();
-    let letters = blocking(move || store.dead_letters()).await?;
-    Ok(HttpResponse::Ok().json(json!({ "count": letters.len(), "dead_letters": letters })))
+    let body = blocking(move || crate::queries::dead_letters_list(&store, page)).await?;
+    Ok(HttpResponse::Ok().json(body))
 }
 
 async fn show_dead(
@@ -130,11 +158,32 @@ async fn retry_dead(
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
 }
 
+/// Every dead letter back to the outbox, 100 at a time (never all letters in memory at once):
+/// each page is retried, made durable and handed to the executor before the next is read.
 async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
-    let store = shared.store.clone();
-    let ids: Vec<u64> =
-        blocking(move || Ok(store.dead_letters()?.iter().map(|l| l.entry.seq).collect())).await?;
-    let retried = retry(&shared, &ids).await?;
+    let mut retried = Vec::new();
+    let mut after = None;
+    loop {
+        let store = shared.store.clone();
+        let page = Page {
+            after,
+            limit: crate::queries::OUTBOX_PAGE,
+        };
+        let ids: Vec<u64> = blocking(move || {
+            Ok(store
+                .dead_letters_page(page.after, page.limit)?
+                .iter()
+                .map(|l| l.entry.seq)
+                .collect())
+        })
+        .await?;
+        let Some(&last) = ids.last() else { break };
+        retried.extend(retry(&shared, &ids).await?);
+        if ids.len() < page.limit {
+            break;
+        }
+        after = Some(last);
+    }
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
 }
 

@@ -6,6 +6,7 @@
 
 pub mod agent_api;
 pub mod emulator;
+pub mod forwarder;
 pub mod helpdesk;
 pub mod load;
 pub mod relay;
