@@ -70,7 +70,9 @@ fn a_paused_outbox_backs_up_readiness_not_intake_and_drains_on_resume() {
     }
     let (status, body) = app.get("/readyz");
     let ready: Value = serde_json::from_str(&body).expect("readyz JSON");
-    assert_eq!(status, 503, "{ready}");
+    // Detail only: a bridge out of rotation would get its webhook disabled by the service.
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["status"], "ready", "{ready}");
     assert_eq!(ready["checks"]["outbox"], "backed_up", "{ready}");
     assert_eq!(ready["checks"]["outbox_paused"], true, "{ready}");
     assert!(app.metric("handoff_outbox_oldest_seconds") >= 0.0);
