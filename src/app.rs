@@ -289,6 +289,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         upstream.handle.clone(),
         metrics.clone(),
         config.reconcile.clone(),
+        executor.clone(),
     )
     .map_err(AppError::Upstream)?;
     let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
@@ -299,6 +300,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         crate::backfill::Settings::from_config(&config.backfill),
         crate::backfill::WebhookWatch::new(&metrics),
+        executor.clone(),
     );
     // The first pass at once: what the service did while the daemon was down.
     let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());

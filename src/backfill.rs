@@ -32,6 +32,7 @@
 
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
+use crate::outbox::ExecutorHandle;
 use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
@@ -230,6 +231,8 @@ pub struct Backfill {
     settings: Settings,
     watch: WebhookWatch,
     running: Arc<tokio::sync::Mutex<()>>,
+    /// The outbox's circuits: while the Open API's is open the periodic passes wait.
+    executor: ExecutorHandle,
 }
 
 impl Backfill {
@@ -240,6 +243,7 @@ impl Backfill {
         metrics: Metrics,
         settings: Settings,
         watch: WebhookWatch,
+        executor: ExecutorHandle,
     ) -> Self {
         Backfill {
             store,
@@ -249,6 +253,7 @@ impl Backfill {
             settings,
             watch,
             running: Arc::new(tokio::sync::Mutex::new(())),
+            executor,
         }
     }
 
@@ -577,6 +582,7 @@ pub fn start(
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut waiting = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -585,6 +591,16 @@ pub fn start(
             if *stop.borrow() {
                 break;
             }
+            if backfill.executor.openapi_down() {
+                // The service is down (the outbox's circuit is open): the reads would only fail.
+                // The cursor stays, so the first pass after recovery reads the whole gap.
+                if !waiting {
+                    tracing::info!("backfill passes wait: the Open API's circuit is open");
+                    waiting = true;
+                }
+                continue;
+            }
+            waiting = false;
             // A pass cut off by the stop is harmless: what it handed over is stored, its cursor
             // did not move, and the next start reads the window again (dedupe absorbs it).
             tokio::select! {

@@ -24,6 +24,7 @@ pub mod compare;
 use crate::config::ReconcileConfig;
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
+use crate::outbox::ExecutorHandle;
 use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
@@ -115,6 +116,9 @@ struct Inner {
     unfolded: Mutex<std::collections::HashMap<String, u64>>,
     /// One pass at a time (the periodic one and those asked for).
     running: tokio::sync::Mutex<()>,
+    /// The outbox's circuits: while the Open API's is open the service is down, so the
+    /// periodic passes wait and no pass reads it (each read would only fail).
+    executor: ExecutorHandle,
 }
 
 /// The sweeper; cheap to clone.
@@ -132,6 +136,7 @@ impl Sweeper {
         upstream: UpstreamHandle,
         metrics: Metrics,
         config: ReconcileConfig,
+        executor: ExecutorHandle,
     ) -> Result<Self, String> {
         let clock = TokioClock {
             start: tokio::time::Instant::now(),
@@ -154,6 +159,7 @@ impl Sweeper {
                 cursor: Mutex::new(None),
                 unfolded: Mutex::default(),
                 running: tokio::sync::Mutex::new(()),
+                executor,
             }),
         })
     }
@@ -247,6 +253,12 @@ impl Sweeper {
             }
             if is_pending(pending, &state.id) {
                 report.skipped_pending += 1;
+                continue;
+            }
+            if inner.executor.openapi_down() {
+                // The outbox's circuit is open: a read would only fail (and add to the load
+                // of a service that is down). Left for the next pass.
+                report.read_failed += 1;
                 continue;
             }
             self.wait_turn().await;
@@ -464,12 +476,30 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
         }
         let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
         let mut due = crate::clock::now_millis().saturating_add(every);
+        let mut waiting = false;
         loop {
             if *stop.borrow() {
                 break;
             }
             let now = crate::clock::now_millis();
+            if now >= due && sweeper.inner.executor.openapi_down() {
+                // The service is down (the outbox's circuit is open): every read would fail.
+                // The pass waits for the next interval; nothing is lost, the drift stays.
+                if !waiting {
+                    tracing::info!("reconciliation passes wait: the Open API's circuit is open");
+                    waiting = true;
+                }
+                sweeper
+                    .inner
+                    .metrics
+                    .reconcile_passes
+                    .with_label_values(&["skipped"])
+                    .inc();
+                due = now.saturating_add(every);
+                continue;
+            }
             if now >= due {
+                waiting = false;
                 match sweeper.pass(false).await {
                     Ok(report) if !report.drifts.is_empty() => tracing::info!(
                         drifts = report.drifts.len(),
