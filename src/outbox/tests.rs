@@ -7,8 +7,7 @@ use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
 use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
 use super::*;
-use crate::actions::{Action, DeadLetter, RetryState};
-use crate::ids::{ConversationId, EventId};
+use crate::actions::{DeadLetter, RetryState};
 use crate::upstream::error::UpstreamError;
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -200,19 +199,9 @@ impl Sink for Unused {
 
 fn entry(seq: u64, queue: &str) -> OutboxEntry {
     OutboxEntry {
-        seq,
-        id: format!("e{seq}/r/0"),
-        queue: queue.into(),
-        event_id: EventId::new(format!("e{seq}")),
-        rule: "r".into(),
-        action: Action::SetManual {
-            conversation_id: ConversationId::new(queue),
-            enabled: true,
-        },
         received_at: T0,
         decided_at: T0,
-        rules_version: String::new(),
-        idempotency_key: None,
+        ..OutboxEntry::for_test(seq, queue)
     }
 }
 

@@ -8,9 +8,9 @@
 //!    rotating sample of `reconcile.sample` others (a page of the conversations tree after the
 //!    last pass's cursor);
 //! 2. reads their states 200 at a time and, after each chunk's states, the outbox's pending
-//!    entries (`Store::outbox_page`, page by page), and skips every conversation with a pending
-//!    action in any of its queues (`c:<id>`, `helpdesk:<id>`): the sweeper never fights a change
-//!    in flight;
+//!    entries (`Store::outbox_page`: all of them once, then only those decided since), and skips
+//!    every conversation with a pending action in any of its queues (`c:<id>`, `helpdesk:<id>`):
+//!    the sweeper never fights a change in flight;
 //! 3. asks the service (`GET /openapi/conversation/{id}/manual`) at `reconcile.per_second` (its
 //!    own limiter); a failed read leaves the conversation for the next pass;
 //! 4. compares ([`compare`], pure) and, unless it is a dry run, hands each drift to the writer,
@@ -21,6 +21,7 @@
 
 pub mod compare;
 
+use crate::actions::OutboxEntry;
 use crate::config::ReconcileConfig;
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
@@ -222,8 +223,10 @@ impl Sweeper {
         unfolded: &mut std::collections::HashMap<String, u64>,
         report: &mut PassReport,
     ) -> Result<(), SweepError> {
+        let mut pending = PendingQueues::new(&candidates);
         for ids in candidates.chunks(CHUNK) {
-            let (states, pending) = self.chunk(ids.to_vec()).await?;
+            let (states, now_pending) = self.chunk(ids.to_vec(), pending).await?;
+            pending = now_pending;
             let found = self
                 .compare_chunk(states, &pending, before, unfolded, report)
                 .await;
@@ -236,7 +239,7 @@ impl Sweeper {
     async fn compare_chunk(
         &self,
         states: Vec<ConversationState>,
-        pending: &HashSet<String>,
+        pending: &PendingQueues,
         before: &std::collections::HashMap<String, u64>,
         unfolded: &mut std::collections::HashMap<String, u64>,
         report: &mut PassReport,
@@ -251,7 +254,7 @@ impl Sweeper {
                 report.skipped_pending += 1;
                 continue;
             }
-            if is_pending(pending, &state.id) {
+            if pending.contains(&state.id) {
                 report.skipped_pending += 1;
                 continue;
             }
@@ -375,13 +378,15 @@ impl Sweeper {
     }
 
     /// The states of a chunk of candidates (deleted ones left out: the service has nothing to
-    /// compare), and then the queues with pending outbox entries. Read in this order, so a
-    /// conversation whose state is unchanged when its drift is handed on had no entry decided
-    /// after this snapshot of the outbox (entries are decided only with a fold of its events).
+    /// compare), and then the queues with pending outbox entries brought up to date. Read in
+    /// this order, so a conversation whose state is unchanged when its drift is handed on had no
+    /// entry decided after this look at the outbox (entries are decided only with a fold of its
+    /// events).
     async fn chunk(
         &self,
         ids: Vec<ConversationId>,
-    ) -> Result<(Vec<ConversationState>, HashSet<String>), SweepError> {
+        mut pending: PendingQueues,
+    ) -> Result<(Vec<ConversationState>, PendingQueues), SweepError> {
         let store = self.inner.store.clone();
         blocking(move || {
             let mut states = Vec::with_capacity(ids.len());
@@ -392,7 +397,8 @@ impl Sweeper {
                     }
                 }
             }
-            Ok((states, pending_queues(&store)?))
+            pending.refresh(|after, limit| store.outbox_page(after, limit))?;
+            Ok((states, pending))
         })
         .await?
     }
@@ -434,27 +440,63 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Every queue with a pending outbox entry, read page by page.
-fn pending_queues(store: &Store) -> Result<HashSet<String>, StoreError> {
-    let mut queues = HashSet::new();
-    let mut after = None;
-    loop {
-        let page = store.outbox_page(after, OUTBOX_PAGE)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.seq);
-        let full = page.len() == OUTBOX_PAGE;
-        queues.extend(page.into_iter().map(|entry| entry.action.queue()));
-        if !full {
-            break;
-        }
-    }
-    Ok(queues)
+/// A conversation's outbox queues: its Open API actions' and its help-desk events'.
+fn queues_of(id: &ConversationId) -> [String; 2] {
+    [
+        crate::ids::PartitionKey::Conversation(id.clone()).encode(),
+        format!("helpdesk:{id}"),
+    ]
 }
 
-/// Whether any of a conversation's queues has a pending action.
-fn is_pending(pending: &HashSet<String>, id: &ConversationId) -> bool {
-    let own = crate::ids::PartitionKey::Conversation(id.clone()).encode();
-    pending.contains(&own) || pending.contains(&format!("helpdesk:{id}"))
+/// The queues of a pass's candidates that have a pending outbox entry. The outbox is read whole
+/// once, with the first chunk, and after each later chunk's states only past the last entry read
+/// (an entry's seq grows with decision order, and folds commit one at a time), so a pass reads a
+/// large backlog (an outage's) once, not once per chunk. Only the candidates' queues are kept, so
+/// memory follows `reconcile.max_per_pass`, not the backlog. An entry finished since it was read
+/// still counts: its conversation waits for the next pass.
+struct PendingQueues {
+    wanted: HashSet<String>,
+    found: HashSet<String>,
+    /// The last entry read (`None`: none yet, the next read starts at the first).
+    after: Option<u64>,
+}
+
+impl PendingQueues {
+    fn new(candidates: &[ConversationId]) -> Self {
+        PendingQueues {
+            wanted: candidates.iter().flat_map(queues_of).collect(),
+            found: HashSet::new(),
+            after: None,
+        }
+    }
+
+    /// Read the entries decided since the last read (all of them the first time), page by page
+    /// through `page(after, limit)` (`Store::outbox_page`).
+    fn refresh(
+        &mut self,
+        mut page: impl FnMut(Option<u64>, usize) -> Result<Vec<OutboxEntry>, StoreError>,
+    ) -> Result<(), StoreError> {
+        loop {
+            let entries = page(self.after, OUTBOX_PAGE)?;
+            let Some(last) = entries.last() else { break };
+            self.after = Some(last.seq);
+            let full = entries.len() == OUTBOX_PAGE;
+            for entry in entries {
+                if self.wanted.contains(&entry.queue) {
+                    self.found.insert(entry.queue);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any of a conversation's queues has a pending action.
+    fn contains(&self, id: &ConversationId) -> bool {
+        queues_of(id).iter().any(|q| self.found.contains(q))
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -528,18 +570,71 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
 mod tests {
     use super::*;
 
+    fn outbox(queues: &[&str]) -> Vec<OutboxEntry> {
+        (1..)
+            .zip(queues)
+            .map(|(seq, q)| OutboxEntry::for_test(seq, q))
+            .collect()
+    }
+
+    /// `Store::outbox_page` over `entries`, counting the entries it hands out.
+    fn pages<'a>(
+        entries: &'a [OutboxEntry],
+        read: &'a mut usize,
+    ) -> impl FnMut(Option<u64>, usize) -> Result<Vec<OutboxEntry>, StoreError> + 'a {
+        move |after, limit| {
+            let page: Vec<OutboxEntry> = entries
+                .iter()
+                .filter(|e| after.is_none_or(|a| e.seq > a))
+                .take(limit)
+                .cloned()
+                .collect();
+            *read += page.len();
+            Ok(page)
+        }
+    }
+
     #[test]
     fn a_conversation_is_pending_by_either_of_its_queues() {
-        let id = ConversationId::new("c1");
-        let mut pending = HashSet::new();
-        assert!(!is_pending(&pending, &id));
-        pending.insert("c:c2".to_owned());
-        pending.insert("u:c1".to_owned());
-        assert!(!is_pending(&pending, &id), "another's queues");
-        pending.insert("helpdesk:c1".to_owned());
-        assert!(is_pending(&pending, &id));
-        pending.clear();
-        pending.insert("c:c1".to_owned());
-        assert!(is_pending(&pending, &id));
+        let ids = [ConversationId::new("c1"), ConversationId::new("c3")];
+        let mut pending = PendingQueues::new(&ids);
+        let mut read = 0;
+        pending
+            .refresh(pages(&outbox(&["c:c2", "u:c1"]), &mut read))
+            .expect("read");
+        assert!(!pending.contains(&ids[0]), "another's queues");
+        let mut pending = PendingQueues::new(&ids);
+        pending
+            .refresh(pages(&outbox(&["helpdesk:c1"]), &mut read))
+            .expect("read");
+        assert!(pending.contains(&ids[0]));
+        assert!(!pending.contains(&ids[1]));
+        let mut pending = PendingQueues::new(&ids);
+        pending
+            .refresh(pages(&outbox(&["c:c1"]), &mut read))
+            .expect("read");
+        assert!(pending.contains(&ids[0]));
+    }
+
+    #[test]
+    fn a_pass_reads_a_large_backlog_once_and_keeps_only_its_candidates_queues() {
+        let ids = [ConversationId::new("c1"), ConversationId::new("c2")];
+        let mut pending = PendingQueues::new(&ids);
+        let queues: Vec<String> = (0..2_500).map(|i| format!("c:other{i}")).collect();
+        let mut backlog = outbox(&queues.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 2_500, "the whole outbox, page by page");
+        assert!(pending.found.is_empty(), "none of the candidates'");
+        // A fold decides an entry for c2 before the next chunk: only it is read then.
+        backlog.push(OutboxEntry::for_test(2_501, "c:c2"));
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 1, "only what was decided since");
+        assert!(pending.contains(&ids[1]));
+        assert!(!pending.contains(&ids[0]));
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 0);
     }
 }
