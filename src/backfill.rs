@@ -37,7 +37,7 @@ use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
-use crate::upstream::contract::{ConversationsQuery, MessagesQuery, PageQuery};
+use crate::upstream::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::handle::UpstreamHandle;
 use crate::webhook::model::{Conversation, Message, Millis};
@@ -438,25 +438,17 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Message>, bool), BackfillError> {
-        let mut out = Vec::new();
-        for page in 0..MAX_PAGES {
+        let api = &self.api;
+        read_pages(|page| async move {
             let q = MessagesQuery {
-                page: PageQuery {
-                    offset: Some(page * PAGE_LIMIT),
-                    limit: Some(PAGE_LIMIT),
-                },
+                page,
                 from: Some(from),
                 to: Some(to),
                 ..MessagesQuery::default()
             };
-            let answer = self.api.list_messages(&q).await?;
-            let n = answer.data.len() as u64;
-            out.extend(answer.data);
-            if n == 0 || out.len() as u64 >= answer.paging.total {
-                return Ok((out, true));
-            }
-        }
-        Ok((out, false))
+            api.list_messages(&q).await
+        })
+        .await
     }
 
     async fn conversations(
@@ -464,25 +456,17 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Conversation>, bool), BackfillError> {
-        let mut out = Vec::new();
-        for page in 0..MAX_PAGES {
+        let api = &self.api;
+        read_pages(|page| async move {
             let q = ConversationsQuery {
-                page: PageQuery {
-                    offset: Some(page * PAGE_LIMIT),
-                    limit: Some(PAGE_LIMIT),
-                },
+                page,
                 from: Some(from),
                 to: Some(to),
                 ..ConversationsQuery::default()
             };
-            let answer = self.api.list_conversations(&q).await?;
-            let n = answer.data.len() as u64;
-            out.extend(answer.data);
-            if n == 0 || out.len() as u64 >= answer.paging.total {
-                return Ok((out, true));
-            }
-        }
-        Ok((out, false))
+            api.list_conversations(&q).await
+        })
+        .await
     }
 
     /// Hand the events to the writer in jobs; returns how many were new to the store.
@@ -522,6 +506,29 @@ impl Backfill {
             .map_err(|e| BackfillError::Join(e.to_string()))?
             .map_err(BackfillError::from)
     }
+}
+
+/// Read a list page by page (`PAGE_LIMIT` items each), at most `MAX_PAGES`; the items and
+/// whether the list was read to its end.
+async fn read_pages<T, F, Fut>(mut read: F) -> Result<(Vec<T>, bool), BackfillError>
+where
+    F: FnMut(PageQuery) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T>, UpstreamError>>,
+{
+    let mut out = Vec::new();
+    for page in 0..MAX_PAGES {
+        let answer = read(PageQuery {
+            offset: Some(page * PAGE_LIMIT),
+            limit: Some(PAGE_LIMIT),
+        })
+        .await?;
+        let n = answer.data.len() as u64;
+        out.extend(answer.data);
+        if n == 0 || out.len() as u64 >= answer.paging.total {
+            return Ok((out, true));
+        }
+    }
+    Ok((out, false))
 }
 
 /// Where the next pass reads from (before its overlap): the end of this pass's window, or, when
@@ -650,6 +657,45 @@ mod tests {
             !differs(Some(&state), &c, updated),
             "the bridge heard of it since"
         );
+    }
+
+    /// A list of `total` items served a page at a time; the offsets asked for.
+    async fn read_list(total: u64) -> (Vec<u64>, bool, Vec<u32>) {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let (items, complete) = read_pages(|q| {
+            let offset = q.offset.unwrap_or(0);
+            let limit = q.limit.unwrap_or(0);
+            asked.borrow_mut().push(offset);
+            async move {
+                let data: Vec<u64> = (u64::from(offset)..total).take(limit as usize).collect();
+                Ok(Page {
+                    data,
+                    paging: crate::upstream::contract::Paging {
+                        offset,
+                        limit,
+                        total,
+                    },
+                })
+            }
+        })
+        .await
+        .expect("read");
+        (items, complete, asked.into_inner())
+    }
+
+    #[tokio::test]
+    async fn lists_are_read_page_by_page_up_to_the_pages_a_pass_reads() {
+        let (items, complete, asked) = read_list(250).await;
+        assert_eq!(items, (0..250).collect::<Vec<_>>());
+        assert!(complete);
+        assert_eq!(asked, [0, 100, 200]);
+        let (items, complete, asked) = read_list(0).await;
+        assert!(items.is_empty() && complete);
+        assert_eq!(asked, [0]);
+        let (items, complete, asked) = read_list(u64::from(MAX_PAGES * PAGE_LIMIT) + 1).await;
+        assert_eq!(items.len() as u32, MAX_PAGES * PAGE_LIMIT);
+        assert!(!complete, "cut short");
+        assert_eq!(asked.len() as u32, MAX_PAGES);
     }
 
     #[test]

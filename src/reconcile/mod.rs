@@ -31,11 +31,10 @@ use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
+use crate::upstream::limits::{Limiter, TokioClock};
 use crate::webhook::model::Millis;
 use crate::webhook::reconcile::Drift;
 use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use serde::Serialize;
 use std::collections::HashSet;
@@ -85,21 +84,6 @@ pub struct PassReport {
     pub written: u64,
 }
 
-/// Time since the limiter was made, on tokio's clock.
-#[derive(Clone, Copy, Debug)]
-struct TokioClock {
-    start: tokio::time::Instant,
-}
-
-impl Clock for TokioClock {
-    type Instant = Duration;
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-}
-
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
-
 struct Inner {
     store: Store,
     writer: Writer,
@@ -139,9 +123,7 @@ impl Sweeper {
         config: ReconcileConfig,
         executor: ExecutorHandle,
     ) -> Result<Self, String> {
-        let clock = TokioClock {
-            start: tokio::time::Instant::now(),
-        };
+        let clock = TokioClock::new();
         let rate = config.per_second;
         if !(rate.is_finite() && rate > 0.0) {
             return Err("reconcile.per_second must be a positive number".into());

@@ -18,6 +18,21 @@ pub struct TokioClock {
     start: tokio::time::Instant,
 }
 
+impl TokioClock {
+    /// A clock that starts now.
+    pub fn new() -> Self {
+        TokioClock {
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Clock for TokioClock {
     type Instant = Duration;
     fn now(&self) -> Duration {
@@ -25,7 +40,8 @@ impl Clock for TokioClock {
     }
 }
 
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
+/// A direct limiter on [`TokioClock`].
+pub type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
 
 /// One quota: sustained rate and burst (calls allowed at once after a quiet period).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,9 +73,7 @@ pub struct Limits {
 impl Limits {
     /// Fails on a rate that is not positive and finite or a zero burst.
     pub fn new(config: &LimitsConfig) -> Result<Self, String> {
-        let clock = TokioClock {
-            start: tokio::time::Instant::now(),
-        };
+        let clock = TokioClock::new();
         let make = |name: &str, rate: Rate| -> Result<Limiter, String> {
             let burst = NonZeroU32::new(rate.burst)
                 .ok_or_else(|| format!("{name}: burst must be at least 1"))?;
