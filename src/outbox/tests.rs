@@ -178,7 +178,10 @@ impl Sink for FakeSink {
                     "http_429",
                 ),
             };
-            let mut r = Report::new(attempt, label);
+            let mut r = match attempt {
+                Attempt::Done => Report::delivered(),
+                attempt => Report::new(attempt, label),
+            };
             r.reached.push((OPENAPI.into(), reach));
             r
         })
@@ -440,6 +443,11 @@ async fn a_permanent_refusal_dead_letters_at_once_and_the_queue_moves_on() {
     let calls: Vec<u64> = r.sink.calls().iter().map(|c| c.0).collect();
     assert_eq!(calls, vec![1, 2, 3], "the queue went on, in order");
     assert_eq!(dead[0].last_attempt_at, T0, "at once");
+    assert_eq!(
+        r.metrics.action_latency_seconds.get_sample_count(),
+        2,
+        "the latency of the two carried out, not of the dead letter"
+    );
     r.finish().await;
 }
 
