@@ -283,6 +283,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
+    let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
     let sweeper = crate::reconcile::Sweeper::new(
         store.clone(),
         writer.clone(),
@@ -290,6 +291,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         config.reconcile.clone(),
         executor.clone(),
+        webhook_watch.clone(),
     )
     .map_err(AppError::Upstream)?;
     let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
@@ -299,7 +301,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         upstream.handle.clone(),
         metrics.clone(),
         crate::backfill::Settings::from_config(&config.backfill),
-        crate::backfill::WebhookWatch::new(&metrics),
+        webhook_watch,
         executor.clone(),
     );
     // The first pass at once: what the service did while the daemon was down.

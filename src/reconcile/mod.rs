@@ -22,6 +22,7 @@
 pub mod compare;
 
 use crate::actions::OutboxEntry;
+use crate::backfill::WebhookWatch;
 use crate::config::ReconcileConfig;
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
@@ -33,7 +34,7 @@ use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
 use crate::upstream::limits::{Limiter, TokioClock};
 use crate::webhook::model::Millis;
-use crate::webhook::reconcile::Drift;
+use crate::webhook::reconcile::{Drift, DriftKind};
 use governor::clock::Clock;
 use governor::{Quota, RateLimiter};
 use serde::Serialize;
@@ -78,6 +79,9 @@ pub struct PassReport {
     pub read_failed: u64,
     /// Left for the next pass: an event was folded for them while the pass ran.
     pub skipped_changed: u64,
+    /// Held: manual mode on at the service with no agent known to the bridge, while backfill
+    /// reports the webhook silent (the bridge may only have missed the agent call's events).
+    pub skipped_silent: u64,
     /// The drifts found (and, unless a dry run, handed to the writer).
     pub drifts: Vec<Drift>,
     /// Drift events newly stored (a drift handed on twice is stored once).
@@ -104,6 +108,10 @@ struct Inner {
     /// The outbox's circuits: while the Open API's is open the service is down, so the
     /// periodic passes wait and no pass reads it (each read would only fail).
     executor: ExecutorHandle,
+    /// The webhook's silence (backfill's): while silent, the bridge's view of the handoff may
+    /// only be behind, and `manual_on_unknown` (whose repair turns manual mode off at the
+    /// service) is held.
+    webhook: WebhookWatch,
 }
 
 /// The sweeper; cheap to clone.
@@ -122,6 +130,7 @@ impl Sweeper {
         metrics: Metrics,
         config: ReconcileConfig,
         executor: ExecutorHandle,
+        webhook: WebhookWatch,
     ) -> Result<Self, String> {
         let clock = TokioClock::new();
         let rate = config.per_second;
@@ -143,6 +152,7 @@ impl Sweeper {
                 unfolded: Mutex::default(),
                 running: tokio::sync::Mutex::new(()),
                 executor,
+                webhook,
             }),
         })
     }
@@ -191,6 +201,8 @@ impl Sweeper {
                 .inc_by(report.read_failed);
             m.with_label_values(&["changed"])
                 .inc_by(report.skipped_changed);
+            m.with_label_values(&["webhook_silent"])
+                .inc_by(report.skipped_silent);
         }
         Ok(report)
     }
@@ -297,6 +309,11 @@ impl Sweeper {
                 report.skipped_changed += 1;
                 continue;
             };
+            if held_while_silent(drift.kind, inner.webhook.is_silent()) {
+                tracing::debug!(conversation_id = %drift.conversation_id, kind = %drift.kind, "reconcile: drift held while the webhook is silent");
+                report.skipped_silent += 1;
+                continue;
+            }
             tracing::info!(
                 conversation_id = %drift.conversation_id,
                 kind = %drift.kind,
@@ -420,6 +437,15 @@ impl Sweeper {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether a drift of `kind` waits while the webhook is `silent`: manual mode on at the service
+/// with no agent known here may be an agent call whose events the webhook has not delivered
+/// (backfill cannot infer them), and its repair would turn manual mode off under a real agent.
+/// The service's re-send (once the webhook is enabled) or the next pass after it settles it.
+/// Manual mode off at the service is the service's truth whatever the bridge missed.
+fn held_while_silent(kind: DriftKind, silent: bool) -> bool {
+    silent && kind == DriftKind::ManualOnUnknown
 }
 
 /// A conversation's outbox queues: its Open API actions' and its help-desk events'.
@@ -574,6 +600,15 @@ mod tests {
             *read += page.len();
             Ok(page)
         }
+    }
+
+    #[test]
+    fn only_manual_on_unknown_waits_while_the_webhook_is_silent() {
+        for &kind in DriftKind::ALL {
+            assert!(!held_while_silent(kind, false), "{kind}");
+        }
+        assert!(held_while_silent(DriftKind::ManualOnUnknown, true));
+        assert!(!held_while_silent(DriftKind::ManualOffUnknown, true));
     }
 
     #[test]
