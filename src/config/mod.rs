@@ -725,11 +725,18 @@ impl Config {
         if ob.window < 2 {
             bad("outbox.window", &ob.window, "must be at least 2");
         }
-        if ob.breaker.failures == 0 || ob.breaker.probe_interval.is_zero() {
+        if ob.breaker.failures == 0 {
             bad(
                 "outbox.breaker.failures",
                 &ob.breaker.failures,
-                "failures and probe_interval must be positive",
+                "must be at least 1",
+            );
+        }
+        if ob.breaker.probe_interval.is_zero() {
+            bad(
+                "outbox.breaker.probe_interval",
+                &humantime::format_duration(ob.breaker.probe_interval),
+                "must be positive",
             );
         }
         if self.outbox.max_depth == 0 {
