@@ -300,10 +300,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         writer.clone(),
         upstream.handle.clone(),
         metrics.clone(),
-        crate::backfill::Settings::from_config(&config.backfill),
+        crate::backfill::Settings::from_config(
+            &config.backfill,
+            config.upstream.limits.global.per_second,
+        ),
         webhook_watch,
         executor.clone(),
-    );
+    )
+    .map_err(AppError::Upstream)?;
     // The first pass at once: what the service did while the daemon was down.
     let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(

@@ -40,6 +40,7 @@ use crate::upstream::api::OpenApi;
 use crate::upstream::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::handle::UpstreamHandle;
+use crate::upstream::limits::OwnLimit;
 use crate::webhook::model::{Conversation, Message, Millis};
 use crate::webhook::IncomingEvent;
 use serde::Serialize;
@@ -69,14 +70,18 @@ pub struct Settings {
     pub interval: Duration,
     pub silence_alert_after: Duration,
     pub overlap: Duration,
+    /// Open API reads per second at most (validated positive).
+    pub per_second: f64,
 }
 
 impl Settings {
-    pub fn from_config(c: &crate::config::BackfillConfig) -> Self {
+    /// `global`: `upstream.limits.global.per_second`, of which backfill reads at most half.
+    pub fn from_config(c: &crate::config::BackfillConfig, global: f64) -> Self {
         Settings {
             interval: c.interval,
             silence_alert_after: c.silence_alert_after,
             overlap: c.overlap,
+            per_second: c.per_second.min(global / 2.0),
         }
     }
 }
@@ -233,6 +238,8 @@ pub struct Backfill {
     running: Arc<tokio::sync::Mutex<()>>,
     /// The outbox's circuits: while the Open API's is open the periodic passes wait.
     executor: ExecutorHandle,
+    /// Its reads' own rate limit (`backfill.per_second`), below the outbox's share.
+    limit: Arc<OwnLimit>,
 }
 
 impl Backfill {
@@ -244,8 +251,8 @@ impl Backfill {
         settings: Settings,
         watch: WebhookWatch,
         executor: ExecutorHandle,
-    ) -> Self {
-        Backfill {
+    ) -> Result<Self, String> {
+        Ok(Backfill {
             store,
             writer,
             api: Arc::new(OpenApi::new(upstream)),
@@ -254,7 +261,8 @@ impl Backfill {
             watch,
             running: Arc::new(tokio::sync::Mutex::new(())),
             executor,
-        }
+            limit: Arc::new(OwnLimit::new("backfill.per_second", settings.per_second)?),
+        })
     }
 
     pub fn watch(&self) -> &WebhookWatch {
@@ -311,6 +319,7 @@ impl Backfill {
         unseen.sort();
         unseen.dedup();
         for id in unseen {
+            self.limit.wait().await;
             match self.api.get_conversation(id.as_str()).await {
                 Ok(c) => conversations.push(c),
                 // Gone at the service: its messages are still folded, under an unknown bot.
@@ -438,8 +447,9 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Message>, bool), BackfillError> {
-        let api = &self.api;
+        let (api, limit) = (&self.api, &self.limit);
         read_pages(|page| async move {
+            limit.wait().await;
             let q = MessagesQuery {
                 page,
                 from: Some(from),
@@ -456,8 +466,9 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Conversation>, bool), BackfillError> {
-        let api = &self.api;
+        let (api, limit) = (&self.api, &self.limit);
         read_pages(|page| async move {
+            limit.wait().await;
             let q = ConversationsQuery {
                 page,
                 from: Some(from),
@@ -696,6 +707,20 @@ mod tests {
         assert_eq!(items.len() as u32, MAX_PAGES * PAGE_LIMIT);
         assert!(!complete, "cut short");
         assert_eq!(asked.len() as u32, MAX_PAGES);
+    }
+
+    #[test]
+    fn backfill_reads_at_most_half_the_global_rate() {
+        let mut c = crate::config::Config::load_from(
+            None,
+            Vec::<(String, String)>::new(),
+            &crate::config::Overrides::default(),
+        )
+        .expect("defaults")
+        .backfill;
+        c.per_second = 5.0;
+        assert_eq!(Settings::from_config(&c, 50.0).per_second, 5.0);
+        assert_eq!(Settings::from_config(&c, 4.0).per_second, 2.0);
     }
 
     #[test]

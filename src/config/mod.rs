@@ -54,6 +54,10 @@ pub struct BackfillConfig {
     /// Each pass reads from its cursor minus this (events delivered late, clocks apart).
     #[serde(with = "humantime_serde")]
     pub overlap: Duration,
+    /// Open API reads per second a pass makes at most (its own limiter; never more than half of
+    /// `upstream.limits.global`, whatever is set: the outbox's calls come first, a backlog drains
+    /// after an outage while backfill reads the gap).
+    pub per_second: f64,
 }
 
 /// A duration, or `"off"` for zero.
@@ -663,6 +667,13 @@ impl Config {
                 "backfill.silence_alert_after",
                 &humantime::format_duration(bf.silence_alert_after),
                 "must be at least 1s",
+            );
+        }
+        if !(bf.per_second.is_finite() && bf.per_second > 0.0) {
+            bad(
+                "backfill.per_second",
+                &bf.per_second,
+                "must be a positive number",
             );
         }
         if bf.overlap > Duration::from_secs(24 * 3600) {

@@ -32,11 +32,9 @@ use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
-use crate::upstream::limits::{Limiter, TokioClock};
+use crate::upstream::limits::OwnLimit;
 use crate::webhook::model::Millis;
 use crate::webhook::reconcile::{Drift, DriftKind};
-use governor::clock::Clock;
-use governor::{Quota, RateLimiter};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -94,8 +92,7 @@ struct Inner {
     api: OpenApi<UpstreamHandle>,
     metrics: Metrics,
     config: ReconcileConfig,
-    limiter: Limiter,
-    clock: TokioClock,
+    limit: OwnLimit,
     /// The last conversation id the rotating sample reached.
     cursor: Mutex<Option<String>>,
     /// Conversations whose drift the last passes handed to the writer, with their
@@ -132,13 +129,7 @@ impl Sweeper {
         executor: ExecutorHandle,
         webhook: WebhookWatch,
     ) -> Result<Self, String> {
-        let clock = TokioClock::new();
-        let rate = config.per_second;
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err("reconcile.per_second must be a positive number".into());
-        }
-        let quota = Quota::with_period(Duration::from_secs_f64(1.0 / rate))
-            .ok_or("reconcile.per_second is too large")?;
+        let limit = OwnLimit::new("reconcile.per_second", config.per_second)?;
         Ok(Sweeper {
             inner: Arc::new(Inner {
                 store,
@@ -146,8 +137,7 @@ impl Sweeper {
                 api: OpenApi::new(upstream),
                 metrics,
                 config,
-                limiter: RateLimiter::direct_with_clock(quota, clock),
-                clock,
+                limit,
                 cursor: Mutex::new(None),
                 unfolded: Mutex::default(),
                 running: tokio::sync::Mutex::new(()),
@@ -258,7 +248,7 @@ impl Sweeper {
                 report.read_failed += 1;
                 continue;
             }
-            self.wait_turn().await;
+            inner.limit.wait().await;
             let answer = match inner.api.get_manual(state.id.as_str()).await {
                 Ok(answer) => answer,
                 Err(e) => {
@@ -400,14 +390,6 @@ impl Sweeper {
             Ok((states, pending))
         })
         .await?
-    }
-
-    /// Wait for the sweeper's own rate limit.
-    async fn wait_turn(&self) {
-        let inner = &self.inner;
-        while let Err(not_until) = inner.limiter.check() {
-            tokio::time::sleep(not_until.wait_time_from(inner.clock.now())).await;
-        }
     }
 
     /// Hand a drift to the writer; 1 when it was stored now (0: a duplicate).
