@@ -16,17 +16,6 @@ const OPEN: &str = r#"handoff_circuit_open{destination="openapi"}"#;
 const SKIPPED: &str = r#"handoff_reconcile_passes_total{outcome="skipped"}"#;
 const DONE: &str = r#"handoff_reconcile_passes_total{outcome="done"}"#;
 
-fn advance(app: &TestApp, by: &str) {
-    let mut resp = agent()
-        .post(app.admin_url("/admin/v1/clock/advance"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("content-type", "application/json")
-        .send(json!({ "by": by }).to_string())
-        .expect("POST");
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    assert_eq!(resp.status().as_u16(), 200, "test clock: {text}");
-}
-
 fn manual_reads(emu: &str) -> usize {
     journal(emu)
         .iter()
@@ -88,7 +77,7 @@ fn reconcile_and_backfill_wait_while_the_openapi_circuit_is_open() {
     let reads = manual_reads(&emu);
 
     // Passes fall due in daemon time while the circuit is open: skipped, nothing read.
-    advance(&app, "2m");
+    app.advance_clock_unsettled("2m");
     poll_until("a skipped pass", Duration::from_secs(30), || {
         (app.metric_sample(SKIPPED).unwrap_or(0.0) >= 1.0).then_some(())
     });
@@ -115,11 +104,11 @@ fn reconcile_and_backfill_wait_while_the_openapi_circuit_is_open() {
 
     // The service recovers: the next probe closes the circuit and the next pass reads again.
     clear_faults(&emu);
-    advance(&app, "1m");
+    app.advance_clock_unsettled("1m");
     poll_until("the circuit closes", Duration::from_secs(30), || {
         (app.metric_sample(OPEN) == Some(0.0)).then_some(())
     });
-    advance(&app, "2m");
+    app.advance_clock_unsettled("2m");
     poll_until("a periodic pass runs", Duration::from_secs(30), || {
         (app.metric_sample(DONE).unwrap_or(0.0) >= 2.0).then_some(())
     });
@@ -192,7 +181,7 @@ fn manual_on_unknown_is_held_while_the_webhook_is_silent_and_found_once_it_deliv
         assert_eq!(status, 200, "{w}");
         (w["enabled"] == false).then_some(())
     });
-    advance(&app, "15m");
+    app.advance_clock_unsettled("15m");
     let (status, pass) = app.admin_post("/admin/v1/backfill");
     assert_eq!(status, 200, "{pass}");
     assert_eq!(pass["pass"]["silent"], true, "{pass}");
