@@ -295,27 +295,41 @@ impl Backfill {
         report.messages_read = messages.len() as u64;
         report.truncated = !(conv_full && msg_full);
 
-        // The states of every conversation named, read once.
-        let mut ids: Vec<ConversationId> = conversations.iter().map(|c| c.id.clone()).collect();
-        ids.extend(messages.iter().map(|m| m.conversation_id.clone()));
-        ids.sort();
-        ids.dedup();
-        let states: HashMap<ConversationId, Option<ConversationState>> = self
+        // What the pass needs of the state of every conversation named, read once (not the
+        // states themselves: a pass may name thousands).
+        let mut named: HashMap<ConversationId, Vec<String>> = conversations
+            .iter()
+            .map(|c| (c.id.clone(), Vec::new()))
+            .collect();
+        for m in &messages {
+            named
+                .entry(m.conversation_id.clone())
+                .or_default()
+                .push(m.id.clone());
+        }
+        let states: HashMap<ConversationId, Option<Known>> = self
             .blocking(move |s| {
-                ids.into_iter()
-                    .map(|id| s.conversation(&id).map(|st| (id, st)))
+                named
+                    .into_iter()
+                    .map(|(id, listed)| {
+                        let known = s.conversation(&id)?.map(|st| Known::of(&st, &listed));
+                        Ok((id, known))
+                    })
                     .collect()
             })
             .await?;
         // A message of a conversation the bridge has no state for and the list did not show
         // (changed before the window): read the conversation itself, for its bot and end user.
+        let listed_ids: std::collections::HashSet<&ConversationId> =
+            conversations.iter().map(|c| &c.id).collect();
         let mut unseen: Vec<ConversationId> = messages
             .iter()
             .map(|m| &m.conversation_id)
             .filter(|id| !matches!(states.get(*id), Some(Some(_))))
-            .filter(|id| !conversations.iter().any(|c| &c.id == *id))
+            .filter(|id| !listed_ids.contains(*id))
             .cloned()
             .collect();
+        drop(listed_ids);
         unseen.sort();
         unseen.dedup();
         for id in unseen {
@@ -345,7 +359,7 @@ impl Backfill {
             let known = states
                 .get(&m.conversation_id)
                 .and_then(|s| s.as_ref())
-                .is_some_and(|s| s.knows_message(&m.id));
+                .is_some_and(|s| s.messages.contains(&m.id));
             if known {
                 continue;
             }
@@ -568,10 +582,39 @@ fn updated_ms(c: &Conversation) -> Option<Millis> {
         .and_then(|t| crate::emulator::seed::parse_iso_millis(t).ok())
 }
 
+/// What a pass needs of a conversation's state: its bot, which of the listed messages it knows,
+/// and what [`differs`] compares.
+struct Known {
+    bot_id: Option<crate::ids::BotId>,
+    /// The listed messages of the conversation the state knows (by their own ids).
+    messages: std::collections::HashSet<String>,
+    last_event_at: Millis,
+    manual_status: Option<String>,
+    params: serde_json::Map<String, Value>,
+    navigation: crate::webhook::model::Navigation,
+}
+
+impl Known {
+    fn of(state: &ConversationState, listed: &[String]) -> Self {
+        Known {
+            bot_id: state.bot_id.clone(),
+            messages: listed
+                .iter()
+                .filter(|id| state.knows_message(id))
+                .cloned()
+                .collect(),
+            last_event_at: state.last_event_at,
+            manual_status: state.manual_status.value.clone(),
+            params: state.params.value.clone(),
+            navigation: state.navigation.value.clone(),
+        }
+    }
+}
+
 /// Whether a conversation the service shows changed after the bridge last heard of it, in what
 /// the Open API shows of it (manual status, params, navigation). A conversation the bridge has
 /// no state for counts as changed (its messages are being backfilled too).
-fn differs(state: Option<&ConversationState>, c: &Conversation, updated: Millis) -> bool {
+fn differs(state: Option<&Known>, c: &Conversation, updated: Millis) -> bool {
     let Some(state) = state else {
         return true;
     };
@@ -579,11 +622,11 @@ fn differs(state: Option<&ConversationState>, c: &Conversation, updated: Millis)
         return false;
     }
     let manual = c.manual_status().map(str::to_owned);
-    let params_differ = c.params.as_ref().is_some_and(|p| *p != state.params.value);
+    let params_differ = c.params.as_ref().is_some_and(|p| *p != state.params);
     let nav_differs = c
         .effective_navigation()
-        .is_some_and(|n| *n != state.navigation.value);
-    manual != state.manual_status.value || params_differ || nav_differs
+        .is_some_and(|n| *n != state.navigation);
+    manual != state.manual_status || params_differ || nav_differs
 }
 
 /// Start the periodic passes (the first at once) on the current runtime; `None` when
@@ -654,18 +697,18 @@ mod tests {
         let mut state = ConversationState::new("c1".into());
         state.last_event_at = updated - 1;
         assert!(
-            differs(Some(&state), &c, updated),
+            differs(Some(&Known::of(&state, &[])), &c, updated),
             "manual on at the service only"
         );
         state.manual_status.value = Some("HANDOVER".into());
         assert!(
-            !differs(Some(&state), &c, updated),
+            !differs(Some(&Known::of(&state, &[])), &c, updated),
             "the same manual status"
         );
         state.manual_status.value = None;
         state.last_event_at = updated;
         assert!(
-            !differs(Some(&state), &c, updated),
+            !differs(Some(&Known::of(&state, &[])), &c, updated),
             "the bridge heard of it since"
         );
     }
@@ -721,6 +764,23 @@ mod tests {
         c.per_second = 5.0;
         assert_eq!(Settings::from_config(&c, 50.0).per_second, 5.0);
         assert_eq!(Settings::from_config(&c, 4.0).per_second, 2.0);
+    }
+
+    #[test]
+    fn a_pass_keeps_of_a_state_only_the_listed_messages_it_knows() {
+        let mut state = ConversationState::new("c1".into());
+        state.messages.recent_ids = ["m1", "m2", "m3"]
+            .iter()
+            .map(|id| crate::state::SeenMessage {
+                at: 1,
+                id: (*id).into(),
+            })
+            .collect();
+        let known = Known::of(&state, &["m2".into(), "m9".into()]);
+        assert_eq!(
+            known.messages,
+            std::collections::HashSet::from(["m2".to_owned()])
+        );
     }
 
     #[test]
