@@ -207,6 +207,12 @@ impl Sweeper {
         unfolded: &mut std::collections::HashMap<String, u64>,
         report: &mut PassReport,
     ) -> Result<(), SweepError> {
+        if self.inner.executor.openapi_down() {
+            // The service is down (the outbox's circuit is open): nothing to read, so neither
+            // the states nor the outbox (an outage's backlog) are read either.
+            report.read_failed += candidates.len() as u64;
+            return Ok(());
+        }
         let mut pending = PendingQueues::new(&candidates);
         for ids in candidates.chunks(CHUNK) {
             let (states, now_pending) = self.chunk(ids.to_vec(), pending).await?;
