@@ -283,12 +283,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
+    let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
     let sweeper = crate::reconcile::Sweeper::new(
         store.clone(),
         writer.clone(),
         upstream.handle.clone(),
         metrics.clone(),
         config.reconcile.clone(),
+        executor.clone(),
+        webhook_watch.clone(),
     )
     .map_err(AppError::Upstream)?;
     let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
@@ -297,9 +300,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         writer.clone(),
         upstream.handle.clone(),
         metrics.clone(),
-        crate::backfill::Settings::from_config(&config.backfill),
-        crate::backfill::WebhookWatch::new(&metrics),
-    );
+        crate::backfill::Settings::from_config(
+            &config.backfill,
+            config.upstream.limits.global.per_second,
+        ),
+        webhook_watch,
+        executor.clone(),
+    )
+    .map_err(AppError::Upstream)?;
     // The first pass at once: what the service did while the daemon was down.
     let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
     tokio::spawn(store_size_loop(

@@ -32,13 +32,15 @@
 
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
+use crate::outbox::ExecutorHandle;
 use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
-use crate::upstream::contract::{ConversationsQuery, MessagesQuery, PageQuery};
+use crate::upstream::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::handle::UpstreamHandle;
+use crate::upstream::limits::OwnLimit;
 use crate::webhook::model::{Conversation, Message, Millis};
 use crate::webhook::IncomingEvent;
 use serde::Serialize;
@@ -68,14 +70,18 @@ pub struct Settings {
     pub interval: Duration,
     pub silence_alert_after: Duration,
     pub overlap: Duration,
+    /// Open API reads per second at most (validated positive).
+    pub per_second: f64,
 }
 
 impl Settings {
-    pub fn from_config(c: &crate::config::BackfillConfig) -> Self {
+    /// `global`: `upstream.limits.global.per_second`, of which backfill reads at most half.
+    pub fn from_config(c: &crate::config::BackfillConfig, global: f64) -> Self {
         Settings {
             interval: c.interval,
             silence_alert_after: c.silence_alert_after,
             overlap: c.overlap,
+            per_second: c.per_second.min(global / 2.0),
         }
     }
 }
@@ -230,6 +236,10 @@ pub struct Backfill {
     settings: Settings,
     watch: WebhookWatch,
     running: Arc<tokio::sync::Mutex<()>>,
+    /// The outbox's circuits: while the Open API's is open the periodic passes wait.
+    executor: ExecutorHandle,
+    /// Its reads' own rate limit (`backfill.per_second`), below the outbox's share.
+    limit: Arc<OwnLimit>,
 }
 
 impl Backfill {
@@ -240,8 +250,9 @@ impl Backfill {
         metrics: Metrics,
         settings: Settings,
         watch: WebhookWatch,
-    ) -> Self {
-        Backfill {
+        executor: ExecutorHandle,
+    ) -> Result<Self, String> {
+        Ok(Backfill {
             store,
             writer,
             api: Arc::new(OpenApi::new(upstream)),
@@ -249,7 +260,9 @@ impl Backfill {
             settings,
             watch,
             running: Arc::new(tokio::sync::Mutex::new(())),
-        }
+            executor,
+            limit: Arc::new(OwnLimit::new("backfill.per_second", settings.per_second)?),
+        })
     }
 
     pub fn watch(&self) -> &WebhookWatch {
@@ -282,30 +295,45 @@ impl Backfill {
         report.messages_read = messages.len() as u64;
         report.truncated = !(conv_full && msg_full);
 
-        // The states of every conversation named, read once.
-        let mut ids: Vec<ConversationId> = conversations.iter().map(|c| c.id.clone()).collect();
-        ids.extend(messages.iter().map(|m| m.conversation_id.clone()));
-        ids.sort();
-        ids.dedup();
-        let states: HashMap<ConversationId, Option<ConversationState>> = self
+        // What the pass needs of the state of every conversation named, read once (not the
+        // states themselves: a pass may name thousands).
+        let mut named: HashMap<ConversationId, Vec<String>> = conversations
+            .iter()
+            .map(|c| (c.id.clone(), Vec::new()))
+            .collect();
+        for m in &messages {
+            named
+                .entry(m.conversation_id.clone())
+                .or_default()
+                .push(m.id.clone());
+        }
+        let states: HashMap<ConversationId, Option<Known>> = self
             .blocking(move |s| {
-                ids.into_iter()
-                    .map(|id| s.conversation(&id).map(|st| (id, st)))
+                named
+                    .into_iter()
+                    .map(|(id, listed)| {
+                        let known = s.conversation(&id)?.map(|st| Known::of(&st, &listed));
+                        Ok((id, known))
+                    })
                     .collect()
             })
             .await?;
         // A message of a conversation the bridge has no state for and the list did not show
         // (changed before the window): read the conversation itself, for its bot and end user.
+        let listed_ids: std::collections::HashSet<&ConversationId> =
+            conversations.iter().map(|c| &c.id).collect();
         let mut unseen: Vec<ConversationId> = messages
             .iter()
             .map(|m| &m.conversation_id)
             .filter(|id| !matches!(states.get(*id), Some(Some(_))))
-            .filter(|id| !conversations.iter().any(|c| &c.id == *id))
+            .filter(|id| !listed_ids.contains(*id))
             .cloned()
             .collect();
+        drop(listed_ids);
         unseen.sort();
         unseen.dedup();
         for id in unseen {
+            self.limit.wait().await;
             match self.api.get_conversation(id.as_str()).await {
                 Ok(c) => conversations.push(c),
                 // Gone at the service: its messages are still folded, under an unknown bot.
@@ -331,7 +359,7 @@ impl Backfill {
             let known = states
                 .get(&m.conversation_id)
                 .and_then(|s| s.as_ref())
-                .is_some_and(|s| s.knows_message(&m.id));
+                .is_some_and(|s| s.messages.contains(&m.id));
             if known {
                 continue;
             }
@@ -433,25 +461,18 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Message>, bool), BackfillError> {
-        let mut out = Vec::new();
-        for page in 0..MAX_PAGES {
+        let (api, limit) = (&self.api, &self.limit);
+        read_pages(|page| async move {
+            limit.wait().await;
             let q = MessagesQuery {
-                page: PageQuery {
-                    offset: Some(page * PAGE_LIMIT),
-                    limit: Some(PAGE_LIMIT),
-                },
+                page,
                 from: Some(from),
                 to: Some(to),
                 ..MessagesQuery::default()
             };
-            let answer = self.api.list_messages(&q).await?;
-            let n = answer.data.len() as u64;
-            out.extend(answer.data);
-            if n == 0 || out.len() as u64 >= answer.paging.total {
-                return Ok((out, true));
-            }
-        }
-        Ok((out, false))
+            api.list_messages(&q).await
+        })
+        .await
     }
 
     async fn conversations(
@@ -459,25 +480,18 @@ impl Backfill {
         from: Millis,
         to: Millis,
     ) -> Result<(Vec<Conversation>, bool), BackfillError> {
-        let mut out = Vec::new();
-        for page in 0..MAX_PAGES {
+        let (api, limit) = (&self.api, &self.limit);
+        read_pages(|page| async move {
+            limit.wait().await;
             let q = ConversationsQuery {
-                page: PageQuery {
-                    offset: Some(page * PAGE_LIMIT),
-                    limit: Some(PAGE_LIMIT),
-                },
+                page,
                 from: Some(from),
                 to: Some(to),
                 ..ConversationsQuery::default()
             };
-            let answer = self.api.list_conversations(&q).await?;
-            let n = answer.data.len() as u64;
-            out.extend(answer.data);
-            if n == 0 || out.len() as u64 >= answer.paging.total {
-                return Ok((out, true));
-            }
-        }
-        Ok((out, false))
+            api.list_conversations(&q).await
+        })
+        .await
     }
 
     /// Hand the events to the writer in jobs; returns how many were new to the store.
@@ -519,6 +533,29 @@ impl Backfill {
     }
 }
 
+/// Read a list page by page (`PAGE_LIMIT` items each), at most `MAX_PAGES`; the items and
+/// whether the list was read to its end.
+async fn read_pages<T, F, Fut>(mut read: F) -> Result<(Vec<T>, bool), BackfillError>
+where
+    F: FnMut(PageQuery) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T>, UpstreamError>>,
+{
+    let mut out = Vec::new();
+    for page in 0..MAX_PAGES {
+        let answer = read(PageQuery {
+            offset: Some(page * PAGE_LIMIT),
+            limit: Some(PAGE_LIMIT),
+        })
+        .await?;
+        let n = answer.data.len() as u64;
+        out.extend(answer.data);
+        if n == 0 || out.len() as u64 >= answer.paging.total {
+            return Ok((out, true));
+        }
+    }
+    Ok((out, false))
+}
+
 /// Where the next pass reads from (before its overlap): the end of this pass's window, or, when
 /// the messages' list was cut short, the newest message read (plus the overlap the next pass
 /// takes off again), never behind the cursor nor past the window.
@@ -545,10 +582,39 @@ fn updated_ms(c: &Conversation) -> Option<Millis> {
         .and_then(|t| crate::emulator::seed::parse_iso_millis(t).ok())
 }
 
+/// What a pass needs of a conversation's state: its bot, which of the listed messages it knows,
+/// and what [`differs`] compares.
+struct Known {
+    bot_id: Option<crate::ids::BotId>,
+    /// The listed messages of the conversation the state knows (by their own ids).
+    messages: std::collections::HashSet<String>,
+    last_event_at: Millis,
+    manual_status: Option<String>,
+    params: serde_json::Map<String, Value>,
+    navigation: crate::webhook::model::Navigation,
+}
+
+impl Known {
+    fn of(state: &ConversationState, listed: &[String]) -> Self {
+        Known {
+            bot_id: state.bot_id.clone(),
+            messages: listed
+                .iter()
+                .filter(|id| state.knows_message(id))
+                .cloned()
+                .collect(),
+            last_event_at: state.last_event_at,
+            manual_status: state.manual_status.value.clone(),
+            params: state.params.value.clone(),
+            navigation: state.navigation.value.clone(),
+        }
+    }
+}
+
 /// Whether a conversation the service shows changed after the bridge last heard of it, in what
 /// the Open API shows of it (manual status, params, navigation). A conversation the bridge has
 /// no state for counts as changed (its messages are being backfilled too).
-fn differs(state: Option<&ConversationState>, c: &Conversation, updated: Millis) -> bool {
+fn differs(state: Option<&Known>, c: &Conversation, updated: Millis) -> bool {
     let Some(state) = state else {
         return true;
     };
@@ -556,11 +622,11 @@ fn differs(state: Option<&ConversationState>, c: &Conversation, updated: Millis)
         return false;
     }
     let manual = c.manual_status().map(str::to_owned);
-    let params_differ = c.params.as_ref().is_some_and(|p| *p != state.params.value);
+    let params_differ = c.params.as_ref().is_some_and(|p| *p != state.params);
     let nav_differs = c
         .effective_navigation()
-        .is_some_and(|n| *n != state.navigation.value);
-    manual != state.manual_status.value || params_differ || nav_differs
+        .is_some_and(|n| *n != state.navigation);
+    manual != state.manual_status || params_differ || nav_differs
 }
 
 /// Start the periodic passes (the first at once) on the current runtime; `None` when
@@ -577,6 +643,7 @@ pub fn start(
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut waiting = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -585,6 +652,16 @@ pub fn start(
             if *stop.borrow() {
                 break;
             }
+            if backfill.executor.openapi_down() {
+                // The service is down (the outbox's circuit is open): the reads would only fail.
+                // The cursor stays, so the first pass after recovery reads the whole gap.
+                if !waiting {
+                    tracing::info!("backfill passes wait: the Open API's circuit is open");
+                    waiting = true;
+                }
+                continue;
+            }
+            waiting = false;
             // A pass cut off by the stop is harmless: what it handed over is stored, its cursor
             // did not move, and the next start reads the window again (dedupe absorbs it).
             tokio::select! {
@@ -620,19 +697,89 @@ mod tests {
         let mut state = ConversationState::new("c1".into());
         state.last_event_at = updated - 1;
         assert!(
-            differs(Some(&state), &c, updated),
+            differs(Some(&Known::of(&state, &[])), &c, updated),
             "manual on at the service only"
         );
         state.manual_status.value = Some("HANDOVER".into());
         assert!(
-            !differs(Some(&state), &c, updated),
+            !differs(Some(&Known::of(&state, &[])), &c, updated),
             "the same manual status"
         );
         state.manual_status.value = None;
         state.last_event_at = updated;
         assert!(
-            !differs(Some(&state), &c, updated),
+            !differs(Some(&Known::of(&state, &[])), &c, updated),
             "the bridge heard of it since"
+        );
+    }
+
+    /// A list of `total` items served a page at a time; the offsets asked for.
+    async fn read_list(total: u64) -> (Vec<u64>, bool, Vec<u32>) {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let (items, complete) = read_pages(|q| {
+            let offset = q.offset.unwrap_or(0);
+            let limit = q.limit.unwrap_or(0);
+            asked.borrow_mut().push(offset);
+            async move {
+                let data: Vec<u64> = (u64::from(offset)..total).take(limit as usize).collect();
+                Ok(Page {
+                    data,
+                    paging: crate::upstream::contract::Paging {
+                        offset,
+                        limit,
+                        total,
+                    },
+                })
+            }
+        })
+        .await
+        .expect("read");
+        (items, complete, asked.into_inner())
+    }
+
+    #[tokio::test]
+    async fn lists_are_read_page_by_page_up_to_the_pages_a_pass_reads() {
+        let (items, complete, asked) = read_list(250).await;
+        assert_eq!(items, (0..250).collect::<Vec<_>>());
+        assert!(complete);
+        assert_eq!(asked, [0, 100, 200]);
+        let (items, complete, asked) = read_list(0).await;
+        assert!(items.is_empty() && complete);
+        assert_eq!(asked, [0]);
+        let (items, complete, asked) = read_list(u64::from(MAX_PAGES * PAGE_LIMIT) + 1).await;
+        assert_eq!(items.len() as u32, MAX_PAGES * PAGE_LIMIT);
+        assert!(!complete, "cut short");
+        assert_eq!(asked.len() as u32, MAX_PAGES);
+    }
+
+    #[test]
+    fn backfill_reads_at_most_half_the_global_rate() {
+        let mut c = crate::config::Config::load_from(
+            None,
+            Vec::<(String, String)>::new(),
+            &crate::config::Overrides::default(),
+        )
+        .expect("defaults")
+        .backfill;
+        c.per_second = 5.0;
+        assert_eq!(Settings::from_config(&c, 50.0).per_second, 5.0);
+        assert_eq!(Settings::from_config(&c, 4.0).per_second, 2.0);
+    }
+
+    #[test]
+    fn a_pass_keeps_of_a_state_only_the_listed_messages_it_knows() {
+        let mut state = ConversationState::new("c1".into());
+        state.messages.recent_ids = ["m1", "m2", "m3"]
+            .iter()
+            .map(|id| crate::state::SeenMessage {
+                at: 1,
+                id: (*id).into(),
+            })
+            .collect();
+        let known = Known::of(&state, &["m2".into(), "m9".into()]);
+        assert_eq!(
+            known.messages,
+            std::collections::HashSet::from(["m2".to_owned()])
         );
     }
 

@@ -9,7 +9,7 @@ mod common;
 
 use common::emulator::ExternalEmulator;
 use common::relay::{daemon_env, emu_call, journal, rules_dir, EMULATOR_KEY, SEEDED};
-use common::{poll_until, wait_drained, Spawn, TestApp, ADMIN_TOKEN};
+use common::{poll_until, wait_drained, Spawn, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -74,22 +74,6 @@ fn effective(emu: &str, endpoint: &str) -> usize {
         .filter(|e| e.endpoint.as_deref() == Some(endpoint))
         .filter(|e| e.fault.is_none() && !e.replayed && (200..300).contains(&e.status))
         .count()
-}
-
-fn advance_clock(app: &TestApp, by: &str) {
-    let mut resp = app
-        .agent
-        .post(app.admin_url("/admin/v1/clock/advance"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("content-type", "application/json")
-        .send(json!({ "by": by }).to_string())
-        .expect("POST clock/advance");
-    assert_eq!(
-        resp.status().as_u16(),
-        200,
-        "{:?}",
-        resp.body_mut().read_to_string()
-    );
 }
 
 /// Every action decided so far was carried out.
@@ -220,7 +204,7 @@ fn after_an_outage_that_disabled_the_webhook_backfill_folds_what_was_missed_once
 
     // 4. Still disabled, the user writes again; ten minutes on, a pass finds the webhook silent.
     say(&emu, conv, "still there?");
-    advance_clock(&app, "15m");
+    app.advance_clock_unsettled("15m");
     let (status, pass) = app.admin_post("/admin/v1/backfill");
     assert_eq!(status, 200, "{pass}");
     assert_eq!(pass["pass"]["silent"], true, "{pass}");

@@ -10,17 +10,6 @@ use common::*;
 use serde_json::json;
 use std::time::Duration;
 
-fn advance(app: &TestApp, by: &str) {
-    let mut resp = agent()
-        .post(app.admin_url("/admin/v1/clock/advance"))
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .header("content-type", "application/json")
-        .send(json!({ "by": by }).to_string())
-        .expect("POST");
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    assert_eq!(resp.status().as_u16(), 200, "test clock: {text}");
-}
-
 #[test]
 fn a_failed_action_waits_in_daemon_time_and_the_test_clock_wakes_its_retry() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -82,7 +71,7 @@ fn a_failed_action_waits_in_daemon_time_and_the_test_clock_wakes_its_retry() {
     assert_eq!(calls(&key), 1, "no retry inside the client");
 
     // Daemon time moves past the next attempt: the executor is woken and runs it now.
-    advance(&app, "11m");
+    app.advance_clock_unsettled("11m");
     let (status, idle) = app.admin_get("/admin/v1/outbox/idle?timeout_ms=20000");
     assert_eq!(status, 200, "the retry ran after the advance: {idle}");
     let effective: Vec<_> = journal(&emu)

@@ -271,6 +271,28 @@ impl Action {
     }
 }
 
+#[cfg(test)]
+impl OutboxEntry {
+    /// A `set_manual` entry of `queue` at `seq` (decided at `seq` ms), for tests.
+    pub(crate) fn for_test(seq: u64, queue: &str) -> Self {
+        OutboxEntry {
+            seq,
+            id: format!("e{seq}/r/0"),
+            queue: queue.into(),
+            event_id: EventId::new(format!("e{seq}")),
+            rule: "r".into(),
+            action: Action::SetManual {
+                conversation_id: ConversationId::new(queue),
+                enabled: true,
+            },
+            received_at: 0,
+            decided_at: seq as i64,
+            rules_version: String::new(),
+            idempotency_key: None,
+        }
+    }
+}
+
 /// The stable id of a decided action: the same event, rule and position always give the same id,
 /// so a re-decided action (after a crash, or a replay) is recognised, and the upstream, which
 /// gets it as the idempotency key, applies it once.

@@ -54,6 +54,10 @@ pub struct BackfillConfig {
     /// Each pass reads from its cursor minus this (events delivered late, clocks apart).
     #[serde(with = "humantime_serde")]
     pub overlap: Duration,
+    /// Open API reads per second a pass makes at most (its own limiter; never more than half of
+    /// `upstream.limits.global`, whatever is set: the outbox's calls come first, a backlog drains
+    /// after an outage while backfill reads the gap).
+    pub per_second: f64,
 }
 
 /// A duration, or `"off"` for zero.
@@ -665,6 +669,13 @@ impl Config {
                 "must be at least 1s",
             );
         }
+        if !(bf.per_second.is_finite() && bf.per_second > 0.0) {
+            bad(
+                "backfill.per_second",
+                &bf.per_second,
+                "must be a positive number",
+            );
+        }
         if bf.overlap > Duration::from_secs(24 * 3600) {
             bad(
                 "backfill.overlap",
@@ -725,11 +736,18 @@ impl Config {
         if ob.window < 2 {
             bad("outbox.window", &ob.window, "must be at least 2");
         }
-        if ob.breaker.failures == 0 || ob.breaker.probe_interval.is_zero() {
+        if ob.breaker.failures == 0 {
             bad(
                 "outbox.breaker.failures",
                 &ob.breaker.failures,
-                "failures and probe_interval must be positive",
+                "must be at least 1",
+            );
+        }
+        if ob.breaker.probe_interval.is_zero() {
+            bad(
+                "outbox.breaker.probe_interval",
+                &humantime::format_duration(ob.breaker.probe_interval),
+                "must be positive",
             );
         }
         if self.outbox.max_depth == 0 {

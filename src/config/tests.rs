@@ -634,6 +634,47 @@ fn backfill_keys_load_off_turns_passes_off_and_bad_values_are_reported() {
 }
 
 #[test]
+fn backfill_reads_below_half_the_global_rate() {
+    let d = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert_eq!(d.backfill.per_second, 5.0);
+    for bad in ["0", "-1", "NaN"] {
+        let p = problems(
+            Config::load_from(
+                None,
+                env(&[("HANDOFF_BRIDGE__BACKFILL__PER_SECOND", bad)]),
+                &Overrides::default(),
+            )
+            .expect_err("invalid"),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["backfill.per_second"], "{bad}: {p:?}");
+    }
+}
+
+#[test]
+fn each_breaker_problem_names_its_own_key() {
+    for (key, value, named) in [
+        (
+            "HANDOFF_BRIDGE__OUTBOX__BREAKER__FAILURES",
+            "0",
+            "outbox.breaker.failures",
+        ),
+        (
+            "HANDOFF_BRIDGE__OUTBOX__BREAKER__PROBE_INTERVAL",
+            "0s",
+            "outbox.breaker.probe_interval",
+        ),
+    ] {
+        let p = problems(
+            Config::load_from(None, env(&[(key, value)]), &Overrides::default())
+                .expect_err("invalid"),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, [named], "{p:?}");
+    }
+}
+
+#[test]
 fn old_retry_keys_are_accepted_from_env_and_files_with_a_note() {
     let (_d, path) = write(
         r#"

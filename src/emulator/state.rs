@@ -168,7 +168,7 @@ pub struct EmulatorState {
     next_id: u64,
     /// Webhook events caused by changes, waiting for the webhook sender; collected only while
     /// a sender is attached, so a plain API emulator does not accumulate them.
-    events: Option<Vec<PendingEvent>>,
+    events: Option<std::collections::VecDeque<PendingEvent>>,
     /// Events emitted and not yet delivered (taken but unanswered count too).
     undelivered: u64,
     /// Woken whenever deliveries complete, for `/_emulator/webhook/flushed`.
@@ -973,29 +973,33 @@ impl EmulatorState {
 
     /// Start collecting webhook events (a webhook sender is attached).
     pub fn enable_events(&mut self) {
-        self.events.get_or_insert_with(Vec::new);
+        self.events.get_or_insert_with(Default::default);
     }
 
     /// Events collected since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<PendingEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.events
+            .as_mut()
+            .map(|events| std::mem::take(events).into())
+            .unwrap_or_default()
     }
 
     /// The oldest `max` events collected (a delivery's worth), the rest left for the next.
     pub fn take_events_up_to(&mut self, max: usize) -> Vec<PendingEvent> {
         match self.events.as_mut() {
             Some(events) if events.len() > max => events.drain(..max).collect(),
-            Some(events) => std::mem::take(events),
+            Some(events) => std::mem::take(events).into(),
             None => Vec::new(),
         }
     }
 
     /// Taken events the sender could not deliver (the webhook was disabled meanwhile) go back in
     /// front of the queue, to be re-sent with the same ids once it is enabled again.
-    pub fn requeue_events(&mut self, mut taken: Vec<PendingEvent>) {
+    pub fn requeue_events(&mut self, taken: Vec<PendingEvent>) {
         if let Some(events) = self.events.as_mut() {
-            taken.append(events);
-            *events = taken;
+            for event in taken.into_iter().rev() {
+                events.push_front(event);
+            }
             let over = events.len().saturating_sub(MAX_HELD_EVENTS);
             if over > 0 {
                 events.drain(..over);
@@ -1018,12 +1022,13 @@ impl EmulatorState {
     fn emit(&mut self, kind: &str, bot_id: Option<BotId>, at: Millis, data: Value) {
         if let Some(events) = self.events.as_mut() {
             if events.len() >= MAX_HELD_EVENTS {
-                events.remove(0);
+                // The oldest goes: O(1), a webhook disabled for long emits at full speed.
+                events.pop_front();
                 self.webhook.dropped += 1;
             } else {
                 self.undelivered += 1;
             }
-            events.push(PendingEvent {
+            events.push_back(PendingEvent {
                 id: super::sender::uuid_like(),
                 kind: kind.to_owned(),
                 bot_id: bot_id.map(|b| b.as_str().to_owned()).unwrap_or_default(),

@@ -263,7 +263,7 @@ impl Runner {
         let seq = entry.seq;
         let outcome = match report.attempt {
             Attempt::Done => {
-                if report.status == "ok" {
+                if report.delivered {
                     self.metrics
                         .action_latency_seconds
                         .observe((now - entry.received_at).max(0) as f64 / 1000.0);

@@ -153,7 +153,7 @@ impl HelpdeskSink {
                 tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
                 return Report::new(Attempt::Done, "no_endpoint");
             }
-            return Report::new(Attempt::Done, "ok");
+            return Report::delivered();
         }
         let (now_targets, later): (Vec<String>, Vec<String>) = targets
             .into_iter()
@@ -231,7 +231,7 @@ impl HelpdeskSink {
             r.attempted = !now_targets.is_empty();
             r
         } else {
-            Report::new(Attempt::Done, "ok")
+            Report::delivered()
         };
         report.reached = reached;
         report

@@ -6,6 +6,9 @@ use crate::store::{Store, StoreError};
 use crate::webhook::model::Millis;
 use std::collections::HashSet;
 
+/// Dead letters read per page on start.
+const LETTERS_PAGE: usize = 1_000;
+
 /// The dead letters as the executor needs them on start.
 #[derive(Default)]
 pub struct Letters {
@@ -46,16 +49,27 @@ impl Ledger for Store {
         self.outbox_last_seq()
     }
 
+    /// Read a page at a time: an outage longer than `outbox.give_up_after` may leave many
+    /// dead letters, which are not all held in memory on start.
     fn blocking_queues(&self) -> Result<Letters, StoreError> {
-        let letters = self.dead_letters()?;
-        Ok(Letters {
-            count: letters.len(),
-            blocked: letters
-                .into_iter()
-                .filter(|l| l.blocking)
-                .map(|l| l.entry.queue)
-                .collect(),
-        })
+        let mut letters = Letters::default();
+        let mut after = None;
+        loop {
+            let page = self.dead_letters_page(after, LETTERS_PAGE)?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.entry.seq);
+            let full = page.len() == LETTERS_PAGE;
+            letters.count += page.len();
+            letters.blocked.extend(
+                page.into_iter()
+                    .filter(|l| l.blocking)
+                    .map(|l| l.entry.queue),
+            );
+            if !full {
+                break;
+            }
+        }
+        Ok(letters)
     }
 
     fn page(

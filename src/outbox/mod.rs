@@ -224,6 +224,21 @@ impl ExecutorHandle {
             .clone()
     }
 
+    /// Whether `destination`'s circuit is open (as the executor last published it). Reconcile
+    /// and backfill skip their periodic passes while the Open API's is.
+    pub fn circuit_open(&self, destination: &str) -> bool {
+        self.circuits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(destination)
+            .is_some_and(|c| c.open)
+    }
+
+    /// Whether the Open API's circuit is open: the upstream is down, calls would only fail.
+    pub fn openapi_down(&self) -> bool {
+        self.circuit_open(sink::OPENAPI)
+    }
+
     /// A dead letter was dropped: its queue goes on.
     pub fn dropped(&self, queue: String) {
         let _ = self.tx.send(Msg::Unblock(queue));

@@ -570,25 +570,11 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::actions::Action;
-    use crate::ids::{ConversationId, EventId};
+    use crate::ids::ConversationId;
     use std::time::Duration;
 
     fn entry(seq: u64, queue: &str) -> OutboxEntry {
-        OutboxEntry {
-            seq,
-            id: format!("e{seq}/r/0"),
-            queue: queue.into(),
-            event_id: EventId::new(format!("e{seq}")),
-            rule: "r".into(),
-            action: Action::SetManual {
-                conversation_id: ConversationId::new(queue),
-                enabled: true,
-            },
-            received_at: 0,
-            decided_at: seq as i64,
-            rules_version: String::new(),
-            idempotency_key: None,
-        }
+        OutboxEntry::for_test(seq, queue)
     }
 
     fn openapi(_: &OutboxEntry) -> Vec<String> {

@@ -123,6 +123,9 @@ pub struct Report {
     pub reached: Vec<(String, Reach)>,
     /// The `status` label of `handoff_action_attempts_total`.
     pub status: String,
+    /// The destination took it in this attempt (its end-to-end latency is observed); false for
+    /// an entry done with nothing to send (no help desk, no endpoint for its kind).
+    pub delivered: bool,
 }
 
 impl Report {
@@ -132,6 +135,15 @@ impl Report {
             attempted: true,
             reached: Vec::new(),
             status: status.into(),
+            delivered: false,
+        }
+    }
+
+    /// Done: the destination took it (status `ok`).
+    pub fn delivered() -> Self {
+        Report {
+            delivered: true,
+            ..Report::new(Attempt::Done, "ok")
         }
     }
 }

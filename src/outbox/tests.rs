@@ -7,8 +7,7 @@ use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
 use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
 use super::*;
-use crate::actions::{Action, DeadLetter, RetryState};
-use crate::ids::{ConversationId, EventId};
+use crate::actions::{DeadLetter, RetryState};
 use crate::upstream::error::UpstreamError;
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -179,7 +178,10 @@ impl Sink for FakeSink {
                     "http_429",
                 ),
             };
-            let mut r = Report::new(attempt, label);
+            let mut r = match attempt {
+                Attempt::Done => Report::delivered(),
+                attempt => Report::new(attempt, label),
+            };
             r.reached.push((OPENAPI.into(), reach));
             r
         })
@@ -200,19 +202,9 @@ impl Sink for Unused {
 
 fn entry(seq: u64, queue: &str) -> OutboxEntry {
     OutboxEntry {
-        seq,
-        id: format!("e{seq}/r/0"),
-        queue: queue.into(),
-        event_id: EventId::new(format!("e{seq}")),
-        rule: "r".into(),
-        action: Action::SetManual {
-            conversation_id: ConversationId::new(queue),
-            enabled: true,
-        },
         received_at: T0,
         decided_at: T0,
-        rules_version: String::new(),
-        idempotency_key: None,
+        ..OutboxEntry::for_test(seq, queue)
     }
 }
 
@@ -451,6 +443,11 @@ async fn a_permanent_refusal_dead_letters_at_once_and_the_queue_moves_on() {
     let calls: Vec<u64> = r.sink.calls().iter().map(|c| c.0).collect();
     assert_eq!(calls, vec![1, 2, 3], "the queue went on, in order");
     assert_eq!(dead[0].last_attempt_at, T0, "at once");
+    assert_eq!(
+        r.metrics.action_latency_seconds.get_sample_count(),
+        2,
+        "the latency of the two carried out, not of the dead letter"
+    );
     r.finish().await;
 }
 

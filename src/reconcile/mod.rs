@@ -8,9 +8,9 @@
 //!    rotating sample of `reconcile.sample` others (a page of the conversations tree after the
 //!    last pass's cursor);
 //! 2. reads their states 200 at a time and, after each chunk's states, the outbox's pending
-//!    entries (`Store::outbox_page`, page by page), and skips every conversation with a pending
-//!    action in any of its queues (`c:<id>`, `helpdesk:<id>`): the sweeper never fights a change
-//!    in flight;
+//!    entries (`Store::outbox_page`: all of them once, then only those decided since), and skips
+//!    every conversation with a pending action in any of its queues (`c:<id>`, `helpdesk:<id>`):
+//!    the sweeper never fights a change in flight;
 //! 3. asks the service (`GET /openapi/conversation/{id}/manual`) at `reconcile.per_second` (its
 //!    own limiter); a failed read leaves the conversation for the next pass;
 //! 4. compares ([`compare`], pure) and, unless it is a dry run, hands each drift to the writer,
@@ -21,20 +21,20 @@
 
 pub mod compare;
 
+use crate::actions::OutboxEntry;
+use crate::backfill::WebhookWatch;
 use crate::config::ReconcileConfig;
 use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
+use crate::outbox::ExecutorHandle;
 use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
+use crate::upstream::limits::OwnLimit;
 use crate::webhook::model::Millis;
-use crate::webhook::reconcile::Drift;
-use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
-use governor::{Quota, RateLimiter};
+use crate::webhook::reconcile::{Drift, DriftKind};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -77,26 +77,14 @@ pub struct PassReport {
     pub read_failed: u64,
     /// Left for the next pass: an event was folded for them while the pass ran.
     pub skipped_changed: u64,
+    /// Held: manual mode on at the service with no agent known to the bridge, while backfill
+    /// reports the webhook silent (the bridge may only have missed the agent call's events).
+    pub skipped_silent: u64,
     /// The drifts found (and, unless a dry run, handed to the writer).
     pub drifts: Vec<Drift>,
     /// Drift events newly stored (a drift handed on twice is stored once).
     pub written: u64,
 }
-
-/// Time since the limiter was made, on tokio's clock.
-#[derive(Clone, Copy, Debug)]
-struct TokioClock {
-    start: tokio::time::Instant,
-}
-
-impl Clock for TokioClock {
-    type Instant = Duration;
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-}
-
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
 
 struct Inner {
     store: Store,
@@ -104,8 +92,7 @@ struct Inner {
     api: OpenApi<UpstreamHandle>,
     metrics: Metrics,
     config: ReconcileConfig,
-    limiter: Limiter,
-    clock: TokioClock,
+    limit: OwnLimit,
     /// The last conversation id the rotating sample reached.
     cursor: Mutex<Option<String>>,
     /// Conversations whose drift the last passes handed to the writer, with their
@@ -115,6 +102,13 @@ struct Inner {
     unfolded: Mutex<std::collections::HashMap<String, u64>>,
     /// One pass at a time (the periodic one and those asked for).
     running: tokio::sync::Mutex<()>,
+    /// The outbox's circuits: while the Open API's is open the service is down, so the
+    /// periodic passes wait and no pass reads it (each read would only fail).
+    executor: ExecutorHandle,
+    /// The webhook's silence (backfill's): while silent, the bridge's view of the handoff may
+    /// only be behind, and `manual_on_unknown` (whose repair turns manual mode off at the
+    /// service) is held.
+    webhook: WebhookWatch,
 }
 
 /// The sweeper; cheap to clone.
@@ -132,16 +126,10 @@ impl Sweeper {
         upstream: UpstreamHandle,
         metrics: Metrics,
         config: ReconcileConfig,
+        executor: ExecutorHandle,
+        webhook: WebhookWatch,
     ) -> Result<Self, String> {
-        let clock = TokioClock {
-            start: tokio::time::Instant::now(),
-        };
-        let rate = config.per_second;
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err("reconcile.per_second must be a positive number".into());
-        }
-        let quota = Quota::with_period(Duration::from_secs_f64(1.0 / rate))
-            .ok_or("reconcile.per_second is too large")?;
+        let limit = OwnLimit::new("reconcile.per_second", config.per_second)?;
         Ok(Sweeper {
             inner: Arc::new(Inner {
                 store,
@@ -149,11 +137,12 @@ impl Sweeper {
                 api: OpenApi::new(upstream),
                 metrics,
                 config,
-                limiter: RateLimiter::direct_with_clock(quota, clock),
-                clock,
+                limit,
                 cursor: Mutex::new(None),
                 unfolded: Mutex::default(),
                 running: tokio::sync::Mutex::new(()),
+                executor,
+                webhook,
             }),
         })
     }
@@ -202,6 +191,8 @@ impl Sweeper {
                 .inc_by(report.read_failed);
             m.with_label_values(&["changed"])
                 .inc_by(report.skipped_changed);
+            m.with_label_values(&["webhook_silent"])
+                .inc_by(report.skipped_silent);
         }
         Ok(report)
     }
@@ -216,8 +207,16 @@ impl Sweeper {
         unfolded: &mut std::collections::HashMap<String, u64>,
         report: &mut PassReport,
     ) -> Result<(), SweepError> {
+        if self.inner.executor.openapi_down() {
+            // The service is down (the outbox's circuit is open): nothing to read, so neither
+            // the states nor the outbox (an outage's backlog) are read either.
+            report.read_failed += candidates.len() as u64;
+            return Ok(());
+        }
+        let mut pending = PendingQueues::new(&candidates);
         for ids in candidates.chunks(CHUNK) {
-            let (states, pending) = self.chunk(ids.to_vec()).await?;
+            let (states, now_pending) = self.chunk(ids.to_vec(), pending).await?;
+            pending = now_pending;
             let found = self
                 .compare_chunk(states, &pending, before, unfolded, report)
                 .await;
@@ -230,7 +229,7 @@ impl Sweeper {
     async fn compare_chunk(
         &self,
         states: Vec<ConversationState>,
-        pending: &HashSet<String>,
+        pending: &PendingQueues,
         before: &std::collections::HashMap<String, u64>,
         unfolded: &mut std::collections::HashMap<String, u64>,
         report: &mut PassReport,
@@ -245,11 +244,17 @@ impl Sweeper {
                 report.skipped_pending += 1;
                 continue;
             }
-            if is_pending(pending, &state.id) {
+            if pending.contains(&state.id) {
                 report.skipped_pending += 1;
                 continue;
             }
-            self.wait_turn().await;
+            if inner.executor.openapi_down() {
+                // The outbox's circuit is open: a read would only fail (and add to the load
+                // of a service that is down). Left for the next pass.
+                report.read_failed += 1;
+                continue;
+            }
+            inner.limit.wait().await;
             let answer = match inner.api.get_manual(state.id.as_str()).await {
                 Ok(answer) => answer,
                 Err(e) => {
@@ -300,6 +305,11 @@ impl Sweeper {
                 report.skipped_changed += 1;
                 continue;
             };
+            if held_while_silent(drift.kind, inner.webhook.is_silent()) {
+                tracing::debug!(conversation_id = %drift.conversation_id, kind = %drift.kind, "reconcile: drift held while the webhook is silent");
+                report.skipped_silent += 1;
+                continue;
+            }
             tracing::info!(
                 conversation_id = %drift.conversation_id,
                 kind = %drift.kind,
@@ -363,13 +373,15 @@ impl Sweeper {
     }
 
     /// The states of a chunk of candidates (deleted ones left out: the service has nothing to
-    /// compare), and then the queues with pending outbox entries. Read in this order, so a
-    /// conversation whose state is unchanged when its drift is handed on had no entry decided
-    /// after this snapshot of the outbox (entries are decided only with a fold of its events).
+    /// compare), and then the queues with pending outbox entries brought up to date. Read in
+    /// this order, so a conversation whose state is unchanged when its drift is handed on had no
+    /// entry decided after this look at the outbox (entries are decided only with a fold of its
+    /// events).
     async fn chunk(
         &self,
         ids: Vec<ConversationId>,
-    ) -> Result<(Vec<ConversationState>, HashSet<String>), SweepError> {
+        mut pending: PendingQueues,
+    ) -> Result<(Vec<ConversationState>, PendingQueues), SweepError> {
         let store = self.inner.store.clone();
         blocking(move || {
             let mut states = Vec::with_capacity(ids.len());
@@ -380,17 +392,10 @@ impl Sweeper {
                     }
                 }
             }
-            Ok((states, pending_queues(&store)?))
+            pending.refresh(|after, limit| store.outbox_page(after, limit))?;
+            Ok((states, pending))
         })
         .await?
-    }
-
-    /// Wait for the sweeper's own rate limit.
-    async fn wait_turn(&self) {
-        let inner = &self.inner;
-        while let Err(not_until) = inner.limiter.check() {
-            tokio::time::sleep(not_until.wait_time_from(inner.clock.now())).await;
-        }
     }
 
     /// Hand a drift to the writer; 1 when it was stored now (0: a duplicate).
@@ -422,27 +427,72 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Every queue with a pending outbox entry, read page by page.
-fn pending_queues(store: &Store) -> Result<HashSet<String>, StoreError> {
-    let mut queues = HashSet::new();
-    let mut after = None;
-    loop {
-        let page = store.outbox_page(after, OUTBOX_PAGE)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.seq);
-        let full = page.len() == OUTBOX_PAGE;
-        queues.extend(page.into_iter().map(|entry| entry.action.queue()));
-        if !full {
-            break;
-        }
-    }
-    Ok(queues)
+/// Whether a drift of `kind` waits while the webhook is `silent`: manual mode on at the service
+/// with no agent known here may be an agent call whose events the webhook has not delivered
+/// (backfill cannot infer them), and its repair would turn manual mode off under a real agent.
+/// The service's re-send (once the webhook is enabled) or the next pass after it settles it.
+/// Manual mode off at the service is the service's truth whatever the bridge missed.
+fn held_while_silent(kind: DriftKind, silent: bool) -> bool {
+    silent && kind == DriftKind::ManualOnUnknown
 }
 
-/// Whether any of a conversation's queues has a pending action.
-fn is_pending(pending: &HashSet<String>, id: &ConversationId) -> bool {
-    let own = crate::ids::PartitionKey::Conversation(id.clone()).encode();
-    pending.contains(&own) || pending.contains(&format!("helpdesk:{id}"))
+/// A conversation's outbox queues: its Open API actions' and its help-desk events'.
+fn queues_of(id: &ConversationId) -> [String; 2] {
+    [
+        crate::ids::PartitionKey::Conversation(id.clone()).encode(),
+        format!("helpdesk:{id}"),
+    ]
+}
+
+/// The queues of a pass's candidates that have a pending outbox entry. The outbox is read whole
+/// once, with the first chunk, and after each later chunk's states only past the last entry read
+/// (an entry's seq grows with decision order, and folds commit one at a time), so a pass reads a
+/// large backlog (an outage's) once, not once per chunk. Only the candidates' queues are kept, so
+/// memory follows `reconcile.max_per_pass`, not the backlog. An entry finished since it was read
+/// still counts: its conversation waits for the next pass.
+struct PendingQueues {
+    wanted: HashSet<String>,
+    found: HashSet<String>,
+    /// The last entry read (`None`: none yet, the next read starts at the first).
+    after: Option<u64>,
+}
+
+impl PendingQueues {
+    fn new(candidates: &[ConversationId]) -> Self {
+        PendingQueues {
+            wanted: candidates.iter().flat_map(queues_of).collect(),
+            found: HashSet::new(),
+            after: None,
+        }
+    }
+
+    /// Read the entries decided since the last read (all of them the first time), page by page
+    /// through `page(after, limit)` (`Store::outbox_page`).
+    fn refresh(
+        &mut self,
+        mut page: impl FnMut(Option<u64>, usize) -> Result<Vec<OutboxEntry>, StoreError>,
+    ) -> Result<(), StoreError> {
+        loop {
+            let entries = page(self.after, OUTBOX_PAGE)?;
+            let Some(last) = entries.last() else { break };
+            self.after = Some(last.seq);
+            let full = entries.len() == OUTBOX_PAGE;
+            for entry in entries {
+                if self.wanted.contains(&entry.queue) {
+                    self.found.insert(entry.queue);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any of a conversation's queues has a pending action.
+    fn contains(&self, id: &ConversationId) -> bool {
+        queues_of(id).iter().any(|q| self.found.contains(q))
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -464,12 +514,30 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
         }
         let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
         let mut due = crate::clock::now_millis().saturating_add(every);
+        let mut waiting = false;
         loop {
             if *stop.borrow() {
                 break;
             }
             let now = crate::clock::now_millis();
+            if now >= due && sweeper.inner.executor.openapi_down() {
+                // The service is down (the outbox's circuit is open): every read would fail.
+                // The pass waits for the next interval; nothing is lost, the drift stays.
+                if !waiting {
+                    tracing::info!("reconciliation passes wait: the Open API's circuit is open");
+                    waiting = true;
+                }
+                sweeper
+                    .inner
+                    .metrics
+                    .reconcile_passes
+                    .with_label_values(&["skipped"])
+                    .inc();
+                due = now.saturating_add(every);
+                continue;
+            }
             if now >= due {
+                waiting = false;
                 match sweeper.pass(false).await {
                     Ok(report) if !report.drifts.is_empty() => tracing::info!(
                         drifts = report.drifts.len(),
@@ -498,18 +566,80 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
 mod tests {
     use super::*;
 
+    fn outbox(queues: &[&str]) -> Vec<OutboxEntry> {
+        (1..)
+            .zip(queues)
+            .map(|(seq, q)| OutboxEntry::for_test(seq, q))
+            .collect()
+    }
+
+    /// `Store::outbox_page` over `entries`, counting the entries it hands out.
+    fn pages<'a>(
+        entries: &'a [OutboxEntry],
+        read: &'a mut usize,
+    ) -> impl FnMut(Option<u64>, usize) -> Result<Vec<OutboxEntry>, StoreError> + 'a {
+        move |after, limit| {
+            let page: Vec<OutboxEntry> = entries
+                .iter()
+                .filter(|e| after.is_none_or(|a| e.seq > a))
+                .take(limit)
+                .cloned()
+                .collect();
+            *read += page.len();
+            Ok(page)
+        }
+    }
+
+    #[test]
+    fn only_manual_on_unknown_waits_while_the_webhook_is_silent() {
+        for &kind in DriftKind::ALL {
+            assert!(!held_while_silent(kind, false), "{kind}");
+        }
+        assert!(held_while_silent(DriftKind::ManualOnUnknown, true));
+        assert!(!held_while_silent(DriftKind::ManualOffUnknown, true));
+    }
+
     #[test]
     fn a_conversation_is_pending_by_either_of_its_queues() {
-        let id = ConversationId::new("c1");
-        let mut pending = HashSet::new();
-        assert!(!is_pending(&pending, &id));
-        pending.insert("c:c2".to_owned());
-        pending.insert("u:c1".to_owned());
-        assert!(!is_pending(&pending, &id), "another's queues");
-        pending.insert("helpdesk:c1".to_owned());
-        assert!(is_pending(&pending, &id));
-        pending.clear();
-        pending.insert("c:c1".to_owned());
-        assert!(is_pending(&pending, &id));
+        let ids = [ConversationId::new("c1"), ConversationId::new("c3")];
+        let mut pending = PendingQueues::new(&ids);
+        let mut read = 0;
+        pending
+            .refresh(pages(&outbox(&["c:c2", "u:c1"]), &mut read))
+            .expect("read");
+        assert!(!pending.contains(&ids[0]), "another's queues");
+        let mut pending = PendingQueues::new(&ids);
+        pending
+            .refresh(pages(&outbox(&["helpdesk:c1"]), &mut read))
+            .expect("read");
+        assert!(pending.contains(&ids[0]));
+        assert!(!pending.contains(&ids[1]));
+        let mut pending = PendingQueues::new(&ids);
+        pending
+            .refresh(pages(&outbox(&["c:c1"]), &mut read))
+            .expect("read");
+        assert!(pending.contains(&ids[0]));
+    }
+
+    #[test]
+    fn a_pass_reads_a_large_backlog_once_and_keeps_only_its_candidates_queues() {
+        let ids = [ConversationId::new("c1"), ConversationId::new("c2")];
+        let mut pending = PendingQueues::new(&ids);
+        let queues: Vec<String> = (0..2_500).map(|i| format!("c:other{i}")).collect();
+        let mut backlog = outbox(&queues.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 2_500, "the whole outbox, page by page");
+        assert!(pending.found.is_empty(), "none of the candidates'");
+        // A fold decides an entry for c2 before the next chunk: only it is read then.
+        backlog.push(OutboxEntry::for_test(2_501, "c:c2"));
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 1, "only what was decided since");
+        assert!(pending.contains(&ids[1]));
+        assert!(!pending.contains(&ids[0]));
+        let mut read = 0;
+        pending.refresh(pages(&backlog, &mut read)).expect("read");
+        assert_eq!(read, 0);
     }
 }

@@ -365,6 +365,25 @@ impl ConversationState {
             Sender::Agent => &mut stats.last_agent_message_at,
         };
         *last_at = max_some(*last_at, stamp.at);
+        // The copies may carry different times (the webhook's event time, backfill's the
+        // message's own): the lists keep the earlier, whichever copy came first.
+        let at = stamp.at;
+        if let Some(pos) = stats.recent_ids.iter().position(|s| s.id == m.id) {
+            let old = stats.recent_ids[pos].at;
+            if at < old {
+                let mut seen = stats.recent_ids.remove(pos);
+                seen.at = at;
+                let p = stats.recent_ids.partition_point(|s| *s > seen);
+                stats.recent_ids.insert(p, seen);
+                if sender == Sender::User {
+                    if let Some(i) = stats.recent_user_at.iter().position(|t| *t == old) {
+                        stats.recent_user_at.remove(i);
+                        let p = stats.recent_user_at.partition_point(|t| *t > at);
+                        stats.recent_user_at.insert(p, at);
+                    }
+                }
+            }
+        }
         let last = LastMessage {
             id: m.id.clone(),
             sender,

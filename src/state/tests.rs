@@ -407,6 +407,28 @@ proptest! {
         );
     }
 
+    /// The backfilled copy carries the message's own time, which may differ from the webhook
+    /// event's: still one state whichever copy comes first.
+    #[test]
+    fn copies_with_other_times_fold_once_in_any_order(
+        shifts in proptest::collection::vec(-30i64..30, 9),
+        order in Just((0..lifecycle_with_copies().len()).collect::<Vec<_>>()).prop_shuffle(),
+    ) {
+        let mut shifts = shifts.into_iter().cycle();
+        let events: Vec<Event> = lifecycle()
+            .into_iter()
+            .flat_map(|e| {
+                let copy = backfilled(&e).map(|mut c| {
+                    c.timestamp += shifts.next().unwrap_or(0);
+                    c
+                });
+                std::iter::once(e).chain(copy)
+            })
+            .collect();
+        let shuffled: Vec<Event> = order.iter().map(|&i| events[i].clone()).collect();
+        prop_assert_eq!(fold(&shuffled), fold(&events));
+    }
+
     /// Any arrival order of the same events gives the same state.
     #[test]
     fn fold_is_independent_of_arrival_order(order in Just((0..9usize).collect::<Vec<_>>()).prop_shuffle()) {

@@ -350,13 +350,13 @@ impl crate::helpdesk::QueueSource for Store {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::ids::DeliveryId;
     use crate::webhook::agent::{AgentCommand, Command, DeskAgent};
     use crate::webhook::model::Event;
 
-    fn conversation_event(
+    pub(in crate::store) fn conversation_event(
         id: &str,
         kind: &str,
         conversation: &str,
@@ -384,7 +384,11 @@ mod tests {
     }
 
     /// Accept and fold `events` as one batch (like the dispatcher).
-    fn fold(store: &Store, delivery: &str, events: Vec<crate::webhook::IncomingEvent>) {
+    pub(in crate::store) fn fold(
+        store: &Store,
+        delivery: &str,
+        events: Vec<crate::webhook::IncomingEvent>,
+    ) {
         let accepted = store
             .accept(&DeliveryId::new(delivery), &events, 10)
             .expect("accept");

@@ -1868,3 +1868,22 @@ fn an_entrys_retry_state_is_kept_and_leaves_with_its_outcome() {
     }
     assert_eq!(store.outbox_last_seq().expect("last"), None);
 }
+
+#[test]
+fn the_executor_reads_the_dead_letters_page_by_page_on_start() {
+    use crate::outbox::Ledger;
+    let (_d, store) = store();
+    let n = 2_345u64;
+    for seq in 1..=n {
+        let entry = crate::actions::OutboxEntry::for_test(seq, &format!("c:q{}", seq % 7));
+        let mut letter = dead_letter(&entry, "retries_exhausted", false);
+        letter.blocking = seq % 1_000 == 0;
+        store.outbox_dead(&letter).expect("dead");
+    }
+    let letters = store.blocking_queues().expect("letters");
+    assert_eq!(letters.count as u64, n, "every page counted");
+    let mut blocked: Vec<String> = letters.blocked.into_iter().collect();
+    blocked.sort();
+    // Seqs 1000 and 2000 (queues 1000 % 7 = 6, 2000 % 7 = 5), on two different pages.
+    assert_eq!(blocked, ["c:q5", "c:q6"]);
+}

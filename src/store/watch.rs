@@ -140,35 +140,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::DeliveryId;
-    use crate::webhook::model::Event;
-
-    fn conversation_event(
-        id: &str,
-        kind: &str,
-        conversation: &str,
-        at: Millis,
-    ) -> crate::webhook::IncomingEvent {
-        let raw = serde_json::json!({
-            "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
-            "data": { "conversation": { "id": conversation, "botId": "B1", "platform": "web" } },
-        });
-        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
-        crate::webhook::validate_event(&raw).expect("event")
-    }
-
-    fn fold(store: &Store, delivery: &str, events: Vec<crate::webhook::IncomingEvent>) {
-        let accepted = store
-            .accept(&DeliveryId::new(delivery), &events, 10)
-            .expect("accept");
-        let batch: Vec<(u64, Event)> = accepted
-            .new
-            .iter()
-            .zip(&accepted.new_index)
-            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
-            .collect();
-        store.apply(&batch).expect("apply");
-    }
+    use crate::store::queue::tests::{conversation_event, fold};
 
     /// Every index entry, scanned.
     fn index(store: &Store) -> Vec<Vec<u8>> {

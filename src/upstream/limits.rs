@@ -18,6 +18,21 @@ pub struct TokioClock {
     start: tokio::time::Instant,
 }
 
+impl TokioClock {
+    /// A clock that starts now.
+    pub fn new() -> Self {
+        TokioClock {
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Clock for TokioClock {
     type Instant = Duration;
     fn now(&self) -> Duration {
@@ -25,7 +40,38 @@ impl Clock for TokioClock {
     }
 }
 
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
+/// A reader's own rate limit besides the client's (the reconciliation sweeper's, backfill's), so
+/// its reads stay below the outbox's share of the global quota.
+pub struct OwnLimit {
+    limiter: Limiter,
+    clock: TokioClock,
+}
+
+impl OwnLimit {
+    /// `per_second` calls a second at most (no burst); fails unless positive and finite.
+    pub fn new(name: &str, per_second: f64) -> Result<Self, String> {
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(format!("{name} must be a positive number"));
+        }
+        let quota = Quota::with_period(Duration::from_secs_f64(1.0 / per_second))
+            .ok_or_else(|| format!("{name} is too large"))?;
+        let clock = TokioClock::new();
+        Ok(OwnLimit {
+            limiter: RateLimiter::direct_with_clock(quota, clock),
+            clock,
+        })
+    }
+
+    /// Wait for the next call's turn.
+    pub async fn wait(&self) {
+        while let Err(not_until) = self.limiter.check() {
+            tokio::time::sleep(not_until.wait_time_from(self.clock.now())).await;
+        }
+    }
+}
+
+/// A direct limiter on [`TokioClock`].
+pub type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Duration>>;
 
 /// One quota: sustained rate and burst (calls allowed at once after a quiet period).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,9 +103,7 @@ pub struct Limits {
 impl Limits {
     /// Fails on a rate that is not positive and finite or a zero burst.
     pub fn new(config: &LimitsConfig) -> Result<Self, String> {
-        let clock = TokioClock {
-            start: tokio::time::Instant::now(),
-        };
+        let clock = TokioClock::new();
         let make = |name: &str, rate: Rate| -> Result<Limiter, String> {
             let burst = NonZeroU32::new(rate.burst)
                 .ok_or_else(|| format!("{name}: burst must be at least 1"))?;
@@ -137,6 +181,19 @@ mod tests {
             },
             notify: rate,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_own_limit_spaces_its_calls() {
+        assert!(OwnLimit::new("x.per_second", 0.0).is_err());
+        assert!(OwnLimit::new("x.per_second", f64::NAN).is_err());
+        let limit = OwnLimit::new("x.per_second", 5.0).expect("limit");
+        let start = tokio::time::Instant::now();
+        for _ in 0..6 {
+            limit.wait().await;
+        }
+        // The first at once, then one every 200 ms.
+        assert_eq!(start.elapsed(), Duration::from_millis(1000));
     }
 
     #[tokio::test(start_paused = true)]

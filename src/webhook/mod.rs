@@ -523,15 +523,8 @@ pub fn drift_event(drift: &reconcile::Drift, bot: &str) -> Result<IncomingEvent,
         "sourceId": bot,
         "timestamp": drift.found_at,
         "data": { "drift": drift },
-    })
-    .to_string();
-    let event = parse_event(&raw)?;
-    Ok(IncomingEvent {
-        partition: partition_of(&event),
-        raw,
-        unknown_platform: false,
-        event,
-    })
+    });
+    own_event(raw)
 }
 
 /// The event an agent command is stored as. `id` is made by the API (from the request's
@@ -550,15 +543,8 @@ pub fn agent_event(
         "sourceId": bot,
         "timestamp": at,
         "data": { "agent": command },
-    })
-    .to_string();
-    let event = parse_event(&raw)?;
-    Ok(IncomingEvent {
-        partition: partition_of(&event),
-        raw,
-        unknown_platform: false,
-        event,
-    })
+    });
+    own_event(raw)
 }
 
 /// The event a due timer fires as, stored and folded like a delivered one. Its id is
@@ -576,16 +562,8 @@ pub fn timer_event(timer: &model::TimerFiring, bot: &str) -> Result<IncomingEven
         "sourceId": bot,
         "timestamp": timer.due_at,
         "data": { "timer": timer },
-    })
-    .to_string();
-    // Parsed back like any stored event, so what is stored is known to be readable.
-    let event = parse_event(&raw)?;
-    Ok(IncomingEvent {
-        partition: partition_of(&event),
-        raw,
-        unknown_platform: false,
-        event,
-    })
+    });
+    own_event(raw)
 }
 
 /// What a backfilled event's raw JSON says of its origin (`"source": "backfill"`), next to the
@@ -649,8 +627,14 @@ fn backfill_event(
         "sourceId": bot,
         "timestamp": at,
         "data": data,
-    })
-    .to_string();
+    });
+    own_event(raw)
+}
+
+/// An event the bridge makes itself (timer firing, agent command, drift, backfilled event) from
+/// its JSON: parsed back like any stored event, so what is stored is known to be readable.
+fn own_event(json: serde_json::Value) -> Result<IncomingEvent, EventError> {
+    let raw = json.to_string();
     let event = parse_event(&raw)?;
     Ok(IncomingEvent {
         partition: partition_of(&event),

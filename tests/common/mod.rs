@@ -379,9 +379,9 @@ impl TestApp {
     /// Move the daemon's time forward by `by` ("5m") with the test clock (the daemon must run
     /// with `HANDOFF_BRIDGE__ADMIN__TEST_CLOCK=true`), once everything in flight has settled, so
     /// timers decided so far are scheduled before their time comes.
-    pub fn advance_clock(&self, by: &str) {
-        self.settle();
-        let fired = self.metric("handoff_timers_fired_total");
+    /// Move the test clock by `by` without settling first (an outbox that waits on a failing
+    /// upstream never settles) and without waiting for timers; the clock's answer.
+    pub fn advance_clock_unsettled(&self, by: &str) -> Value {
         let mut resp = self
             .agent
             .post(self.admin_url("/admin/v1/clock/advance"))
@@ -391,9 +391,15 @@ impl TestApp {
             .expect("POST");
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         assert_eq!(resp.status().as_u16(), 200, "test clock: {text}");
+        serde_json::from_str(&text).expect("JSON answer")
+    }
+
+    pub fn advance_clock(&self, by: &str) {
+        self.settle();
+        let fired = self.metric("handoff_timers_fired_total");
+        let answer = self.advance_clock_unsettled(by);
         // Every timer now due has fired (been handed to the writer) before this returns, so a
         // test's next step sees its effects or, after `settle`, their absence.
-        let answer: Value = serde_json::from_str(&text).expect("JSON answer");
         let due = answer["due_timers"].as_f64().expect("due_timers");
         poll_until("the due timers to fire", Duration::from_secs(30), || {
             (self.metric("handoff_timers_fired_total") >= fired + due).then_some(())
