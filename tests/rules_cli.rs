@@ -310,9 +310,11 @@ actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." 
     assert!(out.contains("MATCHED      first"), "{out}");
     assert!(out.contains("\"text\":\"Hello, Mina.\""), "{out}");
 
-    // One message seen before: 1 -> 2 fails, and the verdict shows both values.
+    // One message seen before (another one: the same message again would be a duplicate, which
+    // the fold counts once): 1 -> 2 fails, and the verdict shows both values.
+    let earlier = EVENT.replace("\"e-1\"", "\"e-0\"").replace("\"m-1\"", "\"m-0\"");
     let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
-    before.apply(&handoff_bridge::webhook::parse_event(EVENT).expect("event"));
+    before.apply(&handoff_bridge::webhook::parse_event(&earlier).expect("event"));
     let state = dir.path().join("state.json");
     std::fs::write(&state, serde_json::to_vec(&before).expect("state")).expect("write");
     let later = args(Some(&state.display().to_string()));
