@@ -312,7 +312,9 @@ actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." 
 
     // One message seen before (another one: the same message again would be a duplicate, which
     // the fold counts once): 1 -> 2 fails, and the verdict shows both values.
-    let earlier = EVENT.replace("\"e-1\"", "\"e-0\"").replace("\"m-1\"", "\"m-0\"");
+    let earlier = EVENT
+        .replace("\"e-1\"", "\"e-0\"")
+        .replace("\"m-1\"", "\"m-0\"");
     let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
     before.apply(&handoff_bridge::webhook::parse_event(&earlier).expect("event"));
     let state = dir.path().join("state.json");
