@@ -436,7 +436,8 @@ async fn run(
                 }
                 Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
             },
-            _ = stop.changed() => {}
+            // A dropped sender stops it too: `changed` would be ready at once forever.
+            changed = stop.changed() => if changed.is_err() { break },
             // Resumed (or paused): look at the queues again.
             Ok(()) = inputs.paused.changed() => {}
         }
@@ -955,5 +956,30 @@ mod tests {
         finish(&mut q, "a", &[1], &[]);
         assert_eq!(seqs(&again), vec![(conv("a"), vec![1])]);
         assert_eq!((q.depth, q.unfinished.len()), (0, 0));
+    }
+
+    /// A stop sender dropped without saying stop (its owner gone) ends the dispatcher, as a stop
+    /// does; it must not spin on a `changed` that is ready at once forever. Real time, on two
+    /// threads: a spinning dispatcher keeps its thread busy, and the bound below then fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_stop_sender_ends_the_dispatcher() {
+        let (_dir, store) = new_store();
+        let settings = DispatchSettings {
+            concurrency: 1,
+            batch_size: 10,
+            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
+            decided: None,
+            verdicts: None,
+            priority: crate::background::Priority::Nice(0),
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let (stop, stop_rx) = watch::channel(false);
+        let (_handle, task) = start(store, metrics, settings, stop_rx).expect("start");
+        drop(stop);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), task).await;
+        assert!(
+            ended.is_ok(),
+            "the dispatcher still runs 10 s after its stop sender was dropped"
+        );
     }
 }

@@ -166,7 +166,8 @@ impl Runner {
                     }
                     Err(e) => tracing::error!(error = %e, "action task failed"),
                 },
-                _ = stop.changed() => {}
+                // A dropped sender stops it too: `changed` would be ready at once forever.
+                changed = stop.changed() => if changed.is_err() { break },
             }
             runner.publish(&sched);
             if arrived > 0 {

@@ -643,3 +643,17 @@ async fn a_restart_mid_outage_keeps_the_give_up_clock_and_the_attempts() {
     let _ = stop.send(true);
     let _ = task.await;
 }
+
+/// A stop sender dropped without saying stop (its owner gone) ends the executor, as a stop does;
+/// it must not spin on a `changed` that is ready at once forever. Real time, on two threads: a
+/// spinning executor keeps its thread busy, and the bound below then fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stop_sender_ends_the_executor() {
+    let Run { stop, task, .. } = run(2, 3, Answer::Unavailable, &[], 100);
+    drop(stop);
+    let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert!(
+        ended.is_ok(),
+        "the executor still runs 10 s after its stop sender was dropped"
+    );
+}
