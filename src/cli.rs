@@ -34,6 +34,7 @@ macro_rules! say {
 
 use crate::config::{Config, ConfigError, Overrides};
 use crate::datadir::{DataDir, ADMIN_TOKEN_FILE};
+use crate::queries::{List, PAGE_MAX};
 use crate::store::Store;
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
@@ -243,15 +244,12 @@ pub enum RulesCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {
-    /// Pending entries, in decision order. Without flags: every entry (read page by page). With
-    /// `--limit` or `--after`: one page, as the admin API answers (`next`: the next page's cursor).
+    /// Pending entries, in decision order. Without flags: every entry as one JSON object (read
+    /// page by page). With `--limit` or `--after`: one page, as the admin API answers (`next`:
+    /// the next page's cursor, a seq). With `--all`: every entry, one JSON line each.
     List {
-        /// Entries in the page (default 100, at most 1000).
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Start after this seq (a page's `next`).
-        #[arg(long)]
-        after: Option<u64>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One pending entry.
     Show { id: u64 },
@@ -259,24 +257,23 @@ pub enum OutboxCommand {
     Pause,
     /// Carry out actions again.
     Resume,
-    /// Finished entries (done, or dropped) still in the audit window, newest first.
+    /// Finished entries (done, or dropped) still in the audit window, newest (highest seq)
+    /// first: one page (`next`: the seq to continue after, towards older ones), or with `--all`
+    /// every entry, one JSON line each.
     Done {
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
+        #[command(flatten)]
+        page: PageArgs,
     },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum DlqCommand {
-    /// Dead letters, in decision order. Without flags: every letter (read page by page). With
-    /// `--limit` or `--after`: one page, as the admin API answers (`next`: the next page's cursor).
+    /// Dead letters, in decision order. Without flags: every letter as one JSON object (read
+    /// page by page). With `--limit` or `--after`: one page, as the admin API answers (`next`:
+    /// the next page's cursor, a seq). With `--all`: every letter, one JSON line each.
     List {
-        /// Letters in the page (default 100, at most 1000).
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Start after this seq (a page's `next`).
-        #[arg(long)]
-        after: Option<u64>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One dead letter, with its error.
     Show { id: u64 },
@@ -330,20 +327,52 @@ pub enum StateCommand {
         #[arg(long)]
         user_key: String,
     },
+    /// Conversation summaries in id order (id, bot, end user, phase, last event): one page
+    /// (`next`: the opaque cursor to the next), or with `--all` every one, one JSON line each.
+    Conversations {
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// End-user summaries in id order: one page (`next`: the opaque cursor to the next), or
+    /// with `--all` every one, one JSON line each.
+    Endusers {
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+/// The paging flags every list command takes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PageArgs {
+    /// Items in a page (default 100, at most 1000).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Start after this cursor: a page's `next` (a seq, a record id, or an opaque string for the
+    /// lists in id order).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Every item from the start (or from `--after`), following `next` to the end, one JSON
+    /// object a line as each page comes (pages of `--limit`, else of 1000).
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl PageArgs {
+    /// Whether a page was asked for (rather than the command's default).
+    fn paging(&self) -> bool {
+        self.limit.is_some() || self.after.is_some()
+    }
 }
 
 #[derive(Subcommand, Debug)]
 pub enum QuarantineCommand {
     /// Quarantined deliveries and events, without their bodies (`show` has them). Without
     /// flags: every record, as one JSON array (read page by page). With `--limit` or `--after`:
-    /// one page, as the admin API answers (`records`, and `next_after` when more remain).
+    /// one page, as the admin API answers (`records`, `next`: the record id to continue after).
+    /// With `--all`: every record, one JSON line each.
     List {
-        /// Records in the page (default 100, at most 1000).
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Start after this record id (a page's `next_after`).
-        #[arg(long)]
-        after: Option<u64>,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// One record, with its body.
     Show { id: u64 },
@@ -542,13 +571,19 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     })?;
                     print_found(value, || format!("no end user {user_key} on {platform}"))
                 }
+                StateCommand::Conversations { page } => {
+                    list_command(&config, List::Conversations, page, Unpaged::FirstPage)
+                }
+                StateCommand::Endusers { page } => {
+                    list_command(&config, List::EndUsers, page, Unpaged::FirstPage)
+                }
             }
         }
         Command::Outbox { config, action } => {
             let config = load(&config, None)?;
             match action {
-                OutboxCommand::List { limit, after } => {
-                    list_pages(&config, List::Outbox, limit, after)
+                OutboxCommand::List { page } => {
+                    list_command(&config, List::Outbox, page, Unpaged::Object)
                 }
                 OutboxCommand::Show { id } => {
                     let path = format!("/admin/v1/outbox/{id}");
@@ -573,16 +608,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                         ))),
                     }
                 }
-                OutboxCommand::Done { limit } => {
-                    let path = format!("/admin/v1/outbox/done?limit={limit}");
-                    let value = read(&config, "GET", &path, |store| {
-                        let records = store.finished(limit)?;
-                        Ok(Some(serde_json::json!({
-                            "count": records.len(),
-                            "finished": records,
-                        })))
-                    })?;
-                    print_found(value, String::new)
+                OutboxCommand::Done { page } => {
+                    list_command(&config, List::Done, page, Unpaged::FirstPage)
                 }
             }
         }
@@ -609,35 +636,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quarantine { config, action } => {
             let config = load(&config, None)?;
             match action {
-                QuarantineCommand::List { limit, after } => {
-                    let mut pages = QuarantinePages::new(&config);
-                    if limit.is_some() || after.is_some() {
-                        let limit = limit.unwrap_or(crate::queries::QUARANTINE_PAGE);
-                        let page = pages.page(after, limit)?;
-                        return print_found(Some(page), String::new);
-                    }
-                    // Every record, one page in memory at a time.
-                    let mut after = None;
-                    let mut first = true;
-                    out_raw!("[");
-                    loop {
-                        let page = pages.page(after, crate::queries::QUARANTINE_PAGE_MAX)?;
-                        for record in page["records"].as_array().into_iter().flatten() {
-                            let text = serde_json::to_string_pretty(record).unwrap_or_default();
-                            out_raw!(
-                                "{}\n  {}",
-                                if first { "" } else { "," },
-                                text.replace('\n', "\n  ")
-                            );
-                            first = false;
-                        }
-                        match page.get("next_after").and_then(Value::as_u64) {
-                            Some(next) => after = Some(next),
-                            None => break,
-                        }
-                    }
-                    out!("{}", if first { "]" } else { "\n]" });
-                    Ok(())
+                QuarantineCommand::List { page } => {
+                    list_command(&config, List::Quarantine, page, Unpaged::Array)
                 }
                 QuarantineCommand::Show { id } => {
                     let value = read(
@@ -658,20 +658,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                         (None, true) => {
                             // Ids only, page by page (the pages hold no bodies); the pager, and
                             // the store it may have opened, is gone before re-processing.
-                            let mut pages = QuarantinePages::new(&config);
+                            let mut pages = Pager::new(&config, List::Quarantine);
                             let mut ids = Vec::new();
                             let mut after = None;
                             loop {
-                                let page =
-                                    pages.page(after, crate::queries::QUARANTINE_PAGE_MAX)?;
+                                let page = pages.page(Some(PAGE_MAX), after.as_deref())?;
                                 ids.extend(
-                                    page["records"]
-                                        .as_array()
-                                        .into_iter()
-                                        .flatten()
+                                    items(&page, List::Quarantine)
                                         .filter_map(|r| r.get("id").and_then(Value::as_u64)),
                                 );
-                                match page.get("next_after").and_then(Value::as_u64) {
+                                match next_cursor(&page) {
                                     Some(next) => after = Some(next),
                                     None => break,
                                 }
@@ -721,110 +717,46 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-/// Pages of the quarantine list, as the admin API shows them: through the running daemon, else
-/// from the store (opened once, on the first page that needs it).
-struct QuarantinePages<'a> {
-    config: &'a Config,
-    store: Option<Store>,
-}
-
-impl<'a> QuarantinePages<'a> {
-    fn new(config: &'a Config) -> Self {
-        QuarantinePages {
-            config,
-            store: None,
-        }
-    }
-
-    fn page(&mut self, after: Option<u64>, limit: usize) -> Result<Value, CliError> {
-        if self.store.is_none() {
-            let mut path = format!("/admin/v1/quarantine?limit={limit}");
-            if let Some(after) = after {
-                path.push_str(&format!("&after={after}"));
-            }
-            if let Some(found) = online(self.config, "GET", &path)? {
-                return Ok(found.unwrap_or(Value::Null));
-            }
-        }
-        let store = match self.store.take() {
-            Some(store) => store,
-            None => {
-                let data = DataDir::new(&self.config.store.data_dir);
-                Store::open(&data.store_path(), self.config.store.cache_capacity_bytes)?
-            }
-        };
-        let page = crate::queries::quarantine_list(&store, after, limit);
-        self.store = Some(store);
-        Ok(page?)
-    }
-}
-
 /// The seqs of a page of dead letters after `after`.
 fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, crate::store::StoreError> {
     Ok(store
-        .dead_letters_page(after, crate::queries::OUTBOX_PAGE)?
+        .dead_letters_page(after, crate::queries::PAGE)?
         .iter()
         .map(|l| l.entry.seq)
         .collect())
 }
 
-/// The paged lists of the outbox (`outbox list`) and the dead letters (`dlq list`).
-#[derive(Clone, Copy)]
-enum List {
-    Outbox,
-    DeadLetters,
-}
-
-impl List {
-    fn path(self) -> &'static str {
-        match self {
-            List::Outbox => "/admin/v1/outbox",
-            List::DeadLetters => "/admin/v1/dead-letters",
-        }
-    }
-
-    /// The array a page holds its items in.
-    fn items(self) -> &'static str {
-        match self {
-            List::Outbox => "entries",
-            List::DeadLetters => "dead_letters",
-        }
-    }
-
-    /// A page read from a stopped daemon's store, shaped as the admin API answers it.
-    fn offline(
-        self,
-        store: &Store,
-        page: crate::queries::Page,
-    ) -> Result<Value, crate::store::StoreError> {
-        match self {
-            List::Outbox => {
-                let mut value = crate::queries::outbox_list(store, page)?;
-                if let Some(obj) = value.as_object_mut() {
-                    obj.insert("paused".into(), Value::Bool(false));
-                    obj.insert("depth".into(), store.outbox_len().into());
-                }
-                Ok(value)
-            }
-            List::DeadLetters => crate::queries::dead_letters_list(store, page),
-        }
-    }
-}
-
-/// Pages of a list: through the running daemon, else from the store (opened once).
-struct ListPages<'a> {
+/// Pages of an admin list (`queries::List`): through the running daemon, else from the store
+/// (opened once, on the first page that needs it). Both answer the same JSON.
+struct Pager<'a> {
     config: &'a Config,
     list: List,
     store: Option<Store>,
 }
 
-impl ListPages<'_> {
-    fn page(&mut self, page: crate::queries::Page) -> Result<Value, CliError> {
+impl<'a> Pager<'a> {
+    fn new(config: &'a Config, list: List) -> Self {
+        Pager {
+            config,
+            list,
+            store: None,
+        }
+    }
+
+    /// The page of `limit` items (the default when `None`) after the cursor `after`; a bad
+    /// limit or cursor is refused here, before anything is asked.
+    fn page(&mut self, limit: Option<usize>, after: Option<&str>) -> Result<Value, CliError> {
+        let limit = limit.map(|l| l.to_string());
+        let query = self
+            .list
+            .query(limit.as_deref(), after)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
         if self.store.is_none() {
-            let mut path = format!("{}?limit={}", self.list.path(), page.limit);
-            if let Some(after) = page.after {
-                path.push_str(&format!("&after={after}"));
-            }
+            let params: Vec<String> = [("limit", limit.as_deref()), ("after", after)]
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| format!("{k}={}", enc(v))))
+                .collect();
+            let path = format!("{}?{}", self.list.path(), params.join("&"));
             if let Some(found) = online(self.config, "GET", &path)? {
                 return Ok(found.unwrap_or(Value::Null));
             }
@@ -836,38 +768,108 @@ impl ListPages<'_> {
                 Store::open(&data.store_path(), self.config.store.cache_capacity_bytes)?
             }
         };
-        let value = self.list.offline(&store, page);
+        let value = query.read(&store).map(|mut value| {
+            // What the daemon's executor adds: a stopped store has no executor running.
+            if let (List::Outbox, Some(obj)) = (self.list, value.as_object_mut()) {
+                obj.insert("paused".into(), Value::Bool(false));
+                obj.insert("depth".into(), store.outbox_len().into());
+            }
+            value
+        });
         self.store = Some(store);
         Ok(value?)
     }
 }
 
-/// `outbox list` / `dlq list`: one page with `--limit` or `--after`; without them every item,
-/// as one JSON object (the first page's fields, the items of every page, and their `count`),
-/// one page in memory at a time.
-fn list_pages(
+/// The items of a page of `list`.
+fn items(page: &Value, list: List) -> impl Iterator<Item = &Value> {
+    page[list.items()].as_array().into_iter().flatten()
+}
+
+/// A page's `next` as the next page's `after` (a number or an opaque string); `None` after the
+/// last page.
+fn next_cursor(page: &Value) -> Option<String> {
+    match page.get("next")? {
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// What a list command prints without `--limit`, `--after` or `--all`.
+#[derive(Clone, Copy)]
+enum Unpaged {
+    /// The first page (the default limit), as the admin API answers it.
+    FirstPage,
+    /// Every item, as one JSON object: the first page's own fields, the items, their `count`.
+    Object,
+    /// Every item, as one JSON array.
+    Array,
+}
+
+/// A list command: one page (`--limit`, `--after`), every item as JSON lines (`--all`), or what
+/// the command shows without flags. Never more than one page in memory.
+fn list_command(
     config: &Config,
     list: List,
-    limit: Option<usize>,
-    after: Option<u64>,
+    args: PageArgs,
+    unpaged: Unpaged,
 ) -> Result<(), CliError> {
-    use crate::queries::{Page, PageError, OUTBOX_PAGE, OUTBOX_PAGE_MAX};
-    let mut pages = ListPages {
-        config,
-        list,
-        store: None,
-    };
-    if limit.is_some() || after.is_some() {
-        let limit = limit.unwrap_or(OUTBOX_PAGE);
-        if !(1..=OUTBOX_PAGE_MAX).contains(&limit) {
-            return Err(CliError::Usage(
-                PageError::Limit(limit.to_string()).to_string(),
-            ));
+    let mut pages = Pager::new(config, list);
+    if args.all {
+        let limit = Some(args.limit.unwrap_or(PAGE_MAX));
+        let mut after = args.after;
+        loop {
+            let page = pages.page(limit, after.as_deref())?;
+            for item in items(&page, list) {
+                out!("{item}");
+            }
+            match next_cursor(&page) {
+                Some(next) => after = Some(next),
+                None => return Ok(()),
+            }
         }
-        let page = pages.page(Page { after, limit })?;
-        return print_found(Some(page), String::new);
     }
-    let mut page = pages.page(Page::first(OUTBOX_PAGE_MAX))?;
+    match (args.paging(), unpaged) {
+        (true, _) | (false, Unpaged::FirstPage) => {
+            let page = pages.page(args.limit, args.after.as_deref())?;
+            print_found(Some(page), String::new)
+        }
+        (false, Unpaged::Object) => whole_object(pages),
+        (false, Unpaged::Array) => whole_array(pages),
+    }
+}
+
+/// Every item as one JSON array, printed as the pages come.
+fn whole_array(mut pages: Pager<'_>) -> Result<(), CliError> {
+    let list = pages.list;
+    let (mut after, mut first) = (None, true);
+    out_raw!("[");
+    loop {
+        let page = pages.page(Some(PAGE_MAX), after.as_deref())?;
+        for item in items(&page, list) {
+            let text = serde_json::to_string_pretty(item).unwrap_or_default();
+            out_raw!(
+                "{}\n  {}",
+                if first { "" } else { "," },
+                text.replace('\n', "\n  ")
+            );
+            first = false;
+        }
+        match next_cursor(&page) {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    out!("{}", if first { "]" } else { "\n]" });
+    Ok(())
+}
+
+/// Every item as one JSON object (the first page's fields, the items of every page, and their
+/// `count`), printed as the pages come.
+fn whole_object(mut pages: Pager<'_>) -> Result<(), CliError> {
+    let list = pages.list;
+    let mut page = pages.page(Some(PAGE_MAX), None)?;
     // The first page's own fields (paused, depth), then the items as they come.
     let mut head = serde_json::Map::new();
     if let Some(obj) = page.as_object() {
@@ -884,7 +886,7 @@ fn list_pages(
     }
     out_raw!("\n  \"{}\": [", list.items());
     loop {
-        for item in page[list.items()].as_array().into_iter().flatten() {
+        for item in items(&page, list) {
             let text = serde_json::to_string_pretty(item).unwrap_or_default();
             out_raw!(
                 "{}\n    {}",
@@ -893,8 +895,8 @@ fn list_pages(
             );
             count += 1;
         }
-        match page.get("next").and_then(Value::as_u64) {
-            Some(next) => page = pages.page(Page::first(OUTBOX_PAGE_MAX).after(next))?,
+        match next_cursor(&page) {
+            Some(next) => page = pages.page(Some(PAGE_MAX), Some(&next))?,
             None => break,
         }
     }
@@ -1137,7 +1139,7 @@ fn replay(
 fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
     let now = crate::clock::now_millis();
     match action {
-        DlqCommand::List { limit, after } => list_pages(config, List::DeadLetters, limit, after),
+        DlqCommand::List { page } => list_command(config, List::DeadLetters, page, Unpaged::Object),
         DlqCommand::Show { id } => {
             let value = read(
                 config,

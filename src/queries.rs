@@ -62,36 +62,16 @@ fn utf8_prefix(bytes: Vec<u8>) -> Option<String> {
     }
 }
 
-/// Records in a quarantine list page by default, and at most.
-pub const QUARANTINE_PAGE: usize = 100;
-pub const QUARANTINE_PAGE_MAX: usize = 1000;
-
-/// One page of the quarantine list: at most `limit` records (clamped to
-/// 1..=[`QUARANTINE_PAGE_MAX`]) after id `after`, metadata only, as
-/// `{"records": [...], "next_after": id}` (`next_after` only when more remain).
-pub fn quarantine_list(
-    store: &Store,
-    after: Option<u64>,
-    limit: usize,
-) -> Result<Value, StoreError> {
-    let (records, next) = store.quarantine_page(after, limit.clamp(1, QUARANTINE_PAGE_MAX))?;
-    let mut page = json!({ "records": records });
-    if let (Some(next), Some(obj)) = (next, page.as_object_mut()) {
-        obj.insert("next_after".into(), json!(next));
-    }
-    Ok(page)
-}
-
-/// Entries in an outbox or dead-letter list page by default, and at most.
-pub const OUTBOX_PAGE: usize = 100;
-pub const OUTBOX_PAGE_MAX: usize = 1000;
+/// Items in an admin list page by default, and at most.
+pub const PAGE: usize = 100;
+pub const PAGE_MAX: usize = 1000;
 
 /// Why a list page's query was refused (the admin API answers 400 with [`PageError::code`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PageError {
-    #[error("limit must be a whole number from 1 to {OUTBOX_PAGE_MAX}, not `{0}`")]
+    #[error("limit must be a whole number from 1 to {PAGE_MAX}, not `{0}`")]
     Limit(String),
-    #[error("after must be an entry's seq (a page's `next`), not `{0}`")]
+    #[error("after must be a page's `next`, not `{0}`")]
     Cursor(String),
 }
 
@@ -104,78 +84,340 @@ impl PageError {
     }
 }
 
-/// A list page's position: `limit` (default [`OUTBOX_PAGE`], 1..=[`OUTBOX_PAGE_MAX`]) entries
-/// after seq `after` (the previous page's `next`; from the first when absent).
+/// What the query said, cut short: an error never echoes a long string back.
+fn shown(text: &str) -> String {
+    text.chars().take(40).collect()
+}
+
+/// A list's position: what a page's `next` holds and the next page's `after` gives back.
+pub trait Cursor: Sized {
+    /// From the query's text; `None` when it is not a cursor of this list.
+    fn parse(text: &str) -> Option<Self>;
+    /// As a page's `next`.
+    fn to_json(&self) -> Value;
+}
+
+/// The lists in seq order (outbox, dead letters, finished entries) and the quarantine (by record
+/// id) continue after a number.
+impl Cursor for u64 {
+    fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
+
+    fn to_json(&self) -> Value {
+        json!(self)
+    }
+}
+
+/// The lists in id order (conversations, end users) continue after an id, given as an opaque
+/// string: the id's bytes in URL-safe base64 without padding, so any id travels in a query
+/// unescaped and a cursor that no page gave is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdCursor(String);
+
+impl IdCursor {
+    /// The longest cursor read (ids are far shorter).
+    const MAX_TEXT: usize = 4096;
+
+    pub fn of(id: &str) -> Self {
+        IdCursor(id.to_owned())
+    }
+
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Cursor for IdCursor {
+    fn parse(text: &str) -> Option<Self> {
+        use base64::Engine as _;
+        if text.is_empty() || text.len() > Self::MAX_TEXT {
+            return None;
+        }
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text)
+            .ok()?;
+        String::from_utf8(bytes).ok().map(IdCursor)
+    }
+
+    fn to_json(&self) -> Value {
+        use base64::Engine as _;
+        Value::String(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&self.0))
+    }
+}
+
+/// A list page's position: `limit` (default [`PAGE`], 1..=[`PAGE_MAX`]) items after the cursor
+/// `after` (the previous page's `next`; from the first when absent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Page {
-    pub after: Option<u64>,
+pub struct Page<C = u64> {
+    pub after: Option<C>,
     pub limit: usize,
 }
 
-impl Page {
+impl<C: Cursor> Page<C> {
     /// From the query's text values, as given (absent: the default).
-    pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<Page, PageError> {
+    pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<Page<C>, PageError> {
         let limit = match limit.map(str::trim) {
-            None => OUTBOX_PAGE,
+            None => PAGE,
             Some(text) => text
                 .parse::<usize>()
                 .ok()
-                .filter(|n| (1..=OUTBOX_PAGE_MAX).contains(n))
-                .ok_or_else(|| PageError::Limit(text.chars().take(40).collect()))?,
+                .filter(|n| (1..=PAGE_MAX).contains(n))
+                .ok_or_else(|| PageError::Limit(shown(text)))?,
         };
         let after = match after.map(str::trim) {
             None => None,
-            Some(text) => Some(
-                text.parse::<u64>()
-                    .map_err(|_| PageError::Cursor(text.chars().take(40).collect()))?,
-            ),
+            Some(text) => Some(C::parse(text).ok_or_else(|| PageError::Cursor(shown(text)))?),
         };
         Ok(Page { after, limit })
     }
+}
 
-    pub fn first(limit: usize) -> Page {
+impl<C> Page<C> {
+    pub fn first(limit: usize) -> Page<C> {
         Page { after: None, limit }
     }
 
-    /// The same size of page, after `seq`.
-    pub fn after(self, seq: u64) -> Page {
+    /// The same size of page, after `cursor`.
+    pub fn after(self, cursor: C) -> Page<C> {
         Page {
-            after: Some(seq),
+            after: Some(cursor),
             ..self
         }
     }
 }
 
 /// Read one more than the page holds: the extra one only says another page follows, and the
-/// cursor to it is the page's last seq.
-fn paged<T>(
-    page: Page,
-    read: impl FnOnce(Option<u64>, usize) -> Result<Vec<T>, StoreError>,
-    seq: impl Fn(&T) -> u64,
-) -> Result<(Vec<T>, Option<u64>), StoreError> {
-    let limit = page.limit.clamp(1, OUTBOX_PAGE_MAX);
+/// cursor to it is the page's last item's.
+fn paged<T, C>(
+    page: Page<C>,
+    read: impl FnOnce(Option<C>, usize) -> Result<Vec<T>, StoreError>,
+    cursor: impl Fn(&T) -> C,
+) -> Result<(Vec<T>, Option<C>), StoreError> {
+    let limit = page.limit.clamp(1, PAGE_MAX);
     let mut items = read(page.after, limit + 1)?;
     let next = if items.len() > limit {
         items.truncate(limit);
-        items.last().map(&seq)
+        items.last().map(&cursor)
     } else {
         None
     };
     Ok((items, next))
 }
 
-/// One page of the pending outbox entries, in decision order: `{"entries": [...], "next": seq
-/// or null}`. The caller adds what the executor knows (`depth`, `paused`).
-pub fn outbox_list(store: &Store, page: Page) -> Result<Value, StoreError> {
-    let (entries, next) = paged(page, |a, l| store.outbox_page(a, l), |e| e.seq)?;
-    Ok(json!({ "count": entries.len(), "entries": entries, "next": next }))
+/// A page as every list answers it: `{"count": n in this page, <items>: [...], "next": the
+/// cursor to the next page, or null after the last}`.
+fn page_json<T: serde::Serialize, C: Cursor>(
+    items_key: &str,
+    items: &[T],
+    next: Option<C>,
+) -> Value {
+    let mut page = serde_json::Map::new();
+    page.insert("count".into(), json!(items.len()));
+    page.insert(items_key.into(), json!(items));
+    page.insert("next".into(), next.as_ref().map_or(Value::Null, C::to_json));
+    Value::Object(page)
 }
 
-/// One page of the dead letters, oldest decision first: `{"count": n in this page,
-/// "dead_letters": [...], "next": seq or null}`.
+/// The admin API's lists, each paged the same way (`limit`, `after`, `next`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// Conversation summaries in id order.
+    Conversations,
+    /// End-user summaries in id order.
+    EndUsers,
+    /// Quarantine records (metadata only) in id order.
+    Quarantine,
+    /// Pending outbox entries in decision (seq) order.
+    Outbox,
+    /// Finished entries (done or dropped), newest (highest seq) first.
+    Done,
+    /// Dead letters in decision (seq) order.
+    DeadLetters,
+}
+
+impl List {
+    /// Its path under the admin API.
+    pub fn path(self) -> &'static str {
+        match self {
+            List::Conversations => "/admin/v1/conversations",
+            List::EndUsers => "/admin/v1/endusers",
+            List::Quarantine => "/admin/v1/quarantine",
+            List::Outbox => "/admin/v1/outbox",
+            List::Done => "/admin/v1/outbox/done",
+            List::DeadLetters => "/admin/v1/dead-letters",
+        }
+    }
+
+    /// The array a page holds its items in.
+    pub fn items(self) -> &'static str {
+        match self {
+            List::Conversations => "conversations",
+            List::EndUsers => "end_users",
+            List::Quarantine => "records",
+            List::Outbox => "entries",
+            List::Done => "finished",
+            List::DeadLetters => "dead_letters",
+        }
+    }
+
+    /// The page the query's text values ask for, with this list's kind of cursor.
+    pub fn query(self, limit: Option<&str>, after: Option<&str>) -> Result<ListQuery, PageError> {
+        Ok(match self {
+            List::Conversations => ListQuery::Conversations(Page::parse(limit, after)?),
+            List::EndUsers => ListQuery::EndUsers(Page::parse(limit, after)?),
+            List::Quarantine => ListQuery::Quarantine(Page::parse(limit, after)?),
+            List::Outbox => ListQuery::Outbox(Page::parse(limit, after)?),
+            List::Done => ListQuery::Done(Page::parse(limit, after)?),
+            List::DeadLetters => ListQuery::DeadLetters(Page::parse(limit, after)?),
+        })
+    }
+}
+
+/// A valid page query of one list ([`List::query`]), read with [`ListQuery::read`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListQuery {
+    Conversations(Page<IdCursor>),
+    EndUsers(Page<IdCursor>),
+    Quarantine(Page),
+    Outbox(Page),
+    Done(Page),
+    DeadLetters(Page),
+}
+
+impl ListQuery {
+    /// The page from the store, as the admin API answers it (the outbox's caller adds what the
+    /// executor knows: `depth`, `paused`).
+    pub fn read(self, store: &Store) -> Result<Value, StoreError> {
+        match self {
+            ListQuery::Conversations(page) => conversations_list(store, page),
+            ListQuery::EndUsers(page) => end_users_list(store, page),
+            ListQuery::Quarantine(page) => quarantine_list(store, page),
+            ListQuery::Outbox(page) => outbox_list(store, page),
+            ListQuery::Done(page) => done_list(store, page),
+            ListQuery::DeadLetters(page) => dead_letters_list(store, page),
+        }
+    }
+}
+
+/// A conversation in the list: who and where it stands, not its whole state
+/// (`/conversations/{id}` has that).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ConversationSummary {
+    pub id: crate::ids::ConversationId,
+    pub bot_id: Option<crate::ids::BotId>,
+    pub end_user_id: Option<crate::ids::EndUserId>,
+    pub platform: Option<crate::webhook::model::Platform>,
+    pub phase: crate::state::HandoffPhase,
+    /// When the phase began.
+    pub phase_since: crate::webhook::model::Millis,
+    pub manual_status: Option<String>,
+    pub events_applied: u64,
+    pub created_at: Option<crate::webhook::model::Millis>,
+    pub last_event_at: crate::webhook::model::Millis,
+    pub deleted_at: Option<crate::webhook::model::Millis>,
+}
+
+impl From<crate::state::ConversationState> for ConversationSummary {
+    fn from(s: crate::state::ConversationState) -> Self {
+        ConversationSummary {
+            id: s.id,
+            bot_id: s.bot_id,
+            end_user_id: s.end_user_id,
+            platform: s.platform,
+            phase: s.handoff.phase.value,
+            phase_since: s.handoff.phase.stamp.at,
+            manual_status: s.manual_status.value,
+            events_applied: s.events_applied,
+            created_at: s.created_at,
+            last_event_at: s.last_event_at,
+            deleted_at: s.deleted_at,
+        }
+    }
+}
+
+/// An end user in the list (`state find` / `?platform=&userKey=` has their newest
+/// conversation too).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EndUserSummary {
+    pub id: crate::ids::EndUserId,
+    pub bot_id: Option<crate::ids::BotId>,
+    pub platform: Option<crate::webhook::model::Platform>,
+    pub user_key: Option<crate::ids::UserKey>,
+    pub last_conversation_id: Option<crate::ids::ConversationId>,
+    pub events_applied: u64,
+    pub last_event_at: crate::webhook::model::Millis,
+    pub deleted_at: Option<crate::webhook::model::Millis>,
+}
+
+impl From<crate::state::EndUserState> for EndUserSummary {
+    fn from(u: crate::state::EndUserState) -> Self {
+        EndUserSummary {
+            id: u.id,
+            bot_id: u.bot_id,
+            platform: u.platform,
+            user_key: u.user_key,
+            last_conversation_id: u.last_conversation_id.value,
+            events_applied: u.events_applied,
+            last_event_at: u.last_event_at,
+            deleted_at: u.deleted_at,
+        }
+    }
+}
+
+/// One page of the conversations in id order, as summaries: `{"count", "conversations",
+/// "next"}`, read from the store a page at a time (`Store::conversations_page`).
+pub fn conversations_list(store: &Store, page: Page<IdCursor>) -> Result<Value, StoreError> {
+    let (states, next) = paged(
+        page,
+        |a, l| store.conversations_page(a.as_ref().map(IdCursor::id), l),
+        |s| IdCursor::of(s.id.as_str()),
+    )?;
+    let items: Vec<ConversationSummary> = states.into_iter().map(Into::into).collect();
+    Ok(page_json(List::Conversations.items(), &items, next))
+}
+
+/// One page of the end users in id order, as summaries: `{"count", "end_users", "next"}`.
+pub fn end_users_list(store: &Store, page: Page<IdCursor>) -> Result<Value, StoreError> {
+    let (users, next) = paged(
+        page,
+        |a, l| store.end_users_page(a.as_ref().map(IdCursor::id), l),
+        |u| IdCursor::of(u.id.as_str()),
+    )?;
+    let items: Vec<EndUserSummary> = users.into_iter().map(Into::into).collect();
+    Ok(page_json(List::EndUsers.items(), &items, next))
+}
+
+/// One page of the quarantine list, metadata only: `{"count", "records", "next"}`, and
+/// `next_after` (the same cursor, the name this list answered with first) while more remain.
+pub fn quarantine_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+    let limit = page.limit.clamp(1, PAGE_MAX);
+    let (records, next) = store.quarantine_page(page.after, limit)?;
+    let mut value = page_json(List::Quarantine.items(), &records, next);
+    if let (Some(next), Some(obj)) = (next, value.as_object_mut()) {
+        obj.insert("next_after".into(), json!(next));
+    }
+    Ok(value)
+}
+
+/// One page of the pending outbox entries, in decision order: `{"count", "entries", "next"}`.
+/// The caller adds what the executor knows (`depth`, `paused`).
+pub fn outbox_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+    let (entries, next) = paged(page, |a, l| store.outbox_page(a, l), |e| e.seq)?;
+    Ok(page_json(List::Outbox.items(), &entries, next))
+}
+
+/// One page of the finished entries (done or dropped) still in the audit window, newest (highest
+/// seq) first: `{"count", "finished", "next"}`; `after` a seq gives the older ones below it.
+pub fn done_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+    let (records, next) = paged(page, |a, l| store.finished_page(a, l), |r| r.entry.seq)?;
+    Ok(page_json(List::Done.items(), &records, next))
+}
+
+/// One page of the dead letters, oldest decision first: `{"count", "dead_letters", "next"}`.
 pub fn dead_letters_list(store: &Store, page: Page) -> Result<Value, StoreError> {
     let (letters, next) = paged(page, |a, l| store.dead_letters_page(a, l), |l| l.entry.seq)?;
-    Ok(json!({ "count": letters.len(), "dead_letters": letters, "next": next }))
+    Ok(page_json(List::DeadLetters.items(), &letters, next))
 }
 
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in
@@ -406,8 +648,8 @@ mod tests {
 
     #[test]
     fn a_page_query_is_a_limit_from_1_to_1000_and_a_seq_cursor() {
-        let page = |l: Option<&str>, a: Option<&str>| Page::parse(l, a);
-        assert_eq!(page(None, None), Ok(Page::first(OUTBOX_PAGE)));
+        let page = |l: Option<&str>, a: Option<&str>| Page::<u64>::parse(l, a);
+        assert_eq!(page(None, None), Ok(Page::first(PAGE)));
         assert_eq!(
             page(Some("1000"), Some("42")),
             Ok(Page::first(1000).after(42))
@@ -425,5 +667,66 @@ mod tests {
         let long = "9".repeat(500);
         let e = page(Some(&long), None).expect_err("long");
         assert!(e.to_string().len() < 200, "{e}");
+    }
+
+    #[test]
+    fn an_id_cursor_is_the_id_opaque_and_anything_else_is_refused() {
+        for id in [
+            "5c0e9b1f-2222-4d3e-9f10-000000000001",
+            "a b/c?d&e=f",
+            "김민지",
+            "x",
+        ] {
+            let next = IdCursor::of(id).to_json();
+            let text = next.as_str().expect("a string");
+            assert!(
+                text.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "travels in a query unescaped: {text}"
+            );
+            let page = Page::<IdCursor>::parse(Some("5"), Some(text)).expect(id);
+            assert_eq!(page.after.as_ref().map(IdCursor::id), Some(id));
+            assert_eq!(page.limit, 5);
+        }
+        let not_utf8 = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([0xff, 0xfe])
+        };
+        let long = "A".repeat(5000);
+        for bad in ["", "!!", "a+b/", "abc=", "A", &not_utf8, &long] {
+            let e = Page::<IdCursor>::parse(None, Some(bad)).expect_err(bad);
+            assert_eq!(e.code(), "invalid_cursor", "{bad:?}");
+            assert!(e.to_string().len() < 200, "{e}");
+        }
+    }
+
+    #[test]
+    fn every_list_takes_the_same_limits_and_its_own_kind_of_cursor() {
+        let id_cursor = IdCursor::of("c1").to_json();
+        let id_cursor = id_cursor.as_str().expect("string");
+        for list in [
+            List::Conversations,
+            List::EndUsers,
+            List::Quarantine,
+            List::Outbox,
+            List::Done,
+            List::DeadLetters,
+        ] {
+            for bad in ["0", "1001", "x"] {
+                let e = list.query(Some(bad), None).expect_err(bad);
+                assert_eq!(e.code(), "invalid_limit", "{list:?} {bad}");
+            }
+            let by_id = matches!(list, List::Conversations | List::EndUsers);
+            // An id cursor is no seq, and "-1" no id cursor (one byte, 0xfb, not UTF-8).
+            let (good, bad) = if by_id {
+                (id_cursor, "-1")
+            } else {
+                ("42", id_cursor)
+            };
+            assert!(list.query(Some("1000"), Some(good)).is_ok(), "{list:?}");
+            let e = list.query(None, Some(bad)).expect_err(bad);
+            assert_eq!(e.code(), "invalid_cursor", "{list:?} {bad}");
+            assert!(list.path().starts_with("/admin/v1/"), "{list:?}");
+        }
     }
 }

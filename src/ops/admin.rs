@@ -4,7 +4,9 @@
 use crate::app::Shared;
 use crate::http_error::ApiError;
 use crate::ids::{ConversationId, EventId};
+use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -21,9 +23,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         scope
             .wrap(actix_web::middleware::from_fn(guard))
+            .route("/conversations", web::get().to(conversations_list))
             .route("/conversations/{id}", web::get().to(conversation))
             .route("/conversations/{id}/audit", web::get().to(audit))
-            .route("/endusers", web::get().to(find_end_user))
+            .route("/endusers", web::get().to(end_users))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
             .route("/dispatch/pause", web::post().to(dispatch_pause))
@@ -203,27 +206,78 @@ async fn audit(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
     }
 }
 
+/// `?limit=` (default 100, 1 to 1000) and `?after=` (the previous page's `next`), as text: a
+/// bad value is answered 400 with its own code (`invalid_limit`, `invalid_cursor`), not the
+/// extractor's.
+#[derive(Deserialize)]
+pub(super) struct PageQuery {
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+/// One page of `list` (`queries::List`), read on the blocking pool.
+pub(super) async fn list_page(
+    shared: &Shared,
+    list: List,
+    q: &PageQuery,
+) -> Result<serde_json::Value, ApiError> {
+    let query = list
+        .query(q.limit.as_deref(), q.after.as_deref())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
+    let store = shared.store.clone();
+    blocking(move || query.read(&store)).await
+}
+
+/// One page of the conversations in id order, as summaries.
+async fn conversations_list(
+    shared: web::Data<Shared>,
+    q: web::Query<PageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(list_page(&shared, List::Conversations, &q).await?))
+}
+
+/// Either the lookup of one end user by `platform` and `userKey` (both), or a page of the end
+/// users in id order (`limit`, `after`; neither of the two).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct FindQuery {
-    platform: String,
-    user_key: String,
+struct EndUsersQuery {
+    platform: Option<String>,
+    user_key: Option<String>,
+    #[serde(flatten)]
+    page: PageQuery,
+}
+
+async fn end_users(
+    shared: web::Data<Shared>,
+    q: web::Query<EndUsersQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let q = q.into_inner();
+    match (q.platform, q.user_key) {
+        (Some(platform), Some(user_key)) => find_end_user(&shared, platform, user_key).await,
+        (None, None) => {
+            Ok(HttpResponse::Ok().json(list_page(&shared, List::EndUsers, &q.page).await?))
+        }
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "give both platform and userKey (one end user), or neither (the list)",
+        )),
+    }
 }
 
 /// An end user by `(platform, userKey)`, with their newest conversation.
 async fn find_end_user(
-    shared: web::Data<Shared>,
-    q: web::Query<FindQuery>,
+    shared: &Shared,
+    platform: String,
+    user_key: String,
 ) -> Result<HttpResponse, ApiError> {
-    let (store, platform, user_key) =
-        (shared.store.clone(), q.platform.clone(), q.user_key.clone());
-    let found =
-        blocking(move || crate::queries::find_end_user(&store, &platform, &user_key)).await?;
+    let store = shared.store.clone();
+    let (p, k) = (platform.clone(), user_key.clone());
+    let found = blocking(move || crate::queries::find_end_user(&store, &p, &k)).await?;
     match found {
         Some(v) => Ok(HttpResponse::Ok().json(v)),
         None => Err(ApiError::not_found(format!(
-            "no end user {} on {}",
-            q.user_key, q.platform
+            "no end user {user_key} on {platform}"
         ))),
     }
 }
@@ -241,28 +295,13 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
     }
 }
 
-/// `?limit=` (default 100, at most 1000) and `?after=<id>` (the previous page's `next_after`).
-#[derive(Deserialize)]
-struct PageQuery {
-    limit: Option<usize>,
-    after: Option<u64>,
-}
-
 /// One page of the quarantine list, metadata only (the bodies: `/quarantine/{id}` and
 /// `/quarantine/{id}/body`).
 async fn quarantine_list(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let store = shared.store.clone();
-    let limit = q.limit.unwrap_or(crate::queries::QUARANTINE_PAGE);
-    let after = q.after;
-    let json =
-        blocking(move || json_bytes(&crate::queries::quarantine_list(&store, after, limit)?))
-            .await?;
-    Ok(HttpResponse::Ok()
-        .content_type(actix_web::http::header::ContentType::json())
-        .body(json))
+    Ok(HttpResponse::Ok().json(list_page(&shared, List::Quarantine, &q).await?))
 }
 
 /// A record's whole body as received, as bytes.

@@ -1,9 +1,9 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
-use super::admin::blocking;
+use super::admin::{blocking, list_page, PageQuery};
 use crate::app::Shared;
 use crate::http_error::ApiError;
-use crate::queries::Page;
+use crate::queries::{List, Page};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -34,30 +34,13 @@ fn not_found(id: u64) -> ApiError {
     ApiError::not_found(format!("no dead letter {id}"))
 }
 
-/// `?limit=` (default 100, 1 to 1000) and `?after=<seq>` (the previous page's `next`), as text:
-/// a bad value is answered 400 with its own code, not the extractor's plain text.
-#[derive(Deserialize)]
-struct PageQuery {
-    limit: Option<String>,
-    after: Option<String>,
-}
-
-impl PageQuery {
-    fn page(&self) -> Result<Page, ApiError> {
-        Page::parse(self.limit.as_deref(), self.after.as_deref())
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))
-    }
-}
-
 /// One page of the pending entries, in decision order; `depth` is the executor's exact count of
 /// what it holds pending, in its window or not, `in_memory` how many of them are in the window.
 async fn list_outbox(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let page = q.page()?;
-    let store = shared.store.clone();
-    let mut body = blocking(move || crate::queries::outbox_list(&store, page)).await?;
+    let mut body = list_page(&shared, List::Outbox, &q).await?;
     if let Some(obj) = body.as_object_mut() {
         obj.insert("paused".into(), json!(shared.executor.is_paused()));
         obj.insert("depth".into(), json!(shared.executor.depth()));
@@ -78,20 +61,13 @@ async fn show_pending(
     }
 }
 
-#[derive(Deserialize)]
-struct LimitQuery {
-    limit: Option<usize>,
-}
-
-/// Finished entries (done, or dropped by an operator) in the audit window, newest first.
+/// Finished entries (done, or dropped by an operator) in the audit window, newest first, a page
+/// at a time (`after`: a seq; the next page holds the older ones).
 async fn list_done(
     shared: web::Data<Shared>,
-    q: web::Query<LimitQuery>,
+    q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = q.limit.unwrap_or(100).min(10_000);
-    let store = shared.store.clone();
-    let records = blocking(move || store.finished(limit)).await?;
-    Ok(HttpResponse::Ok().json(json!({ "count": records.len(), "finished": records })))
+    Ok(HttpResponse::Ok().json(list_page(&shared, List::Done, &q).await?))
 }
 
 async fn pause(shared: web::Data<Shared>) -> HttpResponse {
@@ -128,10 +104,7 @@ async fn list_dead(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let page = q.page()?;
-    let store = shared.store.clone();
-    let body = blocking(move || crate::queries::dead_letters_list(&store, page)).await?;
-    Ok(HttpResponse::Ok().json(body))
+    Ok(HttpResponse::Ok().json(list_page(&shared, List::DeadLetters, &q).await?))
 }
 
 async fn show_dead(
@@ -167,7 +140,7 @@ async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> 
         let store = shared.store.clone();
         let page = Page {
             after,
-            limit: crate::queries::OUTBOX_PAGE,
+            limit: crate::queries::PAGE,
         };
         let ids: Vec<u64> = blocking(move || {
             Ok(store

@@ -20,6 +20,7 @@ pub mod idempotency;
 pub mod intake;
 pub mod keys;
 pub mod outbox;
+mod pages;
 pub mod queue;
 pub mod replay;
 pub mod timers;
