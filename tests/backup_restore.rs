@@ -37,7 +37,7 @@ fn views(app: &TestApp) -> Vec<String> {
     let mut views = vec![
         app.cli_ok(&["state", "show", CONV1]),
         app.cli_ok(&["state", "show", CONV2]),
-        app.cli_ok(&["outbox", "done", "--limit", "10000"]),
+        app.cli_ok(&["outbox", "done", "--all"]),
         app.cli_ok(&["outbox", "list"]),
         app.cli_ok(&["dlq", "list"]),
         list,
