@@ -210,13 +210,17 @@ fn replay_refuses_a_bad_window_and_the_daemon_refuses_bad_rules() {
 fn admin_query_strings_that_do_not_parse_get_the_json_error_body() {
     let app = TestApp::spawn();
     for path in [
-        "/admin/v1/outbox/done?limit=abc",
+        "/admin/v1/inbox/drained?timeout_ms=abc",
         "/admin/v1/outbox/idle?timeout_ms=-1",
     ] {
         let (status, body) = app.admin_get(path);
         assert_eq!(status, 400, "{path}: {body}");
         assert_eq!(body["error"]["code"], "invalid_query", "{path}: {body}");
     }
+    // A list's page size has the lists' own code (issue 21).
+    let (status, body) = app.admin_get("/admin/v1/outbox/done?limit=abc");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_limit", "{body}");
     let mut resp = app
         .agent
         .post(app.admin_url("/admin/v1/replay?from=0"))
