@@ -215,17 +215,29 @@ pub(super) struct PageQuery {
     after: Option<String>,
 }
 
-/// One page of `list` (`queries::List`), read on the blocking pool.
+/// One page of `list` (`queries::List`) with the fields of `extra` added, read and encoded on
+/// the blocking pool (a page of a thousand items is not encoded on an HTTP worker).
 pub(super) async fn list_page(
     shared: &Shared,
     list: List,
     q: &PageQuery,
-) -> Result<serde_json::Value, ApiError> {
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Result<HttpResponse, ApiError> {
     let query = list
         .query(q.limit.as_deref(), q.after.as_deref())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
     let store = shared.store.clone();
-    blocking(move || query.read(&store)).await
+    let json = blocking(move || {
+        let mut page = query.read(&store)?;
+        if let Some(obj) = page.as_object_mut() {
+            obj.extend(extra);
+        }
+        json_bytes(&page)
+    })
+    .await?;
+    Ok(HttpResponse::Ok()
+        .content_type(actix_web::http::header::ContentType::json())
+        .body(json))
 }
 
 /// One page of the conversations in id order, as summaries.
@@ -233,7 +245,7 @@ async fn conversations_list(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(list_page(&shared, List::Conversations, &q).await?))
+    list_page(&shared, List::Conversations, &q, Default::default()).await
 }
 
 /// Either the lookup of one end user by `platform` and `userKey` (both), or a page of the end
@@ -254,9 +266,7 @@ async fn end_users(
     let q = q.into_inner();
     match (q.platform, q.user_key) {
         (Some(platform), Some(user_key)) => find_end_user(&shared, platform, user_key).await,
-        (None, None) => {
-            Ok(HttpResponse::Ok().json(list_page(&shared, List::EndUsers, &q.page).await?))
-        }
+        (None, None) => list_page(&shared, List::EndUsers, &q.page, Default::default()).await,
         _ => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
@@ -301,7 +311,7 @@ async fn quarantine_list(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(list_page(&shared, List::Quarantine, &q).await?))
+    list_page(&shared, List::Quarantine, &q, Default::default()).await
 }
 
 /// A record's whole body as received, as bytes.

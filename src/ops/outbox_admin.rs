@@ -40,13 +40,11 @@ async fn list_outbox(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut body = list_page(&shared, List::Outbox, &q).await?;
-    if let Some(obj) = body.as_object_mut() {
-        obj.insert("paused".into(), json!(shared.executor.is_paused()));
-        obj.insert("depth".into(), json!(shared.executor.depth()));
-        obj.insert("in_memory".into(), json!(shared.executor.in_memory()));
-    }
-    Ok(HttpResponse::Ok().json(body))
+    let mut executor = serde_json::Map::new();
+    executor.insert("paused".into(), json!(shared.executor.is_paused()));
+    executor.insert("depth".into(), json!(shared.executor.depth()));
+    executor.insert("in_memory".into(), json!(shared.executor.in_memory()));
+    list_page(&shared, List::Outbox, &q, executor).await
 }
 
 async fn show_pending(
@@ -67,7 +65,7 @@ async fn list_done(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(list_page(&shared, List::Done, &q).await?))
+    list_page(&shared, List::Done, &q, Default::default()).await
 }
 
 async fn pause(shared: web::Data<Shared>) -> HttpResponse {
@@ -104,7 +102,7 @@ async fn list_dead(
     shared: web::Data<Shared>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(list_page(&shared, List::DeadLetters, &q).await?))
+    list_page(&shared, List::DeadLetters, &q, Default::default()).await
 }
 
 async fn show_dead(
