@@ -22,6 +22,7 @@ pub mod keys;
 pub mod outbox;
 pub mod queue;
 pub mod replay;
+pub mod retention;
 pub mod timers;
 pub mod watch;
 pub mod writer;
@@ -558,6 +559,8 @@ pub struct Store {
     timers: sled::Tree,
     /// The waiting queue (see [`queue`]).
     queue: sled::Tree,
+    /// The retention index (see [`retention`]).
+    activity: sled::Tree,
     meta: sled::Tree,
     /// See [`Store::timer_wakeup`].
     timer_wakeup: Arc<tokio::sync::Notify>,
@@ -690,6 +693,7 @@ impl Store {
             done: t(keys::tree::DONE)?,
             timers: t(keys::tree::TIMERS)?,
             queue: t(keys::tree::QUEUE)?,
+            activity: t(keys::tree::ACTIVITY)?,
             meta,
             timer_wakeup: Default::default(),
             db,
@@ -720,6 +724,7 @@ impl Store {
         store.number_events_above_floor()?;
         store.index_queue_once()?;
         store.index_watch_once()?;
+        store.index_activity_once()?;
         store.count_waiting()?;
         Ok(store)
     }
@@ -1184,6 +1189,8 @@ impl Store {
         let mut queue_fold = queue::QueueFold::default();
         // Each conversation's key in the sweeper's index as this fold found it.
         let mut watch_before = HashMap::new();
+        // Each state's key in the retention index as this fold found it (`None`: created).
+        let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
         let now = crate::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
@@ -1197,6 +1204,8 @@ impl Store {
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
                     watch_before.insert(id.as_str().to_owned(), watch::watch_key(state));
+                    let key = (!created).then(|| retention::conversation_key(state));
+                    convs_active.insert(id.as_str().to_owned(), key);
                 }
                 if let Payload::Timer(t) = &event.payload {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
@@ -1257,6 +1266,9 @@ impl Store {
                         let new = || EndUserState::new(uid.clone());
                         let (user, created) =
                             cached(&self.end_users, &mut users, uid.as_str(), new)?;
+                        users_active
+                            .entry(uid.as_str().to_owned())
+                            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
                         user.observe_conversation(event, c);
                         out.new_end_users += u64::from(created);
                     }
@@ -1264,6 +1276,9 @@ impl Store {
             } else if let Payload::EndUser(u) = &event.payload {
                 let new = || EndUserState::new(u.id.clone());
                 let (user, created) = cached(&self.end_users, &mut users, u.id.as_str(), new)?;
+                users_active
+                    .entry(u.id.as_str().to_owned())
+                    .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
                 user.apply(event, u);
                 out.new_end_users += u64::from(created);
             } else {
@@ -1293,6 +1308,9 @@ impl Store {
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
         out.timers_change = timer_writes.change;
         let timers_added = !timer_writes.insert.is_empty();
+        let mut activity = retention::ActivityWrites::default();
+        activity.of(&convs_active, &convs, retention::conversation_key);
+        activity.of(&users_active, &users, retention::end_user_key);
         let writes = FoldWrites {
             marks: marks.raised,
             fold_from: position.fold_from.map(eventlog::Location::encode),
@@ -1304,6 +1322,7 @@ impl Store {
             timers: timer_writes,
             queue: queue_fold.writes()?,
             watch: watch::watch_writes(&watch_before, &convs),
+            activity,
             outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
             end_users: encoded(&users)?,
@@ -1333,6 +1352,7 @@ impl Store {
             &self.actions,
             &self.timers,
             &self.queue,
+            &self.activity,
             &self.meta,
         );
         trees.transaction(
@@ -1346,6 +1366,7 @@ impl Store {
                 actions,
                 timers,
                 queue,
+                activity,
                 meta,
             )| {
                 for (partition, seq) in &writes.marks {
@@ -1380,6 +1401,12 @@ impl Store {
                 }
                 for key in &writes.watch.insert {
                     queue.insert(key.as_slice(), &[])?;
+                }
+                for key in &writes.activity.remove {
+                    activity.remove(key.as_slice())?;
+                }
+                for key in &writes.activity.insert {
+                    activity.insert(key.as_slice(), &[])?;
                 }
                 outbox::insert_pending(outbox, actions, &writes.outbox)?;
                 for (id, bytes) in &writes.conversations {
@@ -1743,6 +1770,7 @@ struct FoldWrites {
     timers: timers::TimerWrites,
     queue: queue::QueueWrites,
     watch: watch::WatchWrites,
+    activity: retention::ActivityWrites,
     outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,
     end_users: Vec<(String, Vec<u8>)>,
