@@ -102,7 +102,7 @@ impl WaitingCounts {
         }
     }
 
-    fn summary(&self) -> QueueSummary {
+    pub(super) fn summary(&self) -> QueueSummary {
         QueueSummary {
             waiting: self.total,
             oldest_since: self.by_time.keys().next().copied(),

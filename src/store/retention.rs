@@ -120,6 +120,8 @@ pub struct StatesPruned {
     /// States past retention left for a later pass: an outbox entry of theirs pending, their
     /// events not all folded below the watermark, or (end users) their last conversation kept.
     pub skipped: u64,
+    /// Transactions (chunks of candidates, each judged under the fold lock).
+    pub chunks: u64,
 }
 
 /// The outbox queues with a pending entry, read once and then only the entries decided since
@@ -209,6 +211,7 @@ impl Store {
                 from = last.to_vec();
                 from.push(0);
                 self.prune_chunk(kind, &candidates, &mut pending, &mut out)?;
+                out.chunks += 1;
                 if candidates.len() < chunk {
                     break;
                 }
@@ -489,5 +492,384 @@ impl Store {
             tracing::info!(indexed, "retention index built from the states");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DeliveryId;
+    use crate::store::{Position, QuarantineRecord};
+    use crate::webhook::model::Event;
+    use crate::webhook::IncomingEvent;
+
+    const DAY: Millis = 86_400_000;
+
+    fn event(
+        id: &str,
+        kind: &str,
+        conversation: &str,
+        user: Option<&str>,
+        at: Millis,
+    ) -> IncomingEvent {
+        let mut c = serde_json::json!({ "id": conversation, "botId": "B1", "platform": "web" });
+        if let Some(user) = user {
+            c["endUserId"] = user.into();
+            c["userKey"] = format!("key-{user}").into();
+        }
+        let raw = serde_json::json!({
+            "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
+            "data": { "conversation": c },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    fn message(id: &str, conversation: &str, at: Millis) -> IncomingEvent {
+        let raw = serde_json::json!({
+            "id": id, "event": "bot.message.received", "sourceType": "bot", "sourceId": "B1",
+            "timestamp": at,
+            "data": { "message": { "id": format!("m-{id}"), "conversationId": conversation,
+                "isUser": true, "meta": null, "data": { "type": "text", "text": "hi" } } },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    /// A request starts a 5-minute timer; a message is answered (an outbox entry).
+    fn rules() -> crate::rules::RuleSet {
+        let text = "[[rule]]\nname = \"wait\"\non = [\"bot.conversation.agent_call_requested\"]\n\
+             actions = [{ type = \"start_timer\", name = \"t\", after = \"5m\" }]\n\
+             [[rule]]\nname = \"answer\"\non = [\"bot.message.received\"]\n\
+             actions = [{ type = \"send_message\", text = \"hello\" }]\n";
+        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.to_owned())]).expect("rules")
+    }
+
+    /// Accept and fold `events` as one batch, without moving the folds' watermark (like a job
+    /// while an older event is still in another).
+    fn fold_only(
+        store: &Store,
+        delivery: &str,
+        events: Vec<IncomingEvent>,
+    ) -> super::super::Applied {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        let received = vec![10; batch.len()];
+        store
+            .apply_with(&batch, &rules(), &received)
+            .expect("apply")
+    }
+
+    /// Move the folds' watermark to the log's end (nothing left to fold), as the dispatcher does.
+    fn settle(store: &Store) {
+        let pending = store.pending().expect("pending");
+        assert!(pending.is_empty(), "everything folded");
+        let position = Position {
+            fold_from: Some(pending.end),
+            passed: Vec::new(),
+        };
+        store
+            .fold(&[], &[], &crate::actions::NoRules, &[], &position)
+            .expect("settle");
+    }
+
+    fn fold(store: &Store, delivery: &str, events: Vec<IncomingEvent>) -> super::super::Applied {
+        let applied = fold_only(store, delivery, events);
+        settle(store);
+        applied
+    }
+
+    fn keys_of(tree: &sled::Tree) -> Vec<Vec<u8>> {
+        tree.iter()
+            .keys()
+            .map(|k| k.expect("key").to_vec())
+            .collect()
+    }
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        (dir, store)
+    }
+
+    #[test]
+    fn an_idle_conversation_and_its_end_user_go_with_every_derived_key() {
+        let (_d, store) = open();
+        let now = crate::clock::now_millis();
+        let requested = "bot.conversation.agent_call_requested";
+        fold(
+            &store,
+            "d1",
+            vec![
+                event("e1", requested, "c1", Some("U1"), 1_000),
+                event("e2", "bot.conversation.updated", "c2", None, now + 10 * DAY),
+            ],
+        );
+        // Everything derived from c1 is there: waiting entry, sweeper key, timer, marks.
+        assert_eq!(store.queue_summary().waiting, 1);
+        assert_eq!(store.watched(0, 10).expect("watched").active, ["c1"]);
+        assert_eq!(store.timers_pending(), 1);
+        assert_eq!(keys_of(&store.activity).len(), 3, "c1, c2, U1");
+        assert!(store.mark("c:c1").expect("mark").is_some());
+        assert!(store
+            .find_end_user("web", "key-U1")
+            .expect("find")
+            .is_some());
+        assert_eq!(
+            (store.sizes().conversations, store.sizes().end_users),
+            (2, 1)
+        );
+
+        // c1 is not yet past retention (its timer runs until now + 5m); U1 is, but stays while
+        // the conversation it last had is kept.
+        let early = store.prune_states(now, CHUNK).expect("prune");
+        assert_eq!(
+            early,
+            StatesPruned {
+                skipped: 1,
+                chunks: 1,
+                ..StatesPruned::default()
+            }
+        );
+        assert!(store.end_user(&"U1".into()).expect("read").is_some());
+
+        let pruned = store.prune_states(now + DAY, CHUNK).expect("prune");
+        assert_eq!(
+            pruned,
+            StatesPruned {
+                conversations: 1,
+                end_users: 1,
+                timers: 1,
+                skipped: 0,
+                chunks: 2,
+            }
+        );
+        assert_eq!(store.conversation(&"c1".into()).expect("read"), None);
+        assert_eq!(store.end_user(&"U1".into()).expect("read"), None);
+        assert!(store.conversation(&"c2".into()).expect("read").is_some());
+        // No key of c1 or U1 is left anywhere.
+        let waiting: Vec<_> = store.queue.scan_prefix([keys::QUEUE_WAITING]).collect();
+        assert!(waiting.is_empty());
+        assert_eq!(store.watched(0, 10).expect("watched"), Default::default());
+        assert!(keys_of(&store.timers).is_empty());
+        assert_eq!(store.timers_pending(), 0);
+        let c2 = store.conversation(&"c2".into()).expect("read").expect("c2");
+        assert_eq!(keys_of(&store.activity), [conversation_key(&c2)]);
+        assert_eq!(store.mark("c:c1").expect("mark"), None);
+        assert!(
+            store.mark("c:c2").expect("mark").is_some(),
+            "c2's mark stays"
+        );
+        assert!(keys_of(&store.user_index).is_empty());
+        assert_eq!(
+            (store.sizes().conversations, store.sizes().end_users),
+            (1, 0)
+        );
+        assert_eq!(store.queue_summary().waiting, 0);
+        assert_eq!(
+            store.queue_summary_scanned().expect("scan").summary(),
+            store.queue_summary()
+        );
+        // A second pass finds nothing.
+        let again = store.prune_states(now + DAY, CHUNK).expect("prune");
+        assert_eq!((again.conversations, again.end_users), (0, 0));
+    }
+
+    #[test]
+    fn a_pending_outbox_entry_or_unfolded_events_keep_a_state_for_a_later_pass() {
+        let (_d, store) = open();
+        let applied = fold(&store, "d1", vec![message("e1", "c1", 1_000)]);
+        assert_eq!(applied.outbox.len(), 1);
+        let cutoff = 10 * DAY;
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.skipped),
+            (0, 1),
+            "its answer is pending"
+        );
+        assert!(store.conversation(&"c1".into()).expect("read").is_some());
+        store
+            .outbox_done(&applied.outbox[0], 1, 2_000)
+            .expect("done");
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.skipped),
+            (1, 0),
+            "once it ran"
+        );
+
+        // c2 folded above the folds' watermark (another job still holds an older event): its
+        // mark is not below it, so it waits; once the watermark passes it, it goes.
+        let at = store.pending().expect("pending").end;
+        store
+            .fold(
+                &[],
+                &[],
+                &crate::actions::NoRules,
+                &[],
+                &Position {
+                    fold_from: Some(at),
+                    passed: Vec::new(),
+                },
+            )
+            .expect("watermark");
+        fold_only(
+            &store,
+            "d2",
+            vec![event("e2", "bot.conversation.updated", "c2", None, 1_000)],
+        );
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (0, 1));
+        settle(&store);
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (1, 0));
+        assert_eq!(store.sizes().conversations, 0);
+    }
+
+    #[test]
+    fn an_event_folded_after_pruning_starts_a_fresh_state_and_old_timers_are_stale() {
+        let (_d, store) = open();
+        let requested = "bot.conversation.agent_call_requested";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", requested, "c1", None, 1_000)],
+        );
+        let old = store.conversation(&"c1".into()).expect("read").expect("c1");
+        let timer = old.timers.get("t").expect("timer").clone();
+        let far = crate::clock::now_millis() + DAY;
+        assert_eq!(
+            store.prune_states(far, CHUNK).expect("prune").conversations,
+            1
+        );
+
+        // The old timer's firing (handed to the writer before the pass) and a new event.
+        let firing = crate::webhook::model::TimerFiring {
+            conversation_id: "c1".into(),
+            name: "t".into(),
+            due_at: timer.due_at,
+            started_by: timer.started_by.clone(),
+        };
+        let fired = crate::webhook::timer_event(&firing, "B1").expect("timer event");
+        let applied = fold(
+            &store,
+            "d2",
+            vec![
+                fired,
+                event("e3", "bot.conversation.updated", "c1", None, 5_000),
+            ],
+        );
+        assert_eq!(applied.new_conversations, 1, "a fresh state");
+        assert!(
+            applied.outbox.is_empty(),
+            "the stale firing reached no rule"
+        );
+        let fresh = store.conversation(&"c1".into()).expect("read").expect("c1");
+        assert_eq!(fresh.events_applied, 2);
+        assert!(fresh.timers.is_empty(), "no timer from before");
+        assert_eq!(fresh.handoff.requested_at, None, "nothing from before");
+        assert!(keys_of(&store.timers).is_empty());
+        assert_eq!(keys_of(&store.activity), [conversation_key(&fresh)]);
+        assert_eq!(store.sizes().conversations, 1);
+        // A duplicate of the old event is still caught by intake's dedupe (the event log's ids).
+        let again = store
+            .accept(
+                &DeliveryId::new("d3"),
+                &[event("e1", requested, "c1", None, 1_000)],
+                20,
+            )
+            .expect("accept");
+        assert!(again.new.is_empty(), "a duplicate");
+    }
+
+    #[test]
+    fn a_pass_reads_a_long_range_in_chunks() {
+        let (_d, store) = open();
+        let events = (0..25)
+            .map(|i| {
+                event(
+                    &format!("e{i}"),
+                    "bot.conversation.updated",
+                    &format!("c{i:02}"),
+                    None,
+                    1_000 + i,
+                )
+            })
+            .collect();
+        fold(&store, "d1", events);
+        fold(
+            &store,
+            "d2",
+            vec![event(
+                "late",
+                "bot.conversation.updated",
+                "new",
+                None,
+                5 * DAY,
+            )],
+        );
+        let pruned = store.prune_states(DAY, 4).expect("prune");
+        assert_eq!(pruned.conversations, 25);
+        assert_eq!(pruned.chunks, 7, "25 in chunks of 4");
+        assert_eq!(store.sizes().conversations, 1);
+        assert_eq!(
+            keys_of(&store.activity).len(),
+            1,
+            "only the one within retention"
+        );
+    }
+
+    #[test]
+    fn quarantine_records_past_retention_go_oldest_first() {
+        let (_d, store) = open();
+        let ids: Vec<u64> = (1..=5)
+            .map(|i| {
+                let record = QuarantineRecord::new("delivery", "invalid_json", "x", b"{", i * 100);
+                store.quarantine(record).expect("quarantine")
+            })
+            .collect();
+        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 3);
+        let left: Vec<u64> = store
+            .quarantined()
+            .expect("list")
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(left, ids[3..]);
+        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 0);
+    }
+
+    #[test]
+    fn a_store_from_before_the_index_builds_it_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let expected = {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            fold(
+                &store,
+                "d1",
+                vec![
+                    event("e1", "bot.conversation.updated", "c1", Some("U1"), 1_000),
+                    event("e2", "bot.conversation.updated", "c2", None, 2_000),
+                ],
+            );
+            let expected = keys_of(&store.activity);
+            assert_eq!(expected.len(), 3);
+            store.activity.clear().expect("clear");
+            store
+                .meta
+                .remove(keys::meta::ACTIVITY_INDEXED)
+                .expect("unmark");
+            store.db.flush().expect("flush");
+            expected
+        };
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        assert_eq!(keys_of(&store.activity), expected);
     }
 }
