@@ -159,9 +159,12 @@ impl PendingQueues {
 enum Judged {
     /// Past retention: its removals (subject to the pending and folded checks).
     Past(Removal),
-    /// Its key moved (active again since the range was read), or it is kept for now (`true`:
-    /// count it as skipped).
+    /// Kept for now (`true`: count it as skipped).
     Kept(bool),
+    /// Its state's key is another: it was active again since the range was read (the key is
+    /// gone then), or the index is stale (an older build folded meanwhile): the state's key
+    /// replaces this one.
+    Moved(Vec<u8>),
     /// An index key without a state: the key alone goes.
     Orphan,
 }
@@ -235,6 +238,7 @@ impl Store {
         let below = self.watermark_seq()?;
         let mut removals = Vec::new();
         let mut orphans = Vec::new();
+        let mut repaired = Vec::new();
         for key in candidates {
             let Some((_, _, id)) = keys::parse_activity(key) else {
                 tracing::error!(key = ?key, "unreadable retention key; left");
@@ -254,6 +258,15 @@ impl Store {
                     orphans.push(key.to_vec());
                     continue;
                 }
+                Judged::Moved(now) => {
+                    // Folds wait for the lock held here: a key still there is stale.
+                    if self.activity.contains_key(key)? {
+                        tracing::warn!(key = ?key, "stale retention key; replaced");
+                        orphans.push(key.to_vec());
+                        repaired.push(now);
+                    }
+                    continue;
+                }
             };
             let partition = removal.partition.encode();
             let queues = match &removal.partition {
@@ -269,7 +282,7 @@ impl Store {
             }
             removals.push(removal);
         }
-        let committed = self.commit_prune(&removals, &orphans)?;
+        let committed = self.commit_prune(&removals, &orphans, &repaired)?;
         for r in &removals {
             match r.tree {
                 StateTree::Conversations => out.conversations += 1,
@@ -288,6 +301,7 @@ impl Store {
         &self,
         removals: &[Removal],
         orphans: &[Vec<u8>],
+        repaired: &[Vec<u8>],
     ) -> Result<Committed, StoreError> {
         use sled::Transactional;
         let queue_removed: Vec<Vec<u8>> = removals
@@ -346,6 +360,9 @@ impl Store {
                 for key in orphans {
                     activity.remove(key.as_slice())?;
                 }
+                for key in repaired {
+                    activity.insert(key.as_slice(), &[])?;
+                }
                 for (key, gone) in [
                     (keys::meta::COUNT_CONVERSATIONS, conversations),
                     (keys::meta::COUNT_END_USERS, end_users),
@@ -375,8 +392,9 @@ impl Store {
             return Ok(Judged::Orphan);
         };
         let state: ConversationState = decode(&bytes, "conversation state")?;
-        if conversation_key(&state) != key {
-            return Ok(Judged::Kept(false));
+        let now = conversation_key(&state);
+        if now != key {
+            return Ok(Judged::Moved(now));
         }
         Ok(Judged::Past(Removal {
             partition: PartitionKey::Conversation(state.id.clone()),
@@ -395,8 +413,9 @@ impl Store {
             return Ok(Judged::Orphan);
         };
         let user: EndUserState = decode(&bytes, "end-user state")?;
-        if end_user_key(&user) != key {
-            return Ok(Judged::Kept(false));
+        let now = end_user_key(&user);
+        if now != key {
+            return Ok(Judged::Moved(now));
         }
         if let Some(conversation) = &user.last_conversation_id.value {
             if self.conversations.contains_key(conversation.as_str())? {
@@ -824,6 +843,28 @@ mod tests {
             1,
             "only the one within retention"
         );
+    }
+
+    #[test]
+    fn a_stale_index_key_is_replaced_by_the_states_own() {
+        let (_d, store) = open();
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", "bot.conversation.updated", "c1", None, 5 * DAY)],
+        );
+        let state = store.conversation(&"c1".into()).expect("read").expect("c1");
+        // As if an older build had folded c1's newer event without keeping the index.
+        let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
+        store.activity.clear().expect("clear");
+        store.activity.insert(&stale, Vec::new()).expect("insert");
+        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        assert_eq!(
+            pruned.conversations, 0,
+            "c1 is within retention by its state"
+        );
+        assert_eq!(keys_of(&store.activity), [conversation_key(&state)]);
+        assert!(store.conversation(&"c1".into()).expect("read").is_some());
     }
 
     #[test]
