@@ -846,6 +846,46 @@ mod tests {
     }
 
     #[test]
+    fn the_fold_keeps_one_key_per_state_equal_to_its_activity() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![
+                event("e1", updated, "c1", Some("U1"), 1_000),
+                event("e2", updated, "c2", None, 2_000),
+                // An older event later in the batch moves nothing.
+                event("e3", updated, "c1", Some("U1"), 500),
+            ],
+        );
+        // Newer events in a later fold move c1's and U1's keys; c2's stays.
+        fold(
+            &store,
+            "d2",
+            vec![
+                event("e4", updated, "c1", Some("U1"), 9_000),
+                message("e5", "c2", 1_500),
+            ],
+        );
+        let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
+        let c2 = store.conversation(&"c2".into()).expect("read").expect("c2");
+        let u1 = store.end_user(&"U1".into()).expect("read").expect("U1");
+        assert_eq!(
+            (conversation_activity(&c1), conversation_activity(&c2)),
+            (9_000, 2_000)
+        );
+        assert_eq!(end_user_activity(&u1), 9_000);
+        let mut expected = vec![
+            conversation_key(&c1),
+            conversation_key(&c2),
+            end_user_key(&u1),
+        ];
+        expected.sort();
+        assert_eq!(keys_of(&store.activity), expected);
+    }
+
+    #[test]
     fn a_stale_index_key_is_replaced_by_the_states_own() {
         let (_d, store) = open();
         fold(
