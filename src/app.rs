@@ -656,7 +656,6 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     }
 }
 
-/// Retention: drop dedupe records and processed log entries past their windows.
 /// How often `handoff_store_size_bytes` is measured (a walk of the store's files).
 const STORE_SIZE_EVERY: Duration = Duration::from_secs(15);
 
