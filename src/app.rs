@@ -51,6 +51,8 @@ pub struct Shared {
     pub reconcile: crate::reconcile::Sweeper,
     /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
     pub backfill: crate::backfill::Backfill,
+    /// The pruning passes (periodic, and `POST /admin/v1/prune`).
+    pub pruner: crate::prune::Pruner,
 }
 
 impl Shared {
@@ -315,11 +317,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     ));
-    let pruner = tokio::spawn(prune_loop(
-        store.clone(),
-        writer.clone(),
-        metrics.clone(),
-        config.clone(),
+    let prune = crate::prune::Pruner::new(store.clone(), writer.clone(), metrics.clone(), &config);
+    let pruner = tokio::spawn(crate::prune::run(
+        prune.clone(),
+        config.store.prune_interval,
         stop_rx.clone(),
     ));
     let reloader = crate::ops::reload::Reloader {
@@ -362,6 +363,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         helpdesk,
         reconcile: sweeper,
         backfill,
+        pruner: prune,
     });
 
     let webhook_path = config.webhook.path.clone();
@@ -654,95 +656,6 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     }
 }
 
-/// Retention: drop dedupe records and processed log entries past their windows.
-async fn prune_loop(
-    store: Store,
-    writer: Writer,
-    metrics: Metrics,
-    config: Config,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(config.store.prune_interval);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        // Real time: the test clock must not make data look old enough to drop.
-        let now = crate::clock::system_millis();
-        let dedupe_before = now - millis(config.webhook.dedupe_retention);
-        let events_before = now - millis(config.store.event_retention);
-        let audit_before = now - millis(config.outbox.audit_retention);
-        let answers_before = now - millis(config.helpdesk.idempotency_retention);
-        // The folds' watermark, then a flush (the writer's: the one flusher): segments below
-        // it go only once the folds before it are on disk.
-        let fold_from = match store.fold_from() {
-            Ok(at) => at,
-            Err(e) => {
-                tracing::warn!(error = %e, "prune failed");
-                continue;
-            }
-        };
-        if let Err(e) = writer.flush().await {
-            tracing::warn!(error = %e, "prune skipped: the store did not flush");
-            continue;
-        }
-        let store = store.clone();
-        let pruning = move || {
-            let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
-            // Event pruning can lag its retention (it stops at an event still in the inbox): the
-            // ledger outlives every stored event, so a replay of any
-            // of them still knows what already ran.
-            let oldest = store.oldest_event_received_at()?.unwrap_or(audit_before);
-            let finished = store.prune_ledger(audit_before.min(oldest), 10_000)?;
-            // Every old answer each round (10,000 at a time), so the tree cannot outgrow the
-            // pruning however busy the agent API is.
-            let mut answers = 0;
-            loop {
-                let removed = store.prune_idempotency(answers_before, 10_000)?;
-                answers += removed;
-                if removed < 10_000 {
-                    break;
-                }
-            }
-            if answers > 0 {
-                tracing::debug!(answers, "pruned agent API idempotency records");
-            }
-            Ok::<_, crate::store::StoreError>((pruned, finished))
-        };
-        match tokio::task::spawn_blocking(pruning).await {
-            Ok(Ok((p, (actions, records)))) => {
-                metrics
-                    .pruned
-                    .with_label_values(&["actions"])
-                    .inc_by(actions);
-                metrics
-                    .pruned
-                    .with_label_values(&["finished"])
-                    .inc_by(records);
-                metrics
-                    .pruned
-                    .with_label_values(&["dedupe"])
-                    .inc_by(p.dedupe_records);
-                metrics
-                    .pruned
-                    .with_label_values(&["event_segments"])
-                    .inc_by(p.event_segments);
-                if p.dedupe_records + p.event_segments > 0 {
-                    tracing::debug!(
-                        dedupe = p.dedupe_records,
-                        event_segments = p.event_segments,
-                        "pruned"
-                    );
-                }
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "prune failed"),
-            Err(e) => tracing::warn!(error = %e, "prune task failed"),
-        }
-    }
-}
-
 /// How often `handoff_store_size_bytes` is measured (a walk of the store's files).
 const STORE_SIZE_EVERY: Duration = Duration::from_secs(15);
 
@@ -764,10 +677,6 @@ async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiv
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The Open API client, and the emulator it talks to when the upstream is `embedded`.

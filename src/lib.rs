@@ -22,6 +22,7 @@ pub mod ids;
 pub mod intake;
 pub mod ops;
 pub mod outbox;
+pub mod prune;
 pub mod queries;
 pub mod reconcile;
 pub mod rules;

@@ -217,6 +217,14 @@ pub struct StoreConfig {
     pub event_retention: Duration,
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
+    /// How long a conversation's or end user's state is kept after its last activity
+    /// (`store::retention`); zero (`"off"`): forever.
+    #[serde(with = "duration_or_off")]
+    pub state_retention: Duration,
+    /// How long a quarantine record is kept after it was received; zero (`"off"`): until it is
+    /// re-processed.
+    #[serde(with = "duration_or_off")]
+    pub quarantine_retention: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -645,6 +653,23 @@ impl Config {
                 "outbox.audit_retention",
                 &humantime::format_duration(self.outbox.audit_retention),
                 "must be at least store.event_retention (a replay must know what already ran)",
+            );
+        }
+        let states = self.store.state_retention;
+        if !states.is_zero() && states < self.store.event_retention {
+            bad(
+                "store.state_retention",
+                &humantime::format_duration(states),
+                "must be at least store.event_retention, or \"off\" (a late event of a pruned \
+                 conversation must find none of its older events still in the log)",
+            );
+        }
+        if !states.is_zero() && states < self.webhook.dedupe_retention {
+            bad(
+                "store.state_retention",
+                &humantime::format_duration(states),
+                "must be at least webhook.dedupe_retention, or \"off\" (a re-sent event of a \
+                 pruned conversation must still be a duplicate)",
             );
         }
         if self.store.prune_interval < Duration::from_secs(1) {

@@ -703,3 +703,41 @@ max = "2m"
     assert_eq!(d.outbox.breaker.probe_interval, Duration::from_secs(15));
     assert!(d.deprecated.is_empty());
 }
+
+#[test]
+fn state_and_quarantine_retention_load_off_keeps_forever_and_short_values_are_refused() {
+    let c = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert_eq!(c.store.state_retention, Duration::from_secs(90 * 86_400));
+    assert_eq!(
+        c.store.quarantine_retention,
+        Duration::from_secs(30 * 86_400)
+    );
+    let c = Config::load_from(
+        None,
+        env(&[
+            ("HANDOFF_BRIDGE__STORE__STATE_RETENTION", "off"),
+            ("HANDOFF_BRIDGE__STORE__QUARANTINE_RETENTION", "off"),
+        ]),
+        &Overrides::default(),
+    )
+    .expect("off is valid");
+    assert!(c.store.state_retention.is_zero());
+    assert!(c.store.quarantine_retention.is_zero());
+    // Shorter than the event retention (168h) and the dedupe window (set to 200h here): both
+    // problems, each saying which bound.
+    let (_d, path) =
+        write("[webhook]\ndedupe_retention = \"200h\"\n[store]\nevent_retention = \"200h\"\nstate_retention = \"100h\"\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    let found: Vec<&str> = p
+        .iter()
+        .filter(|p| p.key == "store.state_retention")
+        .map(|p| p.why.as_str())
+        .collect();
+    assert_eq!(found.len(), 2, "{p:?}");
+    assert!(found[0].contains("store.event_retention"), "{p:?}");
+    assert!(found[1].contains("webhook.dedupe_retention"), "{p:?}");
+    let (_d, path) = write("[store]\nstate_retention = \"168h\"\n");
+    Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("equal is enough");
+}

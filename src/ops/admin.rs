@@ -20,6 +20,7 @@ pub const MAX_BODY: usize = 256 * 1024;
 pub fn routes(cfg: &mut web::ServiceConfig) {
     let scope = super::outbox_admin::routes(web::scope(PREFIX));
     let scope = super::reconcile_admin::routes(scope);
+    let scope = super::prune_admin::routes(scope);
     cfg.service(
         scope
             .wrap(actix_web::middleware::from_fn(guard))

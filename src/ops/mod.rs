@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod metrics;
 pub mod outbox_admin;
+pub mod prune_admin;
 pub mod reconcile_admin;
 pub mod reload;
 

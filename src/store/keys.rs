@@ -53,6 +53,12 @@ pub mod tree {
     /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
     /// `store::watch`), kept the same way.
     pub const QUEUE: &str = "queue/v1";
+    /// The retention index: `c` (newest activity time, conversation id) and `u` (newest activity
+    /// time, end user id) -> nothing, oldest first (see `store::retention`), so a pruning pass
+    /// reads the states past `store.state_retention` as a range. Equal to the states: only the
+    /// fold writes it (and the pass that prunes a state removes its key), in the transaction that
+    /// writes those states.
+    pub const ACTIVITY: &str = "activity/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }
@@ -88,6 +94,8 @@ pub mod meta {
     pub const QUEUE_INDEXED: &[u8] = b"queue_indexed";
     /// Set once the reconciliation index (in `queue/v1`) was built from the states.
     pub const WATCH_INDEXED: &[u8] = b"watch_indexed";
+    /// Set once the retention index (`activity/v1`) was built from the states.
+    pub const ACTIVITY_INDEXED: &[u8] = b"activity_indexed";
     /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
@@ -251,6 +259,29 @@ pub fn parse_watch_released(key: &[u8]) -> Option<(i64, &str)> {
     Some((i64::try_from(at).ok()?, id))
 }
 
+/// The first byte of a conversation's key in the retention index (`activity/v1`).
+pub const ACTIVITY_CONVERSATION: u8 = b'c';
+/// The first byte of an end user's key there.
+pub const ACTIVITY_END_USER: u8 = b'u';
+
+/// A key of the retention index: `kind` (a conversation's or an end user's), the newest activity
+/// time (8 bytes, big-endian, before 1970 as 0), the id; so each kind's keys sort oldest first.
+pub fn activity(kind: u8, at: i64, id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(9 + id.len());
+    key.push(kind);
+    key.extend_from_slice(&u64::try_from(at).unwrap_or(0).to_be_bytes());
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// The kind, activity time and id of a retention index key.
+pub fn parse_activity(key: &[u8]) -> Option<(u8, i64, &str)> {
+    let kind = *key.first()?;
+    let at = u64::from_be_bytes(key.get(1..9)?.try_into().ok()?);
+    let id = std::str::from_utf8(key.get(9..)?).ok()?;
+    Some((kind, i64::try_from(at).ok()?, id))
+}
+
 /// Timer keys due at or before `at` sort before this one.
 pub fn timers_after(at: i64) -> [u8; 8] {
     u64::try_from(at.saturating_add(1))
@@ -294,6 +325,20 @@ mod tests {
             Some(1_763_690_400_000)
         );
         assert_eq!(parse_queue_requested_at(&queue_bot("bot-7")), None);
+    }
+
+    #[test]
+    fn activity_keys_sort_per_kind_oldest_first_and_parse_back() {
+        let c = ACTIVITY_CONVERSATION;
+        assert!(activity(c, 999, "zz") < activity(c, 1_000, "aa"));
+        assert!(activity(c, i64::MAX, "z") < activity(ACTIVITY_END_USER, 0, ""));
+        assert!(activity(c, 1_000, "x") < activity(c, 1_001, ""));
+        assert_eq!(activity(c, -5, "a"), activity(c, 0, "a"));
+        assert_eq!(
+            parse_activity(&activity(ACTIVITY_END_USER, 1_763_690_400_000, "u:1")),
+            Some((ACTIVITY_END_USER, 1_763_690_400_000, "u:1"))
+        );
+        assert_eq!(parse_activity(b"c1234"), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod outbox;
 mod pages;
 pub mod queue;
 pub mod replay;
+pub mod retention;
 pub mod timers;
 pub mod watch;
 pub mod writer;
@@ -559,6 +560,8 @@ pub struct Store {
     timers: sled::Tree,
     /// The waiting queue (see [`queue`]).
     queue: sled::Tree,
+    /// The retention index (see [`retention`]).
+    activity: sled::Tree,
     meta: sled::Tree,
     /// See [`Store::timer_wakeup`].
     timer_wakeup: Arc<tokio::sync::Notify>,
@@ -691,6 +694,7 @@ impl Store {
             done: t(keys::tree::DONE)?,
             timers: t(keys::tree::TIMERS)?,
             queue: t(keys::tree::QUEUE)?,
+            activity: t(keys::tree::ACTIVITY)?,
             meta,
             timer_wakeup: Default::default(),
             db,
@@ -721,6 +725,7 @@ impl Store {
         store.number_events_above_floor()?;
         store.index_queue_once()?;
         store.index_watch_once()?;
+        store.index_activity_once()?;
         store.count_waiting()?;
         Ok(store)
     }
@@ -1185,6 +1190,8 @@ impl Store {
         let mut queue_fold = queue::QueueFold::default();
         // Each conversation's key in the sweeper's index as this fold found it.
         let mut watch_before = HashMap::new();
+        // Each state's key in the retention index as this fold found it (`None`: created).
+        let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
         let now = crate::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
@@ -1198,6 +1205,8 @@ impl Store {
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
                     watch_before.insert(id.as_str().to_owned(), watch::watch_key(state));
+                    let key = (!created).then(|| retention::conversation_key(state));
+                    convs_active.insert(id.as_str().to_owned(), key);
                 }
                 if let Payload::Timer(t) = &event.payload {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
@@ -1258,6 +1267,9 @@ impl Store {
                         let new = || EndUserState::new(uid.clone());
                         let (user, created) =
                             cached(&self.end_users, &mut users, uid.as_str(), new)?;
+                        users_active
+                            .entry(uid.as_str().to_owned())
+                            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
                         user.observe_conversation(event, c);
                         out.new_end_users += u64::from(created);
                     }
@@ -1265,6 +1277,9 @@ impl Store {
             } else if let Payload::EndUser(u) = &event.payload {
                 let new = || EndUserState::new(u.id.clone());
                 let (user, created) = cached(&self.end_users, &mut users, u.id.as_str(), new)?;
+                users_active
+                    .entry(u.id.as_str().to_owned())
+                    .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
                 user.apply(event, u);
                 out.new_end_users += u64::from(created);
             } else {
@@ -1294,6 +1309,9 @@ impl Store {
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
         out.timers_change = timer_writes.change;
         let timers_added = !timer_writes.insert.is_empty();
+        let mut activity = retention::ActivityWrites::default();
+        activity.of(&convs_active, &convs, retention::conversation_key);
+        activity.of(&users_active, &users, retention::end_user_key);
         let writes = FoldWrites {
             marks: marks.raised,
             fold_from: position.fold_from.map(eventlog::Location::encode),
@@ -1305,6 +1323,7 @@ impl Store {
             timers: timer_writes,
             queue: queue_fold.writes()?,
             watch: watch::watch_writes(&watch_before, &convs),
+            activity,
             outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
             end_users: encoded(&users)?,
@@ -1334,6 +1353,7 @@ impl Store {
             &self.actions,
             &self.timers,
             &self.queue,
+            &self.activity,
             &self.meta,
         );
         trees.transaction(
@@ -1347,6 +1367,7 @@ impl Store {
                 actions,
                 timers,
                 queue,
+                activity,
                 meta,
             )| {
                 for (partition, seq) in &writes.marks {
@@ -1381,6 +1402,12 @@ impl Store {
                 }
                 for key in &writes.watch.insert {
                     queue.insert(key.as_slice(), &[])?;
+                }
+                for key in &writes.activity.remove {
+                    activity.remove(key.as_slice())?;
+                }
+                for key in &writes.activity.insert {
+                    activity.insert(key.as_slice(), &[])?;
                 }
                 outbox::insert_pending(outbox, actions, &writes.outbox)?;
                 for (id, bytes) in &writes.conversations {
@@ -1744,6 +1771,7 @@ struct FoldWrites {
     timers: timers::TimerWrites,
     queue: queue::QueueWrites,
     watch: watch::WatchWrites,
+    activity: retention::ActivityWrites,
     outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,
     end_users: Vec<(String, Vec<u8>)>,

@@ -1,0 +1,31 @@
+//! `POST /admin/v1/prune` (mounted under `/admin/v1` by `admin`): run a pruning pass now (after
+//! the one running, if any) and answer what it removed (`prune::PruneReport`).
+
+use crate::app::Shared;
+use crate::http_error::ApiError;
+use crate::prune::PruneError;
+use crate::store::writer::WriterError;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+
+pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
+    scope.route("/prune", web::post().to(prune))
+}
+
+async fn prune(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+    tracing::info!("pruning pass asked for by an operator");
+    match shared.pruner.pass().await {
+        Ok(report) => Ok(HttpResponse::Ok().json(report)),
+        Err(PruneError::Flush(WriterError::Stopped)) => Err(ApiError::unavailable(
+            "the daemon is shutting down: the pass was not run",
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, "prune failed");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "prune_failed",
+                format!("the pruning pass failed; the next one tries again: {e}"),
+            ))
+        }
+    }
+}

@@ -1,0 +1,956 @@
+//! Retention of conversation and end-user states (`store.state_retention`) and of quarantine
+//! records (`store.quarantine_retention`).
+//!
+//! The retention index (`activity/v1`) holds every conversation and end user by its newest
+//! activity time ([`conversation_activity`], [`end_user_activity`]), oldest first. Like the
+//! waiting queue and the sweeper's index, only folds write it, in their transaction, as the
+//! difference between a state's key before and after the fold; so a pruning pass reads the
+//! states past retention as a range, in chunks, without reading every state. A store from before
+//! the index is indexed once, on open.
+//!
+//! A state goes under the fold lock, re-read first (skipped if it changed since the range was
+//! read), only when its partition's events are all folded below the folds' watermark and no
+//! outbox entry of it is pending; then ONE transaction removes the state and every key derived
+//! from it ([`derived_keys`]: the waiting entry, the sweeper's key, the timers, the retention
+//! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
+//! state, as for one never seen (see ARCHITECTURE.md, "Retention").
+
+use super::{decode, keys, ConversationState, EndUserState, Store, StoreError};
+use crate::ids::PartitionKey;
+use crate::webhook::model::Millis;
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// States examined per transaction (and per hold of the fold lock).
+pub const CHUNK: usize = 1_000;
+
+/// When a conversation was last active: its newest event (a deletion is one), or a running
+/// timer's due time if later (a conversation waiting on a timer is not idle).
+pub fn conversation_activity(s: &ConversationState) -> Millis {
+    let timers = s.timers.values().map(|t| t.due_at);
+    timers
+        .chain(s.deleted_at)
+        .fold(s.last_event_at, Millis::max)
+}
+
+/// When an end user was last active: their newest own event, or the newest conversation event
+/// that named them.
+pub fn end_user_activity(u: &EndUserState) -> Millis {
+    u.deleted_at.into_iter().fold(
+        u.last_event_at.max(u.last_conversation_id.stamp.at),
+        Millis::max,
+    )
+}
+
+pub(super) fn conversation_key(s: &ConversationState) -> Vec<u8> {
+    keys::activity(
+        keys::ACTIVITY_CONVERSATION,
+        conversation_activity(s),
+        s.id.as_str(),
+    )
+}
+
+pub(super) fn end_user_key(u: &EndUserState) -> Vec<u8> {
+    keys::activity(keys::ACTIVITY_END_USER, end_user_activity(u), u.id.as_str())
+}
+
+/// Every key kept outside the `conversations` tree that is derived from a conversation's state:
+/// what pruning the state removes with it. An index kept by the fold joins this list.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct DerivedKeys {
+    /// In `queue/v1`: the waiting entry (`store::queue`), the sweeper's key (`store::watch`).
+    pub queue: Vec<Vec<u8>>,
+    /// In `timers/v1`: the running timers.
+    pub timers: Vec<Vec<u8>>,
+    /// In `activity/v1`: the retention key.
+    pub activity: Vec<Vec<u8>>,
+}
+
+pub(super) fn derived_keys(s: &ConversationState) -> DerivedKeys {
+    let id = s.id.as_str();
+    DerivedKeys {
+        queue: super::queue::entry_of(s)
+            .into_iter()
+            .chain(super::watch::watch_key(s))
+            .collect(),
+        timers: s
+            .timers
+            .iter()
+            .map(|(name, t)| keys::timer(t.due_at, id, name))
+            .collect(),
+        activity: vec![conversation_key(s)],
+    }
+}
+
+/// What a fold writes to the retention index.
+#[derive(Debug, Default)]
+pub(super) struct ActivityWrites {
+    pub remove: Vec<Vec<u8>>,
+    pub insert: Vec<Vec<u8>>,
+}
+
+impl ActivityWrites {
+    /// The index's changes: each folded state's key as the fold found it (`before`, by id; `None`
+    /// for a state the fold created) against its key now.
+    pub fn of<T>(
+        &mut self,
+        before: &HashMap<String, Option<Vec<u8>>>,
+        states: &HashMap<String, T>,
+        key: impl Fn(&T) -> Vec<u8>,
+    ) {
+        for (id, state) in states {
+            let old = before.get(id).cloned().flatten();
+            let now = key(state);
+            if old.as_ref() == Some(&now) {
+                continue;
+            }
+            self.remove.extend(old);
+            self.insert.push(now);
+        }
+    }
+}
+
+/// What a pruning pass of states removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StatesPruned {
+    pub conversations: u64,
+    pub end_users: u64,
+    /// Running timers removed with their conversations (for the pending-timers gauge).
+    pub timers: u64,
+    /// States past retention left for a later pass: an outbox entry of theirs pending, their
+    /// events not all folded below the watermark, or (end users) their last conversation kept.
+    pub skipped: u64,
+    /// Transactions (chunks of candidates, each judged under the fold lock).
+    pub chunks: u64,
+}
+
+/// The outbox queues with a pending entry, read once and then only the entries decided since
+/// (seqs grow with decision order; only folds decide, and a pass holds the fold lock while it
+/// judges a chunk, so nothing is decided meanwhile). A dead letter put back keeps its older seq
+/// and is missed: it needs no state to run (a help-desk event leaves out what it cannot read).
+#[derive(Default)]
+struct PendingQueues {
+    queues: HashSet<String>,
+    after: Option<u64>,
+}
+
+impl PendingQueues {
+    fn refresh(&mut self, store: &Store) -> Result<(), StoreError> {
+        loop {
+            let page = store.outbox_page(self.after, CHUNK)?;
+            let Some(last) = page.last() else {
+                return Ok(());
+            };
+            self.after = Some(last.seq);
+            let full = page.len() == CHUNK;
+            self.queues.extend(page.into_iter().map(|e| e.queue));
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    fn any(&self, queues: &[String]) -> bool {
+        queues.iter().any(|q| self.queues.contains(q))
+    }
+}
+
+/// What judging one candidate found.
+enum Judged {
+    /// Past retention: its removals (subject to the pending and folded checks).
+    Past(Removal),
+    /// Kept for now (`true`: count it as skipped).
+    Kept(bool),
+    /// Its state's key is another: it was active again since the range was read (the key is
+    /// gone then), or the index is stale (an older build folded meanwhile): the state's key
+    /// replaces this one.
+    Moved(Vec<u8>),
+    /// An index key without a state: the key alone goes.
+    Orphan,
+}
+
+/// A state's removals.
+struct Removal {
+    partition: PartitionKey,
+    tree: StateTree,
+    id: String,
+    derived: DerivedKeys,
+    user_index: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StateTree {
+    Conversations,
+    EndUsers,
+}
+
+/// What one chunk's transaction removed that memory must follow.
+struct Committed {
+    timers: u64,
+    waiting: super::queue::WaitingChanges,
+}
+
+impl Store {
+    /// Prune the conversation states, then the end-user states, whose newest activity is before
+    /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
+    /// removed under the fold lock in one transaction).
+    pub fn prune_states(&self, before: Millis, chunk: usize) -> Result<StatesPruned, StoreError> {
+        let chunk = chunk.max(1);
+        let mut out = StatesPruned::default();
+        let mut pending = PendingQueues::default();
+        for kind in [keys::ACTIVITY_CONVERSATION, keys::ACTIVITY_END_USER] {
+            let mut from = vec![kind];
+            let end = keys::activity(kind, before, "");
+            loop {
+                let candidates = self
+                    .activity
+                    .range(from.clone()..end.clone())
+                    .keys()
+                    .take(chunk)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let Some(last) = candidates.last() else {
+                    break;
+                };
+                from = last.to_vec();
+                from.push(0);
+                self.prune_chunk(kind, &candidates, &mut pending, &mut out)?;
+                out.chunks += 1;
+                if candidates.len() < chunk {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn prune_chunk(
+        &self,
+        kind: u8,
+        candidates: &[sled::IVec],
+        pending: &mut PendingQueues,
+        out: &mut StatesPruned,
+    ) -> Result<(), StoreError> {
+        let _folding = self
+            .fold_lock
+            .lock()
+            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        pending.refresh(self)?;
+        let below = self.watermark_seq()?;
+        let mut removals = Vec::new();
+        let mut orphans = Vec::new();
+        let mut repaired = Vec::new();
+        for key in candidates {
+            let Some((_, _, id)) = keys::parse_activity(key) else {
+                tracing::error!(key = ?key, "unreadable retention key; left");
+                continue;
+            };
+            let judged = match kind {
+                keys::ACTIVITY_CONVERSATION => self.judge_conversation(id, key)?,
+                _ => self.judge_end_user(id, key)?,
+            };
+            let removal = match judged {
+                Judged::Past(removal) => removal,
+                Judged::Kept(skipped) => {
+                    out.skipped += u64::from(skipped);
+                    continue;
+                }
+                Judged::Orphan => {
+                    orphans.push(key.to_vec());
+                    continue;
+                }
+                Judged::Moved(now) => {
+                    // Folds wait for the lock held here: a key still there is stale.
+                    if self.activity.contains_key(key)? {
+                        tracing::warn!(key = ?key, "stale retention key; replaced");
+                        orphans.push(key.to_vec());
+                        repaired.push(now);
+                    }
+                    continue;
+                }
+            };
+            let partition = removal.partition.encode();
+            let queues = match &removal.partition {
+                PartitionKey::Conversation(c) => vec![partition.clone(), format!("helpdesk:{c}")],
+                _ => vec![partition.clone()],
+            };
+            // Its events all folded below the watermark: a start's scan from there meets none
+            // of them, so the mark can go (a later event folds as a partition never seen).
+            let folded = self.mark(&partition)?.map_or(true, |m| m < below);
+            if pending.any(&queues) || !folded {
+                out.skipped += 1;
+                continue;
+            }
+            removals.push(removal);
+        }
+        let committed = self.commit_prune(&removals, &orphans, &repaired)?;
+        for r in &removals {
+            match r.tree {
+                StateTree::Conversations => out.conversations += 1,
+                StateTree::EndUsers => out.end_users += 1,
+            }
+        }
+        out.timers += committed.timers;
+        // Still under the fold lock: the counts follow the commits in order.
+        self.note_waiting(&committed.waiting);
+        Ok(())
+    }
+
+    /// Remove the states, every key derived from them, their folded marks and their counts in one
+    /// transaction.
+    fn commit_prune(
+        &self,
+        removals: &[Removal],
+        orphans: &[Vec<u8>],
+        repaired: &[Vec<u8>],
+    ) -> Result<Committed, StoreError> {
+        use sled::Transactional;
+        let queue_removed: Vec<Vec<u8>> = removals
+            .iter()
+            .flat_map(|r| r.derived.queue.iter().cloned())
+            .collect();
+        let waiting = super::queue::QueueWrites {
+            remove: queue_removed,
+            insert: Vec::new(),
+        }
+        .waiting_changes();
+        let mut timers = 0;
+        for r in removals {
+            for key in &r.derived.timers {
+                // Only folds write the tree, and they wait for the lock held here.
+                timers += u64::from(self.timers.contains_key(key)?);
+            }
+        }
+        let conversations = removals
+            .iter()
+            .filter(|r| r.tree == StateTree::Conversations)
+            .count() as u64;
+        let end_users = removals.len() as u64 - conversations;
+        let trees = (
+            &self.conversations,
+            &self.end_users,
+            &self.user_index,
+            &self.folded,
+            &self.queue,
+            &self.timers,
+            &self.activity,
+            &self.meta,
+        );
+        trees.transaction(
+            |(conv_tree, user_tree, index, folded, queue, timer_tree, activity, meta)| {
+                for r in removals {
+                    let tree = match r.tree {
+                        StateTree::Conversations => conv_tree,
+                        StateTree::EndUsers => user_tree,
+                    };
+                    tree.remove(r.id.as_bytes())?;
+                    folded.remove(r.partition.encode().as_bytes())?;
+                    for key in &r.derived.queue {
+                        queue.remove(key.as_slice())?;
+                    }
+                    for key in &r.derived.timers {
+                        timer_tree.remove(key.as_slice())?;
+                    }
+                    for key in &r.derived.activity {
+                        activity.remove(key.as_slice())?;
+                    }
+                    if let Some(key) = &r.user_index {
+                        index.remove(key.as_slice())?;
+                    }
+                }
+                for key in orphans {
+                    activity.remove(key.as_slice())?;
+                }
+                for key in repaired {
+                    activity.insert(key.as_slice(), &[])?;
+                }
+                for (key, gone) in [
+                    (keys::meta::COUNT_CONVERSATIONS, conversations),
+                    (keys::meta::COUNT_END_USERS, end_users),
+                ] {
+                    if gone == 0 {
+                        continue;
+                    }
+                    let count = meta
+                        .get(key)?
+                        .and_then(|b| keys::parse_seq(&b))
+                        .unwrap_or(0);
+                    meta.insert(key, &keys::seq(count.saturating_sub(gone)))?;
+                }
+                Ok::<_, sled::transaction::ConflictableTransactionError<String>>(())
+            },
+        )?;
+        Ok(Committed { timers, waiting })
+    }
+
+    /// A conversation candidate, read again under the fold lock.
+    fn judge_conversation(&self, id: &str, key: &[u8]) -> Result<Judged, StoreError> {
+        let Some(bytes) = self.conversations.get(id)? else {
+            tracing::warn!(
+                conversation_id = id,
+                "retention key without a state; removed"
+            );
+            return Ok(Judged::Orphan);
+        };
+        let state: ConversationState = decode(&bytes, "conversation state")?;
+        let now = conversation_key(&state);
+        if now != key {
+            return Ok(Judged::Moved(now));
+        }
+        Ok(Judged::Past(Removal {
+            partition: PartitionKey::Conversation(state.id.clone()),
+            tree: StateTree::Conversations,
+            id: id.to_owned(),
+            derived: derived_keys(&state),
+            user_index: None,
+        }))
+    }
+
+    /// An end-user candidate, like [`Store::judge_conversation`]; kept while the conversation it
+    /// last had is (pruning conversations first, a pass usually takes both).
+    fn judge_end_user(&self, id: &str, key: &[u8]) -> Result<Judged, StoreError> {
+        let Some(bytes) = self.end_users.get(id)? else {
+            tracing::warn!(end_user_id = id, "retention key without a state; removed");
+            return Ok(Judged::Orphan);
+        };
+        let user: EndUserState = decode(&bytes, "end-user state")?;
+        let now = end_user_key(&user);
+        if now != key {
+            return Ok(Judged::Moved(now));
+        }
+        if let Some(conversation) = &user.last_conversation_id.value {
+            if self.conversations.contains_key(conversation.as_str())? {
+                return Ok(Judged::Kept(true));
+            }
+        }
+        let mut user_index = None;
+        if let (Some(platform), Some(user_key)) = (&user.platform, &user.user_key) {
+            let index_key = keys::user_index(platform.as_str(), user_key.as_str());
+            // Only the entry naming this user: another may have the identity now.
+            if self.user_index.get(&index_key)?.as_deref() == Some(id.as_bytes()) {
+                user_index = Some(index_key);
+            }
+        }
+        Ok(Judged::Past(Removal {
+            partition: PartitionKey::EndUser(user.id.clone()),
+            tree: StateTree::EndUsers,
+            id: id.to_owned(),
+            derived: DerivedKeys {
+                activity: vec![key.to_vec()],
+                ..DerivedKeys::default()
+            },
+            user_index,
+        }))
+    }
+
+    /// The sequence number every event still to fold, or folded at or after the watermark, is
+    /// at least: the first event at the folds' watermark (or at the next segment's start when
+    /// the watermark ends a segment); none there, any number.
+    fn watermark_seq(&self) -> Result<u64, StoreError> {
+        let at = self.fold_from()?;
+        let next = super::eventlog::Location {
+            segment: at.segment + 1,
+            offset: 0,
+        };
+        for at in [at, next] {
+            let record = super::eventlog::read_at(&self.log_dir, at).map_err(super::log_error)?;
+            if let Some(seq) = record.and_then(|r| r.seqs.first().copied()) {
+                return Ok(seq);
+            }
+        }
+        Ok(u64::MAX)
+    }
+
+    /// Remove the quarantine records received before `before`, in id (arrival) order, `chunk`
+    /// per transaction, up to the first one still within retention.
+    pub fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
+        let chunk = chunk.max(1);
+        let mut removed = 0;
+        let mut after = None;
+        loop {
+            let (page, next) = self.quarantine_page(after, chunk)?;
+            let old: Vec<u64> = page
+                .iter()
+                .take_while(|m| m.received_at < before)
+                .map(|m| m.id)
+                .collect();
+            let more = old.len() == page.len() && next.is_some();
+            let mut batch = sled::Batch::default();
+            for id in &old {
+                batch.remove(&keys::seq(*id));
+            }
+            self.quarantine.apply_batch(batch)?;
+            removed += old.len() as u64;
+            if !more {
+                return Ok(removed);
+            }
+            after = next;
+        }
+    }
+
+    /// A store from before the retention index: index its states once, on open (before any
+    /// fold). A new store has none and only marks it.
+    pub(super) fn index_activity_once(&self) -> Result<(), StoreError> {
+        if self.meta.contains_key(keys::meta::ACTIVITY_INDEXED)? {
+            return Ok(());
+        }
+        let mut indexed = 0u64;
+        for item in self.conversations.iter() {
+            let (_, bytes) = item?;
+            let state: ConversationState = decode(&bytes, "conversation state")?;
+            self.activity.insert(conversation_key(&state), Vec::new())?;
+            indexed += 1;
+        }
+        for item in self.end_users.iter() {
+            let (_, bytes) = item?;
+            let user: EndUserState = decode(&bytes, "end-user state")?;
+            self.activity.insert(end_user_key(&user), Vec::new())?;
+            indexed += 1;
+        }
+        self.meta.insert(keys::meta::ACTIVITY_INDEXED, &[1])?;
+        if indexed > 0 {
+            tracing::info!(indexed, "retention index built from the states");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::DeliveryId;
+    use crate::store::{Position, QuarantineRecord};
+    use crate::webhook::model::Event;
+    use crate::webhook::IncomingEvent;
+
+    const DAY: Millis = 86_400_000;
+
+    fn event(
+        id: &str,
+        kind: &str,
+        conversation: &str,
+        user: Option<&str>,
+        at: Millis,
+    ) -> IncomingEvent {
+        let mut c = serde_json::json!({ "id": conversation, "botId": "B1", "platform": "web" });
+        if let Some(user) = user {
+            c["endUserId"] = user.into();
+            c["userKey"] = format!("key-{user}").into();
+        }
+        let raw = serde_json::json!({
+            "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
+            "data": { "conversation": c },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    fn message(id: &str, conversation: &str, at: Millis) -> IncomingEvent {
+        let raw = serde_json::json!({
+            "id": id, "event": "bot.message.received", "sourceType": "bot", "sourceId": "B1",
+            "timestamp": at,
+            "data": { "message": { "id": format!("m-{id}"), "conversationId": conversation,
+                "isUser": true, "meta": null, "data": { "type": "text", "text": "hi" } } },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    /// A request starts a 5-minute timer; a message is answered (an outbox entry).
+    fn rules() -> crate::rules::RuleSet {
+        let text = "[[rule]]\nname = \"wait\"\non = [\"bot.conversation.agent_call_requested\"]\n\
+             actions = [{ type = \"start_timer\", name = \"t\", after = \"5m\" }]\n\
+             [[rule]]\nname = \"answer\"\non = [\"bot.message.received\"]\n\
+             actions = [{ type = \"send_message\", text = \"hello\" }]\n";
+        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.to_owned())]).expect("rules")
+    }
+
+    /// Accept and fold `events` as one batch, without moving the folds' watermark (like a job
+    /// while an older event is still in another).
+    fn fold_only(
+        store: &Store,
+        delivery: &str,
+        events: Vec<IncomingEvent>,
+    ) -> super::super::Applied {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), &events, 10)
+            .expect("accept");
+        let batch: Vec<(u64, Event)> = accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect();
+        let received = vec![10; batch.len()];
+        store
+            .apply_with(&batch, &rules(), &received)
+            .expect("apply")
+    }
+
+    /// Move the folds' watermark to the log's end (nothing left to fold), as the dispatcher does.
+    fn settle(store: &Store) {
+        let pending = store.pending().expect("pending");
+        assert!(pending.is_empty(), "everything folded");
+        let position = Position {
+            fold_from: Some(pending.end),
+            passed: Vec::new(),
+        };
+        store
+            .fold(&[], &[], &crate::actions::NoRules, &[], &position)
+            .expect("settle");
+    }
+
+    fn fold(store: &Store, delivery: &str, events: Vec<IncomingEvent>) -> super::super::Applied {
+        let applied = fold_only(store, delivery, events);
+        settle(store);
+        applied
+    }
+
+    fn keys_of(tree: &sled::Tree) -> Vec<Vec<u8>> {
+        tree.iter()
+            .keys()
+            .map(|k| k.expect("key").to_vec())
+            .collect()
+    }
+
+    fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        (dir, store)
+    }
+
+    #[test]
+    fn an_idle_conversation_and_its_end_user_go_with_every_derived_key() {
+        let (_d, store) = open();
+        let now = crate::clock::now_millis();
+        let requested = "bot.conversation.agent_call_requested";
+        fold(
+            &store,
+            "d1",
+            vec![
+                event("e1", requested, "c1", Some("U1"), 1_000),
+                event("e2", "bot.conversation.updated", "c2", None, now + 10 * DAY),
+            ],
+        );
+        // Everything derived from c1 is there: waiting entry, sweeper key, timer, marks.
+        assert_eq!(store.queue_summary().waiting, 1);
+        assert_eq!(store.watched(0, 10).expect("watched").active, ["c1"]);
+        assert_eq!(store.timers_pending(), 1);
+        assert_eq!(keys_of(&store.activity).len(), 3, "c1, c2, U1");
+        assert!(store.mark("c:c1").expect("mark").is_some());
+        assert!(store
+            .find_end_user("web", "key-U1")
+            .expect("find")
+            .is_some());
+        assert_eq!(
+            (store.sizes().conversations, store.sizes().end_users),
+            (2, 1)
+        );
+
+        // c1 is not yet past retention (its timer runs until now + 5m); U1 is, but stays while
+        // the conversation it last had is kept.
+        let early = store.prune_states(now, CHUNK).expect("prune");
+        assert_eq!(
+            early,
+            StatesPruned {
+                skipped: 1,
+                chunks: 1,
+                ..StatesPruned::default()
+            }
+        );
+        assert!(store.end_user(&"U1".into()).expect("read").is_some());
+
+        let pruned = store.prune_states(now + DAY, CHUNK).expect("prune");
+        assert_eq!(
+            pruned,
+            StatesPruned {
+                conversations: 1,
+                end_users: 1,
+                timers: 1,
+                skipped: 0,
+                chunks: 2,
+            }
+        );
+        assert_eq!(store.conversation(&"c1".into()).expect("read"), None);
+        assert_eq!(store.end_user(&"U1".into()).expect("read"), None);
+        assert!(store.conversation(&"c2".into()).expect("read").is_some());
+        // No key of c1 or U1 is left anywhere.
+        let waiting: Vec<_> = store.queue.scan_prefix([keys::QUEUE_WAITING]).collect();
+        assert!(waiting.is_empty());
+        assert_eq!(store.watched(0, 10).expect("watched"), Default::default());
+        assert!(keys_of(&store.timers).is_empty());
+        assert_eq!(store.timers_pending(), 0);
+        let c2 = store.conversation(&"c2".into()).expect("read").expect("c2");
+        assert_eq!(keys_of(&store.activity), [conversation_key(&c2)]);
+        assert_eq!(store.mark("c:c1").expect("mark"), None);
+        assert!(
+            store.mark("c:c2").expect("mark").is_some(),
+            "c2's mark stays"
+        );
+        assert!(keys_of(&store.user_index).is_empty());
+        assert_eq!(
+            (store.sizes().conversations, store.sizes().end_users),
+            (1, 0)
+        );
+        assert_eq!(store.queue_summary().waiting, 0);
+        assert_eq!(
+            store.queue_summary_scanned().expect("scan").summary(),
+            store.queue_summary()
+        );
+        // A second pass finds nothing.
+        let again = store.prune_states(now + DAY, CHUNK).expect("prune");
+        assert_eq!((again.conversations, again.end_users), (0, 0));
+    }
+
+    #[test]
+    fn a_pending_outbox_entry_or_unfolded_events_keep_a_state_for_a_later_pass() {
+        let (_d, store) = open();
+        let applied = fold(&store, "d1", vec![message("e1", "c1", 1_000)]);
+        assert_eq!(applied.outbox.len(), 1);
+        let cutoff = 10 * DAY;
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.skipped),
+            (0, 1),
+            "its answer is pending"
+        );
+        assert!(store.conversation(&"c1".into()).expect("read").is_some());
+        store
+            .outbox_done(&applied.outbox[0], 1, 2_000)
+            .expect("done");
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.skipped),
+            (1, 0),
+            "once it ran"
+        );
+
+        // c2 folded above the folds' watermark (another job still holds an older event): its
+        // mark is not below it, so it waits; once the watermark passes it, it goes.
+        let at = store.pending().expect("pending").end;
+        store
+            .fold(
+                &[],
+                &[],
+                &crate::actions::NoRules,
+                &[],
+                &Position {
+                    fold_from: Some(at),
+                    passed: Vec::new(),
+                },
+            )
+            .expect("watermark");
+        fold_only(
+            &store,
+            "d2",
+            vec![event("e2", "bot.conversation.updated", "c2", None, 1_000)],
+        );
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (0, 1));
+        settle(&store);
+        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (1, 0));
+        assert_eq!(store.sizes().conversations, 0);
+    }
+
+    #[test]
+    fn an_event_folded_after_pruning_starts_a_fresh_state_and_old_timers_are_stale() {
+        let (_d, store) = open();
+        let requested = "bot.conversation.agent_call_requested";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", requested, "c1", None, 1_000)],
+        );
+        let old = store.conversation(&"c1".into()).expect("read").expect("c1");
+        let timer = old.timers.get("t").expect("timer").clone();
+        let far = crate::clock::now_millis() + DAY;
+        assert_eq!(
+            store.prune_states(far, CHUNK).expect("prune").conversations,
+            1
+        );
+
+        // The old timer's firing (handed to the writer before the pass) and a new event.
+        let firing = crate::webhook::model::TimerFiring {
+            conversation_id: "c1".into(),
+            name: "t".into(),
+            due_at: timer.due_at,
+            started_by: timer.started_by.clone(),
+        };
+        let fired = crate::webhook::timer_event(&firing, "B1").expect("timer event");
+        let applied = fold(
+            &store,
+            "d2",
+            vec![
+                fired,
+                event("e3", "bot.conversation.updated", "c1", None, 5_000),
+            ],
+        );
+        assert_eq!(applied.new_conversations, 1, "a fresh state");
+        assert!(
+            applied.outbox.is_empty(),
+            "the stale firing reached no rule"
+        );
+        let fresh = store.conversation(&"c1".into()).expect("read").expect("c1");
+        assert_eq!(fresh.events_applied, 2);
+        assert!(fresh.timers.is_empty(), "no timer from before");
+        assert_eq!(fresh.handoff.requested_at, None, "nothing from before");
+        assert!(keys_of(&store.timers).is_empty());
+        assert_eq!(keys_of(&store.activity), [conversation_key(&fresh)]);
+        assert_eq!(store.sizes().conversations, 1);
+        // A duplicate of the old event is still caught by intake's dedupe (the event log's ids).
+        let again = store
+            .accept(
+                &DeliveryId::new("d3"),
+                &[event("e1", requested, "c1", None, 1_000)],
+                20,
+            )
+            .expect("accept");
+        assert!(again.new.is_empty(), "a duplicate");
+    }
+
+    #[test]
+    fn a_pass_reads_a_long_range_in_chunks() {
+        let (_d, store) = open();
+        let events = (0..25)
+            .map(|i| {
+                event(
+                    &format!("e{i}"),
+                    "bot.conversation.updated",
+                    &format!("c{i:02}"),
+                    None,
+                    1_000 + i,
+                )
+            })
+            .collect();
+        fold(&store, "d1", events);
+        fold(
+            &store,
+            "d2",
+            vec![event(
+                "late",
+                "bot.conversation.updated",
+                "new",
+                None,
+                5 * DAY,
+            )],
+        );
+        let pruned = store.prune_states(DAY, 4).expect("prune");
+        assert_eq!(pruned.conversations, 25);
+        assert_eq!(pruned.chunks, 7, "25 in chunks of 4");
+        assert_eq!(store.sizes().conversations, 1);
+        assert_eq!(
+            keys_of(&store.activity).len(),
+            1,
+            "only the one within retention"
+        );
+    }
+
+    #[test]
+    fn the_fold_keeps_one_key_per_state_equal_to_its_activity() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![
+                event("e1", updated, "c1", Some("U1"), 1_000),
+                event("e2", updated, "c2", None, 2_000),
+                // An older event later in the batch moves nothing.
+                event("e3", updated, "c1", Some("U1"), 500),
+            ],
+        );
+        // Newer events in a later fold move c1's and U1's keys; c2's stays.
+        fold(
+            &store,
+            "d2",
+            vec![
+                event("e4", updated, "c1", Some("U1"), 9_000),
+                message("e5", "c2", 1_500),
+            ],
+        );
+        let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
+        let c2 = store.conversation(&"c2".into()).expect("read").expect("c2");
+        let u1 = store.end_user(&"U1".into()).expect("read").expect("U1");
+        assert_eq!(
+            (conversation_activity(&c1), conversation_activity(&c2)),
+            (9_000, 2_000)
+        );
+        assert_eq!(end_user_activity(&u1), 9_000);
+        let mut expected = vec![
+            conversation_key(&c1),
+            conversation_key(&c2),
+            end_user_key(&u1),
+        ];
+        expected.sort();
+        assert_eq!(keys_of(&store.activity), expected);
+    }
+
+    #[test]
+    fn a_stale_index_key_is_replaced_by_the_states_own() {
+        let (_d, store) = open();
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", "bot.conversation.updated", "c1", None, 5 * DAY)],
+        );
+        let state = store.conversation(&"c1".into()).expect("read").expect("c1");
+        // As if an older build had folded c1's newer event without keeping the index.
+        let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
+        store.activity.clear().expect("clear");
+        store.activity.insert(&stale, Vec::new()).expect("insert");
+        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        assert_eq!(
+            pruned.conversations, 0,
+            "c1 is within retention by its state"
+        );
+        assert_eq!(keys_of(&store.activity), [conversation_key(&state)]);
+        assert!(store.conversation(&"c1".into()).expect("read").is_some());
+    }
+
+    #[test]
+    fn quarantine_records_past_retention_go_oldest_first() {
+        let (_d, store) = open();
+        let ids: Vec<u64> = (1..=5)
+            .map(|i| {
+                let record = QuarantineRecord::new("delivery", "invalid_json", "x", b"{", i * 100);
+                store.quarantine(record).expect("quarantine")
+            })
+            .collect();
+        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 3);
+        let left: Vec<u64> = store
+            .quarantined()
+            .expect("list")
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(left, ids[3..]);
+        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 0);
+    }
+
+    #[test]
+    fn a_store_from_before_the_index_builds_it_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let expected = {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            fold(
+                &store,
+                "d1",
+                vec![
+                    event("e1", "bot.conversation.updated", "c1", Some("U1"), 1_000),
+                    event("e2", "bot.conversation.updated", "c2", None, 2_000),
+                ],
+            );
+            let expected = keys_of(&store.activity);
+            assert_eq!(expected.len(), 3);
+            store.activity.clear().expect("clear");
+            store
+                .meta
+                .remove(keys::meta::ACTIVITY_INDEXED)
+                .expect("unmark");
+            store.db.flush().expect("flush");
+            expected
+        };
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        assert_eq!(keys_of(&store.activity), expected);
+    }
+}
