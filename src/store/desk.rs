@@ -1,29 +1,192 @@
-//! Reads for the agent API's queue.
+//! The agent API's queue, from an index the folds keep (in `queue/v1`, beside the waiting queue
+//! and the sweeper's index): every conversation by its phase ([`DeskPhase::of`]) under `p` +
+//! the phase's byte, and again by bot and phase under `b` + bot + the phase's byte, each in the
+//! order the API lists (request time, missing first, then id: [`keys::desk_position`]). A page is
+//! a range read (for `all`, a merge of the phases' ranges by position), never a scan of the
+//! states; a cursor is the last listed position.
+//!
+//! Only folds write these keys (`store::derived`: the difference between a conversation's keys
+//! before and after the fold, in the fold's transaction), so the index always equals the states;
+//! a store from before it is indexed once, on open.
 
-use super::{decode, Store, StoreError};
+use super::{decode, keys, queue, Store, StoreError};
+use crate::state::desk::DeskPhase;
 use crate::state::ConversationState;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use std::collections::HashMap;
+
+/// Longest cursor accepted, in characters (a position of a conversation id far longer than any
+/// real one).
+pub const MAX_CURSOR_LEN: usize = 4096;
+
+/// A conversation's keys in the phase index: by phase, and by bot and phase when it has a bot.
+pub(super) fn desk_keys(s: &ConversationState) -> Vec<Vec<u8>> {
+    let phase = DeskPhase::of(s).byte();
+    let (at, id) = (s.handoff.requested_at, s.id.as_str());
+    let mut out = vec![keys::desk_phase(phase, at, id)];
+    if let Some(bot) = &s.bot_id {
+        out.push(keys::desk_bot(bot.as_str(), phase, at, id));
+    }
+    out
+}
+
+/// Where a page of the listing ends: the last listed conversation's position (request time,
+/// id). Opaque to callers: base64url of [`keys::desk_position`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeskCursor(Vec<u8>);
+
+/// A cursor that is not one this API gave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a cursor from this listing's `next`")]
+pub struct BadCursor;
+
+impl DeskCursor {
+    /// The position of `s` in the listing.
+    pub fn of(s: &ConversationState) -> Self {
+        DeskCursor(keys::desk_position(s.handoff.requested_at, s.id.as_str()))
+    }
+
+    /// The cursor's text (base64url, no padding).
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(&self.0)
+    }
+
+    /// A cursor from its text; [`BadCursor`] unless it is one [`DeskCursor::encode`] makes.
+    pub fn decode(text: &str) -> Result<Self, BadCursor> {
+        if text.len() > MAX_CURSOR_LEN {
+            return Err(BadCursor);
+        }
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| BadCursor)?;
+        keys::parse_desk_position(&bytes).ok_or(BadCursor)?;
+        Ok(DeskCursor(bytes))
+    }
+}
+
+/// One page of the listing.
+#[derive(Debug, Default)]
+pub struct DeskPage {
+    /// In listing order. A conversation whose phase changed between the index read and its
+    /// state read is left out (it is listed where it is now), so a page may be shorter than its
+    /// limit without being the last.
+    pub conversations: Vec<ConversationState>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<DeskCursor>,
+}
 
 impl Store {
-    /// The conversations `keep` selects, at most `limit`. Walks the whole conversations tree: the
-    /// queue is read by agents now and then, not per event; an index by phase is future work if
-    /// stores grow past what a scan answers quickly.
-    pub fn conversations_where(
+    /// Up to `limit` conversations in `phase` (every phase when `None`), of `bot` when given,
+    /// after `after`, in listing order. Reads one range per phase (merged by position for all
+    /// phases), then each listed conversation's state.
+    pub fn desk_page(
         &self,
-        mut keep: impl FnMut(&ConversationState) -> bool,
+        phase: Option<DeskPhase>,
+        bot: Option<&str>,
+        after: Option<&DeskCursor>,
         limit: usize,
-    ) -> Result<Vec<ConversationState>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.conversations.iter() {
-            let (_, v) = item?;
-            let state: ConversationState = decode(&v, "conversation state")?;
-            if keep(&state) {
+    ) -> Result<DeskPage, StoreError> {
+        if bot.is_some_and(|b| b.len() > usize::from(u16::MAX)) {
+            return Ok(DeskPage::default()); // no bot id is that long
+        }
+        let phases = match phase {
+            Some(p) => vec![p],
+            None => DeskPhase::ALL.to_vec(),
+        };
+        let prefix_of = |p: DeskPhase| match bot {
+            Some(b) => keys::desk_bot_prefix(b, p.byte()),
+            None => keys::desk_phase_prefix(p.byte()),
+        };
+        // One range per phase, and its head: the merge takes the least position each time.
+        let mut ranges = Vec::with_capacity(phases.len());
+        for p in phases {
+            let prefix = prefix_of(p);
+            let mut start = prefix.clone();
+            if let Some(cursor) = after {
+                start.extend_from_slice(&cursor.0);
+                start.push(0); // the first key after the cursor's
+            }
+            let mut range = self.queue.range(start..keys::prefix_end(&prefix));
+            let head = range.next().transpose()?;
+            ranges.push((prefix.len(), range, head));
+        }
+        let mut listed: Vec<sled::IVec> = Vec::with_capacity(limit.min(1024) + 1);
+        while listed.len() <= limit {
+            let least = ranges
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (len, _, head))| Some((i, head.as_ref()?.0.get(*len..)?)))
+                .min_by(|a, b| a.1.cmp(b.1))
+                .map(|(i, _)| i);
+            let Some(i) = least else { break };
+            let (len, range, head) = &mut ranges[i];
+            if let Some((key, _)) = head.take() {
+                listed.push(sled::IVec::from(key.get(*len..).unwrap_or_default()));
+            }
+            *head = range.next().transpose()?;
+        }
+        let next = match listed.len() > limit {
+            true => limit
+                .checked_sub(1)
+                .and_then(|last| listed.get(last))
+                .map(|p| DeskCursor(p.to_vec())),
+            false => None,
+        };
+        listed.truncate(limit);
+        let mut out = Vec::with_capacity(listed.len());
+        for position in &listed {
+            let Some((at, id)) = keys::parse_desk_position(position) else {
+                tracing::error!(key = ?position, "unreadable phase index key; left out");
+                continue;
+            };
+            let Some(bytes) = self.conversations.get(id.as_bytes())? else {
+                continue;
+            };
+            let state: ConversationState = decode(&bytes, "conversation state")?;
+            let moved = state.handoff.requested_at != at
+                || phase.is_some_and(|p| DeskPhase::of(&state) != p)
+                || bot.is_some_and(|b| state.bot_id.as_ref().map(|i| i.as_str()) != Some(b));
+            if !moved {
                 out.push(state);
-                if out.len() >= limit {
-                    break;
-                }
             }
         }
+        Ok(DeskPage {
+            conversations: out,
+            next,
+        })
+    }
+
+    /// The 1-based positions, in their bot's waiting queue (`store::queue`), of those of
+    /// `states` that wait. Counted once per bot, up to its first waiting conversation in
+    /// `states`, then on from there to each next one (`states` in listing order, so each count
+    /// is short); never a read of a whole queue per conversation.
+    pub fn waiting_positions(
+        &self,
+        states: &[ConversationState],
+    ) -> Result<HashMap<String, usize>, StoreError> {
+        // Bot -> the last entry counted and its position.
+        let mut counted: HashMap<&str, (Vec<u8>, usize)> = HashMap::new();
+        let mut out = HashMap::new();
+        for s in states {
+            let (Some(key), Some(bot)) = (queue::entry_of(s), s.bot_id.as_ref()) else {
+                continue;
+            };
+            let (from, base) = match counted.get(bot.as_str()) {
+                // position(key) = position(prev) + entries in [prev, key)
+                Some((prev, at)) if prev.as_slice() <= key.as_slice() => (prev.clone(), *at),
+                // position(key) = 1 + entries in [bot's first, key)
+                _ => (keys::queue_bot(bot.as_str()), 1),
+            };
+            let ahead = self.queue.range(from..key.clone()).count();
+            let position = base + ahead;
+            out.insert(s.id.as_str().to_owned(), position);
+            counted.insert(bot.as_str(), (key, position));
+        }
         Ok(out)
+    }
+
+    /// A store from before the phase index: index its conversations once, on open.
+    pub(super) fn index_desk_once(&self) -> Result<(), StoreError> {
+        self.index_once(keys::meta::DESK_INDEXED, "agent API phases", desk_keys)
     }
 }
 
@@ -140,10 +303,11 @@ mod tests {
         assert!(state.desk.agent.is_none());
         assert_eq!(state.desk.verdicts.len(), 5);
         assert_eq!(state.desk.accepted_by.as_deref(), Some("a1"));
-        // The queue read sees it.
-        let found = store
-            .conversations_where(|s| s.desk.released_at.is_some(), 10)
-            .expect("scan");
-        assert_eq!(found.len(), 1);
+        // The phase index sees it released.
+        let page = store
+            .desk_page(Some(DeskPhase::Released), None, None, 10)
+            .expect("page");
+        assert_eq!(page.conversations.len(), 1);
+        assert_eq!(page.conversations[0].id.as_str(), "c1");
     }
 }

@@ -14,6 +14,7 @@
 pub mod backup;
 mod committer;
 pub mod dedupe;
+mod derived;
 pub mod desk;
 pub mod eventlog;
 pub mod idempotency;
@@ -720,6 +721,7 @@ impl Store {
         store.number_events_above_floor()?;
         store.index_queue_once()?;
         store.index_watch_once()?;
+        store.index_desk_once()?;
         store.count_waiting()?;
         Ok(store)
     }
@@ -1182,8 +1184,8 @@ impl Store {
         let mut timers_before = HashMap::new();
         let mut fired = Vec::new();
         let mut queue_fold = queue::QueueFold::default();
-        // Each conversation's key in the sweeper's index as this fold found it.
-        let mut watch_before = HashMap::new();
+        // Each conversation's derived index keys (`derived`) as this fold found it.
+        let mut derived_before = HashMap::new();
         let now = crate::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
@@ -1196,7 +1198,7 @@ impl Store {
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
-                    watch_before.insert(id.as_str().to_owned(), watch::watch_key(state));
+                    derived_before.insert(id.as_str().to_owned(), derived::derived_keys(state));
                 }
                 if let Payload::Timer(t) = &event.payload {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
@@ -1303,7 +1305,7 @@ impl Store {
             ],
             timers: timer_writes,
             queue: queue_fold.writes()?,
-            watch: watch::watch_writes(&watch_before, &convs),
+            derived: derived::derived_writes(&derived_before, &convs),
             outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
             end_users: encoded(&users)?,
@@ -1375,10 +1377,10 @@ impl Store {
                 for (key, value) in &writes.queue.insert {
                     queue.insert(key.as_slice(), value.as_slice())?;
                 }
-                for key in &writes.watch.remove {
+                for key in &writes.derived.remove {
                     queue.remove(key.as_slice())?;
                 }
-                for key in &writes.watch.insert {
+                for key in &writes.derived.insert {
                     queue.insert(key.as_slice(), &[])?;
                 }
                 outbox::insert_pending(outbox, actions, &writes.outbox)?;
@@ -1742,7 +1744,7 @@ struct FoldWrites {
     created: [(&'static [u8], u64); 3],
     timers: timers::TimerWrites,
     queue: queue::QueueWrites,
-    watch: watch::WatchWrites,
+    derived: derived::DerivedWrites,
     outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,
     end_users: Vec<(String, Vec<u8>)>,

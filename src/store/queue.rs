@@ -15,7 +15,7 @@ use crate::webhook::model::Millis;
 use std::collections::HashMap;
 
 /// A conversation's key in the queue, when it waits.
-fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
+pub(super) fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
     let since = queue::waiting_since(s)?;
     let bot = s.bot_id.as_ref()?;
     Some(keys::queue_entry(bot.as_str(), since, s.id.as_str()))
