@@ -196,8 +196,10 @@ mod tests {
     use crate::actions::Action;
     use crate::ids::DeliveryId;
     use crate::state::desk::{Outcome, Rejection};
+    use crate::store::queue::tests::fold;
     use crate::webhook::agent::{AgentCommand, Command, DeskAgent, Target};
     use crate::webhook::model::Event;
+    use crate::webhook::IncomingEvent;
 
     fn command(store: &Store, id: &str, command: Command) -> crate::store::Applied {
         let cmd = AgentCommand {
@@ -226,6 +228,282 @@ mod tests {
                 id: id.into(),
                 name: None,
             },
+        }
+    }
+
+    /// A conversation event of `bot` (`at` also its time).
+    fn event_of(id: &str, kind: &str, conversation: &str, bot: &str, at: i64) -> IncomingEvent {
+        let raw = serde_json::json!({
+            "id": id, "event": kind, "sourceType": "bot", "sourceId": bot, "timestamp": at,
+            "data": { "conversation": { "id": conversation, "botId": bot, "platform": "web" } },
+        });
+        let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
+        crate::webhook::validate_event(&raw).expect("event")
+    }
+
+    fn agent_command(
+        id: &str,
+        conversation: &str,
+        bot: &str,
+        at: i64,
+        accept: bool,
+    ) -> IncomingEvent {
+        let command = match accept {
+            true => agent("alice"),
+            false => Command::Release {
+                target: Target::default(),
+            },
+        };
+        let cmd = AgentCommand {
+            conversation_id: conversation.into(),
+            command,
+        };
+        crate::webhook::agent_event(&cmd, id, bot, at).expect("event")
+    }
+
+    /// Every phase index key, scanned.
+    fn index(store: &Store) -> Vec<Vec<u8>> {
+        [keys::DESK_PHASE, keys::DESK_BOT]
+            .iter()
+            .flat_map(|p| store.queue.scan_prefix([*p]).keys())
+            .map(|k| k.expect("key").to_vec())
+            .collect()
+    }
+
+    /// Every state, scanned.
+    fn states(store: &Store) -> Vec<ConversationState> {
+        store
+            .conversations
+            .iter()
+            .map(|item| decode(&item.expect("read").1, "state").expect("decode"))
+            .collect()
+    }
+
+    /// What a scan of the states says the index holds.
+    fn scanned(store: &Store) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = states(store).iter().flat_map(desk_keys).collect();
+        keys.sort();
+        keys
+    }
+
+    /// Random conversation events and agent commands over `conversations` conversations of two
+    /// bots, with times that go back and forth, folded in batches of 1 to 20.
+    fn random_history(store: &Store, seed: u64, events: usize, conversations: usize) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let kinds = [
+            "bot.conversation.agent_call_requested",
+            "bot.conversation.agent_call_connected",
+            "bot.conversation.agent_call_cancelled",
+            "bot.conversation.agent_call_disconnected",
+            "bot.conversation.updated",
+        ];
+        let mut n = 0;
+        let mut batch = 0;
+        while n < events {
+            let size = rng.random_range(1..=20).min(events - n);
+            let batch_events = (0..size)
+                .map(|_| {
+                    n += 1;
+                    let c = rng.random_range(0..conversations);
+                    let (conversation, bot) = (format!("c{c}"), format!("B{}", c % 2));
+                    let at = rng.random_range(-50..2_000);
+                    let id = format!("e{seed}-{n}");
+                    // Requests most often, so some conversations wait at the end.
+                    match rng.random_range(0..12) {
+                        k @ 0..=4 => event_of(&id, kinds[k], &conversation, &bot, at),
+                        5..=8 => event_of(&id, kinds[0], &conversation, &bot, at),
+                        k => agent_command(&id, &conversation, &bot, at, k < 11),
+                    }
+                })
+                .collect();
+            fold(store, &format!("d{seed}-{batch}"), batch_events);
+            batch += 1;
+        }
+    }
+
+    /// The listing a scan of the states gives: `phase` (all when `None`) and `bot`, in order.
+    fn listing(store: &Store, phase: Option<DeskPhase>, bot: Option<&str>) -> Vec<String> {
+        let mut found: Vec<ConversationState> = states(store)
+            .into_iter()
+            .filter(|s| phase.map_or(true, |p| DeskPhase::of(s) == p))
+            .filter(|s| bot.map_or(true, |b| s.bot_id.as_ref().map(|i| i.as_str()) == Some(b)))
+            .collect();
+        found.sort_by(|a, b| {
+            (a.handoff.requested_at, a.id.as_str()).cmp(&(b.handoff.requested_at, b.id.as_str()))
+        });
+        found.iter().map(|s| s.id.as_str().to_owned()).collect()
+    }
+
+    /// Every page of a listing, `limit` at a time, through the cursors' text.
+    fn paged(
+        store: &Store,
+        phase: Option<DeskPhase>,
+        bot: Option<&str>,
+        limit: usize,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut after: Option<DeskCursor> = None;
+        for _ in 0..1_000 {
+            let page = store
+                .desk_page(phase, bot, after.as_ref(), limit)
+                .expect("page");
+            assert!(page.conversations.len() <= limit);
+            out.extend(page.conversations.iter().map(|s| s.id.as_str().to_owned()));
+            match page.next {
+                Some(next) => {
+                    assert_eq!(
+                        page.conversations.len(),
+                        limit,
+                        "only the last page is short"
+                    );
+                    after = Some(DeskCursor::decode(&next.encode()).expect("round trip"));
+                }
+                None => return out,
+            }
+        }
+        panic!("paging did not end");
+    }
+
+    #[test]
+    fn the_index_equals_a_scan_of_the_states_after_random_folds() {
+        for seed in 0..6 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            for round in 0..4 {
+                random_history(&store, seed * 10 + round, 60, 12);
+                let mut found = index(&store);
+                found.sort();
+                assert_eq!(found, scanned(&store), "seed {seed} round {round}");
+            }
+            // The sweeper's keys, kept by the same mechanism, still equal the states too.
+            let mut watched: Vec<Vec<u8>> = [keys::WATCH_ACTIVE, keys::WATCH_RELEASED]
+                .iter()
+                .flat_map(|p| store.queue.scan_prefix([*p]).keys())
+                .map(|k| k.expect("key").to_vec())
+                .collect();
+            watched.sort();
+            let mut expected: Vec<Vec<u8>> = states(&store)
+                .iter()
+                .filter_map(crate::store::watch::watch_key)
+                .collect();
+            expected.sort();
+            assert_eq!(watched, expected, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn pages_walk_every_entry_once_in_order_and_positions_are_the_queue_ranks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        random_history(&store, 99, 400, 40);
+        let mut phases: Vec<Option<DeskPhase>> = DeskPhase::ALL.iter().copied().map(Some).collect();
+        phases.push(None);
+        let mut seen_phases = std::collections::HashSet::new();
+        for phase in phases {
+            for bot in [None, Some("B0"), Some("B1"), Some("B9")] {
+                let expected = listing(&store, phase, bot);
+                if !expected.is_empty() {
+                    seen_phases.insert(phase);
+                }
+                for limit in [1, 3, 7, 1000] {
+                    assert_eq!(
+                        paged(&store, phase, bot, limit),
+                        expected,
+                        "{phase:?} {bot:?} limit {limit}"
+                    );
+                }
+            }
+        }
+        assert!(
+            seen_phases.len() >= 4,
+            "the history reaches several phases: {seen_phases:?}"
+        );
+        assert_eq!(listing(&store, None, None).len(), 40);
+        // Positions: each waiting conversation's rank in its bot's queue, whatever the page.
+        let waiting = store
+            .desk_page(Some(DeskPhase::Requested), None, None, 1000)
+            .expect("page")
+            .conversations;
+        assert!(!waiting.is_empty(), "some conversations wait");
+        let mut ranks = HashMap::new();
+        for bot in ["B0", "B1"] {
+            for (i, id) in store.waiting_for(bot).expect("queue").iter().enumerate() {
+                ranks.insert(id.as_str().to_owned(), i + 1);
+            }
+        }
+        assert_eq!(
+            ranks.len(),
+            waiting.len(),
+            "the requested phase is the waiting queue"
+        );
+        assert_eq!(store.waiting_positions(&waiting).expect("positions"), ranks);
+        for chunk in waiting.chunks(3) {
+            for (id, at) in store.waiting_positions(chunk).expect("positions") {
+                assert_eq!(ranks.get(&id), Some(&at), "{id}");
+            }
+        }
+        let mut reversed = waiting.clone();
+        reversed.reverse();
+        assert_eq!(
+            store.waiting_positions(&reversed).expect("positions"),
+            ranks
+        );
+        // A cursor past the end gives an empty last page.
+        let last = waiting.last().expect("one");
+        let page = store
+            .desk_page(
+                Some(DeskPhase::Requested),
+                None,
+                Some(&DeskCursor::of(last)),
+                5,
+            )
+            .expect("page");
+        assert!(page.conversations.is_empty() && page.next.is_none());
+    }
+
+    #[test]
+    fn a_store_from_before_the_index_gets_it_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let expected = {
+            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            random_history(&store, 7, 80, 15);
+            let expected = scanned(&store);
+            assert!(!expected.is_empty());
+            for key in index(&store) {
+                store.queue.remove(key).expect("remove");
+            }
+            store.meta.remove(keys::meta::DESK_INDEXED).expect("unmark");
+            store.db.flush().expect("flush");
+            assert!(store
+                .desk_page(None, None, None, 100)
+                .expect("page")
+                .conversations
+                .is_empty());
+            expected
+        };
+        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let mut found = index(&store);
+        found.sort();
+        assert_eq!(found, expected);
+        assert_eq!(paged(&store, None, None, 4), listing(&store, None, None));
+    }
+
+    #[test]
+    fn cursors_are_only_what_next_gives() {
+        let mut s = ConversationState::new("c:1".into());
+        s.handoff.requested_at = Some(-3);
+        let cursor = DeskCursor::of(&s);
+        assert_eq!(DeskCursor::decode(&cursor.encode()), Ok(cursor));
+        for bad in [
+            "",
+            "!!",
+            "AAAA=",
+            "abc",
+            "AgAAAAAAAAAAYw",
+            &"A".repeat(MAX_CURSOR_LEN + 4),
+        ] {
+            assert_eq!(DeskCursor::decode(bad), Err(BadCursor), "{bad:?}");
         }
     }
 

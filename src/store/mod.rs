@@ -1198,7 +1198,12 @@ impl Store {
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
-                    derived_before.insert(id.as_str().to_owned(), derived::derived_keys(state));
+                    // A new conversation's keys are all new (none is in the tree yet).
+                    let found = match created {
+                        true => Vec::new(),
+                        false => derived::derived_keys(state),
+                    };
+                    derived_before.insert(id.as_str().to_owned(), found);
                 }
                 if let Payload::Timer(t) = &event.payload {
                     fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
