@@ -250,7 +250,7 @@ fn the_queue_lists_every_waiting_conversation_in_request_order_among_thirty_thou
     assert!(with_bot.iter().all(|c| c["bot_id"] == "B-two"));
 
     // A cursor that is not one: 400 invalid_query on `after`, whatever the phase.
-    for bad in ["!!", "AAAA", "x", &"A".repeat(5000)] {
+    for bad in ["!!", "AB", "x", "AAA%3D", &"A".repeat(5000)] {
         let r = call(
             &app,
             "GET",

@@ -73,8 +73,10 @@ impl PhaseQuery {
 /// The queue's `after` query parameter: a page's `next`, base64url (no padding), at most this
 /// many characters.
 pub const MAX_CURSOR: usize = crate::store::desk::MAX_CURSOR_LEN;
-/// The pattern of a cursor (base64url without padding).
-pub const CURSOR_PATTERN: &str = "^[A-Za-z0-9_-]+$";
+/// The pattern of a cursor: canonical base64url without padding (whole groups of 4, then 2 or 3
+/// characters whose unused low bits are 0), which is what `DeskCursor::decode` accepts.
+pub const CURSOR_PATTERN: &str =
+    "^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
 /// The queue's `limit` query parameter: its range and default.
 pub const LIMIT_MIN: usize = 1;
 pub const LIMIT_MAX: usize = 1000;
@@ -490,6 +492,27 @@ mod tests {
         }
         for s in ["", " ", "\t\n", "\u{2028}\u{a0}", "\u{85}\u{3000}"] {
             assert!(!non_blank(s) && blank(s), "{s:?}");
+        }
+        let cursor = matches(CURSOR_PATTERN);
+        let accepted = |c: &str| crate::store::desk::DeskCursor::decode(c).is_ok();
+        let mut texts: Vec<String> = [
+            "", "A", "AB", "AQ", "ABC", "ABE", "AAAA", "a-_9", "AAAAAw", "AAAAAx", "AAA=", "a+b/",
+            "ab cd", "é",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        // Every 2- and 3-character tail after a whole group, from a spread of the alphabet.
+        let alphabet = "AEQgwz059_-+/=";
+        for a in alphabet.chars() {
+            for b in alphabet.chars() {
+                texts.push(format!("AAAA{a}{b}"));
+                texts.push(format!("AAAAA{a}{b}"));
+            }
+        }
+        for c in &texts {
+            let document = cursor(c) && (1..=MAX_CURSOR).contains(&c.chars().count());
+            assert_eq!(document, accepted(c), "{c:?}");
         }
         let key = matches(&key_pattern());
         for k in ["a", "order:42.retry_1", "A-Z_0.9:x"] {
