@@ -423,7 +423,8 @@ async fn openapi_json() -> HttpResponse {
         .body(doc.clone())
 }
 
-/// The queue: conversations in a phase, with wait time and position.
+/// The queue: conversations in a phase, in request order, with wait time and position; a page at
+/// a time (`next` is the `after` of the page that follows).
 #[utoipa::path(
     tag = "conversations",
     params(QueueQuery),
