@@ -178,7 +178,11 @@ impl Store {
                 // position(key) = 1 + entries in [bot's first, key)
                 _ => (keys::queue_bot(bot.as_str()), 1),
             };
-            let ahead = self.queue.range(from..key.clone()).count();
+            let mut ahead = 0;
+            for item in self.queue.range(from..key.clone()).keys() {
+                item?;
+                ahead += 1;
+            }
             let position = base + ahead;
             out.insert(s.id.as_str().to_owned(), position);
             counted.insert(bot.as_str(), (key, position));
