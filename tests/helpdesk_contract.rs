@@ -7,8 +7,8 @@
 //! Classes: string bounds and "not blank" (agent id, text, card title, button label), the
 //! message's shape per type and the service's media types and counts, integral numbers
 //! (`2.0` is an integer; ids past 2^53 are not exact), optional bodies that are `null`, the
-//! `Idempotency-Key` syntax, the queue's `phase` enum and `limit` range; then 405 with `Allow`
-//! for undeclared methods, and the body read timeout.
+//! `Idempotency-Key` syntax, the queue's `phase` enum, `limit` range and `after` cursor; then
+//! 405 with `Allow` for undeclared methods, and the body read timeout.
 
 mod common;
 
@@ -418,6 +418,39 @@ fn the_document_and_the_handlers_agree_on_headers_and_queries() {
     }
     let r = query("limit=ten");
     assert_eq!((r.status, code(&r)), (400, "invalid_query"));
+    // after: what the document's pattern allows, the daemon takes as a cursor; else 400 on it.
+    let after = validator(&doc, &param_schema(&doc, list, "get", "after"));
+    let long = "A".repeat(4097);
+    for (cursor, valid) in [
+        ("AAAA", true),
+        ("AQ", true),
+        ("_-8", true),
+        ("", false),
+        ("A", false),
+        ("AB", false),
+        ("a%2Bb", false),
+        ("AAA%3D", false),
+        (long.as_str(), false),
+    ] {
+        let text = cursor.replace("%2B", "+").replace("%3D", "=");
+        assert_eq!(
+            after.is_valid(&json!(text)),
+            valid,
+            "document: after {cursor:?}"
+        );
+        let r = query(&format!("phase=all&after={cursor}"));
+        if valid {
+            assert_eq!(r.status, 200, "after {cursor:?}: {}", r.body);
+            assert!(r.body["next"].is_null(), "{}", r.body);
+        } else {
+            assert_eq!(
+                (r.status, code(&r)),
+                (400, "invalid_query"),
+                "after {cursor:?}"
+            );
+            assert_eq!(r.body["error"]["field"], "after");
+        }
+    }
 }
 
 /// Send `method path` on a fresh connection and read the whole answer (the connection closes).

@@ -18,8 +18,9 @@ use crate::helpdesk::idempotency::{self, InProgress};
 use crate::http_error::ApiError;
 use crate::ids::{ConversationId, DeliveryId};
 use crate::intake::auth::{CidrList, TokenSet};
-use crate::state::desk::{Outcome, Verdict};
-use crate::state::{ConversationState, HandoffPhase};
+use crate::state::desk::{DeskPhase, Outcome, Verdict};
+use crate::state::ConversationState;
+use crate::store::desk::DeskCursor;
 use crate::store::idempotency::IdempotencyRecord;
 use crate::store::AcceptJob;
 use crate::webhook::agent::{AgentCommand, Command, DeskAgent, PartnerUser, Target};
@@ -33,8 +34,6 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Where the API is mounted.
 pub const PREFIX: &str = "/helpdesk/v1";
-/// Most conversations the queue listing looks at (positions come from the waiting queue index).
-const QUEUE_SCAN_LIMIT: usize = 10_000;
 
 /// The agent API's part of the shared handler state.
 pub struct Helpdesk {
@@ -362,6 +361,9 @@ pub struct QueueQuery {
     /// At most this many (default 100, 1 to 1000).
     #[param(schema_with = contract::schema::limit, required = false)]
     pub limit: Option<usize>,
+    /// The previous page's `next`: the page after it.
+    #[param(schema_with = contract::schema::after, required = false)]
+    pub after: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -384,7 +386,11 @@ pub struct QueueItem {
 
 #[derive(Serialize, ToSchema)]
 pub struct QueueAnswer {
+    /// In request order (those with no request first), then by id.
     pub conversations: Vec<QueueItem>,
+    /// The `after` of the next page; null on the last page. A page may hold fewer than `limit`
+    /// conversations and still not be the last.
+    pub next: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -417,7 +423,8 @@ async fn openapi_json() -> HttpResponse {
         .body(doc.clone())
 }
 
-/// The queue: conversations in a phase, with wait time and position.
+/// The queue: conversations in a phase, in request order, with wait time and position; a page at
+/// a time (`next` is the `after` of the page that follows).
 #[utoipa::path(
     tag = "conversations",
     params(QueueQuery),
@@ -437,15 +444,15 @@ async fn list_conversations(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&shared, &req)?;
     let q = query.into_inner();
-    let phase = q.phase.unwrap_or_else(|| contract::PHASES[0].into());
-    if !contract::PHASES.contains(&phase.as_str()) {
+    let phase = q.phase.as_deref().unwrap_or(contract::PHASES[0]);
+    let Some(phase) = contract::PhaseQuery::parse(phase) else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
             format!("phase must be one of {}", contract::PHASES.join(", ")),
         )
         .with_field("phase"));
-    }
+    };
     let limit = q.limit.unwrap_or(contract::LIMIT_DEFAULT);
     if !(contract::LIMIT_MIN..=contract::LIMIT_MAX).contains(&limit) {
         return Err(ApiError::new(
@@ -459,29 +466,34 @@ async fn list_conversations(
         )
         .with_field("limit"));
     }
+    let after = match q.after.as_deref().map(DeskCursor::decode).transpose() {
+        Ok(after) => after,
+        Err(bad) => {
+            return Err(
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", bad.to_string())
+                    .with_field("after"),
+            )
+        }
+    };
     let store = shared.store.clone();
     let bot = q.bot;
-    let (states, positions) = web::block(move || {
-        let states = store.conversations_where(
-            |s| bot.as_deref().map_or(true, |b| bot_of(s) == Some(b)),
-            QUEUE_SCAN_LIMIT,
-        )?;
-        let positions = positions(&store, &states)?;
-        Ok::<_, crate::store::StoreError>((states, positions))
+    let (page, positions) = web::block(move || {
+        let page = store.desk_page(phase.phase(), bot.as_deref(), after.as_ref(), limit)?;
+        let positions = store.waiting_positions(&page.conversations)?;
+        Ok::<_, crate::store::StoreError>((page, positions))
     })
     .await
     .map_err(|_| store_unavailable())?
     .map_err(store_error)?;
     let now = crate::clock::now_millis();
-    let mut items: Vec<QueueItem> = states
+    let items: Vec<QueueItem> = page
+        .conversations
         .iter()
-        .filter(|s| phase == "all" || api_phase(s) == phase)
         .map(|s| summary(s, &positions, now))
         .collect();
-    items.sort_by(|a, b| (a.requested_at, &a.id).cmp(&(b.requested_at, &b.id)));
-    items.truncate(limit);
     Ok(HttpResponse::Ok().json(QueueAnswer {
         conversations: items,
+        next: page.next.map(|c| c.encode()),
     }))
 }
 
@@ -507,8 +519,10 @@ async fn get_conversation(
     let id = id.into_inner();
     let (state, positions) = blocking(&shared, move |shared| {
         let state = conversation(shared, &id)?;
-        let positions =
-            positions(&shared.store, std::slice::from_ref(&state)).map_err(store_error)?;
+        let positions = shared
+            .store
+            .waiting_positions(std::slice::from_ref(&state))
+            .map_err(store_error)?;
         Ok((state, positions))
     })
     .await?;
@@ -1614,63 +1628,20 @@ fn bot_of(s: &ConversationState) -> Option<&str> {
     s.bot_id.as_ref().map(|b| b.as_str())
 }
 
-/// The phase agents see: the service's handoff phase, refined by what the agent API did.
-pub fn api_phase(s: &ConversationState) -> &'static str {
-    if s.desk.agent.is_some() {
-        return "accepted";
-    }
-    let phase = s.handoff.phase.value;
-    // Released after this request: the request was served.
-    let served = match (s.desk.accepted_at, s.handoff.requested_at) {
-        (Some(accepted), Some(requested)) => accepted >= requested,
-        (Some(_), None) => true,
-        _ => false,
-    };
-    match phase {
-        HandoffPhase::Requested if served => "released",
-        HandoffPhase::Bot if served => "released",
-        HandoffPhase::Requested => "requested",
-        HandoffPhase::Connected => "connected",
-        HandoffPhase::Cancelled => "cancelled",
-        HandoffPhase::Ended => "ended",
-        HandoffPhase::Bot => "bot",
-    }
-}
-
-/// 1-based positions of the waiting conversations of the bots of `states` that wait, per bot, by
-/// request time: from the waiting queue the folds keep (`store::queue`), a range read per bot.
-fn positions(
-    store: &crate::store::Store,
-    states: &[ConversationState],
-) -> Result<std::collections::HashMap<String, usize>, crate::store::StoreError> {
-    let bots: std::collections::BTreeSet<&str> = states
-        .iter()
-        .filter(|s| api_phase(s) == "requested")
-        .filter_map(bot_of)
-        .collect();
-    let mut out = std::collections::HashMap::new();
-    for bot in bots {
-        for (i, conversation) in store.waiting_for(bot)?.into_iter().enumerate() {
-            out.insert(conversation.as_str().to_owned(), i + 1);
-        }
-    }
-    Ok(out)
-}
-
 fn summary(
     s: &ConversationState,
     positions: &std::collections::HashMap<String, usize>,
     now: Millis,
 ) -> QueueItem {
-    let phase = api_phase(s);
-    let waiting = phase == "requested";
+    let phase = DeskPhase::of(s);
+    let waiting = phase == DeskPhase::Requested;
     QueueItem {
         id: s.id.as_str().to_owned(),
         bot_id: bot_of(s).map(str::to_owned),
         platform: s.platform.as_ref().map(|p| p.as_str().to_owned()),
         user_key: s.user_key.as_ref().map(|k| k.as_str().to_owned()),
         end_user_id: s.end_user_id.as_ref().map(|e| e.as_str().to_owned()),
-        phase: phase.to_owned(),
+        phase: phase.as_str().to_owned(),
         requested_at: s.handoff.requested_at,
         wait_seconds: s
             .handoff
@@ -1779,47 +1750,5 @@ mod tests {
             );
         }
         assert!(doc["components"]["schemas"]["AcceptBody"].is_object());
-    }
-
-    fn waiting(id: &str, bot: &str, requested_at: Millis) -> ConversationState {
-        let mut s = ConversationState::new(id.into());
-        s.bot_id = Some(bot.into());
-        s.handoff.requested_at = Some(requested_at);
-        s.handoff.phase.value = HandoffPhase::Requested;
-        s
-    }
-
-    #[test]
-    fn the_requested_phase_is_the_waiting_queue() {
-        let mut accepted = waiting("c0", "B1", 1);
-        accepted.desk.agent = Some(DeskAgent {
-            id: "a".into(),
-            name: None,
-        });
-        accepted.desk.accepted_at = Some(2);
-        let mut released = waiting("c4", "B1", 1);
-        released.desk.accepted_at = Some(5);
-        let states = vec![
-            waiting("c3", "B1", 30),
-            waiting("c1", "B1", 10),
-            waiting("c2", "B2", 20),
-            accepted,
-            released,
-        ];
-        // The queue index holds exactly the conversations agents see as `requested`.
-        for s in &states {
-            assert_eq!(
-                api_phase(s) == "requested",
-                crate::state::queue::waiting_since(s).is_some(),
-                "{}",
-                s.id
-            );
-        }
-        assert_eq!(api_phase(&states[3]), "accepted");
-        assert_eq!(api_phase(&states[4]), "released");
-        // Asked again after the release: waiting again.
-        let mut again = states[4].clone();
-        again.handoff.requested_at = Some(9);
-        assert_eq!(api_phase(&again), "requested");
     }
 }

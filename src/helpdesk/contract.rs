@@ -3,6 +3,7 @@
 //! from the same ones ([`schema`]), so the document says exactly what the handlers accept.
 
 use crate::helpdesk::idempotency;
+use crate::state::desk::DeskPhase;
 use utoipa::openapi::schema::{
     AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
 };
@@ -30,17 +31,52 @@ pub const MAX_LABEL: usize = 255;
 /// Largest flow and node id magnitude: 2^53 - 1, the integers every JSON reader (a JavaScript
 /// one, or one that reads numbers as doubles) holds exactly.
 pub const MAX_ID: i64 = (1 << 53) - 1;
-/// The queue's phases (`phase` query parameter); the first is the default.
-pub const PHASES: [&str; 8] = [
-    "requested",
-    "accepted",
-    "connected",
-    "released",
-    "cancelled",
-    "ended",
-    "bot",
-    "all",
-];
+/// The queue's `phase` query parameter: every [`DeskPhase`]'s name, then [`ALL_PHASES`]; the
+/// first is the default. Built from the enum, so a phase added there is allowed here.
+pub const PHASES: [&str; DeskPhase::ALL.len() + 1] = {
+    let mut out = [ALL_PHASES; DeskPhase::ALL.len() + 1];
+    let mut i = 0;
+    while i < DeskPhase::ALL.len() {
+        out[i] = DeskPhase::ALL[i].as_str();
+        i += 1;
+    }
+    out
+};
+/// The `phase` that lists every phase.
+pub const ALL_PHASES: &str = "all";
+
+/// The queue's `phase` query parameter, read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseQuery {
+    One(DeskPhase),
+    All,
+}
+
+impl PhaseQuery {
+    /// The parameter's value, if it is one of [`PHASES`].
+    pub fn parse(name: &str) -> Option<PhaseQuery> {
+        match name {
+            ALL_PHASES => Some(PhaseQuery::All),
+            _ => DeskPhase::parse(name).map(PhaseQuery::One),
+        }
+    }
+
+    /// The one phase asked for, `None` for all.
+    pub fn phase(self) -> Option<DeskPhase> {
+        match self {
+            PhaseQuery::One(p) => Some(p),
+            PhaseQuery::All => None,
+        }
+    }
+}
+
+/// The queue's `after` query parameter: a page's `next`, base64url (no padding), at most this
+/// many characters.
+pub const MAX_CURSOR: usize = crate::store::desk::MAX_CURSOR_LEN;
+/// The pattern of a cursor: canonical base64url without padding (whole groups of 4, then 2 or 3
+/// characters whose unused low bits are 0), which is what `DeskCursor::decode` accepts.
+pub const CURSOR_PATTERN: &str =
+    "^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-][AQgw]|[A-Za-z0-9_-]{2}[AEIMQUYcgkosw048])?$";
 /// The queue's `limit` query parameter: its range and default.
 pub const LIMIT_MIN: usize = 1;
 pub const LIMIT_MAX: usize = 1000;
@@ -215,6 +251,18 @@ pub mod schema {
             .into()
     }
 
+    pub fn after() -> RefOr<Schema> {
+        string()
+            .description(Some(
+                "Where to go on: the `next` of the previous page (opaque). Absent: the first page.",
+            ))
+            .min_length(Some(1))
+            .max_length(Some(MAX_CURSOR))
+            .pattern(Some(CURSOR_PATTERN))
+            .build()
+            .into()
+    }
+
     pub fn limit() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::Integer)
@@ -364,6 +412,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_phases_are_the_desk_phases_then_all() {
+        assert_eq!(PHASES[0], "requested", "the default");
+        assert_eq!(PHASES.last(), Some(&"all"));
+        for name in PHASES {
+            let parsed = PhaseQuery::parse(name).expect("parses");
+            assert_eq!(parsed.phase().map_or("all", |p| p.as_str()), name);
+        }
+        assert_eq!(PhaseQuery::parse("waiting"), None);
+        assert_eq!(PHASES.len(), DeskPhase::ALL.len() + 1);
+    }
+
+    #[test]
     fn white_space_is_what_char_is_whitespace_says() {
         for c in (0..=0x10ffffu32).filter_map(char::from_u32) {
             assert_eq!(c.is_whitespace(), WHITE_SPACE.contains(&c), "{c:?}");
@@ -432,6 +492,27 @@ mod tests {
         }
         for s in ["", " ", "\t\n", "\u{2028}\u{a0}", "\u{85}\u{3000}"] {
             assert!(!non_blank(s) && blank(s), "{s:?}");
+        }
+        let cursor = matches(CURSOR_PATTERN);
+        let accepted = |c: &str| crate::store::desk::DeskCursor::decode(c).is_ok();
+        let mut texts: Vec<String> = [
+            "", "A", "AB", "AQ", "ABC", "ABE", "AAAA", "a-_9", "AAAAAw", "AAAAAx", "AAA=", "a+b/",
+            "ab cd", "é",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        // Every 2- and 3-character tail after a whole group, from a spread of the alphabet.
+        let alphabet = "AEQgwz059_-+/=";
+        for a in alphabet.chars() {
+            for b in alphabet.chars() {
+                texts.push(format!("AAAA{a}{b}"));
+                texts.push(format!("AAAAA{a}{b}"));
+            }
+        }
+        for c in &texts {
+            let document = cursor(c) && (1..=MAX_CURSOR).contains(&c.chars().count());
+            assert_eq!(document, accepted(c), "{c:?}");
         }
         let key = matches(&key_pattern());
         for k in ["a", "order:42.retry_1", "A-Z_0.9:x"] {

@@ -224,3 +224,174 @@ pub fn builtin_actions(
         }],
     }
 }
+
+/// Defines the agent API's phases once: the enum, its wire names ([`DeskPhase::as_str`], serde),
+/// the byte its index keys carry ([`DeskPhase::byte`]: stored, so never renumbered) and the list
+/// of all phases ([`DeskPhase::ALL`], from which the API's allowed values are built). No second
+/// list is kept by hand.
+macro_rules! desk_phases {
+    ($($(#[$doc:meta])* $variant:ident => $text:literal, $byte:literal,)*) => {
+        /// The phase a conversation is in as the agent API shows it: the service's handoff phase,
+        /// refined by what the agent API did ([`DeskPhase::of`]).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum DeskPhase {
+            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
+        }
+
+        impl DeskPhase {
+            /// Every phase, in declaration order (the first is the queue's default).
+            pub const ALL: &'static [DeskPhase] = &[$(DeskPhase::$variant,)*];
+
+            /// The phase's wire name.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(DeskPhase::$variant => $text,)*
+                }
+            }
+
+            /// The byte that names the phase in the store's index keys.
+            pub const fn byte(self) -> u8 {
+                match self {
+                    $(DeskPhase::$variant => $byte,)*
+                }
+            }
+        }
+    };
+}
+
+desk_phases! {
+    /// Waiting for an agent: exactly the conversations in the waiting queue
+    /// ([`super::queue::waiting_since`]).
+    Requested => "requested", b'1',
+    /// Taken by an agent through the agent API.
+    Accepted => "accepted", b'2',
+    /// Connected to an agent by the service.
+    Connected => "connected", b'3',
+    /// Handed back after an accept that served its request.
+    Released => "released", b'4',
+    /// The request was cancelled.
+    Cancelled => "cancelled", b'5',
+    /// The agent call ended.
+    Ended => "ended", b'6',
+    /// With the bot, never handed off.
+    Bot => "bot", b'7',
+}
+
+impl DeskPhase {
+    /// The phase named `name` (its wire name), if any.
+    pub fn parse(name: &str) -> Option<DeskPhase> {
+        DeskPhase::ALL.iter().copied().find(|p| p.as_str() == name)
+    }
+
+    /// A conversation's phase. `Requested` exactly when it waits in the queue
+    /// ([`super::queue::waiting_since`]), so the listing and the queue agree by construction.
+    pub fn of(s: &ConversationState) -> DeskPhase {
+        use super::HandoffPhase;
+        if s.desk.agent.is_some() {
+            return DeskPhase::Accepted;
+        }
+        if super::queue::waiting_since(s).is_some() {
+            return DeskPhase::Requested;
+        }
+        // Released after this request: the request was served.
+        let served = match (s.desk.accepted_at, s.handoff.requested_at) {
+            (Some(accepted), Some(requested)) => accepted >= requested,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        match s.handoff.phase.value {
+            // Not waiting although requested: an accept served this request.
+            HandoffPhase::Requested => DeskPhase::Released,
+            HandoffPhase::Bot if served => DeskPhase::Released,
+            HandoffPhase::Bot => DeskPhase::Bot,
+            HandoffPhase::Connected => DeskPhase::Connected,
+            HandoffPhase::Cancelled => DeskPhase::Cancelled,
+            HandoffPhase::Ended => DeskPhase::Ended,
+        }
+    }
+}
+
+impl std::fmt::Display for DeskPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::HandoffPhase;
+
+    fn waiting(id: &str, requested_at: Millis) -> ConversationState {
+        let mut s = ConversationState::new(id.into());
+        s.bot_id = Some("B1".into());
+        s.handoff.requested_at = Some(requested_at);
+        s.handoff.phase.value = HandoffPhase::Requested;
+        s
+    }
+
+    #[test]
+    fn phase_names_bytes_and_serde_come_from_one_list() {
+        let mut bytes: Vec<u8> = DeskPhase::ALL.iter().map(|p| p.byte()).collect();
+        bytes.sort_unstable();
+        bytes.dedup();
+        assert_eq!(bytes.len(), DeskPhase::ALL.len(), "bytes are distinct");
+        for phase in DeskPhase::ALL {
+            assert_eq!(DeskPhase::parse(phase.as_str()), Some(*phase));
+            assert_eq!(
+                serde_json::to_value(phase).expect("json"),
+                serde_json::json!(phase.as_str())
+            );
+        }
+        assert_eq!(DeskPhase::parse("all"), None);
+        assert_eq!(DeskPhase::ALL[0], DeskPhase::Requested);
+    }
+
+    #[test]
+    fn the_requested_phase_is_the_waiting_queue() {
+        let mut accepted = waiting("c0", 1);
+        accepted.desk.agent = Some(DeskAgent {
+            id: "a".into(),
+            name: None,
+        });
+        accepted.desk.accepted_at = Some(2);
+        let mut released = waiting("c4", 1);
+        released.desk.accepted_at = Some(5);
+        let mut back_to_bot = ConversationState::new("c5".into());
+        back_to_bot.desk.accepted_at = Some(5);
+        let mut ended = waiting("c6", 1);
+        ended.handoff.phase.value = HandoffPhase::Ended;
+        let states = vec![
+            waiting("c1", 10),
+            accepted,
+            released,
+            back_to_bot,
+            ended,
+            ConversationState::new("c7".into()),
+        ];
+        for s in &states {
+            assert_eq!(
+                DeskPhase::of(s) == DeskPhase::Requested,
+                super::super::queue::waiting_since(s).is_some(),
+                "{}",
+                s.id
+            );
+        }
+        let phases: Vec<DeskPhase> = states.iter().map(DeskPhase::of).collect();
+        assert_eq!(
+            phases,
+            [
+                DeskPhase::Requested,
+                DeskPhase::Accepted,
+                DeskPhase::Released,
+                DeskPhase::Released,
+                DeskPhase::Ended,
+                DeskPhase::Bot,
+            ]
+        );
+        // Asked again after the release: waiting again.
+        let mut again = states[2].clone();
+        again.handoff.requested_at = Some(9);
+        assert_eq!(DeskPhase::of(&again), DeskPhase::Requested);
+    }
+}

@@ -51,7 +51,8 @@ pub mod tree {
     /// [`AcceptHistory`](crate::state::queue::AcceptHistory)). Equal to the conversation states
     /// (`state::queue::waiting_since`): only the fold writes it, in the transaction that writes
     /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
-    /// `store::watch`), kept the same way.
+    /// `store::watch`), and the agent API's phase index (`p` by phase, `b` by bot and phase: see
+    /// `store::desk`), kept the same way.
     pub const QUEUE: &str = "queue/v1";
     /// The retention index: `c` (newest activity time, conversation id) and `u` (newest activity
     /// time, end user id) -> nothing, oldest first (see `store::retention`), so a pruning pass
@@ -96,6 +97,8 @@ pub mod meta {
     pub const WATCH_INDEXED: &[u8] = b"watch_indexed";
     /// Set once the retention index (`activity/v1`) was built from the states.
     pub const ACTIVITY_INDEXED: &[u8] = b"activity_indexed";
+    /// Set once the agent API's phase index (in `queue/v1`) was built from the states.
+    pub const DESK_INDEXED: &[u8] = b"desk_indexed";
     /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
@@ -282,6 +285,92 @@ pub fn parse_activity(key: &[u8]) -> Option<(u8, i64, &str)> {
     Some((kind, i64::try_from(at).ok()?, id))
 }
 
+/// The first byte of the agent API's phase index (in `queue/v1`; see `store::desk`): `p`, the
+/// phase's byte ([`DeskPhase::byte`](crate::state::desk::DeskPhase::byte)), then the
+/// conversation's [`desk_position`]; so a phase's conversations are a prefix, in the order the
+/// API lists them.
+pub const DESK_PHASE: u8 = b'p';
+/// The first byte of its per-bot keys: `b`, the bot id's length (2 bytes), the bot id, the
+/// phase's byte, then the [`desk_position`].
+pub const DESK_BOT: u8 = b'b';
+/// Length of a [`desk_position`]'s time part.
+pub const DESK_TIME_LEN: usize = 9;
+
+/// Where a conversation sorts in the agent API's listing: the request time (a byte 0 when there
+/// is none, so those sort first; else 1 and the time as 8 bytes, sign bit flipped, big-endian,
+/// so every `i64` sorts in order), then the conversation id. It is also what a page's cursor
+/// holds.
+pub fn desk_position(requested_at: Option<i64>, conversation: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(DESK_TIME_LEN + conversation.len());
+    push_desk_position(&mut key, requested_at, conversation);
+    key
+}
+
+fn push_desk_position(key: &mut Vec<u8>, requested_at: Option<i64>, conversation: &str) {
+    match requested_at {
+        None => key.extend_from_slice(&[0; DESK_TIME_LEN]),
+        Some(at) => {
+            key.push(1);
+            key.extend_from_slice(&((at as u64) ^ (1 << 63)).to_be_bytes());
+        }
+    }
+    key.extend_from_slice(conversation.as_bytes());
+}
+
+/// The request time and conversation id of a [`desk_position`] (`None` when it is not one).
+pub fn parse_desk_position(bytes: &[u8]) -> Option<(Option<i64>, &str)> {
+    let time = bytes.get(..DESK_TIME_LEN)?;
+    let at = match time[0] {
+        0 if time[1..].iter().all(|b| *b == 0) => None,
+        1 => Some((u64::from_be_bytes(time[1..].try_into().ok()?) ^ (1 << 63)) as i64),
+        _ => return None,
+    };
+    let id = std::str::from_utf8(bytes.get(DESK_TIME_LEN..)?).ok()?;
+    Some((at, id))
+}
+
+/// The prefix of a phase's entries in the phase index.
+pub fn desk_phase_prefix(phase: u8) -> Vec<u8> {
+    vec![DESK_PHASE, phase]
+}
+
+/// The prefix of a bot's entries of a phase.
+pub fn desk_bot_prefix(bot: &str, phase: u8) -> Vec<u8> {
+    let len = u16::try_from(bot.len()).unwrap_or(u16::MAX);
+    let mut key = Vec::with_capacity(4 + bot.len());
+    key.push(DESK_BOT);
+    key.extend_from_slice(&len.to_be_bytes());
+    key.extend_from_slice(&bot.as_bytes()[..usize::from(len)]);
+    key.push(phase);
+    key
+}
+
+/// A conversation's key in the phase index.
+pub fn desk_phase(phase: u8, requested_at: Option<i64>, conversation: &str) -> Vec<u8> {
+    let mut key = desk_phase_prefix(phase);
+    push_desk_position(&mut key, requested_at, conversation);
+    key
+}
+
+/// A conversation's key among its bot's entries of its phase.
+pub fn desk_bot(bot: &str, phase: u8, requested_at: Option<i64>, conversation: &str) -> Vec<u8> {
+    let mut key = desk_bot_prefix(bot, phase);
+    push_desk_position(&mut key, requested_at, conversation);
+    key
+}
+
+/// The first key after every key that starts with `prefix` (a prefix that ends below 255).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    end
+}
+
 /// Timer keys due at or before `at` sort before this one.
 pub fn timers_after(at: i64) -> [u8; 8] {
     u64::try_from(at.saturating_add(1))
@@ -339,6 +428,33 @@ mod tests {
             Some((ACTIVITY_END_USER, 1_763_690_400_000, "u:1"))
         );
         assert_eq!(parse_activity(b"c1234"), None);
+    fn desk_keys_sort_by_request_time_missing_first_then_id_and_parse_back() {
+        let order = [
+            desk_position(None, "b"),
+            desk_position(None, "c"),
+            desk_position(Some(i64::MIN), "a"),
+            desk_position(Some(-5), "a"),
+            desk_position(Some(0), "a"),
+            desk_position(Some(1_000), "a"),
+            desk_position(Some(1_000), "a0"),
+            desk_position(Some(i64::MAX), "a"),
+        ];
+        assert!(order.windows(2).all(|w| w[0] < w[1]));
+        for (at, id) in [(None, "c:1"), (Some(-5), ""), (Some(i64::MAX), "x\0y")] {
+            assert_eq!(parse_desk_position(&desk_position(at, id)), Some((at, id)));
+        }
+        assert_eq!(parse_desk_position(b"short"), None);
+        assert_eq!(parse_desk_position(&[2; 12]), None);
+        assert_eq!(
+            parse_desk_position(&[0, 0, 0, 0, 0, 0, 0, 0, 1, b'c']),
+            None
+        );
+        let prefix = desk_bot_prefix("b", b'1');
+        assert!(desk_bot("b", b'1', None, "c").starts_with(&prefix));
+        assert!(!desk_bot("bb", b'1', None, "c").starts_with(&prefix));
+        assert!(desk_bot("b", b'1', Some(i64::MAX), "zz") < prefix_end(&prefix));
+        assert!(desk_phase(b'1', None, "c").starts_with(&desk_phase_prefix(b'1')));
+        assert_eq!(prefix_end(&[1, 255]), vec![2]);
     }
 
     #[test]

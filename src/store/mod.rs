@@ -14,6 +14,7 @@
 pub mod backup;
 mod committer;
 pub mod dedupe;
+mod derived;
 pub mod desk;
 pub mod eventlog;
 pub mod idempotency;
@@ -725,6 +726,7 @@ impl Store {
         store.number_events_above_floor()?;
         store.index_queue_once()?;
         store.index_watch_once()?;
+        store.index_desk_once()?;
         store.index_activity_once()?;
         store.count_waiting()?;
         Ok(store)
@@ -1188,8 +1190,8 @@ impl Store {
         let mut timers_before = HashMap::new();
         let mut fired = Vec::new();
         let mut queue_fold = queue::QueueFold::default();
-        // Each conversation's key in the sweeper's index as this fold found it.
-        let mut watch_before = HashMap::new();
+        // Each conversation's derived index keys (`derived`) as this fold found it.
+        let mut derived_before = HashMap::new();
         // Each state's key in the retention index as this fold found it (`None`: created).
         let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
         let now = crate::clock::now_millis();
@@ -1204,7 +1206,12 @@ impl Store {
                 let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
                 if !timers_before.contains_key(id.as_str()) {
                     timers_before.insert(id.as_str().to_owned(), state.timers.clone());
-                    watch_before.insert(id.as_str().to_owned(), watch::watch_key(state));
+                    // A new conversation's keys are all new (none is in the tree yet).
+                    let found = match created {
+                        true => Vec::new(),
+                        false => derived::derived_keys(state),
+                    };
+                    derived_before.insert(id.as_str().to_owned(), found);
                     let key = (!created).then(|| retention::conversation_key(state));
                     convs_active.insert(id.as_str().to_owned(), key);
                 }
@@ -1322,7 +1329,7 @@ impl Store {
             ],
             timers: timer_writes,
             queue: queue_fold.writes()?,
-            watch: watch::watch_writes(&watch_before, &convs),
+            derived: derived::derived_writes(&derived_before, &convs),
             activity,
             outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
@@ -1397,10 +1404,10 @@ impl Store {
                 for (key, value) in &writes.queue.insert {
                     queue.insert(key.as_slice(), value.as_slice())?;
                 }
-                for key in &writes.watch.remove {
+                for key in &writes.derived.remove {
                     queue.remove(key.as_slice())?;
                 }
-                for key in &writes.watch.insert {
+                for key in &writes.derived.insert {
                     queue.insert(key.as_slice(), &[])?;
                 }
                 for key in &writes.activity.remove {
@@ -1770,7 +1777,7 @@ struct FoldWrites {
     created: [(&'static [u8], u64); 3],
     timers: timers::TimerWrites,
     queue: queue::QueueWrites,
-    watch: watch::WatchWrites,
+    derived: derived::DerivedWrites,
     activity: retention::ActivityWrites,
     outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,

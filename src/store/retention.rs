@@ -11,7 +11,7 @@
 //! A state goes under the fold lock, re-read first (skipped if it changed since the range was
 //! read), only when its partition's events are all folded below the folds' watermark and no
 //! outbox entry of it is pending; then ONE transaction removes the state and every key derived
-//! from it ([`derived_keys`]: the waiting entry, the sweeper's key, the timers, the retention
+//! from it ([`state_keys`]: the waiting entry, the fold-kept indexes' keys (`store::derived`: the sweeper's, the agent API's phase index), the timers, the retention
 //! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
@@ -57,8 +57,9 @@ pub(super) fn end_user_key(u: &EndUserState) -> Vec<u8> {
 /// Every key kept outside the `conversations` tree that is derived from a conversation's state:
 /// what pruning the state removes with it. An index kept by the fold joins this list.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct DerivedKeys {
-    /// In `queue/v1`: the waiting entry (`store::queue`), the sweeper's key (`store::watch`).
+pub(super) struct StateKeys {
+    /// In `queue/v1`: the waiting entry (`store::queue`) and every `store::derived` key (the
+    /// sweeper's index, the agent API's phase index).
     pub queue: Vec<Vec<u8>>,
     /// In `timers/v1`: the running timers.
     pub timers: Vec<Vec<u8>>,
@@ -66,12 +67,12 @@ pub(super) struct DerivedKeys {
     pub activity: Vec<Vec<u8>>,
 }
 
-pub(super) fn derived_keys(s: &ConversationState) -> DerivedKeys {
+pub(super) fn state_keys(s: &ConversationState) -> StateKeys {
     let id = s.id.as_str();
-    DerivedKeys {
+    StateKeys {
         queue: super::queue::entry_of(s)
             .into_iter()
-            .chain(super::watch::watch_key(s))
+            .chain(super::derived::derived_keys(s))
             .collect(),
         timers: s
             .timers
@@ -174,7 +175,7 @@ struct Removal {
     partition: PartitionKey,
     tree: StateTree,
     id: String,
-    derived: DerivedKeys,
+    derived: StateKeys,
     user_index: Option<Vec<u8>>,
 }
 
@@ -400,7 +401,7 @@ impl Store {
             partition: PartitionKey::Conversation(state.id.clone()),
             tree: StateTree::Conversations,
             id: id.to_owned(),
-            derived: derived_keys(&state),
+            derived: state_keys(&state),
             user_index: None,
         }))
     }
@@ -434,9 +435,9 @@ impl Store {
             partition: PartitionKey::EndUser(user.id.clone()),
             tree: StateTree::EndUsers,
             id: id.to_owned(),
-            derived: DerivedKeys {
+            derived: StateKeys {
                 activity: vec![key.to_vec()],
-                ..DerivedKeys::default()
+                ..StateKeys::default()
             },
             user_index,
         }))

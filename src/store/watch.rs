@@ -5,7 +5,8 @@
 //! conversation's state.
 //!
 //! Like the waiting entries, only folds write these keys, in their transaction: each compares a
-//! conversation's key as the fold found it with its key after the fold. So the index always
+//! conversation's key as the fold found it with its key after the fold (`store::derived`, which
+//! keeps the agent API's phase index the same way). So the index always
 //! equals the states (a store from before it is indexed once, on open). A released entry stays
 //! while its conversation is unchanged (one key per conversation that ever had a handoff); the
 //! sweeper reads only those released within `reconcile.recent`.
@@ -13,7 +14,6 @@
 use super::{keys, ConversationState, Store, StoreError};
 use crate::state::reconcile as belief;
 use crate::webhook::model::Millis;
-use std::collections::HashMap;
 
 /// A conversation's key in the sweeper's index, if any.
 pub(super) fn watch_key(s: &ConversationState) -> Option<Vec<u8>> {
@@ -21,32 +21,6 @@ pub(super) fn watch_key(s: &ConversationState) -> Option<Vec<u8>> {
         return Some(keys::watch_active(s.id.as_str()));
     }
     belief::released_at(s).map(|at| keys::watch_released(at, s.id.as_str()))
-}
-
-/// What a fold writes to the index.
-#[derive(Debug, Default)]
-pub(super) struct WatchWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<Vec<u8>>,
-}
-
-/// The index's changes: each folded conversation's key before the fold (`before`, by id) against
-/// its key now.
-pub(super) fn watch_writes(
-    before: &HashMap<String, Option<Vec<u8>>>,
-    states: &HashMap<String, ConversationState>,
-) -> WatchWrites {
-    let mut out = WatchWrites::default();
-    for (id, state) in states {
-        let old = before.get(id).cloned().flatten();
-        let now = watch_key(state);
-        if old == now {
-            continue;
-        }
-        out.remove.extend(old);
-        out.insert.extend(now);
-    }
-    out
 }
 
 /// The conversations a sweep looks at (ids), from the index.
@@ -111,29 +85,11 @@ impl Store {
         Ok(out)
     }
 
-    /// A store from before the sweeper's index: index its conversations once, on open (before
-    /// any fold). A new store has none and only marks it.
+    /// A store from before the sweeper's index: index its conversations once, on open.
     pub(super) fn index_watch_once(&self) -> Result<(), StoreError> {
-        if self.meta.contains_key(keys::meta::WATCH_INDEXED)? {
-            return Ok(());
-        }
-        let mut indexed = 0u64;
-        for item in self.conversations.iter() {
-            let (_, bytes) = item?;
-            let state: ConversationState = super::decode(&bytes, "conversation state")?;
-            if let Some(key) = watch_key(&state) {
-                self.queue.insert(key, Vec::new())?;
-                indexed += 1;
-            }
-        }
-        self.meta.insert(keys::meta::WATCH_INDEXED, &[1])?;
-        if indexed > 0 {
-            tracing::info!(
-                indexed,
-                "reconciliation index built from the conversation states"
-            );
-        }
-        Ok(())
+        self.index_once(keys::meta::WATCH_INDEXED, "reconciliation", |s| {
+            watch_key(s).into_iter().collect()
+        })
     }
 }
 
