@@ -9,8 +9,8 @@
 //! the index is indexed once, on open.
 //!
 //! A state goes under the fold lock, re-read first (skipped if it changed since the range was
-//! read), only when its partition's events are all folded below the folds' watermark and no
-//! outbox entry of it is pending; then ONE transaction removes the state and every key derived
+//! read), only when its partition's events are all folded below the folds' watermark (none in
+//! the log from there on, still to fold) and no outbox entry of it is pending; then ONE transaction removes the state and every key derived
 //! from it ([`derived_keys`]: the waiting entry, the sweeper's key, the timers, the retention
 //! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
@@ -118,7 +118,8 @@ pub struct StatesPruned {
     /// Running timers removed with their conversations (for the pending-timers gauge).
     pub timers: u64,
     /// States past retention left for a later pass: an outbox entry of theirs pending, their
-    /// events not all folded below the watermark, or (end users) their last conversation kept.
+    /// events not all folded below the watermark (an event of theirs logged at or after it), or
+    /// (end users) their last conversation kept.
     pub skipped: u64,
     /// Transactions (chunks of candidates, each judged under the fold lock).
     pub chunks: u64,
@@ -152,6 +153,59 @@ impl PendingQueues {
 
     fn any(&self, queues: &[String]) -> bool {
         queues.iter().any(|q| self.queues.contains(q))
+    }
+}
+
+/// Partitions [`Unfolded`] holds at most: a longer backlog of unfolded events leaves every state
+/// for a later pass.
+const UNFOLDED_MAX: usize = 100_000;
+
+/// The partitions with an event in the log at or after the folds' watermark, which may still be
+/// to fold (queued in the dispatcher, or in a job waiting for the fold lock): a partition's folded
+/// mark says nothing of events logged after it. Scanned from the watermark once, then only the
+/// frames appended since (the log only grows and the watermark only moves on, so a partition seen
+/// once stays: that only keeps a state longer). Past [`UNFOLDED_MAX`] partitions it holds every
+/// one.
+#[derive(Default)]
+struct Unfolded {
+    partitions: HashSet<String>,
+    /// Where the next scan starts (the watermark before the first).
+    from: Option<super::eventlog::Location>,
+    overflow: bool,
+}
+
+impl Unfolded {
+    fn refresh(&mut self, store: &Store) -> Result<(), StoreError> {
+        if self.overflow {
+            return Ok(());
+        }
+        let from = match self.from {
+            Some(at) => at,
+            None => store.fold_from()?,
+        };
+        let (partitions, overflow) = (&mut self.partitions, &mut self.overflow);
+        let end = super::eventlog::scan(&store.log_dir, from, |_, record, _| {
+            partitions.extend(record.partitions);
+            if partitions.len() > UNFOLDED_MAX {
+                *overflow = true;
+                return std::ops::ControlFlow::Break(());
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .map_err(super::log_error)?;
+        self.from = Some(end.next);
+        if self.overflow {
+            self.partitions = HashSet::new();
+            tracing::info!(
+                partitions = UNFOLDED_MAX,
+                "more partitions than this have events still to fold: states are kept this pass"
+            );
+        }
+        Ok(())
+    }
+
+    fn any(&self, partition: &str) -> bool {
+        self.overflow || self.partitions.contains(partition)
     }
 }
 
@@ -198,6 +252,7 @@ impl Store {
         let chunk = chunk.max(1);
         let mut out = StatesPruned::default();
         let mut pending = PendingQueues::default();
+        let mut unfolded = Unfolded::default();
         for kind in [keys::ACTIVITY_CONVERSATION, keys::ACTIVITY_END_USER] {
             let mut from = vec![kind];
             let end = keys::activity(kind, before, "");
@@ -213,7 +268,7 @@ impl Store {
                 };
                 from = last.to_vec();
                 from.push(0);
-                self.prune_chunk(kind, &candidates, &mut pending, &mut out)?;
+                self.prune_chunk(kind, &candidates, &mut pending, &mut unfolded, &mut out)?;
                 out.chunks += 1;
                 if candidates.len() < chunk {
                     break;
@@ -228,6 +283,7 @@ impl Store {
         kind: u8,
         candidates: &[sled::IVec],
         pending: &mut PendingQueues,
+        unfolded: &mut Unfolded,
         out: &mut StatesPruned,
     ) -> Result<(), StoreError> {
         let _folding = self
@@ -235,6 +291,7 @@ impl Store {
             .lock()
             .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
         pending.refresh(self)?;
+        unfolded.refresh(self)?;
         let below = self.watermark_seq()?;
         let mut removals = Vec::new();
         let mut orphans = Vec::new();
@@ -274,9 +331,10 @@ impl Store {
                 _ => vec![partition.clone()],
             };
             // Its events all folded below the watermark: a start's scan from there meets none
-            // of them, so the mark can go (a later event folds as a partition never seen).
+            // of them, so the mark can go (a later event folds as a partition never seen); and
+            // none logged since, still to fold (the state is not idle: it stays).
             let folded = self.mark(&partition)?.map_or(true, |m| m < below);
-            if pending.any(&queues) || !folded {
+            if pending.any(&queues) || !folded || unfolded.any(&partition) {
                 out.skipped += 1;
                 continue;
             }
@@ -750,6 +808,39 @@ mod tests {
         let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (1, 0));
         assert_eq!(store.sizes().conversations, 0);
+    }
+
+    #[test]
+    fn an_event_logged_but_not_yet_folded_keeps_its_state() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", updated, "c1", Some("U1"), 1_000)],
+        );
+        // c1's newer event is in the log (acknowledged), still queued for the dispatcher: the
+        // folds' watermark is at it, c1's mark below it.
+        let newer = vec![event("e2", updated, "c1", Some("U1"), 20 * DAY)];
+        let accepted = store
+            .accept(&DeliveryId::new("d2"), &newer, 10)
+            .expect("accept");
+        assert_eq!(accepted.new.len(), 1);
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.end_users, pruned.skipped),
+            (0, 0, 2),
+            "c1 has an event to fold, and U1's conversation is kept"
+        );
+        // Folded, it lands on the state it belongs to, not on a fresh one.
+        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
+        let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
+        assert_eq!(applied.new_conversations, 0);
+        let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
+        assert_eq!(c1.events_applied, 2);
+        settle(&store);
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (0, 0), "active now");
     }
 
     #[test]
