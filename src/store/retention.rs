@@ -253,6 +253,7 @@ impl Store {
         let mut out = StatesPruned::default();
         let mut pending = PendingQueues::default();
         let mut unfolded = Unfolded::default();
+        let mut primed = false;
         for kind in [keys::ACTIVITY_CONVERSATION, keys::ACTIVITY_END_USER] {
             let mut from = vec![kind];
             let end = keys::activity(kind, before, "");
@@ -268,6 +269,13 @@ impl Store {
                 };
                 from = last.to_vec();
                 from.push(0);
+                if !primed {
+                    // The long reads (the whole outbox, the log from the watermark) before the
+                    // fold lock: under it each chunk reads only what was decided or logged since.
+                    pending.refresh(self)?;
+                    unfolded.refresh(self)?;
+                    primed = true;
+                }
                 self.prune_chunk(kind, &candidates, &mut pending, &mut unfolded, &mut out)?;
                 out.chunks += 1;
                 if candidates.len() < chunk {
