@@ -403,6 +403,14 @@ impl Store {
         );
         trees.transaction(
             |(conv_tree, user_tree, index, folded, queue, timer_tree, activity, meta)| {
+                // The stale keys first: a state found under a stale key and under its own in the
+                // same chunk is repaired, then removed (its own key with it).
+                for key in orphans {
+                    activity.remove(key.as_slice())?;
+                }
+                for key in repaired {
+                    activity.insert(key.as_slice(), &[])?;
+                }
                 for r in removals {
                     let tree = match r.tree {
                         StateTree::Conversations => conv_tree,
@@ -422,12 +430,6 @@ impl Store {
                     if let Some(key) = &r.user_index {
                         index.remove(key.as_slice())?;
                     }
-                }
-                for key in orphans {
-                    activity.remove(key.as_slice())?;
-                }
-                for key in repaired {
-                    activity.insert(key.as_slice(), &[])?;
                 }
                 for (key, gone) in [
                     (keys::meta::COUNT_CONVERSATIONS, conversations),
@@ -1004,6 +1006,24 @@ mod tests {
         );
         assert_eq!(keys_of(&store.activity), [conversation_key(&state)]);
         assert!(store.conversation(&"c1".into()).expect("read").is_some());
+    }
+
+    #[test]
+    fn a_state_under_a_stale_key_and_its_own_goes_with_both() {
+        let (_d, store) = open();
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", "bot.conversation.updated", "c1", None, 5_000)],
+        );
+        // A stale key older than the state's own (an older build folded meanwhile): both are
+        // past retention, in one chunk.
+        let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
+        store.activity.insert(&stale, Vec::new()).expect("insert");
+        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.chunks), (1, 1));
+        assert_eq!(store.conversation(&"c1".into()).expect("read"), None);
+        assert!(keys_of(&store.activity).is_empty(), "no key left behind");
     }
 
     #[test]
