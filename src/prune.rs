@@ -98,7 +98,10 @@ impl Pruner {
 
     /// One pass now (after the one running, if any).
     pub async fn pass(&self) -> Result<PruneReport, PruneError> {
-        let _one = self.running.lock().await;
+        // Held by the blocking part to its end, which also counts what it removed: a caller that
+        // stops waiting (an admin request cut off) neither lets a second pass run beside it nor
+        // leaves the gauges above what the store holds.
+        let one = self.running.clone().lock_owned().await;
         let started = std::time::Instant::now();
         let r = self.retentions;
         let now = crate::clock::system_millis();
@@ -115,7 +118,9 @@ impl Pruner {
         let fold_from = self.store.fold_from()?;
         self.writer.flush().await?;
         let store = self.store.clone();
+        let pruner = self.clone();
         let pruning = move || {
+            let _one = one;
             let mut report = PruneReport::default();
             let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
             report.dedupe_records = pruned.dedupe_records;
@@ -147,14 +152,13 @@ impl Pruner {
             if let Some(before) = quarantine_before {
                 report.quarantine = store.prune_quarantine(before, BATCH)?;
             }
-            Ok::<_, StoreError>((report, timers))
+            report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            pruner.count(&report, timers);
+            Ok::<_, StoreError>(report)
         };
-        let (mut report, timers) = tokio::task::spawn_blocking(pruning)
+        Ok(tokio::task::spawn_blocking(pruning)
             .await
-            .map_err(|e| PruneError::Task(e.to_string()))??;
-        report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.count(&report, timers);
-        Ok(report)
+            .map_err(|e| PruneError::Task(e.to_string()))??)
     }
 
     /// The pass's counters, and the gauges of what it removed.
