@@ -156,19 +156,21 @@ impl PendingQueues {
     }
 }
 
-/// Partitions [`Unfolded`] holds at most: a longer backlog of unfolded events leaves every state
-/// for a later pass.
+/// Events [`Unfolded`] reads at most in a pass: a longer backlog of events still to fold leaves
+/// every state for a later pass (bounding the pass's reading of the log and its memory).
 const UNFOLDED_MAX: usize = 100_000;
 
 /// The partitions with an event in the log at or after the folds' watermark, which may still be
 /// to fold (queued in the dispatcher, or in a job waiting for the fold lock): a partition's folded
 /// mark says nothing of events logged after it. Scanned from the watermark once, then only the
 /// frames appended since (the log only grows and the watermark only moves on, so a partition seen
-/// once stays: that only keeps a state longer). Past [`UNFOLDED_MAX`] partitions it holds every
-/// one.
+/// once stays: that only keeps a state longer). Past [`UNFOLDED_MAX`] events it holds every
+/// partition.
 #[derive(Default)]
 struct Unfolded {
     partitions: HashSet<String>,
+    /// Events read so far.
+    events: usize,
     /// Where the next scan starts (the watermark before the first).
     from: Option<super::eventlog::Location>,
     overflow: bool,
@@ -183,10 +185,12 @@ impl Unfolded {
             Some(at) => at,
             None => store.fold_from()?,
         };
-        let (partitions, overflow) = (&mut self.partitions, &mut self.overflow);
+        let (partitions, events, overflow) =
+            (&mut self.partitions, &mut self.events, &mut self.overflow);
         let end = super::eventlog::scan(&store.log_dir, from, |_, record, _| {
+            *events += record.partitions.len();
             partitions.extend(record.partitions);
-            if partitions.len() > UNFOLDED_MAX {
+            if *events > UNFOLDED_MAX {
                 *overflow = true;
                 return std::ops::ControlFlow::Break(());
             }
@@ -197,8 +201,8 @@ impl Unfolded {
         if self.overflow {
             self.partitions = HashSet::new();
             tracing::info!(
-                partitions = UNFOLDED_MAX,
-                "more partitions than this have events still to fold: states are kept this pass"
+                events = UNFOLDED_MAX,
+                "more events than this still to fold: states are kept this pass"
             );
         }
         Ok(())
