@@ -166,14 +166,26 @@ const UNFOLDED_MAX: usize = 100_000;
 /// frames appended since (the log only grows and the watermark only moves on, so a partition seen
 /// once stays: that only keeps a state longer). Past [`UNFOLDED_MAX`] events it holds every
 /// partition.
-#[derive(Default)]
 struct Unfolded {
     partitions: HashSet<String>,
-    /// Events read so far.
+    /// Events read so far, and at most ([`UNFOLDED_MAX`]).
     events: usize,
+    max: usize,
     /// Where the next scan starts (the watermark before the first).
     from: Option<super::eventlog::Location>,
     overflow: bool,
+}
+
+impl Default for Unfolded {
+    fn default() -> Self {
+        Unfolded {
+            partitions: HashSet::new(),
+            events: 0,
+            max: UNFOLDED_MAX,
+            from: None,
+            overflow: false,
+        }
+    }
 }
 
 impl Unfolded {
@@ -185,12 +197,16 @@ impl Unfolded {
             Some(at) => at,
             None => store.fold_from()?,
         };
-        let (partitions, events, overflow) =
-            (&mut self.partitions, &mut self.events, &mut self.overflow);
+        let (partitions, events, overflow, max) = (
+            &mut self.partitions,
+            &mut self.events,
+            &mut self.overflow,
+            self.max,
+        );
         let end = super::eventlog::scan(&store.log_dir, from, |_, record, _| {
             *events += record.partitions.len();
             partitions.extend(record.partitions);
-            if *events > UNFOLDED_MAX {
+            if *events > max {
                 *overflow = true;
                 return std::ops::ControlFlow::Break(());
             }
@@ -201,7 +217,7 @@ impl Unfolded {
         if self.overflow {
             self.partitions = HashSet::new();
             tracing::info!(
-                events = UNFOLDED_MAX,
+                events = self.max,
                 "more events than this still to fold: states are kept this pass"
             );
         }
@@ -855,6 +871,41 @@ mod tests {
         settle(&store);
         let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (0, 0), "active now");
+    }
+
+    #[test]
+    fn the_partitions_still_to_fold_are_read_from_the_watermark_then_as_appended() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(&store, "d1", vec![event("e1", updated, "c1", None, 1_000)]);
+        let accept = |delivery: &str, events: Vec<IncomingEvent>| {
+            let accepted = store
+                .accept(&DeliveryId::new(delivery), &events, 10)
+                .expect("accept");
+            assert_eq!(accepted.new.len(), events.len());
+        };
+        accept(
+            "d2",
+            vec![
+                event("e2", updated, "c2", None, 1_000),
+                event("e3", updated, "c3", None, 1_000),
+            ],
+        );
+        let mut unfolded = Unfolded::default();
+        unfolded.refresh(&store).expect("scan");
+        let holds = |u: &Unfolded| ["c:c1", "c:c2", "c:c3", "c:c4"].map(|p| u.any(p));
+        assert_eq!(holds(&unfolded), [false, true, true, false]);
+        accept("d3", vec![event("e4", updated, "c4", None, 1_000)]);
+        unfolded.refresh(&store).expect("scan");
+        assert_eq!(holds(&unfolded), [false, true, true, true]);
+        assert_eq!(unfolded.events, 3, "each event read once");
+        // More events than it may read: it holds every partition.
+        let mut bounded = Unfolded {
+            max: 2,
+            ..Unfolded::default()
+        };
+        bounded.refresh(&store).expect("scan");
+        assert_eq!(holds(&bounded), [true; 4]);
     }
 
     #[test]
