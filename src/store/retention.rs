@@ -176,6 +176,24 @@ struct Unfolded {
     overflow: bool,
 }
 
+/// The end user a logged event names besides its partition: a conversation event's
+/// `data.conversation.endUserId`.
+#[derive(serde::Deserialize)]
+struct Named {
+    data: Option<NamedData>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedData {
+    conversation: Option<NamedConversation>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedConversation {
+    #[serde(rename = "endUserId")]
+    end_user_id: Option<String>,
+}
+
 impl Default for Unfolded {
     fn default() -> Self {
         Unfolded {
@@ -205,6 +223,12 @@ impl Unfolded {
         );
         let end = super::eventlog::scan(&store.log_dir, from, |_, record, _| {
             *events += record.partitions.len();
+            // A conversation event's fold writes the end user it names too.
+            partitions.extend(record.events.iter().filter_map(|raw| {
+                let named: Named = serde_json::from_str(raw.get()).ok()?;
+                let id = named.data?.conversation?.end_user_id?;
+                Some(PartitionKey::EndUser(crate::ids::EndUserId::new(id)).encode())
+            }));
             partitions.extend(record.partitions);
             if *events > max {
                 *overflow = true;
@@ -871,6 +895,33 @@ mod tests {
         settle(&store);
         let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (0, 0), "active now");
+    }
+
+    #[test]
+    fn an_end_user_named_by_an_event_still_to_fold_is_kept() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", updated, "c1", Some("U1"), 1_000)],
+        );
+        // U1 comes back in a new conversation: logged, still to fold.
+        let newer = vec![event("e2", updated, "c9", Some("U1"), 20 * DAY)];
+        let accepted = store
+            .accept(&DeliveryId::new("d2"), &newer, 10)
+            .expect("accept");
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.end_users, pruned.skipped),
+            (1, 0, 1),
+            "c1 goes; U1, named by c9's event, stays"
+        );
+        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
+        let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
+        assert_eq!(applied.new_end_users, 0, "U1's state, not a fresh one");
+        let u1 = store.end_user(&"U1".into()).expect("read").expect("U1");
+        assert_eq!(u1.last_conversation_id.value, Some("c9".into()));
     }
 
     #[test]
