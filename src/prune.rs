@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
+use crate::store::retention::StatesPruned;
 use crate::store::{Store, StoreError, Writer};
 use crate::webhook::model::Millis;
 use serde::Serialize;
@@ -119,9 +120,7 @@ impl Pruner {
         self.writer.flush().await?;
         let store = self.store.clone();
         let pruner = self.clone();
-        let pruning = move || {
-            let _one = one;
-            let mut report = PruneReport::default();
+        let removing = move |report: &mut PruneReport, states: &mut StatesPruned| {
             let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
             report.dedupe_records = pruned.dedupe_records;
             report.event_segments = pruned.event_segments;
@@ -140,21 +139,26 @@ impl Pruner {
                     break;
                 }
             }
-            let mut timers = 0;
             if let Some(before) = states_before {
-                let states = store.prune_states(before, crate::store::retention::CHUNK)?;
-                report.conversations = states.conversations;
-                report.end_users = states.end_users;
-                report.states_skipped = states.skipped;
-                report.state_chunks = states.chunks;
-                timers = states.timers;
+                store.prune_states_into(before, crate::store::retention::CHUNK, states)?;
             }
             if let Some(before) = quarantine_before {
-                report.quarantine = store.prune_quarantine(before, BATCH)?;
+                store.prune_quarantine_into(before, BATCH, &mut report.quarantine)?;
             }
+            Ok::<_, StoreError>(())
+        };
+        let pruning = move || {
+            let _one = one;
+            let (mut report, mut states) = (PruneReport::default(), StatesPruned::default());
+            // Counted even when a step failed: what the steps before it removed is gone.
+            let result = removing(&mut report, &mut states);
+            report.conversations = states.conversations;
+            report.end_users = states.end_users;
+            report.states_skipped = states.skipped;
+            report.state_chunks = states.chunks;
             report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            pruner.count(&report, timers);
-            Ok::<_, StoreError>(report)
+            pruner.count(&report, states.timers);
+            result.map(|()| report)
         };
         Ok(tokio::task::spawn_blocking(pruning)
             .await

@@ -293,8 +293,20 @@ impl Store {
     /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
     /// removed under the fold lock in one transaction).
     pub fn prune_states(&self, before: Millis, chunk: usize) -> Result<StatesPruned, StoreError> {
-        let chunk = chunk.max(1);
         let mut out = StatesPruned::default();
+        self.prune_states_into(before, chunk, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Store::prune_states`], adding to `out` as each chunk commits: after an error it holds
+    /// what the chunks before it removed (for the gauges that follow the store).
+    pub fn prune_states_into(
+        &self,
+        before: Millis,
+        chunk: usize,
+        out: &mut StatesPruned,
+    ) -> Result<(), StoreError> {
+        let chunk = chunk.max(1);
         let mut pending = PendingQueues::default();
         let mut unfolded = Unfolded::default();
         let mut primed = false;
@@ -320,14 +332,14 @@ impl Store {
                     unfolded.refresh(self)?;
                     primed = true;
                 }
-                self.prune_chunk(kind, &candidates, &mut pending, &mut unfolded, &mut out)?;
+                self.prune_chunk(kind, &candidates, &mut pending, &mut unfolded, out)?;
                 out.chunks += 1;
                 if candidates.len() < chunk {
                     break;
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn prune_chunk(
@@ -575,8 +587,19 @@ impl Store {
     /// Remove the quarantine records received before `before`, in id (arrival) order, `chunk`
     /// per transaction, up to the first one still within retention.
     pub fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
-        let chunk = chunk.max(1);
         let mut removed = 0;
+        self.prune_quarantine_into(before, chunk, &mut removed)?;
+        Ok(removed)
+    }
+
+    /// [`Store::prune_quarantine`], adding to `removed` as each chunk goes.
+    pub fn prune_quarantine_into(
+        &self,
+        before: Millis,
+        chunk: usize,
+        removed: &mut u64,
+    ) -> Result<(), StoreError> {
+        let chunk = chunk.max(1);
         let mut after = None;
         loop {
             let (page, next) = self.quarantine_page(after, chunk)?;
@@ -591,9 +614,9 @@ impl Store {
                 batch.remove(&keys::seq(*id));
             }
             self.quarantine.apply_batch(batch)?;
-            removed += old.len() as u64;
+            *removed += old.len() as u64;
             if !more {
-                return Ok(removed);
+                return Ok(());
             }
             after = next;
         }
@@ -1050,6 +1073,33 @@ mod tests {
             1,
             "only the one within retention"
         );
+    }
+
+    #[test]
+    fn a_pass_that_fails_part_way_reports_what_the_chunks_before_removed() {
+        let (_d, store) = open();
+        let events = (0..5)
+            .map(|i| {
+                let id = format!("c{i}");
+                event(
+                    &format!("e{i}"),
+                    "bot.conversation.updated",
+                    &id,
+                    None,
+                    1_000 + i,
+                )
+            })
+            .collect();
+        fold(&store, "d1", events);
+        // c3's record cannot be read: the second chunk (c2, c3) fails.
+        store.conversations.insert("c3", &b"{"[..]).expect("insert");
+        let mut out = StatesPruned::default();
+        store
+            .prune_states_into(DAY, 2, &mut out)
+            .expect_err("c3 is unreadable");
+        assert_eq!((out.conversations, out.chunks), (2, 1), "c0 and c1 went");
+        assert_eq!(store.sizes().conversations, 3);
+        assert!(store.conversation(&"c2".into()).expect("read").is_some());
     }
 
     #[test]
