@@ -139,11 +139,13 @@ impl Pruner {
                     break;
                 }
             }
-            if let Some(before) = states_before {
-                store.prune_states_into(before, crate::store::retention::CHUNK, states)?;
-            }
+            // The quarantine first: a state the pass cannot read stops it, and must not keep
+            // the quarantine's records past their retention too.
             if let Some(before) = quarantine_before {
                 store.prune_quarantine_into(before, BATCH, &mut report.quarantine)?;
+            }
+            if let Some(before) = states_before {
+                store.prune_states_into(before, crate::store::retention::CHUNK, states)?;
             }
             Ok::<_, StoreError>(())
         };
