@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
+use crate::store::retention::StatesPruned;
 use crate::store::{Store, StoreError, Writer};
 use crate::webhook::model::Millis;
 use serde::Serialize;
@@ -98,7 +99,10 @@ impl Pruner {
 
     /// One pass now (after the one running, if any).
     pub async fn pass(&self) -> Result<PruneReport, PruneError> {
-        let _one = self.running.lock().await;
+        // Held by the blocking part to its end, which also counts what it removed: a caller that
+        // stops waiting (an admin request cut off) neither lets a second pass run beside it nor
+        // leaves the gauges above what the store holds.
+        let one = self.running.clone().lock_owned().await;
         let started = std::time::Instant::now();
         let r = self.retentions;
         let now = crate::clock::system_millis();
@@ -115,8 +119,8 @@ impl Pruner {
         let fold_from = self.store.fold_from()?;
         self.writer.flush().await?;
         let store = self.store.clone();
-        let pruning = move || {
-            let mut report = PruneReport::default();
+        let pruner = self.clone();
+        let removing = move |report: &mut PruneReport, states: &mut StatesPruned| {
             let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
             report.dedupe_records = pruned.dedupe_records;
             report.event_segments = pruned.event_segments;
@@ -135,26 +139,32 @@ impl Pruner {
                     break;
                 }
             }
-            let mut timers = 0;
-            if let Some(before) = states_before {
-                let states = store.prune_states(before, crate::store::retention::CHUNK)?;
-                report.conversations = states.conversations;
-                report.end_users = states.end_users;
-                report.states_skipped = states.skipped;
-                report.state_chunks = states.chunks;
-                timers = states.timers;
-            }
+            // The quarantine first: a state the pass cannot read stops it, and must not keep
+            // the quarantine's records past their retention too.
             if let Some(before) = quarantine_before {
-                report.quarantine = store.prune_quarantine(before, BATCH)?;
+                store.prune_quarantine_into(before, BATCH, &mut report.quarantine)?;
             }
-            Ok::<_, StoreError>((report, timers))
+            if let Some(before) = states_before {
+                store.prune_states_into(before, crate::store::retention::CHUNK, states)?;
+            }
+            Ok::<_, StoreError>(())
         };
-        let (mut report, timers) = tokio::task::spawn_blocking(pruning)
+        let pruning = move || {
+            let _one = one;
+            let (mut report, mut states) = (PruneReport::default(), StatesPruned::default());
+            // Counted even when a step failed: what the steps before it removed is gone.
+            let result = removing(&mut report, &mut states);
+            report.conversations = states.conversations;
+            report.end_users = states.end_users;
+            report.states_skipped = states.skipped;
+            report.state_chunks = states.chunks;
+            report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            pruner.count(&report, states.timers);
+            result.map(|()| report)
+        };
+        Ok(tokio::task::spawn_blocking(pruning)
             .await
-            .map_err(|e| PruneError::Task(e.to_string()))??;
-        report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.count(&report, timers);
-        Ok(report)
+            .map_err(|e| PruneError::Task(e.to_string()))??)
     }
 
     /// The pass's counters, and the gauges of what it removed.

@@ -110,12 +110,15 @@ impl Cursor for u64 {
 }
 
 /// The lists in id order (conversations, end users) continue after an id, given as an opaque
-/// string: the id's bytes in URL-safe base64 without padding, so any id travels in a query
-/// unescaped and a cursor that no page gave is refused.
+/// string: a marker byte and the id's bytes in URL-safe base64 without padding, so any id travels
+/// in a query unescaped, even the empty one (an end user's id may be empty) gives a cursor that
+/// is not empty, and a cursor that no page gave is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdCursor(String);
 
 impl IdCursor {
+    /// The byte before the id in a cursor.
+    const MARKER: u8 = b'i';
     /// The longest cursor read (ids are far shorter).
     const MAX_TEXT: usize = 4096;
 
@@ -137,12 +140,16 @@ impl Cursor for IdCursor {
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(text)
             .ok()?;
-        String::from_utf8(bytes).ok().map(IdCursor)
+        let id = bytes.strip_prefix(&[Self::MARKER])?;
+        String::from_utf8(id.to_vec()).ok().map(IdCursor)
     }
 
     fn to_json(&self) -> Value {
         use base64::Engine as _;
-        Value::String(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&self.0))
+        let mut bytes = Vec::with_capacity(1 + self.0.len());
+        bytes.push(Self::MARKER);
+        bytes.extend_from_slice(self.0.as_bytes());
+        Value::String(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
     }
 }
 
@@ -676,6 +683,7 @@ mod tests {
             "a b/c?d&e=f",
             "김민지",
             "x",
+            "",
         ] {
             let next = IdCursor::of(id).to_json();
             let text = next.as_str().expect("a string");
@@ -688,12 +696,13 @@ mod tests {
             assert_eq!(page.after.as_ref().map(IdCursor::id), Some(id));
             assert_eq!(page.limit, 5);
         }
-        let not_utf8 = {
+        let (not_utf8, no_marker) = {
             use base64::Engine as _;
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([0xff, 0xfe])
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+            (b64.encode([b'i', 0xff, 0xfe]), b64.encode("c1"))
         };
         let long = "A".repeat(5000);
-        for bad in ["", "!!", "a+b/", "abc=", "A", &not_utf8, &long] {
+        for bad in ["", "!!", "a+b/", "abc=", "A", &not_utf8, &no_marker, &long] {
             let e = Page::<IdCursor>::parse(None, Some(bad)).expect_err(bad);
             assert_eq!(e.code(), "invalid_cursor", "{bad:?}");
             assert!(e.to_string().len() < 200, "{e}");
@@ -717,7 +726,7 @@ mod tests {
                 assert_eq!(e.code(), "invalid_limit", "{list:?} {bad}");
             }
             let by_id = matches!(list, List::Conversations | List::EndUsers);
-            // An id cursor is no seq, and "-1" no id cursor (one byte, 0xfb, not UTF-8).
+            // An id cursor is no seq, and "-1" no id cursor (one byte, 0xfb: no marker, not UTF-8).
             let (good, bad) = if by_id {
                 (id_cursor, "-1")
             } else {

@@ -7,6 +7,27 @@ use super::{decode, keys, Store, StoreError};
 use crate::actions::DoneRecord;
 use crate::state::EndUserState;
 
+/// At most `limit` records of a tree keyed by id, with ids after `after` (from the first when
+/// `None`), in id order (byte order: the id right after `after` is `after` and a zero byte).
+pub(super) fn id_page<T: for<'de> serde::Deserialize<'de>>(
+    tree: &sled::Tree,
+    after: Option<&str>,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<T>, StoreError> {
+    let iter = match after {
+        Some(id) => {
+            let mut from = id.as_bytes().to_vec();
+            from.push(0);
+            tree.range(from..)
+        }
+        None => tree.iter(),
+    };
+    iter.take(limit)
+        .map(|item| decode(&item?.1, what))
+        .collect()
+}
+
 impl Store {
     /// At most `limit` end users with ids after `after` (from the first when `None`), in id
     /// order.
@@ -15,17 +36,7 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<EndUserState>, StoreError> {
-        let iter = match after {
-            Some(id) => {
-                let mut from = id.as_bytes().to_vec();
-                from.push(0);
-                self.end_users.range(from..)
-            }
-            None => self.end_users.iter(),
-        };
-        iter.take(limit)
-            .map(|item| decode(&item?.1, "end-user state"))
-            .collect()
+        id_page(&self.end_users, after, limit, "end-user state")
     }
 
     /// At most `limit` finished entries (done or dropped) with seqs below `before` (from the

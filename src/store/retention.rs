@@ -9,9 +9,11 @@
 //! the index is indexed once, on open.
 //!
 //! A state goes under the fold lock, re-read first (skipped if it changed since the range was
-//! read), only when its partition's events are all folded below the folds' watermark and no
-//! outbox entry of it is pending; then ONE transaction removes the state and every key derived
-//! from it ([`state_keys`]: the waiting entry, the fold-kept indexes' keys (`store::derived`: the sweeper's, the agent API's phase index), the timers, the retention
+//! read), only when its partition's events are all folded below the folds' watermark (none in
+//! the log from there on, still to fold) and no outbox entry of it is pending; then ONE
+//! transaction removes the state and every key derived from it ([`state_keys`]: the waiting
+//! entry, the fold-kept indexes' keys (`store::derived`: the sweeper's, the agent API's phase
+//! index), the timers, the retention
 //! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
@@ -119,7 +121,8 @@ pub struct StatesPruned {
     /// Running timers removed with their conversations (for the pending-timers gauge).
     pub timers: u64,
     /// States past retention left for a later pass: an outbox entry of theirs pending, their
-    /// events not all folded below the watermark, or (end users) their last conversation kept.
+    /// events not all folded below the watermark (an event of theirs logged at or after it), or
+    /// (end users) their last conversation kept.
     pub skipped: u64,
     /// Transactions (chunks of candidates, each judged under the fold lock).
     pub chunks: u64,
@@ -153,6 +156,103 @@ impl PendingQueues {
 
     fn any(&self, queues: &[String]) -> bool {
         queues.iter().any(|q| self.queues.contains(q))
+    }
+}
+
+/// Events [`Unfolded`] reads at most in a pass: a longer backlog of events still to fold leaves
+/// every state for a later pass (bounding the pass's reading of the log and its memory).
+const UNFOLDED_MAX: usize = 100_000;
+
+/// The partitions with an event in the log at or after the folds' watermark, which may still be
+/// to fold (queued in the dispatcher, or in a job waiting for the fold lock): a partition's folded
+/// mark says nothing of events logged after it. Scanned from the watermark once, then only the
+/// frames appended since (the log only grows and the watermark only moves on, so a partition seen
+/// once stays: that only keeps a state longer). Past [`UNFOLDED_MAX`] events it holds every
+/// partition.
+struct Unfolded {
+    partitions: HashSet<String>,
+    /// Events read so far, and at most ([`UNFOLDED_MAX`]).
+    events: usize,
+    max: usize,
+    /// Where the next scan starts (the watermark before the first).
+    from: Option<super::eventlog::Location>,
+    overflow: bool,
+}
+
+/// The end user a logged event names besides its partition: a conversation event's
+/// `data.conversation.endUserId`.
+#[derive(serde::Deserialize)]
+struct Named {
+    data: Option<NamedData>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedData {
+    conversation: Option<NamedConversation>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedConversation {
+    #[serde(rename = "endUserId")]
+    end_user_id: Option<String>,
+}
+
+impl Default for Unfolded {
+    fn default() -> Self {
+        Unfolded {
+            partitions: HashSet::new(),
+            events: 0,
+            max: UNFOLDED_MAX,
+            from: None,
+            overflow: false,
+        }
+    }
+}
+
+impl Unfolded {
+    fn refresh(&mut self, store: &Store) -> Result<(), StoreError> {
+        if self.overflow {
+            return Ok(());
+        }
+        let from = match self.from {
+            Some(at) => at,
+            None => store.fold_from()?,
+        };
+        let (partitions, events, overflow, max) = (
+            &mut self.partitions,
+            &mut self.events,
+            &mut self.overflow,
+            self.max,
+        );
+        let end = super::eventlog::scan(&store.log_dir, from, |_, record, _| {
+            *events += record.partitions.len();
+            // A conversation event's fold writes the end user it names too.
+            partitions.extend(record.events.iter().filter_map(|raw| {
+                let named: Named = serde_json::from_str(raw.get()).ok()?;
+                let id = named.data?.conversation?.end_user_id?;
+                Some(PartitionKey::EndUser(crate::ids::EndUserId::new(id)).encode())
+            }));
+            partitions.extend(record.partitions);
+            if *events > max {
+                *overflow = true;
+                return std::ops::ControlFlow::Break(());
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .map_err(super::log_error)?;
+        self.from = Some(end.next);
+        if self.overflow {
+            self.partitions = HashSet::new();
+            tracing::info!(
+                events = self.max,
+                "more events than this still to fold: states are kept this pass"
+            );
+        }
+        Ok(())
+    }
+
+    fn any(&self, partition: &str) -> bool {
+        self.overflow || self.partitions.contains(partition)
     }
 }
 
@@ -196,9 +296,23 @@ impl Store {
     /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
     /// removed under the fold lock in one transaction).
     pub fn prune_states(&self, before: Millis, chunk: usize) -> Result<StatesPruned, StoreError> {
-        let chunk = chunk.max(1);
         let mut out = StatesPruned::default();
+        self.prune_states_into(before, chunk, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Store::prune_states`], adding to `out` as each chunk commits: after an error it holds
+    /// what the chunks before it removed (for the gauges that follow the store).
+    pub fn prune_states_into(
+        &self,
+        before: Millis,
+        chunk: usize,
+        out: &mut StatesPruned,
+    ) -> Result<(), StoreError> {
+        let chunk = chunk.max(1);
         let mut pending = PendingQueues::default();
+        let mut unfolded = Unfolded::default();
+        let mut primed = false;
         for kind in [keys::ACTIVITY_CONVERSATION, keys::ACTIVITY_END_USER] {
             let mut from = vec![kind];
             let end = keys::activity(kind, before, "");
@@ -214,14 +328,21 @@ impl Store {
                 };
                 from = last.to_vec();
                 from.push(0);
-                self.prune_chunk(kind, &candidates, &mut pending, &mut out)?;
+                if !primed {
+                    // The long reads (the whole outbox, the log from the watermark) before the
+                    // fold lock: under it each chunk reads only what was decided or logged since.
+                    pending.refresh(self)?;
+                    unfolded.refresh(self)?;
+                    primed = true;
+                }
+                self.prune_chunk(kind, &candidates, &mut pending, &mut unfolded, out)?;
                 out.chunks += 1;
                 if candidates.len() < chunk {
                     break;
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn prune_chunk(
@@ -229,6 +350,7 @@ impl Store {
         kind: u8,
         candidates: &[sled::IVec],
         pending: &mut PendingQueues,
+        unfolded: &mut Unfolded,
         out: &mut StatesPruned,
     ) -> Result<(), StoreError> {
         let _folding = self
@@ -236,6 +358,7 @@ impl Store {
             .lock()
             .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
         pending.refresh(self)?;
+        unfolded.refresh(self)?;
         let below = self.watermark_seq()?;
         let mut removals = Vec::new();
         let mut orphans = Vec::new();
@@ -275,9 +398,10 @@ impl Store {
                 _ => vec![partition.clone()],
             };
             // Its events all folded below the watermark: a start's scan from there meets none
-            // of them, so the mark can go (a later event folds as a partition never seen).
+            // of them, so the mark can go (a later event folds as a partition never seen); and
+            // none logged since, still to fold (the state is not idle: it stays).
             let folded = self.mark(&partition)?.map_or(true, |m| m < below);
-            if pending.any(&queues) || !folded {
+            if pending.any(&queues) || !folded || unfolded.any(&partition) {
                 out.skipped += 1;
                 continue;
             }
@@ -338,6 +462,14 @@ impl Store {
         );
         trees.transaction(
             |(conv_tree, user_tree, index, folded, queue, timer_tree, activity, meta)| {
+                // The stale keys first: a state found under a stale key and under its own in the
+                // same chunk is repaired, then removed (its own key with it).
+                for key in orphans {
+                    activity.remove(key.as_slice())?;
+                }
+                for key in repaired {
+                    activity.insert(key.as_slice(), &[])?;
+                }
                 for r in removals {
                     let tree = match r.tree {
                         StateTree::Conversations => conv_tree,
@@ -357,12 +489,6 @@ impl Store {
                     if let Some(key) = &r.user_index {
                         index.remove(key.as_slice())?;
                     }
-                }
-                for key in orphans {
-                    activity.remove(key.as_slice())?;
-                }
-                for key in repaired {
-                    activity.insert(key.as_slice(), &[])?;
                 }
                 for (key, gone) in [
                     (keys::meta::COUNT_CONVERSATIONS, conversations),
@@ -464,8 +590,19 @@ impl Store {
     /// Remove the quarantine records received before `before`, in id (arrival) order, `chunk`
     /// per transaction, up to the first one still within retention.
     pub fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
-        let chunk = chunk.max(1);
         let mut removed = 0;
+        self.prune_quarantine_into(before, chunk, &mut removed)?;
+        Ok(removed)
+    }
+
+    /// [`Store::prune_quarantine`], adding to `removed` as each chunk goes.
+    pub fn prune_quarantine_into(
+        &self,
+        before: Millis,
+        chunk: usize,
+        removed: &mut u64,
+    ) -> Result<(), StoreError> {
+        let chunk = chunk.max(1);
         let mut after = None;
         loop {
             let (page, next) = self.quarantine_page(after, chunk)?;
@@ -480,9 +617,9 @@ impl Store {
                 batch.remove(&keys::seq(*id));
             }
             self.quarantine.apply_batch(batch)?;
-            removed += old.len() as u64;
+            *removed += old.len() as u64;
             if !more {
-                return Ok(removed);
+                return Ok(());
             }
             after = next;
         }
@@ -754,6 +891,101 @@ mod tests {
     }
 
     #[test]
+    fn an_event_logged_but_not_yet_folded_keeps_its_state() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", updated, "c1", Some("U1"), 1_000)],
+        );
+        // c1's newer event is in the log (acknowledged), still queued for the dispatcher: the
+        // folds' watermark is at it, c1's mark below it.
+        let newer = vec![event("e2", updated, "c1", Some("U1"), 20 * DAY)];
+        let accepted = store
+            .accept(&DeliveryId::new("d2"), &newer, 10)
+            .expect("accept");
+        assert_eq!(accepted.new.len(), 1);
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.end_users, pruned.skipped),
+            (0, 0, 2),
+            "c1 has an event to fold, and U1's conversation is kept"
+        );
+        // Folded, it lands on the state it belongs to, not on a fresh one.
+        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
+        let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
+        assert_eq!(applied.new_conversations, 0);
+        let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
+        assert_eq!(c1.events_applied, 2);
+        settle(&store);
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.skipped), (0, 0), "active now");
+    }
+
+    #[test]
+    fn an_end_user_named_by_an_event_still_to_fold_is_kept() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", updated, "c1", Some("U1"), 1_000)],
+        );
+        // U1 comes back in a new conversation: logged, still to fold.
+        let newer = vec![event("e2", updated, "c9", Some("U1"), 20 * DAY)];
+        let accepted = store
+            .accept(&DeliveryId::new("d2"), &newer, 10)
+            .expect("accept");
+        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        assert_eq!(
+            (pruned.conversations, pruned.end_users, pruned.skipped),
+            (1, 0, 1),
+            "c1 goes; U1, named by c9's event, stays"
+        );
+        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
+        let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
+        assert_eq!(applied.new_end_users, 0, "U1's state, not a fresh one");
+        let u1 = store.end_user(&"U1".into()).expect("read").expect("U1");
+        assert_eq!(u1.last_conversation_id.value, Some("c9".into()));
+    }
+
+    #[test]
+    fn the_partitions_still_to_fold_are_read_from_the_watermark_then_as_appended() {
+        let (_d, store) = open();
+        let updated = "bot.conversation.updated";
+        fold(&store, "d1", vec![event("e1", updated, "c1", None, 1_000)]);
+        let accept = |delivery: &str, events: Vec<IncomingEvent>| {
+            let accepted = store
+                .accept(&DeliveryId::new(delivery), &events, 10)
+                .expect("accept");
+            assert_eq!(accepted.new.len(), events.len());
+        };
+        accept(
+            "d2",
+            vec![
+                event("e2", updated, "c2", None, 1_000),
+                event("e3", updated, "c3", None, 1_000),
+            ],
+        );
+        let mut unfolded = Unfolded::default();
+        unfolded.refresh(&store).expect("scan");
+        let holds = |u: &Unfolded| ["c:c1", "c:c2", "c:c3", "c:c4"].map(|p| u.any(p));
+        assert_eq!(holds(&unfolded), [false, true, true, false]);
+        accept("d3", vec![event("e4", updated, "c4", None, 1_000)]);
+        unfolded.refresh(&store).expect("scan");
+        assert_eq!(holds(&unfolded), [false, true, true, true]);
+        assert_eq!(unfolded.events, 3, "each event read once");
+        // More events than it may read: it holds every partition.
+        let mut bounded = Unfolded {
+            max: 2,
+            ..Unfolded::default()
+        };
+        bounded.refresh(&store).expect("scan");
+        assert_eq!(holds(&bounded), [true; 4]);
+    }
+
+    #[test]
     fn an_event_folded_after_pruning_starts_a_fresh_state_and_old_timers_are_stale() {
         let (_d, store) = open();
         let requested = "bot.conversation.agent_call_requested";
@@ -847,6 +1079,33 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_that_fails_part_way_reports_what_the_chunks_before_removed() {
+        let (_d, store) = open();
+        let events = (0..5)
+            .map(|i| {
+                let id = format!("c{i}");
+                event(
+                    &format!("e{i}"),
+                    "bot.conversation.updated",
+                    &id,
+                    None,
+                    1_000 + i,
+                )
+            })
+            .collect();
+        fold(&store, "d1", events);
+        // c3's record cannot be read: the second chunk (c2, c3) fails.
+        store.conversations.insert("c3", &b"{"[..]).expect("insert");
+        let mut out = StatesPruned::default();
+        store
+            .prune_states_into(DAY, 2, &mut out)
+            .expect_err("c3 is unreadable");
+        assert_eq!((out.conversations, out.chunks), (2, 1), "c0 and c1 went");
+        assert_eq!(store.sizes().conversations, 3);
+        assert!(store.conversation(&"c2".into()).expect("read").is_some());
+    }
+
+    #[test]
     fn the_fold_keeps_one_key_per_state_equal_to_its_activity() {
         let (_d, store) = open();
         let updated = "bot.conversation.updated";
@@ -906,6 +1165,24 @@ mod tests {
         );
         assert_eq!(keys_of(&store.activity), [conversation_key(&state)]);
         assert!(store.conversation(&"c1".into()).expect("read").is_some());
+    }
+
+    #[test]
+    fn a_state_under_a_stale_key_and_its_own_goes_with_both() {
+        let (_d, store) = open();
+        fold(
+            &store,
+            "d1",
+            vec![event("e1", "bot.conversation.updated", "c1", None, 5_000)],
+        );
+        // A stale key older than the state's own (an older build folded meanwhile): both are
+        // past retention, in one chunk.
+        let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
+        store.activity.insert(&stale, Vec::new()).expect("insert");
+        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        assert_eq!((pruned.conversations, pruned.chunks), (1, 1));
+        assert_eq!(store.conversation(&"c1".into()).expect("read"), None);
+        assert!(keys_of(&store.activity).is_empty(), "no key left behind");
     }
 
     #[test]

@@ -69,20 +69,7 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ConversationState>, StoreError> {
-        let mut out = Vec::with_capacity(limit.min(1024));
-        let iter = match after {
-            Some(id) => {
-                let mut from = id.as_bytes().to_vec();
-                from.push(0);
-                self.conversations.range(from..)
-            }
-            None => self.conversations.iter(),
-        };
-        for item in iter.take(limit) {
-            let (_, bytes) = item?;
-            out.push(super::decode(&bytes, "conversation state")?);
-        }
-        Ok(out)
+        super::pages::id_page(&self.conversations, after, limit, "conversation state")
     }
 
     /// A store from before the sweeper's index: index its conversations once, on open.
