@@ -359,8 +359,11 @@ pub fn start_with(
     if pending > 0 {
         tracing::info!(pending, "resuming the outbox");
     }
+    let (done, done_rx) = mpsc::unbounded_channel();
+    tokio::spawn(executor::record_done(ledger.clone(), done_rx));
     let runner = executor::Runner {
         ledger,
+        done,
         sinks,
         metrics,
         settings,
