@@ -157,7 +157,7 @@ impl ExecutorHandle {
             // conversation must not overtake them, and idle must not be reported without them.
             let mut pause = Duration::from_millis(50);
             loop {
-                match writer.flush().await {
+                match writer.flush_own().await {
                     Ok(()) => {
                         self.notify_decided(entries);
                         break;
