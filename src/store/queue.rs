@@ -135,16 +135,29 @@ impl WaitingCounts {
     }
 
     /// The bot's waiting entries (by its prefix): how many, and how many sort before `own`.
+    /// Counted from both ends of `own` at once, so it costs the shorter side: a new request (at
+    /// the queue's end) or a conversation near its head is a few steps, whatever the length.
     fn bot_standing(&self, prefix: &[u8], own: Option<&[u8]>) -> (usize, usize) {
         let Some(entries) = self.by_bot.get(prefix) else {
             return (0, 0);
         };
-        let ahead = own.map_or(0, |own| {
-            entries
-                .range::<[u8], _>((Bound::Unbounded, Bound::Excluded(own)))
-                .count()
-        });
-        (entries.len(), ahead)
+        let len = entries.len();
+        let Some(own) = own else {
+            return (len, 0);
+        };
+        let mut before = entries.range::<[u8], _>((Bound::Unbounded, Bound::Excluded(own)));
+        let mut from = entries.range::<[u8], _>((Bound::Included(own), Bound::Unbounded));
+        let mut steps = 0;
+        let ahead = loop {
+            if before.next().is_none() {
+                break steps; // `steps` entries before own
+            }
+            if from.next().is_none() {
+                break len - steps; // `steps` entries from own on
+            }
+            steps += 1;
+        };
+        (len, ahead)
     }
 
     fn contains(&self, prefix: &[u8], key: &[u8]) -> bool {
@@ -484,6 +497,35 @@ pub(super) mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_standing_counts_the_entries_ahead_from_either_end() {
+        let mut counts = WaitingCounts::default();
+        let key = |at: i64, c: &str| keys::queue_entry("b1", at, c);
+        for (i, at) in [10, 20, 30, 40, 50].into_iter().enumerate() {
+            counts.add(&key(at, &format!("c{i}")));
+        }
+        counts.add(&keys::queue_entry("b2", 5, "other"));
+        let prefix = keys::queue_bot("b1");
+        for (own, ahead) in [
+            (key(10, "c0"), 0),
+            (key(30, "c2"), 2),
+            (key(40, "c3"), 3),
+            (key(50, "c4"), 4),
+            // Not in the tree (a fold's entry now): where it would sort.
+            (key(1, "new"), 0),
+            (key(35, "new"), 3),
+            (key(99, "new"), 5),
+        ] {
+            assert_eq!(
+                counts.bot_standing(&prefix, Some(&own)),
+                (5, ahead),
+                "{own:?}"
+            );
+        }
+        assert_eq!(counts.bot_standing(&prefix, None), (5, 0));
+        assert_eq!(counts.bot_standing(&keys::queue_bot("b3"), None), (0, 0));
     }
 
     /// The kept summary, checked against a count of the tree; and each bot's kept entries (what
