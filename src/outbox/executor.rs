@@ -8,14 +8,14 @@ use super::ledger::Ledger;
 use super::scheduler::{Outcome, Scheduler};
 use super::sink::{Attempt, Job, Reach, Sink, SinkKind};
 use super::{Clock, ExecutorHandle, ExecutorSettings, Msg};
-use crate::actions::{DeadLetter, OutboxEntry, RetryState};
+use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use crate::ops::metrics::Metrics;
 use crate::store::StoreError;
 use crate::webhook::model::Millis;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Pause before an entry whose outcome could not be recorded is tried again, and before a page
@@ -24,6 +24,43 @@ const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Page reads per turn of the loop (the rest on the next turns, which come at once).
 const PAGES_PER_TURN: usize = 4;
+
+/// Most `done` outcomes recorded in one transaction.
+const DONE_BATCH: usize = 512;
+
+/// A carried-out entry's record on its way to the [`record_done`] task, and who waits for it.
+pub(super) type DoneJob = (DoneRecord, oneshot::Sender<Result<(), Arc<StoreError>>>);
+
+/// Records the outcomes of carried-out entries: every outcome that arrived while the last write
+/// ran goes in the next, in ONE transaction (one blocking-pool trip), not one per action. An
+/// entry still leaves the outbox only in the transaction that records its outcome, and its task
+/// waits for that transaction before its queue goes on. Ends when every sender is gone.
+pub(super) async fn record_done(ledger: Arc<dyn Ledger>, mut rx: mpsc::UnboundedReceiver<DoneJob>) {
+    while let Some(first) = rx.recv().await {
+        let mut records = vec![first.0];
+        let mut replies = vec![first.1];
+        while records.len() < DONE_BATCH {
+            let Ok((record, reply)) = rx.try_recv() else {
+                break;
+            };
+            records.push(record);
+            replies.push(reply);
+        }
+        let result = if ledger.on_blocking_pool() {
+            let ledger = ledger.clone();
+            tokio::task::spawn_blocking(move || ledger.done(&records))
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Internal(format!("store task failed: {e}"))))
+        } else {
+            ledger.done(&records)
+        };
+        let result = result.map_err(Arc::new);
+        for reply in replies {
+            // The task may have gone (shutdown); its entry is recorded all the same.
+            let _ = reply.send(result.clone());
+        }
+    }
+}
 
 /// The two sinks.
 #[derive(Clone)]
@@ -43,6 +80,8 @@ impl Sinks {
 
 pub(super) struct Runner {
     pub ledger: Arc<dyn Ledger>,
+    /// To the [`record_done`] task.
+    pub done: mpsc::UnboundedSender<DoneJob>,
     pub sinks: Sinks,
     pub metrics: Metrics,
     pub settings: ExecutorSettings,
@@ -366,9 +405,21 @@ impl Runner {
         }
     }
 
+    /// Through the [`record_done`] task, with the outcomes of the entries finished meanwhile.
     async fn record_done(&self, entry: OutboxEntry, state: RetryState, now: Millis) -> Outcome {
-        let attempts = state.attempts;
-        let recorded = self.store(move |l| l.done(&entry, attempts, now)).await;
+        let record = DoneRecord {
+            entry,
+            outcome: "done".into(),
+            at: now,
+            attempts: state.attempts,
+            note: None,
+        };
+        let (reply, answer) = oneshot::channel();
+        let stopped = || Arc::new(StoreError::Internal("the outcome recorder stopped".into()));
+        let recorded = match self.done.send((record, reply)) {
+            Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
+            Err(_) => Err(stopped()),
+        };
         self.recorded(recorded.map(|()| Outcome::Done), state).await
     }
 
@@ -381,11 +432,15 @@ impl Runner {
             metrics.dead_letter_entries.inc();
             Outcome::Dead { blocking }
         });
-        self.recorded(recorded, state).await
+        self.recorded(recorded.map_err(Arc::new), state).await
     }
 
     /// The outcome once recorded; an entry whose outcome could not be recorded runs again.
-    async fn recorded(&self, recorded: Result<Outcome, StoreError>, state: RetryState) -> Outcome {
+    async fn recorded(
+        &self,
+        recorded: Result<Outcome, Arc<StoreError>>,
+        state: RetryState,
+    ) -> Outcome {
         match recorded {
             Ok(outcome) => outcome,
             Err(e) => {

@@ -1,9 +1,8 @@
 //! What the executor reads and writes in the store, behind a trait: the store in the daemon
 //! (each call on the blocking pool), a map in memory in tests.
 
-use crate::actions::{DeadLetter, OutboxEntry, RetryState};
+use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use crate::store::{Store, StoreError};
-use crate::webhook::model::Millis;
 use std::collections::HashSet;
 
 /// Dead letters read per page on start.
@@ -30,8 +29,9 @@ pub trait Ledger: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<(OutboxEntry, Option<RetryState>)>, StoreError>;
     fn set_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError>;
-    /// The entry was carried out (it leaves the outbox, its retry state with it).
-    fn done(&self, entry: &OutboxEntry, attempts: u32, now: Millis) -> Result<(), StoreError>;
+    /// The entries were carried out (each as its `done` record): they leave the outbox, their
+    /// retry states with them, all in one write (one transaction in the store).
+    fn done(&self, records: &[DoneRecord]) -> Result<(), StoreError>;
     /// The entry failed for good (it moves to the dead letters, its retry state removed).
     fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError>;
     /// Calls go to the blocking pool (sled), not the async workers.
@@ -90,8 +90,8 @@ impl Ledger for Store {
         self.set_outbox_retry_state(seq, state)
     }
 
-    fn done(&self, entry: &OutboxEntry, attempts: u32, now: Millis) -> Result<(), StoreError> {
-        self.outbox_done(entry, attempts, now)
+    fn done(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
+        self.outbox_done_many(records)
     }
 
     fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {

@@ -157,7 +157,7 @@ impl ExecutorHandle {
             // conversation must not overtake them, and idle must not be reported without them.
             let mut pause = Duration::from_millis(50);
             loop {
-                match writer.flush().await {
+                match writer.flush_own().await {
                     Ok(()) => {
                         self.notify_decided(entries);
                         break;
@@ -359,8 +359,11 @@ pub fn start_with(
     if pending > 0 {
         tracing::info!(pending, "resuming the outbox");
     }
+    let (done, done_rx) = mpsc::unbounded_channel();
+    tokio::spawn(executor::record_done(ledger.clone(), done_rx));
     let runner = executor::Runner {
         ledger,
+        done,
         sinks,
         metrics,
         settings,

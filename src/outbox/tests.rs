@@ -7,7 +7,7 @@ use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
 use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
 use super::*;
-use crate::actions::{DeadLetter, RetryState};
+use crate::actions::{DeadLetter, DoneRecord, RetryState};
 use crate::upstream::error::UpstreamError;
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -61,10 +61,15 @@ impl Ledger for MemLedger {
         self.retry.lock().expect("retry").insert(seq, state.clone());
         Ok(())
     }
-    fn done(&self, entry: &OutboxEntry, attempts: u32, _now: Millis) -> Result<(), StoreError> {
-        self.outbox.lock().expect("outbox").remove(&entry.seq);
-        self.retry.lock().expect("retry").remove(&entry.seq);
-        self.done.lock().expect("done").push((entry.seq, attempts));
+    fn done(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
+        for r in records {
+            self.outbox.lock().expect("outbox").remove(&r.entry.seq);
+            self.retry.lock().expect("retry").remove(&r.entry.seq);
+            self.done
+                .lock()
+                .expect("done")
+                .push((r.entry.seq, r.attempts));
+        }
         Ok(())
     }
     fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {

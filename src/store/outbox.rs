@@ -136,28 +136,48 @@ impl Store {
         attempts: u32,
         now: Millis,
     ) -> Result<(), StoreError> {
-        let status = ActionStatus {
-            state: "done".into(),
-            seq: entry.seq,
-            at: now,
-            attempts,
-            note: None,
-        };
-        let status = encode(&status)?;
-        let record = encode(&DoneRecord {
+        self.outbox_done_many(&[DoneRecord {
             entry: entry.clone(),
             outcome: "done".into(),
             at: now,
             attempts,
             note: None,
-        })?;
-        let key = keys::seq(entry.seq);
+        }])
+    }
+
+    /// Entries carried out (each as its `done` record): all leave the outbox, and the ledger
+    /// says `done` for each, in ONE transaction, so the executor records the outcomes of the
+    /// actions finished at one moment together rather than one transaction each.
+    pub fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let rows = records
+            .iter()
+            .map(|r| {
+                let status = ActionStatus {
+                    state: "done".into(),
+                    seq: r.entry.seq,
+                    at: r.at,
+                    attempts: r.attempts,
+                    note: None,
+                };
+                Ok((
+                    keys::seq(r.entry.seq),
+                    r.entry.id.as_bytes(),
+                    encode(&status)?,
+                    encode(r)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         (&self.outbox, &self.actions, &self.done, &self.outbox_retry).transaction(
             |(outbox, actions, done, retry)| {
-                outbox.remove(&key)?;
-                retry.remove(&key)?;
-                actions.insert(entry.id.as_bytes(), status.as_slice())?;
-                done.insert(&key, record.as_slice())?;
+                for (key, id, status, record) in &rows {
+                    outbox.remove(key)?;
+                    retry.remove(key)?;
+                    actions.insert(*id, status.as_slice())?;
+                    done.insert(key, record.as_slice())?;
+                }
                 Ok(())
             },
         )?;

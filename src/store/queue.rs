@@ -12,7 +12,8 @@ use crate::ids::ConversationId;
 use crate::state::queue::{self, Accept, AcceptHistory, Standing};
 use crate::state::ConversationState;
 use crate::webhook::model::Millis;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 
 /// A conversation's key in the queue, when it waits.
 pub(super) fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
@@ -51,48 +52,79 @@ pub(super) struct QueueWrites {
 }
 
 impl QueueWrites {
-    /// The request times of the waiting entries this fold removes and adds (accept histories
+    /// The waiting entries this fold removes and adds (accept histories and the watch index
     /// left out).
     pub fn waiting_changes(&self) -> WaitingChanges {
-        let requested_at = |key: &[u8]| {
-            key.first()
-                .filter(|b| **b == keys::QUEUE_WAITING)
-                .and_then(|_| keys::parse_queue_requested_at(key))
-        };
+        let waiting = |key: &[u8]| key.first() == Some(&keys::QUEUE_WAITING);
         WaitingChanges {
-            removed: self.remove.iter().filter_map(|k| requested_at(k)).collect(),
+            removed: self.remove.iter().filter(|k| waiting(k)).cloned().collect(),
             added: self
                 .insert
                 .iter()
-                .filter_map(|(k, _)| requested_at(k))
+                .filter(|(k, _)| waiting(k))
+                .map(|(k, _)| k.clone())
                 .collect(),
         }
     }
 }
 
-/// A fold's changes to the waiting entries, by request time.
+/// A fold's changes to the waiting entries (their keys).
 #[derive(Debug, Default)]
 pub(super) struct WaitingChanges {
-    removed: Vec<Millis>,
-    added: Vec<Millis>,
+    removed: Vec<Vec<u8>>,
+    added: Vec<Vec<u8>>,
 }
 
-/// How many conversations wait since each request time: the queue tree's waiting entries,
-/// counted once on open and then kept by each committed fold's changes, so the gauges read it
-/// without a scan. Folds run one at a time and the tree equals their changes, so it stays exact.
+/// The queue tree's waiting entries in memory: how many conversations wait since each request
+/// time (for the gauges) and each bot's entries in queue order (for a fold's standings), read
+/// once on open and then kept by each committed fold's changes, under the fold lock. Folds run
+/// one at a time and the tree equals their changes, so a fold reads it exact: a conversation's
+/// position is a count in memory, not a scan of the bot's queue in sled per agent call.
 #[derive(Debug, Default)]
 pub(super) struct WaitingCounts {
     by_time: std::collections::BTreeMap<Millis, u64>,
     total: u64,
+    /// Bot prefix (`keys::queue_bot`) -> its waiting entries' keys.
+    by_bot: HashMap<Vec<u8>, BTreeSet<Vec<u8>>>,
+}
+
+/// The bot prefix of a waiting entry's key (`keys::queue_bot`).
+fn bot_prefix(key: &[u8]) -> Option<&[u8]> {
+    let len = usize::from(u16::from_be_bytes([*key.get(1)?, *key.get(2)?]));
+    key.get(..3 + len)
 }
 
 impl WaitingCounts {
-    fn add(&mut self, at: Millis) {
+    fn add(&mut self, key: &[u8]) {
+        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), bot_prefix(key)) else {
+            tracing::error!(key = ?key, "unreadable queue key; left out");
+            return;
+        };
+        if !self
+            .by_bot
+            .entry(bot.to_vec())
+            .or_default()
+            .insert(key.to_vec())
+        {
+            return; // counted already
+        }
         *self.by_time.entry(at).or_default() += 1;
         self.total += 1;
     }
 
-    fn remove(&mut self, at: Millis) {
+    fn remove(&mut self, key: &[u8]) {
+        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), bot_prefix(key)) else {
+            return;
+        };
+        let Some(entries) = self.by_bot.get_mut(bot) else {
+            return;
+        };
+        if !entries.remove(key) {
+            return;
+        }
+        if entries.is_empty() {
+            self.by_bot.remove(bot);
+        }
         if let std::collections::btree_map::Entry::Occupied(mut slot) = self.by_time.entry(at) {
             *slot.get_mut() -= 1;
             if *slot.get() == 0 {
@@ -100,6 +132,38 @@ impl WaitingCounts {
             }
             self.total -= 1;
         }
+    }
+
+    /// The bot's waiting entries (by its prefix): how many, and how many sort before `own`.
+    /// Counted from both ends of `own` at once, so it costs the shorter side: a new request (at
+    /// the queue's end) or a conversation near its head is a few steps, whatever the length.
+    fn bot_standing(&self, prefix: &[u8], own: Option<&[u8]>) -> (usize, usize) {
+        let Some(entries) = self.by_bot.get(prefix) else {
+            return (0, 0);
+        };
+        let len = entries.len();
+        let Some(own) = own else {
+            return (len, 0);
+        };
+        let mut before = entries.range::<[u8], _>((Bound::Unbounded, Bound::Excluded(own)));
+        let mut from = entries.range::<[u8], _>((Bound::Included(own), Bound::Unbounded));
+        let mut steps = 0;
+        let ahead = loop {
+            if before.next().is_none() {
+                break steps; // `steps` entries before own
+            }
+            if from.next().is_none() {
+                break len - steps; // `steps` entries from own on
+            }
+            steps += 1;
+        };
+        (len, ahead)
+    }
+
+    fn contains(&self, prefix: &[u8], key: &[u8]) -> bool {
+        self.by_bot
+            .get(prefix)
+            .is_some_and(|entries| entries.contains(key))
     }
 
     pub(super) fn summary(&self) -> QueueSummary {
@@ -186,8 +250,10 @@ impl Store {
             .ok_or_else(|| StoreError::Corrupt("accept history cache".into()))
     }
 
-    /// A conversation's standing in its bot's queue: the tree with the fold's changes over it.
-    /// Linear in the bot's queue length (the conversations waiting now, not all conversations).
+    /// A conversation's standing in its bot's queue: the tree (its copy in memory, see
+    /// [`WaitingCounts`]) with the fold's changes over it. The tree's entries of the conversations
+    /// the fold changed are taken out and their entries now put in, so the cost is the count of
+    /// the entries ahead in memory plus the fold's own conversations, never a scan of sled.
     pub(super) fn standing_in(
         &self,
         fold: &mut QueueFold,
@@ -199,19 +265,26 @@ impl Store {
         let prefix = keys::queue_bot(bot.as_str());
         let own = entry_of(s);
         let before_own = |key: &[u8]| own.as_deref().is_some_and(|o| key < o);
-        let (mut length, mut ahead) = (0u32, 0u32);
-        for item in self.queue.scan_prefix(&prefix) {
-            let (key, _) = item?;
-            let Some(conversation) = keys::parse_queue_entry(&prefix, &key) else {
-                tracing::error!(key = ?key, "unreadable queue key; left out");
-                continue;
+        let (mut length, mut ahead) = {
+            let counts = match self.waiting.lock() {
+                Ok(counts) => counts,
+                Err(poisoned) => poisoned.into_inner(),
             };
-            if fold.entries.contains_key(conversation) {
-                continue; // the fold's entry below decides
+            let (mut length, mut ahead) = counts.bot_standing(&prefix, own.as_deref());
+            // The fold's entries decide for its conversations: the tree's go.
+            for (first, _) in fold.entries.values() {
+                if let Some(key) = first.as_deref().filter(|k| k.starts_with(&prefix)) {
+                    if counts.contains(&prefix, key) {
+                        length = length.saturating_sub(1);
+                        ahead = ahead.saturating_sub(usize::from(before_own(key)));
+                    }
+                }
             }
-            length = length.saturating_add(1);
-            ahead = ahead.saturating_add(u32::from(before_own(&key)));
-        }
+            (
+                u32::try_from(length).unwrap_or(u32::MAX),
+                u32::try_from(ahead).unwrap_or(u32::MAX),
+            )
+        };
         for (_, now) in fold.entries.values() {
             if let Some(key) = now.as_deref().filter(|k| k.starts_with(&prefix)) {
                 length = length.saturating_add(1);
@@ -265,11 +338,7 @@ impl Store {
         let mut out = WaitingCounts::default();
         for item in self.queue.scan_prefix([keys::QUEUE_WAITING]) {
             let (key, _) = item?;
-            let Some(since) = keys::parse_queue_requested_at(&key) else {
-                tracing::error!(key = ?key, "unreadable queue key; left out");
-                continue;
-            };
-            out.add(since);
+            out.add(&key);
         }
         Ok(out)
     }
@@ -290,11 +359,11 @@ impl Store {
             Ok(counts) => counts,
             Err(poisoned) => poisoned.into_inner(),
         };
-        for at in &changes.removed {
-            counts.remove(*at);
+        for key in &changes.removed {
+            counts.remove(key);
         }
-        for at in &changes.added {
-            counts.add(*at);
+        for key in &changes.added {
+            counts.add(key);
         }
     }
 
@@ -430,11 +499,43 @@ pub(super) mod tests {
             .collect()
     }
 
-    /// The kept summary, checked against a count of the tree.
+    #[test]
+    fn a_standing_counts_the_entries_ahead_from_either_end() {
+        let mut counts = WaitingCounts::default();
+        let key = |at: i64, c: &str| keys::queue_entry("b1", at, c);
+        for (i, at) in [10, 20, 30, 40, 50].into_iter().enumerate() {
+            counts.add(&key(at, &format!("c{i}")));
+        }
+        counts.add(&keys::queue_entry("b2", 5, "other"));
+        let prefix = keys::queue_bot("b1");
+        for (own, ahead) in [
+            (key(10, "c0"), 0),
+            (key(30, "c2"), 2),
+            (key(40, "c3"), 3),
+            (key(50, "c4"), 4),
+            // Not in the tree (a fold's entry now): where it would sort.
+            (key(1, "new"), 0),
+            (key(35, "new"), 3),
+            (key(99, "new"), 5),
+        ] {
+            assert_eq!(
+                counts.bot_standing(&prefix, Some(&own)),
+                (5, ahead),
+                "{own:?}"
+            );
+        }
+        assert_eq!(counts.bot_standing(&prefix, None), (5, 0));
+        assert_eq!(counts.bot_standing(&keys::queue_bot("b3"), None), (0, 0));
+    }
+
+    /// The kept summary, checked against a count of the tree; and each bot's kept entries (what
+    /// a fold's standings count) against the tree's.
     fn summary(store: &Store) -> QueueSummary {
         let kept = store.queue_summary();
-        let scanned = store.queue_summary_scanned().expect("scan").summary();
-        assert_eq!(kept, scanned, "the kept counts equal the tree");
+        let scanned = store.queue_summary_scanned().expect("scan");
+        assert_eq!(kept, scanned.summary(), "the kept counts equal the tree");
+        let by_bot = store.waiting.lock().expect("counts").by_bot.clone();
+        assert_eq!(by_bot, scanned.by_bot, "the kept entries equal the tree");
         kept
     }
 

@@ -73,6 +73,8 @@ enum Job {
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::UnboundedSender<Job>,
+    /// Straight to the indexer, for [`Writer::flush_own`].
+    indexer: std::sync::mpsc::Sender<ToIndexer>,
     health: Arc<Health>,
 }
 
@@ -139,16 +141,22 @@ impl Writer {
             ));
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let (indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
         let health = Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(true),
         });
         let flag = health.clone();
+        let to_indexer = indexer.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run(store, rx, hooks, flag))
+            .spawn(move || run(store, rx, (to_indexer, from_syncer), hooks, flag))
             .map_err(|e| super::StoreError::Sled(sled::Error::Io(e)))?;
-        Ok(Writer { tx, health })
+        Ok(Writer {
+            tx,
+            indexer,
+            health,
+        })
     }
 
     /// Store a delivery; returns once it is durable.
@@ -166,6 +174,24 @@ impl Writer {
         self.tx
             .send(Job::Flush(tx))
             .map_err(|_| WriterError::Stopped)?;
+        rx.await.map_err(|_| WriterError::Stopped)?
+    }
+
+    /// Wait until what the caller itself wrote to the store (in a transaction or a plain write
+    /// that returned before this call) is on disk: one `Db::flush` by the indexer, which it shares
+    /// with every flush asked for meanwhile. Unlike [`flush`](Self::flush) it does not go through
+    /// the writer and the syncer (two thread hops), so it is not ordered after the deliveries
+    /// accepted before it: for a fold's decisions, not for anything the writer wrote.
+    pub async fn flush_own(&self) -> Result<(), WriterError> {
+        let (tx, rx) = oneshot::channel();
+        let waiters = FlushWaiters {
+            flushes: vec![tx],
+            replies: Vec::new(),
+        };
+        if self.indexer.send(ToIndexer::Flush(waiters)).is_err() {
+            // No indexer (it failed to start, or stopped): the writer's way.
+            return self.flush().await;
+        }
         rx.await.map_err(|_| WriterError::Stopped)?
     }
 
@@ -201,6 +227,7 @@ struct Group {
 fn run(
     store: Store,
     mut rx: mpsc::UnboundedReceiver<Job>,
+    indexer: IndexerChannel,
     hooks: WriterHooks,
     health: Arc<Health>,
 ) {
@@ -210,7 +237,7 @@ fn run(
     let syncer_health = health.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || sync_loop(syncer_store, from_writer, hooks, syncer_health));
+        .spawn(move || sync_loop(syncer_store, from_writer, indexer, hooks, syncer_health));
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -352,7 +379,14 @@ impl Backlog {
     }
 }
 
-/// What the syncer hands the indexer.
+/// The indexer's channel: the syncer's sender (writers hold clones, see [`Writer::flush_own`])
+/// and the indexer's receiver.
+type IndexerChannel = (
+    std::sync::mpsc::Sender<ToIndexer>,
+    std::sync::mpsc::Receiver<ToIndexer>,
+);
+
+/// What the syncer (and [`Writer::flush_own`]) hands the indexer.
 enum ToIndexer {
     /// Groups just synced, with the log's end after them.
     Index(Backlog),
@@ -493,12 +527,12 @@ const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 fn sync_loop(
     store: Store,
     rx: std::sync::mpsc::Receiver<Group>,
+    (to_indexer, from_syncer): IndexerChannel,
     hooks: WriterHooks,
     health: Arc<Health>,
 ) {
     let WriterHooks { observe, durable } = hooks;
     let healthy = &health.log;
-    let (to_indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
     let waiting = Arc::new(IndexBacklog::default());
     let indexer = {
         let (store, health, waiting) = (store.clone(), health.clone(), waiting.clone());
