@@ -1519,7 +1519,16 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
         if w.pages.absent.is_some() {
             String::new()
         } else if w.no_cursor {
-            format!("n/a (no cursor: the first page had {} items)", w.items)
+            let want = opts.waiting.min(opts.page as u64);
+            format!(
+                "n/a (no cursor: the first page had {} items{})",
+                w.items,
+                if w.items == want {
+                    String::new()
+                } else {
+                    format!(", **wrong**: {want} wait")
+                }
+            )
         } else {
             format!(
                 "{} pages, {} waiting found of {}{}, {:.2} s",
