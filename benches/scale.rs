@@ -110,7 +110,7 @@ struct Options {
 
 const USAGE: &str = "\
 usage: cargo bench --bench scale -- [options]
-  --quick                 smoke run: 20,000 conversations, 2,000 end users, 200 waiting (under a minute)
+  --quick                 smoke run: 20,000 conversations, 2,000 end users, 200 waiting, 10 s per reading step
   --conversations N       conversations built through the webhook (default 1000000)
   --end-users N           end users they belong to (default 100000)
   --waiting N             conversations left waiting for an agent (default 10000)
@@ -199,7 +199,7 @@ impl BenchOptions for Options {
             queries: 200,
             admin_queries: 50,
             walk_pages: 100,
-            step_limit: Duration::from_secs(20),
+            step_limit: Duration::from_secs(10),
             build_limit: Duration::from_secs(60),
             drain_limit: Duration::from_secs(60),
             ratio_warmup: Duration::from_millis(250),
