@@ -809,9 +809,9 @@ fn absent_reason(status: u16, body: &str) -> String {
 fn page_of(body: &str) -> Option<(Vec<Value>, Option<Option<String>>)> {
     let v: Value = serde_json::from_str(body).ok()?;
     let obj = v.as_object()?;
-    let items = obj
-        .get("conversations")
-        .and_then(Value::as_array)
+    let items = ["conversations", "endusers", "end_users", "items"]
+        .iter()
+        .find_map(|k| obj.get(*k).and_then(Value::as_array))
         .or_else(|| obj.values().find_map(Value::as_array))?
         .clone();
     let next = ["next", "next_after"]
@@ -911,11 +911,13 @@ fn walk(
             }
         }
         match next {
-            None => {
+            // No `next` on the first page: no cursor; on a later one: the end (an API may leave
+            // out a null).
+            None if w.pages.requests == 1 => {
                 w.no_cursor = true;
                 break;
             }
-            Some(None) => {
+            None | Some(None) => {
                 w.complete = true;
                 break;
             }
@@ -1194,10 +1196,16 @@ fn run(opts: &Options) -> Result<(), String> {
             deep.pages.requests,
             deep.items
         );
-        if deep.pages.absent.is_none() && deep.complete && deep.distinct != total {
+        // A walk to the end must have seen every one once (items without an `id` counted).
+        let found = if deep.distinct > 0 {
+            deep.distinct
+        } else {
+            deep.items
+        };
+        if deep.pages.absent.is_none() && deep.complete && (found != total || deep.items != total) {
             failures.push(format!(
-                "the admin {name} walk found {} of {total}",
-                deep.distinct
+                "the admin {name} walk found {} items ({} distinct) of {total}",
+                deep.items, deep.distinct
             ));
         }
         admin_lists.push((name, first, deep));
