@@ -1609,7 +1609,7 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
             &mut r,
             "pruning pass",
             format!(
-                "{:.2} s; VmRSS {} before, {} peak, {} after; data dir {:.1} -> {:.1} MiB",
+                "{:.3} s; VmRSS {} before, {} peak, {} after; data dir {:.1} -> {:.1} MiB",
                 p.took.as_secs_f64(),
                 mib_text(p.rss_before),
                 mib_text(p.rss_peak),
