@@ -41,7 +41,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::rc::Rc;
@@ -661,35 +660,6 @@ fn baseline_command() -> Result<Command, String> {
     Ok(cmd)
 }
 
-/// A `/proc/<pid>/status` field in kB (VmRSS, VmHWM, RssAnon, RssFile).
-fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// (apparent bytes, allocated bytes) under a directory.
-fn dir_size(path: &Path) -> (u64, u64) {
-    let mut total = (0, 0);
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return total;
-    };
-    for entry in entries.flatten() {
-        let Ok(meta) = entry.metadata() else { continue };
-        if meta.is_dir() {
-            let (a, b) = dir_size(&entry.path());
-            total.0 += a;
-            total.1 += b;
-        } else {
-            total.0 += meta.len();
-            total.1 += meta.blocks() * 512;
-        }
-    }
-    total
-}
-
 fn http() -> Http {
     Http::new(HTTP_TIMEOUT, BODY)
 }
@@ -874,7 +844,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         daemon_command(opts, &data),
         &dir.path().join("daemon-1.log"),
     )?;
-    let rss_start_kb = proc_status_kb(daemon.pid, "VmRSS");
+    let rss_start_kb = common::proc_status_kb(daemon.pid, "VmRSS");
     let posted_events = opts.mem_deliveries * opts.mem_batch as u64;
     eprintln!(
         "[memory] posting {} deliveries x {} events = {posted_events} events over {} conversations",
@@ -914,9 +884,9 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
             other => return Err(format!("drain wait answered {other}: {body}")),
         }
     }
-    let rss_kb = proc_status_kb(daemon.pid, "VmRSS");
-    let hwm_kb = proc_status_kb(daemon.pid, "VmHWM");
-    let rss_anon_kb = proc_status_kb(daemon.pid, "RssAnon");
+    let rss_kb = common::proc_status_kb(daemon.pid, "VmRSS");
+    let hwm_kb = common::proc_status_kb(daemon.pid, "VmHWM");
+    let rss_anon_kb = common::proc_status_kb(daemon.pid, "RssAnon");
     let metrics = daemon_metrics(&http, &daemon.admin_base());
     // The allocator returns freed pages after a delay (jemalloc's background thread purges what
     // stayed free for a second): the memory a daemon keeps is the figure after a quiet spell.
@@ -926,9 +896,9 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         std::thread::sleep(Duration::from_secs(1));
         http.get(&health_url, None)?;
     }
-    let rss_idle_kb = proc_status_kb(daemon.pid, "VmRSS");
-    let disk = dir_size(&data);
-    let event_log = dir_size(&data.join("store").join("events")).0;
+    let rss_idle_kb = common::proc_status_kb(daemon.pid, "VmRSS");
+    let disk = common::dir_size(&data);
+    let event_log = common::dir_size(&data.join("store").join("events")).0;
     eprintln!(
         "[memory] drained after {:?}; VmRSS {} kB (peak {} kB); data dir {} bytes",
         drained_after,
@@ -948,7 +918,7 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         daemon_command(opts, &data),
         &dir.path().join("daemon-2.log"),
     )?;
-    let rss_after_restart_kb = proc_status_kb(again.pid, "VmRSS");
+    let rss_after_restart_kb = common::proc_status_kb(again.pid, "VmRSS");
     let ready_after_restart = matches!(
         http.get(&format!("{}/readyz", again.base()), None),
         Ok((200, _))

@@ -861,6 +861,57 @@ impl Http {
         };
         Ok((status, body))
     }
+
+    /// POST an empty body with an optional bearer token: the status and the body.
+    #[allow(dead_code)] // scale only
+    pub fn post(&self, url: &str, bearer: Option<&str>) -> Result<(u16, String), String> {
+        let mut req = self.agent.post(url);
+        if let Some(token) = bearer {
+            req = req.header("authorization", format!("Bearer {token}"));
+        }
+        let mut resp = req.send_empty().map_err(|e| format!("POST {url}: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(self.body.limit)
+            .lossy_utf8(self.body.lossy_utf8)
+            .read_to_string()
+            .unwrap_or_default();
+        Ok((status, body))
+    }
+}
+
+/// A `/proc/<pid>/status` field in kB (VmRSS, VmHWM, RssAnon, RssFile).
+#[allow(dead_code)] // intake and scale, not actions
+pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// (apparent bytes, allocated bytes) under a directory.
+#[allow(dead_code)] // intake and scale, not actions
+pub fn dir_size(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = (0, 0);
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return total;
+    };
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            let (a, b) = dir_size(&entry.path());
+            total.0 += a;
+            total.1 += b;
+        } else {
+            total.0 += meta.len();
+            total.1 += meta.blocks() * 512;
+        }
+    }
+    total
 }
 
 /// Sum of every series of a metric in the Prometheus text format.
