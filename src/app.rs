@@ -179,7 +179,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         store.start_io_threads()?;
         Ok::<_, AppError>(store)
     };
-    let opened = crate::background::on_thread_at(config.dispatch.priority(), "store-open", open);
+    let fold_priority = fold_priority(&config.dispatch);
+    let opened = crate::background::on_thread_at(fold_priority, "store-open", open);
     let thread = |name| move |source| AppError::Thread { name, source };
     let store = opened.map_err(thread("store-open"))??;
     // The folds' commits hold sled's lock: they run at this thread's (the daemon's) priority.
@@ -261,7 +262,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         rules: rules.clone(),
         decided: Some(decided_tx),
         verdicts: Some(verdicts.clone()),
-        priority: config.dispatch.priority(),
+        priority: fold_priority,
+        lift_after: config.dispatch.lift_after(),
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
@@ -638,6 +640,25 @@ fn admin_server(
 
 /// Wait for SIGTERM or SIGINT; returns which. The handlers are installed when this is called
 /// (not when first awaited), so a signal right after the start line is not the default action's.
+/// How the fold threads (and sled's I/O threads) run. `SCHED_IDLE` only where a starving fold can
+/// be lifted out of it again (`dispatch.lift_after`, which needs `CAP_SYS_NICE` or an
+/// `RLIMIT_NICE` allowing nice 0): otherwise a host whose other programs keep the CPUs busy would
+/// hold every handoff back, so the fold runs at nice 19 instead, which keeps a share of the CPU.
+fn fold_priority(dispatch: &crate::config::DispatchConfig) -> crate::background::Priority {
+    use crate::background::{can_lift_from_idle, Priority, MAX_NICENESS};
+    match dispatch.priority() {
+        Priority::Idle if dispatch.lift_after().is_some() && !can_lift_from_idle() => {
+            tracing::warn!(
+                "dispatch.fold_priority = \"idle\" needs a way back out of SCHED_IDLE for a fold \
+                 that starves on a busy host (CAP_SYS_NICE, or RLIMIT_NICE allowing nice 0: \
+                 systemd LimitNICE=+0), and this process has none: the fold runs at nice 19"
+            );
+            Priority::Nice(MAX_NICENESS)
+        }
+        priority => priority,
+    }
+}
+
 pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let handlers = (

@@ -101,12 +101,127 @@ pub fn lower_this_thread(niceness: u8) {
     }
 }
 
+/// Threads under `SCHED_IDLE` that another thread can lift to the daemon's own scheduling while
+/// they starve, and put back afterwards: the fold threads (`dispatch` lifts them when a fold
+/// waits longer than `dispatch.lift_after` for a CPU, and lowers them once the inbox is empty).
+///
+/// Under `SCHED_IDLE` a thread gets a CPU only when nothing else wants it, which is what keeps
+/// the fold off intake's CPU during a burst. On a host whose other programs keep every CPU busy
+/// it gets almost none, and it holds the fold lock while it waits, so every handoff waits with
+/// it. Lifting it is the way out; sled's I/O threads are left as they are (they are sled's,
+/// and measured, the fold is what starves handoffs).
+///
+/// Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows nice 0 (systemd:
+/// `LimitNICE=+0`); [`can_lift_from_idle`] finds out once, at start.
+#[derive(Debug, Default)]
+pub struct Lift {
+    threads: std::sync::Mutex<Vec<thread_priority::unix::ThreadId>>,
+    lifted: std::sync::atomic::AtomicBool,
+}
+
+impl Lift {
+    /// Register the calling thread (a fold thread, from its start handler).
+    pub fn register_this_thread(&self) {
+        let id = thread_priority::unix::thread_native_id();
+        match self.threads.lock() {
+            Ok(mut threads) => threads.push(id),
+            Err(poisoned) => poisoned.into_inner().push(id),
+        }
+    }
+
+    /// Whether the threads run lifted now.
+    pub fn is_lifted(&self) -> bool {
+        self.lifted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Run every registered thread under the normal policy (`SCHED_OTHER`, their nice value 0).
+    /// Returns how many were lifted; a failure is logged, never fatal.
+    pub fn lift(&self) -> usize {
+        let done = self.set_all(NormalThreadSchedulePolicy::Other);
+        self.lifted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        done
+    }
+
+    /// Put every registered thread back under `SCHED_IDLE`.
+    pub fn lower(&self) -> usize {
+        let done = self.set_all(NormalThreadSchedulePolicy::Idle);
+        self.lifted
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        done
+    }
+
+    fn set_all(&self, policy: NormalThreadSchedulePolicy) -> usize {
+        let threads = match self.threads.lock() {
+            Ok(threads) => threads.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        threads
+            .into_iter()
+            .filter(|id| match set_policy_of(*id, policy) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = ?e, ?policy, "cannot change a fold thread's scheduling");
+                    false
+                }
+            })
+            .count()
+    }
+}
+
+use thread_priority::unix::NormalThreadSchedulePolicy;
+
+/// Set another thread's (or this one's) normal policy. The crate sets the policy on `thread`,
+/// then the nice value of the *calling* thread: it is given the caller's own, so nothing else
+/// changes (a caller whose nice value has no cross-platform value is refused before anything).
+fn set_policy_of(
+    thread: thread_priority::unix::ThreadId,
+    policy: NormalThreadSchedulePolicy,
+) -> Result<(), thread_priority::Error> {
+    let own = this_thread_niceness().unwrap_or(0);
+    let keep = priority_for_nice(own).ok_or(thread_priority::Error::Priority(
+        "the calling thread's nice value has no cross-platform value",
+    ))?;
+    thread_priority::unix::set_thread_priority_and_policy(
+        thread,
+        keep,
+        thread_priority::unix::ThreadSchedulePolicy::Normal(policy),
+    )
+}
+
+/// Whether this process may take a thread out of `SCHED_IDLE` again (found on a scratch
+/// thread, which goes idle and tries to come back).
+pub fn can_lift_from_idle() -> bool {
+    std::thread::Builder::new()
+        .name("lift-probe".into())
+        .spawn(|| {
+            idle_this_thread();
+            set_policy_of(
+                thread_priority::unix::thread_native_id(),
+                NormalThreadSchedulePolicy::Other,
+            )
+            .is_ok()
+                && thread_priority::unix::thread_schedule_policy().ok()
+                    == Some(thread_priority::unix::ThreadSchedulePolicy::Normal(
+                        NormalThreadSchedulePolicy::Other,
+                    ))
+        })
+        .ok()
+        .and_then(|probe| probe.join().ok())
+        .unwrap_or(false)
+}
+
 /// The crate takes a 0..=99 cross-platform value (99 highest) and maps it onto nice -20..=19;
 /// find the value that lands exactly on `niceness`.
 fn priority_for(niceness: u8) -> Option<ThreadPriority> {
+    priority_for_nice(i32::from(niceness))
+}
+
+/// [`priority_for`] over the whole nice range (-20..=19).
+fn priority_for_nice(niceness: i32) -> Option<ThreadPriority> {
     (0u8..=99)
         .filter_map(|v| ThreadPriorityValue::try_from(v).ok())
-        .find(|v| niceness_of(u8::from(*v)) == i32::from(niceness))
+        .find(|v| niceness_of(u8::from(*v)) == niceness)
         .map(ThreadPriority::Crossplatform)
 }
 
@@ -186,6 +301,52 @@ mod tests {
     /// This thread's scheduling policy, from /proc.
     fn this_thread_policy() -> Option<i32> {
         policy_in_stat(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)
+    }
+
+    /// A thread's scheduling policy, from /proc (the calling process's task `tid`).
+    fn policy_of(tid: i32) -> Option<i32> {
+        policy_in_stat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?)
+    }
+
+    #[test]
+    fn a_registered_idle_thread_is_lifted_by_another_and_put_back() {
+        let caller = this_thread_policy().expect("own policy");
+        let lift = std::sync::Arc::new(Lift::default());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let registry = lift.clone();
+        let worker = std::thread::spawn(move || {
+            idle_this_thread();
+            registry.register_this_thread();
+            let tid = std::fs::read_link("/proc/thread-self")
+                .ok()
+                .and_then(|p| p.file_name()?.to_str()?.parse::<i32>().ok())
+                .expect("own tid");
+            ready_tx.send(tid).expect("ready");
+            let _ = done_rx.recv();
+        });
+        let tid = ready_rx.recv().expect("tid");
+        assert_eq!(policy_of(tid), Some(SCHED_IDLE_POLICY));
+        if can_lift_from_idle() {
+            assert_eq!(lift.lift(), 1);
+            assert!(lift.is_lifted());
+            assert_eq!(policy_of(tid), Some(0), "SCHED_OTHER after the lift");
+        } else {
+            // Without CAP_SYS_NICE or RLIMIT_NICE the kernel refuses: nothing changes.
+            assert_eq!(lift.lift(), 0);
+            assert_eq!(policy_of(tid), Some(SCHED_IDLE_POLICY));
+        }
+        assert_eq!(
+            lift.lower(),
+            1,
+            "going back under SCHED_IDLE is always allowed"
+        );
+        assert!(!lift.is_lifted());
+        assert_eq!(policy_of(tid), Some(SCHED_IDLE_POLICY));
+        // The caller's own scheduling is untouched by either.
+        assert_eq!(this_thread_policy(), Some(caller));
+        done_tx.send(()).expect("done");
+        worker.join().expect("worker");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::store::eventlog::Location;
 use crate::store::{NewEvent, Position, QuarantineRecord, Store};
 use crate::webhook::model::{Event, Millis};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -137,6 +138,9 @@ pub struct DispatchSettings {
     pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
     /// How the fold threads are scheduled.
     pub priority: crate::background::Priority,
+    /// Under `SCHED_IDLE`: lift the fold threads to the daemon's scheduling when a fold has been
+    /// running this long (it waits for a CPU), until the inbox is empty. `None`: never.
+    pub lift_after: Option<Duration>,
 }
 
 /// Start the dispatcher on the current runtime. It queues what the store still has to fold,
@@ -173,19 +177,29 @@ pub fn start(
         paused,
     };
     let priority = settings.priority;
+    let lift = std::sync::Arc::new(crate::background::Lift::default());
+    let registry = lift.clone();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(settings.concurrency.max(1))
         .thread_name(|i| format!("fold-{i}"))
-        .start_handler(move |_| priority.apply_to_this_thread())
+        .start_handler(move |_| {
+            priority.apply_to_this_thread();
+            registry.register_this_thread();
+        })
         .panic_handler(|_| tracing::error!("a fold panicked; its partitions stay queued"))
         .build()
         .map_err(|e| {
             crate::store::StoreError::Internal(format!("cannot start fold threads: {e}"))
         })?;
+    // Only threads under SCHED_IDLE starve on a busy host; a nice value keeps a share.
+    let lift_after = settings
+        .lift_after
+        .filter(|_| priority == crate::background::Priority::Idle);
     let workers = Workers {
         store,
         metrics,
         pool,
+        lift: Lifter::new(lift, lift_after),
     };
     let task = tokio::spawn(run(workers, settings, queues, inputs, stop, progress_tx));
     let handle = DispatchHandle {
@@ -366,6 +380,82 @@ struct Workers {
     metrics: Metrics,
     /// The `fold-N` threads.
     pool: rayon::ThreadPool,
+    /// Lifts them out of `SCHED_IDLE` while a fold starves.
+    lift: Lifter,
+}
+
+/// The dispatcher's side of [`Lift`](crate::background::Lift): when the oldest fold in flight
+/// started, and whether the fold threads run lifted.
+///
+/// A fold takes milliseconds; one still running `lift_after` after it started is waiting for a
+/// CPU that programs outside the daemon keep busy (under `SCHED_IDLE` it gets a CPU only when no
+/// other thread wants one), and it holds the fold lock, so every conversation's events wait
+/// with it. The threads are lifted to the daemon's own scheduling then, and put back under
+/// `SCHED_IDLE` once the inbox is empty, where they yield to intake again.
+struct Lifter {
+    lift: std::sync::Arc<crate::background::Lift>,
+    after: Option<Duration>,
+    /// Start times of the folds in flight.
+    started: VecDeque<tokio::time::Instant>,
+}
+
+impl Lifter {
+    fn new(lift: std::sync::Arc<crate::background::Lift>, after: Option<Duration>) -> Self {
+        Lifter {
+            lift,
+            after,
+            started: VecDeque::new(),
+        }
+    }
+
+    fn started(&mut self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        self.started.push_back(now);
+        now
+    }
+
+    fn finished(&mut self, started: tokio::time::Instant) {
+        if let Some(i) = self.started.iter().position(|t| *t == started) {
+            self.started.remove(i);
+        }
+    }
+
+    /// When the oldest fold in flight will have waited long enough to lift (none while lifted).
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        let after = self.after?;
+        if self.lift.is_lifted() {
+            return None;
+        }
+        self.started.iter().min().map(|t| *t + after)
+    }
+
+    /// Lift if the oldest fold in flight has waited past the deadline.
+    fn check(&self, metrics: &Metrics) {
+        let Some(deadline) = self.deadline() else {
+            return;
+        };
+        if tokio::time::Instant::now() < deadline {
+            return;
+        }
+        let lifted = self.lift.lift();
+        metrics.fold_lifts.inc();
+        metrics.fold_lifted.set(1);
+        tracing::warn!(
+            threads = lifted,
+            waited_ms = self.after.map_or(0, |d| d.as_millis() as u64),
+            "a fold waited for a CPU past dispatch.lift_after (other programs keep the CPUs busy): \
+             the fold threads run at the daemon's priority until the inbox is empty"
+        );
+    }
+
+    /// Back under `SCHED_IDLE` once nothing is left to fold.
+    fn settle(&self, metrics: &Metrics, drained: bool) {
+        if drained && self.lift.is_lifted() {
+            self.lift.lower();
+            metrics.fold_lifted.set(0);
+            tracing::info!("the inbox is empty: the fold threads are back under SCHED_IDLE");
+        }
+    }
 }
 
 async fn run(
@@ -381,9 +471,11 @@ async fn run(
         store,
         metrics,
         pool,
+        mut lift,
     } = workers;
-    // One receiver per fold on the pool; a fold that panics drops its sender.
-    let mut inflight: FuturesUnordered<oneshot::Receiver<JobResult>> = FuturesUnordered::new();
+    // One receiver per fold on the pool (with the fold's start); a fold that panics drops its
+    // sender.
+    let mut inflight = FuturesUnordered::new();
     loop {
         if *stop.borrow() {
             break;
@@ -413,8 +505,10 @@ async fn run(
                 });
                 let _ = done_tx.send(results);
             });
-            inflight.push(done_rx);
+            let started = lift.started();
+            inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, r)));
         }
+        let lift_at = lift.deadline();
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
                 Some((events, log_end)) => {
@@ -428,20 +522,27 @@ async fn run(
                 }
                 None => inputs.open = false,
             },
-            Some(joined) = inflight.next(), if !inflight.is_empty() => match joined {
-                Ok(results) => {
-                    for finished in results {
-                        queues.finish(finished);
+            Some((started, joined)) = inflight.next(), if !inflight.is_empty() => {
+                lift.finished(started);
+                match joined {
+                    Ok(results) => {
+                        for finished in results {
+                            queues.finish(finished);
+                        }
                     }
+                    Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
                 }
-                Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
-            },
+            }
+            // A fold in flight has waited for a CPU past `lift_after`.
+            () = sleep_until_some(lift_at) => lift.check(&metrics),
             // A dropped sender stops it too: `changed` would be ready at once forever.
             changed = stop.changed() => if changed.is_err() { break },
             // Resumed (or paused): look at the queues again.
             Ok(()) = inputs.paused.changed() => {}
         }
         metrics.inbox_depth.set(queues.depth as i64);
+        // Before the progress: whoever sees the inbox drained sees the threads lowered.
+        lift.settle(&metrics, queues.depth == 0 && inflight.is_empty());
         progress.send_replace(Progress {
             depth: queues.depth,
             received,
@@ -453,7 +554,7 @@ async fn run(
         }
     }
     // Shutdown: let batches in flight commit; what is queued is found again by the next start.
-    while let Some(joined) = inflight.next().await {
+    while let Some((_, joined)) = inflight.next().await {
         if let Ok(results) = joined {
             for finished in results {
                 queues.finish(finished);
@@ -462,6 +563,14 @@ async fn run(
     }
     metrics.inbox_depth.set(queues.depth as i64);
     tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
+}
+
+/// Sleep until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What a fold job works with.
@@ -961,6 +1070,85 @@ mod tests {
     /// A stop sender dropped without saying stop (its owner gone) ends the dispatcher, as a stop
     /// does; it must not spin on a `changed` that is ready at once forever. Real time, on two
     /// threads: a spinning dispatcher keeps its thread busy, and the bound below then fails.
+    /// Rules that hold the fold until the test opens the gate: a fold that does not get a CPU.
+    struct Gate(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl crate::actions::Decide for Gate {
+        fn needs(&self) -> crate::actions::Needs {
+            crate::actions::Needs::NONE
+        }
+
+        fn evaluate(
+            &self,
+            _: &Event,
+            _: &crate::state::ConversationState,
+            _: crate::actions::Inputs<'_>,
+            _: crate::actions::DecisionTime,
+        ) -> crate::actions::Decided {
+            if let Ok(gate) = self.0.lock() {
+                let _ = gate.recv_timeout(Duration::from_secs(60));
+            }
+            crate::actions::Decided::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fold_waiting_past_lift_after_lifts_the_fold_threads_until_the_inbox_is_empty() {
+        let (_dir, store) = new_store();
+        accept(&store, "d1", "e1", "c1");
+        let (open, gate) = std::sync::mpsc::channel();
+        let settings = DispatchSettings {
+            concurrency: 1,
+            batch_size: 10,
+            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(Gate(
+                std::sync::Mutex::new(gate),
+            ))),
+            decided: None,
+            verdicts: None,
+            priority: crate::background::Priority::Idle,
+            lift_after: Some(Duration::from_secs(1)),
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let (stop, stop_rx) = watch::channel(false);
+        let (handle, task) =
+            start(store.clone(), metrics.clone(), settings, stop_rx).expect("start");
+        // The fold is held; daemon time passes (paused: at once) until the lift's deadline.
+        let started = tokio::time::Instant::now();
+        for _ in 0..100 {
+            if metrics.fold_lifts.get() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(metrics.fold_lifts.get(), 1, "lifted once");
+        assert_eq!(metrics.fold_lifted.get(), 1);
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "not before lift_after: {:?}",
+            started.elapsed()
+        );
+        // Lifted, it stays lifted (no second lift) while the fold is still held.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(metrics.fold_lifts.get(), 1);
+        // The fold gets its CPU: the inbox empties and the threads go back under SCHED_IDLE.
+        // Real time from here: the fold runs on its own thread, outside tokio's paused clock.
+        tokio::time::resume();
+        open.send(()).expect("open the gate");
+        let drained = handle
+            .wait_drained(&store, Duration::from_secs(60))
+            .await
+            .expect("store");
+        assert!(drained, "the held fold finished");
+        assert_eq!(
+            metrics.fold_lifted.get(),
+            0,
+            "lowered once the inbox is empty"
+        );
+        assert_eq!(metrics.fold_lifts.get(), 1);
+        drop(stop);
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_stop_sender_ends_the_dispatcher() {
         let (_dir, store) = new_store();
@@ -971,6 +1159,7 @@ mod tests {
             decided: None,
             verdicts: None,
             priority: crate::background::Priority::Nice(0),
+            lift_after: None,
         };
         let metrics = Metrics::new().expect("metrics");
         let (stop, stop_rx) = watch::channel(false);

@@ -238,6 +238,12 @@ pub struct DispatchConfig {
     pub fold_priority: FoldPriority,
     /// Their nice value under `fold_priority = "nice"` (0: the daemon's own).
     pub fold_niceness: u8,
+    /// Under `fold_priority = "idle"`: a fold still running this long after it started waits
+    /// for a CPU that other programs keep busy; the fold threads then run at the daemon's own
+    /// priority until the inbox is empty (`background::Lift`). "off": never (a busy host can
+    /// then hold handoffs back for as long as it stays busy).
+    #[serde(with = "duration_or_off")]
+    pub lift_after: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -250,6 +256,11 @@ pub enum FoldPriority {
 }
 
 impl DispatchConfig {
+    /// `lift_after`, `None` when off.
+    pub fn lift_after(&self) -> Option<Duration> {
+        (!self.lift_after.is_zero()).then_some(self.lift_after)
+    }
+
     pub fn priority(&self) -> crate::background::Priority {
         match self.fold_priority {
             FoldPriority::Idle => crate::background::Priority::Idle,

@@ -27,6 +27,10 @@ pub struct Metrics {
     /// Events folded into state.
     pub events_applied: IntCounter,
     pub dispatch_errors: IntCounter,
+    /// Times the fold threads were lifted out of `SCHED_IDLE` because a fold waited for a CPU.
+    pub fold_lifts: IntCounter,
+    /// 1 while the fold threads run lifted (at the daemon's own scheduling).
+    pub fold_lifted: IntGauge,
     /// Receive -> folded into state.
     pub processing_seconds: Histogram,
     /// One group-commit flush.
@@ -235,6 +239,14 @@ impl Metrics {
             dispatch_errors: counter(
                 "dispatch_errors_total",
                 "Failed attempts to fold a batch (retried)",
+            )?,
+            fold_lifts: counter(
+                "fold_lifts_total",
+                "Times the fold threads left SCHED_IDLE because a fold waited past dispatch.lift_after",
+            )?,
+            fold_lifted: gauge(
+                "fold_lifted",
+                "1 while the fold threads run at the daemon's own scheduling (lifted out of SCHED_IDLE)",
             )?,
             processing_seconds: histogram(
                 "processing_seconds",
