@@ -428,6 +428,9 @@ mod tests {
             Some((ACTIVITY_END_USER, 1_763_690_400_000, "u:1"))
         );
         assert_eq!(parse_activity(b"c1234"), None);
+    }
+
+    #[test]
     fn desk_keys_sort_by_request_time_missing_first_then_id_and_parse_back() {
         let order = [
             desk_position(None, "b"),
