@@ -26,21 +26,7 @@ const LIMIT_MB: f64 = 150.0;
 
 /// VmRSS, VmHWM and RssFile of `pid`, in MB (MiB).
 fn memory_mb(pid: u32) -> (f64, f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-            / 1024.0
-    };
+    let field = |name| proc_status_mb(pid, name);
     (field("VmRSS:"), field("VmHWM:"), field("RssFile:"))
 }
 

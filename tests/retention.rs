@@ -92,22 +92,6 @@ fn sled_bytes(data_dir: &std::path::Path) -> u64 {
     walk(&store, &store.join("events"))
 }
 
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .expect("VmRSS")
-        / 1024.0
-}
-
 #[test]
 fn states_and_quarantine_records_past_retention_go_and_counts_stay_flat() {
     let long = long_tests();
@@ -164,7 +148,10 @@ fn states_and_quarantine_records_past_retention_go_and_counts_stay_flat() {
         ));
         assert_eq!(status, 200, "this cycle's conversation is kept");
         if long {
-            let figures = (rss_mb(app.child.id()), sled_bytes(&data_dir));
+            let figures = (
+                proc_status_mb(app.child.id(), "VmRSS:"),
+                sled_bytes(&data_dir),
+            );
             eprintln!(
                 "cycle {cycle}: RSS {:.1} MB, sled {:.1} MB",
                 figures.0,

@@ -452,21 +452,31 @@ pub(super) mod tests {
         crate::webhook::agent_event(&cmd, id, "B1", at).expect("event")
     }
 
+    /// Accept `events` as delivery `delivery` and return the new ones as the dispatcher hands
+    /// them to a fold: (sequence number, event), in order.
+    pub(in crate::store) fn accepted_batch(
+        store: &Store,
+        delivery: &str,
+        events: &[crate::webhook::IncomingEvent],
+    ) -> Vec<(u64, Event)> {
+        let accepted = store
+            .accept(&DeliveryId::new(delivery), events, 10)
+            .expect("accept");
+        accepted
+            .new
+            .iter()
+            .zip(&accepted.new_index)
+            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
+            .collect()
+    }
+
     /// Accept and fold `events` as one batch (like the dispatcher).
     pub(in crate::store) fn fold(
         store: &Store,
         delivery: &str,
         events: Vec<crate::webhook::IncomingEvent>,
     ) {
-        let accepted = store
-            .accept(&DeliveryId::new(delivery), &events, 10)
-            .expect("accept");
-        let batch: Vec<(u64, Event)> = accepted
-            .new
-            .iter()
-            .zip(&accepted.new_index)
-            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
-            .collect();
+        let batch = accepted_batch(store, delivery, &events);
         assert_eq!(batch.len(), events.len());
         store.apply(&batch).expect("apply");
     }
@@ -479,15 +489,7 @@ pub(super) mod tests {
         events: Vec<crate::webhook::IncomingEvent>,
         rules: &crate::rules::RuleSet,
     ) -> Vec<String> {
-        let accepted = store
-            .accept(&DeliveryId::new(delivery), &events, 10)
-            .expect("accept");
-        let batch: Vec<(u64, Event)> = accepted
-            .new
-            .iter()
-            .zip(&accepted.new_index)
-            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
-            .collect();
+        let batch = accepted_batch(store, delivery, &events);
         let applied = store.apply_with(&batch, rules, &[]).expect("apply");
         applied
             .outbox

@@ -657,7 +657,6 @@ mod tests {
     use super::*;
     use crate::ids::DeliveryId;
     use crate::store::{Position, QuarantineRecord};
-    use crate::webhook::model::Event;
     use crate::webhook::IncomingEvent;
 
     const DAY: Millis = 86_400_000;
@@ -709,15 +708,7 @@ mod tests {
         delivery: &str,
         events: Vec<IncomingEvent>,
     ) -> super::super::Applied {
-        let accepted = store
-            .accept(&DeliveryId::new(delivery), &events, 10)
-            .expect("accept");
-        let batch: Vec<(u64, Event)> = accepted
-            .new
-            .iter()
-            .zip(&accepted.new_index)
-            .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
-            .collect();
+        let batch = super::super::queue::tests::accepted_batch(store, delivery, &events);
         let received = vec![10; batch.len()];
         store
             .apply_with(&batch, &rules(), &received)

@@ -618,3 +618,20 @@ pub fn dir_digest(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
     }
     out
 }
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`, `RssFile:`...), in MB (MiB).
+pub fn proc_status_mb(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        / 1024.0
+}
