@@ -892,11 +892,12 @@ mod tests {
         );
         // c1's newer event is in the log (acknowledged), still queued for the dispatcher: the
         // folds' watermark is at it, c1's mark below it.
-        let newer = vec![event("e2", updated, "c1", Some("U1"), 20 * DAY)];
-        let accepted = store
-            .accept(&DeliveryId::new("d2"), &newer, 10)
-            .expect("accept");
-        assert_eq!(accepted.new.len(), 1);
+        let batch = super::super::queue::tests::accepted_batch(
+            &store,
+            "d2",
+            &[event("e2", updated, "c1", Some("U1"), 20 * DAY)],
+        );
+        assert_eq!(batch.len(), 1);
         let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.end_users, pruned.skipped),
@@ -904,7 +905,6 @@ mod tests {
             "c1 has an event to fold, and U1's conversation is kept"
         );
         // Folded, it lands on the state it belongs to, not on a fresh one.
-        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
         let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
         assert_eq!(applied.new_conversations, 0);
         let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
@@ -924,17 +924,17 @@ mod tests {
             vec![event("e1", updated, "c1", Some("U1"), 1_000)],
         );
         // U1 comes back in a new conversation: logged, still to fold.
-        let newer = vec![event("e2", updated, "c9", Some("U1"), 20 * DAY)];
-        let accepted = store
-            .accept(&DeliveryId::new("d2"), &newer, 10)
-            .expect("accept");
+        let batch = super::super::queue::tests::accepted_batch(
+            &store,
+            "d2",
+            &[event("e2", updated, "c9", Some("U1"), 20 * DAY)],
+        );
         let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.end_users, pruned.skipped),
             (1, 0, 1),
             "c1 goes; U1, named by c9's event, stays"
         );
-        let batch = vec![(accepted.new[0].0, newer[0].event.clone())];
         let applied = store.apply_with(&batch, &rules(), &[10]).expect("apply");
         assert_eq!(applied.new_end_users, 0, "U1's state, not a fresh one");
         let u1 = store.end_user(&"U1".into()).expect("read").expect("U1");
