@@ -49,7 +49,7 @@ mod common;
 
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, Http, OptionSpec, Proc, Response, Setting, Target,
-    ADMIN_TOKEN, HTTP_TIMEOUT,
+    ADMIN_TOKEN, HTTP_TIMEOUT, WEBHOOK_TOKEN,
 };
 use hdrhistogram::Histogram;
 use serde::Deserialize;
@@ -133,6 +133,9 @@ struct Options {
     target: Option<SocketAddr>,
     /// The peer's PID, for its CPU share (0: not reported).
     target_pid: u32,
+    /// The emulator sends its webhook events back to the target, as the service does: every
+    /// message the bot sends comes back as `bot.message.sent` (batched over 50 ms).
+    echo_webhooks: bool,
     /// Data root, report, daemon binary and its extra environment.
     common: CommonOptions,
 }
@@ -207,6 +210,9 @@ usage: cargo bench --bench actions -- [options]
   --emulator-port N         the emulator's port on 127.0.0.1 (default 0: any free one)
   --target ADDR             post to this address (a peer, e.g. the Node-RED flow) instead of a daemon
   --target-pid N            the peer's PID, for its CPU share in the report
+  --echo-webhooks on|off    the emulator posts its webhook events (each sent message's
+                            `bot.message.sent` echo) back to the daemon or peer, as the service
+                            does (default on)
   --data-root DIR           where data directories go (default target/tmp)
   --out FILE                also write the markdown report here (default target/tmp/actions-bench.md)
   --json FILE               also write the results as JSON here (read by benches/run)
@@ -245,6 +251,7 @@ const KEYS: &[&str] = &[
     "emulator-port",
     "target",
     "target-pid",
+    "echo-webhooks",
 ];
 
 impl BenchOptions for Options {
@@ -272,6 +279,7 @@ impl BenchOptions for Options {
             emulator_port: 0,
             target: None,
             target_pid: 0,
+            echo_webhooks: true,
             common: CommonOptions::new("actions-bench.md"),
         }
     }
@@ -345,6 +353,7 @@ impl BenchOptions for Options {
                 self.target_pid = u32::try_from(s.num()?)
                     .map_err(|_| format!("--target-pid: `{}` is not a PID", s.value))?
             }
+            "echo-webhooks" => self.echo_webhooks = s.truthy(),
             _ => return Ok(false),
         }
         Ok(true)
@@ -811,7 +820,47 @@ fn emulator_command(opts: &Options, seed: &Path) -> Command {
         .arg(seed)
         .arg("--api-key")
         .arg(UPSTREAM_KEY);
+    if opts.echo_webhooks {
+        // The sender needs a URL to start; the daemon's port is known only once it runs, so the
+        // real one is set through the bot's webhook settings (`point_webhook`) before any load.
+        cmd.arg("--webhook-url")
+            .arg("http://127.0.0.1:9/webhook/not-yet-set");
+    }
     cmd
+}
+
+/// Point the emulator's webhook at the daemon or peer under test.
+fn point_webhook(http: &Http, emulator: &str, target: SocketAddr) -> Result<(), String> {
+    let body = serde_json::json!({ "url": format!("http://{target}/webhook/{WEBHOOK_TOKEN}") });
+    let (status, answer) = http.post(
+        &format!("{emulator}/_emulator/webhook/enable"),
+        None,
+        Some(&body.to_string()),
+    )?;
+    if status != 200 {
+        return Err(format!(
+            "/_emulator/webhook/enable answered {status}: {answer}"
+        ));
+    }
+    Ok(())
+}
+
+/// Wait (bounded) until every webhook event the emulator emitted has been delivered.
+fn wait_echoes(http: &Http, emulator: &str, limit: Duration) -> Result<bool, String> {
+    let (status, body) = http.get(
+        &format!(
+            "{emulator}/_emulator/webhook/flushed?timeout_ms={}",
+            limit.as_millis()
+        ),
+        None,
+    )?;
+    match status {
+        200 => Ok(true),
+        504 => Ok(false),
+        other => Err(format!(
+            "/_emulator/webhook/flushed answered {other}: {body}"
+        )),
+    }
 }
 
 fn daemon_command(opts: &Options, data_dir: &Path, rules: &Path, upstream: &str) -> Command {
@@ -998,6 +1047,8 @@ struct RunResult {
     /// The daemon's own `handoff_action_latency_seconds` (event received -> upstream answered):
     /// mean over the whole run, ms.
     daemon_mean_ms: Option<f64>,
+    /// Echo webhook deliveries answered 200 (`None`: echo webhooks off).
+    echo_deliveries: Option<u64>,
     /// Warning and error lines of the daemon's and the emulator's logs.
     log_problems: Vec<String>,
     sustained: bool,
@@ -1007,6 +1058,13 @@ struct RunResult {
 impl RunResult {
     fn actions_per_s(&self) -> f64 {
         self.actions_in_window as f64 / self.window.as_secs_f64().max(1e-9)
+    }
+    /// CPU time over the window per event carried out in it, ms: the server (daemon or peer)
+    /// and the emulator.
+    fn cpu_ms_per_event(&self) -> Option<[f64; 2]> {
+        let done = self.actions_in_window as f64;
+        let c = self.cpu?;
+        (done > 0.0).then(|| [c[0] * 1000.0 / done, c[1] * 1000.0 / done])
     }
     fn ms(&self, q: f64) -> f64 {
         common::quantile_ms(&self.latency, q)
@@ -1084,6 +1142,10 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         (None, Some(addr)) => (addr, opts.target_pid),
         (None, None) => return Err("neither a daemon nor a target".into()),
     };
+    let http = Http::new(HTTP_TIMEOUT, BODY);
+    if opts.echo_webhooks {
+        point_webhook(&http, &emulator.base(), load_addr)?;
+    }
 
     let batch = opts.batch as u64;
     let per_delivery = opts.batch as f64 / spec.rate;
@@ -1108,7 +1170,6 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         .as_ref()
         .map(|d| start_sampler(d.admin_base(), stop.clone()));
     let load = run_load(load_addr, plan, opts.connections, (load_pid, emulator.pid));
-    let http = Http::new(HTTP_TIMEOUT, BODY);
     let quiet = match (&load, &daemon) {
         (Ok(_), Some(d)) => wait_quiet(&http, &d.admin_base(), spec.drain_limit),
         // A peer has no drain or idle wait: wait until the journal holds every expected call.
@@ -1118,6 +1179,22 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
             wait_journal(&http, &emulator.base(), expected, spec.drain_limit)
         }
         (Err(_), _) => Ok(None),
+    };
+    // The echoes of the last calls are still on their way (the sender batches over 50 ms): the
+    // run ends when they are delivered and, for the daemon, folded.
+    let quiet = match (quiet, opts.echo_webhooks) {
+        (Ok(Some(took)), true) => {
+            let t0 = Instant::now();
+            if !wait_echoes(&http, &emulator.base(), spec.drain_limit)? {
+                eprintln!("  the emulator's webhook events not all delivered in time");
+            }
+            match &daemon {
+                Some(d) => wait_quiet(&http, &d.admin_base(), spec.drain_limit)
+                    .map(|q| q.map(|again| took + t0.elapsed().max(again))),
+                None => Ok(Some(took + t0.elapsed())),
+            }
+        }
+        (other, _) => other,
     };
     let quiet_after = quiet.as_ref().ok().copied().flatten();
     stop.store(true, Ordering::Relaxed);
@@ -1147,6 +1224,17 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
             (metrics_text, dead["count"].as_u64().unwrap_or(0))
         }
         None => (String::new(), 0),
+    };
+    // Deliveries of the emulator's webhook events answered 200 (the echoes' batches).
+    let echo_deliveries = if opts.echo_webhooks {
+        let (status, body) = http.get(&format!("{}/_emulator/webhook", emulator.base()), None)?;
+        if status != 200 {
+            return Err(format!("/_emulator/webhook answered {status}: {body}"));
+        }
+        let webhook: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        webhook["delivered"].as_u64()
+    } else {
+        None
     };
     let (status, journal_body) =
         http.get(&format!("{}/_emulator/journal", emulator.base()), None)?;
@@ -1311,6 +1399,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         max_inbox,
         max_outbox,
         daemon_mean_ms,
+        echo_deliveries,
         log_problems,
         sustained: false,
         why_not: Vec::new(),
@@ -1333,6 +1422,9 @@ fn judge(opts: &Options, r: &mut RunResult) {
     }
     if r.dead_letters > 0 {
         why.push(format!("{} dead letters", r.dead_letters));
+    }
+    if r.echo_deliveries == Some(0) && r.posted > 0 {
+        why.push("echo webhooks on, but none delivered".into());
     }
     if r.missing > 0 {
         why.push(if r.quiet_after.is_some() {
@@ -1364,7 +1456,7 @@ fn judge(opts: &Options, r: &mut RunResult) {
 
 fn progress(r: &RunResult) {
     eprintln!(
-        "[{} {}] target {:>6.0} ev/s: posted {} events, {:>6.0}/s, actions {:>6.0}/s, latency p50 {:.1} ms p99 {:.1} ms max {:.1} ms, ack p99 {:.1} ms, backlog at end {}, dead {}, missing {}, max outbox {:.0}, max inbox {:.0} -> {}",
+        "[{} {}] target {:>6.0} ev/s: posted {} events, {:>6.0}/s, actions {:>6.0}/s, latency p50 {:.1} ms p99 {:.1} ms max {:.1} ms, ack p99 {:.1} ms, backlog at end {}, dead {}, missing {}, max outbox {:.0}, max inbox {:.0}, echo deliveries {}, CPU ms per event: server {} -> {}",
         r.case.name(),
         r.round,
         r.target,
@@ -1380,6 +1472,10 @@ fn progress(r: &RunResult) {
         r.missing,
         r.max_outbox,
         r.max_inbox,
+        r.echo_deliveries
+            .map_or("off".to_owned(), |n| n.to_string()),
+        r.cpu_ms_per_event()
+            .map_or("n/a".to_owned(), |[server, _]| format!("{server:.2}")),
         if r.sustained {
             "sustained".to_owned()
         } else {
@@ -1565,10 +1661,16 @@ fn json_results(opts: &Options, max_rate: Option<f64>, results: &[RunResult]) ->
                 "missing": x.missing,
                 "doubled": x.doubled,
                 "dead_letters": x.dead_letters,
+                "echo_deliveries": x.echo_deliveries,
                 "errors": x.errors.values().sum::<u64>(),
                 "cpu_share": x.cpu.map(|c| {
                     let w = x.window.as_secs_f64().max(1e-9);
                     serde_json::json!({ "server": c[0] / w, "emulator": c[1] / w, "bench": c[2] / w, "other": c[3] / w })
+                }),
+                // CPU time over the window per event carried out in it (ms): the daemon or peer
+                // and the emulator.
+                "cpu_ms_per_event": x.cpu_ms_per_event().map(|[server, emulator]| {
+                    serde_json::json!({ "server": server, "emulator": emulator })
                 }),
             })
         })
@@ -1578,6 +1680,7 @@ fn json_results(opts: &Options, max_rate: Option<f64>, results: &[RunResult]) ->
         "scenario": opts.scenario.name(),
         "calls_per_event": opts.scenario.calls(),
         "target": opts.target.map(|a| a.to_string()),
+        "echo_webhooks": opts.echo_webhooks,
         "max_rate": max_rate,
         "runs": runs,
     })
@@ -1649,7 +1752,7 @@ fn report(
         "\nDaemon: `{}` (git {}), upstream: a standalone `handoff-bridge emulator` per run (fresh, \
          seeded with {} extra conversations); {}. Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
          delivery, events spread round-robin over the {} conversations, {:.1} s warm-up before \
-         each window. Total time {:.0} s.\n",
+         each window. {}. Total time {:.0} s.\n",
         opts.common.bin.display(),
         common::git_head(),
         opts.conversations,
@@ -1678,6 +1781,13 @@ fn report(
         opts.batch,
         opts.conversations,
         opts.warmup.as_secs_f64(),
+        if opts.echo_webhooks {
+            "Echo webhooks on: the emulator posts each message the bot sends back as \
+             `bot.message.sent` (batched over 50 ms), as the service does; a run ends when they \
+             are delivered (and, for the daemon, folded)"
+        } else {
+            "Echo webhooks off (`--echo-webhooks off`): the emulator sends no webhooks"
+        },
         elapsed.as_secs_f64()
     );
     let _ = writeln!(

@@ -1364,6 +1364,7 @@ fn prune_pass(http: &Http, daemon: &Proc, data: &Path) -> Result<Prune, String> 
     let answer = http.post(
         &format!("{}/admin/v1/prune", daemon.admin_base()),
         Some(ADMIN_TOKEN),
+        None,
     );
     let took = t0.elapsed();
     stop.store(true, Ordering::Relaxed);

@@ -178,19 +178,9 @@ pub fn start(
     };
     let priority = settings.priority;
     let lift = std::sync::Arc::new(crate::background::Lift::default());
-    let registry = lift.clone();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(settings.concurrency.max(1))
-        .thread_name(|i| format!("fold-{i}"))
-        .start_handler(move |_| {
-            priority.apply_to_this_thread();
-            registry.register_this_thread();
-        })
-        .panic_handler(|_| tracing::error!("a fold panicked; its partitions stay queued"))
-        .build()
-        .map_err(|e| {
-            crate::store::StoreError::Internal(format!("cannot start fold threads: {e}"))
-        })?;
+    let pool = FoldThreads::start(settings.concurrency.max(1), priority, &lift).map_err(|e| {
+        crate::store::StoreError::Internal(format!("cannot start fold threads: {e}"))
+    })?;
     // Only threads under SCHED_IDLE starve on a busy host; a nice value keeps a share.
     let lift_after = settings
         .lift_after
@@ -374,12 +364,65 @@ struct Inputs {
     paused: watch::Receiver<bool>,
 }
 
+/// The `fold-N` threads: each takes the next job from one queue and sleeps (blocked, not
+/// spinning) while there is none.
+///
+/// Not a work-stealing pool: rayon's idle workers spin and `sched_yield` before they sleep, and
+/// at a handoff every few milliseconds that was a quarter of the fold threads' CPU. A job here
+/// is a whole fold (one transaction), and folds are serialised by the store's lock anyway.
+struct FoldThreads {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl FoldThreads {
+    /// Start `n` threads at `priority`, each registered with `lift`. They end when this is
+    /// dropped (after the job they run).
+    fn start(
+        n: usize,
+        priority: crate::background::Priority,
+        lift: &std::sync::Arc<crate::background::Lift>,
+    ) -> std::io::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        for i in 0..n {
+            let (rx, lift) = (rx.clone(), lift.clone());
+            std::thread::Builder::new()
+                .name(format!("fold-{i}"))
+                .spawn(move || {
+                    priority.apply_to_this_thread();
+                    lift.register_this_thread();
+                    loop {
+                        // One thread waits in `recv`, the others for the lock.
+                        let next = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(poisoned) => poisoned.into_inner().recv(),
+                        };
+                        let Ok(job) = next else { break };
+                        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        if ran.is_err() {
+                            tracing::error!("a fold panicked; its partitions stay queued");
+                        }
+                    }
+                })?;
+        }
+        Ok(FoldThreads { jobs })
+    }
+
+    fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        // The threads end only when this is dropped: a send cannot fail while it exists. If it
+        // did, the job's result sender drops with it and the dispatcher sees a failed fold.
+        if self.jobs.send(Box::new(job)).is_err() {
+            tracing::error!("the fold threads are gone");
+        }
+    }
+}
+
 /// What folds run with.
 struct Workers {
     store: Store,
     metrics: Metrics,
     /// The `fold-N` threads.
-    pool: rayon::ThreadPool,
+    pool: FoldThreads,
     /// Lifts them out of `SCHED_IDLE` while a fold starves.
     lift: Lifter,
 }

@@ -123,7 +123,7 @@ pub struct Setting {
 }
 
 fn truthy(v: &str) -> bool {
-    !matches!(v, "" | "0" | "false" | "no")
+    !matches!(v, "" | "0" | "false" | "no" | "off")
 }
 
 impl OptionSpec {
@@ -862,14 +862,23 @@ impl Http {
         Ok((status, body))
     }
 
-    /// POST an empty body with an optional bearer token: the status and the body.
-    #[allow(dead_code)] // scale only
-    pub fn post(&self, url: &str, bearer: Option<&str>) -> Result<(u16, String), String> {
+    /// POST a JSON body (or an empty one) with an optional bearer token: the status and the body.
+    #[allow(dead_code)] // scale and actions, not intake
+    pub fn post(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        json: Option<&str>,
+    ) -> Result<(u16, String), String> {
         let mut req = self.agent.post(url);
         if let Some(token) = bearer {
             req = req.header("authorization", format!("Bearer {token}"));
         }
-        let mut resp = req.send_empty().map_err(|e| format!("POST {url}: {e}"))?;
+        let sent = match json {
+            Some(body) => req.content_type("application/json").send(body),
+            None => req.send_empty(),
+        };
+        let mut resp = sent.map_err(|e| format!("POST {url}: {e}"))?;
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()

@@ -25,16 +25,16 @@ const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Page reads per turn of the loop (the rest on the next turns, which come at once).
 const PAGES_PER_TURN: usize = 4;
 
-/// Most `done` outcomes recorded in one transaction.
+/// Most `done` outcomes recorded in one write.
 const DONE_BATCH: usize = 512;
 
 /// A carried-out entry's record on its way to the [`record_done`] task, and who waits for it.
 pub(super) type DoneJob = (DoneRecord, oneshot::Sender<Result<(), Arc<StoreError>>>);
 
 /// Records the outcomes of carried-out entries: every outcome that arrived while the last write
-/// ran goes in the next, in ONE transaction (one blocking-pool trip), not one per action. An
-/// entry still leaves the outbox only in the transaction that records its outcome, and its task
-/// waits for that transaction before its queue goes on. Ends when every sender is gone.
+/// ran goes in the next (one blocking-pool trip), not one per action. An entry leaves the outbox
+/// only once its outcome is recorded (`Store::outbox_done_many`), and its task waits for that
+/// write before its queue goes on. Ends when every sender is gone.
 pub(super) async fn record_done(ledger: Arc<dyn Ledger>, mut rx: mpsc::UnboundedReceiver<DoneJob>) {
     while let Some(first) = rx.recv().await {
         let mut records = vec![first.0];

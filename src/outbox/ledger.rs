@@ -30,7 +30,8 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> Result<Vec<(OutboxEntry, Option<RetryState>)>, StoreError>;
     fn set_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError>;
     /// The entries were carried out (each as its `done` record): they leave the outbox, their
-    /// retry states with them, all in one write (one transaction in the store).
+    /// retry states with them, all in one call (in the store: the records first, the removals
+    /// last, see `Store::outbox_done_many`).
     fn done(&self, records: &[DoneRecord]) -> Result<(), StoreError>;
     /// The entry failed for good (it moves to the dead letters, its retry state removed).
     fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError>;

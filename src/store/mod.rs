@@ -722,6 +722,7 @@ impl Store {
             tracing::info!(from = layout, to = LAYOUT_VERSION, "store layout upgraded");
         }
         store.recover_log(torn_tail)?;
+        store.settle_done_moves()?;
         // Recovery indexed the log's tail, whose numbers may be above the floor read before.
         store.number_events_above_floor()?;
         store.index_queue_once()?;

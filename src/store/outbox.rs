@@ -7,9 +7,12 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in the fold transaction (`Store::apply`). Moving an entry out of
-//! the outbox and recording its outcome is one transaction, so an entry is either pending or
-//! finished, never both or neither.
+//! Entries enter the outbox only in the fold transaction (`Store::apply`). An entry leaves the
+//! outbox only after its outcome is recorded: a dead letter in one transaction with the removal;
+//! a `done` record by plain writes, the record first and the removal last (see
+//! [`Store::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
+//! and the next open finishes the move (`Store::settle_done_moves`) before anything reads the
+//! outbox.
 
 use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store, StoreError};
 use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
@@ -146,8 +149,17 @@ impl Store {
     }
 
     /// Entries carried out (each as its `done` record): all leave the outbox, and the ledger
-    /// says `done` for each, in ONE transaction, so the executor records the outcomes of the
-    /// actions finished at one moment together rather than one transaction each.
+    /// says `done` for each.
+    ///
+    /// Plain writes, not a transaction: the `done` records and the ledger's statuses first, then
+    /// the removals from the outbox and its retry states. sled recovers a prefix of its writes,
+    /// so after a crash an entry is pending, or done and still pending (the next open removes
+    /// it: `settle_done_moves`), or done; never gone without its record. A sled 0.34
+    /// transaction writes its log twice (a buffer, then its batch manifest), each write a task on
+    /// sled's I/O pool, whose seven threads all wake for every task: measured, a handoff's two
+    /// `done` transactions were most of that pool's CPU (`docs/benchmarks.md`). Not flushed,
+    /// as before: a crash may lose the last records, and their entries run again with the same
+    /// idempotency keys.
     pub fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
         if records.is_empty() {
             return Ok(());
@@ -170,18 +182,38 @@ impl Store {
                 ))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        (&self.outbox, &self.actions, &self.done, &self.outbox_retry).transaction(
-            |(outbox, actions, done, retry)| {
-                for (key, id, status, record) in &rows {
-                    outbox.remove(key)?;
-                    retry.remove(key)?;
-                    actions.insert(*id, status.as_slice())?;
-                    done.insert(key, record.as_slice())?;
-                }
-                Ok(())
-            },
-        )?;
+        for (key, id, status, record) in &rows {
+            self.done.insert(key, record.as_slice())?;
+            self.actions.insert(*id, status.as_slice())?;
+        }
+        for (key, _, _, _) in &rows {
+            self.outbox_retry.remove(key)?;
+            self.outbox.remove(key)?;
+        }
         Ok(())
+    }
+
+    /// Finish the moves a crash interrupted in [`outbox_done_many`](Store::outbox_done_many):
+    /// a pending entry with a `done` record was carried out, and leaves the outbox (with its
+    /// retry state). Run by [`open`](Store::open) before anything reads the outbox. Returns how
+    /// many it removed.
+    pub(super) fn settle_done_moves(&self) -> Result<usize, StoreError> {
+        let mut settled = 0;
+        for key in self.outbox.iter().keys() {
+            let key = key?;
+            if self.done.contains_key(&key)? {
+                self.outbox_retry.remove(&key)?;
+                self.outbox.remove(&key)?;
+                settled += 1;
+            }
+        }
+        if settled > 0 {
+            tracing::info!(
+                entries = settled,
+                "outbox entries recorded done before a crash removed from the outbox"
+            );
+        }
+        Ok(settled)
     }
 
     /// Why the pending entry `seq` waits (its failed attempts), if it failed before.

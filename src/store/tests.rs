@@ -688,6 +688,81 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
 }
 
 #[test]
+fn an_entry_recorded_done_before_a_crash_left_the_outbox_leaves_it_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    let (interrupted, finished, waiting) = {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        accept_at(
+            &store,
+            &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c3", 3)]),
+            1_000,
+        );
+        let applied = drain_with(&store, &one_message_rule("greet"));
+        let [interrupted, finished, waiting] = &applied.outbox[..] else {
+            panic!("three entries: {:?}", applied.outbox);
+        };
+        store.outbox_done(finished, 1, 2_000).expect("done");
+        // A crash between `outbox_done_many`'s writes: the record and the ledger's status are
+        // on disk, the removals are not (sled recovers a prefix of its writes).
+        let key = keys::seq(interrupted.seq);
+        store
+            .outbox_retry
+            .insert(
+                key,
+                encode(&crate::actions::RetryState::default()).expect("encode"),
+            )
+            .expect("retry state");
+        let record = crate::actions::DoneRecord {
+            entry: interrupted.clone(),
+            outcome: "done".into(),
+            at: 2_000,
+            attempts: 1,
+            note: None,
+        };
+        store
+            .done
+            .insert(key, encode(&record).expect("encode"))
+            .expect("record");
+        assert_eq!(store.outbox().expect("outbox").len(), 2, "pending and done");
+        store.flush().expect("flush");
+        (interrupted.clone(), finished.clone(), waiting.clone())
+    };
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let pending: Vec<u64> = store
+        .outbox()
+        .expect("outbox")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(
+        pending,
+        [waiting.seq],
+        "the interrupted move is finished, nothing else moves"
+    );
+    assert!(store
+        .outbox_retry_state(interrupted.seq)
+        .expect("read")
+        .is_none());
+    let done: Vec<String> = store
+        .finished(10)
+        .expect("finished")
+        .into_iter()
+        .map(|r| r.entry.id)
+        .collect();
+    assert_eq!(
+        done,
+        [finished.id.clone(), interrupted.id.clone()],
+        "newest first"
+    );
+    assert_eq!(
+        store.settle_done_moves().expect("settle"),
+        0,
+        "settled once"
+    );
+}
+
+#[test]
 fn the_ledger_forgets_only_finished_actions_older_than_the_audit_window() {
     let (_d, store) = store();
     accept_at(
