@@ -364,14 +364,14 @@ struct Inputs {
     paused: watch::Receiver<bool>,
 }
 
-/// The `fold-N` threads: each takes the next job from one queue and sleeps (blocked, not
-/// spinning) while there is none.
+/// The `fold-N` threads: each takes the next job from one channel and sleeps while there is
+/// none; a job wakes one of them.
 ///
 /// Not a work-stealing pool: rayon's idle workers spin and `sched_yield` before they sleep, and
 /// at a handoff every few milliseconds that was a quarter of the fold threads' CPU. A job here
 /// is a whole fold (one transaction), and folds are serialised by the store's lock anyway.
 struct FoldThreads {
-    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+    jobs: crossbeam_channel::Sender<Box<dyn FnOnce() + Send>>,
 }
 
 impl FoldThreads {
@@ -382,8 +382,7 @@ impl FoldThreads {
         priority: crate::background::Priority,
         lift: &std::sync::Arc<crate::background::Lift>,
     ) -> std::io::Result<Self> {
-        let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let (jobs, rx) = crossbeam_channel::unbounded::<Box<dyn FnOnce() + Send>>();
         for i in 0..n {
             let (rx, lift) = (rx.clone(), lift.clone());
             std::thread::Builder::new()
@@ -391,13 +390,8 @@ impl FoldThreads {
                 .spawn(move || {
                     priority.apply_to_this_thread();
                     lift.register_this_thread();
-                    loop {
-                        // One thread waits in `recv`, the others for the lock.
-                        let next = match rx.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(poisoned) => poisoned.into_inner().recv(),
-                        };
-                        let Ok(job) = next else { break };
+                    // Ends when the sender is dropped.
+                    for job in rx {
                         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                         if ran.is_err() {
                             tracing::error!("a fold panicked; its partitions stay queued");
@@ -821,6 +815,33 @@ mod tests {
     /// An entry to read back from the log at `at` (as after a restart).
     fn untyped(at: Location) -> Entry {
         Entry { at, typed: None }
+    }
+
+    #[test]
+    fn fold_threads_run_jobs_on_their_threads_and_survive_a_panic() {
+        let lift = std::sync::Arc::new(crate::background::Lift::default());
+        let threads =
+            FoldThreads::start(2, crate::background::Priority::Nice(0), &lift).expect("start");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = |tx: std::sync::mpsc::Sender<Option<String>>| {
+            move || {
+                let _ = tx.send(std::thread::current().name().map(str::to_owned));
+            }
+        };
+        threads.spawn(name(tx.clone()));
+        let first = rx.recv().expect("ran");
+        assert!(first.is_some_and(|n| n.starts_with("fold-")));
+        threads.spawn(|| panic!("a fold panicked"));
+        // Both threads still take jobs after the panic (each job goes to one of them).
+        for _ in 0..4 {
+            threads.spawn(name(tx.clone()));
+        }
+        for _ in 0..4 {
+            let ran_on = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a job after the panic ran");
+            assert!(ran_on.is_some_and(|n| n.starts_with("fold-")));
+        }
     }
 
     fn new_store() -> (tempfile::TempDir, Store) {
