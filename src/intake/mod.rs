@@ -466,6 +466,10 @@ pub struct Reprocessed {
     /// The new record holding the events that are still invalid, when others were accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requarantined: Option<u64>,
+    /// The record left the quarantine here (false when still invalid, or when the pruning pass
+    /// removed it meanwhile and counted it): for the quarantine gauge.
+    #[serde(skip)]
+    pub released: bool,
 }
 
 /// A quarantined body judged by today's validation: still invalid (the outcome), or a job to
@@ -500,6 +504,7 @@ pub fn prepare_reprocess(
             detail: Some(detail),
             new_kinds: Vec::new(),
             requarantined: None,
+            released: false,
         })
     };
     if record.scope == "event" || record.scope == "events" {
@@ -573,7 +578,7 @@ pub fn finish_reprocess(
     accepted: Accepted,
     kinds: Vec<EventKind>,
 ) -> Result<Reprocessed, StoreError> {
-    store.release_quarantined(id)?;
+    let released = store.release_quarantined(id)?;
     let status = if accepted.new.is_empty() {
         "duplicate"
     } else {
@@ -587,6 +592,7 @@ pub fn finish_reprocess(
         detail: None,
         new_kinds: accepted.pick_new(kinds),
         requarantined: accepted.quarantined.first().copied(),
+        released,
     })
 }
 
@@ -615,6 +621,42 @@ pub fn reprocess_offline(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pruning pass and a re-process racing for one record: each says whether it removed
+    /// it, so the quarantine gauge goes down once.
+    #[test]
+    fn a_record_pruned_during_its_reprocess_is_counted_once() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let body = br#"{"id":"d-1","webhookId":"w","webhookUrl":"u","messages":[{"id":"e-1","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{"message":{"id":"m-1","conversationId":"c-1","isUser":true,"meta":null,"data":{"type":"text","text":"x"}}}}]}"#;
+        let record = QuarantineRecord::new("delivery", "invalid_format", "older rules", body, 1);
+        let scrubber = scrub::Scrubber::new(["t0ken"]).expect("scrubber");
+        // Two records: one re-processed alone, one pruned between the re-process's steps.
+        let alone = store.quarantine(record.clone()).expect("quarantine");
+        let raced = store.quarantine(record).expect("quarantine");
+        let finish = |id| {
+            let Some(Reprocess::Accept(job, kinds)) =
+                prepare_reprocess(&store, id, &webhook::Checks::NONE, 2, &scrubber)
+                    .expect("prepare")
+            else {
+                panic!("the body is valid today");
+            };
+            let accepted = store
+                .accept_many(&[job.request()])
+                .expect("accept")
+                .pop()
+                .expect("one");
+            (accepted, kinds)
+        };
+        let (accepted, kinds) = finish(alone);
+        let out = finish_reprocess(&store, alone, accepted, kinds).expect("finish");
+        assert!(out.released, "removed by the re-process");
+        let (accepted, kinds) = finish(raced);
+        assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 1);
+        let out = finish_reprocess(&store, raced, accepted, kinds).expect("finish");
+        assert!(!out.released, "the pass removed it and counted it");
+        assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 0);
+    }
 
     #[test]
     fn an_events_record_with_an_empty_array_is_still_invalid_not_a_panic() {

@@ -395,7 +395,7 @@ async fn quarantine_reprocess(
             outcome
         }
     };
-    if outcome.status != "still_invalid" {
+    if outcome.released {
         shared.metrics.quarantine_entries.dec();
     }
     if outcome.requarantined.is_some() {

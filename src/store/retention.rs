@@ -587,8 +587,9 @@ impl Store {
         Ok(u64::MAX)
     }
 
-    /// Remove the quarantine records received before `before`, in id (arrival) order, `chunk`
-    /// per transaction, up to the first one still within retention.
+    /// Remove the quarantine records received before `before`, in id (arrival) order, read
+    /// `chunk` at a time, up to the first one still within retention. Returns how many it
+    /// removed (not counting one a re-process took meanwhile).
     pub fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
         let mut removed = 0;
         self.prune_quarantine_into(before, chunk, &mut removed)?;
@@ -612,12 +613,13 @@ impl Store {
                 .map(|m| m.id)
                 .collect();
             let more = old.len() == page.len() && next.is_some();
-            let mut batch = sled::Batch::default();
+            // One by one, counting what each removal found: a record re-processed since the
+            // page was read is gone already, and the gauge went down with it.
             for id in &old {
-                batch.remove(&keys::seq(*id));
+                if self.quarantine.remove(keys::seq(*id))?.is_some() {
+                    *removed += 1;
+                }
             }
-            self.quarantine.apply_batch(batch)?;
-            *removed += old.len() as u64;
             if !more {
                 return Ok(());
             }
