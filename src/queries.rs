@@ -477,17 +477,24 @@ pub fn audit(
             .or_default()
             .push(item);
     };
-    for done in store.finished(usize::MAX)? {
-        let extra = json!({"at": done.at, "attempts": done.attempts, "note": done.note});
-        add(&done.entry, &done.outcome, extra);
-    }
-    for dead in store.dead_letters()? {
-        let extra =
-            json!({"at": dead.last_attempt_at, "attempts": dead.attempts, "reason": dead.reason});
-        add(&dead.entry, "dead_letter", extra);
-    }
-    for entry in store.outbox()? {
-        add(&entry, "pending", json!({}));
+    // Each event's actions through the ledger (a prefix range per event), then their records
+    // by seq: never the whole ledger, dead letters or outbox, whatever their size.
+    for (record, _) in &records {
+        let event = record.id.as_str();
+        for seq in store.action_seqs_of_event(event)? {
+            let ours = |entry: &crate::actions::OutboxEntry| entry.event_id.as_str() == event;
+            if let Some(done) = store.finished_one(seq)?.filter(|d| ours(&d.entry)) {
+                let extra = json!({"at": done.at, "attempts": done.attempts, "note": done.note});
+                add(&done.entry, &done.outcome, extra);
+            }
+            if let Some(dead) = store.dead_letter(seq)?.filter(|d| ours(&d.entry)) {
+                let extra = json!({"at": dead.last_attempt_at, "attempts": dead.attempts, "reason": dead.reason});
+                add(&dead.entry, "dead_letter", extra);
+            }
+            if let Some(entry) = store.outbox_entry(seq)?.filter(ours) {
+                add(&entry, "pending", json!({}));
+            }
+        }
     }
     // Never queued, so without a seq: listed after the event's queued actions.
     for failed in &current.template_errors {

@@ -132,6 +132,26 @@ impl Store {
         get_decoded(&self.actions, id.as_bytes(), "action status")
     }
 
+    /// The seqs of the actions the ledger holds for event `event_id` (action ids are
+    /// `{event id}/{rule}/{index}`): a prefix range of the ledger, not a scan. An event id that is
+    /// a prefix of another's (`a` and `a/b`) brings the other's too: callers check the entry's
+    /// event id.
+    pub fn action_seqs_of_event(&self, event_id: &str) -> Result<Vec<u64>, StoreError> {
+        self.actions
+            .scan_prefix(format!("{event_id}/").as_bytes())
+            .map(|item| {
+                let (_, bytes) = item?;
+                let status: ActionStatus = decode(&bytes, "action status")?;
+                Ok(status.seq)
+            })
+            .collect()
+    }
+
+    /// The finished (done or dropped) entry `seq`, if its record is still in the audit window.
+    pub fn finished_one(&self, seq: u64) -> Result<Option<DoneRecord>, StoreError> {
+        get_decoded(&self.done, keys::seq(seq), "finished entry")
+    }
+
     /// The entry was carried out: it leaves the outbox and the ledger says `done`.
     pub fn outbox_done(
         &self,

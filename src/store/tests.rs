@@ -1260,6 +1260,56 @@ fn the_fold_persists_firings_and_cap_hits_and_a_replay_caps_the_same_events() {
 }
 
 #[test]
+fn the_audit_finds_each_events_actions_through_the_ledger_and_only_its_own() {
+    let (_d, store) = store();
+    // `e1/x` (another conversation) has action ids starting with `e1/`, as `e1`'s do.
+    accept_at(
+        &store,
+        &delivery(
+            "d1",
+            &[
+                ("e1", "c1", 1),
+                ("e2", "c1", 2),
+                ("e3", "c1", 3),
+                ("e1/x", "c2", 4),
+            ],
+        ),
+        1_000,
+    );
+    let rules = one_message_rule("greet");
+    let applied = drain_with(&store, &rules);
+    let [done, dead, pending, other] = &applied.outbox[..] else {
+        panic!("four entries: {:?}", applied.outbox);
+    };
+    assert_eq!(other.id, "e1/x/greet/0");
+    store.outbox_done(done, 1, 2_000).expect("done");
+    store
+        .outbox_dead(&dead_letter(dead, "http_400", true))
+        .expect("dead");
+    store.outbox_done(other, 1, 2_000).expect("done");
+    let audit = crate::queries::audit(&store, &rules, &ConversationId::new("c1"))
+        .expect("audit")
+        .expect("conversation");
+    let actions = |i: usize| -> Vec<(String, String)> {
+        audit["timeline"][i]["actions"]
+            .as_array()
+            .expect("actions")
+            .iter()
+            .map(|a| {
+                let field = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+                (field("id"), field("status"))
+            })
+            .collect()
+    };
+    let status = |id: &str, s: &str| vec![(id.to_owned(), s.to_owned())];
+    assert_eq!(actions(0), status("e1/greet/0", "done"), "{audit:#}");
+    assert_eq!(actions(1), status("e2/greet/0", "dead_letter"));
+    assert_eq!(actions(2), status("e3/greet/0", "pending"));
+    assert_eq!(audit["timeline"].as_array().map(Vec::len), Some(3));
+    assert_eq!(pending.id, "e3/greet/0");
+}
+
+#[test]
 fn the_fold_a_replay_and_the_audit_compare_with_the_state_before_each_event() {
     use replay::ReplayRequest;
     let (_d, store) = store();
