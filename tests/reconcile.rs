@@ -232,7 +232,7 @@ fn manual_off_at_the_service_ends_the_wait_and_pending_actions_hold_the_sweeper_
     assert_eq!(after["handoff"]["phase"]["value"], "ended", "{after}");
     assert_eq!(after["manual_status"]["value"], Value::Null, "{after}");
     assert!(
-        after["timers"].as_object().map_or(true, |t| t.is_empty()),
+        after["timers"].as_object().is_none_or(|t| t.is_empty()),
         "the wait's timers are cancelled: {after}"
     );
     let labels = after["labels"].as_array().cloned().unwrap_or_default();

@@ -1281,7 +1281,7 @@ fn scrub_secret_values(message: &str) -> String {
         .rsplit_once("in `")
         .and_then(|(_, rest)| rest.split_once('`'))
         .map(|(path, _)| path);
-    let secret = path.map_or(true, |p| {
+    let secret = path.is_none_or(|p| {
         SECRET_KEYS
             .iter()
             .any(|k| p == *k || p.starts_with(&format!("{k}.")) || p.starts_with(&format!("{k}[")))

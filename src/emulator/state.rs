@@ -563,7 +563,7 @@ impl EmulatorState {
                     ) && filter_eq(
                         q.end_user_id.as_deref(),
                         m.end_user_id.as_ref().map(EndUserId::as_str),
-                    ) && q.is_user.map_or(true, |u| m.is_user == u)
+                    ) && q.is_user.is_none_or(|u| m.is_user == u)
                         && in_range(m.timestamp, q.from, q.to)
                 });
                 page(items, &q.page)
@@ -1190,7 +1190,7 @@ fn filter_eq(filter: Option<&str>, value: Option<&str>) -> bool {
 /// `from` and `to` are inclusive; an item without a time matches only an open range.
 fn in_range(t: Option<Millis>, from: Option<Millis>, to: Option<Millis>) -> bool {
     match t {
-        Some(t) => from.map_or(true, |f| t >= f) && to.map_or(true, |x| t <= x),
+        Some(t) => from.is_none_or(|f| t >= f) && to.is_none_or(|x| t <= x),
         None => from.is_none() && to.is_none(),
     }
 }

@@ -1446,7 +1446,7 @@ fn message_of(m: ReplyMessage) -> Result<MessageData, ApiError> {
     }
     match m.kind {
         ReplyType::Text => {
-            if !m.text.as_deref().is_some_and(|t| !contract::blank(t)) {
+            if m.text.as_deref().is_none_or(contract::blank) {
                 return Err(invalid_body(
                     "message.text",
                     format!("a text message needs 1 to {MAX_TEXT} characters of text"),

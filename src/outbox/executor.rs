@@ -128,7 +128,7 @@ impl Runner {
             }
             // Room in the window: read the next pages of the outbox.
             let mut more_pages = false;
-            if !page_failed_at.is_some_and(|at| at.elapsed() < STORE_RETRY_PAUSE) {
+            if page_failed_at.is_none_or(|at| at.elapsed() >= STORE_RETRY_PAUSE) {
                 page_failed_at = None;
                 for _ in 0..PAGES_PER_TURN {
                     let Some((kind, after, limit)) = sched.refill() else {

@@ -727,7 +727,7 @@ mod tests {
         let page = |after: Option<u64>, limit: usize| -> Vec<(OutboxEntry, Option<RetryState>)> {
             stored
                 .iter()
-                .filter(|e| !after.is_some_and(|a| e.seq <= a))
+                .filter(|e| after.is_none_or(|a| e.seq > a))
                 .take(limit)
                 .map(|e| (e.clone(), None))
                 .collect()
@@ -771,7 +771,7 @@ mod tests {
         let page = |after: Option<u64>, limit: usize| -> Vec<(OutboxEntry, Option<RetryState>)> {
             stored
                 .iter()
-                .filter(|e| !after.is_some_and(|a| e.seq <= a))
+                .filter(|e| after.is_none_or(|a| e.seq > a))
                 .take(limit)
                 .map(|e| (e.clone(), None))
                 .collect()

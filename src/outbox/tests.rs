@@ -51,7 +51,7 @@ impl Ledger for MemLedger {
             .lock()
             .expect("outbox")
             .values()
-            .filter(|e| !after.is_some_and(|a| e.seq <= a))
+            .filter(|e| after.is_none_or(|a| e.seq > a))
             .take(limit)
             .map(|e| (e.clone(), retry.get(&e.seq).cloned()))
             .collect())

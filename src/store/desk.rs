@@ -332,8 +332,8 @@ mod tests {
     fn listing(store: &Store, phase: Option<DeskPhase>, bot: Option<&str>) -> Vec<String> {
         let mut found: Vec<ConversationState> = states(store)
             .into_iter()
-            .filter(|s| phase.map_or(true, |p| DeskPhase::of(s) == p))
-            .filter(|s| bot.map_or(true, |b| s.bot_id.as_ref().map(|i| i.as_str()) == Some(b)))
+            .filter(|s| phase.is_none_or(|p| DeskPhase::of(s) == p))
+            .filter(|s| bot.is_none_or(|b| s.bot_id.as_ref().map(|i| i.as_str()) == Some(b)))
             .collect();
         found.sort_by(|a, b| {
             (a.handoff.requested_at, a.id.as_str()).cmp(&(b.handoff.requested_at, b.id.as_str()))

@@ -218,7 +218,7 @@ impl Marks {
 
     /// Above its partition's mark (a fold's check: the batch is pending by construction).
     fn above(&mut self, store: &Store, partition: &str, seq: u64) -> Result<bool, StoreError> {
-        Ok(self.get(store, partition)?.map_or(true, |mark| seq > mark))
+        Ok(self.get(store, partition)?.is_none_or(|mark| seq > mark))
     }
 }
 
@@ -472,7 +472,7 @@ impl QuarantineMetaRaw<'_> {
 fn body_len(base64_text: &str, gzipped: bool) -> u64 {
     use base64::Engine as _;
     let text = base64_text.as_bytes();
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return 0;
     }
     let padding = text.iter().rev().take(2).filter(|&&b| b == b'=').count();

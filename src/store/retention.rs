@@ -400,7 +400,7 @@ impl Store {
             // Its events all folded below the watermark: a start's scan from there meets none
             // of them, so the mark can go (a later event folds as a partition never seen); and
             // none logged since, still to fold (the state is not idle: it stays).
-            let folded = self.mark(&partition)?.map_or(true, |m| m < below);
+            let folded = self.mark(&partition)?.is_none_or(|m| m < below);
             if pending.any(&queues) || !folded || unfolded.any(&partition) {
                 out.skipped += 1;
                 continue;
