@@ -1181,19 +1181,21 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         (Err(_), _) => Ok(None),
     };
     // The echoes of the last calls are still on their way (the sender batches over 50 ms): the
-    // run ends when they are delivered and, for the daemon, folded.
-    let quiet = match (quiet, opts.echo_webhooks) {
-        (Ok(Some(took)), true) => {
-            let t0 = Instant::now();
-            if !wait_echoes(&http, &emulator.base(), spec.drain_limit)? {
-                eprintln!("  the emulator's webhook events not all delivered in time");
-            }
-            match &daemon {
-                Some(d) => wait_quiet(&http, &d.admin_base(), spec.drain_limit)
-                    .map(|q| q.map(|again| took + t0.elapsed().max(again))),
-                None => Ok(Some(took + t0.elapsed())),
-            }
+    // run ends when they are delivered and, for the daemon, folded. An error stays a value, as
+    // above: the sampler is stopped below whatever happened.
+    let echoes_in = |took: Duration| -> Result<Option<Duration>, String> {
+        let t0 = Instant::now();
+        if !wait_echoes(&http, &emulator.base(), spec.drain_limit)? {
+            eprintln!("  the emulator's webhook events not all delivered in time");
         }
+        let folded = match &daemon {
+            Some(d) => wait_quiet(&http, &d.admin_base(), spec.drain_limit)?.is_some(),
+            None => true,
+        };
+        Ok(folded.then(|| took + t0.elapsed()))
+    };
+    let quiet = match (quiet, opts.echo_webhooks) {
+        (Ok(Some(took)), true) => echoes_in(took),
         (other, _) => other,
     };
     let quiet_after = quiet.as_ref().ok().copied().flatten();

@@ -33,7 +33,7 @@ mod common;
 
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, ConnectError, CpuSample, Http, OptionSpec, Proc,
-    Response, Setting, Target, ADMIN_TOKEN, HTTP_TIMEOUT, WEBHOOK_TOKEN,
+    Response, Setting, Target, HTTP_TIMEOUT, WEBHOOK_TOKEN,
 };
 use hdrhistogram::Histogram;
 use serde_json::Value;
@@ -865,25 +865,13 @@ fn memory_case(opts: &Options, plan: Plan) -> Result<MemoryResult, String> {
         stats.errors_text()
     );
     let http = http();
-    let drain_url = format!(
-        "{}/admin/v1/inbox/drained?timeout_ms=60000",
-        daemon.admin_base()
-    );
-    let mut drained_after = None;
-    while posted_at.elapsed() < DRAIN_LIMIT {
-        let (status, body) = http.get(&drain_url, Some(ADMIN_TOKEN))?;
-        match status {
-            200 => {
-                drained_after = Some(posted_at.elapsed());
-                break;
-            }
-            504 => eprintln!(
-                "[memory] still draining after {:.0} s: {body}",
-                posted_at.elapsed().as_secs_f64()
-            ),
-            other => return Err(format!("drain wait answered {other}: {body}")),
-        }
-    }
+    let drained_after = common::wait_drained(
+        &http,
+        &daemon.admin_base(),
+        posted_at,
+        DRAIN_LIMIT,
+        "memory",
+    )?;
     let rss_kb = common::proc_status_kb(daemon.pid, "VmRSS");
     let hwm_kb = common::proc_status_kb(daemon.pid, "VmHWM");
     let rss_anon_kb = common::proc_status_kb(daemon.pid, "RssAnon");

@@ -681,23 +681,8 @@ fn wait_drained(
     limit: Duration,
     what: &str,
 ) -> Result<Duration, String> {
-    let t0 = Instant::now();
-    let url = format!(
-        "{}/admin/v1/inbox/drained?timeout_ms=30000",
-        daemon.admin_base()
-    );
-    while t0.elapsed() < limit {
-        let (status, body) = http.get(&url, Some(ADMIN_TOKEN))?;
-        match status {
-            200 => return Ok(t0.elapsed()),
-            504 => eprintln!(
-                "[{what}] still draining after {:.0} s: {body}",
-                t0.elapsed().as_secs_f64()
-            ),
-            other => return Err(format!("drain wait answered {other}: {body}")),
-        }
-    }
-    Err(format!("[{what}] not drained within {limit:?}"))
+    common::wait_drained(http, &daemon.admin_base(), Instant::now(), limit, what)?
+        .ok_or_else(|| format!("[{what}] not drained within {limit:?}"))
 }
 
 fn rss_mib(pid: u32, field: &str) -> Option<f64> {

@@ -638,8 +638,6 @@ fn admin_server(
     Ok(Some((server.run(), bound)))
 }
 
-/// Wait for SIGTERM or SIGINT; returns which. The handlers are installed when this is called
-/// (not when first awaited), so a signal right after the start line is not the default action's.
 /// How the fold threads (and sled's I/O threads) run. `SCHED_IDLE` only where a starving fold can
 /// be lifted out of it again (`dispatch.lift_after`, which needs `CAP_SYS_NICE` or an
 /// `RLIMIT_NICE` allowing nice 0): otherwise a host whose other programs keep the CPUs busy would
@@ -659,6 +657,8 @@ fn fold_priority(dispatch: &crate::config::DispatchConfig) -> crate::background:
     }
 }
 
+/// Wait for SIGTERM or SIGINT; returns which. The handlers are installed when this is called
+/// (not when first awaited), so a signal right after the start line is not the default action's.
 pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     use tokio::signal::unix::{signal, SignalKind};
     let handlers = (

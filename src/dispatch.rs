@@ -432,7 +432,7 @@ struct Workers {
 struct Lifter {
     lift: std::sync::Arc<crate::background::Lift>,
     after: Option<Duration>,
-    /// Start times of the folds in flight.
+    /// Start times of the folds in flight, oldest first.
     started: VecDeque<tokio::time::Instant>,
 }
 
@@ -463,7 +463,7 @@ impl Lifter {
         if self.lift.is_lifted() {
             return None;
         }
-        self.started.iter().min().map(|t| *t + after)
+        self.started.front().map(|t| *t + after)
     }
 
     /// Lift if the oldest fold in flight has waited past the deadline.
@@ -1131,9 +1131,6 @@ mod tests {
         assert_eq!((q.depth, q.unfinished.len()), (0, 0));
     }
 
-    /// A stop sender dropped without saying stop (its owner gone) ends the dispatcher, as a stop
-    /// does; it must not spin on a `changed` that is ready at once forever. Real time, on two
-    /// threads: a spinning dispatcher keeps its thread busy, and the bound below then fails.
     /// Rules that hold the fold until the test opens the gate: a fold that does not get a CPU.
     struct Gate(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
 
@@ -1213,6 +1210,9 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
 
+    /// A stop sender dropped without saying stop (its owner gone) ends the dispatcher, as a stop
+    /// does; it must not spin on a `changed` that is ready at once forever. Real time, on two
+    /// threads: a spinning dispatcher keeps its thread busy, and the bound below then fails.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_stop_sender_ends_the_dispatcher() {
         let (_dir, store) = new_store();

@@ -846,7 +846,21 @@ impl Http {
         if let Some(token) = bearer {
             req = req.header("authorization", format!("Bearer {token}"));
         }
-        let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
+        let resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
+        let (status, body) = self.read(resp);
+        let body = match body {
+            Ok(body) => body,
+            Err(e) if self.body.required => return Err(format!("GET {url}: body: {e}")),
+            Err(_) => String::new(),
+        };
+        Ok((status, body))
+    }
+
+    /// An answer's status and its body, read as [`BodyRead`] says.
+    fn read(
+        &self,
+        mut resp: ureq::http::Response<ureq::Body>,
+    ) -> (u16, Result<String, ureq::Error>) {
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()
@@ -854,12 +868,7 @@ impl Http {
             .limit(self.body.limit)
             .lossy_utf8(self.body.lossy_utf8)
             .read_to_string();
-        let body = match body {
-            Ok(body) => body,
-            Err(e) if self.body.required => return Err(format!("GET {url}: body: {e}")),
-            Err(_) => String::new(),
-        };
-        Ok((status, body))
+        (status, body)
     }
 
     /// POST a JSON body (or an empty one) with an optional bearer token: the status and the body.
@@ -878,17 +887,36 @@ impl Http {
             Some(body) => req.content_type("application/json").send(body),
             None => req.send_empty(),
         };
-        let mut resp = sent.map_err(|e| format!("POST {url}: {e}"))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(self.body.limit)
-            .lossy_utf8(self.body.lossy_utf8)
-            .read_to_string()
-            .unwrap_or_default();
-        Ok((status, body))
+        let resp = sent.map_err(|e| format!("POST {url}: {e}"))?;
+        let (status, body) = self.read(resp);
+        Ok((status, body.unwrap_or_default()))
     }
+}
+
+/// Wait until the daemon's folds have caught up with everything it accepted
+/// (`/admin/v1/inbox/drained`, long polls), until `limit` after `since`: how long after `since`
+/// it drained, or `None` when it did not in time.
+#[allow(dead_code)] // intake and scale, not actions
+pub fn wait_drained(
+    http: &Http,
+    admin_base: &str,
+    since: Instant,
+    limit: Duration,
+    what: &str,
+) -> Result<Option<Duration>, String> {
+    let url = format!("{admin_base}/admin/v1/inbox/drained?timeout_ms=30000");
+    while since.elapsed() < limit {
+        let (status, body) = http.get(&url, Some(ADMIN_TOKEN))?;
+        match status {
+            200 => return Ok(Some(since.elapsed())),
+            504 => eprintln!(
+                "[{what}] still draining after {:.0} s: {body}",
+                since.elapsed().as_secs_f64()
+            ),
+            other => return Err(format!("drain wait answered {other}: {body}")),
+        }
+    }
+    Ok(None)
 }
 
 /// A `/proc/<pid>/status` field in kB (VmRSS, VmHWM, RssAnon, RssFile).

@@ -46,20 +46,28 @@ pub(super) async fn record_done(ledger: Arc<dyn Ledger>, mut rx: mpsc::Unbounded
             records.push(record);
             replies.push(reply);
         }
-        let result = if ledger.on_blocking_pool() {
-            let ledger = ledger.clone();
-            tokio::task::spawn_blocking(move || ledger.done(&records))
-                .await
-                .unwrap_or_else(|e| Err(StoreError::Internal(format!("store task failed: {e}"))))
-        } else {
-            ledger.done(&records)
-        };
-        let result = result.map_err(Arc::new);
+        let result = on_ledger(&ledger, move |l| l.done(&records))
+            .await
+            .map_err(Arc::new);
         for reply in replies {
             // The task may have gone (shutdown); its entry is recorded all the same.
             let _ = reply.send(result.clone());
         }
     }
+}
+
+/// A ledger call, on the blocking pool when the ledger is the store.
+async fn on_ledger<T: Send + 'static>(
+    ledger: &Arc<dyn Ledger>,
+    f: impl FnOnce(&dyn Ledger) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    if !ledger.on_blocking_pool() {
+        return f(ledger.as_ref());
+    }
+    let ledger = ledger.clone();
+    tokio::task::spawn_blocking(move || f(ledger.as_ref()))
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Internal(format!("store task failed: {e}"))))
 }
 
 /// The two sinks.
@@ -99,18 +107,12 @@ struct Finished {
 }
 
 impl Runner {
-    /// A store call, on the blocking pool when the ledger is the store.
+    /// A store call ([`on_ledger`]).
     async fn store<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn Ledger) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        if !self.ledger.on_blocking_pool() {
-            return f(self.ledger.as_ref());
-        }
-        let ledger = self.ledger.clone();
-        tokio::task::spawn_blocking(move || f(ledger.as_ref()))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Internal(format!("store task failed: {e}"))))
+        on_ledger(&self.ledger, f).await
     }
 
     pub(super) async fn run(

@@ -202,7 +202,7 @@ mod tests {
     use crate::actions::Action;
     use crate::ids::DeliveryId;
     use crate::state::desk::{Outcome, Rejection};
-    use crate::store::queue::tests::fold;
+    use crate::store::queue::tests::{fold, queue_keys};
     use crate::webhook::agent::{AgentCommand, Command, DeskAgent, Target};
     use crate::webhook::model::Event;
     use crate::webhook::IncomingEvent;
@@ -267,13 +267,9 @@ mod tests {
         crate::webhook::agent_event(&cmd, id, bot, at).expect("event")
     }
 
-    /// Every phase index key, scanned.
+    /// Every phase index key, scanned (sorted).
     fn index(store: &Store) -> Vec<Vec<u8>> {
-        [keys::DESK_PHASE, keys::DESK_BOT]
-            .iter()
-            .flat_map(|p| store.queue.scan_prefix([*p]).keys())
-            .map(|k| k.expect("key").to_vec())
-            .collect()
+        queue_keys(store, &[keys::DESK_PHASE, keys::DESK_BOT])
     }
 
     /// Every state, scanned.
@@ -378,17 +374,10 @@ mod tests {
             let store = Store::open(dir.path(), 8 << 20).expect("open");
             for round in 0..4 {
                 random_history(&store, seed * 10 + round, 60, 12);
-                let mut found = index(&store);
-                found.sort();
-                assert_eq!(found, scanned(&store), "seed {seed} round {round}");
+                assert_eq!(index(&store), scanned(&store), "seed {seed} round {round}");
             }
             // The sweeper's keys, kept by the same mechanism, still equal the states too.
-            let mut watched: Vec<Vec<u8>> = [keys::WATCH_ACTIVE, keys::WATCH_RELEASED]
-                .iter()
-                .flat_map(|p| store.queue.scan_prefix([*p]).keys())
-                .map(|k| k.expect("key").to_vec())
-                .collect();
-            watched.sort();
+            let watched = queue_keys(&store, &[keys::WATCH_ACTIVE, keys::WATCH_RELEASED]);
             let mut expected: Vec<Vec<u8>> = states(&store)
                 .iter()
                 .filter_map(crate::store::watch::watch_key)
@@ -489,9 +478,7 @@ mod tests {
             expected
         };
         let store = Store::open(dir.path(), 8 << 20).expect("reopen");
-        let mut found = index(&store);
-        found.sort();
-        assert_eq!(found, expected);
+        assert_eq!(index(&store), expected);
         assert_eq!(paged(&store, None, None, 4), listing(&store, None, None));
     }
 

@@ -205,10 +205,16 @@ pub fn parse_queue_entry<'a>(prefix: &[u8], key: &'a [u8]) -> Option<&'a str> {
     std::str::from_utf8(key.get(prefix.len() + 8..)?).ok()
 }
 
+/// The bot's prefix ([`queue_bot`]) of any bot's waiting entry, read from the key itself.
+pub fn queue_bot_of(key: &[u8]) -> Option<&[u8]> {
+    let len = usize::from(u16::from_be_bytes([*key.get(1)?, *key.get(2)?]));
+    key.get(..3 + len)
+}
+
 /// The request time of any bot's waiting entry (the bot's prefix read from the key itself).
 pub fn parse_queue_requested_at(key: &[u8]) -> Option<i64> {
-    let len = usize::from(u16::from_be_bytes([*key.get(1)?, *key.get(2)?]));
-    let at = key.get(3 + len..3 + len + 8)?;
+    let prefix = queue_bot_of(key)?.len();
+    let at = key.get(prefix..prefix + 8)?;
     let at = u64::from_be_bytes(at.try_into().ok()?);
     i64::try_from(at).ok()
 }

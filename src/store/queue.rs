@@ -88,15 +88,10 @@ pub(super) struct WaitingCounts {
     by_bot: HashMap<Vec<u8>, BTreeSet<Vec<u8>>>,
 }
 
-/// The bot prefix of a waiting entry's key (`keys::queue_bot`).
-fn bot_prefix(key: &[u8]) -> Option<&[u8]> {
-    let len = usize::from(u16::from_be_bytes([*key.get(1)?, *key.get(2)?]));
-    key.get(..3 + len)
-}
-
 impl WaitingCounts {
     fn add(&mut self, key: &[u8]) {
-        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), bot_prefix(key)) else {
+        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), keys::queue_bot_of(key))
+        else {
             tracing::error!(key = ?key, "unreadable queue key; left out");
             return;
         };
@@ -113,7 +108,8 @@ impl WaitingCounts {
     }
 
     fn remove(&mut self, key: &[u8]) {
-        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), bot_prefix(key)) else {
+        let (Some(at), Some(bot)) = (keys::parse_queue_requested_at(key), keys::queue_bot_of(key))
+        else {
             return;
         };
         let Some(entries) = self.by_bot.get_mut(bot) else {
@@ -380,23 +376,9 @@ impl Store {
     /// A store from before the waiting queue: index its waiting conversations once, on open
     /// (before any fold, so nothing races with it). A new store has none and only marks it.
     pub(super) fn index_queue_once(&self) -> Result<(), StoreError> {
-        if self.meta.contains_key(keys::meta::QUEUE_INDEXED)? {
-            return Ok(());
-        }
-        let mut indexed = 0u64;
-        for item in self.conversations.iter() {
-            let (_, bytes) = item?;
-            let state: ConversationState = super::decode(&bytes, "conversation state")?;
-            if let Some(key) = entry_of(&state) {
-                self.queue.insert(key, Vec::new())?;
-                indexed += 1;
-            }
-        }
-        self.meta.insert(keys::meta::QUEUE_INDEXED, &[1])?;
-        if indexed > 0 {
-            tracing::info!(indexed, "waiting queue built from the conversation states");
-        }
-        Ok(())
+        self.index_once(keys::meta::QUEUE_INDEXED, "waiting queue", |s| {
+            entry_of(s).into_iter().collect()
+        })
     }
 }
 
@@ -468,6 +450,17 @@ pub(super) mod tests {
             .zip(&accepted.new_index)
             .map(|((seq, _), i)| (*seq, events[*i].event.clone()))
             .collect()
+    }
+
+    /// Every key in `queue/v1` that starts with one of `prefixes` (first bytes), sorted.
+    pub(in crate::store) fn queue_keys(store: &Store, prefixes: &[u8]) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = prefixes
+            .iter()
+            .flat_map(|p| store.queue.scan_prefix([*p]).keys())
+            .map(|k| k.expect("key").to_vec())
+            .collect();
+        keys.sort();
+        keys
     }
 
     /// Accept and fold `events` as one batch (like the dispatcher).

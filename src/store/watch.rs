@@ -83,17 +83,11 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::queue::tests::{conversation_event, fold};
+    use crate::store::queue::tests::{conversation_event, fold, queue_keys};
 
     /// Every index entry, scanned.
     fn index(store: &Store) -> Vec<Vec<u8>> {
-        let mut keys: Vec<Vec<u8>> = [keys::WATCH_ACTIVE, keys::WATCH_RELEASED]
-            .iter()
-            .flat_map(|p| store.queue.scan_prefix([*p]).keys())
-            .map(|k| k.expect("key").to_vec())
-            .collect();
-        keys.sort();
-        keys
+        queue_keys(store, &[keys::WATCH_ACTIVE, keys::WATCH_RELEASED])
     }
 
     #[test]
