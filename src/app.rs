@@ -183,10 +183,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let opened = crate::background::on_thread_at(fold_priority, "store-open", open);
     let thread = |name| move |source| AppError::Thread { name, source };
     let store = opened.map_err(thread("store-open"))??;
-    // The folds' commits hold sled's lock: they run at this thread's (the daemon's) priority.
-    store
-        .start_fold_committer()
-        .map_err(thread("store-committer"))?;
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
         let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;

@@ -18,10 +18,13 @@
 //! from the thread that opens the store (or first writes its log), so the daemon opens it on a
 //! thread at the fold's priority ([`on_thread_at`]). Under a burst sled may start more I/O
 //! threads from whichever thread writes; those keep that thread's priority. Nothing idle holds
-//! sled's global lock exclusively: the folds' commits run at the daemon's priority
-//! (`store::committer`). Idle threads do hold it shared (a fold's reads, sled's log flusher), and
-//! a transaction waiting for it, with the readers queued behind that transaction, waits while
-//! such a thread waits for a CPU: moments, while the daemon is the only load. The writer, syncer
+//! sled's global lock exclusively: a fold writes with plain inserts through its journal
+//! (`store::journal`), not a transaction. Idle threads do hold it shared (a fold's reads and
+//! writes, sled's log flusher), and a transaction waiting for it, with the readers queued behind
+//! that transaction, waits while such a thread waits for a CPU; so does a log write whose buffer
+//! holds an idle fold's unfinished insert, and a `Db::flush` waiting for it: moments, while the
+//! daemon is the only load, and at most `dispatch.lift_after` on a busy host (the fold is then
+//! lifted). The writer, syncer
 //! and indexer keep the daemon's priority: until the indexer has indexed a group, the group's
 //! typed events wait in memory.
 

@@ -68,16 +68,9 @@ fn spawn_folded(data: &std::path::Path, env: &[(&str, &str)]) -> TestApp {
     app
 }
 
-/// The acknowledgment path, the indexing that hands events to the fold, and the thread that
-/// commits folds (it holds sled's lock, which the indexer waits for) keep the daemon's own
+/// The acknowledgment path and the indexing that hands events to the fold keep the daemon's own
 /// priority.
-const NORMAL_THREADS: [&str; 5] = [
-    "store-writer",
-    "store-syncer",
-    "store-indexer",
-    "store-committer",
-    "actix-rt",
-];
+const NORMAL_THREADS: [&str; 4] = ["store-writer", "store-syncer", "store-indexer", "actix-rt"];
 
 /// The test's own (policy, nice value): what the daemon's threads start with.
 fn own_scheduling() -> (i32, i32) {

@@ -86,7 +86,10 @@ pub mod meta {
     /// The highest event sequence number handed on so far (u64 BE), written just before
     /// `INDEXED_TO`: a start numbers new events above it (see `Store::next_seq`).
     pub const SEQ_FLOOR: &[u8] = b"event_seq_floor";
-    /// Record counts of the state trees (u64 BE), kept by the folds' transactions.
+    /// A fold's writes while it applies them (see `store::journal`): present after a crash
+    /// only if the fold was not all applied, and then applied on open.
+    pub const FOLD_JOURNAL: &[u8] = b"fold_journal";
+    /// Record counts of the state trees (u64 BE), kept by the folds.
     pub const COUNT_CONVERSATIONS: &[u8] = b"count/conversations";
     pub const COUNT_END_USERS: &[u8] = b"count/end_users";
     pub const COUNT_BOTS: &[u8] = b"count/bots";

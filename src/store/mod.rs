@@ -7,18 +7,19 @@
 //!   into the in-memory dedupe index (rebuilt from the log on open), so an acknowledged event is
 //!   never lost and never accepted twice;
 //! - the event log is the inbox (layout 4): an event is still to fold while its sequence number
-//!   is above its partition's folded mark (`folded/v1`). Folding an event raises that mark in the
-//!   same transaction, so a crash can neither lose nor repeat the fold. A start scans the log
-//!   from the folds' low watermark (`meta/fold_from`), which each fold also writes.
+//!   is above its partition's folded mark (`folded/v1`). Folding an event raises that mark with
+//!   the fold's other writes, atomically (one journal, [`journal`]), so a crash can neither lose
+//!   nor repeat the fold. A start scans the log from the folds' low watermark
+//!   (`meta/fold_from`), which each fold also writes.
 
 pub mod backup;
-mod committer;
 pub mod dedupe;
 mod derived;
 pub mod desk;
 pub mod eventlog;
 pub mod idempotency;
 pub mod intake;
+mod journal;
 pub mod keys;
 pub mod outbox;
 mod pages;
@@ -33,9 +34,10 @@ use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use crate::state::{BotState, ConversationState, EndUserState};
 use crate::webhook::model::{Event, Millis, Payload};
 use crate::webhook::IncomingEvent;
+use journal::Journal;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -76,6 +78,12 @@ pub enum StoreError {
     Open { path: String, source: sled::Error },
     #[error("event log: {0}")]
     Log(String),
+    /// A fold's writes were left half applied by a failing store (`journal`): folds wait for a
+    /// restart, which completes them.
+    #[error(
+        "an earlier fold's writes are half applied after a store failure; a restart completes them"
+    )]
+    HalfApplied,
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
@@ -175,7 +183,7 @@ pub struct Position {
 }
 
 /// Folded marks read so far (a scan or a fold reads each partition's once), and those a fold
-/// raises, for its transaction to write.
+/// raises, for its journal to write.
 #[derive(Default)]
 struct Marks {
     read: HashMap<String, Option<u64>>,
@@ -582,8 +590,8 @@ pub struct Store {
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
     /// The next event's sequence number (see [`Store::next_seq`]).
     next_seq: Arc<std::sync::atomic::AtomicU64>,
-    /// Where folds commit (see `committer`).
-    committer: committer::Committer,
+    /// A fold's journal was written but not all applied (see `journal`).
+    half_applied: Arc<std::sync::atomic::AtomicBool>,
     /// The waiting queue's request times, counted (see [`Store::queue_summary`]).
     waiting: Arc<Mutex<queue::WaitingCounts>>,
 }
@@ -707,9 +715,11 @@ impl Store {
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
             next_seq: Default::default(),
-            committer: Default::default(),
+            half_applied: Default::default(),
             waiting: Default::default(),
         };
+        // Before anything reads what a fold writes.
+        store.finish_journal()?;
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
         store.open_legacy(layout)?;
@@ -750,7 +760,7 @@ impl Store {
 
     /// A new event's sequence number. Drawn from an in-memory counter rather than sled's
     /// `generate_id`, which takes sled's global concurrency lock: on the writer's path (before
-    /// the acknowledgment) it waited for every fold transaction to commit.
+    /// the acknowledgment) it waited for every sled transaction to commit.
     pub(crate) fn next_seq(&self) -> u64 {
         self.next_seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -935,12 +945,6 @@ impl Store {
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
         self.db.flush()?;
         Ok(())
-    }
-
-    /// Commit folds from now on on a thread started here, at the calling thread's priority
-    /// (see `committer`); until then a fold commits on its own thread.
-    pub fn start_fold_committer(&self) -> std::io::Result<()> {
-        self.committer.start()
     }
 
     /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
@@ -1155,14 +1159,14 @@ impl Store {
 
     /// Fold a batch, with the rules deciding actions for each folded event from the
     /// conversation's state after the fold. Internal state actions are applied at once; the
-    /// others go to the outbox in the same transaction, and so do the changes to the timers tree
-    /// (timers started, restarted, cancelled or fired), the partitions' folded marks and the
-    /// `position`. `partitions` and `received` run parallel to `batch`: each event's partition
-    /// as intake stored it (the marks' key) and its receive time.
+    /// others go to the outbox in the same atomic write (the fold's journal, `journal`), and so
+    /// do the changes to the timers tree (timers started, restarted, cancelled or fired), the
+    /// partitions' folded marks and the `position`. `partitions` and `received` run parallel to
+    /// `batch`: each event's partition as intake stored it (the marks' key) and its receive time.
     ///
-    /// Reading and folding happen outside the transaction, which then only writes: sled runs one
-    /// transaction at a time. That is safe because folds are serialised by `fold_lock` and
-    /// nothing else writes state or folded marks.
+    /// Reading and folding happen before anything is written, and the journal then only writes.
+    /// That is safe because folds are serialised by `fold_lock` and nothing else writes state or
+    /// folded marks (the retention pass removes them under the same lock).
     pub fn fold(
         &self,
         batch: &[(u64, Event)],
@@ -1339,8 +1343,8 @@ impl Store {
             bots: encoded(&bots)?,
         };
         let waiting = writes.queue.waiting_changes();
-        let store = self.clone();
-        self.committer.run(move || store.commit_fold(&writes))?;
+        let journal = self.fold_journal(writes)?;
+        self.commit_journal(&journal)?;
         // Still under the fold lock: the counts follow the commits in order.
         self.note_waiting(&waiting);
         if timers_added {
@@ -1349,91 +1353,63 @@ impl Store {
         Ok(out)
     }
 
-    /// A fold's writes, in one transaction (see `committer` for the thread it runs on).
-    fn commit_fold(&self, writes: &FoldWrites) -> Result<(), StoreError> {
-        let trees = (
-            &self.folded,
-            &self.conversations,
-            &self.end_users,
-            &self.user_index,
-            &self.bots,
-            &self.outbox,
-            &self.actions,
-            &self.timers,
-            &self.queue,
-            &self.activity,
-            &self.meta,
-        );
-        trees.transaction(
-            |(
-                folded,
-                conv_tree,
-                user_tree,
-                index,
-                bot_tree,
-                outbox,
-                actions,
-                timers,
-                queue,
-                activity,
-                meta,
-            )| {
-                for (partition, seq) in &writes.marks {
-                    folded.insert(partition.as_bytes(), &keys::seq(*seq))?;
-                }
-                if let Some(at) = &writes.fold_from {
-                    meta.insert(keys::meta::FOLD_FROM, at)?;
-                }
-                // Record counts kept with the records, so a start need not count whole trees
-                // (which makes sled load every page: most of a restarted daemon's memory).
-                for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
-                    let count = meta
-                        .get(key)?
-                        .and_then(|b| keys::parse_seq(&b))
-                        .unwrap_or(0);
-                    meta.insert(*key, &keys::seq(count + new))?;
-                }
-                for key in &writes.timers.remove {
-                    timers.remove(key.as_slice())?;
-                }
-                for (key, entry) in &writes.timers.insert {
-                    timers.insert(key.as_slice(), entry.as_slice())?;
-                }
-                for key in &writes.queue.remove {
-                    queue.remove(key.as_slice())?;
-                }
-                for (key, value) in &writes.queue.insert {
-                    queue.insert(key.as_slice(), value.as_slice())?;
-                }
-                for key in &writes.derived.remove {
-                    queue.remove(key.as_slice())?;
-                }
-                for key in &writes.derived.insert {
-                    queue.insert(key.as_slice(), &[])?;
-                }
-                for key in &writes.activity.remove {
-                    activity.remove(key.as_slice())?;
-                }
-                for key in &writes.activity.insert {
-                    activity.insert(key.as_slice(), &[])?;
-                }
-                outbox::insert_pending(outbox, actions, &writes.outbox)?;
-                for (id, bytes) in &writes.conversations {
-                    conv_tree.insert(id.as_bytes(), bytes.as_slice())?;
-                }
-                for (key, id) in &writes.index_entries {
-                    index.insert(key.as_slice(), id.as_bytes())?;
-                }
-                for (id, bytes) in &writes.end_users {
-                    user_tree.insert(id.as_bytes(), bytes.as_slice())?;
-                }
-                for (id, bytes) in &writes.bots {
-                    bot_tree.insert(id.as_bytes(), bytes.as_slice())?;
-                }
-                Ok(())
-            },
-        )?;
-        Ok(())
+    /// A fold's writes as one journal (see `journal`), in the order they are applied: the
+    /// outbox entries before the states that decided them. Record counts are read here, under
+    /// the fold lock, and written as absolute values, so applying the journal twice is harmless.
+    fn fold_journal(&self, writes: FoldWrites) -> Result<Journal, StoreError> {
+        use journal::TreeId as T;
+        let mut j = Journal::default();
+        for (partition, seq) in writes.marks {
+            j.insert(T::Folded, partition, keys::seq(seq));
+        }
+        if let Some(at) = writes.fold_from {
+            j.insert(T::Meta, keys::meta::FOLD_FROM, at);
+        }
+        // Record counts kept with the records, so a start need not count whole trees (which
+        // makes sled load every page: most of a restarted daemon's memory).
+        for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
+            let count = self
+                .meta
+                .get(key)?
+                .and_then(|b| keys::parse_seq(&b))
+                .unwrap_or(0);
+            j.insert(T::Meta, *key, keys::seq(count + new));
+        }
+        for key in writes.timers.remove {
+            j.remove(T::Timers, key);
+        }
+        for (key, entry) in writes.timers.insert {
+            j.insert(T::Timers, key, entry);
+        }
+        for key in writes.queue.remove.into_iter().chain(writes.derived.remove) {
+            j.remove(T::Queue, key);
+        }
+        for (key, value) in writes.queue.insert {
+            j.insert(T::Queue, key, value);
+        }
+        for key in writes.derived.insert {
+            j.insert(T::Queue, key, Vec::new());
+        }
+        for key in writes.activity.remove {
+            j.remove(T::Activity, key);
+        }
+        for key in writes.activity.insert {
+            j.insert(T::Activity, key, Vec::new());
+        }
+        outbox::journal_pending(&mut j, writes.outbox);
+        for (id, bytes) in writes.conversations {
+            j.insert(T::Conversations, id, bytes);
+        }
+        for (key, id) in writes.index_entries {
+            j.insert(T::UserIndex, key, id);
+        }
+        for (id, bytes) in writes.end_users {
+            j.insert(T::EndUsers, id, bytes);
+        }
+        for (id, bytes) in writes.bots {
+            j.insert(T::Bots, id, bytes);
+        }
+        Ok(j)
     }
 
     /// Apply a fold's internal state actions to `state` and turn the others into outbox entries,
@@ -1769,7 +1745,7 @@ fn cached<'a, T: for<'de> Deserialize<'de>>(
     Ok((state, created))
 }
 
-/// Everything a fold writes, owned, so that another thread can commit it.
+/// Everything a fold writes, by kind, before it becomes the fold's journal.
 struct FoldWrites {
     /// Partitions' folded marks raised.
     marks: HashMap<String, u64>,

@@ -69,6 +69,7 @@ pub(super) fn pending_rows(entries: &[OutboxEntry]) -> Result<Vec<PendingRow>, S
 }
 
 /// Queue decided entries inside a transaction: the outbox entry and its ledger status together.
+/// Replay's new entries and their ledger records, in its transaction.
 pub(super) fn insert_pending(
     outbox: &TransactionalTree,
     actions: &TransactionalTree,
@@ -79,6 +80,15 @@ pub(super) fn insert_pending(
         actions.insert(row.id.as_bytes(), row.status.as_slice())?;
     }
     Ok(())
+}
+
+/// A fold's new entries and their ledger records, into its journal.
+pub(super) fn journal_pending(journal: &mut super::Journal, rows: Vec<PendingRow>) {
+    use super::journal::TreeId;
+    for row in rows {
+        journal.insert(TreeId::Outbox, keys::seq(row.seq), row.entry);
+        journal.insert(TreeId::Actions, row.id, row.status);
+    }
 }
 
 impl Store {
