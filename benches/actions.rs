@@ -27,13 +27,14 @@
 //!   measured window. For each delivery it stamps (Unix µs, the machine's wall clock) when the
 //!   POST was written and when its 200 came back;
 //! - after the window it waits (bounded) for the daemon's inbox to drain and its outbox to go
-//!   idle, then reads the emulator's journal (`GET /_emulator/journal`: each call's `at`, Unix
-//!   ms on the same clock, its idempotency key, status, replayed), the daemon's dead letters and
+//!   idle, then reads the emulator's journal (`GET /_emulator/journal`: each call's `at_us`, Unix
+//!   µs on the same clock, its idempotency key, status, replayed), the daemon's dead letters and
 //!   `/metrics`, and stops both processes;
-//! - **latency** of an action = journal `at` (+0.5 ms, the middle of its millisecond) minus the
-//!   moment the bench wrote the POST of its event: from webhook receipt to the upstream call,
-//!   including the durable acknowledgment. Resolution is the journal's millisecond (each figure
-//!   is within ±0.5 ms). The same against the moment the 200 came back is reported too;
+//! - **latency** of an action = journal `at_us` minus the moment the bench wrote the POST of its
+//!   event: from webhook receipt to the upstream call, including the durable acknowledgment.
+//!   (Until session 16 the journal had only `at`, in ms, from a start time cut to the ms: each
+//!   run's figures were off by one constant within ±0.5 ms.) The same against the moment the 200
+//!   came back is reported too;
 //! - **cases**: the fixed rate (1,000 events/s) and the maximum sustained rate, found by a search
 //!   (one run per step, same window as the measured runs: double from 1,000 events/s until a
 //!   step fails, then bisect down to `--resolution`), then measured in `--runs` rounds
@@ -973,6 +974,9 @@ struct JournalRow {
     seq: u64,
     /// Unix ms when the emulator handled the call.
     at: i64,
+    /// The same in µs (an emulator from before it: none, and `at`'s middle is taken).
+    #[serde(default)]
+    at_us: Option<i64>,
     idempotency_key: Option<String>,
     status: u16,
     replayed: bool,
@@ -1273,7 +1277,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
 
     // ---- analysis
     let total_events = usize::try_from(deliveries * batch).map_err(|_| "too many events")?;
-    // Unix ms of each effective call (event x call index), if any; an event is done when all its
+    // Unix µs of each effective call (event x call index), if any; an event is done when all its
     // calls are, at the last one.
     let calls = opts.scenario.calls();
     let mut call_at: Vec<Option<i64>> = vec![None; total_events * calls];
@@ -1303,7 +1307,8 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         }
         match &mut call_at[slot] {
             Some(_) => doubled += 1,
-            free => *free = Some(row.at),
+            // Without µs, the call happened somewhere in millisecond `at`: take its middle.
+            free => *free = Some(row.at_us.unwrap_or(row.at * 1000 + 500)),
         }
         last_at = Some(last_at.map_or(row.at, |l: i64| l.max(row.at)));
     }
@@ -1313,7 +1318,8 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         .collect();
     let hist = || common::histogram(600_000_000);
     let (mut latency, mut latency_from_ack) = (hist()?, hist()?);
-    let (win_start_ms, win_end_ms) = (load.window_start_us / 1000, load.window_end_us / 1000);
+    let (win_start_us, win_end_us) = (load.window_start_us, load.window_end_us);
+    let win_end_ms = win_end_us / 1000;
     // `measured`: accepted events of the window; `missing`: accepted events (warm-up included)
     // without an effective call.
     let (mut measured, mut missing, mut backlog_at_end) = (0u64, 0u64, 0i64);
@@ -1326,7 +1332,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         if !p.ok {
             continue;
         }
-        let done_by_end = matches!(done, Some(at) if *at < win_end_ms);
+        let done_by_end = matches!(done, Some(at) if *at < win_end_us);
         if p.sent_us < load.window_end_us && !done_by_end {
             backlog_at_end += 1;
         }
@@ -1338,9 +1344,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         }
         measured += 1;
         last_measured_send = last_measured_send.max(p.sent_us);
-        if let Some(at) = *done {
-            // The call happened somewhere in millisecond `at`: take its middle.
-            let at_us = at * 1000 + 500;
+        if let Some(at_us) = *done {
             latency.saturating_record(u64::try_from(at_us - p.sent_us).unwrap_or(0).max(1));
             latency_from_ack
                 .saturating_record(u64::try_from(at_us - p.acked_us).unwrap_or(0).max(1));
@@ -1349,7 +1353,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     let actions_in_window = done_at
         .iter()
         .flatten()
-        .filter(|&&at| at >= win_start_ms && at < win_end_ms)
+        .filter(|&&at| at >= win_start_us && at < win_end_us)
         .count() as u64;
     let span = Duration::from_micros(
         u64::try_from(last_measured_send - load.window_start_us).unwrap_or(0),
@@ -1795,7 +1799,7 @@ fn report(
     let _ = writeln!(
         r,
         "Latency: from the bench writing an event's POST to the emulator handling its upstream call \
-         (journal `at`, Unix ms on the same clock; each figure is within ±0.5 ms), for the events of \
+         (journal `at_us`, Unix µs on the same clock), for the events of \
          the measured window; \"from 200\" starts when the acknowledgment came back instead. \
          actions/s: effective upstream calls (200, not replayed) handled during the window. \
          Backlog at end: accepted events sent before the window's end whose call had not happened \

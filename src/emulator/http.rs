@@ -250,6 +250,7 @@ impl Emulator {
         let mut entry = JournalEntry {
             seq: 0,
             at: 0,
+            at_us: 0,
             method: req.method().as_str().to_owned(),
             // The scope consumed "/openapi"; the rest is what the templates describe.
             path: format!("/openapi{}", req.match_info().unprocessed()),
@@ -272,6 +273,7 @@ impl Emulator {
             tokio::time::sleep(delay).await;
         }
         entry.at = self.now_ms();
+        entry.at_us = self.now_us();
         let mut trickle = None;
         if let Some(fault) = decision.fault {
             entry.fault = Some(fault.name().to_owned());

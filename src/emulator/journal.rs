@@ -15,6 +15,10 @@ pub struct JournalEntry {
     /// Unix ms on the emulator's clock (virtual under `tokio::time::pause`) when the call was
     /// handled, after any injected latency; the same time the state stamps its changes with.
     pub at: Millis,
+    /// The same moment in Unix µs (same clock), for latencies finer than a millisecond
+    /// (`benches/actions.rs`).
+    #[serde(default)]
+    pub at_us: i64,
     pub method: String,
     /// As routed, without the query.
     pub path: String,
@@ -78,6 +82,7 @@ mod tests {
         JournalEntry {
             seq: 0,
             at: 1,
+            at_us: 1_000,
             method: "GET".into(),
             path: "/openapi/bot".into(),
             query: String::new(),

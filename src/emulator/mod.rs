@@ -149,15 +149,29 @@ struct Core {
 /// time in timestamps and the journal.
 struct Clock {
     start_wall_ms: Millis,
+    /// The same start in µs.
+    start_wall_us: i64,
     start: tokio::time::Instant,
 }
 
 impl Clock {
     fn new() -> Self {
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         Clock {
-            start_wall_ms: crate::clock::now_millis() - crate::clock::offset_millis(),
+            start_wall_ms: wall_us / 1000,
+            start_wall_us: wall_us,
             start: tokio::time::Instant::now(),
         }
+    }
+
+    /// [`now_ms`](Self::now_ms) in µs.
+    fn now_us(&self) -> i64 {
+        let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
+        self.start_wall_us
+            .saturating_add(elapsed)
+            .saturating_add(crate::clock::offset_millis().saturating_mul(1000))
     }
 
     /// Includes the test clock's offset (`crate::clock::advance`), so an embedded emulator's
@@ -235,6 +249,11 @@ impl Emulator {
         self.inner.clock.now_ms()
     }
 
+    /// [`now_ms`](Self::now_ms) in µs.
+    pub fn now_us(&self) -> i64 {
+        self.inner.clock.now_us()
+    }
+
     pub fn journal(&self) -> Vec<JournalEntry> {
         lock(&self.inner.journal).entries()
     }
@@ -245,6 +264,7 @@ impl Emulator {
         lock(&self.inner.journal).push(JournalEntry {
             seq: 0,
             at,
+            at_us: at.saturating_mul(1000),
             method: "WEBHOOK".to_owned(),
             path: "/_emulator/webhook".to_owned(),
             query: String::new(),
