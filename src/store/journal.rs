@@ -258,6 +258,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{delivery, one_message_rule, pending_records};
     use super::*;
 
     thread_local! {
@@ -266,47 +267,29 @@ mod tests {
         pub(super) static CRASH_AFTER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     }
 
-    fn body(id: &str, conversations: &[&str]) -> Vec<u8> {
-        let events: Vec<String> = conversations
-            .iter()
-            .enumerate()
-            .map(|(i, conv)| {
-                format!(
-                    r#"{{"id":"{id}-{i}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":{i},
-                    "data":{{"message":{{"id":"m{id}-{i}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}"#
-                )
-            })
-            .collect();
-        format!(
-            r#"{{"id":"{id}","webhookId":"w","webhookUrl":"u","messages":[{}]}}"#,
-            events.join(",")
-        )
-        .into_bytes()
-    }
-
-    fn greet() -> crate::rules::RuleSet {
-        let text = "[[rule]]\nname = \"greet\"\non = [\"bot.message.received\"]\n\
-                    actions = [{ type = \"send_message\", text = \"hi\" }]\n";
-        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.into())]).expect("rules")
-    }
-
     /// Fold every event still to fold with `rules`.
     fn fold_all(
         store: &Store,
         rules: &dyn crate::actions::Decide,
     ) -> Result<super::super::Applied, StoreError> {
-        let pending = store.pending().expect("pending");
-        let batch: Vec<(u64, crate::webhook::model::Event)> = pending
-            .events
+        let batch: Vec<(u64, crate::webhook::model::Event)> = pending_records(store)
+            .0
             .iter()
-            .map(|p| {
-                let record = store.event_at(p.seq, p.at).expect("read").expect("record");
+            .map(|(p, record)| {
                 let event = crate::webhook::parse_event(record.event.get()).expect("parse");
                 (p.seq, event)
             })
             .collect();
         let received = vec![1_000; batch.len()];
         store.apply_with(&batch, rules, &received)
+    }
+
+    fn accept_three(store: &Store) {
+        let body = delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c1", 3)]);
+        let parsed = crate::webhook::parse_delivery(&body).expect("delivery");
+        store
+            .accept(&parsed.id, &parsed.events, 1_000)
+            .expect("accept");
     }
 
     /// How many of the journal's writes the trees show.
@@ -328,13 +311,12 @@ mod tests {
             let path = dir.path().join("store");
             let journal = {
                 let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
-                let parsed = crate::webhook::parse_delivery(&body("d1", &["c1", "c2", "c1"]))
-                    .expect("delivery");
-                store
-                    .accept(&parsed.id, &parsed.events, 1_000)
-                    .expect("accept");
+                accept_three(&store);
                 CRASH_AFTER.with(|c| c.set(Some(crash_after)));
-                assert!(fold_all(&store, &greet()).is_err(), "the fold stopped");
+                assert!(
+                    fold_all(&store, &one_message_rule("greet")).is_err(),
+                    "the fold stopped"
+                );
                 let bytes = store
                     .meta
                     .get(keys::meta::FOLD_JOURNAL)
@@ -365,7 +347,7 @@ mod tests {
                 .expect("read")
                 .is_none());
             // The fold counts as done: nothing to fold again, its three actions queued once.
-            let again = fold_all(&store, &greet()).expect("fold");
+            let again = fold_all(&store, &one_message_rule("greet")).expect("fold");
             assert_eq!(
                 (again.applied, again.outbox.len()),
                 (0, 0),
@@ -380,16 +362,13 @@ mod tests {
     fn a_fold_half_applied_stops_later_folds_until_a_restart() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        let parsed = crate::webhook::parse_delivery(&body("d1", &["c1"])).expect("delivery");
-        store
-            .accept(&parsed.id, &parsed.events, 1_000)
-            .expect("accept");
+        accept_three(&store);
         // As a store failing between the journal and its last write leaves it.
         store
             .half_applied
             .store(true, std::sync::atomic::Ordering::Release);
         assert!(matches!(
-            fold_all(&store, &greet()),
+            fold_all(&store, &one_message_rule("greet")),
             Err(StoreError::HalfApplied)
         ));
         assert!(store

@@ -7,7 +7,7 @@ fn store() -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
-fn delivery(id: &str, events: &[(&str, &str, i64)]) -> Vec<u8> {
+pub(super) fn delivery(id: &str, events: &[(&str, &str, i64)]) -> Vec<u8> {
     let events: Vec<String> = events
         .iter()
         .map(|(eid, conv, at)| {
@@ -32,7 +32,9 @@ fn accept(store: &Store, body: &[u8]) -> Accepted {
 }
 
 /// Every event still to fold, read back once each, and where the log ended.
-fn pending_records(store: &Store) -> (Vec<(PendingEvent, EventRecord)>, eventlog::Location) {
+pub(super) fn pending_records(
+    store: &Store,
+) -> (Vec<(PendingEvent, EventRecord)>, eventlog::Location) {
     let pending = store.pending().expect("pending");
     let records = pending
         .events
@@ -556,7 +558,7 @@ fn accept_at(store: &Store, body: &[u8], received_at: Millis) {
         .expect("accept");
 }
 
-fn one_message_rule(name: &str) -> crate::rules::RuleSet {
+pub(super) fn one_message_rule(name: &str) -> crate::rules::RuleSet {
     let text = format!(
         "[[rule]]\nname = \"{name}\"\non = [\"bot.message.received\"]\n\
          actions = [{{ type = \"send_message\", text = \"{name} {{{{ event.id }}}}\" }}]\n"
