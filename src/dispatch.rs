@@ -2,14 +2,14 @@
 //! conversation, end user or bot) and in parallel across partitions, with bounded concurrency.
 //!
 //! The store keeps the dispatcher's position: each partition's folded mark, raised in the same
-//! transaction that folds, and a low watermark in the event log (`Position`), so the in-memory
-//! queues are only a cache of what is still to fold, rebuilt by a scan on start: a crash or
-//! shutdown at any point loses nothing and repeats nothing. The watermark a fold writes is the
-//! oldest event not in it and not folded yet (queued, or in another fold), or where the log ended
-//! after the newest event received.
+//! atomic write that folds (the store's journal), and a low watermark in the event log
+//! (`Position`), so the in-memory queues are only a cache of what is still to fold, rebuilt by a
+//! scan on start: a crash or shutdown at any point loses nothing and repeats nothing. The watermark
+//! a fold writes is the oldest event not in it and not folded yet (queued, or in another fold), or
+//! where the log ended after the newest event received.
 //!
-//! Sled runs one transaction at a time (a global lock), so a job is not one partition but the next
-//! batches of many ready partitions, folded in one transaction. Events arrive typed from intake
+//! Folds run one at a time (the store's fold lock), so a job is not one partition but the next
+//! batches of many ready partitions, folded in one atomic write. Events arrive typed from intake
 //! and are only read back from the store after a restart (or when the backlog is too large to
 //! keep them in memory).
 //!
@@ -125,9 +125,9 @@ impl DispatchHandle {
 }
 
 pub struct DispatchSettings {
-    /// Fold transactions in flight at once.
+    /// Fold jobs in flight at once.
     pub concurrency: usize,
-    /// Events per fold transaction (across partitions).
+    /// Events per fold job (across partitions).
     pub batch_size: usize,
     /// Decides actions for each folded event.
     /// The rules in force; each job takes the current set once, so a reload never splits a batch.
@@ -369,7 +369,7 @@ struct Inputs {
 ///
 /// Not a work-stealing pool: rayon's idle workers spin and `sched_yield` before they sleep, and
 /// at a handoff every few milliseconds that was a quarter of the fold threads' CPU. A job here
-/// is a whole fold (one transaction), and folds are serialised by the store's lock anyway.
+/// is a whole fold (one atomic write), and folds are serialised by the store's lock anyway.
 struct FoldThreads {
     jobs: crossbeam_channel::Sender<Box<dyn FnOnce() + Send>>,
 }
@@ -619,7 +619,7 @@ struct Fold<'a> {
     verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
 }
 
-/// Fold one job (several partitions' batches) in one transaction, which also records
+/// Fold one job (several partitions' batches) in one atomic write, which also records
 /// `fold_from` as the folds' watermark. Runs on a fold thread.
 fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
@@ -627,7 +627,7 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
     let mut partitions: Vec<PartitionKey> = Vec::new();
     let mut received: Vec<Millis> = Vec::new();
     let mut position = Position::default();
-    // Per partition: the entries this transaction settles (folded or passed over), in order.
+    // Per partition: the entries this fold settles (folded or passed over), in order.
     let mut settled: Vec<Vec<(u64, Location)>> = Vec::with_capacity(job.len());
     let mut results: JobResult = Vec::with_capacity(job.len());
     for (partition, entries) in job {

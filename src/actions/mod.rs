@@ -1,6 +1,6 @@
 //! Actions: every side effect the bridge can take, as data.
 //!
-//! Rules decide actions; the fold stores them in the outbox in the same transaction as the state
+//! Rules decide actions; the fold stores them in the outbox in the same atomic write as the state
 //! change (`store::Store::apply`); the executor (`outbox`) carries them out. Keeping an action
 //! plain data (serde, no closures) is what lets it be persisted, listed, retried and replayed.
 
@@ -412,7 +412,7 @@ impl Decided {
 }
 
 /// What decides actions: event + state (+ [`Inputs`]) + clocks in, decisions out. Pure (no I/O),
-/// so the fold can call it inside its transaction and tests can call it without a network. The
+/// so the fold can call it before it writes and tests can call it without a network. The
 /// rule engine implements it.
 /// Which optional [`Inputs`] a rule set reads: a fold builds only those (a copy of the state
 /// before each event, a read of the end user, the conversation's standing in the waiting queue),

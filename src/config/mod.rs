@@ -232,7 +232,7 @@ pub struct StoreConfig {
 pub struct DispatchConfig {
     /// Fold jobs in flight (folds themselves run one at a time).
     pub concurrency: usize,
-    /// Events folded in one transaction, across conversations.
+    /// Events folded in one atomic write, across conversations.
     pub batch_size: usize,
     /// How the fold's threads and sled's I/O threads are scheduled. See `background`.
     pub fold_priority: FoldPriority,

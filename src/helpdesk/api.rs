@@ -5,7 +5,7 @@
 //! ([`crate::webhook::agent`]) accepted through the writer like a webhook delivery, so it is
 //! durable, deduped and folded in order with the conversation's own events. The fold decides
 //! (an accept raced by another agent's loses there, not in a pre-check that could be stale), its
-//! actions go to the outbox in the fold's transaction, and the call waits for the verdict and
+//! actions go to the outbox in the fold's journal, and the call waits for the verdict and
 //! answers from it. The OpenAPI document (`/helpdesk/v1/openapi.json`) is generated from the
 //! handlers' annotations and the same [`scope`] that mounts them, so it lists exactly what is
 //! served.

@@ -2,7 +2,7 @@
 //! guess made before the command was ordered with the conversation's other events.
 //!
 //! A waiter is registered under the command's event id before the command is handed to the
-//! writer, and the dispatcher completes it after the fold's transaction committed. The map is
+//! writer, and the dispatcher completes it after the fold's writes are in. The map is
 //! bounded, and a waiter leaves it when dropped (answered, timed out or the request went away), so
 //! nothing is left behind.
 

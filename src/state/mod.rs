@@ -178,7 +178,7 @@ pub struct ConversationState {
     #[serde(default)]
     pub variables: std::collections::BTreeMap<String, Value>,
     /// Running rule timers by name. The store keeps its timer index (what the firer reads) equal
-    /// to these, in the fold's transaction.
+    /// to these, in the fold's journal.
     #[serde(default)]
     pub timers: std::collections::BTreeMap<String, Timer>,
     /// Each rule's recent firings here, which its firing cap counts (see [`FiringCap`]).

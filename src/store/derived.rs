@@ -2,7 +2,7 @@
 //! reconciliation sweeper's index (`store::watch`) and the agent API's phase index
 //! (`store::desk`). One mechanism for both: each is a pure function of the state
 //! ([`derived_keys`]); a fold notes a conversation's keys as it found it and writes, in its
-//! transaction, the difference with its keys after the fold ([`derived_writes`]). Only folds write
+//! journal, the difference with its keys after the fold ([`derived_writes`]). Only folds write
 //! these keys, so the indexes always equal the states. A store from before an index gets it once,
 //! on open, behind its own `meta` flag ([`Store::index_once`]).
 //!

@@ -6,7 +6,7 @@
 //! states; a cursor is the last listed position.
 //!
 //! Only folds write these keys (`store::derived`: the difference between a conversation's keys
-//! before and after the fold, in the fold's transaction), so the index always equals the states;
+//! before and after the fold, in the fold's journal), so the index always equals the states;
 //! a store from before it is indexed once, on open.
 
 use super::{decode, keys, queue, Store, StoreError};

@@ -49,7 +49,7 @@ pub mod tree {
     /// The waiting queue: `w` (bot, requested at, conversation id) -> nothing, every conversation
     /// waiting for an agent, per bot in request order; `h` bot -> its recent accepts (JSON
     /// [`AcceptHistory`](crate::state::queue::AcceptHistory)). Equal to the conversation states
-    /// (`state::queue::waiting_since`): only the fold writes it, in the transaction that writes
+    /// (`state::queue::waiting_since`): only the fold writes it, in the journal that writes
     /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
     /// `store::watch`), and the agent API's phase index (`p` by phase, `b` by bot and phase: see
     /// `store::desk`), kept the same way.
@@ -57,7 +57,7 @@ pub mod tree {
     /// The retention index: `c` (newest activity time, conversation id) and `u` (newest activity
     /// time, end user id) -> nothing, oldest first (see `store::retention`), so a pruning pass
     /// reads the states past `store.state_retention` as a range. Equal to the states: only the
-    /// fold writes it (and the pass that prunes a state removes its key), in the transaction that
+    /// fold writes it (and the pass that prunes a state removes its key), in the journal that
     /// writes those states.
     pub const ACTIVITY: &str = "activity/v1";
     /// Bookkeeping: layout version, prune cursor.

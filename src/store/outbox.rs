@@ -7,9 +7,9 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in the fold transaction (`Store::apply`). An entry leaves the
-//! outbox only after its outcome is recorded: a dead letter in one transaction with the removal;
-//! a `done` record by plain writes, the record first and the removal last (see
+//! Entries enter the outbox only in a fold's journal (`Store::fold`) or a replay's transaction. An
+//! entry leaves the outbox only after its outcome is recorded: a dead letter in one transaction
+//! with the removal; a `done` record by plain writes, the record first and the removal last (see
 //! [`Store::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
 //! and the next open finishes the move (`Store::settle_done_moves`) before anything reads the
 //! outbox.

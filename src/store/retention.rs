@@ -3,7 +3,7 @@
 //!
 //! The retention index (`activity/v1`) holds every conversation and end user by its newest
 //! activity time ([`conversation_activity`], [`end_user_activity`]), oldest first. Like the
-//! waiting queue and the sweeper's index, only folds write it, in their transaction, as the
+//! waiting queue and the sweeper's index, only folds write it, in their journal, as the
 //! difference between a state's key before and after the fold; so a pruning pass reads the
 //! states past retention as a range, in chunks, without reading every state. A store from before
 //! the index is indexed once, on open.

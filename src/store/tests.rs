@@ -1202,7 +1202,7 @@ fn the_fold_persists_firings_and_cap_hits_and_a_replay_caps_the_same_events() {
         "stored marked"
     );
 
-    // Written in the fold's transaction, with the state.
+    // Written in the fold's journal, with the state.
     let c1 = store
         .conversation(&ConversationId::new("c1"))
         .expect("read")
