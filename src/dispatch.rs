@@ -723,6 +723,16 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
         }
         Err(e) => {
             metrics.dispatch_errors.inc();
+            if matches!(e, crate::store::StoreError::HalfApplied) && store.dir_takes_writes() {
+                // Only a restart completes the fold (from its journal); while the disk is still
+                // full, a restart could not, so folds keep failing here until it has room.
+                let code = crate::store::writer::STORE_STUCK_EXIT;
+                tracing::error!(
+                    exit_code = code,
+                    "a fold is half applied; exiting so a restart completes it"
+                );
+                std::process::exit(code);
+            }
             tracing::error!(error = %e, "folding batch failed; will retry");
             std::thread::sleep(RETRY_PAUSE);
             // Queues are ordered by sequence, so putting these back restores each partition's

@@ -1191,13 +1191,14 @@ async fn submit(
         // and waiting could only end in a timeout.
         let (id, eid) = (conversation.clone(), event_id.clone());
         let found = blocking(shared, move |shared| {
+            // The mark first: a fold writes its states before its marks, so once the event reads
+            // as folded its verdict is there to read (a fold may be half applied meanwhile).
+            let pending = still_pending(&shared.store, &eid).map_err(store_error)?;
             let state = shared.store.conversation(&id).map_err(store_error)?;
             if let Some(s) = state.filter(|s| s.desk.verdict(&eid).is_some()) {
                 return Ok(Err(s));
             }
-            still_pending(&shared.store, &eid)
-                .map(Ok)
-                .map_err(store_error)
+            Ok(Ok(pending))
         })
         .await;
         match found {

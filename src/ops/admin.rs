@@ -166,8 +166,8 @@ pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {
     ApiError::unavailable("the store cannot be read now")
 }
 
-/// Store work of an admin call, on the blocking pool: sled calls can wait for its lock (a fold's
-/// commit) or its I/O, and must not hold an HTTP worker, which also answers the webhook.
+/// Store work of an admin call, on the blocking pool: sled calls can wait for its lock (a
+/// transaction) or its I/O, and must not hold an HTTP worker, which also answers the webhook.
 pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {

@@ -1,7 +1,7 @@
 //! The waiting queue's pure rules: which conversation waits for an agent (and since when), what
 //! leaving the queue by an accept is, the recent accept history of a bot, and the expected wait
 //! computed from it. The store keeps the index (`queue/v1`) by these rules, in the fold's
-//! transaction; keeping them here, without I/O, lets the index, the agent API and the tests agree.
+//! journal; keeping them here, without I/O, lets the index, the agent API and the tests agree.
 
 use super::{ConversationState, HandoffPhase};
 use crate::webhook::model::Millis;

@@ -1,25 +1,29 @@
-//! A fold's writes made atomic without a sled transaction: a redo journal in one key.
+//! A fold's writes made atomic without a sled transaction: a redo journal.
 //!
 //! A sled 0.34 transaction (and `Tree::apply_batch`) rolls the log buffer twice (`pin_log`), so
 //! each costs two log writes on sled's I/O pool, on top of the flush the fold's decisions wait
 //! for; at a handoff's pace that was most of the store's CPU (docs/benchmarks.md, session 16).
-//! A fold instead writes its whole write set as **one** value (`meta/fold_journal`, one sled
-//! insert, which is atomic), then applies each write as a plain insert or remove, then removes
-//! the journal. sled recovers a prefix of its writes, so after a crash either the journal is
-//! absent and so is every write applied after it, or it is present and an open applies it again
-//! ([`Store::finish_journal`]): its writes are absolute values (record counts included), so
-//! applying them twice is applying them once. Only one fold writes at a time (the fold lock), so
-//! one key is enough.
+//! A fold instead writes its whole write set first (`meta/fold_journal` + chunk index, in
+//! chunks of at most [`CHUNK_BYTES`], the first led by their number), then applies each write as
+//! a plain insert or remove, then removes the chunks. sled recovers a prefix of its writes (of
+//! values kept in its log: see [`CHUNK_BYTES`] for why none is a blob), so after a crash either
+//! a chunk is missing and so is every write applied after it (the journal is dropped and the
+//! fold done again: its events are above their marks), or the journal is whole and an open
+//! applies it again ([`Store::finish_journal`]): its writes are absolute values (record counts
+//! included), so applying them twice is applying them once. Only one fold writes at a time (the
+//! fold lock), so one journal is enough.
 //!
 //! What a transaction also gave and this does not: a reader outside the fold lock may see a fold
 //! half applied. The writes go in the order [`Journal`] gets them, chosen so that what readers
-//! combine stays safe: a fold's outbox entries are in before the states that decided them (the
-//! sweeper's "unchanged since" check reads states, then the outbox).
+//! combine stays safe: a fold's outbox entries before the states that decided them (the sweeper's
+//! "unchanged since" check reads states, then the outbox), the folded marks and the watermark
+//! last (the agent API reads an event's mark, then its conversation's verdict).
 //!
 //! If the store fails between the journal and its removal, the fold is left half applied in the
-//! trees: every later fold refuses ([`StoreError::HalfApplied`]) until a restart completes it
-//! (sled 0.34 fails every call after its first I/O error anyway; the writer's indexer then exits
-//! for a restart, `writer::STORE_STUCK_EXIT`).
+//! trees: whatever writes what folds write (folds, the retention pass, replay: all through
+//! [`Store::fold_guard`]) refuses ([`StoreError::HalfApplied`]) until a restart completes it,
+//! and the dispatcher exits for that restart (`writer::STORE_STUCK_EXIT`) once the store's disk
+//! takes writes again.
 
 use super::{keys, Store, StoreError};
 
@@ -195,40 +199,50 @@ impl Store {
         }
     }
 
-    /// Write a fold's journal, apply it, remove it (see the module). The caller holds the fold
-    /// lock.
-    pub(super) fn commit_journal(&self, journal: &Journal) -> Result<(), StoreError> {
+    /// The fold lock, for whoever writes what folds write (folds, the retention pass, replay);
+    /// refused while a fold is half applied (see the module).
+    pub(super) fn fold_guard(&self) -> Result<std::sync::MutexGuard<'_, ()>, StoreError> {
+        let guard = self
+            .fold_lock
+            .lock()
+            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
         if self.half_applied.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StoreError::HalfApplied);
         }
+        Ok(guard)
+    }
+
+    /// Write a fold's journal, apply it, remove it (see the module). The caller holds the fold
+    /// lock ([`fold_guard`](Self::fold_guard)).
+    pub(super) fn commit_journal(&self, journal: &Journal) -> Result<(), StoreError> {
         if journal.is_empty() {
             return Ok(());
         }
-        // Nothing is written yet if this fails: the fold can simply be tried again.
-        self.meta
-            .insert(keys::meta::FOLD_JOURNAL, journal.encode())?;
-        #[cfg(test)]
-        if let Some(writes) = tests::CRASH_AFTER.with(std::cell::Cell::take) {
-            let first = Journal {
-                ops: journal.ops.iter().take(writes).cloned().collect(),
-            };
-            self.apply_journal(&first)?;
-            return Err(StoreError::Internal("a simulated crash".into()));
+        let chunks = journal_chunks(&journal.encode());
+        // Nothing is applied yet if this fails, and an open discards a journal with a chunk
+        // missing: the fold can simply be tried again.
+        for (key, chunk) in &chunks {
+            self.meta.insert(key.as_slice(), chunk.as_slice())?;
         }
-        let applied = self
-            .apply_journal(journal)
-            .and_then(|()| Ok(self.meta.remove(keys::meta::FOLD_JOURNAL).map(drop)?));
+        let applied = self.apply_journal(journal).and_then(|()| {
+            for (key, _) in &chunks {
+                self.meta.remove(key.as_slice())?;
+            }
+            Ok(())
+        });
         if let Err(e) = applied {
             self.half_applied
                 .store(true, std::sync::atomic::Ordering::Release);
             tracing::error!(error = %e, "a fold's writes failed half applied; folds stop until a restart completes them from the journal");
-            return Err(e);
+            return Err(StoreError::HalfApplied);
         }
         Ok(())
     }
 
     fn apply_journal(&self, journal: &Journal) -> Result<(), StoreError> {
         for op in &journal.ops {
+            #[cfg(test)]
+            tests::before_write()?;
             let tree = self.journal_tree(op.tree);
             match &op.value {
                 Some(value) => tree.insert(op.key.as_slice(), value.as_slice())?,
@@ -238,22 +252,91 @@ impl Store {
         Ok(())
     }
 
-    /// On open: apply the journal of a fold a crash interrupted, if any, and remove it. Returns
-    /// whether there was one.
+    /// On open: apply the journal of a fold a crash interrupted, if any, and remove it. A journal
+    /// with a chunk missing was cut by the crash before any of its writes was applied (they come
+    /// after every chunk): it is removed unapplied. Returns whether one was applied.
     pub(super) fn finish_journal(&self) -> Result<bool, StoreError> {
-        let Some(bytes) = self.meta.get(keys::meta::FOLD_JOURNAL)? else {
+        let mut keys = Vec::new();
+        let mut bytes = Vec::new();
+        let mut declared = None;
+        for item in self.meta.scan_prefix(keys::meta::FOLD_JOURNAL) {
+            let (key, chunk) = item?;
+            let index = key
+                .get(keys::meta::FOLD_JOURNAL.len()..)
+                .and_then(|i| <[u8; 4]>::try_from(i).ok())
+                .map(u32::from_be_bytes);
+            // Chunks are written in order: the first one missing ends what there is.
+            if index != Some(u32::try_from(keys.len()).unwrap_or(u32::MAX)) {
+                break;
+            }
+            let body = match keys.is_empty() {
+                true => {
+                    let (count, rest) = chunk
+                        .split_first_chunk::<4>()
+                        .ok_or_else(|| StoreError::Corrupt("fold journal: cut short".into()))?;
+                    declared = Some(u32::from_be_bytes(*count) as usize);
+                    rest.to_vec()
+                }
+                false => chunk.to_vec(),
+            };
+            bytes.extend_from_slice(&body);
+            keys.push(key);
+        }
+        let found: Vec<sled::IVec> = self
+            .meta
+            .scan_prefix(keys::meta::FOLD_JOURNAL)
+            .keys()
+            .collect::<Result<_, _>>()?;
+        if found.is_empty() {
             return Ok(false);
-        };
-        let journal = Journal::decode(&bytes)?;
-        self.apply_journal(&journal)?;
-        self.meta.remove(keys::meta::FOLD_JOURNAL)?;
+        }
+        let complete = declared == Some(keys.len()) && keys.len() == found.len();
+        if complete {
+            let journal = Journal::decode(&bytes)?;
+            self.apply_journal(&journal)?;
+            tracing::info!(
+                writes = journal.ops.len(),
+                "completed a fold a stop interrupted"
+            );
+        } else {
+            tracing::warn!(
+                chunks = found.len(),
+                "a fold's journal was cut before any of its writes: the fold is done again"
+            );
+        }
+        for key in found {
+            self.meta.remove(key)?;
+        }
         self.db.flush()?;
-        tracing::info!(
-            writes = journal.ops.len(),
-            "completed a fold a stop interrupted"
-        );
-        Ok(true)
+        Ok(complete)
     }
+}
+
+/// The most bytes of the journal in one value. sled 0.34 stores a value over a quarter segment
+/// (128 KiB by default, less its headers) as a blob file of its own, which it neither syncs nor
+/// misses on recovery (a missing blob is skipped): a journal in one such value could vanish after
+/// a power loss while the writes after it survived. Chunks well under that stay in sled's log,
+/// whose recovery is a prefix.
+const CHUNK_BYTES: usize = 32 * 1024;
+
+/// The journal's encoding in values of at most [`CHUNK_BYTES`] (the first led by the number of
+/// chunks, u32 BE), each under `meta/fold_journal` + its index (u32 BE).
+fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let parts: Vec<&[u8]> = encoded.chunks(CHUNK_BYTES).collect();
+    let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let mut key = keys::meta::FOLD_JOURNAL.to_vec();
+            key.extend_from_slice(&u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes());
+            let value = match i {
+                0 => [&count.to_be_bytes()[..], part].concat(),
+                _ => part.to_vec(),
+            };
+            (key, value)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -262,119 +345,23 @@ mod tests {
     use super::*;
 
     thread_local! {
-        /// The next fold on this thread writes its journal and this many of its writes, then
-        /// stops as a crash would.
-        pub(super) static CRASH_AFTER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+        /// The journal writes applied on this thread fail (as a failing store would) after this
+        /// many more succeeded.
+        static FAIL_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     }
 
-    /// Fold every event still to fold with `rules`.
-    fn fold_all(
-        store: &Store,
-        rules: &dyn crate::actions::Decide,
-    ) -> Result<super::super::Applied, StoreError> {
-        let batch: Vec<(u64, crate::webhook::model::Event)> = pending_records(store)
-            .0
-            .iter()
-            .map(|(p, record)| {
-                let event = crate::webhook::parse_event(record.event.get()).expect("parse");
-                (p.seq, event)
-            })
-            .collect();
-        let received = vec![1_000; batch.len()];
-        store.apply_with(&batch, rules, &received)
-    }
-
-    fn accept_three(store: &Store) {
-        let body = delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c1", 3)]);
-        let parsed = crate::webhook::parse_delivery(&body).expect("delivery");
-        store
-            .accept(&parsed.id, &parsed.events, 1_000)
-            .expect("accept");
-    }
-
-    /// How many of the journal's writes the trees show.
-    fn shown(store: &Store, journal: &Journal) -> usize {
-        journal
-            .ops
-            .iter()
-            .filter(|op| {
-                let found = store.journal_tree(op.tree).get(&op.key).expect("read");
-                found.as_deref() == op.value.as_deref()
-            })
-            .count()
-    }
-
-    #[test]
-    fn a_fold_a_crash_interrupted_is_completed_from_its_journal_on_open() {
-        for crash_after in [0, 1, 4, 9] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let path = dir.path().join("store");
-            let journal = {
-                let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
-                accept_three(&store);
-                CRASH_AFTER.with(|c| c.set(Some(crash_after)));
-                assert!(
-                    fold_all(&store, &one_message_rule("greet")).is_err(),
-                    "the fold stopped"
-                );
-                let bytes = store
-                    .meta
-                    .get(keys::meta::FOLD_JOURNAL)
-                    .expect("read")
-                    .expect("the journal is left");
-                let journal = Journal::decode(&bytes).expect("decode");
-                assert!(
-                    journal.ops.len() > crash_after,
-                    "{} writes",
-                    journal.ops.len()
-                );
-                assert!(
-                    shown(&store, &journal) < journal.ops.len(),
-                    "half applied before the restart"
-                );
-                store.flush().expect("flush");
-                journal
-            };
-            let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
-            assert_eq!(
-                shown(&store, &journal),
-                journal.ops.len(),
-                "every write in after {crash_after}"
-            );
-            assert!(store
-                .meta
-                .get(keys::meta::FOLD_JOURNAL)
-                .expect("read")
-                .is_none());
-            // The fold counts as done: nothing to fold again, its three actions queued once.
-            let again = fold_all(&store, &one_message_rule("greet")).expect("fold");
-            assert_eq!(
-                (again.applied, again.outbox.len()),
-                (0, 0),
-                "after {crash_after}"
-            );
-            assert_eq!(store.outbox().expect("outbox").len(), 3);
-            assert_eq!(store.sizes().conversations, 2);
+    pub(super) fn before_write() -> Result<(), StoreError> {
+        match FAIL_AT.with(std::cell::Cell::get) {
+            Some(0) => {
+                FAIL_AT.with(|f| f.set(None));
+                Err(StoreError::Internal("a simulated store failure".into()))
+            }
+            Some(n) => {
+                FAIL_AT.with(|f| f.set(Some(n - 1)));
+                Ok(())
+            }
+            None => Ok(()),
         }
-    }
-
-    #[test]
-    fn a_fold_half_applied_stops_later_folds_until_a_restart() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        accept_three(&store);
-        // As a store failing between the journal and its last write leaves it.
-        store
-            .half_applied
-            .store(true, std::sync::atomic::Ordering::Release);
-        assert!(matches!(
-            fold_all(&store, &one_message_rule("greet")),
-            Err(StoreError::HalfApplied)
-        ));
-        assert!(store
-            .conversation(&crate::ids::ConversationId::new("c1"))
-            .expect("read")
-            .is_none());
     }
 
     fn sample() -> Journal {
@@ -406,7 +393,6 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(Journal::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(Journal::decode(&[]).is_err());
         assert!(Journal::decode(&[9]).is_err(), "unknown format");
         let mut bad_tree = bytes.clone();
         bad_tree[5] = 200;
@@ -422,5 +408,148 @@ mod tests {
             assert_eq!(TreeId::of_code(tree.code()), Some(tree));
         }
         assert_eq!(TreeId::of_code(TreeId::ALL.len() as u8), None);
+    }
+
+    #[test]
+    fn a_long_journal_is_cut_in_chunks_that_read_back_whole() {
+        let encoded: Vec<u8> = (0..CHUNK_BYTES * 2 + 10).map(|i| i as u8).collect();
+        let chunks = journal_chunks(&encoded);
+        assert_eq!(chunks.len(), 3);
+        assert!(chunks.iter().all(|(_, v)| v.len() <= CHUNK_BYTES + 4));
+        assert_eq!(chunks[0].1[..4], 3u32.to_be_bytes());
+        let joined: Vec<u8> = chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, v))| v[if i == 0 { 4 } else { 0 }..].to_vec())
+            .collect();
+        assert_eq!(joined, encoded);
+    }
+
+    /// Fold every event still to fold with `rules`.
+    fn fold_all(
+        store: &Store,
+        rules: &dyn crate::actions::Decide,
+    ) -> Result<super::super::Applied, StoreError> {
+        let batch: Vec<(u64, crate::webhook::model::Event)> = pending_records(store)
+            .0
+            .iter()
+            .map(|(p, record)| {
+                let event = crate::webhook::parse_event(record.event.get()).expect("parse");
+                (p.seq, event)
+            })
+            .collect();
+        let received = vec![1_000; batch.len()];
+        store.apply_with(&batch, rules, &received)
+    }
+
+    /// One message event for each of `conversations`, c0 to c(n-1).
+    fn accept_messages(store: &Store, conversations: usize) {
+        let ids: Vec<(String, String)> = (0..conversations)
+            .map(|i| (format!("e{i}"), format!("c{i}")))
+            .collect();
+        let events: Vec<(&str, &str, i64)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, (e, c))| (e.as_str(), c.as_str(), i as i64))
+            .collect();
+        let parsed = crate::webhook::parse_delivery(&delivery("d1", &events)).expect("delivery");
+        store
+            .accept(&parsed.id, &parsed.events, 1_000)
+            .expect("accept");
+    }
+
+    /// The journal left in the store, read as an open would (complete ones only).
+    fn left_journal(store: &Store) -> Option<Journal> {
+        let chunks: Vec<sled::IVec> = store
+            .meta
+            .scan_prefix(keys::meta::FOLD_JOURNAL)
+            .values()
+            .collect::<Result<_, _>>()
+            .expect("scan");
+        let (first, rest) = chunks.split_first()?;
+        let count = u32::from_be_bytes(first[..4].try_into().expect("count")) as usize;
+        assert_eq!(count, chunks.len(), "every chunk is there");
+        let mut bytes = first[4..].to_vec();
+        rest.iter().for_each(|c| bytes.extend_from_slice(c));
+        Some(Journal::decode(&bytes).expect("decode"))
+    }
+
+    /// How many of the journal's writes the trees show.
+    fn shown(store: &Store, journal: &Journal) -> usize {
+        journal
+            .ops
+            .iter()
+            .filter(|op| {
+                let found = store.journal_tree(op.tree).get(&op.key).expect("read");
+                found.as_deref() == op.value.as_deref()
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_fold_the_store_failed_half_way_stops_later_folds_and_an_open_completes_it() {
+        // 3 conversations: one chunk; 120: several (about 1.6 KB of journal each).
+        for (conversations, fail_at) in [(3, 0), (3, 1), (3, 9), (120, 5), (120, 400)] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("store");
+            let rules = one_message_rule("greet");
+            let journal = {
+                let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+                accept_messages(&store, conversations);
+                FAIL_AT.with(|f| f.set(Some(fail_at)));
+                let failed = fold_all(&store, &rules);
+                assert!(matches!(failed, Err(StoreError::HalfApplied)), "{failed:?}");
+                let journal = left_journal(&store).expect("the journal is left");
+                let chunks = store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count();
+                assert_eq!(chunks > 1, conversations > 100, "{chunks} chunks");
+                assert!(journal.ops.len() > fail_at, "{} writes", journal.ops.len());
+                assert!(shown(&store, &journal) < journal.ops.len(), "half applied");
+                // Nothing that writes what folds write goes on over it.
+                let again = fold_all(&store, &rules);
+                assert!(matches!(again, Err(StoreError::HalfApplied)), "{again:?}");
+                assert!(matches!(store.fold_guard(), Err(StoreError::HalfApplied)));
+                store.flush().expect("flush");
+                journal
+            };
+            let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+            let case = format!("{conversations} conversations, failed at {fail_at}");
+            assert_eq!(shown(&store, &journal), journal.ops.len(), "{case}");
+            assert_eq!(store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count(), 0);
+            // The fold counts as done: nothing to fold again, each action queued once.
+            let again = fold_all(&store, &rules).expect("fold");
+            assert_eq!((again.applied, again.outbox.len()), (0, 0), "{case}");
+            assert_eq!(store.outbox().expect("outbox").len(), conversations);
+            assert_eq!(store.sizes().conversations, conversations as u64);
+        }
+    }
+
+    #[test]
+    fn a_journal_cut_before_its_last_chunk_is_dropped_and_its_fold_done_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store");
+        let rules = one_message_rule("greet");
+        {
+            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            accept_messages(&store, 120);
+            FAIL_AT.with(|f| f.set(Some(0)));
+            assert!(fold_all(&store, &rules).is_err());
+            // A crash after the first chunk: the others and every write after them are gone.
+            let keys: Vec<sled::IVec> = store
+                .meta
+                .scan_prefix(keys::meta::FOLD_JOURNAL)
+                .keys()
+                .collect::<Result<_, _>>()
+                .expect("scan");
+            assert!(keys.len() > 1);
+            for key in &keys[1..] {
+                store.meta.remove(key).expect("remove");
+            }
+            store.flush().expect("flush");
+        }
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+        assert_eq!(store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count(), 0);
+        assert_eq!(store.sizes().conversations, 0, "nothing of it applied");
+        let again = fold_all(&store, &rules).expect("fold");
+        assert_eq!((again.applied, again.outbox.len()), (120, 120));
     }
 }

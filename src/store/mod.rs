@@ -718,10 +718,10 @@ impl Store {
             half_applied: Default::default(),
             waiting: Default::default(),
         };
-        // Before anything reads what a fold writes.
-        store.finish_journal()?;
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
+        // A store this build may open, before anything reads what a fold writes.
+        store.finish_journal()?;
         store.open_legacy(layout)?;
         if layout < 2 {
             store.migrate_layout_1()?;
@@ -1180,10 +1180,7 @@ impl Store {
                 "fold: a partition per event expected".into(),
             ));
         }
-        let _folding = self
-            .fold_lock
-            .lock()
-            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        let _folding = self.fold_guard()?;
         let mut out = Applied::default();
         let mut convs: HashMap<String, ConversationState> = HashMap::new();
         let mut users: HashMap<String, EndUserState> = HashMap::new();
@@ -1353,28 +1350,14 @@ impl Store {
         Ok(out)
     }
 
-    /// A fold's writes as one journal (see `journal`), in the order they are applied: the
-    /// outbox entries before the states that decided them. Record counts are read here, under
-    /// the fold lock, and written as absolute values, so applying the journal twice is harmless.
+    /// A fold's writes as one journal (see `journal`), in the order they are applied, which is
+    /// what a reader outside the fold lock may see half done: the outbox entries before the
+    /// states that decided them, and the folded marks and the watermark last (a reader that
+    /// finds an event folded finds its state). Record counts are read here, under the fold lock,
+    /// and written as absolute values, so applying the journal twice is harmless.
     fn fold_journal(&self, writes: FoldWrites) -> Result<Journal, StoreError> {
         use journal::TreeId as T;
         let mut j = Journal::default();
-        for (partition, seq) in writes.marks {
-            j.insert(T::Folded, partition, keys::seq(seq));
-        }
-        if let Some(at) = writes.fold_from {
-            j.insert(T::Meta, keys::meta::FOLD_FROM, at);
-        }
-        // Record counts kept with the records, so a start need not count whole trees (which
-        // makes sled load every page: most of a restarted daemon's memory).
-        for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
-            let count = self
-                .meta
-                .get(key)?
-                .and_then(|b| keys::parse_seq(&b))
-                .unwrap_or(0);
-            j.insert(T::Meta, *key, keys::seq(count + new));
-        }
         for key in writes.timers.remove {
             j.remove(T::Timers, key);
         }
@@ -1408,6 +1391,22 @@ impl Store {
         }
         for (id, bytes) in writes.bots {
             j.insert(T::Bots, id, bytes);
+        }
+        // Record counts kept with the records, so a start need not count whole trees (which
+        // makes sled load every page: most of a restarted daemon's memory).
+        for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
+            let count = self
+                .meta
+                .get(key)?
+                .and_then(|b| keys::parse_seq(&b))
+                .unwrap_or(0);
+            j.insert(T::Meta, *key, keys::seq(count + new));
+        }
+        for (partition, seq) in writes.marks {
+            j.insert(T::Folded, partition, keys::seq(seq));
+        }
+        if let Some(at) = writes.fold_from {
+            j.insert(T::Meta, keys::meta::FOLD_FROM, at);
         }
         Ok(j)
     }

@@ -3,8 +3,8 @@
 //! short range read, not a scan of every conversation.
 //!
 //! Like the timers tree, the fold is the only writer: it compares each conversation's entry as the
-//! batch found it with its entry after the batch and writes the difference in its own transaction,
-//! so the tree always equals the states (by `state::queue::waiting_since`). Folds run one at a
+//! batch found it with its entry after the batch and writes the difference in its own journal,
+//! so the tree equals the states under the fold lock (by `state::queue::waiting_since`). Folds run one at a
 //! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
 
 use super::{encode, get_decoded, keys, Store, StoreError};

@@ -95,10 +95,7 @@ impl Store {
         rules: &dyn Decide,
     ) -> Result<ReplayReport, StoreError> {
         // Serialised with folds: an event cannot be decided by a fold and by the replay at once.
-        let _folding = self
-            .fold_lock
-            .lock()
-            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        let _folding = self.fold_guard()?;
         let mut report = ReplayReport {
             rules_version: rules.version().to_owned(),
             ..ReplayReport::default()

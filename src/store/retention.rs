@@ -353,10 +353,7 @@ impl Store {
         unfolded: &mut Unfolded,
         out: &mut StatesPruned,
     ) -> Result<(), StoreError> {
-        let _folding = self
-            .fold_lock
-            .lock()
-            .map_err(|_| StoreError::Corrupt("a fold panicked".into()))?;
+        let _folding = self.fold_guard()?;
         pending.refresh(self)?;
         unfolded.refresh(self)?;
         let below = self.watermark_seq()?;

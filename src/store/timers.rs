@@ -2,7 +2,8 @@
 //! due time, so the firer (`crate::timers`) finds the next one without reading states.
 //!
 //! The fold is the only writer: it compares each conversation's timers before and after the batch
-//! and writes the difference in its own transaction, so the tree always equals the states. The
+//! and writes the difference in its own journal, so the tree equals the states (for a reader
+//! outside the fold lock, up to a fold being applied). The
 //! firer only reads it, and remembers in memory what it fired; the fold of a firing removes the
 //! key. (Removing it after the firing was accepted, outside a fold, would race with a fold that
 //! restarts the timer; this way nothing does.)

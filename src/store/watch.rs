@@ -4,7 +4,7 @@
 //! sweep reads the active ones and a short range of the recently released ones instead of every
 //! conversation's state.
 //!
-//! Like the waiting entries, only folds write these keys, in their transaction: each compares a
+//! Like the waiting entries, only folds write these keys, in their journal: each compares a
 //! conversation's key as the fold found it with its key after the fold (`store::derived`, which
 //! keeps the agent API's phase index the same way). So the index always
 //! equals the states (a store from before it is indexed once, on open). A released entry stays
