@@ -28,6 +28,9 @@ pub mod tree {
     pub const BOTS: &str = "bots/v1";
     /// quarantine id -> quarantined delivery or event.
     pub const QUARANTINE: &str = "quarantine/v1";
+    /// quarantine id + chunk index (u32 BE) -> a part of a large record's body (its base64
+    /// text), written before the record (see `Store::quarantine`).
+    pub const QUARANTINE_BODIES: &str = "quarantine_bodies/v1";
     /// sequence number -> decided action not yet carried out.
     pub const OUTBOX: &str = "outbox/v1";
     /// sequence number (as in the outbox) -> action that failed for good.
@@ -62,6 +65,13 @@ pub mod tree {
     pub const ACTIVITY: &str = "activity/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
+}
+
+/// A quarantine body's chunk: the record's id (as [`seq`]) and the chunk's index (u32 BE).
+pub fn quarantine_chunk(id: u64, index: u32) -> Vec<u8> {
+    let mut key = seq(id).to_vec();
+    key.extend_from_slice(&index.to_be_bytes());
+    key
 }
 
 pub mod meta {

@@ -98,6 +98,22 @@ impl From<TransactionError<String>> for StoreError {
     }
 }
 
+/// The largest quarantine body (base64 text) kept in its record; a longer one goes in chunks of
+/// this size (see [`Store::quarantine`]).
+const QUARANTINE_CHUNK: usize = 32 * 1024;
+
+/// A quarantine record as stored: a large body is in chunks, of which the record notes the
+/// number and the body's size (for lists, which do not read bodies).
+#[derive(Serialize, Deserialize)]
+struct StoredQuarantine {
+    #[serde(flatten)]
+    record: QuarantineRecord,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body_chunks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body_bytes: Option<u64>,
+}
+
 /// One accepted event as kept in the event log.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct EventRecord {
@@ -456,12 +472,17 @@ struct QuarantineMetaRaw<'a> {
     body_base64: std::borrow::Cow<'a, str>,
     #[serde(default)]
     body_gzip: bool,
+    /// A body kept in chunks: its size, noted in the record (see [`StoredQuarantine`]).
+    #[serde(default)]
+    body_bytes: Option<u64>,
 }
 
 impl QuarantineMetaRaw<'_> {
     fn into_meta(self) -> QuarantineMeta {
         QuarantineMeta {
-            body_bytes: body_len(&self.body_base64, self.body_gzip),
+            body_bytes: self
+                .body_bytes
+                .unwrap_or_else(|| body_len(&self.body_base64, self.body_gzip)),
             id: self.id,
             received_at: self.received_at,
             scope: self.scope,
@@ -561,6 +582,8 @@ pub struct Store {
     user_index: sled::Tree,
     bots: sled::Tree,
     quarantine: sled::Tree,
+    /// Large quarantine bodies, in chunks (see [`Store::quarantine`]).
+    quarantine_bodies: sled::Tree,
     outbox: sled::Tree,
     dead_letters: sled::Tree,
     outbox_retry: sled::Tree,
@@ -696,6 +719,7 @@ impl Store {
             user_index: t(keys::tree::USER_INDEX)?,
             bots: t(keys::tree::BOTS)?,
             quarantine: t(keys::tree::QUARANTINE)?,
+            quarantine_bodies: t(keys::tree::QUARANTINE_BODIES)?,
             outbox: t(keys::tree::OUTBOX)?,
             dead_letters: t(keys::tree::DEAD_LETTERS)?,
             outbox_retry: t(keys::tree::OUTBOX_RETRY)?,
@@ -733,6 +757,7 @@ impl Store {
         }
         store.recover_log(torn_tail)?;
         store.settle_done_moves()?;
+        store.drop_orphan_quarantine_bodies()?;
         // Recovery indexed the log's tail, whose numbers may be above the floor read before.
         store.number_events_above_floor()?;
         store.index_queue_once()?;
@@ -1472,17 +1497,69 @@ impl Store {
     }
 
     /// Put a body in quarantine; returns its id.
+    ///
+    /// A body longer than [`QUARANTINE_CHUNK`] goes in chunks of that size
+    /// (`quarantine_bodies/v1`), written before the record, which notes their number. sled 0.34
+    /// keeps a value over a quarter segment (about 128 KiB) as a blob file that it never syncs
+    /// and whose loss it skips on recovery, so a large body stored whole could vanish after a
+    /// power loss although the flush before its 200 succeeded; chunks stay in sled's log. sled
+    /// recovers a prefix of its writes: a record found has all its chunks.
     pub fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
         record.id = self.db.generate_id()?;
-        self.quarantine
-            .insert(keys::seq(record.id), encode(&record)?)?;
-        Ok(record.id)
+        let stored = match record.body_base64.len() > QUARANTINE_CHUNK {
+            false => StoredQuarantine {
+                record,
+                body_chunks: None,
+                body_bytes: None,
+            },
+            true => {
+                let text = std::mem::take(&mut record.body_base64);
+                let parts: Vec<&[u8]> = text.as_bytes().chunks(QUARANTINE_CHUNK).collect();
+                for (i, part) in parts.iter().enumerate() {
+                    let i = u32::try_from(i).map_err(|_| corrupt("quarantine body chunks"))?;
+                    self.quarantine_bodies
+                        .insert(keys::quarantine_chunk(record.id, i), *part)?;
+                }
+                StoredQuarantine {
+                    body_bytes: Some(body_len(&text, record.body_gzip)),
+                    body_chunks: Some(
+                        u32::try_from(parts.len()).map_err(|_| corrupt("quarantine body"))?,
+                    ),
+                    record,
+                }
+            }
+        };
+        let id = stored.record.id;
+        self.quarantine.insert(keys::seq(id), encode(&stored)?)?;
+        Ok(id)
+    }
+
+    /// A stored record with its body (read back from its chunks when it has them).
+    fn quarantined_whole(&self, bytes: &[u8]) -> Result<QuarantineRecord, StoreError> {
+        let stored: StoredQuarantine = decode(bytes, "quarantine record")?;
+        let mut record = stored.record;
+        if let Some(chunks) = stored.body_chunks {
+            let mut text = Vec::new();
+            for i in 0..chunks {
+                let part = self
+                    .quarantine_bodies
+                    .get(keys::quarantine_chunk(record.id, i))?
+                    .ok_or_else(|| corrupt("quarantine body: a chunk is missing"))?;
+                text.extend_from_slice(&part);
+            }
+            record.body_base64 =
+                String::from_utf8(text).map_err(|_| corrupt("quarantine body: not base64"))?;
+        }
+        Ok(record)
     }
 
     /// Every record, bodies included: for tests and small stores only; lists use
     /// [`Store::quarantine_page`].
     pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
-        all_decoded(&self.quarantine, "quarantine record")
+        self.quarantine
+            .iter()
+            .map(|item| self.quarantined_whole(&item?.1))
+            .collect()
     }
 
     /// At most `limit` records after id `after` (from the first when `None`), in id order,
@@ -1512,12 +1589,45 @@ impl Store {
     }
 
     pub fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
-        get_decoded(&self.quarantine, keys::seq(id), "quarantine record")
+        self.quarantine
+            .get(keys::seq(id))?
+            .map(|bytes| self.quarantined_whole(&bytes))
+            .transpose()
     }
 
-    /// Remove a quarantine record (after it was re-processed).
+    /// Remove a quarantine record (after it was re-processed, or past its retention), then its
+    /// body's chunks: a crash between leaves chunks without a record, which an open removes
+    /// ([`Store::drop_orphan_quarantine_bodies`]), never a record without its body.
     pub fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
-        Ok(self.quarantine.remove(keys::seq(id))?.is_some())
+        let removed = self.quarantine.remove(keys::seq(id))?.is_some();
+        for key in self.quarantine_bodies.scan_prefix(keys::seq(id)).keys() {
+            self.quarantine_bodies.remove(key?)?;
+        }
+        Ok(removed)
+    }
+
+    /// On open: remove body chunks whose record is gone (a crash after the record's removal, or
+    /// before it was written: a delivery never acknowledged). Nothing quarantines meanwhile.
+    fn drop_orphan_quarantine_bodies(&self) -> Result<u64, StoreError> {
+        let mut dropped = 0;
+        let mut checked: Option<(Vec<u8>, bool)> = None;
+        for key in self.quarantine_bodies.iter().keys() {
+            let key = key?;
+            let id = key.get(..8).unwrap_or(&key).to_vec();
+            let kept = match &checked {
+                Some((seen, kept)) if *seen == id => *kept,
+                _ => {
+                    let kept = self.quarantine.contains_key(&id)?;
+                    checked = Some((id, kept));
+                    kept
+                }
+            };
+            if !kept {
+                self.quarantine_bodies.remove(key)?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
     }
 
     /// Record counts. Linear in the store size: call on start, then track changes.

@@ -613,7 +613,7 @@ impl Store {
             // One by one, counting what each removal found: a record re-processed since the
             // page was read is gone already, and the gauge went down with it.
             for id in &old {
-                if self.quarantine.remove(keys::seq(*id))?.is_some() {
+                if self.release_quarantined(*id)? {
                     *removed += 1;
                 }
             }

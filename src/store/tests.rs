@@ -268,6 +268,74 @@ fn a_large_quarantined_body_is_stored_compressed_and_read_back_whole() {
     assert_eq!(old.body().expect("body"), b"{bad");
 }
 
+/// The longest value in a tree.
+fn longest_value(tree: &sled::Tree) -> usize {
+    tree.iter()
+        .values()
+        .map(|v| v.expect("read").len())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store");
+    // Bytes that do not compress: 400 KiB of base64 text, a blob for sled if stored whole.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let body: Vec<u8> = (0..300 * 1024)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let (big, small) = {
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let record = QuarantineRecord::new("delivery", "invalid_json", "x", &body, 5);
+        assert!(
+            record.body_base64.len() > 4 * QUARANTINE_CHUNK,
+            "{}",
+            record.body_base64.len()
+        );
+        let big = store.quarantine(record).expect("quarantine");
+        let small = store
+            .quarantine(QuarantineRecord::new(
+                "delivery",
+                "invalid_json",
+                "x",
+                b"{bad",
+                6,
+            ))
+            .expect("quarantine");
+        // Chunks of a record a crash removed (or never wrote): gone on the next open.
+        store
+            .quarantine_bodies
+            .insert(keys::quarantine_chunk(999_999, 0), b"orphan".to_vec())
+            .expect("orphan");
+        store.flush().expect("flush");
+        (big, small)
+    };
+    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    assert!(longest_value(&store.quarantine) <= QUARANTINE_CHUNK);
+    assert!(longest_value(&store.quarantine_bodies) <= QUARANTINE_CHUNK);
+    let chunks = store.quarantine_bodies.len();
+    assert!(chunks > 4, "{chunks} chunks");
+    let back = store.quarantined_one(big).expect("get").expect("record");
+    assert_eq!(back.body().expect("body"), body);
+    let all = store.quarantined().expect("all");
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].body().expect("body"), body);
+    assert_eq!(all[1].body().expect("body"), b"{bad");
+    let (page, _) = store.quarantine_page(None, 10).expect("page");
+    let sizes: Vec<u64> = page.iter().map(|m| m.body_bytes).collect();
+    assert_eq!(sizes, [body.len() as u64, 4]);
+    assert!(store.release_quarantined(big).expect("release"));
+    assert_eq!(store.quarantine_bodies.len(), 0, "its chunks go with it");
+    assert!(store.quarantined_one(small).expect("get").is_some());
+}
+
 #[test]
 fn a_delivery_s_invalid_events_make_one_record() {
     let bad = |i: usize| crate::webhook::InvalidEvent {
