@@ -272,8 +272,8 @@ impl Emulator {
         if let Some(delay) = decision.latency {
             tokio::time::sleep(delay).await;
         }
-        entry.at = self.now_ms();
         entry.at_us = self.now_us();
+        entry.at = entry.at_us.div_euclid(1000);
         let mut trickle = None;
         if let Some(fault) = decision.fault {
             entry.fault = Some(fault.name().to_owned());

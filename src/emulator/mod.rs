@@ -148,8 +148,7 @@ struct Core {
 /// Wall time derived from a `tokio` instant, so tests under `tokio::time::pause()` see virtual
 /// time in timestamps and the journal.
 struct Clock {
-    start_wall_ms: Millis,
-    /// The same start in µs.
+    /// Unix µs at `start`.
     start_wall_us: i64,
     start: tokio::time::Instant,
 }
@@ -160,13 +159,13 @@ impl Clock {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         Clock {
-            start_wall_ms: wall_us / 1000,
             start_wall_us: wall_us,
             start: tokio::time::Instant::now(),
         }
     }
 
-    /// [`now_ms`](Self::now_ms) in µs.
+    /// Unix µs; includes the test clock's offset (`crate::clock::advance`), so an embedded
+    /// emulator's events move with the daemon's time.
     fn now_us(&self) -> i64 {
         let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
         self.start_wall_us
@@ -174,13 +173,9 @@ impl Clock {
             .saturating_add(crate::clock::offset_millis().saturating_mul(1000))
     }
 
-    /// Includes the test clock's offset (`crate::clock::advance`), so an embedded emulator's
-    /// events move with the daemon's time.
+    /// [`now_us`](Self::now_us) in ms.
     fn now_ms(&self) -> Millis {
-        let elapsed = Millis::try_from(self.start.elapsed().as_millis()).unwrap_or(Millis::MAX);
-        self.start_wall_ms
-            .saturating_add(elapsed)
-            .saturating_add(crate::clock::offset_millis())
+        self.now_us().div_euclid(1000)
     }
 }
 

@@ -4,9 +4,9 @@
 //! each costs two log writes on sled's I/O pool, on top of the flush the fold's decisions wait
 //! for; at a handoff's pace that was most of the store's CPU (docs/benchmarks.md, session 16).
 //! A fold instead writes its whole write set first (`meta/fold_journal` + chunk index, in
-//! chunks of at most [`CHUNK_BYTES`], the first led by their number), then applies each write as
-//! a plain insert or remove, then removes the chunks. sled recovers a prefix of its writes (of
-//! values kept in its log: see [`CHUNK_BYTES`] for why none is a blob), so after a crash either
+//! chunks of at most `MAX_VALUE_BYTES`, the first led by their number), then applies each write
+//! as a plain insert or remove, then removes the chunks. sled recovers a prefix of its writes (of
+//! values kept in its log: see `MAX_VALUE_BYTES` for why none is a blob), so after a crash either
 //! a chunk is missing and so is every write applied after it (the journal is dropped and the
 //! fold done again: its events are above their marks), or the journal is whole and an open
 //! applies it again ([`Store::finish_journal`]): its writes are absolute values (record counts
@@ -25,7 +25,7 @@
 //! and the dispatcher exits for that restart (`writer::STORE_STUCK_EXIT`) once the store's disk
 //! takes writes again.
 
-use super::{keys, Store, StoreError};
+use super::{keys, Store, StoreError, MAX_VALUE_BYTES};
 
 /// The trees a fold writes, by a number the journal stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +105,9 @@ impl Journal {
         self.ops.is_empty()
     }
 
-    /// `FORMAT`, the number of writes (u32 BE), then per write: the tree's code, 0 (remove) or 1 (insert), the key's length
-    /// (u32 BE) and the key, and for an insert the value's length and the value.
+    /// `FORMAT`, the number of writes (u32 BE), then per write: the tree's code, 0 (remove) or 1
+    /// (insert), the key's length (u32 BE) and the key, and for an insert the value's length and
+    /// the value.
     fn encode(&self) -> Vec<u8> {
         let size: usize = self
             .ops
@@ -252,77 +253,67 @@ impl Store {
         Ok(())
     }
 
+    /// The journal's chunks in the store (none unless a fold is being applied, or a crash
+    /// interrupted one), and the journal they hold when none is missing.
+    fn stored_journal(&self) -> Result<(Vec<sled::IVec>, Option<Journal>), StoreError> {
+        let chunks: Vec<(sled::IVec, sled::IVec)> = self
+            .meta
+            .scan_prefix(keys::meta::FOLD_JOURNAL)
+            .collect::<Result<_, _>>()?;
+        let in_order = chunks.iter().enumerate().all(|(i, (key, _))| {
+            let index = u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes();
+            key.get(keys::meta::FOLD_JOURNAL.len()..) == Some(&index[..])
+        });
+        let declared = chunks
+            .first()
+            .and_then(|(_, first)| first.first_chunk::<4>())
+            .map(|count| u32::from_be_bytes(*count) as usize);
+        let whole = match in_order && declared == Some(chunks.len()) {
+            true => {
+                let mut bytes = Vec::new();
+                for (i, (_, chunk)) in chunks.iter().enumerate() {
+                    bytes.extend_from_slice(chunk.get(if i == 0 { 4 } else { 0 }..).unwrap_or(&[]));
+                }
+                Some(Journal::decode(&bytes)?)
+            }
+            false => None,
+        };
+        Ok((chunks.into_iter().map(|(key, _)| key).collect(), whole))
+    }
+
     /// On open: apply the journal of a fold a crash interrupted, if any, and remove it. A journal
     /// with a chunk missing was cut by the crash before any of its writes was applied (they come
     /// after every chunk): it is removed unapplied. Returns whether one was applied.
     pub(super) fn finish_journal(&self) -> Result<bool, StoreError> {
-        let mut keys = Vec::new();
-        let mut bytes = Vec::new();
-        let mut declared = None;
-        for item in self.meta.scan_prefix(keys::meta::FOLD_JOURNAL) {
-            let (key, chunk) = item?;
-            let index = key
-                .get(keys::meta::FOLD_JOURNAL.len()..)
-                .and_then(|i| <[u8; 4]>::try_from(i).ok())
-                .map(u32::from_be_bytes);
-            // Chunks are written in order: the first one missing ends what there is.
-            if index != Some(u32::try_from(keys.len()).unwrap_or(u32::MAX)) {
-                break;
-            }
-            let body = match keys.is_empty() {
-                true => {
-                    let (count, rest) = chunk
-                        .split_first_chunk::<4>()
-                        .ok_or_else(|| StoreError::Corrupt("fold journal: cut short".into()))?;
-                    declared = Some(u32::from_be_bytes(*count) as usize);
-                    rest.to_vec()
-                }
-                false => chunk.to_vec(),
-            };
-            bytes.extend_from_slice(&body);
-            keys.push(key);
-        }
-        let found: Vec<sled::IVec> = self
-            .meta
-            .scan_prefix(keys::meta::FOLD_JOURNAL)
-            .keys()
-            .collect::<Result<_, _>>()?;
-        if found.is_empty() {
+        let (keys, whole) = self.stored_journal()?;
+        if keys.is_empty() {
             return Ok(false);
         }
-        let complete = declared == Some(keys.len()) && keys.len() == found.len();
-        if complete {
-            let journal = Journal::decode(&bytes)?;
-            self.apply_journal(&journal)?;
-            tracing::info!(
-                writes = journal.ops.len(),
-                "completed a fold a stop interrupted"
-            );
-        } else {
-            tracing::warn!(
-                chunks = found.len(),
+        match &whole {
+            Some(journal) => {
+                self.apply_journal(journal)?;
+                tracing::info!(
+                    writes = journal.ops.len(),
+                    "completed a fold a stop interrupted"
+                );
+            }
+            None => tracing::warn!(
+                chunks = keys.len(),
                 "a fold's journal was cut before any of its writes: the fold is done again"
-            );
+            ),
         }
-        for key in found {
+        for key in keys {
             self.meta.remove(key)?;
         }
         self.db.flush()?;
-        Ok(complete)
+        Ok(whole.is_some())
     }
 }
 
-/// The most bytes of the journal in one value. sled 0.34 stores a value over a quarter segment
-/// (128 KiB by default, less its headers) as a blob file of its own, which it neither syncs nor
-/// misses on recovery (a missing blob is skipped): a journal in one such value could vanish after
-/// a power loss while the writes after it survived. Chunks well under that stay in sled's log,
-/// whose recovery is a prefix.
-const CHUNK_BYTES: usize = 32 * 1024;
-
-/// The journal's encoding in values of at most [`CHUNK_BYTES`] (the first led by the number of
+/// The journal's encoding in values of at most `MAX_VALUE_BYTES` (the first led by the number of
 /// chunks, u32 BE), each under `meta/fold_journal` + its index (u32 BE).
 fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let parts: Vec<&[u8]> = encoded.chunks(CHUNK_BYTES).collect();
+    let parts: Vec<&[u8]> = encoded.chunks(MAX_VALUE_BYTES).collect();
     let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
     parts
         .into_iter()
@@ -412,10 +403,10 @@ mod tests {
 
     #[test]
     fn a_long_journal_is_cut_in_chunks_that_read_back_whole() {
-        let encoded: Vec<u8> = (0..CHUNK_BYTES * 2 + 10).map(|i| i as u8).collect();
+        let encoded: Vec<u8> = (0..MAX_VALUE_BYTES * 2 + 10).map(|i| i as u8).collect();
         let chunks = journal_chunks(&encoded);
         assert_eq!(chunks.len(), 3);
-        assert!(chunks.iter().all(|(_, v)| v.len() <= CHUNK_BYTES + 4));
+        assert!(chunks.iter().all(|(_, v)| v.len() <= MAX_VALUE_BYTES + 4));
         assert_eq!(chunks[0].1[..4], 3u32.to_be_bytes());
         let joined: Vec<u8> = chunks
             .iter()
@@ -460,18 +451,9 @@ mod tests {
 
     /// The journal left in the store, read as an open would (complete ones only).
     fn left_journal(store: &Store) -> Option<Journal> {
-        let chunks: Vec<sled::IVec> = store
-            .meta
-            .scan_prefix(keys::meta::FOLD_JOURNAL)
-            .values()
-            .collect::<Result<_, _>>()
-            .expect("scan");
-        let (first, rest) = chunks.split_first()?;
-        let count = u32::from_be_bytes(first[..4].try_into().expect("count")) as usize;
-        assert_eq!(count, chunks.len(), "every chunk is there");
-        let mut bytes = first[4..].to_vec();
-        rest.iter().for_each(|c| bytes.extend_from_slice(c));
-        Some(Journal::decode(&bytes).expect("decode"))
+        let (keys, whole) = store.stored_journal().expect("read");
+        assert!(keys.is_empty() || whole.is_some(), "every chunk is there");
+        whole
     }
 
     /// How many of the journal's writes the trees show.
@@ -534,12 +516,7 @@ mod tests {
             FAIL_AT.with(|f| f.set(Some(0)));
             assert!(fold_all(&store, &rules).is_err());
             // A crash after the first chunk: the others and every write after them are gone.
-            let keys: Vec<sled::IVec> = store
-                .meta
-                .scan_prefix(keys::meta::FOLD_JOURNAL)
-                .keys()
-                .collect::<Result<_, _>>()
-                .expect("scan");
+            let (keys, _) = store.stored_journal().expect("read");
             assert!(keys.len() > 1);
             for key in &keys[1..] {
                 store.meta.remove(key).expect("remove");

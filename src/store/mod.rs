@@ -98,9 +98,12 @@ impl From<TransactionError<String>> for StoreError {
     }
 }
 
-/// The largest quarantine body (base64 text) kept in its record; a longer one goes in chunks of
-/// this size (see [`Store::quarantine`]).
-const QUARANTINE_CHUNK: usize = 32 * 1024;
+/// The largest value written where it could grow past it (a fold's journal, a quarantined
+/// body); more goes in chunks of this size. sled 0.34 keeps a value over a quarter segment (128
+/// KiB by default, less its headers) as a blob file of its own, which it never syncs and whose
+/// loss it skips on recovery: a flushed write in one could vanish after a power loss while
+/// later writes survive. Values well under that stay in sled's log, whose recovery is a prefix.
+const MAX_VALUE_BYTES: usize = 32 * 1024;
 
 /// A quarantine record as stored: a large body is in chunks, of which the record notes the
 /// number and the body's size (for lists, which do not read bodies).
@@ -1358,14 +1361,13 @@ impl Store {
             queue: queue_fold.writes()?,
             derived: derived::derived_writes(&derived_before, &convs),
             activity,
-            outbox: outbox::pending_rows(&out.outbox)?,
             conversations: encoded(&convs)?,
             end_users: encoded(&users)?,
             index_entries,
             bots: encoded(&bots)?,
         };
         let waiting = writes.queue.waiting_changes();
-        let journal = self.fold_journal(writes)?;
+        let journal = self.fold_journal(writes, &out.outbox)?;
         self.commit_journal(&journal)?;
         // Still under the fold lock: the counts follow the commits in order.
         self.note_waiting(&waiting);
@@ -1375,12 +1377,17 @@ impl Store {
         Ok(out)
     }
 
-    /// A fold's writes as one journal (see `journal`), in the order they are applied, which is
+    /// A fold's writes (and the entries it `decided`) as one journal (see `journal`), in the
+    /// order they are applied, which is
     /// what a reader outside the fold lock may see half done: the outbox entries before the
     /// states that decided them, and the folded marks and the watermark last (a reader that
     /// finds an event folded finds its state). Record counts are read here, under the fold lock,
     /// and written as absolute values, so applying the journal twice is harmless.
-    fn fold_journal(&self, writes: FoldWrites) -> Result<Journal, StoreError> {
+    fn fold_journal(
+        &self,
+        writes: FoldWrites,
+        decided: &[crate::actions::OutboxEntry],
+    ) -> Result<Journal, StoreError> {
         use journal::TreeId as T;
         let mut j = Journal::default();
         for key in writes.timers.remove {
@@ -1404,7 +1411,7 @@ impl Store {
         for key in writes.activity.insert {
             j.insert(T::Activity, key, Vec::new());
         }
-        outbox::journal_pending(&mut j, writes.outbox);
+        outbox::journal_pending(&mut j, decided)?;
         for (id, bytes) in writes.conversations {
             j.insert(T::Conversations, id, bytes);
         }
@@ -1498,37 +1505,27 @@ impl Store {
 
     /// Put a body in quarantine; returns its id.
     ///
-    /// A body longer than [`QUARANTINE_CHUNK`] goes in chunks of that size
-    /// (`quarantine_bodies/v1`), written before the record, which notes their number. sled 0.34
-    /// keeps a value over a quarter segment (about 128 KiB) as a blob file that it never syncs
-    /// and whose loss it skips on recovery, so a large body stored whole could vanish after a
-    /// power loss although the flush before its 200 succeeded; chunks stay in sled's log. sled
-    /// recovers a prefix of its writes: a record found has all its chunks.
+    /// A body longer than [`MAX_VALUE_BYTES`] goes in chunks of that size
+    /// (`quarantine_bodies/v1`), written before the record, which notes their number: sled
+    /// recovers a prefix of its writes, so a record found has all its chunks.
     pub fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
         record.id = self.db.generate_id()?;
-        let stored = match record.body_base64.len() > QUARANTINE_CHUNK {
-            false => StoredQuarantine {
-                record,
-                body_chunks: None,
-                body_bytes: None,
-            },
-            true => {
-                let text = std::mem::take(&mut record.body_base64);
-                let parts: Vec<&[u8]> = text.as_bytes().chunks(QUARANTINE_CHUNK).collect();
-                for (i, part) in parts.iter().enumerate() {
-                    let i = u32::try_from(i).map_err(|_| corrupt("quarantine body chunks"))?;
-                    self.quarantine_bodies
-                        .insert(keys::quarantine_chunk(record.id, i), *part)?;
-                }
-                StoredQuarantine {
-                    body_bytes: Some(body_len(&text, record.body_gzip)),
-                    body_chunks: Some(
-                        u32::try_from(parts.len()).map_err(|_| corrupt("quarantine body"))?,
-                    ),
-                    record,
-                }
-            }
+        let mut stored = StoredQuarantine {
+            body_chunks: None,
+            body_bytes: None,
+            record,
         };
+        if stored.record.body_base64.len() > MAX_VALUE_BYTES {
+            let text = std::mem::take(&mut stored.record.body_base64);
+            let mut chunks = 0u32;
+            for part in text.as_bytes().chunks(MAX_VALUE_BYTES) {
+                self.quarantine_bodies
+                    .insert(keys::quarantine_chunk(stored.record.id, chunks), part)?;
+                chunks += 1;
+            }
+            stored.body_chunks = Some(chunks);
+            stored.body_bytes = Some(body_len(&text, stored.record.body_gzip));
+        }
         let id = stored.record.id;
         self.quarantine.insert(keys::seq(id), encode(&stored)?)?;
         Ok(id)
@@ -1608,7 +1605,7 @@ impl Store {
 
     /// On open: remove body chunks whose record is gone (a crash after the record's removal, or
     /// before it was written: a delivery never acknowledged). Nothing quarantines meanwhile.
-    fn drop_orphan_quarantine_bodies(&self) -> Result<u64, StoreError> {
+    fn drop_orphan_quarantine_bodies(&self) -> Result<(), StoreError> {
         let mut dropped = 0;
         let mut checked: Option<(Vec<u8>, bool)> = None;
         for key in self.quarantine_bodies.iter().keys() {
@@ -1627,7 +1624,13 @@ impl Store {
                 dropped += 1;
             }
         }
-        Ok(dropped)
+        if dropped > 0 {
+            tracing::info!(
+                chunks = dropped,
+                "removed quarantine body chunks without a record"
+            );
+        }
+        Ok(())
     }
 
     /// Record counts. Linear in the store size: call on start, then track changes.
@@ -1865,7 +1868,6 @@ struct FoldWrites {
     queue: queue::QueueWrites,
     derived: derived::DerivedWrites,
     activity: retention::ActivityWrites,
-    outbox: Vec<outbox::PendingRow>,
     conversations: Vec<(String, Vec<u8>)>,
     end_users: Vec<(String, Vec<u8>)>,
     /// `(platform, userKey)` index keys and the end user each names.

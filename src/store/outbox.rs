@@ -7,7 +7,7 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in a fold's journal (`Store::fold`) or a replay's transaction. An
+//! Entries enter the outbox only in a fold's or a replay's journal (`Store::fold`, `replay`). An
 //! entry leaves the outbox only after its outcome is recorded: a dead letter in one transaction
 //! with the removal; a `done` record by plain writes, the record first and the removal last (see
 //! [`Store::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
@@ -18,7 +18,6 @@ use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store,
 use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionResult, TransactionalTree};
 use sled::Transactional;
 
 /// Where an action stands.
@@ -46,49 +45,19 @@ impl ActionStatus {
     }
 }
 
-/// Newly decided entries encoded for the outbox, with their `pending` ledger status.
-pub(super) struct PendingRow {
-    seq: u64,
-    id: String,
-    entry: Vec<u8>,
-    status: Vec<u8>,
-}
-
-pub(super) fn pending_rows(entries: &[OutboxEntry]) -> Result<Vec<PendingRow>, StoreError> {
-    entries
-        .iter()
-        .map(|e| {
-            Ok(PendingRow {
-                seq: e.seq,
-                id: e.id.clone(),
-                entry: encode(e)?,
-                status: encode(&ActionStatus::pending(e.seq, e.decided_at))?,
-            })
-        })
-        .collect()
-}
-
-/// Queue decided entries inside a transaction: the outbox entry and its ledger status together.
-/// Replay's new entries and their ledger records, in its transaction.
-pub(super) fn insert_pending(
-    outbox: &TransactionalTree,
-    actions: &TransactionalTree,
-    rows: &[PendingRow],
-) -> ConflictableTransactionResult<(), String> {
-    for row in rows {
-        outbox.insert(&keys::seq(row.seq), row.entry.as_slice())?;
-        actions.insert(row.id.as_bytes(), row.status.as_slice())?;
+/// Newly decided entries into a journal (a fold's, a replay's): each outbox entry with its
+/// `pending` ledger status.
+pub(super) fn journal_pending(
+    journal: &mut super::Journal,
+    entries: &[OutboxEntry],
+) -> Result<(), StoreError> {
+    use super::journal::TreeId;
+    for e in entries {
+        journal.insert(TreeId::Outbox, keys::seq(e.seq), encode(e)?);
+        let status = encode(&ActionStatus::pending(e.seq, e.decided_at))?;
+        journal.insert(TreeId::Actions, e.id.as_bytes(), status);
     }
     Ok(())
-}
-
-/// A fold's new entries and their ledger records, into its journal.
-pub(super) fn journal_pending(journal: &mut super::Journal, rows: Vec<PendingRow>) {
-    use super::journal::TreeId;
-    for row in rows {
-        journal.insert(TreeId::Outbox, keys::seq(row.seq), row.entry);
-        journal.insert(TreeId::Actions, row.id, row.status);
-    }
 }
 
 impl Store {

@@ -20,7 +20,6 @@ use crate::ids::{ConversationId, PartitionKey};
 use crate::state::ConversationState;
 use crate::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
-use sled::Transactional;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 
@@ -88,7 +87,7 @@ pub struct ReplayReport {
 
 impl Store {
     /// Re-run the window's events through `rules`; unless `dry_run`, queue what is new (or forced)
-    /// in one transaction. The caller makes it durable (flush) before telling the executor.
+    /// in one journal, as a fold would. The caller makes it durable (flush) before telling the executor.
     pub fn replay(
         &self,
         request: &ReplayRequest,
@@ -237,10 +236,9 @@ impl Store {
         if report.entries.is_empty() {
             return Ok(report);
         }
-        let rows = super::outbox::pending_rows(&report.entries)?;
-        (&self.outbox, &self.actions).transaction(|(outbox, actions)| {
-            super::outbox::insert_pending(outbox, actions, &rows)
-        })?;
+        let mut journal = super::Journal::default();
+        super::outbox::journal_pending(&mut journal, &report.entries)?;
+        self.commit_journal(&journal)?;
         Ok(report)
     }
 }

@@ -295,7 +295,7 @@ fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
         let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
         let record = QuarantineRecord::new("delivery", "invalid_json", "x", &body, 5);
         assert!(
-            record.body_base64.len() > 4 * QUARANTINE_CHUNK,
+            record.body_base64.len() > 4 * MAX_VALUE_BYTES,
             "{}",
             record.body_base64.len()
         );
@@ -318,8 +318,8 @@ fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
         (big, small)
     };
     let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
-    assert!(longest_value(&store.quarantine) <= QUARANTINE_CHUNK);
-    assert!(longest_value(&store.quarantine_bodies) <= QUARANTINE_CHUNK);
+    assert!(longest_value(&store.quarantine) <= MAX_VALUE_BYTES);
+    assert!(longest_value(&store.quarantine_bodies) <= MAX_VALUE_BYTES);
     let chunks = store.quarantine_bodies.len();
     assert!(chunks > 4, "{chunks} chunks");
     let back = store.quarantined_one(big).expect("get").expect("record");
