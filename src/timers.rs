@@ -8,7 +8,8 @@
 //! key in memory and does not fire it again. After a restart that memory is empty and every due
 //! key fires once more, harmlessly.
 //!
-//! It sleeps until the earliest due time, and is woken early when a fold starts a timer.
+//! It sleeps until the earliest due time, and is woken early when a fold starts a timer due
+//! before that (`store::timers::TimerWakeup`).
 
 use crate::ids::DeliveryId;
 use crate::ops::metrics::Metrics;
@@ -47,6 +48,7 @@ async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Re
         if *stop.borrow() {
             break;
         }
+        wakeup.looking();
         fired.retain(|key| store.has_timer(key).unwrap_or(true));
         let now = crate::clock::now_millis();
         let wait = match store.due_timers(now, BATCH, |key| fired.contains(key)) {
@@ -71,6 +73,8 @@ async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Re
         if wait.is_zero() {
             continue;
         }
+        let ms = Millis::try_from(wait.as_millis()).unwrap_or(Millis::MAX);
+        wakeup.sleeping_until(now.saturating_add(ms));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = wakeup.notified() => {}

@@ -142,7 +142,7 @@ async fn clock_advance(
         "test clock advanced"
     );
     // The timer firer sleeps until a due time: let it look again.
-    shared.store.timer_wakeup().notify_one();
+    shared.store.timer_wakeup().wake();
     // And the executor: retries due in daemon time run now.
     shared.executor.wake();
     let now = crate::clock::now_millis();

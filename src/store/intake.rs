@@ -313,7 +313,7 @@ impl Store {
             }
         }
         if checked.quarantined {
-            self.db.flush()?;
+            self.flush()?;
         }
         Ok(checked.accepted)
     }
@@ -344,7 +344,7 @@ impl Store {
         }
         self.index(std::slice::from_ref(&group), end.next)?;
         self.release(std::slice::from_ref(&group));
-        self.db.flush()?;
+        self.flush()?;
         tracing::info!(
             frames,
             events,
@@ -384,7 +384,7 @@ impl Store {
                 let end = self.appender.lock().map_err(|_| poisoned())?.end();
                 self.meta
                     .insert(keys::meta::LEGACY_WAL_FROM, &end.encode())?;
-                self.db.flush()?;
+                self.flush()?;
                 end
             }
         };
@@ -429,7 +429,7 @@ impl Store {
         // Layout 3 (its inbox written): the move to layout 4 follows.
         self.meta
             .insert(keys::meta::LAYOUT_VERSION, &3u32.to_be_bytes())?;
-        self.db.flush()?;
+        self.flush()?;
         match std::fs::remove_file(&self.wal_path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
             _ => {}
@@ -565,10 +565,10 @@ impl Store {
             &super::LAYOUT_VERSION.to_be_bytes(),
         );
         self.meta.apply_batch(meta)?;
-        self.db.flush()?;
+        self.flush()?;
         if has_inbox {
             self.db.drop_tree(keys::tree::INBOX)?;
-            self.db.flush()?;
+            self.flush()?;
         }
         tracing::info!(
             still_to_fold_in_inbox = waiting.len(),

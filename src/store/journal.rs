@@ -305,7 +305,7 @@ impl Store {
         for key in keys {
             self.meta.remove(key)?;
         }
-        self.db.flush()?;
+        self.flush()?;
         Ok(whole.is_some())
     }
 }

@@ -16,6 +16,7 @@ pub mod backup;
 pub mod dedupe;
 mod derived;
 pub mod desk;
+mod durable;
 pub mod eventlog;
 pub mod idempotency;
 pub mod intake;
@@ -100,9 +101,11 @@ impl From<TransactionError<String>> for StoreError {
 
 /// The largest value written where it could grow past it (a fold's journal, a quarantined
 /// body); more goes in chunks of this size. sled 0.34 keeps a value over a quarter segment (128
-/// KiB by default, less its headers) as a blob file of its own, which it never syncs and whose
-/// loss it skips on recovery: a flushed write in one could vanish after a power loss while
-/// later writes survive. Values well under that stay in sled's log, whose recovery is a prefix.
+/// KiB by default, less its headers) as a blob file of its own, which it writes without a sync
+/// and whose loss it skips on recovery: a write in one could vanish after a power loss while
+/// later writes survive (a store flush syncs the blobs, `durable`, but the journal's writes
+/// between flushes must recover as a prefix too). Values well under that stay in sled's log,
+/// whose recovery is a prefix.
 const MAX_VALUE_BYTES: usize = 32 * 1024;
 
 /// A quarantine record as stored: a large body is in chunks, of which the record notes the
@@ -598,8 +601,10 @@ pub struct Store {
     /// The retention index (see [`retention`]).
     activity: sled::Tree,
     meta: sled::Tree,
+    /// sled's file, synced after each flush (see `durable`).
+    sled_file: durable::SledFile,
     /// See [`Store::timer_wakeup`].
-    timer_wakeup: Arc<tokio::sync::Notify>,
+    timer_wakeup: Arc<timers::TimerWakeup>,
     log_dir: PathBuf,
     /// The event log's appending end: one per store, whoever appends.
     appender: Arc<Mutex<eventlog::Appender>>,
@@ -696,6 +701,10 @@ impl Store {
                 "event log segments of {segment_bytes} bytes exceed {MAX_SEGMENT_BYTES}"
             )));
         }
+        let sled_file = durable::SledFile::open(dir).map_err(|e| StoreError::Open {
+            path: dir.display().to_string(),
+            source: sled::Error::Io(e),
+        })?;
         let t = |name: &str| db.open_tree(name);
         let meta = t(keys::tree::META)?;
         // Frames up to the index checkpoint were acknowledged: damage there is no torn write.
@@ -732,6 +741,7 @@ impl Store {
             queue: t(keys::tree::QUEUE)?,
             activity: t(keys::tree::ACTIVITY)?,
             meta,
+            sled_file,
             timer_wakeup: Default::default(),
             db,
             log_dir,
@@ -958,10 +968,19 @@ impl Store {
         written.is_ok()
     }
 
-    /// Blocking flush, for offline tools and shutdown.
+    /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
+    /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
+    /// only the writer's indexer calls it.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
-        Ok(())
+        self.sled_file
+            .sync()
+            .map_err(|e| StoreError::Sled(sled::Error::Io(e)))
+    }
+
+    /// How many times [`flush`](Store::flush) synced sled's file since the store was opened.
+    pub fn file_syncs(&self) -> u64 {
+        self.sled_file.syncs()
     }
 
     /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
@@ -971,7 +990,7 @@ impl Store {
     pub fn start_io_threads(&self) -> Result<(), StoreError> {
         let now = crate::clock::now_millis().max(0) as u64;
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
-        self.db.flush()?;
+        self.flush()?;
         Ok(())
     }
 
@@ -1345,7 +1364,7 @@ impl Store {
             .collect();
         let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
         out.timers_change = timer_writes.change;
-        let timers_added = !timer_writes.insert.is_empty();
+        let earliest_timer = timer_writes.earliest;
         let mut activity = retention::ActivityWrites::default();
         activity.of(&convs_active, &convs, retention::conversation_key);
         activity.of(&users_active, &users, retention::end_user_key);
@@ -1371,8 +1390,8 @@ impl Store {
         self.commit_journal(&journal)?;
         // Still under the fold lock: the counts follow the commits in order.
         self.note_waiting(&waiting);
-        if timers_added {
-            self.timer_wakeup.notify_one();
+        if let Some(due_at) = earliest_timer {
+            self.timer_wakeup.started(due_at);
         }
         Ok(out)
     }
@@ -1677,7 +1696,7 @@ impl Store {
         events_before: Millis,
     ) -> Result<Pruned, StoreError> {
         let fold_from = self.fold_from()?;
-        self.db.flush()?;
+        self.flush()?;
         self.prune_with(dedupe_before, events_before, fold_from)
     }
 

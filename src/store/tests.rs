@@ -395,6 +395,62 @@ fn quarantine_round_trips_and_releases() {
 }
 
 #[test]
+fn a_flush_syncs_sleds_file_and_a_failed_sync_fails_every_later_flush_until_reopened() {
+    let (dir, store) = store();
+    let before = store.file_syncs();
+    accept(&store, &delivery("d1", &[("e1", "c1", 1_000)]));
+    store.flush().expect("flush");
+    assert_eq!(
+        store.file_syncs(),
+        before + 1,
+        "sled's flush, then its file synced"
+    );
+
+    super::durable::tests::fail_next_sync();
+    assert!(matches!(
+        store.flush(),
+        Err(StoreError::Sled(sled::Error::Io(_)))
+    ));
+    // The kernel may have dropped what it could not write: a later sync proves nothing.
+    assert!(store.flush().is_err(), "the failure is kept");
+    assert_eq!(store.file_syncs(), before + 1);
+
+    drop(store);
+    let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("reopen");
+    store.flush().expect("a reopened store flushes");
+    assert_eq!(store.pending().expect("pending").events.len(), 1);
+}
+
+#[test]
+fn a_flush_syncs_the_blob_files_sled_keeps_large_values_in() {
+    let (dir, store) = store();
+    store.flush().expect("flush");
+    assert_eq!(store.sled_file.synced_blobs(), 0, "no large value, no blob");
+    // Over a quarter segment: sled writes it to a file of its own, which sled never syncs.
+    let large: Vec<u8> = (0..300 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    store
+        .meta
+        .insert(b"test_large", large.clone())
+        .expect("insert");
+    store.flush().expect("flush");
+    let blobs = std::fs::read_dir(dir.path().join("store").join("blobs"))
+        .expect("blobs dir")
+        .count();
+    assert!(blobs >= 1, "sled kept the value as a blob");
+    assert_eq!(store.sled_file.synced_blobs(), blobs, "each blob synced");
+    let syncs = store.file_syncs();
+    store.flush().expect("flush");
+    assert_eq!(store.sled_file.synced_blobs(), blobs, "synced once each");
+    assert_eq!(store.file_syncs(), syncs + 1);
+    assert_eq!(
+        store.meta.get(b"test_large").expect("get").as_deref(),
+        Some(&large[..])
+    );
+}
+
+#[test]
 fn a_second_process_cannot_open_a_store_in_use() {
     let (dir, _store) = store();
     // sled locks the directory: a second open in this process fails the same way another

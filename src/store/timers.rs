@@ -14,6 +14,7 @@ use crate::state::{ConversationState, Timer};
 use crate::webhook::model::{Millis, TimerFiring};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// A timer key's value: what firing it needs besides its key.
 #[derive(Debug, Serialize, Deserialize)]
@@ -39,6 +40,8 @@ pub(super) struct TimerWrites {
     pub insert: Vec<(Vec<u8>, Vec<u8>)>,
     /// Keys the tree gains minus keys it loses (for the pending-timers gauge).
     pub change: i64,
+    /// The earliest due time among `insert` (for [`TimerWakeup::started`]).
+    pub earliest: Option<Millis>,
 }
 
 impl Store {
@@ -54,6 +57,17 @@ impl Store {
         let mut out = TimerWrites::default();
         let mut kept = HashSet::new();
         let empty = BTreeMap::new();
+        // Only folds write the tree, one at a time (the fold lock), so it holds exactly the
+        // timers the batch found in its states (`before` has every conversation of `states`):
+        // what is in it is known without reading it.
+        let stored: HashSet<Vec<u8>> = before
+            .iter()
+            .flat_map(|(id, timers)| {
+                timers
+                    .iter()
+                    .map(move |(name, timer)| keys::timer(timer.due_at, id, name))
+            })
+            .collect();
         for (id, state) in states {
             let old = before.get(id).unwrap_or(&empty);
             for (name, timer) in &state.timers {
@@ -70,8 +84,9 @@ impl Store {
                         .map(|b| b.to_string())
                         .unwrap_or_default(),
                 };
-                out.change += i64::from(!self.timers.contains_key(&key)?);
+                out.change += i64::from(!stored.contains(&key));
                 out.insert.push((key, encode(&entry)?));
+                out.earliest = Some(out.earliest.map_or(timer.due_at, |e| e.min(timer.due_at)));
             }
             let gone = old
                 .iter()
@@ -83,8 +98,7 @@ impl Store {
         out.remove.sort();
         out.remove.dedup();
         for key in &out.remove {
-            // Only folds write the tree, one at a time (the fold lock), so this read is exact.
-            out.change -= i64::from(self.timers.contains_key(key)?);
+            out.change -= i64::from(stored.contains(key));
         }
         Ok(out)
     }
@@ -145,9 +159,102 @@ impl Store {
         self.timers.len() as u64
     }
 
-    /// Notified after a fold started or restarted a timer, so the firer can wake before the due
-    /// time it sleeps towards.
-    pub fn timer_wakeup(&self) -> std::sync::Arc<tokio::sync::Notify> {
+    /// How the firer is woken before the time it sleeps towards: by a fold that started or
+    /// restarted a timer due before it, or by the test clock.
+    pub fn timer_wakeup(&self) -> std::sync::Arc<TimerWakeup> {
         self.timer_wakeup.clone()
+    }
+}
+
+/// Wakes the firer when it must look at the timers before it would: a fold wakes it only for a
+/// timer due before the firer's next look, so the many timers due later (each handoff's, say)
+/// cost the firer nothing.
+#[derive(Debug)]
+pub struct TimerWakeup {
+    notify: tokio::sync::Notify,
+    /// When the firer looks next (ms, daemon time); `Millis::MAX` from the moment it starts
+    /// looking until it knows, so a timer a fold starts meanwhile wakes it (the permit is kept
+    /// for its sleep).
+    next_look: AtomicI64,
+}
+
+impl Default for TimerWakeup {
+    fn default() -> Self {
+        TimerWakeup {
+            notify: tokio::sync::Notify::new(),
+            next_look: AtomicI64::new(Millis::MAX),
+        }
+    }
+}
+
+impl TimerWakeup {
+    /// The firer starts reading the timers.
+    pub fn looking(&self) {
+        self.next_look.store(Millis::MAX, Ordering::SeqCst);
+    }
+
+    /// The firer read them and sleeps until `at` (ms, daemon time) unless woken.
+    pub fn sleeping_until(&self, at: Millis) {
+        self.next_look.store(at, Ordering::SeqCst);
+    }
+
+    /// Wait for a wake-up (kept if it came since the last wait).
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// Wake the firer whatever it sleeps towards (the test clock moved).
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A fold wrote a timer due at `due_at` (after writing it).
+    pub(super) fn started(&self, due_at: Millis) {
+        if due_at < self.next_look.load(Ordering::SeqCst) {
+            self.notify.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimerWakeup;
+    use crate::webhook::model::Millis;
+    use futures_util::FutureExt;
+
+    /// Whether a wake-up is waiting for the firer.
+    fn woken(w: &TimerWakeup) -> bool {
+        w.notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_fold_wakes_the_firer_only_for_a_timer_due_before_its_next_look() {
+        let w = TimerWakeup::default();
+        w.started(5_000);
+        assert!(woken(&w), "a firer that has not looked yet is woken");
+
+        w.sleeping_until(1_000);
+        w.started(2_000);
+        w.started(1_000);
+        assert!(
+            !woken(&w),
+            "due at or after its next look: it finds them then"
+        );
+        w.started(999);
+        assert!(woken(&w), "due before it: woken");
+
+        // A timer started while the firer reads the tree wakes it, whenever it is due: the read
+        // may have missed it.
+        w.looking();
+        w.started(Millis::MAX - 1);
+        w.sleeping_until(1_000);
+        assert!(woken(&w), "the wake-up is kept for the sleep");
+
+        w.sleeping_until(1_000);
+        w.wake();
+        assert!(
+            woken(&w),
+            "the test clock wakes it whatever it sleeps towards"
+        );
     }
 }

@@ -701,6 +701,48 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn flushes_and_quarantined_deliveries_are_answered_after_sleds_file_is_synced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let writer = Writer::start(
+            store.clone(),
+            WriterHooks {
+                observe: Box::new(|_, _| {}),
+                durable: Box::new(|_, _| {}),
+            },
+        )
+        .expect("start");
+        let before = store.file_syncs();
+        writer.flush_own().await.expect("flushed");
+        assert!(store.file_syncs() > before, "a flush waits for the sync");
+
+        let before = store.file_syncs();
+        let mut quarantined = job("d1", "e1");
+        quarantined.invalid.push(crate::store::QuarantineRecord {
+            id: 0,
+            received_at: 7,
+            scope: "event".into(),
+            reason: "invalid_event".into(),
+            detail: "x".into(),
+            delivery_id: Some("d1".into()),
+            content_type: None,
+            body_base64: "e30=".into(),
+            body_gzip: false,
+        });
+        writer.accept(quarantined).await.expect("accepted");
+        assert!(
+            store.file_syncs() > before,
+            "a quarantined delivery is answered after the sync"
+        );
+        assert_eq!(store.quarantined().expect("list").len(), 1);
+
+        // A delivery with nothing to quarantine is answered after the event log's sync alone.
+        let before = store.file_syncs();
+        writer.accept(job("d2", "e2")).await.expect("accepted");
+        assert_eq!(store.file_syncs(), before);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_deliveries_are_logged_once_indexed_and_handed_on_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");

@@ -1,0 +1,148 @@
+//! What makes a sled flush durable: an `fdatasync` of sled's file after it.
+//!
+//! sled 0.34 makes its log writes stable with `sync_file_range` (`IoBufs::write_to_log`), which
+//! writes the pages out but neither commits the file's metadata (its new size, the blocks it
+//! was given) nor flushes the disk's write cache (sled issues #1351, #1452). After a power loss
+//! a write `Db::flush` returned for can be missing, and with it what the daemon did on the
+//! strength of it: a quarantined delivery answered 200, a decision carried out, an agent
+//! command answered. [`Store::flush`](super::Store::flush) therefore syncs sled's file (`db`)
+//! after sled's flush, and an open syncs the store's directory once, for a new store's files.
+//!
+//! Values over a quarter of a segment (about 128 KiB) sled keeps in files of their own under
+//! `blobs/`, which it writes without any sync and whose loss it skips on recovery. The daemon
+//! keeps its own values under 32 KiB (`MAX_VALUE_BYTES`), but a state grown from large input
+//! could pass that size: each sync also syncs the blob files it has not synced yet (none, in
+//! normal operation: one directory read), then the directory.
+//!
+//! A failed sync is kept, as sled keeps its first I/O error: the kernel may have dropped the
+//! pages it could not write, so a later sync that succeeds proves nothing about them. Every
+//! later flush fails, and the writer's handling of a failing store (a probe of the disk, then
+//! an exit for the supervisor's restart on a reopened store) takes over.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// sled's data file, kept open to sync it, and its blob directory.
+#[derive(Clone)]
+pub(super) struct SledFile {
+    file: Arc<File>,
+    blobs: PathBuf,
+    /// The blob files synced so far (those sled removed since are forgotten).
+    synced_blobs: Arc<Mutex<HashSet<OsString>>>,
+    failed: Arc<AtomicBool>,
+    syncs: Arc<AtomicU64>,
+}
+
+/// The file sled 0.34 keeps its log and pages in, under the store's directory.
+const SLED_FILE: &str = "db";
+/// The directory sled 0.34 keeps its large values in, one file each.
+const SLED_BLOBS: &str = "blobs";
+
+impl SledFile {
+    /// Open sled's file under `dir` (sled has opened it, so it exists) and sync `dir` itself,
+    /// so that a new store's files are found after a power loss.
+    pub fn open(dir: &Path) -> std::io::Result<SledFile> {
+        let file = File::open(dir.join(SLED_FILE))?;
+        File::open(dir)?.sync_all()?;
+        Ok(SledFile {
+            file: Arc::new(file),
+            blobs: dir.join(SLED_BLOBS),
+            synced_blobs: Default::default(),
+            failed: Default::default(),
+            syncs: Default::default(),
+        })
+    }
+
+    /// `fdatasync` sled's file: what sled's flush wrote is on the disk when this returns.
+    pub fn sync(&self) -> std::io::Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other(
+                "an earlier sync of the store's file failed; a restart reopens it",
+            ));
+        }
+        let synced = tests::fail_sync().map_or_else(
+            || self.sync_blobs().and_then(|()| self.file.sync_data()),
+            Err,
+        );
+        match synced {
+            Ok(()) => {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed.store(true, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sync the blob files not synced before (a blob is written before the log entry naming
+    /// it), then their directory.
+    fn sync_blobs(&self) -> std::io::Result<()> {
+        let entries = match std::fs::read_dir(&self.blobs) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        };
+        let mut synced = self
+            .synced_blobs
+            .lock()
+            .map_err(|_| std::io::Error::other("blob sync list poisoned"))?;
+        let mut present = HashSet::new();
+        let mut new = false;
+        for entry in entries {
+            let name = entry?.file_name();
+            if !synced.contains(&name) {
+                match File::open(self.blobs.join(&name)) {
+                    Ok(file) => file.sync_data()?,
+                    // sled removed it meanwhile: a newer value replaced it.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+                new = true;
+                synced.insert(name.clone());
+            }
+            present.insert(name);
+        }
+        synced.retain(|name| present.contains(name));
+        if new {
+            File::open(&self.blobs)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// The blob files synced and still there (tests).
+    #[cfg(test)]
+    pub fn synced_blobs(&self) -> usize {
+        self.synced_blobs.lock().map_or(0, |s| s.len())
+    }
+
+    /// Syncs that succeeded since the store was opened.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+}
+
+pub(super) mod tests {
+    //! A hook the tests use to make the next sync fail.
+    use std::cell::Cell;
+
+    thread_local! {
+        static FAIL_NEXT: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Make this thread's next sync fail (tests).
+    #[cfg(test)]
+    pub fn fail_next_sync() {
+        FAIL_NEXT.with(|f| f.set(true));
+    }
+
+    pub(super) fn fail_sync() -> Option<std::io::Error> {
+        FAIL_NEXT
+            .with(|f| f.replace(false))
+            .then(|| std::io::Error::other("injected sync failure"))
+    }
+}
