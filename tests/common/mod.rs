@@ -103,6 +103,13 @@ impl TestApp {
 
     /// A daemon on `data_dir` (kept after the app is dropped: restart tests reuse it).
     pub fn spawn_in(data_dir: &Path, opts: Spawn) -> TestApp {
+        Self::spawn_under(&[], data_dir, opts)
+    }
+
+    /// [`spawn_in`](Self::spawn_in), the daemon started by `wrapper` (a program and its
+    /// arguments that run the command after them in the same process, as `setpriv ... --` and
+    /// `prlimit ... --` do: the child's PID stays the daemon's).
+    pub fn spawn_under(wrapper: &[&str], data_dir: &Path, opts: Spawn) -> TestApp {
         std::fs::create_dir_all(data_dir).expect("data dir");
         let log_path = data_dir.join(format!(
             "daemon-{}.log",
@@ -112,7 +119,14 @@ impl TestApp {
                 .unwrap_or(0)
         ));
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut cmd = Command::new(bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(bin());
+                cmd
+            }
+            None => Command::new(bin()),
+        };
         cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
         // The admin listener on a free port too, unless the test chooses it (flags beat the
         // environment, so the flag is left out then).
