@@ -201,6 +201,10 @@ pub fn restore(
         return Err(io_error(&staging, &e));
     }
     commit_secrets(data)?;
+    // The renames are entries of the data directory: synced, they survive a power loss.
+    std::fs::File::open(data.root())
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| io_error(data.root(), &e))?;
     data.remove_daemon_info();
     remove_dir_if_present(&old)?;
     Ok(manifest)

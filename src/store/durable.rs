@@ -2,11 +2,12 @@
 //!
 //! sled 0.34 makes its log writes stable with `sync_file_range` (`IoBufs::write_to_log`), which
 //! writes the pages out but neither commits the file's metadata (its new size, the blocks it
-//! was given) nor flushes the disk's write cache (sled issues #1351, #1452). After a power loss
-//! a write `Db::flush` returned for can be missing, and with it what the daemon did on the
-//! strength of it: a quarantined delivery answered 200, a decision carried out, an agent
-//! command answered. [`Store::flush`](super::Store::flush) therefore syncs sled's file (`db`)
-//! after sled's flush, and an open syncs the store's directory once, for a new store's files.
+//! was given) nor flushes the disk's write cache (sled issues #1351, #1452); its background
+//! flusher `fsync`s the file only every `flush_every_ms` (500 ms). After a power loss a write
+//! `Db::flush` returned for up to that long before can be missing, and with it what the daemon
+//! did on the strength of it: a quarantined delivery answered 200, a decision carried out.
+//! [`Store::flush`](super::Store::flush) therefore syncs sled's file (`db`) after sled's flush,
+//! and an open syncs the store's directory once, for a new store's files.
 //!
 //! Values over a quarter of a segment (about 128 KiB) sled keeps in files of their own under
 //! `blobs/`, which it writes without any sync and whose loss it skips on recovery. The daemon
@@ -14,10 +15,12 @@
 //! could pass that size: each sync also syncs the blob files it has not synced yet (none, in
 //! normal operation: one directory read), then the directory.
 //!
-//! A failed sync is kept, as sled keeps its first I/O error: the kernel may have dropped the
-//! pages it could not write, so a later sync that succeeds proves nothing about them. Every
-//! later flush fails, and the writer's handling of a failing store (a probe of the disk, then
-//! an exit for the supervisor's restart on a reopened store) takes over.
+//! A failed `fdatasync` is kept, as sled keeps its first I/O error: the kernel may have dropped
+//! the pages it could not write, so a later sync that succeeds proves nothing about them. Every
+//! later flush fails, and so does the writer's indexer, whose handling of a failing store (not
+//! ready, a probe of the disk, then an exit for the supervisor's restart on a reopened store)
+//! takes over. A failure to list or open a blob file is not kept (nothing was synced, nothing
+//! dropped): that flush fails, the next one tries again.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -35,6 +38,9 @@ pub(super) struct SledFile {
     synced_blobs: Arc<Mutex<HashSet<OsString>>>,
     failed: Arc<AtomicBool>,
     syncs: Arc<AtomicU64>,
+    /// Tests: make the next `fdatasync` of sled's file fail.
+    #[cfg(test)]
+    fail_next: Arc<AtomicBool>,
 }
 
 /// The file sled 0.34 keeps its log and pages in, under the store's directory.
@@ -54,6 +60,8 @@ impl SledFile {
             synced_blobs: Default::default(),
             failed: Default::default(),
             syncs: Default::default(),
+            #[cfg(test)]
+            fail_next: Default::default(),
         })
     }
 
@@ -64,20 +72,44 @@ impl SledFile {
                 "an earlier sync of the store's file failed; a restart reopens it",
             ));
         }
-        let synced = tests::fail_sync().map_or_else(
-            || self.sync_blobs().and_then(|()| self.file.sync_data()),
-            Err,
-        );
-        match synced {
-            Ok(()) => {
-                self.syncs.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                self.failed.store(true, Ordering::SeqCst);
-                Err(e)
-            }
+        self.sync_blobs()?;
+        self.kept(
+            self.injected_failure()
+                .map_or_else(|| self.file.sync_data(), Err),
+        )?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Make the next `fdatasync` of sled's file fail (tests).
+    #[cfg(test)]
+    pub fn fail_next_sync(&self) {
+        self.fail_next.store(true, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    fn injected_failure(&self) -> Option<std::io::Error> {
+        self.fail_next
+            .swap(false, Ordering::SeqCst)
+            .then(|| std::io::Error::other("injected sync failure"))
+    }
+
+    #[cfg(not(test))]
+    fn injected_failure(&self) -> Option<std::io::Error> {
+        None
+    }
+
+    /// Whether a sync failed (every flush fails since).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// The result of an `fsync` or `fdatasync`, a failure kept.
+    fn kept(&self, synced: std::io::Result<()>) -> std::io::Result<()> {
+        if synced.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
         }
+        synced
     }
 
     /// Sync the blob files not synced before (a blob is written before the log entry naming
@@ -97,7 +129,7 @@ impl SledFile {
             let name = entry?.file_name();
             if !synced.contains(&name) {
                 match File::open(self.blobs.join(&name)) {
-                    Ok(file) => file.sync_data()?,
+                    Ok(file) => self.kept(file.sync_data())?,
                     // sled removed it meanwhile: a newer value replaced it.
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
@@ -109,7 +141,7 @@ impl SledFile {
         }
         synced.retain(|name| present.contains(name));
         if new {
-            File::open(&self.blobs)?.sync_all()?;
+            self.kept(File::open(&self.blobs)?.sync_all())?;
         }
         Ok(())
     }
@@ -123,26 +155,5 @@ impl SledFile {
     /// Syncs that succeeded since the store was opened.
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
-    }
-}
-
-pub(super) mod tests {
-    //! A hook the tests use to make the next sync fail.
-    use std::cell::Cell;
-
-    thread_local! {
-        static FAIL_NEXT: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// Make this thread's next sync fail (tests).
-    #[cfg(test)]
-    pub fn fail_next_sync() {
-        FAIL_NEXT.with(|f| f.set(true));
-    }
-
-    pub(super) fn fail_sync() -> Option<std::io::Error> {
-        FAIL_NEXT
-            .with(|f| f.replace(false))
-            .then(|| std::io::Error::other("injected sync failure"))
     }
 }

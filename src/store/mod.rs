@@ -978,6 +978,11 @@ impl Store {
             .map_err(|e| StoreError::Sled(sled::Error::Io(e)))
     }
 
+    /// Whether a sync of sled's file failed: every flush fails until the store is reopened.
+    pub fn sync_failed(&self) -> bool {
+        self.sled_file.failed()
+    }
+
     /// How many times [`flush`](Store::flush) synced sled's file since the store was opened.
     pub fn file_syncs(&self) -> u64 {
         self.sled_file.syncs()

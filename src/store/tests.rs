@@ -406,7 +406,7 @@ fn a_flush_syncs_sleds_file_and_a_failed_sync_fails_every_later_flush_until_reop
         "sled's flush, then its file synced"
     );
 
-    super::durable::tests::fail_next_sync();
+    store.sled_file.fail_next_sync();
     assert!(matches!(
         store.flush(),
         Err(StoreError::Sled(sled::Error::Io(_)))

@@ -191,6 +191,8 @@ impl TimerWakeup {
     /// The firer starts reading the timers.
     pub fn looking(&self) {
         self.next_look.store(Millis::MAX, Ordering::SeqCst);
+        // Before the tree is read (a fold writes the tree, then reads this: see `started`).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// The firer read them and sleeps until `at` (ms, daemon time) unless woken.
@@ -210,6 +212,9 @@ impl TimerWakeup {
 
     /// A fold wrote a timer due at `due_at` (after writing it).
     pub(super) fn started(&self, due_at: Millis) {
+        // After the tree was written: either the firer's read sees the timer, or this sees the
+        // firer looking (`looking`).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if due_at < self.next_look.load(Ordering::SeqCst) {
             self.notify.notify_one();
         }

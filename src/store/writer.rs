@@ -395,10 +395,16 @@ enum ToIndexer {
 }
 
 fn flush_store(store: &Store) -> Result<(), WriterError> {
-    store.flush().map_err(|e| {
+    answer_of(&store.flush())
+}
+
+/// What those waiting for a flush are answered.
+fn answer_of(flushed: &Result<(), super::StoreError>) -> Result<(), WriterError> {
+    flushed.as_ref().map_err(|e| {
         tracing::error!(error = %e, "store flush failed");
         WriterError::Store(e.to_string())
-    })
+    })?;
+    Ok(())
 }
 
 /// The indexing side: dedupe index, checkpoint and hand-over for what the syncer logged, off the syncer's thread, so
@@ -449,17 +455,31 @@ fn index_loop(
         }
         let events = backlog.new_events.len();
         let indexed = backlog.index(&store, durable.as_ref());
-        health.index.store(indexed.is_ok(), Ordering::Relaxed);
         if indexed.is_ok() {
             waiting.release(events);
         } else {
             waiting.indexer_failed();
         }
-        if !waiters.is_empty() {
+        let flushed = match waiters.is_empty() {
+            true => Ok(()),
             // Whatever the index did: what the waiters wrote is theirs, and a failing sled
             // fails the flush too.
-            std::mem::take(&mut waiters).answer(flush_store(&store));
-        }
+            false => {
+                let flushed = store.flush();
+                std::mem::take(&mut waiters).answer(answer_of(&flushed));
+                flushed
+            }
+        };
+        // A failed sync of sled's file fails every flush from then on (`durable`), even while
+        // sled's own writes work: the store has failed as much as when sled's writer has.
+        let failed = match store.sync_failed() {
+            true => Err(super::StoreError::Sled(sled::Error::Io(
+                std::io::Error::other("a sync of the store's file failed"),
+            ))),
+            false => Ok(()),
+        };
+        let indexed = indexed.and(flushed).and(failed);
+        health.index.store(indexed.is_ok(), Ordering::Relaxed);
         match indexed {
             Ok(()) => disk_was_writable = false,
             Err(e)
@@ -740,6 +760,15 @@ mod tests {
         let before = store.file_syncs();
         writer.accept(job("d2", "e2")).await.expect("accepted");
         assert_eq!(store.file_syncs(), before);
+
+        // A failed sync fails the flush and makes the writer unhealthy (`/readyz` 503), though
+        // sled's own writes still work. (One round only: the next, with the disk found
+        // writable, would exit the process for a restart, as for a stuck sled.)
+        assert!(writer.is_healthy());
+        store.sled_file.fail_next_sync();
+        assert!(writer.flush_own().await.is_err(), "the flush fails");
+        assert!(!writer.is_healthy(), "not ready until a restart");
+        assert!(store.sync_failed());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

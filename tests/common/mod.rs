@@ -107,8 +107,9 @@ impl TestApp {
     }
 
     /// [`spawn_in`](Self::spawn_in), the daemon started by `wrapper` (a program and its
-    /// arguments that run the command after them in the same process, as `setpriv ... --` and
-    /// `prlimit ... --` do: the child's PID stays the daemon's).
+    /// arguments, which run the command after them). `setpriv ... --` and `prlimit ... --` run it
+    /// in their own process, so `child` is the daemon; `strace` runs it as its child, which the
+    /// test must stop itself (by the PID in `daemon.json`).
     pub fn spawn_under(wrapper: &[&str], data_dir: &Path, opts: Spawn) -> TestApp {
         std::fs::create_dir_all(data_dir).expect("data dir");
         let log_path = data_dir.join(format!(
