@@ -513,6 +513,8 @@ async fn run(
     // One receiver per fold on the pool (with the fold's start); a fold that panics drops its
     // sender.
     let mut inflight = FuturesUnordered::new();
+    // The folds' watermark as last written (on start, where the scan began).
+    let mut watermark = store.fold_from().unwrap_or_default();
     loop {
         if *stop.borrow() {
             break;
@@ -543,7 +545,20 @@ async fn run(
                 let _ = done_tx.send(results);
             });
             let started = lift.started();
-            inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, r)));
+            inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, fold_from, r)));
+        }
+        // Drained: every event received is folded, so the log's end as received is a watermark
+        // no fold may have written (each wrote the one its job started with, and the job that
+        // committed last may have started long before the others ended). Written once per
+        // drain, so a restart does not scan a whole burst's events again.
+        if queues.depth == 0 && inflight.is_empty() && watermark < queues.received_end {
+            watermark = queues.received_end;
+            let store = store.clone();
+            pool.spawn(move || {
+                if let Err(e) = store.advance_fold_from(watermark) {
+                    tracing::warn!(error = %e, "cannot advance the folds' watermark after a drain");
+                }
+            });
         }
         let lift_at = lift.deadline();
         tokio::select! {
@@ -559,8 +574,10 @@ async fn run(
                 }
                 None => inputs.open = false,
             },
-            Some((started, joined)) = inflight.next(), if !inflight.is_empty() => {
+            Some((started, fold_from, joined)) = inflight.next(), if !inflight.is_empty() => {
                 lift.finished(started);
+                // The watermark the store holds now (the last commit's).
+                watermark = fold_from;
                 match joined {
                     Ok(results) => {
                         for finished in results {
@@ -591,7 +608,7 @@ async fn run(
         }
     }
     // Shutdown: let batches in flight commit; what is queued is found again by the next start.
-    while let Some((_, joined)) = inflight.next().await {
+    while let Some((_, _, joined)) = inflight.next().await {
         if let Ok(results) = joined {
             for finished in results {
                 queues.finish(finished);
@@ -1217,6 +1234,52 @@ mod tests {
         );
         assert_eq!(metrics.fold_lifts.get(), 1);
         drop(stop);
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+
+    /// A start that finds everything folded behind an old watermark (the commit that wrote it
+    /// last had started before others ended), and a drain, leave it at the log's end: the next
+    /// start does not scan those events again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drained_dispatcher_raises_the_watermark_to_the_log_s_end() {
+        let (_dir, store) = new_store();
+        accept(&store, "d1", "e1", "c1");
+        accept(&store, "d2", "e2", "c2");
+        let end = store.pending().expect("pending").end;
+        let all = store.pending().expect("pending").events;
+        let job: Job = all
+            .iter()
+            .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
+            .collect();
+        // Folded with the oldest possible watermark, as by a job that started first and
+        // committed last.
+        process_without_rules(&store, job, Location::default());
+        assert_eq!(store.fold_from().expect("watermark"), Location::default());
+        assert!(store.pending().expect("pending").events.is_empty());
+
+        let settings = DispatchSettings {
+            concurrency: 1,
+            batch_size: 10,
+            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
+            decided: None,
+            verdicts: None,
+            priority: crate::background::Priority::Nice(0),
+            lift_after: None,
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let (stop, stop_rx) = watch::channel(false);
+        let (_handle, task) =
+            start(store.clone(), metrics.clone(), settings, stop_rx).expect("start");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while store.fold_from().expect("watermark") != end {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watermark stayed at {:?}, the log ends at {end:?}",
+                store.fold_from()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
 

@@ -1078,6 +1078,17 @@ impl Store {
         Ok(())
     }
 
+    /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
+    /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
+    /// the next flush; an older watermark after a crash only makes a start scan more.
+    pub fn advance_fold_from(&self, to: eventlog::Location) -> Result<(), StoreError> {
+        let _folding = self.fold_guard()?;
+        if self.fold_from()? < to {
+            self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
+        }
+        Ok(())
+    }
+
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
     pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)

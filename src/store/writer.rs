@@ -460,15 +460,11 @@ fn index_loop(
         } else {
             waiting.indexer_failed();
         }
+        // Whatever the index did: what the waiters wrote is theirs, and a failing sled fails
+        // the flush too.
         let flushed = match waiters.is_empty() {
             true => Ok(()),
-            // Whatever the index did: what the waiters wrote is theirs, and a failing sled
-            // fails the flush too.
-            false => {
-                let flushed = store.flush();
-                std::mem::take(&mut waiters).answer(answer_of(&flushed));
-                flushed
-            }
+            false => store.flush(),
         };
         // A failed sync of sled's file fails every flush from then on (`durable`), even while
         // sled's own writes work: the store has failed as much as when sled's writer has.
@@ -478,8 +474,15 @@ fn index_loop(
             ))),
             false => Ok(()),
         };
+        // Health first: whoever is answered a failed flush finds the writer unhealthy.
+        health.index.store(
+            indexed.is_ok() && flushed.is_ok() && failed.is_ok(),
+            Ordering::Relaxed,
+        );
+        if !waiters.is_empty() {
+            std::mem::take(&mut waiters).answer(answer_of(&flushed));
+        }
         let indexed = indexed.and(flushed).and(failed);
-        health.index.store(indexed.is_ok(), Ordering::Relaxed);
         match indexed {
             Ok(()) => disk_was_writable = false,
             Err(e)
@@ -762,13 +765,15 @@ mod tests {
         assert_eq!(store.file_syncs(), before);
 
         // A failed sync fails the flush and makes the writer unhealthy (`/readyz` 503), though
-        // sled's own writes still work. (One round only: the next, with the disk found
-        // writable, would exit the process for a restart, as for a stuck sled.)
+        // sled's own writes still work.
         assert!(writer.is_healthy());
         store.sled_file.fail_next_sync();
         assert!(writer.flush_own().await.is_err(), "the flush fails");
         assert!(!writer.is_healthy(), "not ready until a restart");
         assert!(store.sync_failed());
+        // The indexer's next round, the disk found writable, exits the process for a restart
+        // (as for a stuck sled), and dropping the writer makes one: keep it.
+        std::mem::forget(writer);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
