@@ -886,6 +886,19 @@ mod tests {
         store.accept(&parsed.id, &parsed.events, 1).expect("accept");
     }
 
+    /// One fold at a time, no rules, the daemon's own priority, no lifting.
+    fn plain_settings() -> DispatchSettings {
+        DispatchSettings {
+            concurrency: 1,
+            batch_size: 10,
+            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
+            decided: None,
+            verdicts: None,
+            priority: crate::background::Priority::Nice(0),
+            lift_after: None,
+        }
+    }
+
     /// Fold a job as a fold thread does, without rules.
     fn process_without_rules(store: &Store, job: Job, fold_from: Location) -> JobResult {
         let metrics = Metrics::new().expect("metrics");
@@ -1257,15 +1270,7 @@ mod tests {
         assert_eq!(store.fold_from().expect("watermark"), Location::default());
         assert!(store.pending().expect("pending").events.is_empty());
 
-        let settings = DispatchSettings {
-            concurrency: 1,
-            batch_size: 10,
-            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
-            decided: None,
-            verdicts: None,
-            priority: crate::background::Priority::Nice(0),
-            lift_after: None,
-        };
+        let settings = plain_settings();
         let metrics = Metrics::new().expect("metrics");
         let (stop, stop_rx) = watch::channel(false);
         let (_handle, task) =
@@ -1289,15 +1294,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_stop_sender_ends_the_dispatcher() {
         let (_dir, store) = new_store();
-        let settings = DispatchSettings {
-            concurrency: 1,
-            batch_size: 10,
-            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
-            decided: None,
-            verdicts: None,
-            priority: crate::background::Priority::Nice(0),
-            lift_after: None,
-        };
+        let settings = plain_settings();
         let metrics = Metrics::new().expect("metrics");
         let (stop, stop_rx) = watch::channel(false);
         let (_handle, task) = start(store, metrics, settings, stop_rx).expect("start");
