@@ -53,7 +53,7 @@ impl SledFile {
     /// so that a new store's files are found after a power loss.
     pub fn open(dir: &Path) -> std::io::Result<SledFile> {
         let file = File::open(dir.join(SLED_FILE))?;
-        File::open(dir)?.sync_all()?;
+        super::eventlog::sync_dir(dir)?;
         Ok(SledFile {
             file: Arc::new(file),
             blobs: dir.join(SLED_BLOBS),

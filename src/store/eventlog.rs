@@ -582,7 +582,7 @@ fn intact_length(file: &mut File) -> std::io::Result<(u64, bool)> {
     }
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
