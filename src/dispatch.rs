@@ -31,6 +31,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
+/// How often at most a drained dispatcher raises the folds' watermark to the log's end
+/// (`Watermark`). At a low rate the dispatcher drains after every event, and a raise per event
+/// cost a task on a fold thread and a sled write each.
+const RAISE_EVERY: Duration = Duration::from_secs(1);
+
 /// Beyond this many queued events, new ones are queued without their typed form (and read back
 /// from the store when their turn comes), so a backlog does not grow memory without bound.
 const MAX_EVENTS_IN_MEMORY: usize = 10_000;
@@ -411,6 +416,59 @@ impl FoldThreads {
     }
 }
 
+/// The folds' watermark as the dispatcher last wrote it or saw a fold write it, and when a
+/// drained dispatcher raises it to the log's end.
+///
+/// Each fold writes the watermark its job started with (the oldest event queued or in another
+/// job), and the job that commits last in a burst may have started long before the others
+/// ended: the watermark would stay a whole burst behind until the next event, and a restart
+/// would check every event of the burst against its folded mark again. Drained, every event
+/// received is folded, so the log's end as received is a watermark to write. At most once per
+/// `RAISE_EVERY`, and once more that long after the last if still behind: at a low rate the
+/// dispatcher drains after every event.
+struct Watermark {
+    written: Location,
+    last_raise: Option<tokio::time::Instant>,
+}
+
+/// What to do about the watermark now.
+#[derive(Debug, PartialEq, Eq)]
+enum Raise {
+    Nothing,
+    /// Write this (the log's end as received).
+    Now(Location),
+    /// Look again then.
+    Later(tokio::time::Instant),
+}
+
+impl Watermark {
+    fn new(written: Location) -> Self {
+        Watermark {
+            written,
+            last_raise: None,
+        }
+    }
+
+    /// A fold committed the watermark its job started with.
+    fn committed(&mut self, fold_from: Location) {
+        self.written = fold_from;
+    }
+
+    fn next(&mut self, drained: bool, end: Location, now: tokio::time::Instant) -> Raise {
+        if !drained || self.written >= end {
+            return Raise::Nothing;
+        }
+        if let Some(due) = self.last_raise.map(|at| at + RAISE_EVERY) {
+            if due > now {
+                return Raise::Later(due);
+            }
+        }
+        self.last_raise = Some(now);
+        self.written = end;
+        Raise::Now(end)
+    }
+}
+
 /// What folds run with.
 struct Workers {
     store: Store,
@@ -513,8 +571,7 @@ async fn run(
     // One receiver per fold on the pool (with the fold's start); a fold that panics drops its
     // sender.
     let mut inflight = FuturesUnordered::new();
-    // The folds' watermark as last written (on start, where the scan began).
-    let mut watermark = store.fold_from().unwrap_or_default();
+    let mut watermark = Watermark::new(store.fold_from().unwrap_or_default());
     loop {
         if *stop.borrow() {
             break;
@@ -547,18 +604,20 @@ async fn run(
             let started = lift.started();
             inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, fold_from, r)));
         }
-        // Drained: every event received is folded, so the log's end as received is a watermark
-        // no fold may have written (each wrote the one its job started with, and the job that
-        // committed last may have started long before the others ended). Written once per
-        // drain, so a restart does not scan a whole burst's events again.
-        if queues.depth == 0 && inflight.is_empty() && watermark < queues.received_end {
-            watermark = queues.received_end;
-            let store = store.clone();
-            pool.spawn(move || {
-                if let Err(e) = store.advance_fold_from(watermark) {
-                    tracing::warn!(error = %e, "cannot advance the folds' watermark after a drain");
-                }
-            });
+        // Drained: raise the folds' watermark to the log's end as received (`Watermark`).
+        let mut raise_at = None;
+        let drained = queues.depth == 0 && inflight.is_empty();
+        match watermark.next(drained, queues.received_end, tokio::time::Instant::now()) {
+            Raise::Nothing => {}
+            Raise::Later(at) => raise_at = Some(at),
+            Raise::Now(to) => {
+                let store = store.clone();
+                pool.spawn(move || {
+                    if let Err(e) = store.advance_fold_from(to) {
+                        tracing::warn!(error = %e, "cannot advance the folds' watermark after a drain");
+                    }
+                });
+            }
         }
         let lift_at = lift.deadline();
         tokio::select! {
@@ -576,8 +635,7 @@ async fn run(
             },
             Some((started, fold_from, joined)) = inflight.next(), if !inflight.is_empty() => {
                 lift.finished(started);
-                // The watermark the store holds now (the last commit's).
-                watermark = fold_from;
+                watermark.committed(fold_from);
                 match joined {
                     Ok(results) => {
                         for finished in results {
@@ -589,6 +647,8 @@ async fn run(
             }
             // A fold in flight has waited for a CPU past `lift_after`.
             () = sleep_until_some(lift_at) => lift.check(&metrics),
+            // Time to raise the watermark (above), if still drained.
+            () = sleep_until_some(raise_at) => {}
             // A dropped sender stops it too: `changed` would be ready at once forever.
             changed = stop.changed() => if changed.is_err() { break },
             // Resumed (or paused): look at the queues again.
@@ -1248,6 +1308,31 @@ mod tests {
         assert_eq!(metrics.fold_lifts.get(), 1);
         drop(stop);
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+
+    /// A drained dispatcher raises the watermark at once the first time, then at most once per
+    /// `RAISE_EVERY` (looking again when that is up), and never while events are queued or
+    /// being folded, or when a fold already wrote the log's end.
+    #[test]
+    fn the_watermark_is_raised_at_most_once_a_second() {
+        let at = |offset| Location { segment: 1, offset };
+        let t0 = tokio::time::Instant::now();
+        let mut w = Watermark::new(at(0));
+        assert_eq!(w.next(false, at(10), t0), Raise::Nothing, "not drained");
+        assert_eq!(w.next(true, at(10), t0), Raise::Now(at(10)));
+        assert_eq!(w.next(true, at(10), t0), Raise::Nothing, "already there");
+        // The next event's fold wrote the watermark its job started with: behind again.
+        w.committed(at(10));
+        let soon = t0 + Duration::from_millis(5);
+        assert_eq!(w.next(true, at(20), soon), Raise::Later(t0 + RAISE_EVERY));
+        assert_eq!(w.next(false, at(30), soon), Raise::Nothing, "not drained");
+        assert_eq!(w.next(true, at(30), t0 + RAISE_EVERY), Raise::Now(at(30)));
+        // A fold that wrote the end itself needs no raise.
+        w.committed(at(40));
+        let later = t0 + RAISE_EVERY * 3;
+        assert_eq!(w.next(true, at(40), later), Raise::Nothing);
+        w.committed(at(40));
+        assert_eq!(w.next(true, at(50), later), Raise::Now(at(50)));
     }
 
     /// A start that finds everything folded behind an old watermark (the commit that wrote it
