@@ -180,7 +180,7 @@ pub fn import_sled(store_dir: &Path, input: &mut impl Read) -> Result<DumpStats,
     // sled's flush alone may not reach the disk (see `durable`).
     super::durable::SledFile::open(store_dir)
         .and_then(|file| file.sync())
-        .map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
+        .map_err(StoreError::Sync)?;
     Ok(stats)
 }
 

@@ -26,7 +26,9 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(test)]
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// sled's data file, kept open to sync it, and its blob directory.
@@ -37,8 +39,9 @@ pub(super) struct SledFile {
     /// The blob files synced so far (those sled removed since are forgotten).
     synced_blobs: Arc<Mutex<HashSet<OsString>>>,
     failed: Arc<AtomicBool>,
+    /// Tests: the syncs that succeeded, and whether to make the next `fdatasync` fail.
+    #[cfg(test)]
     syncs: Arc<AtomicU64>,
-    /// Tests: make the next `fdatasync` of sled's file fail.
     #[cfg(test)]
     fail_next: Arc<AtomicBool>,
 }
@@ -59,6 +62,7 @@ impl SledFile {
             blobs: dir.join(SLED_BLOBS),
             synced_blobs: Default::default(),
             failed: Default::default(),
+            #[cfg(test)]
             syncs: Default::default(),
             #[cfg(test)]
             fail_next: Default::default(),
@@ -77,6 +81,7 @@ impl SledFile {
             self.injected_failure()
                 .map_or_else(|| self.file.sync_data(), Err),
         )?;
+        #[cfg(test)]
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -152,7 +157,8 @@ impl SledFile {
         self.synced_blobs.lock().map_or(0, |s| s.len())
     }
 
-    /// Syncs that succeeded since the store was opened.
+    /// Syncs that succeeded since the store was opened (tests).
+    #[cfg(test)]
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
     }

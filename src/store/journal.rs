@@ -27,44 +27,57 @@
 
 use super::{keys, Store, StoreError, MAX_VALUE_BYTES};
 
-/// The trees a fold writes, by a number the journal stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TreeId {
-    Folded,
-    Conversations,
-    EndUsers,
-    UserIndex,
-    Bots,
-    Outbox,
-    Actions,
-    Timers,
-    Queue,
-    Activity,
-    Meta,
+/// Defines the trees a fold writes once: the enum, the code the journal stores for each (stored,
+/// so never renumbered), the list of all ([`TreeId::ALL`]) and the store's tree for each
+/// ([`Store::journal_tree`]). No second list is kept by hand.
+macro_rules! journal_trees {
+    ($($variant:ident = $code:literal => $field:ident,)*) => {
+        /// The trees a fold writes, by a number the journal stores.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(super) enum TreeId {
+            $($variant,)*
+        }
+
+        impl TreeId {
+            #[cfg(test)]
+            const ALL: &'static [TreeId] = &[$(TreeId::$variant,)*];
+
+            fn code(self) -> u8 {
+                match self {
+                    $(TreeId::$variant => $code,)*
+                }
+            }
+
+            fn of_code(code: u8) -> Option<TreeId> {
+                match code {
+                    $($code => Some(TreeId::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl Store {
+            fn journal_tree(&self, tree: TreeId) -> &sled::Tree {
+                match tree {
+                    $(TreeId::$variant => &self.$field,)*
+                }
+            }
+        }
+    };
 }
 
-impl TreeId {
-    const ALL: [TreeId; 11] = [
-        TreeId::Folded,
-        TreeId::Conversations,
-        TreeId::EndUsers,
-        TreeId::UserIndex,
-        TreeId::Bots,
-        TreeId::Outbox,
-        TreeId::Actions,
-        TreeId::Timers,
-        TreeId::Queue,
-        TreeId::Activity,
-        TreeId::Meta,
-    ];
-
-    fn code(self) -> u8 {
-        self as u8
-    }
-
-    fn of_code(code: u8) -> Option<TreeId> {
-        Self::ALL.get(usize::from(code)).copied()
-    }
+journal_trees! {
+    Folded = 0 => folded,
+    Conversations = 1 => conversations,
+    EndUsers = 2 => end_users,
+    UserIndex = 3 => user_index,
+    Bots = 4 => bots,
+    Outbox = 5 => outbox,
+    Actions = 6 => actions,
+    Timers = 7 => timers,
+    Queue = 8 => queue,
+    Activity = 9 => activity,
+    Meta = 10 => meta,
 }
 
 /// One write: a value put under a key, or the key removed.
@@ -184,22 +197,6 @@ fn take_bytes(from: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 impl Store {
-    fn journal_tree(&self, tree: TreeId) -> &sled::Tree {
-        match tree {
-            TreeId::Folded => &self.folded,
-            TreeId::Conversations => &self.conversations,
-            TreeId::EndUsers => &self.end_users,
-            TreeId::UserIndex => &self.user_index,
-            TreeId::Bots => &self.bots,
-            TreeId::Outbox => &self.outbox,
-            TreeId::Actions => &self.actions,
-            TreeId::Timers => &self.timers,
-            TreeId::Queue => &self.queue,
-            TreeId::Activity => &self.activity,
-            TreeId::Meta => &self.meta,
-        }
-    }
-
     /// The fold lock, for whoever writes what folds write (folds, the retention pass, replay);
     /// refused while a fold is half applied (see the module).
     pub(super) fn fold_guard(&self) -> Result<std::sync::MutexGuard<'_, ()>, StoreError> {
@@ -395,8 +392,10 @@ mod tests {
 
     #[test]
     fn every_tree_code_reads_back() {
+        let mut codes = std::collections::HashSet::new();
         for tree in TreeId::ALL {
-            assert_eq!(TreeId::of_code(tree.code()), Some(tree));
+            assert_eq!(TreeId::of_code(tree.code()), Some(*tree));
+            assert!(codes.insert(tree.code()), "{tree:?}'s code is taken");
         }
         assert_eq!(TreeId::of_code(TreeId::ALL.len() as u8), None);
     }

@@ -79,6 +79,10 @@ pub enum StoreError {
     Open { path: String, source: sled::Error },
     #[error("event log: {0}")]
     Log(String),
+    /// An `fsync`/`fdatasync` of sled's files failed (`durable`), now or earlier (a failure is
+    /// kept): every flush fails until the store is reopened.
+    #[error("syncing the store's file to disk failed: {0}")]
+    Sync(std::io::Error),
     /// A fold's writes were left half applied by a failing store (`journal`): folds wait for a
     /// restart, which completes them.
     #[error(
@@ -88,6 +92,17 @@ pub enum StoreError {
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl StoreError {
+    /// Whether the disk failed the store (an I/O error from sled, or a failed sync of its file),
+    /// as opposed to what it holds being wrong.
+    pub fn is_disk_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sled(sled::Error::Io(_)) | StoreError::Sync(_)
+        )
+    }
 }
 
 impl From<TransactionError<String>> for StoreError {
@@ -973,9 +988,7 @@ impl Store {
     /// only the writer's indexer calls it.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
-        self.sled_file
-            .sync()
-            .map_err(|e| StoreError::Sled(sled::Error::Io(e)))
+        self.sled_file.sync().map_err(StoreError::Sync)
     }
 
     /// Whether a sync of sled's file failed: every flush fails until the store is reopened.
@@ -984,7 +997,8 @@ impl Store {
     }
 
     /// How many times [`flush`](Store::flush) synced sled's file since the store was opened.
-    pub fn file_syncs(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn file_syncs(&self) -> u64 {
         self.sled_file.syncs()
     }
 

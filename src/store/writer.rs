@@ -469,8 +469,8 @@ fn index_loop(
         // A failed sync of sled's file fails every flush from then on (`durable`), even while
         // sled's own writes work: the store has failed as much as when sled's writer has.
         let failed = match store.sync_failed() {
-            true => Err(super::StoreError::Sled(sled::Error::Io(
-                std::io::Error::other("a sync of the store's file failed"),
+            true => Err(super::StoreError::Sync(std::io::Error::other(
+                "an earlier sync of the store's file failed",
             ))),
             false => Ok(()),
         };
@@ -485,10 +485,7 @@ fn index_loop(
         let indexed = indexed.and(flushed).and(failed);
         match indexed {
             Ok(()) => disk_was_writable = false,
-            Err(e)
-                if disk_was_writable
-                    && matches!(e, super::StoreError::Sled(sled::Error::Io(_))) =>
-            {
+            Err(e) if disk_was_writable && e.is_disk_failure() => {
                 // sled 0.34 keeps the first I/O error of its log writer and returns it from
                 // every later call: a store that once hit a full disk stays failed after space
                 // returns, and only reopening it helps. Exit as a crash would (everything
@@ -502,9 +499,7 @@ fn index_loop(
                 );
                 std::process::exit(STORE_STUCK_EXIT);
             }
-            Err(super::StoreError::Sled(sled::Error::Io(_))) => {
-                disk_was_writable = store.dir_takes_writes();
-            }
+            Err(e) if e.is_disk_failure() => disk_was_writable = store.dir_takes_writes(),
             Err(_) => disk_was_writable = false,
         }
     }
