@@ -32,8 +32,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// How often at most a drained dispatcher raises the folds' watermark to the log's end
-/// (`Watermark`). At a low rate the dispatcher drains after every event, and a raise per event
-/// cost a task on a fold thread and a sled write each.
+/// (`Watermark`). A raise follows every drain where an event arrived while a job ran (at 200
+/// events/s, much of the time), and each costs a task on a fold thread and a sled write.
 const RAISE_EVERY: Duration = Duration::from_secs(1);
 
 /// Beyond this many queued events, new ones are queued without their typed form (and read back
@@ -423,9 +423,10 @@ impl FoldThreads {
 /// job), and the job that commits last in a burst may have started long before the others
 /// ended: the watermark would stay a whole burst behind until the next event, and a restart
 /// would check every event of the burst against its folded mark again. Drained, every event
-/// received is folded, so the log's end as received is a watermark to write. At most once per
-/// `RAISE_EVERY`, and once more that long after the last if still behind: at a low rate the
-/// dispatcher drains after every event.
+/// received is folded, so the log's end as received is a watermark to write. (A job that holds
+/// every unfinished event writes that end itself; a raise is needed when an event arrived while
+/// a job ran.) At most once per `RAISE_EVERY`, and once more that long after the last if still
+/// behind; and once at a stop, so a raise held back is not lost.
 struct Watermark {
     written: Location,
     last_raise: Option<tokio::time::Instant>,
@@ -452,6 +453,14 @@ impl Watermark {
     /// A fold committed the watermark its job started with.
     fn committed(&mut self, fold_from: Location) {
         self.written = fold_from;
+    }
+
+    /// At a stop, drained: the end to raise the watermark to, if behind, whenever the last raise.
+    fn at_stop(&mut self, end: Location) -> Option<Location> {
+        (self.written < end).then(|| {
+            self.written = end;
+            end
+        })
     }
 
     fn next(&mut self, drained: bool, end: Location, now: tokio::time::Instant) -> Raise {
@@ -668,11 +677,25 @@ async fn run(
         }
     }
     // Shutdown: let batches in flight commit; what is queued is found again by the next start.
-    while let Some((_, _, joined)) = inflight.next().await {
+    while let Some((_, fold_from, joined)) = inflight.next().await {
+        watermark.committed(fold_from);
         if let Ok(results) = joined {
             for finished in results {
                 queues.finish(finished);
             }
+        }
+    }
+    // A raise held back by `RAISE_EVERY` is made now, so the next start does not scan again.
+    if let Some(to) = (queues.depth == 0)
+        .then(|| watermark.at_stop(queues.received_end))
+        .flatten()
+    {
+        let (done_tx, done_rx) = oneshot::channel();
+        pool.spawn(move || {
+            let _ = done_tx.send(store.advance_fold_from(to));
+        });
+        if let Ok(Err(e)) = done_rx.await {
+            tracing::warn!(error = %e, "cannot advance the folds' watermark at the stop");
         }
     }
     metrics.inbox_depth.set(queues.depth as i64);
@@ -937,13 +960,14 @@ mod tests {
         (dir, store)
     }
 
-    /// Store a delivery of one user message of conversation `conv`.
-    fn accept(store: &Store, delivery: &str, event: &str, conv: &str) {
+    /// Store a delivery of one user message of conversation `conv`; its typed event.
+    fn accept(store: &Store, delivery: &str, event: &str, conv: &str) -> Event {
         let body = format!(
             r#"{{"id":"{delivery}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{event}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-{event}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}]}}"#
         );
         let parsed = crate::webhook::parse_delivery(body.as_bytes()).expect("valid");
         store.accept(&parsed.id, &parsed.events, 1).expect("accept");
+        parsed.events.into_iter().next().expect("one event").event
     }
 
     /// One fold at a time, no rules, the daemon's own priority, no lifting.
@@ -1333,6 +1357,111 @@ mod tests {
         assert_eq!(w.next(true, at(40), later), Raise::Nothing);
         w.committed(at(40));
         assert_eq!(w.next(true, at(50), later), Raise::Now(at(50)));
+    }
+
+    /// Wait in real time until `done`, yielding to the dispatcher's task in between, without
+    /// letting a paused clock move (it moves only when the runtime has nothing to run).
+    async fn wait_unpaused(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A dispatcher whose raise is held back by `RAISE_EVERY`: two jobs in flight at once each
+    /// committed a watermark behind the log's end (the other's frame), within a second of the
+    /// start's raise. Paused clock: it moves only when the test sleeps; the folds run on their
+    /// threads in real time. Returns the log's end, the handle (the dispatcher stops waiting for
+    /// events once it is dropped), the stop and the task.
+    async fn held_back_raise(
+        store: &Store,
+    ) -> (
+        Location,
+        DispatchHandle,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        accept(store, "d1", "e1", "c1");
+        let job: Job = store
+            .pending()
+            .expect("pending")
+            .events
+            .iter()
+            .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
+            .collect();
+        process_without_rules(store, job, Location::default());
+        let first_end = store.pending().expect("pending").end;
+        let settings = DispatchSettings {
+            concurrency: 2,
+            batch_size: 1,
+            ..plain_settings()
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let (stop, stop_rx) = watch::channel(false);
+        let (handle, task) =
+            start(store.clone(), metrics.clone(), settings, stop_rx).expect("start");
+        let started = tokio::time::Instant::now();
+        let at_first_end = || store.fold_from().expect("watermark") == first_end;
+        wait_unpaused("the start's raise", at_first_end).await;
+
+        handle.pause();
+        let typed =
+            [("d2", "e2", "c2"), ("d3", "e3", "c3")].map(|(d, e, c)| accept(store, d, e, c));
+        let pending = store.pending().expect("pending");
+        let new: Vec<NewEvent> = pending
+            .events
+            .iter()
+            .zip(typed)
+            .map(|(p, event)| NewEvent {
+                seq: p.seq,
+                partition: p.partition.clone(),
+                at: p.at,
+                received_at: 1,
+                event,
+            })
+            .collect();
+        assert_eq!(new.len(), 2);
+        handle.notify_events(new, pending.end);
+        handle.resume();
+        let folded = || store.pending().expect("pending").events.is_empty();
+        wait_unpaused("the two events folded", folded).await;
+        tokio::task::yield_now().await;
+        assert!(tokio::time::Instant::now() < started + RAISE_EVERY);
+        assert!(
+            store.fold_from().expect("watermark") < pending.end,
+            "raised again within a second of the last raise"
+        );
+        (pending.end, handle, stop, task)
+    }
+
+    /// A raise held back by `RAISE_EVERY` still comes once that is up, with no event to wake the
+    /// dispatcher.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_raise_held_back_a_second_comes_when_the_second_is_up() {
+        let (_dir, store) = new_store();
+        let (end, _handle, stop, task) = held_back_raise(&store).await;
+        tokio::time::sleep(RAISE_EVERY).await;
+        let at_end = || store.fold_from().expect("watermark") == end;
+        wait_unpaused("the held-back raise once the second is up", at_end).await;
+        let _ = stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+
+    /// A stop within the second makes the raise held back, so the next start does not scan
+    /// those events again.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_stop_makes_the_raise_held_back() {
+        let (_dir, store) = new_store();
+        let (end, _handle, stop, task) = held_back_raise(&store).await;
+        let _ = stop.send(true);
+        wait_unpaused("the stop", || task.is_finished()).await;
+        task.await.expect("no panic");
+        assert_eq!(store.fold_from().expect("watermark"), end);
     }
 
     /// A start that finds everything folded behind an old watermark (the commit that wrote it

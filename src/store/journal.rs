@@ -398,6 +398,24 @@ mod tests {
             assert!(codes.insert(tree.code()), "{tree:?}'s code is taken");
         }
         assert_eq!(TreeId::of_code(TreeId::ALL.len() as u8), None);
+        // The codes are stored: pinned here, so an edit of the macro's list cannot renumber one.
+        let pinned = [
+            (TreeId::Folded, 0),
+            (TreeId::Conversations, 1),
+            (TreeId::EndUsers, 2),
+            (TreeId::UserIndex, 3),
+            (TreeId::Bots, 4),
+            (TreeId::Outbox, 5),
+            (TreeId::Actions, 6),
+            (TreeId::Timers, 7),
+            (TreeId::Queue, 8),
+            (TreeId::Activity, 9),
+            (TreeId::Meta, 10),
+        ];
+        assert_eq!(pinned.len(), TreeId::ALL.len());
+        for (tree, code) in pinned {
+            assert_eq!(tree.code(), code, "{tree:?}");
+        }
     }
 
     #[test]

@@ -151,7 +151,7 @@ impl Writer {
         std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || run(store, rx, (to_indexer, from_syncer), hooks, flag))
-            .map_err(|e| super::StoreError::Sled(sled::Error::Io(e)))?;
+            .map_err(|e| super::StoreError::Internal(format!("cannot start the writer: {e}")))?;
         Ok(Writer {
             tx,
             indexer,
