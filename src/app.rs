@@ -179,10 +179,24 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         store.start_io_threads()?;
         Ok::<_, AppError>(store)
     };
+    // sled replays what it wrote since the previous start: after a long run, seconds to minutes
+    // with nothing listening (docs/operations.md, "Start time"). Said, so a slow start is not a
+    // mystery.
+    let sled_file = crate::store::sled_file(&data.store_path());
+    let sled_file_bytes = std::fs::metadata(sled_file).map_or(0, |m| m.len());
+    tracing::info!(
+        sled_file_bytes,
+        "opening the store (sled replays its log written since the previous start)"
+    );
+    let opening = std::time::Instant::now();
     let fold_priority = fold_priority(&config.dispatch);
     let opened = crate::background::on_thread_at(fold_priority, "store-open", open);
     let thread = |name| move |source| AppError::Thread { name, source };
     let store = opened.map_err(thread("store-open"))??;
+    tracing::info!(
+        took_ms = opening.elapsed().as_millis() as u64,
+        "store opened"
+    );
 
     let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
         let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;

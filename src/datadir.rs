@@ -147,7 +147,7 @@ impl DataDir {
         }
         // Held, and by that process: where the kernel says who holds it (`/proc/locks`), the
         // recorded pid must be among the holders (a reused pid next to another holder is not it).
-        let db = self.store_path().join("db");
+        let db = crate::store::sled_file(&self.store_path());
         let holders = std::fs::metadata(&db).ok().and_then(|meta| {
             let locks = std::fs::read_to_string("/proc/locks").ok()?;
             Some(lock_holders(&locks, meta.ino()))

@@ -51,11 +51,16 @@ const SLED_FILE: &str = "db";
 /// The directory sled 0.34 keeps its large values in, one file each.
 const SLED_BLOBS: &str = "blobs";
 
+/// sled's data file in the store at `dir`.
+pub(super) fn sled_file(dir: &Path) -> PathBuf {
+    dir.join(SLED_FILE)
+}
+
 impl SledFile {
     /// Open sled's file under `dir` (sled has opened it, so it exists) and sync `dir` itself,
     /// so that a new store's files are found after a power loss.
     pub fn open(dir: &Path) -> std::io::Result<SledFile> {
-        let file = File::open(dir.join(SLED_FILE))?;
+        let file = File::open(sled_file(dir))?;
         super::eventlog::sync_dir(dir)?;
         Ok(SledFile {
             file: Arc::new(file),

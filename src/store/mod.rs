@@ -1982,12 +1982,18 @@ fn page_decoded<T: for<'de> Deserialize<'de>>(
         .collect()
 }
 
+/// sled's data file (its log and pages) in the store at `dir`: the file it locks while open, and
+/// the file a start replays (see docs/operations.md, "Start time").
+pub fn sled_file(dir: &Path) -> PathBuf {
+    durable::sled_file(dir)
+}
+
 /// Whether some process (another one, or another open of the file) holds the lock sled takes on
 /// the store at `dir` while it is open: one probe of the `db` file's lock, without opening sled
 /// and without waiting. A missing store is not held.
 pub fn lock_is_held(dir: &Path) -> bool {
     use fs2::FileExt;
-    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+    let Ok(file) = std::fs::File::open(sled_file(dir)) else {
         return false;
     };
     if FileExt::try_lock_shared(&file).is_ok() {
@@ -2002,7 +2008,7 @@ pub fn lock_is_held(dir: &Path) -> bool {
 /// released.
 fn held_by_another_process(dir: &Path) -> bool {
     use fs2::FileExt;
-    let Ok(file) = std::fs::File::open(dir.join("db")) else {
+    let Ok(file) = std::fs::File::open(sled_file(dir)) else {
         return false;
     };
     for _ in 0..=LOCK_RETRIES {
