@@ -202,9 +202,7 @@ pub fn restore(
     }
     commit_secrets(data)?;
     // The renames are entries of the data directory: synced, they survive a power loss.
-    std::fs::File::open(data.root())
-        .and_then(|dir| dir.sync_all())
-        .map_err(|e| io_error(data.root(), &e))?;
+    crate::store::sync_dir(data.root()).map_err(|e| io_error(data.root(), &e))?;
     data.remove_daemon_info();
     remove_dir_if_present(&old)?;
     Ok(manifest)

@@ -455,9 +455,10 @@ impl Watermark {
         self.written = fold_from;
     }
 
-    /// At a stop, drained: the end to raise the watermark to, if behind, whenever the last raise.
-    fn at_stop(&mut self, end: Location) -> Option<Location> {
-        (self.written < end).then(|| {
+    /// At a stop: the end to raise the watermark to, if drained and behind, whenever the last
+    /// raise.
+    fn at_stop(&mut self, drained: bool, end: Location) -> Option<Location> {
+        (drained && self.written < end).then(|| {
             self.written = end;
             end
         })
@@ -619,14 +620,7 @@ async fn run(
         match watermark.next(drained, queues.received_end, tokio::time::Instant::now()) {
             Raise::Nothing => {}
             Raise::Later(at) => raise_at = Some(at),
-            Raise::Now(to) => {
-                let store = store.clone();
-                pool.spawn(move || {
-                    if let Err(e) = store.advance_fold_from(to) {
-                        tracing::warn!(error = %e, "cannot advance the folds' watermark after a drain");
-                    }
-                });
-            }
+            Raise::Now(to) => drop(raise_watermark(&pool, &store, to)),
         }
         let lift_at = lift.deadline();
         tokio::select! {
@@ -686,20 +680,25 @@ async fn run(
         }
     }
     // A raise held back by `RAISE_EVERY` is made now, so the next start does not scan again.
-    if let Some(to) = (queues.depth == 0)
-        .then(|| watermark.at_stop(queues.received_end))
-        .flatten()
-    {
-        let (done_tx, done_rx) = oneshot::channel();
-        pool.spawn(move || {
-            let _ = done_tx.send(store.advance_fold_from(to));
-        });
-        if let Ok(Err(e)) = done_rx.await {
-            tracing::warn!(error = %e, "cannot advance the folds' watermark at the stop");
-        }
+    if let Some(to) = watermark.at_stop(queues.depth == 0, queues.received_end) {
+        let _ = raise_watermark(&pool, &store, to).await;
     }
     metrics.inbox_depth.set(queues.depth as i64);
     tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
+}
+
+/// Raise the folds' watermark to `to` on a fold thread (`Store::advance_fold_from` takes the fold
+/// lock); the receiver says when it is done.
+fn raise_watermark(pool: &FoldThreads, store: &Store, to: Location) -> oneshot::Receiver<()> {
+    let (done_tx, done_rx) = oneshot::channel();
+    let store = store.clone();
+    pool.spawn(move || {
+        if let Err(e) = store.advance_fold_from(to) {
+            tracing::warn!(error = %e, "cannot advance the folds' watermark to the log's end");
+        }
+        let _ = done_tx.send(());
+    });
+    done_rx
 }
 
 /// Sleep until `at`, or forever when there is nothing to wait for.
@@ -1359,6 +1358,19 @@ mod tests {
         assert_eq!(w.next(true, at(50), later), Raise::Now(at(50)));
     }
 
+    /// Fold every event still to fold with the oldest possible watermark, as by a job that started
+    /// first and committed last.
+    fn fold_pending_behind(store: &Store) {
+        let job: Job = store
+            .pending()
+            .expect("pending")
+            .events
+            .iter()
+            .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
+            .collect();
+        process_without_rules(store, job, Location::default());
+    }
+
     /// Wait in real time until `done`, yielding to the dispatcher's task in between, without
     /// letting a paused clock move (it moves only when the runtime has nothing to run).
     async fn wait_unpaused(what: &str, done: impl Fn() -> bool) {
@@ -1387,14 +1399,7 @@ mod tests {
         tokio::task::JoinHandle<()>,
     ) {
         accept(store, "d1", "e1", "c1");
-        let job: Job = store
-            .pending()
-            .expect("pending")
-            .events
-            .iter()
-            .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
-            .collect();
-        process_without_rules(store, job, Location::default());
+        fold_pending_behind(store);
         let first_end = store.pending().expect("pending").end;
         let settings = DispatchSettings {
             concurrency: 2,
@@ -1473,14 +1478,7 @@ mod tests {
         accept(&store, "d1", "e1", "c1");
         accept(&store, "d2", "e2", "c2");
         let end = store.pending().expect("pending").end;
-        let all = store.pending().expect("pending").events;
-        let job: Job = all
-            .iter()
-            .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
-            .collect();
-        // Folded with the oldest possible watermark, as by a job that started first and
-        // committed last.
-        process_without_rules(&store, job, Location::default());
+        fold_pending_behind(&store);
         assert_eq!(store.fold_from().expect("watermark"), Location::default());
         assert!(store.pending().expect("pending").events.is_empty());
 

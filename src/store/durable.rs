@@ -51,8 +51,9 @@ const SLED_FILE: &str = "db";
 /// The directory sled 0.34 keeps its large values in, one file each.
 const SLED_BLOBS: &str = "blobs";
 
-/// sled's data file in the store at `dir`.
-pub(super) fn sled_file(dir: &Path) -> PathBuf {
+/// sled's data file (its log and pages) in the store at `dir`: the file it locks while open, and
+/// the file a start replays (see docs/operations.md, "Start time").
+pub fn sled_file(dir: &Path) -> PathBuf {
     dir.join(SLED_FILE)
 }
 
@@ -76,11 +77,7 @@ impl SledFile {
 
     /// `fdatasync` sled's file: what sled's flush wrote is on the disk when this returns.
     pub fn sync(&self) -> std::io::Result<()> {
-        if self.failed.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other(
-                "an earlier sync of the store's file failed; a restart reopens it",
-            ));
-        }
+        self.check()?;
         self.sync_blobs()?;
         self.kept(
             self.injected_failure()
@@ -109,9 +106,14 @@ impl SledFile {
         None
     }
 
-    /// Whether a sync failed (every flush fails since).
-    pub fn failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+    /// The kept failure of an earlier sync, if any (every flush fails since).
+    pub fn check(&self) -> std::io::Result<()> {
+        match self.failed.load(Ordering::SeqCst) {
+            true => Err(std::io::Error::other(
+                "an earlier sync of the store's file failed; a restart reopens it",
+            )),
+            false => Ok(()),
+        }
     }
 
     /// The result of an `fsync` or `fdatasync`, a failure kept.

@@ -582,7 +582,8 @@ fn intact_length(file: &mut File) -> std::io::Result<(u64, bool)> {
     }
 }
 
-pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+/// Sync a directory, so the entries made or renamed in it survive a power loss.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

@@ -44,6 +44,8 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use durable::sled_file;
+pub(crate) use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use timers::DueTimer;
 pub use writer::{AcceptJob, NewEvent, Writer};
@@ -991,9 +993,15 @@ impl Store {
         self.sled_file.sync().map_err(StoreError::Sync)
     }
 
-    /// Whether a sync of sled's file failed: every flush fails until the store is reopened.
-    pub fn sync_failed(&self) -> bool {
-        self.sled_file.failed()
+    /// The kept failure of a sync of sled's file: every flush fails until the store is reopened.
+    pub fn sync_failure(&self) -> Result<(), StoreError> {
+        self.sled_file.check().map_err(StoreError::Sync)
+    }
+
+    /// Whether a sync of sled's file failed (tests).
+    #[cfg(test)]
+    pub(crate) fn sync_failed(&self) -> bool {
+        self.sync_failure().is_err()
     }
 
     /// How many times [`flush`](Store::flush) synced sled's file since the store was opened.
@@ -1980,12 +1988,6 @@ fn page_decoded<T: for<'de> Deserialize<'de>>(
         .take(limit)
         .map(|item| decode(&item?.1, what))
         .collect()
-}
-
-/// sled's data file (its log and pages) in the store at `dir`: the file it locks while open, and
-/// the file a start replays (see docs/operations.md, "Start time").
-pub fn sled_file(dir: &Path) -> PathBuf {
-    durable::sled_file(dir)
 }
 
 /// Whether some process (another one, or another open of the file) holds the lock sled takes on

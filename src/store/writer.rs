@@ -468,12 +468,7 @@ fn index_loop(
         };
         // A failed sync of sled's file fails every flush from then on (`durable`), even while
         // sled's own writes work: the store has failed as much as when sled's writer has.
-        let failed = match store.sync_failed() {
-            true => Err(super::StoreError::Sync(std::io::Error::other(
-                "an earlier sync of the store's file failed",
-            ))),
-            false => Ok(()),
-        };
+        let failed = store.sync_failure();
         // Health first: whoever is answered a failed flush finds the writer unhealthy.
         health.index.store(
             indexed.is_ok() && flushed.is_ok() && failed.is_ok(),
