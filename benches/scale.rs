@@ -24,7 +24,8 @@
 //!    of the large store's id space) on a fresh empty daemon and on the large one, alternating,
 //!    twice: accepted events/s on the large store over the empty one (target >= 0.8).
 //! 5. **prune**: `POST /admin/v1/prune` (one pruning pass), its time and the daemon's RSS.
-//! 6. **restart**: SIGTERM, time to exit, start again, time to `listening:` and to `/readyz` 200;
+//! 6. **restart**: SIGTERM, time to exit, start again, time to `accepting webhooks:` (the webhook
+//!    answered while sled opens), to `listening:` and to `/readyz` 200;
 //!    then stop and start once more, time to `listening:` (sled replays the log written since
 //!    the previous start: the first start after the build reads all of it).
 //!
@@ -1019,6 +1020,15 @@ struct Restart {
     /// writes at each open, so the first start after heavy writing reads everything written
     /// since the previous start, and the next one reads little.
     listening_next: Duration,
+    /// Each of the two starts to its `accepting webhooks:` line (the webhook answered while
+    /// sled opens), when it printed one.
+    accepting: Option<Duration>,
+    accepting_next: Option<Duration>,
+}
+
+/// A time in seconds, or `-` when there was none.
+fn seconds_text(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
 }
 
 fn run(opts: &Options) -> Result<(), String> {
@@ -1284,6 +1294,7 @@ fn run(opts: &Options) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(5));
     }
     let ready = t0.elapsed();
+    let accepting = again.accepting_after;
     let rss_ready = rss_mib(again.pid, "VmRSS");
     let queue_items = match http.get(
         &format!(
@@ -1310,10 +1321,13 @@ fn run(opts: &Options) -> Result<(), String> {
         daemon_command(opts, &data),
         &dir.path().join("daemon-3.log"),
     )?;
+    let accepting_next = third.accepting_after;
     third.stop(STOP_POLL)?;
     eprintln!(
-        "[restart] the start after that: listening after {:.2} s",
-        listening_next.as_secs_f64()
+        "[restart] webhook answered after {:?} s; the start after that: listening after {:.2} s, webhook answered after {:?} s",
+        accepting.map(|a| a.as_secs_f64()),
+        listening_next.as_secs_f64(),
+        accepting_next.map(|a| a.as_secs_f64())
     );
     let restart = Restart {
         shutdown,
@@ -1322,6 +1336,8 @@ fn run(opts: &Options) -> Result<(), String> {
         rss_ready,
         queue_items,
         listening_next,
+        accepting,
+        accepting_next,
     };
 
     let results = Results {
@@ -1449,6 +1465,8 @@ fn json_results(opts: &Options, r: &Results) -> Value {
             "listening_s": r.restart.listening.as_secs_f64(),
             "ready_s": r.restart.ready.as_secs_f64(),
             "listening_next_s": r.restart.listening_next.as_secs_f64(),
+            "accepting_webhooks_s": r.restart.accepting.map(|a| a.as_secs_f64()),
+            "accepting_webhooks_next_s": r.restart.accepting_next.map(|a| a.as_secs_f64()),
             "rss_mib": r.restart.rss_ready,
             "queue_first_page_items": r.restart.queue_items,
         },
@@ -1629,11 +1647,13 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
         &mut r,
         "restart",
         format!(
-            "shutdown {:.2} s; start: `listening:` after {:.2} s, `/readyz` 200 after {:.2} s; VmRSS {}; the start after it: `listening:` after {:.2} s",
+            "shutdown {:.2} s; start: webhook answered after {}, `listening:` after {:.2} s, `/readyz` 200 after {:.2} s; VmRSS {}; the start after it: webhook answered after {}, `listening:` after {:.2} s",
             s.shutdown.as_secs_f64(),
+            seconds_text(s.accepting),
             s.listening.as_secs_f64(),
             s.ready.as_secs_f64(),
             mib_text(s.rss_ready),
+            seconds_text(s.accepting_next),
             s.listening_next.as_secs_f64()
         ),
         format!(

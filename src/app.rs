@@ -23,20 +23,14 @@ pub struct Shared {
     pub dispatch: DispatchHandle,
     pub executor: crate::outbox::ExecutorHandle,
     pub metrics: Metrics,
-    pub webhook_tokens: TokenSet,
-    pub webhook_cidrs: CidrList,
-    /// Replaces every known webhook token in a body before it is stored (`intake::scrub`).
-    pub scrubber: crate::intake::scrub::Scrubber,
+    /// The webhook's intake (its handlers' own state, also served before the store opens).
+    pub intake: web::Data<crate::intake::Intake>,
     pub admin_tokens: TokenSet,
     pub admin_cidrs: CidrList,
     /// `server.trusted_proxies`: who may name the client (see `client_addr`).
     pub proxies: crate::client_addr::Proxies,
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
     pub test_clock: bool,
-    pub max_body_bytes: usize,
-    /// `webhook.max_events` and `webhook.max_clock_skew` (see [`Shared::webhook_checks`]).
-    pub max_events: usize,
-    pub max_clock_skew: Duration,
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
     /// The Open API client (owned by its own arbiter thread).
@@ -58,7 +52,7 @@ pub struct Shared {
 impl Shared {
     /// The webhook's checks for a body received (or re-processed) at `now`.
     pub fn webhook_checks(&self, now: i64) -> crate::webhook::Checks {
-        crate::webhook::Checks::intake(self.max_events, self.max_clock_skew, now)
+        self.intake.checks(now)
     }
 }
 
@@ -170,18 +164,86 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
              secrets): chmod 700 it"
         );
     }
-    // The store first: one that cannot be opened (in use, corrupt) stops the start before a
-    // generated secret is written next to it.
+    let store_path = data.store_path();
+    // A store this build opened before has an event log that can take deliveries while sled
+    // replays its own log, which after a long run takes seconds to minutes (docs/operations.md,
+    // "Start time"): the webhook is then answered during a start, not refused. The log's lock
+    // is taken here, so a store in use stops the start before anything else.
+    let early_log =
+        crate::store::IntakeLog::open_early(&store_path, crate::store::eventlog::SEGMENT_BYTES)?;
+    let metrics = Metrics::new()?;
+    let public_tls =
+        crate::tls::server::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
+    let webhook_tokens = || {
+        if config.webhook.tokens.is_empty() {
+            let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
+            Ok::<_, AppError>((vec![t], generated))
+        } else {
+            Ok((config.webhook.tokens.clone(), false))
+        }
+    };
+    let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
+    let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
+        config.server.max_inflight_body_bytes,
+        crate::body_budget::RouteCaps::daemon(&config.webhook.path, config.webhook.max_body_bytes),
+        config.server.body_read_timeout,
+        metrics.clone(),
+    ));
+    let workers = match config.server.workers {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    let addr = config.listen_addr();
+    let intake_state = |writer: Writer, tokens: &[crate::config::Secret]| {
+        Ok::<_, AppError>(web::Data::new(crate::intake::Intake {
+            writer,
+            metrics: metrics.clone(),
+            tokens: TokenSet::new(tokens.to_vec()),
+            cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
+            proxies: crate::client_addr::Proxies::new(
+                config.server.trusted_proxies.clone(),
+                config.server.proxy_header,
+            ),
+            // Every token a delivery may carry: the ones in force, and a generated one left in
+            // the data directory (from before tokens were configured).
+            scrubber: crate::intake::scrub::Scrubber::configured(&config)?,
+            watch: webhook_watch.clone(),
+            max_body_bytes: config.webhook.max_body_bytes,
+            max_events: config.webhook.max_events,
+            max_clock_skew: config.webhook.max_clock_skew,
+            body_read_timeout: config.server.body_read_timeout,
+        }))
+    };
+    let mut early = match early_log.clone() {
+        None => None,
+        Some(log) => {
+            let writer = Writer::start_early(log, observe_groups(&metrics))?;
+            let tokens = webhook_tokens()?;
+            let intake = intake_state(writer.clone(), &tokens.0)?;
+            Some(EarlyIntake::start(
+                &config,
+                &public_tls,
+                (writer, tokens, intake),
+                body_budget.clone(),
+                workers,
+            )?)
+        }
+    };
+    // The store first (after its log, above): one that cannot be opened (in use, corrupt) stops
+    // the start before a generated secret is written next to it.
     // Opened on a thread at the fold's priority: sled starts its I/O threads and its log flusher
     // from there (during recovery, or at the first write of its log), and they inherit it.
-    let open = || {
-        let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    let cache_capacity = config.store.cache_capacity_bytes;
+    let open = move || {
+        let store = match early_log {
+            Some(log) => Store::open_after_log(&store_path, cache_capacity, log)?,
+            None => Store::open(&store_path, cache_capacity)?,
+        };
         store.start_io_threads()?;
         Ok::<_, AppError>(store)
     };
     // sled replays what it wrote since the previous start: after a long run, seconds to minutes
-    // with nothing listening (docs/operations.md, "Start time"). Said, so a slow start is not a
-    // mystery.
+    // (docs/operations.md, "Start time"). Said, so a slow start is not a mystery.
     let sled_file = crate::store::sled_file(&data.store_path());
     let sled_file_bytes = std::fs::metadata(sled_file).map_or(0, |m| m.len());
     tracing::info!(
@@ -190,7 +252,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     );
     let opening = std::time::Instant::now();
     let fold_priority = fold_priority(&config.dispatch);
-    let opened = crate::background::on_thread_at(fold_priority, "store-open", open);
+    // Off this thread, which serves the early listener's control meanwhile.
+    let opened = tokio::task::spawn_blocking(move || {
+        crate::background::on_thread_at(fold_priority, "store-open", open)
+    })
+    .await
+    .map_err(|e| AppError::Thread {
+        name: "store-open",
+        source: std::io::Error::other(e.to_string()),
+    })?;
     let thread = |name| move |source| AppError::Thread { name, source };
     let store = opened.map_err(thread("store-open"))??;
     tracing::info!(
@@ -198,22 +268,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         "store opened"
     );
 
-    let (webhook_token, generated_webhook) = if config.webhook.tokens.is_empty() {
-        let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
-        (vec![t], generated)
-    } else {
-        (config.webhook.tokens.clone(), false)
+    let (webhook_token, generated_webhook) = match &early {
+        Some(early) => early.tokens.clone(),
+        None => webhook_tokens()?,
     };
-    // Every token a delivery may carry: the ones in force, and a generated one left in the data
-    // directory (from before tokens were configured). Read after the generation above.
-    let scrubber = crate::intake::scrub::Scrubber::configured(&config)?;
     let admin_token = if config.admin.token.is_empty() {
         data.secret(ADMIN_TOKEN_FILE).map_err(io_err)?.0
     } else {
         config.admin.token.clone()
     };
 
-    let metrics = Metrics::new()?;
     let sizes = store.sizes();
     metrics
         .state_entries
@@ -277,18 +341,23 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     let (dispatch, dispatcher) =
         dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
-    let flush_metrics = metrics.clone();
     let to_dispatch = dispatch.clone();
-    let writer = Writer::start(
-        store.clone(),
-        WriterHooks {
-            observe: Box::new(move |took, deliveries| {
-                flush_metrics.flush_seconds.observe(took.as_secs_f64());
-                flush_metrics.flush_writers.observe(deliveries as f64);
-            }),
-            durable: Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end)),
-        },
-    )?;
+    let durable: crate::store::writer::Durable =
+        Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end));
+    let writer = match &early {
+        Some(early) => {
+            // What it logged meanwhile is indexed and handed to the dispatcher now.
+            early.writer.attach(store.clone(), durable);
+            early.writer.clone()
+        }
+        None => Writer::start(
+            store.clone(),
+            WriterHooks {
+                observe: observe_groups(&metrics),
+                durable,
+            },
+        )?,
+    };
     tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));
     // Overdue timers (due while the daemon was down) fire on its first pass.
     let firer = crate::timers::start(
@@ -297,7 +366,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         metrics.clone(),
         stop_rx.clone(),
     );
-    let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
     let sweeper = crate::reconcile::Sweeper::new(
         store.clone(),
         writer.clone(),
@@ -318,7 +386,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             &config.backfill,
             config.upstream.limits.global.per_second,
         ),
-        webhook_watch,
+        webhook_watch.clone(),
         executor.clone(),
     )
     .map_err(AppError::Upstream)?;
@@ -347,6 +415,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         .clone()
         .spawn_watchers(config.rules.watch_interval, stop_rx.clone());
 
+    let intake = match &early {
+        Some(early) => early.intake.clone(),
+        None => intake_state(writer.clone(), &webhook_token)?,
+    };
     let helpdesk = crate::helpdesk::api::Helpdesk::new(config.helpdesk.clone(), verdicts, &metrics);
     let shared = web::Data::new(Shared {
         store: store.clone(),
@@ -354,9 +426,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         dispatch,
         executor,
         metrics,
-        webhook_tokens: TokenSet::new(webhook_token.clone()),
-        webhook_cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
-        scrubber,
+        intake: intake.clone(),
         admin_tokens: TokenSet::new(vec![admin_token]),
         admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
         proxies: crate::client_addr::Proxies::new(
@@ -364,9 +434,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             config.server.proxy_header,
         ),
         test_clock: config.admin.test_clock,
-        max_body_bytes: config.webhook.max_body_bytes,
-        max_events: config.webhook.max_events,
-        max_clock_skew: config.webhook.max_clock_skew,
         body_read_timeout: config.server.body_read_timeout,
         shutting_down: AtomicBool::new(false),
         upstream: upstream.handle.clone(),
@@ -380,30 +447,19 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 
     let webhook_path = config.webhook.path.clone();
     let app_data = shared.clone();
-    // One budget for every listener; each route's share is capped at what it reads (the webhook
-    // `webhook.max_body_bytes`, the agent API 64 KiB, the admin API 256 KiB).
-    let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
-        config.server.max_inflight_body_bytes,
-        crate::body_budget::RouteCaps::daemon(&config.webhook.path, config.webhook.max_body_bytes),
-        config.server.body_read_timeout,
-        shared.metrics.clone(),
-    ));
+    // One budget for every listener (made above); each route's share is capped at what it reads
+    // (the webhook `webhook.max_body_bytes`, the agent API 64 KiB, the admin API 256 KiB).
     let admin_body_budget = body_budget.clone();
-    let workers = match config.server.workers {
-        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-        n => n,
-    };
-    let addr = config.listen_addr();
     // With `admin.listen` empty the admin API and /metrics stay on this listener.
     let admin_here = config.admin_listen_addr().is_none();
-    let public_tls =
-        crate::tls::server::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
+    let intake_data = intake.clone();
     let server = HttpServer::new(move || {
         let path = webhook_path.clone();
         App::new()
             .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
             .app_data(body_budget.clone())
             .app_data(app_data.clone())
+            .app_data(intake_data.clone())
             .app_data(crate::http_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
             .configure(crate::ops::probe_routes)
@@ -421,9 +477,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     .keep_alive(config.server.keep_alive)
     .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
     .disable_signals();
+    // The early listener's socket, or a new one: the server takes over from the early one on
+    // the same socket, so no connection is refused in between.
+    let listener = match early.as_mut().and_then(|early| early.listener.take()) {
+        Some(listener) => listener,
+        None => listen_on(addr)?,
+    };
     let bound_server = match public_tls.server_config().map_err(AppError::Tls)? {
-        None => server.bind(addr),
-        Some(tls) => server.bind_rustls_0_23(addr, tls),
+        None => server.listen(listener),
+        Some(tls) => server.listen_rustls_0_23(listener, tls),
     };
     let server = bound_server.map_err(|source| AppError::Bind {
         addr: addr.to_string(),
@@ -443,6 +505,14 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
                  admin.allow_cidrs to loopback (the default), or reach it through a TLS proxy"
             );
         }
+    }
+    if let Some(early) = &mut early {
+        // The early server finishes the deliveries it has (their writer is the same) and closes
+        // its connections (it keeps none alive); the socket stays open meanwhile, so a
+        // connection made now waits in its backlog for the server started next.
+        early.handle.stop(true).await;
+        let _ = (&mut early.task).await;
+        tracing::info!("the early webhook listener hands over to the server");
     }
     let server = server.run();
     let handle = server.handle();
@@ -612,6 +682,135 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
 /// The admin listener (`admin.listen`): the admin API, `/metrics` and the probes, with the
 /// public server's limits, timeouts and body budget. `None` when `admin.listen` is empty (the admin API is
 /// then served on `server.listen`). Bound here, run by the caller.
+/// The writer's report of each group, as metrics.
+fn observe_groups(metrics: &Metrics) -> crate::store::writer::Observe {
+    let metrics = metrics.clone();
+    Box::new(move |took, deliveries| {
+        metrics.flush_seconds.observe(took.as_secs_f64());
+        metrics.flush_writers.observe(deliveries as f64);
+    })
+}
+
+/// Intake running before the store opens: its writer (attached to the store once open), the
+/// webhook tokens it checks, its handlers' state, the listening socket (the server takes it
+/// over) and the early server.
+struct EarlyIntake {
+    writer: Writer,
+    tokens: (Vec<crate::config::Secret>, bool),
+    intake: web::Data<crate::intake::Intake>,
+    /// Taken by the server (the early server has its own handle on the socket).
+    listener: Option<std::net::TcpListener>,
+    handle: actix_web::dev::ServerHandle,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl EarlyIntake {
+    /// Serve the webhook on the public socket, bound here, with `intake` (whose writer has no
+    /// store yet), and say so on stdout.
+    fn start(
+        config: &Config,
+        public_tls: &crate::tls::server::PublicTls,
+        (writer, tokens, intake): (
+            Writer,
+            (Vec<crate::config::Secret>, bool),
+            web::Data<crate::intake::Intake>,
+        ),
+        body_budget: web::Data<crate::body_budget::BodyBudget>,
+        workers: usize,
+    ) -> Result<EarlyIntake, AppError> {
+        let addr = config.listen_addr();
+        let listener = listen_on(addr)?;
+        let server = early_server(
+            config,
+            listener.try_clone().map_err(|source| AppError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?,
+            public_tls.server_config().map_err(AppError::Tls)?,
+            intake.clone(),
+            body_budget,
+            workers,
+        )?;
+        let handle = server.handle();
+        let task = tokio::spawn(server);
+        let bound = listener.local_addr().map_or(addr, |a| a);
+        tracing::info!(%bound, "taking webhook deliveries while the store opens");
+        {
+            // Machine-readable, like the `listening:` line that follows once started.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stdout(),
+                "accepting webhooks: {}://{bound}",
+                public_tls.scheme()
+            );
+        }
+        Ok(EarlyIntake {
+            writer,
+            tokens,
+            intake,
+            listener: Some(listener),
+            handle,
+            task,
+        })
+    }
+}
+
+/// Bind the public listener's socket, as actix does (address reuse, a backlog of 1,024), so an
+/// early server and the server after it can share it.
+fn listen_on(addr: std::net::SocketAddr) -> Result<std::net::TcpListener, AppError> {
+    use socket2::{Domain, Socket, Type};
+    let bind = || {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        Ok::<_, std::io::Error>(std::net::TcpListener::from(socket))
+    };
+    bind().map_err(|source| AppError::Bind {
+        addr: addr.to_string(),
+        source,
+    })
+}
+
+/// The public listener while the store opens: the webhook only (deliveries are logged and
+/// answered; see `Writer::start_early`); every other path answers 503 `starting`.
+fn early_server(
+    config: &Config,
+    listener: std::net::TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    intake: web::Data<crate::intake::Intake>,
+    body_budget: web::Data<crate::body_budget::BodyBudget>,
+    workers: usize,
+) -> Result<actix_web::dev::Server, AppError> {
+    let webhook_path = config.webhook.path.clone();
+    let server = HttpServer::new(move || {
+        let path = webhook_path.clone();
+        App::new()
+            .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
+            .app_data(body_budget.clone())
+            .app_data(intake.clone())
+            .configure(|cfg| crate::intake::routes(cfg, &path))
+            .default_service(web::to(crate::http_error::starting))
+    })
+    .workers(workers)
+    .max_connections(config.server.max_connections)
+    .client_request_timeout(config.server.client_request_timeout)
+    // No connection outlives its delivery: none is open when the server takes over, which a
+    // client could otherwise find closed under its next request.
+    .keep_alive(actix_web::http::KeepAlive::Disabled)
+    .shutdown_timeout(config.server.shutdown_timeout.as_secs().max(1))
+    .disable_signals();
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    let bound = match tls {
+        None => server.listen(listener),
+        Some(tls) => server.listen_rustls_0_23(listener, tls),
+    };
+    let server = bound.map_err(|source| AppError::Bind { addr, source })?;
+    Ok(server.run())
+}
+
 fn admin_server(
     config: &Config,
     shared: &web::Data<Shared>,

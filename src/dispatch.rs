@@ -159,7 +159,7 @@ pub fn start(
     let (tx, rx) = mpsc::unbounded_channel();
     let (paused_tx, paused) = watch::channel(false);
     let mut queues = Queues::default();
-    let pending = store.pending()?;
+    let pending = store.pending_before_writer()?;
     queues.received_end = pending.end;
     for event in pending.events {
         let entry = Entry {

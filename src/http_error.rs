@@ -101,6 +101,22 @@ pub async fn method_not_allowed() -> HttpResponse {
     .error_response()
 }
 
+/// JSON 503 `starting` with `Retry-After`: the daemon takes webhook deliveries while its store
+/// opens, and nothing else yet.
+pub async fn starting() -> HttpResponse {
+    let mut response = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "starting",
+        "the daemon is starting (its store is opening); retry shortly",
+    )
+    .error_response();
+    response.headers_mut().insert(
+        actix_web::http::header::RETRY_AFTER,
+        actix_web::http::header::HeaderValue::from_static("1"),
+    );
+    response
+}
+
 /// JSON 405 with the `Allow` header: the methods the path does serve (`allow`, e.g. `"GET"` or
 /// `"GET, POST"`), as RFC 9110 asks of a 405.
 pub fn method_not_allowed_allowing(allow: &str) -> HttpResponse {

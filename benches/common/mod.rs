@@ -268,6 +268,9 @@ pub struct Proc {
     /// The daemon's admin listener (its `admin listening:` line), when it printed one.
     pub admin_addr: Option<SocketAddr>,
     pub log: PathBuf,
+    /// From spawn to the daemon's `accepting webhooks:` line (an early start, before its store
+    /// opened), when it printed one.
+    pub accepting_after: Option<Duration>,
 }
 
 /// `cmd` run under `setpriv --pdeathsig KILL` when setpriv is installed. The wrapper starts from
@@ -324,13 +327,17 @@ impl Proc {
         // the process exits.
         std::thread::spawn(move || {
             let mut admin = None;
+            let mut accepting = None;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if line.trim().starts_with("accepting webhooks: ") {
+                    accepting = Some(Instant::now());
+                }
                 if let Some(rest) = line.trim().strip_prefix("admin listening: http://") {
                     admin = Some(rest.to_owned());
                 }
                 if let Some(rest) = line.trim().strip_prefix("listening: http://") {
-                    let _ = tx.send((rest.to_owned(), admin.take(), Instant::now()));
+                    let _ = tx.send((rest.to_owned(), admin.take(), Instant::now(), accepting));
                 }
             }
         });
@@ -341,9 +348,11 @@ impl Proc {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: None,
             log: log.to_path_buf(),
+            accepting_after: None,
         };
         match rx.recv_timeout(START_TIMEOUT) {
-            Ok((addr, admin, at)) => {
+            Ok((addr, admin, at, accepting)) => {
+                proc.accepting_after = accepting.map(|a| a.duration_since(t0));
                 proc.addr = addr
                     .parse()
                     .map_err(|_| format!("{name}: bad listening address {addr}"))?;

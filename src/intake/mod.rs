@@ -8,7 +8,6 @@
 pub mod auth;
 pub mod scrub;
 
-use crate::app::Shared;
 use crate::http_error::ApiError;
 use crate::ids::DeliveryId;
 use crate::store::writer::WriterError;
@@ -20,6 +19,34 @@ use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
+
+/// What the intake's handlers need: its own state, built before the store opens (an early start
+/// takes deliveries while sled replays its log: see `store::log`).
+pub struct Intake {
+    /// Where deliveries go; also the store, once open (quarantine records wait for it).
+    pub writer: crate::store::Writer,
+    pub metrics: crate::ops::metrics::Metrics,
+    pub tokens: auth::TokenSet,
+    pub cidrs: auth::CidrList,
+    /// `server.trusted_proxies`: who may name the client (see `client_addr`).
+    pub proxies: crate::client_addr::Proxies,
+    /// Replaces every known webhook token in a body before it is stored (`scrub`).
+    pub scrubber: scrub::Scrubber,
+    /// The webhook's silence (backfill's): a delivery ends it.
+    pub watch: crate::backfill::WebhookWatch,
+    pub max_body_bytes: usize,
+    /// `webhook.max_events` and `webhook.max_clock_skew` (see [`Intake::checks`]).
+    pub max_events: usize,
+    pub max_clock_skew: std::time::Duration,
+    pub body_read_timeout: std::time::Duration,
+}
+
+impl Intake {
+    /// The webhook's checks for a body received (or re-processed) at `now`.
+    pub fn checks(&self, now: i64) -> webhook::Checks {
+        webhook::Checks::intake(self.max_events, self.max_clock_skew, now)
+    }
+}
 
 /// Routes of the intake, mounted at the configured path.
 pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
@@ -66,18 +93,18 @@ struct TokenQuery {
 async fn receive_without_token(
     req: HttpRequest,
     payload: web::Payload,
-    shared: web::Data<Shared>,
+    intake: web::Data<Intake>,
 ) -> Result<HttpResponse, ApiError> {
-    receive_inner(req, None, payload, shared).await
+    receive_inner(req, None, payload, intake).await
 }
 
 async fn receive(
     req: HttpRequest,
     token: web::Path<String>,
     payload: web::Payload,
-    shared: web::Data<Shared>,
+    intake: web::Data<Intake>,
 ) -> Result<HttpResponse, ApiError> {
-    receive_inner(req, Some(token.into_inner()), payload, shared).await
+    receive_inner(req, Some(token.into_inner()), payload, intake).await
 }
 
 /// Every log line about one delivery carries its id (recorded once the body is parsed).
@@ -85,10 +112,10 @@ async fn receive_inner(
     req: HttpRequest,
     path_token: Option<String>,
     payload: web::Payload,
-    shared: web::Data<Shared>,
+    intake: web::Data<Intake>,
 ) -> Result<HttpResponse, ApiError> {
     let span = tracing::info_span!("delivery", delivery_id = tracing::field::Empty);
-    handle(req, path_token, payload, shared)
+    handle(req, path_token, payload, intake)
         .instrument(span)
         .await
 }
@@ -97,12 +124,15 @@ async fn handle(
     req: HttpRequest,
     path_token: Option<String>,
     payload: web::Payload,
-    shared: web::Data<Shared>,
+    intake: web::Data<Intake>,
 ) -> Result<HttpResponse, ApiError> {
-    let metrics = &shared.metrics;
+    let metrics = &intake.metrics;
     let outcome = |name: &str| metrics.deliveries.with_label_values(&[name]).inc();
 
-    if !shared.webhook_cidrs.allows(shared.client_ip(&req)) {
+    let client = intake
+        .proxies
+        .client_ip(req.peer_addr().map(|a| a.ip()), req.headers());
+    if !intake.cidrs.allows(client) {
         outcome("forbidden");
         return Err(ApiError::forbidden("source address not allowed"));
     }
@@ -114,13 +144,13 @@ async fn handle(
     let authenticated = [path_token.as_deref(), query_token.as_deref()]
         .into_iter()
         .flatten()
-        .fold(false, |ok, t| shared.webhook_tokens.accepts(t) | ok);
+        .fold(false, |ok, t| intake.tokens.accepts(t) | ok);
     if !authenticated {
         outcome("unauthorized");
         return Err(ApiError::unauthorized("missing or invalid webhook token"));
     }
 
-    let limit = shared.max_body_bytes;
+    let limit = intake.max_body_bytes;
     let declared = req
         .headers()
         .get(actix_web::http::header::CONTENT_LENGTH)
@@ -142,7 +172,7 @@ async fn handle(
     // The buffer is sized once from the declared length (at most the limit), not grown by doubling
     // (which held up to twice the body while it grew).
     let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));
-    let body = match read_body(payload, limit, capacity, shared.body_read_timeout).await {
+    let body = match read_body(payload, limit, capacity, intake.body_read_timeout).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
             outcome("too_large");
@@ -168,13 +198,13 @@ async fn handle(
 
     let content_type = req.content_type().to_owned();
     let now = crate::clock::now_millis();
-    let checks = shared.webhook_checks(now);
+    let checks = intake.checks(now);
     // A large body is judged (and, if bad, compressed into quarantine) on the blocking pool: a
     // body at the size limit takes a while, and the HTTP worker keeps answering other deliveries.
     let large = body.len() > OFF_WORKER_OVER;
     let judge_body = {
         let content_type = content_type.clone();
-        let scrubber = shared.scrubber.clone();
+        let scrubber = intake.scrubber.clone();
         move |body: bytes::BytesMut| {
             // Nothing of the body is stored, logged or parsed before its webhook tokens are
             // replaced.
@@ -198,23 +228,41 @@ async fn handle(
             tracing::Span::current().record("delivery_id", tracing::field::display(&parsed.id));
             let (job, kinds, invalid) = accept_job(parsed, Some(&content_type), now);
             let delivery_id = job.delivery.clone();
-            shared
-                .writer
-                .accept(job)
-                .await
-                .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
+            // Invalid events are quarantined in sled: a start that logs deliveries while sled
+            // opens holds this one until it is open.
+            let store_open = match job.invalid.is_empty() {
+                true => Ok(()),
+                false => intake.writer.store().await.map(drop),
+            };
+            match store_open {
+                Ok(()) => intake.writer.accept(job).await,
+                Err(e) => Err(e),
+            }
+            .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
         }
         Err((reason, detail)) => {
-            // Rare path: written here, then made durable by a flush of the writer.
-            let store = shared.store.clone();
+            // Rare path: written here (once the store is open), then made durable by a flush
+            // of the writer.
             let content_type = content_type.clone();
-            let quarantine = move || {
-                quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
-            };
-            match off_worker_if(large, quarantine).await {
-                Ok(Ok(ingested)) => shared.writer.flush().await.map(|()| ingested),
-                Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
-                Err(e) => Err(WriterError::Store(e.to_string())),
+            match intake.writer.store().await {
+                Err(e) => Err(e),
+                Ok(store) => {
+                    let quarantine = move || {
+                        quarantine_delivery(
+                            &store,
+                            &body,
+                            Some(&content_type),
+                            reason,
+                            &detail,
+                            now,
+                        )
+                    };
+                    match off_worker_if(large, quarantine).await {
+                        Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
+                        Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
+                        Err(e) => Err(WriterError::Store(e.to_string())),
+                    }
+                }
             }
         }
     };
@@ -229,8 +277,8 @@ async fn handle(
         }
     };
     // The webhook works: a silence backfill found is over.
-    shared.backfill.watch().arrived(now);
-    record_metrics(&shared, &ingested);
+    intake.watch.arrived(now);
+    record_metrics(&intake.metrics, &ingested);
     let receipt = ingested.receipt();
     outcome(&receipt.status);
     if let Some(reason) = &receipt.reason {
@@ -241,8 +289,7 @@ async fn handle(
     Ok(HttpResponse::Ok().json(receipt))
 }
 
-fn record_metrics(shared: &Shared, ingested: &Ingested) {
-    let m = &shared.metrics;
+fn record_metrics(m: &crate::ops::metrics::Metrics, ingested: &Ingested) {
     for (kind, unknown_platform) in &ingested.new_kinds {
         m.events.with_label_values(&[kind.metric_label()]).inc();
         if *unknown_platform {

@@ -376,7 +376,7 @@ async fn quarantine_reprocess(
     let now = crate::clock::now_millis();
     let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
-    let scrubber = shared.scrubber.clone();
+    let scrubber = shared.intake.scrubber.clone();
     let prepared =
         blocking(move || crate::intake::prepare_reprocess(&store, id, &checks, now, &scrubber))
             .await?;

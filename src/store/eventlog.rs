@@ -582,6 +582,26 @@ fn intact_length(file: &mut File) -> std::io::Result<(u64, bool)> {
     }
 }
 
+/// The highest sequence number in the log: in the newest segment that holds a frame (a new
+/// segment starts empty). None for a log without events.
+pub fn last_seq(dir: &Path) -> std::io::Result<Option<u64>> {
+    for &segment in segments(dir)?.iter().rev() {
+        let mut last = None;
+        let start = Location { segment, offset: 0 };
+        scan(dir, start, |at, record, _| {
+            if at.segment != segment {
+                return ControlFlow::Break(());
+            }
+            last = last.max(record.seqs.iter().copied().max());
+            ControlFlow::Continue(())
+        })?;
+        if last.is_some() {
+            return Ok(last);
+        }
+    }
+    Ok(None)
+}
+
 /// Sync a directory, so the entries made or renamed in it survive a power loss.
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()

@@ -17,7 +17,9 @@
 //! nobody was told about.
 
 use super::eventlog::{self, FrameEvent, Frames, Location};
-use super::{keys, AcceptRequest, Accepted, QuarantineRecord, Store, StoreError};
+use super::{
+    dedupe, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord, Store, StoreError,
+};
 use crate::ids::{DeliveryId, EventId};
 use sled::transaction::Transactional;
 use std::collections::{HashMap, HashSet};
@@ -48,10 +50,10 @@ pub struct Checked {
 impl Checked {
     /// Whether this group's duplicates of in-flight ids still hold: no log write failed since it
     /// was checked. Otherwise it must not be answered 200 (a re-send will be judged again).
-    pub fn duplicates_hold(&self, store: &Store) -> bool {
+    pub fn duplicates_hold(&self, log: &IntakeLog) -> bool {
         match self.relies_on_in_flight {
             None => true,
-            Some(seen) => store
+            Some(seen) => log
                 .in_flight
                 .lock()
                 .is_ok_and(|in_flight| in_flight.failures == seen),
@@ -90,26 +92,120 @@ impl Unindexed {
 }
 
 impl Store {
+    /// [`IntakeLog::check`] with this store.
+    pub fn check(&self, requests: &[AcceptRequest<'_>]) -> Result<Checked, StoreError> {
+        self.log.check(requests, Some(self))
+    }
+
+    /// Step 2a: see [`IntakeLog::log_queue`].
+    pub fn log_queue(&self, frames: Frames) -> Result<Vec<Location>, StoreError> {
+        self.log.log_queue(frames)
+    }
+
+    /// Step 2b: see [`IntakeLog::log_commit`].
+    pub fn log_commit(&self) -> Result<Location, StoreError> {
+        self.log.log_commit()
+    }
+
+    /// See [`IntakeLog::all_indexed`].
+    pub fn all_indexed(&self) -> bool {
+        self.log.all_indexed()
+    }
+
+    /// See [`IntakeLog::handed_over`].
+    pub fn handed_over(&self) -> u64 {
+        self.log.handed_over()
+    }
+
+    /// See [`IntakeLog::release_failed`].
+    pub fn release_failed(&self, groups: &[Unindexed]) {
+        self.log.release_failed(groups);
+    }
+
+    /// Whether event `id` is in the event log (or in a legacy dedupe record).
+    pub(crate) fn seen_event(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.log.seen_event(id)? || self.legacy_seen(id, false)?)
+    }
+
+    /// Whether delivery `id` is in the event log (or in a legacy dedupe record).
+    pub(crate) fn seen_delivery(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.log.seen_delivery(id)? || self.legacy_seen(id, true)?)
+    }
+
+    /// Step 3: put committed groups' ids into the dedupe index and advance the checkpoint to `to`
+    /// (every frame before it is in these groups or indexed earlier). The caller then releases
+    /// their ids ([`IntakeLog::release`]) and hands the events on.
+    pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
+        if groups.iter().any(|g| g.at.len() != g.frames.len()) {
+            return Err(StoreError::Internal(
+                "index: frames without locations".into(),
+            ));
+        }
+        // The highest number in these groups (which come in log order): the floor a start numbers
+        // new events above.
+        let last_seq = groups
+            .iter()
+            .flat_map(|g| g.frames.iter())
+            .flat_map(|(_, rows)| rows.iter().map(|(seq, _, _)| *seq))
+            .max();
+        // Two inserts, not a batch: a batch takes sled's global lock exclusively, and would wait
+        // for any fold (an idle-priority thread, see `background`) reading the store. The floor
+        // goes first: sled recovers a prefix of its writes, so a checkpoint that survives a crash
+        // has its floor too (a floor without its checkpoint only numbers events higher).
+        if let Some(last) = last_seq {
+            self.meta.insert(keys::meta::SEQ_FLOOR, &keys::seq(last))?;
+        }
+        self.meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
+        // Into the dedupe index before the in-flight set lets go of them.
+        self.remember(groups.iter().flat_map(|g| {
+            g.frames.iter().zip(&g.at).map(|((delivery, rows), at)| {
+                let ids = rows.iter().map(|(_, id, _)| id.as_str()).collect();
+                (*at, delivery.as_str(), ids)
+            })
+        }))?;
+        Ok(())
+    }
+}
+
+impl IntakeLog {
     /// Step 1: dedupe a group of deliveries (in order; a delivery or event repeated within the
     /// group is a duplicate too) and frame its new events. Invalid events of a delivery seen first
-    /// are quarantined here, in sled, directly.
-    pub fn check(&self, requests: &[AcceptRequest<'_>]) -> Result<Checked, StoreError> {
-        self.check_group(requests, true)
+    /// are quarantined here, in sled, directly: without the `store` (still opening) such a
+    /// group is refused ([`StoreError::Opening`]). The `store` also holds an older layout's
+    /// dedupe records, which an early open ruled out.
+    pub fn check(
+        &self,
+        requests: &[AcceptRequest<'_>],
+        store: Option<&Store>,
+    ) -> Result<Checked, StoreError> {
+        self.check_group(requests, true, store)
     }
 
     /// `delivery_dedupe = false` looks at every event even of a known delivery (log recovery of
     /// layout 1, where a delivery may be recorded and only some of its events stored).
-    fn check_group(
+    pub(super) fn check_group(
         &self,
         requests: &[AcceptRequest<'_>],
         delivery_dedupe: bool,
+        store: Option<&Store>,
     ) -> Result<Checked, StoreError> {
+        if store.is_none() && requests.iter().any(|r| !r.invalid.is_empty()) {
+            return Err(StoreError::Opening);
+        }
+        let seen_delivery = |id: &str| match store {
+            Some(store) => store.seen_delivery(id),
+            None => self.seen_delivery(id),
+        };
+        let seen_event = |id: &str| match store {
+            Some(store) => store.seen_event(id),
+            None => self.seen_event(id),
+        };
         let mut in_flight = self.in_flight.lock().map_err(|_| poisoned())?;
         let mut out = Checked::default();
         for request in requests {
             let delivery = request.delivery;
             let known_in_flight = in_flight.deliveries.contains(delivery.as_str());
-            let known = known_in_flight || self.seen_delivery(delivery.as_str())?;
+            let known = known_in_flight || seen_delivery(delivery.as_str())?;
             if known_in_flight {
                 out.relies_on_in_flight = Some(in_flight.failures);
             }
@@ -130,7 +226,7 @@ impl Store {
                     accepted.duplicate_events += 1;
                     continue;
                 }
-                if self.seen_event(id.as_str())? {
+                if seen_event(id.as_str())? {
                     accepted.duplicate_events += 1;
                     continue;
                 }
@@ -143,7 +239,8 @@ impl Store {
             // Invalid events of a delivery seen before were quarantined the first time.
             if !known {
                 for bad in request.invalid {
-                    accepted.quarantined.push(self.quarantine(bad.clone())?);
+                    let store = store.ok_or(StoreError::Opening)?;
+                    accepted.quarantined.push(store.quarantine(bad.clone())?);
                     out.quarantined = true;
                 }
             }
@@ -195,40 +292,6 @@ impl Store {
         }
     }
 
-    /// Step 3: put committed groups' ids into the dedupe index and advance the checkpoint to `to`
-    /// (every frame before it is in these groups or indexed earlier). The caller then releases
-    /// their ids ([`release`](Store::release)) and hands the events on.
-    pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
-        if groups.iter().any(|g| g.at.len() != g.frames.len()) {
-            return Err(StoreError::Internal(
-                "index: frames without locations".into(),
-            ));
-        }
-        // The highest number in these groups (which come in log order): the floor a start numbers
-        // new events above.
-        let last_seq = groups
-            .iter()
-            .flat_map(|g| g.frames.iter())
-            .flat_map(|(_, rows)| rows.iter().map(|(seq, _, _)| *seq))
-            .max();
-        // Two inserts, not a batch: a batch takes sled's global lock exclusively, and would wait
-        // for any fold (an idle-priority thread, see `background`) reading the store. The floor
-        // goes first: sled recovers a prefix of its writes, so a checkpoint that survives a crash
-        // has its floor too (a floor without its checkpoint only numbers events higher).
-        if let Some(last) = last_seq {
-            self.meta.insert(keys::meta::SEQ_FLOOR, &keys::seq(last))?;
-        }
-        self.meta.insert(keys::meta::INDEXED_TO, &to.encode())?;
-        // Into the dedupe index before the in-flight set lets go of them.
-        self.remember(groups.iter().flat_map(|g| {
-            g.frames.iter().zip(&g.at).map(|((delivery, rows), at)| {
-                let ids = rows.iter().map(|(_, id, _)| id.as_str()).collect();
-                (*at, delivery.as_str(), ids)
-            })
-        }))?;
-        Ok(())
-    }
-
     /// True when no accepted event is between its check and its hand-over to the dispatcher
     /// (counted by [`count_hand_over`](Store::count_hand_over) before its id is released).
     pub fn all_indexed(&self) -> bool {
@@ -275,10 +338,50 @@ impl Store {
         }
     }
 
+    /// Whether event `id` is in the log. Reads the frames the dedupe index names, to compare
+    /// the id itself.
+    pub(crate) fn seen_event(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.locate_event(id)?.is_some())
+    }
+
+    /// Whether delivery `id` is in the log.
+    pub(crate) fn seen_delivery(&self, id: &str) -> Result<bool, StoreError> {
+        for at in self.candidates(dedupe::delivery_hash(id))? {
+            if let Some(record) = eventlog::read_indexed(&self.dir, at).map_err(io)? {
+                if record.delivery == id {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The frame holding event `id`, its position there, and where the frame is.
+    pub(super) fn locate_event(
+        &self,
+        id: &str,
+    ) -> Result<Option<(eventlog::LogRecord, usize, Location)>, StoreError> {
+        for at in self.candidates(dedupe::event_hash(id))? {
+            if let Some(record) = eventlog::read_indexed(&self.dir, at).map_err(io)? {
+                if let Some(i) = record.ids.iter().position(|x| x == id) {
+                    return Ok(Some((record, i, at)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub(super) fn candidates(&self, hash: u64) -> Result<Vec<Location>, StoreError> {
+        Ok(self.dedupe.lock().map_err(|_| poisoned())?.candidates(hash))
+    }
+}
+
+impl Store {
     /// All three steps for one group, in a row: for offline tools, tests and recovery. Durable
     /// when it returns. Not to be run while a writer runs on the same store.
     pub fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
         if self
+            .log
             .writer_started
             .load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -294,7 +397,9 @@ impl Store {
         requests: &[AcceptRequest<'_>],
         delivery_dedupe: bool,
     ) -> Result<Vec<Accepted>, StoreError> {
-        let mut checked = self.check_group(requests, delivery_dedupe)?;
+        let mut checked = self
+            .log
+            .check_group(requests, delivery_dedupe, Some(self))?;
         let logged = self
             .log_queue(std::mem::take(&mut checked.frames))
             .and_then(|at| Ok((at, self.log_commit()?)));
@@ -304,10 +409,10 @@ impl Store {
                 let groups = std::slice::from_ref(&checked.unindexed);
                 self.index(groups, to)?;
                 // Offline: the next start's scan hands them to a dispatcher.
-                self.release(groups);
+                self.log.release(groups);
             }
             Err(e) => {
-                self.log_discard();
+                self.log.log_discard();
                 self.release_failed(std::slice::from_ref(&checked.unindexed));
                 return Err(e);
             }
@@ -320,11 +425,16 @@ impl Store {
 
     /// Advance the checkpoint (and the sequence floor) over every frame past it: written and
     /// synced, maybe acknowledged, but the checkpoint write did not reach the disk before a
-    /// crash. A start's scan ([`Store::pending`]) finds their events still to fold.
+    /// crash. A start's scan ([`Store::pending`]) finds their events still to fold. Frames a
+    /// writer appended since it started (an early start's, see `log`) are its indexer's.
     pub(super) fn recover_log(&self, torn_tail: bool) -> Result<(), StoreError> {
         let from = self.meta_location(keys::meta::INDEXED_TO)?;
+        let until = self.log.writer_from();
         let mut group = Unindexed::default();
         let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
+            if until.is_some_and(|until| at >= until) {
+                return ControlFlow::Break(());
+            }
             let rows = record
                 .seqs
                 .iter()
@@ -342,8 +452,9 @@ impl Store {
         if frames == 0 && !torn_tail {
             return Ok(());
         }
-        self.index(std::slice::from_ref(&group), end.next)?;
-        self.release(std::slice::from_ref(&group));
+        let to = until.map_or(end.next, |until| until.min(end.next));
+        self.index(std::slice::from_ref(&group), to)?;
+        self.log.release(std::slice::from_ref(&group));
         self.flush()?;
         tracing::info!(
             frames,
@@ -381,7 +492,7 @@ impl Store {
                 Location::decode(&b).ok_or_else(|| super::corrupt("legacy intake log start"))?
             }
             None => {
-                let end = self.appender.lock().map_err(|_| poisoned())?.end();
+                let end = self.log.appender.lock().map_err(|_| poisoned())?.end();
                 self.meta
                     .insert(keys::meta::LEGACY_WAL_FROM, &end.encode())?;
                 self.flush()?;

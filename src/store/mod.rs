@@ -22,6 +22,7 @@ pub mod idempotency;
 pub mod intake;
 mod journal;
 pub mod keys;
+mod log;
 pub mod outbox;
 mod pages;
 pub mod queue;
@@ -47,6 +48,7 @@ use std::sync::{Arc, Mutex};
 pub use durable::sled_file;
 pub(crate) use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
+pub use log::IntakeLog;
 pub use timers::DueTimer;
 pub use writer::{AcceptJob, NewEvent, Writer};
 
@@ -91,6 +93,10 @@ pub enum StoreError {
         "an earlier fold's writes are half applied after a store failure; a restart completes them"
     )]
     HalfApplied,
+    /// The event log takes deliveries but sled is still opening (an early start, see `log`):
+    /// what needs sled (a quarantine record) waits for it.
+    #[error("the store is still opening")]
+    Opening,
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
@@ -593,8 +599,6 @@ pub struct Pruned {
 #[derive(Clone)]
 pub struct Store {
     db: sled::Db,
-    /// Which ids are in the event log (see `dedupe`).
-    dedupe: Arc<Mutex<dedupe::DedupeIndex>>,
     /// Dedupe records of a store from before layout 3, consulted until they are past the dedupe
     /// window (see [`Legacy`]).
     legacy: Arc<std::sync::RwLock<Option<Legacy>>>,
@@ -623,21 +627,13 @@ pub struct Store {
     /// See [`Store::timer_wakeup`].
     timer_wakeup: Arc<timers::TimerWakeup>,
     log_dir: PathBuf,
-    /// The event log's appending end: one per store, whoever appends.
-    appender: Arc<Mutex<eventlog::Appender>>,
-    /// Accepted ids not yet indexed (see `intake`).
-    in_flight: Arc<Mutex<intake::InFlight>>,
-    /// Messages of new events handed to the dispatcher (see [`Store::count_hand_over`]).
-    handed_over: Arc<std::sync::atomic::AtomicU64>,
-    /// A [`Writer`] owns intake: [`Store::accept_many`] must not run beside it (both would
-    /// advance the index checkpoint over the other's frames).
-    writer_started: Arc<std::sync::atomic::AtomicBool>,
+    /// The event log's intake side: appending end, dedupe index, ids in flight, sequence
+    /// numbers, lock (see `log`).
+    log: IntakeLog,
     /// Layout 1's intake log (migrated on open).
     wal_path: PathBuf,
     /// Held for a whole fold (see `apply`).
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
-    /// The next event's sequence number (see [`Store::next_seq`]).
-    next_seq: Arc<std::sync::atomic::AtomicU64>,
     /// A fold's journal was written but not all applied (see `journal`).
     half_applied: Arc<std::sync::atomic::AtomicBool>,
     /// The waiting queue's request times, counted (see [`Store::queue_summary`]).
@@ -667,33 +663,14 @@ impl Store {
         cache_capacity: u64,
         segment_bytes: u64,
     ) -> Result<Self, StoreError> {
-        let open = || {
-            sled::Config::new()
-                .path(dir)
-                .cache_capacity(cache_capacity)
-                .mode(sled::Mode::HighThroughput)
-                .open()
-                .map_err(|e| match e {
-                    sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                        StoreError::Locked {
-                            path: dir.display().to_string(),
-                        }
-                    }
-                    sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
-                        path: dir.display().to_string(),
-                    },
-                    other => StoreError::Open {
-                        path: dir.display().to_string(),
-                        source: other,
-                    },
-                })
-        };
+        let log_dir = dir.join(EVENT_LOG_DIR);
+        let lock = log::lock(dir, &log_dir)?;
         // Judge the log's tail before sled opens (which writes to its files): a store refused
         // for a damaged log is left exactly as it was found.
-        let log_dir = dir.join(EVENT_LOG_DIR);
         let tail = match eventlog::check_tail(&log_dir) {
             Ok(tail) => tail,
-            // A daemon appending while we read can look damaged: report it as in use.
+            // A daemon of an older build (without the log's lock) appending while we read can
+            // look damaged: report it as in use.
             Err(_) if held_by_another_process(dir) => {
                 return Err(StoreError::Locked {
                     path: dir.display().to_string(),
@@ -701,29 +678,8 @@ impl Store {
             }
             Err(e) => return Err(log_check_error(&log_dir)(e)),
         };
-        // A store this process just closed stays locked until sled's background thread notices
-        // (well under a second): wait that long before calling it in use.
-        let mut tries = 0;
-        let db = loop {
-            match open() {
-                Err(StoreError::Locked { .. }) if tries < LOCK_RETRIES => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other?,
-            }
-        };
-        if segment_bytes > MAX_SEGMENT_BYTES {
-            return Err(StoreError::Internal(format!(
-                "event log segments of {segment_bytes} bytes exceed {MAX_SEGMENT_BYTES}"
-            )));
-        }
-        let sled_file = durable::SledFile::open(dir).map_err(|e| StoreError::Open {
-            path: dir.display().to_string(),
-            source: sled::Error::Io(e),
-        })?;
-        let t = |name: &str| db.open_tree(name);
-        let meta = t(keys::tree::META)?;
+        let db = open_sled(dir, cache_capacity)?;
+        let meta = db.open_tree(keys::tree::META)?;
         // Frames up to the index checkpoint were acknowledged: damage there is no torn write.
         let indexed = meta
             .get(keys::meta::INDEXED_TO)?
@@ -731,16 +687,33 @@ impl Store {
             .unwrap_or_default();
         tail.check_indexed(&log_dir, indexed)
             .map_err(log_check_error(&log_dir))?;
-        let (appender, torn_tail) = eventlog::Appender::open(&log_dir, segment_bytes)
-            .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
         let dedupe_from = meta
             .get(keys::meta::DEDUPE_PRUNED_TO)?
             .and_then(|b| eventlog::Location::decode(&b))
             .map_or(0, |at| at.segment);
-        let dedupe = dedupe::DedupeIndex::load(&log_dir, dedupe_from)
-            .map_err(|e| StoreError::Log(format!("{}: {e}", log_dir.display())))?;
+        let log = IntakeLog::open_locked(&log_dir, segment_bytes, dedupe_from, lock)?;
+        Store::finish_open(dir, db, log)
+    }
+
+    /// Open sled for an event log opened before it ([`IntakeLog::open_early`]), whose writer
+    /// may be taking deliveries meanwhile: its frames are its indexer's, not this open's.
+    pub fn open_after_log(
+        dir: &Path,
+        cache_capacity: u64,
+        log: IntakeLog,
+    ) -> Result<Self, StoreError> {
+        let db = open_sled(dir, cache_capacity)?;
+        Store::finish_open(dir, db, log)
+    }
+
+    fn finish_open(dir: &Path, db: sled::Db, log: IntakeLog) -> Result<Self, StoreError> {
+        let sled_file = durable::SledFile::open(dir).map_err(|e| StoreError::Open {
+            path: dir.display().to_string(),
+            source: sled::Error::Io(e),
+        })?;
+        let t = |name: &str| db.open_tree(name);
+        let torn_tail = log.torn_tail;
         let store = Store {
-            dedupe: Arc::new(Mutex::new(dedupe)),
             legacy: Default::default(),
             folded: t(keys::tree::FOLDED)?,
             conversations: t(keys::tree::CONVERSATIONS)?,
@@ -757,18 +730,14 @@ impl Store {
             timers: t(keys::tree::TIMERS)?,
             queue: t(keys::tree::QUEUE)?,
             activity: t(keys::tree::ACTIVITY)?,
-            meta,
+            meta: t(keys::tree::META)?,
             sled_file,
             timer_wakeup: Default::default(),
             db,
-            log_dir,
-            appender: Arc::new(Mutex::new(appender)),
-            in_flight: Default::default(),
-            handed_over: Default::default(),
-            writer_started: Default::default(),
+            log_dir: log.dir.clone(),
+            log,
             wal_path: dir.join(LEGACY_WAL_FILE),
             fold_lock: Default::default(),
-            next_seq: Default::default(),
             half_applied: Default::default(),
             waiting: Default::default(),
         };
@@ -795,7 +764,34 @@ impl Store {
         store.index_desk_once()?;
         store.index_activity_once()?;
         store.count_waiting()?;
+        store.write_intake_state()?;
         Ok(store)
+    }
+
+    /// Keep what the next start needs to take deliveries before sled opens (see `log`), or, for
+    /// a store with an older layout's dedupe trees (which only sled has), remove it.
+    pub(crate) fn write_intake_state(&self) -> Result<(), StoreError> {
+        let legacy = self.legacy.read().map_err(|_| poisoned_legacy())?.is_some();
+        let written = if legacy {
+            log::IntakeState::remove(&self.log_dir)
+        } else {
+            let seq_floor = match self.meta.get(keys::meta::SEQ_FLOOR)? {
+                Some(b) => keys::parse_seq(&b).ok_or_else(|| corrupt("event sequence floor"))?,
+                None => 0,
+            };
+            log::IntakeState {
+                layout: LAYOUT_VERSION,
+                dedupe_from: self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?.segment,
+                seq_floor,
+            }
+            .write(&self.log_dir)
+        };
+        written.map_err(log_error)
+    }
+
+    /// The event log's intake side (the writer's).
+    pub fn intake_log(&self) -> IntakeLog {
+        self.log.clone()
     }
 
     /// Raise the event counter above every number already given out: the floor the index
@@ -808,17 +804,16 @@ impl Store {
                 .saturating_add(1),
             None => self.db.generate_id()?,
         };
-        self.next_seq
+        self.log
+            .next_seq
             .fetch_max(next, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
-    /// A new event's sequence number. Drawn from an in-memory counter rather than sled's
-    /// `generate_id`, which takes sled's global concurrency lock: on the writer's path (before
-    /// the acknowledgment) it waited for every sled transaction to commit.
+    /// A new event's sequence number (see [`IntakeLog::next_seq`]).
+    #[cfg(test)]
     pub(crate) fn next_seq(&self) -> u64 {
-        self.next_seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        self.log.next_seq()
     }
 
     /// The store's layout version (a new store gets the current one). Refuses a newer one.
@@ -870,53 +865,6 @@ impl Store {
         Ok(())
     }
 
-    /// Whether event `id` is in the event log (or in a legacy dedupe record). Reads the frames
-    /// the index names to compare the id itself.
-    pub(crate) fn seen_event(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.find_event(id)?.is_some() || self.legacy_seen(id, false)?)
-    }
-
-    /// Whether delivery `id` is in the event log (or in a legacy dedupe record).
-    pub(crate) fn seen_delivery(&self, id: &str) -> Result<bool, StoreError> {
-        let candidates = self.candidates(dedupe::delivery_hash(id))?;
-        for at in candidates {
-            if let Some(record) = eventlog::read_indexed(&self.log_dir, at).map_err(log_error)? {
-                if record.delivery == id {
-                    return Ok(true);
-                }
-            }
-        }
-        self.legacy_seen(id, true)
-    }
-
-    /// The frame holding event `id`, and its position there.
-    fn find_event(&self, id: &str) -> Result<Option<(eventlog::LogRecord, usize)>, StoreError> {
-        Ok(self.locate_event(id)?.map(|(record, i, _)| (record, i)))
-    }
-
-    /// [`find_event`](Store::find_event), with where its frame is.
-    fn locate_event(
-        &self,
-        id: &str,
-    ) -> Result<Option<(eventlog::LogRecord, usize, eventlog::Location)>, StoreError> {
-        for at in self.candidates(dedupe::event_hash(id))? {
-            if let Some(record) = eventlog::read_indexed(&self.log_dir, at).map_err(log_error)? {
-                if let Some(i) = record.ids.iter().position(|x| x == id) {
-                    return Ok(Some((record, i, at)));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    fn candidates(&self, hash: u64) -> Result<Vec<eventlog::Location>, StoreError> {
-        Ok(self
-            .dedupe
-            .lock()
-            .map_err(|_| poisoned_dedupe())?
-            .candidates(hash))
-    }
-
     fn legacy_seen(&self, id: &str, delivery: bool) -> Result<bool, StoreError> {
         let legacy = self.legacy.read().map_err(|_| poisoned_legacy())?;
         Ok(match legacy.as_ref() {
@@ -953,7 +901,7 @@ impl Store {
         &self,
         frames: impl Iterator<Item = (eventlog::Location, &'a str, Vec<&'a str>)>,
     ) -> Result<(), StoreError> {
-        let mut index = self.dedupe.lock().map_err(|_| poisoned_dedupe())?;
+        let mut index = self.log.dedupe.lock().map_err(|_| poisoned_dedupe())?;
         for (at, delivery, ids) in frames {
             index
                 .insert(at, delivery, &ids)
@@ -1043,6 +991,17 @@ impl Store {
     /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
     /// partitions' folded marks.
     pub fn pending(&self) -> Result<Pending, StoreError> {
+        self.pending_until(None)
+    }
+
+    /// [`pending`](Store::pending) up to where the writer's frames begin, once a writer runs
+    /// (an early start's, which logs deliveries while sled opens): its indexer hands those to
+    /// the dispatcher, so a start's scan must not queue them too.
+    pub fn pending_before_writer(&self) -> Result<Pending, StoreError> {
+        self.pending_until(self.log.writer_from())
+    }
+
+    fn pending_until(&self, until: Option<eventlog::Location>) -> Result<Pending, StoreError> {
         let mut marks = Marks::default();
         let mut events = Vec::new();
         let fold_from = self.fold_from()?;
@@ -1056,6 +1015,9 @@ impl Store {
         };
         let mut failed = None;
         let end = eventlog::scan(&self.log_dir, fold_from, |at, record, _| {
+            if until.is_some_and(|until| at >= until) {
+                return ControlFlow::Break(());
+            }
             for (seq, partition) in record.seqs.iter().zip(&record.partitions) {
                 if let Err(e) = visit(at, *seq, partition) {
                     failed = Some(e);
@@ -1069,7 +1031,7 @@ impl Store {
             Some(e) => Err(e),
             None => Ok(Pending {
                 events,
-                end: end.next,
+                end: until.map_or(end.next, |until| until.min(end.next)),
             }),
         }
     }
@@ -1138,7 +1100,7 @@ impl Store {
     /// The stored event of an id (as [`event_by_id`](Store::event_by_id)), and whether it is
     /// still to fold.
     pub fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError> {
-        let Some((frame, i, at)) = self.locate_event(id.as_str())? else {
+        let Some((frame, i, at)) = self.log.locate_event(id.as_str())? else {
             return Ok(None);
         };
         let record = EventRecord::from_log(&frame, i)?;
@@ -1150,7 +1112,11 @@ impl Store {
 
     /// The stored event of an id, while its segment is in the dedupe window.
     pub fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
-        match self.find_event(id.as_str())? {
+        match self
+            .log
+            .locate_event(id.as_str())?
+            .map(|(record, i, _)| (record, i))
+        {
             Some((record, i)) => Ok(Some(EventRecord::from_log(&record, i)?)),
             None => Ok(None),
         }
@@ -1752,6 +1718,7 @@ impl Store {
         let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
         let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
         let sealed = self
+            .log
             .dedupe
             .lock()
             .map_err(|_| poisoned_dedupe())?
@@ -1769,6 +1736,7 @@ impl Store {
                 _ => break,
             }
             let forgotten = self
+                .log
                 .dedupe
                 .lock()
                 .map_err(|_| poisoned_dedupe())?
@@ -1781,6 +1749,10 @@ impl Store {
                 .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
         }
         out.dedupe_records += self.prune_legacy(dedupe_before)?;
+        if pruned_to.is_some() || out.dedupe_records > 0 {
+            // An early start loads the dedupe index from there (see `log`).
+            self.write_intake_state()?;
+        }
         let pruned_to = pruned_to.unwrap_or(start);
         // The folds' low watermark bounds what may go: a start scans the log from it.
         let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
@@ -2008,6 +1980,42 @@ pub fn lock_is_held(dir: &Path) -> bool {
 /// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
 /// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
 /// released.
+/// Open sled at `dir`. A store this process just closed stays locked until sled's background
+/// thread notices (well under a second): wait that long before calling it in use.
+fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
+    let open = || {
+        sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_capacity)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    StoreError::Locked {
+                        path: dir.display().to_string(),
+                    }
+                }
+                sled::Error::Io(io) if io.to_string().contains("lock") => StoreError::Locked {
+                    path: dir.display().to_string(),
+                },
+                other => StoreError::Open {
+                    path: dir.display().to_string(),
+                    source: other,
+                },
+            })
+    };
+    let mut tries = 0;
+    loop {
+        match open() {
+            Err(StoreError::Locked { .. }) if tries < LOCK_RETRIES => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn held_by_another_process(dir: &Path) -> bool {
     use fs2::FileExt;
     let Ok(file) = std::fs::File::open(sled_file(dir)) else {

@@ -1023,13 +1023,13 @@ fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fa
     let original = store.check(&[request]).expect("check");
     assert_eq!(original.accepted[0].new.len(), 1);
     assert!(
-        original.duplicates_hold(&store),
+        original.duplicates_hold(&store.log),
         "no in-flight verdicts in it"
     );
     // The service re-sends before the original is logged: a duplicate of an in-flight id.
     let again = store.check(&[request]).expect("check again");
     assert!(again.accepted[0].duplicate_delivery);
-    assert!(again.duplicates_hold(&store));
+    assert!(again.duplicates_hold(&store.log));
     let other = parse_delivery(&delivery("d2", &[("e1", "c1", 1)])).expect("valid");
     let by_event = store
         .check(&[AcceptRequest {
@@ -1042,8 +1042,8 @@ fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fa
     assert_eq!(by_event.accepted[0].duplicate_events, 1);
     // The original's log write fails: both verdicts are void, and a third try is new.
     store.release_failed(std::slice::from_ref(&original.unindexed));
-    assert!(!again.duplicates_hold(&store));
-    assert!(!by_event.duplicates_hold(&store));
+    assert!(!again.duplicates_hold(&store.log));
+    assert!(!by_event.duplicates_hold(&store.log));
     assert!(
         store.all_indexed(),
         "nothing is in flight after the failure"
@@ -1617,10 +1617,12 @@ fn a_hash_match_is_only_a_candidate_the_frame_decides() {
     let (_d, store) = store();
     accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
     let at = store
+        .log
         .candidates(dedupe::event_hash("e1"))
         .expect("candidates")[0];
     // Pretend "e2" and "d2" collide with what is in that frame.
     store
+        .log
         .dedupe
         .lock()
         .expect("lock")

@@ -13,7 +13,7 @@
 //! crash is advanced again from the log on open. An explicit [`Writer::flush`] flushes it at once.
 
 use super::eventlog::Location;
-use super::{AcceptRequest, Accepted, Checked, QuarantineRecord, Store, Unindexed};
+use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, Store, Unindexed};
 use crate::ids::{DeliveryId, PartitionKey};
 use crate::webhook::model::{Event, Millis};
 use crate::webhook::IncomingEvent;
@@ -58,10 +58,15 @@ pub struct NewEvent {
 /// What the writer reports after each group, without tying this module to metrics or dispatch.
 pub struct WriterHooks {
     /// (time the group took to become durable, deliveries in it).
-    pub observe: Box<dyn Fn(Duration, usize) + Send>,
+    pub observe: Observe,
     /// Newly durable events, in acceptance order, and where the log ends after them.
-    pub durable: Box<dyn Fn(Vec<NewEvent>, Location) + Send>,
+    pub durable: Durable,
 }
+
+/// See [`WriterHooks::observe`].
+pub type Observe = Box<dyn Fn(Duration, usize) + Send>;
+/// See [`WriterHooks::durable`].
+pub type Durable = Box<dyn Fn(Vec<NewEvent>, Location) + Send>;
 
 enum Job {
     Accept(AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>),
@@ -76,6 +81,8 @@ pub struct Writer {
     /// Straight to the indexer, for [`Writer::flush_own`].
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     health: Arc<Health>,
+    /// The store, once sled is open (see [`Writer::start_early`]).
+    store: Arc<tokio::sync::watch::Sender<Option<Store>>>,
 }
 
 /// Set by the writer and syncer (checks, log writes) and by the indexer (checkpoint writes).
@@ -135,28 +142,68 @@ impl IndexBacklog {
 impl Writer {
     /// Start the writer thread. The store has already replayed any leftover log on open.
     pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
-        if store.writer_started.swap(true, Ordering::SeqCst) {
-            return Err(super::StoreError::Internal(
-                "a second writer on one store".into(),
-            ));
-        }
+        let writer = Writer::start_early(store.intake_log(), hooks.observe)?;
+        writer.attach(store, hooks.durable);
+        Ok(writer)
+    }
+
+    /// Start on an event log opened before sled ([`IntakeLog::open_early`]): deliveries are
+    /// checked, logged, synced and answered at once, while their indexing (the checkpoint, in
+    /// sled) and their hand-over wait for [`attach`](Writer::attach). So at most
+    /// [`MAX_INDEX_BACKLOG`] events are answered before the store is attached; later deliveries
+    /// wait for it. A delivery with events to quarantine (in sled) is refused until then
+    /// ([`super::StoreError::Opening`]): intake waits for [`store`](Writer::store) first.
+    pub fn start_early(log: IntakeLog, observe: Observe) -> Result<Writer, super::StoreError> {
+        log.start_writer()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
         let health = Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(true),
         });
+        let (store, store_rx) = tokio::sync::watch::channel(None);
         let flag = health.clone();
         let to_indexer = indexer.clone();
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run(store, rx, (to_indexer, from_syncer), hooks, flag))
+            .spawn(move || run(log, store_rx, rx, (to_indexer, from_syncer), observe, flag))
             .map_err(|e| super::StoreError::Internal(format!("cannot start the writer: {e}")))?;
         Ok(Writer {
             tx,
             indexer,
             health,
+            store: Arc::new(store),
         })
+    }
+
+    /// Give a writer started early its store, now open, and the hook that hands new events to
+    /// the dispatcher: the indexer indexes what was logged meanwhile, hands it on, and goes on
+    /// as after [`start`](Writer::start).
+    pub fn attach(&self, store: Store, durable: Durable) {
+        self.store.send_replace(Some(store.clone()));
+        if self
+            .indexer
+            .send(ToIndexer::Attach(Box::new((store, durable))))
+            .is_err()
+        {
+            tracing::error!("the store indexer stopped before the store opened");
+            self.health.index.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The store, once attached (at once after [`start`](Writer::start)).
+    pub async fn store(&self) -> Result<Store, WriterError> {
+        let mut rx = self.store.subscribe();
+        let store = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| WriterError::Stopped)?;
+        store.clone().ok_or(WriterError::Stopped)
+    }
+
+    /// Whether the store is attached (an early start's sled is open).
+    pub fn has_store(&self) -> bool {
+        self.store.borrow().is_some()
     }
 
     /// Store a delivery; returns once it is durable.
@@ -225,19 +272,22 @@ struct Group {
 /// The checking side: group, dedupe, pass on. The sync of one group overlaps the check of the
 /// next.
 fn run(
-    store: Store,
+    log: IntakeLog,
+    store_rx: tokio::sync::watch::Receiver<Option<Store>>,
     mut rx: mpsc::UnboundedReceiver<Job>,
     indexer: IndexerChannel,
-    hooks: WriterHooks,
+    observe: Observe,
     health: Arc<Health>,
 ) {
     let healthy = &health.log;
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
-    let syncer_store = store.clone();
+    let syncer_log = log.clone();
     let syncer_health = health.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || sync_loop(syncer_store, from_writer, indexer, hooks, syncer_health));
+        .spawn(move || sync_loop(syncer_log, from_writer, indexer, observe, syncer_health));
+    // Known once attached (see `Writer::start_early`).
+    let mut store: Option<Store> = None;
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -263,7 +313,10 @@ fn run(
         let started = Instant::now();
         let requests: Vec<AcceptRequest<'_>> =
             accepts.iter().map(|(job, _)| job.request()).collect();
-        let checked = store.check(&requests);
+        if store.is_none() {
+            store = store_rx.borrow().clone();
+        }
+        let checked = log.check(&requests, store.as_ref());
         drop(requests);
         let mut group = Group {
             checked: Checked::default(),
@@ -355,11 +408,7 @@ impl FlushWaiters {
 impl Backlog {
     /// Index everything waiting; on success hand the events on. The hand-over is counted before
     /// their ids leave the in-flight set and sent after (see `DispatchHandle::wait_drained`).
-    fn index(
-        &mut self,
-        store: &Store,
-        durable: &(dyn Fn(Vec<NewEvent>, Location) + Send),
-    ) -> Result<(), super::StoreError> {
+    fn index(&mut self, store: &Store, durable: &Durable) -> Result<(), super::StoreError> {
         let Some(to) = self.to else { return Ok(()) };
         store.index(&self.groups, to).inspect_err(|e| {
             tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
@@ -367,10 +416,11 @@ impl Backlog {
         self.to = None;
         let events = std::mem::take(&mut self.new_events);
         let handing_on = !events.is_empty();
+        let log = store.intake_log();
         if handing_on {
-            store.count_hand_over();
+            log.count_hand_over();
         }
-        store.release(&self.groups);
+        log.release(&self.groups);
         self.groups.clear();
         if handing_on {
             durable(events, to);
@@ -392,6 +442,8 @@ enum ToIndexer {
     Index(Backlog),
     /// Callers to answer after a sled flush.
     Flush(FlushWaiters),
+    /// The store is open (see [`Writer::attach`]): index from now on.
+    Attach(Box<(Store, Durable)>),
 }
 
 fn flush_store(store: &Store) -> Result<(), WriterError> {
@@ -413,29 +465,34 @@ fn answer_of(flushed: &Result<(), super::StoreError>) -> Result<(), WriterError>
 /// It is also the one caller of `Db::flush` while the writer runs: a flush asked for after some
 /// groups runs after their checkpoint write, and the syncer never waits for sled.
 fn index_loop(
-    store: Store,
     rx: std::sync::mpsc::Receiver<ToIndexer>,
-    durable: Box<dyn Fn(Vec<NewEvent>, Location) + Send>,
     health: Arc<Health>,
     waiting: Arc<IndexBacklog>,
 ) {
     let mut backlog = Backlog::default();
     let mut waiters = FlushWaiters::default();
+    // Until attached (an early start's sled still opening), logged groups and flush waiters
+    // only gather.
+    let mut attached: Option<(Store, Durable)> = None;
     // The last failed attempt was followed by a successful probe write: another failure means
     // sled is stuck, not the disk full.
     let mut disk_was_writable = false;
-    let absorb = |backlog: &mut Backlog, waiters: &mut FlushWaiters, message| match message {
+    let absorb = |backlog: &mut Backlog,
+                  waiters: &mut FlushWaiters,
+                  attached: &mut Option<(Store, Durable)>,
+                  message| match message {
         ToIndexer::Index(mut more) => {
             backlog.groups.append(&mut more.groups);
             backlog.new_events.append(&mut more.new_events);
             backlog.to = more.to.or(backlog.to);
         }
         ToIndexer::Flush(mut more) => waiters.append(&mut more),
+        ToIndexer::Attach(store) => *attached = Some(*store),
     };
     loop {
         // With a backlog left by a failed checkpoint write, try again after a pause even if nothing
         // new comes.
-        let next = if backlog.to.is_some() {
+        let next = if backlog.to.is_some() && attached.is_some() {
             match rx.recv_timeout(INDEX_RETRY_PAUSE) {
                 Ok(message) => Some(message),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
@@ -448,13 +505,16 @@ fn index_loop(
             }
         };
         if let Some(message) = next {
-            absorb(&mut backlog, &mut waiters, message);
+            absorb(&mut backlog, &mut waiters, &mut attached, message);
             while let Ok(more) = rx.try_recv() {
-                absorb(&mut backlog, &mut waiters, more);
+                absorb(&mut backlog, &mut waiters, &mut attached, more);
             }
         }
+        let Some((store, durable)) = &attached else {
+            continue;
+        };
         let events = backlog.new_events.len();
-        let indexed = backlog.index(&store, durable.as_ref());
+        let indexed = backlog.index(store, durable);
         if indexed.is_ok() {
             waiting.release(events);
         } else {
@@ -498,11 +558,26 @@ fn index_loop(
             Err(_) => disk_was_writable = false,
         }
     }
-    // The syncer is gone: index what is left, so the next start has nothing to index again.
-    let _ = backlog.index(&store, durable.as_ref());
-    if !waiters.is_empty() {
-        waiters.answer(flush_store(&store));
+    // The syncer is gone: index what is left, so the next start has nothing to index again, and
+    // leave sled complete. Not attached: it is all in the log, which the next start indexes.
+    match attached {
+        Some((store, durable)) => {
+            let _ = backlog.index(&store, &durable);
+            let flushed = flush_store(&store);
+            if flushed.is_err() {
+                tracing::error!(
+                    "final store flush failed; the next start scans the log's tail again"
+                );
+            }
+            waiters.answer(flushed);
+        }
+        None => waiters.answer(Err(not_open())),
     }
+}
+
+/// What a flush waiter is answered when the store never opened.
+fn not_open() -> WriterError {
+    WriterError::Store(super::StoreError::Opening.to_string())
 }
 
 /// Give a group's new events their frame locations. They are in the order of the group's rows.
@@ -538,20 +613,19 @@ const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// hand them to the indexer, and with them those who wait for a sled flush (so an
 /// acknowledgment never waits for sled).
 fn sync_loop(
-    store: Store,
+    store: IntakeLog,
     rx: std::sync::mpsc::Receiver<Group>,
     (to_indexer, from_syncer): IndexerChannel,
-    hooks: WriterHooks,
+    observe: Observe,
     health: Arc<Health>,
 ) {
-    let WriterHooks { observe, durable } = hooks;
     let healthy = &health.log;
     let waiting = Arc::new(IndexBacklog::default());
     let indexer = {
-        let (store, health, waiting) = (store.clone(), health.clone(), waiting.clone());
+        let (health, waiting) = (health.clone(), waiting.clone());
         std::thread::Builder::new()
             .name("store-indexer".into())
-            .spawn(move || index_loop(store, from_syncer, durable, health, waiting))
+            .spawn(move || index_loop(from_syncer, health, waiting))
     };
     let indexer = match indexer {
         Ok(handle) => Some(handle),
@@ -639,18 +713,17 @@ fn sync_loop(
             if let Err(std::sync::mpsc::SendError(ToIndexer::Flush(waiters))) =
                 to_indexer.send(ToIndexer::Flush(waiters))
             {
-                // No indexer (it failed to start): flush here rather than leave them waiting.
-                waiters.answer(flush_store(&store));
+                // No indexer (it failed to start), so no flush: rather than leave them waiting.
+                waiters.answer(Err(WriterError::Store(
+                    "the store indexer is not running".to_owned(),
+                )));
             }
         }
     }
-    // The writer is gone: let the indexer finish, then leave sled complete.
+    // The writer is gone: let the indexer finish (it leaves sled complete).
     drop(to_indexer);
     if let Some(indexer) = indexer {
         let _ = indexer.join();
-    }
-    if let Err(e) = flush_store(&store) {
-        tracing::error!(error = %e, "final store flush failed; the next start scans the log's tail again");
     }
 }
 
@@ -755,7 +828,9 @@ mod tests {
         assert_eq!(store.file_syncs(), before);
 
         // A failed sync fails the flush and makes the writer unhealthy (`/readyz` 503), though
-        // sled's own writes still work.
+        // sled's own writes still work. (d2 indexed first, through the writer: an index round
+        // after the failure would find the store failed on a writable disk, and exit.)
+        writer.flush().await.expect("flushed");
         assert!(writer.is_healthy());
         store.sled_file.fail_next_sync();
         assert!(writer.flush_own().await.is_err(), "the flush fails");
@@ -832,5 +907,172 @@ mod tests {
         assert_eq!(store.pending().expect("pending").events.len(), 100);
 
         assert!(writer.is_healthy());
+    }
+
+    fn invalid(delivery: &str) -> crate::store::QuarantineRecord {
+        crate::store::QuarantineRecord {
+            id: 0,
+            received_at: 7,
+            scope: "event".into(),
+            reason: "invalid_event".into(),
+            detail: "x".into(),
+            delivery_id: Some(delivery.into()),
+            content_type: None,
+            body_base64: "e30=".into(),
+            body_gzip: false,
+        }
+    }
+
+    /// The sequence numbers of the log's events, in log order.
+    fn logged_seqs(log_dir: &std::path::Path) -> Vec<(String, u64)> {
+        let mut logged = Vec::new();
+        super::super::eventlog::scan(log_dir, Default::default(), |_, record, _| {
+            logged.extend(record.ids.into_iter().zip(record.seqs));
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("scan");
+        logged
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_started_before_sled_opens_answers_deliveries_and_its_store_indexes_them_once()
+    {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store");
+        let seg = super::super::eventlog::SEGMENT_BYTES;
+        // A store that ran before: one event folded, one still to fold.
+        {
+            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            for (d, e) in [("d1", "e1"), ("d2", "e2")] {
+                let job = job(d, e);
+                store.accept_many(&[job.request()]).expect("accepted");
+            }
+        }
+        assert!(
+            IntakeLog::open_early(&dir.path().join("fresh"), seg)
+                .expect("open")
+                .is_none(),
+            "a store this build never opened waits for sled"
+        );
+        let log = IntakeLog::open_early(&path, seg)
+            .expect("open")
+            .expect("a store this build opened takes deliveries before sled");
+        assert!(
+            matches!(
+                Store::open(&path, 8 * 1024 * 1024),
+                Err(crate::store::StoreError::Locked { .. })
+            ),
+            "nobody else opens the store meanwhile"
+        );
+        let writer = Writer::start_early(log.clone(), Box::new(|_, _| {})).expect("start");
+        assert!(!writer.has_store());
+
+        // Answered with sled closed: new, a duplicate of a logged event, a re-send in flight.
+        let new = writer.accept(job("d3", "e3")).await.expect("accepted");
+        assert_eq!(new.new.len(), 1);
+        let old = writer.accept(job("d4", "e1")).await.expect("answered");
+        assert_eq!((old.new.len(), old.duplicate_events), (0, 1));
+        let again = writer.accept(job("d5", "e3")).await.expect("answered");
+        assert_eq!((again.new.len(), again.duplicate_events), (0, 1));
+        // Numbered above every event logged before.
+        let logged = logged_seqs(&log.dir);
+        let seq = |id: &str| logged.iter().find(|(e, _)| e == id).map(|(_, s)| *s);
+        assert!(seq("e3") > seq("e2"), "{logged:?}");
+        assert_eq!(logged.len(), 3, "logged before the answer, once");
+        // What needs sled (a quarantine record) is refused until it is open.
+        let mut quarantined = job("d6", "e6");
+        quarantined.invalid.push(invalid("d6"));
+        assert_eq!(
+            writer.accept(quarantined).await.map(|_| ()),
+            Err(WriterError::Store(
+                crate::store::StoreError::Opening.to_string()
+            ))
+        );
+
+        // sled opens: a start's scan leaves the writer's frames to its indexer.
+        let store = Store::open_after_log(&path, 8 * 1024 * 1024, log).expect("open sled");
+        let scanned: Vec<u64> = store
+            .pending_before_writer()
+            .expect("pending")
+            .events
+            .iter()
+            .map(|p| p.seq)
+            .collect();
+        assert_eq!(
+            scanned,
+            vec![seq("e1").expect("e1"), seq("e2").expect("e2")]
+        );
+        let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
+        let handed_tx = Mutex::new(handed_tx);
+        writer.attach(
+            store.clone(),
+            Box::new(move |events, _| {
+                let tx = handed_tx.lock().expect("lock");
+                for e in &events {
+                    let _ = tx.send(e.seq);
+                }
+            }),
+        );
+        assert!(writer.has_store());
+        let handed = handed_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("what was logged early is handed on once attached");
+        assert_eq!(Some(handed), seq("e3"));
+        writer.flush().await.expect("flushed");
+        assert!(handed_rx.try_recv().is_err(), "handed on once");
+        assert!(store.all_indexed());
+        // The checkpoint covers it: the next start has nothing to recover, and finds all three
+        // still to fold, each once.
+        let mut quarantined = job("d7", "e7");
+        quarantined.invalid.push(invalid("d7"));
+        writer
+            .accept(quarantined)
+            .await
+            .expect("quarantined once open");
+        drop((writer, store));
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+        let pending: Vec<u64> = store
+            .pending()
+            .expect("pending")
+            .events
+            .iter()
+            .map(|p| p.seq)
+            .collect();
+        assert_eq!(pending.len(), 4, "{pending:?}");
+        assert_eq!(store.quarantined().expect("list").len(), 1);
+    }
+
+    #[test]
+    fn an_early_open_waits_for_sled_after_a_torn_write_or_with_an_older_layouts_dedupe_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store");
+        let seg = super::super::eventlog::SEGMENT_BYTES;
+        {
+            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            let job = job("d1", "e1");
+            store.accept_many(&[job.request()]).expect("accepted");
+        }
+        assert!(IntakeLog::open_early(&path, seg).expect("open").is_some());
+        // A torn last frame: judging it needs sled's checkpoint.
+        let segment = super::super::eventlog::segment_path(&path.join("events"), 1);
+        let mut bytes = std::fs::read(&segment).expect("read");
+        bytes.extend_from_slice(&[9, 0, 0, 0, 1, 2]);
+        std::fs::write(&segment, &bytes).expect("write");
+        assert!(IntakeLog::open_early(&path, seg).expect("open").is_none());
+        // The open with sled cuts it and keeps the file up to date.
+        drop(Store::open(&path, 8 * 1024 * 1024).expect("open"));
+        assert!(IntakeLog::open_early(&path, seg).expect("open").is_some());
+        // A store whose older layout's dedupe records are still in sled has no file.
+        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        store
+            .meta
+            .insert(
+                crate::store::keys::meta::LEGACY_DEDUPE_SINCE,
+                &crate::store::keys::seq(1),
+            )
+            .expect("insert");
+        drop(store);
+        drop(Store::open(&path, 8 * 1024 * 1024).expect("open"));
+        assert!(IntakeLog::open_early(&path, seg).expect("open").is_none());
     }
 }
