@@ -235,6 +235,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     // from there (during recovery, or at the first write of its log), and they inherit it.
     let cache_capacity = config.store.cache_capacity_bytes;
     let open = move || {
+        #[cfg(debug_assertions)]
+        hold_store_open_for_tests();
         let store = match early_log {
             Some(log) => Store::open_after_log(&store_path, cache_capacity, log)?,
             None => Store::open(&store_path, cache_capacity)?,
@@ -252,17 +254,37 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     );
     let opening = std::time::Instant::now();
     let fold_priority = fold_priority(&config.dispatch);
+    // SIGTERM and SIGINT from here on stop the daemon in order, an early listener too.
+    let mut signals = std::pin::pin!(shutdown_signal());
     // Off this thread, which serves the early listener's control meanwhile.
-    let opened = tokio::task::spawn_blocking(move || {
+    let opening_task = tokio::task::spawn_blocking(move || {
         crate::background::on_thread_at(fold_priority, "store-open", open)
-    })
-    .await
-    .map_err(|e| AppError::Thread {
-        name: "store-open",
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    });
+    let opened = tokio::select! {
+        opened = opening_task => opened.map_err(|e| AppError::Thread {
+            name: "store-open",
+            source: std::io::Error::other(e.to_string()),
+        }),
+        signal = &mut signals => {
+            // sled's replay cannot be cut short: the process ends once it has finished.
+            tracing::info!(signal, "shutting down while the store opens");
+            if let Some(early) = early.take() {
+                early.stop().await;
+            }
+            return Ok(());
+        }
+    };
     let thread = |name| move |source| AppError::Thread { name, source };
-    let store = opened.map_err(thread("store-open"))??;
+    let store = match opened.and_then(|opened| opened.map_err(thread("store-open"))) {
+        Ok(Ok(store)) => store,
+        Ok(Err(e)) | Err(e) => {
+            // The early listener finishes what it has: what it answered is in the log.
+            if let Some(early) = early.take() {
+                early.stop().await;
+            }
+            return Err(e);
+        }
+    };
     tracing::info!(
         took_ms = opening.elapsed().as_millis() as u64,
         "store opened"
@@ -506,16 +528,20 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             );
         }
     }
-    if let Some(early) = &mut early {
-        // The early server finishes the deliveries it has (their writer is the same) and closes
-        // its connections (it keeps none alive); the socket stays open meanwhile, so a
-        // connection made now waits in its backlog for the server started next.
-        early.handle.stop(true).await;
-        let _ = (&mut early.task).await;
-        tracing::info!("the early webhook listener hands over to the server");
+    // The early server stops taking connections (made meanwhile, they wait in the socket's
+    // backlog); the server takes them from here on; the early one finishes what it has (their
+    // writer is the same) in the background.
+    if let Some(early) = &early {
+        early.handle.pause().await;
     }
     let server = server.run();
     let handle = server.handle();
+    if let Some(early) = early.take() {
+        tokio::spawn(async move {
+            early.stop().await;
+            tracing::info!("the early webhook listener handed over to the server");
+        });
+    }
 
     data.write_daemon_info(&DaemonInfo {
         pid: std::process::id(),
@@ -576,7 +602,6 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         println!("upstream: remote {url}");
         tracing::info!(%url, "upstream is the service's Open API");
     }
-    let signals = shutdown_signal();
     // Machine-readable start lines on stdout, the public one last: tests and scripts wait for it.
     {
         // A closed stdout must not stop the daemon (a panic here would).
@@ -599,7 +624,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     };
     // Which server ended on its own, if one did (its task is then finished).
     let (server_result, public_ended, admin_ended) = tokio::select! {
-        signal = signals => {
+        signal = &mut signals => {
             tracing::info!(signal, "shutting down");
             (None, false, false)
         }
@@ -704,7 +729,27 @@ struct EarlyIntake {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Debug builds only, for tests: hold the store's open while the file named by
+/// `HANDOFF_BRIDGE_TEST_HOLD_STORE_OPEN` exists (at most a minute), as a long replay of sled's
+/// log would, so a test can catch a start before its store is open.
+#[cfg(debug_assertions)]
+fn hold_store_open_for_tests() {
+    let Some(path) = std::env::var_os("HANDOFF_BRIDGE_TEST_HOLD_STORE_OPEN") else {
+        return;
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while std::path::Path::new(&path).exists() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl EarlyIntake {
+    /// Stop the early server: what it has in hand is finished first.
+    async fn stop(self) {
+        self.handle.stop(true).await;
+        let _ = self.task.await;
+    }
+
     /// Serve the webhook on the public socket, bound here, with `intake` (whose writer has no
     /// store yet), and say so on stdout.
     fn start(

@@ -1,7 +1,8 @@
 //! A start takes webhook deliveries before its store (sled) has opened: sled replays its log on
 //! open, seconds to minutes after a long run, and a webhook refused meanwhile may be disabled by
-//! the service. The test holds sled's lock (as a slow replay would hold the open), so the daemon
-//! is caught between its early listener and its full start.
+//! the service. The tests hold the daemon's open of sled, as a long replay would (a debug build's
+//! hook: the open waits while a file the test names exists), so the daemon is caught between
+//! its early listener and its full start.
 
 mod common;
 use common::*;
@@ -16,13 +17,12 @@ fn delivery(id: &str, event: &str, conversation: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Lock sled's file of the store in `dir` until the returned file is dropped.
-fn hold_sled(dir: &std::path::Path) -> std::fs::File {
-    use fs2::FileExt;
-    let sled = std::fs::File::open(handoff_bridge::store::sled_file(&dir.join("store")))
-        .expect("sled's file");
-    sled.lock_exclusive().expect("lock sled");
-    sled
+/// Held while the returned file exists: the daemons [`start`]ed on `dir` wait with their store's
+/// open until it is removed.
+fn hold_open(dir: &std::path::Path) -> PathBuf {
+    let gate = dir.join("hold-store-open");
+    std::fs::write(&gate, b"").expect("gate");
+    gate
 }
 
 /// Start the daemon on `dir`: the process, its stdout and its log file.
@@ -44,11 +44,17 @@ fn start(dir: &std::path::Path, name: &str) -> (Child, BufReader<ChildStdout>, P
         .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("HANDOFF_BRIDGE__RULES__ENABLED", "false")
         .env("RUST_LOG", "info")
+        .env(
+            "HANDOFF_BRIDGE_TEST_HOLD_STORE_OPEN",
+            dir.join("hold-store-open"),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(&log_path).expect("log file"),
-        ))
+        .stderr(match name {
+            // Read as it is written.
+            "stopped" => Stdio::piped(),
+            _ => Stdio::from(std::fs::File::create(&log_path).expect("log file")),
+        })
         .spawn()
         .expect("start handoff-bridge");
     let stdout = BufReader::new(child.stdout.take().expect("stdout"));
@@ -73,6 +79,10 @@ fn read_until(
         if let Some(rest) = line.trim().strip_prefix(prefix) {
             return rest.to_owned();
         }
+        assert!(
+            !line.starts_with("listening: "),
+            "the daemon started without printing `{prefix}`"
+        );
     }
 }
 
@@ -98,8 +108,8 @@ fn deliveries_are_answered_while_the_store_opens_and_folded_once_after() {
     wait_drained(&app);
     assert!(app.terminate().success());
 
-    // Hold sled's lock: the daemon's open of sled waits (up to a second) as for a slow replay.
-    let sled = hold_sled(&dir);
+    // The daemon's open of sled waits, as for a long replay.
+    let gate = hold_open(&dir);
     let (mut child, mut stdout, log_path) = start(&dir, "early");
     let mut line_starting = |prefix: &str| read_until(&mut stdout, &mut child, &log_path, prefix);
     let early = line_starting("accepting webhooks: ");
@@ -126,9 +136,15 @@ fn deliveries_are_answered_while_the_store_opens_and_folded_once_after() {
     let opened_yet = std::fs::read_to_string(&log_path)
         .unwrap_or_default()
         .contains("store opened");
+    // A body to quarantine needs the store: it waits for it.
+    let quarantined = std::thread::spawn({
+        let webhook = webhook.clone();
+        move || self::post(&common::agent(), &webhook, b"not json")
+    });
     // Let sled open; the daemon then starts on the same socket.
-    drop(sled);
+    std::fs::remove_file(&gate).expect("open the gate");
     let base = line_starting("listening: ");
+    let (quarantined, quarantined_body) = quarantined.join().expect("quarantined delivery");
 
     assert!(!opened_yet, "the answers came before the store opened");
     assert_eq!(status, 200, "{body}");
@@ -142,6 +158,11 @@ fn deliveries_are_answered_while_the_store_opens_and_folded_once_after() {
         "an event logged before is known"
     );
     assert_eq!(wrong, 401, "tokens are checked as ever");
+    assert_eq!(
+        (quarantined, quarantined_body["status"].as_str()),
+        (200, Some("quarantined")),
+        "{quarantined_body}"
+    );
     assert_eq!(probe_status, 503);
     assert_eq!(probe_body["error"]["code"], "starting");
     assert_eq!(retry_after.as_deref(), Some("1"));
@@ -203,7 +224,7 @@ fn a_delivery_answered_before_the_store_opened_survives_a_kill_9_then() {
     wait_drained(&app);
     assert!(app.terminate().success());
 
-    let sled = hold_sled(&dir);
+    let gate = hold_open(&dir);
     let (mut child, mut stdout, log_path) = start(&dir, "killed");
     let early = read_until(&mut stdout, &mut child, &log_path, "accepting webhooks: ");
     let (status, body) = post(
@@ -219,7 +240,7 @@ fn a_delivery_answered_before_the_store_opened_survives_a_kill_9_then() {
     // Killed before sled opened: nothing was indexed, only logged and synced.
     child.kill().expect("kill -9");
     let _ = child.wait();
-    drop(sled);
+    std::fs::remove_file(&gate).expect("open the gate");
 
     let app = TestApp::spawn_in(&dir, Spawn::default());
     wait_drained(&app);
@@ -232,6 +253,62 @@ fn a_delivery_answered_before_the_store_opened_survives_a_kill_9_then() {
         (status, body["status"].as_str()),
         (200, Some("duplicate")),
         "{body}"
+    );
+    assert!(app.terminate().success());
+}
+
+#[test]
+fn a_stop_while_the_store_opens_finishes_the_early_deliveries_and_exits_cleanly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    let app = TestApp::spawn_in(&dir, Spawn::default());
+    assert!(app.terminate().success());
+
+    let gate = hold_open(&dir);
+    let (mut child, mut stdout, log_path) = start(&dir, "stopped");
+    // The log as it is written (to a pipe instead of the file).
+    let logs = BufReader::new(child.stderr.take().expect("stderr"));
+    let early = read_until(&mut stdout, &mut child, &log_path, "accepting webhooks: ");
+    let (status, body) = post(
+        &agent(),
+        &format!("{early}/webhook/{WEBHOOK_TOKEN}"),
+        &delivery("d2", "e2", "c1"),
+    );
+    assert_eq!(
+        (status, body["accepted"].as_u64()),
+        (200, Some(1)),
+        "{body}"
+    );
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    // Stopped while the store opens (the early listener closes at once); the process ends when
+    // sled's open does.
+    let mut seen = Vec::new();
+    for line in logs.lines() {
+        let line = line.expect("log line");
+        let stopping = line.contains("shutting down while the store opens");
+        seen.push(line);
+        if stopping {
+            break;
+        }
+    }
+    assert!(
+        seen.last()
+            .is_some_and(|l| l.contains("shutting down while the store opens")),
+        "{seen:#?}"
+    );
+    std::fs::remove_file(&gate).expect("open the gate");
+    assert!(child.wait().expect("wait").success());
+
+    let app = TestApp::spawn_in(&dir, Spawn::default());
+    wait_drained(&app);
+    let (status, state) = app.admin_get("/admin/v1/conversations/c1");
+    assert_eq!(
+        (status, &state["events_applied"]),
+        (200, &serde_json::json!(1)),
+        "{state}"
     );
     assert!(app.terminate().success());
 }

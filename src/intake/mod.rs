@@ -232,7 +232,7 @@ async fn handle(
             // opens holds this one until it is open.
             let store_open = match job.invalid.is_empty() {
                 true => Ok(()),
-                false => intake.writer.store().await.map(drop),
+                false => store_when_open(&intake.writer).await.map(drop),
             };
             match store_open {
                 Ok(()) => intake.writer.accept(job).await,
@@ -244,7 +244,7 @@ async fn handle(
             // Rare path: written here (once the store is open), then made durable by a flush
             // of the writer.
             let content_type = content_type.clone();
-            match intake.writer.store().await {
+            match store_when_open(&intake.writer).await {
                 Err(e) => Err(e),
                 Ok(store) => {
                     let quarantine = move || {
@@ -268,6 +268,15 @@ async fn handle(
     };
     let ingested = match stored {
         Ok(i) => i,
+        Err(WriterError::Opening) => {
+            outcome("unavailable");
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "starting",
+                "the daemon is starting and this delivery needs its store, still opening; retry \
+                 later",
+            ));
+        }
         Err(e) => {
             outcome("unavailable");
             tracing::error!(error = %e, "cannot store delivery");
@@ -287,6 +296,17 @@ async fn handle(
         tracing::debug!(delivery_id = ?receipt.delivery_id, accepted = receipt.accepted, duplicates = receipt.duplicates, "delivery stored");
     }
     Ok(HttpResponse::Ok().json(receipt))
+}
+
+/// How long a delivery that needs the store (one to quarantine) waits for a start's store to
+/// open: meanwhile it holds its share of the body budget.
+const STORE_OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The store, waited for at most [`STORE_OPEN_WAIT`] ([`WriterError::Opening`] after that).
+async fn store_when_open(writer: &crate::store::Writer) -> Result<Store, WriterError> {
+    tokio::time::timeout(STORE_OPEN_WAIT, writer.store())
+        .await
+        .unwrap_or(Err(WriterError::Opening))
 }
 
 fn record_metrics(m: &crate::ops::metrics::Metrics, ingested: &Ingested) {

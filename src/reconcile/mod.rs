@@ -419,6 +419,7 @@ impl Sweeper {
             Ok(accepted) => Ok(accepted.new.len() as u64),
             Err(WriterError::Stopped) => Err(SweepError::WriterStopped),
             Err(WriterError::Store(e)) => Err(SweepError::Writer(e)),
+            Err(e @ WriterError::Opening) => Err(SweepError::Writer(e.to_string())),
         }
     }
 }

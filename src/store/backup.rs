@@ -67,6 +67,9 @@ impl Store {
 /// The layout version of the store at `store_dir` without opening it as a [`Store`] (which would
 /// migrate an older one); `None` for a store that never recorded one (a new, empty store).
 pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
+    // The event log's lock first: a daemon taking deliveries before its sled opens holds only
+    // that one.
+    let _log = super::log::lock(store_dir, &store_dir.join(super::EVENT_LOG_DIR))?;
     let db = sled::Config::new()
         .path(store_dir)
         .open()

@@ -3,16 +3,15 @@
 //! of it in sled.
 //!
 //! A [`Store`](super::Store) holds one, opened with sled (`Store::open`). A start can also open
-//! it first, without sled ([`IntakeLog::open_early`]), so the writer takes
-//! deliveries while sled replays its own log, which after a long run takes seconds to minutes
+//! it first, without sled ([`IntakeLog::open_early`]), so the writer takes deliveries while
+//! sled replays its own log, which after a long run takes seconds to minutes
 //! (`docs/operations.md`, "Start time"). That needs the two things an open otherwise reads from
-//! sled's `meta` tree to be known without it:
-//! - where the dedupe index starts (`DEDUPE_PRUNED_TO`): kept in a small file next to the
-//!   segments ([`IntakeState`], `events/intake-state.json`), written by an open and by a prune
-//!   pass that moves it;
-//! - the next sequence number: above the highest in the log (the newest segment holding a frame
-//!   is never deleted, and every number a fold or the index checkpoint names came from a frame),
-//!   and above the floor the file keeps.
+//! sled's `meta` tree to be known without it, kept in a small file next to the segments
+//! ([`IntakeState`], `events/intake-state.json`) by every open and every prune pass:
+//! - where the dedupe index starts (`DEDUPE_PRUNED_TO`);
+//! - a floor for the sequence numbers: the number counter then, so above every number given out
+//!   so far, including those of segments the pass deleted. New numbers go above it and above
+//!   the highest in the log (what was numbered since the file was written).
 //!
 //! And the index checkpoint (`INDEXED_TO`), which judges a torn tail, is not needed when the tail
 //! is clean: an early open is refused (the start opens sled first, as before) when the tail is
@@ -41,7 +40,7 @@ pub(super) struct IntakeState {
     pub layout: u32,
     /// The first segment whose ids the dedupe index holds.
     pub dedupe_from: u64,
-    /// The index checkpoint's sequence floor when written: numbers go above it.
+    /// Every sequence number given out when written is at or below it: numbers go above it.
     pub seq_floor: u64,
 }
 
@@ -118,6 +117,12 @@ impl IntakeLog {
             return Ok(None);
         }
         let lock = lock(store_dir, &dir)?;
+        // A daemon of a build from before the log's lock holds sled's instead, and appends.
+        if super::held_by_another_process(store_dir) {
+            return Err(StoreError::Locked {
+                path: store_dir.display().to_string(),
+            });
+        }
         match eventlog::check_tail(&dir) {
             Ok(Tail::Clean) => {}
             // Torn (its judgement needs sled's checkpoint) or damaged (the open with sled says

@@ -775,14 +775,13 @@ impl Store {
         let written = if legacy {
             log::IntakeState::remove(&self.log_dir)
         } else {
-            let seq_floor = match self.meta.get(keys::meta::SEQ_FLOOR)? {
-                Some(b) => keys::parse_seq(&b).ok_or_else(|| corrupt("event sequence floor"))?,
-                None => 0,
-            };
+            // Above every number given out so far (the counter starts above sled's floor, or
+            // sled's id counter in a store from before the floor).
+            let next = self.log.next_seq.load(std::sync::atomic::Ordering::SeqCst);
             log::IntakeState {
                 layout: LAYOUT_VERSION,
                 dedupe_from: self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?.segment,
-                seq_floor,
+                seq_floor: next.saturating_sub(1),
             }
             .write(&self.log_dir)
         };
@@ -1749,10 +1748,6 @@ impl Store {
                 .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
         }
         out.dedupe_records += self.prune_legacy(dedupe_before)?;
-        if pruned_to.is_some() || out.dedupe_records > 0 {
-            // An early start loads the dedupe index from there (see `log`).
-            self.write_intake_state()?;
-        }
         let pruned_to = pruned_to.unwrap_or(start);
         // The folds' low watermark bounds what may go: a start scans the log from it.
         let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
@@ -1782,6 +1777,10 @@ impl Store {
             dedupe::remove_ids(&self.log_dir, segment);
             out.event_segments += 1;
         }
+        // What an early start reads instead of sled (see `log`): where the dedupe index starts
+        // now, and a floor above every number given out, since the segments that held the
+        // highest ones may be gone.
+        self.write_intake_state()?;
         Ok(out)
     }
 }

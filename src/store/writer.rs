@@ -257,6 +257,9 @@ pub enum WriterError {
     /// The event log or the store failed; a later call may succeed.
     #[error("{0}")]
     Store(String),
+    /// The store is still opening (an early start): what needs it waits or is refused.
+    #[error("the store is still opening")]
+    Opening,
 }
 
 /// A checked group on its way to the syncer.
@@ -282,10 +285,19 @@ fn run(
     let healthy = &health.log;
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
     let syncer_log = log.clone();
+    let syncer_store = store_rx.clone();
     let syncer_health = health.clone();
     let syncer = std::thread::Builder::new()
         .name("store-syncer".into())
-        .spawn(move || sync_loop(syncer_log, from_writer, indexer, observe, syncer_health));
+        .spawn(move || {
+            sync_loop(
+                (syncer_log, syncer_store),
+                from_writer,
+                indexer,
+                observe,
+                syncer_health,
+            )
+        });
     // Known once attached (see `Writer::start_early`).
     let mut store: Option<Store> = None;
     let syncer = match syncer {
@@ -343,6 +355,13 @@ fn run(
                     group.replies.push(reply);
                 }
                 group.checked = checked;
+            }
+            // A group with something to quarantine before the store opened (intake waits for the
+            // store first): refused, not a failure.
+            Err(super::StoreError::Opening) => {
+                for (_, reply) in accepts {
+                    let _ = reply.send(Err(WriterError::Opening));
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, deliveries = accepts.len(), "cannot check deliveries");
@@ -571,13 +590,8 @@ fn index_loop(
             }
             waiters.answer(flushed);
         }
-        None => waiters.answer(Err(not_open())),
+        None => waiters.answer(Err(WriterError::Opening)),
     }
-}
-
-/// What a flush waiter is answered when the store never opened.
-fn not_open() -> WriterError {
-    WriterError::Store(super::StoreError::Opening.to_string())
 }
 
 /// Give a group's new events their frame locations. They are in the order of the group's rows.
@@ -613,7 +627,7 @@ const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// hand them to the indexer, and with them those who wait for a sled flush (so an
 /// acknowledgment never waits for sled).
 fn sync_loop(
-    store: IntakeLog,
+    (store, attached): (IntakeLog, tokio::sync::watch::Receiver<Option<Store>>),
     rx: std::sync::mpsc::Receiver<Group>,
     (to_indexer, from_syncer): IndexerChannel,
     observe: Observe,
@@ -713,17 +727,31 @@ fn sync_loop(
             if let Err(std::sync::mpsc::SendError(ToIndexer::Flush(waiters))) =
                 to_indexer.send(ToIndexer::Flush(waiters))
             {
-                // No indexer (it failed to start), so no flush: rather than leave them waiting.
-                waiters.answer(Err(WriterError::Store(
-                    "the store indexer is not running".to_owned(),
-                )));
+                // No indexer (it failed to start, or stopped): flush here rather than leave them
+                // waiting.
+                waiters.answer(flush_attached(&attached));
             }
         }
     }
-    // The writer is gone: let the indexer finish (it leaves sled complete).
+    // The writer is gone: let the indexer finish (it leaves sled complete); without one, leave
+    // sled complete here.
     drop(to_indexer);
-    if let Some(indexer) = indexer {
-        let _ = indexer.join();
+    let finished = indexer.is_some_and(|indexer| indexer.join().is_ok());
+    if !finished {
+        if let Err(e) = flush_attached(&attached) {
+            tracing::error!(error = %e, "final store flush failed; the next start scans the log's tail again");
+        }
+    }
+}
+
+/// A flush of the attached store, if any (see [`Writer::attach`]).
+fn flush_attached(
+    attached: &tokio::sync::watch::Receiver<Option<Store>>,
+) -> Result<(), WriterError> {
+    let store = attached.borrow().clone();
+    match store {
+        Some(store) => flush_store(&store),
+        None => Err(WriterError::Opening),
     }
 }
 
@@ -984,10 +1012,9 @@ mod tests {
         quarantined.invalid.push(invalid("d6"));
         assert_eq!(
             writer.accept(quarantined).await.map(|_| ()),
-            Err(WriterError::Store(
-                crate::store::StoreError::Opening.to_string()
-            ))
+            Err(WriterError::Opening)
         );
+        assert!(writer.is_healthy(), "refused, not failed");
 
         // sled opens: a start's scan leaves the writer's frames to its indexer.
         let store = Store::open_after_log(&path, 8 * 1024 * 1024, log).expect("open sled");
