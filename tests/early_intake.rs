@@ -17,6 +17,20 @@ fn delivery(id: &str, event: &str, conversation: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A data directory in `tmp` a daemon ran on and stopped (an open of this build wrote the event
+/// log's state file then), with event e1 of conversation c1 folded when `with_e1`.
+fn ran_before(tmp: &tempfile::TempDir, with_e1: bool) -> PathBuf {
+    let dir = tmp.path().join("data");
+    let app = TestApp::spawn_in(&dir, Spawn::default());
+    if with_e1 {
+        let (status, body) = app.post(&delivery("d1", "e1", "c1"));
+        assert_eq!(status, 200, "{body}");
+        wait_drained(&app);
+    }
+    assert!(app.terminate().success());
+    dir
+}
+
 /// Held while the returned file exists: the daemons [`start`]ed on `dir` wait with their store's
 /// open until it is removed.
 fn hold_open(dir: &std::path::Path) -> PathBuf {
@@ -28,22 +42,7 @@ fn hold_open(dir: &std::path::Path) -> PathBuf {
 /// Start the daemon on `dir`: the process, its stdout and its log file.
 fn start(dir: &std::path::Path, name: &str) -> (Child, BufReader<ChildStdout>, PathBuf) {
     let log_path = dir.join(format!("daemon-{name}.log"));
-    let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(dir)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
-        .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("HANDOFF_BRIDGE__RULES__ENABLED", "false")
-        .env("RUST_LOG", "info")
+    let mut child = serve_command(dir)
         .env(
             "HANDOFF_BRIDGE_TEST_HOLD_STORE_OPEN",
             dir.join("hold-store-open"),
@@ -100,13 +99,7 @@ fn post(agent: &ureq::Agent, url: &str, body: &[u8]) -> (u16, serde_json::Value)
 #[test]
 fn deliveries_are_answered_while_the_store_opens_and_folded_once_after() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("data");
-    // A daemon ran on this directory before (the event log's state file is written then).
-    let app = TestApp::spawn_in(&dir, Spawn::default());
-    let (status, body) = app.post(&delivery("d1", "e1", "c1"));
-    assert_eq!(status, 200, "{body}");
-    wait_drained(&app);
-    assert!(app.terminate().success());
+    let dir = ran_before(&tmp, true);
 
     // The daemon's open of sled waits, as for a long replay.
     let gate = hold_open(&dir);
@@ -217,12 +210,7 @@ fn admin_base(dir: &std::path::Path) -> String {
 #[test]
 fn a_delivery_answered_before_the_store_opened_survives_a_kill_9_then() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("data");
-    let app = TestApp::spawn_in(&dir, Spawn::default());
-    let (status, body) = app.post(&delivery("d1", "e1", "c1"));
-    assert_eq!(status, 200, "{body}");
-    wait_drained(&app);
-    assert!(app.terminate().success());
+    let dir = ran_before(&tmp, true);
 
     let gate = hold_open(&dir);
     let (mut child, mut stdout, log_path) = start(&dir, "killed");
@@ -260,9 +248,7 @@ fn a_delivery_answered_before_the_store_opened_survives_a_kill_9_then() {
 #[test]
 fn a_stop_while_the_store_opens_finishes_the_early_deliveries_and_exits_cleanly() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path().join("data");
-    let app = TestApp::spawn_in(&dir, Spawn::default());
-    assert!(app.terminate().success());
+    let dir = ran_before(&tmp, false);
 
     let gate = hold_open(&dir);
     let (mut child, mut stdout, log_path) = start(&dir, "stopped");

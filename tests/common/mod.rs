@@ -565,13 +565,11 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Opt
 
 // ---- A start that must be refused, and a directory's exact contents ----
 
-/// Run `serve` on `data_dir` (the test environment of [`TestApp::spawn_in`], its stderr kept
-/// instead of written into the directory, which must not change) and wait at most `limit` for
-/// it to exit. Returns the exit status and stderr; panics, after killing it, if it started.
-pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
-    use std::io::Read;
-    let mut child = Command::new(bin())
-        .arg("serve")
+/// `serve` on `data_dir` on free loopback ports, in the test environment of
+/// [`TestApp::spawn_in`] (its tokens, rules off), for tests that watch a start themselves.
+pub fn serve_command(data_dir: &Path) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("serve")
         .arg("--listen")
         .arg("127.0.0.1:0")
         .arg("--admin-listen")
@@ -583,7 +581,16 @@ pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
         .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
         .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("HANDOFF_BRIDGE__RULES__ENABLED", "false")
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+/// Run `serve` on `data_dir` (the test environment of [`TestApp::spawn_in`], its stderr kept
+/// instead of written into the directory, which must not change) and wait at most `limit` for
+/// it to exit. Returns the exit status and stderr; panics, after killing it, if it started.
+pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
+    use std::io::Read;
+    let mut child = serve_command(data_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
