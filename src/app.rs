@@ -266,12 +266,15 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             source: std::io::Error::other(e.to_string()),
         }),
         signal = &mut signals => {
-            // sled's replay cannot be cut short: the process ends once it has finished.
+            // sled's replay cannot be cut short, and need not be: the process ends here, as a
+            // crash would (sled recovers; what the early listener answered is in the log),
+            // once the early listener has answered what it has.
             tracing::info!(signal, "shutting down while the store opens");
             if let Some(early) = early.take() {
                 early.stop().await;
             }
-            return Ok(());
+            tracing::info!("stopped before the store opened");
+            std::process::exit(0);
         }
     };
     let thread = |name| move |source| AppError::Thread { name, source };
@@ -529,15 +532,19 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         }
     }
     // The early server stops taking connections (made meanwhile, they wait in the socket's
-    // backlog); the server takes them from here on; the early one finishes what it has (their
-    // writer is the same) in the background.
+    // backlog); the server takes them from here on. The early one is stopped once a connection
+    // it took just before has had `server.client_request_timeout` to send its request (a stop
+    // closes one whose request has not begun), in the background; a shutdown stops it at once.
     if let Some(early) = &early {
         early.handle.pause().await;
     }
     let server = server.run();
     let handle = server.handle();
+    let early_handle = early.as_ref().map(|early| early.handle.clone());
     if let Some(early) = early.take() {
+        let grace = config.server.client_request_timeout;
         tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
             early.stop().await;
             tracing::info!("the early webhook listener handed over to the server");
         });
@@ -639,6 +646,10 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     // Stop accepting on both listeners; requests in flight finish (they wait for their flush)
     // within the timeout.
     let stop_public = async {
+        if let Some(early) = &early_handle {
+            // Its deliveries in hand finish too (a stopped server's handle answers at once).
+            early.stop(true).await;
+        }
         if !public_ended {
             handle.stop(true).await;
             let _ = (&mut server_task).await;

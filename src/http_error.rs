@@ -104,12 +104,13 @@ pub async fn method_not_allowed() -> HttpResponse {
 /// JSON 503 `starting` with `Retry-After`: the daemon takes webhook deliveries while its store
 /// opens, and nothing else yet.
 pub async fn starting() -> HttpResponse {
-    let mut response = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "starting",
-        "the daemon is starting (its store is opening); retry shortly",
-    )
-    .error_response();
+    starting_because("the daemon is starting (its store is opening); retry shortly")
+}
+
+/// [`starting`] with its own message.
+pub fn starting_because(message: &str) -> HttpResponse {
+    let mut response =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "starting", message).error_response();
     response.headers_mut().insert(
         actix_web::http::header::RETRY_AFTER,
         actix_web::http::header::HeaderValue::from_static("1"),

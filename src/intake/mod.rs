@@ -270,11 +270,9 @@ async fn handle(
         Ok(i) => i,
         Err(WriterError::Opening) => {
             outcome("unavailable");
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "starting",
+            return Ok(crate::http_error::starting_because(
                 "the daemon is starting and this delivery needs its store, still opening; retry \
-                 later",
+                 shortly",
             ));
         }
         Err(e) => {

@@ -68,8 +68,12 @@ impl Store {
 /// migrate an older one); `None` for a store that never recorded one (a new, empty store).
 pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
     // The event log's lock first: a daemon taking deliveries before its sled opens holds only
-    // that one.
-    let _log = super::log::lock(store_dir, &store_dir.join(super::EVENT_LOG_DIR))?;
+    // that one. (A store without an event log, of an older layout, is left untouched.)
+    let log_dir = store_dir.join(super::EVENT_LOG_DIR);
+    let _log = match log_dir.is_dir() {
+        true => Some(super::log::lock(store_dir, &log_dir)?),
+        false => None,
+    };
     let db = sled::Config::new()
         .path(store_dir)
         .open()

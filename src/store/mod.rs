@@ -1779,8 +1779,14 @@ impl Store {
         }
         // What an early start reads instead of sled (see `log`): where the dedupe index starts
         // now, and a floor above every number given out, since the segments that held the
-        // highest ones may be gone.
-        self.write_intake_state()?;
+        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
+        // the pass itself did its work.
+        if let Err(e) = self.write_intake_state() {
+            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
+            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
+                tracing::error!(error = %e, "cannot remove the event log's stale state file");
+            }
+        }
         Ok(out)
     }
 }

@@ -737,7 +737,8 @@ fn sync_loop(
     // sled complete here.
     drop(to_indexer);
     let finished = indexer.is_some_and(|indexer| indexer.join().is_ok());
-    if !finished {
+    // (Never attached: nothing was written to the store.)
+    if !finished && attached.borrow().is_some() {
         if let Err(e) = flush_attached(&attached) {
             tracing::error!(error = %e, "final store flush failed; the next start scans the log's tail again");
         }
