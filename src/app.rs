@@ -219,11 +219,11 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         Some(log) => {
             let writer = Writer::start_early(log, observe_groups(&metrics))?;
             let tokens = webhook_tokens()?;
-            let intake = intake_state(writer.clone(), &tokens.0)?;
+            let intake = intake_state(writer, &tokens.0)?;
             Some(EarlyIntake::start(
                 &config,
                 &public_tls,
-                (writer, tokens, intake),
+                (tokens, intake),
                 body_budget.clone(),
                 workers,
             )?)
@@ -372,8 +372,8 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     let writer = match &early {
         Some(early) => {
             // What it logged meanwhile is indexed and handed to the dispatcher now.
-            early.writer.attach(store.clone(), durable);
-            early.writer.clone()
+            early.intake.writer.attach(store.clone(), durable);
+            early.intake.writer.clone()
         }
         None => Writer::start(
             store.clone(),
@@ -727,11 +727,10 @@ fn observe_groups(metrics: &Metrics) -> crate::store::writer::Observe {
     })
 }
 
-/// Intake running before the store opens: its writer (attached to the store once open), the
-/// webhook tokens it checks, its handlers' state, the listening socket (the server takes it
-/// over) and the early server.
+/// Intake running before the store opens: the webhook tokens it checks, its handlers' state
+/// (with the writer, attached to the store once open), the listening socket (the server takes
+/// it over) and the early server.
 struct EarlyIntake {
-    writer: Writer,
     tokens: (Vec<crate::config::Secret>, bool),
     intake: web::Data<crate::intake::Intake>,
     /// Taken by the server (the early server has its own handle on the socket).
@@ -766,8 +765,7 @@ impl EarlyIntake {
     fn start(
         config: &Config,
         public_tls: &crate::tls::server::PublicTls,
-        (writer, tokens, intake): (
-            Writer,
+        (tokens, intake): (
             (Vec<crate::config::Secret>, bool),
             web::Data<crate::intake::Intake>,
         ),
@@ -801,7 +799,6 @@ impl EarlyIntake {
             );
         }
         Ok(EarlyIntake {
-            writer,
             tokens,
             intake,
             listener: Some(listener),

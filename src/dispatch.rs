@@ -113,8 +113,8 @@ impl DispatchHandle {
             // Progress first: any step that ends after this read changes it again, and wakes us.
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
             let now = *progress.borrow_and_update();
-            let handed_on = store.all_indexed();
-            let sent = store.handed_over();
+            let handed_on = store.intake_log().all_indexed();
+            let sent = store.intake_log().handed_over();
             handed_on && now.received == sent && now.depth == 0
         };
         loop {
@@ -1173,8 +1173,8 @@ mod tests {
                 raw: r#"{"id":"e0"}"#,
             }],
         );
-        store.log_queue(frames).expect("queue");
-        store.log_commit().expect("commit");
+        store.intake_log().log_queue(frames).expect("queue");
+        store.intake_log().log_commit().expect("commit");
         accept(&store, "d1", "e1", "c1");
         let pending = store.pending().expect("pending");
         assert_eq!(pending.len(), 2);

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Stdio};
 
 fn delivery(id: &str, event: &str, conversation: &str) -> Vec<u8> {
     format!(
@@ -192,10 +192,7 @@ fn deliveries_are_answered_while_the_store_opens_and_folded_once_after() {
         (200, Some(1)),
         "{body}"
     );
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    sigterm(&child);
     assert!(child.wait().expect("wait").success());
 }
 
@@ -265,10 +262,7 @@ fn a_stop_while_the_store_opens_finishes_the_early_deliveries_and_exits_cleanly(
         (200, Some(1)),
         "{body}"
     );
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    sigterm(&child);
     // Stopped while the store opens (the early listener closes at once); the process ends when
     // sled's open does.
     let mut seen = Vec::new();

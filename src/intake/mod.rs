@@ -230,40 +230,32 @@ async fn handle(
             let delivery_id = job.delivery.clone();
             // Invalid events are quarantined in sled: a start that logs deliveries while sled
             // opens holds this one until it is open.
-            let store_open = match job.invalid.is_empty() {
-                true => Ok(()),
-                false => store_when_open(&intake.writer).await.map(drop),
+            let accepted = async {
+                if !job.invalid.is_empty() {
+                    store_when_open(&intake.writer).await?;
+                }
+                intake.writer.accept(job).await
             };
-            match store_open {
-                Ok(()) => intake.writer.accept(job).await,
-                Err(e) => Err(e),
-            }
-            .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
+            accepted
+                .await
+                .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
         }
         Err((reason, detail)) => {
             // Rare path: written here (once the store is open), then made durable by a flush
             // of the writer.
             let content_type = content_type.clone();
-            match store_when_open(&intake.writer).await {
-                Err(e) => Err(e),
-                Ok(store) => {
-                    let quarantine = move || {
-                        quarantine_delivery(
-                            &store,
-                            &body,
-                            Some(&content_type),
-                            reason,
-                            &detail,
-                            now,
-                        )
-                    };
-                    match off_worker_if(large, quarantine).await {
-                        Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
-                        Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
-                        Err(e) => Err(WriterError::Store(e.to_string())),
-                    }
+            let quarantined = async {
+                let store = store_when_open(&intake.writer).await?;
+                let quarantine = move || {
+                    quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
+                };
+                match off_worker_if(large, quarantine).await {
+                    Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
+                    Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
+                    Err(e) => Err(WriterError::Store(e.to_string())),
                 }
-            }
+            };
+            quarantined.await
         }
     };
     let ingested = match stored {

@@ -427,6 +427,24 @@ pub fn scan(
     Ok(end)
 }
 
+/// [`scan`] of the frames before `until` (all, without one): the scan ends there, and so does
+/// the returned end.
+pub fn scan_before(
+    dir: &Path,
+    from: Location,
+    until: Option<Location>,
+    mut f: impl FnMut(Location, LogRecord, Location) -> ControlFlow<()>,
+) -> std::io::Result<ScanEnd> {
+    let mut end = scan(dir, from, |at, record, next| match until {
+        Some(until) if at >= until => ControlFlow::Break(()),
+        _ => f(at, record, next),
+    })?;
+    if let Some(until) = until {
+        end.next = end.next.min(until);
+    }
+    Ok(end)
+}
+
 enum Frame {
     /// An intact frame and its length including the header.
     Record(LogRecord, u64),

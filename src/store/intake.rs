@@ -97,31 +97,6 @@ impl Store {
         self.log.check(requests, Some(self))
     }
 
-    /// Step 2a: see [`IntakeLog::log_queue`].
-    pub fn log_queue(&self, frames: Frames) -> Result<Vec<Location>, StoreError> {
-        self.log.log_queue(frames)
-    }
-
-    /// Step 2b: see [`IntakeLog::log_commit`].
-    pub fn log_commit(&self) -> Result<Location, StoreError> {
-        self.log.log_commit()
-    }
-
-    /// See [`IntakeLog::all_indexed`].
-    pub fn all_indexed(&self) -> bool {
-        self.log.all_indexed()
-    }
-
-    /// See [`IntakeLog::handed_over`].
-    pub fn handed_over(&self) -> u64 {
-        self.log.handed_over()
-    }
-
-    /// See [`IntakeLog::release_failed`].
-    pub fn release_failed(&self, groups: &[Unindexed]) {
-        self.log.release_failed(groups);
-    }
-
     /// Whether event `id` is in the event log (or in a legacy dedupe record).
     pub(crate) fn seen_event(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self.log.seen_event(id)? || self.legacy_seen(id, false)?)
@@ -401,8 +376,9 @@ impl Store {
             .log
             .check_group(requests, delivery_dedupe, Some(self))?;
         let logged = self
+            .log
             .log_queue(std::mem::take(&mut checked.frames))
-            .and_then(|at| Ok((at, self.log_commit()?)));
+            .and_then(|at| Ok((at, self.log.log_commit()?)));
         match logged {
             Ok((at, to)) => {
                 checked.unindexed.located(at);
@@ -413,7 +389,8 @@ impl Store {
             }
             Err(e) => {
                 self.log.log_discard();
-                self.release_failed(std::slice::from_ref(&checked.unindexed));
+                self.log
+                    .release_failed(std::slice::from_ref(&checked.unindexed));
                 return Err(e);
             }
         }
@@ -431,10 +408,7 @@ impl Store {
         let from = self.meta_location(keys::meta::INDEXED_TO)?;
         let until = self.log.writer_from();
         let mut group = Unindexed::default();
-        let end = eventlog::scan(&self.log_dir, from, |at, record, _| {
-            if until.is_some_and(|until| at >= until) {
-                return ControlFlow::Break(());
-            }
+        let end = eventlog::scan_before(&self.log_dir, from, until, |at, record, _| {
             let rows = record
                 .seqs
                 .iter()
@@ -452,8 +426,7 @@ impl Store {
         if frames == 0 && !torn_tail {
             return Ok(());
         }
-        let to = until.map_or(end.next, |until| until.min(end.next));
-        self.index(std::slice::from_ref(&group), to)?;
+        self.index(std::slice::from_ref(&group), end.next)?;
         self.log.release(std::slice::from_ref(&group));
         self.flush()?;
         tracing::info!(
@@ -564,8 +537,8 @@ impl Store {
             };
             frames.push(r.delivery.as_str(), r.received_at, &[event]);
         }
-        let at = self.log_queue(frames)?;
-        let to = self.log_commit()?;
+        let at = self.log.log_queue(frames)?;
+        let to = self.log.log_commit()?;
         let legacy = self.legacy.read().map_err(|_| poisoned())?;
         let seen = legacy
             .as_ref()

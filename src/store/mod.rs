@@ -789,8 +789,8 @@ impl Store {
     }
 
     /// The event log's intake side (the writer's).
-    pub fn intake_log(&self) -> IntakeLog {
-        self.log.clone()
+    pub fn intake_log(&self) -> &IntakeLog {
+        &self.log
     }
 
     /// Raise the event counter above every number already given out: the floor the index
@@ -1013,10 +1013,7 @@ impl Store {
             Ok(())
         };
         let mut failed = None;
-        let end = eventlog::scan(&self.log_dir, fold_from, |at, record, _| {
-            if until.is_some_and(|until| at >= until) {
-                return ControlFlow::Break(());
-            }
+        let end = eventlog::scan_before(&self.log_dir, fold_from, until, |at, record, _| {
             for (seq, partition) in record.seqs.iter().zip(&record.partitions) {
                 if let Err(e) = visit(at, *seq, partition) {
                     failed = Some(e);
@@ -1030,7 +1027,7 @@ impl Store {
             Some(e) => Err(e),
             None => Ok(Pending {
                 events,
-                end: until.map_or(end.next, |until| until.min(end.next)),
+                end: end.next,
             }),
         }
     }

@@ -470,8 +470,8 @@ fn log_only(store: &Store, body: &[u8], received_at: Millis) {
         received_at,
     };
     let checked = store.check(&[request]).expect("check");
-    store.log_queue(checked.frames).expect("queue");
-    store.log_commit().expect("commit");
+    store.log.log_queue(checked.frames).expect("queue");
+    store.log.log_commit().expect("commit");
 }
 
 fn pending_ids(store: &Store) -> Vec<String> {
@@ -521,7 +521,7 @@ fn a_torn_log_tail_is_cut_and_the_intact_frames_indexed() {
     let intact = {
         let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
         log_only(&store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
-        let intact = store.log_commit().expect("end");
+        let intact = store.log.log_commit().expect("end");
         log_only(&store, &delivery("d2", &[("e2", "c1", 2)]), 2_000);
         intact
     };
@@ -1041,11 +1041,13 @@ fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fa
         .expect("check d2");
     assert_eq!(by_event.accepted[0].duplicate_events, 1);
     // The original's log write fails: both verdicts are void, and a third try is new.
-    store.release_failed(std::slice::from_ref(&original.unindexed));
+    store
+        .log
+        .release_failed(std::slice::from_ref(&original.unindexed));
     assert!(!again.duplicates_hold(&store.log));
     assert!(!by_event.duplicates_hold(&store.log));
     assert!(
-        store.all_indexed(),
+        store.log.all_indexed(),
         "nothing is in flight after the failure"
     );
     let third = store.accept_many(&[request]).expect("accept");

@@ -142,7 +142,7 @@ impl IndexBacklog {
 impl Writer {
     /// Start the writer thread. The store has already replayed any leftover log on open.
     pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
-        let writer = Writer::start_early(store.intake_log(), hooks.observe)?;
+        let writer = Writer::start_early(store.intake_log().clone(), hooks.observe)?;
         writer.attach(store, hooks.durable);
         Ok(writer)
     }
@@ -202,7 +202,8 @@ impl Writer {
     }
 
     /// Whether the store is attached (an early start's sled is open).
-    pub fn has_store(&self) -> bool {
+    #[cfg(test)]
+    fn has_store(&self) -> bool {
         self.store.borrow().is_some()
     }
 
@@ -1048,7 +1049,7 @@ mod tests {
         assert_eq!(Some(handed), seq("e3"));
         writer.flush().await.expect("flushed");
         assert!(handed_rx.try_recv().is_err(), "handed on once");
-        assert!(store.all_indexed());
+        assert!(store.log.all_indexed());
         // The checkpoint covers it: the next start has nothing to recover, and finds all three
         // still to fold, each once.
         let mut quarantined = job("d7", "e7");

@@ -288,8 +288,7 @@ impl TestApp {
 
     /// SIGTERM and wait for exit.
     pub fn terminate(mut self) -> ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        sigterm(&self.child);
         self.child.wait().expect("wait")
     }
 
@@ -301,8 +300,7 @@ impl TestApp {
 
     /// SIGTERM, wait, and return everything the daemon logged.
     pub fn terminate_and_logs(mut self) -> String {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        sigterm(&self.child);
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "daemon exited with {status}");
         // Read before `self` drops: its temp dir holds the log.
@@ -564,6 +562,12 @@ pub fn poll_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Opt
 }
 
 // ---- A start that must be refused, and a directory's exact contents ----
+
+/// SIGTERM to a process the test started (by its PID).
+pub fn sigterm(child: &Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+}
 
 /// `serve` on `data_dir` on free loopback ports, in the test environment of
 /// [`TestApp::spawn_in`] (its tokens, rules off), for tests that watch a start themselves.
