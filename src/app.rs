@@ -343,7 +343,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             .collect();
         tracing::info!(endpoints = ?names, "help-desk events go to the configured endpoints");
     }
-    let (executor, executor_task) = crate::outbox::start(
+    let (executor, executor_tasks) = crate::outbox::start(
         store.clone(),
         crate::upstream::api::OpenApi::new(upstream.handle.clone()),
         std::sync::Arc::new(helpdesk),
@@ -383,7 +383,16 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             },
         )?,
     };
-    tokio::spawn(executor.clone().forward_decided(decided_rx, writer.clone()));
+    // The executor and the task that hands it durable decisions run beside the Open API client,
+    // so a handoff's calls reach the client without crossing threads (a hop each way per call).
+    let executor_task = upstream
+        .handle
+        .spawn_beside(executor_tasks.run())
+        .map_err(AppError::Upstream)?;
+    upstream
+        .handle
+        .spawn_beside(executor.clone().forward_decided(decided_rx, writer.clone()))
+        .map_err(AppError::Upstream)?;
     // Overdue timers (due while the daemon was down) fire on its first pass.
     let firer = crate::timers::start(
         store.clone(),

@@ -299,7 +299,7 @@ pub fn start(
     metrics: Metrics,
     settings: ExecutorSettings,
     stop: watch::Receiver<bool>,
-) -> Result<(ExecutorHandle, tokio::task::JoinHandle<()>), StoreError> {
+) -> Result<(ExecutorHandle, Tasks), StoreError> {
     let openapi = Arc::new(openapi::OpenApiSink::new(api.clone(), store.clone()));
     let hd = helpdesk::HelpdeskSink::new(helpdesk, api, store.clone(), metrics.clone());
     let mut destinations = vec![sink::OPENAPI.to_owned()];
@@ -329,7 +329,7 @@ pub fn start_with(
     settings: ExecutorSettings,
     clock: Clock,
     stop: watch::Receiver<bool>,
-) -> Result<(ExecutorHandle, tokio::task::JoinHandle<()>), StoreError> {
+) -> Result<(ExecutorHandle, Tasks), StoreError> {
     let pending = ledger.pending()?;
     let last = ledger.last_seq()?;
     let mut breakers =
@@ -360,9 +360,8 @@ pub fn start_with(
         tracing::info!(pending, "resuming the outbox");
     }
     let (done, done_rx) = mpsc::unbounded_channel();
-    tokio::spawn(executor::record_done(ledger.clone(), done_rx));
     let runner = executor::Runner {
-        ledger,
+        ledger: ledger.clone(),
         done,
         sinks,
         metrics,
@@ -371,6 +370,33 @@ pub fn start_with(
         progress: progress_tx,
         clock,
     };
-    let task = tokio::spawn(runner.run(scheduler, rx, stop));
-    Ok((handle, task))
+    let tasks = Tasks {
+        runner,
+        scheduler,
+        rx,
+        stop,
+        ledger,
+        done_rx,
+    };
+    Ok((handle, tasks))
+}
+
+/// The executor's work, built by [`start`] and run where its caller puts it: the daemon runs it
+/// beside the Open API client (`UpstreamHandle::spawn_beside`), tests on their own runtime.
+pub struct Tasks {
+    runner: executor::Runner,
+    scheduler: scheduler::Scheduler,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    stop: watch::Receiver<bool>,
+    ledger: Arc<dyn Ledger>,
+    done_rx: mpsc::UnboundedReceiver<executor::DoneJob>,
+}
+
+impl Tasks {
+    /// The loop until a stop (calls in flight finish first), with the task that records the
+    /// `done` outcomes beside it on the same runtime.
+    pub async fn run(self) {
+        tokio::spawn(executor::record_done(self.ledger, self.done_rx));
+        self.runner.run(self.scheduler, self.rx, self.stop).await;
+    }
 }

@@ -271,7 +271,7 @@ fn run(queues: usize, per_queue: usize, answer: Answer, refuse: &[u64], window: 
         helpdesk: Arc::new(Unused),
     };
     let (stop, stop_rx) = watch::channel(false);
-    let (handle, task) = start_with(
+    let (handle, tasks) = start_with(
         ledger.clone(),
         sinks,
         &[OPENAPI.to_owned()],
@@ -281,6 +281,7 @@ fn run(queues: usize, per_queue: usize, answer: Answer, refuse: &[u64], window: 
         stop_rx,
     )
     .expect("start");
+    let task = tokio::spawn(tasks.run());
     Run {
         ledger,
         sink,
@@ -612,7 +613,7 @@ async fn a_restart_mid_outage_keeps_the_give_up_clock_and_the_attempts() {
     let clock = paused_clock();
     let sink = FakeSink::new(clock.clone(), Answer::Unavailable, &[]);
     let (stop, stop_rx) = watch::channel(false);
-    let (handle, task) = start_with(
+    let (handle, tasks) = start_with(
         ledger.clone(),
         Sinks {
             openapi: sink.clone(),
@@ -625,6 +626,7 @@ async fn a_restart_mid_outage_keeps_the_give_up_clock_and_the_attempts() {
         stop_rx,
     )
     .expect("start");
+    let task = tokio::spawn(tasks.run());
     tokio::time::sleep(Duration::from_secs(29)).await;
     assert!(
         sink.calls().is_empty(),

@@ -1,6 +1,7 @@
 //! A `Send + Clone` handle to the Open API client. awc's client is not `Send`, so the client
 //! lives on a dedicated actix arbiter (a thread with its own runtime); calls travel to it over a
-//! channel and each runs there as its own local task.
+//! channel and each runs there as its own local task. The outbox's executor, the main caller,
+//! runs on that thread too ([`UpstreamHandle::spawn_beside`]), so its calls cross no thread.
 
 use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
 use super::error::UpstreamError;
@@ -17,7 +18,7 @@ type Request = (ApiCall, oneshot::Sender<Result<Value, UpstreamError>>);
 #[derive(Clone)]
 pub struct UpstreamHandle {
     tx: mpsc::UnboundedSender<Request>,
-    _home: Arc<Home>,
+    home: Arc<Home>,
 }
 
 /// Stops the arbiter when the last handle goes.
@@ -72,8 +73,27 @@ impl UpstreamHandle {
         }
         Ok(UpstreamHandle {
             tx,
-            _home: Arc::new(Home(arbiter)),
+            home: Arc::new(Home(arbiter)),
         })
+    }
+
+    /// Runs `task` on the client's thread, where a call reaches the client through a local
+    /// channel instead of waking another thread and being woken back (two thread hops per call).
+    /// The answer ends when the task does (or is dropped, as by a panic). Fails only if that
+    /// thread has stopped.
+    pub fn spawn_beside(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<oneshot::Receiver<()>, String> {
+        let (ended, finished) = oneshot::channel();
+        let started = self.home.0.spawn(async move {
+            task.await;
+            let _ = ended.send(());
+        });
+        if !started {
+            return Err("the upstream client thread has stopped".into());
+        }
+        Ok(finished)
     }
 }
 
