@@ -274,3 +274,58 @@ async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
         ]
     );
 }
+
+/// The executor's home: a task spawned beside the client runs on the client's own thread, its
+/// calls go through the client there (here refused: nothing listens on the port), and its end
+/// is heard by whoever started it.
+#[actix_web::test]
+async fn a_task_beside_the_client_runs_on_its_thread_and_its_end_is_heard() {
+    use super::handle::{Endpoint as Upstream, UpstreamHandle};
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let tls =
+        crate::tls::ClientTls::new(&crate::tls::Trust::empty(), "", "upstream", None).expect("tls");
+    let endpoint = Upstream {
+        base_url: format!("http://127.0.0.1:{closed}"),
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(2),
+        tls,
+    };
+    let settings = ClientSettings {
+        auth_header: "Authorization".into(),
+        auth_scheme: "Bearer".into(),
+        api_key: Secret::new("k-secret-123"),
+        idempotency_header: "Idempotency-Key".into(),
+    };
+    let handle = UpstreamHandle::start(endpoint, settings, &unlimited(), None).expect("start");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let beside = handle.clone();
+    let finished = handle
+        .spawn_beside(async move {
+            let thread = std::thread::current().name().map(str::to_owned);
+            let answer = beside.execute(manual_call()).await;
+            let _ = tx.send((thread, answer));
+        })
+        .expect("spawned");
+    let (thread, answer) = tokio::time::timeout(Duration::from_secs(10), rx)
+        .await
+        .expect("in time")
+        .expect("the task ran");
+    // actix names an arbiter's thread `actix-rt|system:N|arbiter:M`; the test runs on the system's.
+    assert!(
+        thread
+            .as_deref()
+            .is_some_and(|name| name.contains("arbiter")),
+        "on the client's arbiter: {thread:?}"
+    );
+    assert!(
+        matches!(answer, Err(UpstreamError::Connect(_))),
+        "the call reached the client and came back: {answer:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), finished)
+        .await
+        .expect("in time")
+        .expect("its end is heard");
+}
