@@ -1979,9 +1979,6 @@ pub fn lock_is_held(dir: &Path) -> bool {
     true
 }
 
-/// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
-/// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
-/// released.
 /// Open sled at `dir`. A store this process just closed stays locked until sled's background
 /// thread notices (well under a second): wait that long before calling it in use.
 fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
@@ -2018,6 +2015,9 @@ fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
     }
 }
 
+/// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
+/// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
+/// released.
 fn held_by_another_process(dir: &Path) -> bool {
     use fs2::FileExt;
     let Ok(file) = std::fs::File::open(sled_file(dir)) else {
