@@ -263,8 +263,8 @@ fn a_stop_while_the_store_opens_finishes_the_early_deliveries_and_exits_cleanly(
         "{body}"
     );
     sigterm(&child);
-    // Stopped while the store opens (the early listener closes at once); the process ends when
-    // sled's open does.
+    // Stopped while the store opens: the early listener closes at once, and the process ends
+    // without waiting for sled's open.
     let mut seen = Vec::new();
     let mut logs = logs.lines();
     for line in logs.by_ref() {

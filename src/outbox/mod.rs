@@ -361,7 +361,7 @@ pub fn start_with(
     }
     let (done, done_rx) = mpsc::unbounded_channel();
     let runner = executor::Runner {
-        ledger: ledger.clone(),
+        ledger,
         done,
         sinks,
         metrics,
@@ -375,7 +375,6 @@ pub fn start_with(
         scheduler,
         rx,
         stop,
-        ledger,
         done_rx,
     };
     Ok((handle, tasks))
@@ -388,7 +387,6 @@ pub struct Tasks {
     scheduler: scheduler::Scheduler,
     rx: mpsc::UnboundedReceiver<Msg>,
     stop: watch::Receiver<bool>,
-    ledger: Arc<dyn Ledger>,
     done_rx: mpsc::UnboundedReceiver<executor::DoneJob>,
 }
 
@@ -396,7 +394,10 @@ impl Tasks {
     /// The loop until a stop (calls in flight finish first), with the task that records the
     /// `done` outcomes beside it on the same runtime.
     pub async fn run(self) {
-        tokio::spawn(executor::record_done(self.ledger, self.done_rx));
+        tokio::spawn(executor::record_done(
+            self.runner.ledger.clone(),
+            self.done_rx,
+        ));
         self.runner.run(self.scheduler, self.rx, self.stop).await;
     }
 }
