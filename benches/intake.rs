@@ -11,7 +11,7 @@
 //! - **baseline**: this same bench binary re-executed as `--baseline-server`: an actix-web server
 //!   with the daemon's server settings (workers, connection limits, timeouts from the embedded
 //!   defaults) that checks the path token, reads the body with the daemon's size limit, validates
-//!   it with `handoff_bridge::webhook::parse_delivery` (serde_json: envelope and every event) and
+//!   it with `model::webhook::parse_delivery` (serde_json: envelope and every event) and
 //!   answers 200 with a receipt, storing nothing.
 //! - **daemon**: the release binary `handoff-bridge serve` on a fresh data directory per run:
 //!   every 200 it answers means the delivery is durable (sled transaction + group-commit flush).
@@ -1361,7 +1361,7 @@ mod baseline {
         let json =
             ct == "application/json" || (ct.starts_with("application/") && ct.ends_with("+json"));
         let parsed = if json {
-            handoff_bridge::webhook::parse_delivery(&body).ok()
+            model::webhook::parse_delivery(&body).ok()
         } else {
             None
         };

@@ -25,10 +25,10 @@
 #[allow(dead_code)]
 mod common;
 
-use handoff_bridge::actions::Decide;
-use handoff_bridge::rules::RuleSet;
-use handoff_bridge::state::ConversationState;
-use handoff_bridge::webhook::model::Event;
+use engine::decide::Decide;
+use engine::rules::RuleSet;
+use engine::state::ConversationState;
+use model::webhook::model::Event;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -77,8 +77,8 @@ fn run(rounds: usize, window: Duration) -> Result<(), String> {
         Box::new(move || set.decide(&event, &state, NOW).len()) as Box<dyn Fn() -> usize>
     };
     let examples_decisions = examples.decide(&event, &state, NOW).len();
-    let shipped = RuleSet::from_sources(&handoff_bridge::rules::shipped::sources())
-        .map_err(|e| e.to_string())?;
+    let shipped =
+        RuleSet::from_sources(&engine::rules::shipped::sources()).map_err(|e| e.to_string())?;
     let shipped_decisions = shipped.decide(&event, &state, NOW).len();
     let cases = vec![
         Case {
@@ -87,7 +87,7 @@ fn run(rounds: usize, window: Duration) -> Result<(), String> {
             run: {
                 let (event, state) = (event.clone(), state.clone());
                 Box::new(move || {
-                    let ctx = handoff_bridge::rules::context::build(&event, &state, NOW);
+                    let ctx = engine::rules::context::build(&event, &state, NOW);
                     usize::from(ctx.is_null())
                 })
             },
@@ -212,7 +212,7 @@ fn message(text: &str) -> Result<(Event, ConversationState), String> {
     let mut delivery = common::read_fixture(&path)?;
     delivery["messages"][0]["data"]["message"]["data"]["text"] = text.into();
     let raw = delivery["messages"][0].to_string();
-    let event = handoff_bridge::webhook::parse_event(&raw).map_err(|e| e.to_string())?;
+    let event = model::webhook::parse_event(&raw).map_err(|e| e.to_string())?;
     let id = event
         .payload
         .conversation_id()

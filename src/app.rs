@@ -51,7 +51,7 @@ pub struct Shared {
 
 impl Shared {
     /// The webhook's checks for a body received (or re-processed) at `now`.
-    pub fn webhook_checks(&self, now: i64) -> crate::webhook::Checks {
+    pub fn webhook_checks(&self, now: i64) -> model::webhook::Checks {
         self.intake.checks(now)
     }
 }
@@ -79,7 +79,7 @@ pub enum AppError {
     #[error("webhook tokens: {0}")]
     Tokens(#[from] regex::Error),
     #[error("rules: {0}")]
-    Rules(#[from] crate::rules::LoadError),
+    Rules(#[from] engine::rules::LoadError),
     #[error("TLS: {0}")]
     Tls(String),
     #[error("cannot start thread {name}: {source}")]
@@ -91,19 +91,21 @@ pub enum AppError {
 
 /// The configured rules, compiled: `rules.dir`'s files, or the shipped set when it is empty;
 /// `None` when rules are turned off (`rules.enabled = false`).
-pub fn rule_set(config: &Config) -> Result<Option<crate::rules::RuleSet>, crate::rules::LoadError> {
+pub fn rule_set(
+    config: &Config,
+) -> Result<Option<engine::rules::RuleSet>, engine::rules::LoadError> {
     if !config.rules.enabled {
         return Ok(None);
     }
     let overrides = settings_overrides(config);
     if config.rules.dir.is_empty() {
-        return crate::rules::RuleSet::from_sources_with(
-            &crate::rules::shipped::sources(),
+        return engine::rules::RuleSet::from_sources_with(
+            &engine::rules::shipped::sources(),
             &overrides,
         )
         .map(Some);
     }
-    crate::rules::RuleSet::load_dir_with(std::path::Path::new(&config.rules.dir), &overrides)
+    engine::rules::RuleSet::load_dir_with(std::path::Path::new(&config.rules.dir), &overrides)
         .map(Some)
 }
 
@@ -119,9 +121,9 @@ pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json
 /// before anything is touched.
 pub fn load_rules(
     config: &Config,
-) -> Result<Arc<dyn crate::actions::Decide>, crate::rules::LoadError> {
+) -> Result<Arc<dyn engine::decide::Decide>, engine::rules::LoadError> {
     let Some(set) = rule_set(config)? else {
-        return Ok(Arc::new(crate::actions::NoRules));
+        return Ok(Arc::new(engine::decide::NoRules));
     };
     tracing::info!(
         dir = if config.rules.dir.is_empty() {
@@ -154,7 +156,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     for note in &config.deprecated {
         tracing::warn!("config: {note}");
     }
-    let rules = crate::rules::live::LiveRules::new(load_rules(&config)?);
+    let rules = engine::rules::live::LiveRules::new(load_rules(&config)?);
     data.create().map_err(io_err)?;
     if let Some(mode) = data.loose_mode() {
         tracing::warn!(
@@ -194,7 +196,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         n => n,
     };
     let addr = config.listen_addr();
-    let intake_state = |writer: Writer, tokens: &[crate::config::Secret]| {
+    let intake_state = |writer: Writer, tokens: &[model::secret::Secret]| {
         Ok::<_, AppError>(web::Data::new(crate::intake::Intake {
             writer,
             metrics: metrics.clone(),
@@ -740,7 +742,7 @@ fn observe_groups(metrics: &Metrics) -> crate::store::writer::Observe {
 /// (with the writer, attached to the store once open), the listening socket (the server takes
 /// it over) and the early server.
 struct EarlyIntake {
-    tokens: (Vec<crate::config::Secret>, bool),
+    tokens: (Vec<model::secret::Secret>, bool),
     intake: web::Data<crate::intake::Intake>,
     /// Taken by the server (the early server has its own handle on the socket).
     listener: Option<std::net::TcpListener>,
@@ -775,7 +777,7 @@ impl EarlyIntake {
         config: &Config,
         public_tls: &crate::tls::server::PublicTls,
         (tokens, intake): (
-            (Vec<crate::config::Secret>, bool),
+            (Vec<model::secret::Secret>, bool),
             web::Data<crate::intake::Intake>,
         ),
         body_budget: web::Data<crate::body_budget::BodyBudget>,
@@ -1021,7 +1023,7 @@ impl Upstream {
             if settings.api_key.is_empty() {
                 use rand::distr::{Alphanumeric, SampleString};
                 settings.api_key =
-                    crate::config::Secret::new(Alphanumeric.sample_string(&mut rand::rng(), 32));
+                    model::secret::Secret::new(Alphanumeric.sample_string(&mut rand::rng(), 32));
             }
             let mut emu_config = crate::emulator::EmulatorConfig::new(settings.api_key.clone());
             emu_config.auth_header = up.auth_header.clone();

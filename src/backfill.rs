@@ -30,19 +30,19 @@
 //! ([`WebhookWatch::arrived`]). A failed Open API read ends the pass without moving the cursor:
 //! the next pass tries again.
 
-use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
 use crate::outbox::ExecutorHandle;
-use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
-use crate::upstream::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::handle::UpstreamHandle;
 use crate::upstream::limits::OwnLimit;
-use crate::webhook::model::{Conversation, Message, Millis};
-use crate::webhook::IncomingEvent;
+use engine::state::ConversationState;
+use model::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
+use model::ids::{ConversationId, DeliveryId};
+use model::webhook::model::{Conversation, Message, Millis};
+use model::webhook::IncomingEvent;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -272,7 +272,7 @@ impl Backfill {
     /// Run one pass now (after the one running, if any).
     pub async fn pass(&self) -> Result<PassReport, BackfillError> {
         let _one = self.running.lock().await;
-        let started = crate::clock::now_millis();
+        let started = model::clock::now_millis();
         let Some(cursor) = self.blocking(|s| s.backfill_cursor()).await? else {
             // A new store: the service's history before the bridge existed is not its to fold.
             self.blocking(move |s| s.set_backfill_cursor(started))
@@ -364,7 +364,7 @@ impl Backfill {
                 continue;
             }
             let at = m.timestamp.unwrap_or(to);
-            match crate::webhook::backfill_message_event(m, &bot_of(&m.conversation_id), at) {
+            match model::webhook::backfill_message_event(m, &bot_of(&m.conversation_id), at) {
                 Ok(event) => {
                     with_missing.insert(&m.conversation_id);
                     oldest_message = Some(oldest_message.map_or(at, |o| o.min(at)));
@@ -389,7 +389,7 @@ impl Backfill {
             if !missed || !differs(state, c, updated) {
                 continue;
             }
-            match crate::webhook::backfill_conversation_event(c, &bot_of(&c.id), updated) {
+            match model::webhook::backfill_conversation_event(c, &bot_of(&c.id), updated) {
                 Ok(event) => missing.push((updated, event)),
                 Err(e) => {
                     tracing::warn!(error = %e, conversation_id = %c.id, "a listed conversation cannot be backfilled")
@@ -508,7 +508,7 @@ impl Backfill {
             n += 1;
             let job = AcceptJob {
                 delivery: DeliveryId::new(
-                    crate::ids::Internal::Backfill.id(format_args!("pass:{now}:{n}")),
+                    model::ids::Internal::Backfill.id(format_args!("pass:{now}:{n}")),
                 ),
                 events: chunk,
                 invalid: Vec::new(),
@@ -585,13 +585,13 @@ fn updated_ms(c: &Conversation) -> Option<Millis> {
 /// What a pass needs of a conversation's state: its bot, which of the listed messages it knows,
 /// and what [`differs`] compares.
 struct Known {
-    bot_id: Option<crate::ids::BotId>,
+    bot_id: Option<model::ids::BotId>,
     /// The listed messages of the conversation the state knows (by their own ids).
     messages: std::collections::HashSet<String>,
     last_event_at: Millis,
     manual_status: Option<String>,
     params: serde_json::Map<String, Value>,
-    navigation: crate::webhook::model::Navigation,
+    navigation: model::webhook::model::Navigation,
 }
 
 impl Known {
@@ -724,7 +724,7 @@ mod tests {
                 let data: Vec<u64> = (u64::from(offset)..total).take(limit as usize).collect();
                 Ok(Page {
                     data,
-                    paging: crate::upstream::contract::Paging {
+                    paging: model::contract::Paging {
                         offset,
                         limit,
                         total,
@@ -771,7 +771,7 @@ mod tests {
         let mut state = ConversationState::new("c1".into());
         state.messages.recent_ids = ["m1", "m2", "m3"]
             .iter()
-            .map(|id| crate::state::SeenMessage {
+            .map(|id| engine::state::SeenMessage {
                 at: 1,
                 id: (*id).into(),
             })

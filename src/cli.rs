@@ -401,7 +401,7 @@ pub enum CliError {
     #[error("upstream: {0}")]
     Upstream(crate::upstream::UpstreamError),
     #[error(transparent)]
-    Rules(#[from] crate::rules::LoadError),
+    Rules(#[from] engine::rules::LoadError),
     #[error(transparent)]
     Backup(#[from] crate::backup::BackupError),
 }
@@ -687,9 +687,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
-                                let now = crate::clock::now_millis();
-                                let checks =
-                                    crate::webhook::Checks::configured(&config.webhook, now);
+                                let now = model::clock::now_millis();
+                                let checks = model::webhook::Checks::intake(
+                                    config.webhook.max_events,
+                                    config.webhook.max_clock_skew,
+                                    now,
+                                );
                                 let out = crate::intake::reprocess_offline(
                                     store, id, &checks, now, &scrubber,
                                 )?;
@@ -919,7 +922,7 @@ fn print_found(value: Option<Value>, missing: impl FnOnce() -> String) -> Result
 
 /// `handoff-bridge rules check|test`.
 fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError> {
-    use crate::rules::{explain, RuleSet};
+    use engine::rules::{explain, RuleSet};
     // A directory given here, else the configured rules (the shipped set when `rules.dir` is
     // empty), with the configured setting overrides.
     let load_set = |dir: Option<PathBuf>| -> Result<(String, RuleSet), CliError> {
@@ -984,7 +987,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 .map_err(|e| CliError::Usage(format!("{}: {e}", event.display())))?;
             let before = match &state {
                 Some(path) => Some(
-                    serde_json::from_slice::<crate::state::ConversationState>(&read(path)?)
+                    serde_json::from_slice::<engine::state::ConversationState>(&read(path)?)
                         .map_err(|e| {
                             CliError::Usage(format!(
                                 "{}: not a conversation state: {e}",
@@ -996,7 +999,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             };
             let end_user = match &end_user {
                 Some(path) => Some(
-                    serde_json::from_slice::<crate::state::EndUserState>(&read(path)?).map_err(
+                    serde_json::from_slice::<engine::state::EndUserState>(&read(path)?).map_err(
                         |e| {
                             CliError::Usage(format!(
                                 "{}: not an end-user state: {e}",
@@ -1008,8 +1011,8 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 None => None,
             };
             let now = match &at {
-                Some(t) => crate::clock::parse_time(t).map_err(CliError::Usage)?,
-                None => crate::clock::now_millis(),
+                Some(t) => model::clock::parse_time(t).map_err(CliError::Usage)?,
+                None => model::clock::now_millis(),
             };
             let mut reports = Vec::new();
             for ev in events {
@@ -1024,10 +1027,10 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
                 // `--state` is the state before the event: `changed` conditions compare with it.
                 let prior = before
                     .clone()
-                    .unwrap_or_else(|| crate::state::ConversationState::new(conversation.clone()));
+                    .unwrap_or_else(|| engine::state::ConversationState::new(conversation.clone()));
                 let mut state = prior.clone();
                 state.apply(&ev);
-                let inputs = crate::actions::Inputs {
+                let inputs = engine::decide::Inputs {
                     before: Some(&prior),
                     end_user: end_user.as_ref(),
                     queue: None,
@@ -1061,7 +1064,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
 }
 
 /// One rule as `check` and `rules check` list it: priority, name, file, events, action types.
-fn rule_line(rule: &crate::rules::Rule) -> String {
+fn rule_line(rule: &engine::rules::Rule) -> String {
     format!(
         "{:>5}  {}{}  ({})  on {}  -> {}",
         rule.priority,
@@ -1074,10 +1077,10 @@ fn rule_line(rule: &crate::rules::Rule) -> String {
 }
 
 /// The events of a file holding one event or a whole delivery.
-fn events_of(bytes: &[u8]) -> Result<Vec<crate::webhook::model::Event>, String> {
+fn events_of(bytes: &[u8]) -> Result<Vec<model::webhook::model::Event>, String> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
     if value.get("messages").is_some() {
-        let parsed = crate::webhook::parse_delivery(bytes).map_err(|e| e.to_string())?;
+        let parsed = model::webhook::parse_delivery(bytes).map_err(|e| e.to_string())?;
         if let Some(bad) = parsed.invalid.first() {
             return Err(format!("invalid event in the delivery: {}", bad.reason));
         }
@@ -1085,7 +1088,7 @@ fn events_of(bytes: &[u8]) -> Result<Vec<crate::webhook::model::Event>, String> 
     }
     let raw =
         serde_json::value::RawValue::from_string(value.to_string()).map_err(|e| e.to_string())?;
-    let event = crate::webhook::validate_event(&raw).map_err(|e| e.to_string())?;
+    let event = model::webhook::validate_event(&raw).map_err(|e| e.to_string())?;
     Ok(vec![event.event])
 }
 
@@ -1099,7 +1102,7 @@ fn replay(
     force: bool,
 ) -> Result<(), CliError> {
     let parse = |what: &str, text: &str| {
-        crate::clock::parse_time(text).map_err(|e| CliError::Usage(format!("--{what}: {e}")))
+        model::clock::parse_time(text).map_err(|e| CliError::Usage(format!("--{what}: {e}")))
     };
     let request = crate::store::replay::ReplayRequest {
         from: parse("from", from)?,
@@ -1137,7 +1140,7 @@ fn replay(
 /// `handoff-bridge dlq ...`: through the running daemon, or on the store when it is stopped (the
 /// next start then runs what was retried).
 fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     match action {
         DlqCommand::List { page } => list_command(config, List::DeadLetters, page, Unpaged::Object),
         DlqCommand::Show { id } => {
@@ -1298,8 +1301,8 @@ fn admin_call(
 
 /// `handoff-bridge api`: one call, printed as JSON.
 fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
-    use crate::upstream::contract::Endpoint;
     use crate::upstream::{ApiCall, Execute};
+    use model::contract::Endpoint;
     if args.list {
         for e in Endpoint::ALL {
             out!("{:<28} {:<6} {}", e.name(), e.method(), e.path_template());
@@ -1396,7 +1399,7 @@ fn emulator(
         let running = crate::emulator::start_standalone(
             &listen,
             seed,
-            EmulatorConfig::new(crate::config::Secret::new(key.clone())),
+            EmulatorConfig::new(model::secret::Secret::new(key.clone())),
         )
         .map_err(|e| CliError::Usage(e.to_string()))?;
         if let Some(url) = webhook_url {

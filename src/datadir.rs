@@ -8,7 +8,7 @@
 //!   daemon.json     pid and bound addresses of the running daemon (removed on clean exit)
 //! ```
 
-use crate::config::Secret;
+use model::secret::Secret;
 use rand::distr::{Alphanumeric, SampleString};
 use serde::{Deserialize, Serialize};
 use std::io::Write;

@@ -17,13 +17,13 @@
 //! `SCHED_IDLE` by default, see `background`): they are never on an acknowledgment's path, so they
 //! yield the CPU to intake.
 
-use crate::ids::PartitionKey;
 use crate::ops::metrics::Metrics;
 use crate::store::eventlog::Location;
 use crate::store::{NewEvent, Position, QuarantineRecord, Store};
-use crate::webhook::model::{Event, Millis};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
+use model::ids::PartitionKey;
+use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -136,7 +136,7 @@ pub struct DispatchSettings {
     pub batch_size: usize,
     /// Decides actions for each folded event.
     /// The rules in force; each job takes the current set once, so a reload never splits a batch.
-    pub rules: crate::rules::live::LiveRules,
+    pub rules: engine::rules::live::LiveRules,
     /// Receives the outbox entries of each committed fold, in fold order.
     pub decided: Option<crate::outbox::DecidedSender>,
     /// Agent API calls waiting for their command's verdict.
@@ -713,7 +713,7 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 struct Fold<'a> {
     store: &'a Store,
     metrics: &'a Metrics,
-    rules: &'a dyn crate::actions::Decide,
+    rules: &'a dyn engine::decide::Decide,
     decided: Option<&'a crate::outbox::DecidedSender>,
     verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
 }
@@ -787,7 +787,7 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
             if let Some(waiters) = fold.verdicts {
                 waiters.complete(&applied.agent_verdicts);
             }
-            let now = crate::clock::now_millis();
+            let now = model::clock::now_millis();
             for at in received {
                 metrics
                     .processing_seconds
@@ -855,7 +855,7 @@ enum Loaded {
 /// Read a queued event back from the log (after a restart, or a backlog).
 fn load(store: &Store, metrics: &Metrics, seq: u64, at: Location) -> Loaded {
     match store.event_at(seq, at) {
-        Ok(Some(record)) => match crate::webhook::parse_event(record.event.get()) {
+        Ok(Some(record)) => match model::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
             // Only possible if a newer model is stricter than the one that accepted it.
             Err(e) => {
@@ -887,7 +887,7 @@ fn quarantine_unreadable(
         "unprocessable_event",
         why,
         raw.as_bytes(),
-        crate::clock::now_millis(),
+        model::clock::now_millis(),
     );
     match store.quarantine(record) {
         Ok(_) => {
@@ -964,7 +964,7 @@ mod tests {
         let body = format!(
             r#"{{"id":"{delivery}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{event}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-{event}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}]}}"#
         );
-        let parsed = crate::webhook::parse_delivery(body.as_bytes()).expect("valid");
+        let parsed = model::webhook::parse_delivery(body.as_bytes()).expect("valid");
         store.accept(&parsed.id, &parsed.events, 1).expect("accept");
         parsed.events.into_iter().next().expect("one event").event
     }
@@ -974,7 +974,9 @@ mod tests {
         DispatchSettings {
             concurrency: 1,
             batch_size: 10,
-            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(crate::actions::NoRules)),
+            rules: engine::rules::live::LiveRules::new(std::sync::Arc::new(
+                engine::decide::NoRules,
+            )),
             decided: None,
             verdicts: None,
             priority: crate::background::Priority::Nice(0),
@@ -988,7 +990,7 @@ mod tests {
         let fold = Fold {
             store,
             metrics: &metrics,
-            rules: &crate::actions::NoRules,
+            rules: &engine::decide::NoRules,
             decided: None,
             verdicts: None,
         };
@@ -1257,22 +1259,22 @@ mod tests {
     /// Rules that hold the fold until the test opens the gate: a fold that does not get a CPU.
     struct Gate(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
 
-    impl crate::actions::Decide for Gate {
-        fn needs(&self) -> crate::actions::Needs {
-            crate::actions::Needs::NONE
+    impl engine::decide::Decide for Gate {
+        fn needs(&self) -> engine::decide::Needs {
+            engine::decide::Needs::NONE
         }
 
         fn evaluate(
             &self,
             _: &Event,
-            _: &crate::state::ConversationState,
-            _: crate::actions::Inputs<'_>,
-            _: crate::actions::DecisionTime,
-        ) -> crate::actions::Decided {
+            _: &engine::state::ConversationState,
+            _: engine::decide::Inputs<'_>,
+            _: engine::decide::DecisionTime,
+        ) -> engine::decide::Decided {
             if let Ok(gate) = self.0.lock() {
                 let _ = gate.recv_timeout(Duration::from_secs(60));
             }
-            crate::actions::Decided::default()
+            engine::decide::Decided::default()
         }
     }
 
@@ -1284,7 +1286,7 @@ mod tests {
         let settings = DispatchSettings {
             concurrency: 1,
             batch_size: 10,
-            rules: crate::rules::live::LiveRules::new(std::sync::Arc::new(Gate(
+            rules: engine::rules::live::LiveRules::new(std::sync::Arc::new(Gate(
                 std::sync::Mutex::new(gate),
             ))),
             decided: None,

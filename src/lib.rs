@@ -1,9 +1,8 @@
 //! handoff-bridge: a sidecar between a chatbot-builder service and a help desk.
 //!
-//! Data flows one way: [`intake`] -> [`store`] -> [`dispatch`] -> [`state`]; [`ops`] and the CLI
+//! Data flows one way: [`intake`] -> [`store`] -> [`dispatch`] -> the engine (`engine`); [`ops`] and the CLI
 //! sit at the edges. Start reading at `ARCHITECTURE.md`.
 
-pub mod actions;
 pub mod app;
 pub mod backfill;
 pub mod background;
@@ -11,25 +10,22 @@ pub mod backup;
 pub mod body_budget;
 pub mod cli;
 pub mod client_addr;
-pub mod clock;
 pub mod config;
 pub mod datadir;
 pub mod dispatch;
 pub mod emulator;
 pub mod helpdesk;
 pub mod http_error;
-pub mod ids;
 pub mod intake;
 pub mod ops;
 pub mod outbox;
 pub mod prune;
 pub mod queries;
 pub mod reconcile;
-pub mod rules;
-pub mod state;
 pub mod store;
 pub mod telemetry;
+#[cfg(test)]
+mod test_support;
 pub mod timers;
 pub mod tls;
 pub mod upstream;
-pub mod webhook;

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::ops::metrics::Metrics;
 use crate::store::retention::StatesPruned;
 use crate::store::{Store, StoreError, Writer};
-use crate::webhook::model::Millis;
+use model::webhook::model::Millis;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,12 +105,12 @@ impl Pruner {
         let one = self.running.clone().lock_owned().await;
         let started = std::time::Instant::now();
         let r = self.retentions;
-        let now = crate::clock::system_millis();
+        let now = model::clock::system_millis();
         let dedupe_before = now - millis(r.dedupe);
         let events_before = now - millis(r.events);
         let audit_before = now - millis(r.audit);
         let answers_before = now - millis(r.answers);
-        let daemon_now = crate::clock::now_millis();
+        let daemon_now = model::clock::now_millis();
         let states_before = (!r.states.is_zero()).then(|| daemon_now - millis(r.states));
         let quarantine_before =
             (!r.quarantine.is_zero()).then(|| daemon_now - millis(r.quarantine));

@@ -311,22 +311,22 @@ impl ListQuery {
 /// (`/conversations/{id}` has that).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ConversationSummary {
-    pub id: crate::ids::ConversationId,
-    pub bot_id: Option<crate::ids::BotId>,
-    pub end_user_id: Option<crate::ids::EndUserId>,
-    pub platform: Option<crate::webhook::model::Platform>,
-    pub phase: crate::state::HandoffPhase,
+    pub id: model::ids::ConversationId,
+    pub bot_id: Option<model::ids::BotId>,
+    pub end_user_id: Option<model::ids::EndUserId>,
+    pub platform: Option<model::webhook::model::Platform>,
+    pub phase: engine::state::HandoffPhase,
     /// When the phase began.
-    pub phase_since: crate::webhook::model::Millis,
+    pub phase_since: model::webhook::model::Millis,
     pub manual_status: Option<String>,
     pub events_applied: u64,
-    pub created_at: Option<crate::webhook::model::Millis>,
-    pub last_event_at: crate::webhook::model::Millis,
-    pub deleted_at: Option<crate::webhook::model::Millis>,
+    pub created_at: Option<model::webhook::model::Millis>,
+    pub last_event_at: model::webhook::model::Millis,
+    pub deleted_at: Option<model::webhook::model::Millis>,
 }
 
-impl From<crate::state::ConversationState> for ConversationSummary {
-    fn from(s: crate::state::ConversationState) -> Self {
+impl From<engine::state::ConversationState> for ConversationSummary {
+    fn from(s: engine::state::ConversationState) -> Self {
         ConversationSummary {
             id: s.id,
             bot_id: s.bot_id,
@@ -347,18 +347,18 @@ impl From<crate::state::ConversationState> for ConversationSummary {
 /// conversation too).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EndUserSummary {
-    pub id: crate::ids::EndUserId,
-    pub bot_id: Option<crate::ids::BotId>,
-    pub platform: Option<crate::webhook::model::Platform>,
-    pub user_key: Option<crate::ids::UserKey>,
-    pub last_conversation_id: Option<crate::ids::ConversationId>,
+    pub id: model::ids::EndUserId,
+    pub bot_id: Option<model::ids::BotId>,
+    pub platform: Option<model::webhook::model::Platform>,
+    pub user_key: Option<model::ids::UserKey>,
+    pub last_conversation_id: Option<model::ids::ConversationId>,
     pub events_applied: u64,
-    pub last_event_at: crate::webhook::model::Millis,
-    pub deleted_at: Option<crate::webhook::model::Millis>,
+    pub last_event_at: model::webhook::model::Millis,
+    pub deleted_at: Option<model::webhook::model::Millis>,
 }
 
-impl From<crate::state::EndUserState> for EndUserSummary {
-    fn from(u: crate::state::EndUserState) -> Self {
+impl From<engine::state::EndUserState> for EndUserSummary {
+    fn from(u: engine::state::EndUserState) -> Self {
         EndUserSummary {
             id: u.id,
             bot_id: u.bot_id,
@@ -443,14 +443,14 @@ pub fn dead_letters_list(store: &Store, page: Page) -> Result<Value, StoreError>
 /// are gone from the timeline.
 pub fn audit(
     store: &Store,
-    rules: &dyn crate::actions::Decide,
-    conversation: &crate::ids::ConversationId,
+    rules: &dyn engine::decide::Decide,
+    conversation: &model::ids::ConversationId,
 ) -> Result<Option<Value>, StoreError> {
-    use crate::rules::explain::{self, Verdict};
+    use engine::rules::explain::{self, Verdict};
     let Some(current) = store.conversation(conversation)? else {
         return Ok(None);
     };
-    let partition = crate::ids::PartitionKey::Conversation(conversation.clone()).encode();
+    let partition = model::ids::PartitionKey::Conversation(conversation.clone()).encode();
     let mut records = Vec::new();
     store.scan_events(|record, pending| {
         if record.partition == partition {
@@ -460,7 +460,7 @@ pub fn audit(
     })?;
     // What was recorded for each event: finished, dead, pending, failed templates.
     let mut recorded: std::collections::HashMap<String, Vec<Value>> = Default::default();
-    let mut add = |entry: &crate::actions::OutboxEntry, status: &str, extra: Value| {
+    let mut add = |entry: &model::action::OutboxEntry, status: &str, extra: Value| {
         let mut item = json!({
             "seq": entry.seq,
             "id": entry.id,
@@ -482,7 +482,7 @@ pub fn audit(
     for (record, _) in &records {
         let event = record.id.as_str();
         for seq in store.action_seqs_of_event(event)? {
-            let ours = |entry: &crate::actions::OutboxEntry| entry.event_id.as_str() == event;
+            let ours = |entry: &model::action::OutboxEntry| entry.event_id.as_str() == event;
             if let Some(done) = store.finished_one(seq)?.filter(|d| ours(&d.entry)) {
                 let extra = json!({"at": done.at, "attempts": done.attempts, "note": done.note});
                 add(&done.entry, &done.outcome, extra);
@@ -512,7 +512,7 @@ pub fn audit(
             }));
     }
     let set = rules.rule_set();
-    let mut state = crate::state::ConversationState::new(conversation.clone());
+    let mut state = engine::state::ConversationState::new(conversation.clone());
     let mut timeline = Vec::with_capacity(records.len());
     let mut end_user = None;
     for (record, pending) in records {
@@ -522,17 +522,17 @@ pub fn audit(
             "type": record.kind,
             "pending": pending,
         });
-        if let Ok(event) = crate::webhook::parse_event(record.event.get()) {
-            if let crate::webhook::model::Payload::Message(m) = &event.payload {
+        if let Ok(event) = model::webhook::parse_event(record.event.get()) {
+            if let model::webhook::model::Payload::Message(m) = &event.payload {
                 item["sender"] = json!(m.sender());
                 item["message_type"] = json!(m.data.kind.as_str());
             }
-            if let Some(of) = crate::actions::echo::echo_of(&event) {
+            if let Some(of) = model::action::echo::echo_of(&event) {
                 item["echo_of"] = json!(of);
             }
             // The end user as stored now (read once, when the conversation first names them).
             let named = match &event.payload {
-                crate::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
+                model::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
                 _ => None,
             };
             if let (None, Some(id)) = (&end_user, named.or_else(|| state.end_user_id.clone())) {
@@ -544,25 +544,25 @@ pub fn audit(
             let before = state.clone();
             let mut folded = state.clone();
             let decides = folded.apply(&event);
-            let time = crate::actions::DecisionTime::at(record.received_at);
+            let time = engine::decide::DecisionTime::at(record.received_at);
             let decided =
                 crate::store::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
                     Ok(None)
                 })?;
-            if crate::webhook::is_backfilled(&event) {
-                item["source"] = json!(crate::webhook::BACKFILL_SOURCE);
+            if model::webhook::is_backfilled(&event) {
+                item["source"] = json!(model::webhook::BACKFILL_SOURCE);
             }
             if !decides {
                 match &event.payload {
                     // The same message came by the other path (webhook or backfill) first.
-                    crate::webhook::model::Payload::Message(m) => {
+                    model::webhook::model::Payload::Message(m) => {
                         item["duplicate_message"] = json!(m.id);
                     }
                     _ => item["stale_timer"] = json!(true),
                 }
             }
             if let (Some(set), true) = (set, decides) {
-                let inputs = crate::actions::Inputs {
+                let inputs = engine::decide::Inputs {
                     before: Some(&before),
                     end_user: user,
                     queue: None,
@@ -579,10 +579,13 @@ pub fn audit(
             }
             // Rebuild as the fold did: internal actions shape the state for later events.
             for decision in &decided.decisions {
-                let id = crate::actions::action_id(&event.id, &decision.rule, decision.index);
-                decision
-                    .action
-                    .apply_to_state(&mut state, record.received_at, &id);
+                let id = model::action::action_id(&event.id, &decision.rule, decision.index);
+                engine::decide::apply_to_state(
+                    &decision.action,
+                    &mut state,
+                    record.received_at,
+                    &id,
+                );
             }
         }
         let mut actions = recorded.remove(record.id.as_str()).unwrap_or_default();
@@ -605,11 +608,11 @@ pub fn audit(
 /// One rule's line in the audit: what the fold decided (fired or capped) wins over the
 /// explanation, which supplies the reasons.
 fn rule_view(
-    v: &crate::rules::explain::RuleVerdict,
-    decided: &crate::actions::Decided,
-    held: Option<Vec<crate::rules::condition::Failure>>,
+    v: &engine::rules::explain::RuleVerdict,
+    decided: &engine::decide::Decided,
+    held: Option<Vec<engine::rules::condition::Failure>>,
 ) -> Value {
-    use crate::rules::explain::Verdict;
+    use engine::rules::explain::Verdict;
     if let Some(hit) = decided.capped.iter().find(|c| c.rule == v.rule) {
         return json!({
             "rule": v.rule,

@@ -11,11 +11,11 @@
 //! It sleeps until the earliest due time, and is woken early when a fold starts a timer due
 //! before that (`store::timers::TimerWakeup`).
 
-use crate::ids::DeliveryId;
 use crate::ops::metrics::Metrics;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, DueTimer, Store, Writer};
-use crate::webhook::model::Millis;
+use model::ids::DeliveryId;
+use model::webhook::model::Millis;
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -50,7 +50,7 @@ async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Re
         }
         wakeup.looking();
         fired.retain(|key| store.has_timer(key).unwrap_or(true));
-        let now = crate::clock::now_millis();
+        let now = model::clock::now_millis();
         let wait = match store.due_timers(now, BATCH, |key| fired.contains(key)) {
             Ok((due, next)) if due.is_empty() => until(next, now),
             Ok((due, _)) => match fire(&writer, &metrics, due, now).await {
@@ -109,7 +109,7 @@ async fn fire(writer: &Writer, metrics: &Metrics, due: Vec<DueTimer>, now: Milli
             "" => NO_BOT,
             bot => bot,
         };
-        match crate::webhook::timer_event(&timer.firing, bot) {
+        match model::webhook::timer_event(&timer.firing, bot) {
             Ok(event) => {
                 let job = AcceptJob {
                     delivery: DeliveryId::new(event.event.id.as_str()),
@@ -171,7 +171,7 @@ mod tests {
         store: Store,
         writer: Writer,
         durable: mpsc::UnboundedReceiver<NewEvent>,
-        rules: crate::rules::RuleSet,
+        rules: engine::rules::RuleSet,
     }
 
     /// A store with a writer whose newly durable events come out of `durable`, and rules that
@@ -197,7 +197,8 @@ mod tests {
             )
         };
         let text = [rule("1ms"), rule("50ms"), rule("1h")].concat();
-        let rules = crate::rules::RuleSet::from_sources(&[("t.toml".into(), text)]).expect("rules");
+        let rules =
+            engine::rules::RuleSet::from_sources(&[("t.toml".into(), text)]).expect("rules");
         Setup {
             _dir: dir,
             store,
@@ -213,7 +214,7 @@ mod tests {
             r#"{{"id":"d{n}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"e{n}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,
             "data":{{"message":{{"id":"m{n}","conversationId":"c1","isUser":true,"meta":null,"data":{{"type":"text","text":"{text}"}}}}}}}}]}}"#
         );
-        let parsed = crate::webhook::parse_delivery(body.as_bytes()).expect("delivery");
+        let parsed = model::webhook::parse_delivery(body.as_bytes()).expect("delivery");
         let job = AcceptJob {
             delivery: parsed.id,
             events: parsed.events,
@@ -251,13 +252,13 @@ mod tests {
         let first = next_durable(&mut s).await;
         assert_eq!(first.event.kind.as_str(), "timer.t1ms");
         let due = match &first.event.payload {
-            crate::webhook::model::Payload::Timer(t) => t.due_at,
+            model::webhook::model::Payload::Timer(t) => t.due_at,
             other => panic!("not a timer: {other:?}"),
         };
         assert_eq!(first.event.id.as_str(), format!("timer:c1:t1ms:{due}"));
         assert_eq!(
             first.partition,
-            crate::ids::PartitionKey::Conversation("c1".into())
+            model::ids::PartitionKey::Conversation("c1".into())
         );
         // Stored like a delivery: in the inbox, readable back from the log.
         let stored = s
@@ -265,7 +266,7 @@ mod tests {
             .event(first.seq)
             .expect("read")
             .expect("in the inbox");
-        let back = crate::webhook::parse_event(stored.event.get()).expect("parses");
+        let back = model::webhook::parse_event(stored.event.get()).expect("parses");
         assert_eq!(back.id, first.event.id);
         fold(&s, first);
         assert_eq!(s.store.timers_pending(), 0, "the fold removed its key");
@@ -296,7 +297,7 @@ mod tests {
             .expect("joins");
         let (due, next) = s
             .store
-            .due_timers(crate::webhook::model::Millis::MAX, 10, |_| false)
+            .due_timers(model::webhook::model::Millis::MAX, 10, |_| false)
             .expect("timers");
         let names: Vec<&str> = due.iter().map(|t| t.firing.name.as_str()).collect();
         assert_eq!((names, next), (vec!["t50ms", "t1h"], None));
@@ -307,7 +308,7 @@ mod tests {
         let mut s = setup();
         let metrics = Metrics::new().expect("metrics");
         say(&mut s, 1, "1h").await;
-        let now = crate::webhook::model::Millis::MAX;
+        let now = model::webhook::model::Millis::MAX;
         let (due, _) = s.store.due_timers(now, 10, |_| false).expect("timers");
         assert_eq!(due.len(), 1);
         let key = due[0].key.clone();

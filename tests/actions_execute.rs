@@ -2,18 +2,16 @@
 //! (endpoint, method, path), the body the emulator received, and the idempotency key, which is the
 //! action's id. Internal actions make no call.
 
-use handoff_bridge::actions::execute::{execute, ExecuteError};
-use handoff_bridge::actions::{action_id, Action};
-use handoff_bridge::config::Secret;
 use handoff_bridge::emulator::{start_standalone, EmulatorConfig, Seed};
-use handoff_bridge::ids::{ConversationId, EndUserId, EventId};
-use handoff_bridge::upstream::contract::{
-    ChannelSetting, NotifyRequest, PbStatus, UpdatePbConversation,
-};
+use handoff_bridge::upstream::execute::{execute, ExecuteError};
 use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
 use handoff_bridge::upstream::transport::AwcTransport;
 use handoff_bridge::upstream::{Client, ClientSettings, OpenApi};
-use handoff_bridge::webhook::model::MessageData;
+use model::action::{action_id, Action};
+use model::contract::{ChannelSetting, NotifyRequest, PbStatus, UpdatePbConversation};
+use model::ids::{ConversationId, EndUserId, EventId};
+use model::secret::Secret;
+use model::webhook::model::MessageData;
 use serde_json::{json, Value};
 use std::time::Duration;
 

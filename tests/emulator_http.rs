@@ -6,8 +6,8 @@ use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::header::HeaderMap;
 use actix_web::test::{self, TestRequest};
 use actix_web::{web, App};
-use handoff_bridge::config::Secret;
 use handoff_bridge::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
+use model::secret::Secret;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! uses) and a raw socket: a served call, and that the hang and drop faults look to a client like
 //! a timeout and a cut connection.
 
-use handoff_bridge::config::Secret;
 use handoff_bridge::emulator::{start_standalone, EmulatorConfig, FaultConfig, Seed};
+use model::secret::Secret;
 use std::time::Duration;
 
 const KEY: &str = "standalone-key-0123";

@@ -176,7 +176,7 @@ fn test_shows_matches_failures_with_actual_values_and_rendered_actions() {
     assert_eq!(ask["failure"]["at"], "when.all[1]");
     assert_eq!(ask["failure"]["actual"], "hello");
 
-    let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
+    let mut before = engine::state::ConversationState::new("c-1".into());
     before.messages.user_messages = 4;
     std::fs::write(&state, serde_json::to_vec(&before).expect("state")).expect("write");
     let (code, out, err) = run(&[
@@ -207,8 +207,8 @@ fn test_shows_a_rule_held_back_by_its_cap_in_the_given_state() {
     let event = dir.path().join("event.json");
     std::fs::write(&event, sent).expect("event");
     let at: i64 = 1_795_338_000_000;
-    let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
-    let cap = handoff_bridge::state::FiringCap {
+    let mut before = engine::state::ConversationState::new("c-1".into());
+    let cap = engine::state::FiringCap {
         count: 3,
         per: std::time::Duration::from_secs(60),
     };
@@ -277,13 +277,13 @@ actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." 
     let event = dir.path().join("event.json");
     std::fs::write(&event, EVENT).expect("event");
     let user = dir.path().join("user.json");
-    let updated = handoff_bridge::webhook::parse_event(
+    let updated = model::webhook::parse_event(
         r#"{"id":"e-0","event":"bot.end_user.updated","sourceType":"bot","sourceId":"B1","timestamp":1,
         "data":{"endUser":{"id":"u-1","platform":"web","userKey":"k-1","params":{"name":"Mina"}}}}"#,
     )
     .expect("end-user event");
-    let mut end_user = handoff_bridge::state::EndUserState::new("u-1".into());
-    if let handoff_bridge::webhook::model::Payload::EndUser(u) = &updated.payload {
+    let mut end_user = engine::state::EndUserState::new("u-1".into());
+    if let model::webhook::model::Payload::EndUser(u) = &updated.payload {
         end_user.apply(&updated, u);
     }
     std::fs::write(&user, serde_json::to_vec(&end_user).expect("user")).expect("write");
@@ -315,8 +315,8 @@ actions = [{ type = "send_message", text = "Hello, {{ end_user.params.name }}." 
     let earlier = EVENT
         .replace("\"e-1\"", "\"e-0\"")
         .replace("\"m-1\"", "\"m-0\"");
-    let mut before = handoff_bridge::state::ConversationState::new("c-1".into());
-    before.apply(&handoff_bridge::webhook::parse_event(&earlier).expect("event"));
+    let mut before = engine::state::ConversationState::new("c-1".into());
+    before.apply(&model::webhook::parse_event(&earlier).expect("event"));
     let state = dir.path().join("state.json");
     std::fs::write(&state, serde_json::to_vec(&before).expect("state")).expect("write");
     let later = args(Some(&state.display().to_string()));

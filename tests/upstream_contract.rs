@@ -5,19 +5,19 @@
 //! idempotency (one effect per key), authentication, that the API key never leaks, and the hang
 //! and drop faults over a real socket.
 
-use handoff_bridge::config::Secret;
 use handoff_bridge::emulator::{
     start_standalone, Emulator, EmulatorConfig, FaultConfig, JournalEntry, Seed,
-};
-use handoff_bridge::upstream::contract::{
-    BotConversationsQuery, BusinessHours, ChannelSetting, ConversationsQuery, EndUsersQuery,
-    Endpoint, MessageRangeQuery, MessagesQuery, NotifyRequest, PageQuery, PbStatus,
-    UpdatePbConversation,
 };
 use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
 use handoff_bridge::upstream::transport::AwcTransport;
 use handoff_bridge::upstream::{Client, ClientSettings, OpenApi, UpstreamError};
-use handoff_bridge::webhook::model::MessageData;
+use model::contract::{
+    BotConversationsQuery, BusinessHours, ChannelSetting, ConversationsQuery, EndUsersQuery,
+    Endpoint, MessageRangeQuery, MessagesQuery, NotifyRequest, PageQuery, PbStatus,
+    UpdatePbConversation,
+};
+use model::secret::Secret;
+use model::webhook::model::MessageData;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,10 +1,10 @@
 //! The fixed input the rule targets decide on: the service's sample deliveries (the same files the
 //! unit tests use), each event folded into a fresh conversation state as the fold would.
 
-use handoff_bridge::ids::ConversationId;
-use handoff_bridge::state::ConversationState;
-use handoff_bridge::webhook::model::Event;
-use handoff_bridge::webhook::parse_delivery;
+use model::ids::ConversationId;
+use engine::state::ConversationState;
+use model::webhook::model::Event;
+use model::webhook::parse_delivery;
 
 /// Sample deliveries from `../shared/fixtures/webhooks`, built in so a run needs no files.
 const DELIVERIES: [&str; 4] = [

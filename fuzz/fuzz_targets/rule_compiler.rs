@@ -8,10 +8,10 @@
 #[path = "fixture.rs"]
 mod fixture;
 
-use handoff_bridge::actions::{Decide, DecisionTime, Inputs};
-use handoff_bridge::rules::{version_of_sources, LoadError, RuleSet};
-use handoff_bridge::state::ConversationState;
-use handoff_bridge::webhook::model::Event;
+use engine::decide::{Decide, DecisionTime, Inputs};
+use engine::rules::{version_of_sources, LoadError, RuleSet};
+use engine::state::ConversationState;
+use model::webhook::model::Event;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

@@ -10,12 +10,13 @@
 #[path = "fixture.rs"]
 mod fixture;
 
-use handoff_bridge::actions::{Action, Decide, DecisionTime, Inputs};
-use handoff_bridge::ids::EndUserId;
-use handoff_bridge::rules::RuleSet;
-use handoff_bridge::state::queue::Standing;
-use handoff_bridge::state::{ConversationState, EndUserState};
-use handoff_bridge::webhook::model::Event;
+use engine::decide::{Decide, DecisionTime, Inputs};
+use model::action::Action;
+use model::ids::EndUserId;
+use engine::rules::RuleSet;
+use engine::state::queue::Standing;
+use engine::state::{ConversationState, EndUserState};
+use model::webhook::model::Event;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

@@ -12,9 +12,9 @@
 //!   pure: bytes in, verdict out).
 #![no_main]
 
-use handoff_bridge::ids::PartitionKey;
-use handoff_bridge::webhook::model::Payload;
-use handoff_bridge::webhook::{parse_delivery, parse_event, partition_of, EventError};
+use model::ids::PartitionKey;
+use model::webhook::model::Payload;
+use model::webhook::{parse_delivery, parse_event, partition_of, EventError};
 use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -89,11 +89,11 @@ fuzz_target!(|body: &[u8]| {
     );
     let again = parse_delivery(rebuilt.as_bytes()).expect("the rebuilt delivery must parse");
     assert_eq!(again.id, delivery.id);
-    let raw_of = |events: &[handoff_bridge::webhook::IncomingEvent]| {
+    let raw_of = |events: &[model::webhook::IncomingEvent]| {
         events.iter().map(|e| e.raw.clone()).collect::<Vec<_>>()
     };
     assert_eq!(raw_of(&again.events), raw_of(&delivery.events));
-    let reasons = |invalid: &[handoff_bridge::webhook::InvalidEvent]| {
+    let reasons = |invalid: &[model::webhook::InvalidEvent]| {
         invalid
             .iter()
             .map(|e| (e.raw.clone(), e.reason.clone()))

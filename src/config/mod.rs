@@ -351,38 +351,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// A secret string: never printed, logged or serialized in clear.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "\"\""
-        } else {
-            "\"****\""
-        })
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(if self.0.is_empty() { "" } else { "****" })
-    }
-}
+pub use model::secret::Secret;
 
 /// One thing wrong with the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -794,13 +763,13 @@ impl Config {
             );
         }
         for name in &self.outbox.blocking {
-            if !crate::actions::Action::NAMES.contains(&name.as_str()) {
+            if !model::action::Action::NAMES.contains(&name.as_str()) {
                 bad(
                     "outbox.blocking",
                     name,
                     &format!(
                         "unknown action; one of {}",
-                        crate::actions::Action::NAMES.join(", ")
+                        model::action::Action::NAMES.join(", ")
                     ),
                 );
             }

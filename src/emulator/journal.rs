@@ -1,7 +1,7 @@
 //! The record of every Open API call the emulator saw, so a test can assert what a client sent,
 //! in what order and how often, without a proxy. Headers are not recorded (they carry the key).
 
-use crate::webhook::model::Millis;
+use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::VecDeque;

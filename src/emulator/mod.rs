@@ -59,12 +59,12 @@ pub use journal::JournalEntry;
 pub use seed::{Seed, SeedError};
 pub use state::EmulatorState;
 
-use crate::config::Secret;
-use crate::webhook::model::Millis;
 use actix_web::http::header::HeaderName;
 use actix_web::{web, App, HttpServer};
 use faults::FaultState;
 use journal::Journal;
+use model::secret::Secret;
+use model::webhook::model::Millis;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -164,13 +164,13 @@ impl Clock {
         }
     }
 
-    /// Unix µs; includes the test clock's offset (`crate::clock::advance`), so an embedded
+    /// Unix µs; includes the test clock's offset (`model::clock::advance`), so an embedded
     /// emulator's events move with the daemon's time.
     fn now_us(&self) -> i64 {
         let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
         self.start_wall_us
             .saturating_add(elapsed)
-            .saturating_add(crate::clock::offset_millis().saturating_mul(1000))
+            .saturating_add(model::clock::offset_millis().saturating_mul(1000))
     }
 
     /// [`now_us`](Self::now_us) in ms.

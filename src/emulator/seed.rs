@@ -6,9 +6,9 @@
 //! conversation the shared webhook fixtures refer to.
 
 use super::validate;
-use crate::ids::{BotId, ConversationId, EndUserId};
-use crate::upstream::contract::{ChannelSetting, Flow, PbStatus};
-use crate::webhook::model::{Bot, Conversation, EndUser, Message, Millis, Navigation, Platform};
+use model::contract::{ChannelSetting, Flow, PbStatus};
+use model::ids::{BotId, ConversationId, EndUserId};
+use model::webhook::model::{Bot, Conversation, EndUser, Message, Millis, Navigation, Platform};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -451,7 +451,7 @@ mod tests {
     fn navigation_to_an_unknown_node_and_bad_times_are_refused() {
         let mut seed = Seed::default_seed().expect("default seed");
         if let Some(nav) = seed.conversations[0].navigation.as_mut() {
-            nav.current = Some(crate::webhook::model::Node {
+            nav.current = Some(model::webhook::model::Node {
                 flow_id: 5,
                 node_id: 999,
                 visit_count: None,

@@ -12,9 +12,9 @@
 use super::state::PendingEvent;
 use super::Emulator;
 use crate::http_error::ApiError;
-use crate::webhook::model::MessageData;
-use crate::webhook::model::Millis;
 use actix_web::{web, HttpResponse};
+use model::webhook::model::MessageData;
+use model::webhook::model::Millis;
 use rand::distr::{Alphanumeric, SampleString};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -245,7 +245,7 @@ async fn say(
 ) -> Result<HttpResponse, ApiError> {
     let data = match body.into_inner() {
         SayBody::Text { text } => MessageData {
-            kind: crate::webhook::model::MessageType::Text,
+            kind: model::webhook::model::MessageType::Text,
             text: Some(text),
             media: None,
             cards: None,
@@ -508,7 +508,7 @@ mod tests {
         state.enable_events();
         let conv = "5c0e9b1f-2222-4d3e-9f10-000000000001";
         let text = |t: &str| MessageData {
-            kind: crate::webhook::model::MessageType::Text,
+            kind: model::webhook::model::MessageType::Text,
             text: Some(t.into()),
             media: None,
             cards: None,

@@ -9,16 +9,16 @@
 
 use super::seed::{format_iso_millis, parse_iso_millis, Seed};
 use super::validate;
-use crate::ids::{BotId, ConversationId, EndUserId, UserKey};
-use crate::upstream::contract::{
+use model::contract::{
     BlockRequest, BotConversationsQuery, ChannelSetting, ConversationsQuery, EndUsersQuery,
     Endpoint, ErrorBody, ErrorDetail, Flow, FlowList, Manual, MessageRangeQuery, MessagesQuery,
     NotifyRequest, NotifyResult, Page, PageQuery, Paging, PbConversation, PbSent, PbSession,
     PbStatus, SendMessage, SendToEndUser, UpdatePbConversation,
 };
+use model::ids::{BotId, ConversationId, EndUserId, UserKey};
 // Some request types share their names with endpoints.
-use crate::upstream::contract as api;
-use crate::webhook::model::{
+use model::contract as api;
+use model::webhook::model::{
     Bot, Context, Conversation, EndUser, Message, MessageData, MessageMeta, Millis, Navigation,
     Node,
 };

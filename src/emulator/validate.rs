@@ -1,8 +1,8 @@
 //! The size and shape rules of the contract (`docs/open-api-contract.md`, "sizes"), shared by the
 //! seed check and the request checks so a seed can never hold what the API would refuse.
 
-use crate::upstream::contract::{BusinessHours, ChannelSetting};
-use crate::webhook::model::{Button, FlowButton, MessageData, MessageType};
+use model::contract::{BusinessHours, ChannelSetting};
+use model::webhook::model::{Button, FlowButton, MessageData, MessageType};
 
 pub const MAX_TEXT: usize = 1000;
 pub const MAX_BUTTONS: usize = 9;

@@ -2,7 +2,7 @@
 //! conversation, answer, hand it back, move it, and block or unblock a partner-messenger user.
 //!
 //! Every mutating call becomes an `agent.<command>` event of its conversation
-//! ([`crate::webhook::agent`]) accepted through the writer like a webhook delivery, so it is
+//! ([`model::webhook::agent`]) accepted through the writer like a webhook delivery, so it is
 //! durable, deduped and folded in order with the conversation's own events. The fold decides
 //! (an accept raced by another agent's loses there, not in a pre-check that could be stale), its
 //! actions go to the outbox in the fold's journal, and the call waits for the verdict and
@@ -16,17 +16,17 @@ use crate::helpdesk::commands::Waiters;
 use crate::helpdesk::contract::{self, MAX_TEXT};
 use crate::helpdesk::idempotency::{self, InProgress};
 use crate::http_error::ApiError;
-use crate::ids::{ConversationId, DeliveryId};
 use crate::intake::auth::{CidrList, TokenSet};
-use crate::state::desk::{DeskPhase, Outcome, Verdict};
-use crate::state::ConversationState;
 use crate::store::desk::DeskCursor;
 use crate::store::idempotency::IdempotencyRecord;
 use crate::store::AcceptJob;
-use crate::webhook::agent::{AgentCommand, Command, DeskAgent, PartnerUser, Target};
-use crate::webhook::model::{MessageData, Millis, Platform};
 use actix_web::http::StatusCode;
 use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
+use engine::state::desk::{DeskPhase, Outcome, Verdict};
+use engine::state::ConversationState;
+use model::ids::{ConversationId, DeliveryId};
+use model::webhook::agent::{AgentCommand, Command, DeskAgent, PartnerUser, Target};
+use model::webhook::model::{MessageData, Millis, Platform};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -485,7 +485,7 @@ async fn list_conversations(
     .await
     .map_err(|_| store_unavailable())?
     .map_err(store_error)?;
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let items: Vec<QueueItem> = page
         .conversations
         .iter()
@@ -526,7 +526,7 @@ async fn get_conversation(
         Ok((state, positions))
     })
     .await?;
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let summary = summary(&state, &positions, now);
     let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
         0 => (None, None),
@@ -898,7 +898,7 @@ async fn transcript(
     conversation: &str,
     n: u32,
 ) -> Result<Value, crate::upstream::error::UpstreamError> {
-    use crate::upstream::contract::{MessagesQuery, PageQuery};
+    use model::contract::{MessagesQuery, PageQuery};
     let api = crate::upstream::api::OpenApi::new(shared.upstream.clone());
     let query = |offset| MessagesQuery {
         page: PageQuery {
@@ -1041,7 +1041,7 @@ async fn run(
             request,
             status: answer.status.as_u16(),
             body: answer.body.clone(),
-            at: crate::clock::now_millis(),
+            at: model::clock::now_millis(),
         };
         let key = key.clone();
         let recorded = blocking(shared, move |shared| {
@@ -1138,11 +1138,11 @@ async fn submit(
     let conversation = state.id.clone();
     let event_id = match key {
         // Deterministic: a retry after a lost answer (or a crash) is a duplicate event.
-        Some(k) => crate::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{k}")),
+        Some(k) => model::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{k}")),
         None => {
             use rand::distr::{Alphanumeric, SampleString};
             let nonce = Alphanumeric.sample_string(&mut rand::rng(), 24);
-            crate::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{nonce}"))
+            model::ids::Internal::Agent.id(format_args!("{conversation}:{route}:{nonce}"))
         }
     };
     let cmd = AgentCommand {
@@ -1150,8 +1150,8 @@ async fn submit(
         command,
     };
     let bot = bot_of(&state).unwrap_or("bridge").to_owned();
-    let now = crate::clock::now_millis();
-    let event = match crate::webhook::agent_event(&cmd, &event_id, &bot, now) {
+    let now = model::clock::now_millis();
+    let event = match model::webhook::agent_event(&cmd, &event_id, &bot, now) {
         Ok(e) => e,
         Err(e) => {
             tracing::error!(error = %e, "agent command does not make a valid event");
@@ -1252,7 +1252,7 @@ fn still_pending(
     store: &crate::store::Store,
     event_id: &str,
 ) -> Result<bool, crate::store::StoreError> {
-    let status = store.event_status(&crate::ids::EventId::new(event_id))?;
+    let status = store.event_status(&model::ids::EventId::new(event_id))?;
     Ok(status.is_some_and(|(_, pending)| pending))
 }
 
@@ -1271,11 +1271,11 @@ fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
         },
         Outcome::Rejected { reason } => {
             let message = match reason {
-                crate::state::desk::Rejection::AlreadyAccepted => format!(
+                engine::state::desk::Rejection::AlreadyAccepted => format!(
                     "accepted by another agent ({})",
                     state.desk.agent.as_ref().map_or("?", |a| a.id.as_str())
                 ),
-                crate::state::desk::Rejection::NotWithAgent => {
+                engine::state::desk::Rejection::NotWithAgent => {
                     "no agent has accepted this conversation".to_owned()
                 }
             };

@@ -45,7 +45,7 @@ pub fn check(tokens: &TokenSet, authorization: Option<&str>) -> Result<(), ApiEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
+    use model::secret::Secret;
 
     #[test]
     fn any_configured_token_passes_and_nothing_else() {

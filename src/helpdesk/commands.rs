@@ -6,7 +6,7 @@
 //! bounded, and a waiter leaves it when dropped (answered, timed out or the request went away), so
 //! nothing is left behind.
 
-use crate::state::desk::Verdict;
+use engine::state::desk::Verdict;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
@@ -96,7 +96,7 @@ impl Drop for Waiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::desk::Outcome;
+    use engine::state::desk::Outcome;
     use std::time::Duration;
 
     fn verdict(id: &str) -> Verdict {

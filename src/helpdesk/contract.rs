@@ -3,7 +3,7 @@
 //! from the same ones ([`schema`]), so the document says exactly what the handlers accept.
 
 use crate::helpdesk::idempotency;
-use crate::state::desk::DeskPhase;
+use engine::state::desk::DeskPhase;
 use utoipa::openapi::schema::{
     AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
 };

@@ -4,85 +4,13 @@
 //! Bodies have the shape the Standard Webhooks specification recommends,
 //! `{"type", "timestamp", "data"}`, so a help desk can route on `type` before it reads the rest.
 
-use crate::ids::ConversationId;
-use crate::state::{ConversationState, EndUserState};
-use crate::webhook::model::Millis;
+use engine::state::{ConversationState, EndUserState};
+use model::ids::ConversationId;
+use model::webhook::model::Millis;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-/// What happened. The names are the interface with help desks: never rename one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    HandoffRequested,
-    HandoffCancelled,
-    HandoffTimedOut,
-    HandoffConnected,
-    HandoffEnded,
-    /// An agent has the conversation but has not answered the user for a while (issue 5's
-    /// shipped handoff reminds the help desk).
-    HandoffReminder,
-    ConversationMessage,
-    UserBlocked,
-    UserUnblocked,
-}
-
-impl EventKind {
-    pub const ALL: [EventKind; 9] = [
-        EventKind::HandoffRequested,
-        EventKind::HandoffCancelled,
-        EventKind::HandoffTimedOut,
-        EventKind::HandoffConnected,
-        EventKind::HandoffEnded,
-        EventKind::HandoffReminder,
-        EventKind::ConversationMessage,
-        EventKind::UserBlocked,
-        EventKind::UserUnblocked,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::HandoffRequested => "handoff.requested",
-            EventKind::HandoffCancelled => "handoff.cancelled",
-            EventKind::HandoffTimedOut => "handoff.timed_out",
-            EventKind::HandoffConnected => "handoff.connected",
-            EventKind::HandoffEnded => "handoff.ended",
-            EventKind::HandoffReminder => "handoff.reminder",
-            EventKind::ConversationMessage => "conversation.message",
-            EventKind::UserBlocked => "user.blocked",
-            EventKind::UserUnblocked => "user.unblocked",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<EventKind> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
-    }
-
-    /// Every name, for error messages.
-    pub fn names() -> String {
-        EventKind::ALL.map(EventKind::as_str).join(", ")
-    }
-}
-
-/// Does an endpoint's `events` entry select `kind`? `*` is every kind, `handoff.*` every kind
-/// of that family, anything else one kind by name.
-pub fn pattern_matches(pattern: &str, kind: &str) -> bool {
-    if pattern == "*" {
-        return true;
-    }
-    match pattern.strip_suffix(".*") {
-        Some(family) => kind
-            .strip_prefix(family)
-            .is_some_and(|rest| rest.starts_with('.')),
-        None => pattern == kind,
-    }
-}
-
-/// A pattern that selects no kind is a typo in the configuration, not an intent.
-pub fn is_valid_pattern(pattern: &str) -> bool {
-    EventKind::ALL
-        .iter()
-        .any(|k| pattern_matches(pattern, k.as_str()))
-}
+pub use model::helpdesk::{is_valid_pattern, pattern_matches, EventKind};
 
 /// Where a waiting conversation stands, from the waiting queue the folds keep (`store::queue`);
 /// `None` when it does not wait, or (the wait) while the bot has fewer than 2 recent accepts.
@@ -216,7 +144,7 @@ fn end_user(u: &EndUserState) -> Value {
 }
 
 /// A message of the Open API or a webhook as the help desk sees it: who sent it, when, what.
-pub fn message(m: &crate::webhook::model::Message) -> Value {
+pub fn message(m: &model::webhook::model::Message) -> Value {
     json!({
         "id": m.id,
         "sender": m.sender(),

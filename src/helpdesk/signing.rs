@@ -4,9 +4,9 @@
 //! of a `whsec_` secret; the header lists one `v1,<base64 HMAC-SHA256>` per valid secret,
 //! space-separated, which lets an operator rotate secrets without a window of failed checks.
 
-use crate::config::Secret;
 use base64::Engine;
 use hmac::{Hmac, Mac};
+use model::secret::Secret;
 use sha2::Sha256;
 use std::fmt;
 

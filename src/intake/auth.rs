@@ -1,7 +1,7 @@
 //! Who may call: secret tokens compared in constant time, and source-address allow-lists.
 
-use crate::config::Secret;
 use ipnet::IpNet;
+use model::secret::Secret;
 use std::net::IpAddr;
 use subtle::ConstantTimeEq;
 

@@ -9,14 +9,14 @@ pub mod auth;
 pub mod scrub;
 
 use crate::http_error::ApiError;
-use crate::ids::DeliveryId;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
-use crate::webhook;
-use crate::webhook::model::EventKind;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
+use model::ids::DeliveryId;
+use model::webhook;
+use model::webhook::model::EventKind;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
@@ -197,7 +197,7 @@ async fn handle(
     };
 
     let content_type = req.content_type().to_owned();
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let checks = intake.checks(now);
     // A large body is judged (and, if bad, compressed into quarantine) on the blocking pool: a
     // body at the size limit takes a while, and the HTTP worker keeps answering other deliveries.
@@ -608,7 +608,7 @@ pub fn prepare_reprocess(
             now,
         );
         let job = AcceptJob {
-            delivery: DeliveryId::new(crate::ids::Internal::Quarantine.id(id)),
+            delivery: DeliveryId::new(model::ids::Internal::Quarantine.id(id)),
             events,
             invalid: requarantine.into_iter().collect(),
             received_at: now,

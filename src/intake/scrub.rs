@@ -100,7 +100,7 @@ impl Scrubber {
                 .tokens
                 .iter()
                 .chain(generated.iter())
-                .map(crate::config::Secret::expose),
+                .map(model::secret::Secret::expose),
         )
     }
 
@@ -335,7 +335,7 @@ mod tests {
         let out = crate::intake::reprocess_offline(
             &store,
             id,
-            &crate::webhook::Checks::NONE,
+            &model::webhook::Checks::NONE,
             2,
             &scrubber,
         )
@@ -343,7 +343,7 @@ mod tests {
         .expect("record");
         assert_eq!((out.status.as_str(), out.accepted), ("accepted", 1));
         let (event, _) = store
-            .event_status(&crate::ids::EventId::new("e-old"))
+            .event_status(&model::ids::EventId::new("e-old"))
             .expect("read")
             .expect("stored");
         let text = event.event.get();

@@ -3,12 +3,12 @@
 
 use crate::app::Shared;
 use crate::http_error::ApiError;
-use crate::ids::{ConversationId, EventId};
 use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
+use model::ids::{ConversationId, EventId};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -135,7 +135,7 @@ async fn clock_advance(
             format!("expected {{\"by\": \"<duration>\"}}: {e}"),
         )
     })?;
-    let offset = crate::clock::advance(advance.by);
+    let offset = model::clock::advance(advance.by);
     tracing::warn!(
         by = %humantime::format_duration(advance.by),
         offset_ms = offset,
@@ -145,7 +145,7 @@ async fn clock_advance(
     shared.store.timer_wakeup().wake();
     // And the executor: retries due in daemon time run now.
     shared.executor.wake();
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     // How many timers are due now: a caller can wait for that many firings.
     let store = shared.store.clone();
     let due = blocking(move || {
@@ -373,7 +373,7 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
     let scrubber = shared.intake.scrubber.clone();

@@ -389,7 +389,7 @@ impl Metrics {
         for outcome in ["immediate", "waited", "refused"] {
             m.body_budget.with_label_values(&[outcome]);
         }
-        for kind in crate::webhook::reconcile::DriftKind::ALL {
+        for kind in model::webhook::reconcile::DriftKind::ALL {
             m.reconcile_drift.with_label_values(&[kind.as_str()]);
         }
         Ok(m)

@@ -161,7 +161,7 @@ async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> 
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
 async fn retry(shared: &Shared, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
         let mut entries = Vec::new();
@@ -212,7 +212,7 @@ async fn drop_dead(
                 "dropping a dead letter needs a reason (?reason=...)",
             )
         })?;
-    let now = crate::clock::now_millis();
+    let now = model::clock::now_millis();
     let (store, why) = (shared.store.clone(), reason.clone());
     let letter = blocking(move || store.drop_dead_letter(id, &why, now))
         .await?
@@ -266,8 +266,8 @@ struct ReplayQuery {
 impl ReplayQuery {
     fn request(self) -> Result<crate::store::replay::ReplayRequest, ApiError> {
         let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
-        let from = crate::clock::parse_time(&self.from).map_err(|e| bad(format!("from: {e}")))?;
-        let to = crate::clock::parse_time(&self.to).map_err(|e| bad(format!("to: {e}")))?;
+        let from = model::clock::parse_time(&self.from).map_err(|e| bad(format!("from: {e}")))?;
+        let to = model::clock::parse_time(&self.to).map_err(|e| bad(format!("to: {e}")))?;
         if from >= to {
             return Err(bad("`from` must be before `to`".into()));
         }
@@ -291,7 +291,7 @@ async fn reload_rules(shared: web::Data<Shared>) -> Result<HttpResponse, ApiErro
         Ok(reloaded) => Ok(HttpResponse::Ok().json(reloaded)),
         Err(e) => {
             let problems: Vec<serde_json::Value> = match &e {
-                crate::rules::LoadError::Invalid(list) => list
+                engine::rules::LoadError::Invalid(list) => list
                     .iter()
                     .map(|p| json!({"file": p.file, "line": p.line, "at": p.at, "message": p.message}))
                     .collect(),

@@ -4,8 +4,8 @@
 //! with every problem, and the running set stays.
 
 use super::metrics::Metrics;
-use crate::rules::live::LiveRules;
-use crate::rules::{LoadError, RuleSet};
+use engine::rules::live::LiveRules;
+use engine::rules::{LoadError, RuleSet};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -157,9 +157,9 @@ impl Reloader {
 async fn files_version(dir: &Path) -> Option<String> {
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || {
-        crate::rules::read_dir(&dir)
+        engine::rules::read_dir(&dir)
             .ok()
-            .map(|sources| crate::rules::version_of_sources(&sources))
+            .map(|sources| engine::rules::version_of_sources(&sources))
     })
     .await
     .ok()

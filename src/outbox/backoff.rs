@@ -3,8 +3,8 @@
 //! clamped, and the give-up time (`outbox.give_up_after`) measured from an entry's first failed
 //! attempt.
 
-use crate::actions::RetryState;
-use crate::webhook::model::Millis;
+use model::action::RetryState;
+use model::webhook::model::Millis;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! answer that shows the destination works: a success or a permanent refusal) closes it. Pure:
 //! the scheduler asks it and tells it what happened, at the daemon times it passes.
 
-use crate::webhook::model::Millis;
+use model::webhook::model::Millis;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,6 @@
 //! took it.
 
 use super::sink::{helpdesk_destination, Attempt, Dead, Failure, Job, Reach, Report, Sink};
-use crate::actions::{Action, OutboxEntry};
 use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
 use crate::helpdesk::{DeliveryError, Helpdesk};
 use crate::ops::metrics::Metrics;
@@ -13,6 +12,7 @@ use crate::store::Store;
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
 use futures_util::future::BoxFuture;
+use model::action::{Action, OutboxEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -173,7 +173,7 @@ impl HelpdeskSink {
             }
         };
         // Real time: the help desk checks the signature's timestamp against its own clock.
-        let timestamp = crate::clock::system_millis().div_euclid(1000);
+        let timestamp = model::clock::system_millis().div_euclid(1000);
         let mut reached = Vec::new();
         let mut refused = None;
         let mut unavailable = None;
@@ -243,7 +243,7 @@ impl HelpdeskSink {
     async fn helpdesk_body(
         &self,
         entry: &OutboxEntry,
-        conversation_id: &crate::ids::ConversationId,
+        conversation_id: &model::ids::ConversationId,
         kind: &str,
         reason: Option<&str>,
         payload: &serde_json::Value,
@@ -269,7 +269,7 @@ impl HelpdeskSink {
         let mut message = None;
         if kind == EventKind::ConversationMessage.as_str() {
             if let Some(m) = self.source_message(entry) {
-                if m.sender() == crate::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
+                if m.sender() == model::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
                     tracing::debug!("a bot message; helpdesk.bot_messages is off");
                     return None;
                 }
@@ -307,9 +307,9 @@ impl HelpdeskSink {
     /// failure leaves it out).
     async fn complete_from_api(
         &self,
-        conversation_id: &crate::ids::ConversationId,
-        conversation: &mut Option<crate::state::ConversationState>,
-        end_user: &mut Option<crate::state::EndUserState>,
+        conversation_id: &model::ids::ConversationId,
+        conversation: &mut Option<engine::state::ConversationState>,
+        end_user: &mut Option<engine::state::EndUserState>,
     ) {
         let known = conversation
             .as_ref()
@@ -318,7 +318,7 @@ impl HelpdeskSink {
             match self.api.get_conversation(conversation_id.as_str()).await {
                 Ok(fetched) => {
                     let state = conversation.get_or_insert_with(|| {
-                        crate::state::ConversationState::new(conversation_id.clone())
+                        engine::state::ConversationState::new(conversation_id.clone())
                     });
                     state.bot_id = state.bot_id.take().or(fetched.bot_id);
                     state.end_user_id = state.end_user_id.take().or(fetched.end_user_id);
@@ -341,7 +341,7 @@ impl HelpdeskSink {
         };
         match self.api.get_end_user(id.as_str()).await {
             Ok(fetched) => {
-                let mut state = crate::state::EndUserState::new(id);
+                let mut state = engine::state::EndUserState::new(id);
                 state.bot_id = fetched.bot_id;
                 state.platform = Some(fetched.platform);
                 state.user_key = Some(fetched.user_key);
@@ -353,7 +353,7 @@ impl HelpdeskSink {
     }
 
     /// The message of the webhook event that decided the entry, if it was a message event.
-    fn source_message(&self, entry: &OutboxEntry) -> Option<crate::webhook::model::Message> {
+    fn source_message(&self, entry: &OutboxEntry) -> Option<model::webhook::model::Message> {
         let record = self.store.event_by_id(&entry.event_id).ok().flatten()?;
         if !record.kind.starts_with("bot.message.") {
             return None;
@@ -365,8 +365,8 @@ impl HelpdeskSink {
 
     /// The conversation's last `helpdesk.transcript_messages` messages, oldest first. The Open
     /// API lists oldest first, so past one page the last page is asked for by offset.
-    async fn transcript(&self, conversation_id: &crate::ids::ConversationId) -> Transcript {
-        use crate::upstream::contract::{MessagesQuery, PageQuery};
+    async fn transcript(&self, conversation_id: &model::ids::ConversationId) -> Transcript {
+        use model::contract::{MessagesQuery, PageQuery};
         let n = self.helpdesk.transcript_messages;
         if n == 0 {
             return Transcript {
@@ -382,7 +382,7 @@ impl HelpdeskSink {
             conversation_id: Some(conversation_id.as_str().to_owned()),
             ..MessagesQuery::default()
         };
-        let messages = |page: &crate::upstream::contract::Page<crate::webhook::model::Message>| {
+        let messages = |page: &model::contract::Page<model::webhook::model::Message>| {
             page.data.iter().map(hd_events::message).collect::<Vec<_>>()
         };
         let first = match self.api.list_messages(&query(None)).await {

@@ -1,8 +1,8 @@
 //! What the executor reads and writes in the store, behind a trait: the store in the daemon
 //! (each call on the blocking pool), a map in memory in tests.
 
-use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use crate::store::{Store, StoreError};
+use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use std::collections::HashSet;
 
 /// Dead letters read per page on start.

@@ -29,13 +29,13 @@ mod tests;
 pub use breaker::CircuitView;
 pub use ledger::Ledger;
 
-use crate::actions::OutboxEntry;
 use crate::helpdesk::Helpdesk;
 use crate::ops::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
-use crate::webhook::model::Millis;
+use model::action::OutboxEntry;
+use model::webhook::model::Millis;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -308,7 +308,7 @@ pub fn start(
         openapi,
         helpdesk: Arc::new(hd),
     };
-    let clock: Clock = Arc::new(crate::clock::now_millis);
+    let clock: Clock = Arc::new(model::clock::now_millis);
     start_with(
         Arc::new(store),
         sinks,

@@ -3,14 +3,14 @@
 //! transient or permanent.
 
 use super::sink::{judge_upstream, upstream_status, Attempt, Job, Reach, Report, Sink, OPENAPI};
-use crate::actions::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
-use crate::actions::{Action, OutboxEntry};
 use crate::store::Store;
 use crate::upstream::api::OpenApi;
-use crate::upstream::contract::Flow;
 use crate::upstream::error::UpstreamError;
+use crate::upstream::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
 use crate::upstream::handle::UpstreamHandle;
 use futures_util::future::BoxFuture;
+use model::action::{Action, OutboxEntry};
+use model::contract::Flow;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

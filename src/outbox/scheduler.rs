@@ -17,8 +17,8 @@
 
 use super::breaker::{Admit, Breakers, CircuitView, Transition};
 use super::sink::{Job, Reach, SinkKind};
-use crate::actions::{OutboxEntry, RetryState};
-use crate::webhook::model::Millis;
+use model::action::{OutboxEntry, RetryState};
+use model::webhook::model::Millis;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 /// Entries read from the store per page.
@@ -569,12 +569,12 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actions::Action;
-    use crate::ids::ConversationId;
+    use model::action::Action;
+    use model::ids::ConversationId;
     use std::time::Duration;
 
     fn entry(seq: u64, queue: &str) -> OutboxEntry {
-        OutboxEntry::for_test(seq, queue)
+        crate::test_support::outbox_entry(seq, queue)
     }
 
     fn openapi(_: &OutboxEntry) -> Vec<String> {

@@ -2,11 +2,11 @@
 //! attempt at an entry and says how it went ([`Attempt`]); the executor decides what follows
 //! (record, reschedule with the one backoff, give up) and the scheduler what runs next.
 
-use crate::actions::execute::ExecuteError;
-use crate::actions::{OutboxEntry, RetryState};
 use crate::helpdesk::DeliveryError;
 use crate::upstream::error::UpstreamError;
+use crate::upstream::execute::ExecuteError;
 use futures_util::future::BoxFuture;
+use model::action::{OutboxEntry, RetryState};
 use std::time::Duration;
 
 /// The Open API's destination name (breaker, metrics, `/readyz`).
@@ -29,7 +29,7 @@ impl SinkKind {
 
     pub fn of(entry: &OutboxEntry) -> SinkKind {
         match entry.action {
-            crate::actions::Action::NotifyHelpdesk { .. } => SinkKind::Helpdesk,
+            model::action::Action::NotifyHelpdesk { .. } => SinkKind::Helpdesk,
             _ => SinkKind::OpenApi,
         }
     }
@@ -81,7 +81,7 @@ impl Failure {
 /// Why an entry failed for good.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dead {
-    /// The dead letter's stable reason code ([`crate::actions::DeadLetter::reason`]).
+    /// The dead letter's stable reason code ([`model::action::DeadLetter::reason`]).
     pub reason: String,
     pub error: String,
     /// The upstream refused it with a permanent status (a retry needs a fresh key).

@@ -7,9 +7,9 @@ use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
 use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
 use super::*;
-use crate::actions::{DeadLetter, DoneRecord, RetryState};
 use crate::upstream::error::UpstreamError;
 use futures_util::future::BoxFuture;
+use model::action::{DeadLetter, DoneRecord, RetryState};
 use std::collections::BTreeMap;
 
 const T0: Millis = 1_763_690_400_000;
@@ -209,7 +209,7 @@ fn entry(seq: u64, queue: &str) -> OutboxEntry {
     OutboxEntry {
         received_at: T0,
         decided_at: T0,
-        ..OutboxEntry::for_test(seq, queue)
+        ..crate::test_support::outbox_entry(seq, queue)
     }
 }
 

@@ -1,10 +1,10 @@
 //! The comparison, pure: a conversation's state and the service's answer in, the drift out.
 
-use crate::state::reconcile::{believed, believes_manual};
-use crate::state::{ConversationState, HandoffPhase};
-use crate::upstream::contract::Manual;
-use crate::webhook::model::Millis;
-use crate::webhook::reconcile::{Drift, DriftKind, Observed};
+use engine::state::reconcile::{believed, believes_manual};
+use engine::state::{ConversationState, HandoffPhase};
+use model::contract::Manual;
+use model::webhook::model::Millis;
+use model::webhook::reconcile::{Drift, DriftKind, Observed};
 
 /// The service's answer to `GET /openapi/conversation/{id}/manual`, as a drift records it.
 pub fn observed(manual: &Manual) -> Observed {
@@ -48,8 +48,8 @@ pub fn drift(state: &ConversationState, service: &Observed, now: Millis) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::agent::DeskAgent;
-    use crate::webhook::model::Event;
+    use model::webhook::agent::DeskAgent;
+    use model::webhook::model::Event;
 
     fn event(kind: &str, at: Millis, manual: Option<&str>) -> Event {
         let context = manual.map_or(
@@ -61,7 +61,7 @@ mod tests {
             "timestamp": at,
             "data": { "conversation": { "id": "c1", "botId": "B1", "context": context } },
         });
-        crate::webhook::parse_event(&raw.to_string()).expect("event")
+        model::webhook::parse_event(&raw.to_string()).expect("event")
     }
 
     fn state(events: &[Event]) -> ConversationState {
@@ -157,7 +157,7 @@ mod tests {
         ] {
             let mut s = state(&events);
             let found = drift(&s, &service(manual), 1_000).expect("drift");
-            let made = crate::webhook::drift_event(&found, "B1").expect("event");
+            let made = model::webhook::drift_event(&found, "B1").expect("event");
             s.apply(&made.event);
             assert_eq!(compare(&s, &service(manual)), None, "{found:?}");
         }

@@ -21,20 +21,20 @@
 
 pub mod compare;
 
-use crate::actions::OutboxEntry;
 use crate::backfill::WebhookWatch;
 use crate::config::ReconcileConfig;
-use crate::ids::{ConversationId, DeliveryId};
 use crate::ops::metrics::Metrics;
 use crate::outbox::ExecutorHandle;
-use crate::state::ConversationState;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
 use crate::upstream::api::OpenApi;
 use crate::upstream::handle::UpstreamHandle;
 use crate::upstream::limits::OwnLimit;
-use crate::webhook::model::Millis;
-use crate::webhook::reconcile::{Drift, DriftKind};
+use engine::state::ConversationState;
+use model::action::OutboxEntry;
+use model::ids::{ConversationId, DeliveryId};
+use model::webhook::model::Millis;
+use model::webhook::reconcile::{Drift, DriftKind};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -165,7 +165,7 @@ impl Sweeper {
 
     async fn run_pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
         let inner = &self.inner;
-        let now = crate::clock::now_millis();
+        let now = model::clock::now_millis();
         let mut report = PassReport {
             dry_run,
             started_at: now,
@@ -265,7 +265,7 @@ impl Sweeper {
             };
             report.checked += 1;
             let service = compare::observed(&answer);
-            if let Some(drift) = compare::drift(&state, &service, crate::clock::now_millis()) {
+            if let Some(drift) = compare::drift(&state, &service, model::clock::now_millis()) {
                 found.push((state, drift));
             }
         }
@@ -401,7 +401,7 @@ impl Sweeper {
     /// Hand a drift to the writer; 1 when it was stored now (0: a duplicate).
     async fn write(&self, drift: &Drift, bot: Option<&str>) -> Result<u64, SweepError> {
         let bot = bot.filter(|b| !b.is_empty()).unwrap_or(NO_BOT);
-        let event = match crate::webhook::drift_event(drift, bot) {
+        let event = match model::webhook::drift_event(drift, bot) {
             Ok(event) => event,
             Err(e) => {
                 // Cannot happen for a drift made here; logged, not stored.
@@ -413,7 +413,7 @@ impl Sweeper {
             delivery: DeliveryId::new(event.event.id.as_str()),
             events: vec![event],
             invalid: Vec::new(),
-            received_at: crate::clock::now_millis(),
+            received_at: model::clock::now_millis(),
         };
         match self.inner.writer.accept(job).await {
             Ok(accepted) => Ok(accepted.new.len() as u64),
@@ -440,7 +440,7 @@ fn held_while_silent(kind: DriftKind, silent: bool) -> bool {
 /// A conversation's outbox queues: its Open API actions' and its help-desk events'.
 fn queues_of(id: &ConversationId) -> [String; 2] {
     [
-        crate::ids::PartitionKey::Conversation(id.clone()).encode(),
+        model::ids::PartitionKey::Conversation(id.clone()).encode(),
         format!("helpdesk:{id}"),
     ]
 }
@@ -514,13 +514,13 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
             return;
         }
         let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-        let mut due = crate::clock::now_millis().saturating_add(every);
+        let mut due = model::clock::now_millis().saturating_add(every);
         let mut waiting = false;
         loop {
             if *stop.borrow() {
                 break;
             }
-            let now = crate::clock::now_millis();
+            let now = model::clock::now_millis();
             if now >= due && sweeper.inner.executor.openapi_down() {
                 // The service is down (the outbox's circuit is open): every read would fail.
                 // The pass waits for the next interval; nothing is lost, the drift stays.
@@ -551,7 +551,7 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
                         tracing::error!(error = %e, "reconciliation pass failed; next interval")
                     }
                 }
-                due = crate::clock::now_millis().saturating_add(every);
+                due = model::clock::now_millis().saturating_add(every);
                 continue;
             }
             tokio::select! {
@@ -570,7 +570,7 @@ mod tests {
     fn outbox(queues: &[&str]) -> Vec<OutboxEntry> {
         (1..)
             .zip(queues)
-            .map(|(seq, q)| OutboxEntry::for_test(seq, q))
+            .map(|(seq, q)| crate::test_support::outbox_entry(seq, q))
             .collect()
     }
 
@@ -633,7 +633,7 @@ mod tests {
         assert_eq!(read, 2_500, "the whole outbox, page by page");
         assert!(pending.found.is_empty(), "none of the candidates'");
         // A fold decides an entry for c2 before the next chunk: only it is read then.
-        backlog.push(OutboxEntry::for_test(2_501, "c:c2"));
+        backlog.push(crate::test_support::outbox_entry(2_501, "c:c2"));
         let mut read = 0;
         pending.refresh(pages(&backlog, &mut read)).expect("read");
         assert_eq!(read, 1, "only what was decided since");

@@ -10,10 +10,10 @@
 //! a store from before it is indexed once, on open.
 
 use super::{decode, keys, queue, Store, StoreError};
-use crate::state::desk::DeskPhase;
-use crate::state::ConversationState;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use engine::state::desk::DeskPhase;
+use engine::state::ConversationState;
 use std::collections::HashMap;
 
 /// Longest cursor accepted, in characters (a position of a conversation id far longer than any
@@ -199,20 +199,20 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actions::Action;
-    use crate::ids::DeliveryId;
-    use crate::state::desk::{Outcome, Rejection};
     use crate::store::queue::tests::{fold, queue_keys};
-    use crate::webhook::agent::{AgentCommand, Command, DeskAgent, Target};
-    use crate::webhook::model::Event;
-    use crate::webhook::IncomingEvent;
+    use engine::state::desk::{Outcome, Rejection};
+    use model::action::Action;
+    use model::ids::DeliveryId;
+    use model::webhook::agent::{AgentCommand, Command, DeskAgent, Target};
+    use model::webhook::model::Event;
+    use model::webhook::IncomingEvent;
 
     fn command(store: &Store, id: &str, command: Command) -> crate::store::Applied {
         let cmd = AgentCommand {
             conversation_id: "c1".into(),
             command,
         };
-        let event = crate::webhook::agent_event(&cmd, id, "B1", 10).expect("event");
+        let event = model::webhook::agent_event(&cmd, id, "B1", 10).expect("event");
         let accepted = store
             .accept(&DeliveryId::new(id), &[event], 10)
             .expect("accept");
@@ -221,7 +221,7 @@ mod tests {
             .iter()
             .map(|(seq, _)| {
                 let rec = store.event(*seq).expect("read").expect("record");
-                let event = crate::webhook::parse_event(rec.event.get()).expect("parse");
+                let event = model::webhook::parse_event(rec.event.get()).expect("parse");
                 (*seq, event)
             })
             .collect();
@@ -244,7 +244,7 @@ mod tests {
             "data": { "conversation": { "id": conversation, "botId": bot, "platform": "web" } },
         });
         let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
-        crate::webhook::validate_event(&raw).expect("event")
+        model::webhook::validate_event(&raw).expect("event")
     }
 
     fn agent_command(
@@ -264,7 +264,7 @@ mod tests {
             conversation_id: conversation.into(),
             command,
         };
-        crate::webhook::agent_event(&cmd, id, bot, at).expect("event")
+        model::webhook::agent_event(&cmd, id, bot, at).expect("event")
     }
 
     /// Every phase index key, scanned (sorted).

@@ -16,7 +16,7 @@
 //! finished (nothing of it was acknowledged) and is cut off on open; anywhere else it is
 //! corruption.
 
-use crate::webhook::model::Millis;
+use model::webhook::model::Millis;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::fs::{File, OpenOptions};

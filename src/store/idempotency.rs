@@ -3,7 +3,7 @@
 //! by the pruning loop. Opened by name on use (sled keeps opened trees), not kept in [`Store`].
 
 use super::{decode, encode, Store, StoreError};
-use crate::webhook::model::Millis;
+use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 
 const TREE: &str = "helpdesk_idempotency/v1";

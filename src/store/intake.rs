@@ -20,7 +20,7 @@ use super::eventlog::{self, FrameEvent, Frames, Location};
 use super::{
     dedupe, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord, Store, StoreError,
 };
-use crate::ids::{DeliveryId, EventId};
+use model::ids::{DeliveryId, EventId};
 use sled::transaction::Transactional;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -478,9 +478,9 @@ impl Store {
             let mut events = Vec::with_capacity(record.events.len());
             let mut invalid = Vec::new();
             for raw in &record.events {
-                match crate::webhook::validate_event(raw) {
+                match model::webhook::validate_event(raw) {
                     Ok(ev) => events.push(ev),
-                    Err(e) => invalid.push(crate::webhook::InvalidEvent {
+                    Err(e) => invalid.push(model::webhook::InvalidEvent {
                         raw: raw.get().to_owned(),
                         reason: e.to_string(),
                     }),

@@ -436,13 +436,13 @@ mod tests {
     /// Fold every event still to fold with `rules`.
     fn fold_all(
         store: &Store,
-        rules: &dyn crate::actions::Decide,
+        rules: &dyn engine::decide::Decide,
     ) -> Result<super::super::Applied, StoreError> {
-        let batch: Vec<(u64, crate::webhook::model::Event)> = pending_records(store)
+        let batch: Vec<(u64, model::webhook::model::Event)> = pending_records(store)
             .0
             .iter()
             .map(|(p, record)| {
-                let event = crate::webhook::parse_event(record.event.get()).expect("parse");
+                let event = model::webhook::parse_event(record.event.get()).expect("parse");
                 (p.seq, event)
             })
             .collect();
@@ -460,7 +460,7 @@ mod tests {
             .enumerate()
             .map(|(i, (e, c))| (e.as_str(), c.as_str(), i as i64))
             .collect();
-        let parsed = crate::webhook::parse_delivery(&delivery("d1", &events)).expect("delivery");
+        let parsed = model::webhook::parse_delivery(&delivery("d1", &events)).expect("delivery");
         store
             .accept(&parsed.id, &parsed.events, 1_000)
             .expect("accept");

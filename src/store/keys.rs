@@ -38,7 +38,7 @@ pub mod tree {
     /// sequence number (as in the outbox) -> why a pending entry waits ([`RetryState`]): written
     /// after each failed attempt, removed with the entry's outcome.
     ///
-    /// [`RetryState`]: crate::actions::RetryState
+    /// [`RetryState`]: model::action::RetryState
     pub const OUTBOX_RETRY: &str = "outbox_retry/v1";
     /// action id -> its status (pending, done, dead, dropped): every decided action.
     pub const ACTIONS: &str = "actions/v1";
@@ -51,7 +51,7 @@ pub mod tree {
     pub const TIMERS: &str = "timers/v1";
     /// The waiting queue: `w` (bot, requested at, conversation id) -> nothing, every conversation
     /// waiting for an agent, per bot in request order; `h` bot -> its recent accepts (JSON
-    /// [`AcceptHistory`](crate::state::queue::AcceptHistory)). Equal to the conversation states
+    /// [`AcceptHistory`](engine::state::queue::AcceptHistory)). Equal to the conversation states
     /// (`state::queue::waiting_since`): only the fold writes it, in the journal that writes
     /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
     /// `store::watch`), and the agent API's phase index (`p` by phase, `b` by bot and phase: see
@@ -305,7 +305,7 @@ pub fn parse_activity(key: &[u8]) -> Option<(u8, i64, &str)> {
 }
 
 /// The first byte of the agent API's phase index (in `queue/v1`; see `store::desk`): `p`, the
-/// phase's byte ([`DeskPhase::byte`](crate::state::desk::DeskPhase::byte)), then the
+/// phase's byte ([`DeskPhase::byte`](engine::state::desk::DeskPhase::byte)), then the
 /// conversation's [`desk_position`]; so a phase's conversations are a prefix, in the order the
 /// API lists them.
 pub const DESK_PHASE: u8 = b'p';

@@ -32,11 +32,11 @@ pub mod timers;
 pub mod watch;
 pub mod writer;
 
-use crate::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
-use crate::state::{BotState, ConversationState, EndUserState};
-use crate::webhook::model::{Event, Millis, Payload};
-use crate::webhook::IncomingEvent;
+use engine::state::{BotState, ConversationState, EndUserState};
 use journal::Journal;
+use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
+use model::webhook::model::{Event, Millis, Payload};
+use model::webhook::IncomingEvent;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -385,7 +385,7 @@ impl QuarantineRecord {
     /// array of them as its body, in delivery order, and the first reasons in `detail` (each is
     /// found again by re-processing: validation is pure).
     pub fn invalid_events(
-        bad: &[crate::webhook::InvalidEvent],
+        bad: &[model::webhook::InvalidEvent],
         delivery_id: &str,
         content_type: Option<&str>,
         received_at: Millis,
@@ -574,7 +574,7 @@ pub struct Applied {
     pub new_end_users: u64,
     pub new_bots: u64,
     /// Actions the rules decided, now in the outbox (not yet durable: flush before running them).
-    pub outbox: Vec<crate::actions::OutboxEntry>,
+    pub outbox: Vec<model::action::OutboxEntry>,
     /// Decided actions skipped because their id was decided before.
     pub repeated_actions: usize,
     /// Running timers gained minus lost (started, minus fired, cancelled or replaced).
@@ -585,7 +585,7 @@ pub struct Applied {
     /// metric; the state keeps the error).
     pub template_errors: Vec<String>,
     /// The verdict on each folded agent command (the agent API waits for them).
-    pub agent_verdicts: Vec<crate::state::desk::Verdict>,
+    pub agent_verdicts: Vec<engine::state::desk::Verdict>,
 }
 
 /// What a prune pass removed.
@@ -848,7 +848,7 @@ impl Store {
                 .map(|v| v as Millis)
                 .ok_or_else(|| corrupt("legacy dedupe time"))?,
             None if layout < 3 => {
-                let now = crate::clock::now_millis();
+                let now = model::clock::now_millis();
                 self.meta
                     .insert(keys::meta::LEGACY_DEDUPE_SINCE, &keys::seq(now as u64))?;
                 now
@@ -962,7 +962,7 @@ impl Store {
     /// recovery of an existing store does, a new store's first write of its log does, and so does
     /// a flush with something to write. Notes when the store was opened, which is that something.
     pub fn start_io_threads(&self) -> Result<(), StoreError> {
-        let now = crate::clock::now_millis().max(0) as u64;
+        let now = model::clock::now_millis().max(0) as u64;
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
         self.flush()?;
         Ok(())
@@ -1187,19 +1187,19 @@ impl Store {
     /// exactly once: an event at or below its partition's folded mark was folded before and is
     /// skipped. For tests and offline tools: the partitions are worked out from the events.
     pub fn apply(&self, batch: &[(u64, Event)]) -> Result<Applied, StoreError> {
-        self.apply_with(batch, &crate::actions::NoRules, &[])
+        self.apply_with(batch, &engine::decide::NoRules, &[])
     }
 
     /// [`apply`](Store::apply) with rules (see [`fold`](Store::fold)).
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
-        rules: &dyn crate::actions::Decide,
+        rules: &dyn engine::decide::Decide,
         received: &[Millis],
     ) -> Result<Applied, StoreError> {
         let partitions: Vec<PartitionKey> = batch
             .iter()
-            .map(|(_, event)| crate::webhook::partition_of(event))
+            .map(|(_, event)| model::webhook::partition_of(event))
             .collect();
         self.fold(batch, &partitions, rules, received, &Position::default())
     }
@@ -1218,7 +1218,7 @@ impl Store {
         &self,
         batch: &[(u64, Event)],
         partitions: &[PartitionKey],
-        rules: &dyn crate::actions::Decide,
+        rules: &dyn engine::decide::Decide,
         received: &[Millis],
         position: &Position,
     ) -> Result<Applied, StoreError> {
@@ -1243,7 +1243,7 @@ impl Store {
         let mut derived_before = HashMap::new();
         // Each state's key in the retention index as this fold found it (`None`: created).
         let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
-        let now = crate::clock::now_millis();
+        let now = model::clock::now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
                 out.skipped += 1;
@@ -1269,7 +1269,7 @@ impl Store {
                 }
                 out.new_conversations += u64::from(created);
                 let at = received.get(i).copied().unwrap_or(event.timestamp);
-                let time = crate::actions::DecisionTime {
+                let time = engine::decide::DecisionTime {
                     now,
                     received_at: at,
                 };
@@ -1405,7 +1405,7 @@ impl Store {
     fn fold_journal(
         &self,
         writes: FoldWrites,
-        decided: &[crate::actions::OutboxEntry],
+        decided: &[model::action::OutboxEntry],
     ) -> Result<Journal, StoreError> {
         use journal::TreeId as T;
         let mut j = Journal::default();
@@ -1468,15 +1468,15 @@ impl Store {
         &self,
         event: &Event,
         state: &mut ConversationState,
-        decisions: Vec<crate::actions::Decision>,
+        decisions: Vec<model::action::Decision>,
         decided_by: (&str, Millis, Millis),
         decided: &mut std::collections::HashSet<String>,
         out: &mut Applied,
     ) -> Result<(), StoreError> {
-        use crate::actions::{action_id, OutboxEntry};
+        use model::action::{action_id, OutboxEntry};
         for decision in decisions {
             let id = action_id(&event.id, &decision.rule, decision.index);
-            if decision.action.apply_to_state(state, decided_by.2, &id) {
+            if engine::decide::apply_to_state(&decision.action, state, decided_by.2, &id) {
                 continue;
             }
             if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
@@ -1793,25 +1793,25 @@ impl Store {
 /// record in the state which rules fired and which their caps held back (so the fold and a replay
 /// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
 /// since) is folded but decides nothing. An agent command decides its own actions first (rule
-/// [`BUILTIN_RULE`](crate::state::desk::BUILTIN_RULE)), then the rules see it; one the state
+/// [`BUILTIN_RULE`](engine::state::desk::BUILTIN_RULE)), then the rules see it; one the state
 /// refused decides nothing. `after_fold` sees the state right after the event is folded, before
 /// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
 /// in it when the rules read it. The audit rebuilds a conversation's timeline through it too.
 pub(crate) fn fold_and_decide(
     state: &mut ConversationState,
     event: &Event,
-    rules: &dyn crate::actions::Decide,
+    rules: &dyn engine::decide::Decide,
     end_user: Option<&EndUserState>,
-    time: crate::actions::DecisionTime,
+    time: engine::decide::DecisionTime,
     after_fold: &mut dyn FnMut(
         &ConversationState,
-    ) -> Result<Option<crate::state::queue::Standing>, StoreError>,
-) -> Result<crate::actions::Decided, StoreError> {
+    ) -> Result<Option<engine::state::queue::Standing>, StoreError>,
+) -> Result<engine::decide::Decided, StoreError> {
     let before = rules.needs().before.then(|| state.clone());
     let decides = state.apply(event);
     let queue = after_fold(state)?;
     if decides {
-        let inputs = crate::actions::Inputs {
+        let inputs = engine::decide::Inputs {
             before: before.as_ref(),
             end_user,
             queue: queue.as_ref(),
@@ -1819,13 +1819,13 @@ pub(crate) fn fold_and_decide(
         let mut decided = rules.evaluate(event, state, inputs, time);
         decided.record(state, &event.id, time.received_at);
         if let Payload::Agent(cmd) = &event.payload {
-            let builtin = crate::state::desk::builtin_actions(event, cmd, state);
+            let builtin = engine::state::desk::builtin_actions(event, cmd, state);
             let own =
                 builtin
                     .into_iter()
                     .enumerate()
-                    .map(|(index, action)| crate::actions::Decision {
-                        rule: crate::state::desk::BUILTIN_RULE.to_owned(),
+                    .map(|(index, action)| model::action::Decision {
+                        rule: engine::state::desk::BUILTIN_RULE.to_owned(),
                         index,
                         action,
                     });
@@ -1837,7 +1837,7 @@ pub(crate) fn fold_and_decide(
         Ok(decided)
     } else {
         tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
-        Ok(crate::actions::Decided::default())
+        Ok(engine::decide::Decided::default())
     }
 }
 

@@ -15,8 +15,8 @@
 //! outbox.
 
 use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store, StoreError};
-use crate::actions::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
-use crate::webhook::model::Millis;
+use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
+use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 

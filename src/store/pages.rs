@@ -4,8 +4,8 @@
 //! sweeper's sample).
 
 use super::{decode, keys, Store, StoreError};
-use crate::actions::DoneRecord;
-use crate::state::EndUserState;
+use engine::state::EndUserState;
+use model::action::DoneRecord;
 
 /// At most `limit` records of a tree keyed by id, with ids after `after` (from the first when
 /// `None`), in id order (byte order: the id right after `after` is `after` and a zero byte).
@@ -61,8 +61,8 @@ impl Store {
 mod tests {
     use super::super::encode;
     use super::*;
-    use crate::actions::{Action, OutboxEntry};
-    use crate::ids::{ConversationId, EndUserId, EventId};
+    use model::action::{Action, OutboxEntry};
+    use model::ids::{ConversationId, EndUserId, EventId};
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().expect("tempdir");

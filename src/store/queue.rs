@@ -8,10 +8,10 @@
 //! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
 
 use super::{encode, get_decoded, keys, Store, StoreError};
-use crate::ids::ConversationId;
-use crate::state::queue::{self, Accept, AcceptHistory, Standing};
-use crate::state::ConversationState;
-use crate::webhook::model::Millis;
+use engine::state::queue::{self, Accept, AcceptHistory, Standing};
+use engine::state::ConversationState;
+use model::ids::ConversationId;
+use model::webhook::model::Millis;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 
@@ -403,25 +403,25 @@ impl crate::helpdesk::QueueSource for Store {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::ids::DeliveryId;
-    use crate::webhook::agent::{AgentCommand, Command, DeskAgent};
-    use crate::webhook::model::Event;
+    use model::ids::DeliveryId;
+    use model::webhook::agent::{AgentCommand, Command, DeskAgent};
+    use model::webhook::model::Event;
 
     pub(in crate::store) fn conversation_event(
         id: &str,
         kind: &str,
         conversation: &str,
         at: Millis,
-    ) -> crate::webhook::IncomingEvent {
+    ) -> model::webhook::IncomingEvent {
         let raw = serde_json::json!({
             "id": id, "event": kind, "sourceType": "bot", "sourceId": "B1", "timestamp": at,
             "data": { "conversation": { "id": conversation, "botId": "B1", "platform": "web" } },
         });
         let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
-        crate::webhook::validate_event(&raw).expect("event")
+        model::webhook::validate_event(&raw).expect("event")
     }
 
-    fn accept(conversation: &str, id: &str, at: Millis) -> crate::webhook::IncomingEvent {
+    fn accept(conversation: &str, id: &str, at: Millis) -> model::webhook::IncomingEvent {
         let cmd = AgentCommand {
             conversation_id: conversation.into(),
             command: Command::Accept {
@@ -431,7 +431,7 @@ pub(super) mod tests {
                 },
             },
         };
-        crate::webhook::agent_event(&cmd, id, "B1", at).expect("event")
+        model::webhook::agent_event(&cmd, id, "B1", at).expect("event")
     }
 
     /// Accept `events` as delivery `delivery` and return the new ones as the dispatcher hands
@@ -439,7 +439,7 @@ pub(super) mod tests {
     pub(in crate::store) fn accepted_batch(
         store: &Store,
         delivery: &str,
-        events: &[crate::webhook::IncomingEvent],
+        events: &[model::webhook::IncomingEvent],
     ) -> Vec<(u64, Event)> {
         let accepted = store
             .accept(&DeliveryId::new(delivery), events, 10)
@@ -467,7 +467,7 @@ pub(super) mod tests {
     pub(in crate::store) fn fold(
         store: &Store,
         delivery: &str,
-        events: Vec<crate::webhook::IncomingEvent>,
+        events: Vec<model::webhook::IncomingEvent>,
     ) {
         let batch = accepted_batch(store, delivery, &events);
         assert_eq!(batch.len(), events.len());
@@ -479,8 +479,8 @@ pub(super) mod tests {
     fn fold_with(
         store: &Store,
         delivery: &str,
-        events: Vec<crate::webhook::IncomingEvent>,
-        rules: &crate::rules::RuleSet,
+        events: Vec<model::webhook::IncomingEvent>,
+        rules: &engine::rules::RuleSet,
     ) -> Vec<String> {
         let batch = accepted_batch(store, delivery, &events);
         let applied = store.apply_with(&batch, rules, &[]).expect("apply");
@@ -488,7 +488,7 @@ pub(super) mod tests {
             .outbox
             .iter()
             .filter_map(|e| match &e.action {
-                crate::actions::Action::SendMessage { message, .. } => message.text.clone(),
+                model::action::Action::SendMessage { message, .. } => message.text.clone(),
                 _ => None,
             })
             .collect()
@@ -546,7 +546,7 @@ pub(super) mod tests {
     fn rules_see_the_standing_after_each_event_within_one_batch() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path(), 8 << 20).expect("open");
-        let rules = crate::rules::RuleSet::from_sources(&[(
+        let rules = engine::rules::RuleSet::from_sources(&[(
             "q.toml".into(),
             r#"
 [[rule]]

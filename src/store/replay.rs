@@ -15,10 +15,11 @@
 //! upstream would otherwise answer the old call's result without acting.
 
 use super::{decode, outbox::ActionStatus, EventRecord, Store, StoreError};
-use crate::actions::{action_id, Action, Decide, OutboxEntry};
-use crate::ids::{ConversationId, PartitionKey};
-use crate::state::ConversationState;
-use crate::webhook::model::Millis;
+use engine::decide::Decide;
+use engine::state::ConversationState;
+use model::action::{action_id, Action, OutboxEntry};
+use model::ids::{ConversationId, PartitionKey};
+use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -135,12 +136,12 @@ impl Store {
             }
             ControlFlow::Continue(())
         })?;
-        let now = crate::clock::now_millis();
+        let now = model::clock::now_millis();
         let mut states: HashMap<String, ConversationState> = HashMap::new();
         let mut taken = HashSet::new();
-        let mut users: HashMap<String, Option<crate::state::EndUserState>> = HashMap::new();
+        let mut users: HashMap<String, Option<engine::state::EndUserState>> = HashMap::new();
         for record in records {
-            let Ok(event) = crate::webhook::parse_event(record.event.get()) else {
+            let Ok(event) = model::webhook::parse_event(record.event.get()) else {
                 continue;
             };
             let Some(conversation) = event.payload.conversation_id() else {
@@ -150,13 +151,13 @@ impl Store {
                 .entry(record.partition.clone())
                 .or_insert_with(|| ConversationState::new(conversation.clone()));
             // Caps count by receive time, so the rebuilt history caps what the fold capped.
-            let time = crate::actions::DecisionTime {
+            let time = engine::decide::DecisionTime {
                 now,
                 received_at: record.received_at,
             };
             // The end user as stored now: their events are not replayed.
             let named = match &event.payload {
-                crate::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
+                model::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
                 _ => None,
             };
             let user = match named.or_else(|| state.end_user_id.clone()) {
@@ -186,7 +187,9 @@ impl Store {
             for decision in decided.decisions {
                 let original = action_id(&event.id, &decision.rule, decision.index);
                 // Timers here only shape the rebuilt state: the timers tree is the fold's alone.
-                if decision.action.apply_to_state(state, now, &original) || !replayed {
+                if engine::decide::apply_to_state(&decision.action, state, now, &original)
+                    || !replayed
+                {
                     continue;
                 }
                 let previous = self
@@ -201,8 +204,8 @@ impl Store {
                     (Some(_), true) => ("forced", format!("{original}~replay-{now}")),
                 };
                 // As queued: a message marked with the id it goes under.
-                let decision = crate::actions::Decision {
-                    action: crate::actions::echo::marked(decision.action, &id),
+                let decision = model::action::Decision {
+                    action: model::action::echo::marked(decision.action, &id),
                     ..decision
                 };
                 let queued =

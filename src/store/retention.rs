@@ -18,8 +18,8 @@
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
 use super::{decode, keys, ConversationState, EndUserState, Store, StoreError};
-use crate::ids::PartitionKey;
-use crate::webhook::model::Millis;
+use model::ids::PartitionKey;
+use model::webhook::model::Millis;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
@@ -230,7 +230,7 @@ impl Unfolded {
             partitions.extend(record.events.iter().filter_map(|raw| {
                 let named: Named = serde_json::from_str(raw.get()).ok()?;
                 let id = named.data?.conversation?.end_user_id?;
-                Some(PartitionKey::EndUser(crate::ids::EndUserId::new(id)).encode())
+                Some(PartitionKey::EndUser(model::ids::EndUserId::new(id)).encode())
             }));
             partitions.extend(record.partitions);
             if *events > max {
@@ -654,9 +654,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::DeliveryId;
     use crate::store::{Position, QuarantineRecord};
-    use crate::webhook::IncomingEvent;
+    use model::ids::DeliveryId;
+    use model::webhook::IncomingEvent;
 
     const DAY: Millis = 86_400_000;
 
@@ -677,7 +677,7 @@ mod tests {
             "data": { "conversation": c },
         });
         let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
-        crate::webhook::validate_event(&raw).expect("event")
+        model::webhook::validate_event(&raw).expect("event")
     }
 
     fn message(id: &str, conversation: &str, at: Millis) -> IncomingEvent {
@@ -688,16 +688,16 @@ mod tests {
                 "isUser": true, "meta": null, "data": { "type": "text", "text": "hi" } } },
         });
         let raw = serde_json::value::RawValue::from_string(raw.to_string()).expect("raw");
-        crate::webhook::validate_event(&raw).expect("event")
+        model::webhook::validate_event(&raw).expect("event")
     }
 
     /// A request starts a 5-minute timer; a message is answered (an outbox entry).
-    fn rules() -> crate::rules::RuleSet {
+    fn rules() -> engine::rules::RuleSet {
         let text = "[[rule]]\nname = \"wait\"\non = [\"bot.conversation.agent_call_requested\"]\n\
              actions = [{ type = \"start_timer\", name = \"t\", after = \"5m\" }]\n\
              [[rule]]\nname = \"answer\"\non = [\"bot.message.received\"]\n\
              actions = [{ type = \"send_message\", text = \"hello\" }]\n";
-        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.to_owned())]).expect("rules")
+        engine::rules::RuleSet::from_sources(&[("r.toml".into(), text.to_owned())]).expect("rules")
     }
 
     /// Accept and fold `events` as one batch, without moving the folds' watermark (like a job
@@ -723,7 +723,7 @@ mod tests {
             passed: Vec::new(),
         };
         store
-            .fold(&[], &[], &crate::actions::NoRules, &[], &position)
+            .fold(&[], &[], &engine::decide::NoRules, &[], &position)
             .expect("settle");
     }
 
@@ -749,7 +749,7 @@ mod tests {
     #[test]
     fn an_idle_conversation_and_its_end_user_go_with_every_derived_key() {
         let (_d, store) = open();
-        let now = crate::clock::now_millis();
+        let now = model::clock::now_millis();
         let requested = "bot.conversation.agent_call_requested";
         fold(
             &store,
@@ -859,7 +859,7 @@ mod tests {
             .fold(
                 &[],
                 &[],
-                &crate::actions::NoRules,
+                &engine::decide::NoRules,
                 &[],
                 &Position {
                     fold_from: Some(at),
@@ -986,20 +986,20 @@ mod tests {
         );
         let old = store.conversation(&"c1".into()).expect("read").expect("c1");
         let timer = old.timers.get("t").expect("timer").clone();
-        let far = crate::clock::now_millis() + DAY;
+        let far = model::clock::now_millis() + DAY;
         assert_eq!(
             store.prune_states(far, CHUNK).expect("prune").conversations,
             1
         );
 
         // The old timer's firing (handed to the writer before the pass) and a new event.
-        let firing = crate::webhook::model::TimerFiring {
+        let firing = model::webhook::model::TimerFiring {
             conversation_id: "c1".into(),
             name: "t".into(),
             due_at: timer.due_at,
             started_by: timer.started_by.clone(),
         };
-        let fired = crate::webhook::timer_event(&firing, "B1").expect("timer event");
+        let fired = model::webhook::timer_event(&firing, "B1").expect("timer event");
         let applied = fold(
             &store,
             "d2",

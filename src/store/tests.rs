@@ -1,5 +1,5 @@
 use super::*;
-use crate::webhook::{parse_delivery, parse_event};
+use model::webhook::{parse_delivery, parse_event};
 
 fn store() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -63,7 +63,7 @@ fn fold_picked(
         })
         .unzip();
     store
-        .fold(&batch, &partitions, &crate::actions::NoRules, &[], position)
+        .fold(&batch, &partitions, &engine::decide::NoRules, &[], position)
         .expect("fold")
 }
 
@@ -99,7 +99,7 @@ fn accepting_dedupes_by_delivery_and_by_event() {
     assert_eq!(rebatched.new.len(), 1);
     assert_eq!(
         rebatched.new[0].1,
-        crate::ids::PartitionKey::Conversation("c2".into())
+        model::ids::PartitionKey::Conversation("c2".into())
     );
     assert_eq!(store.pending().expect("pending").len(), 3);
 }
@@ -338,7 +338,7 @@ fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
 
 #[test]
 fn a_delivery_s_invalid_events_make_one_record() {
-    let bad = |i: usize| crate::webhook::InvalidEvent {
+    let bad = |i: usize| model::webhook::InvalidEvent {
         raw: format!(r#"{{"id":"e{i}"}}"#),
         reason: format!("reason {i}"),
     };
@@ -679,20 +679,20 @@ fn accept_at(store: &Store, body: &[u8], received_at: Millis) {
         .expect("accept");
 }
 
-pub(super) fn one_message_rule(name: &str) -> crate::rules::RuleSet {
+pub(super) fn one_message_rule(name: &str) -> engine::rules::RuleSet {
     let text = format!(
         "[[rule]]\nname = \"{name}\"\non = [\"bot.message.received\"]\n\
          actions = [{{ type = \"send_message\", text = \"{name} {{{{ event.id }}}}\" }}]\n"
     );
-    crate::rules::RuleSet::from_sources(&[("r.toml".into(), text)]).expect("rules")
+    engine::rules::RuleSet::from_sources(&[("r.toml".into(), text)]).expect("rules")
 }
 
 fn dead_letter(
-    entry: &crate::actions::OutboxEntry,
+    entry: &model::action::OutboxEntry,
     reason: &str,
     answered: bool,
-) -> crate::actions::DeadLetter {
-    crate::actions::DeadLetter {
+) -> model::action::DeadLetter {
+    model::action::DeadLetter {
         entry: entry.clone(),
         reason: reason.into(),
         error: "x".into(),
@@ -704,7 +704,7 @@ fn dead_letter(
     }
 }
 
-fn drain_with(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
+fn drain_with(store: &Store, rules: &dyn engine::decide::Decide) -> Applied {
     let batch: Vec<(u64, Event)> = pending_records(store)
         .0
         .iter()
@@ -755,7 +755,7 @@ fn replay_queues_only_actions_never_decided_unless_forced() {
     assert_eq!(store.outbox().expect("outbox").len(), 3);
 
     // New rules: their actions are new and queued; the old rule's are still skipped.
-    let both = crate::rules::RuleSet::from_sources(&[
+    let both = engine::rules::RuleSet::from_sources(&[
         ("a.toml".into(), "[[rule]]\nname = \"greet\"\non = [\"bot.message.received\"]\nactions = [{ type = \"send_message\", text = \"greet {{ event.id }}\" }]\n".into()),
         ("b.toml".into(), "[[rule]]\nname = \"tag\"\non = [\"bot.message.received\"]\nactions = [{ type = \"set_manual\", enabled = true }]\n".into()),
     ])
@@ -833,10 +833,10 @@ fn an_entry_recorded_done_before_a_crash_left_the_outbox_leaves_it_on_open() {
             .outbox_retry
             .insert(
                 key,
-                encode(&crate::actions::RetryState::default()).expect("encode"),
+                encode(&model::action::RetryState::default()).expect("encode"),
             )
             .expect("retry state");
-        let record = crate::actions::DoneRecord {
+        let record = model::action::DoneRecord {
             entry: interrupted.clone(),
             outcome: "done".into(),
             at: 2_000,
@@ -1065,7 +1065,7 @@ fn said(delivery: &str, event: &str, conv: &str, text: &str) -> Vec<u8> {
 
 /// Messages "start", "restart", "other" and "cancel" start, restart, start another and cancel
 /// timers; timer `x` firing sends a message.
-fn timer_rules() -> crate::rules::RuleSet {
+fn timer_rules() -> engine::rules::RuleSet {
     let rule = |name: &str, action: &str| {
         format!(
             "[[rule]]\nname = \"{name}\"\non = [\"bot.message.received\"]\n\
@@ -1091,7 +1091,7 @@ fn timer_rules() -> crate::rules::RuleSet {
             .to_owned(),
     ]
     .concat();
-    crate::rules::RuleSet::from_sources(&[("timers.toml".into(), text)]).expect("rules")
+    engine::rules::RuleSet::from_sources(&[("timers.toml".into(), text)]).expect("rules")
 }
 
 fn all_timers(store: &Store) -> Vec<DueTimer> {
@@ -1104,7 +1104,7 @@ fn all_timers(store: &Store) -> Vec<DueTimer> {
 
 /// Fire a due timer as the firer does (its deterministic event, through intake's dedupe).
 fn fire(store: &Store, timer: &DueTimer) -> Accepted {
-    let event = crate::webhook::timer_event(&timer.firing, &timer.bot_id).expect("timer event");
+    let event = model::webhook::timer_event(&timer.firing, &timer.bot_id).expect("timer event");
     let delivery = DeliveryId::new(event.event.id.as_str());
     store.accept(&delivery, &[event], 2_000).expect("accept")
 }
@@ -1113,10 +1113,10 @@ fn fire(store: &Store, timer: &DueTimer) -> Accepted {
 fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     let (dir, store) = store();
     let set = timer_rules();
-    let before = crate::clock::now_millis();
+    let before = model::clock::now_millis();
     accept(&store, &said("d1", "e1", "c1", "start"));
     let applied = drain_with(&store, &set);
-    let after = crate::clock::now_millis();
+    let after = model::clock::now_millis();
     assert_eq!(applied.timers_change, 1);
     assert!(applied.outbox.is_empty(), "internal: nothing to carry out");
     let timers = all_timers(&store);
@@ -1274,7 +1274,7 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
 
 /// Fold everything pending with `rules`, each event with its stored receive time (as the
 /// dispatcher does).
-fn drain_received(store: &Store, rules: &dyn crate::actions::Decide) -> Applied {
+fn drain_received(store: &Store, rules: &dyn engine::decide::Decide) -> Applied {
     let mut batch = Vec::new();
     let mut received = Vec::new();
     for (p, rec) in pending_records(store).0 {
@@ -1286,9 +1286,9 @@ fn drain_received(store: &Store, rules: &dyn crate::actions::Decide) -> Applied 
 
 #[test]
 fn the_fold_persists_firings_and_cap_hits_and_a_replay_caps_the_same_events() {
-    use crate::actions::Action;
+    use model::action::Action;
     let (_d, store) = store();
-    let rules = crate::rules::RuleSet::from_sources(&[(
+    let rules = engine::rules::RuleSet::from_sources(&[(
         "r.toml".into(),
         "[[rule]]\nname = \"reply\"\non = [\"bot.message.received\"]\n\
          max_firings = { count = 2, per = \"1m\" }\n\
@@ -1438,7 +1438,7 @@ fn the_audit_finds_each_events_actions_through_the_ledger_and_only_its_own() {
 fn the_fold_a_replay_and_the_audit_compare_with_the_state_before_each_event() {
     use replay::ReplayRequest;
     let (_d, store) = store();
-    let rules = crate::rules::RuleSet::from_sources(&[(
+    let rules = engine::rules::RuleSet::from_sources(&[(
         "first.toml".into(),
         "[[rule]]\nname = \"first\"\non = [\"bot.message.received\"]\n\
          when = { field = \"state.user_messages\", changed = { from = 0 } }\n\
@@ -1478,7 +1478,7 @@ fn the_fold_a_replay_and_the_audit_compare_with_the_state_before_each_event() {
 #[test]
 fn a_template_reads_the_end_users_params_from_the_batch_or_the_store() {
     let (_d, store) = store();
-    let rules = crate::rules::RuleSet::from_sources(&[(
+    let rules = engine::rules::RuleSet::from_sources(&[(
         "tier.toml".into(),
         "[[rule]]\nname = \"tier\"\non = [\"bot.message.received\"]\n\
          actions = [{ type = \"send_message\", text = \"tier {{ end_user.params.tier }}\" }]\n"
@@ -1511,7 +1511,7 @@ fn a_template_reads_the_end_users_params_from_the_batch_or_the_store() {
             .outbox
             .iter()
             .filter_map(|e| match &e.action {
-                crate::actions::Action::SendMessage { message, .. } => message.text.clone(),
+                model::action::Action::SendMessage { message, .. } => message.text.clone(),
                 _ => None,
             })
             .collect()
@@ -1680,7 +1680,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
     let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(store.seen_event("gone").expect("seen"));
     // Past the window: the trees go, and the ids are new again.
-    let later = crate::clock::now_millis() + 1_000;
+    let later = model::clock::now_millis() + 1_000;
     assert_eq!(store.prune(later, 0).expect("prune").dedupe_records, 2);
     assert!(!store.seen_event("gone").expect("seen"));
     assert!(!store
@@ -2091,7 +2091,7 @@ fn an_entrys_retry_state_is_kept_and_leaves_with_its_outcome() {
         store.outbox_last_seq().expect("last"),
         Some(dead.seq.max(done.seq))
     );
-    let state = crate::actions::RetryState {
+    let state = model::action::RetryState {
         attempts: 3,
         failures: 3,
         first_failure_at: Some(1_000),
@@ -2127,7 +2127,7 @@ fn the_executor_reads_the_dead_letters_page_by_page_on_start() {
     let (_d, store) = store();
     let n = 2_345u64;
     for seq in 1..=n {
-        let entry = crate::actions::OutboxEntry::for_test(seq, &format!("c:q{}", seq % 7));
+        let entry = crate::test_support::outbox_entry(seq, &format!("c:q{}", seq % 7));
         let mut letter = dead_letter(&entry, "retries_exhausted", false);
         letter.blocking = seq % 1_000 == 0;
         store.outbox_dead(&letter).expect("dead");

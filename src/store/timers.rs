@@ -9,9 +9,9 @@
 //! restarts the timer; this way nothing does.)
 
 use super::{decode, encode, keys, Store, StoreError};
-use crate::ids::ConversationId;
-use crate::state::{ConversationState, Timer};
-use crate::webhook::model::{Millis, TimerFiring};
+use engine::state::{ConversationState, Timer};
+use model::ids::ConversationId;
+use model::webhook::model::{Millis, TimerFiring};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -224,8 +224,8 @@ impl TimerWakeup {
 #[cfg(test)]
 mod tests {
     use super::TimerWakeup;
-    use crate::webhook::model::Millis;
     use futures_util::FutureExt;
+    use model::webhook::model::Millis;
 
     /// Whether a wake-up is waiting for the firer.
     fn woken(w: &TimerWakeup) -> bool {

@@ -12,8 +12,8 @@
 //! sweeper reads only those released within `reconcile.recent`.
 
 use super::{keys, ConversationState, Store, StoreError};
-use crate::state::reconcile as belief;
-use crate::webhook::model::Millis;
+use engine::state::reconcile as belief;
+use model::webhook::model::Millis;
 
 /// A conversation's key in the sweeper's index, if any.
 pub(super) fn watch_key(s: &ConversationState) -> Option<Vec<u8>> {

@@ -14,9 +14,9 @@
 
 use super::eventlog::Location;
 use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, Store, Unindexed};
-use crate::ids::{DeliveryId, PartitionKey};
-use crate::webhook::model::{Event, Millis};
-use crate::webhook::IncomingEvent;
+use model::ids::{DeliveryId, PartitionKey};
+use model::webhook::model::{Event, Millis};
+use model::webhook::IncomingEvent;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -760,7 +760,7 @@ fn flush_attached(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhook::parse_delivery;
+    use model::webhook::parse_delivery;
     use std::sync::Mutex;
 
     fn health(index: bool) -> Arc<Health> {

@@ -2,9 +2,9 @@
 //! contract's type; the transport and limits are the client's business, retries the outbox's.
 
 use super::client::{ApiCall, Execute};
-use super::contract::*;
 use super::error::UpstreamError;
-use crate::webhook::model::{Bot, Conversation, EndUser, Message, MessageData, Navigation};
+use model::contract::*;
+use model::webhook::model::{Bot, Conversation, EndUser, Message, MessageData, Navigation};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};

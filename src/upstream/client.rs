@@ -1,12 +1,12 @@
 //! The Open API client: auth header, idempotency keys, rate limits; one attempt per call (the
 //! outbox schedules retries, `outbox::backoff`).
 
-use super::contract::Endpoint;
 use super::error::UpstreamError;
 use super::limits::Limits;
 use super::retry::parse_retry_after;
 use super::transport::{RawRequest, RawResponse, Transport, TransportError};
-use crate::config::Secret;
+use model::contract::Endpoint;
+use model::secret::Secret;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::Arc;
@@ -207,7 +207,7 @@ impl<T: Transport> Client<T> {
                 ))
             });
         }
-        let parsed: Option<super::contract::ErrorBody> = serde_json::from_slice(&resp.body).ok();
+        let parsed: Option<model::contract::ErrorBody> = serde_json::from_slice(&resp.body).ok();
         let (code, message) = match parsed {
             Some(b) => (b.error.code, b.error.message),
             None => (format!("http_{}", resp.status), String::new()),

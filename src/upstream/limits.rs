@@ -3,11 +3,11 @@
 //!
 //! The clock follows tokio's, so tests under `tokio::time::pause()` see limits in virtual time.
 
-use super::contract::EndpointClass;
 use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
+use model::contract::EndpointClass;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 use std::time::Duration;

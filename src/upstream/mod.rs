@@ -4,8 +4,8 @@
 
 pub mod api;
 pub mod client;
-pub mod contract;
 pub mod error;
+pub mod execute;
 pub mod handle;
 pub mod limits;
 pub mod retry;

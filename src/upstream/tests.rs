@@ -2,11 +2,11 @@
 //! outbox schedules retries), `Retry-After` parsed, permanent errors, idempotency keys.
 
 use super::client::{ApiCall, AttemptObserver, Client, ClientSettings, Execute};
-use super::contract::Endpoint;
 use super::error::UpstreamError;
 use super::limits::{Limits, LimitsConfig, Rate};
 use super::transport::{RawRequest, RawResponse, Transport, TransportError};
-use crate::config::Secret;
+use model::contract::Endpoint;
+use model::secret::Secret;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,0 +1,400 @@
+//! Action specs: an [`Action`] as written in a rule file, with templated text and the
+//! conversation's own ids filled in when the rule does not name them.
+//!
+//! A spec is kept as the JSON form of an `Action` (`type` plus its fields) so that every action
+//! the outbox knows is available to rules without a second, parallel enum. Loading checks the
+//! spec by building an `Action` from it with placeholder text; deciding renders the templates from
+//! the rule context and builds the real one.
+
+use super::context;
+use minijinja::Environment;
+use model::action::Action;
+use model::webhook::model::is_timer_name;
+use serde_json::{Map, Value};
+
+/// Fields the engine fills from the context when a rule leaves them out.
+const DEFAULTS: [(&str, &str, &[&str]); 4] = [
+    (
+        "conversation_id",
+        "conversation_id",
+        &[
+            "set_manual",
+            "navigate",
+            "update_params",
+            "send_message",
+            "update_state",
+            "start_timer",
+            "cancel_timer",
+            "notify_helpdesk",
+        ],
+    ),
+    ("end_user_id", "end_user_id", &["send_to_end_user"]),
+    // Only for a navigation by flow title (see `compile`): the bot whose flow list has it.
+    ("bot_id", "bot_id", &["navigate"]),
+    (
+        "user_key",
+        "user_key",
+        &[
+            "partner_update_conversation",
+            "partner_block",
+            "partner_unblock",
+            "partner_remove_session",
+            "partner_send_message",
+        ],
+    ),
+];
+
+/// Timer actions: their names and durations are literal and checked at load.
+const TIMER_ACTIONS: [&str; 2] = ["start_timer", "cancel_timer"];
+
+/// Renders the template of the given name.
+type Renderer<'a> = &'a dyn Fn(&str) -> Result<String, String>;
+
+/// What a templated field becomes: text, or (for the action fields that are not strings) the
+/// number or boolean the rendered text spells, so `flow_id = "{{ settings.fallback_flow_id }}"`
+/// works.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rendered {
+    Text,
+    Integer,
+    Bool,
+}
+
+impl Rendered {
+    fn of(pointer: &str) -> Rendered {
+        match pointer.rsplit('/').next() {
+            Some("flow_id" | "node_id") => Rendered::Integer,
+            Some("enabled") => Rendered::Bool,
+            _ => Rendered::Text,
+        }
+    }
+
+    /// The rendered text as the field's JSON value.
+    fn value(self, text: String, field: &str) -> Result<Value, String> {
+        let trimmed = text.trim();
+        match self {
+            Rendered::Text => Ok(Value::String(text)),
+            Rendered::Integer => trimmed
+                .parse::<i64>()
+                .map(Value::from)
+                .map_err(|_| format!("`{field}` rendered to something that is not a whole number")),
+            Rendered::Bool => match trimmed {
+                "true" => Ok(Value::Bool(true)),
+                "false" => Ok(Value::Bool(false)),
+                _ => Err(format!(
+                    "`{field}` rendered to something other than true or false"
+                )),
+            },
+        }
+    }
+
+    /// A placeholder of the right kind, for the load-time shape check.
+    fn sample(self) -> Value {
+        match self {
+            Rendered::Text => Value::String("x".into()),
+            Rendered::Integer => Value::from(1),
+            Rendered::Bool => Value::Bool(true),
+        }
+    }
+}
+
+/// Actions whose `message` may be given as just `text = "..."`.
+const TEXT_SHORTHAND: [&str; 3] = ["send_message", "send_to_end_user", "partner_send_message"];
+
+#[derive(Debug)]
+pub struct ActionSpec {
+    kind: String,
+    /// The action's JSON form; templated strings are replaced on render.
+    body: Map<String, Value>,
+    /// (JSON pointer of a templated string, template name in the environment, what it renders
+    /// to).
+    templates: Vec<(String, String, Rendered)>,
+    /// Fields to fill from the context: (field, context key).
+    defaults: Vec<(&'static str, &'static str)>,
+}
+
+impl ActionSpec {
+    /// Parse and check one action of a rule. Templates are added to `env` under names starting
+    /// with `name`.
+    pub fn compile(
+        mut body: Map<String, Value>,
+        name: &str,
+        env: &mut Environment<'static>,
+    ) -> Result<ActionSpec, Vec<(String, String)>> {
+        let kind = match body.get("type").and_then(Value::as_str) {
+            Some(k) if Action::NAMES.contains(&k) => k.to_owned(),
+            Some(k) => {
+                return Err(vec![(
+                    "type".into(),
+                    format!(
+                        "unknown action `{k}` (one of: {})",
+                        Action::NAMES.join(", ")
+                    ),
+                )])
+            }
+            None => return Err(vec![("type".into(), "missing action type".into())]),
+        };
+        if TIMER_ACTIONS.contains(&kind.as_str()) {
+            let problems = check_timer(&kind, &body);
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        }
+        if kind == "notify_helpdesk" {
+            let problems = check_helpdesk(&body);
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        }
+        if TEXT_SHORTHAND.contains(&kind.as_str()) && !body.contains_key("message") {
+            if let Some(text) = body.remove("text") {
+                body.insert(
+                    "message".into(),
+                    serde_json::json!({ "type": "text", "text": text }),
+                );
+            }
+        }
+        if kind == "navigate" && body.contains_key("flow_id") == body.contains_key("flow") {
+            return Err(vec![(
+                String::new(),
+                "a `navigate` names its flow by id (`flow_id`) or by title (`flow`): exactly one \
+                 of them"
+                    .into(),
+            )]);
+        }
+        let by_title = body.contains_key("flow");
+        let defaults: Vec<(&'static str, &'static str)> = DEFAULTS
+            .iter()
+            .filter(|(field, _, kinds)| {
+                kinds.contains(&kind.as_str())
+                    && !body.contains_key(*field)
+                    && (*field != "bot_id" || by_title)
+            })
+            .map(|(field, key, _)| (*field, *key))
+            .collect();
+        let mut templates = Vec::new();
+        let mut problems = Vec::new();
+        let mut strings = Vec::new();
+        collect_strings(&Value::Object(body.clone()), String::new(), &mut strings);
+        for (pointer, text) in strings {
+            if !is_template(&text) {
+                continue;
+            }
+            let template = format!("{name}{pointer}");
+            match env.add_template_owned(template.clone(), text) {
+                Ok(()) => {
+                    let rendered = Rendered::of(&pointer);
+                    templates.push((pointer, template, rendered))
+                }
+                Err(e) => problems.push((pointer_to_key(&pointer), format!("template: {e}"))),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let spec = ActionSpec {
+            kind,
+            body,
+            templates,
+            defaults,
+        };
+        // The shape check: every templated text and default id becomes a placeholder. Keys the
+        // action does not have would be dropped silently by serde; they are reported instead.
+        let sample = spec.fill(None, |_| Ok(Value::String("x".into())), true);
+        let built = match sample.map(|a| serde_json::to_value(a).unwrap_or(Value::Null)) {
+            Ok(built) => built,
+            Err(e) => return Err(vec![(String::new(), e)]),
+        };
+        let mut unknown = Vec::new();
+        unknown_keys(&Value::Object(spec.body.clone()), &built, "", &mut unknown);
+        if unknown.is_empty() {
+            Ok(spec)
+        } else {
+            Err(unknown
+                .into_iter()
+                .map(|key| (key, format!("not a field of a `{}` action", spec.kind)))
+                .collect())
+        }
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The action for one event; `view` is `ctx` as a template value (made once per event).
+    pub fn render(
+        &self,
+        env: &Environment<'static>,
+        ctx: &Value,
+        view: &minijinja::Value,
+    ) -> Result<Action, String> {
+        let render = |name: &str| {
+            env.get_template(name)
+                .and_then(|t| t.render(view))
+                .map_err(|e| format!("template {name}: {e}"))
+        };
+        self.fill(
+            Some(&render),
+            |key| match context::lookup(ctx, &[key.to_owned()]) {
+                Some(v) if !v.is_null() => Ok(v.clone()),
+                _ => Err(format!(
+                    "the rule names no `{key}` and the conversation has none"
+                )),
+            },
+            false,
+        )
+    }
+
+    /// Build the action: templates rendered by `render` (`None`: placeholders, for the load-time
+    /// check), missing ids from `default`.
+    fn fill(
+        &self,
+        render: Option<Renderer<'_>>,
+        default: impl Fn(&str) -> Result<Value, String>,
+        explain: bool,
+    ) -> Result<Action, String> {
+        let mut body = Value::Object(self.body.clone());
+        for (pointer, name, rendered) in &self.templates {
+            let value = match render {
+                Some(render) => rendered.value(render(name)?, &pointer_to_key(pointer))?,
+                None => rendered.sample(),
+            };
+            if let Some(slot) = body.pointer_mut(pointer) {
+                *slot = value;
+            }
+        }
+        if let Value::Object(map) = &mut body {
+            for (field, key) in &self.defaults {
+                map.insert((*field).to_owned(), default(key)?);
+            }
+        }
+        // serde's message quotes the offending value, which after rendering may be a user's
+        // text: it is only shown for the load-time check, where values are placeholders.
+        serde_json::from_value::<Action>(body).map_err(|e| match explain {
+            true => format!("invalid `{}` action: {e}", self.kind),
+            false => format!(
+                "invalid `{}` action: a rendered value does not fit its field",
+                self.kind
+            ),
+        })
+    }
+}
+
+/// A timer action's own checks: a literal, well-formed `name`; for `start_timer` a literal
+/// duration over zero in `after`; no `conversation_id` (a timer is its event's conversation's).
+fn check_timer(kind: &str, body: &Map<String, Value>) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let mut report = |key: &str, message: String| problems.push((key.to_owned(), message));
+    if body.contains_key("conversation_id") {
+        report(
+            "conversation_id",
+            "a timer belongs to the conversation of the event that starts it; leave this out"
+                .into(),
+        );
+    }
+    match body.get("name") {
+        None => report("name", "missing timer name".into()),
+        Some(Value::String(name)) if is_template(name) => {
+            report("name", "must be literal (no template)".into())
+        }
+        Some(Value::String(name)) if !is_timer_name(name) => report(
+            "name",
+            "must be non-empty and use only A-Z a-z 0-9 - _ (it is part of event ids)".into(),
+        ),
+        Some(Value::String(_)) => {}
+        Some(_) => report("name", "must be a string".into()),
+    }
+    if kind != "start_timer" {
+        return problems;
+    }
+    match body.get("after") {
+        None => report("after", "missing duration (e.g. `5m`)".into()),
+        Some(Value::String(after)) if is_template(after) => {
+            report("after", "must be literal (no template)".into())
+        }
+        Some(Value::String(after)) => match humantime::parse_duration(after) {
+            Ok(d) if d.is_zero() => report("after", "must be longer than zero".into()),
+            Ok(_) => {}
+            Err(e) => report(
+                "after",
+                format!("`{after}` is not a duration ({e}; e.g. `30s`, `5m`, `1h 30m`)"),
+            ),
+        },
+        Some(_) => report("after", "must be a duration string (e.g. `5m`)".into()),
+    }
+    problems
+}
+
+/// A help-desk event's `kind` is literal and one the help desks know: a help desk routes on it,
+/// so a typo must fail the load, not reach it (or be dead-lettered) later.
+fn check_helpdesk(body: &Map<String, Value>) -> Vec<(String, String)> {
+    use model::helpdesk::EventKind;
+    let problem = match body.get("kind") {
+        None => format!("missing event kind (one of: {})", EventKind::names()),
+        Some(Value::String(kind)) if is_template(kind) => "must be literal (no template)".into(),
+        Some(Value::String(kind)) if EventKind::parse(kind).is_none() => format!(
+            "unknown help-desk event kind `{kind}` (one of: {})",
+            EventKind::names()
+        ),
+        Some(Value::String(_)) => return Vec::new(),
+        Some(_) => "must be a string".into(),
+    };
+    vec![("kind".into(), problem)]
+}
+
+fn is_template(text: &str) -> bool {
+    text.contains("{{") || text.contains("{%")
+}
+
+/// Keys of `given` (recursively) that `built` (the action made from it) does not have.
+fn unknown_keys(given: &Value, built: &Value, at: &str, out: &mut Vec<String>) {
+    match (given, built) {
+        (Value::Object(g), Value::Object(b)) => {
+            for (key, value) in g {
+                let path = if at.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                match b.get(key) {
+                    Some(inner) => unknown_keys(value, inner, &path, out),
+                    None => out.push(path),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(b)) => {
+            for (i, (value, inner)) in g.iter().zip(b).enumerate() {
+                unknown_keys(value, inner, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every string in `value` with its JSON pointer.
+fn collect_strings(value: &Value, pointer: String, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(s) => out.push((pointer, s.clone())),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                collect_strings(item, format!("{pointer}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                collect_strings(v, format!("{pointer}/{escaped}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `/message/text` -> `message.text`, for error messages in the rule file's terms.
+fn pointer_to_key(pointer: &str) -> String {
+    pointer
+        .trim_start_matches('/')
+        .replace('/', ".")
+        .replace("~1", "/")
+        .replace("~0", "~")
+}
