@@ -34,7 +34,7 @@ pub struct Shared {
     pub body_read_timeout: Duration,
     pub shutting_down: AtomicBool,
     /// The Open API client (owned by its own arbiter thread).
-    pub upstream: crate::upstream::handle::UpstreamHandle,
+    pub upstream: upstream::handle::UpstreamHandle,
     /// The in-process emulator when the upstream is `embedded`.
     pub emulator: Option<crate::emulator::Emulator>,
     /// The rules in force (also used by replay), and how to reload them.
@@ -175,7 +175,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         crate::store::IntakeLog::open_early(&store_path, crate::store::eventlog::SEGMENT_BYTES)?;
     let metrics = Metrics::new()?;
     let public_tls =
-        crate::tls::server::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
+        crate::tls::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
     let webhook_tokens = || {
         if config.webhook.tokens.is_empty() {
             let (t, generated) = data.secret(WEBHOOK_TOKEN_FILE).map_err(io_err)?;
@@ -347,7 +347,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
     }
     let (executor, executor_tasks) = crate::outbox::start(
         store.clone(),
-        crate::upstream::api::OpenApi::new(upstream.handle.clone()),
+        upstream::api::OpenApi::new(upstream.handle.clone()),
         std::sync::Arc::new(helpdesk),
         metrics.clone(),
         crate::outbox::ExecutorSettings::from_config(&config.outbox),
@@ -775,7 +775,7 @@ impl EarlyIntake {
     /// store yet), and say so on stdout.
     fn start(
         config: &Config,
-        public_tls: &crate::tls::server::PublicTls,
+        public_tls: &crate::tls::PublicTls,
         (tokens, intake): (
             (Vec<model::secret::Secret>, bool),
             web::Data<crate::intake::Intake>,
@@ -975,7 +975,7 @@ async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiv
 
 /// The Open API client, and the emulator it talks to when the upstream is `embedded`.
 struct Upstream {
-    handle: crate::upstream::handle::UpstreamHandle,
+    handle: upstream::handle::UpstreamHandle,
     emulator: Option<Embedded>,
 }
 
@@ -987,8 +987,11 @@ struct Embedded {
 
 /// The platform's trust (read only when a destination is `https://`) and the hook that counts
 /// failed handshakes in `handoff_tls_failures_total`.
-fn client_tls(config: &Config, metrics: &Metrics) -> (crate::tls::Trust, crate::tls::TlsObserver) {
-    crate::tls::install_provider();
+fn client_tls(
+    config: &Config,
+    metrics: &Metrics,
+) -> (upstream::tls::Trust, upstream::tls::TlsObserver) {
+    upstream::tls::install_provider();
     let https = std::iter::once(config.upstream.url.as_str())
         .chain(config.helpdesk.endpoints.iter().map(|e| e.url.expose()))
         .any(|url| {
@@ -996,12 +999,12 @@ fn client_tls(config: &Config, metrics: &Metrics) -> (crate::tls::Trust, crate::
                 .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
         });
     let trust = if https {
-        crate::tls::Trust::load()
+        upstream::tls::Trust::load()
     } else {
-        crate::tls::Trust::empty()
+        upstream::tls::Trust::empty()
     };
     let failures = metrics.tls_failures.clone();
-    let observer: crate::tls::TlsObserver = Arc::new(move |destination, failure| {
+    let observer: upstream::tls::TlsObserver = Arc::new(move |destination, failure| {
         failures
             .with_label_values(&[destination, failure.reason.label()])
             .inc();
@@ -1013,12 +1016,12 @@ impl Upstream {
     fn start(
         config: &Config,
         metrics: &Metrics,
-        trust: &crate::tls::Trust,
-        tls_observer: crate::tls::TlsObserver,
+        trust: &upstream::tls::Trust,
+        tls_observer: upstream::tls::TlsObserver,
     ) -> Result<Upstream, AppError> {
-        use crate::upstream::handle::{Endpoint, UpstreamHandle};
+        use upstream::handle::{Endpoint, UpstreamHandle};
         let up = &config.upstream;
-        let mut settings = crate::upstream::settings(up).map_err(AppError::Upstream)?;
+        let mut settings = up.client_settings().map_err(AppError::Upstream)?;
         let (base_url, emulator) = if up.is_embedded() {
             if settings.api_key.is_empty() {
                 use rand::distr::{Alphanumeric, SampleString};
@@ -1053,7 +1056,7 @@ impl Upstream {
             (up.url.clone(), None)
         };
         let ca_file = if emulator.is_some() { "" } else { &up.ca_file };
-        let tls = crate::tls::ClientTls::new(trust, ca_file, "upstream", Some(tls_observer))
+        let tls = upstream::tls::ClientTls::new(trust, ca_file, "upstream", Some(tls_observer))
             .map_err(|e| AppError::Upstream(format!("upstream.ca_file: {e}")))?;
         let endpoint = Endpoint {
             base_url,
@@ -1062,7 +1065,7 @@ impl Upstream {
             tls,
         };
         let attempts = metrics.upstream_attempts.clone();
-        let observer = crate::upstream::client::AttemptObserver::new(move |endpoint, status| {
+        let observer = upstream::client::AttemptObserver::new(move |endpoint, status| {
             attempts.with_label_values(&[endpoint, status]).inc();
         });
         let handle = UpstreamHandle::start(endpoint, settings, &up.limits, Some(observer))

@@ -34,10 +34,6 @@ use crate::ops::metrics::Metrics;
 use crate::outbox::ExecutorHandle;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
-use crate::upstream::api::OpenApi;
-use crate::upstream::error::UpstreamError;
-use crate::upstream::handle::UpstreamHandle;
-use crate::upstream::limits::OwnLimit;
 use engine::state::ConversationState;
 use model::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use model::ids::{ConversationId, DeliveryId};
@@ -50,6 +46,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use upstream::api::OpenApi;
+use upstream::error::UpstreamError;
+use upstream::handle::UpstreamHandle;
+use upstream::limits::OwnLimit;
 
 /// Items per Open API page (the contract's maximum).
 const PAGE_LIMIT: u32 = 100;

@@ -399,7 +399,7 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     #[error("upstream: {0}")]
-    Upstream(crate::upstream::UpstreamError),
+    Upstream(upstream::UpstreamError),
     #[error(transparent)]
     Rules(#[from] engine::rules::LoadError),
     #[error(transparent)]
@@ -1301,8 +1301,8 @@ fn admin_call(
 
 /// `handoff-bridge api`: one call, printed as JSON.
 fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
-    use crate::upstream::{ApiCall, Execute};
     use model::contract::Endpoint;
+    use upstream::{ApiCall, Execute};
     if args.list {
         for e in Endpoint::ALL {
             out!("{:<28} {:<6} {}", e.name(), e.method(), e.path_template());
@@ -1340,20 +1340,19 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
     call.idempotency_key = args.idempotency_key;
     call.path_and_query()
         .map_err(|e| CliError::Usage(e.to_string()))?;
-    let settings = crate::upstream::settings(&config.upstream).map_err(CliError::Usage)?;
-    let limits =
-        crate::upstream::limits::Limits::new(&config.upstream.limits).map_err(CliError::Usage)?;
+    let settings = config.upstream.client_settings().map_err(CliError::Usage)?;
+    let limits = upstream::limits::Limits::new(&config.upstream.limits).map_err(CliError::Usage)?;
     let up = &config.upstream;
     let result = actix_web::rt::System::new().block_on(async move {
         if up.is_embedded() {
-            return Err(crate::upstream::UpstreamError::InvalidCall(
+            return Err(upstream::UpstreamError::InvalidCall(
                 "upstream is \"embedded\": give --upstream URL (e.g. a running `handoff-bridge emulator`)".into(),
             ));
         }
-        let tls = crate::tls::ClientTls::new(&crate::tls::Trust::load(), &up.ca_file, "upstream", None)
-            .map_err(|e| crate::upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?;
-        let transport = crate::upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout, tls);
-        crate::upstream::Client::new(transport, settings, limits).execute(call).await
+        let tls = upstream::tls::ClientTls::new(&upstream::tls::Trust::load(), &up.ca_file, "upstream", None)
+            .map_err(|e| upstream::UpstreamError::InvalidCall(format!("upstream.ca_file: {e}")))?;
+        let transport = upstream::transport::AwcTransport::new(&up.url, up.connect_timeout, up.request_timeout, tls);
+        upstream::Client::new(transport, settings, limits).execute(call).await
     });
     match result {
         Ok(value) => {
@@ -1364,7 +1363,7 @@ fn api(config: &Config, args: ApiArgs) -> Result<(), CliError> {
             Ok(())
         }
         Err(e) => {
-            if let crate::upstream::UpstreamError::Status { body, .. } = &e {
+            if let upstream::UpstreamError::Status { body, .. } = &e {
                 out!("{body}");
             }
             Err(CliError::Upstream(e))
@@ -1408,9 +1407,9 @@ fn emulator(
                 .get(..8)
                 .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
             {
-                crate::tls::install_provider();
+                upstream::tls::install_provider();
                 Some(
-                    crate::tls::Trust::load()
+                    upstream::tls::Trust::load()
                         .client_config("")
                         .map_err(CliError::Usage)?,
                 )

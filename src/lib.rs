@@ -28,4 +28,3 @@ pub mod telemetry;
 mod test_support;
 pub mod timers;
 pub mod tls;
-pub mod upstream;

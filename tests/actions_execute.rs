@@ -3,10 +3,6 @@
 //! action's id. Internal actions make no call.
 
 use handoff_bridge::emulator::{start_standalone, EmulatorConfig, Seed};
-use handoff_bridge::upstream::execute::{execute, ExecuteError};
-use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::transport::AwcTransport;
-use handoff_bridge::upstream::{Client, ClientSettings, OpenApi};
 use model::action::{action_id, Action};
 use model::contract::{ChannelSetting, NotifyRequest, PbStatus, UpdatePbConversation};
 use model::ids::{ConversationId, EndUserId, EventId};
@@ -14,6 +10,10 @@ use model::secret::Secret;
 use model::webhook::model::MessageData;
 use serde_json::{json, Value};
 use std::time::Duration;
+use upstream::execute::{execute, ExecuteError};
+use upstream::limits::{Limits, LimitsConfig, Rate};
+use upstream::transport::AwcTransport;
+use upstream::{Client, ClientSettings, OpenApi};
 
 const KEY: &str = "hb-actions-SUPERSECRET-key-51c0";
 const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
@@ -44,13 +44,8 @@ fn api(base: &str) -> OpenApi<Client<AwcTransport>> {
             base,
             Duration::from_secs(2),
             Duration::from_secs(5),
-            handoff_bridge::tls::ClientTls::new(
-                &handoff_bridge::tls::Trust::empty(),
-                "",
-                "upstream",
-                None,
-            )
-            .expect("client TLS"),
+            upstream::tls::ClientTls::new(&upstream::tls::Trust::empty(), "", "upstream", None)
+                .expect("client TLS"),
         ),
         settings,
         limits,

@@ -459,7 +459,7 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
     let logs = plain_logs(&app);
     for (name, _, why) in &cases {
         let Some((reason, rustls_word)) = why else {
-            for reason in handoff_bridge::tls::TlsReason::ALL {
+            for reason in upstream::tls::TlsReason::ALL {
                 assert_eq!(tls_failures(&app, name, reason.label()), 0.0, "{name}");
             }
             continue;

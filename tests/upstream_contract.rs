@@ -8,9 +8,6 @@
 use handoff_bridge::emulator::{
     start_standalone, Emulator, EmulatorConfig, FaultConfig, JournalEntry, Seed,
 };
-use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::transport::AwcTransport;
-use handoff_bridge::upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 use model::contract::{
     BotConversationsQuery, BusinessHours, ChannelSetting, ConversationsQuery, EndUsersQuery,
     Endpoint, MessageRangeQuery, MessagesQuery, NotifyRequest, PageQuery, PbStatus,
@@ -22,6 +19,9 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
+use upstream::limits::{Limits, LimitsConfig, Rate};
+use upstream::transport::AwcTransport;
+use upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 
 const KEY: &str = "hb-contract-SUPERSECRET-key-9f31c";
 const WRONG_KEY: &str = "hb-wrong-SUPERSECRET-key-0b7d2";
@@ -134,13 +134,8 @@ fn client(base: &str, key: &str, scheme: &str, request_timeout: Duration) -> Api
             base,
             Duration::from_secs(2),
             request_timeout,
-            handoff_bridge::tls::ClientTls::new(
-                &handoff_bridge::tls::Trust::empty(),
-                "",
-                "upstream",
-                None,
-            )
-            .expect("client TLS"),
+            upstream::tls::ClientTls::new(&upstream::tls::Trust::empty(), "", "upstream", None)
+                .expect("client TLS"),
         ),
         settings(key, scheme),
         limits(),

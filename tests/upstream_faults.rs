@@ -13,9 +13,6 @@ use actix_web::App;
 use futures_util::future::{join_all, LocalBoxFuture};
 use handoff_bridge::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
 use handoff_bridge::outbox::backoff::Backoff;
-use handoff_bridge::upstream::limits::{Limits, LimitsConfig, Rate};
-use handoff_bridge::upstream::transport::{RawRequest, RawResponse, Transport, TransportError};
-use handoff_bridge::upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 use model::contract::PageQuery;
 use model::secret::Secret;
 use model::webhook::model::MessageData;
@@ -24,6 +21,9 @@ use std::cell::Cell;
 use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
+use upstream::limits::{Limits, LimitsConfig, Rate};
+use upstream::transport::{RawRequest, RawResponse, Transport, TransportError};
+use upstream::{Client, ClientSettings, OpenApi, UpstreamError};
 
 const KEY: &str = "hb-faults-SUPERSECRET-key-51ad";
 const PAGE: PageQuery = PageQuery {

@@ -99,7 +99,7 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    pub limits: crate::upstream::limits::LimitsConfig,
+    pub limits: upstream::limits::LimitsConfig,
 }
 
 impl UpstreamConfig {
@@ -119,6 +119,16 @@ impl UpstreamConfig {
     }
 
     /// The key from `api_key`, else from `api_key_file` (first line).
+    /// Client settings from this configuration (the key resolved from env or file).
+    pub fn client_settings(&self) -> Result<upstream::ClientSettings, String> {
+        Ok(upstream::ClientSettings {
+            auth_header: self.auth_header.clone(),
+            auth_scheme: self.auth_scheme.clone(),
+            api_key: self.resolve_api_key()?,
+            idempotency_header: self.idempotency_header.clone(),
+        })
+    }
+
     pub fn resolve_api_key(&self) -> Result<Secret, String> {
         if !self.api_key.is_empty() || self.api_key_file.is_empty() {
             return Ok(self.api_key.clone());
@@ -846,7 +856,7 @@ impl Config {
                 "timeouts must be positive",
             );
         }
-        if let Err(e) = crate::upstream::limits::Limits::new(&up.limits) {
+        if let Err(e) = upstream::limits::Limits::new(&up.limits) {
             bad("upstream.limits", &e, "invalid rate limit");
         }
         for (key, value, why) in self.reconcile.problems(up.limits.global.per_second) {
@@ -875,22 +885,21 @@ impl Config {
             |key: &str, value: &dyn fmt::Display, why: &str| problems.add(key, value, why);
         let tls = &self.server.tls;
         if !tls.cert_file.is_empty() && !tls.key_file.is_empty() {
-            if let Err(e) = crate::tls::server::load_certified_key(
-                Path::new(&tls.cert_file),
-                Path::new(&tls.key_file),
-            ) {
+            if let Err(e) =
+                crate::tls::load_certified_key(Path::new(&tls.cert_file), Path::new(&tls.key_file))
+            {
                 bad("server.tls", &tls.cert_file, &e);
             }
         }
         let up = &self.upstream;
         if !up.ca_file.is_empty() {
-            if let Err(e) = crate::tls::read_ca_file(Path::new(&up.ca_file)) {
+            if let Err(e) = upstream::tls::read_ca_file(Path::new(&up.ca_file)) {
                 bad("upstream.ca_file", &up.ca_file, &e);
             }
         }
         for (i, ep) in self.helpdesk.endpoints.iter().enumerate() {
             if !ep.ca_file.is_empty() {
-                if let Err(e) = crate::tls::read_ca_file(Path::new(&ep.ca_file)) {
+                if let Err(e) = upstream::tls::read_ca_file(Path::new(&ep.ca_file)) {
                     bad(&format!("helpdesk.endpoints[{i}].ca_file"), &ep.ca_file, &e);
                 }
             }

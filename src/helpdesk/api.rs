@@ -897,9 +897,9 @@ async fn transcript(
     shared: &Shared,
     conversation: &str,
     n: u32,
-) -> Result<Value, crate::upstream::error::UpstreamError> {
+) -> Result<Value, upstream::error::UpstreamError> {
     use model::contract::{MessagesQuery, PageQuery};
-    let api = crate::upstream::api::OpenApi::new(shared.upstream.clone());
+    let api = upstream::api::OpenApi::new(shared.upstream.clone());
     let query = |offset| MessagesQuery {
         page: PageQuery {
             offset: Some(offset),

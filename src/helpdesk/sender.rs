@@ -6,11 +6,11 @@ use super::events::pattern_matches;
 use super::signing::{self, SigningKey};
 use super::{NoQueue, QueueSource};
 use crate::config::HelpdeskConfig;
-use crate::upstream::handle::TransportHandle;
-use crate::upstream::retry::parse_retry_after;
-use crate::upstream::transport::{RawRequest, Transport, TransportError};
 use std::sync::Arc;
 use std::time::Duration;
+use upstream::handle::TransportHandle;
+use upstream::retry::parse_retry_after;
+use upstream::transport::{RawRequest, Transport, TransportError};
 
 /// One configured help desk, its secrets decoded, and its own client (its own TLS trust).
 struct Endpoint<T> {
@@ -41,7 +41,7 @@ pub enum DeliveryError {
     #[error("help desk {endpoint}: {failure}")]
     Tls {
         endpoint: String,
-        failure: crate::tls::TlsFailure,
+        failure: upstream::tls::TlsFailure,
     },
 }
 
@@ -71,12 +71,12 @@ impl Helpdesk<TransportHandle> {
     /// `ca_file`. A failed TLS handshake is logged and told to `observer`.
     pub fn start(
         config: &HelpdeskConfig,
-        trust: &crate::tls::Trust,
-        observer: Option<crate::tls::TlsObserver>,
+        trust: &upstream::tls::Trust,
+        observer: Option<upstream::tls::TlsObserver>,
     ) -> Result<Self, String> {
         let mut http = Vec::new();
         for (i, ep) in config.endpoints.iter().enumerate() {
-            let tls = crate::tls::ClientTls::new(trust, &ep.ca_file, &ep.name, observer.clone())
+            let tls = upstream::tls::ClientTls::new(trust, &ep.ca_file, &ep.name, observer.clone())
                 .map_err(|e| format!("helpdesk.endpoints[{i}].ca_file: {e}"))?;
             http.push(Some(TransportHandle::start(
                 config.connect_timeout,
@@ -180,7 +180,7 @@ impl<T: Transport> Helpdesk<T> {
         };
         match http.send(request).await {
             Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
-            Ok(resp) if crate::upstream::error::is_retryable_status(resp.status) => {
+            Ok(resp) if upstream::error::is_retryable_status(resp.status) => {
                 Err(DeliveryError::Unavailable {
                     endpoint: name.to_owned(),
                     cause: format!("http_{}", resp.status),
@@ -209,8 +209,8 @@ impl<T: Transport> Helpdesk<T> {
 mod tests {
     use super::*;
     use crate::config::{HelpdeskEndpoint, Secret};
-    use crate::upstream::transport::RawResponse;
     use std::sync::Mutex;
+    use upstream::transport::RawResponse;
 
     /// Answers with the scripted statuses in turn and keeps every request.
     #[derive(Default)]
@@ -286,8 +286,8 @@ mod tests {
             status(302, None),
             Err(TransportError::Connect("refused".into())),
             Err(TransportError::Timeout),
-            Err(TransportError::Tls(crate::tls::TlsFailure {
-                reason: crate::tls::TlsReason::Expired,
+            Err(TransportError::Tls(upstream::tls::TlsFailure {
+                reason: upstream::tls::TlsReason::Expired,
                 detail: "invalid peer certificate: Expired".into(),
             })),
         ];
@@ -315,7 +315,7 @@ mod tests {
         assert!(matches!(
             &results[8],
             Err(DeliveryError::Tls { endpoint, failure })
-                if endpoint == "desk" && failure.reason == crate::tls::TlsReason::Expired
+                if endpoint == "desk" && failure.reason == upstream::tls::TlsReason::Expired
         ));
         assert!(results[8]
             .as_ref()

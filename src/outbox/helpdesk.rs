@@ -9,12 +9,12 @@ use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
 use crate::helpdesk::{DeliveryError, Helpdesk};
 use crate::ops::metrics::Metrics;
 use crate::store::Store;
-use crate::upstream::api::OpenApi;
-use crate::upstream::handle::UpstreamHandle;
 use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use upstream::api::OpenApi;
+use upstream::handle::UpstreamHandle;
 
 pub struct HelpdeskSink {
     helpdesk: Arc<Helpdesk>,

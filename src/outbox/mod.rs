@@ -32,8 +32,6 @@ pub use ledger::Ledger;
 use crate::helpdesk::Helpdesk;
 use crate::ops::metrics::Metrics;
 use crate::store::{Store, StoreError};
-use crate::upstream::api::OpenApi;
-use crate::upstream::handle::UpstreamHandle;
 use model::action::OutboxEntry;
 use model::webhook::model::Millis;
 use std::collections::{BTreeMap, HashSet};
@@ -41,6 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use upstream::api::OpenApi;
+use upstream::handle::UpstreamHandle;
 
 pub struct ExecutorSettings {
     /// Entries carried out at once (each from a different queue).

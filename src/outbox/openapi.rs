@@ -4,16 +4,16 @@
 
 use super::sink::{judge_upstream, upstream_status, Attempt, Job, Reach, Report, Sink, OPENAPI};
 use crate::store::Store;
-use crate::upstream::api::OpenApi;
-use crate::upstream::error::UpstreamError;
-use crate::upstream::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
-use crate::upstream::handle::UpstreamHandle;
 use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
 use model::contract::Flow;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use upstream::api::OpenApi;
+use upstream::error::UpstreamError;
+use upstream::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};
+use upstream::handle::UpstreamHandle;
 
 pub struct OpenApiSink {
     api: OpenApi<UpstreamHandle>,

@@ -3,11 +3,11 @@
 //! (record, reschedule with the one backoff, give up) and the scheduler what runs next.
 
 use crate::helpdesk::DeliveryError;
-use crate::upstream::error::UpstreamError;
-use crate::upstream::execute::ExecuteError;
 use futures_util::future::BoxFuture;
 use model::action::{OutboxEntry, RetryState};
 use std::time::Duration;
+use upstream::error::UpstreamError;
+use upstream::execute::ExecuteError;
 
 /// The Open API's destination name (breaker, metrics, `/readyz`).
 pub const OPENAPI: &str = "openapi";
@@ -296,8 +296,8 @@ mod tests {
             "bad_answer"
         );
         // A handshake that never verified is transient; when it gives up the reason says why.
-        let tls = UpstreamError::Tls(crate::tls::TlsFailure {
-            reason: crate::tls::TlsReason::NameMismatch,
+        let tls = UpstreamError::Tls(upstream::tls::TlsFailure {
+            reason: upstream::tls::TlsReason::NameMismatch,
             detail: "invalid peer certificate: NotValidForName".into(),
         });
         let failure = judge_upstream(ExecuteError::Upstream(tls)).expect_err("transient");

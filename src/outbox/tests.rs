@@ -7,10 +7,10 @@ use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
 use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
 use super::*;
-use crate::upstream::error::UpstreamError;
 use futures_util::future::BoxFuture;
 use model::action::{DeadLetter, DoneRecord, RetryState};
 use std::collections::BTreeMap;
+use upstream::error::UpstreamError;
 
 const T0: Millis = 1_763_690_400_000;
 

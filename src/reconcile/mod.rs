@@ -27,9 +27,6 @@ use crate::ops::metrics::Metrics;
 use crate::outbox::ExecutorHandle;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Store, StoreError, Writer};
-use crate::upstream::api::OpenApi;
-use crate::upstream::handle::UpstreamHandle;
-use crate::upstream::limits::OwnLimit;
 use engine::state::ConversationState;
 use model::action::OutboxEntry;
 use model::ids::{ConversationId, DeliveryId};
@@ -40,6 +37,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+use upstream::api::OpenApi;
+use upstream::handle::UpstreamHandle;
+use upstream::limits::OwnLimit;
 
 /// Outbox entries read per page when collecting the pending queues.
 const OUTBOX_PAGE: usize = 1_000;

@@ -1,283 +1,254 @@
-//! TLS with rustls and the ring provider: the client trust of the Open API client and the
-//! help-desk sender (the platform's roots, honouring `SSL_CERT_FILE` / `SSL_CERT_DIR`, plus a
-//! private CA per destination), the typed reasons a handshake fails for, and the public
-//! listener's certificate (`server`: served over TLS, reloaded on SIGHUP).
+//! The public listener over TLS (`server.tls.cert_file` / `key_file`): the certificate in force
+//! sits behind a lock that every new handshake reads, and SIGHUP swaps in the files' current
+//! contents (cert-manager style rotation). Connections already open keep the certificate they
+//! were made with; a reload that fails keeps the old certificate, logs an error and counts.
 
-pub mod server;
-
+use crate::ops::metrics::Metrics;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-use rustls::{ClientConfig, RootCertStore};
-use std::path::Path;
-use std::sync::Arc;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use tokio::sync::watch;
+use upstream::tls::provider;
 
-/// The one crypto provider: ring (see Cargo.toml). Every config names it explicitly.
-pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Install ring as the process-wide default too, for any code that builds a config without
-/// naming a provider. Idempotent.
-pub fn install_provider() {
-    // Err: a default is installed already (this process did it before).
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// The certificates of a PEM file (one or more). A missing file, one that does not parse, or
-/// one without a certificate is an error naming why (never the file's contents).
-pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+/// The certificate chain of `cert_file` and the key of `key_file` (PEM), checked to belong
+/// together. The error names the file and why, never the key's contents.
+pub fn load_certified_key(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, String> {
+    let cert_bytes = std::fs::read(cert_file)
+        .map_err(|e| format!("{}: cannot read: {e}", cert_file.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&cert_bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not PEM certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
+        .map_err(|e| format!("{}: not PEM certificates: {e}", cert_file.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: holds no PEM certificate", cert_file.display()));
     }
-    Ok(certs)
+    let key_bytes =
+        std::fs::read(key_file).map_err(|e| format!("{}: cannot read: {e}", key_file.display()))?;
+    // The error of a failed parse is rustls' kind of problem, not the bytes.
+    let key = PrivateKeyDer::from_pem_slice(&key_bytes)
+        .map_err(|e| format!("{}: no PEM private key: {e}", key_file.display()))?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => format!(
+            "{}: the key does not match the certificate of {}",
+            key_file.display(),
+            cert_file.display()
+        ),
+        other => format!("{}: unusable key: {other}", key_file.display()),
+    })
 }
 
-/// Trust shared by every TLS client of the daemon: the platform's roots, loaded once (reading
-/// them can take a while). Each destination adds its own private CA to a copy.
-#[derive(Clone)]
-pub struct Trust {
-    platform: Arc<RootCertStore>,
+/// The listener's certificate in force, and where it is reloaded from.
+pub struct ServerCert {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    current: RwLock<Arc<CertifiedKey>>,
 }
 
-impl Trust {
-    /// The platform's roots as OpenSSL-based tools find them: `SSL_CERT_FILE` and/or
-    /// `SSL_CERT_DIR` when set (then only those), else the system store. Problems are logged, not
-    /// fatal: a destination with a private CA needs no system roots.
-    pub fn load() -> Trust {
-        let found = rustls_native_certs::load_native_certs();
-        for e in &found.errors {
-            tracing::warn!(error = %e, "cannot read some of the platform's trusted certificates");
-        }
-        let mut store = RootCertStore::empty();
-        let (added, ignored) = store.add_parsable_certificates(found.certs);
-        if ignored > 0 {
-            tracing::warn!(
-                ignored,
-                "some of the platform's trusted certificates could not be parsed"
-            );
-        }
-        if added == 0 {
-            tracing::warn!("no trusted root certificate found on this system: an https destination needs its ca_file (or SSL_CERT_FILE)");
-        }
-        tracing::debug!(roots = added, "platform trust loaded");
-        Trust {
-            platform: Arc::new(store),
-        }
-    }
-
-    /// No platform roots at all (tests; a client that trusts only its private CA).
-    pub fn empty() -> Trust {
-        Trust {
-            platform: Arc::new(RootCertStore::empty()),
-        }
-    }
-
-    /// A client config for one destination: the platform's roots plus the certificates of
-    /// `ca_file` (empty: none). Hostname verification is always on (rustls' webpki verifier;
-    /// there is no way to turn it off here).
-    pub fn client_config(&self, ca_file: &str) -> Result<Arc<ClientConfig>, String> {
-        let mut roots = (*self.platform).clone();
-        if !ca_file.is_empty() {
-            for cert in read_ca_file(Path::new(ca_file)).map_err(|e| format!("{ca_file}: {e}"))? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{ca_file}: not a usable CA certificate: {e}"))?;
-            }
-        }
-        let mut config = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        // HTTP/1.1 only, as over plain http (awc's HTTP/2 would need ALPN "h2").
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
-    }
-}
-
-/// Why a TLS handshake failed: a small fixed set (a metric label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TlsReason {
-    /// The chain does not lead to a trusted root (unknown or private CA not configured).
-    UnknownIssuer,
-    Expired,
-    NotYetValid,
-    /// The certificate is not for the host the URL names.
-    NameMismatch,
-    /// Any other problem with the certificate (bad signature, wrong purpose, revoked...).
-    BadCertificate,
-    /// The handshake failed otherwise (protocol, an alert from the peer, no common cipher...).
-    Handshake,
-}
-
-impl TlsReason {
-    pub const ALL: [TlsReason; 6] = [
-        TlsReason::UnknownIssuer,
-        TlsReason::Expired,
-        TlsReason::NotYetValid,
-        TlsReason::NameMismatch,
-        TlsReason::BadCertificate,
-        TlsReason::Handshake,
-    ];
-
-    /// The metric label and dead-letter suffix.
-    pub fn label(self) -> &'static str {
-        match self {
-            TlsReason::UnknownIssuer => "unknown_issuer",
-            TlsReason::Expired => "expired",
-            TlsReason::NotYetValid => "not_yet_valid",
-            TlsReason::NameMismatch => "name_mismatch",
-            TlsReason::BadCertificate => "bad_certificate",
-            TlsReason::Handshake => "handshake",
-        }
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            TlsReason::UnknownIssuer => "certificate not trusted",
-            TlsReason::Expired => "certificate expired",
-            TlsReason::NotYetValid => "certificate not yet valid",
-            TlsReason::NameMismatch => "name mismatch",
-            TlsReason::BadCertificate => "certificate refused",
-            TlsReason::Handshake => "handshake failed",
-        }
-    }
-}
-
-/// A failed TLS handshake: why (typed) and rustls' own words (e.g. `invalid peer certificate:
-/// UnknownIssuer`). A retryable connect failure: the certificate may be fixed or rotated.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("TLS: {} ({detail})", .reason.text())]
-pub struct TlsFailure {
-    pub reason: TlsReason,
-    pub detail: String,
-}
-
-impl TlsFailure {
-    /// From rustls' error.
-    pub fn from_rustls(e: &rustls::Error) -> TlsFailure {
-        use rustls::CertificateError as C;
-        let reason = match e {
-            rustls::Error::InvalidCertificate(c) => match c {
-                C::UnknownIssuer => TlsReason::UnknownIssuer,
-                C::Expired | C::ExpiredContext { .. } => TlsReason::Expired,
-                C::NotValidYet | C::NotValidYetContext { .. } => TlsReason::NotYetValid,
-                C::NotValidForName | C::NotValidForNameContext { .. } => TlsReason::NameMismatch,
-                _ => TlsReason::BadCertificate,
-            },
-            _ => TlsReason::Handshake,
-        };
-        TlsFailure {
-            reason,
-            detail: e.to_string(),
-        }
-    }
-
-    /// The failed handshake behind an awc connect error: awc reports it as `ConnectError::Io`
-    /// around the `io::Error` tokio-rustls made of rustls' error (awc's error has no `source`).
-    pub fn from_connect_error(error: &awc::error::ConnectError) -> Option<TlsFailure> {
-        match error {
-            awc::error::ConnectError::Io(io) => Self::find(io),
-            other => Self::find(other),
-        }
-    }
-
-    /// The rustls error somewhere in `error`'s chain (awc reports a failed handshake as
-    /// `ConnectError::Io` around an `io::Error` that holds rustls' error), if there is one.
-    pub fn find(error: &(dyn std::error::Error + 'static)) -> Option<TlsFailure> {
-        let mut at: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(e) = at {
-            if let Some(r) = e.downcast_ref::<rustls::Error>() {
-                return Some(Self::from_rustls(r));
-            }
-            // An io::Error's payload is its `get_ref`, which `source` may skip.
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                if let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                    return Some(Self::from_rustls(r));
-                }
-            }
-            at = e.source();
-        }
-        None
-    }
-}
-
-/// Told of every failed handshake (destination, failure): the metric, kept out of this module.
-pub type TlsObserver = Arc<dyn Fn(&str, &TlsFailure) + Send + Sync>;
-
-/// How one client reaches its destination over TLS.
-#[derive(Clone)]
-pub struct ClientTls {
-    pub config: Arc<ClientConfig>,
-    /// `upstream` or the help-desk endpoint's name (never a URL: it may carry credentials).
-    pub destination: String,
-    pub observer: Option<TlsObserver>,
-    /// The reason last logged at error level: the same failure again (every retry of every
-    /// queued call) goes to debug, a new reason to error, a success after failures to info.
-    logged: Arc<std::sync::Mutex<Option<TlsReason>>>,
-}
-
-impl std::fmt::Debug for ClientTls {
+impl std::fmt::Debug for ServerCert {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls")
-            .field("destination", &self.destination)
+        f.debug_struct("ServerCert")
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .finish_non_exhaustive()
     }
 }
 
-impl ClientTls {
-    /// The client of `destination`: `trust`'s roots plus `ca_file` (empty: none).
-    pub fn new(
-        trust: &Trust,
-        ca_file: &str,
-        destination: &str,
-        observer: Option<TlsObserver>,
-    ) -> Result<ClientTls, String> {
-        Ok(ClientTls {
-            config: trust.client_config(ca_file)?,
-            destination: destination.to_owned(),
-            observer,
-            logged: Arc::default(),
+impl ResolvesServerCert for ServerCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.resolve_current())
+    }
+}
+
+impl ServerCert {
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<ServerCert>, String> {
+        let key = load_certified_key(cert_file, key_file)?;
+        Ok(Arc::new(ServerCert {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            current: RwLock::new(Arc::new(key)),
+        }))
+    }
+
+    /// The certificate a new handshake gets.
+    pub fn resolve_current(&self) -> Arc<CertifiedKey> {
+        // A poisoned lock still holds a whole `Arc` (the swap is one assignment).
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Read the files again and swap the new certificate in; on any problem the running one
+    /// stays. Blocking (reads files).
+    pub fn reload(&self) -> Result<(), String> {
+        let key = load_certified_key(&self.cert_file, &self.key_file)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(key);
+        Ok(())
+    }
+
+    /// The rustls server config with this resolver (actix-web adds the ALPN protocols it
+    /// serves, h2 and http/1.1, when it binds).
+    pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, String> {
+        Ok(rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone()))
+    }
+
+    /// Reload on every SIGHUP until `stop` (the rule reloader listens to the same signal: each
+    /// listener gets every signal). Counted in `handoff_tls_reloads_total{result}`.
+    pub fn spawn_reloader(
+        self: Arc<Self>,
+        metrics: Metrics,
+        mut stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        // Registered before the task runs (and before the start line is printed), so a SIGHUP
+        // sent right after the start reloads rather than ends the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        tokio::spawn(async move {
+            let mut hangup = match hangup {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot watch SIGHUP; the TLS certificate is not reloaded");
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    got = hangup.recv() => if got.is_none() { return },
+                }
+                let cert = self.clone();
+                let result = match tokio::task::spawn_blocking(move || cert.reload()).await {
+                    Ok(r) => r,
+                    Err(e) => Err(format!("reload task failed: {e}")),
+                };
+                match result {
+                    Ok(()) => {
+                        metrics.tls_reloads.with_label_values(&["loaded"]).inc();
+                        tracing::info!(cert_file = %self.cert_file.display(), "TLS certificate reloaded");
+                    }
+                    Err(e) => {
+                        metrics.tls_reloads.with_label_values(&["failed"]).inc();
+                        tracing::error!(error = %e, "TLS certificate reload failed; the running certificate stays");
+                    }
+                }
+            }
         })
     }
+}
 
-    /// Log and count a failed handshake: an error the first time for its reason, debug while
-    /// the same failure repeats (each is counted).
-    pub fn failed(&self, failure: &TlsFailure) {
-        let first = {
-            let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-            logged.replace(failure.reason) != Some(failure.reason)
-        };
-        if first {
-            tracing::error!(
-                destination = %self.destination,
-                reason = failure.reason.label(),
-                error = %failure,
-                "TLS handshake failed; the call is retried (fix the certificate or the CA option)"
-            );
+/// Trusts exactly the certificate the listener serves at the moment (pinning, compared byte for
+/// byte), for the embedded emulator's webhooks to this daemon over loopback: that peer is this
+/// process, reached by IP address, which the certificate need not name. Signatures are checked
+/// with the provider's algorithms as usual.
+#[derive(Debug)]
+struct PinnedToListener {
+    cert: Arc<ServerCert>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedToListener {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let current = self.cert.resolve_current();
+        if current.cert.first() == Some(end_entity) {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
         } else {
-            tracing::debug!(
-                destination = %self.destination,
-                reason = failure.reason.label(),
-                error = %failure,
-                "TLS handshake failed again"
-            );
-        }
-        if let Some(observe) = &self.observer {
-            observe(&self.destination, failure);
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ))
         }
     }
 
-    /// An exchange got through: after failures, say so once.
-    pub fn succeeded(&self) {
-        let was = self.logged.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(reason) = was {
-            tracing::info!(destination = %self.destination, after = reason.label(), "TLS handshakes succeed again");
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The public listener: plain HTTP, or TLS with a certificate reloaded on SIGHUP.
+pub struct PublicTls(Option<Arc<ServerCert>>);
+
+impl PublicTls {
+    /// From `server.tls` (validated: both files or neither).
+    pub fn from_config(config: &crate::config::ServerTlsConfig) -> Result<PublicTls, String> {
+        if !config.enabled() {
+            return Ok(PublicTls(None));
         }
+        let cert = ServerCert::load(Path::new(&config.cert_file), Path::new(&config.key_file))?;
+        Ok(PublicTls(Some(cert)))
+    }
+
+    /// `https` or `http`, for the start lines.
+    pub fn scheme(&self) -> &'static str {
+        if self.0.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// What to bind the listener with: `None` for plain HTTP.
+    pub fn server_config(&self) -> Result<Option<rustls::ServerConfig>, String> {
+        self.0.as_ref().map(|cert| cert.server_config()).transpose()
+    }
+
+    /// With TLS, a client for this daemon's own listener over loopback (the embedded
+    /// emulator's webhooks): it trusts only the certificate the listener serves.
+    pub fn loopback_client(&self) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+        let Some(cert) = &self.0 else {
+            return Ok(None);
+        };
+        let provider = provider();
+        let verifier = Arc::new(PinnedToListener {
+            cert: cert.clone(),
+            algorithms: provider.signature_verification_algorithms,
+        });
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Ok(Some(Arc::new(config)))
+    }
+
+    /// With TLS, reload the certificate on SIGHUP until `stop`.
+    pub fn spawn_reloader(
+        &self,
+        metrics: Metrics,
+        stop: watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        self.0
+            .as_ref()
+            .map(|cert| cert.clone().spawn_reloader(metrics, stop))
     }
 }
 

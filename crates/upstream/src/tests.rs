@@ -278,7 +278,7 @@ async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
 /// The executor's home: a task spawned beside the client runs on the client's own thread, its
 /// calls go through the client there (here refused: nothing listens on the port), and its end
 /// is heard by whoever started it.
-#[actix_web::test]
+#[actix_rt::test]
 async fn a_task_beside_the_client_runs_on_its_thread_and_its_end_is_heard() {
     use super::handle::{Endpoint as Upstream, UpstreamHandle};
     let closed = std::net::TcpListener::bind("127.0.0.1:0")

@@ -9,6 +9,7 @@ pub mod execute;
 pub mod handle;
 pub mod limits;
 pub mod retry;
+pub mod tls;
 pub mod transport;
 
 pub use api::OpenApi;
@@ -17,13 +18,3 @@ pub use error::UpstreamError;
 
 #[cfg(test)]
 mod tests;
-
-/// Client settings from the `[upstream]` configuration (the key resolved from env or file).
-pub fn settings(config: &crate::config::UpstreamConfig) -> Result<ClientSettings, String> {
-    Ok(ClientSettings {
-        auth_header: config.auth_header.clone(),
-        auth_scheme: config.auth_scheme.clone(),
-        api_key: config.resolve_api_key()?,
-        idempotency_header: config.idempotency_header.clone(),
-    })
-}

@@ -58,10 +58,10 @@ impl UpstreamHandle {
                 endpoint.tls,
             );
             let client = Rc::new(Client::new(transport, settings, limits).with_observer(observer));
-            actix_web::rt::spawn(async move {
+            actix_rt::spawn(async move {
                 while let Some((call, reply)) = rx.recv().await {
                     let client = client.clone();
-                    actix_web::rt::spawn(async move {
+                    actix_rt::spawn(async move {
                         // The caller may have given up; its answer is then dropped.
                         let _ = reply.send(client.execute(call).await);
                     });
@@ -133,10 +133,10 @@ impl TransportHandle {
         let arbiter = actix_rt::Arbiter::new();
         let started = arbiter.spawn_fn(move || {
             let transport = Rc::new(AwcTransport::new("", connect_timeout, request_timeout, tls));
-            actix_web::rt::spawn(async move {
+            actix_rt::spawn(async move {
                 while let Some((request, reply)) = rx.recv().await {
                     let transport = transport.clone();
-                    actix_web::rt::spawn(async move {
+                    actix_rt::spawn(async move {
                         let _ = reply.send(transport.send(request).await);
                     });
                 }

@@ -101,7 +101,7 @@ impl AwcTransport {
     /// One request and its whole answer, unbounded in time (`send` bounds it).
     async fn exchange(&self, request: RawRequest) -> Result<RawResponse, TransportError> {
         use awc::error::SendRequestError;
-        let method = actix_web::http::Method::from_bytes(request.method.as_bytes())
+        let method = awc::http::Method::from_bytes(request.method.as_bytes())
             .map_err(|e| TransportError::Other(e.to_string()))?;
         let mut req = self
             .client

@@ -1,8 +1,8 @@
 //! Carrying out one action: the one place that maps an [`Action`] to its Open API call.
 
-use crate::upstream::api::OpenApi;
-use crate::upstream::client::Execute;
-use crate::upstream::error::UpstreamError;
+use crate::api::OpenApi;
+use crate::client::Execute;
+use crate::error::UpstreamError;
 use model::action::Action;
 use serde_json::Value;
 
