@@ -36,7 +36,7 @@ pub struct Shared {
     /// The Open API client (owned by its own arbiter thread).
     pub upstream: upstream::handle::UpstreamHandle,
     /// The in-process emulator when the upstream is `embedded`.
-    pub emulator: Option<crate::emulator::Emulator>,
+    pub emulator: Option<emulator::Emulator>,
     /// The rules in force (also used by replay), and how to reload them.
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
@@ -496,7 +496,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             .app_data(body_budget.clone())
             .app_data(app_data.clone())
             .app_data(intake_data.clone())
-            .app_data(crate::http_error::query_config())
+            .app_data(api_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
             .configure(crate::ops::probe_routes)
             .configure(|cfg| {
@@ -505,7 +505,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
                 }
             })
             .service(crate::helpdesk::api::scope())
-            .default_service(web::to(crate::http_error::not_found))
+            .default_service(web::to(api_error::not_found))
     })
     .workers(workers)
     .max_connections(config.server.max_connections)
@@ -596,9 +596,9 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
             to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
         let url = format!("{scheme}://{to}{}/{}", config.webhook.path, token.expose());
-        crate::emulator::sender::start(
+        emulator::sender::start(
             embedded.emulator.clone(),
-            crate::emulator::sender::SenderConfig {
+            emulator::sender::SenderConfig {
                 url,
                 window: Duration::from_millis(50),
                 tls: public_tls.loopback_client().map_err(AppError::Tls)?,
@@ -854,7 +854,7 @@ fn early_server(
             .app_data(body_budget.clone())
             .app_data(intake.clone())
             .configure(|cfg| crate::intake::routes(cfg, &path))
-            .default_service(web::to(crate::http_error::starting))
+            .default_service(web::to(api_error::starting))
     })
     .workers(workers)
     .max_connections(config.server.max_connections)
@@ -890,10 +890,10 @@ fn admin_server(
             .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
             .app_data(body_budget.clone())
             .app_data(app_data.clone())
-            .app_data(crate::http_error::query_config())
+            .app_data(api_error::query_config())
             .configure(crate::ops::probe_routes)
             .configure(crate::ops::admin_routes)
-            .default_service(web::to(crate::http_error::not_found))
+            .default_service(web::to(api_error::not_found))
     })
     // Operators' and Prometheus' calls: a couple of workers are plenty.
     .workers(2)
@@ -980,7 +980,7 @@ struct Upstream {
 }
 
 struct Embedded {
-    emulator: crate::emulator::Emulator,
+    emulator: emulator::Emulator,
     addr: std::net::SocketAddr,
     server: actix_web::dev::ServerHandle,
 }
@@ -1028,13 +1028,13 @@ impl Upstream {
                 settings.api_key =
                     model::secret::Secret::new(Alphanumeric.sample_string(&mut rand::rng(), 32));
             }
-            let mut emu_config = crate::emulator::EmulatorConfig::new(settings.api_key.clone());
+            let mut emu_config = emulator::EmulatorConfig::new(settings.api_key.clone());
             emu_config.auth_header = up.auth_header.clone();
             emu_config.auth_scheme = (!up.auth_scheme.is_empty()).then(|| up.auth_scheme.clone());
             emu_config.idempotency_header = up.idempotency_header.clone();
-            let seed = crate::emulator::Seed::default_seed()
-                .map_err(|e| AppError::Upstream(e.to_string()))?;
-            let running = crate::emulator::start_standalone("127.0.0.1:0", seed, emu_config)
+            let seed =
+                emulator::Seed::default_seed().map_err(|e| AppError::Upstream(e.to_string()))?;
+            let running = emulator::start_standalone("127.0.0.1:0", seed, emu_config)
                 .map_err(|e| AppError::Upstream(e.to_string()))?;
             let addr = running
                 .addrs

@@ -579,7 +579,7 @@ fn next_cursor(
 fn updated_ms(c: &Conversation) -> Option<Millis> {
     c.updated_at
         .as_deref()
-        .and_then(|t| crate::emulator::seed::parse_iso_millis(t).ok())
+        .and_then(|t| model::clock::parse_iso_millis(t).ok())
 }
 
 /// What a pass needs of a conversation's state: its bot, which of the listed messages it knows,

@@ -18,12 +18,12 @@
 //! three non-200 answers in 30 minutes, and a burst of large bodies drains in well under a second
 //! each, so a short wait turns a refusal into a slower 200.
 
-use crate::http_error::ApiError;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, Method, Version};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError as _};
+use api_error::ApiError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};

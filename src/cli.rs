@@ -1378,7 +1378,7 @@ fn emulator(
     api_key: Option<String>,
     webhook_url: Option<String>,
 ) -> Result<(), CliError> {
-    use crate::emulator::{sender, EmulatorConfig, Seed};
+    use emulator::{sender, EmulatorConfig, Seed};
     crate::telemetry::init(&crate::config::LogConfig {
         format: crate::config::LogFormat::Human,
         level: "info".into(),
@@ -1395,7 +1395,7 @@ fn emulator(
         }
     };
     actix_web::rt::System::new().block_on(async move {
-        let running = crate::emulator::start_standalone(
+        let running = emulator::start_standalone(
             &listen,
             seed,
             EmulatorConfig::new(model::secret::Secret::new(key.clone())),

@@ -2,7 +2,7 @@
 //! (endpoint, method, path), the body the emulator received, and the idempotency key, which is the
 //! action's id. Internal actions make no call.
 
-use handoff_bridge::emulator::{start_standalone, EmulatorConfig, Seed};
+use ::emulator::{start_standalone, EmulatorConfig, Seed};
 use model::action::{action_id, Action};
 use model::contract::{ChannelSetting, NotifyRequest, PbStatus, UpdatePbConversation};
 use model::ids::{ConversationId, EndUserId, EventId};

@@ -1,12 +1,12 @@
 //! The Open API emulator over HTTP, in-process (`actix_web::test`, no sockets): authentication,
 //! idempotency, every fault type, the journal, and that the API key never leaks.
 
+use ::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
 use actix_web::body::MessageBody;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::header::HeaderMap;
 use actix_web::test::{self, TestRequest};
 use actix_web::{web, App};
-use handoff_bridge::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
 use model::secret::Secret;
 use serde_json::{json, Value};
 use std::time::Duration;

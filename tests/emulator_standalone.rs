@@ -2,7 +2,7 @@
 //! uses) and a raw socket: a served call, and that the hang and drop faults look to a client like
 //! a timeout and a cut connection.
 
-use handoff_bridge::emulator::{start_standalone, EmulatorConfig, FaultConfig, Seed};
+use ::emulator::{start_standalone, EmulatorConfig, FaultConfig, Seed};
 use model::secret::Secret;
 use std::time::Duration;
 

@@ -20,13 +20,13 @@
 
 mod common;
 
+use ::emulator::JournalEntry;
 use common::load::{long_tests, median, post_body, seed_from_env_or_clock};
 use common::relay::{
     action_of, clear_faults, journal, make_delivery, rules_dir, set_faults, user_message, Ids,
     SEEDED,
 };
 use common::*;
-use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

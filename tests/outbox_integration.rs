@@ -17,11 +17,11 @@
 //! `HANDOFF_BRIDGE_TEST_SEED` replays a run's random choices (the seed is printed).
 
 mod common;
+use ::emulator::JournalEntry;
 use common::emulator::ExternalEmulator;
 use common::load::{long_tests, post_body, seed_from_env_or_clock, Rng};
 use common::relay::*;
 use common::*;
-use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -25,12 +25,12 @@
 //! minute and writes more messages.
 
 mod common;
+use ::emulator::JournalEntry;
 use common::emulator::ExternalEmulator;
 use common::forwarder::Forwarder;
 use common::load::long_tests;
 use common::relay::*;
 use common::*;
-use handoff_bridge::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -5,9 +5,7 @@
 //! idempotency (one effect per key), authentication, that the API key never leaks, and the hang
 //! and drop faults over a real socket.
 
-use handoff_bridge::emulator::{
-    start_standalone, Emulator, EmulatorConfig, FaultConfig, JournalEntry, Seed,
-};
+use ::emulator::{start_standalone, Emulator, EmulatorConfig, FaultConfig, JournalEntry, Seed};
 use model::contract::{
     BotConversationsQuery, BusinessHours, ChannelSetting, ConversationsQuery, EndUsersQuery,
     Endpoint, MessageRangeQuery, MessagesQuery, NotifyRequest, PageQuery, PbStatus,

@@ -6,12 +6,12 @@
 //! limits and the emulator's clock alike, and the journal's `at` (virtual ms) shows when each
 //! attempt arrived.
 
+use ::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
 use actix_web::dev::Service;
 use actix_web::http::Method;
 use actix_web::test::{self, TestRequest};
 use actix_web::App;
 use futures_util::future::{join_all, LocalBoxFuture};
-use handoff_bridge::emulator::{Emulator, EmulatorConfig, FaultConfig, JournalEntry};
 use handoff_bridge::outbox::backoff::Backoff;
 use model::contract::PageQuery;
 use model::secret::Secret;

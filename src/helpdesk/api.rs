@@ -15,13 +15,13 @@ use crate::config::helpdesk::HelpdeskConfig;
 use crate::helpdesk::commands::Waiters;
 use crate::helpdesk::contract::{self, MAX_TEXT};
 use crate::helpdesk::idempotency::{self, InProgress};
-use crate::http_error::ApiError;
 use crate::intake::auth::{CidrList, TokenSet};
 use crate::store::desk::DeskCursor;
 use crate::store::idempotency::IdempotencyRecord;
 use crate::store::AcceptJob;
 use actix_web::http::StatusCode;
 use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
+use api_error::ApiError;
 use engine::state::desk::{DeskPhase, Outcome, Verdict};
 use engine::state::ConversationState;
 use model::ids::{ConversationId, DeliveryId};
@@ -85,8 +85,8 @@ pub fn scope() -> impl actix_web::dev::HttpServiceFactory + utoipa_actix_web::Op
 /// the document, so with exactly the methods it lists), else 404.
 async fn unmatched(req: HttpRequest) -> HttpResponse {
     match allowed_methods(req.path()) {
-        Some(allow) => crate::http_error::method_not_allowed_allowing(allow),
-        None => crate::http_error::not_found().await,
+        Some(allow) => api_error::method_not_allowed_allowing(allow),
+        None => api_error::not_found().await,
     }
 }
 

@@ -9,9 +9,9 @@
 //! configured the API answers 503 `helpdesk_api_disabled`: it is mounted, so the answer says why
 //! nothing works instead of a 404 that looks like a wrong URL.
 
-use crate::http_error::ApiError;
 use crate::intake::auth::{CidrList, TokenSet};
 use actix_web::http::StatusCode;
+use api_error::ApiError;
 use std::net::IpAddr;
 
 /// Check a caller's address against `helpdesk.allow_cidrs`.

@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn reply_bounds_are_the_ones_the_emulator_holds_the_service_to() {
-        use crate::emulator::validate as service;
+        use emulator::validate as service;
         assert_eq!(MAX_TEXT, service::MAX_TEXT);
         assert_eq!(MEDIA_TYPES, service::MEDIA_TYPES);
         assert_eq!(MAX_CARDS, service::MAX_CARDS);

@@ -8,11 +8,11 @@
 pub mod auth;
 pub mod scrub;
 
-use crate::http_error::ApiError;
 use crate::store::writer::WriterError;
 use crate::store::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
+use api_error::ApiError;
 use futures_util::StreamExt;
 use model::ids::DeliveryId;
 use model::webhook;
@@ -54,7 +54,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
         web::resource(format!("{path}/{{token}}"))
             .route(web::post().to(receive))
             .default_service(web::to(|| async {
-                crate::http_error::method_not_allowed_allowing("POST")
+                api_error::method_not_allowed_allowing("POST")
             })),
     )
     .service(
@@ -62,7 +62,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, path: &str) {
         web::resource([path.to_owned(), format!("{path}/")])
             .route(web::post().to(receive_without_token))
             .default_service(web::to(|| async {
-                crate::http_error::method_not_allowed_allowing("POST")
+                api_error::method_not_allowed_allowing("POST")
             })),
     );
 }
@@ -262,7 +262,7 @@ async fn handle(
         Ok(i) => i,
         Err(WriterError::Opening) => {
             outcome("unavailable");
-            return Ok(crate::http_error::starting_because(
+            return Ok(api_error::starting_because(
                 "the daemon is starting and this delivery needs its store, still opening; retry \
                  shortly",
             ));

@@ -2,12 +2,12 @@
 //! own, and loopback-only unless configured otherwise.
 
 use crate::app::Shared;
-use crate::http_error::ApiError;
 use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
+use api_error::ApiError;
 use model::ids::{ConversationId, EventId};
 use serde::Deserialize;
 use serde_json::json;
@@ -42,7 +42,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 "/quarantine/{id}/reprocess",
                 web::post().to(quarantine_reprocess),
             )
-            .default_service(web::to(crate::http_error::not_found)),
+            .default_service(web::to(api_error::not_found)),
     );
 }
 

@@ -2,10 +2,10 @@
 
 use super::admin::{blocking, list_page, PageQuery};
 use crate::app::Shared;
-use crate::http_error::ApiError;
 use crate::queries::{List, Page};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
+use api_error::ApiError;
 use serde::Deserialize;
 use serde_json::json;
 

@@ -2,11 +2,11 @@
 //! the one running, if any) and answer what it removed (`prune::PruneReport`).
 
 use crate::app::Shared;
-use crate::http_error::ApiError;
 use crate::prune::PruneError;
 use crate::store::writer::WriterError;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
+use api_error::ApiError;
 
 pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
     scope.route("/prune", web::post().to(prune))

@@ -2,10 +2,10 @@
 //! now and answer what it found (`?dry_run=true`: find without handing anything to the writer).
 
 use crate::app::Shared;
-use crate::http_error::ApiError;
 use crate::reconcile::SweepError;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
+use api_error::ApiError;
 use serde::Deserialize;
 
 pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {

@@ -3,7 +3,7 @@
 //! control API (faults, journal): shared by the outbox tests and the fault suite.
 
 use super::{agent, delivery};
-use handoff_bridge::emulator::JournalEntry;
+use ::emulator::JournalEntry;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 

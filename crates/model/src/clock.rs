@@ -52,6 +52,23 @@ pub fn parse_time(text: &str) -> Result<Millis, String> {
     Millis::try_from(since.as_millis()).map_err(|_| format!("`{text}` is too far away"))
 }
 
+/// ISO-8601 (RFC 3339) to Unix milliseconds, as the objects carry times as text but the queries
+/// filter by milliseconds.
+pub fn parse_iso_millis(text: &str) -> Result<Millis, String> {
+    let t = humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
+    let d = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{text:?} is before 1970"))?;
+    Millis::try_from(d.as_millis()).map_err(|_| format!("{text:?} is out of range"))
+}
+
+/// Unix milliseconds to the `2025-11-21T02:00:00.000Z` form the service uses.
+pub fn format_iso_millis(ms: Millis) -> String {
+    let d = std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + d).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

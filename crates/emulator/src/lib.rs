@@ -52,7 +52,7 @@ mod journal;
 pub mod seed;
 pub mod sender;
 pub mod state;
-pub(crate) mod validate;
+pub mod validate;
 
 pub use faults::{Fault, FaultConfig};
 pub use journal::JournalEntry;
@@ -333,7 +333,7 @@ pub fn start_standalone(
         let emu = app_emulator.clone();
         App::new()
             .configure(move |cfg| emu.configure(cfg))
-            .default_service(web::to(crate::http_error::not_found))
+            .default_service(web::to(api_error::not_found))
     })
     .workers(2)
     .bind(listen)

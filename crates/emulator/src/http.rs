@@ -27,7 +27,7 @@ const DROP_PROMISED_BYTES: u64 = 4096;
 
 pub(super) fn configure(emulator: Emulator, cfg: &mut web::ServiceConfig) {
     let data = web::Data::new(emulator);
-    let not_allowed = || web::to(crate::http_error::method_not_allowed);
+    let not_allowed = || web::to(api_error::method_not_allowed);
     cfg.service(
         web::scope("/openapi")
             .app_data(data.clone())
@@ -65,7 +65,7 @@ pub(super) fn configure(emulator: Emulator, cfg: &mut web::ServiceConfig) {
                     .default_service(not_allowed()),
             )
             .configure(super::sender::routes)
-            .default_service(web::to(crate::http_error::not_found)),
+            .default_service(web::to(api_error::not_found)),
     );
 }
 

@@ -7,8 +7,9 @@
 //! `invalid_body` (a 404 would look like the conversation itself is gone); unknown query
 //! parameters are a 400 `invalid_query`.
 
-use super::seed::{format_iso_millis, parse_iso_millis, Seed};
+use super::seed::Seed;
 use super::validate;
+use model::clock::{format_iso_millis, parse_iso_millis};
 use model::contract::{
     BlockRequest, BotConversationsQuery, ChannelSetting, ConversationsQuery, EndUsersQuery,
     Endpoint, ErrorBody, ErrorDetail, Flow, FlowList, Manual, MessageRangeQuery, MessagesQuery,

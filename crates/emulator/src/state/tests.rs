@@ -1,5 +1,5 @@
 use super::*;
-use crate::emulator::seed::Seed;
+use crate::seed::Seed;
 use serde_json::json;
 
 const BOT: &str = "B7f3a2c";

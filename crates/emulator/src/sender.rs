@@ -11,8 +11,8 @@
 
 use super::state::PendingEvent;
 use super::Emulator;
-use crate::http_error::ApiError;
 use actix_web::{web, HttpResponse};
+use api_error::ApiError;
 use model::webhook::model::MessageData;
 use model::webhook::model::Millis;
 use rand::distr::{Alphanumeric, SampleString};

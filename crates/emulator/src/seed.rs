@@ -6,6 +6,7 @@
 //! conversation the shared webhook fixtures refer to.
 
 use super::validate;
+use model::clock::parse_iso_millis;
 use model::contract::{ChannelSetting, Flow, PbStatus};
 use model::ids::{BotId, ConversationId, EndUserId};
 use model::webhook::model::{Bot, Conversation, EndUser, Message, Millis, Navigation, Platform};
@@ -14,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 /// The embedded default seed.
-pub const DEFAULT_SEED: &str = include_str!("../../deploy/emulator-seed.json");
+pub const DEFAULT_SEED: &str = include_str!("../../../deploy/emulator-seed.json");
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -362,26 +363,10 @@ fn navigation_exists(nav: &Navigation, flows: &[Flow]) -> Result<(), String> {
     Ok(())
 }
 
-/// ISO-8601 (RFC 3339) to Unix milliseconds, as the objects carry times as text but the queries
-/// filter by milliseconds.
-pub fn parse_iso_millis(text: &str) -> Result<Millis, String> {
-    let t = humantime::parse_rfc3339_weak(text)
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
-    let d = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| format!("{text:?} is before 1970"))?;
-    Millis::try_from(d.as_millis()).map_err(|_| format!("{text:?} is out of range"))
-}
-
-/// Unix milliseconds to the `2025-11-21T02:00:00.000Z` form the service uses.
-pub fn format_iso_millis(ms: Millis) -> String {
-    let d = std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + d).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use model::clock::format_iso_millis;
 
     const CONV1: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
     const CONV2: &str = "5c0e9b1f-2222-4d3e-9f10-000000000002";
