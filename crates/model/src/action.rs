@@ -14,8 +14,11 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// One side effect. Each external action maps to exactly one Open API call (the upstream crate's `execute`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr, strum::VariantNames,
+)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Action {
     /// Turn the conversation's agent-connection ("manual") status on or off.
     SetManual {
@@ -126,47 +129,13 @@ pub enum Action {
 }
 
 impl Action {
-    /// Stable name, for metrics, listings and config (`outbox.blocking`).
+    /// Stable name, for metrics, listings and config (`outbox.blocking`): the serde tag.
     pub fn name(&self) -> &'static str {
-        match self {
-            Action::SetManual { .. } => "set_manual",
-            Action::Navigate { .. } => "navigate",
-            Action::UpdateParams { .. } => "update_params",
-            Action::SendMessage { .. } => "send_message",
-            Action::SendToEndUser { .. } => "send_to_end_user",
-            Action::PartnerUpdateConversation { .. } => "partner_update_conversation",
-            Action::PartnerBlock { .. } => "partner_block",
-            Action::PartnerUnblock { .. } => "partner_unblock",
-            Action::PartnerRemoveSession { .. } => "partner_remove_session",
-            Action::PartnerSendMessage { .. } => "partner_send_message",
-            Action::PartnerChannelSetting { .. } => "partner_channel_setting",
-            Action::SendNotification { .. } => "send_notification",
-            Action::UpdateState { .. } => "update_state",
-            Action::StartTimer { .. } => "start_timer",
-            Action::CancelTimer { .. } => "cancel_timer",
-            Action::NotifyHelpdesk { .. } => "notify_helpdesk",
-        }
+        self.into()
     }
 
     /// Every action name, for config validation.
-    pub const NAMES: [&'static str; 16] = [
-        "set_manual",
-        "navigate",
-        "update_params",
-        "send_message",
-        "send_to_end_user",
-        "partner_update_conversation",
-        "partner_block",
-        "partner_unblock",
-        "partner_remove_session",
-        "partner_send_message",
-        "partner_channel_setting",
-        "send_notification",
-        "update_state",
-        "start_timer",
-        "cancel_timer",
-        "notify_helpdesk",
-    ];
+    pub const NAMES: &'static [&'static str] = <Action as strum::VariantNames>::VARIANTS;
 
     /// Where the action is ordered: actions of one queue run one at a time, in decision order.
     /// Actions about a conversation queue behind that conversation; the others behind their
@@ -387,6 +356,7 @@ mod tests {
         assert_eq!(back, a);
         assert_eq!(a.name(), "navigate");
         assert!(Action::NAMES.contains(&a.name()));
+        assert_eq!(Action::NAMES.len(), 16);
     }
 
     #[test]
