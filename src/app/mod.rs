@@ -1,0 +1,1090 @@
+//! The composition root: [`Application::build`] binds nothing of its own (the caller hands it
+//! the [`Listeners`]), opens the data directory and the event log, serves the webhook early when
+//! the store has a log from before, starts the upstream (the embedded emulator too) and starts
+//! opening the store; [`Application::run`] waits for the store, starts the writer, dispatcher,
+//! executor, timer firer, reconciliation sweeper, backfill and pruner, serves HTTP, and when its
+//! shutdown future resolves stops in order (stop accepting, finish requests, stop firing timers,
+//! sweeping, backfilling and dispatching, flush).
+//!
+//! No stdout, signals or process exit here: the binary (`cli`) prints the banner from
+//! [`Started`] and hands `run` its signal; tests start applications in process.
+
+mod early;
+mod servers;
+mod service;
+
+pub use early::listen_on;
+
+use crate::config::Config;
+use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
+use crate::dispatch::{self, DispatchHandle, DispatchSettings};
+use crate::intake::auth::{CidrList, TokenSet};
+use crate::ops::metrics::Metrics;
+use crate::store::writer::WriterHooks;
+use crate::store::{Store, StoreError, Writer};
+use actix_web::web;
+use early::{EarlyIntake, EarlyParts};
+use model::secret::Secret;
+use service::{client_tls, Upstream};
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// State every handler shares.
+pub struct Shared {
+    pub store: Store,
+    pub writer: Writer,
+    pub dispatch: DispatchHandle,
+    pub executor: crate::outbox::ExecutorHandle,
+    pub metrics: Metrics,
+    /// The webhook's intake (its handlers' own state, also served before the store opens).
+    pub intake: web::Data<crate::intake::Intake>,
+    pub admin_tokens: TokenSet,
+    pub admin_cidrs: CidrList,
+    /// `server.trusted_proxies`: who may name the client (see `client_addr`).
+    pub proxies: crate::client_addr::Proxies,
+    /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
+    pub test_clock: bool,
+    pub body_read_timeout: Duration,
+    pub shutting_down: AtomicBool,
+    /// The Open API client (owned by its own arbiter thread).
+    pub upstream: upstream::handle::UpstreamHandle,
+    /// The in-process emulator when the upstream is `embedded`.
+    pub emulator: Option<emulator::Emulator>,
+    /// The rules in force (also used by replay), and how to reload them.
+    pub rules: crate::ops::reload::Reloader,
+    /// The agent API (`/helpdesk/v1`).
+    pub helpdesk: crate::helpdesk::api::Helpdesk,
+    /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
+    pub reconcile: crate::reconcile::Sweeper,
+    /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
+    pub backfill: crate::backfill::Backfill,
+    /// The pruning passes (periodic, and `POST /admin/v1/prune`).
+    pub pruner: crate::prune::Pruner,
+}
+
+impl Shared {
+    /// The webhook's checks for a body received (or re-processed) at `now`.
+    pub fn webhook_checks(&self, now: i64) -> model::webhook::Checks {
+        self.intake.checks(now)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("server failed: {0}")]
+    Server(std::io::Error),
+    #[error("upstream: {0}")]
+    Upstream(String),
+    #[error("webhook tokens: {0}")]
+    Tokens(#[from] regex::Error),
+    #[error("rules: {0}")]
+    Rules(#[from] engine::rules::LoadError),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("cannot start thread {name}: {source}")]
+    Thread {
+        name: &'static str,
+        source: std::io::Error,
+    },
+}
+
+/// The configured rules, compiled: `rules.dir`'s files, or the shipped set when it is empty;
+/// `None` when rules are turned off (`rules.enabled = false`).
+pub fn rule_set(
+    config: &Config,
+) -> Result<Option<engine::rules::RuleSet>, engine::rules::LoadError> {
+    if !config.rules.enabled {
+        return Ok(None);
+    }
+    let overrides = settings_overrides(config);
+    if config.rules.dir.is_empty() {
+        return engine::rules::RuleSet::from_sources_with(
+            &engine::rules::shipped::sources(),
+            &overrides,
+        )
+        .map(Some);
+    }
+    engine::rules::RuleSet::load_dir_with(std::path::Path::new(&config.rules.dir), &overrides)
+        .map(Some)
+}
+
+/// `rules.settings` as JSON values, for the rule loader.
+pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(&config.rules.settings) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The configured rules; loaded before the store opens, so a bad rule file stops the start
+/// before anything is touched.
+pub fn load_rules(
+    config: &Config,
+) -> Result<Arc<dyn engine::decide::Decide>, engine::rules::LoadError> {
+    let Some(set) = rule_set(config)? else {
+        return Ok(Arc::new(engine::decide::NoRules));
+    };
+    tracing::info!(
+        dir = if config.rules.dir.is_empty() {
+            "(shipped)"
+        } else {
+            config.rules.dir.as_str()
+        },
+        rules = set.rules().len(),
+        version = set.version(),
+        "rules loaded"
+    );
+    Ok(Arc::new(set))
+}
+
+impl Shared {
+    /// The client address the allow-lists judge: the peer, or what a trusted proxy says.
+    pub fn client_ip(&self, req: &actix_web::HttpRequest) -> Option<std::net::IpAddr> {
+        self.proxies
+            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
+    }
+}
+
+/// The listening sockets, bound by the caller (`127.0.0.1:0` for an ephemeral port).
+pub struct Listeners {
+    /// `server.listen`: the webhook, the agent API, the probes.
+    pub public: TcpListener,
+    /// `admin.listen`; `None` when the admin API shares the public listener.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Bind `server.listen` and `admin.listen` as configured.
+    pub fn bind(config: &Config) -> Result<Listeners, AppError> {
+        Ok(Listeners {
+            public: listen_on(config.listen_addr())?,
+            admin: config.admin_listen_addr().map(listen_on).transpose()?,
+        })
+    }
+}
+
+/// Where a built application listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addrs {
+    pub public: SocketAddr,
+    /// The admin listener; `None`: the admin API is on the public one.
+    pub admin: Option<SocketAddr>,
+    /// The embedded emulator (`upstream.mode = "embedded"`).
+    pub emulator: Option<SocketAddr>,
+    /// `https` when the public listener has TLS.
+    pub scheme: &'static str,
+}
+
+/// What the banner says once the application serves (handed to `run`'s `started`).
+#[derive(Debug)]
+pub struct Started {
+    pub addrs: Addrs,
+    /// `webhook.path`: the webhook's URL is `{scheme}://{public}{path}/{token}`.
+    pub webhook_path: String,
+    /// The webhook token this start generated, to be shown once to a person; `None` when the
+    /// tokens were configured or generated by an earlier start.
+    pub generated_token: Option<Secret>,
+    /// Where a generated webhook token is kept.
+    pub token_file: PathBuf,
+    /// The Open API's URL, masked, when the upstream is the real service.
+    pub remote_upstream: Option<String>,
+}
+
+/// How [`Application::run`] ended without an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Stopped in the documented order; the store was flushed.
+    InOrder,
+    /// Stopped while the store was still opening: the early listener finished what it had, and
+    /// sled's open (which cannot be cut short) still runs on its thread; the process should end
+    /// now, as a crash would (sled recovers; what the early listener answered is in the log).
+    WhileOpening,
+}
+
+/// The store being opened off the runtime's threads.
+type Opening = tokio::task::JoinHandle<Result<Result<Store, AppError>, std::io::Error>>;
+
+/// A daemon built and not yet running: see the module's docs.
+pub struct Application {
+    config: Config,
+    data: DataDir,
+    metrics: Metrics,
+    rules: engine::rules::live::LiveRules,
+    public_tls: crate::tls::PublicTls,
+    webhook_watch: crate::backfill::WebhookWatch,
+    body_budget: web::Data<crate::body_budget::BodyBudget>,
+    workers: usize,
+    /// The public socket, unless the early intake holds it.
+    public: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    addrs: Addrs,
+    early: Option<EarlyIntake>,
+    upstream: Upstream,
+    trust: upstream::tls::Trust,
+    tls_observer: upstream::tls::TlsObserver,
+    fold_priority: crate::background::Priority,
+    opening: Opening,
+    opening_since: Instant,
+}
+
+impl Application {
+    /// Everything that does not wait for the store: see the module's docs. Must run inside an
+    /// actix system.
+    pub async fn build(config: Config, listeners: Listeners) -> Result<Application, AppError> {
+        let data = DataDir::new(&config.store.data_dir);
+        for note in &config.deprecated {
+            tracing::warn!("config: {note}");
+        }
+        let rules = engine::rules::live::LiveRules::new(load_rules(&config)?);
+        data.create().map_err(data_dir_error(&config))?;
+        if let Some(mode) = data.loose_mode() {
+            tracing::warn!(
+                data_dir = %data.root().display(),
+                mode = format_args!("{mode:o}"),
+                "the data directory is readable by others than its owner (it holds message texts \
+                 and secrets): chmod 700 it"
+            );
+        }
+        // A store this build opened before has an event log that can take deliveries while sled
+        // replays its own log, which after a long run takes seconds to minutes
+        // (docs/operations.md, "Start time"): the webhook is then answered during a start, not
+        // refused. The log's lock is taken here, so a store in use stops the start before
+        // anything else.
+        let early_log = crate::store::IntakeLog::open_early(
+            &data.store_path(),
+            crate::store::eventlog::SEGMENT_BYTES,
+        )?;
+        let metrics = Metrics::new()?;
+        let public_tls =
+            crate::tls::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
+        let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
+        let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
+            config.server.max_inflight_body_bytes,
+            crate::body_budget::RouteCaps::daemon(
+                &config.webhook.path,
+                config.webhook.max_body_bytes,
+            ),
+            config.server.body_read_timeout,
+            metrics.clone(),
+        ));
+        let workers = match config.server.workers {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let bound = |listener: &TcpListener, configured: &str| {
+            listener.local_addr().map_err(|source| AppError::Bind {
+                addr: configured.to_owned(),
+                source,
+            })
+        };
+        let public_addr = bound(&listeners.public, &config.server.listen)?;
+        let admin_addr = match &listeners.admin {
+            Some(admin) => Some(bound(admin, &config.admin.listen)?),
+            None => None,
+        };
+        let (public, early) = match early_log.clone() {
+            None => (Some(listeners.public), None),
+            Some(log) => {
+                let writer = Writer::start_early(log, observe_groups(&metrics))?;
+                let tokens = webhook_tokens(&config, &data)?;
+                let intake = intake_state(&config, &metrics, &webhook_watch, writer, &tokens.0)?;
+                let parts = EarlyParts {
+                    tokens,
+                    intake,
+                    body_budget: body_budget.clone(),
+                    workers,
+                };
+                let tls = public_tls.server_config().map_err(AppError::Tls)?;
+                let early = EarlyIntake::start(&config, tls, listeners.public, parts)?;
+                (None, Some(early))
+            }
+        };
+        let (trust, tls_observer) = client_tls(&config, &metrics);
+        let upstream = Upstream::start(&config, &metrics, &trust, tls_observer.clone())?;
+        let fold_priority = fold_priority(&config.dispatch);
+        let opening = open_store(&config, &data, early_log, fold_priority);
+        let addrs = Addrs {
+            public: public_addr,
+            admin: admin_addr,
+            emulator: upstream.emulator.as_ref().map(|e| e.addr),
+            scheme: public_tls.scheme(),
+        };
+        Ok(Application {
+            config,
+            data,
+            metrics,
+            rules,
+            public_tls,
+            webhook_watch,
+            body_budget,
+            workers,
+            public,
+            admin: listeners.admin,
+            addrs,
+            early,
+            upstream,
+            trust,
+            tls_observer,
+            fold_priority,
+            opening,
+            opening_since: Instant::now(),
+        })
+    }
+
+    /// Where it listens.
+    pub fn addrs(&self) -> Addrs {
+        self.addrs
+    }
+
+    /// Whether the webhook is served already, while the store opens (a store from before).
+    pub fn takes_early_deliveries(&self) -> bool {
+        self.early.is_some()
+    }
+
+    /// Run until `shutdown` resolves (with the reason, for the log) or a server fails, then stop
+    /// in order; `started` is called once everything serves. See the module's docs.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = &'static str>,
+        started: impl FnOnce(&Started),
+    ) -> Result<Stopped, AppError> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let opened = tokio::select! {
+            opened = &mut self.opening => opened,
+            signal = &mut shutdown => {
+                // sled's replay cannot be cut short, and need not be: the caller ends the
+                // process, as a crash would, once the early listener has answered what it has.
+                tracing::info!(signal, "shutting down while the store opens");
+                if let Some(early) = self.early.take() {
+                    early.stop().await;
+                }
+                tracing::info!("stopped before the store opened");
+                return Ok(Stopped::WhileOpening);
+            }
+        };
+        let thread = |source| AppError::Thread {
+            name: "store-open",
+            source,
+        };
+        let opened = opened
+            .map_err(|e| thread(std::io::Error::other(e.to_string())))
+            .and_then(|opened| opened.map_err(thread));
+        let store = match opened {
+            Ok(Ok(store)) => store,
+            Ok(Err(e)) | Err(e) => {
+                // The early listener finishes what it has: what it answered is in the log.
+                if let Some(early) = self.early.take() {
+                    early.stop().await;
+                }
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            took_ms = self.opening_since.elapsed().as_millis() as u64,
+            "store opened"
+        );
+        let mut running = self.start_services(store)?;
+        let mut serving = self.serve(&mut running).await?;
+        started(&serving.started);
+        let addrs = self.addrs;
+        tracing::info!(bound = %addrs.public, scheme = addrs.scheme, admin = ?addrs.admin, data_dir = %self.data.root().display(), upstream = self.config.upstream.mode(), "handoff-bridge started");
+        let result = serving.wait(shutdown.as_mut()).await;
+        running.shared.shutting_down.store(true, Ordering::Relaxed);
+        serving.stop().await;
+        self.stop(running).await;
+        match result {
+            Some(Ok(Err(e))) => Err(AppError::Server(e)),
+            _ => Ok(Stopped::InOrder),
+        }
+    }
+}
+
+/// What runs once the store is open: the handlers' shared state, the writer, and the tasks the
+/// stop waits for.
+struct Running {
+    shared: web::Data<Shared>,
+    intake: web::Data<crate::intake::Intake>,
+    writer: Writer,
+    /// The webhook tokens in force, and whether this start generated the one.
+    webhook_token: (Vec<Secret>, bool),
+    stop_tx: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    tasks: Tasks,
+}
+
+struct Tasks {
+    executor: tokio::sync::oneshot::Receiver<()>,
+    dispatcher: tokio::task::JoinHandle<()>,
+    firer: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+    backfiller: Option<tokio::task::JoinHandle<()>>,
+    pruner: tokio::task::JoinHandle<()>,
+    watcher: tokio::task::JoinHandle<()>,
+    cert_reloader: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The parts of the pipeline the handlers need, started on an open store.
+struct Pipeline {
+    writer: Writer,
+    dispatch: DispatchHandle,
+    executor: crate::outbox::ExecutorHandle,
+    verdicts: Arc<crate::helpdesk::commands::Waiters>,
+    executor_task: tokio::sync::oneshot::Receiver<()>,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Application {
+    /// The store's gauges, the pipeline (help desks, executor, dispatcher, writer) and the
+    /// background tasks (timers, reconciliation, backfill, pruning, rule reloads), and the
+    /// handlers' state.
+    fn start_services(&mut self, store: Store) -> Result<Running, AppError> {
+        let webhook_token = match &self.early {
+            Some(early) => early.tokens.clone(),
+            None => webhook_tokens(&self.config, &self.data)?,
+        };
+        let admin_token = if self.config.admin.token.is_empty() {
+            let file = self.data.secret(ADMIN_TOKEN_FILE);
+            file.map_err(data_dir_error(&self.config))?.0
+        } else {
+            self.config.admin.token.clone()
+        };
+        record_sizes(&store, &self.metrics);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        self.metrics
+            .upstream_info
+            .with_label_values(&[self.config.upstream.mode()])
+            .set(1);
+        let pipeline = self.start_pipeline(&store, &stop_rx)?;
+        let config = &self.config;
+        let metrics = &self.metrics;
+        let writer = pipeline.writer.clone();
+        let upstream = &self.upstream.handle;
+        // Overdue timers (due while the daemon was down) fire on its first pass.
+        let firer = crate::timers::start(
+            store.clone(),
+            writer.clone(),
+            metrics.clone(),
+            stop_rx.clone(),
+        );
+        let executor = pipeline.executor.clone();
+        let sweeper = crate::reconcile::Sweeper::new(
+            store.clone(),
+            writer.clone(),
+            upstream.clone(),
+            metrics.clone(),
+            config.reconcile.clone(),
+            executor.clone(),
+            self.webhook_watch.clone(),
+        )
+        .map_err(AppError::Upstream)?;
+        let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
+        let backfill = crate::backfill::Backfill::new(
+            store.clone(),
+            writer.clone(),
+            upstream.clone(),
+            metrics.clone(),
+            crate::backfill::Settings::from_config(
+                &config.backfill,
+                config.upstream.limits.global.per_second,
+            ),
+            self.webhook_watch.clone(),
+            executor.clone(),
+        )
+        .map_err(AppError::Upstream)?;
+        // The first pass at once: what the service did while the daemon was down.
+        let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
+        tokio::spawn(store_size_loop(
+            store.clone(),
+            metrics.clone(),
+            stop_rx.clone(),
+        ));
+        let prune =
+            crate::prune::Pruner::new(store.clone(), writer.clone(), metrics.clone(), config);
+        let pruner = tokio::spawn(crate::prune::run(
+            prune.clone(),
+            config.store.prune_interval,
+            stop_rx.clone(),
+        ));
+        let reloader = crate::ops::reload::Reloader {
+            live: self.rules.clone(),
+            // The shipped set is built in: there is nothing to reload.
+            dir: (config.rules.enabled && !config.rules.dir.is_empty())
+                .then(|| std::path::PathBuf::from(&config.rules.dir)),
+            overrides: settings_overrides(config),
+            metrics: metrics.clone(),
+        };
+        let watcher = reloader
+            .clone()
+            .spawn_watchers(config.rules.watch_interval, stop_rx.clone());
+        let intake = match &self.early {
+            Some(early) => early.intake.clone(),
+            None => intake_state(
+                config,
+                metrics,
+                &self.webhook_watch,
+                writer.clone(),
+                &webhook_token.0,
+            )?,
+        };
+        let helpdesk = crate::helpdesk::api::Helpdesk::new(
+            config.helpdesk.clone(),
+            pipeline.verdicts.clone(),
+            metrics,
+        );
+        let shared = web::Data::new(Shared {
+            store,
+            writer: writer.clone(),
+            dispatch: pipeline.dispatch.clone(),
+            executor,
+            metrics: metrics.clone(),
+            intake: intake.clone(),
+            admin_tokens: TokenSet::new(vec![admin_token]),
+            admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
+            proxies: crate::client_addr::Proxies::new(
+                config.server.trusted_proxies.clone(),
+                config.server.proxy_header,
+            ),
+            test_clock: config.admin.test_clock,
+            body_read_timeout: config.server.body_read_timeout,
+            shutting_down: AtomicBool::new(false),
+            upstream: upstream.clone(),
+            emulator: self.upstream.emulator.as_ref().map(|e| e.emulator.clone()),
+            rules: reloader,
+            helpdesk,
+            reconcile: sweeper,
+            backfill,
+            pruner: prune,
+        });
+        Ok(Running {
+            shared,
+            intake,
+            writer,
+            webhook_token,
+            stop_tx,
+            stop_rx,
+            tasks: Tasks {
+                executor: pipeline.executor_task,
+                dispatcher: pipeline.dispatcher,
+                firer,
+                sweeper: sweeper_task,
+                backfiller,
+                pruner,
+                watcher,
+                cert_reloader: None,
+            },
+        })
+    }
+
+    /// The help desks, the executor, the dispatcher and the writer (the early one attached to
+    /// the store, or a new one), and the executor beside the Open API client.
+    fn start_pipeline(
+        &self,
+        store: &Store,
+        stop_rx: &watch::Receiver<bool>,
+    ) -> Result<Pipeline, AppError> {
+        let config = &self.config;
+        let metrics = &self.metrics;
+        let mut helpdesk = crate::helpdesk::Helpdesk::start(
+            &config.helpdesk,
+            &self.trust,
+            Some(self.tls_observer.clone()),
+        )
+        .map_err(AppError::Upstream)?;
+        // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
+        helpdesk.queue = Arc::new(store.clone());
+        if helpdesk.is_configured() {
+            let names: Vec<&str> = config
+                .helpdesk
+                .endpoints
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
+            tracing::info!(endpoints = ?names, "help-desk events go to the configured endpoints");
+        }
+        let upstream = &self.upstream.handle;
+        let (executor, executor_tasks) = crate::outbox::start(
+            store.clone(),
+            upstream::api::OpenApi::new(upstream.clone()),
+            Arc::new(helpdesk),
+            metrics.clone(),
+            crate::outbox::ExecutorSettings::from_config(&config.outbox),
+            stop_rx.clone(),
+        )?;
+        let (decided_tx, decided_rx) = executor.decided_channel();
+        let verdicts = Arc::new(crate::helpdesk::commands::Waiters::new(
+            config.helpdesk.max_pending_commands,
+        ));
+        let settings = DispatchSettings {
+            concurrency: config.dispatch.concurrency,
+            batch_size: config.dispatch.batch_size,
+            rules: self.rules.clone(),
+            decided: Some(decided_tx),
+            verdicts: Some(verdicts.clone()),
+            priority: self.fold_priority,
+            lift_after: config.dispatch.lift_after(),
+        };
+        let (dispatch, dispatcher) =
+            dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
+        let to_dispatch = dispatch.clone();
+        let durable: crate::store::writer::Durable =
+            Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end));
+        let writer = match &self.early {
+            Some(early) => {
+                // What it logged meanwhile is indexed and handed to the dispatcher now.
+                early.intake.writer.attach(store.clone(), durable);
+                early.intake.writer.clone()
+            }
+            None => Writer::start(
+                store.clone(),
+                WriterHooks {
+                    observe: observe_groups(metrics),
+                    durable,
+                },
+            )?,
+        };
+        // The executor and the task that hands it durable decisions run beside the Open API
+        // client, so a handoff's calls reach the client without crossing threads (a hop each way
+        // per call).
+        let executor_task = upstream
+            .spawn_beside(executor_tasks.run())
+            .map_err(AppError::Upstream)?;
+        upstream
+            .spawn_beside(executor.clone().forward_decided(decided_rx, writer.clone()))
+            .map_err(AppError::Upstream)?;
+        Ok(Pipeline {
+            writer,
+            dispatch,
+            executor,
+            verdicts,
+            executor_task,
+            dispatcher,
+        })
+    }
+}
+
+/// The servers, running.
+struct Serving {
+    started: Started,
+    handle: actix_web::dev::ServerHandle,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    admin_handle: Option<actix_web::dev::ServerHandle>,
+    admin_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    early_handle: Option<actix_web::dev::ServerHandle>,
+    /// Which server ended on its own, if one did (its task is then finished).
+    public_ended: bool,
+    admin_ended: bool,
+}
+
+impl Application {
+    /// Serve on the public socket (taken over from the early server, which stops once a
+    /// connection it took just before has had its time) and the admin one; the embedded
+    /// emulator's webhooks start coming; `daemon.json` says where the daemon listens.
+    async fn serve(&mut self, running: &mut Running) -> Result<Serving, AppError> {
+        let config = &self.config;
+        // The early listener's socket, or the one handed in: the server takes over from the
+        // early one on the same socket, so no connection is refused in between.
+        let listener = match self.early.as_mut().and_then(|early| early.listener.take()) {
+            Some(listener) => listener,
+            None => self
+                .public
+                .take()
+                .ok_or_else(|| AppError::Upstream("the public listener is gone".into()))?,
+        };
+        let tls = self.public_tls.server_config().map_err(AppError::Tls)?;
+        running.tasks.cert_reloader = self
+            .public_tls
+            .spawn_reloader(self.metrics.clone(), running.stop_rx.clone());
+        let admin = match self.admin.take() {
+            Some(listener) => Some(servers::admin_server(
+                config,
+                &running.shared,
+                self.body_budget.clone(),
+                listener,
+            )?),
+            None => None,
+        };
+        if let Some((_, at)) = admin.as_ref().filter(|(_, at)| !at.ip().is_loopback()) {
+            if !running.shared.admin_cidrs.loopback_only() {
+                tracing::warn!(
+                    %at,
+                    "the admin API listens beyond loopback over plain HTTP and admin.allow_cidrs \
+                     admits other hosts: the admin token would cross the network in clear; keep \
+                     admin.allow_cidrs to loopback (the default), or reach it through a TLS proxy"
+                );
+            }
+        }
+        // The early server stops taking connections (made meanwhile, they wait in the socket's
+        // backlog); the server takes them from here on. The early one is stopped once a
+        // connection it took just before has had `server.client_request_timeout` to send its
+        // request (a stop closes one whose request has not begun), in the background; a shutdown
+        // stops it at once.
+        if let Some(early) = &self.early {
+            early.handle.pause().await;
+        }
+        let data = servers::PublicData {
+            shared: running.shared.clone(),
+            intake: running.intake.clone(),
+            body_budget: self.body_budget.clone(),
+        };
+        let server = servers::public_server(config, self.workers, data, listener, tls)?;
+        let handle = server.handle();
+        let early_handle = self.early.as_ref().map(|early| early.handle.clone());
+        if let Some(early) = self.early.take() {
+            let grace = config.server.client_request_timeout;
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                early.stop().await;
+                tracing::info!("the early webhook listener handed over to the server");
+            });
+        }
+        let bound = self.addrs.public;
+        self.data
+            .write_daemon_info(&DaemonInfo {
+                pid: std::process::id(),
+                listen: bound.to_string(),
+                admin: Some(self.addrs.admin.unwrap_or(bound).to_string()),
+            })
+            .map_err(data_dir_error(config))?;
+        self.start_emulator_webhooks(&running.webhook_token.0)?;
+        let (generated, tokens) = (running.webhook_token.1, &running.webhook_token.0);
+        let started = Started {
+            addrs: self.addrs,
+            webhook_path: config.webhook.path.clone(),
+            generated_token: tokens.first().filter(|_| generated).cloned(),
+            token_file: self.data.root().join(WEBHOOK_TOKEN_FILE),
+            remote_upstream: self
+                .upstream
+                .emulator
+                .is_none()
+                .then(|| crate::config::mask_url(&config.upstream.url)),
+        };
+        let task = tokio::spawn(server);
+        let (admin_handle, admin_task) = match admin {
+            Some((server, _)) => (Some(server.handle()), tokio::spawn(server)),
+            // Never ends: only the public server's end or the shutdown stops the daemon.
+            None => (
+                None,
+                tokio::spawn(std::future::pending::<std::io::Result<()>>()),
+            ),
+        };
+        Ok(Serving {
+            started,
+            handle,
+            task,
+            admin_handle,
+            admin_task,
+            early_handle,
+            public_ended: false,
+            admin_ended: false,
+        })
+    }
+
+    /// The embedded emulator plays the service: its webhook events come back to this daemon
+    /// (over TLS too, trusting exactly the listener's certificate).
+    fn start_emulator_webhooks(&self, tokens: &[Secret]) -> Result<(), AppError> {
+        let (Some(embedded), Some(token)) = (&self.upstream.emulator, tokens.first()) else {
+            if let Some(url) = (self.upstream.emulator.is_none())
+                .then(|| crate::config::mask_url(&self.config.upstream.url))
+            {
+                tracing::info!(%url, "upstream is the service's Open API");
+            }
+            return Ok(());
+        };
+        let mut to = self.addrs.public;
+        if to.ip().is_unspecified() {
+            to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let (scheme, path) = (self.addrs.scheme, &self.config.webhook.path);
+        emulator::sender::start(
+            embedded.emulator.clone(),
+            emulator::sender::SenderConfig {
+                url: format!("{scheme}://{to}{path}/{}", token.expose()),
+                window: Duration::from_millis(50),
+                tls: self.public_tls.loopback_client().map_err(AppError::Tls)?,
+            },
+        );
+        tracing::warn!(
+            addr = %embedded.addr,
+            "upstream is the embedded emulator, not the real service"
+        );
+        Ok(())
+    }
+
+    /// After the servers: the background tasks, the dispatcher and the executor stop (each
+    /// within `server.shutdown_timeout`), the emulator stops, and sled is flushed.
+    async fn stop(self, running: Running) {
+        let timeout = self.config.server.shutdown_timeout;
+        let tasks = running.tasks;
+        let _ = running.stop_tx.send(true);
+        // A pass in progress is cut short: what it handed the writer is stored, the rest is found
+        // again by the next start's passes.
+        tasks.sweeper.abort();
+        // A firing handed over as the dispatcher stops waits in the inbox for the next start.
+        if tokio::time::timeout(timeout, tasks.firer).await.is_err() {
+            tracing::warn!("timer firer did not stop in time; due timers fire on the next start");
+        }
+        if let Some(backfiller) = tasks.backfiller {
+            // It stops at once: a pass in progress is dropped at its next await.
+            let _ = backfiller.await;
+        }
+        if tokio::time::timeout(timeout, tasks.dispatcher)
+            .await
+            .is_err()
+        {
+            tracing::warn!("dispatcher did not stop in time; its events stay in the inbox");
+        }
+        if tokio::time::timeout(timeout, tasks.executor).await.is_err() {
+            tracing::warn!("executor did not stop in time; its entries stay in the outbox");
+        }
+        let _ = tasks.pruner.await;
+        let _ = tasks.watcher.await;
+        if let Some(reloader) = tasks.cert_reloader {
+            let _ = reloader.await;
+        }
+        if let Some(embedded) = self.upstream.emulator {
+            embedded.server.stop(true).await;
+        }
+        // Flush sled, so the next start has nothing to index again.
+        let flushed = running.writer.flush().await;
+        self.data.remove_daemon_info();
+        match flushed {
+            Ok(()) => tracing::info!("stopped cleanly"),
+            Err(e) => {
+                tracing::error!(error = %e, "final flush failed; the next start scans the event log's tail again")
+            }
+        }
+    }
+}
+
+impl Serving {
+    /// Until `shutdown` resolves or a server ends on its own; that server's result.
+    async fn wait(
+        &mut self,
+        shutdown: std::pin::Pin<&mut impl Future<Output = &'static str>>,
+    ) -> Option<Result<std::io::Result<()>, tokio::task::JoinError>> {
+        tokio::select! {
+            signal = shutdown => {
+                tracing::info!(signal, "shutting down");
+                None
+            }
+            res = &mut self.task => {
+                self.public_ended = true;
+                Some(res)
+            }
+            res = &mut self.admin_task => {
+                tracing::error!("the admin listener stopped; shutting down");
+                self.admin_ended = true;
+                Some(res)
+            }
+        }
+    }
+
+    /// Stop accepting on both listeners; requests in flight finish (they wait for their flush)
+    /// within the timeout.
+    async fn stop(self) {
+        let Serving {
+            handle,
+            task,
+            admin_handle,
+            admin_task,
+            early_handle,
+            public_ended,
+            admin_ended,
+            ..
+        } = self;
+        let stop_public = async {
+            if let Some(early) = &early_handle {
+                // Its deliveries in hand finish too (a stopped server's handle answers at once).
+                early.stop(true).await;
+            }
+            if !public_ended {
+                handle.stop(true).await;
+                let _ = task.await;
+            }
+        };
+        let stop_admin = async {
+            match &admin_handle {
+                Some(h) if !admin_ended => {
+                    h.stop(true).await;
+                    let _ = admin_task.await;
+                }
+                _ => admin_task.abort(),
+            }
+        };
+        tokio::join!(stop_public, stop_admin);
+    }
+}
+
+/// A failure of the data directory, named by its configured path.
+fn data_dir_error(config: &Config) -> impl Fn(std::io::Error) -> AppError + '_ {
+    |source| AppError::DataDir {
+        path: config.store.data_dir.display().to_string(),
+        source,
+    }
+}
+
+/// The webhook tokens in force: the configured ones, or the data directory's (generated at the
+/// first start: then `true`).
+fn webhook_tokens(config: &Config, data: &DataDir) -> Result<(Vec<Secret>, bool), AppError> {
+    if config.webhook.tokens.is_empty() {
+        let (token, generated) = data
+            .secret(WEBHOOK_TOKEN_FILE)
+            .map_err(data_dir_error(config))?;
+        Ok((vec![token], generated))
+    } else {
+        Ok((config.webhook.tokens.clone(), false))
+    }
+}
+
+/// The webhook's handler state.
+fn intake_state(
+    config: &Config,
+    metrics: &Metrics,
+    watch: &crate::backfill::WebhookWatch,
+    writer: Writer,
+    tokens: &[Secret],
+) -> Result<web::Data<crate::intake::Intake>, AppError> {
+    Ok(web::Data::new(crate::intake::Intake {
+        writer,
+        metrics: metrics.clone(),
+        tokens: TokenSet::new(tokens.to_vec()),
+        cidrs: CidrList::new(config.webhook.allow_cidrs.clone()),
+        proxies: crate::client_addr::Proxies::new(
+            config.server.trusted_proxies.clone(),
+            config.server.proxy_header,
+        ),
+        // Every token a delivery may carry: the ones in force, and a generated one left in the
+        // data directory (from before tokens were configured).
+        scrubber: crate::intake::scrub::Scrubber::configured(config)?,
+        watch: watch.clone(),
+        max_body_bytes: config.webhook.max_body_bytes,
+        max_events: config.webhook.max_events,
+        max_clock_skew: config.webhook.max_clock_skew,
+        body_read_timeout: config.server.body_read_timeout,
+    }))
+}
+
+/// Open the store (after its log, when `early_log` has it) on a thread at the fold's priority:
+/// sled starts its I/O threads and its log flusher from there (during recovery, or at the first
+/// write of its log), and they inherit it. Off the runtime's threads, which serve the early
+/// listener meanwhile.
+fn open_store(
+    config: &Config,
+    data: &DataDir,
+    early_log: Option<crate::store::IntakeLog>,
+    priority: crate::background::Priority,
+) -> Opening {
+    let store_path = data.store_path();
+    let cache_capacity = config.store.cache_capacity_bytes;
+    // sled replays what it wrote since the previous start: after a long run, seconds to minutes
+    // (docs/operations.md, "Start time"). Said, so a slow start is not a mystery.
+    let sled_file = crate::store::sled_file(&store_path);
+    let sled_file_bytes = std::fs::metadata(sled_file).map_or(0, |m| m.len());
+    tracing::info!(
+        sled_file_bytes,
+        "opening the store (sled replays its log written since the previous start)"
+    );
+    let open = move || {
+        #[cfg(debug_assertions)]
+        early::hold_store_open_for_tests();
+        let store = match early_log {
+            Some(log) => Store::open_after_log(&store_path, cache_capacity, log)?,
+            None => Store::open(&store_path, cache_capacity)?,
+        };
+        store.start_io_threads()?;
+        Ok::<_, AppError>(store)
+    };
+    tokio::task::spawn_blocking(move || {
+        crate::background::on_thread_at(priority, "store-open", open)
+    })
+}
+
+/// The store's size gauges, as it opened.
+fn record_sizes(store: &Store, metrics: &Metrics) {
+    let sizes = store.sizes();
+    for (kind, count) in [
+        ("conversations", sizes.conversations),
+        ("end_users", sizes.end_users),
+        ("bots", sizes.bots),
+    ] {
+        metrics
+            .state_entries
+            .with_label_values(&[kind])
+            .set(count as i64);
+    }
+    metrics.quarantine_entries.set(sizes.quarantine as i64);
+    metrics.timers_pending.set(store.timers_pending() as i64);
+    metrics
+        .store_bytes
+        .set(i64::try_from(store.size_on_disk()).unwrap_or(i64::MAX));
+}
+
+/// The writer's report of each group, as metrics.
+fn observe_groups(metrics: &Metrics) -> crate::store::writer::Observe {
+    let metrics = metrics.clone();
+    Box::new(move |took, deliveries| {
+        metrics.flush_seconds.observe(took.as_secs_f64());
+        metrics.flush_writers.observe(deliveries as f64);
+    })
+}
+
+/// How the fold threads (and sled's I/O threads) run. `SCHED_IDLE` only where a starving fold can
+/// be lifted out of it again (`dispatch.lift_after`, which needs `CAP_SYS_NICE` or an
+/// `RLIMIT_NICE` allowing nice 0): otherwise a host whose other programs keep the CPUs busy would
+/// hold every handoff back, so the fold runs at nice 19 instead, which keeps a share of the CPU.
+fn fold_priority(dispatch: &crate::config::DispatchConfig) -> crate::background::Priority {
+    use crate::background::{can_lift_from_idle, Priority, MAX_NICENESS};
+    match dispatch.priority() {
+        Priority::Idle if dispatch.lift_after().is_some() && !can_lift_from_idle() => {
+            tracing::warn!(
+                "dispatch.fold_priority = \"idle\" needs a way back out of SCHED_IDLE for a fold \
+                 that starves on a busy host (CAP_SYS_NICE, or RLIMIT_NICE allowing nice 0: \
+                 systemd LimitNICE=+0), and this process has none: the fold runs at nice 19"
+            );
+            Priority::Nice(MAX_NICENESS)
+        }
+        priority => priority,
+    }
+}
+
+/// How often `handoff_store_size_bytes` is measured (a walk of the store's files).
+const STORE_SIZE_EVERY: Duration = Duration::from_secs(15);
+
+/// Keep `handoff_store_size_bytes` current, measured off the HTTP workers, so a scrape reads a
+/// gauge instead of walking the directory.
+async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STORE_SIZE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // measured at the start already
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let store = store.clone();
+        if let Ok(bytes) = tokio::task::spawn_blocking(move || store.size_on_disk()).await {
+            metrics
+                .store_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+}
