@@ -1,0 +1,47 @@
+//! Integration tests that drive the daemon as a client would (webhooks, the admin and agent
+//! APIs, the embedded or an external emulator), and the in-process tests of the emulator and the
+//! Open API client. One test binary: `cargo test --test it`.
+//!
+//! The daemon is still started as a process through `common` for now, but what these tests check
+//! is not that process (the tests that need it are in `tests/process`). One part to mind when
+//! they move in-process: `retention`'s long mode (`HANDOFF_BRIDGE_LONG_TESTS=1`) also bounds the
+//! daemon's resident memory, read from /proc by its pid.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod actions_execute;
+mod admin_pages;
+mod bad_input;
+mod body_budget_routes;
+mod deploy_files;
+mod emulator_http;
+mod emulator_standalone;
+mod faults_upstream;
+mod fixtures_and_duplicates;
+mod flow_titles;
+mod full_loop;
+mod helpdesk_api;
+mod helpdesk_api_errors;
+mod helpdesk_contract;
+mod helpdesk_e2e;
+mod helpdesk_events;
+mod helpdesk_openapi;
+mod helpdesk_queue_pages;
+mod hostile_input;
+mod loop_protection;
+mod out_of_order;
+mod outbox_backpressure;
+mod outbox_outages;
+mod outbox_pages;
+mod outbox_wake;
+mod quarantine_pages;
+mod reconcile;
+mod reconcile_outage;
+mod retention;
+mod shipped_rules;
+mod stuck_handoffs;
+mod timers;
+mod trusted_proxies;
+mod upstream_contract;
+mod upstream_faults;
