@@ -272,7 +272,7 @@ impl Backfill {
     /// Run one pass now (after the one running, if any).
     pub async fn pass(&self) -> Result<PassReport, BackfillError> {
         let _one = self.running.lock().await;
-        let started = model::clock::now_millis();
+        let started = self.store.clock().now_millis();
         let Some(cursor) = self.blocking(|s| s.backfill_cursor()).await? else {
             // A new store: the service's history before the bridge existed is not its to fold.
             self.blocking(move |s| s.set_backfill_cursor(started))

@@ -763,7 +763,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                             "POST",
                             &format!("/admin/v1/quarantine/{id}/reprocess"),
                             |store| {
-                                let now = model::clock::now_millis();
+                                let now = model::clock::system_millis();
                                 let checks = model::webhook::Checks::intake(
                                     config.webhook.max_events,
                                     config.webhook.max_clock_skew,
@@ -1088,7 +1088,7 @@ fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(), CliError
             };
             let now = match &at {
                 Some(t) => model::clock::parse_time(t).map_err(CliError::Usage)?,
-                None => model::clock::now_millis(),
+                None => model::clock::system_millis(),
             };
             let mut reports = Vec::new();
             for ev in events {
@@ -1216,7 +1216,7 @@ fn replay(
 /// `handoff-bridge dlq ...`: through the running daemon, or on the store when it is stopped (the
 /// next start then runs what was retried).
 fn dlq(config: &Config, action: DlqCommand) -> Result<(), CliError> {
-    let now = model::clock::now_millis();
+    let now = model::clock::system_millis();
     match action {
         DlqCommand::List { page } => list_command(config, List::DeadLetters, page, Unpaged::Object),
         DlqCommand::Show { id } => {

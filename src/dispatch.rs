@@ -787,7 +787,7 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
             if let Some(waiters) = fold.verdicts {
                 waiters.complete(&applied.agent_verdicts);
             }
-            let now = model::clock::now_millis();
+            let now = store.clock().now_millis();
             for at in received {
                 metrics
                     .processing_seconds
@@ -887,7 +887,7 @@ fn quarantine_unreadable(
         "unprocessable_event",
         why,
         raw.as_bytes(),
-        model::clock::now_millis(),
+        store.clock().now_millis(),
     );
     match store.quarantine(record) {
         Ok(_) => {

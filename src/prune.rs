@@ -110,7 +110,7 @@ impl Pruner {
         let events_before = now - millis(r.events);
         let audit_before = now - millis(r.audit);
         let answers_before = now - millis(r.answers);
-        let daemon_now = model::clock::now_millis();
+        let daemon_now = self.store.clock().now_millis();
         let states_before = (!r.states.is_zero()).then(|| daemon_now - millis(r.states));
         let quarantine_before =
             (!r.quarantine.is_zero()).then(|| daemon_now - millis(r.quarantine));

@@ -50,7 +50,7 @@ async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Re
         }
         wakeup.looking();
         fired.retain(|key| store.has_timer(key).unwrap_or(true));
-        let now = model::clock::now_millis();
+        let now = store.clock().now_millis();
         let wait = match store.due_timers(now, BATCH, |key| fired.contains(key)) {
             Ok((due, next)) if due.is_empty() => until(next, now),
             Ok((due, _)) => match fire(&writer, &metrics, due, now).await {

@@ -242,6 +242,7 @@ pub struct Application {
     trust: upstream::tls::Trust,
     tls_observer: upstream::tls::TlsObserver,
     fold_priority: crate::background::Priority,
+    clock: model::clock::Clock,
     opening: Opening,
     opening_since: Instant,
 }
@@ -255,6 +256,8 @@ impl Application {
             tracing::warn!("config: {note}");
         }
         let rules = engine::rules::live::LiveRules::new(load_rules(&config)?);
+        // This application's time: its test clock moves it, and no other's.
+        let clock = model::clock::Clock::new();
         data.create().map_err(data_dir_error(&config))?;
         if let Some(mode) = data.loose_mode() {
             tracing::warn!(
@@ -306,7 +309,13 @@ impl Application {
             Some(log) => {
                 let writer = Writer::start_early(log, observe_groups(&metrics))?;
                 let tokens = webhook_tokens(&config, &data)?;
-                let intake = intake_state(&config, &metrics, &webhook_watch, writer, &tokens.0)?;
+                let intake = intake_state(
+                    &config,
+                    (&metrics, &clock),
+                    &webhook_watch,
+                    writer,
+                    &tokens.0,
+                )?;
                 let parts = EarlyParts {
                     tokens,
                     intake,
@@ -319,9 +328,9 @@ impl Application {
             }
         };
         let (trust, tls_observer) = client_tls(&config, &metrics);
-        let upstream = Upstream::start(&config, &metrics, &trust, tls_observer.clone())?;
+        let upstream = Upstream::start(&config, &metrics, &clock, (&trust, tls_observer.clone()))?;
         let fold_priority = fold_priority(&config.dispatch);
-        let opening = open_store(&config, &data, early_log, fold_priority);
+        let opening = open_store(&config, &data, early_log, (fold_priority, clock.clone()));
         let addrs = Addrs {
             public: public_addr,
             admin: admin_addr,
@@ -345,6 +354,7 @@ impl Application {
             trust,
             tls_observer,
             fold_priority,
+            clock,
             opening,
             opening_since: Instant::now(),
         })
@@ -539,7 +549,7 @@ impl Application {
             Some(early) => early.intake.clone(),
             None => intake_state(
                 config,
-                metrics,
+                (metrics, &self.clock),
                 &self.webhook_watch,
                 writer.clone(),
                 &webhook_token.0,
@@ -958,7 +968,7 @@ fn webhook_tokens(config: &Config, data: &DataDir) -> Result<(Vec<Secret>, bool)
 /// The webhook's handler state.
 fn intake_state(
     config: &Config,
-    metrics: &Metrics,
+    (metrics, clock): (&Metrics, &model::clock::Clock),
     watch: &crate::backfill::WebhookWatch,
     writer: Writer,
     tokens: &[Secret],
@@ -980,6 +990,7 @@ fn intake_state(
         max_events: config.webhook.max_events,
         max_clock_skew: config.webhook.max_clock_skew,
         body_read_timeout: config.server.body_read_timeout,
+        clock: clock.clone(),
     }))
 }
 
@@ -991,7 +1002,7 @@ fn open_store(
     config: &Config,
     data: &DataDir,
     early_log: Option<crate::store::IntakeLog>,
-    priority: crate::background::Priority,
+    (priority, clock): (crate::background::Priority, model::clock::Clock),
 ) -> Opening {
     let store_path = data.store_path();
     let cache_capacity = config.store.cache_capacity_bytes;
@@ -1011,7 +1022,7 @@ fn open_store(
             None => Store::open(&store_path, cache_capacity)?,
         };
         store.start_io_threads()?;
-        Ok::<_, AppError>(store)
+        Ok::<_, AppError>(store.with_clock(clock))
     };
     tokio::task::spawn_blocking(move || {
         crate::background::on_thread_at(priority, "store-open", open)

@@ -49,8 +49,8 @@ impl Upstream {
     pub(super) fn start(
         config: &Config,
         metrics: &Metrics,
-        trust: &upstream::tls::Trust,
-        tls_observer: upstream::tls::TlsObserver,
+        clock: &model::clock::Clock,
+        (trust, tls_observer): (&upstream::tls::Trust, upstream::tls::TlsObserver),
     ) -> Result<Upstream, AppError> {
         use upstream::handle::{Endpoint, UpstreamHandle};
         let up = &config.upstream;
@@ -65,6 +65,7 @@ impl Upstream {
             emu_config.auth_header = up.auth_header.clone();
             emu_config.auth_scheme = (!up.auth_scheme.is_empty()).then(|| up.auth_scheme.clone());
             emu_config.idempotency_header = up.idempotency_header.clone();
+            emu_config.clock = clock.clone();
             let seed =
                 emulator::Seed::default_seed().map_err(|e| AppError::Upstream(e.to_string()))?;
             let running = emulator::start_standalone("127.0.0.1:0", seed, emu_config)

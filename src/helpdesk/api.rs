@@ -485,7 +485,7 @@ async fn list_conversations(
     .await
     .map_err(|_| store_unavailable())?
     .map_err(store_error)?;
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let items: Vec<QueueItem> = page
         .conversations
         .iter()
@@ -526,7 +526,7 @@ async fn get_conversation(
         Ok((state, positions))
     })
     .await?;
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let summary = summary(&state, &positions, now);
     let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
         0 => (None, None),
@@ -1041,7 +1041,7 @@ async fn run(
             request,
             status: answer.status.as_u16(),
             body: answer.body.clone(),
-            at: model::clock::now_millis(),
+            at: shared.store.clock().now_millis(),
         };
         let key = key.clone();
         let recorded = blocking(shared, move |shared| {
@@ -1150,7 +1150,7 @@ async fn submit(
         command,
     };
     let bot = bot_of(&state).unwrap_or("bridge").to_owned();
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let event = match model::webhook::agent_event(&cmd, &event_id, &bot, now) {
         Ok(e) => e,
         Err(e) => {

@@ -39,6 +39,8 @@ pub struct Intake {
     pub max_events: usize,
     pub max_clock_skew: std::time::Duration,
     pub body_read_timeout: std::time::Duration,
+    /// The daemon's time: a delivery's receive time.
+    pub clock: model::clock::Clock,
 }
 
 impl Intake {
@@ -197,7 +199,7 @@ async fn handle(
     };
 
     let content_type = req.content_type().to_owned();
-    let now = model::clock::now_millis();
+    let now = intake.clock.now_millis();
     let checks = intake.checks(now);
     // A large body is judged (and, if bad, compressed into quarantine) on the blocking pool: a
     // body at the size limit takes a while, and the HTTP worker keeps answering other deliveries.

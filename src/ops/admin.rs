@@ -135,7 +135,7 @@ async fn clock_advance(
             format!("expected {{\"by\": \"<duration>\"}}: {e}"),
         )
     })?;
-    let offset = model::clock::advance(advance.by);
+    let offset = shared.store.clock().advance(advance.by);
     tracing::warn!(
         by = %humantime::format_duration(advance.by),
         offset_ms = offset,
@@ -145,7 +145,7 @@ async fn clock_advance(
     shared.store.timer_wakeup().wake();
     // And the executor: retries due in daemon time run now.
     shared.executor.wake();
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     // How many timers are due now: a caller can wait for that many firings.
     let store = shared.store.clone();
     let due = blocking(move || {
@@ -373,7 +373,7 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
     let scrubber = shared.intake.scrubber.clone();

@@ -80,7 +80,7 @@ async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
         .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
     // The age on the daemon's clock (the test clock included) at the scrape.
     let age = q.oldest_since.map_or(0.0, |since| {
-        (model::clock::now_millis() - since).max(0) as f64 / 1000.0
+        (shared.store.clock().now_millis() - since).max(0) as f64 / 1000.0
     });
     m.queue_oldest_wait_seconds.set(age);
     HttpResponse::Ok()

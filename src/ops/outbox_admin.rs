@@ -161,7 +161,7 @@ async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> 
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
 async fn retry(shared: &Shared, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
         let mut entries = Vec::new();
@@ -212,7 +212,7 @@ async fn drop_dead(
                 "dropping a dead letter needs a reason (?reason=...)",
             )
         })?;
-    let now = model::clock::now_millis();
+    let now = shared.store.clock().now_millis();
     let (store, why) = (shared.store.clone(), reason.clone());
     let letter = blocking(move || store.drop_dead_letter(id, &why, now))
         .await?

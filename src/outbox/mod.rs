@@ -71,7 +71,7 @@ impl ExecutorSettings {
     }
 }
 
-/// The daemon's time as the executor reads it: `clock::now_millis` in the daemon, a clock on
+/// The daemon's time as the executor reads it: the store's clock in the daemon, a clock on
 /// tokio's paused time in tests.
 pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 
@@ -308,7 +308,8 @@ pub fn start(
         openapi,
         helpdesk: Arc::new(hd),
     };
-    let clock: Clock = Arc::new(model::clock::now_millis);
+    let daemon = store.clock().clone();
+    let clock: Clock = Arc::new(move || daemon.now_millis());
     start_with(
         Arc::new(store),
         sinks,

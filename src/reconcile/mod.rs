@@ -165,7 +165,7 @@ impl Sweeper {
 
     async fn run_pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
         let inner = &self.inner;
-        let now = model::clock::now_millis();
+        let now = self.inner.store.clock().now_millis();
         let mut report = PassReport {
             dry_run,
             started_at: now,
@@ -265,7 +265,9 @@ impl Sweeper {
             };
             report.checked += 1;
             let service = compare::observed(&answer);
-            if let Some(drift) = compare::drift(&state, &service, model::clock::now_millis()) {
+            if let Some(drift) =
+                compare::drift(&state, &service, self.inner.store.clock().now_millis())
+            {
                 found.push((state, drift));
             }
         }
@@ -413,7 +415,7 @@ impl Sweeper {
             delivery: DeliveryId::new(event.event.id.as_str()),
             events: vec![event],
             invalid: Vec::new(),
-            received_at: model::clock::now_millis(),
+            received_at: self.inner.store.clock().now_millis(),
         };
         match self.inner.writer.accept(job).await {
             Ok(accepted) => Ok(accepted.new.len() as u64),
@@ -514,13 +516,18 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
             return;
         }
         let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-        let mut due = model::clock::now_millis().saturating_add(every);
+        let mut due = sweeper
+            .inner
+            .store
+            .clock()
+            .now_millis()
+            .saturating_add(every);
         let mut waiting = false;
         loop {
             if *stop.borrow() {
                 break;
             }
-            let now = model::clock::now_millis();
+            let now = sweeper.inner.store.clock().now_millis();
             if now >= due && sweeper.inner.executor.openapi_down() {
                 // The service is down (the outbox's circuit is open): every read would fail.
                 // The pass waits for the next interval; nothing is lost, the drift stays.
@@ -551,7 +558,12 @@ pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::
                         tracing::error!(error = %e, "reconciliation pass failed; next interval")
                     }
                 }
-                due = model::clock::now_millis().saturating_add(every);
+                due = sweeper
+                    .inner
+                    .store
+                    .clock()
+                    .now_millis()
+                    .saturating_add(every);
                 continue;
             }
             tokio::select! {

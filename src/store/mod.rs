@@ -638,6 +638,8 @@ pub struct Store {
     half_applied: Arc<std::sync::atomic::AtomicBool>,
     /// The waiting queue's request times, counted (see [`Store::queue_summary`]).
     waiting: Arc<Mutex<queue::WaitingCounts>>,
+    /// The daemon's time (its test clock's offset included): see [`Store::with_clock`].
+    clock: model::clock::Clock,
 }
 
 /// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
@@ -652,6 +654,18 @@ struct Legacy {
 }
 
 impl Store {
+    /// The store reading the daemon's time from `clock` (the application's, which its test clock
+    /// moves) instead of a clock of its own at the system's time. Set before it is cloned.
+    pub fn with_clock(mut self, clock: model::clock::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The daemon's time as this store reads it.
+    pub fn clock(&self) -> &model::clock::Clock {
+        &self.clock
+    }
+
     /// Open (or create) the store under `dir`.
     pub fn open(dir: &Path, cache_capacity: u64) -> Result<Self, StoreError> {
         Self::open_with(dir, cache_capacity, eventlog::SEGMENT_BYTES)
@@ -740,6 +754,7 @@ impl Store {
             fold_lock: Default::default(),
             half_applied: Default::default(),
             waiting: Default::default(),
+            clock: model::clock::Clock::new(),
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
@@ -848,7 +863,7 @@ impl Store {
                 .map(|v| v as Millis)
                 .ok_or_else(|| corrupt("legacy dedupe time"))?,
             None if layout < 3 => {
-                let now = model::clock::now_millis();
+                let now = self.clock.now_millis();
                 self.meta
                     .insert(keys::meta::LEGACY_DEDUPE_SINCE, &keys::seq(now as u64))?;
                 now
@@ -962,7 +977,7 @@ impl Store {
     /// recovery of an existing store does, a new store's first write of its log does, and so does
     /// a flush with something to write. Notes when the store was opened, which is that something.
     pub fn start_io_threads(&self) -> Result<(), StoreError> {
-        let now = model::clock::now_millis().max(0) as u64;
+        let now = self.clock.now_millis().max(0) as u64;
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
         self.flush()?;
         Ok(())
@@ -1243,7 +1258,7 @@ impl Store {
         let mut derived_before = HashMap::new();
         // Each state's key in the retention index as this fold found it (`None`: created).
         let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
-        let now = model::clock::now_millis();
+        let now = self.clock.now_millis();
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
             if !marks.raise(self, partition.encode(), *seq)? {
                 out.skipped += 1;

@@ -136,7 +136,7 @@ impl Store {
             }
             ControlFlow::Continue(())
         })?;
-        let now = model::clock::now_millis();
+        let now = self.clock.now_millis();
         let mut states: HashMap<String, ConversationState> = HashMap::new();
         let mut taken = HashSet::new();
         let mut users: HashMap<String, Option<engine::state::EndUserState>> = HashMap::new();

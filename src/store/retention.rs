@@ -749,7 +749,7 @@ mod tests {
     #[test]
     fn an_idle_conversation_and_its_end_user_go_with_every_derived_key() {
         let (_d, store) = open();
-        let now = model::clock::now_millis();
+        let now = model::clock::system_millis();
         let requested = "bot.conversation.agent_call_requested";
         fold(
             &store,
@@ -986,7 +986,7 @@ mod tests {
         );
         let old = store.conversation(&"c1".into()).expect("read").expect("c1");
         let timer = old.timers.get("t").expect("timer").clone();
-        let far = model::clock::now_millis() + DAY;
+        let far = model::clock::system_millis() + DAY;
         assert_eq!(
             store.prune_states(far, CHUNK).expect("prune").conversations,
             1

@@ -1113,10 +1113,10 @@ fn fire(store: &Store, timer: &DueTimer) -> Accepted {
 fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     let (dir, store) = store();
     let set = timer_rules();
-    let before = model::clock::now_millis();
+    let before = model::clock::system_millis();
     accept(&store, &said("d1", "e1", "c1", "start"));
     let applied = drain_with(&store, &set);
-    let after = model::clock::now_millis();
+    let after = model::clock::system_millis();
     assert_eq!(applied.timers_change, 1);
     assert!(applied.outbox.is_empty(), "internal: nothing to carry out");
     let timers = all_timers(&store);
@@ -1680,7 +1680,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
     let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(store.seen_event("gone").expect("seen"));
     // Past the window: the trees go, and the ids are new again.
-    let later = model::clock::now_millis() + 1_000;
+    let later = model::clock::system_millis() + 1_000;
     assert_eq!(store.prune(later, 0).expect("prune").dedupe_records, 2);
     assert!(!store.seen_event("gone").expect("seen"));
     assert!(!store

@@ -84,6 +84,8 @@ pub struct EmulatorConfig {
     pub journal_capacity: usize,
     /// Idempotency keys remembered; past this the oldest are forgotten.
     pub idempotency_capacity: usize,
+    /// The daemon's clock when embedded: the emulator's time follows its test clock.
+    pub clock: model::clock::Clock,
 }
 
 impl EmulatorConfig {
@@ -96,6 +98,7 @@ impl EmulatorConfig {
             faults: FaultConfig::default(),
             journal_capacity: journal::DEFAULT_CAPACITY,
             idempotency_capacity: 100_000,
+            clock: model::clock::Clock::new(),
         }
     }
 }
@@ -151,26 +154,29 @@ struct Clock {
     /// Unix µs at `start`.
     start_wall_us: i64,
     start: tokio::time::Instant,
+    /// The daemon's clock, whose test-clock offset this one follows.
+    daemon: model::clock::Clock,
 }
 
 impl Clock {
-    fn new() -> Self {
+    fn new(daemon: model::clock::Clock) -> Self {
         let wall_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
         Clock {
             start_wall_us: wall_us,
             start: tokio::time::Instant::now(),
+            daemon,
         }
     }
 
-    /// Unix µs; includes the test clock's offset (`model::clock::advance`), so an embedded
+    /// Unix µs; includes the daemon's test-clock offset (`model::clock::Clock::advance`), so an embedded
     /// emulator's events move with the daemon's time.
     fn now_us(&self) -> i64 {
         let elapsed = i64::try_from(self.start.elapsed().as_micros()).unwrap_or(i64::MAX);
         self.start_wall_us
             .saturating_add(elapsed)
-            .saturating_add(model::clock::offset_millis().saturating_mul(1000))
+            .saturating_add(self.daemon.offset_millis().saturating_mul(1000))
     }
 
     /// [`now_us`](Self::now_us) in ms.
@@ -223,7 +229,7 @@ impl Emulator {
                 }),
                 journal: Mutex::new(Journal::new(config.journal_capacity)),
                 faults: Mutex::new(FaultState::new(config.faults)),
-                clock: Clock::new(),
+                clock: Clock::new(config.clock),
             }),
         })
     }

@@ -1,17 +1,47 @@
-//! Wall-clock time in the service's unit (Unix milliseconds).
+//! Wall-clock time in the service's unit (Unix milliseconds): the daemon's [`Clock`], and times
+//! given as text.
 
 use crate::webhook::model::Millis;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// How far the test clock (`admin.test_clock`) has moved the daemon's time ahead of the system's:
-/// 0 unless an operator rehearsing a handoff advanced it. One per process: the daemon is one.
-static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+/// The daemon's clock: the system's time plus the test clock's offset (`admin.test_clock`), 0
+/// unless an operator rehearsing a handoff advanced it. Each application owns one (clones share
+/// it), so two daemons in one process keep their own time.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    offset_ms: Arc<AtomicI64>,
+}
 
-/// The daemon's time: the system's, plus the test clock's offset. What the handoff sees (rule
-/// timers, business hours, event receive times).
-pub fn now_millis() -> Millis {
-    system_millis().saturating_add(offset_millis())
+impl Clock {
+    /// A clock at the system's time.
+    pub fn new() -> Clock {
+        Clock::default()
+    }
+
+    /// The daemon's time: the system's, plus the test clock's offset. What the handoff sees (rule
+    /// timers, business hours, event receive times).
+    pub fn now_millis(&self) -> Millis {
+        system_millis().saturating_add(self.offset_millis())
+    }
+
+    /// The test clock's offset.
+    pub fn offset_millis(&self) -> Millis {
+        self.offset_ms.load(Ordering::SeqCst)
+    }
+
+    /// Move the daemon's time forward by `by` (the test clock; it never goes back). Returns the
+    /// new offset. Whoever sleeps until a wall-clock time must be woken by the caller.
+    pub fn advance(&self, by: std::time::Duration) -> Millis {
+        let by = Millis::try_from(by.as_millis()).unwrap_or(Millis::MAX);
+        let step = |offset: Millis| Some(offset.saturating_add(by));
+        let before = self
+            .offset_ms
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, step)
+            .unwrap_or_else(|offset| offset);
+        before.saturating_add(by)
+    }
 }
 
 /// The system's time, never moved by the test clock: for what other systems or the data's safety
@@ -20,22 +50,6 @@ pub fn system_millis() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
         Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
     })
-}
-
-/// The test clock's offset.
-pub fn offset_millis() -> Millis {
-    OFFSET_MS.load(Ordering::SeqCst)
-}
-
-/// Move the daemon's time forward by `by` (the test clock; it never goes back). Returns the new
-/// offset. Whoever sleeps until a wall-clock time must be woken by the caller.
-pub fn advance(by: std::time::Duration) -> Millis {
-    let by = Millis::try_from(by.as_millis()).unwrap_or(Millis::MAX);
-    let step = |offset: Millis| Some(offset.saturating_add(by));
-    let before = OFFSET_MS
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, step)
-        .unwrap_or_else(|offset| offset);
-    before.saturating_add(by)
 }
 
 /// A time given by an operator: Unix milliseconds, or RFC 3339 (`2026-11-22T09:00:00Z`).
@@ -72,6 +86,17 @@ pub fn format_iso_millis(ms: Millis) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_clock_keeps_its_own_offset_and_clones_share_it() {
+        let (one, other) = (Clock::new(), Clock::new());
+        let shared = one.clone();
+        assert_eq!(one.advance(std::time::Duration::from_secs(60)), 60_000);
+        assert_eq!(shared.offset_millis(), 60_000, "a clone moves with it");
+        assert_eq!(other.offset_millis(), 0, "another clock does not");
+        assert!(one.now_millis() >= other.now_millis() + 59_000);
+        assert_eq!(one.advance(std::time::Duration::from_secs(1)), 61_000);
+    }
 
     #[test]
     fn operator_times_parse_as_millis_or_rfc3339() {
