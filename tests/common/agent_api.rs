@@ -31,6 +31,7 @@ pub fn spawn_with(config_dir: &Path, data: &Path, helpdesk: &str, partner: bool)
             format!("{TOKEN_OLD},{TOKEN_NEW}"),
         )],
         args: vec!["--config".into(), config.display().to_string()],
+        ..Spawn::default()
     };
     TestApp::spawn_in(data, opts)
 }

@@ -372,13 +372,13 @@ pub fn run_load<T>(
 /// Send SIGTERM and wait (on a helper thread, woken by the process exit) at most `limit` for the
 /// daemon to exit. Returns the exit status (None if it had to be killed) and the time it took.
 pub fn terminate_within(app: TestApp, limit: Duration) -> (Option<ExitStatus>, Duration) {
-    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let waiter = std::thread::spawn(move || {
         let mut app = app;
-        let status = app.child.wait().expect("wait");
+        let status = app.child().wait().expect("wait");
         let _ = tx.send(status);
         drop(app);
     });

@@ -1,6 +1,8 @@
-//! spawn_app: start the real `handoff-bridge` binary on a random loopback port with its own data
-//! directory, and talk to it over HTTP. Processes started here are killed (by PID, via `Child`)
-//! when the `TestApp` is dropped.
+//! `TestApp`: start the daemon on random loopback ports with its own data directory, and talk to
+//! it over HTTP. In the `it` binary (`crate::IN_PROCESS`) the application runs in this process,
+//! on a thread and runtime of its own (`Application::build` and `run`); in `process`, and for a
+//! test that asks for its own process, the real `handoff-bridge` binary runs as a child, killed
+//! (by PID, via `Child`) when the `TestApp` is dropped. An app in process is stopped in order.
 
 #![allow(dead_code)]
 
@@ -56,7 +58,7 @@ pub fn agent() -> ureq::Agent {
 }
 
 pub struct TestApp {
-    pub child: Child,
+    daemon: Daemon,
     /// The public listener (webhook, agent API, probes).
     pub base: String,
     /// The admin listener (admin API, /metrics); reach it through [`TestApp::admin_url`].
@@ -65,10 +67,40 @@ pub struct TestApp {
     /// The embedded emulator's base URL, when the upstream is embedded (the default).
     pub emulator_url: Option<String>,
     pub data_dir: PathBuf,
-    pub log_path: PathBuf,
-    _stdout: BufReader<ChildStdout>,
     _tmp: Option<tempfile::TempDir>,
     pub agent: ureq::Agent,
+}
+
+/// Where the daemon runs: in this process (the application on a thread of its own, with its own
+/// runtime), or as a child process of the real binary.
+enum Daemon {
+    InProcess(InProcess),
+    Child {
+        child: Child,
+        log_path: PathBuf,
+        _stdout: BufReader<ChildStdout>,
+    },
+}
+
+/// An application running on its own thread until its stop is sent.
+struct InProcess {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl InProcess {
+    /// Stop it in order (as SIGTERM stops the binary) and wait; its result.
+    fn stop(&mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err("the app panicked".into())),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Options for starting the daemon.
@@ -76,6 +108,9 @@ pub struct TestApp {
 pub struct Spawn {
     pub env: Vec<(String, String)>,
     pub args: Vec<String>,
+    /// Run the real binary as a child process even in the in-process test binary: for a test
+    /// that reads the daemon's log or measures its process.
+    pub own_process: bool,
 }
 
 impl Spawn {
@@ -89,6 +124,43 @@ impl Spawn {
             ..Spawn::default()
         }
     }
+
+    /// The daemon's environment: the tokens the tests use, no rules unless the test gives some
+    /// (its own directory, or the shipped set by turning rules on: most tests are about intake
+    /// and state, and the shipped handoff would act), then the test's own.
+    fn daemon_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            (
+                "HANDOFF_BRIDGE_WEBHOOK_TOKENS".to_owned(),
+                WEBHOOK_TOKEN.to_owned(),
+            ),
+            (
+                "HANDOFF_BRIDGE_ADMIN_TOKEN".to_owned(),
+                ADMIN_TOKEN.to_owned(),
+            ),
+        ];
+        if !self
+            .env
+            .iter()
+            .any(|(k, _)| k.starts_with("HANDOFF_BRIDGE__RULES__"))
+        {
+            env.push((
+                "HANDOFF_BRIDGE__RULES__ENABLED".to_owned(),
+                "false".to_owned(),
+            ));
+        }
+        env.extend(self.env.iter().cloned());
+        env
+    }
+
+    /// The admin listener on a free port too, unless the test chooses it (flags beat the
+    /// environment, so the flag is left out then).
+    fn admin_chosen(&self) -> bool {
+        self.args.iter().any(|a| a.starts_with("--admin-listen"))
+            || self.env.iter().any(|(k, _)| {
+                k == "HANDOFF_BRIDGE_ADMIN_LISTEN" || k == "HANDOFF_BRIDGE__ADMIN__LISTEN"
+            })
+    }
 }
 
 impl TestApp {
@@ -101,15 +173,83 @@ impl TestApp {
         app
     }
 
-    /// A daemon on `data_dir` (kept after the app is dropped: restart tests reuse it).
+    /// A daemon on `data_dir` (kept after the app is dropped: restart tests reuse it): in this
+    /// process in the `it` binary (unless `opts.own_process`), the real binary in `process`.
     pub fn spawn_in(data_dir: &Path, opts: Spawn) -> TestApp {
-        Self::spawn_under(&[], data_dir, opts)
+        if crate::IN_PROCESS && !opts.own_process {
+            Self::start_in_process(data_dir, opts)
+        } else {
+            Self::spawn_under(&[], data_dir, opts)
+        }
     }
 
-    /// [`spawn_in`](Self::spawn_in), the daemon started by `wrapper` (a program and its
-    /// arguments, which run the command after them). `setpriv ... --` and `prlimit ... --` run it
-    /// in their own process, so `child` is the daemon; `strace` runs it as its child, which the
-    /// test must stop itself (by the PID in `daemon.json`).
+    /// The application in this process, on its own thread and runtime, on ephemeral loopback
+    /// ports, configured as the binary would be by the same environment and flags.
+    fn start_in_process(data_dir: &Path, opts: Spawn) -> TestApp {
+        use handoff_bridge::app::{Application, Listeners};
+        use handoff_bridge::config::{Config, Overrides};
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let config_file = match opts.args.as_slice() {
+            [] => None,
+            [flag, path] if flag == "--config" => Some(PathBuf::from(path)),
+            other => panic!("in process, only --config is understood: {other:?}"),
+        };
+        let overrides = Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            admin_listen: (!opts.admin_chosen()).then(|| "127.0.0.1:0".into()),
+            upstream: None,
+            data_dir: Some(data_dir.to_path_buf()),
+            check_files: true,
+        };
+        let config = Config::load_from(config_file.as_deref(), opts.daemon_env(), &overrides)
+            .unwrap_or_else(|e| panic!("config: {e}"));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let listeners = Listeners::bind(&config).map_err(|e| e.to_string())?;
+                let app = Application::build(config, listeners)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let shutdown = async move {
+                    let _ = stop_rx.await;
+                    "the test's stop"
+                };
+                let started = move |s: &handoff_bridge::app::Started| {
+                    let _ = ready_tx.send(s.addrs);
+                };
+                app.run(shutdown, started)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        });
+        let mut daemon = InProcess {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        };
+        let Ok(addrs) = ready_rx.recv() else {
+            panic!("the app stopped before it served: {:?}", daemon.stop());
+        };
+        let base = format!("{}://{}", addrs.scheme, addrs.public);
+        TestApp {
+            webhook_url: format!("{base}/webhook/{WEBHOOK_TOKEN}"),
+            emulator_url: addrs.emulator.map(|at| format!("http://{at}")),
+            admin_base: addrs
+                .admin
+                .map_or_else(|| base.clone(), |at| format!("http://{at}")),
+            base,
+            daemon: Daemon::InProcess(daemon),
+            data_dir: data_dir.to_path_buf(),
+            _tmp: None,
+            agent: agent(),
+        }
+    }
+
+    /// [`spawn_in`](Self::spawn_in) as a child process, the daemon started by `wrapper` (a
+    /// program and its arguments, which run the command after them). `setpriv ... --` and
+    /// `prlimit ... --` run it in their own process, so the child is the daemon; `strace` runs
+    /// it as its child, which the test must stop itself (by the PID in `daemon.json`).
     pub fn spawn_under(wrapper: &[&str], data_dir: &Path, opts: Spawn) -> TestApp {
         std::fs::create_dir_all(data_dir).expect("data dir");
         let log_path = data_dir.join(format!(
@@ -129,13 +269,7 @@ impl TestApp {
             None => Command::new(bin()),
         };
         cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
-        // The admin listener on a free port too, unless the test chooses it (flags beat the
-        // environment, so the flag is left out then).
-        let admin_chosen = opts.args.iter().any(|a| a.starts_with("--admin-listen"))
-            || opts.env.iter().any(|(k, _)| {
-                k == "HANDOFF_BRIDGE_ADMIN_LISTEN" || k == "HANDOFF_BRIDGE__ADMIN__LISTEN"
-            });
-        if !admin_chosen {
+        if !opts.admin_chosen() {
             cmd.arg("--admin-listen").arg("127.0.0.1:0");
         }
         cmd.arg("--data-dir")
@@ -143,19 +277,8 @@ impl TestApp {
             .args(&opts.args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HANDOFF_BRIDGE_WEBHOOK_TOKENS", WEBHOOK_TOKEN)
-            .env("HANDOFF_BRIDGE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("RUST_LOG", "info");
-        // No rules unless a test gives some (its own directory, or the shipped set by turning
-        // rules on): most tests are about intake and state, and the shipped handoff would act.
-        if !opts
-            .env
-            .iter()
-            .any(|(k, _)| k.starts_with("HANDOFF_BRIDGE__RULES__"))
-        {
-            cmd.env("HANDOFF_BRIDGE__RULES__ENABLED", "false");
-        }
-        cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("RUST_LOG", "info")
+            .envs(opts.daemon_env())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
@@ -191,15 +314,40 @@ impl TestApp {
             // `admin.listen = ""` (a test's own flag or variable): all on the public listener.
             admin_base: admin_base.unwrap_or_else(|| base.clone()),
             base,
-            child,
+            daemon: Daemon::Child {
+                child,
+                log_path,
+                _stdout: reader,
+            },
             data_dir: data_dir.to_path_buf(),
-            log_path,
-            _stdout: reader,
             _tmp: None,
             agent: agent(),
         }
     }
 
+    /// The daemon's process (a child process only).
+    pub fn child(&mut self) -> &mut Child {
+        match &mut self.daemon {
+            Daemon::Child { child, .. } => child,
+            Daemon::InProcess(_) => panic!("the app runs in this process: spawn it own_process"),
+        }
+    }
+
+    /// Where the daemon's log is written (a child process only).
+    pub fn log_path(&self) -> &Path {
+        match &self.daemon {
+            Daemon::Child { log_path, .. } => log_path,
+            Daemon::InProcess(_) => panic!("the app runs in this process: spawn it own_process"),
+        }
+    }
+
+    /// The daemon's process id (this process's for an app in process).
+    pub fn pid(&self) -> u32 {
+        match &self.daemon {
+            Daemon::Child { child, .. } => child.id(),
+            Daemon::InProcess(_) => std::process::id(),
+        }
+    }
     /// POST a body to the webhook with the JSON content type. Returns status and parsed body.
     pub fn post(&self, body: &[u8]) -> (u16, Value) {
         self.post_to(&self.webhook_url, body, Some("application/json"))
@@ -286,37 +434,64 @@ impl TestApp {
         cli(&self.data_dir, args)
     }
 
-    /// SIGTERM and wait for exit.
+    /// Stop it in order (SIGTERM for a child) and wait for its end.
     pub fn terminate(mut self) -> ExitStatus {
-        sigterm(&self.child);
-        self.child.wait().expect("wait")
+        use std::os::unix::process::ExitStatusExt as _;
+        match &mut self.daemon {
+            Daemon::Child { child, .. } => {
+                sigterm(child);
+                child.wait().expect("wait")
+            }
+            // As the binary would exit: 0 after a stop in order, 1 after an error.
+            Daemon::InProcess(app) => match app.stop() {
+                Ok(()) => ExitStatus::from_raw(0),
+                Err(e) => {
+                    eprintln!("the app failed: {e}");
+                    ExitStatus::from_raw(1 << 8)
+                }
+            },
+        }
     }
 
-    /// SIGKILL (kill -9) and reap.
+    /// SIGKILL (kill -9) and reap (a child process only).
     pub fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
-    /// SIGTERM, wait, and return everything the daemon logged.
+    /// SIGTERM, wait, and return everything the daemon logged (a child process only).
     pub fn terminate_and_logs(mut self) -> String {
-        sigterm(&self.child);
-        let status = self.child.wait().expect("wait");
+        let child = self.child();
+        sigterm(child);
+        let status = child.wait().expect("wait");
         assert!(status.success(), "daemon exited with {status}");
         // Read before `self` drops: its temp dir holds the log.
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        self.logs()
     }
 
+    /// Everything the daemon logged so far (a child process only: an app in this process has
+    /// no log of its own).
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        match &self.daemon {
+            Daemon::Child { log_path, .. } => std::fs::read_to_string(log_path).unwrap_or_default(),
+            Daemon::InProcess(_) => panic!("the app runs in this process: spawn it own_process"),
+        }
     }
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        match &mut self.daemon {
+            Daemon::Child { child, .. } => {
+                if let Ok(None) = child.try_wait() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            Daemon::InProcess(app) => {
+                let _ = app.stop();
+            }
         }
     }
 }

@@ -62,6 +62,7 @@ cap = "200ms"
                 ),
             ],
             args: vec!["--config".into(), config.display().to_string()],
+            ..Spawn::default()
         },
     )
 }

@@ -16,6 +16,11 @@ const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 /// The daemon with the shipped rules telling the help desk, at any hour, and `desk` as its one
 /// endpoint with both secrets; `retry` is the `[outbox]` settings (give-up, backoff, breaker).
 fn spawn(root: &Path, desk: &HelpDesk, retry: &str) -> TestApp {
+    spawn_as(root, desk, retry, false)
+}
+
+/// [`spawn`], in a process of its own when `own_process` (a test that reads its log).
+fn spawn_as(root: &Path, desk: &HelpDesk, retry: &str, own_process: bool) -> TestApp {
     let config = format!(
         "[helpdesk]\ntranscript_messages = 5\n\n{}\n{retry}\n",
         endpoint(
@@ -24,7 +29,7 @@ fn spawn(root: &Path, desk: &HelpDesk, retry: &str) -> TestApp {
             Some(r#"["handoff.*", "conversation.message"]"#)
         )
     );
-    spawn_with(root, &config, &[])
+    spawn_in_dir(root, &config, &[], own_process)
 }
 
 /// One `[[helpdesk.endpoints]]` table for `desk`, signed with both secrets; `events` is the
@@ -40,6 +45,11 @@ fn endpoint(name: &str, desk: &HelpDesk, events: Option<&str>) -> String {
 /// The daemon on the configuration file `config`, with the shipped rules telling the help desk at
 /// any hour, and `env` added (more settings, the test clock, agent API tokens).
 fn spawn_with(root: &Path, config: &str, env: &[(&str, &str)]) -> TestApp {
+    spawn_in_dir(root, config, env, false)
+}
+
+/// [`spawn_with`], in a process of its own when `own_process`.
+fn spawn_in_dir(root: &Path, config: &str, env: &[(&str, &str)], own_process: bool) -> TestApp {
     let path = root.join("bridge.toml");
     std::fs::write(&path, config).expect("config");
     let mut all = vec![
@@ -58,6 +68,7 @@ fn spawn_with(root: &Path, config: &str, env: &[(&str, &str)]) -> TestApp {
         Spawn {
             env: all,
             args: vec!["--config".into(), path.to_str().expect("utf-8").into()],
+            own_process,
         },
     )
 }
@@ -97,7 +108,8 @@ fn upstream_calls(app: &TestApp) -> Vec<String> {
 fn a_user_asking_for_an_agent_reaches_the_help_desk_signed_with_its_context() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let desk = HelpDesk::start(&[], 200);
-    let app = spawn(tmp.path(), &desk, FAST_RETRY);
+    // Its own process: the test reads the daemon's log for the secrets.
+    let app = spawn_as(tmp.path(), &desk, FAST_RETRY, true);
     app.emulator_act(CONV, "say", json!({"text": "상담원 연결해 주세요"}));
     app.settle();
 

@@ -53,6 +53,7 @@ fn spawn(dir: &std::path::Path) -> TestApp {
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect(),
         args: vec!["--config".into(), config.display().to_string()],
+        ..Spawn::default()
     };
     TestApp::spawn_in(&dir.join("data"), opts)
 }

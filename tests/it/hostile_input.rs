@@ -333,13 +333,17 @@ fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
     // A budget of one body at the limit. Bodies that never finish arriving hold it: each for
     // the body read timeout, which is also the longest a body waits for room.
     let tmp = tempfile::tempdir().expect("tmp");
+    // Its own process: the test reads the daemon's log.
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
-        Spawn::with_env(&[
-            ("HANDOFF_BRIDGE__WEBHOOK__MAX_BODY_BYTES", "1048576"),
-            ("HANDOFF_BRIDGE__SERVER__MAX_INFLIGHT_BODY_BYTES", "1048576"),
-            ("HANDOFF_BRIDGE__SERVER__BODY_READ_TIMEOUT", "3s"),
-        ]),
+        Spawn {
+            own_process: true,
+            ..Spawn::with_env(&[
+                ("HANDOFF_BRIDGE__WEBHOOK__MAX_BODY_BYTES", "1048576"),
+                ("HANDOFF_BRIDGE__SERVER__MAX_INFLIGHT_BODY_BYTES", "1048576"),
+                ("HANDOFF_BRIDGE__SERVER__BODY_READ_TIMEOUT", "3s"),
+            ])
+        },
     );
     let first = stalled_body(&app, 1_048_576);
     poll_until(

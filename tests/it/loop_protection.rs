@@ -20,6 +20,11 @@ const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 
 /// A daemon on a fresh data directory with `rules` as its one rule file.
 fn spawn(root: &Path, rules: &str) -> TestApp {
+    spawn_as(root, rules, false)
+}
+
+/// [`spawn`], in a process of its own when `own_process` (a test that reads its log).
+fn spawn_as(root: &Path, rules: &str, own_process: bool) -> TestApp {
     let dir = root.join("rules");
     std::fs::create_dir_all(&dir).expect("rules dir");
     std::fs::write(dir.join("rules.toml"), rules).expect("rule file");
@@ -30,6 +35,7 @@ fn spawn(root: &Path, rules: &str) -> TestApp {
                 "HANDOFF_BRIDGE__RULES__DIR".into(),
                 dir.to_str().expect("utf-8 path").into(),
             )],
+            own_process,
             ..Spawn::default()
         },
     )
@@ -219,7 +225,8 @@ actions = [{ type = "send_message", text = "again" }]
 #[test]
 fn a_rule_that_answers_its_own_echoes_stops_at_its_cap() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let app = spawn(tmp.path(), CHATTER);
+    // Its own process: the test reads the daemon's log.
+    let app = spawn_as(tmp.path(), CHATTER, true);
     let metric = r#"handoff_rule_caps_hit_total{rule="chatter"}"#;
     say(&app, "start");
     wait_for("the cap hit", Duration::from_secs(30), || {

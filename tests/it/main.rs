@@ -2,13 +2,17 @@
 //! APIs, the embedded or an external emulator), and the in-process tests of the emulator and the
 //! Open API client. One test binary: `cargo test --test it`.
 //!
-//! The daemon is still started as a process through `common` for now, but what these tests check
-//! is not that process (the tests that need it are in `tests/process`). One part to mind when
-//! they move in-process: `retention`'s long mode (`HANDOFF_BRIDGE_LONG_TESTS=1`) also bounds the
-//! daemon's resident memory, read from /proc by its pid.
+//! The daemon runs in this process (`common::TestApp`: `Application::build` and `run` on a
+//! thread and runtime of its own, on ephemeral loopback ports); what these tests check is not a
+//! process (those are in `tests/process`). The few that read the daemon's log, and `retention`'s
+//! long mode (it bounds the daemon's resident memory), ask for a process of its own
+//! (`Spawn::own_process`).
 
 #[path = "../common/mod.rs"]
 mod common;
+
+/// The daemon runs in this process (`common::TestApp`), unless a test asks for its own.
+pub const IN_PROCESS: bool = true;
 
 mod actions_execute;
 mod admin_pages;

@@ -51,6 +51,8 @@ fn reconcile_and_backfill_wait_while_the_openapi_circuit_is_open() {
                     ("HANDOFF_BRIDGE__BACKFILL__INTERVAL", "1s"),
                 ],
             ),
+            // Its own process: the test reads the daemon's log.
+            own_process: true,
             ..Spawn::default()
         },
     );

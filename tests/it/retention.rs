@@ -98,14 +98,18 @@ fn states_and_quarantine_records_past_retention_go_and_counts_stay_flat() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
-        Spawn::with_env(&[
-            ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK", "true"),
-            ("HANDOFF_BRIDGE__STORE__STATE_RETENTION", RETENTION),
-            ("HANDOFF_BRIDGE__STORE__QUARANTINE_RETENTION", RETENTION),
-            // Nothing but the test's events makes state: no backfill or sweeper passes.
-            ("HANDOFF_BRIDGE__BACKFILL__INTERVAL", "off"),
-            ("HANDOFF_BRIDGE__RECONCILE__INTERVAL", "off"),
-        ]),
+        Spawn {
+            // The long mode bounds the daemon's resident memory: a process of its own.
+            own_process: long,
+            ..Spawn::with_env(&[
+                ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK", "true"),
+                ("HANDOFF_BRIDGE__STORE__STATE_RETENTION", RETENTION),
+                ("HANDOFF_BRIDGE__STORE__QUARANTINE_RETENTION", RETENTION),
+                // Nothing but the test's events makes state: no backfill or sweeper passes.
+                ("HANDOFF_BRIDGE__BACKFILL__INTERVAL", "off"),
+                ("HANDOFF_BRIDGE__RECONCILE__INTERVAL", "off"),
+            ])
+        },
     );
     let data_dir = app.data_dir.clone();
     let mut now = app.advance_clock_unsettled("1s")["now"]
@@ -147,10 +151,7 @@ fn states_and_quarantine_records_past_retention_go_and_counts_stay_flat() {
         ));
         assert_eq!(status, 200, "this cycle's conversation is kept");
         if long {
-            let figures = (
-                proc_status_mb(app.child.id(), "VmRSS:"),
-                sled_bytes(&data_dir),
-            );
+            let figures = (proc_status_mb(app.pid(), "VmRSS:"), sled_bytes(&data_dir));
             eprintln!(
                 "cycle {cycle}: RSS {:.1} MB, sled {:.1} MB",
                 figures.0,

@@ -68,7 +68,14 @@ fn spawn_with(root: &Path, rules: &Path, settings: &[(&str, &str)], args: Vec<St
             (*value).to_owned(),
         ));
     }
-    TestApp::spawn_in(&root.join("data"), Spawn { env, args })
+    TestApp::spawn_in(
+        &root.join("data"),
+        Spawn {
+            env,
+            args,
+            ..Spawn::default()
+        },
+    )
 }
 
 /// The daemon as [`spawn`] makes it, sending help-desk events to `desk` (unsigned checks: the

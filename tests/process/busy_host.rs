@@ -122,7 +122,7 @@ fn without_the_privilege_to_leave_sched_idle_the_fold_runs_at_nice_19_and_still_
         "--",
     ];
     let app = TestApp::spawn_under(&unprivileged, &tmp.path().join("data"), Spawn::default());
-    let pid = app.child.id();
+    let pid = app.pid();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let effective = status
         .lines()
@@ -134,7 +134,7 @@ fn without_the_privilege_to_leave_sched_idle_the_fold_runs_at_nice_19_and_still_
         0,
         "the daemon runs without CAP_SYS_NICE"
     );
-    let log = std::fs::read_to_string(&app.log_path).expect("log");
+    let log = std::fs::read_to_string(app.log_path()).expect("log");
     assert!(
         log.contains("the fold runs at nice 19"),
         "the start says why the fold is not idle: {log}"

@@ -39,7 +39,7 @@ fn kill_9_under_load_loses_no_acknowledged_delivery_and_repeats_none() {
             seed: rng.next_u64(),
         };
         let url = app.webhook_url.clone();
-        let killed_pid = app.child.id();
+        let killed_pid = app.pid();
         let (report, ()) = crate::common::load::run_load(&url, &gen, &plan, move || app.kill9());
         assert!(
             report.anomalies.is_empty(),

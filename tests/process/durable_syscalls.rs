@@ -108,7 +108,7 @@ fn a_quarantined_delivery_is_answered_only_after_sleds_file_is_fdatasynced() {
     drop(daemon);
     let mut strace_process = app;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while strace_process.child.try_wait().expect("wait").is_none() {
+    while strace_process.child().try_wait().expect("wait").is_none() {
         assert!(
             std::time::Instant::now() < deadline,
             "strace did not end with the daemon"

@@ -325,7 +325,7 @@ fn open_connections_are_bounded_by_max_connections_and_the_rest_wait_their_turn(
         ("HANDOFF_BRIDGE__SERVER__MAX_CONNECTIONS", "16"),
     ]);
     let addr = addr_of(&app);
-    let pid = app.child.id();
+    let pid = app.pid();
     let port: u16 = addr
         .rsplit(':')
         .next()

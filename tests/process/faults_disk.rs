@@ -105,7 +105,7 @@ fn a_full_disk_under_load_answers_503_never_200_and_the_same_deliveries_are_acce
     if !wrong.is_empty() {
         drop(filler);
         let mut app = app;
-        let exited = app.child.try_wait();
+        let exited = app.child().try_wait();
         panic!(
             "unexpected answers: {wrong:#?}\ndaemon: {exited:?}\n{}",
             app.logs()
@@ -138,7 +138,7 @@ fn a_full_disk_under_load_answers_503_never_200_and_the_same_deliveries_are_acce
                     Ok((status, r)) => panic!("retry answered {status} {r}"),
                     Err(_) => {
                         lost_answer = true;
-                        if let Ok(Some(status)) = app.child.try_wait() {
+                        if let Ok(Some(status)) = app.child().try_wait() {
                             assert_eq!(status.code(), Some(75), "{}", app.logs());
                             assert!(app.logs().contains("exiting so a restart reopens it"));
                             restarts += 1;
@@ -203,7 +203,7 @@ fn stopped_store(root: &Path) -> (PathBuf, Vec<String>) {
     }
     wait_drained(&app);
     // The daemon's own log lives in the directory: gone with it, so only the store is left.
-    let log = app.log_path.clone();
+    let log = app.log_path().to_path_buf();
     assert!(app.terminate().success());
     std::fs::remove_file(log).expect("remove the daemon log");
     (dir, events)
@@ -284,7 +284,7 @@ fn a_data_directory_in_use_by_a_running_daemon_is_refused_and_left_untouched() {
     wait_drained(&app);
     // Hold the running daemon still (it keeps its lock) so that only the second start could
     // change the directory.
-    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
     let line = std::panic::catch_unwind(|| {
         assert_refused(&dir, &dir.join("store"), "in use by another process")

@@ -57,6 +57,7 @@ fn spawn_with(root: &Path, config: &str, env: &[(&str, &str)]) -> TestApp {
         Spawn {
             env: all,
             args: vec!["--config".into(), path.to_str().expect("utf-8").into()],
+            ..Spawn::default()
         },
     )
 }

@@ -198,7 +198,7 @@ fn one_delivery_at_the_size_limit_stays_within_memory_time_and_disk_bounds() {
             ),
         ]),
     );
-    let pid = app.child.id();
+    let pid = app.pid();
     eprintln!("peak RSS after start: {} MiB", peak_rss_kib(pid) / 1024);
     let empties = empty_events();
     big_delivery(&app, "empties", &empties, "too_many_events");

@@ -84,7 +84,7 @@ fn assert_idle_background(app: &TestApp) {
     let own = own_scheduling();
     let idle = handoff_bridge::background::SCHED_IDLE_POLICY;
     assert_ne!(own.0, idle, "the test must not itself run under SCHED_IDLE");
-    let threads = threads_of(app.child.id());
+    let threads = threads_of(app.pid());
     for background in ["fold-", "sled-io", "log flusher"] {
         for t in named(&threads, background) {
             assert_eq!(t.policy, idle, "{t:?} in {threads:?}");
@@ -122,7 +122,7 @@ fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
             ("HANDOFF_BRIDGE__DISPATCH__FOLD_NICENESS", &want.to_string()),
         ],
     );
-    let threads = threads_of(app.child.id());
+    let threads = threads_of(app.pid());
     for background in ["fold-", "sled-io"] {
         for t in named(&threads, background) {
             assert_eq!((t.policy, t.nice), (own.0, want), "{t:?} in {threads:?}");
@@ -141,5 +141,5 @@ fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
 #[test]
 fn the_allocator_purges_from_its_own_threads() {
     let app = TestApp::spawn();
-    named(&threads_of(app.child.id()), "jemalloc_bg_thd");
+    named(&threads_of(app.pid()), "jemalloc_bg_thd");
 }

@@ -7,6 +7,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+/// The daemon runs as a process of its own (`common::TestApp`).
+pub const IN_PROCESS: bool = false;
+
 mod api_cli;
 mod backfill;
 mod backup_restore;

@@ -139,7 +139,7 @@ fn a_large_backlog_during_an_outage_keeps_memory_bounded() {
             ("RUST_LOG", "warn"),
         ]),
     );
-    let pid = app.child.id();
+    let pid = app.pid();
     let tag = (crate::common::load::seed_from_env_or_clock() & 0xffff_ffff) as u32;
     let started = Instant::now();
     let mut sent = 0u64;

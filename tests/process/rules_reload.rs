@@ -290,7 +290,7 @@ fn sighup_reloads_the_rule_files() {
     let (a, b) = (version_of(root, &set("A")), version_of(root, &set("B")));
     assert_eq!(readyz_version(&app), a);
     install(&root.join("rules"), &set("B"));
-    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
     wait_until("SIGHUP to load B", Duration::from_secs(20), || {
         readyz_version(&app) == b
@@ -309,7 +309,7 @@ fn sighup_without_a_rule_directory_is_caught_not_fatal() {
     // request (`systemctl reload` sends SIGHUP) must not end the daemon, whose default action
     // for SIGHUP would.
     let app = TestApp::spawn();
-    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
     poll_until("the SIGHUP to be logged", Duration::from_secs(20), || {
         app.logs().contains("nothing to reload").then_some(())

@@ -254,7 +254,7 @@ fn assert_pending(app: &mut TestApp, id: &str) {
         dead_letters(app)
     );
     assert!(
-        matches!(app.child.try_wait(), Ok(None)),
+        matches!(app.child().try_wait(), Ok(None)),
         "the daemon is still running"
     );
 }
@@ -437,6 +437,7 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
         Spawn {
             env: daemon_env(&rules, &[]),
             args: vec!["--config".into(), utf8(&config_path).into()],
+            ..Spawn::default()
         },
     );
     let action = post_hello(&app, 20, "tell");
@@ -506,7 +507,7 @@ fn each_https_help_desk_is_verified_with_its_own_trust_and_a_bad_one_ends_as_a_t
     assert_eq!(desks[0].0.received().len(), 1);
     let (status, _) = app.get("/healthz");
     assert_eq!(status, 200, "the daemon keeps running");
-    assert!(matches!(app.child.try_wait(), Ok(None)));
+    assert!(matches!(app.child().try_wait(), Ok(None)));
 }
 
 /// The platform's roots are read as OpenSSL-based tools read them: `SSL_CERT_FILE` names the
@@ -547,6 +548,7 @@ fn ssl_cert_file_is_honoured_as_the_platform_roots() {
         Spawn {
             env: daemon_env(&rules, &[("SSL_CERT_FILE", utf8(&bundle))]),
             args: vec!["--config".into(), utf8(&config_path).into()],
+            ..Spawn::default()
         },
     );
     let action = post_hello(&app, 22, "tell");
@@ -723,7 +725,7 @@ fn the_public_listener_serves_https_and_a_sighup_swaps_its_certificate_for_new_c
     let second = ca.leaf(&["127.0.0.1", "localhost"], false);
     std::fs::write(&cert_file, &second.cert_pem).expect("write");
     std::fs::write(&key_file, &second.key_pem).expect("write");
-    let pid = nix::unistd::Pid::from_raw(app.child.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
     poll_until(
         "a new connection to see the new certificate",

@@ -205,6 +205,7 @@ fn embedded_asked_for_runs_even_with_a_key() {
         Spawn {
             env: vec![("HANDOFF_BRIDGE_UPSTREAM_API_KEY".into(), KEY.into())],
             args: vec!["--upstream".into(), "embedded".into()],
+            ..Spawn::default()
         },
     );
     assert!(app.emulator_url.is_some(), "the emulator runs");
