@@ -32,8 +32,6 @@
 
 use crate::ops::metrics::Metrics;
 use crate::outbox::ExecutorHandle;
-use crate::store::writer::WriterError;
-use crate::store::{AcceptJob, Store, StoreError, Writer};
 use engine::state::ConversationState;
 use model::contract::{ConversationsQuery, MessagesQuery, Page, PageQuery};
 use model::ids::{ConversationId, DeliveryId};
@@ -45,6 +43,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use storage::writer::WriterError;
+use storage::{AcceptJob, Store, StoreError, Writer};
 use tokio::sync::watch;
 use upstream::api::OpenApi;
 use upstream::error::UpstreamError;

@@ -1,19 +1,19 @@
 //! `handoff-bridge backup` and `restore`: an offline copy of a data directory.
 //!
 //! A backup directory holds `manifest.json` (format version, time, every file's size and
-//! SHA-256), `sled.dump` (the sled trees, see [`crate::store::backup`]), `events/` (the event log's
+//! SHA-256), `sled.dump` (the sled trees, see [`storage::backup`]), `events/` (the event log's
 //! segments) and `secrets/` (the generated tokens). Both commands refuse to run beside a daemon on
 //! the same data directory: sled allows one process, and a copy taken while the daemon writes
 //! would not be consistent.
 
 use crate::datadir::{DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
-use crate::store::{self, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use storage::{Store, StoreError};
 
 /// Written into every manifest; a restore refuses other versions.
 pub const FORMAT_VERSION: u32 = 1;
@@ -47,7 +47,7 @@ pub struct Manifest {
     pub bridge_version: String,
     /// The store layout the dump was taken from (a restore by an older build refuses a newer one).
     pub store_layout: u32,
-    pub sled: store::backup::DumpStats,
+    pub sled: storage::backup::DumpStats,
     pub files: Vec<FileEntry>,
 }
 
@@ -76,13 +76,13 @@ pub fn backup(data: &DataDir, out: &Path, cache_capacity: u64) -> Result<Manifes
     }
     // Opening would migrate an older layout in place, and the build that wrote it could then no
     // longer open it: that store is for its own build to back up.
-    match store::backup::stored_layout(&data.store_path()) {
-        Ok(Some(layout)) if layout < store::LAYOUT_VERSION => {
+    match storage::backup::stored_layout(&data.store_path()) {
+        Ok(Some(layout)) if layout < storage::LAYOUT_VERSION => {
             return Err(BackupError::Refused(format!(
                 "the store has layout {layout}, older than this build's ({}); opening it would \
                  migrate it: back it up with the build that wrote it, or copy the stopped data \
                  directory",
-                store::LAYOUT_VERSION
+                storage::LAYOUT_VERSION
             )))
         }
         Err(e @ StoreError::Locked { .. }) => return Err(BackupError::Refused(e.to_string())),
@@ -127,7 +127,7 @@ pub fn backup(data: &DataDir, out: &Path, cache_capacity: u64) -> Result<Manifes
         format: FORMAT_VERSION,
         created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         bridge_version: env!("CARGO_PKG_VERSION").to_owned(),
-        store_layout: store::LAYOUT_VERSION,
+        store_layout: storage::LAYOUT_VERSION,
         sled,
         files,
     };
@@ -165,7 +165,7 @@ pub fn restore(
         // place, and a failed restore would then leave a store its own build cannot open).
         if data.store_path().exists() {
             if let Err(e @ StoreError::Locked { .. }) =
-                store::backup::stored_layout(&data.store_path())
+                storage::backup::stored_layout(&data.store_path())
             {
                 return Err(BackupError::Refused(e.to_string()));
             }
@@ -202,7 +202,7 @@ pub fn restore(
     }
     commit_secrets(data)?;
     // The renames are entries of the data directory: synced, they survive a power loss.
-    crate::store::sync_dir(data.root()).map_err(|e| io_error(data.root(), &e))?;
+    storage::sync_dir(data.root()).map_err(|e| io_error(data.root(), &e))?;
     data.remove_daemon_info();
     remove_dir_if_present(&old)?;
     Ok(manifest)
@@ -222,12 +222,12 @@ pub fn verify(from: &Path) -> Result<Manifest, BackupError> {
             manifest.format
         )));
     }
-    if manifest.store_layout > store::LAYOUT_VERSION {
+    if manifest.store_layout > storage::LAYOUT_VERSION {
         return Err(BackupError::Invalid(format!(
             "holds store layout {}, newer than this build supports ({}): restore with the \
              build that took it (bridge {})",
             manifest.store_layout,
-            store::LAYOUT_VERSION,
+            storage::LAYOUT_VERSION,
             manifest.bridge_version
         )));
     }
@@ -271,8 +271,8 @@ pub fn verify(from: &Path) -> Result<Manifest, BackupError> {
 fn build_store(from: &Path, staging: &Path) -> Result<(), BackupError> {
     let dump = from.join(DUMP);
     let mut input = BufReader::new(File::open(&dump).map_err(|e| io_error(&dump, &e))?);
-    store::backup::import_sled(staging, &mut input)?;
-    let log_dir = store::backup::log_dir(staging);
+    storage::backup::import_sled(staging, &mut input)?;
+    let log_dir = storage::backup::log_dir(staging);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

@@ -35,11 +35,11 @@ macro_rules! say {
 use crate::config::{Config, ConfigError, Overrides};
 use crate::datadir::{DataDir, ADMIN_TOKEN_FILE};
 use crate::queries::{List, PAGE_MAX};
-use crate::store::Store;
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use storage::Store;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -389,7 +389,7 @@ pub enum CliError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] storage::StoreError),
     #[error(transparent)]
     App(#[from] crate::app::AppError),
     #[error("{0}")]
@@ -797,7 +797,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// The seqs of a page of dead letters after `after`.
-fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, crate::store::StoreError> {
+fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, storage::StoreError> {
     Ok(store
         .dead_letters_page(after, crate::queries::PAGE)?
         .iter()
@@ -1180,7 +1180,7 @@ fn replay(
     let parse = |what: &str, text: &str| {
         model::clock::parse_time(text).map_err(|e| CliError::Usage(format!("--{what}: {e}")))
     };
-    let request = crate::store::replay::ReplayRequest {
+    let request = storage::replay::ReplayRequest {
         from: parse("from", from)?,
         to: parse("to", to)?,
         dry_run,
@@ -1290,7 +1290,7 @@ fn read(
     config: &Config,
     method: &str,
     path: &str,
-    offline: impl FnOnce(&Store) -> Result<Option<Value>, crate::store::StoreError>,
+    offline: impl FnOnce(&Store) -> Result<Option<Value>, storage::StoreError>,
 ) -> Result<Option<Value>, CliError> {
     if let Some(found) = online(config, method, path)? {
         return Ok(found);

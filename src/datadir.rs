@@ -142,12 +142,12 @@ impl DataDir {
         let info = self.daemon_info()?;
         let alive = i32::try_from(info.pid).is_ok_and(|pid| pid > 0)
             && Path::new("/proc").join(info.pid.to_string()).exists();
-        if !alive || !crate::store::lock_is_held(&self.store_path()) {
+        if !alive || !storage::lock_is_held(&self.store_path()) {
             return None;
         }
         // Held, and by that process: where the kernel says who holds it (`/proc/locks`), the
         // recorded pid must be among the holders (a reused pid next to another holder is not it).
-        let db = crate::store::sled_file(&self.store_path());
+        let db = storage::sled_file(&self.store_path());
         let holders = std::fs::metadata(&db).ok().and_then(|meta| {
             let locks = std::fs::read_to_string("/proc/locks").ok()?;
             Some(lock_holders(&locks, meta.ino()))

@@ -18,14 +18,14 @@
 //! yield the CPU to intake.
 
 use crate::ops::metrics::Metrics;
-use crate::store::eventlog::Location;
-use crate::store::{NewEvent, Position, QuarantineRecord, Store};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use model::ids::PartitionKey;
 use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
+use storage::eventlog::Location;
+use storage::{NewEvent, Position, QuarantineRecord, Store};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
@@ -106,7 +106,7 @@ impl DispatchHandle {
         &self,
         store: &Store,
         timeout: Duration,
-    ) -> Result<bool, crate::store::StoreError> {
+    ) -> Result<bool, storage::StoreError> {
         let mut progress = self.progress.clone();
         let deadline = tokio::time::Instant::now() + timeout;
         let drained = |progress: &mut watch::Receiver<Progress>| {
@@ -155,7 +155,7 @@ pub fn start(
     metrics: Metrics,
     settings: DispatchSettings,
     stop: watch::Receiver<bool>,
-) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), crate::store::StoreError> {
+) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), storage::StoreError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (paused_tx, paused) = watch::channel(false);
     let mut queues = Queues::default();
@@ -183,9 +183,8 @@ pub fn start(
     };
     let priority = settings.priority;
     let lift = std::sync::Arc::new(crate::background::Lift::default());
-    let pool = FoldThreads::start(settings.concurrency.max(1), priority, &lift).map_err(|e| {
-        crate::store::StoreError::Internal(format!("cannot start fold threads: {e}"))
-    })?;
+    let pool = FoldThreads::start(settings.concurrency.max(1), priority, &lift)
+        .map_err(|e| storage::StoreError::Internal(format!("cannot start fold threads: {e}")))?;
     // Only threads under SCHED_IDLE starve on a busy host; a nice value keeps a share.
     let lift_after = settings
         .lift_after
@@ -822,10 +821,10 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
         }
         Err(e) => {
             metrics.dispatch_errors.inc();
-            if matches!(e, crate::store::StoreError::HalfApplied) && store.dir_takes_writes() {
+            if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
                 // Only a restart completes the fold (from its journal); while the disk is still
                 // full, a restart could not, so folds keep failing here until it has room.
-                let code = crate::store::writer::STORE_STUCK_EXIT;
+                let code = storage::writer::STORE_STUCK_EXIT;
                 tracing::error!(
                     exit_code = code,
                     "a fold is half applied; exiting so a restart completes it"
@@ -1158,7 +1157,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_event_is_quarantined_and_the_partitions_later_events_still_fold() {
-        use crate::store::eventlog::{FrameEvent, Frames};
+        use storage::eventlog::{FrameEvent, Frames};
         let (_dir, store) = new_store();
         // An event this model cannot read (valid JSON, not an event), then a readable one, both
         // of conversation c1.

@@ -20,7 +20,8 @@ pub mod outbox;
 pub mod prune;
 pub mod queries;
 pub mod reconcile;
-pub mod store;
+#[cfg(test)]
+mod store_tests;
 pub mod telemetry;
 #[cfg(test)]
 mod test_support;

@@ -10,12 +10,12 @@
 
 use crate::config::Config;
 use crate::ops::metrics::Metrics;
-use crate::store::retention::StatesPruned;
-use crate::store::{Store, StoreError, Writer};
 use model::webhook::model::Millis;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::retention::StatesPruned;
+use storage::{Store, StoreError, Writer};
 
 /// Records removed per transaction by the ledger, answer and quarantine pruning.
 const BATCH: usize = 10_000;
@@ -47,7 +47,7 @@ pub struct PruneReport {
 pub enum PruneError {
     /// The writer could not flush (segments go only below a watermark that is on disk).
     #[error("the store did not flush: {0}")]
-    Flush(#[from] crate::store::writer::WriterError),
+    Flush(#[from] storage::writer::WriterError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("the pruning task failed: {0}")]
@@ -145,7 +145,7 @@ impl Pruner {
                 store.prune_quarantine_into(before, BATCH, &mut report.quarantine)?;
             }
             if let Some(before) = states_before {
-                store.prune_states_into(before, crate::store::retention::CHUNK, states)?;
+                store.prune_states_into(before, storage::retention::CHUNK, states)?;
             }
             Ok::<_, StoreError>(())
         };

@@ -1,7 +1,7 @@
 //! Read-only views shared by the admin API and the offline CLI, so both print the same JSON.
 
-use crate::store::{Store, StoreError};
 use serde_json::{json, Value};
+use storage::{Store, StoreError};
 
 /// An end user by messenger identity, with their newest conversation's state.
 pub fn find_end_user(
@@ -27,7 +27,7 @@ pub const QUARANTINE_VIEW_BODY: usize = 1024 * 1024;
 /// `body_truncated` says whether that is all, `body_bytes` is its whole size), also shown as text
 /// when it is UTF-8. `body_base64` is the body as received, also when the store keeps it
 /// compressed.
-pub fn quarantine_view(record: &crate::store::QuarantineRecord) -> Value {
+pub fn quarantine_view(record: &storage::QuarantineRecord) -> Value {
     use base64::Engine as _;
     let total = record.body_len();
     let body = record.body_prefix(QUARANTINE_VIEW_BODY).ok();
@@ -546,8 +546,8 @@ pub fn audit(
             let decides = folded.apply(&event);
             let time = engine::decide::DecisionTime::at(record.received_at);
             let decided =
-                crate::store::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
-                    Ok(None)
+                engine::fold::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
+                    Ok::<_, StoreError>(None)
                 })?;
             if model::webhook::is_backfilled(&event) {
                 item["source"] = json!(model::webhook::BACKFILL_SOURCE);

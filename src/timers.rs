@@ -12,12 +12,12 @@
 //! before that (`store::timers::TimerWakeup`).
 
 use crate::ops::metrics::Metrics;
-use crate::store::writer::WriterError;
-use crate::store::{AcceptJob, DueTimer, Store, Writer};
 use model::ids::DeliveryId;
 use model::webhook::model::Millis;
 use std::collections::HashSet;
 use std::time::Duration;
+use storage::writer::WriterError;
+use storage::{AcceptJob, DueTimer, Store, Writer};
 use tokio::sync::watch;
 
 /// Firings handed to the writer at once (they share its syncs).
@@ -162,8 +162,8 @@ async fn fire(writer: &Writer, metrics: &Metrics, due: Vec<DueTimer>, now: Milli
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::writer::WriterHooks;
-    use crate::store::NewEvent;
+    use storage::writer::WriterHooks;
+    use storage::NewEvent;
     use tokio::sync::mpsc;
 
     struct Setup {

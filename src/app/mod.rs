@@ -20,8 +20,6 @@ use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
 use crate::dispatch::{self, DispatchHandle, DispatchSettings};
 use crate::intake::auth::{CidrList, TokenSet};
 use crate::ops::metrics::Metrics;
-use crate::store::writer::WriterHooks;
-use crate::store::{Store, StoreError, Writer};
 use actix_web::web;
 use early::{EarlyIntake, EarlyParts};
 use model::secret::Secret;
@@ -32,6 +30,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::writer::WriterHooks;
+use storage::{Store, StoreError, Writer};
 use tokio::sync::watch;
 
 /// State every handler shares.
@@ -272,10 +272,8 @@ impl Application {
         // (docs/operations.md, "Start time"): the webhook is then answered during a start, not
         // refused. The log's lock is taken here, so a store in use stops the start before
         // anything else.
-        let early_log = crate::store::IntakeLog::open_early(
-            &data.store_path(),
-            crate::store::eventlog::SEGMENT_BYTES,
-        )?;
+        let early_log =
+            storage::IntakeLog::open_early(&data.store_path(), storage::eventlog::SEGMENT_BYTES)?;
         let metrics = Metrics::new()?;
         let public_tls =
             crate::tls::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
@@ -655,7 +653,7 @@ impl Application {
         let (dispatch, dispatcher) =
             dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
         let to_dispatch = dispatch.clone();
-        let durable: crate::store::writer::Durable =
+        let durable: storage::writer::Durable =
             Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end));
         let writer = match &self.early {
             Some(early) => {
@@ -1001,14 +999,14 @@ fn intake_state(
 fn open_store(
     config: &Config,
     data: &DataDir,
-    early_log: Option<crate::store::IntakeLog>,
+    early_log: Option<storage::IntakeLog>,
     (priority, clock): (crate::background::Priority, model::clock::Clock),
 ) -> Opening {
     let store_path = data.store_path();
     let cache_capacity = config.store.cache_capacity_bytes;
     // sled replays what it wrote since the previous start: after a long run, seconds to minutes
     // (docs/operations.md, "Start time"). Said, so a slow start is not a mystery.
-    let sled_file = crate::store::sled_file(&store_path);
+    let sled_file = storage::sled_file(&store_path);
     let sled_file_bytes = std::fs::metadata(sled_file).map_or(0, |m| m.len());
     tracing::info!(
         sled_file_bytes,
@@ -1050,7 +1048,7 @@ fn record_sizes(store: &Store, metrics: &Metrics) {
 }
 
 /// The writer's report of each group, as metrics.
-fn observe_groups(metrics: &Metrics) -> crate::store::writer::Observe {
+fn observe_groups(metrics: &Metrics) -> storage::writer::Observe {
     let metrics = metrics.clone();
     Box::new(move |took, deliveries| {
         metrics.flush_seconds.observe(took.as_secs_f64());

@@ -16,9 +16,6 @@ use crate::helpdesk::commands::Waiters;
 use crate::helpdesk::contract::{self, MAX_TEXT};
 use crate::helpdesk::idempotency::{self, InProgress};
 use crate::intake::auth::{CidrList, TokenSet};
-use crate::store::desk::DeskCursor;
-use crate::store::idempotency::IdempotencyRecord;
-use crate::store::AcceptJob;
 use actix_web::http::StatusCode;
 use actix_web::{delete, get, post, web, HttpRequest, HttpResponse};
 use api_error::ApiError;
@@ -30,6 +27,9 @@ use model::webhook::model::{MessageData, Millis, Platform};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
+use storage::desk::DeskCursor;
+use storage::idempotency::IdempotencyRecord;
+use storage::AcceptJob;
 use utoipa::{IntoParams, ToSchema};
 
 /// Where the API is mounted.
@@ -480,7 +480,7 @@ async fn list_conversations(
     let (page, positions) = web::block(move || {
         let page = store.desk_page(phase.phase(), bot.as_deref(), after.as_ref(), limit)?;
         let positions = store.waiting_positions(&page.conversations)?;
-        Ok::<_, crate::store::StoreError>((page, positions))
+        Ok::<_, storage::StoreError>((page, positions))
     })
     .await
     .map_err(|_| store_unavailable())?
@@ -1248,10 +1248,7 @@ async fn submit(
 }
 
 /// Whether the stored event `event_id` is still to fold.
-fn still_pending(
-    store: &crate::store::Store,
-    event_id: &str,
-) -> Result<bool, crate::store::StoreError> {
+fn still_pending(store: &storage::Store, event_id: &str) -> Result<bool, storage::StoreError> {
     let status = store.event_status(&model::ids::EventId::new(event_id))?;
     Ok(status.is_some_and(|(_, pending)| pending))
 }
@@ -1662,7 +1659,7 @@ fn agent_body(a: &DeskAgent) -> AgentBody {
     }
 }
 
-fn store_error(e: crate::store::StoreError) -> ApiError {
+fn store_error(e: storage::StoreError) -> ApiError {
     tracing::error!(error = %e, "agent API: store failed");
     store_unavailable()
 }

@@ -72,7 +72,7 @@ impl PhaseQuery {
 
 /// The queue's `after` query parameter: a page's `next`, base64url (no padding), at most this
 /// many characters.
-pub const MAX_CURSOR: usize = crate::store::desk::MAX_CURSOR_LEN;
+pub const MAX_CURSOR: usize = storage::desk::MAX_CURSOR_LEN;
 /// The pattern of a cursor: canonical base64url without padding (whole groups of 4, then 2 or 3
 /// characters whose unused low bits are 0), which is what `DeskCursor::decode` accepts.
 pub const CURSOR_PATTERN: &str =
@@ -494,7 +494,7 @@ mod tests {
             assert!(!non_blank(s) && blank(s), "{s:?}");
         }
         let cursor = matches(CURSOR_PATTERN);
-        let accepted = |c: &str| crate::store::desk::DeskCursor::decode(c).is_ok();
+        let accepted = |c: &str| storage::desk::DeskCursor::decode(c).is_ok();
         let mut texts: Vec<String> = [
             "", "A", "AB", "AQ", "ABC", "ABE", "AAAA", "a-_9", "AAAAAw", "AAAAAx", "AAA=", "a+b/",
             "ab cd", "é",

@@ -37,6 +37,24 @@ impl QueueSource for NoQueue {
     }
 }
 
+/// The store-backed queue is what the help-desk events read their position and wait from. A
+/// store error leaves them unknown (`null`): the event still goes out.
+impl QueueSource for storage::Store {
+    fn queue_info(&self, conversation: &model::ids::ConversationId) -> QueueInfo {
+        match self.queue_standing(conversation) {
+            Ok(Some(s)) => QueueInfo {
+                position: s.position,
+                expected_wait_seconds: s.expected_wait_seconds,
+            },
+            Ok(None) => QueueInfo::default(),
+            Err(e) => {
+                tracing::warn!(error = %e, conversation_id = %conversation, "queue unreadable");
+                QueueInfo::default()
+            }
+        }
+    }
+}
+
 /// The last messages of a conversation, oldest first, as read through the Open API.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Transcript {

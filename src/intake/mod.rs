@@ -8,8 +8,6 @@
 pub mod auth;
 pub mod scrub;
 
-use crate::store::writer::WriterError;
-use crate::store::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpMessage, HttpRequest, HttpResponse};
 use api_error::ApiError;
@@ -18,13 +16,15 @@ use model::ids::DeliveryId;
 use model::webhook;
 use model::webhook::model::EventKind;
 use serde::{Deserialize, Serialize};
+use storage::writer::WriterError;
+use storage::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use tracing::Instrument;
 
 /// What the intake's handlers need: its own state, built before the store opens (an early start
 /// takes deliveries while sled replays its log: see `store::log`).
 pub struct Intake {
     /// Where deliveries go; also the store, once open (quarantine records wait for it).
-    pub writer: crate::store::Writer,
+    pub writer: storage::Writer,
     pub metrics: crate::ops::metrics::Metrics,
     pub tokens: auth::TokenSet,
     pub cidrs: auth::CidrList,
@@ -295,7 +295,7 @@ async fn handle(
 const STORE_OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The store, waited for at most [`STORE_OPEN_WAIT`] ([`WriterError::Opening`] after that).
-async fn store_when_open(writer: &crate::store::Writer) -> Result<Store, WriterError> {
+async fn store_when_open(writer: &storage::Writer) -> Result<Store, WriterError> {
     tokio::time::timeout(STORE_OPEN_WAIT, writer.store())
         .await
         .unwrap_or(Err(WriterError::Opening))
@@ -540,7 +540,7 @@ pub enum Reprocess {
 
 /// Step 1 of re-processing quarantine record `id` (`None`: no such record) at `now`, judged by
 /// `checks` (intake's, for a body received at `now`). Step 2 stores the job: through the writer in the
-/// daemon ([`crate::store::Writer::accept`]), else with [`Store::accept_many`] (offline: no writer
+/// daemon ([`storage::Writer::accept`]), else with [`Store::accept_many`] (offline: no writer
 /// may run beside it). Step 3 is [`finish_reprocess`]. The body is scrubbed again: a record stored
 /// by an older build may still hold a token.
 pub fn prepare_reprocess(

@@ -318,12 +318,11 @@ mod tests {
     #[test]
     fn a_body_quarantined_by_an_older_build_is_scrubbed_when_reprocessed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store =
-            crate::store::Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store = storage::Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         let body = format!(
             r#"{{"id":"d-old","webhookId":"w","webhookUrl":"https://h/webhook/{TOKEN}","messages":[{{"id":"e-old","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-1","conversationId":"c-1","isUser":true,"meta":null,"data":{{"type":"text","text":"my hook: {TOKEN}"}}}}}}}}]}}"#
         );
-        let record = crate::store::QuarantineRecord::new(
+        let record = storage::QuarantineRecord::new(
             "delivery",
             "invalid_format",
             "stored before scrubbing",

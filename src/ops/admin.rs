@@ -161,7 +161,7 @@ async fn clock_advance(
     })))
 }
 
-pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {
+pub(super) fn store_error(e: storage::StoreError) -> ApiError {
     tracing::error!(error = %e, "admin read failed");
     ApiError::unavailable("the store cannot be read now")
 }
@@ -169,7 +169,7 @@ pub(super) fn store_error(e: crate::store::StoreError) -> ApiError {
 /// Store work of an admin call, on the blocking pool: sled calls can wait for its lock (a
 /// transaction) or its I/O, and must not hold an HTTP worker, which also answers the webhook.
 pub(super) async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+    work: impl FnOnce() -> Result<T, storage::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
     web::block(work)
         .await
@@ -332,8 +332,8 @@ async fn quarantine_body(
 }
 
 /// A value as JSON text (for answers encoded off the HTTP workers; a `Value` always encodes).
-fn json_bytes(value: &serde_json::Value) -> Result<Vec<u8>, crate::store::StoreError> {
-    serde_json::to_vec(value).map_err(|e| crate::store::StoreError::Corrupt(e.to_string()))
+fn json_bytes(value: &serde_json::Value) -> Result<Vec<u8>, storage::StoreError> {
+    serde_json::to_vec(value).map_err(|e| storage::StoreError::Corrupt(e.to_string()))
 }
 
 /// A numeric record id from the path; `what` names it in the error ("quarantine id").

@@ -264,14 +264,14 @@ struct ReplayQuery {
 }
 
 impl ReplayQuery {
-    fn request(self) -> Result<crate::store::replay::ReplayRequest, ApiError> {
+    fn request(self) -> Result<storage::replay::ReplayRequest, ApiError> {
         let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", m);
         let from = model::clock::parse_time(&self.from).map_err(|e| bad(format!("from: {e}")))?;
         let to = model::clock::parse_time(&self.to).map_err(|e| bad(format!("to: {e}")))?;
         if from >= to {
             return Err(bad("`from` must be before `to`".into()));
         }
-        Ok(crate::store::replay::ReplayRequest {
+        Ok(storage::replay::ReplayRequest {
             from,
             to,
             dry_run: self.dry_run,

@@ -3,10 +3,10 @@
 
 use crate::app::Shared;
 use crate::prune::PruneError;
-use crate::store::writer::WriterError;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use api_error::ApiError;
+use storage::writer::WriterError;
 
 pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
     scope.route("/prune", web::post().to(prune))

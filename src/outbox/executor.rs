@@ -9,12 +9,12 @@ use super::scheduler::{Outcome, Scheduler};
 use super::sink::{Attempt, Job, Reach, Sink, SinkKind};
 use super::{Clock, ExecutorHandle, ExecutorSettings, Msg};
 use crate::ops::metrics::Metrics;
-use crate::store::StoreError;
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::webhook::model::Millis;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::StoreError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 

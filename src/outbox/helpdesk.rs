@@ -8,11 +8,11 @@ use super::sink::{helpdesk_destination, Attempt, Dead, Failure, Job, Reach, Repo
 use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
 use crate::helpdesk::{DeliveryError, Helpdesk};
 use crate::ops::metrics::Metrics;
-use crate::store::Store;
 use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use storage::Store;
 use upstream::api::OpenApi;
 use upstream::handle::UpstreamHandle;
 

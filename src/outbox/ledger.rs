@@ -1,9 +1,9 @@
 //! What the executor reads and writes in the store, behind a trait: the store in the daemon
 //! (each call on the blocking pool), a map in memory in tests.
 
-use crate::store::{Store, StoreError};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use std::collections::HashSet;
+use storage::{Store, StoreError};
 
 /// Dead letters read per page on start.
 const LETTERS_PAGE: usize = 1_000;

@@ -31,13 +31,13 @@ pub use ledger::Ledger;
 
 use crate::helpdesk::Helpdesk;
 use crate::ops::metrics::Metrics;
-use crate::store::{Store, StoreError};
 use model::action::OutboxEntry;
 use model::webhook::model::Millis;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::{Store, StoreError};
 use tokio::sync::{mpsc, watch};
 use upstream::api::OpenApi;
 use upstream::handle::UpstreamHandle;
@@ -147,7 +147,7 @@ impl ExecutorHandle {
     pub async fn forward_decided(
         self,
         mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
-        writer: crate::store::writer::Writer,
+        writer: storage::writer::Writer,
     ) {
         while let Some(mut entries) = rx.recv().await {
             while let Ok(more) = rx.try_recv() {
@@ -162,7 +162,7 @@ impl ExecutorHandle {
                         self.notify_decided(entries);
                         break;
                     }
-                    Err(crate::store::writer::WriterError::Stopped) => {
+                    Err(storage::writer::WriterError::Stopped) => {
                         // Shutting down: they stay in the outbox and run after the next start.
                         self.withdraw_decided(entries.len());
                         return;

@@ -3,13 +3,13 @@
 //! transient or permanent.
 
 use super::sink::{judge_upstream, upstream_status, Attempt, Job, Reach, Report, Sink, OPENAPI};
-use crate::store::Store;
 use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
 use model::contract::Flow;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use storage::Store;
 use upstream::api::OpenApi;
 use upstream::error::UpstreamError;
 use upstream::execute::{execute, flow_title_bot, resolve_flow, ExecuteError};

@@ -654,7 +654,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Position, QuarantineRecord};
+    use crate::{Position, QuarantineRecord};
     use model::ids::DeliveryId;
     use model::webhook::IncomingEvent;
 

@@ -621,7 +621,7 @@ pub fn last_seq(dir: &Path) -> std::io::Result<Option<u64>> {
 }
 
 /// Sync a directory, so the entries made or renamed in it survive a power loss.
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

@@ -690,7 +690,7 @@ fn write_ids(dir: &Path, segment: u64, sealed: &Sealed) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::eventlog::{Appender, FrameEvent, Frames};
+    use crate::eventlog::{Appender, FrameEvent, Frames};
 
     fn append(log: &mut Appender, delivery: &str, ids: &[&str]) -> Location {
         let mut frames = Frames::default();

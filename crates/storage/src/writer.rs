@@ -834,7 +834,7 @@ mod tests {
 
         let before = store.file_syncs();
         let mut quarantined = job("d1", "e1");
-        quarantined.invalid.push(crate::store::QuarantineRecord {
+        quarantined.invalid.push(crate::QuarantineRecord {
             id: 0,
             received_at: 7,
             scope: "event".into(),
@@ -939,8 +939,8 @@ mod tests {
         assert!(writer.is_healthy());
     }
 
-    fn invalid(delivery: &str) -> crate::store::QuarantineRecord {
-        crate::store::QuarantineRecord {
+    fn invalid(delivery: &str) -> crate::QuarantineRecord {
+        crate::QuarantineRecord {
             id: 0,
             received_at: 7,
             scope: "event".into(),
@@ -990,7 +990,7 @@ mod tests {
         assert!(
             matches!(
                 Store::open(&path, 8 * 1024 * 1024),
-                Err(crate::store::StoreError::Locked { .. })
+                Err(crate::StoreError::Locked { .. })
             ),
             "nobody else opens the store meanwhile"
         );
@@ -1095,10 +1095,7 @@ mod tests {
         let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
         store
             .meta
-            .insert(
-                crate::store::keys::meta::LEGACY_DEDUPE_SINCE,
-                &crate::store::keys::seq(1),
-            )
+            .insert(crate::keys::meta::LEGACY_DEDUPE_SINCE, &crate::keys::seq(1))
             .expect("insert");
         drop(store);
         drop(Store::open(&path, 8 * 1024 * 1024).expect("open"));

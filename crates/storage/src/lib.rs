@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use durable::sled_file;
-pub(crate) use eventlog::sync_dir;
+pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
 pub use timers::DueTimer;
@@ -825,8 +825,8 @@ impl Store {
     }
 
     /// A new event's sequence number (see [`IntakeLog::next_seq`]).
-    #[cfg(test)]
-    pub(crate) fn next_seq(&self) -> u64 {
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn next_seq(&self) -> u64 {
         self.log.next_seq()
     }
 
@@ -1048,7 +1048,7 @@ impl Store {
     }
 
     /// A pending event by number, read back (a scan from the watermark: tests only).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-support"))]
     pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
         match self.pending()?.events.into_iter().find(|p| p.seq == seq) {
             Some(p) => self.event_at(seq, p.at),
@@ -1301,8 +1301,14 @@ impl Store {
                         false => Ok(None),
                     }
                 };
-                let outcome =
-                    fold_and_decide(state, event, rules, user.as_deref(), time, &mut after_fold)?;
+                let outcome = engine::fold::fold_and_decide(
+                    state,
+                    event,
+                    rules,
+                    user.as_deref(),
+                    time,
+                    &mut after_fold,
+                )?;
                 for hit in outcome.capped {
                     tracing::warn!(
                         rule = %hit.rule,
@@ -1800,59 +1806,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-}
-
-/// Fold `event` into its conversation's state, decide for it with the state after (and the state
-/// before, which `changed` conditions compare: the fold keeps a copy, so deciding stays pure), and
-/// record in the state which rules fired and which their caps held back (so the fold and a replay
-/// keep the same firing history). A stale timer firing (its timer was cancelled or restarted
-/// since) is folded but decides nothing. An agent command decides its own actions first (rule
-/// [`BUILTIN_RULE`](engine::state::desk::BUILTIN_RULE)), then the rules see it; one the state
-/// refused decides nothing. `after_fold` sees the state right after the event is folded, before
-/// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
-/// in it when the rules read it. The audit rebuilds a conversation's timeline through it too.
-pub(crate) fn fold_and_decide(
-    state: &mut ConversationState,
-    event: &Event,
-    rules: &dyn engine::decide::Decide,
-    end_user: Option<&EndUserState>,
-    time: engine::decide::DecisionTime,
-    after_fold: &mut dyn FnMut(
-        &ConversationState,
-    ) -> Result<Option<engine::state::queue::Standing>, StoreError>,
-) -> Result<engine::decide::Decided, StoreError> {
-    let before = rules.needs().before.then(|| state.clone());
-    let decides = state.apply(event);
-    let queue = after_fold(state)?;
-    if decides {
-        let inputs = engine::decide::Inputs {
-            before: before.as_ref(),
-            end_user,
-            queue: queue.as_ref(),
-        };
-        let mut decided = rules.evaluate(event, state, inputs, time);
-        decided.record(state, &event.id, time.received_at);
-        if let Payload::Agent(cmd) = &event.payload {
-            let builtin = engine::state::desk::builtin_actions(event, cmd, state);
-            let own =
-                builtin
-                    .into_iter()
-                    .enumerate()
-                    .map(|(index, action)| model::action::Decision {
-                        rule: engine::state::desk::BUILTIN_RULE.to_owned(),
-                        index,
-                        action,
-                    });
-            decided.decisions.splice(0..0, own);
-        }
-        // What the bridge asked of manual mode is what it believes of it (until the service says
-        // otherwise): the reconciliation sweeper compares that with the service.
-        state.note_decided(event, decided.decisions.iter().map(|d| &d.action));
-        Ok(decided)
-    } else {
-        tracing::debug!(event_id = %event.id, "stale timer firing: no rules");
-        Ok(engine::decide::Decided::default())
     }
 }
 

@@ -83,7 +83,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::queue::tests::{conversation_event, fold, queue_keys};
+    use crate::queue::tests::{conversation_event, fold, queue_keys};
 
     /// Every index entry, scanned.
     fn index(store: &Store) -> Vec<Vec<u8>> {

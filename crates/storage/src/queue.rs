@@ -382,24 +382,6 @@ impl Store {
     }
 }
 
-/// The store-backed queue is what the help-desk events read their position and wait from. A
-/// store error leaves them unknown (`null`): the event still goes out.
-impl crate::helpdesk::QueueSource for Store {
-    fn queue_info(&self, conversation: &ConversationId) -> crate::helpdesk::QueueInfo {
-        match self.queue_standing(conversation) {
-            Ok(Some(s)) => crate::helpdesk::QueueInfo {
-                position: s.position,
-                expected_wait_seconds: s.expected_wait_seconds,
-            },
-            Ok(None) => crate::helpdesk::QueueInfo::default(),
-            Err(e) => {
-                tracing::warn!(error = %e, conversation_id = %conversation, "queue unreadable");
-                crate::helpdesk::QueueInfo::default()
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -407,7 +389,7 @@ pub(super) mod tests {
     use model::webhook::agent::{AgentCommand, Command, DeskAgent};
     use model::webhook::model::Event;
 
-    pub(in crate::store) fn conversation_event(
+    pub(crate) fn conversation_event(
         id: &str,
         kind: &str,
         conversation: &str,
@@ -436,7 +418,7 @@ pub(super) mod tests {
 
     /// Accept `events` as delivery `delivery` and return the new ones as the dispatcher hands
     /// them to a fold: (sequence number, event), in order.
-    pub(in crate::store) fn accepted_batch(
+    pub(crate) fn accepted_batch(
         store: &Store,
         delivery: &str,
         events: &[model::webhook::IncomingEvent],
@@ -453,7 +435,7 @@ pub(super) mod tests {
     }
 
     /// Every key in `queue/v1` that starts with one of `prefixes` (first bytes), sorted.
-    pub(in crate::store) fn queue_keys(store: &Store, prefixes: &[u8]) -> Vec<Vec<u8>> {
+    pub(crate) fn queue_keys(store: &Store, prefixes: &[u8]) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> = prefixes
             .iter()
             .flat_map(|p| store.queue.scan_prefix([*p]).keys())
@@ -464,11 +446,7 @@ pub(super) mod tests {
     }
 
     /// Accept and fold `events` as one batch (like the dispatcher).
-    pub(in crate::store) fn fold(
-        store: &Store,
-        delivery: &str,
-        events: Vec<model::webhook::IncomingEvent>,
-    ) {
+    pub(crate) fn fold(store: &Store, delivery: &str, events: Vec<model::webhook::IncomingEvent>) {
         let batch = accepted_batch(store, delivery, &events);
         assert_eq!(batch.len(), events.len());
         store.apply(&batch).expect("apply");
@@ -745,14 +723,6 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             .expect("known");
         assert_eq!(standing.position, Some(1));
         assert_eq!(standing.expected_wait_seconds, Some(60));
-        use crate::helpdesk::QueueSource;
-        assert_eq!(
-            store.queue_info(&"c3".into()),
-            crate::helpdesk::QueueInfo {
-                position: Some(1),
-                expected_wait_seconds: Some(60)
-            }
-        );
 
         // A cancel leaves the queue without counting as an accept.
         fold(
@@ -772,8 +742,9 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             2
         );
         assert_eq!(
-            store.queue_info(&"nobody".into()),
-            crate::helpdesk::QueueInfo::default()
+            store.queue_standing(&"nobody".into()).expect("read"),
+            None,
+            "no standing: the help desk is told nothing (position and wait null)"
         );
     }
 }

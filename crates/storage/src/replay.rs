@@ -171,7 +171,9 @@ impl Store {
             };
             // The waiting queue is not rebuilt: rules that read `queue` see none in a replay.
             let decided =
-                super::fold_and_decide(state, &event, rules, user, time, &mut |_| Ok(None))?;
+                engine::fold::fold_and_decide(state, &event, rules, user, time, &mut |_| {
+                    Ok::<_, StoreError>(None)
+                })?;
             let replayed = in_window(&record);
             report.events += u64::from(replayed);
             if replayed {

@@ -199,7 +199,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::queue::tests::{fold, queue_keys};
+    use crate::queue::tests::{fold, queue_keys};
     use engine::state::desk::{Outcome, Rejection};
     use model::action::Action;
     use model::ids::DeliveryId;
@@ -207,7 +207,7 @@ mod tests {
     use model::webhook::model::Event;
     use model::webhook::IncomingEvent;
 
-    fn command(store: &Store, id: &str, command: Command) -> crate::store::Applied {
+    fn command(store: &Store, id: &str, command: Command) -> crate::Applied {
         let cmd = AgentCommand {
             conversation_id: "c1".into(),
             command,
@@ -380,7 +380,7 @@ mod tests {
             let watched = queue_keys(&store, &[keys::WATCH_ACTIVE, keys::WATCH_RELEASED]);
             let mut expected: Vec<Vec<u8>> = states(&store)
                 .iter()
-                .filter_map(crate::store::watch::watch_key)
+                .filter_map(crate::watch::watch_key)
                 .collect();
             expected.sort();
             assert_eq!(watched, expected, "seed {seed}");
