@@ -9,7 +9,7 @@
 //!   other thread wants it, and a waking HTTP worker takes the CPU from it at once. A nice value
 //!   is not enough: the scheduler may let a niced thread that got an idle CPU run out its time
 //!   slice (up to about 1.5 ms on 2 cores) before a waking worker gets it, against an
-//!   acknowledgment of about 1.7 ms. Measured on 2 cores: see docs/benchmarks.md, session 11.
+//!   acknowledgment of about 1.7 ms. Measured on 2 cores: see docs/benchmarks-history.md, session 11.
 //! - [`Priority::Nice`]: a nice value, which still gets a share of a contended CPU (nice 19 about
 //!   a seventieth against nice 0). For a host that other programs keep busy: the fold then keeps
 //!   some pace instead of waiting for idle time that never comes.

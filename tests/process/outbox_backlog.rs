@@ -10,7 +10,7 @@
 //! `GET /admin/v1/outbox`). Quick by default: 20,000 pending with a window of 1,000.
 //! `HANDOFF_BRIDGE_LONG_TESTS=1` (docs/fault-suite.md): 200,000 pending with the shipped window
 //! (10,000), where RSS must also grow less from 50,000 to 200,000 pending than half of what the
-//! added entries weigh; the figure is recorded in docs/benchmarks.md (session 13).
+//! added entries weigh; the figure is recorded in docs/benchmarks-history.md (session 13).
 
 use crate::common::load::long_tests;
 use crate::common::*;

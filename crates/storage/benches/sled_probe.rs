@@ -2,9 +2,9 @@
 //! decide what may stay in sled (issue 2's memory target). Not run in CI.
 //!
 //! ```text
-//! cargo bench --bench sled_probe -- seen         # 1M dedupe records (36-byte id -> 24 bytes)
-//! cargo bench --bench sled_probe -- hashed       # 1M 16-byte hashed keys -> 8 bytes
-//! cargo bench --bench sled_probe -- state        # 1M 1 KB writes over 100,000 keys
+//! cargo bench -p storage --bench sled_probe -- seen         # 1M dedupe records (36-byte id -> 24 bytes)
+//! cargo bench -p storage --bench sled_probe -- hashed       # 1M 16-byte hashed keys -> 8 bytes
+//! cargo bench -p storage --bench sled_probe -- state        # 1M 1 KB writes over 100,000 keys
 //! ```
 //!
 //! Each mode writes into a fresh sled database (32 MiB cache, the daemon's default when the probe

@@ -2,7 +2,7 @@
 //!
 //! A sled 0.34 transaction (and `Tree::apply_batch`) rolls the log buffer twice (`pin_log`), so
 //! each costs two log writes on sled's I/O pool, on top of the flush the fold's decisions wait
-//! for; at a handoff's pace that was most of the store's CPU (docs/benchmarks.md, session 16).
+//! for; at a handoff's pace that was most of the store's CPU (docs/benchmarks-history.md, session 16).
 //! A fold instead writes its whole write set first (`meta/fold_journal` + chunk index, in
 //! chunks of at most `MAX_VALUE_BYTES`, the first led by their number), then applies each write
 //! as a plain insert or remove, then removes the chunks. sled recovers a prefix of its writes (of
