@@ -610,7 +610,7 @@ pub fn audit(
 fn rule_view(
     v: &engine::rules::explain::RuleVerdict,
     decided: &engine::decide::Decided,
-    held: Option<Vec<engine::rules::condition::Failure>>,
+    held: Option<Vec<engine::rules::condition::Observation>>,
 ) -> Value {
     use engine::rules::explain::Verdict;
     if let Some(hit) = decided.capped.iter().find(|c| c.rule == v.rule) {

@@ -58,7 +58,7 @@ pub struct Shared {
     /// The rules in force (also used by replay), and how to reload them.
     pub rules: crate::ops::reload::Reloader,
     /// The agent API (`/helpdesk/v1`).
-    pub helpdesk: crate::helpdesk::api::Helpdesk,
+    pub helpdesk: crate::helpdesk::api::AgentApi,
     /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
     pub reconcile: crate::reconcile::Sweeper,
     /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
@@ -553,7 +553,7 @@ impl Application {
                 &webhook_token.0,
             )?,
         };
-        let helpdesk = crate::helpdesk::api::Helpdesk::new(
+        let helpdesk = crate::helpdesk::api::AgentApi::new(
             config.helpdesk.clone(),
             pipeline.verdicts.clone(),
             metrics,
@@ -611,7 +611,7 @@ impl Application {
     ) -> Result<Pipeline, AppError> {
         let config = &self.config;
         let metrics = &self.metrics;
-        let mut helpdesk = crate::helpdesk::Helpdesk::start(
+        let mut helpdesk = crate::helpdesk::Desks::start(
             &config.helpdesk,
             &self.trust,
             Some(self.tls_observer.clone()),

@@ -963,7 +963,7 @@ impl Config {
                         pattern,
                         &format!(
                             "selects no event kind; kinds: {}, a family (`handoff.*`) or `*`",
-                            crate::helpdesk::EventKind::names()
+                            model::helpdesk::DeskEventKind::names()
                         ),
                     );
                 }

@@ -36,7 +36,7 @@ use utoipa::{IntoParams, ToSchema};
 pub const PREFIX: &str = "/helpdesk/v1";
 
 /// The agent API's part of the shared handler state.
-pub struct Helpdesk {
+pub struct AgentApi {
     pub tokens: TokenSet,
     /// `helpdesk.allow_cidrs`: who may call at all.
     pub cidrs: CidrList,
@@ -45,13 +45,13 @@ pub struct Helpdesk {
     pub in_progress: Arc<InProgress>,
 }
 
-impl Helpdesk {
+impl AgentApi {
     pub fn new(
         config: HelpdeskConfig,
         waiters: Arc<Waiters>,
         metrics: &crate::ops::metrics::Metrics,
     ) -> Self {
-        Helpdesk {
+        AgentApi {
             tokens: TokenSet::new(config.tokens.clone()),
             cidrs: CidrList::new(config.allow_cidrs.clone()),
             config,

@@ -10,7 +10,7 @@ use model::webhook::model::Millis;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-pub use model::helpdesk::{is_valid_pattern, pattern_matches, EventKind};
+pub use model::helpdesk::{is_valid_pattern, pattern_matches};
 
 /// Where a waiting conversation stands, from the waiting queue the folds keep (`store::queue`);
 /// `None` when it does not wait, or (the wait) while the bot has fewer than 2 recent accepts.
@@ -27,7 +27,7 @@ pub trait QueueSource: Send + Sync {
     fn queue_info(&self, conversation: &ConversationId) -> QueueInfo;
 }
 
-/// No queue: position and wait are unknown (`null` in the body). The default of a `Helpdesk`
+/// No queue: position and wait are unknown (`null` in the body). The default of a `Desks`
 /// built without a store (tests).
 pub struct NoQueue;
 
@@ -174,15 +174,6 @@ pub fn message(m: &model::webhook::model::Message) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kinds_round_trip_and_are_the_documented_names() {
-        for kind in EventKind::ALL {
-            assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
-        }
-        assert_eq!(EventKind::parse("handoff.remind"), None);
-        assert!(EventKind::names().contains("handoff.timed_out"));
-    }
 
     #[test]
     fn patterns_select_one_kind_a_family_or_all() {

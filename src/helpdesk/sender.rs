@@ -24,7 +24,7 @@ struct Endpoint<T> {
 /// Why an attempt failed. Names the endpoint by its configured name, never its URL (which may
 /// carry credentials).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DeliveryError {
+pub enum DeskError {
     /// A 4xx other than 408/425/429 (or a redirect): the help desk will not take it as it is.
     #[error("help desk {endpoint} refused the event: HTTP {status}")]
     Refused { endpoint: String, status: u16 },
@@ -45,19 +45,19 @@ pub enum DeliveryError {
     },
 }
 
-impl DeliveryError {
+impl DeskError {
     /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`, `tls`.
     pub fn outcome(&self) -> String {
         match self {
-            DeliveryError::Refused { status, .. } => format!("http_{status}"),
-            DeliveryError::Unavailable { cause, .. } => cause.clone(),
-            DeliveryError::Tls { .. } => "tls".into(),
+            DeskError::Refused { status, .. } => format!("http_{status}"),
+            DeskError::Unavailable { cause, .. } => cause.clone(),
+            DeskError::Tls { .. } => "tls".into(),
         }
     }
 }
 
 /// The help desks and how to reach them. Generic over the transport so tests can script answers.
-pub struct Helpdesk<T = TransportHandle> {
+pub struct Desks<T = TransportHandle> {
     endpoints: Vec<Endpoint<T>>,
     pub transcript_messages: u32,
     pub bot_messages: bool,
@@ -65,7 +65,7 @@ pub struct Helpdesk<T = TransportHandle> {
     pub queue: Arc<dyn QueueSource>,
 }
 
-impl Helpdesk<TransportHandle> {
+impl Desks<TransportHandle> {
     /// From the validated `[helpdesk]` configuration; starts one HTTP client thread per
     /// endpoint (none without endpoints), each trusting the platform's roots (`trust`) and its
     /// `ca_file`. A failed TLS handshake is logged and told to `observer`.
@@ -88,7 +88,7 @@ impl Helpdesk<TransportHandle> {
     }
 }
 
-impl<T: Transport> Helpdesk<T> {
+impl<T: Transport> Desks<T> {
     /// Every endpoint sends through (a clone of) `http`; `None`: nothing to send with.
     pub fn with_transport(config: &HelpdeskConfig, http: Option<T>) -> Result<Self, String>
     where
@@ -121,7 +121,7 @@ impl<T: Transport> Helpdesk<T> {
                 http,
             });
         }
-        Ok(Helpdesk {
+        Ok(Desks {
             endpoints,
             transcript_messages: config.transcript_messages,
             bot_messages: config.bot_messages,
@@ -156,8 +156,8 @@ impl<T: Transport> Helpdesk<T> {
         id: &str,
         body: &[u8],
         timestamp: i64,
-    ) -> Result<(), DeliveryError> {
-        let unavailable = |cause: &str| DeliveryError::Unavailable {
+    ) -> Result<(), DeskError> {
+        let unavailable = |cause: &str| DeskError::Unavailable {
             endpoint: name.to_owned(),
             cause: cause.to_owned(),
             retry_after: None,
@@ -181,7 +181,7 @@ impl<T: Transport> Helpdesk<T> {
         match http.send(request).await {
             Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
             Ok(resp) if upstream::error::is_retryable_status(resp.status) => {
-                Err(DeliveryError::Unavailable {
+                Err(DeskError::Unavailable {
                     endpoint: name.to_owned(),
                     cause: format!("http_{}", resp.status),
                     retry_after: resp
@@ -190,12 +190,12 @@ impl<T: Transport> Helpdesk<T> {
                         .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
                 })
             }
-            Ok(resp) => Err(DeliveryError::Refused {
+            Ok(resp) => Err(DeskError::Refused {
                 endpoint: name.to_owned(),
                 status: resp.status,
             }),
             Err(TransportError::Connect(_)) => Err(unavailable("connect")),
-            Err(TransportError::Tls(failure)) => Err(DeliveryError::Tls {
+            Err(TransportError::Tls(failure)) => Err(DeskError::Tls {
                 endpoint: name.to_owned(),
                 failure,
             }),
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn endpoints_take_the_kinds_they_select() {
         let hd =
-            Helpdesk::with_transport(&config(&["handoff.*"]), Some(Arc::new(Scripted::default())))
+            Desks::with_transport(&config(&["handoff.*"]), Some(Arc::new(Scripted::default())))
                 .expect("helpdesk");
         assert!(hd.is_configured());
         assert_eq!(hd.targets("handoff.ended"), vec!["desk", "audit"]);
@@ -291,7 +291,7 @@ mod tests {
                 detail: "invalid peer certificate: Expired".into(),
             })),
         ];
-        let hd = Helpdesk::with_transport(&config(&["*"]), Some(http.clone())).expect("helpdesk");
+        let hd = Desks::with_transport(&config(&["*"]), Some(http.clone())).expect("helpdesk");
         let results = run(async {
             let mut out = Vec::new();
             for _ in 0..9 {
@@ -314,7 +314,7 @@ mod tests {
         // A failed handshake is a failure to reach it (tried again later), with its reason.
         assert!(matches!(
             &results[8],
-            Err(DeliveryError::Tls { endpoint, failure })
+            Err(DeskError::Tls { endpoint, failure })
                 if endpoint == "desk" && failure.reason == upstream::tls::TlsReason::Expired
         ));
         assert!(results[8]
@@ -324,15 +324,15 @@ mod tests {
             .contains("certificate expired"));
         assert!(matches!(
             &results[2],
-            Err(DeliveryError::Unavailable { retry_after: Some(d), .. }) if *d == Duration::from_secs(7)
+            Err(DeskError::Unavailable { retry_after: Some(d), .. }) if *d == Duration::from_secs(7)
         ));
         assert!(matches!(
             results[4],
-            Err(DeliveryError::Refused { status: 400, .. })
+            Err(DeskError::Refused { status: 400, .. })
         ));
         assert!(matches!(
             results[5],
-            Err(DeliveryError::Refused { status: 302, .. })
+            Err(DeskError::Refused { status: 302, .. })
         ));
         let seen = http.seen.lock().expect("seen").clone();
         let first = &seen[0];

@@ -99,7 +99,7 @@ pub struct Metrics {
     /// Requests waiting for room in that budget now.
     pub body_budget_waiting: IntGauge,
     /// Drift the reconciliation sweeper found and handed on as `reconcile.drift` events, by kind
-    /// (`webhook::reconcile::DriftKind::ALL`).
+    /// (`webhook::drift::DriftKind::ALL`).
     pub reconcile_drift: IntCounterVec,
     /// Sweeper passes, by outcome (`done`, `failed`); dry runs are not counted.
     pub reconcile_passes: IntCounterVec,
@@ -389,7 +389,7 @@ impl Metrics {
         for outcome in ["immediate", "waited", "refused"] {
             m.body_budget.with_label_values(&[outcome]);
         }
-        for kind in model::webhook::reconcile::DriftKind::ALL {
+        for kind in model::webhook::drift::DriftKind::ALL {
             m.reconcile_drift.with_label_values(&[kind.as_str()]);
         }
         Ok(m)

@@ -4,12 +4,13 @@
 //! whose circuit is open does not hold back the others; the entry is done when every target
 //! took it.
 
-use super::sink::{helpdesk_destination, Attempt, Dead, Failure, Job, Reach, Report, Sink};
-use crate::helpdesk::events::{self as hd_events, EventKind, Transcript};
-use crate::helpdesk::{DeliveryError, Helpdesk};
+use super::sink::{helpdesk_destination, Attempt, Dead, Job, Reach, Report, Sink, Transient};
+use crate::helpdesk::events::{self as hd_events, Transcript};
+use crate::helpdesk::{DeskError, Desks};
 use crate::ops::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
+use model::helpdesk::DeskEventKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use storage::Store;
@@ -17,7 +18,7 @@ use upstream::api::OpenApi;
 use upstream::handle::UpstreamHandle;
 
 pub struct HelpdeskSink {
-    helpdesk: Arc<Helpdesk>,
+    helpdesk: Arc<Desks>,
     api: OpenApi<UpstreamHandle>,
     store: Store,
     metrics: Metrics,
@@ -81,7 +82,7 @@ impl Sink for HelpdeskSink {
 
 impl HelpdeskSink {
     pub fn new(
-        helpdesk: Arc<Helpdesk>,
+        helpdesk: Arc<Desks>,
         api: OpenApi<UpstreamHandle>,
         store: Store,
         metrics: Metrics,
@@ -127,13 +128,13 @@ impl HelpdeskSink {
         else {
             return dead("invalid_call", "not a help-desk event".into());
         };
-        if EventKind::parse(kind).is_none() {
+        if DeskEventKind::parse(kind).is_none() {
             // Rules refuse unknown kinds at load; this is an entry from an older rule set.
             return dead(
                 "unknown_event_kind",
                 format!(
                     "`{kind}` is not a help-desk event kind ({})",
-                    EventKind::names()
+                    DeskEventKind::names()
                 ),
             );
         }
@@ -197,7 +198,7 @@ impl HelpdeskSink {
                     d.delivered.insert(name.clone());
                     reached.push((destination, Reach::Answered));
                 }
-                Err(e @ DeliveryError::Refused { .. }) => {
+                Err(e @ DeskError::Refused { .. }) => {
                     reached.push((destination, Reach::Answered));
                     refused.get_or_insert(e);
                 }
@@ -218,7 +219,7 @@ impl HelpdeskSink {
             } else {
                 tracing::debug!(error = %e, failures = job.state.failures, "help desk still unavailable");
             }
-            let failure = Failure::Helpdesk(e);
+            let failure = Transient::Helpdesk(e);
             Report::new(
                 Attempt::Retry {
                     after: failure.retry_after(),
@@ -260,14 +261,14 @@ impl HelpdeskSink {
             .as_ref()
             .and_then(|c| c.end_user_id.as_ref())
             .and_then(|id| self.store.end_user(id).ok().flatten());
-        let requested = kind == EventKind::HandoffRequested.as_str();
+        let requested = kind == DeskEventKind::HandoffRequested.as_str();
         let mut conversation = conversation;
         if requested {
             self.complete_from_api(conversation_id, &mut conversation, &mut end_user)
                 .await;
         }
         let mut message = None;
-        if kind == EventKind::ConversationMessage.as_str() {
+        if kind == DeskEventKind::ConversationMessage.as_str() {
             if let Some(m) = self.source_message(entry) {
                 if m.sender() == model::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
                     tracing::debug!("a bot message; helpdesk.bot_messages is off");

@@ -29,7 +29,7 @@ mod tests;
 pub use breaker::CircuitView;
 pub use ledger::Ledger;
 
-use crate::helpdesk::Helpdesk;
+use crate::helpdesk::Desks;
 use crate::ops::metrics::Metrics;
 use model::action::OutboxEntry;
 use model::webhook::model::Millis;
@@ -295,7 +295,7 @@ impl ExecutorHandle {
 pub fn start(
     store: Store,
     api: OpenApi<UpstreamHandle>,
-    helpdesk: Arc<Helpdesk>,
+    helpdesk: Arc<Desks>,
     metrics: Metrics,
     settings: ExecutorSettings,
     stop: watch::Receiver<bool>,

@@ -103,7 +103,7 @@ impl OpenApiSink {
                         }
                         r
                     }
-                    Err(super::sink::Failure::Upstream(UpstreamError::Stopped)) => {
+                    Err(super::sink::Transient::Upstream(UpstreamError::Stopped)) => {
                         let mut r = Report::new(Attempt::Stopped, status);
                         r.attempted = false;
                         r

@@ -2,7 +2,7 @@
 //! attempt at an entry and says how it went ([`Attempt`]); the executor decides what follows
 //! (record, reschedule with the one backoff, give up) and the scheduler what runs next.
 
-use crate::helpdesk::DeliveryError;
+use crate::helpdesk::DeskError;
 use futures_util::future::BoxFuture;
 use model::action::{OutboxEntry, RetryState};
 use std::time::Duration;
@@ -46,19 +46,19 @@ pub struct Job {
 
 /// A transient failure: worth another attempt later.
 #[derive(Debug, thiserror::Error)]
-pub enum Failure {
+pub enum Transient {
     #[error(transparent)]
     Upstream(UpstreamError),
     #[error(transparent)]
-    Helpdesk(DeliveryError),
+    Helpdesk(DeskError),
 }
 
-impl Failure {
+impl Transient {
     /// A wait the destination asked for.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Failure::Upstream(UpstreamError::Status { retry_after, .. }) => *retry_after,
-            Failure::Helpdesk(DeliveryError::Unavailable { retry_after, .. }) => *retry_after,
+            Transient::Upstream(UpstreamError::Status { retry_after, .. }) => *retry_after,
+            Transient::Helpdesk(DeskError::Unavailable { retry_after, .. }) => *retry_after,
             _ => None,
         }
     }
@@ -67,8 +67,8 @@ impl Failure {
     /// never verified (the certificate needs fixing), else `retries_exhausted`.
     pub fn give_up_reason(&self) -> String {
         let tls = match self {
-            Failure::Upstream(UpstreamError::Tls(f)) => Some(f),
-            Failure::Helpdesk(DeliveryError::Tls { failure, .. }) => Some(failure),
+            Transient::Upstream(UpstreamError::Tls(f)) => Some(f),
+            Transient::Helpdesk(DeskError::Tls { failure, .. }) => Some(failure),
             _ => None,
         };
         match tls {
@@ -95,7 +95,7 @@ pub enum Attempt {
     /// A transient failure: try again later (`after`: a wait the destination asked for).
     Retry {
         after: Option<Duration>,
-        failure: Failure,
+        failure: Transient,
     },
     Dead(Dead),
     /// Not finished only because destinations it still needs were not allowed (their circuits
@@ -162,12 +162,12 @@ pub trait Sink: Send + Sync + 'static {
 
 /// The Open API's answer judged: `Ok(dead)` for a permanent failure, `Err(failure)` for a
 /// transient one, and whether the destination answered (reached).
-pub fn judge_upstream(e: ExecuteError) -> Result<(Dead, bool), Failure> {
+pub fn judge_upstream(e: ExecuteError) -> Result<(Dead, bool), Transient> {
     match e {
         ExecuteError::Upstream(UpstreamError::Stopped) => {
-            Err(Failure::Upstream(UpstreamError::Stopped))
+            Err(Transient::Upstream(UpstreamError::Stopped))
         }
-        ExecuteError::Upstream(u) if u.is_retryable() => Err(Failure::Upstream(u)),
+        ExecuteError::Upstream(u) if u.is_retryable() => Err(Transient::Upstream(u)),
         other => {
             let answered = refused_for_good(&other);
             let reached = matches!(
@@ -302,7 +302,7 @@ mod tests {
         });
         let failure = judge_upstream(ExecuteError::Upstream(tls)).expect_err("transient");
         assert_eq!(failure.give_up_reason(), "tls_name_mismatch");
-        let unavailable = Failure::Upstream(UpstreamError::Status {
+        let unavailable = Transient::Upstream(UpstreamError::Status {
             status: 429,
             code: String::new(),
             message: String::new(),

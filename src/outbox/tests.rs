@@ -5,7 +5,7 @@
 use super::backoff::Backoff;
 use super::executor::Sinks;
 use super::ledger::{Ledger, Letters};
-use super::sink::{Attempt, Dead, Failure, Job, Reach, Report, Sink, OPENAPI};
+use super::sink::{Attempt, Dead, Job, Reach, Report, Sink, Transient, OPENAPI};
 use super::*;
 use futures_util::future::BoxFuture;
 use model::action::{DeadLetter, DoneRecord, RetryState};
@@ -161,7 +161,7 @@ impl Sink for FakeSink {
                 Answer::Unavailable => (
                     Attempt::Retry {
                         after: None,
-                        failure: Failure::Upstream(status(503, None)),
+                        failure: Transient::Upstream(status(503, None)),
                     },
                     Reach::Failed,
                     "http_503",
@@ -169,7 +169,7 @@ impl Sink for FakeSink {
                 Answer::Refused => (
                     Attempt::Retry {
                         after: None,
-                        failure: Failure::Upstream(UpstreamError::Connect("refused".into())),
+                        failure: Transient::Upstream(UpstreamError::Connect("refused".into())),
                     },
                     Reach::Failed,
                     "connect",
@@ -177,7 +177,7 @@ impl Sink for FakeSink {
                 Answer::RateLimited(wait) => (
                     Attempt::Retry {
                         after: None,
-                        failure: Failure::Upstream(status(429, Some(wait))),
+                        failure: Transient::Upstream(status(429, Some(wait))),
                     },
                     Reach::Failed,
                     "http_429",

@@ -1,10 +1,10 @@
 //! The comparison, pure: a conversation's state and the service's answer in, the drift out.
 
-use engine::state::reconcile::{believed, believes_manual};
+use engine::state::belief::{believed, believes_manual};
 use engine::state::{ConversationState, HandoffPhase};
 use model::contract::Manual;
+use model::webhook::drift::{Drift, DriftKind, Observed};
 use model::webhook::model::Millis;
-use model::webhook::reconcile::{Drift, DriftKind, Observed};
 
 /// The service's answer to `GET /openapi/conversation/{id}/manual`, as a drift records it.
 pub fn observed(manual: &Manual) -> Observed {

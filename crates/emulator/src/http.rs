@@ -4,7 +4,7 @@
 
 use super::faults::{Fault, FaultConfig};
 use super::journal::JournalEntry;
-use super::state::{error_body, Failure, Reply};
+use super::state::{error_body, ErrorAnswer, Reply};
 use super::{lock, Emulator};
 use actix_web::http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use actix_web::http::StatusCode;
@@ -185,13 +185,13 @@ fn match_template(template: &'static str, segments: &[&str]) -> Option<PathParam
     Some(params)
 }
 
-async fn read_body(mut payload: web::Payload) -> Result<Option<Value>, Failure> {
+async fn read_body(mut payload: web::Payload) -> Result<Option<Value>, ErrorAnswer> {
     let mut buf = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk =
-            chunk.map_err(|e| Failure::invalid_body(format!("the body cannot be read: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| ErrorAnswer::invalid_body(format!("the body cannot be read: {e}")))?;
         if buf.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(Failure::invalid_body(format!(
+            return Err(ErrorAnswer::invalid_body(format!(
                 "the body is larger than {MAX_BODY_BYTES} bytes"
             )));
         }
@@ -202,18 +202,18 @@ async fn read_body(mut payload: web::Payload) -> Result<Option<Value>, Failure> 
     }
     serde_json::from_slice(&buf)
         .map(Some)
-        .map_err(|e| Failure::invalid_body(format!("the body is not valid JSON: {e}")))
+        .map_err(|e| ErrorAnswer::invalid_body(format!("the body is not valid JSON: {e}")))
 }
 
 /// The query string as a JSON object of strings, for [`super::EmulatorState::handle`].
-fn parse_query_string(query: &str) -> Result<Value, Failure> {
+fn parse_query_string(query: &str) -> Result<Value, ErrorAnswer> {
     let pairs = web::Query::<Vec<(String, String)>>::from_query(query)
-        .map_err(|e| Failure::invalid_query(format!("the query cannot be parsed: {e}")))?
+        .map_err(|e| ErrorAnswer::invalid_query(format!("the query cannot be parsed: {e}")))?
         .into_inner();
     let mut map = Map::new();
     for (name, value) in pairs {
         if map.insert(name.clone(), Value::String(value)).is_some() {
-            return Err(Failure::invalid_query(format!(
+            return Err(ErrorAnswer::invalid_query(format!(
                 "`{name}` is given more than once"
             )));
         }
@@ -295,7 +295,7 @@ impl Emulator {
         &self,
         req: &HttpRequest,
         mut entry: JournalEntry,
-        body: Result<Option<Value>, Failure>,
+        body: Result<Option<Value>, ErrorAnswer>,
     ) -> HttpResponse {
         let inner = &self.inner;
 
@@ -513,7 +513,7 @@ async fn set_manual_silently(
 ) -> HttpResponse {
     let reply = match serde_json::from_slice::<SilentManual>(&body) {
         Err(e) => {
-            Failure::invalid_body(format!("expected {{\"enabled\": bool}}: {e}")).into_reply()
+            ErrorAnswer::invalid_body(format!("expected {{\"enabled\": bool}}: {e}")).into_reply()
         }
         Ok(req) => {
             let now = emu.now_ms();

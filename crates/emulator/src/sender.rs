@@ -295,7 +295,7 @@ async fn cancel(emu: web::Data<Emulator>, id: web::Path<String>) -> Result<HttpR
     step(emu, id.into_inner(), "agent_call_cancelled").await
 }
 
-fn failure(f: super::state::Failure) -> ApiError {
+fn failure(f: super::state::ErrorAnswer) -> ApiError {
     let status = actix_web::http::StatusCode::from_u16(f.status)
         .unwrap_or(actix_web::http::StatusCode::BAD_REQUEST);
     ApiError::new(status, f.code, f.message)

@@ -38,15 +38,15 @@ pub const HANDOVER: &str = "HANDOVER";
 
 /// An error answer before it becomes a body.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
+pub struct ErrorAnswer {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
 }
 
-impl Failure {
+impl ErrorAnswer {
     fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Failure {
+        ErrorAnswer {
             status,
             code,
             message: message.into(),
@@ -197,12 +197,12 @@ pub struct PendingEvent {
 struct PathParams<'a>(&'a [(&'a str, &'a str)]);
 
 impl PathParams<'_> {
-    fn get(&self, name: &str) -> Result<&str, Failure> {
+    fn get(&self, name: &str) -> Result<&str, ErrorAnswer> {
         self.0
             .iter()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| *v)
-            .ok_or_else(|| Failure::not_found(format!("path parameter {name} is missing")))
+            .ok_or_else(|| ErrorAnswer::not_found(format!("path parameter {name} is missing")))
     }
 }
 
@@ -367,7 +367,7 @@ impl EmulatorState {
         query: &Value,
         body: Option<&Value>,
         now: Millis,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, ErrorAnswer> {
         use Endpoint::*;
         // Endpoints without query parameters still refuse unknown ones.
         let no_query = |q: &Value| parse_query::<Map<String, Value>>(q, &[]).map(|_| ());
@@ -539,7 +539,7 @@ impl EmulatorState {
                 let eu = self.end_user_index(&req.end_user_id)?;
                 let eu_id = self.end_users[eu].id.clone();
                 let i = self.newest_conversation(&eu_id).ok_or_else(|| {
-                    Failure::conflict(format!("end user {eu_id} has no conversation"))
+                    ErrorAnswer::conflict(format!("end user {eu_id} has no conversation"))
                 })?;
                 let m = self.append_bot_message(i, req.message, req.custom, now);
                 to_json(&m)
@@ -583,7 +583,7 @@ impl EmulatorState {
                 let cleared =
                     |name: &str| raw.and_then(|o| o.get(name)).is_some_and(Value::is_null);
                 if raw.is_some_and(|o| o.get("status").is_some_and(Value::is_null)) {
-                    return Err(Failure::invalid_body("`status` cannot be null"));
+                    return Err(ErrorAnswer::invalid_body("`status` cannot be null"));
                 }
                 let (clear_assignee, clear_memo) = (cleared("assignee"), cleared("memo"));
                 let conv = self.pb_user_mut(s, u)?;
@@ -612,7 +612,9 @@ impl EmulatorState {
                 };
                 let conv = self.pb_user_mut(s, u)?;
                 if conv.blocked {
-                    return Err(Failure::conflict(format!("user {u} is already blocked")));
+                    return Err(ErrorAnswer::conflict(format!(
+                        "user {u} is already blocked"
+                    )));
                 }
                 conv.blocked = true;
                 conv.blocked_at = Some(now);
@@ -627,7 +629,7 @@ impl EmulatorState {
                 let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
                 let conv = self.pb_user_mut(s, u)?;
                 if !conv.blocked {
-                    return Err(Failure::conflict(format!("user {u} is not blocked")));
+                    return Err(ErrorAnswer::conflict(format!("user {u} is not blocked")));
                 }
                 conv.blocked = false;
                 conv.blocked_at = None;
@@ -642,7 +644,9 @@ impl EmulatorState {
                 let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
                 let conv = self.pb_user_mut(s, u)?;
                 if !conv.session.active {
-                    return Err(Failure::conflict(format!("user {u} has no active session")));
+                    return Err(ErrorAnswer::conflict(format!(
+                        "user {u} has no active session"
+                    )));
                 }
                 conv.session = PbSession {
                     active: false,
@@ -655,10 +659,11 @@ impl EmulatorState {
                 let s = path.get("senderKey")?;
                 self.channel(s)?;
                 let req: api::PbSendMessage = parse_body(body)?;
-                validate::user_key(&req.user_key, "userKey").map_err(Failure::invalid_body)?;
-                validate::message_data(&req.message, "message").map_err(Failure::invalid_body)?;
+                validate::user_key(&req.user_key, "userKey").map_err(ErrorAnswer::invalid_body)?;
+                validate::message_data(&req.message, "message")
+                    .map_err(ErrorAnswer::invalid_body)?;
                 if self.pb_user(s, &req.user_key)?.blocked {
-                    return Err(Failure::conflict(format!(
+                    return Err(ErrorAnswer::conflict(format!(
                         "user {} is blocked in channel {s}",
                         req.user_key
                     )));
@@ -681,11 +686,11 @@ impl EmulatorState {
                 let s = path.get("senderKey")?;
                 self.channel(s)?;
                 let req: ChannelSetting = parse_body(body)?;
-                validate::channel_setting(&req).map_err(Failure::invalid_body)?;
+                validate::channel_setting(&req).map_err(ErrorAnswer::invalid_body)?;
                 let ch = self
                     .channels
                     .get_mut(s)
-                    .ok_or_else(|| Failure::not_found(format!("no channel {s}")))?;
+                    .ok_or_else(|| ErrorAnswer::not_found(format!("no channel {s}")))?;
                 if let Some(v) = req.auto_reply {
                     ch.setting.auto_reply = Some(v);
                 }
@@ -700,13 +705,14 @@ impl EmulatorState {
             NotifySend => {
                 let req: NotifyRequest = parse_body(body)?;
                 if req.recipient.trim().is_empty() {
-                    return Err(Failure::invalid_body("`recipient` must not be empty"));
+                    return Err(ErrorAnswer::invalid_body("`recipient` must not be empty"));
                 }
-                validate::user_key(&req.recipient, "recipient").map_err(Failure::invalid_body)?;
+                validate::user_key(&req.recipient, "recipient")
+                    .map_err(ErrorAnswer::invalid_body)?;
                 self.channel(&req.sender_key)?;
                 let key = (req.sender_key.clone(), req.template_code.clone());
                 let template = self.templates.get(&key).ok_or_else(|| {
-                    Failure::not_found(format!(
+                    ErrorAnswer::not_found(format!(
                         "no template {} for sender {}",
                         req.template_code, req.sender_key
                     ))
@@ -724,7 +730,7 @@ impl EmulatorState {
                     .map(String::as_str)
                     .collect();
                 if !missing.is_empty() || !extra.is_empty() {
-                    return Err(Failure::template_mismatch(format!(
+                    return Err(ErrorAnswer::template_mismatch(format!(
                         "template {} needs variables {:?}; missing {missing:?}, not in the template {extra:?}",
                         req.template_code, template.variables
                     )));
@@ -750,39 +756,39 @@ impl EmulatorState {
         }
     }
 
-    fn bot(&self, id: &str) -> Result<&Bot, Failure> {
+    fn bot(&self, id: &str) -> Result<&Bot, ErrorAnswer> {
         self.bots
             .iter()
             .find(|b| b.id.as_str() == id)
-            .ok_or_else(|| Failure::not_found(format!("no bot {id}")))
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no bot {id}")))
     }
 
-    fn conversation_index(&self, id: &str) -> Result<usize, Failure> {
+    fn conversation_index(&self, id: &str) -> Result<usize, ErrorAnswer> {
         self.conversation_index
             .get(&ConversationId::new(id))
             .copied()
-            .ok_or_else(|| Failure::not_found(format!("no conversation {id}")))
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no conversation {id}")))
     }
 
-    fn end_user_index(&self, id: &str) -> Result<usize, Failure> {
+    fn end_user_index(&self, id: &str) -> Result<usize, ErrorAnswer> {
         self.end_user_index
             .get(&EndUserId::new(id))
             .copied()
-            .ok_or_else(|| Failure::not_found(format!("no end user {id}")))
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no end user {id}")))
     }
 
-    fn channel(&self, sender_key: &str) -> Result<&Channel, Failure> {
+    fn channel(&self, sender_key: &str) -> Result<&Channel, ErrorAnswer> {
         self.channels
             .get(sender_key)
-            .ok_or_else(|| Failure::not_found(format!("no channel {sender_key}")))
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no channel {sender_key}")))
     }
 
-    fn pb_user(&self, sender_key: &str, user_key: &str) -> Result<&PbConversation, Failure> {
+    fn pb_user(&self, sender_key: &str, user_key: &str) -> Result<&PbConversation, ErrorAnswer> {
         self.channel(sender_key)?
             .users
             .get(user_key)
             .ok_or_else(|| {
-                Failure::not_found(format!("no user {user_key} in channel {sender_key}"))
+                ErrorAnswer::not_found(format!("no user {user_key} in channel {sender_key}"))
             })
     }
 
@@ -790,14 +796,14 @@ impl EmulatorState {
         &mut self,
         sender_key: &str,
         user_key: &str,
-    ) -> Result<&mut PbConversation, Failure> {
+    ) -> Result<&mut PbConversation, ErrorAnswer> {
         self.channels
             .get_mut(sender_key)
-            .ok_or_else(|| Failure::not_found(format!("no channel {sender_key}")))?
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no channel {sender_key}")))?
             .users
             .get_mut(user_key)
             .ok_or_else(|| {
-                Failure::not_found(format!("no user {user_key} in channel {sender_key}"))
+                ErrorAnswer::not_found(format!("no user {user_key} in channel {sender_key}"))
             })
     }
 
@@ -819,7 +825,7 @@ impl EmulatorState {
         conversation_id: &str,
         enabled: bool,
         now: Millis,
-    ) -> Result<Manual, Failure> {
+    ) -> Result<Manual, ErrorAnswer> {
         let i = self.conversation_index(conversation_id)?;
         self.set_manual(i, enabled, now);
         Ok(self.manual(i))
@@ -868,32 +874,31 @@ impl EmulatorState {
         i: usize,
         req: api::SetNavigation,
         now: Millis,
-    ) -> Result<Navigation, Failure> {
+    ) -> Result<Navigation, ErrorAnswer> {
         let bot_id = self.conversations[i].conversation.bot_id.clone();
         let flow = bot_id
             .as_ref()
             .and_then(|b| self.flows.get(b))
             .and_then(|flows| flows.iter().find(|f| f.id == req.flow_id))
             .ok_or_else(|| {
-                Failure::invalid_body(format!(
+                ErrorAnswer::invalid_body(format!(
                     "flow {} does not exist in bot {}",
                     req.flow_id,
                     bot_id.as_ref().map_or("?", BotId::as_str)
                 ))
             })?;
-        let node_id =
-            match req.node_id {
-                Some(n) if flow.nodes.iter().any(|x| x.id == n) => n,
-                Some(n) => {
-                    return Err(Failure::invalid_body(format!(
-                        "node {n} does not exist in flow {}",
-                        flow.id
-                    )))
-                }
-                None => flow.nodes.first().map(|n| n.id).ok_or_else(|| {
-                    Failure::invalid_body(format!("flow {} has no nodes", flow.id))
-                })?,
-            };
+        let node_id = match req.node_id {
+            Some(n) if flow.nodes.iter().any(|x| x.id == n) => n,
+            Some(n) => {
+                return Err(ErrorAnswer::invalid_body(format!(
+                    "node {n} does not exist in flow {}",
+                    flow.id
+                )))
+            }
+            None => flow.nodes.first().map(|n| n.id).ok_or_else(|| {
+                ErrorAnswer::invalid_body(format!("flow {} has no nodes", flow.id))
+            })?,
+        };
         let r = &mut self.conversations[i];
         let prev = r
             .conversation
@@ -1063,7 +1068,7 @@ impl EmulatorState {
         conversation_id: &str,
         data: MessageData,
         now: Millis,
-    ) -> Result<Message, Failure> {
+    ) -> Result<Message, ErrorAnswer> {
         let i = self.conversation_index(conversation_id)?;
         let id = self.new_id("e5000000");
         let r = &mut self.conversations[i];
@@ -1098,14 +1103,14 @@ impl EmulatorState {
         conversation_id: &str,
         step: &str,
         now: Millis,
-    ) -> Result<Conversation, Failure> {
+    ) -> Result<Conversation, ErrorAnswer> {
         let i = self.conversation_index(conversation_id)?;
         match step {
             "agent_call_connected" => self.set_manual(i, true, now),
             "agent_call_disconnected" | "agent_call_cancelled" => self.set_manual(i, false, now),
             "agent_call_requested" => {}
             other => {
-                return Err(Failure::invalid_body(format!(
+                return Err(ErrorAnswer::invalid_body(format!(
                     "unknown agent-call step {other}"
                 )))
             }
@@ -1196,23 +1201,24 @@ fn in_range(t: Option<Millis>, from: Option<Millis>, to: Option<Millis>) -> bool
     }
 }
 
-fn check_message(data: &MessageData, custom: Option<&str>) -> Result<(), Failure> {
-    validate::message_data(data, "message").map_err(Failure::invalid_body)?;
+fn check_message(data: &MessageData, custom: Option<&str>) -> Result<(), ErrorAnswer> {
+    validate::message_data(data, "message").map_err(ErrorAnswer::invalid_body)?;
     if let Some(c) = custom {
-        validate::custom(c, "custom").map_err(Failure::invalid_body)?;
+        validate::custom(c, "custom").map_err(ErrorAnswer::invalid_body)?;
     }
     Ok(())
 }
 
-fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Value, Failure> {
-    serde_json::to_value(value).map_err(|e| Failure::internal(format!("cannot encode answer: {e}")))
+fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Value, ErrorAnswer> {
+    serde_json::to_value(value)
+        .map_err(|e| ErrorAnswer::internal(format!("cannot encode answer: {e}")))
 }
 
-fn page<T: Serialize>(items: Vec<&T>, q: &PageQuery) -> Result<Value, Failure> {
+fn page<T: Serialize>(items: Vec<&T>, q: &PageQuery) -> Result<Value, ErrorAnswer> {
     let offset = q.offset.unwrap_or(0);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(Failure::invalid_query(format!(
+        return Err(ErrorAnswer::invalid_query(format!(
             "`limit` is {limit}; it must be from 1 to {MAX_LIMIT}"
         )));
     }
@@ -1233,23 +1239,26 @@ fn page<T: Serialize>(items: Vec<&T>, q: &PageQuery) -> Result<Value, Failure> {
 }
 
 /// A body is required and must be a JSON object of the request type.
-fn parse_body<T: DeserializeOwned>(body: Option<&Value>) -> Result<T, Failure> {
-    let body = body.ok_or_else(|| Failure::invalid_body("a JSON body is required"))?;
+fn parse_body<T: DeserializeOwned>(body: Option<&Value>) -> Result<T, ErrorAnswer> {
+    let body = body.ok_or_else(|| ErrorAnswer::invalid_body("a JSON body is required"))?;
     if !body.is_object() {
-        return Err(Failure::invalid_body("the body must be a JSON object"));
+        return Err(ErrorAnswer::invalid_body("the body must be a JSON object"));
     }
-    T::deserialize(body).map_err(|e| Failure::invalid_body(format!("invalid body: {e}")))
+    T::deserialize(body).map_err(|e| ErrorAnswer::invalid_body(format!("invalid body: {e}")))
 }
 
 /// Reads query parameters that arrive as text into the typed query struct. Unknown names are
 /// refused, so a misspelt filter is not silently ignored.
-fn parse_query<T: DeserializeOwned>(query: &Value, known: &[(&str, Kind)]) -> Result<T, Failure> {
+fn parse_query<T: DeserializeOwned>(
+    query: &Value,
+    known: &[(&str, Kind)],
+) -> Result<T, ErrorAnswer> {
     let empty = Map::new();
     let params = match query {
         Value::Null => &empty,
         Value::Object(o) => o,
         _ => {
-            return Err(Failure::invalid_query(
+            return Err(ErrorAnswer::invalid_query(
                 "the query must be a set of name=value pairs",
             ))
         }
@@ -1258,7 +1267,7 @@ fn parse_query<T: DeserializeOwned>(query: &Value, known: &[(&str, Kind)]) -> Re
     for (name, value) in params {
         let Some((_, kind)) = known.iter().find(|(k, _)| k == name) else {
             let names: Vec<&str> = known.iter().map(|(k, _)| *k).collect();
-            return Err(Failure::invalid_query(if names.is_empty() {
+            return Err(ErrorAnswer::invalid_query(if names.is_empty() {
                 format!("unknown query parameter `{name}`; this endpoint takes none")
             } else {
                 format!(
@@ -1271,7 +1280,7 @@ fn parse_query<T: DeserializeOwned>(query: &Value, known: &[(&str, Kind)]) -> Re
             Value::String(s) => s.clone(),
             Value::Number(_) | Value::Bool(_) => value.to_string(),
             _ => {
-                return Err(Failure::invalid_query(format!(
+                return Err(ErrorAnswer::invalid_query(format!(
                     "`{name}` must be a single value"
                 )))
             }
@@ -1295,9 +1304,9 @@ fn parse_query<T: DeserializeOwned>(query: &Value, known: &[(&str, Kind)]) -> Re
             Kind::Text if text.is_empty() => Err(format!("`{name}` must not be empty")),
             Kind::Text => Ok(Value::String(text)),
         };
-        typed.insert(name.clone(), parsed.map_err(Failure::invalid_query)?);
+        typed.insert(name.clone(), parsed.map_err(ErrorAnswer::invalid_query)?);
     }
-    T::deserialize(Value::Object(typed)).map_err(|e| Failure::invalid_query(e.to_string()))
+    T::deserialize(Value::Object(typed)).map_err(|e| ErrorAnswer::invalid_query(e.to_string()))
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ pub enum Action {
         name: String,
     },
     /// Tell the help desks (`helpdesk`): an event of `kind` (one of
-    /// `helpdesk::EventKind`, checked when rules load; kept as text so an entry stored by an
+    /// `helpdesk::DeskEventKind`, checked when rules load; kept as text so an entry stored by an
     /// older build still reads) about the conversation, signed and POSTed by the executor.
     NotifyHelpdesk {
         conversation_id: ConversationId,

@@ -1,6 +1,6 @@
 //! The reconciliation sweeper's index (in the `queue/v1` tree, beside the waiting queue): every
-//! conversation out of plain bot mode (`a` + id: `state::reconcile::is_active`) and every one
-//! that left its handoff (`r` + the time it did + id: `state::reconcile::released_at`), so a
+//! conversation out of plain bot mode (`a` + id: `state::belief::is_active`) and every one
+//! that left its handoff (`r` + the time it did + id: `state::belief::released_at`), so a
 //! sweep reads the active ones and a short range of the recently released ones instead of every
 //! conversation's state.
 //!
@@ -12,7 +12,7 @@
 //! sweeper reads only those released within `reconcile.recent`.
 
 use super::{keys, ConversationState, Store, StoreError};
-use engine::state::reconcile as belief;
+use engine::state::belief;
 use model::webhook::model::Millis;
 
 /// A conversation's key in the sweeper's index, if any.

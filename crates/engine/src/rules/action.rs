@@ -328,13 +328,13 @@ fn check_timer(kind: &str, body: &Map<String, Value>) -> Vec<(String, String)> {
 /// A help-desk event's `kind` is literal and one the help desks know: a help desk routes on it,
 /// so a typo must fail the load, not reach it (or be dead-lettered) later.
 fn check_helpdesk(body: &Map<String, Value>) -> Vec<(String, String)> {
-    use model::helpdesk::EventKind;
+    use model::helpdesk::DeskEventKind;
     let problem = match body.get("kind") {
-        None => format!("missing event kind (one of: {})", EventKind::names()),
+        None => format!("missing event kind (one of: {})", DeskEventKind::names()),
         Some(Value::String(kind)) if is_template(kind) => "must be literal (no template)".into(),
-        Some(Value::String(kind)) if EventKind::parse(kind).is_none() => format!(
+        Some(Value::String(kind)) if DeskEventKind::parse(kind).is_none() => format!(
             "unknown help-desk event kind `{kind}` (one of: {})",
-            EventKind::names()
+            DeskEventKind::names()
         ),
         Some(Value::String(_)) => return Vec::new(),
         Some(_) => "must be a string".into(),

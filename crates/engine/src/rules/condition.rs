@@ -405,7 +405,7 @@ impl Condition {
 /// A test of a condition and the value it saw: why a condition did not hold (`rules test`), or,
 /// listed by [`Condition::held`], what made it hold (the audit).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Failure {
+pub struct Observation {
     /// Key path in the rule (`when.all[1]`).
     pub at: String,
     /// The test, as written (`state.phase in ["requested","connected"]`).
@@ -419,9 +419,9 @@ pub struct Failure {
 
 impl Condition {
     /// The tests that made this condition hold on `ctx`, each with the value it saw (as a
-    /// [`Failure`] records a failing one): every item of an `all`, the first branch of an `any`
+    /// [`Observation`] records a failing one): every item of an `all`, the first branch of an `any`
     /// that holds, a `not` as a whole. Empty when it does not hold.
-    pub fn held(&self, ctx: &Value, at: &str) -> Vec<Failure> {
+    pub fn held(&self, ctx: &Value, at: &str) -> Vec<Observation> {
         if !self.holds(ctx) {
             return Vec::new();
         }
@@ -442,7 +442,7 @@ impl Condition {
                     Condition::Leaf { path, .. } => context::lookup(ctx, path).cloned(),
                     _ => None,
                 };
-                vec![Failure {
+                vec![Observation {
                     at: format!("{at}.not"),
                     test: self.describe(),
                     actual,
@@ -456,7 +456,7 @@ impl Condition {
 
     /// The first reason this condition fails on `ctx`, or `None` when it holds. For `any`, the
     /// first branch's reason (all of them failed).
-    pub fn explain(&self, ctx: &Value, at: &str) -> Option<Failure> {
+    pub fn explain(&self, ctx: &Value, at: &str) -> Option<Observation> {
         if self.holds(ctx) {
             return None;
         }
@@ -472,7 +472,7 @@ impl Condition {
                     f.test = format!("{} (and every other `any` branch failed)", f.test);
                     f
                 }),
-            Condition::Not(inner) => Some(Failure {
+            Condition::Not(inner) => Some(Observation {
                 at: format!("{at}.not"),
                 test: format!("not ({})", inner.describe()),
                 actual: None,
@@ -483,16 +483,16 @@ impl Condition {
     }
 
     /// A leaf, `changed` or calendar condition with the value it tests (`None` for the others).
-    fn explain_leaf(&self, ctx: &Value, at: &str) -> Option<Failure> {
+    fn explain_leaf(&self, ctx: &Value, at: &str) -> Option<Observation> {
         match self {
             Condition::All(_) | Condition::Any(_) | Condition::Not(_) => None,
-            Condition::Leaf { path, .. } => Some(Failure {
+            Condition::Leaf { path, .. } => Some(Observation {
                 at: at.to_owned(),
                 test: self.describe(),
                 actual: context::lookup(ctx, path).cloned(),
                 before: None,
             }),
-            Condition::Changed { path, before, .. } => Some(Failure {
+            Condition::Changed { path, before, .. } => Some(Observation {
                 at: at.to_owned(),
                 test: self.describe(),
                 actual: present(context::lookup(ctx, path)).cloned(),
@@ -502,7 +502,7 @@ impl Condition {
                         .unwrap_or(Value::Null),
                 ),
             }),
-            Condition::BusinessHours { .. } => Some(Failure {
+            Condition::BusinessHours { .. } => Some(Observation {
                 at: at.to_owned(),
                 test: self.describe(),
                 actual: ctx.get("now").cloned(),

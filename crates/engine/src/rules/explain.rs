@@ -2,7 +2,7 @@
 //! (`rules test`), and warnings about rules that can never fire or may loop (`rules check`).
 //! Both are pure, like evaluation itself.
 
-use super::condition::{Condition, Failure, Op};
+use super::condition::{Condition, Observation, Op};
 use super::{Rule, RuleSet};
 use crate::decide::Inputs;
 use crate::state::ConversationState;
@@ -29,7 +29,7 @@ pub enum Verdict {
     },
     /// Its `when` failed.
     NoMatch {
-        failure: Failure,
+        failure: Observation,
     },
     Matched {
         /// Each action rendered, or why rendering failed (then it is skipped, as in the daemon).
@@ -122,7 +122,7 @@ pub fn conditions_held(
     state: &ConversationState,
     inputs: Inputs<'_>,
     now: Millis,
-) -> std::collections::HashMap<String, Vec<Failure>> {
+) -> std::collections::HashMap<String, Vec<Observation>> {
     let ctx = set.context(event, state, inputs, now);
     set.rules
         .iter()

@@ -15,7 +15,7 @@ pub mod explain;
 pub mod live;
 pub mod shipped;
 
-pub use condition::Failure;
+pub use condition::Observation;
 
 use crate::decide::{Capped, Decide, Decided, DecisionTime, Failed, Fired, Inputs};
 
@@ -197,7 +197,7 @@ impl Rule {
         // `*` is every webhook event: the bridge's own timer and agent events are named.
         let own = kind.starts_with(TIMER_EVENT_PREFIX)
             || kind.starts_with(model::webhook::agent::AGENT_EVENT_PREFIX)
-            || kind.starts_with(model::webhook::reconcile::RECONCILE_EVENT_PREFIX);
+            || kind.starts_with(model::webhook::drift::RECONCILE_EVENT_PREFIX);
         self.on.iter().any(|o| (o == "*" && !own) || o == kind)
     }
 
@@ -505,7 +505,7 @@ fn compile(
             )),
             (None, Some(_)) => None,
             (None, None) if model::webhook::agent::is_command_event(kind) => None,
-            (None, None) if model::webhook::reconcile::is_reconcile_event(kind) => None,
+            (None, None) if model::webhook::drift::is_reconcile_event(kind) => None,
             (None, None) => Some(format!(
                 "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\"), \
                  a timer (`timer.<name>`), an agent command (`agent.accept`...) nor \

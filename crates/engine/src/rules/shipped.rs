@@ -111,7 +111,10 @@ mod tests {
             .collect();
         assert_eq!(
             kinds,
-            model::helpdesk::EventKind::ALL.map(model::helpdesk::EventKind::as_str),
+            model::helpdesk::DeskEventKind::ALL
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>(),
             "notify_helpdesk kinds in rules/schema.json"
         );
         let keys = |def: &str| -> Vec<String> {

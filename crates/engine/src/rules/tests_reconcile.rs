@@ -6,8 +6,8 @@ use crate::decide::Decide;
 use crate::rules::shipped::sources;
 use crate::rules::RuleSet;
 use crate::state::ConversationState;
+use model::webhook::drift::{Believed, Drift, DriftKind, Observed};
 use model::webhook::model::Event;
-use model::webhook::reconcile::{Believed, Drift, DriftKind, Observed};
 
 const NOW: i64 = 1_763_690_500_000;
 

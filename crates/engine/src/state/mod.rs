@@ -15,10 +15,10 @@ use model::webhook::model::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub mod belief;
 pub mod desk;
 mod firings;
 pub mod queue;
-pub mod reconcile;
 pub use desk::Desk;
 pub use firings::{CapHit, FiringCap, Firings, TemplateError, TEMPLATE_ERRORS_KEPT};
 

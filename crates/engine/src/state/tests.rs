@@ -474,8 +474,8 @@ fn recent_user_message_times_are_kept_newest_first_whatever_the_arrival_order() 
 }
 
 /// A `reconcile.drift` event of c1, as the sweeper makes it.
-fn drift_event(kind: model::webhook::reconcile::DriftKind, manual: bool, at: i64) -> Event {
-    use model::webhook::reconcile::{Believed, Drift, Observed};
+fn drift_event(kind: model::webhook::drift::DriftKind, manual: bool, at: i64) -> Event {
+    use model::webhook::drift::{Believed, Drift, Observed};
     let drift = Drift {
         conversation_id: "c1".into(),
         kind,
@@ -494,7 +494,7 @@ fn drift_event(kind: model::webhook::reconcile::DriftKind, manual: bool, at: i64
 
 /// The lifecycle with a drift of each kind.
 fn lifecycle_with_drifts() -> Vec<Event> {
-    use model::webhook::reconcile::DriftKind;
+    use model::webhook::drift::DriftKind;
     let mut events = lifecycle();
     events.push(drift_event(DriftKind::ManualOffUnknown, false, 135));
     events.push(drift_event(DriftKind::ManualOnUnknown, true, 200));
@@ -516,7 +516,7 @@ proptest! {
 
 #[test]
 fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
-    use model::webhook::reconcile::DriftKind;
+    use model::webhook::drift::DriftKind;
     let mut state = fold(&[conv_event(
         "e1",
         "bot.conversation.agent_call_requested",
@@ -535,25 +535,25 @@ fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
         None,
     );
     state.note_manual_decided(true, &request);
-    assert!(reconcile::believes_manual(&state));
+    assert!(belief::believes_manual(&state));
     assert_eq!(queue::waiting_since(&state), Some(100));
-    assert!(reconcile::is_active(&state));
+    assert!(belief::is_active(&state));
 
     assert!(state.apply(&drift_event(DriftKind::ManualOffUnknown, false, 500)));
     assert!(
-        !reconcile::believes_manual(&state),
+        !belief::believes_manual(&state),
         "the service's word is newer"
     );
     assert_eq!(state.manual_status.value, None);
     assert_eq!(state.handoff.phase.value, HandoffPhase::Ended);
     assert_eq!(queue::waiting_since(&state), None, "it left the queue");
-    assert!(!reconcile::is_active(&state));
-    assert_eq!(reconcile::released_at(&state), Some(500));
+    assert!(!belief::is_active(&state));
+    assert_eq!(belief::released_at(&state), Some(500));
 
     // Manual on found later: believed on, stamped with the drift.
     state.apply(&drift_event(DriftKind::ManualOnUnknown, true, 900));
     assert_eq!(state.manual_status.value.as_deref(), Some("HANDOVER"));
-    assert!(reconcile::believes_manual(&state));
+    assert!(belief::believes_manual(&state));
     assert_eq!(
         state.handoff.phase.value,
         HandoffPhase::Ended,
@@ -562,5 +562,5 @@ fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
     // A rule handing back to the bot for that drift: the bridge's decision wins the tie.
     let drift = drift_event(DriftKind::ManualOnUnknown, true, 900);
     state.note_manual_decided(false, &drift);
-    assert!(!reconcile::believes_manual(&state));
+    assert!(!belief::believes_manual(&state));
 }

@@ -5,8 +5,8 @@
 //! dispatcher all judge input the same way.
 
 pub mod agent;
+pub mod drift;
 pub mod model;
-pub mod reconcile;
 
 use crate::ids::{DeliveryId, PartitionKey};
 use model::{Event, EventHeader, Millis, Payload};
@@ -380,11 +380,11 @@ fn parse(raw: &str, origin: Origin) -> Result<Event, EventError> {
     }
     let timer = header.event.timer_name();
     let agent = header.event.agent_command();
-    let drift = reconcile::is_reconcile_event(header.event.as_str())
+    let drift = drift::is_reconcile_event(header.event.as_str())
         || header
             .event
             .as_str()
-            .starts_with(reconcile::RECONCILE_EVENT_PREFIX);
+            .starts_with(drift::RECONCILE_EVENT_PREFIX);
     if (timer.is_some() || agent.is_some() || drift) && origin == Origin::Outside {
         return Err(EventError::Reserved(header.event.as_str().to_owned()));
     }
@@ -489,15 +489,15 @@ fn agent_payload(name: Option<&str>, data: &str) -> Result<agent::AgentCommand, 
 }
 
 /// `data.drift` of a `reconcile.drift` event (the only `reconcile.*` type).
-fn drift_payload(kind: &model::EventKind, data: &str) -> Result<reconcile::Drift, EventError> {
+fn drift_payload(kind: &model::EventKind, data: &str) -> Result<drift::Drift, EventError> {
     #[derive(serde::Deserialize)]
     struct Data {
-        drift: reconcile::Drift,
+        drift: drift::Drift,
     }
-    if !reconcile::is_reconcile_event(kind.as_str()) {
+    if !drift::is_reconcile_event(kind.as_str()) {
         return Err(EventError::Format(format!(
             "`{kind}` is not a reconciliation event type (`{}`)",
-            reconcile::DRIFT_EVENT
+            drift::DRIFT_EVENT
         )));
     }
     let Data { drift } =
@@ -508,12 +508,12 @@ fn drift_payload(kind: &model::EventKind, data: &str) -> Result<reconcile::Drift
     Ok(drift)
 }
 
-/// The event a drift found by the sweeper is stored as: id from [`reconcile::Drift::event_id`],
+/// The event a drift found by the sweeper is stored as: id from [`drift::Drift::event_id`],
 /// timestamp its `found_at`, `bot` the conversation's bot (the `sourceId`).
-pub fn drift_event(drift: &reconcile::Drift, bot: &str) -> Result<IncomingEvent, EventError> {
+pub fn drift_event(drift: &drift::Drift, bot: &str) -> Result<IncomingEvent, EventError> {
     let raw = serde_json::json!({
         "id": drift.event_id(),
-        "event": reconcile::DRIFT_EVENT,
+        "event": drift::DRIFT_EVENT,
         "sourceType": "bridge",
         "sourceId": bot,
         "timestamp": drift.found_at,
@@ -920,17 +920,17 @@ mod tests {
         assert!(matches!(validate_event(&raw), Err(EventError::Reserved(_))));
     }
 
-    fn drift() -> reconcile::Drift {
-        reconcile::Drift {
+    fn drift() -> drift::Drift {
+        drift::Drift {
             conversation_id: "c1".into(),
-            kind: reconcile::DriftKind::ManualOnUnknown,
-            believed: reconcile::Believed {
+            kind: drift::DriftKind::ManualOnUnknown,
+            believed: drift::Believed {
                 manual: false,
                 phase: "bot".into(),
                 agent: false,
                 waiting: false,
             },
-            service: reconcile::Observed {
+            service: drift::Observed {
                 manual: true,
                 status: Some("HANDOVER".into()),
                 updated_at: Some(3),

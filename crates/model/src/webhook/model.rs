@@ -230,7 +230,7 @@ pub enum Payload {
     /// An agent's command from the agent API (`agent.<command>`; the bridge's own too).
     Agent(super::agent::AgentCommand),
     /// Drift the reconciliation sweeper found (`reconcile.drift`; the bridge's own too).
-    Reconcile(super::reconcile::Drift),
+    Reconcile(super::drift::Drift),
     Unknown(Value),
 }
 

@@ -6,8 +6,8 @@
 
 use super::{max_some, ConversationState, HandoffPhase, Stamp};
 use model::action::Action;
+use model::webhook::drift::{Believed, Drift, DriftKind};
 use model::webhook::model::{Event, Millis};
-use model::webhook::reconcile::{Believed, Drift, DriftKind};
 
 /// The service's manual status while manual mode is on (the only one it is known to use).
 pub const MANUAL_ON_STATUS: &str = "HANDOVER";
