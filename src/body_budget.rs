@@ -50,22 +50,14 @@ impl RouteCaps {
         }
     }
 
-    /// The daemon's routes: the webhook (at `webhook_path`) and the agent API, whose handlers take
-    /// their shares after authenticating the caller, and the admin API (the middleware's).
-    pub fn daemon(webhook_path: &str, webhook_max_body: usize) -> Self {
-        let webhook = webhook_path.trim_end_matches('/').to_owned();
-        let agent = crate::helpdesk::api::PREFIX.to_owned();
-        RouteCaps {
-            caps: vec![
-                (webhook.clone(), webhook_max_body),
-                (agent.clone(), crate::helpdesk::api::MAX_BODY),
-                (
-                    crate::ops::admin::PREFIX.to_owned(),
-                    crate::ops::admin::MAX_BODY,
-                ),
-            ],
-            by_handler: vec![webhook, agent],
-        }
+    /// A route below `prefix` that reads at most `cap` bytes and whose handler takes its share
+    /// itself, after authenticating the caller (the webhook, the agent API); the middleware takes
+    /// the share of the others.
+    pub fn handled_by_route(mut self, prefix: &str, cap: usize) -> Self {
+        let prefix = prefix.trim_end_matches('/').to_owned();
+        self.caps.push((prefix.clone(), cap));
+        self.by_handler.push(prefix);
+        self
     }
 
     /// The most the route of `path` reads; `None` when it reads no body.
@@ -398,7 +390,10 @@ mod tests {
 
     #[test]
     fn each_route_s_share_is_capped_at_what_it_reads() {
-        let caps = RouteCaps::daemon("/webhook", 1024 * 1024);
+        // As the daemon's root builds them from each surface's limits.
+        let caps = RouteCaps::new(vec![("/admin/v1".to_owned(), 256 * 1024)])
+            .handled_by_route("/webhook", 1024 * 1024)
+            .handled_by_route("/helpdesk/v1", 64 * 1024);
         let metrics = crate::ops::metrics::Metrics::new().expect("metrics");
         let b = BodyBudget::new(8 << 20, caps, Duration::from_millis(10), metrics);
         let huge = headers(&[(header::CONTENT_LENGTH, "99999999")]);

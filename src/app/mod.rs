@@ -20,6 +20,7 @@ use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
 use crate::dispatch::{self, DispatchHandle, DispatchSettings};
 use crate::intake::auth::{CidrList, TokenSet};
 use crate::ops::metrics::Metrics;
+use crate::ops::Ops;
 use actix_web::web;
 use early::{EarlyIntake, EarlyParts};
 use model::secret::Secret;
@@ -33,46 +34,6 @@ use std::time::{Duration, Instant};
 use storage::writer::WriterHooks;
 use storage::{Store, StoreError, Writer};
 use tokio::sync::watch;
-
-/// State every handler shares.
-pub struct Shared {
-    pub store: Store,
-    pub writer: Writer,
-    pub dispatch: DispatchHandle,
-    pub executor: crate::outbox::ExecutorHandle,
-    pub metrics: Metrics,
-    /// The webhook's intake (its handlers' own state, also served before the store opens).
-    pub intake: web::Data<crate::intake::Intake>,
-    pub admin_tokens: TokenSet,
-    pub admin_cidrs: CidrList,
-    /// `server.trusted_proxies`: who may name the client (see `client_addr`).
-    pub proxies: crate::client_addr::Proxies,
-    /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
-    pub test_clock: bool,
-    pub body_read_timeout: Duration,
-    pub shutting_down: AtomicBool,
-    /// The Open API client (owned by its own arbiter thread).
-    pub upstream: upstream::handle::UpstreamHandle,
-    /// The in-process emulator when the upstream is `embedded`.
-    pub emulator: Option<emulator::Emulator>,
-    /// The rules in force (also used by replay), and how to reload them.
-    pub rules: crate::ops::reload::Reloader,
-    /// The agent API (`/helpdesk/v1`).
-    pub helpdesk: crate::helpdesk::api::AgentApi,
-    /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
-    pub reconcile: crate::reconcile::Sweeper,
-    /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
-    pub backfill: crate::backfill::Backfill,
-    /// The pruning passes (periodic, and `POST /admin/v1/prune`).
-    pub pruner: crate::prune::Pruner,
-}
-
-impl Shared {
-    /// The webhook's checks for a body received (or re-processed) at `now`.
-    pub fn webhook_checks(&self, now: i64) -> model::webhook::Checks {
-        self.intake.checks(now)
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -154,14 +115,6 @@ pub fn load_rules(
         "rules loaded"
     );
     Ok(Arc::new(set))
-}
-
-impl Shared {
-    /// The client address the allow-lists judge: the peer, or what a trusted proxy says.
-    pub fn client_ip(&self, req: &actix_web::HttpRequest) -> Option<std::net::IpAddr> {
-        self.proxies
-            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
-    }
 }
 
 /// The listening sockets, bound by the caller (`127.0.0.1:0` for an ephemeral port).
@@ -280,10 +233,7 @@ impl Application {
         let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
         let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
             config.server.max_inflight_body_bytes,
-            crate::body_budget::RouteCaps::daemon(
-                &config.webhook.path,
-                config.webhook.max_body_bytes,
-            ),
+            route_caps(&config),
             config.server.body_read_timeout,
             metrics.clone(),
         ));
@@ -429,7 +379,8 @@ impl Application {
 /// What runs once the store is open: the handlers' shared state, the writer, and the tasks the
 /// stop waits for.
 struct Running {
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
+    agent_api: web::Data<crate::helpdesk::api::AgentApi>,
     intake: web::Data<crate::intake::Intake>,
     writer: Writer,
     /// The webhook tokens in force, and whether this start generated the one.
@@ -553,12 +504,23 @@ impl Application {
                 &webhook_token.0,
             )?,
         };
-        let helpdesk = crate::helpdesk::api::AgentApi::new(
+        let proxies = crate::client_addr::Proxies::new(
+            config.server.trusted_proxies.clone(),
+            config.server.proxy_header,
+        );
+        let agent_api = web::Data::new(crate::helpdesk::api::AgentApi::new(
             config.helpdesk.clone(),
             pipeline.verdicts.clone(),
             metrics,
-        );
-        let shared = web::Data::new(Shared {
+            crate::helpdesk::api::Reach {
+                store: store.clone(),
+                writer: writer.clone(),
+                upstream: upstream.clone(),
+                proxies: proxies.clone(),
+                body_read_timeout: config.server.body_read_timeout,
+            },
+        ));
+        let shared = web::Data::new(Ops {
             store,
             writer: writer.clone(),
             dispatch: pipeline.dispatch.clone(),
@@ -567,23 +529,20 @@ impl Application {
             intake: intake.clone(),
             admin_tokens: TokenSet::new(vec![admin_token]),
             admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
-            proxies: crate::client_addr::Proxies::new(
-                config.server.trusted_proxies.clone(),
-                config.server.proxy_header,
-            ),
+            proxies,
             test_clock: config.admin.test_clock,
             body_read_timeout: config.server.body_read_timeout,
             shutting_down: AtomicBool::new(false),
             upstream: upstream.clone(),
             emulator: self.upstream.emulator.as_ref().map(|e| e.emulator.clone()),
             rules: reloader,
-            helpdesk,
             reconcile: sweeper,
             backfill,
             pruner: prune,
         });
         Ok(Running {
             shared,
+            agent_api,
             intake,
             writer,
             webhook_token,
@@ -750,6 +709,7 @@ impl Application {
         }
         let data = servers::PublicData {
             shared: running.shared.clone(),
+            agent_api: running.agent_api.clone(),
             intake: running.intake.clone(),
             body_budget: self.body_budget.clone(),
         };
@@ -940,6 +900,18 @@ impl Serving {
         };
         tokio::join!(stop_public, stop_admin);
     }
+}
+
+/// Each surface's limit on the bodies it reads: the admin API's (taken by the middleware), the
+/// webhook's and the agent API's (taken by their handlers, after authentication).
+fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
+    let admin = (
+        crate::ops::admin::PREFIX.to_owned(),
+        crate::ops::admin::MAX_BODY,
+    );
+    crate::body_budget::RouteCaps::new(vec![admin])
+        .handled_by_route(&config.webhook.path, config.webhook.max_body_bytes)
+        .handled_by_route(crate::helpdesk::api::PREFIX, crate::helpdesk::api::MAX_BODY)
 }
 
 /// A failure of the data directory, named by its configured path.

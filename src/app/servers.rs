@@ -1,16 +1,18 @@
 //! The two HTTP servers once the store is open: the public one (webhook, agent API, probes, and
 //! the admin API when it has no listener of its own) and the admin listener.
 
-use super::{AppError, Shared};
+use super::AppError;
 use crate::body_budget::BodyBudget;
 use crate::config::Config;
 use crate::intake::Intake;
+use crate::ops::Ops;
 use actix_web::{web, App, HttpServer};
 use std::net::{SocketAddr, TcpListener};
 
 /// The public server's handler states and the budget every listener shares.
 pub(super) struct PublicData {
-    pub(super) shared: web::Data<Shared>,
+    pub(super) shared: web::Data<Ops>,
+    pub(super) agent_api: web::Data<crate::helpdesk::api::AgentApi>,
     pub(super) intake: web::Data<Intake>,
     pub(super) body_budget: web::Data<BodyBudget>,
 }
@@ -28,6 +30,7 @@ pub(super) fn public_server(
     let admin_here = config.admin_listen_addr().is_none();
     let PublicData {
         shared,
+        agent_api,
         intake,
         body_budget,
     } = data;
@@ -37,6 +40,7 @@ pub(super) fn public_server(
             .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
             .app_data(body_budget.clone())
             .app_data(shared.clone())
+            .app_data(agent_api.clone())
             .app_data(intake.clone())
             .app_data(api_error::query_config())
             .configure(|cfg| crate::intake::routes(cfg, &path))
@@ -71,7 +75,7 @@ pub(super) fn public_server(
 /// with the public server's limits, timeouts and body budget. Not yet running.
 pub(super) fn admin_server(
     config: &Config,
-    shared: &web::Data<Shared>,
+    shared: &web::Data<Ops>,
     body_budget: web::Data<BodyBudget>,
     listener: TcpListener,
 ) -> Result<(actix_web::dev::Server, SocketAddr), AppError> {

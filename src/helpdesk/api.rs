@@ -10,7 +10,6 @@
 //! handlers' annotations and the same [`scope`] that mounts them, so it lists exactly what is
 //! served.
 
-use crate::app::Shared;
 use crate::config::helpdesk::HelpdeskConfig;
 use crate::helpdesk::commands::Waiters;
 use crate::helpdesk::contract::{self, MAX_TEXT};
@@ -35,7 +34,8 @@ use utoipa::{IntoParams, ToSchema};
 /// Where the API is mounted.
 pub const PREFIX: &str = "/helpdesk/v1";
 
-/// The agent API's part of the shared handler state.
+/// The agent API's handler state: what its handlers read and write (the store, the writer its
+/// commands go through, the Open API for transcripts), who may call it, and its settings.
 pub struct AgentApi {
     pub tokens: TokenSet,
     /// `helpdesk.allow_cidrs`: who may call at all.
@@ -43,6 +43,21 @@ pub struct AgentApi {
     pub config: HelpdeskConfig,
     pub waiters: Arc<Waiters>,
     pub in_progress: Arc<InProgress>,
+    store: storage::Store,
+    writer: storage::Writer,
+    upstream: upstream::handle::UpstreamHandle,
+    /// `server.trusted_proxies`: who may name the client.
+    proxies: crate::client_addr::Proxies,
+    body_read_timeout: std::time::Duration,
+}
+
+/// What the agent API reaches besides its own settings.
+pub struct Reach {
+    pub store: storage::Store,
+    pub writer: storage::Writer,
+    pub upstream: upstream::handle::UpstreamHandle,
+    pub proxies: crate::client_addr::Proxies,
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl AgentApi {
@@ -50,6 +65,7 @@ impl AgentApi {
         config: HelpdeskConfig,
         waiters: Arc<Waiters>,
         metrics: &crate::ops::metrics::Metrics,
+        reach: Reach,
     ) -> Self {
         AgentApi {
             tokens: TokenSet::new(config.tokens.clone()),
@@ -59,7 +75,18 @@ impl AgentApi {
             in_progress: Arc::new(InProgress::with_gauge(
                 metrics.helpdesk_calls_in_progress.clone(),
             )),
+            store: reach.store,
+            writer: reach.writer,
+            upstream: reach.upstream,
+            proxies: reach.proxies,
+            body_read_timeout: reach.body_read_timeout,
         }
+    }
+
+    /// The client's address, as `server.trusted_proxies` lets a proxy name it.
+    fn client_ip(&self, req: &HttpRequest) -> Option<std::net::IpAddr> {
+        self.proxies
+            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
     }
 }
 
@@ -438,7 +465,7 @@ async fn openapi_json() -> HttpResponse {
 )]
 #[get("/conversations")]
 async fn list_conversations(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     query: web::Query<QueueQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -511,7 +538,7 @@ async fn list_conversations(
 )]
 #[get("/conversations/{id}")]
 async fn get_conversation(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -528,7 +555,7 @@ async fn get_conversation(
     .await?;
     let now = shared.store.clock().now_millis();
     let summary = summary(&state, &positions, now);
-    let (transcript, transcript_error) = match shared.helpdesk.config.transcript_messages {
+    let (transcript, transcript_error) = match shared.config.transcript_messages {
         0 => (None, None),
         n => match transcript(&shared, state.id.as_str(), n).await {
             Ok(messages) => (Some(messages), None),
@@ -575,7 +602,7 @@ async fn get_conversation(
 )]
 #[post("/conversations/{id}/accept")]
 async fn accept(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     id: web::Path<String>,
     body: web::Payload,
@@ -622,7 +649,7 @@ async fn accept(
 )]
 #[post("/conversations/{id}/messages")]
 async fn send_message(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     id: web::Path<String>,
     body: web::Payload,
@@ -680,7 +707,7 @@ async fn send_message(
 )]
 #[post("/conversations/{id}/release")]
 async fn release(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     id: web::Path<String>,
     body: web::Payload,
@@ -696,7 +723,7 @@ async fn release(
             let b: FlowTarget = parse_body(body, true)?;
             let mut target = target_of(b)?;
             if !target.is_some() {
-                target = configured_release(&shared.helpdesk.config.release_flow);
+                target = configured_release(&shared.config.release_flow);
             }
             let state = conversation(shared, &id)?;
             Ok((state, Command::Release { target }))
@@ -729,7 +756,7 @@ async fn release(
 )]
 #[post("/conversations/{id}/transfer")]
 async fn transfer(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     id: web::Path<String>,
     body: web::Payload,
@@ -779,7 +806,7 @@ async fn transfer(
 )]
 #[post("/users/{platform}/{user_key}/block")]
 async fn block(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
     body: web::Payload,
@@ -829,7 +856,7 @@ async fn block(
 )]
 #[post("/users/{platform}/{user_key}/unblock")]
 async fn unblock(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> HttpResponse {
@@ -871,7 +898,7 @@ async fn unblock(
 )]
 #[delete("/users/{platform}/{user_key}/session")]
 async fn remove_session(
-    shared: web::Data<Shared>,
+    shared: web::Data<AgentApi>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> HttpResponse {
@@ -894,7 +921,7 @@ async fn remove_session(
 /// The newest `n` messages of a conversation, oldest first. The Open API lists oldest first, so
 /// a longer conversation takes a second call at the offset of its last `n`.
 async fn transcript(
-    shared: &Shared,
+    shared: &AgentApi,
     conversation: &str,
     n: u32,
 ) -> Result<Value, upstream::error::UpstreamError> {
@@ -938,12 +965,12 @@ impl From<ApiError> for Answer {
 /// it. The key is claimed before the body is read, so a second call with it while the first is
 /// still sending or waiting gets 409 at once.
 async fn run(
-    shared: &web::Data<Shared>,
+    shared: &web::Data<AgentApi>,
     req: &HttpRequest,
     route: &'static str,
     target: &str,
     payload: Option<web::Payload>,
-    build: impl FnOnce(&Shared, &[u8]) -> Result<(ConversationState, Command), ApiError>
+    build: impl FnOnce(&AgentApi, &[u8]) -> Result<(ConversationState, Command), ApiError>
         + Send
         + 'static,
 ) -> HttpResponse {
@@ -956,7 +983,7 @@ async fn run(
     };
     let mut _claim = None;
     if let Some(key) = &key {
-        match shared.helpdesk.in_progress.claim(route, key) {
+        match shared.in_progress.claim(route, key) {
             Some(c) => _claim = Some(c),
             None => {
                 let e = ApiError::new(
@@ -1110,8 +1137,8 @@ async fn read_body(
 /// Run `f`, which uses the store (sled), on the blocking pool, off the HTTP workers (as the
 /// webhook's path does): a slow sled call then never stalls other connections.
 async fn blocking<T: Send + 'static>(
-    shared: &web::Data<Shared>,
-    f: impl FnOnce(&Shared) -> Result<T, ApiError> + Send + 'static,
+    shared: &web::Data<AgentApi>,
+    f: impl FnOnce(&AgentApi) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let shared = shared.clone();
     web::block(move || f(&shared))
@@ -1129,7 +1156,7 @@ fn respond(answer: Answer, replayed: bool) -> HttpResponse {
 
 /// Store the command as an event of its conversation and answer from the fold's verdict.
 async fn submit(
-    shared: &web::Data<Shared>,
+    shared: &web::Data<AgentApi>,
     route: &str,
     key: Option<&str>,
     state: ConversationState,
@@ -1163,7 +1190,7 @@ async fn submit(
             .into();
         }
     };
-    let Some(mut waiter) = shared.helpdesk.waiters.register(&event_id) else {
+    let Some(mut waiter) = shared.waiters.register(&event_id) else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_pending",
@@ -1222,7 +1249,7 @@ async fn submit(
             Err(e) => return e.into(),
         }
     }
-    match waiter.wait(shared.helpdesk.config.command_timeout).await {
+    match waiter.wait(shared.config.command_timeout).await {
         Some(v) => {
             let id = conversation.clone();
             let state = blocking(shared, move |shared| {
@@ -1283,13 +1310,13 @@ fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
 
 // ---- Helpers ----
 
-fn authorize(shared: &Shared, req: &HttpRequest) -> Result<(), ApiError> {
-    crate::helpdesk::auth::check_peer(&shared.helpdesk.cidrs, shared.client_ip(req))?;
+fn authorize(shared: &AgentApi, req: &HttpRequest) -> Result<(), ApiError> {
+    crate::helpdesk::auth::check_peer(&shared.cidrs, shared.client_ip(req))?;
     let header = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    crate::helpdesk::auth::check(&shared.helpdesk.tokens, header)
+    crate::helpdesk::auth::check(&shared.tokens, header)
 }
 
 fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
@@ -1530,7 +1557,7 @@ fn configured_release(flow: &str) -> Target {
     }
 }
 
-fn conversation(shared: &Shared, id: &str) -> Result<ConversationState, ApiError> {
+fn conversation(shared: &AgentApi, id: &str) -> Result<ConversationState, ApiError> {
     let id = ConversationId::new(id);
     match shared.store.conversation(&id).map_err(store_error)? {
         Some(s) if s.deleted_at.is_none() => Ok(s),
@@ -1543,9 +1570,8 @@ fn conversation(shared: &Shared, id: &str) -> Result<ConversationState, ApiError
 }
 
 /// The partner channel of a conversation's bot.
-fn partner_of(shared: &Shared, state: &ConversationState) -> Result<PartnerUser, ApiError> {
+fn partner_of(shared: &AgentApi, state: &ConversationState) -> Result<PartnerUser, ApiError> {
     let sender_key = shared
-        .helpdesk
         .config
         .partner
         .sender_key(bot_of(state))
@@ -1571,7 +1597,7 @@ fn partner_of(shared: &Shared, state: &ConversationState) -> Result<PartnerUser,
 
 /// A partner-messenger user and the conversation their command is ordered with: their newest.
 fn partner_user(
-    shared: &Shared,
+    shared: &AgentApi,
     platform: &str,
     user_key: &str,
 ) -> Result<(ConversationState, PartnerUser), ApiError> {
@@ -1601,7 +1627,6 @@ fn partner_user(
         .map_err(store_error)?
         .ok_or_else(not_found)?;
     let sender_key = shared
-        .helpdesk
         .config
         .partner
         .sender_key(bot_of(&state).or(user.bot_id.as_ref().map(|b| b.as_str())))

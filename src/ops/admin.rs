@@ -1,7 +1,7 @@
 //! The admin API (`/admin/v1`): read state, inspect and re-process quarantine. Bearer token of its
 //! own, and loopback-only unless configured otherwise.
 
-use crate::app::Shared;
+use super::Ops;
 use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
@@ -48,7 +48,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 
 /// Run a backfill pass now (after the one running, if any): what it read, what it stored, and
 /// whether the webhook looks silent.
-async fn backfill_pass(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn backfill_pass(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     match shared.backfill.pass().await {
         Ok(report) => Ok(HttpResponse::Ok().json(json!({
             "pass": report,
@@ -67,13 +67,13 @@ async fn backfill_pass(shared: web::Data<Shared>) -> Result<HttpResponse, ApiErr
 
 /// Hold folding back: webhooks and agent calls are still accepted and stored, nothing is
 /// folded (so no rule runs and no agent call gets its verdict) until resumed.
-async fn dispatch_pause(shared: web::Data<Shared>) -> HttpResponse {
+async fn dispatch_pause(shared: web::Data<Ops>) -> HttpResponse {
     shared.dispatch.pause();
     tracing::info!("folding paused by an operator");
     HttpResponse::Ok().json(json!({"paused": true}))
 }
 
-async fn dispatch_resume(shared: web::Data<Shared>) -> HttpResponse {
+async fn dispatch_resume(shared: web::Data<Ops>) -> HttpResponse {
     shared.dispatch.resume();
     tracing::info!("folding resumed by an operator");
     HttpResponse::Ok().json(json!({"paused": false}))
@@ -86,7 +86,7 @@ async fn guard(
     ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>,
     actix_web::Error,
 > {
-    let Some(shared) = req.app_data::<web::Data<Shared>>().cloned() else {
+    let Some(shared) = req.app_data::<web::Data<Ops>>().cloned() else {
         return Err(ApiError::unavailable("admin API not configured").into());
     };
     if !shared.admin_cidrs.allows(shared.client_ip(req.request())) {
@@ -117,10 +117,7 @@ struct Advance {
 /// The test clock: move the daemon's time forward (rule timers come due, waits run out), so a
 /// handoff can be rehearsed, and tested, without waiting for real. Served only with
 /// `admin.test_clock = true`.
-async fn clock_advance(
-    shared: web::Data<Shared>,
-    body: web::Bytes,
-) -> Result<HttpResponse, ApiError> {
+async fn clock_advance(shared: web::Data<Ops>, body: web::Bytes) -> Result<HttpResponse, ApiError> {
     if !shared.test_clock {
         return Err(ApiError::new(
             actix_web::http::StatusCode::FORBIDDEN,
@@ -184,7 +181,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 }
 
 async fn conversation(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = ConversationId::new(id.into_inner());
@@ -196,7 +193,7 @@ async fn conversation(
 }
 
 /// The conversation's timeline (`queries::audit`), with the rules in force.
-async fn audit(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+async fn audit(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = ConversationId::new(id.into_inner());
     let (store, rules) = (shared.store.clone(), shared.rules.live.current());
     let lookup = id.clone();
@@ -219,7 +216,7 @@ pub(super) struct PageQuery {
 /// One page of `list` (`queries::List`) with the fields of `extra` added, read and encoded on
 /// the blocking pool (a page of a thousand items is not encoded on an HTTP worker).
 pub(super) async fn list_page(
-    shared: &Shared,
+    shared: &Ops,
     list: List,
     q: &PageQuery,
     extra: serde_json::Map<String, serde_json::Value>,
@@ -243,7 +240,7 @@ pub(super) async fn list_page(
 
 /// One page of the conversations in id order, as summaries.
 async fn conversations_list(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Conversations, &q, Default::default()).await
@@ -261,7 +258,7 @@ struct EndUsersQuery {
 }
 
 async fn end_users(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<EndUsersQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let q = q.into_inner();
@@ -278,7 +275,7 @@ async fn end_users(
 
 /// An end user by `(platform, userKey)`, with their newest conversation.
 async fn find_end_user(
-    shared: &Shared,
+    shared: &Ops,
     platform: String,
     user_key: String,
 ) -> Result<HttpResponse, ApiError> {
@@ -293,7 +290,7 @@ async fn find_end_user(
     }
 }
 
-async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+async fn event(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = EventId::new(id.into_inner());
     let (store, key) = (shared.store.clone(), id.clone());
     match blocking(move || store.event_status(&key)).await? {
@@ -309,7 +306,7 @@ async fn event(shared: web::Data<Shared>, id: web::Path<String>) -> Result<HttpR
 /// One page of the quarantine list, metadata only (the bodies: `/quarantine/{id}` and
 /// `/quarantine/{id}/body`).
 async fn quarantine_list(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Quarantine, &q, Default::default()).await
@@ -317,7 +314,7 @@ async fn quarantine_list(
 
 /// A record's whole body as received, as bytes.
 async fn quarantine_body(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
@@ -348,7 +345,7 @@ pub(super) fn parse_id(text: &str, what: &str) -> Result<u64, ApiError> {
 }
 
 async fn quarantine_show(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
@@ -369,7 +366,7 @@ async fn quarantine_show(
 }
 
 async fn quarantine_reprocess(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
@@ -425,7 +422,7 @@ struct DrainQuery {
 /// Wait until every accepted event is folded into state: for scripts (backups, tests) that need
 /// a quiet store. 200 when drained, 504 when the wait timed out.
 async fn inbox_drained(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<DrainQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
@@ -443,7 +440,7 @@ async fn inbox_drained(
 }
 
 /// The embedded emulator's call journal: what the bridge really sent to the (emulated) service.
-async fn emulator_journal(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn emulator_journal(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     match &shared.emulator {
         Some(emu) => Ok(HttpResponse::Ok().json(emu.journal())),
         None => Err(ApiError::not_found(

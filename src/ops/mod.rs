@@ -7,10 +7,56 @@ pub mod prune_admin;
 pub mod reconcile_admin;
 pub mod reload;
 
-use crate::app::Shared;
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 use std::sync::atomic::Ordering;
+
+/// The ops surface's handler state (probes, `/metrics`, the admin API): what its handlers read
+/// and steer.
+pub struct Ops {
+    pub store: storage::Store,
+    pub writer: storage::Writer,
+    pub dispatch: crate::dispatch::DispatchHandle,
+    pub executor: crate::outbox::ExecutorHandle,
+    pub metrics: metrics::Metrics,
+    /// The webhook's intake (its handlers' own state, also served before the store opens).
+    pub intake: web::Data<crate::intake::Intake>,
+    pub admin_tokens: crate::intake::auth::TokenSet,
+    pub admin_cidrs: crate::intake::auth::CidrList,
+    /// `server.trusted_proxies`: who may name the client (see `client_addr`).
+    pub proxies: crate::client_addr::Proxies,
+    /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
+    pub test_clock: bool,
+    pub body_read_timeout: std::time::Duration,
+    pub shutting_down: std::sync::atomic::AtomicBool,
+    /// The Open API client (owned by its own arbiter thread).
+    pub upstream: upstream::handle::UpstreamHandle,
+    /// The in-process emulator when the upstream is `embedded`.
+    pub emulator: Option<emulator::Emulator>,
+    /// The rules in force (also used by replay), and how to reload them.
+    pub rules: reload::Reloader,
+    /// The reconciliation sweeper (`POST /admin/v1/reconcile`).
+    pub reconcile: crate::reconcile::Sweeper,
+    /// Backfill's passes (periodic, and `POST /admin/v1/backfill`) and the webhook's silence.
+    pub backfill: crate::backfill::Backfill,
+    /// The pruning passes (periodic, and `POST /admin/v1/prune`).
+    pub pruner: crate::prune::Pruner,
+}
+
+impl Ops {
+    /// The webhook's checks for a body received (or re-processed) at `now`.
+    pub fn webhook_checks(&self, now: i64) -> model::webhook::Checks {
+        self.intake.checks(now)
+    }
+}
+
+impl Ops {
+    /// The client address the allow-lists judge: the peer, or what a trusted proxy says.
+    pub fn client_ip(&self, req: &actix_web::HttpRequest) -> Option<std::net::IpAddr> {
+        self.proxies
+            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
+    }
+}
 
 /// The probes, served on both listeners (a probe may use either).
 pub fn probe_routes(cfg: &mut web::ServiceConfig) {
@@ -34,7 +80,7 @@ async fn healthz() -> HttpResponse {
 /// What waits downstream (a deep outbox, an open circuit, a silent webhook) is detail only: a
 /// bridge taken out of rotation would answer the service's deliveries with errors, and the
 /// service disables a webhook after three of them, which loses far more than a slow outbox.
-async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
+async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
     let store_ok = shared.writer.is_healthy();
     let stopping = shared.shutting_down.load(Ordering::Relaxed);
     let outbox_ok = !shared.executor.backed_up();
@@ -70,7 +116,7 @@ async fn readyz(shared: web::Data<Shared>) -> HttpResponse {
 /// A scrape reads gauges only: no store scan, no directory walk. The store keeps the waiting
 /// queue's counts as folds change it, and the store size is refreshed by a periodic task
 /// (`app::store_size_loop`).
-async fn metrics(shared: web::Data<Shared>) -> HttpResponse {
+async fn metrics(shared: web::Data<Ops>) -> HttpResponse {
     let m = &shared.metrics;
     m.dispatch_paused
         .set(i64::from(shared.dispatch.is_paused()));

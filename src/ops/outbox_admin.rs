@@ -1,7 +1,7 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
 use super::admin::{blocking, list_page, PageQuery};
-use crate::app::Shared;
+use super::Ops;
 use crate::queries::{List, Page};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
@@ -37,7 +37,7 @@ fn not_found(id: u64) -> ApiError {
 /// One page of the pending entries, in decision order; `depth` is the executor's exact count of
 /// what it holds pending, in its window or not, `in_memory` how many of them are in the window.
 async fn list_outbox(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let mut executor = serde_json::Map::new();
@@ -48,7 +48,7 @@ async fn list_outbox(
 }
 
 async fn show_pending(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = super::admin::parse_id(&id, "outbox entry id")?;
@@ -62,19 +62,19 @@ async fn show_pending(
 /// Finished entries (done, or dropped by an operator) in the audit window, newest first, a page
 /// at a time (`after`: a seq; the next page holds the older ones).
 async fn list_done(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Done, &q, Default::default()).await
 }
 
-async fn pause(shared: web::Data<Shared>) -> HttpResponse {
+async fn pause(shared: web::Data<Ops>) -> HttpResponse {
     shared.executor.pause();
     tracing::info!("outbox execution paused by an operator");
     HttpResponse::Ok().json(json!({"paused": true}))
 }
 
-async fn resume(shared: web::Data<Shared>) -> HttpResponse {
+async fn resume(shared: web::Data<Ops>) -> HttpResponse {
     shared.executor.resume();
     tracing::info!("outbox execution resumed by an operator");
     HttpResponse::Ok().json(json!({"paused": false}))
@@ -86,7 +86,7 @@ struct IdleQuery {
 }
 
 /// Wait until no action is pending (for scripts and tests): 200 when idle, 504 on timeout.
-async fn idle(shared: web::Data<Shared>, q: web::Query<IdleQuery>) -> HttpResponse {
+async fn idle(shared: web::Data<Ops>, q: web::Query<IdleQuery>) -> HttpResponse {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
     let idle = shared.executor.wait_idle(timeout).await;
     let body = json!({"idle": idle, "depth": shared.executor.depth()});
@@ -99,14 +99,14 @@ async fn idle(shared: web::Data<Shared>, q: web::Query<IdleQuery>) -> HttpRespon
 
 /// One page of the dead letters (`count` is the page's).
 async fn list_dead(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<PageQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::DeadLetters, &q, Default::default()).await
 }
 
 async fn show_dead(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
@@ -118,7 +118,7 @@ async fn show_dead(
 }
 
 async fn retry_dead(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
@@ -131,7 +131,7 @@ async fn retry_dead(
 
 /// Every dead letter back to the outbox, 100 at a time (never all letters in memory at once):
 /// each page is retried, made durable and handed to the executor before the next is read.
-async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn retry_all(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     let mut retried = Vec::new();
     let mut after = None;
     loop {
@@ -160,7 +160,7 @@ async fn retry_all(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> 
 
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
-async fn retry(shared: &Shared, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
+async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
     let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
@@ -196,7 +196,7 @@ struct DropQuery {
 }
 
 async fn drop_dead(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     id: web::Path<String>,
     q: web::Query<DropQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -231,7 +231,7 @@ async fn drop_dead(
 /// Re-run stored events through the current rules (`POST /admin/v1/replay?from=&to=`, times as
 /// Unix ms or RFC 3339). Queued actions are made durable before they reach the executor.
 async fn replay(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     q: web::Query<ReplayQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let request = q.into_inner().request()?;
@@ -282,7 +282,7 @@ impl ReplayQuery {
 
 /// Compile the rule directory and swap it in (`POST /admin/v1/rules/reload`): 200 with the
 /// version in force, or 422 with every problem (the running rules stay).
-async fn reload_rules(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn reload_rules(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     let reloader = shared.rules.clone();
     let result = web::block(move || reloader.reload(crate::ops::reload::Trigger::Admin))
         .await

@@ -1,7 +1,7 @@
 //! `POST /admin/v1/prune` (mounted under `/admin/v1` by `admin`): run a pruning pass now (after
 //! the one running, if any) and answer what it removed (`prune::PruneReport`).
 
-use crate::app::Shared;
+use super::Ops;
 use crate::prune::PruneError;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
@@ -12,7 +12,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
     scope.route("/prune", web::post().to(prune))
 }
 
-async fn prune(shared: web::Data<Shared>) -> Result<HttpResponse, ApiError> {
+async fn prune(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     tracing::info!("pruning pass asked for by an operator");
     match shared.pruner.pass().await {
         Ok(report) => Ok(HttpResponse::Ok().json(report)),

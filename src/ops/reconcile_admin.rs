@@ -1,7 +1,7 @@
 //! `POST /admin/v1/reconcile` (mounted under `/admin/v1` by `admin`): run a reconciliation pass
 //! now and answer what it found (`?dry_run=true`: find without handing anything to the writer).
 
-use crate::app::Shared;
+use super::Ops;
 use crate::reconcile::SweepError;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
@@ -21,7 +21,7 @@ struct ReconcileQuery {
 
 /// A pass now (after one in progress ends). The answer: counts and the drifts found.
 async fn reconcile(
-    shared: web::Data<Shared>,
+    shared: web::Data<Ops>,
     query: web::Query<ReconcileQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let dry_run = query.dry_run;
