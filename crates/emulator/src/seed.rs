@@ -123,31 +123,50 @@ impl Seed {
     /// Every cross-reference and bound; all problems at once.
     pub fn validate(&self) -> Result<(), SeedError> {
         let mut problems = Vec::new();
-        let mut p = |msg: String| problems.push(msg);
+        let bots = self.check_bots(&mut problems);
+        self.check_flows(&bots, &mut problems);
+        let end_users = self.check_end_users(&bots, &mut problems);
+        let conversations = self.check_conversations(&bots, &end_users, &mut problems);
+        self.check_messages(&conversations, &mut problems);
+        let senders = self.check_channels(&bots, &mut problems);
+        self.check_templates(&senders, &mut problems);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SeedError::Invalid(problems))
+        }
+    }
 
+    /// Bot ids are unique; answers the set of them.
+    fn check_bots(&self, p: &mut Vec<String>) -> HashSet<&BotId> {
         let mut bots = HashSet::new();
         for bot in &self.bots {
             if !bots.insert(&bot.id) {
-                p(format!("bots: id {} appears twice", bot.id));
+                p.push(format!("bots: id {} appears twice", bot.id));
             }
         }
+        bots
+    }
 
+    /// Flows belong to known bots, flow ids are unique per bot, and each flow has nodes with
+    /// unique ids.
+    fn check_flows(&self, bots: &HashSet<&BotId>, p: &mut Vec<String>) {
         for (bot_id, flows) in &self.flows {
             if !bots.contains(bot_id) {
-                p(format!("flows: bot {bot_id} is not in `bots`"));
+                p.push(format!("flows: bot {bot_id} is not in `bots`"));
             }
             let mut ids = HashSet::new();
             for flow in flows {
                 if !ids.insert(flow.id) {
-                    p(format!("flows of {bot_id}: flow {} appears twice", flow.id));
+                    p.push(format!("flows of {bot_id}: flow {} appears twice", flow.id));
                 }
                 if flow.nodes.is_empty() {
-                    p(format!("flows of {bot_id}: flow {} has no nodes", flow.id));
+                    p.push(format!("flows of {bot_id}: flow {} has no nodes", flow.id));
                 }
                 let mut nodes = HashSet::new();
                 for node in &flow.nodes {
                     if !nodes.insert(node.id) {
-                        p(format!(
+                        p.push(format!(
                             "flows of {bot_id}: flow {} has node {} twice",
                             flow.id, node.id
                         ));
@@ -155,20 +174,28 @@ impl Seed {
                 }
             }
         }
+    }
 
+    /// End users are unique, belong to known bots, are unique per (bot, platform, userKey) and
+    /// have valid user keys; answers them by id.
+    fn check_end_users(
+        &self,
+        bots: &HashSet<&BotId>,
+        p: &mut Vec<String>,
+    ) -> HashMap<&EndUserId, &EndUser> {
         let mut end_users: HashMap<&EndUserId, &EndUser> = HashMap::new();
         let mut natural = HashSet::new();
         for eu in &self.end_users {
             let at = format!("endUsers: {}", eu.id);
             if end_users.insert(&eu.id, eu).is_some() {
-                p(format!("{at} appears twice"));
+                p.push(format!("{at} appears twice"));
             }
             match &eu.bot_id {
-                None => p(format!("{at} has no botId")),
-                Some(b) if !bots.contains(b) => p(format!("{at}: bot {b} is not in `bots`")),
+                None => p.push(format!("{at} has no botId")),
+                Some(b) if !bots.contains(b) => p.push(format!("{at}: bot {b} is not in `bots`")),
                 Some(b) => {
                     if !natural.insert((b, eu.platform.as_str(), eu.user_key.as_str())) {
-                        p(format!(
+                        p.push(format!(
                             "{at}: ({}, {}) is already used by another end user of {b}",
                             eu.platform, eu.user_key
                         ));
@@ -176,170 +203,227 @@ impl Seed {
                 }
             }
             if let Err(e) = validate::user_key(eu.user_key.as_str(), "userKey") {
-                p(format!("{at}: {e}"));
+                p.push(format!("{at}: {e}"));
             }
         }
+        end_users
+    }
 
+    /// Conversations are unique and each passes [`Seed::check_conversation`]; answers them by id.
+    fn check_conversations(
+        &self,
+        bots: &HashSet<&BotId>,
+        end_users: &HashMap<&EndUserId, &EndUser>,
+        p: &mut Vec<String>,
+    ) -> HashMap<&ConversationId, &Conversation> {
         let mut conversations: HashMap<&ConversationId, &Conversation> = HashMap::new();
         for c in &self.conversations {
             let at = format!("conversations: {}", c.id);
             if conversations.insert(&c.id, c).is_some() {
-                p(format!("{at} appears twice"));
+                p.push(format!("{at} appears twice"));
             }
-            let Some(bot_id) = &c.bot_id else {
-                p(format!("{at} has no botId"));
-                continue;
-            };
-            if !bots.contains(bot_id) {
-                p(format!("{at}: bot {bot_id} is not in `bots`"));
-            }
-            match c.end_user_id.as_ref().map(|id| (id, end_users.get(id))) {
-                None => p(format!("{at} has no endUserId")),
-                Some((id, None)) => p(format!("{at}: end user {id} is not in `endUsers`")),
-                Some((id, Some(eu))) => {
-                    if eu.bot_id.as_ref() != Some(bot_id) {
-                        p(format!("{at}: end user {id} belongs to another bot"));
-                    }
-                    if c.platform.as_ref().is_some_and(|pl| *pl != eu.platform) {
-                        p(format!("{at}: platform differs from end user {id}'s"));
-                    }
-                    if c.user_key.as_ref().is_some_and(|k| *k != eu.user_key) {
-                        p(format!("{at}: userKey differs from end user {id}'s"));
-                    }
+            self.check_conversation(c, &at, bots, end_users, p);
+        }
+        conversations
+    }
+
+    /// One conversation: a known bot, an end user of that bot it agrees with, both times, and
+    /// navigation to nodes that exist in the bot's flows.
+    fn check_conversation(
+        &self,
+        c: &Conversation,
+        at: &str,
+        bots: &HashSet<&BotId>,
+        end_users: &HashMap<&EndUserId, &EndUser>,
+        p: &mut Vec<String>,
+    ) {
+        let Some(bot_id) = &c.bot_id else {
+            p.push(format!("{at} has no botId"));
+            return;
+        };
+        if !bots.contains(bot_id) {
+            p.push(format!("{at}: bot {bot_id} is not in `bots`"));
+        }
+        match c.end_user_id.as_ref().map(|id| (id, end_users.get(id))) {
+            None => p.push(format!("{at} has no endUserId")),
+            Some((id, None)) => p.push(format!("{at}: end user {id} is not in `endUsers`")),
+            Some((id, Some(eu))) => {
+                if eu.bot_id.as_ref() != Some(bot_id) {
+                    p.push(format!("{at}: end user {id} belongs to another bot"));
                 }
-            }
-            for (name, value) in [("createdAt", &c.created_at), ("updatedAt", &c.updated_at)] {
-                match value.as_deref().map(parse_iso_millis) {
-                    None => p(format!("{at} has no {name}")),
-                    Some(Err(e)) => p(format!("{at}: {name} {e}")),
-                    Some(Ok(_)) => {}
+                if c.platform.as_ref().is_some_and(|pl| *pl != eu.platform) {
+                    p.push(format!("{at}: platform differs from end user {id}'s"));
                 }
-            }
-            let flows = self.flows.get(bot_id).map(Vec::as_slice).unwrap_or(&[]);
-            let navs = [
-                Some(("navigation", c.navigation.as_ref())),
-                c.context
-                    .as_ref()
-                    .map(|ctx| ("context.navigation", ctx.navigation.as_ref())),
-            ];
-            for (name, nav) in navs.into_iter().flatten() {
-                if let Some(nav) = nav {
-                    if let Err(e) = navigation_exists(nav, flows) {
-                        p(format!("{at}: {name}: {e}"));
-                    }
+                if c.user_key.as_ref().is_some_and(|k| *k != eu.user_key) {
+                    p.push(format!("{at}: userKey differs from end user {id}'s"));
                 }
             }
         }
+        for (name, value) in [("createdAt", &c.created_at), ("updatedAt", &c.updated_at)] {
+            match value.as_deref().map(parse_iso_millis) {
+                None => p.push(format!("{at} has no {name}")),
+                Some(Err(e)) => p.push(format!("{at}: {name} {e}")),
+                Some(Ok(_)) => {}
+            }
+        }
+        let flows = self.flows.get(bot_id).map(Vec::as_slice).unwrap_or(&[]);
+        let navs = [
+            Some(("navigation", c.navigation.as_ref())),
+            c.context
+                .as_ref()
+                .map(|ctx| ("context.navigation", ctx.navigation.as_ref())),
+        ];
+        for (name, nav) in navs.into_iter().flatten() {
+            if let Some(nav) = nav {
+                if let Err(e) = navigation_exists(nav, flows) {
+                    p.push(format!("{at}: {name}: {e}"));
+                }
+            }
+        }
+    }
 
+    /// Messages are unique, in known conversations (with the same end user), timestamped and
+    /// with valid data.
+    fn check_messages(
+        &self,
+        conversations: &HashMap<&ConversationId, &Conversation>,
+        p: &mut Vec<String>,
+    ) {
         let mut message_ids = HashSet::new();
         for m in &self.messages {
             let at = format!("messages: {}", m.id);
             if !message_ids.insert(m.id.as_str()) {
-                p(format!("{at} appears twice"));
+                p.push(format!("{at} appears twice"));
             }
             match conversations.get(&m.conversation_id) {
-                None => p(format!(
+                None => p.push(format!(
                     "{at}: conversation {} is not in `conversations`",
                     m.conversation_id
                 )),
                 Some(c) => {
                     if m.end_user_id.is_some() && m.end_user_id != c.end_user_id {
-                        p(format!("{at}: endUserId differs from its conversation's"));
+                        p.push(format!("{at}: endUserId differs from its conversation's"));
                     }
                 }
             }
             if m.timestamp.is_none() {
-                p(format!("{at} has no timestamp"));
+                p.push(format!("{at} has no timestamp"));
             }
             if let Err(e) = validate::message_data(&m.data, "data") {
-                p(format!("{at}: {e}"));
+                p.push(format!("{at}: {e}"));
             }
         }
+    }
 
+    /// Channels have unique, non-empty sender keys, known bots, valid users and counseling
+    /// states, and a valid setting; answers their sender keys.
+    fn check_channels(&self, bots: &HashSet<&BotId>, p: &mut Vec<String>) -> HashSet<&str> {
         let mut senders = HashSet::new();
         for ch in &self.channels {
             let at = format!("channels: {}", ch.sender_key);
             if ch.sender_key.is_empty() {
-                p("channels: a senderKey is empty".to_owned());
+                p.push("channels: a senderKey is empty".to_owned());
             }
             if !senders.insert(ch.sender_key.as_str()) {
-                p(format!("{at} appears twice"));
+                p.push(format!("{at} appears twice"));
             }
             if !bots.contains(&ch.bot_id) {
-                p(format!("{at}: bot {} is not in `bots`", ch.bot_id));
+                p.push(format!("{at}: bot {} is not in `bots`", ch.bot_id));
             }
-            let mut keys = BTreeSet::new();
-            for key in &ch.user_keys {
-                if !keys.insert(key.as_str()) {
-                    p(format!("{at}: userKey {key} appears twice"));
-                }
-                let known = self.end_users.iter().any(|eu| {
-                    eu.bot_id.as_ref() == Some(&ch.bot_id)
-                        && eu.platform == Platform::Kakaobiz
-                        && eu.user_key.as_str() == key
-                });
-                if !known {
-                    p(format!(
-                        "{at}: userKey {key} is not a kakaobiz end user of {}",
-                        ch.bot_id
-                    ));
-                }
-            }
-            let mut stated = HashSet::new();
-            for c in &ch.conversations {
-                if !keys.contains(c.user_key.as_str()) {
-                    p(format!(
-                        "{at}: conversations: userKey {} is not in userKeys",
-                        c.user_key
-                    ));
-                }
-                if !stated.insert(c.user_key.as_str()) {
-                    p(format!(
-                        "{at}: conversations: userKey {} appears twice",
-                        c.user_key
-                    ));
-                }
-                if c.blocked_at.is_some() && !c.blocked {
-                    p(format!(
-                        "{at}: conversations: {} has blockedAt but is not blocked",
-                        c.user_key
-                    ));
-                }
-            }
+            let keys = self.check_channel_users(ch, &at, p);
+            check_channel_conversations(ch, &at, &keys, p);
             if let Err(e) = validate::channel_setting(&ch.setting) {
-                p(format!("{at}: setting: {e}"));
+                p.push(format!("{at}: setting: {e}"));
             }
         }
+        senders
+    }
 
+    /// A channel's user keys are unique and each is a `kakaobiz` end user of the channel's bot;
+    /// answers the keys.
+    fn check_channel_users<'a>(
+        &self,
+        ch: &'a SeedChannel,
+        at: &str,
+        p: &mut Vec<String>,
+    ) -> BTreeSet<&'a str> {
+        let mut keys = BTreeSet::new();
+        for key in &ch.user_keys {
+            if !keys.insert(key.as_str()) {
+                p.push(format!("{at}: userKey {key} appears twice"));
+            }
+            let known = self.end_users.iter().any(|eu| {
+                eu.bot_id.as_ref() == Some(&ch.bot_id)
+                    && eu.platform == Platform::Kakaobiz
+                    && eu.user_key.as_str() == key
+            });
+            if !known {
+                p.push(format!(
+                    "{at}: userKey {key} is not a kakaobiz end user of {}",
+                    ch.bot_id
+                ));
+            }
+        }
+        keys
+    }
+
+    /// Templates name a known channel, have a non-empty code unique per sender, and declare
+    /// exactly the placeholders of their text, each once.
+    fn check_templates(&self, senders: &HashSet<&str>, p: &mut Vec<String>) {
         let mut codes = HashSet::new();
         for t in &self.templates {
             let at = format!("templates: {}/{}", t.sender_key, t.code);
             if !senders.contains(t.sender_key.as_str()) {
-                p(format!("{at}: senderKey is not in `channels`"));
+                p.push(format!("{at}: senderKey is not in `channels`"));
             }
             if t.code.is_empty() {
-                p(format!("{at}: code is empty"));
+                p.push(format!("{at}: code is empty"));
             }
             if !codes.insert((t.sender_key.as_str(), t.code.as_str())) {
-                p(format!("{at} appears twice"));
+                p.push(format!("{at} appears twice"));
             }
             let declared: BTreeSet<&str> = t.variables.iter().map(String::as_str).collect();
             if declared.len() != t.variables.len() {
-                p(format!("{at}: a variable is listed twice"));
+                p.push(format!("{at}: a variable is listed twice"));
             }
             let used = validate::placeholders(&t.text);
             let used: BTreeSet<&str> = used.iter().map(String::as_str).collect();
             if declared != used {
-                p(format!(
+                p.push(format!(
                     "{at}: variables {declared:?} do not match the text's placeholders {used:?}"
                 ));
             }
         }
+    }
+}
 
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(SeedError::Invalid(problems))
+/// A channel's stated counseling states are of its users, one per user, and not `blockedAt`
+/// without being blocked.
+fn check_channel_conversations(
+    ch: &SeedChannel,
+    at: &str,
+    keys: &BTreeSet<&str>,
+    p: &mut Vec<String>,
+) {
+    let mut stated = HashSet::new();
+    for c in &ch.conversations {
+        if !keys.contains(c.user_key.as_str()) {
+            p.push(format!(
+                "{at}: conversations: userKey {} is not in userKeys",
+                c.user_key
+            ));
+        }
+        if !stated.insert(c.user_key.as_str()) {
+            p.push(format!(
+                "{at}: conversations: userKey {} appears twice",
+                c.user_key
+            ));
+        }
+        if c.blocked_at.is_some() && !c.blocked {
+            p.push(format!(
+                "{at}: conversations: {} has blockedAt but is not blocked",
+                c.user_key
+            ));
         }
     }
 }

@@ -343,107 +343,159 @@ pub fn start(emulator: Emulator, config: SenderConfig) {
         "emulator-{}",
         Alphanumeric.sample_string(&mut rand::rng(), 8)
     );
-    actix_web::rt::spawn(async move {
-        let mut connector = awc::Connector::new();
-        if let Some(tls) = config.tls.clone() {
-            connector = connector.rustls_0_23(tls);
+    actix_web::rt::spawn(send_loop(emulator, config, webhook_id));
+}
+
+/// How one delivery ended.
+enum Outcome {
+    /// Answered 200.
+    Delivered,
+    /// Every attempt failed; the events are given up on.
+    GaveUp,
+    /// The webhook is disabled: the events are held for the re-send.
+    Disabled,
+}
+
+/// The sender's loop: every `window` (or at once while a backlog waits), one delivery of the
+/// oldest events, unless the webhook is disabled.
+async fn send_loop(emulator: Emulator, config: SenderConfig, webhook_id: String) {
+    let client = http_client(&config);
+    let mut tick = tokio::time::interval(config.window);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // More events wait than one delivery took: the next goes at once.
+    let mut backlog = false;
+    loop {
+        if !backlog {
+            tick.tick().await;
         }
-        let client = awc::Client::builder()
-            .connector(connector)
-            .timeout(Duration::from_secs(10))
-            .finish();
-        let mut tick = tokio::time::interval(config.window);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // More events wait than one delivery took: the next goes at once.
-        let mut backlog = false;
-        loop {
-            if !backlog {
-                tick.tick().await;
-            }
-            backlog = false;
-            // Disabled: nothing is sent; the events wait (the state keeps changing).
-            let Some((events, url)) = emulator.with_state(|s| {
-                let w = s.webhook();
-                if !w.enabled {
-                    return None;
-                }
-                let url = w.url.clone().unwrap_or_else(|| config.url.clone());
-                Some((s.take_events_up_to(MAX_DELIVERY_EVENTS), url))
-            }) else {
-                continue;
-            };
-            backlog = events.len() == MAX_DELIVERY_EVENTS;
-            if events.is_empty() {
-                continue;
-            }
-            let body = delivery(&webhook_id, &url, &events);
-            let mut delivered = false;
-            let mut disabled = false;
-            for attempt in 1..=4u32 {
-                let failure = match client
-                    .post(&url)
-                    .insert_header(("user-agent", "CLOSER/webhook"))
-                    .send_json(&body)
-                    .await
-                {
-                    Ok(resp) if resp.status().as_u16() == 200 => None,
-                    Ok(resp) => {
-                        let status = resp.status().as_u16();
-                        tracing::warn!(status, attempt, "webhook delivery refused");
-                        Some(format!("status {status}"))
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, attempt, "webhook delivery failed");
-                        Some(format!("connection failed: {e}"))
-                    }
-                };
-                let now = emulator.now_ms();
-                match failure {
-                    None => {
-                        emulator.with_state(|s| s.webhook_mut().delivered());
-                        delivered = true;
-                        break;
-                    }
-                    Some(what) => {
-                        let (now_disabled, reason) = emulator.with_state(|s| {
-                            let w = s.webhook_mut();
-                            (w.failed(now, what), w.reason.clone())
-                        });
-                        if now_disabled {
-                            tracing::error!(
-                                reason = reason.as_deref().unwrap_or(""),
-                                held = events.len(),
-                                "emulator webhook disabled after failed deliveries"
-                            );
-                            emulator.journal_webhook(
-                                now,
-                                "webhook-disabled",
-                                json!({ "reason": reason }),
-                            );
-                        }
-                        if !emulator.with_state(|s| s.webhook().enabled) {
-                            disabled = true;
-                            break;
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-            }
-            if disabled {
+        backlog = false;
+        // Disabled: nothing is sent; the events wait (the state keeps changing).
+        let Some((events, url)) = take_delivery(&emulator, &config) else {
+            continue;
+        };
+        backlog = events.len() == MAX_DELIVERY_EVENTS;
+        if events.is_empty() {
+            continue;
+        }
+        let body = delivery(&webhook_id, &url, &events);
+        match deliver(&emulator, &client, &url, &body, events.len()).await {
+            Outcome::Disabled => {
                 // Held for the re-send: still undelivered.
                 emulator.with_state(|s| s.requeue_events(events));
                 backlog = false;
                 continue;
             }
-            if !delivered {
+            Outcome::GaveUp => {
                 tracing::error!(
                     events = events.len(),
                     "webhook delivery dropped after retries"
                 );
             }
-            emulator.with_state(|s| s.events_done(events.len() as u64));
+            Outcome::Delivered => {}
         }
+        emulator.with_state(|s| s.events_done(events.len() as u64));
+    }
+}
+
+/// The HTTP client deliveries go through (TLS as configured, 10 s timeout).
+fn http_client(config: &SenderConfig) -> awc::Client {
+    let mut connector = awc::Connector::new();
+    if let Some(tls) = config.tls.clone() {
+        connector = connector.rustls_0_23(tls);
+    }
+    awc::Client::builder()
+        .connector(connector)
+        .timeout(Duration::from_secs(10))
+        .finish()
+}
+
+/// The next delivery's events (at most [`MAX_DELIVERY_EVENTS`]) and the URL they go to, or
+/// `None` while the webhook is disabled.
+fn take_delivery(
+    emulator: &Emulator,
+    config: &SenderConfig,
+) -> Option<(Vec<PendingEvent>, String)> {
+    emulator.with_state(|s| {
+        let w = s.webhook();
+        if !w.enabled {
+            return None;
+        }
+        let url = w.url.clone().unwrap_or_else(|| config.url.clone());
+        Some((s.take_events_up_to(MAX_DELIVERY_EVENTS), url))
+    })
+}
+
+/// POSTs one delivery of `held` events, up to 4 attempts with a growing pause; each failure is
+/// recorded, and a webhook disabled meanwhile stops the attempts.
+async fn deliver(
+    emulator: &Emulator,
+    client: &awc::Client,
+    url: &str,
+    body: &Value,
+    held: usize,
+) -> Outcome {
+    for attempt in 1..=4u32 {
+        let failure = post_delivery(client, url, body, attempt).await;
+        let now = emulator.now_ms();
+        match failure {
+            None => {
+                emulator.with_state(|s| s.webhook_mut().delivered());
+                return Outcome::Delivered;
+            }
+            Some(what) => {
+                if record_failure(emulator, now, what, held) {
+                    return Outcome::Disabled;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+    }
+    Outcome::GaveUp
+}
+
+/// One attempt: `None` when answered 200, else what went wrong.
+async fn post_delivery(
+    client: &awc::Client,
+    url: &str,
+    body: &Value,
+    attempt: u32,
+) -> Option<String> {
+    match client
+        .post(url)
+        .insert_header(("user-agent", "CLOSER/webhook"))
+        .send_json(body)
+        .await
+    {
+        Ok(resp) if resp.status().as_u16() == 200 => None,
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            tracing::warn!(status, attempt, "webhook delivery refused");
+            Some(format!("status {status}"))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, attempt, "webhook delivery failed");
+            Some(format!("connection failed: {e}"))
+        }
+    }
+}
+
+/// Counts a failed attempt toward the disabling rule, logging and journaling the change when it
+/// disables the webhook. Returns whether the webhook is disabled now (by this failure or
+/// meanwhile).
+fn record_failure(emulator: &Emulator, now: Millis, what: String, held: usize) -> bool {
+    let (now_disabled, reason) = emulator.with_state(|s| {
+        let w = s.webhook_mut();
+        (w.failed(now, what), w.reason.clone())
     });
+    if now_disabled {
+        tracing::error!(
+            reason = reason.as_deref().unwrap_or(""),
+            held,
+            "emulator webhook disabled after failed deliveries"
+        );
+        emulator.journal_webhook(now, "webhook-disabled", json!({ "reason": reason }));
+    }
+    !emulator.with_state(|s| s.webhook().enabled)
 }
 
 #[cfg(test)]

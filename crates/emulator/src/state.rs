@@ -7,7 +7,7 @@
 //! `invalid_body` (a 404 would look like the conversation itself is gone); unknown query
 //! parameters are a 400 `invalid_query`.
 
-use super::seed::Seed;
+use super::seed::{Seed, SeedChannel, SeedPbConversation};
 use super::validate;
 use model::clock::{format_iso_millis, parse_iso_millis};
 use model::contract::{
@@ -249,87 +249,20 @@ impl EmulatorState {
             state.end_users.push(eu.clone());
         }
         for c in &seed.conversations {
-            let mut c = c.clone();
-            if let Some(eu) = c
-                .end_user_id
-                .as_ref()
-                .and_then(|id| state.end_user_index.get(id))
-                .and_then(|&i| state.end_users.get(i))
-            {
-                c.platform.get_or_insert_with(|| eu.platform.clone());
-                c.user_key.get_or_insert_with(|| eu.user_key.clone());
-            }
-            let ms = |t: &Option<String>| t.as_deref().and_then(|t| parse_iso_millis(t).ok());
-            let created_ms = ms(&c.created_at).unwrap_or(0);
-            let updated_ms = ms(&c.updated_at).unwrap_or(created_ms);
-            let manual = ManualRecord {
-                enabled: c.manual_status() == Some(HANDOVER),
-                updated_at: updated_ms,
-            };
-            let mut visits = HashMap::new();
-            if let Some(cur) = c.effective_navigation().and_then(|n| n.current) {
-                visits.insert((cur.flow_id, cur.node_id), cur.visit_count.unwrap_or(1));
-            }
+            let record = state.seed_conversation(c);
             state
                 .conversation_index
-                .insert(c.id.clone(), state.conversations.len());
-            state.conversations.push(ConversationRecord {
-                conversation: c,
-                created_ms,
-                updated_ms,
-                manual,
-                visits,
-            });
+                .insert(record.conversation.id.clone(), state.conversations.len());
+            state.conversations.push(record);
         }
         for m in &seed.messages {
             state.message_ids.insert(m.id.clone());
             state.messages.push(m.clone());
         }
         for ch in &seed.channels {
-            let mut users = BTreeMap::new();
-            for key in &ch.user_keys {
-                let stated = ch.conversations.iter().find(|c| &c.user_key == key);
-                let conv = match stated {
-                    Some(s) => PbConversation {
-                        sender_key: ch.sender_key.clone(),
-                        user_key: key.clone(),
-                        status: s.status.unwrap_or(PbStatus::Waiting),
-                        assignee: s.assignee.clone(),
-                        memo: s.memo.clone(),
-                        blocked: s.blocked,
-                        blocked_at: s.blocked_at.filter(|_| s.blocked),
-                        session: PbSession {
-                            active: s.session_started_at.is_some(),
-                            started_at: s.session_started_at,
-                        },
-                        updated_at: s.updated_at.unwrap_or(0),
-                    },
-                    None => PbConversation {
-                        sender_key: ch.sender_key.clone(),
-                        user_key: key.clone(),
-                        status: PbStatus::Waiting,
-                        assignee: None,
-                        memo: None,
-                        blocked: false,
-                        blocked_at: None,
-                        session: PbSession {
-                            active: false,
-                            started_at: None,
-                        },
-                        updated_at: 0,
-                    },
-                };
-                users.insert(key.clone(), conv);
-            }
-            state.channels.insert(
-                ch.sender_key.clone(),
-                Channel {
-                    bot_id: ch.bot_id.clone(),
-                    users,
-                    block_reasons: BTreeMap::new(),
-                    setting: ch.setting.clone(),
-                },
-            );
+            state
+                .channels
+                .insert(ch.sender_key.clone(), seed_channel(ch));
         }
         for t in &seed.templates {
             state.templates.insert(
@@ -341,6 +274,40 @@ impl EmulatorState {
             );
         }
         state
+    }
+
+    /// A seeded conversation's record: platform and user key default to its end user's (the end
+    /// users must be in already), times become milliseconds, and the manual record and the
+    /// current node's visit count come from the conversation.
+    fn seed_conversation(&self, c: &Conversation) -> ConversationRecord {
+        let mut c = c.clone();
+        if let Some(eu) = c
+            .end_user_id
+            .as_ref()
+            .and_then(|id| self.end_user_index.get(id))
+            .and_then(|&i| self.end_users.get(i))
+        {
+            c.platform.get_or_insert_with(|| eu.platform.clone());
+            c.user_key.get_or_insert_with(|| eu.user_key.clone());
+        }
+        let ms = |t: &Option<String>| t.as_deref().and_then(|t| parse_iso_millis(t).ok());
+        let created_ms = ms(&c.created_at).unwrap_or(0);
+        let updated_ms = ms(&c.updated_at).unwrap_or(created_ms);
+        let manual = ManualRecord {
+            enabled: c.manual_status() == Some(HANDOVER),
+            updated_at: updated_ms,
+        };
+        let mut visits = HashMap::new();
+        if let Some(cur) = c.effective_navigation().and_then(|n| n.current) {
+            visits.insert((cur.flow_id, cur.node_id), cur.visit_count.unwrap_or(1));
+        }
+        ConversationRecord {
+            conversation: c,
+            created_ms,
+            updated_ms,
+            manual,
+            visits,
+        }
     }
 
     /// One call. `path` holds the endpoint's path parameters by name, `query` a JSON object of
@@ -360,6 +327,8 @@ impl EmulatorState {
         }
     }
 
+    /// Runs one endpoint's rule: refuses query parameters on mutating endpoints, then hands the
+    /// call to the endpoint's handler.
     fn dispatch(
         &mut self,
         endpoint: Endpoint,
@@ -369,391 +338,531 @@ impl EmulatorState {
         now: Millis,
     ) -> Result<Value, ErrorAnswer> {
         use Endpoint::*;
-        // Endpoints without query parameters still refuse unknown ones.
-        let no_query = |q: &Value| parse_query::<Map<String, Value>>(q, &[]).map(|_| ());
         if endpoint.is_mutating() {
             no_query(query)?;
         }
         match endpoint {
-            ListBots => {
-                let q: PageQuery = parse_query(query, &PAGE)?;
-                page(self.bots.iter().collect(), &q)
-            }
-            GetBot => {
-                no_query(query)?;
-                to_json(self.bot(path.get("botId")?)?)
-            }
-            ListBotConversations => {
-                let bot_id = path.get("botId")?;
-                self.bot(bot_id)?;
-                let q: BotConversationsQuery = parse_query(
-                    query,
-                    &[
-                        PAGE[0],
-                        PAGE[1],
-                        ("endUserId", Kind::Text),
-                        ("platform", Kind::Text),
-                        ("userKey", Kind::Text),
-                    ],
-                )?;
-                let items = self
-                    .conversations
-                    .iter()
-                    .map(|r| &r.conversation)
-                    .filter(|c| c.bot_id.as_ref().is_some_and(|b| b.as_str() == bot_id))
-                    .filter(|c| {
-                        conversation_matches(
-                            c,
-                            q.end_user_id.as_deref(),
-                            q.platform.as_deref(),
-                            q.user_key.as_deref(),
-                        )
-                    })
-                    .collect();
-                page(items, &q.page)
-            }
-            ListFlows => {
-                no_query(query)?;
-                let bot = self.bot(path.get("botId")?)?;
-                let data = self.flows.get(&bot.id).cloned().unwrap_or_default();
-                to_json(&FlowList { data })
-            }
-            GetConversation => {
-                no_query(query)?;
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                to_json(&self.conversations[i].conversation)
-            }
-            UpdateConversation => {
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                let req: api::UpdateConversation = parse_body(body)?;
-                self.update_params(i, req.params, now);
-                to_json(&self.conversations[i].conversation)
-            }
-            SetManual => {
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                let req: api::SetManual = parse_body(body)?;
-                self.set_manual(i, req.enabled, now);
-                to_json(&self.manual(i))
-            }
-            GetManual => {
-                no_query(query)?;
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                to_json(&self.manual(i))
-            }
-            ListConversationMessages => {
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                let q: MessageRangeQuery = parse_query(
-                    query,
-                    &[
-                        PAGE[0],
-                        PAGE[1],
-                        ("from", Kind::Millis),
-                        ("to", Kind::Millis),
-                    ],
-                )?;
-                let id = self.conversations[i].conversation.id.clone();
-                let items = self.messages_where(|m| {
-                    m.conversation_id == id && in_range(m.timestamp, q.from, q.to)
-                });
-                page(items, &q.page)
-            }
-            SendConversationMessage => {
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                let req: SendMessage = parse_body(body)?;
-                check_message(&req.message, req.custom.as_deref())?;
-                let m = self.append_bot_message(i, req.message, req.custom, now);
-                to_json(&m)
-            }
-            SetNavigation => {
-                let i = self.conversation_index(path.get("conversationId")?)?;
-                let req: api::SetNavigation = parse_body(body)?;
-                let nav = self.navigate(i, req, now)?;
-                to_json(&nav)
-            }
-            ListConversations => {
-                let q: ConversationsQuery = parse_query(
-                    query,
-                    &[
-                        PAGE[0],
-                        PAGE[1],
-                        ("botId", Kind::Text),
-                        ("endUserId", Kind::Text),
-                        ("platform", Kind::Text),
-                        ("userKey", Kind::Text),
-                        ("from", Kind::Millis),
-                        ("to", Kind::Millis),
-                    ],
-                )?;
-                let items = self
-                    .conversations
-                    .iter()
-                    .filter(|r| {
-                        filter_eq(
-                            q.bot_id.as_deref(),
-                            r.conversation.bot_id.as_ref().map(BotId::as_str),
-                        )
-                    })
-                    .filter(|r| {
-                        conversation_matches(
-                            &r.conversation,
-                            q.end_user_id.as_deref(),
-                            q.platform.as_deref(),
-                            q.user_key.as_deref(),
-                        )
-                    })
-                    .filter(|r| in_range(Some(r.updated_ms), q.from, q.to))
-                    .map(|r| &r.conversation)
-                    .collect();
-                page(items, &q.page)
-            }
-            GetEndUser => {
-                no_query(query)?;
-                let i = self.end_user_index(path.get("id")?)?;
-                to_json(&self.end_users[i])
-            }
-            ListEndUsers => {
-                let q: EndUsersQuery = parse_query(
-                    query,
-                    &[
-                        PAGE[0],
-                        PAGE[1],
-                        ("botId", Kind::Text),
-                        ("platform", Kind::Text),
-                        ("userKey", Kind::Text),
-                    ],
-                )?;
-                let items = self
-                    .end_users
-                    .iter()
-                    .filter(|e| {
-                        filter_eq(q.bot_id.as_deref(), e.bot_id.as_ref().map(BotId::as_str))
-                            && filter_eq(q.platform.as_deref(), Some(e.platform.as_str()))
-                            && filter_eq(q.user_key.as_deref(), Some(e.user_key.as_str()))
-                    })
-                    .collect();
-                page(items, &q.page)
-            }
-            SendEndUserMessage => {
-                let req: SendToEndUser = parse_body(body)?;
-                check_message(&req.message, req.custom.as_deref())?;
-                let eu = self.end_user_index(&req.end_user_id)?;
-                let eu_id = self.end_users[eu].id.clone();
-                let i = self.newest_conversation(&eu_id).ok_or_else(|| {
-                    ErrorAnswer::conflict(format!("end user {eu_id} has no conversation"))
-                })?;
-                let m = self.append_bot_message(i, req.message, req.custom, now);
-                to_json(&m)
-            }
-            ListMessages => {
-                let q: MessagesQuery = parse_query(
-                    query,
-                    &[
-                        PAGE[0],
-                        PAGE[1],
-                        ("conversationId", Kind::Text),
-                        ("endUserId", Kind::Text),
-                        ("isUser", Kind::Bool),
-                        ("from", Kind::Millis),
-                        ("to", Kind::Millis),
-                    ],
-                )?;
-                let items = self.messages_where(|m| {
-                    filter_eq(
-                        q.conversation_id.as_deref(),
-                        Some(m.conversation_id.as_str()),
-                    ) && filter_eq(
-                        q.end_user_id.as_deref(),
-                        m.end_user_id.as_ref().map(EndUserId::as_str),
-                    ) && q.is_user.is_none_or(|u| m.is_user == u)
-                        && in_range(m.timestamp, q.from, q.to)
-                });
-                page(items, &q.page)
-            }
-            PbGetConversation => {
-                no_query(query)?;
-                let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
-                to_json(self.pb_user(s, u)?)
-            }
-            PbUpdateConversation => {
-                let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
-                self.pb_user(s, u)?;
-                let req: UpdatePbConversation = parse_body(body)?;
-                let raw = body.and_then(Value::as_object);
-                // An explicit `null` clears assignee or memo; an absent field leaves it alone.
-                let cleared =
-                    |name: &str| raw.and_then(|o| o.get(name)).is_some_and(Value::is_null);
-                if raw.is_some_and(|o| o.get("status").is_some_and(Value::is_null)) {
-                    return Err(ErrorAnswer::invalid_body("`status` cannot be null"));
-                }
-                let (clear_assignee, clear_memo) = (cleared("assignee"), cleared("memo"));
-                let conv = self.pb_user_mut(s, u)?;
-                if let Some(status) = req.status {
-                    conv.status = status;
-                }
-                if let Some(a) = req.assignee {
-                    conv.assignee = Some(a);
-                } else if clear_assignee {
-                    conv.assignee = None;
-                }
-                if let Some(m) = req.memo {
-                    conv.memo = Some(m);
-                } else if clear_memo {
-                    conv.memo = None;
-                }
-                conv.updated_at = now;
-                to_json(&*conv)
-            }
-            PbBlock => {
-                let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
-                self.pb_user(s, u)?;
-                let req: BlockRequest = match body {
-                    None | Some(Value::Null) => BlockRequest::default(),
-                    Some(_) => parse_body(body)?,
-                };
-                let conv = self.pb_user_mut(s, u)?;
-                if conv.blocked {
-                    return Err(ErrorAnswer::conflict(format!(
-                        "user {u} is already blocked"
-                    )));
-                }
-                conv.blocked = true;
-                conv.blocked_at = Some(now);
-                conv.updated_at = now;
-                let answer = to_json(&*conv)?;
-                if let (Some(reason), Some(ch)) = (req.reason, self.channels.get_mut(s)) {
-                    ch.block_reasons.insert(u.to_owned(), reason);
-                }
-                Ok(answer)
-            }
-            PbUnblock => {
-                let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
-                let conv = self.pb_user_mut(s, u)?;
-                if !conv.blocked {
-                    return Err(ErrorAnswer::conflict(format!("user {u} is not blocked")));
-                }
-                conv.blocked = false;
-                conv.blocked_at = None;
-                conv.updated_at = now;
-                let answer = to_json(&*conv)?;
-                if let Some(ch) = self.channels.get_mut(s) {
-                    ch.block_reasons.remove(u);
-                }
-                Ok(answer)
-            }
-            PbRemoveSession => {
-                let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
-                let conv = self.pb_user_mut(s, u)?;
-                if !conv.session.active {
-                    return Err(ErrorAnswer::conflict(format!(
-                        "user {u} has no active session"
-                    )));
-                }
-                conv.session = PbSession {
-                    active: false,
-                    started_at: None,
-                };
-                conv.updated_at = now;
-                to_json(&*conv)
-            }
-            PbSendMessage => {
-                let s = path.get("senderKey")?;
-                self.channel(s)?;
-                let req: api::PbSendMessage = parse_body(body)?;
-                validate::user_key(&req.user_key, "userKey").map_err(ErrorAnswer::invalid_body)?;
-                validate::message_data(&req.message, "message")
-                    .map_err(ErrorAnswer::invalid_body)?;
-                if self.pb_user(s, &req.user_key)?.blocked {
-                    return Err(ErrorAnswer::conflict(format!(
-                        "user {} is blocked in channel {s}",
-                        req.user_key
-                    )));
-                }
-                let message_id = self.new_id("e5000000");
-                self.partner_messages.push(PartnerMessage {
-                    message_id: message_id.clone(),
-                    sender_key: s.to_owned(),
-                    user_key: req.user_key.clone(),
-                    message: req.message,
-                    sent_at: now,
-                });
-                to_json(&PbSent {
-                    message_id,
-                    user_key: req.user_key,
-                    sent_at: now,
-                })
-            }
-            PbUpdateSetting => {
-                let s = path.get("senderKey")?;
-                self.channel(s)?;
-                let req: ChannelSetting = parse_body(body)?;
-                validate::channel_setting(&req).map_err(ErrorAnswer::invalid_body)?;
-                let ch = self
-                    .channels
-                    .get_mut(s)
-                    .ok_or_else(|| ErrorAnswer::not_found(format!("no channel {s}")))?;
-                if let Some(v) = req.auto_reply {
-                    ch.setting.auto_reply = Some(v);
-                }
-                if let Some(v) = req.welcome_message {
-                    ch.setting.welcome_message = Some(v);
-                }
-                if let Some(v) = req.business_hours {
-                    ch.setting.business_hours = Some(v);
-                }
-                to_json(&ch.setting)
-            }
-            NotifySend => {
-                let req: NotifyRequest = parse_body(body)?;
-                if req.recipient.trim().is_empty() {
-                    return Err(ErrorAnswer::invalid_body("`recipient` must not be empty"));
-                }
-                validate::user_key(&req.recipient, "recipient")
-                    .map_err(ErrorAnswer::invalid_body)?;
-                self.channel(&req.sender_key)?;
-                let key = (req.sender_key.clone(), req.template_code.clone());
-                let template = self.templates.get(&key).ok_or_else(|| {
-                    ErrorAnswer::not_found(format!(
-                        "no template {} for sender {}",
-                        req.template_code, req.sender_key
-                    ))
-                })?;
-                let missing: Vec<&str> = template
-                    .variables
-                    .iter()
-                    .filter(|v| !req.variables.contains_key(*v))
-                    .map(String::as_str)
-                    .collect();
-                let extra: Vec<&str> = req
-                    .variables
-                    .keys()
-                    .filter(|k| !template.variables.contains(k))
-                    .map(String::as_str)
-                    .collect();
-                if !missing.is_empty() || !extra.is_empty() {
-                    return Err(ErrorAnswer::template_mismatch(format!(
-                        "template {} needs variables {:?}; missing {missing:?}, not in the template {extra:?}",
-                        req.template_code, template.variables
-                    )));
-                }
-                let mut text = template.text.clone();
-                for (name, value) in &req.variables {
-                    text = text.replace(&format!("#{{{name}}}"), value);
-                }
-                let message_id = self.new_id("e6000000");
-                self.notifications.push(SentNotification {
-                    message_id: message_id.clone(),
-                    sender_key: req.sender_key,
-                    template_code: req.template_code,
-                    recipient: req.recipient,
-                    text,
-                    sent_at: now,
-                });
-                to_json(&NotifyResult {
-                    message_id,
-                    status: "accepted".to_owned(),
-                })
-            }
+            // Bots and flows.
+            ListBots => self.list_bots(query),
+            GetBot => self.get_bot(path, query),
+            ListBotConversations => self.list_bot_conversations(path, query),
+            ListFlows => self.list_flows(path, query),
+            // Conversations.
+            GetConversation => self.get_conversation(path, query),
+            UpdateConversation => self.update_conversation(path, body, now),
+            SetManual => self.put_manual(path, body, now),
+            GetManual => self.get_manual(path, query),
+            ListConversationMessages => self.list_conversation_messages(path, query),
+            SendConversationMessage => self.send_conversation_message(path, body, now),
+            SetNavigation => self.set_navigation(path, body, now),
+            ListConversations => self.list_conversations(query),
+            // End users and messages.
+            GetEndUser => self.get_end_user(path, query),
+            ListEndUsers => self.list_end_users(query),
+            SendEndUserMessage => self.send_end_user_message(body, now),
+            ListMessages => self.list_messages(query),
+            // Partner channel.
+            PbGetConversation => self.pb_get_conversation(path, query),
+            PbUpdateConversation => self.pb_update_conversation(path, body, now),
+            PbBlock => self.pb_block(path, body, now),
+            PbUnblock => self.pb_unblock(path, now),
+            PbRemoveSession => self.pb_remove_session(path, now),
+            PbSendMessage => self.pb_send_message(path, body, now),
+            PbUpdateSetting => self.pb_update_setting(path, body),
+            // Notifications.
+            NotifySend => self.notify_send(body, now),
         }
+    }
+
+    /// `ListBots`: a page of all bots.
+    fn list_bots(&self, query: &Value) -> Result<Value, ErrorAnswer> {
+        let q: PageQuery = parse_query(query, &PAGE)?;
+        page(self.bots.iter().collect(), &q)
+    }
+
+    /// `GetBot`: one bot by id.
+    fn get_bot(&self, path: &PathParams<'_>, query: &Value) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        to_json(self.bot(path.get("botId")?)?)
+    }
+
+    /// `ListBotConversations`: a page of one bot's conversations, filtered by end user, platform
+    /// and user key.
+    fn list_bot_conversations(
+        &self,
+        path: &PathParams<'_>,
+        query: &Value,
+    ) -> Result<Value, ErrorAnswer> {
+        let bot_id = path.get("botId")?;
+        self.bot(bot_id)?;
+        let q: BotConversationsQuery = parse_query(
+            query,
+            &[
+                PAGE[0],
+                PAGE[1],
+                ("endUserId", Kind::Text),
+                ("platform", Kind::Text),
+                ("userKey", Kind::Text),
+            ],
+        )?;
+        let items = self
+            .conversations
+            .iter()
+            .map(|r| &r.conversation)
+            .filter(|c| c.bot_id.as_ref().is_some_and(|b| b.as_str() == bot_id))
+            .filter(|c| {
+                conversation_matches(
+                    c,
+                    q.end_user_id.as_deref(),
+                    q.platform.as_deref(),
+                    q.user_key.as_deref(),
+                )
+            })
+            .collect();
+        page(items, &q.page)
+    }
+
+    /// `ListFlows`: all flows of one bot (none is an empty list).
+    fn list_flows(&self, path: &PathParams<'_>, query: &Value) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        let bot = self.bot(path.get("botId")?)?;
+        let data = self.flows.get(&bot.id).cloned().unwrap_or_default();
+        to_json(&FlowList { data })
+    }
+
+    /// `GetConversation`: one conversation by id.
+    fn get_conversation(&self, path: &PathParams<'_>, query: &Value) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        to_json(&self.conversations[i].conversation)
+    }
+
+    /// `UpdateConversation`: merges params into a conversation and answers it.
+    fn update_conversation(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        let req: api::UpdateConversation = parse_body(body)?;
+        self.update_params(i, req.params, now);
+        to_json(&self.conversations[i].conversation)
+    }
+
+    /// `SetManual`: turns a conversation's manual mode on or off and answers the manual record.
+    fn put_manual(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        let req: api::SetManual = parse_body(body)?;
+        self.set_manual(i, req.enabled, now);
+        to_json(&self.manual(i))
+    }
+
+    /// `GetManual`: a conversation's manual record.
+    fn get_manual(&self, path: &PathParams<'_>, query: &Value) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        to_json(&self.manual(i))
+    }
+
+    /// `ListConversationMessages`: a page of one conversation's messages in a time range.
+    fn list_conversation_messages(
+        &self,
+        path: &PathParams<'_>,
+        query: &Value,
+    ) -> Result<Value, ErrorAnswer> {
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        let q: MessageRangeQuery = parse_query(
+            query,
+            &[
+                PAGE[0],
+                PAGE[1],
+                ("from", Kind::Millis),
+                ("to", Kind::Millis),
+            ],
+        )?;
+        let id = self.conversations[i].conversation.id.clone();
+        let items =
+            self.messages_where(|m| m.conversation_id == id && in_range(m.timestamp, q.from, q.to));
+        page(items, &q.page)
+    }
+
+    /// `SendConversationMessage`: the bot sends a message into a conversation.
+    fn send_conversation_message(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        let req: SendMessage = parse_body(body)?;
+        check_message(&req.message, req.custom.as_deref())?;
+        let m = self.append_bot_message(i, req.message, req.custom, now);
+        to_json(&m)
+    }
+
+    /// `SetNavigation`: moves a conversation to a flow and node, answering the navigation.
+    fn set_navigation(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let i = self.conversation_index(path.get("conversationId")?)?;
+        let req: api::SetNavigation = parse_body(body)?;
+        let nav = self.navigate(i, req, now)?;
+        to_json(&nav)
+    }
+
+    /// `ListConversations`: a page of all conversations, filtered by bot, end user, platform,
+    /// user key and update time.
+    fn list_conversations(&self, query: &Value) -> Result<Value, ErrorAnswer> {
+        let q: ConversationsQuery = parse_query(
+            query,
+            &[
+                PAGE[0],
+                PAGE[1],
+                ("botId", Kind::Text),
+                ("endUserId", Kind::Text),
+                ("platform", Kind::Text),
+                ("userKey", Kind::Text),
+                ("from", Kind::Millis),
+                ("to", Kind::Millis),
+            ],
+        )?;
+        let items = self
+            .conversations
+            .iter()
+            .filter(|r| {
+                filter_eq(
+                    q.bot_id.as_deref(),
+                    r.conversation.bot_id.as_ref().map(BotId::as_str),
+                )
+            })
+            .filter(|r| {
+                conversation_matches(
+                    &r.conversation,
+                    q.end_user_id.as_deref(),
+                    q.platform.as_deref(),
+                    q.user_key.as_deref(),
+                )
+            })
+            .filter(|r| in_range(Some(r.updated_ms), q.from, q.to))
+            .map(|r| &r.conversation)
+            .collect();
+        page(items, &q.page)
+    }
+
+    /// `GetEndUser`: one end user by id.
+    fn get_end_user(&self, path: &PathParams<'_>, query: &Value) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        let i = self.end_user_index(path.get("id")?)?;
+        to_json(&self.end_users[i])
+    }
+
+    /// `ListEndUsers`: a page of end users, filtered by bot, platform and user key.
+    fn list_end_users(&self, query: &Value) -> Result<Value, ErrorAnswer> {
+        let q: EndUsersQuery = parse_query(
+            query,
+            &[
+                PAGE[0],
+                PAGE[1],
+                ("botId", Kind::Text),
+                ("platform", Kind::Text),
+                ("userKey", Kind::Text),
+            ],
+        )?;
+        let items = self
+            .end_users
+            .iter()
+            .filter(|e| {
+                filter_eq(q.bot_id.as_deref(), e.bot_id.as_ref().map(BotId::as_str))
+                    && filter_eq(q.platform.as_deref(), Some(e.platform.as_str()))
+                    && filter_eq(q.user_key.as_deref(), Some(e.user_key.as_str()))
+            })
+            .collect();
+        page(items, &q.page)
+    }
+
+    /// `SendEndUserMessage`: the bot sends a message into the end user's newest conversation.
+    fn send_end_user_message(
+        &mut self,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let req: SendToEndUser = parse_body(body)?;
+        check_message(&req.message, req.custom.as_deref())?;
+        let eu = self.end_user_index(&req.end_user_id)?;
+        let eu_id = self.end_users[eu].id.clone();
+        let i = self.newest_conversation(&eu_id).ok_or_else(|| {
+            ErrorAnswer::conflict(format!("end user {eu_id} has no conversation"))
+        })?;
+        let m = self.append_bot_message(i, req.message, req.custom, now);
+        to_json(&m)
+    }
+
+    /// `ListMessages`: a page of all messages, filtered by conversation, end user, sender and
+    /// time.
+    fn list_messages(&self, query: &Value) -> Result<Value, ErrorAnswer> {
+        let q: MessagesQuery = parse_query(
+            query,
+            &[
+                PAGE[0],
+                PAGE[1],
+                ("conversationId", Kind::Text),
+                ("endUserId", Kind::Text),
+                ("isUser", Kind::Bool),
+                ("from", Kind::Millis),
+                ("to", Kind::Millis),
+            ],
+        )?;
+        let items = self.messages_where(|m| {
+            filter_eq(
+                q.conversation_id.as_deref(),
+                Some(m.conversation_id.as_str()),
+            ) && filter_eq(
+                q.end_user_id.as_deref(),
+                m.end_user_id.as_ref().map(EndUserId::as_str),
+            ) && q.is_user.is_none_or(|u| m.is_user == u)
+                && in_range(m.timestamp, q.from, q.to)
+        });
+        page(items, &q.page)
+    }
+
+    /// `PbGetConversation`: one user's counseling state in a partner channel.
+    fn pb_get_conversation(
+        &self,
+        path: &PathParams<'_>,
+        query: &Value,
+    ) -> Result<Value, ErrorAnswer> {
+        no_query(query)?;
+        let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
+        to_json(self.pb_user(s, u)?)
+    }
+
+    /// `PbUpdateConversation`: changes a partner-channel user's status, assignee or memo.
+    fn pb_update_conversation(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
+        self.pb_user(s, u)?;
+        let req: UpdatePbConversation = parse_body(body)?;
+        let raw = body.and_then(Value::as_object);
+        // An explicit `null` clears assignee or memo; an absent field leaves it alone.
+        let cleared = |name: &str| raw.and_then(|o| o.get(name)).is_some_and(Value::is_null);
+        if raw.is_some_and(|o| o.get("status").is_some_and(Value::is_null)) {
+            return Err(ErrorAnswer::invalid_body("`status` cannot be null"));
+        }
+        let (clear_assignee, clear_memo) = (cleared("assignee"), cleared("memo"));
+        let conv = self.pb_user_mut(s, u)?;
+        if let Some(status) = req.status {
+            conv.status = status;
+        }
+        if let Some(a) = req.assignee {
+            conv.assignee = Some(a);
+        } else if clear_assignee {
+            conv.assignee = None;
+        }
+        if let Some(m) = req.memo {
+            conv.memo = Some(m);
+        } else if clear_memo {
+            conv.memo = None;
+        }
+        conv.updated_at = now;
+        to_json(&*conv)
+    }
+
+    /// `PbBlock`: blocks a partner-channel user (409 if already blocked), keeping the reason.
+    fn pb_block(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
+        self.pb_user(s, u)?;
+        let req: BlockRequest = match body {
+            None | Some(Value::Null) => BlockRequest::default(),
+            Some(_) => parse_body(body)?,
+        };
+        let conv = self.pb_user_mut(s, u)?;
+        if conv.blocked {
+            return Err(ErrorAnswer::conflict(format!(
+                "user {u} is already blocked"
+            )));
+        }
+        conv.blocked = true;
+        conv.blocked_at = Some(now);
+        conv.updated_at = now;
+        let answer = to_json(&*conv)?;
+        if let (Some(reason), Some(ch)) = (req.reason, self.channels.get_mut(s)) {
+            ch.block_reasons.insert(u.to_owned(), reason);
+        }
+        Ok(answer)
+    }
+
+    /// `PbUnblock`: unblocks a partner-channel user (409 if not blocked).
+    fn pb_unblock(&mut self, path: &PathParams<'_>, now: Millis) -> Result<Value, ErrorAnswer> {
+        let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
+        let conv = self.pb_user_mut(s, u)?;
+        if !conv.blocked {
+            return Err(ErrorAnswer::conflict(format!("user {u} is not blocked")));
+        }
+        conv.blocked = false;
+        conv.blocked_at = None;
+        conv.updated_at = now;
+        let answer = to_json(&*conv)?;
+        if let Some(ch) = self.channels.get_mut(s) {
+            ch.block_reasons.remove(u);
+        }
+        Ok(answer)
+    }
+
+    /// `PbRemoveSession`: ends a partner-channel user's active session (409 if none).
+    fn pb_remove_session(
+        &mut self,
+        path: &PathParams<'_>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let (s, u) = (path.get("senderKey")?, path.get("userKey")?);
+        let conv = self.pb_user_mut(s, u)?;
+        if !conv.session.active {
+            return Err(ErrorAnswer::conflict(format!(
+                "user {u} has no active session"
+            )));
+        }
+        conv.session = PbSession {
+            active: false,
+            started_at: None,
+        };
+        conv.updated_at = now;
+        to_json(&*conv)
+    }
+
+    /// `PbSendMessage`: sends a message to an unblocked user through a partner channel.
+    fn pb_send_message(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+        now: Millis,
+    ) -> Result<Value, ErrorAnswer> {
+        let s = path.get("senderKey")?;
+        self.channel(s)?;
+        let req: api::PbSendMessage = parse_body(body)?;
+        validate::user_key(&req.user_key, "userKey").map_err(ErrorAnswer::invalid_body)?;
+        validate::message_data(&req.message, "message").map_err(ErrorAnswer::invalid_body)?;
+        if self.pb_user(s, &req.user_key)?.blocked {
+            return Err(ErrorAnswer::conflict(format!(
+                "user {} is blocked in channel {s}",
+                req.user_key
+            )));
+        }
+        let message_id = self.new_id("e5000000");
+        self.partner_messages.push(PartnerMessage {
+            message_id: message_id.clone(),
+            sender_key: s.to_owned(),
+            user_key: req.user_key.clone(),
+            message: req.message,
+            sent_at: now,
+        });
+        to_json(&PbSent {
+            message_id,
+            user_key: req.user_key,
+            sent_at: now,
+        })
+    }
+
+    /// `PbUpdateSetting`: changes the given fields of a partner channel's setting.
+    fn pb_update_setting(
+        &mut self,
+        path: &PathParams<'_>,
+        body: Option<&Value>,
+    ) -> Result<Value, ErrorAnswer> {
+        let s = path.get("senderKey")?;
+        self.channel(s)?;
+        let req: ChannelSetting = parse_body(body)?;
+        validate::channel_setting(&req).map_err(ErrorAnswer::invalid_body)?;
+        let ch = self
+            .channels
+            .get_mut(s)
+            .ok_or_else(|| ErrorAnswer::not_found(format!("no channel {s}")))?;
+        if let Some(v) = req.auto_reply {
+            ch.setting.auto_reply = Some(v);
+        }
+        if let Some(v) = req.welcome_message {
+            ch.setting.welcome_message = Some(v);
+        }
+        if let Some(v) = req.business_hours {
+            ch.setting.business_hours = Some(v);
+        }
+        to_json(&ch.setting)
+    }
+
+    /// `NotifySend`: renders a template for a recipient and records the notification.
+    fn notify_send(&mut self, body: Option<&Value>, now: Millis) -> Result<Value, ErrorAnswer> {
+        let req: NotifyRequest = parse_body(body)?;
+        if req.recipient.trim().is_empty() {
+            return Err(ErrorAnswer::invalid_body("`recipient` must not be empty"));
+        }
+        validate::user_key(&req.recipient, "recipient").map_err(ErrorAnswer::invalid_body)?;
+        let text = self.render_notification(&req)?;
+        let message_id = self.new_id("e6000000");
+        self.notifications.push(SentNotification {
+            message_id: message_id.clone(),
+            sender_key: req.sender_key,
+            template_code: req.template_code,
+            recipient: req.recipient,
+            text,
+            sent_at: now,
+        });
+        to_json(&NotifyResult {
+            message_id,
+            status: "accepted".to_owned(),
+        })
+    }
+
+    /// The text of a notification: the sender's template with the request's variables filled
+    /// in. The channel and template must exist (404) and the variables match exactly (422).
+    fn render_notification(&self, req: &NotifyRequest) -> Result<String, ErrorAnswer> {
+        self.channel(&req.sender_key)?;
+        let key = (req.sender_key.clone(), req.template_code.clone());
+        let template = self.templates.get(&key).ok_or_else(|| {
+            ErrorAnswer::not_found(format!(
+                "no template {} for sender {}",
+                req.template_code, req.sender_key
+            ))
+        })?;
+        let missing: Vec<&str> = template
+            .variables
+            .iter()
+            .filter(|v| !req.variables.contains_key(*v))
+            .map(String::as_str)
+            .collect();
+        let extra: Vec<&str> = req
+            .variables
+            .keys()
+            .filter(|k| !template.variables.contains(k))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            return Err(ErrorAnswer::template_mismatch(format!(
+                "template {} needs variables {:?}; missing {missing:?}, not in the template {extra:?}",
+                req.template_code, template.variables
+            )));
+        }
+        let mut text = template.text.clone();
+        for (name, value) in &req.variables {
+            text = text.replace(&format!("#{{{name}}}"), value);
+        }
+        Ok(text)
     }
 
     fn bot(&self, id: &str) -> Result<&Bot, ErrorAnswer> {
@@ -1172,6 +1281,64 @@ impl EmulatorState {
     }
 }
 
+/// A seeded partner channel: each of its users with the counseling state the seed states, or
+/// the starting one.
+fn seed_channel(ch: &SeedChannel) -> Channel {
+    let mut users = BTreeMap::new();
+    for key in &ch.user_keys {
+        let stated = ch.conversations.iter().find(|c| &c.user_key == key);
+        users.insert(
+            key.clone(),
+            seed_pb_conversation(&ch.sender_key, key, stated),
+        );
+    }
+    Channel {
+        bot_id: ch.bot_id.clone(),
+        users,
+        block_reasons: BTreeMap::new(),
+        setting: ch.setting.clone(),
+    }
+}
+
+/// One partner-channel user's starting counseling state: as stated in the seed, else waiting,
+/// unblocked and without a session.
+fn seed_pb_conversation(
+    sender_key: &str,
+    user_key: &str,
+    stated: Option<&SeedPbConversation>,
+) -> PbConversation {
+    match stated {
+        Some(s) => PbConversation {
+            sender_key: sender_key.to_owned(),
+            user_key: user_key.to_owned(),
+            status: s.status.unwrap_or(PbStatus::Waiting),
+            assignee: s.assignee.clone(),
+            memo: s.memo.clone(),
+            blocked: s.blocked,
+            blocked_at: s.blocked_at.filter(|_| s.blocked),
+            session: PbSession {
+                active: s.session_started_at.is_some(),
+                started_at: s.session_started_at,
+            },
+            updated_at: s.updated_at.unwrap_or(0),
+        },
+        None => PbConversation {
+            sender_key: sender_key.to_owned(),
+            user_key: user_key.to_owned(),
+            status: PbStatus::Waiting,
+            assignee: None,
+            memo: None,
+            blocked: false,
+            blocked_at: None,
+            session: PbSession {
+                active: false,
+                started_at: None,
+            },
+            updated_at: 0,
+        },
+    }
+}
+
 fn touch(r: &mut ConversationRecord, now: Millis) {
     r.updated_ms = now;
     r.conversation.updated_at = Some(format_iso_millis(now));
@@ -1245,6 +1412,11 @@ fn parse_body<T: DeserializeOwned>(body: Option<&Value>) -> Result<T, ErrorAnswe
         return Err(ErrorAnswer::invalid_body("the body must be a JSON object"));
     }
     T::deserialize(body).map_err(|e| ErrorAnswer::invalid_body(format!("invalid body: {e}")))
+}
+
+/// Endpoints without query parameters still refuse unknown ones.
+fn no_query(query: &Value) -> Result<(), ErrorAnswer> {
+    parse_query::<Map<String, Value>>(query, &[]).map(|_| ())
 }
 
 /// Reads query parameters that arrive as text into the typed query struct. Unknown names are
