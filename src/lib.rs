@@ -4,26 +4,26 @@
 //! sit at the edges. Start reading at `ARCHITECTURE.md`.
 
 pub mod app;
-pub mod backfill;
+mod backfill;
 pub mod background;
-pub mod backup;
-pub mod body_budget;
+mod backup;
+mod body_budget;
 pub mod cli;
-pub mod client_addr;
+mod client_addr;
 pub mod config;
 pub mod datadir;
-pub mod dispatch;
-pub mod helpdesk;
+mod dispatch;
+mod helpdesk;
 pub mod intake;
-pub mod ops;
+mod ops;
 pub mod outbox;
-pub mod prune;
-pub mod queries;
-pub mod reconcile;
+mod prune;
+mod queries;
+mod reconcile;
 #[cfg(test)]
 mod store_tests;
-pub mod telemetry;
+mod telemetry;
 #[cfg(test)]
 mod test_support;
-pub mod timers;
-pub mod tls;
+mod timers;
+mod tls;

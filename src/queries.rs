@@ -180,13 +180,14 @@ impl<C: Cursor> Page<C> {
     }
 }
 
+#[cfg(test)]
 impl<C> Page<C> {
-    pub fn first(limit: usize) -> Page<C> {
+    fn first(limit: usize) -> Page<C> {
         Page { after: None, limit }
     }
 
     /// The same size of page, after `cursor`.
-    pub fn after(self, cursor: C) -> Page<C> {
+    fn after(self, cursor: C) -> Page<C> {
         Page {
             after: Some(cursor),
             ..self

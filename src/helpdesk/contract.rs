@@ -7,7 +7,7 @@ use engine::state::desk::DeskPhase;
 use utoipa::openapi::schema::{
     AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
 };
-use utoipa::openapi::{RefOr, Required};
+use utoipa::openapi::RefOr;
 
 /// Longest agent id, in characters.
 pub const MAX_AGENT_ID: usize = 200;
@@ -399,11 +399,6 @@ pub mod schema {
             o.property("node_id", null())
         };
         Schema::Object(o.build())
-    }
-
-    /// Whether a parameter must be given.
-    pub fn optional() -> Required {
-        Required::False
     }
 }
 

@@ -17,5 +17,5 @@ pub mod idempotency;
 pub mod sender;
 pub mod signing;
 
-pub use events::{NoQueue, QueueInfo, QueueSource};
+pub use events::{NoQueue, QueueSource};
 pub use sender::{DeskError, Desks};

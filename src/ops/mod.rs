@@ -27,10 +27,7 @@ pub struct Ops {
     pub proxies: crate::client_addr::Proxies,
     /// `admin.test_clock`: `POST /admin/v1/clock/advance` is served.
     pub test_clock: bool,
-    pub body_read_timeout: std::time::Duration,
     pub shutting_down: std::sync::atomic::AtomicBool,
-    /// The Open API client (owned by its own arbiter thread).
-    pub upstream: upstream::handle::UpstreamHandle,
     /// The in-process emulator when the upstream is `embedded`.
     pub emulator: Option<emulator::Emulator>,
     /// The rules in force (also used by replay), and how to reload them.

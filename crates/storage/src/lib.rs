@@ -924,11 +924,6 @@ impl Store {
         Ok(())
     }
 
-    /// The sled handle, for the group-commit flusher.
-    pub fn db(&self) -> sled::Db {
-        self.db.clone()
-    }
-
     /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
     /// again). After a sled call failed with an I/O error, this tells a disk that is still full
     /// from one that has space again (see `writer::index_loop`).
@@ -1243,139 +1238,48 @@ impl Store {
             ));
         }
         let _folding = self.fold_guard()?;
-        let mut out = Applied::default();
-        let mut convs: HashMap<String, ConversationState> = HashMap::new();
-        let mut users: HashMap<String, EndUserState> = HashMap::new();
-        let mut bots: HashMap<String, BotState> = HashMap::new();
-        // Partitions' marks, and those this fold raises (to its last event of each).
-        let mut marks = Marks::default();
-        let mut decided = std::collections::HashSet::new();
-        // Each conversation's timers as this fold found them, and the keys of folded firings.
-        let mut timers_before = HashMap::new();
-        let mut fired = Vec::new();
-        let mut queue_fold = queue::QueueFold::default();
-        // Each conversation's derived index keys (`derived`) as this fold found it.
-        let mut derived_before = HashMap::new();
-        // Each state's key in the retention index as this fold found it (`None`: created).
-        let (mut convs_active, mut users_active) = (HashMap::new(), HashMap::new());
-        let now = self.clock.now_millis();
+        let mut fold = FoldBatch::new(self.clock.now_millis());
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
-            if !marks.raise(self, partition.encode(), *seq)? {
-                out.skipped += 1;
+            if !fold.marks.raise(self, partition.encode(), *seq)? {
+                fold.out.skipped += 1;
                 continue;
             }
-            out.applied += 1;
+            fold.out.applied += 1;
             if let Some(id) = event.payload.conversation_id() {
-                let new = || ConversationState::new(id.clone());
-                let (state, created) = cached(&self.conversations, &mut convs, id.as_str(), new)?;
-                if !timers_before.contains_key(id.as_str()) {
-                    timers_before.insert(id.as_str().to_owned(), state.timers.clone());
-                    // A new conversation's keys are all new (none is in the tree yet).
-                    let found = match created {
-                        true => Vec::new(),
-                        false => derived::derived_keys(state),
-                    };
-                    derived_before.insert(id.as_str().to_owned(), found);
-                    let key = (!created).then(|| retention::conversation_key(state));
-                    convs_active.insert(id.as_str().to_owned(), key);
-                }
-                if let Payload::Timer(t) = &event.payload {
-                    fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
-                }
-                out.new_conversations += u64::from(created);
                 let at = received.get(i).copied().unwrap_or(event.timestamp);
-                let time = engine::decide::DecisionTime {
-                    now,
-                    received_at: at,
-                };
-                let user = if rules.needs().end_user {
-                    end_user_of(state, event, &users, &self.end_users)?
-                } else {
-                    None
-                };
-                let waited_since = queue_fold.before(state);
-                let mut after_fold = |after: &ConversationState| {
-                    self.queue_after(&mut queue_fold, after, waited_since, event.timestamp)?;
-                    match rules.needs().queue {
-                        true => self.standing_in(&mut queue_fold, after).map(Some),
-                        false => Ok(None),
-                    }
-                };
-                let outcome = engine::fold::fold_and_decide(
-                    state,
-                    event,
-                    rules,
-                    user.as_deref(),
-                    time,
-                    &mut after_fold,
-                )?;
-                for hit in outcome.capped {
-                    tracing::warn!(
-                        rule = %hit.rule,
-                        conversation_id = %id,
-                        event_id = %event.id,
-                        fired = hit.fired,
-                        per = %humantime::format_duration(hit.cap.per),
-                        "rule firing cap reached: the rule is held back for this event"
-                    );
-                    out.capped.push(hit.rule);
-                }
-                for failed in outcome.failed {
-                    tracing::warn!(
-                        rule = %failed.rule,
-                        conversation_id = %id,
-                        event_id = %event.id,
-                        index = failed.index,
-                        error = %failed.error,
-                        "rule action's template failed: recorded in the state, the action skipped"
-                    );
-                    out.template_errors.push(failed.rule);
-                }
-                if let Payload::Agent(_) = &event.payload {
-                    if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
-                        out.agent_verdicts.push(verdict.clone());
-                    }
-                }
-                let decided_by = (rules.version(), at, now);
-                let decisions = outcome.decisions;
-                self.queue_decisions(event, state, decisions, decided_by, &mut decided, &mut out)?;
-                if let Payload::Conversation(c) = &event.payload {
-                    if let Some(uid) = &c.end_user_id {
-                        let new = || EndUserState::new(uid.clone());
-                        let (user, created) =
-                            cached(&self.end_users, &mut users, uid.as_str(), new)?;
-                        users_active
-                            .entry(uid.as_str().to_owned())
-                            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
-                        user.observe_conversation(event, c);
-                        out.new_end_users += u64::from(created);
-                    }
-                }
+                fold.conversation_event(self, (id, event), rules, at)?;
             } else if let Payload::EndUser(u) = &event.payload {
                 let new = || EndUserState::new(u.id.clone());
-                let (user, created) = cached(&self.end_users, &mut users, u.id.as_str(), new)?;
-                users_active
-                    .entry(u.id.as_str().to_owned())
-                    .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
+                let user = fold.end_user(self, u.id.as_str(), new)?;
                 user.apply(event, u);
-                out.new_end_users += u64::from(created);
             } else {
-                // Bot events, and events of unknown types, belong to the bot.
-                let id = match &event.payload {
-                    Payload::Bot(b) => &b.id,
-                    _ => &event.source_id,
-                };
-                let new = || BotState::new(id.clone());
-                let (bot, created) = cached(&self.bots, &mut bots, id.as_str(), new)?;
-                bot.apply(event);
-                out.new_bots += u64::from(created);
+                fold.bot_event(self, event)?;
             }
         }
         // After the batch: a passed-over event may come after events of its partition that this
         // fold folds, and a mark raised first would skip them.
         for (partition, seq) in &position.passed {
-            marks.raise(self, partition.encode(), *seq)?;
+            fold.marks.raise(self, partition.encode(), *seq)?;
         }
+        self.commit_fold(fold, position)
+    }
+
+    /// Write what a fold batch changed in one journal, under the fold lock the caller holds.
+    fn commit_fold(&self, fold: FoldBatch, position: &Position) -> Result<Applied, StoreError> {
+        let FoldBatch {
+            mut out,
+            convs,
+            users,
+            bots,
+            marks,
+            timers_before,
+            fired,
+            queue_fold,
+            derived_before,
+            convs_active,
+            users_active,
+            ..
+        } = fold;
         let index_entries: Vec<(Vec<u8>, String)> = users
             .iter()
             .filter_map(|(id, u)| match (&u.platform, &u.user_key) {
@@ -1806,6 +1710,197 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+/// What one fold batch has read and changed so far: the states it touched (read once, then kept
+/// here), the marks it raises and what the journal at its end must also write.
+struct FoldBatch {
+    out: Applied,
+    /// The decision's clock for the whole batch.
+    now: Millis,
+    convs: HashMap<String, ConversationState>,
+    users: HashMap<String, EndUserState>,
+    bots: HashMap<String, BotState>,
+    /// Partitions' marks, and those this fold raises (to its last event of each).
+    marks: Marks,
+    decided: std::collections::HashSet<String>,
+    /// Each conversation's timers as this fold found them, and the keys of folded firings.
+    timers_before: HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
+    fired: Vec<Vec<u8>>,
+    queue_fold: queue::QueueFold,
+    /// Each conversation's derived index keys (`derived`) as this fold found it.
+    derived_before: HashMap<String, Vec<Vec<u8>>>,
+    /// Each state's key in the retention index as this fold found it (`None`: created).
+    convs_active: HashMap<String, Option<Vec<u8>>>,
+    users_active: HashMap<String, Option<Vec<u8>>>,
+}
+
+impl FoldBatch {
+    fn new(now: Millis) -> Self {
+        FoldBatch {
+            out: Applied::default(),
+            now,
+            convs: HashMap::new(),
+            users: HashMap::new(),
+            bots: HashMap::new(),
+            marks: Marks::default(),
+            decided: std::collections::HashSet::new(),
+            timers_before: HashMap::new(),
+            fired: Vec::new(),
+            queue_fold: queue::QueueFold::default(),
+            derived_before: HashMap::new(),
+            convs_active: HashMap::new(),
+            users_active: HashMap::new(),
+        }
+    }
+
+    /// The conversation `id` as this batch has it (read from the store the first time, when
+    /// what the journal compares is noted too).
+    fn conversation(
+        &mut self,
+        store: &Store,
+        id: &ConversationId,
+    ) -> Result<&mut ConversationState, StoreError> {
+        let new = || ConversationState::new(id.clone());
+        let (state, created) = cached(&store.conversations, &mut self.convs, id.as_str(), new)?;
+        if !self.timers_before.contains_key(id.as_str()) {
+            self.timers_before
+                .insert(id.as_str().to_owned(), state.timers.clone());
+            // A new conversation's keys are all new (none is in the tree yet).
+            let found = match created {
+                true => Vec::new(),
+                false => derived::derived_keys(state),
+            };
+            self.derived_before.insert(id.as_str().to_owned(), found);
+            let key = (!created).then(|| retention::conversation_key(state));
+            self.convs_active.insert(id.as_str().to_owned(), key);
+        }
+        self.out.new_conversations += u64::from(created);
+        Ok(state)
+    }
+
+    /// The end user `id` as this batch has it, noting its retention key as found.
+    fn end_user(
+        &mut self,
+        store: &Store,
+        id: &str,
+        new: impl FnOnce() -> EndUserState,
+    ) -> Result<&mut EndUserState, StoreError> {
+        let (user, created) = cached(&store.end_users, &mut self.users, id, new)?;
+        self.users_active
+            .entry(id.to_owned())
+            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
+        self.out.new_end_users += u64::from(created);
+        Ok(user)
+    }
+
+    /// Bot events, and events of unknown types, belong to the bot.
+    fn bot_event(&mut self, store: &Store, event: &Event) -> Result<(), StoreError> {
+        let id = match &event.payload {
+            Payload::Bot(b) => &b.id,
+            _ => &event.source_id,
+        };
+        let new = || BotState::new(id.clone());
+        let (bot, created) = cached(&store.bots, &mut self.bots, id.as_str(), new)?;
+        bot.apply(event);
+        self.out.new_bots += u64::from(created);
+        Ok(())
+    }
+
+    /// Fold a conversation's event and decide for it (`fold_and_decide`, with the end user and
+    /// the waiting queue it reads), queue its decisions, and note its end user.
+    fn conversation_event(
+        &mut self,
+        store: &Store,
+        (id, event): (&ConversationId, &Event),
+        rules: &dyn engine::decide::Decide,
+        received_at: Millis,
+    ) -> Result<(), StoreError> {
+        if let Payload::Timer(t) = &event.payload {
+            self.fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
+        }
+        let time = engine::decide::DecisionTime {
+            now: self.now,
+            received_at,
+        };
+        self.conversation(store, id)?;
+        let Some(state) = self.convs.get_mut(id.as_str()) else {
+            return Err(StoreError::Internal(
+                "fold: a conversation read went missing".into(),
+            ));
+        };
+        let user = if rules.needs().end_user {
+            end_user_of(state, event, &self.users, &store.end_users)?
+        } else {
+            None
+        };
+        let queue_fold = &mut self.queue_fold;
+        let waited_since = queue_fold.before(state);
+        let mut after_fold = |after: &ConversationState| {
+            store.queue_after(queue_fold, after, waited_since, event.timestamp)?;
+            match rules.needs().queue {
+                true => store.standing_in(queue_fold, after).map(Some),
+                false => Ok(None),
+            }
+        };
+        let outcome = engine::fold::fold_and_decide(
+            state,
+            event,
+            rules,
+            user.as_deref(),
+            time,
+            &mut after_fold,
+        )?;
+        note_held_back(&mut self.out, id, event, &outcome);
+        if let Payload::Agent(_) = &event.payload {
+            if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
+                self.out.agent_verdicts.push(verdict.clone());
+            }
+        }
+        let decided_by = (rules.version(), received_at, self.now);
+        let (decided, out) = (&mut self.decided, &mut self.out);
+        store.queue_decisions(event, state, outcome.decisions, decided_by, decided, out)?;
+        if let Payload::Conversation(c) = &event.payload {
+            if let Some(uid) = &c.end_user_id {
+                let new = || EndUserState::new(uid.clone());
+                self.end_user(store, uid.as_str(), new)?
+                    .observe_conversation(event, c);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rules a fold held back for an event (a firing cap, a failed template): logged, and
+/// counted in what the fold applied.
+fn note_held_back(
+    out: &mut Applied,
+    id: &ConversationId,
+    event: &Event,
+    outcome: &engine::decide::Decided,
+) {
+    for hit in &outcome.capped {
+        tracing::warn!(
+            rule = %hit.rule,
+            conversation_id = %id,
+            event_id = %event.id,
+            fired = hit.fired,
+            per = %humantime::format_duration(hit.cap.per),
+            "rule firing cap reached: the rule is held back for this event"
+        );
+        out.capped.push(hit.rule.clone());
+    }
+    for failed in &outcome.failed {
+        tracing::warn!(
+            rule = %failed.rule,
+            conversation_id = %id,
+            event_id = %event.id,
+            index = failed.index,
+            error = %failed.error,
+            "rule action's template failed: recorded in the state, the action skipped"
+        );
+        out.template_errors.push(failed.rule.clone());
     }
 }
 
