@@ -70,9 +70,41 @@ pub async fn execute<E: Execute>(
     action: &Action,
     key: &str,
 ) -> Result<Value, ExecuteError> {
-    fn json<T: serde::Serialize>(v: T) -> Value {
-        serde_json::to_value(v).unwrap_or(Value::Null)
+    match action {
+        Action::SetManual { .. } | Action::Navigate { .. } | Action::UpdateParams { .. } => {
+            conversation_call(api, action, key).await
+        }
+        Action::SendMessage { .. } | Action::SendToEndUser { .. } => {
+            message_call(api, action, key).await
+        }
+        Action::PartnerUpdateConversation { .. }
+        | Action::PartnerBlock { .. }
+        | Action::PartnerUnblock { .. }
+        | Action::PartnerRemoveSession { .. }
+        | Action::PartnerSendMessage { .. }
+        | Action::PartnerChannelSetting { .. } => partner_call(api, action, key).await,
+        Action::SendNotification { request } => Ok(json(api.notify_send(request, key).await?)),
+        // Internal actions are applied in the fold; help-desk events go to the help desks
+        // (`outbox` hands them to `helpdesk`), not the Open API.
+        Action::UpdateState { .. }
+        | Action::StartTimer { .. }
+        | Action::CancelTimer { .. }
+        | Action::NotifyHelpdesk { .. } => Err(ExecuteError::NotUpstream(action.name())),
     }
+}
+
+/// An Open API answer as JSON (`null` if it cannot be serialized).
+fn json<T: serde::Serialize>(v: T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// The conversation's manual mode, navigation and parameters (`set_manual`, `navigate`,
+/// `update_params`).
+async fn conversation_call<E: Execute>(
+    api: &OpenApi<E>,
+    action: &Action,
+    key: &str,
+) -> Result<Value, ExecuteError> {
     let answer = match action {
         Action::SetManual {
             conversation_id,
@@ -110,6 +142,18 @@ pub async fn execute<E: Execute>(
             api.update_conversation(conversation_id.as_str(), params.clone(), key)
                 .await?,
         ),
+        other => return Err(ExecuteError::NotUpstream(other.name())),
+    };
+    Ok(answer)
+}
+
+/// Messages to a conversation or to an end user (`send_message`, `send_to_end_user`).
+async fn message_call<E: Execute>(
+    api: &OpenApi<E>,
+    action: &Action,
+    key: &str,
+) -> Result<Value, ExecuteError> {
+    let answer = match action {
         Action::SendMessage {
             conversation_id,
             message,
@@ -131,6 +175,18 @@ pub async fn execute<E: Execute>(
             api.send_end_user_message(end_user_id.as_str(), message.clone(), custom.clone(), key)
                 .await?,
         ),
+        other => return Err(ExecuteError::NotUpstream(other.name())),
+    };
+    Ok(answer)
+}
+
+/// The partner channel's calls (every `partner_*` action).
+async fn partner_call<E: Execute>(
+    api: &OpenApi<E>,
+    action: &Action,
+    key: &str,
+) -> Result<Value, ExecuteError> {
+    let answer = match action {
         Action::PartnerUpdateConversation {
             sender_key,
             user_key,
@@ -167,13 +223,7 @@ pub async fn execute<E: Execute>(
             sender_key,
             setting,
         } => json(api.pb_update_setting(sender_key, setting, key).await?),
-        Action::SendNotification { request } => json(api.notify_send(request, key).await?),
-        // Internal actions are applied in the fold; help-desk events go to the help desks
-        // (`outbox` hands them to `helpdesk`), not the Open API.
-        Action::UpdateState { .. }
-        | Action::StartTimer { .. }
-        | Action::CancelTimer { .. }
-        | Action::NotifyHelpdesk { .. } => return Err(ExecuteError::NotUpstream(action.name())),
+        other => return Err(ExecuteError::NotUpstream(other.name())),
     };
     Ok(answer)
 }

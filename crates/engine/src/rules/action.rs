@@ -47,6 +47,9 @@ const DEFAULTS: [(&str, &str, &[&str]); 4] = [
 /// Timer actions: their names and durations are literal and checked at load.
 const TIMER_ACTIONS: [&str; 2] = ["start_timer", "cancel_timer"];
 
+/// Problems found in an action, as (key, message).
+type Problems = Vec<(String, String)>;
+
 /// Renders the template of the given name.
 type Renderer<'a> = &'a dyn Fn(&str) -> Result<String, String>;
 
@@ -121,39 +124,9 @@ impl ActionSpec {
         name: &str,
         env: &mut Environment<'static>,
     ) -> Result<ActionSpec, Vec<(String, String)>> {
-        let kind = match body.get("type").and_then(Value::as_str) {
-            Some(k) if Action::NAMES.contains(&k) => k.to_owned(),
-            Some(k) => {
-                return Err(vec![(
-                    "type".into(),
-                    format!(
-                        "unknown action `{k}` (one of: {})",
-                        Action::NAMES.join(", ")
-                    ),
-                )])
-            }
-            None => return Err(vec![("type".into(), "missing action type".into())]),
-        };
-        if TIMER_ACTIONS.contains(&kind.as_str()) {
-            let problems = check_timer(&kind, &body);
-            if !problems.is_empty() {
-                return Err(problems);
-            }
-        }
-        if kind == "notify_helpdesk" {
-            let problems = check_helpdesk(&body);
-            if !problems.is_empty() {
-                return Err(problems);
-            }
-        }
-        if TEXT_SHORTHAND.contains(&kind.as_str()) && !body.contains_key("message") {
-            if let Some(text) = body.remove("text") {
-                body.insert(
-                    "message".into(),
-                    serde_json::json!({ "type": "text", "text": text }),
-                );
-            }
-        }
+        let kind = action_kind(&body)?;
+        check_kind(&kind, &body)?;
+        expand_text_shorthand(&kind, &mut body);
         if kind == "navigate" && body.contains_key("flow_id") == body.contains_key("flow") {
             return Err(vec![(
                 String::new(),
@@ -162,57 +135,34 @@ impl ActionSpec {
                     .into(),
             )]);
         }
-        let by_title = body.contains_key("flow");
-        let defaults: Vec<(&'static str, &'static str)> = DEFAULTS
-            .iter()
-            .filter(|(field, _, kinds)| {
-                kinds.contains(&kind.as_str())
-                    && !body.contains_key(*field)
-                    && (*field != "bot_id" || by_title)
-            })
-            .map(|(field, key, _)| (*field, *key))
-            .collect();
-        let mut templates = Vec::new();
-        let mut problems = Vec::new();
-        let mut strings = Vec::new();
-        collect_strings(&Value::Object(body.clone()), String::new(), &mut strings);
-        for (pointer, text) in strings {
-            if !is_template(&text) {
-                continue;
-            }
-            let template = format!("{name}{pointer}");
-            match env.add_template_owned(template.clone(), text) {
-                Ok(()) => {
-                    let rendered = Rendered::of(&pointer);
-                    templates.push((pointer, template, rendered))
-                }
-                Err(e) => problems.push((pointer_to_key(&pointer), format!("template: {e}"))),
-            }
-        }
-        if !problems.is_empty() {
-            return Err(problems);
-        }
+        let defaults = defaults_for(&kind, &body);
+        let templates = add_templates(&body, name, env)?;
         let spec = ActionSpec {
             kind,
             body,
             templates,
             defaults,
         };
-        // The shape check: every templated text and default id becomes a placeholder. Keys the
-        // action does not have would be dropped silently by serde; they are reported instead.
-        let sample = spec.fill(None, |_| Ok(Value::String("x".into())), true);
+        spec.check_shape()?;
+        Ok(spec)
+    }
+
+    /// The shape check: every templated text and default id becomes a placeholder. Keys the
+    /// action does not have would be dropped silently by serde; they are reported instead.
+    fn check_shape(&self) -> Result<(), Problems> {
+        let sample = self.fill(None, |_| Ok(Value::String("x".into())), true);
         let built = match sample.map(|a| serde_json::to_value(a).unwrap_or(Value::Null)) {
             Ok(built) => built,
             Err(e) => return Err(vec![(String::new(), e)]),
         };
         let mut unknown = Vec::new();
-        unknown_keys(&Value::Object(spec.body.clone()), &built, "", &mut unknown);
+        unknown_keys(&Value::Object(self.body.clone()), &built, "", &mut unknown);
         if unknown.is_empty() {
-            Ok(spec)
+            Ok(())
         } else {
             Err(unknown
                 .into_iter()
-                .map(|key| (key, format!("not a field of a `{}` action", spec.kind)))
+                .map(|key| (key, format!("not a field of a `{}` action", self.kind)))
                 .collect())
         }
     }
@@ -277,6 +227,94 @@ impl ActionSpec {
                 self.kind
             ),
         })
+    }
+}
+
+/// The action's `type`, when it is one the outbox knows.
+fn action_kind(body: &Map<String, Value>) -> Result<String, Problems> {
+    match body.get("type").and_then(Value::as_str) {
+        Some(k) if Action::NAMES.contains(&k) => Ok(k.to_owned()),
+        Some(k) => Err(vec![(
+            "type".into(),
+            format!(
+                "unknown action `{k}` (one of: {})",
+                Action::NAMES.join(", ")
+            ),
+        )]),
+        None => Err(vec![("type".into(), "missing action type".into())]),
+    }
+}
+
+/// The checks of particular action types: timers' and help-desk events'.
+fn check_kind(kind: &str, body: &Map<String, Value>) -> Result<(), Problems> {
+    if TIMER_ACTIONS.contains(&kind) {
+        let problems = check_timer(kind, body);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+    }
+    if kind == "notify_helpdesk" {
+        let problems = check_helpdesk(body);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+    }
+    Ok(())
+}
+
+/// `text = "..."` becomes a text `message`, for the actions that take the shorthand.
+fn expand_text_shorthand(kind: &str, body: &mut Map<String, Value>) {
+    if TEXT_SHORTHAND.contains(&kind) && !body.contains_key("message") {
+        if let Some(text) = body.remove("text") {
+            body.insert(
+                "message".into(),
+                serde_json::json!({ "type": "text", "text": text }),
+            );
+        }
+    }
+}
+
+/// The fields of a `kind` action to fill from the context: those it takes and `body` leaves out
+/// (`bot_id` only for a navigation by flow title).
+fn defaults_for(kind: &str, body: &Map<String, Value>) -> Vec<(&'static str, &'static str)> {
+    let by_title = body.contains_key("flow");
+    DEFAULTS
+        .iter()
+        .filter(|(field, _, kinds)| {
+            kinds.contains(&kind) && !body.contains_key(*field) && (*field != "bot_id" || by_title)
+        })
+        .map(|(field, key, _)| (*field, *key))
+        .collect()
+}
+
+/// Adds every templated string of `body` to `env` as `name` + its JSON pointer; every template
+/// that does not parse is reported.
+fn add_templates(
+    body: &Map<String, Value>,
+    name: &str,
+    env: &mut Environment<'static>,
+) -> Result<Vec<(String, String, Rendered)>, Problems> {
+    let mut templates = Vec::new();
+    let mut problems = Vec::new();
+    let mut strings = Vec::new();
+    collect_strings(&Value::Object(body.clone()), String::new(), &mut strings);
+    for (pointer, text) in strings {
+        if !is_template(&text) {
+            continue;
+        }
+        let template = format!("{name}{pointer}");
+        match env.add_template_owned(template.clone(), text) {
+            Ok(()) => {
+                let rendered = Rendered::of(&pointer);
+                templates.push((pointer, template, rendered))
+            }
+            Err(e) => problems.push((pointer_to_key(&pointer), format!("template: {e}"))),
+        }
+    }
+    if problems.is_empty() {
+        Ok(templates)
+    } else {
+        Err(problems)
     }
 }
 

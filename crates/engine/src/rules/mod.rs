@@ -279,93 +279,25 @@ impl RuleSet {
         overrides: &Map<String, Value>,
     ) -> Result<RuleSet, LoadError> {
         let mut env = template_env();
-        let mut rules = Vec::new();
         let mut problems = Vec::new();
-        let mut parsed = Vec::with_capacity(sources.len());
-        for (file, text) in sources {
-            match toml::from_str::<RuleFile>(text) {
-                Ok(f) => parsed.push((file, f)),
-                Err(e) => problems.push(RuleError {
-                    file: file.clone(),
-                    line: e.span().map(|span| line_of(text, span.start)),
-                    at: String::new(),
-                    message: e.to_string().trim_end().to_owned(),
-                }),
-            }
-        }
+        let parsed = parse_files(sources, &mut problems);
         // Calendars first: a rule may name one defined in a later file. Timers likewise.
         let calendars = compile_calendars(&parsed, &mut problems);
         let settings = merge_settings(&parsed, overrides, &mut problems);
         let timers = started_timers(&parsed);
-        let mut names = HashMap::new();
-        for (file, parsed) in parsed {
-            let text = sources
-                .iter()
-                .find(|(name, _)| name == file)
-                .map_or("", |(_, text)| text.as_str());
-            for (position, spanned) in parsed.rules.into_iter().enumerate() {
-                let line = Some(line_of(text, spanned.span().start));
-                let raw = spanned.into_inner();
-                let at = format!("rule[{position}] ({})", raw.name);
-                let mut report = |key: String, message: String| {
-                    let at = if key.is_empty() {
-                        at.clone()
-                    } else {
-                        format!("{at}.{key}")
-                    };
-                    problems.push(RuleError {
-                        file: file.clone(),
-                        line,
-                        at,
-                        message,
-                    });
-                };
-                if let Some(first) = names.insert(raw.name.clone(), file.clone()) {
-                    report(
-                        "name".into(),
-                        format!("`{}` is already the name of a rule in {first}", raw.name),
-                    );
-                }
-                let known = Known {
-                    calendars: &calendars,
-                    timers: &timers,
-                    settings: &settings,
-                };
-                if let Some(rule) = compile(raw, file, known, &mut env, &mut report) {
-                    rules.push(rule);
-                }
-            }
-        }
+        let known = Known {
+            calendars: &calendars,
+            timers: &timers,
+            settings: &settings,
+        };
+        let mut rules = compile_rules(sources, parsed, known, &mut env, &mut problems);
         if !problems.is_empty() {
             return Err(LoadError::Invalid(problems));
         }
         // Stable: equal priorities keep file order, then position in the file.
         rules.sort_by_key(|r| std::cmp::Reverse(r.priority));
-        let version = if overrides.is_empty() {
-            version_of(sources)
-        } else {
-            let mut with = sources.to_vec();
-            with.push((
-                "(rules.settings)".into(),
-                Value::Object(overrides.clone()).to_string(),
-            ));
-            version_of(&with)
-        };
-        let reads = |root: &str| {
-            let in_conditions = rules
-                .iter()
-                .filter_map(|r| r.when.as_ref())
-                .any(|c| c.reads(root));
-            let in_templates = env
-                .templates()
-                .any(|(_, t)| t.undeclared_variables(false).contains(root));
-            in_conditions || in_templates
-        };
-        let needs = crate::decide::Needs {
-            before: reads("before"),
-            end_user: reads("end_user"),
-            queue: reads("queue"),
-        };
+        let version = set_version(sources, overrides);
+        let needs = needs_of(&rules, &env);
         Ok(RuleSet {
             rules,
             env,
@@ -382,6 +314,107 @@ impl RuleSet {
     /// A short digest of the files, so logs and decisions can say which rules were in force.
     pub fn version(&self) -> &str {
         &self.version
+    }
+}
+
+/// Every file parsed, in order; a file that is not a valid rule file is reported (with the line
+/// of the problem) and left out.
+fn parse_files<'a>(
+    sources: &'a [(String, String)],
+    problems: &mut Vec<RuleError>,
+) -> Vec<(&'a String, RuleFile)> {
+    let mut parsed = Vec::with_capacity(sources.len());
+    for (file, text) in sources {
+        match toml::from_str::<RuleFile>(text) {
+            Ok(f) => parsed.push((file, f)),
+            Err(e) => problems.push(RuleError {
+                file: file.clone(),
+                line: e.span().map(|span| line_of(text, span.start)),
+                at: String::new(),
+                message: e.to_string().trim_end().to_owned(),
+            }),
+        }
+    }
+    parsed
+}
+
+/// Every rule of the parsed files compiled, in file order; problems (and a name used twice,
+/// reported where it is used again) go to `problems` with the rule's line and place.
+fn compile_rules(
+    sources: &[(String, String)],
+    parsed: Vec<(&String, RuleFile)>,
+    known: Known<'_>,
+    env: &mut Environment<'static>,
+    problems: &mut Vec<RuleError>,
+) -> Vec<Rule> {
+    let mut rules = Vec::new();
+    let mut names = HashMap::new();
+    for (file, parsed) in parsed {
+        let text = sources
+            .iter()
+            .find(|(name, _)| name == file)
+            .map_or("", |(_, text)| text.as_str());
+        for (position, spanned) in parsed.rules.into_iter().enumerate() {
+            let line = Some(line_of(text, spanned.span().start));
+            let raw = spanned.into_inner();
+            let at = format!("rule[{position}] ({})", raw.name);
+            let mut report = |key: String, message: String| {
+                let at = if key.is_empty() {
+                    at.clone()
+                } else {
+                    format!("{at}.{key}")
+                };
+                problems.push(RuleError {
+                    file: file.clone(),
+                    line,
+                    at,
+                    message,
+                });
+            };
+            if let Some(first) = names.insert(raw.name.clone(), file.clone()) {
+                report(
+                    "name".into(),
+                    format!("`{}` is already the name of a rule in {first}", raw.name),
+                );
+            }
+            if let Some(rule) = compile(raw, file, known, env, &mut report) {
+                rules.push(rule);
+            }
+        }
+    }
+    rules
+}
+
+/// The set's version: the digest of the files, and of the settings overrides when there are any.
+fn set_version(sources: &[(String, String)], overrides: &Map<String, Value>) -> String {
+    if overrides.is_empty() {
+        version_of(sources)
+    } else {
+        let mut with = sources.to_vec();
+        with.push((
+            "(rules.settings)".into(),
+            Value::Object(overrides.clone()).to_string(),
+        ));
+        version_of(&with)
+    }
+}
+
+/// What the rules' conditions and templates read besides the event and state.
+fn needs_of(rules: &[Rule], env: &Environment<'static>) -> crate::decide::Needs {
+    let reads = |root: &str| {
+        let in_conditions = rules
+            .iter()
+            .filter_map(|r| r.when.as_ref())
+            .any(|c| c.reads(root));
+        let in_templates = env
+            .templates()
+            .any(|(_, t)| t.undeclared_variables(false).contains(root));
+        in_conditions || in_templates
+    };
+    crate::decide::Needs {
+        before: reads("before"),
+        end_user: reads("end_user"),
+        queue: reads("queue"),
     }
 }
 
@@ -468,6 +501,8 @@ struct Known<'a> {
     settings: &'a Map<String, Value>,
 }
 
+/// One rule compiled, or `None` when it has problems (every one of them reported, in the order
+/// of its keys: name, on, when, max_firings, actions).
 fn compile(
     raw: RawRule,
     file: &str,
@@ -476,56 +511,98 @@ fn compile(
     report: &mut impl FnMut(String, String),
 ) -> Option<Rule> {
     let mut ok = true;
-    let valid_name = !raw.name.is_empty()
-        && raw
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if !valid_name {
+    if !valid_rule_name(&raw.name) {
         report(
             "name".into(),
             "must be non-empty and use only A-Z a-z 0-9 - _ (it is part of action ids)".into(),
         );
         ok = false;
     }
-    if raw.on.is_empty() {
+    ok &= check_on(&raw.on, known.timers, report);
+    let (when, when_ok) = compile_when(raw.when, known, report);
+    let (max_firings, cap_ok) = compile_cap(raw.max_firings.as_ref(), report);
+    let prefix = format!("{file}#{}", raw.name);
+    let (actions, actions_ok) = compile_actions(raw.actions, &prefix, known.settings, env, report);
+    (ok && when_ok && cap_ok && actions_ok).then_some(Rule {
+        name: raw.name,
+        description: raw.description,
+        enabled: raw.enabled,
+        priority: raw.priority,
+        file: file.to_owned(),
+        on: raw.on,
+        stop: raw.stop,
+        echoes: raw.echoes,
+        max_firings,
+        when,
+        actions,
+    })
+}
+
+/// A rule name is non-empty and uses only A-Z a-z 0-9 - _ (it is part of action ids).
+fn valid_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Checks the event types of `on`, reporting each problem; whether there were none.
+fn check_on(
+    on: &[String],
+    timers: &HashSet<String>,
+    report: &mut impl FnMut(String, String),
+) -> bool {
+    let mut ok = true;
+    if on.is_empty() {
         report("on".into(), "must name at least one event type".into());
         ok = false;
     }
-    for (i, kind) in raw.on.iter().enumerate() {
-        let webhook = EventKind::KNOWN.iter().find(|k| k.as_str() == kind);
-        let timer = kind.strip_prefix(TIMER_EVENT_PREFIX);
-        let problem = match (webhook, timer) {
-            _ if kind == "*" => None,
-            (None, Some(name)) if !is_timer_name(name) => Some(format!(
-                "`{kind}`: a timer name is non-empty and uses only A-Z a-z 0-9 - _"
-            )),
-            (None, Some(name)) if !known.timers.contains(name) => Some(format!(
-                "`{kind}` never fires: no rule starts a timer named `{name}`"
-            )),
-            (None, Some(_)) => None,
-            (None, None) if model::webhook::agent::is_command_event(kind) => None,
-            (None, None) if model::webhook::drift::is_reconcile_event(kind) => None,
-            (None, None) => Some(format!(
-                "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\"), \
-                 a timer (`timer.<name>`), an agent command (`agent.accept`...) nor \
-                 `reconcile.drift`"
-            )),
-            // Rules run for a conversation; bot and end-user events only change state.
-            (Some(k), _) if !matches!(k.data_key(), Some("conversation" | "message")) => {
-                Some(format!(
-                    "`{kind}` never reaches rules: they run for conversation and message events"
-                ))
-            }
-            (Some(_), _) => None,
-        };
-        if let Some(problem) = problem {
+    for (i, kind) in on.iter().enumerate() {
+        if let Some(problem) = event_type_problem(kind, timers) {
             report(format!("on[{i}]"), problem);
             ok = false;
         }
     }
+    ok
+}
+
+/// Why a rule cannot listen to event type `kind`, if it cannot.
+fn event_type_problem(kind: &str, timers: &HashSet<String>) -> Option<String> {
+    let webhook = EventKind::KNOWN.iter().find(|k| k.as_str() == kind);
+    let timer = kind.strip_prefix(TIMER_EVENT_PREFIX);
+    match (webhook, timer) {
+        _ if kind == "*" => None,
+        (None, Some(name)) if !is_timer_name(name) => Some(format!(
+            "`{kind}`: a timer name is non-empty and uses only A-Z a-z 0-9 - _"
+        )),
+        (None, Some(name)) if !timers.contains(name) => Some(format!(
+            "`{kind}` never fires: no rule starts a timer named `{name}`"
+        )),
+        (None, Some(_)) => None,
+        (None, None) if model::webhook::agent::is_command_event(kind) => None,
+        (None, None) if model::webhook::drift::is_reconcile_event(kind) => None,
+        (None, None) => Some(format!(
+            "`{kind}` is not a webhook event type (see docs/webhook-format or use \"*\"), \
+             a timer (`timer.<name>`), an agent command (`agent.accept`...) nor \
+             `reconcile.drift`"
+        )),
+        // Rules run for a conversation; bot and end-user events only change state.
+        (Some(k), _) if !matches!(k.data_key(), Some("conversation" | "message")) => Some(format!(
+            "`{kind}` never reaches rules: they run for conversation and message events"
+        )),
+        (Some(_), _) => None,
+    }
+}
+
+/// The rule's `when` with settings resolved, compiled; each problem reported. Whether there were
+/// none comes second.
+fn compile_when(
+    raw_when: Option<RawCondition>,
+    known: Known<'_>,
+    report: &mut impl FnMut(String, String),
+) -> (Option<Condition>, bool) {
     let mut condition_problems = Vec::new();
-    let mut raw_when = raw.when;
+    let mut raw_when = raw_when;
     if let Some(c) = &mut raw_when {
         c.resolve_settings("when", known.settings, &mut condition_problems);
     }
@@ -535,25 +612,43 @@ fn compile(
             .and_then(|c| c.compile("when", known.calendars, &mut condition_problems)),
         false => None,
     };
+    let mut ok = true;
     for (key, message) in condition_problems {
         report(key, message);
         ok = false;
     }
-    let max_firings = match raw.max_firings.as_ref().map(RawCap::compile) {
-        None => DEFAULT_MAX_FIRINGS,
-        Some(Ok(cap)) => cap,
+    (when, ok)
+}
+
+/// The rule's firing cap ([`DEFAULT_MAX_FIRINGS`] without `max_firings` or when it has problems,
+/// each reported); whether there were none comes second.
+fn compile_cap(raw: Option<&RawCap>, report: &mut impl FnMut(String, String)) -> (FiringCap, bool) {
+    match raw.map(RawCap::compile) {
+        None => (DEFAULT_MAX_FIRINGS, true),
+        Some(Ok(cap)) => (cap, true),
         Some(Err(list)) => {
             for (key, message) in list {
                 report(key, message);
             }
-            ok = false;
-            DEFAULT_MAX_FIRINGS
+            (DEFAULT_MAX_FIRINGS, false)
         }
-    };
-    let mut actions = Vec::with_capacity(raw.actions.len());
-    for (i, mut body) in raw.actions.into_iter().enumerate() {
-        let name = format!("{file}#{}.actions[{i}]", raw.name);
-        if let Err(message) = settings_after(&mut body, known.settings) {
+    }
+}
+
+/// The rule's actions compiled, templates named after `prefix` (`<file>#<rule>`); each problem
+/// reported as `actions[i]...`. Whether there were none comes second.
+fn compile_actions(
+    raw_actions: Vec<Map<String, Value>>,
+    prefix: &str,
+    settings: &Map<String, Value>,
+    env: &mut Environment<'static>,
+    report: &mut impl FnMut(String, String),
+) -> (Vec<ActionSpec>, bool) {
+    let mut ok = true;
+    let mut actions = Vec::with_capacity(raw_actions.len());
+    for (i, mut body) in raw_actions.into_iter().enumerate() {
+        let name = format!("{prefix}.actions[{i}]");
+        if let Err(message) = settings_after(&mut body, settings) {
             report(format!("actions[{i}].after"), message);
             ok = false;
             continue;
@@ -573,19 +668,7 @@ fn compile(
             }
         }
     }
-    ok.then_some(Rule {
-        name: raw.name,
-        description: raw.description,
-        enabled: raw.enabled,
-        priority: raw.priority,
-        file: file.to_owned(),
-        on: raw.on,
-        stop: raw.stop,
-        echoes: raw.echoes,
-        max_firings,
-        when,
-        actions,
-    })
+    (actions, ok)
 }
 
 /// The 1-based line of byte `offset` in `text`.
