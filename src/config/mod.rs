@@ -4,6 +4,7 @@
 pub mod helpdesk;
 pub mod legacy;
 pub mod reconcile;
+mod validate;
 
 pub use helpdesk::{HelpdeskConfig, HelpdeskEndpoint};
 pub use reconcile::ReconcileConfig;
@@ -430,449 +431,19 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &Overrides,
     ) -> Result<Config, ConfigError> {
-        let defaults: toml::Table = toml::from_str(DEFAULTS).map_err(|e| ConfigError::Syntax {
-            path: "<embedded defaults>".into(),
-            message: e.to_string(),
-        })?;
-        let mut merged = defaults.clone();
-        let mut problems = Vec::new();
-        let mut deprecated = Vec::new();
+        let mut layers = Layers::embedded_defaults()?;
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.display().to_string(),
-                source,
-            })?;
-            let mut table: toml::Table =
-                toml::from_str(&text).map_err(|e| ConfigError::Syntax {
-                    path: path.display().to_string(),
-                    message: syntax_message(&text, &e),
-                })?;
-            legacy::rewrite(&mut table, &mut deprecated);
-            merge(&mut merged, table, &defaults, "", &mut problems);
+            layers.file(path)?;
         }
-        for (name, value) in env {
-            let key = if let Some((_, key)) = ENV_KEYS.iter().find(|(n, _)| *n == name) {
-                (*key).to_owned()
-            } else if let Some(rest) = name.strip_prefix("HANDOFF_BRIDGE__") {
-                rest.to_lowercase().replace("__", ".")
-            } else {
-                continue;
-            };
-            let key = match legacy::renamed(&key) {
-                Some(new) => {
-                    deprecated.push(legacy::note(&key, new));
-                    match new {
-                        Some(new) => new.to_owned(),
-                        None => continue,
-                    }
-                }
-                None => key,
-            };
-            set_path(
-                &mut merged,
-                &defaults,
-                &key,
-                &value,
-                &format!("env {name}"),
-                &mut problems,
-            );
-        }
-        if let Some(listen) = &overrides.listen {
-            set_path(
-                &mut merged,
-                &defaults,
-                "server.listen",
-                listen,
-                "--listen",
-                &mut problems,
-            );
-        }
-        if let Some(listen) = &overrides.admin_listen {
-            set_path(
-                &mut merged,
-                &defaults,
-                "admin.listen",
-                listen,
-                "--admin-listen",
-                &mut problems,
-            );
-        }
-        if let Some(url) = &overrides.upstream {
-            set_path(
-                &mut merged,
-                &defaults,
-                "upstream.url",
-                url,
-                "--upstream",
-                &mut problems,
-            );
-        }
-        if let Some(dir) = &overrides.data_dir {
-            let dir = dir.display().to_string();
-            set_path(
-                &mut merged,
-                &defaults,
-                "store.data_dir",
-                &dir,
-                "--data-dir",
-                &mut problems,
-            );
-        }
-        // Rejected values were not merged, so the table still has the right shape: check the
-        // semantics too, and report everything together.
-        let mut config: Config = match merged.try_into() {
-            Ok(c) => c,
-            Err(e) => {
-                problems.push(Problem {
-                    key: "(config)".into(),
-                    value: String::new(),
-                    why: scrub_secret_values(e.to_string().trim()),
-                });
-                return Err(ConfigError::Invalid(problems));
-            }
-        };
-        if let Err(ConfigError::Invalid(more)) = config.validate() {
-            problems.extend(more);
-        }
-        if overrides.check_files {
-            if let Err(ConfigError::Invalid(more)) = config.validate_files() {
-                problems.extend(more);
-            }
-        }
-        if problems.is_empty() {
-            // No URL and no API key: the first-run default, said explicitly from here on.
-            if config.upstream.url.is_empty() {
-                config.upstream.url = "embedded".into();
-            }
-            config.deprecated = deprecated;
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid(problems))
-        }
+        layers.env(env);
+        layers.flags(overrides);
+        layers.finish(overrides.check_files)
     }
 
     /// Semantic checks, all at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Problems::default();
-        let mut bad =
-            |key: &str, value: &dyn fmt::Display, why: &str| problems.add(key, value, why);
-        if self.server.listen.parse::<SocketAddr>().is_err() {
-            bad(
-                "server.listen",
-                &self.server.listen,
-                "not an IP:port socket address",
-            );
-        }
-        if !self.admin.listen.is_empty() {
-            match self.admin.listen.parse::<SocketAddr>() {
-                Err(_) => bad(
-                    "admin.listen",
-                    &self.admin.listen,
-                    "not an IP:port socket address (or \"\" to serve the admin API on server.listen)",
-                ),
-                Ok(admin) if admin.port() != 0 && Some(admin) == self.server.listen.parse().ok() => {
-                    bad(
-                        "admin.listen",
-                        &self.admin.listen,
-                        "must differ from server.listen (or be \"\" to share it)",
-                    )
-                }
-                Ok(_) => {}
-            }
-        }
-        if self.server.max_connections == 0 {
-            bad("server.max_connections", &0, "must be at least 1");
-        }
-        if self.server.shutdown_timeout.is_zero() {
-            bad("server.shutdown_timeout", &"0s", "must be longer than zero");
-        }
-        if !self.webhook.path.starts_with('/') || self.webhook.path.ends_with('/') {
-            bad(
-                "webhook.path",
-                &self.webhook.path,
-                "must start with '/' and not end with '/'",
-            );
-        }
-        for (i, t) in self.webhook.tokens.iter().enumerate() {
-            if t.expose().len() < 16
-                || !t
-                    .expose()
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                bad(
-                    &format!("webhook.tokens[{i}]"),
-                    &"****",
-                    "must be at least 16 characters of A-Z a-z 0-9 - _",
-                );
-            }
-        }
-        if self.webhook.max_body_bytes < 1024 {
-            bad(
-                "webhook.max_body_bytes",
-                &self.webhook.max_body_bytes,
-                "must be at least 1024",
-            );
-        }
-        if self.webhook.max_events == 0 {
-            bad("webhook.max_events", &0, "must be at least 1");
-        }
-        if self.server.max_inflight_body_bytes < self.webhook.max_body_bytes {
-            bad(
-                "server.max_inflight_body_bytes",
-                &self.server.max_inflight_body_bytes,
-                "must be at least webhook.max_body_bytes (or no delivery at the limit is read)",
-            );
-        }
-        if self.webhook.dedupe_retention < Duration::from_secs(60) {
-            bad(
-                "webhook.dedupe_retention",
-                &humantime::format_duration(self.webhook.dedupe_retention),
-                "must be at least 1m",
-            );
-        }
-        if self.store.event_retention < self.webhook.dedupe_retention {
-            bad(
-                "store.event_retention",
-                &humantime::format_duration(self.store.event_retention),
-                "must be at least webhook.dedupe_retention (the log drives dedupe pruning)",
-            );
-        }
-        if self.outbox.audit_retention < self.store.event_retention {
-            bad(
-                "outbox.audit_retention",
-                &humantime::format_duration(self.outbox.audit_retention),
-                "must be at least store.event_retention (a replay must know what already ran)",
-            );
-        }
-        let states = self.store.state_retention;
-        if !states.is_zero() && states < self.store.event_retention {
-            bad(
-                "store.state_retention",
-                &humantime::format_duration(states),
-                "must be at least store.event_retention, or \"off\" (a late event of a pruned \
-                 conversation must find none of its older events still in the log)",
-            );
-        }
-        if !states.is_zero() && states < self.webhook.dedupe_retention {
-            bad(
-                "store.state_retention",
-                &humantime::format_duration(states),
-                "must be at least webhook.dedupe_retention, or \"off\" (a re-sent event of a \
-                 pruned conversation must still be a duplicate)",
-            );
-        }
-        if self.store.prune_interval < Duration::from_secs(1) {
-            bad(
-                "store.prune_interval",
-                &humantime::format_duration(self.store.prune_interval),
-                "must be at least 1s",
-            );
-        }
-        let bf = &self.backfill;
-        if !bf.interval.is_zero() && bf.interval < Duration::from_secs(1) {
-            bad(
-                "backfill.interval",
-                &humantime::format_duration(bf.interval),
-                "must be at least 1s (or 0 / \"off\")",
-            );
-        }
-        if bf.silence_alert_after < Duration::from_secs(1) {
-            bad(
-                "backfill.silence_alert_after",
-                &humantime::format_duration(bf.silence_alert_after),
-                "must be at least 1s",
-            );
-        }
-        if !(bf.per_second.is_finite() && bf.per_second > 0.0) {
-            bad(
-                "backfill.per_second",
-                &bf.per_second,
-                "must be a positive number",
-            );
-        }
-        if bf.overlap > Duration::from_secs(24 * 3600) {
-            bad(
-                "backfill.overlap",
-                &humantime::format_duration(bf.overlap),
-                "must be at most 24h",
-            );
-        }
-        if self.dispatch.fold_niceness > crate::background::MAX_NICENESS {
-            bad(
-                "dispatch.fold_niceness",
-                &self.dispatch.fold_niceness,
-                "must be 0 (off) to 19",
-            );
-        }
-        if self.store.cache_capacity_bytes < 1024 * 1024 {
-            bad(
-                "store.cache_capacity_bytes",
-                &self.store.cache_capacity_bytes,
-                "must be at least 1 MiB",
-            );
-        }
-        if self.dispatch.concurrency == 0 || self.dispatch.concurrency > 1024 {
-            bad(
-                "dispatch.concurrency",
-                &self.dispatch.concurrency,
-                "must be 1..=1024",
-            );
-        }
-        if self.dispatch.batch_size == 0 || self.dispatch.batch_size > 10_000 {
-            bad(
-                "dispatch.batch_size",
-                &self.dispatch.batch_size,
-                "must be 1..=10000",
-            );
-        }
-        if self.outbox.concurrency == 0 || self.outbox.concurrency > 1024 {
-            bad(
-                "outbox.concurrency",
-                &self.outbox.concurrency,
-                "must be 1..=1024",
-            );
-        }
-        let ob = &self.outbox;
-        if ob.retry.base.is_zero() || ob.retry.cap < ob.retry.base {
-            bad(
-                "outbox.retry.cap",
-                &humantime::format_duration(ob.retry.cap),
-                "base must be positive and cap at least base",
-            );
-        }
-        if ob.give_up_after < ob.retry.base {
-            bad(
-                "outbox.give_up_after",
-                &humantime::format_duration(ob.give_up_after),
-                "must be at least outbox.retry.base",
-            );
-        }
-        if ob.window < 2 {
-            bad("outbox.window", &ob.window, "must be at least 2");
-        }
-        if ob.breaker.failures == 0 {
-            bad(
-                "outbox.breaker.failures",
-                &ob.breaker.failures,
-                "must be at least 1",
-            );
-        }
-        if ob.breaker.probe_interval.is_zero() {
-            bad(
-                "outbox.breaker.probe_interval",
-                &humantime::format_duration(ob.breaker.probe_interval),
-                "must be positive",
-            );
-        }
-        if self.outbox.max_depth == 0 {
-            bad(
-                "outbox.max_depth",
-                &self.outbox.max_depth,
-                "must be at least 1",
-            );
-        }
-        for name in &self.outbox.blocking {
-            if !model::action::Action::NAMES.contains(&name.as_str()) {
-                bad(
-                    "outbox.blocking",
-                    name,
-                    &format!(
-                        "unknown action; one of {}",
-                        model::action::Action::NAMES.join(", ")
-                    ),
-                );
-            }
-        }
-        if !self.rules.dir.is_empty() && !std::path::Path::new(&self.rules.dir).is_dir() {
-            bad("rules.dir", &self.rules.dir, "not a directory");
-        }
-        if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
-            bad("admin.token", &"****", "must be at least 16 characters");
-        }
-        let tls = &self.server.tls;
-        if self.admin.listen.is_empty() && !(tls.cert_file.is_empty() && tls.key_file.is_empty()) {
-            bad(
-                "admin.listen",
-                &"\"\"",
-                "with server.tls the admin API would be served over TLS on server.listen, which \
-                 the CLI (plain http) cannot reach: give admin.listen its own address (e.g. \
-                 127.0.0.1:8081)",
-            );
-        }
-        match (tls.cert_file.is_empty(), tls.key_file.is_empty()) {
-            (true, true) | (false, false) => {}
-            (false, true) => bad(
-                "server.tls.key_file",
-                &"\"\"",
-                "give both cert_file and key_file",
-            ),
-            (true, false) => bad(
-                "server.tls.cert_file",
-                &"\"\"",
-                "give both cert_file and key_file",
-            ),
-        }
-        let up = &self.upstream;
-        if up.url.is_empty() && (!up.api_key.is_empty() || !up.api_key_file.is_empty()) {
-            bad(
-                "upstream.url",
-                &"(not set)",
-                "an API key is configured (upstream.api_key, HANDOFF_BRIDGE_UPSTREAM_API_KEY or \
-                 upstream.api_key_file) but no upstream.url: set it to the service's Open API base \
-                 address, or to \"embedded\" to run the built-in emulator on purpose",
-            );
-        }
-        if !up.is_embedded() {
-            match up.url.parse::<actix_web::http::Uri>() {
-                Ok(uri)
-                    if matches!(uri.scheme_str(), Some("http" | "https"))
-                        && uri.host().is_some() => {}
-                _ => bad(
-                    "upstream.url",
-                    &mask_url(&up.url),
-                    "must be \"embedded\" or an http:// or https:// base address",
-                ),
-            }
-        }
-        if !up.api_key.is_empty() && !up.api_key_file.is_empty() {
-            bad(
-                "upstream.api_key_file",
-                &up.api_key_file,
-                "give api_key or api_key_file, not both",
-            );
-        }
-        if up.auth_header.trim().is_empty() || up.idempotency_header.trim().is_empty() {
-            bad(
-                "upstream.auth_header",
-                &up.auth_header,
-                "header names must not be empty",
-            );
-        }
-        if up.request_timeout.is_zero() || up.connect_timeout.is_zero() {
-            bad(
-                "upstream.request_timeout",
-                &humantime::format_duration(up.request_timeout),
-                "timeouts must be positive",
-            );
-        }
-        if let Err(e) = upstream::limits::Limits::new(&up.limits) {
-            bad("upstream.limits", &e, "invalid rate limit");
-        }
-        for (key, value, why) in self.reconcile.problems(up.limits.global.per_second) {
-            bad(&key, &value, &why);
-        }
-        self.validate_helpdesk(&mut bad);
-        for (key, value, why) in self.helpdesk.problems() {
-            bad(&key, &value, &why);
-        }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            bad(
-                "log.level",
-                &self.log.level,
-                "not a tracing filter (e.g. info, handoff_bridge=debug)",
-            );
-        }
+        validate::check_all(self, &mut problems);
         problems.into_result()
     }
 
@@ -907,77 +478,6 @@ impl Config {
         problems.into_result()
     }
 
-    fn validate_helpdesk(&self, bad: &mut impl FnMut(&str, &dyn fmt::Display, &str)) {
-        let hd = &self.helpdesk;
-        let mut names = std::collections::HashSet::new();
-        for (i, ep) in hd.endpoints.iter().enumerate() {
-            let at = format!("helpdesk.endpoints[{i}]");
-            if ep.name.is_empty()
-                || !ep
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                bad(
-                    &format!("{at}.name"),
-                    &ep.name,
-                    "must be non-empty A-Z a-z 0-9 - _ (it labels metrics)",
-                );
-            } else if !names.insert(ep.name.as_str()) {
-                bad(&format!("{at}.name"), &ep.name, "used by another endpoint");
-            }
-            // The URL is not echoed: it may carry credentials.
-            match ep.url.expose().parse::<actix_web::http::Uri>() {
-                Ok(uri)
-                    if matches!(uri.scheme_str(), Some("http" | "https"))
-                        && uri.host().is_some() => {}
-                _ => bad(
-                    &format!("{at}.url"),
-                    &"(not shown)",
-                    "not an http:// or https:// URL with a host",
-                ),
-            }
-            if ep.secrets.is_empty() {
-                bad(
-                    &format!("{at}.secrets"),
-                    &"[]",
-                    "at least one signing secret (whsec_ + base64)",
-                );
-            }
-            for (j, secret) in ep.secrets.iter().enumerate() {
-                if let Err(e) = crate::helpdesk::signing::SigningKey::from_secret(secret) {
-                    bad(&format!("{at}.secrets[{j}]"), &"****", &e.to_string());
-                }
-            }
-            if ep.events.is_empty() {
-                bad(
-                    &format!("{at}.events"),
-                    &"[]",
-                    "selects nothing; leave it out to send every kind",
-                );
-            }
-            for pattern in &ep.events {
-                if !crate::helpdesk::events::is_valid_pattern(pattern) {
-                    bad(
-                        &format!("{at}.events"),
-                        pattern,
-                        &format!(
-                            "selects no event kind; kinds: {}, a family (`handoff.*`) or `*`",
-                            model::helpdesk::DeskEventKind::names()
-                        ),
-                    );
-                }
-            }
-        }
-        if hd.timeout.is_zero() || hd.connect_timeout.is_zero() {
-            bad(
-                "helpdesk.timeout",
-                &humantime::format_duration(hd.timeout),
-                "timeouts must be positive",
-            );
-        }
-    }
-
     pub fn listen_addr(&self) -> SocketAddr {
         // Validated in `validate`; the fallback is never reached for a loaded config.
         self.server
@@ -995,6 +495,154 @@ impl Config {
     /// The effective configuration as TOML, secrets masked.
     pub fn to_masked_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// The configuration being layered: the embedded defaults with each source merged on top, and
+/// what the merging found so far.
+struct Layers {
+    /// The embedded defaults: every key there is, and its type.
+    defaults: toml::Table,
+    /// The defaults with the sources merged so far.
+    merged: toml::Table,
+    /// Keys and values rejected so far (not merged).
+    problems: Vec<Problem>,
+    /// Notes on old keys the sources used ([`legacy`]).
+    deprecated: Vec<String>,
+}
+
+impl Layers {
+    /// Start from the embedded defaults.
+    fn embedded_defaults() -> Result<Self, ConfigError> {
+        let defaults: toml::Table = toml::from_str(DEFAULTS).map_err(|e| ConfigError::Syntax {
+            path: "<embedded defaults>".into(),
+            message: e.to_string(),
+        })?;
+        Ok(Layers {
+            merged: defaults.clone(),
+            defaults,
+            problems: Vec::new(),
+            deprecated: Vec::new(),
+        })
+    }
+
+    /// Merge the TOML file at `path`, its old keys rewritten first.
+    fn file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Syntax {
+            path: path.display().to_string(),
+            message: syntax_message(&text, &e),
+        })?;
+        legacy::rewrite(&mut table, &mut self.deprecated);
+        merge(
+            &mut self.merged,
+            table,
+            &self.defaults,
+            "",
+            &mut self.problems,
+        );
+        Ok(())
+    }
+
+    /// Set the keys the bridge's variables among `env` name; other variables are ignored.
+    fn env(&mut self, env: impl IntoIterator<Item = (String, String)>) {
+        for (name, value) in env {
+            if let Some(key) = self.env_key(&name) {
+                self.set(&key, &value, &format!("env {name}"));
+            }
+        }
+    }
+
+    /// The key variable `name` sets, an old key renamed (with a note); `None` when the variable
+    /// is not the bridge's or its key is gone.
+    fn env_key(&mut self, name: &str) -> Option<String> {
+        let key = if let Some((_, key)) = ENV_KEYS.iter().find(|(n, _)| *n == name) {
+            (*key).to_owned()
+        } else {
+            name.strip_prefix("HANDOFF_BRIDGE__")?
+                .to_lowercase()
+                .replace("__", ".")
+        };
+        match legacy::renamed(&key) {
+            Some(new) => {
+                self.deprecated.push(legacy::note(&key, new));
+                new.map(str::to_owned)
+            }
+            None => Some(key),
+        }
+    }
+
+    /// Set the keys the command line's flags give.
+    fn flags(&mut self, overrides: &Overrides) {
+        let data_dir = overrides.data_dir.as_ref().map(|d| d.display().to_string());
+        let flags = [
+            (&overrides.listen, "server.listen", "--listen"),
+            (&overrides.admin_listen, "admin.listen", "--admin-listen"),
+            (&overrides.upstream, "upstream.url", "--upstream"),
+            (&data_dir, "store.data_dir", "--data-dir"),
+        ];
+        for (value, key, flag) in flags {
+            if let Some(value) = value {
+                self.set(key, value, flag);
+            }
+        }
+    }
+
+    /// Set dotted `key` from text, coerced to the default's type ([`set_path`]).
+    fn set(&mut self, key: &str, text: &str, source: &str) {
+        set_path(
+            &mut self.merged,
+            &self.defaults,
+            key,
+            text,
+            source,
+            &mut self.problems,
+        );
+    }
+
+    /// The merged configuration, checked ([`Config::validate`], and the files it names when
+    /// `check_files`); every problem of every layer together.
+    fn finish(self, check_files: bool) -> Result<Config, ConfigError> {
+        let Layers {
+            merged,
+            mut problems,
+            deprecated,
+            ..
+        } = self;
+        // Rejected values were not merged, so the table still has the right shape: check the
+        // semantics too, and report everything together.
+        let mut config: Config = match merged.try_into() {
+            Ok(c) => c,
+            Err(e) => {
+                problems.push(Problem {
+                    key: "(config)".into(),
+                    value: String::new(),
+                    why: scrub_secret_values(e.to_string().trim()),
+                });
+                return Err(ConfigError::Invalid(problems));
+            }
+        };
+        if let Err(ConfigError::Invalid(more)) = config.validate() {
+            problems.extend(more);
+        }
+        if check_files {
+            if let Err(ConfigError::Invalid(more)) = config.validate_files() {
+                problems.extend(more);
+            }
+        }
+        if problems.is_empty() {
+            // No URL and no API key: the first-run default, said explicitly from here on.
+            if config.upstream.url.is_empty() {
+                config.upstream.url = "embedded".into();
+            }
+            config.deprecated = deprecated;
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
     }
 }
 

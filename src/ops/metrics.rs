@@ -1,9 +1,10 @@
 //! Prometheus metrics. Labels are bounded: outcomes and reasons are fixed codes, event types are
 //! the known ones plus `other`.
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 #[derive(Clone)]
@@ -118,281 +119,72 @@ fn latency_buckets() -> Vec<f64> {
 }
 
 impl Metrics {
+    /// Every metric, registered under the `handoff_` prefix.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new_custom(Some("handoff".into()), None)?;
-        let counter_vec =
-            |name: &str, help: &str, label: &str| -> Result<IntCounterVec, prometheus::Error> {
-                let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
-                registry.register(Box::new(c.clone()))?;
-                Ok(c)
-            };
-        let counter = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
-            let c = IntCounter::new(name, help)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
-            let g = IntGauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let histogram =
-            |name: &str, help: &str, buckets: Vec<f64>| -> Result<Histogram, prometheus::Error> {
-                let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
-                registry.register(Box::new(h.clone()))?;
-                Ok(h)
-            };
-        let state_entries = IntGaugeVec::new(
-            Opts::new("state_entries", "Stored state records by kind"),
-            &["kind"],
-        )?;
-        registry.register(Box::new(state_entries.clone()))?;
-        let action_attempts = IntCounterVec::new(
-            Opts::new(
-                "action_attempts_total",
-                "Attempts to carry out an action, by action and outcome",
-            ),
-            &["action", "status"],
-        )?;
-        registry.register(Box::new(action_attempts.clone()))?;
-        let upstream_attempts = IntCounterVec::new(
-            Opts::new(
-                "upstream_attempts_total",
-                "HTTP attempts at Open API calls, retries included, by endpoint and status",
-            ),
-            &["endpoint", "status"],
-        )?;
-        registry.register(Box::new(upstream_attempts.clone()))?;
-        let upstream_info = IntGaugeVec::new(
-            Opts::new(
-                "upstream_info",
-                "1 for the Open API upstream in use: embedded (the built-in emulator) or remote",
-            ),
-            &["mode"],
-        )?;
-        registry.register(Box::new(upstream_info.clone()))?;
-        let helpdesk_deliveries = IntCounterVec::new(
-            Opts::new(
-                "helpdesk_deliveries_total",
-                "Attempts to deliver help-desk events, by endpoint and outcome",
-            ),
-            &["endpoint", "outcome"],
-        )?;
-        registry.register(Box::new(helpdesk_deliveries.clone()))?;
-        let circuit_open = IntGaugeVec::new(
-            Opts::new(
-                "circuit_open",
-                "1 while a destination's circuit breaker is open (no calls but a probe every outbox.breaker.probe_interval)",
-            ),
-            &["destination"],
-        )?;
-        registry.register(Box::new(circuit_open.clone()))?;
-        let tls_failures = IntCounterVec::new(
-            Opts::new(
-                "tls_failures_total",
-                "Failed TLS handshakes of the daemon's clients, by destination and reason",
-            ),
-            &["destination", "reason"],
-        )?;
-        registry.register(Box::new(tls_failures.clone()))?;
-        let outbox_oldest_seconds = prometheus::Gauge::new(
-            "outbox_oldest_seconds",
-            "Age of the oldest pending outbox entry",
-        )?;
-        registry.register(Box::new(outbox_oldest_seconds.clone()))?;
-        let queue_oldest_wait_seconds = prometheus::Gauge::new(
-            "queue_oldest_wait_seconds",
-            "How long the longest-waiting conversation has waited for an agent",
-        )?;
-        registry.register(Box::new(queue_oldest_wait_seconds.clone()))?;
-        let m = Metrics {
-            deliveries: counter_vec(
-                "webhook_deliveries_total",
-                "Webhook deliveries by outcome",
-                "outcome",
-            )?,
-            events: counter_vec(
-                "webhook_events_total",
-                "Newly accepted events by type",
-                "type",
-            )?,
-            duplicate_events: counter(
-                "webhook_duplicate_events_total",
-                "Events dropped as already accepted",
-            )?,
-            unknown_platforms: counter(
-                "webhook_unknown_platform_events_total",
-                "Accepted events naming a platform the bridge does not know",
-            )?,
-            quarantined: counter_vec(
-                "quarantined_total",
-                "Quarantined deliveries or events by reason",
-                "reason",
-            )?,
-            quarantine_entries: gauge("quarantine_entries", "Records currently in quarantine")?,
-            inbox_depth: gauge("inbox_depth", "Accepted events not yet folded into state")?,
-            dispatch_paused: gauge(
-                "dispatch_paused",
-                "1 while folding is paused by an operator (POST /admin/v1/dispatch/pause)",
-            )?,
-            events_applied: counter("events_applied_total", "Events folded into state")?,
-            dispatch_errors: counter(
-                "dispatch_errors_total",
-                "Failed attempts to fold a batch (retried)",
-            )?,
-            fold_lifts: counter(
-                "fold_lifts_total",
-                "Times the fold threads left SCHED_IDLE because a fold waited past dispatch.lift_after",
-            )?,
-            fold_lifted: gauge(
-                "fold_lifted",
-                "1 while the fold threads run at the daemon's own scheduling (lifted out of SCHED_IDLE)",
-            )?,
-            processing_seconds: histogram(
-                "processing_seconds",
-                "Time from receipt to state update",
-                latency_buckets(),
-            )?,
-            flush_seconds: histogram(
-                "store_flush_seconds",
-                "Duration of one group-commit flush",
-                latency_buckets(),
-            )?,
-            flush_writers: histogram(
-                "store_flush_writers",
-                "Writers covered by one flush",
-                vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
-            )?,
-            state_entries,
-            store_bytes: gauge("store_size_bytes", "Size of the store on disk")?,
-            pruned: counter_vec("pruned_total", "Records removed by retention", "kind")?,
-            outbox_depth: gauge("outbox_depth", "Decided actions not yet carried out")?,
-            outbox_paused: gauge(
-                "outbox_paused",
-                "1 while the outbox's execution is paused by an operator (outbox pause)",
-            )?,
-            outbox_oldest_seconds,
-            action_attempts,
-            upstream_attempts,
-            upstream_info,
-            helpdesk_deliveries,
-            circuit_open,
-            dead_letters: counter_vec(
-                "dead_letters_total",
-                "Outbox entries moved to the dead letters, by reason",
-                "reason",
-            )?,
-            dead_letter_entries: gauge(
-                "dead_letter_entries",
-                "Entries currently in the dead letters",
-            )?,
-            action_latency_seconds: histogram(
-                "action_latency_seconds",
-                "Time from receipt of the source event to the upstream's answer",
-                latency_buckets(),
-            )?,
-            tls_failures,
-            tls_reloads: counter_vec(
-                "tls_reloads_total",
-                "Reloads of the public listener's TLS certificate (SIGHUP), by result",
-                "result",
-            )?,
-            rules_reloads: {
-                let c = prometheus::IntCounterVec::new(
-                    Opts::new("rules_reloads_total", "Rule reloads by trigger and outcome"),
-                    &["trigger", "outcome"],
-                )?;
-                registry.register(Box::new(c.clone()))?;
-                c
-            },
-            queue_waiting: gauge(
-                "queue_waiting",
-                "Conversations waiting for an agent, all bots",
-            )?,
-            queue_oldest_wait_seconds,
-            timers_pending: gauge("timers_pending", "Rule timers running")?,
-            helpdesk_calls_in_progress: gauge(
-                "helpdesk_calls_in_progress",
-                "Agent API calls holding an Idempotency-Key",
-            )?,
-            timers_fired: counter(
-                "timers_fired_total",
-                "Rule timers fired as events into their conversation",
-            )?,
-            backfill_events: counter(
-                "backfill_events_total",
-                "Events the webhook had not delivered, read back through the Open API and stored",
-            )?,
-            webhook_silent: gauge(
-                "webhook_silent",
-                "1 while backfill finds events the webhook did not deliver for longer than backfill.silence_alert_after",
-            )?,
-            rule_caps_hit: counter_vec(
-                "rule_caps_hit_total",
-                "Events a rule matched but was held back for by its firing cap, by rule",
-                "rule",
-            )?,
-            rule_template_errors: counter_vec(
-                "rule_template_errors_total",
-                "Actions of a fired rule skipped because a template failed at run time, by rule",
-                "rule",
-            )?,
-            body_budget: counter_vec(
-                "body_budget_total",
-                "Request bodies by how they got room in server.max_inflight_body_bytes",
-                "outcome",
-            )?,
-            inflight_body_bytes: gauge(
-                "inflight_body_bytes",
-                "Request-body bytes held against server.max_inflight_body_bytes",
-            )?,
-            body_budget_waiting: gauge(
-                "body_budget_waiting",
-                "Requests waiting for room in server.max_inflight_body_bytes",
-            )?,
-            reconcile_drift: counter_vec(
-                "reconcile_drift_total",
-                "Drift between the bridge and the service found by the reconciliation sweeper, by kind",
-                "kind",
-            )?,
-            reconcile_passes: counter_vec(
-                "reconcile_passes_total",
-                "Reconciliation passes (dry runs not counted), by outcome",
-                "outcome",
-            )?,
-            reconcile_skipped: counter_vec(
-                "reconcile_skipped_total",
-                "Conversations a reconciliation pass left for the next one, by reason",
-                "reason",
-            )?,
-            reconcile_pass_seconds: histogram(
-                "reconcile_pass_seconds",
-                "Duration of one reconciliation pass",
-                vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0],
-            )?,
+        let r = Reg(&registry);
+        let intake = Intake::register(&r)?;
+        let fold = Fold::register(&r)?;
+        let store = Store::register(&r)?;
+        let outbox = Outbox::register(&r)?;
+        let upstream = Upstream::register(&r)?;
+        let helpdesk = Helpdesk::register(&r)?;
+        let tls = Tls::register(&r)?;
+        let rules = Rules::register(&r)?;
+        let queue = Queue::register(&r)?;
+        let body = BodyBudget::register(&r)?;
+        let sweeps = Sweeps::register(&r)?;
+        Ok(Metrics {
+            deliveries: intake.deliveries,
+            events: intake.events,
+            duplicate_events: intake.duplicate_events,
+            unknown_platforms: intake.unknown_platforms,
+            quarantined: intake.quarantined,
+            quarantine_entries: intake.quarantine_entries,
+            inbox_depth: fold.inbox_depth,
+            dispatch_paused: fold.dispatch_paused,
+            events_applied: fold.events_applied,
+            dispatch_errors: fold.dispatch_errors,
+            fold_lifts: fold.fold_lifts,
+            fold_lifted: fold.fold_lifted,
+            processing_seconds: fold.processing_seconds,
+            flush_seconds: store.flush_seconds,
+            flush_writers: store.flush_writers,
+            state_entries: store.state_entries,
+            store_bytes: store.store_bytes,
+            pruned: store.pruned,
+            outbox_depth: outbox.outbox_depth,
+            outbox_paused: outbox.outbox_paused,
+            outbox_oldest_seconds: outbox.outbox_oldest_seconds,
+            action_attempts: outbox.action_attempts,
+            upstream_attempts: upstream.upstream_attempts,
+            upstream_info: upstream.upstream_info,
+            helpdesk_deliveries: helpdesk.helpdesk_deliveries,
+            circuit_open: outbox.circuit_open,
+            dead_letters: outbox.dead_letters,
+            dead_letter_entries: outbox.dead_letter_entries,
+            action_latency_seconds: outbox.action_latency_seconds,
+            tls_failures: tls.tls_failures,
+            tls_reloads: tls.tls_reloads,
+            rules_reloads: rules.rules_reloads,
+            queue_waiting: queue.queue_waiting,
+            queue_oldest_wait_seconds: queue.queue_oldest_wait_seconds,
+            timers_pending: rules.timers_pending,
+            helpdesk_calls_in_progress: helpdesk.helpdesk_calls_in_progress,
+            timers_fired: rules.timers_fired,
+            backfill_events: sweeps.backfill_events,
+            webhook_silent: sweeps.webhook_silent,
+            rule_caps_hit: rules.rule_caps_hit,
+            rule_template_errors: rules.rule_template_errors,
+            body_budget: body.body_budget,
+            inflight_body_bytes: body.inflight_body_bytes,
+            body_budget_waiting: body.body_budget_waiting,
+            reconcile_drift: sweeps.reconcile_drift,
+            reconcile_passes: sweeps.reconcile_passes,
+            reconcile_skipped: sweeps.reconcile_skipped,
+            reconcile_pass_seconds: sweeps.reconcile_pass_seconds,
             registry,
-        };
-        // Make every outcome visible from the first scrape.
-        for outcome in [
-            "accepted",
-            "duplicate",
-            "quarantined",
-            "unauthorized",
-            "forbidden",
-            "too_large",
-            "timeout",
-            "unavailable",
-            "busy",
-        ] {
-            m.deliveries.with_label_values(&[outcome]);
-        }
-        for outcome in ["immediate", "waited", "refused"] {
-            m.body_budget.with_label_values(&[outcome]);
-        }
-        for kind in model::webhook::drift::DriftKind::ALL {
-            m.reconcile_drift.with_label_values(&[kind.as_str()]);
-        }
-        Ok(m)
+        })
     }
 
     /// One body or event went into quarantine.
@@ -409,5 +201,450 @@ impl Metrics {
             return format!("# encoding metrics failed: {e}\n");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The registry metrics are registered with: each method creates one metric and registers it.
+struct Reg<'a>(&'a Registry);
+
+impl Reg<'_> {
+    /// Register `metric` and hand it back.
+    fn add<M: Collector + Clone + 'static>(&self, metric: M) -> Result<M, prometheus::Error> {
+        self.0.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
+
+    /// An integer counter.
+    fn counter(&self, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
+        self.add(IntCounter::new(name, help)?)
+    }
+
+    /// Integer counters by `labels`.
+    fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntCounterVec, prometheus::Error> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// An integer gauge.
+    fn gauge(&self, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+        self.add(IntGauge::new(name, help)?)
+    }
+
+    /// A histogram with the given bucket bounds.
+    fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: Vec<f64>,
+    ) -> Result<Histogram, prometheus::Error> {
+        self.add(Histogram::with_opts(
+            HistogramOpts::new(name, help).buckets(buckets),
+        )?)
+    }
+}
+
+/// Webhook intake: deliveries, new and duplicate events, quarantine.
+struct Intake {
+    deliveries: IntCounterVec,
+    events: IntCounterVec,
+    duplicate_events: IntCounter,
+    unknown_platforms: IntCounter,
+    quarantined: IntCounterVec,
+    quarantine_entries: IntGauge,
+}
+
+impl Intake {
+    /// Register the intake's metrics, every delivery outcome visible from the first scrape.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        let deliveries = r.counter_vec(
+            "webhook_deliveries_total",
+            "Webhook deliveries by outcome",
+            &["outcome"],
+        )?;
+        for outcome in [
+            "accepted",
+            "duplicate",
+            "quarantined",
+            "unauthorized",
+            "forbidden",
+            "too_large",
+            "timeout",
+            "unavailable",
+            "busy",
+        ] {
+            deliveries.with_label_values(&[outcome]);
+        }
+        Ok(Intake {
+            deliveries,
+            events: r.counter_vec(
+                "webhook_events_total",
+                "Newly accepted events by type",
+                &["type"],
+            )?,
+            duplicate_events: r.counter(
+                "webhook_duplicate_events_total",
+                "Events dropped as already accepted",
+            )?,
+            unknown_platforms: r.counter(
+                "webhook_unknown_platform_events_total",
+                "Accepted events naming a platform the bridge does not know",
+            )?,
+            quarantined: r.counter_vec(
+                "quarantined_total",
+                "Quarantined deliveries or events by reason",
+                &["reason"],
+            )?,
+            quarantine_entries: r.gauge("quarantine_entries", "Records currently in quarantine")?,
+        })
+    }
+}
+
+/// The fold: the inbox, pausing, applied events and errors, the fold threads' lifts, latency.
+struct Fold {
+    inbox_depth: IntGauge,
+    dispatch_paused: IntGauge,
+    events_applied: IntCounter,
+    dispatch_errors: IntCounter,
+    fold_lifts: IntCounter,
+    fold_lifted: IntGauge,
+    processing_seconds: Histogram,
+}
+
+impl Fold {
+    /// Register the fold's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Fold {
+            inbox_depth: r.gauge("inbox_depth", "Accepted events not yet folded into state")?,
+            dispatch_paused: r.gauge(
+                "dispatch_paused",
+                "1 while folding is paused by an operator (POST /admin/v1/dispatch/pause)",
+            )?,
+            events_applied: r.counter("events_applied_total", "Events folded into state")?,
+            dispatch_errors: r.counter(
+                "dispatch_errors_total",
+                "Failed attempts to fold a batch (retried)",
+            )?,
+            fold_lifts: r.counter(
+                "fold_lifts_total",
+                "Times the fold threads left SCHED_IDLE because a fold waited past dispatch.lift_after",
+            )?,
+            fold_lifted: r.gauge(
+                "fold_lifted",
+                "1 while the fold threads run at the daemon's own scheduling (lifted out of SCHED_IDLE)",
+            )?,
+            processing_seconds: r.histogram(
+                "processing_seconds",
+                "Time from receipt to state update",
+                latency_buckets(),
+            )?,
+        })
+    }
+}
+
+/// The store: group-commit flushes, stored records, size, retention.
+struct Store {
+    flush_seconds: Histogram,
+    flush_writers: Histogram,
+    state_entries: IntGaugeVec,
+    store_bytes: IntGauge,
+    pruned: IntCounterVec,
+}
+
+impl Store {
+    /// Register the store's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Store {
+            flush_seconds: r.histogram(
+                "store_flush_seconds",
+                "Duration of one group-commit flush",
+                latency_buckets(),
+            )?,
+            flush_writers: r.histogram(
+                "store_flush_writers",
+                "Writers covered by one flush",
+                vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+            )?,
+            state_entries: r.add(IntGaugeVec::new(
+                Opts::new("state_entries", "Stored state records by kind"),
+                &["kind"],
+            )?)?,
+            store_bytes: r.gauge("store_size_bytes", "Size of the store on disk")?,
+            pruned: r.counter_vec("pruned_total", "Records removed by retention", &["kind"])?,
+        })
+    }
+}
+
+/// The outbox: depth, pausing, age, attempts, circuit breakers, dead letters, action latency.
+struct Outbox {
+    outbox_depth: IntGauge,
+    outbox_paused: IntGauge,
+    outbox_oldest_seconds: Gauge,
+    action_attempts: IntCounterVec,
+    circuit_open: IntGaugeVec,
+    dead_letters: IntCounterVec,
+    dead_letter_entries: IntGauge,
+    action_latency_seconds: Histogram,
+}
+
+impl Outbox {
+    /// Register the outbox's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Outbox {
+            outbox_depth: r.gauge("outbox_depth", "Decided actions not yet carried out")?,
+            outbox_paused: r.gauge(
+                "outbox_paused",
+                "1 while the outbox's execution is paused by an operator (outbox pause)",
+            )?,
+            outbox_oldest_seconds: r.add(Gauge::new(
+                "outbox_oldest_seconds",
+                "Age of the oldest pending outbox entry",
+            )?)?,
+            action_attempts: r.counter_vec(
+                "action_attempts_total",
+                "Attempts to carry out an action, by action and outcome",
+                &["action", "status"],
+            )?,
+            circuit_open: r.add(IntGaugeVec::new(
+                Opts::new(
+                    "circuit_open",
+                    "1 while a destination's circuit breaker is open (no calls but a probe every outbox.breaker.probe_interval)",
+                ),
+                &["destination"],
+            )?)?,
+            dead_letters: r.counter_vec(
+                "dead_letters_total",
+                "Outbox entries moved to the dead letters, by reason",
+                &["reason"],
+            )?,
+            dead_letter_entries: r.gauge(
+                "dead_letter_entries",
+                "Entries currently in the dead letters",
+            )?,
+            action_latency_seconds: r.histogram(
+                "action_latency_seconds",
+                "Time from receipt of the source event to the upstream's answer",
+                latency_buckets(),
+            )?,
+        })
+    }
+}
+
+/// The Open API upstream: attempts, and which upstream is in use.
+struct Upstream {
+    upstream_attempts: IntCounterVec,
+    upstream_info: IntGaugeVec,
+}
+
+impl Upstream {
+    /// Register the upstream's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Upstream {
+            upstream_attempts: r.counter_vec(
+                "upstream_attempts_total",
+                "HTTP attempts at Open API calls, retries included, by endpoint and status",
+                &["endpoint", "status"],
+            )?,
+            upstream_info: r.add(IntGaugeVec::new(
+                Opts::new(
+                    "upstream_info",
+                    "1 for the Open API upstream in use: embedded (the built-in emulator) or remote",
+                ),
+                &["mode"],
+            )?)?,
+        })
+    }
+}
+
+/// The help desk: deliveries to its endpoints, agent API calls in progress.
+struct Helpdesk {
+    helpdesk_deliveries: IntCounterVec,
+    helpdesk_calls_in_progress: IntGauge,
+}
+
+impl Helpdesk {
+    /// Register the help desk's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Helpdesk {
+            helpdesk_deliveries: r.counter_vec(
+                "helpdesk_deliveries_total",
+                "Attempts to deliver help-desk events, by endpoint and outcome",
+                &["endpoint", "outcome"],
+            )?,
+            helpdesk_calls_in_progress: r.gauge(
+                "helpdesk_calls_in_progress",
+                "Agent API calls holding an Idempotency-Key",
+            )?,
+        })
+    }
+}
+
+/// TLS: failed client handshakes, reloads of the listener's certificate.
+struct Tls {
+    tls_failures: IntCounterVec,
+    tls_reloads: IntCounterVec,
+}
+
+impl Tls {
+    /// Register the TLS metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Tls {
+            tls_failures: r.counter_vec(
+                "tls_failures_total",
+                "Failed TLS handshakes of the daemon's clients, by destination and reason",
+                &["destination", "reason"],
+            )?,
+            tls_reloads: r.counter_vec(
+                "tls_reloads_total",
+                "Reloads of the public listener's TLS certificate (SIGHUP), by result",
+                &["result"],
+            )?,
+        })
+    }
+}
+
+/// Rules: reloads, timers, firing caps, template errors.
+struct Rules {
+    rules_reloads: IntCounterVec,
+    timers_pending: IntGauge,
+    timers_fired: IntCounter,
+    rule_caps_hit: IntCounterVec,
+    rule_template_errors: IntCounterVec,
+}
+
+impl Rules {
+    /// Register the rules' metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Rules {
+            rules_reloads: r.counter_vec(
+                "rules_reloads_total",
+                "Rule reloads by trigger and outcome",
+                &["trigger", "outcome"],
+            )?,
+            timers_pending: r.gauge("timers_pending", "Rule timers running")?,
+            timers_fired: r.counter(
+                "timers_fired_total",
+                "Rule timers fired as events into their conversation",
+            )?,
+            rule_caps_hit: r.counter_vec(
+                "rule_caps_hit_total",
+                "Events a rule matched but was held back for by its firing cap, by rule",
+                &["rule"],
+            )?,
+            rule_template_errors: r.counter_vec(
+                "rule_template_errors_total",
+                "Actions of a fired rule skipped because a template failed at run time, by rule",
+                &["rule"],
+            )?,
+        })
+    }
+}
+
+/// The agents' queue: conversations waiting, the longest wait.
+struct Queue {
+    queue_waiting: IntGauge,
+    queue_oldest_wait_seconds: Gauge,
+}
+
+impl Queue {
+    /// Register the queue's metrics.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Queue {
+            queue_waiting: r.gauge(
+                "queue_waiting",
+                "Conversations waiting for an agent, all bots",
+            )?,
+            queue_oldest_wait_seconds: r.add(Gauge::new(
+                "queue_oldest_wait_seconds",
+                "How long the longest-waiting conversation has waited for an agent",
+            )?)?,
+        })
+    }
+}
+
+/// The in-flight request-body budget (`server.max_inflight_body_bytes`).
+struct BodyBudget {
+    body_budget: IntCounterVec,
+    inflight_body_bytes: IntGauge,
+    body_budget_waiting: IntGauge,
+}
+
+impl BodyBudget {
+    /// Register the body budget's metrics, every outcome visible from the first scrape.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        let body_budget = r.counter_vec(
+            "body_budget_total",
+            "Request bodies by how they got room in server.max_inflight_body_bytes",
+            &["outcome"],
+        )?;
+        for outcome in ["immediate", "waited", "refused"] {
+            body_budget.with_label_values(&[outcome]);
+        }
+        Ok(BodyBudget {
+            body_budget,
+            inflight_body_bytes: r.gauge(
+                "inflight_body_bytes",
+                "Request-body bytes held against server.max_inflight_body_bytes",
+            )?,
+            body_budget_waiting: r.gauge(
+                "body_budget_waiting",
+                "Requests waiting for room in server.max_inflight_body_bytes",
+            )?,
+        })
+    }
+}
+
+/// The sweeps against the service: backfill (and the webhook's silence it finds) and
+/// reconciliation.
+struct Sweeps {
+    backfill_events: IntCounter,
+    webhook_silent: IntGauge,
+    reconcile_drift: IntCounterVec,
+    reconcile_passes: IntCounterVec,
+    reconcile_skipped: IntCounterVec,
+    reconcile_pass_seconds: Histogram,
+}
+
+impl Sweeps {
+    /// Register backfill's and reconciliation's metrics, every drift kind visible from the
+    /// first scrape.
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        let reconcile_drift = r.counter_vec(
+            "reconcile_drift_total",
+            "Drift between the bridge and the service found by the reconciliation sweeper, by kind",
+            &["kind"],
+        )?;
+        for kind in model::webhook::drift::DriftKind::ALL {
+            reconcile_drift.with_label_values(&[kind.as_str()]);
+        }
+        Ok(Sweeps {
+            backfill_events: r.counter(
+                "backfill_events_total",
+                "Events the webhook had not delivered, read back through the Open API and stored",
+            )?,
+            webhook_silent: r.gauge(
+                "webhook_silent",
+                "1 while backfill finds events the webhook did not deliver for longer than backfill.silence_alert_after",
+            )?,
+            reconcile_drift,
+            reconcile_passes: r.counter_vec(
+                "reconcile_passes_total",
+                "Reconciliation passes (dry runs not counted), by outcome",
+                &["outcome"],
+            )?,
+            reconcile_skipped: r.counter_vec(
+                "reconcile_skipped_total",
+                "Conversations a reconciliation pass left for the next one, by reason",
+                &["reason"],
+            )?,
+            reconcile_pass_seconds: r.histogram(
+                "reconcile_pass_seconds",
+                "Duration of one reconciliation pass",
+                vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0],
+            )?,
+        })
     }
 }
