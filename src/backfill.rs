@@ -295,107 +295,11 @@ impl Backfill {
         report.messages_read = messages.len() as u64;
         report.truncated = !(conv_full && msg_full);
 
-        // What the pass needs of the state of every conversation named, read once (not the
-        // states themselves: a pass may name thousands).
-        let mut named: HashMap<ConversationId, Vec<String>> = conversations
-            .iter()
-            .map(|c| (c.id.clone(), Vec::new()))
-            .collect();
-        for m in &messages {
-            named
-                .entry(m.conversation_id.clone())
-                .or_default()
-                .push(m.id.clone());
-        }
-        let states: HashMap<ConversationId, Option<Known>> = self
-            .blocking(move |s| {
-                named
-                    .into_iter()
-                    .map(|(id, listed)| {
-                        let known = s.conversation(&id)?.map(|st| Known::of(&st, &listed));
-                        Ok((id, known))
-                    })
-                    .collect()
-            })
+        let states = self.known_states(&conversations, &messages).await?;
+        self.read_unseen(&mut conversations, &messages, &states)
             .await?;
-        // A message of a conversation the bridge has no state for and the list did not show
-        // (changed before the window): read the conversation itself, for its bot and end user.
-        let listed_ids: std::collections::HashSet<&ConversationId> =
-            conversations.iter().map(|c| &c.id).collect();
-        let mut unseen: Vec<ConversationId> = messages
-            .iter()
-            .map(|m| &m.conversation_id)
-            .filter(|id| !matches!(states.get(*id), Some(Some(_))))
-            .filter(|id| !listed_ids.contains(*id))
-            .cloned()
-            .collect();
-        drop(listed_ids);
-        unseen.sort();
-        unseen.dedup();
-        for id in unseen {
-            self.limit.wait().await;
-            match self.api.get_conversation(id.as_str()).await {
-                Ok(c) => conversations.push(c),
-                // Gone at the service: its messages are still folded, under an unknown bot.
-                Err(UpstreamError::Status { status: 404, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let listed: HashMap<&ConversationId, &Conversation> =
-            conversations.iter().map(|c| (&c.id, c)).collect();
-        let bot_of = |id: &ConversationId| -> String {
-            states
-                .get(id)
-                .and_then(|s| s.as_ref())
-                .and_then(|s| s.bot_id.as_ref())
-                .or_else(|| listed.get(id).and_then(|c| c.bot_id.as_ref()))
-                .map_or(NO_BOT.to_owned(), |b| b.as_str().to_owned())
-        };
-
-        let mut missing: Vec<(Millis, IncomingEvent)> = Vec::new();
-        let mut with_missing: std::collections::HashSet<&ConversationId> = Default::default();
-        let mut oldest_message: Option<Millis> = None;
-        for m in &messages {
-            let known = states
-                .get(&m.conversation_id)
-                .and_then(|s| s.as_ref())
-                .is_some_and(|s| s.messages.contains(&m.id));
-            if known {
-                continue;
-            }
-            let at = m.timestamp.unwrap_or(to);
-            match model::webhook::backfill_message_event(m, &bot_of(&m.conversation_id), at) {
-                Ok(event) => {
-                    with_missing.insert(&m.conversation_id);
-                    oldest_message = Some(oldest_message.map_or(at, |o| o.min(at)));
-                    missing.push((at, event));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, conversation_id = %m.conversation_id, "a listed message cannot be backfilled")
-                }
-            }
-        }
-        // A conversation's change is inferred only where the webhook demonstrably missed
-        // something (messages of it missing, the webhook silent) or the bridge never heard of
-        // it: changes the service makes without a webhook (the bridge's own API calls, the
-        // builder) are the reconciliation sweeper's.
-        let silent = self.watch.is_silent();
-        for c in &conversations {
-            let Some(updated) = updated_ms(c) else {
-                continue;
-            };
-            let state = states.get(&c.id).and_then(|s| s.as_ref());
-            let missed = silent || state.is_none() || with_missing.contains(&c.id);
-            if !missed || !differs(state, c, updated) {
-                continue;
-            }
-            match model::webhook::backfill_conversation_event(c, &bot_of(&c.id), updated) {
-                Ok(event) => missing.push((updated, event)),
-                Err(e) => {
-                    tracing::warn!(error = %e, conversation_id = %c.id, "a listed conversation cannot be backfilled")
-                }
-            }
-        }
+        let found = Found::new(&conversations, &messages, &states);
+        let (mut missing, oldest_message) = found.missing(to, self.watch.is_silent());
         // Oldest first: each conversation's events reach its fold in the order they happened.
         missing.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.raw.cmp(&b.1.raw)));
         report.missing = missing.len() as u64;
@@ -403,25 +307,7 @@ impl Backfill {
         report.stored = self.hand_over(missing, started).await?;
         self.metrics.backfill_events.inc_by(report.stored);
         self.watch.count(report.stored);
-
-        // Silence: messages the webhook should have brought, missing for longer than
-        // `silence_alert_after` with no delivery since (a delivery during this pass means the
-        // webhook works, and what the pass found was only late).
-        let silence_after = millis(self.settings.silence_alert_after);
-        if let Some(first) = self.watch.missing(oldest_message, started) {
-            if started.saturating_sub(first) > silence_after {
-                report.silent = true;
-                if self.watch.silent(first) {
-                    tracing::warn!(
-                        missing = report.missing,
-                        first_missing_at = first,
-                        "the webhook has not delivered messages for longer than \
-                         backfill.silence_alert_after: the service may have disabled the webhook \
-                         after failed deliveries: re-enable it in the bot's webhook settings"
-                    );
-                }
-            }
-        }
+        report.silent = self.note_silence(&report, oldest_message, started);
 
         // Up to where everything is known now. Messages come oldest first: when their list was
         // cut short the next pass starts at the newest one read (its `from` is the cursor minus
@@ -454,6 +340,95 @@ impl Backfill {
             );
         }
         Ok(report)
+    }
+
+    /// What the pass needs of the state of every conversation named, read once (not the states
+    /// themselves: a pass may name thousands).
+    async fn known_states(
+        &self,
+        conversations: &[Conversation],
+        messages: &[Message],
+    ) -> Result<HashMap<ConversationId, Option<Known>>, BackfillError> {
+        let mut named: HashMap<ConversationId, Vec<String>> = conversations
+            .iter()
+            .map(|c| (c.id.clone(), Vec::new()))
+            .collect();
+        for m in messages {
+            named
+                .entry(m.conversation_id.clone())
+                .or_default()
+                .push(m.id.clone());
+        }
+        self.blocking(move |s| {
+            named
+                .into_iter()
+                .map(|(id, listed)| {
+                    let known = s.conversation(&id)?.map(|st| Known::of(&st, &listed));
+                    Ok((id, known))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// A message of a conversation the bridge has no state for and the list did not show
+    /// (changed before the window): read the conversation itself, for its bot and end user.
+    async fn read_unseen(
+        &self,
+        conversations: &mut Vec<Conversation>,
+        messages: &[Message],
+        states: &HashMap<ConversationId, Option<Known>>,
+    ) -> Result<(), BackfillError> {
+        let listed_ids: std::collections::HashSet<&ConversationId> =
+            conversations.iter().map(|c| &c.id).collect();
+        let mut unseen: Vec<ConversationId> = messages
+            .iter()
+            .map(|m| &m.conversation_id)
+            .filter(|id| !matches!(states.get(*id), Some(Some(_))))
+            .filter(|id| !listed_ids.contains(*id))
+            .cloned()
+            .collect();
+        drop(listed_ids);
+        unseen.sort();
+        unseen.dedup();
+        for id in unseen {
+            self.limit.wait().await;
+            match self.api.get_conversation(id.as_str()).await {
+                Ok(c) => conversations.push(c),
+                // Gone at the service: its messages are still folded, under an unknown bot.
+                Err(UpstreamError::Status { status: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Silence: messages the webhook should have brought, missing for longer than
+    /// `silence_alert_after` with no delivery since (a delivery during this pass means the
+    /// webhook works, and what the pass found was only late). Whether the webhook is silent.
+    fn note_silence(
+        &self,
+        report: &PassReport,
+        oldest_message: Option<Millis>,
+        started: Millis,
+    ) -> bool {
+        let silence_after = millis(self.settings.silence_alert_after);
+        let Some(first) = self.watch.missing(oldest_message, started) else {
+            return false;
+        };
+        if started.saturating_sub(first) <= silence_after {
+            return false;
+        }
+        if self.watch.silent(first) {
+            tracing::warn!(
+                missing = report.missing,
+                first_missing_at = first,
+                "the webhook has not delivered messages for longer than \
+                 backfill.silence_alert_after: the service may have disabled the webhook \
+                 after failed deliveries: re-enable it in the bot's webhook settings"
+            );
+        }
+        true
     }
 
     async fn messages(
@@ -558,6 +533,92 @@ where
 
 /// Where the next pass reads from (before its overlap): the end of this pass's window, or, when
 /// the messages' list was cut short, the newest message read (plus the overlap the next pass
+/// What a pass read (the service's lists, the conversations' known states), from which it
+/// finds what the webhook did not deliver.
+struct Found<'a> {
+    conversations: &'a [Conversation],
+    messages: &'a [Message],
+    states: &'a HashMap<ConversationId, Option<Known>>,
+    /// The listed conversations by id.
+    listed: HashMap<&'a ConversationId, &'a Conversation>,
+}
+
+impl<'a> Found<'a> {
+    fn new(
+        conversations: &'a [Conversation],
+        messages: &'a [Message],
+        states: &'a HashMap<ConversationId, Option<Known>>,
+    ) -> Self {
+        let listed = conversations.iter().map(|c| (&c.id, c)).collect();
+        Found {
+            conversations,
+            messages,
+            states,
+            listed,
+        }
+    }
+
+    /// The conversation's bot: as the bridge knows it, else as the service listed it.
+    fn bot_of(&self, id: &ConversationId) -> String {
+        self.states
+            .get(id)
+            .and_then(|s| s.as_ref())
+            .and_then(|s| s.bot_id.as_ref())
+            .or_else(|| self.listed.get(id).and_then(|c| c.bot_id.as_ref()))
+            .map_or(NO_BOT.to_owned(), |b| b.as_str().to_owned())
+    }
+
+    /// The events the webhook did not deliver (messages the bridge does not know, and the
+    /// changes of conversations it missed), each at its time; and the oldest missing message's.
+    fn missing(&self, to: Millis, silent: bool) -> (Vec<(Millis, IncomingEvent)>, Option<Millis>) {
+        let mut missing: Vec<(Millis, IncomingEvent)> = Vec::new();
+        let mut with_missing: std::collections::HashSet<&ConversationId> = Default::default();
+        let mut oldest_message: Option<Millis> = None;
+        for m in self.messages {
+            let known = self
+                .states
+                .get(&m.conversation_id)
+                .and_then(|s| s.as_ref())
+                .is_some_and(|s| s.messages.contains(&m.id));
+            if known {
+                continue;
+            }
+            let at = m.timestamp.unwrap_or(to);
+            match model::webhook::backfill_message_event(m, &self.bot_of(&m.conversation_id), at) {
+                Ok(event) => {
+                    with_missing.insert(&m.conversation_id);
+                    oldest_message = Some(oldest_message.map_or(at, |o| o.min(at)));
+                    missing.push((at, event));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, conversation_id = %m.conversation_id, "a listed message cannot be backfilled")
+                }
+            }
+        }
+        // A conversation's change is inferred only where the webhook demonstrably missed
+        // something (messages of it missing, the webhook silent) or the bridge never heard of
+        // it: changes the service makes without a webhook (the bridge's own API calls, the
+        // builder) are the reconciliation sweeper's.
+        for c in self.conversations {
+            let Some(updated) = updated_ms(c) else {
+                continue;
+            };
+            let state = self.states.get(&c.id).and_then(|s| s.as_ref());
+            let missed = silent || state.is_none() || with_missing.contains(&c.id);
+            if !missed || !differs(state, c, updated) {
+                continue;
+            }
+            match model::webhook::backfill_conversation_event(c, &self.bot_of(&c.id), updated) {
+                Ok(event) => missing.push((updated, event)),
+                Err(e) => {
+                    tracing::warn!(error = %e, conversation_id = %c.id, "a listed conversation cannot be backfilled")
+                }
+            }
+        }
+        (missing, oldest_message)
+    }
+}
+
 /// takes off again), never behind the cursor nor past the window.
 fn next_cursor(
     cursor: Millis,

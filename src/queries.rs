@@ -447,7 +447,6 @@ pub fn audit(
     rules: &dyn engine::decide::Decide,
     conversation: &model::ids::ConversationId,
 ) -> Result<Option<Value>, StoreError> {
-    use engine::rules::explain::{self, Verdict};
     let Some(current) = store.conversation(conversation)? else {
         return Ok(None);
     };
@@ -459,7 +458,41 @@ pub fn audit(
         }
         std::ops::ControlFlow::Continue(())
     })?;
-    // What was recorded for each event: finished, dead, pending, failed templates.
+    let mut recorded = recorded_actions(store, &records, &current)?;
+    let mut rebuild = Rebuild {
+        store,
+        rules,
+        state: engine::state::ConversationState::new(conversation.clone()),
+        end_user: None,
+    };
+    let mut timeline = Vec::with_capacity(records.len());
+    for (record, pending) in records {
+        let mut item = rebuild.item(&record, pending)?;
+        let mut actions = recorded.remove(record.id.as_str()).unwrap_or_default();
+        // In decision order (outbox position), whatever became of them.
+        actions.sort_by_key(|a| a["seq"].as_u64().unwrap_or(u64::MAX));
+        item["actions"] = Value::Array(actions);
+        timeline.push(item);
+    }
+    Ok(Some(json!({
+        "conversation_id": conversation.as_str(),
+        "rules_version": rules.version(),
+        "note": "rules are re-evaluated with the rules in force now; each action shows the version that decided it",
+        "timers": current.timers,
+        "labels": current.labels,
+        "phase": current.handoff.phase.value,
+        "timeline": timeline,
+    })))
+}
+
+/// What was recorded for each event of the audit (by event id): finished, dead and pending
+/// actions, found through the ledger (a prefix range per event, then the records by seq: never
+/// the whole ledger, dead letters or outbox, whatever their size), and failed templates.
+fn recorded_actions(
+    store: &Store,
+    records: &[(storage::EventRecord, bool)],
+    current: &engine::state::ConversationState,
+) -> Result<std::collections::HashMap<String, Vec<Value>>, StoreError> {
     let mut recorded: std::collections::HashMap<String, Vec<Value>> = Default::default();
     let mut add = |entry: &model::action::OutboxEntry, status: &str, extra: Value| {
         let mut item = json!({
@@ -478,9 +511,7 @@ pub fn audit(
             .or_default()
             .push(item);
     };
-    // Each event's actions through the ledger (a prefix range per event), then their records
-    // by seq: never the whole ledger, dead letters or outbox, whatever their size.
-    for (record, _) in &records {
+    for (record, _) in records {
         let event = record.id.as_str();
         for seq in store.action_seqs_of_event(event)? {
             let ours = |entry: &model::action::OutboxEntry| entry.event_id.as_str() == event;
@@ -512,98 +543,118 @@ pub fn audit(
                 "at": failed.at,
             }));
     }
-    let set = rules.rule_set();
-    let mut state = engine::state::ConversationState::new(conversation.clone());
-    let mut timeline = Vec::with_capacity(records.len());
-    let mut end_user = None;
-    for (record, pending) in records {
+    Ok(recorded)
+}
+
+/// The conversation's state rebuilt event by event as the fold did, for the audit's timeline.
+struct Rebuild<'a> {
+    store: &'a Store,
+    rules: &'a dyn engine::decide::Decide,
+    state: engine::state::ConversationState,
+    /// The end user as stored now (read once, when the conversation first names them).
+    end_user: Option<Option<engine::state::EndUserState>>,
+}
+
+impl Rebuild<'_> {
+    /// One event's line of the timeline: the event, and (when it parses) what the rules decided
+    /// for it and why; the state moves on past it.
+    fn item(&mut self, record: &storage::EventRecord, pending: bool) -> Result<Value, StoreError> {
         let mut item = json!({
             "received_at": record.received_at,
             "event_id": record.id.as_str(),
             "type": record.kind,
             "pending": pending,
         });
-        if let Ok(event) = model::webhook::parse_event(record.event.get()) {
-            if let model::webhook::model::Payload::Message(m) = &event.payload {
-                item["sender"] = json!(m.sender());
-                item["message_type"] = json!(m.data.kind.as_str());
-            }
-            if let Some(of) = model::action::echo::echo_of(&event) {
-                item["echo_of"] = json!(of);
-            }
-            // The end user as stored now (read once, when the conversation first names them).
-            let named = match &event.payload {
-                model::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
-                _ => None,
-            };
-            if let (None, Some(id)) = (&end_user, named.or_else(|| state.end_user_id.clone())) {
-                end_user = Some(store.end_user(&id)?);
-            }
-            let user = end_user.as_ref().and_then(Option::as_ref);
-            // The state the rules see (after the fold, before their firings are recorded), for
-            // the explanation; the decision itself comes from the fold's path below.
-            let before = state.clone();
-            let mut folded = state.clone();
-            let decides = folded.apply(&event);
-            let time = engine::decide::DecisionTime::at(record.received_at);
-            let decided =
-                engine::fold::fold_and_decide(&mut state, &event, rules, user, time, &mut |_| {
-                    Ok::<_, StoreError>(None)
-                })?;
-            if model::webhook::is_backfilled(&event) {
-                item["source"] = json!(model::webhook::BACKFILL_SOURCE);
-            }
-            if !decides {
-                match &event.payload {
-                    // The same message came by the other path (webhook or backfill) first.
-                    model::webhook::model::Payload::Message(m) => {
-                        item["duplicate_message"] = json!(m.id);
-                    }
-                    _ => item["stale_timer"] = json!(true),
+        let Ok(event) = model::webhook::parse_event(record.event.get()) else {
+            return Ok(item);
+        };
+        if let model::webhook::model::Payload::Message(m) = &event.payload {
+            item["sender"] = json!(m.sender());
+            item["message_type"] = json!(m.data.kind.as_str());
+        }
+        if let Some(of) = model::action::echo::echo_of(&event) {
+            item["echo_of"] = json!(of);
+        }
+        let named = match &event.payload {
+            model::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
+            _ => None,
+        };
+        if let (None, Some(id)) = (
+            &self.end_user,
+            named.or_else(|| self.state.end_user_id.clone()),
+        ) {
+            self.end_user = Some(self.store.end_user(&id)?);
+        }
+        let user = self.end_user.as_ref().and_then(Option::as_ref);
+        // The state the rules see (after the fold, before their firings are recorded), for the
+        // explanation; the decision itself comes from the fold's path below.
+        let before = self.state.clone();
+        let mut folded = self.state.clone();
+        let decides = folded.apply(&event);
+        let time = engine::decide::DecisionTime::at(record.received_at);
+        let decided = engine::fold::fold_and_decide(
+            &mut self.state,
+            &event,
+            self.rules,
+            user,
+            time,
+            &mut |_| Ok::<_, StoreError>(None),
+        )?;
+        if model::webhook::is_backfilled(&event) {
+            item["source"] = json!(model::webhook::BACKFILL_SOURCE);
+        }
+        if !decides {
+            match &event.payload {
+                // The same message came by the other path (webhook or backfill) first.
+                model::webhook::model::Payload::Message(m) => {
+                    item["duplicate_message"] = json!(m.id);
                 }
-            }
-            if let (Some(set), true) = (set, decides) {
-                let inputs = engine::decide::Inputs {
-                    before: Some(&before),
-                    end_user: user,
-                    queue: None,
-                };
-                let at = record.received_at;
-                let verdicts = explain::explain(set, &event, &folded, inputs, at);
-                let mut held = explain::conditions_held(set, &event, &folded, inputs, at);
-                let shown: Vec<Value> = verdicts
-                    .iter()
-                    .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
-                    .map(|v| rule_view(v, &decided, held.remove(&v.rule)))
-                    .collect();
-                item["rules"] = Value::Array(shown);
-            }
-            // Rebuild as the fold did: internal actions shape the state for later events.
-            for decision in &decided.decisions {
-                let id = model::action::action_id(&event.id, &decision.rule, decision.index);
-                engine::decide::apply_to_state(
-                    &decision.action,
-                    &mut state,
-                    record.received_at,
-                    &id,
-                );
+                _ => item["stale_timer"] = json!(true),
             }
         }
-        let mut actions = recorded.remove(record.id.as_str()).unwrap_or_default();
-        // In decision order (outbox position), whatever became of them.
-        actions.sort_by_key(|a| a["seq"].as_u64().unwrap_or(u64::MAX));
-        item["actions"] = Value::Array(actions);
-        timeline.push(item);
+        if let (Some(set), true) = (self.rules.rule_set(), decides) {
+            let inputs = engine::decide::Inputs {
+                before: Some(&before),
+                end_user: user,
+                queue: None,
+            };
+            item["rules"] = explained(set, (&event, &folded), inputs, record.received_at, &decided);
+        }
+        // Rebuild as the fold did: internal actions shape the state for later events.
+        for decision in &decided.decisions {
+            let id = model::action::action_id(&event.id, &decision.rule, decision.index);
+            engine::decide::apply_to_state(
+                &decision.action,
+                &mut self.state,
+                record.received_at,
+                &id,
+            );
+        }
+        Ok(item)
     }
-    Ok(Some(json!({
-        "conversation_id": conversation.as_str(),
-        "rules_version": rules.version(),
-        "note": "rules are re-evaluated with the rules in force now; each action shows the version that decided it",
-        "timers": current.timers,
-        "labels": current.labels,
-        "phase": current.handoff.phase.value,
-        "timeline": timeline,
-    })))
+}
+
+/// Each rule that listens to the event, with what the fold decided and the explanation's
+/// reasons (see [`rule_view`]).
+fn explained(
+    set: &engine::rules::RuleSet,
+    (event, folded): (
+        &model::webhook::model::Event,
+        &engine::state::ConversationState,
+    ),
+    inputs: engine::decide::Inputs<'_>,
+    at: model::webhook::model::Millis,
+    decided: &engine::decide::Decided,
+) -> Value {
+    use engine::rules::explain::{self, Verdict};
+    let verdicts = explain::explain(set, event, folded, inputs, at);
+    let mut held = explain::conditions_held(set, event, folded, inputs, at);
+    let shown: Vec<Value> = verdicts
+        .iter()
+        .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
+        .map(|v| rule_view(v, decided, held.remove(&v.rule)))
+        .collect();
+    Value::Array(shown)
 }
 
 /// One rule's line in the audit: what the fold decided (fired or capped) wins over the

@@ -130,74 +130,18 @@ async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     let metrics = &intake.metrics;
     let outcome = |name: &str| metrics.deliveries.with_label_values(&[name]).inc();
-
-    let client = intake
-        .proxies
-        .client_ip(req.peer_addr().map(|a| a.ip()), req.headers());
-    if !intake.cidrs.allows(client) {
-        outcome("forbidden");
-        return Err(ApiError::forbidden("source address not allowed"));
+    if let Err((name, refusal)) = authenticate(&req, path_token.as_deref(), &intake) {
+        outcome(name);
+        return Err(refusal);
     }
-    // The token may be the last path segment or a `token` query parameter (both forms appear in
-    // registered URLs).
-    let query_token = web::Query::<TokenQuery>::from_query(req.query_string())
-        .ok()
-        .and_then(|q| q.into_inner().token);
-    let authenticated = [path_token.as_deref(), query_token.as_deref()]
-        .into_iter()
-        .flatten()
-        .fold(false, |ok, t| intake.tokens.accepts(t) | ok);
-    if !authenticated {
-        outcome("unauthorized");
-        return Err(ApiError::unauthorized("missing or invalid webhook token"));
-    }
-
-    let limit = intake.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        outcome("too_large");
-        return Err(too_large(limit));
-    }
-    // The body's share of the in-flight budget, taken only now that the caller is authenticated
-    // (a caller without the token never holds any of it), and held until the delivery is handed on.
-    let _share = match crate::body_budget::admit(&req).await {
-        Ok(share) => share,
-        Err(busy) => {
-            outcome("busy");
-            return Ok(busy);
+    // The body's share of the in-flight budget is held until the delivery is handed on.
+    let (_share, body) = match receive_body(&req, payload, &intake).await {
+        Ok(received) => received,
+        Err((name, answer)) => {
+            outcome(name);
+            return answer;
         }
     };
-    // The buffer is sized once from the declared length (at most the limit), not grown by doubling
-    // (which held up to twice the body while it grew).
-    let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));
-    let body = match read_body(payload, limit, capacity, intake.body_read_timeout).await {
-        Ok(body) => body,
-        Err(BodyError::TooLarge) => {
-            outcome("too_large");
-            return Err(too_large(limit));
-        }
-        Err(BodyError::Timeout) => {
-            outcome("timeout");
-            return Err(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                "request body was not received in time",
-            ));
-        }
-        Err(BodyError::Read(e)) => {
-            outcome("timeout");
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "body_read_failed",
-                format!("request body could not be read: {e}"),
-            ));
-        }
-    };
-
     let content_type = req.content_type().to_owned();
     let now = intake.clock.now_millis();
     let checks = intake.checks(now);
@@ -225,42 +169,13 @@ async fn handle(
             ));
         }
     };
-    let stored = match parsed {
-        Ok(parsed) => {
-            tracing::Span::current().record("delivery_id", tracing::field::display(&parsed.id));
-            let (job, kinds, invalid) = accept_job(parsed, Some(&content_type), now);
-            let delivery_id = job.delivery.clone();
-            // Invalid events are quarantined in sled: a start that logs deliveries while sled
-            // opens holds this one until it is open.
-            let accepted = async {
-                if !job.invalid.is_empty() {
-                    store_when_open(&intake.writer).await?;
-                }
-                intake.writer.accept(job).await
-            };
-            accepted
-                .await
-                .map(|accepted| Ingested::new(delivery_id, accepted, kinds, invalid))
-        }
-        Err((reason, detail)) => {
-            // Rare path: written here (once the store is open), then made durable by a flush
-            // of the writer.
-            let content_type = content_type.clone();
-            let quarantined = async {
-                let store = store_when_open(&intake.writer).await?;
-                let quarantine = move || {
-                    quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
-                };
-                match off_worker_if(large, quarantine).await {
-                    Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
-                    Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
-                    Err(e) => Err(WriterError::Store(e.to_string())),
-                }
-            };
-            quarantined.await
-        }
+    let judged = Judged {
+        body,
+        content_type,
+        now,
+        large,
     };
-    let ingested = match stored {
+    let ingested = match store_delivery(&intake, parsed, judged).await {
         Ok(i) => i,
         Err(WriterError::Opening) => {
             outcome("unavailable");
@@ -288,6 +203,137 @@ async fn handle(
         tracing::debug!(delivery_id = ?receipt.delivery_id, accepted = receipt.accepted, duplicates = receipt.duplicates, "delivery stored");
     }
     Ok(HttpResponse::Ok().json(receipt))
+}
+
+/// The caller may deliver: its address is allowed and it carries a webhook token, as the last
+/// path segment or a `token` query parameter (both forms appear in registered URLs). Else the
+/// outcome to count and the refusal.
+fn authenticate(
+    req: &HttpRequest,
+    path_token: Option<&str>,
+    intake: &Intake,
+) -> Result<(), (&'static str, ApiError)> {
+    let client = intake
+        .proxies
+        .client_ip(req.peer_addr().map(|a| a.ip()), req.headers());
+    if !intake.cidrs.allows(client) {
+        return Err((
+            "forbidden",
+            ApiError::forbidden("source address not allowed"),
+        ));
+    }
+    let query_token = web::Query::<TokenQuery>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.into_inner().token);
+    let authenticated = [path_token, query_token.as_deref()]
+        .into_iter()
+        .flatten()
+        .fold(false, |ok, t| intake.tokens.accepts(t) | ok);
+    if !authenticated {
+        return Err((
+            "unauthorized",
+            ApiError::unauthorized("missing or invalid webhook token"),
+        ));
+    }
+    Ok(())
+}
+
+/// An authenticated caller's body: its share of the in-flight budget (taken only now, so a
+/// caller without the token never holds any of it) and the body, read within the limit and the
+/// timeout. Else the outcome to count and the answer.
+async fn receive_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    intake: &Intake,
+) -> Result<
+    (Option<crate::body_budget::Share>, bytes::BytesMut),
+    (&'static str, Result<HttpResponse, ApiError>),
+> {
+    let limit = intake.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(("too_large", Err(too_large(limit))));
+    }
+    let share = crate::body_budget::admit(req)
+        .await
+        .map_err(|busy| ("busy", Ok(busy)))?;
+    // The buffer is sized once from the declared length (at most the limit), not grown by doubling
+    // (which held up to twice the body while it grew).
+    let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));
+    match read_body(payload, limit, capacity, intake.body_read_timeout).await {
+        Ok(body) => Ok((share, body)),
+        Err(BodyError::TooLarge) => Err(("too_large", Err(too_large(limit)))),
+        Err(BodyError::Timeout) => Err((
+            "timeout",
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "request body was not received in time",
+            )),
+        )),
+        Err(BodyError::Read(e)) => Err((
+            "timeout",
+            Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_read_failed",
+                format!("request body could not be read: {e}"),
+            )),
+        )),
+    }
+}
+
+/// A judged delivery's body (its tokens scrubbed) and what it was received with.
+struct Judged {
+    body: bytes::BytesMut,
+    content_type: String,
+    now: model::webhook::model::Millis,
+    /// Handled on the blocking pool (a body over `OFF_WORKER_OVER`).
+    large: bool,
+}
+
+/// Hand a valid delivery to the writer (its invalid events quarantined, once the store is
+/// open), or quarantine an invalid one whole (written once the store is open, then made durable
+/// by a flush of the writer).
+async fn store_delivery(
+    intake: &Intake,
+    parsed: Result<webhook::ParsedDelivery, (&'static str, String)>,
+    judged: Judged,
+) -> Result<Ingested, WriterError> {
+    let Judged {
+        body,
+        content_type,
+        now,
+        large,
+    } = judged;
+    match parsed {
+        Ok(parsed) => {
+            tracing::Span::current().record("delivery_id", tracing::field::display(&parsed.id));
+            let (job, kinds, invalid) = accept_job(parsed, Some(&content_type), now);
+            let delivery_id = job.delivery.clone();
+            // Invalid events are quarantined in sled: a start that logs deliveries while sled
+            // opens holds this one until it is open.
+            if !job.invalid.is_empty() {
+                store_when_open(&intake.writer).await?;
+            }
+            let accepted = intake.writer.accept(job).await?;
+            Ok(Ingested::new(delivery_id, accepted, kinds, invalid))
+        }
+        Err((reason, detail)) => {
+            let store = store_when_open(&intake.writer).await?;
+            let quarantine = move || {
+                quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
+            };
+            match off_worker_if(large, quarantine).await {
+                Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
+                Ok(Err(e)) => Err(WriterError::Store(e.to_string())),
+                Err(e) => Err(WriterError::Store(e.to_string())),
+            }
+        }
+    }
 }
 
 /// How long a delivery that needs the store (one to quarantine) waits for a start's store to
