@@ -285,20 +285,7 @@ fn run(
 ) {
     let healthy = &health.log;
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
-    let syncer_log = log.clone();
-    let syncer_store = store_rx.clone();
-    let syncer_health = health.clone();
-    let syncer = std::thread::Builder::new()
-        .name("store-syncer".into())
-        .spawn(move || {
-            sync_loop(
-                (syncer_log, syncer_store),
-                from_writer,
-                indexer,
-                observe,
-                syncer_health,
-            )
-        });
+    let syncer = spawn_syncer(&log, &store_rx, from_writer, indexer, observe, &health);
     // Known once attached (see `Writer::start_early`).
     let mut store: Option<Store> = None;
     let syncer = match syncer {
@@ -310,69 +297,8 @@ fn run(
         }
     };
     while let Some(first) = rx.blocking_recv() {
-        let mut accepts = Vec::new();
-        let mut flushes = Vec::new();
-        let mut take = |job| match job {
-            Job::Accept(job, reply) => accepts.push((job, reply)),
-            Job::Flush(reply) => flushes.push(reply),
-        };
-        take(first);
-        for _ in 1..MAX_GROUP {
-            match rx.try_recv() {
-                Ok(job) => take(job),
-                Err(_) => break,
-            }
-        }
-        let started = Instant::now();
-        let requests: Vec<AcceptRequest<'_>> =
-            accepts.iter().map(|(job, _)| job.request()).collect();
-        if store.is_none() {
-            store = store_rx.borrow().clone();
-        }
-        let checked = log.check(&requests, store.as_ref());
-        drop(requests);
-        let mut group = Group {
-            checked: Checked::default(),
-            replies: Vec::new(),
-            new_events: Vec::new(),
-            flushes,
-            started,
-        };
-        match checked {
-            Ok(checked) => {
-                for ((job, reply), accepted) in accepts.into_iter().zip(&checked.accepted) {
-                    let received_at = job.received_at;
-                    let new = accepted.pick_new(job.events);
-                    group.new_events.extend(accepted.new.iter().zip(new).map(
-                        |((seq, partition), ev)| NewEvent {
-                            seq: *seq,
-                            partition: partition.clone(),
-                            // Known once the syncer queues the frames.
-                            at: Location::default(),
-                            received_at,
-                            event: ev.event,
-                        },
-                    ));
-                    group.replies.push(reply);
-                }
-                group.checked = checked;
-            }
-            // A group with something to quarantine before the store opened (intake waits for the
-            // store first): refused, not a failure.
-            Err(super::StoreError::Opening) => {
-                for (_, reply) in accepts {
-                    let _ = reply.send(Err(WriterError::Opening));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, deliveries = accepts.len(), "cannot check deliveries");
-                healthy.store(false, Ordering::Relaxed);
-                for (_, reply) in accepts {
-                    let _ = reply.send(Err(WriterError::Store(e.to_string())));
-                }
-                // Flushes still go through the syncer, after what it already has.
-            }
-        }
+        let (accepts, flushes) = take_jobs(first, &mut rx);
+        let group = check_group(&log, (&store_rx, &mut store), accepts, flushes, healthy);
         if to_syncer.send(group).is_err() {
             tracing::error!("the store syncer stopped");
             healthy.store(false, Ordering::Relaxed);
@@ -382,6 +308,128 @@ fn run(
     drop(to_syncer);
     // The syncer finishes what it has and flushes sled.
     let _ = syncer.join();
+}
+
+/// Start the syncer thread on the writer's log, store and channels.
+fn spawn_syncer(
+    log: &IntakeLog,
+    store_rx: &tokio::sync::watch::Receiver<Option<Store>>,
+    from_writer: std::sync::mpsc::Receiver<Group>,
+    indexer: IndexerChannel,
+    observe: Observe,
+    health: &Arc<Health>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let syncer_log = log.clone();
+    let syncer_store = store_rx.clone();
+    let syncer_health = health.clone();
+    std::thread::Builder::new()
+        .name("store-syncer".into())
+        .spawn(move || {
+            sync_loop(
+                (syncer_log, syncer_store),
+                from_writer,
+                indexer,
+                observe,
+                syncer_health,
+            )
+        })
+}
+
+/// A delivery waiting for the writer, with its handler's reply channel.
+type PendingAccept = (AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>);
+
+/// One group's jobs: `first` and whatever else is queued now, up to [`MAX_GROUP`].
+fn take_jobs(
+    first: Job,
+    rx: &mut mpsc::UnboundedReceiver<Job>,
+) -> (
+    Vec<PendingAccept>,
+    Vec<oneshot::Sender<Result<(), WriterError>>>,
+) {
+    let mut accepts = Vec::new();
+    let mut flushes = Vec::new();
+    let mut take = |job| match job {
+        Job::Accept(job, reply) => accepts.push((job, reply)),
+        Job::Flush(reply) => flushes.push(reply),
+    };
+    take(first);
+    for _ in 1..MAX_GROUP {
+        match rx.try_recv() {
+            Ok(job) => take(job),
+            Err(_) => break,
+        }
+    }
+    (accepts, flushes)
+}
+
+/// Check a group's deliveries for duplicates and build what the syncer logs and answers; a
+/// group that cannot be checked is answered here and passes on only its flushes.
+fn check_group(
+    log: &IntakeLog,
+    (store_rx, store): (
+        &tokio::sync::watch::Receiver<Option<Store>>,
+        &mut Option<Store>,
+    ),
+    accepts: Vec<PendingAccept>,
+    flushes: Vec<oneshot::Sender<Result<(), WriterError>>>,
+    healthy: &AtomicBool,
+) -> Group {
+    let started = Instant::now();
+    let requests: Vec<AcceptRequest<'_>> = accepts.iter().map(|(job, _)| job.request()).collect();
+    if store.is_none() {
+        *store = store_rx.borrow().clone();
+    }
+    let checked = log.check(&requests, store.as_ref());
+    drop(requests);
+    let mut group = Group {
+        checked: Checked::default(),
+        replies: Vec::new(),
+        new_events: Vec::new(),
+        flushes,
+        started,
+    };
+    match checked {
+        Ok(checked) => fill_group(&mut group, accepts, checked),
+        // A group with something to quarantine before the store opened (intake waits for the
+        // store first): refused, not a failure.
+        Err(super::StoreError::Opening) => {
+            for (_, reply) in accepts {
+                let _ = reply.send(Err(WriterError::Opening));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, deliveries = accepts.len(), "cannot check deliveries");
+            healthy.store(false, Ordering::Relaxed);
+            for (_, reply) in accepts {
+                let _ = reply.send(Err(WriterError::Store(e.to_string())));
+            }
+            // Flushes still go through the syncer, after what it already has.
+        }
+    }
+    group
+}
+
+/// Give a checked group its deliveries' new events (in acceptance order), reply channels and
+/// check.
+fn fill_group(group: &mut Group, accepts: Vec<PendingAccept>, checked: Checked) {
+    for ((job, reply), accepted) in accepts.into_iter().zip(&checked.accepted) {
+        let received_at = job.received_at;
+        let new = accepted.pick_new(job.events);
+        group
+            .new_events
+            .extend(accepted.new.iter().zip(new).map(|((seq, partition), ev)| {
+                NewEvent {
+                    seq: *seq,
+                    partition: partition.clone(),
+                    // Known once the syncer queues the frames.
+                    at: Location::default(),
+                    received_at,
+                    event: ev.event,
+                }
+            }));
+        group.replies.push(reply);
+    }
+    group.checked = checked;
 }
 
 /// Logged groups waiting for the indexer: what the syncer hands it after each sync, gathered
@@ -497,32 +545,12 @@ fn index_loop(
     // The last failed attempt was followed by a successful probe write: another failure means
     // sled is stuck, not the disk full.
     let mut disk_was_writable = false;
-    let absorb = |backlog: &mut Backlog,
-                  waiters: &mut FlushWaiters,
-                  attached: &mut Option<(Store, Durable)>,
-                  message| match message {
-        ToIndexer::Index(mut more) => {
-            backlog.groups.append(&mut more.groups);
-            backlog.new_events.append(&mut more.new_events);
-            backlog.to = more.to.or(backlog.to);
-        }
-        ToIndexer::Flush(mut more) => waiters.append(&mut more),
-        ToIndexer::Attach(store) => *attached = Some(*store),
-    };
     loop {
         // With a backlog left by a failed checkpoint write, try again after a pause even if nothing
         // new comes.
-        let next = if backlog.to.is_some() && attached.is_some() {
-            match rx.recv_timeout(INDEX_RETRY_PAUSE) {
-                Ok(message) => Some(message),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        } else {
-            match rx.recv() {
-                Ok(message) => Some(message),
-                Err(_) => break,
-            }
+        let retrying = backlog.to.is_some() && attached.is_some();
+        let Ok(next) = next_for_indexer(&rx, retrying) else {
+            break;
         };
         if let Some(message) = next {
             absorb(&mut backlog, &mut waiters, &mut attached, message);
@@ -533,53 +561,124 @@ fn index_loop(
         let Some((store, durable)) = &attached else {
             continue;
         };
-        let events = backlog.new_events.len();
-        let indexed = backlog.index(store, durable);
-        if indexed.is_ok() {
-            waiting.release(events);
-        } else {
-            waiting.indexer_failed();
-        }
-        // Whatever the index did: what the waiters wrote is theirs, and a failing sled fails
-        // the flush too.
-        let flushed = match waiters.is_empty() {
-            true => Ok(()),
-            false => store.flush(),
-        };
-        // A failed sync of sled's file fails every flush from then on (`durable`), even while
-        // sled's own writes work: the store has failed as much as when sled's writer has.
-        let failed = store.sync_failure();
-        // Health first: whoever is answered a failed flush finds the writer unhealthy.
-        health.index.store(
-            indexed.is_ok() && flushed.is_ok() && failed.is_ok(),
-            Ordering::Relaxed,
+        let indexed = index_round(
+            &mut backlog,
+            &mut waiters,
+            (store, durable),
+            &health,
+            &waiting,
         );
-        if !waiters.is_empty() {
-            std::mem::take(&mut waiters).answer(answer_of(&flushed));
-        }
-        let indexed = indexed.and(flushed).and(failed);
-        match indexed {
-            Ok(()) => disk_was_writable = false,
-            Err(e) if disk_was_writable && e.is_disk_failure() => {
-                // sled 0.34 keeps the first I/O error of its log writer and returns it from
-                // every later call: a store that once hit a full disk stays failed after space
-                // returns, and only reopening it helps. Exit as a crash would (everything
-                // acknowledged is in the event log, found again on open), so the supervisor
-                // restarts the daemon on a store that works.
-                tracing::error!(
-                    error = %e,
-                    exit_code = STORE_STUCK_EXIT,
-                    "the store still fails although its disk takes writes again; exiting so a \
-                     restart reopens it"
-                );
-                std::process::exit(STORE_STUCK_EXIT);
-            }
-            Err(e) if e.is_disk_failure() => disk_was_writable = store.dir_takes_writes(),
-            Err(_) => disk_was_writable = false,
-        }
+        disk_was_writable = judge_index_round(indexed, store, disk_was_writable);
     }
-    // The syncer is gone: index what is left, so the next start has nothing to index again, and
-    // leave sled complete. Not attached: it is all in the log, which the next start indexes.
+    finish_indexing(backlog, waiters, attached);
+}
+
+/// The indexer's next message: `Ok(None)` when retrying and the pause passed without one,
+/// `Err` once the syncer (and every writer) is gone.
+fn next_for_indexer(
+    rx: &std::sync::mpsc::Receiver<ToIndexer>,
+    retrying: bool,
+) -> Result<Option<ToIndexer>, std::sync::mpsc::RecvError> {
+    if retrying {
+        match rx.recv_timeout(INDEX_RETRY_PAUSE) {
+            Ok(message) => Ok(Some(message)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::sync::mpsc::RecvError),
+        }
+    } else {
+        rx.recv().map(Some)
+    }
+}
+
+/// Add a message to what the indexer's next round handles.
+fn absorb(
+    backlog: &mut Backlog,
+    waiters: &mut FlushWaiters,
+    attached: &mut Option<(Store, Durable)>,
+    message: ToIndexer,
+) {
+    match message {
+        ToIndexer::Index(mut more) => {
+            backlog.groups.append(&mut more.groups);
+            backlog.new_events.append(&mut more.new_events);
+            backlog.to = more.to.or(backlog.to);
+        }
+        ToIndexer::Flush(mut more) => waiters.append(&mut more),
+        ToIndexer::Attach(store) => *attached = Some(*store),
+    }
+}
+
+/// One indexer round: index the backlog, flush sled for the waiters, set the indexer's health
+/// and answer the waiters; returns how the store fared.
+fn index_round(
+    backlog: &mut Backlog,
+    waiters: &mut FlushWaiters,
+    (store, durable): (&Store, &Durable),
+    health: &Health,
+    waiting: &IndexBacklog,
+) -> Result<(), super::StoreError> {
+    let events = backlog.new_events.len();
+    let indexed = backlog.index(store, durable);
+    if indexed.is_ok() {
+        waiting.release(events);
+    } else {
+        waiting.indexer_failed();
+    }
+    // Whatever the index did: what the waiters wrote is theirs, and a failing sled fails
+    // the flush too.
+    let flushed = match waiters.is_empty() {
+        true => Ok(()),
+        false => store.flush(),
+    };
+    // A failed sync of sled's file fails every flush from then on (`durable`), even while
+    // sled's own writes work: the store has failed as much as when sled's writer has.
+    let failed = store.sync_failure();
+    // Health first: whoever is answered a failed flush finds the writer unhealthy.
+    health.index.store(
+        indexed.is_ok() && flushed.is_ok() && failed.is_ok(),
+        Ordering::Relaxed,
+    );
+    if !waiters.is_empty() {
+        std::mem::take(waiters).answer(answer_of(&flushed));
+    }
+    indexed.and(flushed).and(failed)
+}
+
+/// After a round: whether it failed on a disk that takes writes (probed); a second disk failure
+/// once it does means sled is stuck, and exits the process for a restart.
+fn judge_index_round(
+    indexed: Result<(), super::StoreError>,
+    store: &Store,
+    disk_was_writable: bool,
+) -> bool {
+    match indexed {
+        Ok(()) => false,
+        Err(e) if disk_was_writable && e.is_disk_failure() => {
+            // sled 0.34 keeps the first I/O error of its log writer and returns it from
+            // every later call: a store that once hit a full disk stays failed after space
+            // returns, and only reopening it helps. Exit as a crash would (everything
+            // acknowledged is in the event log, found again on open), so the supervisor
+            // restarts the daemon on a store that works.
+            tracing::error!(
+                error = %e,
+                exit_code = STORE_STUCK_EXIT,
+                "the store still fails although its disk takes writes again; exiting so a \
+                 restart reopens it"
+            );
+            std::process::exit(STORE_STUCK_EXIT);
+        }
+        Err(e) if e.is_disk_failure() => store.dir_takes_writes(),
+        Err(_) => false,
+    }
+}
+
+/// The syncer is gone: index what is left, so the next start has nothing to index again, and
+/// leave sled complete. Not attached: it is all in the log, which the next start indexes.
+fn finish_indexing(
+    mut backlog: Backlog,
+    waiters: FlushWaiters,
+    attached: Option<(Store, Durable)>,
+) {
     match attached {
         Some((store, durable)) => {
             let _ = backlog.index(&store, &durable);
@@ -634,88 +733,16 @@ fn sync_loop(
     observe: Observe,
     health: Arc<Health>,
 ) {
-    let healthy = &health.log;
     let waiting = Arc::new(IndexBacklog::default());
-    let indexer = {
-        let (health, waiting) = (health.clone(), waiting.clone());
-        std::thread::Builder::new()
-            .name("store-indexer".into())
-            .spawn(move || index_loop(from_syncer, health, waiting))
-    };
-    let indexer = match indexer {
-        Ok(handle) => Some(handle),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the store indexer");
-            healthy.store(false, Ordering::Relaxed);
-            health.index.store(false, Ordering::Relaxed);
-            None
-        }
-    };
+    let indexer = spawn_indexer(from_syncer, &health, &waiting);
     while let Ok(first) = rx.recv() {
         let mut groups = vec![first];
         while let Ok(more) = rx.try_recv() {
             groups.push(more);
         }
-        let mut queued = Ok(());
-        for group in &mut groups {
-            match store.log_queue(std::mem::take(&mut group.checked.frames)) {
-                Ok(at) => {
-                    group.checked.unindexed.located(at);
-                    locate(&mut group.new_events, &group.checked.unindexed);
-                }
-                Err(e) => queued = Err(e),
-            }
-        }
-        let committed = queued.and_then(|()| store.log_commit());
-        let mut synced = Backlog::default();
-        let logged = match committed {
-            Ok(to) => {
-                synced.to = Some(to);
-                for group in &mut groups {
-                    synced
-                        .groups
-                        .push(std::mem::take(&mut group.checked.unindexed));
-                    synced
-                        .new_events
-                        .append(&mut std::mem::take(&mut group.new_events));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "event log write failed; answering 503");
-                store.log_discard();
-                for group in &groups {
-                    store.release_failed(std::slice::from_ref(&group.checked.unindexed));
-                }
-                Err(WriterError::Store(e.to_string()))
-            }
-        };
-        let mut waiters = FlushWaiters::default();
-        for group in &mut groups {
-            observe(group.started.elapsed(), group.replies.len());
-            let answer = match &logged {
-                Ok(()) if !group.checked.duplicates_hold(&store) => Err(WriterError::Store(
-                    "a delivery this one repeats failed to store; retry".to_owned(),
-                )),
-                other => other.clone(),
-            };
-            // Quarantine records are in sled only (a delivery itself is known by its frame).
-            let after_flush = answer.is_ok() && group.checked.quarantined;
-            for (reply, accepted) in group
-                .replies
-                .drain(..)
-                .zip(std::mem::take(&mut group.checked.accepted))
-            {
-                if after_flush {
-                    waiters.replies.push((reply, accepted));
-                } else {
-                    // The handler may have gone (client disconnected); the delivery is stored.
-                    let _ = reply.send(answer.clone().map(|()| accepted));
-                }
-            }
-            waiters.flushes.append(&mut group.flushes);
-        }
-        healthy.store(logged.is_ok(), Ordering::Relaxed);
+        let (synced, logged) = log_groups(&store, &mut groups);
+        let waiters = answer_groups(&store, &mut groups, &logged, &observe);
+        health.log.store(logged.is_ok(), Ordering::Relaxed);
         if synced.to.is_some() {
             waiting.reserve(synced.new_events.len(), &health);
             if to_indexer.send(ToIndexer::Index(synced)).is_err() {
@@ -744,6 +771,105 @@ fn sync_loop(
             tracing::error!(error = %e, "final store flush failed; the next start scans the log's tail again");
         }
     }
+}
+
+/// Start the indexer thread; without one, both halves of the writer are unhealthy.
+fn spawn_indexer(
+    from_syncer: std::sync::mpsc::Receiver<ToIndexer>,
+    health: &Arc<Health>,
+    waiting: &Arc<IndexBacklog>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let indexer = {
+        let (health, waiting) = (health.clone(), waiting.clone());
+        std::thread::Builder::new()
+            .name("store-indexer".into())
+            .spawn(move || index_loop(from_syncer, health, waiting))
+    };
+    match indexer {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the store indexer");
+            health.log.store(false, Ordering::Relaxed);
+            health.index.store(false, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// Append the groups' frames to the event log and sync it once. On success returns what the
+/// indexer is to index; on failure discards the frames and frees their ids.
+fn log_groups(store: &IntakeLog, groups: &mut [Group]) -> (Backlog, Result<(), WriterError>) {
+    let mut queued = Ok(());
+    for group in groups.iter_mut() {
+        match store.log_queue(std::mem::take(&mut group.checked.frames)) {
+            Ok(at) => {
+                group.checked.unindexed.located(at);
+                locate(&mut group.new_events, &group.checked.unindexed);
+            }
+            Err(e) => queued = Err(e),
+        }
+    }
+    let committed = queued.and_then(|()| store.log_commit());
+    let mut synced = Backlog::default();
+    let logged = match committed {
+        Ok(to) => {
+            synced.to = Some(to);
+            for group in groups.iter_mut() {
+                synced
+                    .groups
+                    .push(std::mem::take(&mut group.checked.unindexed));
+                synced
+                    .new_events
+                    .append(&mut std::mem::take(&mut group.new_events));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "event log write failed; answering 503");
+            store.log_discard();
+            for group in groups.iter() {
+                store.release_failed(std::slice::from_ref(&group.checked.unindexed));
+            }
+            Err(WriterError::Store(e.to_string()))
+        }
+    };
+    (synced, logged)
+}
+
+/// Answer the groups' deliveries as `logged` says, except those whose answer waits for a sled
+/// flush (quarantined events): returned with the groups' flush waiters, for the indexer.
+fn answer_groups(
+    store: &IntakeLog,
+    groups: &mut [Group],
+    logged: &Result<(), WriterError>,
+    observe: &Observe,
+) -> FlushWaiters {
+    let mut waiters = FlushWaiters::default();
+    for group in groups.iter_mut() {
+        observe(group.started.elapsed(), group.replies.len());
+        let answer = match logged {
+            Ok(()) if !group.checked.duplicates_hold(store) => Err(WriterError::Store(
+                "a delivery this one repeats failed to store; retry".to_owned(),
+            )),
+            other => other.clone(),
+        };
+        // Quarantine records are in sled only (a delivery itself is known by its frame).
+        let after_flush = answer.is_ok() && group.checked.quarantined;
+        for (reply, accepted) in group
+            .replies
+            .drain(..)
+            .zip(std::mem::take(&mut group.checked.accepted))
+        {
+            if after_flush {
+                waiters.replies.push((reply, accepted));
+            } else {
+                // The handler may have gone (client disconnected); the delivery is stored.
+                let _ = reply.send(answer.clone().map(|()| accepted));
+            }
+        }
+        waiters.flushes.append(&mut group.flushes);
+    }
+    waiters
 }
 
 /// A flush of the attached store, if any (see [`Writer::attach`]).
