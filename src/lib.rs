@@ -6,9 +6,8 @@
 pub mod app;
 mod backfill;
 pub mod background;
-mod backup;
+pub mod backup;
 mod body_budget;
-pub mod cli;
 mod client_addr;
 pub mod config;
 pub mod datadir;
@@ -18,11 +17,11 @@ pub mod intake;
 mod ops;
 pub mod outbox;
 mod prune;
-mod queries;
+pub mod queries;
 mod reconcile;
 #[cfg(test)]
 mod store_tests;
-mod telemetry;
+pub mod telemetry;
 #[cfg(test)]
 mod test_support;
 mod timers;

@@ -7,6 +7,8 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod cli;
+
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -14,8 +16,8 @@ fn main() -> ExitCode {
     // Everything the daemon and the CLI create (the store, sled's own files, the event log,
     // backups, generated secrets) is owner-only, whatever umask it was started with.
     handoff_bridge::datadir::private_umask();
-    let cli = handoff_bridge::cli::Cli::parse();
-    match handoff_bridge::cli::run(cli) {
+    let cli = cli::Cli::parse();
+    match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("handoff-bridge: {e}");

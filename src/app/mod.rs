@@ -61,6 +61,10 @@ pub enum AppError {
     Rules(#[from] engine::rules::LoadError),
     #[error("TLS: {0}")]
     Tls(String),
+    /// Only a restart mends the store (see `storage::Stuck`): end the process with this code, at
+    /// once, as a crash would.
+    #[error("the store is stuck; a restart mends it (exit code {exit_code})")]
+    Stuck { exit_code: i32 },
     #[error("cannot start thread {name}: {source}")]
     Thread {
         name: &'static str,
@@ -196,6 +200,8 @@ pub struct Application {
     tls_observer: upstream::tls::TlsObserver,
     fold_priority: crate::background::Priority,
     clock: model::clock::Clock,
+    /// A store only a restart mends (see `storage::Stuck`).
+    stuck: watch::Receiver<Option<i32>>,
     opening: Opening,
     opening_since: Instant,
 }
@@ -211,6 +217,7 @@ impl Application {
         let rules = engine::rules::live::LiveRules::new(load_rules(&config)?);
         // This application's time: its test clock moves it, and no other's.
         let clock = model::clock::Clock::new();
+        let (stuck, stuck_rx) = storage::Stuck::new();
         data.create().map_err(data_dir_error(&config))?;
         if let Some(mode) = data.loose_mode() {
             tracing::warn!(
@@ -278,7 +285,12 @@ impl Application {
         let (trust, tls_observer) = client_tls(&config, &metrics);
         let upstream = Upstream::start(&config, &metrics, &clock, (&trust, tls_observer.clone()))?;
         let fold_priority = fold_priority(&config.dispatch);
-        let opening = open_store(&config, &data, early_log, (fold_priority, clock.clone()));
+        let opening = open_store(
+            &config,
+            &data,
+            early_log,
+            (fold_priority, clock.clone(), stuck),
+        );
         let addrs = Addrs {
             public: public_addr,
             admin: admin_addr,
@@ -303,6 +315,7 @@ impl Application {
             tls_observer,
             fold_priority,
             clock,
+            stuck: stuck_rx,
             opening,
             opening_since: Instant::now(),
         })
@@ -326,8 +339,10 @@ impl Application {
         started: impl FnOnce(&Started),
     ) -> Result<Stopped, AppError> {
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut stuck = self.stuck.clone();
         let opened = tokio::select! {
             opened = &mut self.opening => opened,
+            code = stuck_code(&mut stuck) => return Err(AppError::Stuck { exit_code: code }),
             signal = &mut shutdown => {
                 // sled's replay cannot be cut short, and need not be: the caller ends the
                 // process, as a crash would, once the early listener has answered what it has.
@@ -365,7 +380,11 @@ impl Application {
         started(&serving.started);
         let addrs = self.addrs;
         tracing::info!(bound = %addrs.public, scheme = addrs.scheme, admin = ?addrs.admin, data_dir = %self.data.root().display(), upstream = self.config.upstream.mode(), "handoff-bridge started");
-        let result = serving.wait(shutdown.as_mut()).await;
+        let result = tokio::select! {
+            result = serving.wait(shutdown.as_mut()) => result,
+            // As a crash would: no stop in order (the next start finds what was in flight).
+            code = stuck_code(&mut stuck) => return Err(AppError::Stuck { exit_code: code }),
+        };
         running.shared.shutting_down.store(true, Ordering::Relaxed);
         serving.stop().await;
         self.stop(running).await;
@@ -900,6 +919,15 @@ impl Serving {
     }
 }
 
+/// The exit code once the store is reported stuck (never, while it is not).
+async fn stuck_code(stuck: &mut watch::Receiver<Option<i32>>) -> i32 {
+    match stuck.wait_for(Option::is_some).await {
+        Ok(code) => code.unwrap_or(storage::writer::STORE_STUCK_EXIT),
+        // The store and its report point are gone: nothing will be reported.
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// Each surface's limit on the bodies it reads: the admin API's (taken by the middleware), the
 /// webhook's and the agent API's (taken by their handlers, after authentication).
 fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
@@ -970,7 +998,11 @@ fn open_store(
     config: &Config,
     data: &DataDir,
     early_log: Option<storage::IntakeLog>,
-    (priority, clock): (crate::background::Priority, model::clock::Clock),
+    (priority, clock, stuck): (
+        crate::background::Priority,
+        model::clock::Clock,
+        storage::Stuck,
+    ),
 ) -> Opening {
     let store_path = data.store_path();
     let cache_capacity = config.store.cache_capacity_bytes;
@@ -990,7 +1022,7 @@ fn open_store(
             None => Store::open(&store_path, cache_capacity)?,
         };
         store.start_io_threads()?;
-        Ok::<_, AppError>(store.with_clock(clock))
+        Ok::<_, AppError>(store.with_clock(clock).with_stuck(stuck))
     };
     tokio::task::spawn_blocking(move || {
         crate::background::on_thread_at(priority, "store-open", open)

@@ -2,8 +2,8 @@
 //! through, and how it prints what it found.
 
 use super::CliError;
-use crate::config::Config;
-use crate::datadir::{DataDir, ADMIN_TOKEN_FILE};
+use handoff_bridge::config::Config;
+use handoff_bridge::datadir::{DataDir, ADMIN_TOKEN_FILE};
 use serde_json::Value;
 use storage::Store;
 

@@ -1,7 +1,7 @@
 //! `api`: one Open API call with the configured credentials.
 
 use super::{load_with, ApiArgs, CliError, ConfigArgs};
-use crate::config::{Config, Overrides};
+use handoff_bridge::config::{Config, Overrides};
 
 /// `handoff-bridge api`: load the config (`--upstream` over it), then make the call.
 pub(super) fn api_command(args: &ConfigArgs, call: ApiArgs) -> Result<(), CliError> {

@@ -1,14 +1,14 @@
 //! `backup` and `restore` of a stopped daemon's data directory.
 
 use super::{load, CliError, ConfigArgs};
-use crate::datadir::DataDir;
+use handoff_bridge::datadir::DataDir;
 use std::path::Path;
 
 /// `handoff-bridge backup`: copy the data directory into the backup directory `out`.
 pub(super) fn backup(args: &ConfigArgs, out: &Path) -> Result<(), CliError> {
     let config = load(args, None)?;
     let data = DataDir::new(&config.store.data_dir);
-    let m = crate::backup::backup(&data, out, config.store.cache_capacity_bytes)?;
+    let m = handoff_bridge::backup::backup(&data, out, config.store.cache_capacity_bytes)?;
     out!(
         "backed up {} to {}: {} sled trees, {} records, {} files ({} bytes)",
         data.root().display(),
@@ -25,7 +25,7 @@ pub(super) fn backup(args: &ConfigArgs, out: &Path) -> Result<(), CliError> {
 pub(super) fn restore(args: &ConfigArgs, from: &Path, force: bool) -> Result<(), CliError> {
     let config = load(args, None)?;
     let data = DataDir::new(&config.store.data_dir);
-    let m = crate::backup::restore(from, &data, force, config.store.cache_capacity_bytes)?;
+    let m = handoff_bridge::backup::restore(from, &data, force, config.store.cache_capacity_bytes)?;
     out!(
         "restored {} (taken {}, bridge {}) into {}: {} sled trees, {} records, {} files",
         from.display(),

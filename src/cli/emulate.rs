@@ -11,8 +11,8 @@ pub(super) fn emulator(
     webhook_url: Option<String>,
 ) -> Result<(), CliError> {
     use emulator::{sender, EmulatorConfig, Seed};
-    crate::telemetry::init(&crate::config::LogConfig {
-        format: crate::config::LogFormat::Human,
+    handoff_bridge::telemetry::init(&handoff_bridge::config::LogConfig {
+        format: handoff_bridge::config::LogFormat::Human,
         level: "info".into(),
     });
     let seed = match seed {

@@ -43,7 +43,7 @@ mod serve;
 
 pub use serve::shutdown_signal;
 
-use crate::config::{Config, ConfigError, Overrides};
+use handoff_bridge::config::{Config, ConfigError, Overrides};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -398,7 +398,7 @@ pub enum CliError {
     #[error(transparent)]
     Store(#[from] storage::StoreError),
     #[error(transparent)]
-    App(#[from] crate::app::AppError),
+    App(#[from] handoff_bridge::app::AppError),
     #[error("{0}")]
     NotFound(String),
     #[error("admin API: {0}")]
@@ -410,7 +410,7 @@ pub enum CliError {
     #[error(transparent)]
     Rules(#[from] engine::rules::LoadError),
     #[error(transparent)]
-    Backup(#[from] crate::backup::BackupError),
+    Backup(#[from] handoff_bridge::backup::BackupError),
 }
 
 impl CliError {
@@ -418,7 +418,7 @@ impl CliError {
         match self {
             CliError::Config(_) | CliError::Usage(_) | CliError::Rules(_) => ExitCode::from(2),
             // `serve` with bad rule files: invalid configuration, like `check` says.
-            CliError::App(crate::app::AppError::Rules(_)) => ExitCode::from(2),
+            CliError::App(handoff_bridge::app::AppError::Rules(_)) => ExitCode::from(2),
             _ => ExitCode::from(1),
         }
     }

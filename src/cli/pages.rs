@@ -2,9 +2,9 @@
 
 use super::admin::{enc, online, print_found};
 use super::{CliError, PageArgs};
-use crate::config::Config;
-use crate::datadir::DataDir;
-use crate::queries::{List, PAGE_MAX};
+use handoff_bridge::config::Config;
+use handoff_bridge::datadir::DataDir;
+use handoff_bridge::queries::{List, PAGE_MAX};
 use serde_json::Value;
 use storage::Store;
 

@@ -4,17 +4,17 @@
 use super::admin::{enc, online, print_found, read};
 use super::pages::{items, list_command, next_cursor, Pager, Unpaged};
 use super::{CliError, DlqCommand, OutboxCommand, QuarantineCommand, StateCommand};
-use crate::config::Config;
-use crate::queries::{List, PAGE_MAX};
+use handoff_bridge::config::Config;
+use handoff_bridge::queries::{List, PAGE_MAX};
 use serde_json::Value;
 use storage::Store;
 
 /// `handoff-bridge audit`: a conversation's timeline with the rules re-evaluated.
 pub(super) fn audit(config: &Config, conversation_id: &str) -> Result<(), CliError> {
     let path = format!("/admin/v1/conversations/{}/audit", enc(conversation_id));
-    let rules = crate::app::load_rules(config)?;
+    let rules = handoff_bridge::app::load_rules(config)?;
     let value = read(config, "GET", &path, |store| {
-        crate::queries::audit(store, rules.as_ref(), &conversation_id.into())
+        handoff_bridge::queries::audit(store, rules.as_ref(), &conversation_id.into())
     })?;
     print_found(value, || format!("no conversation {conversation_id}"))
 }
@@ -37,7 +37,7 @@ pub(super) fn state(config: &Config, action: StateCommand) -> Result<(), CliErro
                 enc(&user_key)
             );
             let value = read(config, "GET", &path, |store| {
-                crate::queries::find_end_user(store, &platform, &user_key)
+                handoff_bridge::queries::find_end_user(store, &platform, &user_key)
             })?;
             print_found(value, || format!("no end user {user_key} on {platform}"))
         }
@@ -106,7 +106,7 @@ pub(super) fn quarantine(config: &Config, action: QuarantineCommand) -> Result<(
                 |store| {
                     Ok(store
                         .quarantined_one(id)?
-                        .map(|r| crate::queries::quarantine_view(&r)))
+                        .map(|r| handoff_bridge::queries::quarantine_view(&r)))
                 },
             )?;
             print_found(value, || format!("no quarantine record {id}"))
@@ -144,7 +144,7 @@ fn quarantine_ids(config: &Config) -> Result<Vec<u64>, CliError> {
 
 /// Re-process the quarantine records `ids` in turn and print the results as one JSON array.
 fn reprocess(config: &Config, ids: Vec<u64>) -> Result<(), CliError> {
-    let scrubber = crate::intake::scrub::Scrubber::configured(config)
+    let scrubber = handoff_bridge::intake::scrub::Scrubber::configured(config)
         .map_err(|e| CliError::Usage(format!("webhook tokens: {e}")))?;
     let mut results = Vec::new();
     for id in ids {
@@ -159,7 +159,7 @@ fn reprocess(config: &Config, ids: Vec<u64>) -> Result<(), CliError> {
                     config.webhook.max_clock_skew,
                     now,
                 );
-                let out = crate::intake::reprocess_offline(store, id, &checks, now, &scrubber)?;
+                let out = handoff_bridge::intake::reprocess_offline(store, id, &checks, now, &scrubber)?;
                 store.flush()?;
                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
             },
@@ -197,7 +197,7 @@ pub(super) fn replay(
     if request.from >= request.to {
         return Err(CliError::Usage("--from must be before --to".into()));
     }
-    let rules = crate::app::load_rules(config)?;
+    let rules = handoff_bridge::app::load_rules(config)?;
     let path = format!(
         "/admin/v1/replay?from={}&to={}&dry_run={dry_run}&force={force}",
         request.from, request.to
@@ -306,7 +306,7 @@ fn dlq_drop(
 /// The seqs of a page of dead letters after `after`.
 fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, storage::StoreError> {
     Ok(store
-        .dead_letters_page(after, crate::queries::PAGE)?
+        .dead_letters_page(after, handoff_bridge::queries::PAGE)?
         .iter()
         .map(|l| l.entry.seq)
         .collect())

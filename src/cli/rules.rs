@@ -1,7 +1,7 @@
 //! `check` (the configuration and its rules) and `rules check|test` (tools for rule authors).
 
 use super::{load, load_with, CliError, ConfigArgs, RulesCommand};
-use crate::config::Overrides;
+use handoff_bridge::config::Overrides;
 use engine::rules::{explain, RuleSet};
 use engine::state::{ConversationState, EndUserState};
 use model::webhook::model::{Event, Millis};
@@ -25,7 +25,7 @@ pub(super) fn check(
         ..Overrides::default()
     };
     let config = load_with(args, overrides)?;
-    let rules = crate::app::rule_set(&config)?;
+    let rules = handoff_bridge::app::rule_set(&config)?;
     for note in &config.deprecated {
         out!("# warning: {note}");
     }
@@ -72,7 +72,7 @@ pub(super) fn rules_command(args: &ConfigArgs, action: RulesCommand) -> Result<(
 /// empty), with the configured setting overrides; with the label to print for them.
 fn load_rule_set(args: &ConfigArgs, dir: Option<PathBuf>) -> Result<(String, RuleSet), CliError> {
     let config = load(args, None)?;
-    let overrides = crate::app::settings_overrides(&config);
+    let overrides = handoff_bridge::app::settings_overrides(&config);
     if let Some(dir) = dir {
         let set = RuleSet::load_dir_with(&dir, &overrides)?;
         return Ok((dir.display().to_string(), set));
@@ -82,7 +82,7 @@ fn load_rule_set(args: &ConfigArgs, dir: Option<PathBuf>) -> Result<(String, Rul
             "rules are turned off (rules.enabled = false): give a directory".into(),
         ));
     }
-    let set = crate::app::rule_set(&config)?
+    let set = handoff_bridge::app::rule_set(&config)?
         .ok_or_else(|| CliError::Usage("rules are turned off (rules.enabled = false)".into()))?;
     let label = if config.rules.dir.is_empty() {
         "shipped rules".to_owned()

@@ -1,7 +1,7 @@
 //! `serve`: the daemon, its start banner and the shutdown signals.
 
 use super::{load_with, CliError, ConfigArgs};
-use crate::config::{Config, Overrides};
+use handoff_bridge::config::{Config, Overrides};
 
 /// `handoff-bridge serve`: load the config (files checked), start the logs, run the daemon.
 pub(super) fn serve_command(
@@ -18,14 +18,14 @@ pub(super) fn serve_command(
         check_files: true,
     };
     let config = load_with(args, overrides)?;
-    crate::telemetry::init(&config.log);
+    handoff_bridge::telemetry::init(&config.log);
     serve(config)
 }
 
 /// `serve`: build the application on the configured listeners, say where it accepts webhooks
 /// while the store opens, run it until SIGTERM or SIGINT, and print the banner once it serves.
 fn serve(config: Config) -> Result<(), CliError> {
-    use crate::app::{Application, Listeners, Stopped};
+    use handoff_bridge::app::{Application, Listeners, Stopped};
     actix_web::rt::System::new().block_on(async move {
         // SIGTERM and SIGINT from here on stop the daemon in order, an early listener too.
         let signal = shutdown_signal();
@@ -36,17 +36,23 @@ fn serve(config: Config) -> Result<(), CliError> {
             let addrs = app.addrs();
             say!("accepting webhooks: {}://{}", addrs.scheme, addrs.public);
         }
-        match app.run(signal, banner).await? {
-            Stopped::InOrder => Ok(()),
+        match app.run(signal, banner).await {
+            Ok(Stopped::InOrder) => Ok(()),
+            // Only a restart mends the store: end at once, as a crash would (everything
+            // acknowledged is in the event log, found again on open).
+            Err(handoff_bridge::app::AppError::Stuck { exit_code }) => {
+                std::process::exit(exit_code)
+            }
+            Err(e) => Err(e.into()),
             // sled's open still runs on its thread and cannot be cut short: end here, as a
             // crash would (what the early listener answered is in the log).
-            Stopped::WhileOpening => std::process::exit(0),
+            Ok(Stopped::WhileOpening) => std::process::exit(0),
         }
     })
 }
 
 /// The start lines on stdout, the public listener's last: tests and scripts wait for it.
-fn banner(started: &crate::app::Started) {
+fn banner(started: &handoff_bridge::app::Started) {
     use std::io::IsTerminal as _;
     let addrs = &started.addrs;
     let (scheme, bound) = (addrs.scheme, addrs.public);

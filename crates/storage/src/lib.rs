@@ -640,6 +640,23 @@ pub struct Store {
     waiting: Arc<Mutex<queue::WaitingCounts>>,
     /// The daemon's time (its test clock's offset included): see [`Store::with_clock`].
     clock: model::clock::Clock,
+    /// Where a failure only a restart mends is reported: see [`Store::stuck`].
+    stuck: Stuck,
+}
+
+/// Where a failure of the store that only a restart mends is reported (a store that still fails
+/// after its disk takes writes again; a fold left half applied): the thread that finds it hands
+/// its exit code to whoever watches (the daemon ends at once, as a crash would, with that code)
+/// and stops for good.
+#[derive(Clone, Debug)]
+pub struct Stuck(Arc<tokio::sync::watch::Sender<Option<i32>>>);
+
+impl Stuck {
+    /// A report point, and what watches it.
+    pub fn new() -> (Stuck, tokio::sync::watch::Receiver<Option<i32>>) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (Stuck(Arc::new(tx)), rx)
+    }
 }
 
 /// The sled dedupe trees of layouts 1 and 2. Layout 1's records may name events whose bodies
@@ -664,6 +681,22 @@ impl Store {
     /// The daemon's time as this store reads it.
     pub fn clock(&self) -> &model::clock::Clock {
         &self.clock
+    }
+
+    /// The store reporting a failure only a restart mends to `stuck` (see [`Stuck`]). Set before
+    /// it is cloned.
+    pub fn with_stuck(mut self, stuck: Stuck) -> Self {
+        self.stuck = stuck;
+        self
+    }
+
+    /// Only a restart mends the store: report `exit_code` and stop the calling thread for good
+    /// (what it was doing is found again by the next start, as after a crash).
+    pub fn stuck(&self, exit_code: i32) -> ! {
+        self.stuck.0.send_replace(Some(exit_code));
+        loop {
+            std::thread::park();
+        }
     }
 
     /// Open (or create) the store under `dir`.
@@ -755,6 +788,7 @@ impl Store {
             half_applied: Default::default(),
             waiting: Default::default(),
             clock: model::clock::Clock::new(),
+            stuck: Stuck::new().0,
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;

@@ -645,7 +645,8 @@ fn index_round(
 }
 
 /// After a round: whether it failed on a disk that takes writes (probed); a second disk failure
-/// once it does means sled is stuck, and exits the process for a restart.
+/// once it does means sled is stuck: the store is reported stuck (the daemon exits for a
+/// restart).
 fn judge_index_round(
     indexed: Result<(), super::StoreError>,
     store: &Store,
@@ -665,7 +666,7 @@ fn judge_index_round(
                 "the store still fails although its disk takes writes again; exiting so a \
                  restart reopens it"
             );
-            std::process::exit(STORE_STUCK_EXIT);
+            store.stuck(STORE_STUCK_EXIT);
         }
         Err(e) if e.is_disk_failure() => store.dir_takes_writes(),
         Err(_) => false,
