@@ -420,6 +420,23 @@ struct Tasks {
     cert_reloader: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The background work's handles (the admin API steers them) and tasks (the stop waits for them).
+struct Background {
+    sweeper: crate::reconcile::Sweeper,
+    backfill: crate::backfill::Backfill,
+    pruner: crate::prune::Pruner,
+    reloader: crate::ops::reload::Reloader,
+    tasks: BackgroundTasks,
+}
+
+struct BackgroundTasks {
+    firer: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+    backfiller: Option<tokio::task::JoinHandle<()>>,
+    pruner: tokio::task::JoinHandle<()>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
 /// The parts of the pipeline the handlers need, started on an open store.
 struct Pipeline {
     writer: Writer,
@@ -452,6 +469,85 @@ impl Application {
             .with_label_values(&[self.config.upstream.mode()])
             .set(1);
         let pipeline = self.start_pipeline(&store, &stop_rx)?;
+        let writer = pipeline.writer.clone();
+        let background = self.start_background(&store, &pipeline, &stop_rx)?;
+        let config = &self.config;
+        let metrics = &self.metrics;
+        let upstream = &self.upstream.handle;
+        let executor = pipeline.executor.clone();
+        let intake = match &self.early {
+            Some(early) => early.intake.clone(),
+            None => intake_state(
+                config,
+                (metrics, &self.clock),
+                &self.webhook_watch,
+                writer.clone(),
+                &webhook_token.0,
+            )?,
+        };
+        let proxies = crate::client_addr::Proxies::new(
+            config.server.trusted_proxies.clone(),
+            config.server.proxy_header,
+        );
+        let agent_api = web::Data::new(crate::helpdesk::api::AgentApi::new(
+            config.helpdesk.clone(),
+            pipeline.verdicts.clone(),
+            metrics,
+            crate::helpdesk::api::Reach {
+                store: store.clone(),
+                writer: writer.clone(),
+                upstream: upstream.clone(),
+                proxies: proxies.clone(),
+                body_read_timeout: config.server.body_read_timeout,
+            },
+        ));
+        let shared = web::Data::new(Ops {
+            store,
+            writer: writer.clone(),
+            dispatch: pipeline.dispatch.clone(),
+            executor,
+            metrics: metrics.clone(),
+            intake: intake.clone(),
+            admin_tokens: TokenSet::new(vec![admin_token]),
+            admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
+            proxies,
+            test_clock: config.admin.test_clock,
+            shutting_down: AtomicBool::new(false),
+            emulator: self.upstream.emulator.as_ref().map(|e| e.emulator.clone()),
+            rules: background.reloader,
+            reconcile: background.sweeper,
+            backfill: background.backfill,
+            pruner: background.pruner,
+        });
+        Ok(Running {
+            shared,
+            agent_api,
+            intake,
+            writer,
+            webhook_token,
+            stop_tx,
+            stop_rx,
+            tasks: Tasks {
+                executor: pipeline.executor_task,
+                dispatcher: pipeline.dispatcher,
+                firer: background.tasks.firer,
+                sweeper: background.tasks.sweeper,
+                backfiller: background.tasks.backfiller,
+                pruner: background.tasks.pruner,
+                watcher: background.tasks.watcher,
+                cert_reloader: None,
+            },
+        })
+    }
+
+    /// The background work on an open store: the timer firer, the reconciliation sweeper, the
+    /// backfill, the store's size gauge, the pruner and the rule reloads.
+    fn start_background(
+        &self,
+        store: &Store,
+        pipeline: &Pipeline,
+        stop_rx: &watch::Receiver<bool>,
+    ) -> Result<Background, AppError> {
         let config = &self.config;
         let metrics = &self.metrics;
         let writer = pipeline.writer.clone();
@@ -513,67 +609,17 @@ impl Application {
         let watcher = reloader
             .clone()
             .spawn_watchers(config.rules.watch_interval, stop_rx.clone());
-        let intake = match &self.early {
-            Some(early) => early.intake.clone(),
-            None => intake_state(
-                config,
-                (metrics, &self.clock),
-                &self.webhook_watch,
-                writer.clone(),
-                &webhook_token.0,
-            )?,
-        };
-        let proxies = crate::client_addr::Proxies::new(
-            config.server.trusted_proxies.clone(),
-            config.server.proxy_header,
-        );
-        let agent_api = web::Data::new(crate::helpdesk::api::AgentApi::new(
-            config.helpdesk.clone(),
-            pipeline.verdicts.clone(),
-            metrics,
-            crate::helpdesk::api::Reach {
-                store: store.clone(),
-                writer: writer.clone(),
-                upstream: upstream.clone(),
-                proxies: proxies.clone(),
-                body_read_timeout: config.server.body_read_timeout,
-            },
-        ));
-        let shared = web::Data::new(Ops {
-            store,
-            writer: writer.clone(),
-            dispatch: pipeline.dispatch.clone(),
-            executor,
-            metrics: metrics.clone(),
-            intake: intake.clone(),
-            admin_tokens: TokenSet::new(vec![admin_token]),
-            admin_cidrs: CidrList::new(config.admin.allow_cidrs.clone()),
-            proxies,
-            test_clock: config.admin.test_clock,
-            shutting_down: AtomicBool::new(false),
-            emulator: self.upstream.emulator.as_ref().map(|e| e.emulator.clone()),
-            rules: reloader,
-            reconcile: sweeper,
+        Ok(Background {
+            sweeper,
             backfill,
             pruner: prune,
-        });
-        Ok(Running {
-            shared,
-            agent_api,
-            intake,
-            writer,
-            webhook_token,
-            stop_tx,
-            stop_rx,
-            tasks: Tasks {
-                executor: pipeline.executor_task,
-                dispatcher: pipeline.dispatcher,
+            reloader,
+            tasks: BackgroundTasks {
                 firer,
                 sweeper: sweeper_task,
                 backfiller,
                 pruner,
                 watcher,
-                cert_reloader: None,
             },
         })
     }
