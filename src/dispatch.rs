@@ -245,6 +245,17 @@ impl Queues {
         }
     }
 
+    /// Queue newly durable events (typed while the queues hold fewer than
+    /// [`MAX_EVENTS_IN_MEMORY`]), and where the log ended after them.
+    fn receive(&mut self, events: Vec<NewEvent>, log_end: Location) {
+        for e in events {
+            let keep = self.depth < MAX_EVENTS_IN_MEMORY;
+            let typed = keep.then(|| Box::new((e.received_at, e.event)));
+            self.push(e.partition, e.seq, Entry { at: e.at, typed });
+        }
+        self.received_end = self.received_end.max(log_end);
+    }
+
     /// Take up to `max` events from partitions that are not being processed, oldest partition
     /// first, each partition's events in order.
     fn next_job(&mut self, max: usize) -> Option<Job> {
@@ -319,6 +330,13 @@ impl Queues {
             self.ready.push_back(partition);
         }
         self.release_drained();
+    }
+
+    /// A fold job's partitions' batches finished ([`Queues::finish`]).
+    fn finish_job(&mut self, results: JobResult) {
+        for finished in results {
+            self.finish(finished);
+        }
     }
 
     /// One event (a copy) queued or being folded is gone.
@@ -562,6 +580,16 @@ impl Lifter {
     }
 }
 
+/// A fold's end as the dispatcher sees it: when it started, the watermark it wrote, and its
+/// partitions' batches (an error: it panicked).
+type Folded = (
+    tokio::time::Instant,
+    Location,
+    Result<JobResult, oneshot::error::RecvError>,
+);
+
+/// The dispatcher's loop, until `stop` turns true (or, in tests, every sender is gone and
+/// nothing is left); then the folds in flight commit.
 async fn run(
     workers: Workers,
     settings: DispatchSettings,
@@ -590,62 +618,24 @@ async fn run(
             let Some(job) = queues.next_job(settings.batch_size.max(1)) else {
                 break;
             };
-            let (store, metrics) = (store.clone(), metrics.clone());
-            let events: usize = job.iter().map(|(_, b)| b.len()).sum();
             let fold_from = queues.watermark(&job);
-            let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
-            let (rules, decided) = (settings.rules.current(), settings.decided.clone());
-            let verdicts = settings.verdicts.clone();
-            let (done_tx, done_rx) = oneshot::channel();
-            pool.spawn(move || {
-                let results = span.in_scope(|| {
-                    let fold = Fold {
-                        store: &store,
-                        metrics: &metrics,
-                        rules: rules.as_ref(),
-                        decided: decided.as_ref(),
-                        verdicts: verdicts.as_deref(),
-                    };
-                    process(&fold, job, fold_from)
-                });
-                let _ = done_tx.send(results);
-            });
+            let done_rx = spawn_fold(&pool, &store, &metrics, &settings, job, fold_from);
             let started = lift.started();
             inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, fold_from, r)));
         }
-        // Drained: raise the folds' watermark to the log's end as received (`Watermark`).
-        let mut raise_at = None;
         let drained = queues.depth == 0 && inflight.is_empty();
-        match watermark.next(drained, queues.received_end, tokio::time::Instant::now()) {
-            Raise::Nothing => {}
-            Raise::Later(at) => raise_at = Some(at),
-            Raise::Now(to) => drop(raise_watermark(&pool, &store, to)),
-        }
+        let raise_at = raise_when_drained(&mut watermark, &queues, drained, &pool, &store);
         let lift_at = lift.deadline();
         tokio::select! {
             msg = inputs.typed.recv(), if inputs.open => match msg {
                 Some((events, log_end)) => {
                     received += 1;
-                    for e in events {
-                        let keep = queues.depth < MAX_EVENTS_IN_MEMORY;
-                        let typed = keep.then(|| Box::new((e.received_at, e.event)));
-                        queues.push(e.partition, e.seq, Entry { at: e.at, typed });
-                    }
-                    queues.received_end = queues.received_end.max(log_end);
+                    queues.receive(events, log_end);
                 }
                 None => inputs.open = false,
             },
-            Some((started, fold_from, joined)) = inflight.next(), if !inflight.is_empty() => {
-                lift.finished(started);
-                watermark.committed(fold_from);
-                match joined {
-                    Ok(results) => {
-                        for finished in results {
-                            queues.finish(finished);
-                        }
-                    }
-                    Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
-                }
+            Some(folded) = inflight.next(), if !inflight.is_empty() => {
+                fold_ended(folded, &mut lift, &mut watermark, &mut queues);
             }
             // A fold in flight has waited for a CPU past `lift_after`.
             () = sleep_until_some(lift_at) => lift.check(&metrics),
@@ -656,34 +646,123 @@ async fn run(
             // Resumed (or paused): look at the queues again.
             Ok(()) = inputs.paused.changed() => {}
         }
-        metrics.inbox_depth.set(queues.depth as i64);
-        // Before the progress: whoever sees the inbox drained sees the threads lowered.
-        lift.settle(&metrics, queues.depth == 0 && inflight.is_empty());
-        progress.send_replace(Progress {
-            depth: queues.depth,
-            received,
-        });
+        let drained = queues.depth == 0 && inflight.is_empty();
+        publish(&metrics, &lift, &progress, &queues, drained, received);
         if !inputs.open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
             // Every sender is gone and nothing is left: only happens in tests.
             let _ = stop.changed().await;
             break;
         }
     }
-    // Shutdown: let batches in flight commit; what is queued is found again by the next start.
+    wind_down(inflight, watermark, &mut queues, &pool, &store).await;
+    metrics.inbox_depth.set(queues.depth as i64);
+    tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
+}
+
+/// Start folding `job` on a fold thread, under the rules in force now, `fold_from` the watermark
+/// its commit writes; the receiver gets its partitions' batches.
+fn spawn_fold(
+    pool: &FoldThreads,
+    store: &Store,
+    metrics: &Metrics,
+    settings: &DispatchSettings,
+    job: Job,
+    fold_from: Location,
+) -> oneshot::Receiver<JobResult> {
+    let (store, metrics) = (store.clone(), metrics.clone());
+    let events: usize = job.iter().map(|(_, b)| b.len()).sum();
+    let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
+    let (rules, decided) = (settings.rules.current(), settings.decided.clone());
+    let verdicts = settings.verdicts.clone();
+    let (done_tx, done_rx) = oneshot::channel();
+    pool.spawn(move || {
+        let results = span.in_scope(|| {
+            let fold = Fold {
+                store: &store,
+                metrics: &metrics,
+                rules: rules.as_ref(),
+                decided: decided.as_ref(),
+                verdicts: verdicts.as_deref(),
+            };
+            process(&fold, job, fold_from)
+        });
+        let _ = done_tx.send(results);
+    });
+    done_rx
+}
+
+/// Drained: raise the folds' watermark to the log's end as received (`Watermark`), now on a fold
+/// thread, or say when to look again.
+fn raise_when_drained(
+    watermark: &mut Watermark,
+    queues: &Queues,
+    drained: bool,
+    pool: &FoldThreads,
+    store: &Store,
+) -> Option<tokio::time::Instant> {
+    match watermark.next(drained, queues.received_end, tokio::time::Instant::now()) {
+        Raise::Nothing => None,
+        Raise::Later(at) => Some(at),
+        Raise::Now(to) => {
+            drop(raise_watermark(pool, store, to));
+            None
+        }
+    }
+}
+
+/// A fold ended: it is no longer in flight, its watermark is written, and its partitions'
+/// batches finish.
+fn fold_ended(
+    (started, fold_from, joined): Folded,
+    lift: &mut Lifter,
+    watermark: &mut Watermark,
+    queues: &mut Queues,
+) {
+    lift.finished(started);
+    watermark.committed(fold_from);
+    match joined {
+        Ok(results) => queues.finish_job(results),
+        Err(_) => tracing::error!("a fold ended without a result (it panicked)"),
+    }
+}
+
+/// After each turn of the loop: the inbox depth, the fold threads lowered once drained, then
+/// the progress for [`DispatchHandle::wait_drained`].
+fn publish(
+    metrics: &Metrics,
+    lift: &Lifter,
+    progress: &watch::Sender<Progress>,
+    queues: &Queues,
+    drained: bool,
+    received: u64,
+) {
+    metrics.inbox_depth.set(queues.depth as i64);
+    // Before the progress: whoever sees the inbox drained sees the threads lowered.
+    lift.settle(metrics, drained);
+    progress.send_replace(Progress {
+        depth: queues.depth,
+        received,
+    });
+}
+
+/// Shutdown: let batches in flight commit (what is queued is found again by the next start),
+/// and make a raise held back by `RAISE_EVERY`, so the next start does not scan again.
+async fn wind_down(
+    mut inflight: impl futures_util::Stream<Item = Folded> + Unpin,
+    mut watermark: Watermark,
+    queues: &mut Queues,
+    pool: &FoldThreads,
+    store: &Store,
+) {
     while let Some((_, fold_from, joined)) = inflight.next().await {
         watermark.committed(fold_from);
         if let Ok(results) = joined {
-            for finished in results {
-                queues.finish(finished);
-            }
+            queues.finish_job(results);
         }
     }
-    // A raise held back by `RAISE_EVERY` is made now, so the next start does not scan again.
     if let Some(to) = watermark.at_stop(queues.depth == 0, queues.received_end) {
-        let _ = raise_watermark(&pool, &store, to).await;
+        let _ = raise_watermark(pool, store, to).await;
     }
-    metrics.inbox_depth.set(queues.depth as i64);
-    tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
 }
 
 /// Raise the folds' watermark to `to` on a fold thread (`Store::advance_fold_from` takes the fold
@@ -721,14 +800,84 @@ struct Fold<'a> {
 /// `fold_from` as the folds' watermark. Runs on a fold thread.
 fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
-    let mut batch: Vec<(u64, Event)> = Vec::new();
-    let mut partitions: Vec<PartitionKey> = Vec::new();
-    let mut received: Vec<Millis> = Vec::new();
-    let mut position = Position::default();
-    // Per partition: the entries this fold settles (folded or passed over), in order.
-    let mut settled: Vec<Vec<(u64, Location)>> = Vec::with_capacity(job.len());
-    let mut results: JobResult = Vec::with_capacity(job.len());
-    for (partition, entries) in job {
+    let Prepared {
+        batch,
+        partitions,
+        received,
+        mut position,
+        settled,
+        mut results,
+    } = Prepared::read(store, metrics, job);
+    position.fold_from = Some(job_fold_from(&results, fold_from));
+    for (seq, event) in &batch {
+        tracing::debug!(seq, event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
+    }
+    if batch.is_empty() && position.passed.is_empty() {
+        return results;
+    }
+    match store.fold(&batch, &partitions, fold.rules, &received, &position) {
+        Ok(applied) => {
+            fold_committed(fold, applied, received);
+            // Every folded (or skipped, or passed over) event is settled.
+            for (result, mine) in results.iter_mut().zip(settled) {
+                result.done = mine;
+            }
+            results
+        }
+        Err(e) => {
+            fold_failed(store, metrics, e);
+            // Queues are ordered by sequence, so putting these back restores each partition's
+            // order. A passed-over event is quarantined again on the retry.
+            for (result, mine) in results.iter_mut().zip(settled) {
+                result.failed.extend(mine);
+            }
+            results
+        }
+    }
+}
+
+/// A job's events as its fold takes them, and what becomes of each partition's batch.
+struct Prepared {
+    /// The events to fold, in order within each partition.
+    batch: Vec<(u64, Event)>,
+    /// Each event's partition.
+    partitions: Vec<PartitionKey>,
+    /// When each event was received.
+    received: Vec<Millis>,
+    /// The events passed over (quarantined); the watermark is set later.
+    position: Position,
+    /// Per partition: the entries this fold settles (folded or passed over), in order.
+    settled: Vec<Vec<(u64, Location)>>,
+    /// Per partition: the entries that go back to its queue (nothing done yet).
+    results: JobResult,
+}
+
+impl Prepared {
+    /// Each queued event of `job` in its typed form, read back from the log when it has none.
+    fn read(store: &Store, metrics: &Metrics, job: Job) -> Self {
+        let mut prepared = Prepared {
+            batch: Vec::new(),
+            partitions: Vec::new(),
+            received: Vec::new(),
+            position: Position::default(),
+            settled: Vec::with_capacity(job.len()),
+            results: Vec::with_capacity(job.len()),
+        };
+        for (partition, entries) in job {
+            prepared.add(store, metrics, partition, entries);
+        }
+        prepared
+    }
+
+    /// One partition's batch: its events up to the first that cannot be read (it and those after
+    /// it go back to the queue, in order).
+    fn add(
+        &mut self,
+        store: &Store,
+        metrics: &Metrics,
+        partition: PartitionKey,
+        entries: Vec<(u64, Entry)>,
+    ) {
         let mut mine = Vec::new();
         let mut failed = Vec::new();
         for (seq, entry) in entries {
@@ -745,102 +894,94 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
             match loaded {
                 Loaded::Event(typed) => {
                     let (received_at, event) = *typed;
-                    received.push(received_at);
-                    batch.push((seq, event));
-                    partitions.push(partition.clone());
+                    self.received.push(received_at);
+                    self.batch.push((seq, event));
+                    self.partitions.push(partition.clone());
                     mine.push((seq, at));
                 }
                 Loaded::Quarantined => {
-                    position.passed.push((partition.clone(), seq));
+                    self.position.passed.push((partition.clone(), seq));
                     mine.push((seq, at));
                 }
                 Loaded::Failed => failed.push((seq, at)),
             }
         }
-        settled.push(mine);
-        results.push(Finished {
+        self.settled.push(mine);
+        self.results.push(Finished {
             partition,
             done: Vec::new(),
             failed,
         });
     }
-    // The job's watermark counted every entry of it as folded by this commit: not one that
-    // goes back to its queue (a failed read, and what follows it in its partition).
+}
+
+/// The watermark the fold writes: the job's own counted every entry of the job as folded by
+/// this commit, so it is held back to the first that goes back to its queue (a failed read,
+/// and what follows it in its partition).
+fn job_fold_from(results: &JobResult, fold_from: Location) -> Location {
     let first_failed = results
         .iter()
         .flat_map(|r| r.failed.iter().map(|(_, at)| *at))
         .min();
-    position.fold_from = Some(first_failed.map_or(fold_from, |at| at.min(fold_from)));
-    for (seq, event) in &batch {
-        tracing::debug!(seq, event_id = %event.id, conversation_id = ?event.payload.conversation_id(), kind = %event.kind, "folding event");
+    first_failed.map_or(fold_from, |at| at.min(fold_from))
+}
+
+/// A fold committed: its outbox entries to the executor, its verdicts to the agent API's
+/// waiters, then its metrics.
+fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Millis>) {
+    let (store, metrics) = (fold.store, fold.metrics);
+    if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
+        tx.send(applied.outbox);
     }
-    if batch.is_empty() && position.passed.is_empty() {
-        return results;
+    // Committed: the agent API may answer from these verdicts now.
+    if let Some(waiters) = fold.verdicts {
+        waiters.complete(&applied.agent_verdicts);
     }
-    match store.fold(&batch, &partitions, fold.rules, &received, &position) {
-        Ok(applied) => {
-            if let (Some(tx), false) = (fold.decided, applied.outbox.is_empty()) {
-                tx.send(applied.outbox);
-            }
-            // Committed: the agent API may answer from these verdicts now.
-            if let Some(waiters) = fold.verdicts {
-                waiters.complete(&applied.agent_verdicts);
-            }
-            let now = store.clock().now_millis();
-            for at in received {
-                metrics
-                    .processing_seconds
-                    .observe((now - at).max(0) as f64 / 1000.0);
-            }
-            metrics.events_applied.inc_by(applied.applied as u64);
-            metrics.timers_pending.add(applied.timers_change);
-            for rule in &applied.capped {
-                metrics.rule_caps_hit.with_label_values(&[rule]).inc();
-            }
-            for rule in &applied.template_errors {
-                metrics
-                    .rule_template_errors
-                    .with_label_values(&[rule])
-                    .inc();
-            }
-            let entries = &metrics.state_entries;
-            entries
-                .with_label_values(&["conversations"])
-                .add(applied.new_conversations as i64);
-            entries
-                .with_label_values(&["end_users"])
-                .add(applied.new_end_users as i64);
-            entries
-                .with_label_values(&["bots"])
-                .add(applied.new_bots as i64);
-            // Every folded (or skipped, or passed over) event is settled.
-            for (result, mine) in results.iter_mut().zip(settled) {
-                result.done = mine;
-            }
-            results
-        }
-        Err(e) => {
-            metrics.dispatch_errors.inc();
-            if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
-                // Only a restart completes the fold (from its journal); while the disk is still
-                // full, a restart could not, so folds keep failing here until it has room.
-                let code = storage::writer::STORE_STUCK_EXIT;
-                tracing::error!(
-                    exit_code = code,
-                    "a fold is half applied; exiting so a restart completes it"
-                );
-                std::process::exit(code);
-            }
-            tracing::error!(error = %e, "folding batch failed; will retry");
-            std::thread::sleep(RETRY_PAUSE);
-            // Queues are ordered by sequence, so putting these back restores each partition's
-            // order. A passed-over event is quarantined again on the retry.
-            for (result, mine) in results.iter_mut().zip(settled) {
-                result.failed.extend(mine);
-            }
-            results
-        }
+    let now = store.clock().now_millis();
+    for at in received {
+        metrics
+            .processing_seconds
+            .observe((now - at).max(0) as f64 / 1000.0);
     }
+    metrics.events_applied.inc_by(applied.applied as u64);
+    metrics.timers_pending.add(applied.timers_change);
+    for rule in &applied.capped {
+        metrics.rule_caps_hit.with_label_values(&[rule]).inc();
+    }
+    for rule in &applied.template_errors {
+        metrics
+            .rule_template_errors
+            .with_label_values(&[rule])
+            .inc();
+    }
+    let entries = &metrics.state_entries;
+    entries
+        .with_label_values(&["conversations"])
+        .add(applied.new_conversations as i64);
+    entries
+        .with_label_values(&["end_users"])
+        .add(applied.new_end_users as i64);
+    entries
+        .with_label_values(&["bots"])
+        .add(applied.new_bots as i64);
+}
+
+/// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
+/// a restart completes it: the daemon exits), else a pause before its batches are tried again.
+fn fold_failed(store: &Store, metrics: &Metrics, e: storage::StoreError) {
+    metrics.dispatch_errors.inc();
+    if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
+        // Only a restart completes the fold (from its journal); while the disk is still
+        // full, a restart could not, so folds keep failing here until it has room.
+        let code = storage::writer::STORE_STUCK_EXIT;
+        tracing::error!(
+            exit_code = code,
+            "a fold is half applied; exiting so a restart completes it"
+        );
+        store.stuck(code);
+    }
+    tracing::error!(error = %e, "folding batch failed; will retry");
+    std::thread::sleep(RETRY_PAUSE);
 }
 
 enum Loaded {

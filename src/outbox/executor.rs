@@ -6,7 +6,7 @@ use super::backoff::{after_failure, AfterFailure};
 use super::breaker::Transition;
 use super::ledger::Ledger;
 use super::scheduler::{Outcome, Scheduler};
-use super::sink::{Attempt, Job, Reach, Sink, SinkKind};
+use super::sink::{Attempt, Dead, Job, Reach, Sink, SinkKind, Transient};
 use super::{Clock, ExecutorHandle, ExecutorSettings, Msg};
 use crate::ops::metrics::Metrics;
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
@@ -98,6 +98,13 @@ pub(super) struct Runner {
     pub clock: Clock,
 }
 
+/// When an attempt started and ended, in daemon time.
+#[derive(Clone, Copy)]
+struct AttemptTimes {
+    started: Millis,
+    now: Millis,
+}
+
 /// A finished attempt, back to the loop.
 struct Finished {
     queue: String,
@@ -115,6 +122,8 @@ impl Runner {
         on_ledger(&self.ledger, f).await
     }
 
+    /// The executor's loop, until `stop` turns true or every sender is gone; then the calls in
+    /// flight finish.
     pub(super) async fn run(
         self,
         mut sched: Scheduler,
@@ -129,82 +138,20 @@ impl Runner {
                 break;
             }
             // Room in the window: read the next pages of the outbox.
-            let mut more_pages = false;
-            if page_failed_at.is_none_or(|at| at.elapsed() >= STORE_RETRY_PAUSE) {
-                page_failed_at = None;
-                for _ in 0..PAGES_PER_TURN {
-                    let Some((kind, after, limit)) = sched.refill() else {
-                        break;
-                    };
-                    match runner.store(move |l| l.page(after, limit)).await {
-                        Ok(page) => sched.refilled(kind, page, limit, (runner.clock)()),
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot read the outbox; trying again");
-                            page_failed_at = Some(tokio::time::Instant::now());
-                            break;
-                        }
-                    }
-                }
-                more_pages = page_failed_at.is_none() && sched.refill().is_some();
-            }
+            let more_pages = runner.read_pages(&mut sched, &mut page_failed_at).await;
             let now = (runner.clock)();
-            let sinks = runner.sinks.clone();
-            let dests = move |e: &OutboxEntry| sinks.of(e).destinations(e);
-            while !runner.handle.is_paused() && inflight.len() < runner.settings.concurrency.max(1)
-            {
-                let Some(job) = sched.next(now, &dests) else {
-                    break;
-                };
-                let runner = runner.clone();
-                let e = &job.entry;
-                let span = tracing::info_span!("action", action_id = %e.id, event_id = %e.event_id, queue = %e.queue, action = e.action.name());
-                inflight.spawn(tracing::Instrument::instrument(
-                    async move { runner.carry_out(job).await },
-                    span,
-                ));
-            }
+            runner.start_due(&mut sched, &mut inflight, now);
             runner.publish(&sched);
-            // Sleep until the next due time in daemon time (the test clock's advance wakes it).
-            let wait = if more_pages {
-                Some(Duration::ZERO)
-            } else {
-                let page_retry =
-                    page_failed_at.map(|at| STORE_RETRY_PAUSE.saturating_sub(at.elapsed()));
-                // Nothing can start while paused or at the concurrency limit: then only a
-                // message or a finished call wakes the loop (no spinning on a past due time).
-                let can_start = !runner.handle.is_paused()
-                    && inflight.len() < runner.settings.concurrency.max(1);
-                let due = sched
-                    .next_wake()
-                    .filter(|_| can_start)
-                    .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0)));
-                match (due, page_retry) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
-            };
+            let wait = runner.wait(&sched, inflight.len(), more_pages, page_failed_at, now);
             let mut arrived = 0;
             tokio::select! {
                 _ = sleep(wait), if wait.is_some() => {}
                 msg = rx.recv() => match msg {
-                    Some(Msg::Entries(entries)) => {
-                        arrived = entries.len();
-                        sched.decided(entries, (runner.clock)());
-                    }
-                    Some(Msg::Retried(entry)) => {
-                        arrived = 1;
-                        sched.retried(*entry, (runner.clock)());
-                    }
-                    Some(Msg::Withdrawn(n)) => arrived = n,
-                    Some(Msg::Unblock(queue)) => sched.unblock(&queue, (runner.clock)()),
-                    Some(Msg::Wake) => {}
+                    Some(msg) => arrived = runner.take(&mut sched, msg),
                     None => break,
                 },
                 Some(joined) = inflight.join_next(), if !inflight.is_empty() => match joined {
-                    Ok(f) => {
-                        let changes = sched.finish(&f.queue, f.seq, f.outcome, &f.reached, (runner.clock)());
-                        runner.transitions(&changes);
-                    }
+                    Ok(f) => runner.finished(&mut sched, f),
                     Err(e) => tracing::error!(error = %e, "action task failed"),
                 },
                 // A dropped sender stops it too: `changed` would be ready at once forever.
@@ -224,13 +171,122 @@ impl Runner {
         // the outbox for the next start.
         while let Some(joined) = inflight.join_next().await {
             if let Ok(f) = joined {
-                let changes =
-                    sched.finish(&f.queue, f.seq, f.outcome, &f.reached, (runner.clock)());
-                runner.transitions(&changes);
+                runner.finished(&mut sched, f);
             }
         }
         runner.publish(&sched);
         tracing::info!(left_in_outbox = sched.depth(), "executor stopped");
+    }
+
+    /// Read up to [`PAGES_PER_TURN`] pages of the outbox into the scheduler, unless a read failed
+    /// less than [`STORE_RETRY_PAUSE`] ago. Returns whether more pages are to read at once.
+    async fn read_pages(
+        &self,
+        sched: &mut Scheduler,
+        page_failed_at: &mut Option<tokio::time::Instant>,
+    ) -> bool {
+        if !page_failed_at.is_none_or(|at| at.elapsed() >= STORE_RETRY_PAUSE) {
+            return false;
+        }
+        *page_failed_at = None;
+        for _ in 0..PAGES_PER_TURN {
+            let Some((kind, after, limit)) = sched.refill() else {
+                break;
+            };
+            match self.store(move |l| l.page(after, limit)).await {
+                Ok(page) => sched.refilled(kind, page, limit, (self.clock)()),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the outbox; trying again");
+                    *page_failed_at = Some(tokio::time::Instant::now());
+                    break;
+                }
+            }
+        }
+        page_failed_at.is_none() && sched.refill().is_some()
+    }
+
+    /// Whether another attempt may start: not paused, and below the concurrency limit.
+    fn can_start(&self, inflight: usize) -> bool {
+        !self.handle.is_paused() && inflight < self.settings.concurrency.max(1)
+    }
+
+    /// Start the entries due at `now`, each attempt its own task, while another may start.
+    fn start_due(
+        self: &Arc<Self>,
+        sched: &mut Scheduler,
+        inflight: &mut JoinSet<Finished>,
+        now: Millis,
+    ) {
+        let sinks = self.sinks.clone();
+        let dests = move |e: &OutboxEntry| sinks.of(e).destinations(e);
+        while self.can_start(inflight.len()) {
+            let Some(job) = sched.next(now, &dests) else {
+                break;
+            };
+            let runner = self.clone();
+            let e = &job.entry;
+            let span = tracing::info_span!("action", action_id = %e.id, event_id = %e.event_id, queue = %e.queue, action = e.action.name());
+            inflight.spawn(tracing::Instrument::instrument(
+                async move { runner.carry_out(job).await },
+                span,
+            ));
+        }
+    }
+
+    /// How long the loop sleeps unless woken: not at all while pages are left to read, else until
+    /// the next due time in daemon time (the test clock's advance wakes it) or the page read's
+    /// retry; `None`: until a message or a finished call.
+    fn wait(
+        &self,
+        sched: &Scheduler,
+        inflight: usize,
+        more_pages: bool,
+        page_failed_at: Option<tokio::time::Instant>,
+        now: Millis,
+    ) -> Option<Duration> {
+        if more_pages {
+            return Some(Duration::ZERO);
+        }
+        let page_retry = page_failed_at.map(|at| STORE_RETRY_PAUSE.saturating_sub(at.elapsed()));
+        // Nothing can start while paused or at the concurrency limit: then only a message or a
+        // finished call wakes the loop (no spinning on a past due time).
+        let can_start = self.can_start(inflight);
+        let due = sched
+            .next_wake()
+            .filter(|_| can_start)
+            .map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0)));
+        match (due, page_retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A message to the executor, taken into the scheduler. Returns how many entries in transit
+    /// it accounts for.
+    fn take(&self, sched: &mut Scheduler, msg: Msg) -> usize {
+        match msg {
+            Msg::Entries(entries) => {
+                let arrived = entries.len();
+                sched.decided(entries, (self.clock)());
+                arrived
+            }
+            Msg::Retried(entry) => {
+                sched.retried(*entry, (self.clock)());
+                1
+            }
+            Msg::Withdrawn(n) => n,
+            Msg::Unblock(queue) => {
+                sched.unblock(&queue, (self.clock)());
+                0
+            }
+            Msg::Wake => 0,
+        }
+    }
+
+    /// A finished attempt into the scheduler, and the circuits it opened or closed.
+    fn finished(&self, sched: &mut Scheduler, f: Finished) {
+        let changes = sched.finish(&f.queue, f.seq, f.outcome, &f.reached, (self.clock)());
+        self.transitions(&changes);
     }
 
     fn transitions(&self, changes: &[Transition]) {
@@ -303,84 +359,17 @@ impl Runner {
         }
         let queue = entry.queue.clone();
         let seq = entry.seq;
+        let at = AttemptTimes { started, now };
+        let sink = sink.as_ref();
         let outcome = match report.attempt {
             Attempt::Done => {
-                if report.delivered {
-                    self.metrics
-                        .action_latency_seconds
-                        .observe((now - entry.received_at).max(0) as f64 / 1000.0);
-                }
-                tracing::info!(attempts = state.attempts, "action carried out");
-                sink.forget(&entry);
-                self.record_done(entry, state, now).await
+                self.carried_out(sink, entry, state, report.delivered, now)
+                    .await
             }
-            Attempt::Dead(dead) => {
-                let blocking = self.settings.blocking.contains(name);
-                tracing::warn!(reason = %dead.reason, error = %dead.error, blocking, "action failed for good; moved to dead letters");
-                let letter = DeadLetter {
-                    reason: dead.reason,
-                    error: dead.error,
-                    attempts: state.attempts,
-                    first_attempt_at: state.first_attempt_at.unwrap_or(started),
-                    last_attempt_at: now,
-                    blocking,
-                    answered: dead.answered,
-                    entry,
-                };
-                sink.forget(&letter.entry);
-                self.record_dead(letter, state).await
-            }
+            Attempt::Dead(dead) => self.failed_for_good(sink, entry, state, dead, at).await,
             Attempt::Retry { after, failure } => {
-                // `after_failure` counts the attempt itself.
-                state.attempts = state.attempts.saturating_sub(1);
-                let error = failure.to_string();
-                let retry_after = after.or_else(|| failure.retry_after());
-                let verdict = after_failure(
-                    state,
-                    now,
-                    error.clone(),
-                    retry_after,
-                    &self.settings.retry,
-                    self.settings.give_up_after,
-                    &mut rand::rng(),
-                );
-                match verdict {
-                    AfterFailure::RetryAt(state) => {
-                        let next = state.next_attempt_at.unwrap_or(now);
-                        if state.failures == 1 {
-                            tracing::warn!(error = %error, retry_in_ms = next - now, "action failed; its queue waits and it is tried again");
-                        } else {
-                            tracing::debug!(error = %error, failures = state.failures, retry_in_ms = next - now, "action failed again");
-                        }
-                        self.save_state(seq, &state).await;
-                        let not_before = retry_after.map(|d| {
-                            let d = d.min(self.settings.retry.max_retry_after);
-                            now.saturating_add(super::backoff::millis(d))
-                        });
-                        Outcome::Retry { state, not_before }
-                    }
-                    AfterFailure::GiveUp(state) => {
-                        let blocking = self.settings.blocking.contains(name);
-                        let reason = failure.give_up_reason();
-                        tracing::warn!(reason = %reason, error = %error, attempts = state.attempts, blocking, "action failed for outbox.give_up_after; moved to dead letters");
-                        let letter = DeadLetter {
-                            reason,
-                            error: format!(
-                                "{error}; gave up after {} of failed attempts",
-                                humantime::format_duration(self.settings.give_up_after)
-                            ),
-                            attempts: state.attempts,
-                            first_attempt_at: state.first_attempt_at.unwrap_or(started),
-                            last_attempt_at: now,
-                            blocking,
-                            // A transient failure may follow an attempt that took effect.
-                            answered: false,
-                            entry,
-                        };
-                        sink.forget(&letter.entry);
-                        self.record_dead(letter, state).await
-                    }
-                }
+                self.failed_for_now(sink, entry, state, after, failure, at)
+                    .await
             }
             Attempt::Held => {
                 if report.attempted {
@@ -396,6 +385,141 @@ impl Runner {
             outcome,
             reached: report.reached,
         }
+    }
+
+    /// Done: its latency observed (when the destination took it now), the sink's memory of it
+    /// dropped, and its outcome recorded.
+    async fn carried_out(
+        &self,
+        sink: &dyn Sink,
+        entry: OutboxEntry,
+        state: RetryState,
+        delivered: bool,
+        now: Millis,
+    ) -> Outcome {
+        if delivered {
+            self.metrics
+                .action_latency_seconds
+                .observe((now - entry.received_at).max(0) as f64 / 1000.0);
+        }
+        tracing::info!(attempts = state.attempts, "action carried out");
+        sink.forget(&entry);
+        self.record_done(entry, state, now).await
+    }
+
+    /// Failed for good (the sink said so): moved to the dead letters.
+    async fn failed_for_good(
+        &self,
+        sink: &dyn Sink,
+        entry: OutboxEntry,
+        state: RetryState,
+        dead: Dead,
+        at: AttemptTimes,
+    ) -> Outcome {
+        let blocking = self.settings.blocking.contains(entry.action.name());
+        tracing::warn!(reason = %dead.reason, error = %dead.error, blocking, "action failed for good; moved to dead letters");
+        let letter = DeadLetter {
+            reason: dead.reason,
+            error: dead.error,
+            attempts: state.attempts,
+            first_attempt_at: state.first_attempt_at.unwrap_or(at.started),
+            last_attempt_at: at.now,
+            blocking,
+            answered: dead.answered,
+            entry,
+        };
+        sink.forget(&letter.entry);
+        self.record_dead(letter, state).await
+    }
+
+    /// A transient failure: the entry is tried again after the backoff, or moved to the dead
+    /// letters once it has failed for `outbox.give_up_after`.
+    async fn failed_for_now(
+        &self,
+        sink: &dyn Sink,
+        entry: OutboxEntry,
+        mut state: RetryState,
+        after: Option<Duration>,
+        failure: Transient,
+        at: AttemptTimes,
+    ) -> Outcome {
+        // `after_failure` counts the attempt itself.
+        state.attempts = state.attempts.saturating_sub(1);
+        let error = failure.to_string();
+        let retry_after = after.or_else(|| failure.retry_after());
+        let verdict = after_failure(
+            state,
+            at.now,
+            error.clone(),
+            retry_after,
+            &self.settings.retry,
+            self.settings.give_up_after,
+            &mut rand::rng(),
+        );
+        match verdict {
+            AfterFailure::RetryAt(state) => {
+                self.retry_at(entry.seq, state, &error, retry_after, at.now)
+                    .await
+            }
+            AfterFailure::GiveUp(state) => {
+                self.give_up(sink, entry, state, failure, error, at).await
+            }
+        }
+    }
+
+    /// Tried again at its next attempt time, and not before the wait the destination asked for
+    /// (at most `max_retry_after`): logged (a warning at the first failure), its state saved.
+    async fn retry_at(
+        &self,
+        seq: u64,
+        state: RetryState,
+        error: &str,
+        retry_after: Option<Duration>,
+        now: Millis,
+    ) -> Outcome {
+        let next = state.next_attempt_at.unwrap_or(now);
+        if state.failures == 1 {
+            tracing::warn!(error = %error, retry_in_ms = next - now, "action failed; its queue waits and it is tried again");
+        } else {
+            tracing::debug!(error = %error, failures = state.failures, retry_in_ms = next - now, "action failed again");
+        }
+        self.save_state(seq, &state).await;
+        let not_before = retry_after.map(|d| {
+            let d = d.min(self.settings.retry.max_retry_after);
+            now.saturating_add(super::backoff::millis(d))
+        });
+        Outcome::Retry { state, not_before }
+    }
+
+    /// Failed for `outbox.give_up_after`: moved to the dead letters.
+    async fn give_up(
+        &self,
+        sink: &dyn Sink,
+        entry: OutboxEntry,
+        state: RetryState,
+        failure: Transient,
+        error: String,
+        at: AttemptTimes,
+    ) -> Outcome {
+        let blocking = self.settings.blocking.contains(entry.action.name());
+        let reason = failure.give_up_reason();
+        tracing::warn!(reason = %reason, error = %error, attempts = state.attempts, blocking, "action failed for outbox.give_up_after; moved to dead letters");
+        let letter = DeadLetter {
+            reason,
+            error: format!(
+                "{error}; gave up after {} of failed attempts",
+                humantime::format_duration(self.settings.give_up_after)
+            ),
+            attempts: state.attempts,
+            first_attempt_at: state.first_attempt_at.unwrap_or(at.started),
+            last_attempt_at: at.now,
+            blocking,
+            // A transient failure may follow an attempt that took effect.
+            answered: false,
+            entry,
+        };
+        sink.forget(&letter.entry);
+        self.record_dead(letter, state).await
     }
 
     /// Why the entry waits, kept for a restart and the operator. A failure to write it costs

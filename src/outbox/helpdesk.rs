@@ -12,6 +12,7 @@ use futures_util::future::BoxFuture;
 use model::action::{Action, OutboxEntry};
 use model::helpdesk::DeskEventKind;
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use storage::Store;
 use upstream::api::OpenApi;
@@ -107,18 +108,6 @@ impl HelpdeskSink {
     /// One attempt at a help-desk event, to the endpoints its circuits allow.
     async fn deliver(&self, job: &Job, d: &mut Delivery) -> Report {
         let entry = &job.entry;
-        let dead = |reason: &str, error: String| {
-            Report::new(
-                Attempt::Dead(Dead {
-                    reason: reason.to_owned(),
-                    error,
-                    // The help desk keeps no answer under the id: a retry keeps it, so a help
-                    // desk that took it from another attempt still dedupes.
-                    answered: false,
-                }),
-                reason,
-            )
-        };
         let Action::NotifyHelpdesk {
             conversation_id,
             kind,
@@ -128,34 +117,10 @@ impl HelpdeskSink {
         else {
             return dead("invalid_call", "not a help-desk event".into());
         };
-        if DeskEventKind::parse(kind).is_none() {
-            // Rules refuse unknown kinds at load; this is an entry from an older rule set.
-            return dead(
-                "unknown_event_kind",
-                format!(
-                    "`{kind}` is not a help-desk event kind ({})",
-                    DeskEventKind::names()
-                ),
-            );
-        }
-        if !self.helpdesk.is_configured() {
-            tracing::debug!(kind = %kind, "no help desk configured; the event is recorded as done");
-            return Report::new(Attempt::Done, "no_helpdesk");
-        }
-        let targets: Vec<String> = self
-            .helpdesk
-            .targets(kind)
-            .into_iter()
-            .filter(|name| !d.delivered.contains(*name))
-            .map(str::to_owned)
-            .collect();
-        if targets.is_empty() {
-            if d.delivered.is_empty() {
-                tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
-                return Report::new(Attempt::Done, "no_endpoint");
-            }
-            return Report::delivered();
-        }
+        let targets = match self.targets_left(kind, d) {
+            ControlFlow::Continue(targets) => targets,
+            ControlFlow::Break(report) => return report,
+        };
         let (now_targets, later): (Vec<String>, Vec<String>) = targets
             .into_iter()
             .partition(|name| job.allowed.contains(&helpdesk_destination(name)));
@@ -173,16 +138,59 @@ impl HelpdeskSink {
                 built
             }
         };
+        let posted = self.post_to(&now_targets, entry, kind, &body, d).await;
+        posted.report(job, !now_targets.is_empty(), !later.is_empty())
+    }
+
+    /// The endpoints that take `kind` and have not taken the event yet, or the attempt's report
+    /// when none is left (an unknown kind, no help desk, no endpoint for it, every one took it).
+    fn targets_left(&self, kind: &str, d: &Delivery) -> ControlFlow<Report, Vec<String>> {
+        if DeskEventKind::parse(kind).is_none() {
+            // Rules refuse unknown kinds at load; this is an entry from an older rule set.
+            return ControlFlow::Break(dead(
+                "unknown_event_kind",
+                format!(
+                    "`{kind}` is not a help-desk event kind ({})",
+                    DeskEventKind::names()
+                ),
+            ));
+        }
+        if !self.helpdesk.is_configured() {
+            tracing::debug!(kind = %kind, "no help desk configured; the event is recorded as done");
+            return ControlFlow::Break(Report::new(Attempt::Done, "no_helpdesk"));
+        }
+        let targets: Vec<String> = self
+            .helpdesk
+            .targets(kind)
+            .into_iter()
+            .filter(|name| !d.delivered.contains(*name))
+            .map(str::to_owned)
+            .collect();
+        if targets.is_empty() {
+            if d.delivered.is_empty() {
+                tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
+                return ControlFlow::Break(Report::new(Attempt::Done, "no_endpoint"));
+            }
+            return ControlFlow::Break(Report::delivered());
+        }
+        ControlFlow::Continue(targets)
+    }
+
+    /// POST the event to each of `names` in turn, counting each outcome; an endpoint that took
+    /// it is added to `d.delivered`.
+    async fn post_to(
+        &self,
+        names: &[String],
+        entry: &OutboxEntry,
+        kind: &str,
+        body: &[u8],
+        d: &mut Delivery,
+    ) -> Posted {
         // Real time: the help desk checks the signature's timestamp against its own clock.
         let timestamp = model::clock::system_millis().div_euclid(1000);
-        let mut reached = Vec::new();
-        let mut refused = None;
-        let mut unavailable = None;
-        for name in &now_targets {
-            let result = self
-                .helpdesk
-                .post(name, entry.key(), &body, timestamp)
-                .await;
+        let mut posted = Posted::default();
+        for name in names {
+            let result = self.helpdesk.post(name, entry.key(), body, timestamp).await;
             let outcome = match &result {
                 Ok(()) => "delivered".to_owned(),
                 Err(e) => e.outcome(),
@@ -196,46 +204,19 @@ impl HelpdeskSink {
                 Ok(()) => {
                     tracing::info!(endpoint = %name, kind = %kind, "help-desk event delivered");
                     d.delivered.insert(name.clone());
-                    reached.push((destination, Reach::Answered));
+                    posted.reached.push((destination, Reach::Answered));
                 }
                 Err(e @ DeskError::Refused { .. }) => {
-                    reached.push((destination, Reach::Answered));
-                    refused.get_or_insert(e);
+                    posted.reached.push((destination, Reach::Answered));
+                    posted.refused.get_or_insert(e);
                 }
                 Err(e) => {
-                    reached.push((destination, Reach::Failed));
-                    unavailable.get_or_insert(e);
+                    posted.reached.push((destination, Reach::Failed));
+                    posted.unavailable.get_or_insert(e);
                 }
             }
         }
-        let mut report = if let Some(e) = refused {
-            dead(&format!("helpdesk_{}", e.outcome()), e.to_string())
-        } else if let Some(e) = unavailable {
-            let status = e.outcome();
-            // Warned once per event; the attempts after it (up to a day of them) are counted in
-            // the metrics and logged at debug.
-            if job.state.failures == 0 {
-                tracing::warn!(error = %e, "help desk unavailable; the event and its conversation's next ones wait");
-            } else {
-                tracing::debug!(error = %e, failures = job.state.failures, "help desk still unavailable");
-            }
-            let failure = Transient::Helpdesk(e);
-            Report::new(
-                Attempt::Retry {
-                    after: failure.retry_after(),
-                    failure,
-                },
-                status,
-            )
-        } else if !later.is_empty() {
-            let mut r = Report::new(Attempt::Held, "held");
-            r.attempted = !now_targets.is_empty();
-            r
-        } else {
-            Report::delivered()
-        };
-        report.reached = reached;
-        report
+        posted
     }
 
     /// The event's JSON body, from the conversation's state, the source event and (for
@@ -414,5 +395,69 @@ impl HelpdeskSink {
                 }
             }
         }
+    }
+}
+
+/// A dead letter's report: the event is not to be sent again.
+fn dead(reason: &str, error: String) -> Report {
+    Report::new(
+        Attempt::Dead(Dead {
+            reason: reason.to_owned(),
+            error,
+            // The help desk keeps no answer under the id: a retry keeps it, so a help desk that
+            // took it from another attempt still dedupes.
+            answered: false,
+        }),
+        reason,
+    )
+}
+
+/// What one attempt's POSTs came to: each endpoint's reach, and the first refusal and the first
+/// failure to reach one.
+#[derive(Default)]
+struct Posted {
+    reached: Vec<(String, Reach)>,
+    refused: Option<DeskError>,
+    unavailable: Option<DeskError>,
+}
+
+impl Posted {
+    /// The attempt's report: dead on a refusal, else a retry on a failure, else held while
+    /// endpoints not allowed now (`held`) still need it, else delivered. `attempted`: something
+    /// was posted.
+    fn report(self, job: &Job, attempted: bool, held: bool) -> Report {
+        let Posted {
+            reached,
+            refused,
+            unavailable,
+        } = self;
+        let mut report = if let Some(e) = refused {
+            dead(&format!("helpdesk_{}", e.outcome()), e.to_string())
+        } else if let Some(e) = unavailable {
+            let status = e.outcome();
+            // Warned once per event; the attempts after it (up to a day of them) are counted in
+            // the metrics and logged at debug.
+            if job.state.failures == 0 {
+                tracing::warn!(error = %e, "help desk unavailable; the event and its conversation's next ones wait");
+            } else {
+                tracing::debug!(error = %e, failures = job.state.failures, "help desk still unavailable");
+            }
+            let failure = Transient::Helpdesk(e);
+            Report::new(
+                Attempt::Retry {
+                    after: failure.retry_after(),
+                    failure,
+                },
+                status,
+            )
+        } else if held {
+            let mut r = Report::new(Attempt::Held, "held");
+            r.attempted = attempted;
+            r
+        } else {
+            Report::delivered()
+        };
+        report.reached = reached;
+        report
     }
 }
