@@ -1,7 +1,10 @@
 //! handoff-bridge: a sidecar between a chatbot-builder service and a help desk.
 //!
-//! Data flows one way: [`intake`] -> [`store`] -> [`dispatch`] -> the engine (`engine`); [`ops`] and the CLI
-//! sit at the edges. Start reading at `ARCHITECTURE.md`.
+//! The daemon: the composition root ([`app`]), its configuration and HTTP surfaces, the
+//! dispatcher, the outbox, timers, reconciliation, backfill and pruning, on the workspace's
+//! crates (`model`, `engine`, `storage`, `upstream`, `emulator`). Data flows one way: [`intake`]
+//! -> `storage` -> `dispatch` -> `engine` -> [`outbox`] -> `upstream`; the ops surface, the agent
+//! API and the CLI (the binary's) sit at the edges. Start reading at `ARCHITECTURE.md`.
 
 pub mod app;
 mod backfill;
