@@ -329,7 +329,7 @@ fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{delivery, one_message_rule, pending_records};
+    use crate::test_support::{delivery, one_message_rule, pending_records};
     use super::*;
 
     thread_local! {

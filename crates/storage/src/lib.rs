@@ -28,6 +28,8 @@ mod pages;
 pub mod queue;
 pub mod replay;
 pub mod retention;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod timers;
 pub mod watch;
 pub mod writer;
