@@ -43,8 +43,8 @@ mod serve;
 
 pub use serve::shutdown_signal;
 
-use handoff_bridge::config::{Config, ConfigError, Overrides};
 use clap::{Args, Parser, Subcommand};
+use handoff_bridge::config::{Config, ConfigError, Overrides};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -159,7 +159,8 @@ fn reprocess(config: &Config, ids: Vec<u64>) -> Result<(), CliError> {
                     config.webhook.max_clock_skew,
                     now,
                 );
-                let out = handoff_bridge::intake::reprocess_offline(store, id, &checks, now, &scrubber)?;
+                let out =
+                    handoff_bridge::intake::reprocess_offline(store, id, &checks, now, &scrubber)?;
                 store.flush()?;
                 Ok(out.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
             },

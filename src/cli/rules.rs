@@ -1,9 +1,9 @@
 //! `check` (the configuration and its rules) and `rules check|test` (tools for rule authors).
 
 use super::{load, load_with, CliError, ConfigArgs, RulesCommand};
-use handoff_bridge::config::Overrides;
 use engine::rules::{explain, RuleSet};
 use engine::state::{ConversationState, EndUserState};
+use handoff_bridge::config::Overrides;
 use model::webhook::model::{Event, Millis};
 use serde::de::DeserializeOwned;
 use serde_json::Value;

@@ -329,8 +329,8 @@ fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[cfg(test)]
 mod tests {
-    use crate::test_support::{delivery, one_message_rule, pending_records};
     use super::*;
+    use crate::test_support::{delivery, one_message_rule, pending_records};
 
     thread_local! {
         /// The journal writes applied on this thread fail (as a failing store would) after this
