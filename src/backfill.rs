@@ -208,7 +208,7 @@ pub enum BackfillError {
 
 /// What one pass did (the admin API's answer).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct PassReport {
+pub struct BackfillReport {
     /// The window read (daemon ms); both null on a first pass, which only sets the cursor.
     pub from: Option<Millis>,
     pub to: Option<Millis>,
@@ -270,7 +270,7 @@ impl Backfill {
     }
 
     /// Run one pass now (after the one running, if any).
-    pub async fn pass(&self) -> Result<PassReport, BackfillError> {
+    pub async fn pass(&self) -> Result<BackfillReport, BackfillError> {
         let _one = self.running.lock().await;
         let started = self.store.clock().now_millis();
         let Some(cursor) = self.blocking(|s| s.backfill_cursor()).await? else {
@@ -279,14 +279,14 @@ impl Backfill {
                 .await?;
             self.writer.flush().await?;
             tracing::info!("backfill starts from now (first pass on this store)");
-            return Ok(PassReport::default());
+            return Ok(BackfillReport::default());
         };
         let from = cursor.saturating_sub(millis(self.settings.overlap));
         let to = started;
-        let mut report = PassReport {
+        let mut report = BackfillReport {
             from: Some(from),
             to: Some(to),
-            ..PassReport::default()
+            ..BackfillReport::default()
         };
 
         let (mut conversations, conv_full) = self.conversations(from, to).await?;
@@ -408,7 +408,7 @@ impl Backfill {
     /// webhook works, and what the pass found was only late). Whether the webhook is silent.
     fn note_silence(
         &self,
-        report: &PassReport,
+        report: &BackfillReport,
         oldest_message: Option<Millis>,
         started: Millis,
     ) -> bool {

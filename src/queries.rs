@@ -156,14 +156,14 @@ impl Cursor for IdCursor {
 /// A list page's position: `limit` (default [`PAGE`], 1..=[`PAGE_MAX`]) items after the cursor
 /// `after` (the previous page's `next`; from the first when absent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Page<C = u64> {
+pub struct PageRequest<C = u64> {
     pub after: Option<C>,
     pub limit: usize,
 }
 
-impl<C: Cursor> Page<C> {
+impl<C: Cursor> PageRequest<C> {
     /// From the query's text values, as given (absent: the default).
-    pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<Page<C>, PageError> {
+    pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<PageRequest<C>, PageError> {
         let limit = match limit.map(str::trim) {
             None => PAGE,
             Some(text) => text
@@ -176,19 +176,19 @@ impl<C: Cursor> Page<C> {
             None => None,
             Some(text) => Some(C::parse(text).ok_or_else(|| PageError::Cursor(shown(text)))?),
         };
-        Ok(Page { after, limit })
+        Ok(PageRequest { after, limit })
     }
 }
 
 #[cfg(test)]
-impl<C> Page<C> {
-    fn first(limit: usize) -> Page<C> {
-        Page { after: None, limit }
+impl<C> PageRequest<C> {
+    fn first(limit: usize) -> PageRequest<C> {
+        PageRequest { after: None, limit }
     }
 
     /// The same size of page, after `cursor`.
-    fn after(self, cursor: C) -> Page<C> {
-        Page {
+    fn after(self, cursor: C) -> PageRequest<C> {
+        PageRequest {
             after: Some(cursor),
             ..self
         }
@@ -198,7 +198,7 @@ impl<C> Page<C> {
 /// Read one more than the page holds: the extra one only says another page follows, and the
 /// cursor to it is the page's last item's.
 fn paged<T, C>(
-    page: Page<C>,
+    page: PageRequest<C>,
     read: impl FnOnce(Option<C>, usize) -> Result<Vec<T>, StoreError>,
     cursor: impl Fn(&T) -> C,
 ) -> Result<(Vec<T>, Option<C>), StoreError> {
@@ -272,12 +272,12 @@ impl List {
     /// The page the query's text values ask for, with this list's kind of cursor.
     pub fn query(self, limit: Option<&str>, after: Option<&str>) -> Result<ListQuery, PageError> {
         Ok(match self {
-            List::Conversations => ListQuery::Conversations(Page::parse(limit, after)?),
-            List::EndUsers => ListQuery::EndUsers(Page::parse(limit, after)?),
-            List::Quarantine => ListQuery::Quarantine(Page::parse(limit, after)?),
-            List::Outbox => ListQuery::Outbox(Page::parse(limit, after)?),
-            List::Done => ListQuery::Done(Page::parse(limit, after)?),
-            List::DeadLetters => ListQuery::DeadLetters(Page::parse(limit, after)?),
+            List::Conversations => ListQuery::Conversations(PageRequest::parse(limit, after)?),
+            List::EndUsers => ListQuery::EndUsers(PageRequest::parse(limit, after)?),
+            List::Quarantine => ListQuery::Quarantine(PageRequest::parse(limit, after)?),
+            List::Outbox => ListQuery::Outbox(PageRequest::parse(limit, after)?),
+            List::Done => ListQuery::Done(PageRequest::parse(limit, after)?),
+            List::DeadLetters => ListQuery::DeadLetters(PageRequest::parse(limit, after)?),
         })
     }
 }
@@ -285,12 +285,12 @@ impl List {
 /// A valid page query of one list ([`List::query`]), read with [`ListQuery::read`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListQuery {
-    Conversations(Page<IdCursor>),
-    EndUsers(Page<IdCursor>),
-    Quarantine(Page),
-    Outbox(Page),
-    Done(Page),
-    DeadLetters(Page),
+    Conversations(PageRequest<IdCursor>),
+    EndUsers(PageRequest<IdCursor>),
+    Quarantine(PageRequest),
+    Outbox(PageRequest),
+    Done(PageRequest),
+    DeadLetters(PageRequest),
 }
 
 impl ListQuery {
@@ -375,7 +375,7 @@ impl From<engine::state::EndUserState> for EndUserSummary {
 
 /// One page of the conversations in id order, as summaries: `{"count", "conversations",
 /// "next"}`, read from the store a page at a time (`Store::conversations_page`).
-pub fn conversations_list(store: &Store, page: Page<IdCursor>) -> Result<Value, StoreError> {
+pub fn conversations_list(store: &Store, page: PageRequest<IdCursor>) -> Result<Value, StoreError> {
     let (states, next) = paged(
         page,
         |a, l| store.conversations_page(a.as_ref().map(IdCursor::id), l),
@@ -386,7 +386,7 @@ pub fn conversations_list(store: &Store, page: Page<IdCursor>) -> Result<Value, 
 }
 
 /// One page of the end users in id order, as summaries: `{"count", "end_users", "next"}`.
-pub fn end_users_list(store: &Store, page: Page<IdCursor>) -> Result<Value, StoreError> {
+pub fn end_users_list(store: &Store, page: PageRequest<IdCursor>) -> Result<Value, StoreError> {
     let (users, next) = paged(
         page,
         |a, l| store.end_users_page(a.as_ref().map(IdCursor::id), l),
@@ -398,7 +398,7 @@ pub fn end_users_list(store: &Store, page: Page<IdCursor>) -> Result<Value, Stor
 
 /// One page of the quarantine list, metadata only: `{"count", "records", "next"}`, and
 /// `next_after` (the same cursor, the name this list answered with first) while more remain.
-pub fn quarantine_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+pub fn quarantine_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
     let limit = page.limit.clamp(1, PAGE_MAX);
     let (records, next) = store.quarantine_page(page.after, limit)?;
     let mut value = page_json(List::Quarantine.items(), &records, next);
@@ -410,20 +410,20 @@ pub fn quarantine_list(store: &Store, page: Page) -> Result<Value, StoreError> {
 
 /// One page of the pending outbox entries, in decision order: `{"count", "entries", "next"}`.
 /// The caller adds what the executor knows (`depth`, `paused`).
-pub fn outbox_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+pub fn outbox_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
     let (entries, next) = paged(page, |a, l| store.outbox_page(a, l), |e| e.seq)?;
     Ok(page_json(List::Outbox.items(), &entries, next))
 }
 
 /// One page of the finished entries (done or dropped) still in the audit window, newest (highest
 /// seq) first: `{"count", "finished", "next"}`; `after` a seq gives the older ones below it.
-pub fn done_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+pub fn done_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
     let (records, next) = paged(page, |a, l| store.finished_page(a, l), |r| r.entry.seq)?;
     Ok(page_json(List::Done.items(), &records, next))
 }
 
 /// One page of the dead letters, oldest decision first: `{"count", "dead_letters", "next"}`.
-pub fn dead_letters_list(store: &Store, page: Page) -> Result<Value, StoreError> {
+pub fn dead_letters_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
     let (letters, next) = paged(page, |a, l| store.dead_letters_page(a, l), |l| l.entry.seq)?;
     Ok(page_json(List::DeadLetters.items(), &letters, next))
 }
@@ -646,12 +646,12 @@ fn explained(
     at: model::webhook::model::Millis,
     decided: &engine::decide::Decided,
 ) -> Value {
-    use engine::rules::explain::{self, Verdict};
+    use engine::rules::explain::{self, Judgement};
     let verdicts = explain::explain(set, event, folded, inputs, at);
     let mut held = explain::conditions_held(set, event, folded, inputs, at);
     let shown: Vec<Value> = verdicts
         .iter()
-        .filter(|v| !matches!(v.verdict, Verdict::NotListening | Verdict::Disabled))
+        .filter(|v| !matches!(v.verdict, Judgement::NotListening | Judgement::Disabled))
         .map(|v| rule_view(v, decided, held.remove(&v.rule)))
         .collect();
     Value::Array(shown)
@@ -664,7 +664,7 @@ fn rule_view(
     decided: &engine::decide::Decided,
     held: Option<Vec<engine::rules::condition::Observation>>,
 ) -> Value {
-    use engine::rules::explain::Verdict;
+    use engine::rules::explain::Judgement;
     if let Some(hit) = decided.capped.iter().find(|c| c.rule == v.rule) {
         return json!({
             "rule": v.rule,
@@ -698,13 +698,13 @@ fn rule_view(
         });
     }
     match &v.verdict {
-        Verdict::NoMatch { failure } => json!({
+        Judgement::NoMatch { failure } => json!({
             "rule": v.rule, "matched": false, "failed": failure,
         }),
-        Verdict::Stopped { by } => json!({
+        Judgement::Stopped { by } => json!({
             "rule": v.rule, "matched": false, "stopped_by": by,
         }),
-        Verdict::Echo { of } => json!({
+        Judgement::Echo { of } => json!({
             "rule": v.rule, "matched": false, "echo_of": of,
         }),
         _ => json!({"rule": v.rule, "matched": false}),
@@ -717,13 +717,13 @@ mod tests {
 
     #[test]
     fn a_page_query_is_a_limit_from_1_to_1000_and_a_seq_cursor() {
-        let page = |l: Option<&str>, a: Option<&str>| Page::<u64>::parse(l, a);
-        assert_eq!(page(None, None), Ok(Page::first(PAGE)));
+        let page = |l: Option<&str>, a: Option<&str>| PageRequest::<u64>::parse(l, a);
+        assert_eq!(page(None, None), Ok(PageRequest::first(PAGE)));
         assert_eq!(
             page(Some("1000"), Some("42")),
-            Ok(Page::first(1000).after(42))
+            Ok(PageRequest::first(1000).after(42))
         );
-        assert_eq!(page(Some(" 7 "), None), Ok(Page::first(7)));
+        assert_eq!(page(Some(" 7 "), None), Ok(PageRequest::first(7)));
         for bad in ["0", "1001", "-1", "ten", "", "1e3"] {
             let e = page(Some(bad), None).expect_err(bad);
             assert_eq!(e.code(), "invalid_limit", "{bad}");
@@ -754,7 +754,7 @@ mod tests {
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
                 "travels in a query unescaped: {text}"
             );
-            let page = Page::<IdCursor>::parse(Some("5"), Some(text)).expect(id);
+            let page = PageRequest::<IdCursor>::parse(Some("5"), Some(text)).expect(id);
             assert_eq!(page.after.as_ref().map(IdCursor::id), Some(id));
             assert_eq!(page.limit, 5);
         }
@@ -765,7 +765,7 @@ mod tests {
         };
         let long = "A".repeat(5000);
         for bad in ["", "!!", "a+b/", "abc=", "A", &not_utf8, &no_marker, &long] {
-            let e = Page::<IdCursor>::parse(None, Some(bad)).expect_err(bad);
+            let e = PageRequest::<IdCursor>::parse(None, Some(bad)).expect_err(bad);
             assert_eq!(e.code(), "invalid_cursor", "{bad:?}");
             assert!(e.to_string().len() < 200, "{e}");
         }

@@ -493,7 +493,7 @@ impl Application {
             config.helpdesk.clone(),
             pipeline.verdicts.clone(),
             metrics,
-            crate::helpdesk::api::Reach {
+            crate::helpdesk::api::Links {
                 store: store.clone(),
                 writer: writer.clone(),
                 upstream: upstream.clone(),

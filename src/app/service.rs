@@ -52,7 +52,7 @@ impl Upstream {
         clock: &model::clock::Clock,
         (trust, tls_observer): (&upstream::tls::Trust, upstream::tls::TlsObserver),
     ) -> Result<Upstream, AppError> {
-        use upstream::handle::{Endpoint, UpstreamHandle};
+        use upstream::handle::{Remote, UpstreamHandle};
         let up = &config.upstream;
         let mut settings = up.client_settings().map_err(AppError::Upstream)?;
         let (base_url, emulator) = if up.is_embedded() {
@@ -92,7 +92,7 @@ impl Upstream {
         let ca_file = if emulator.is_some() { "" } else { &up.ca_file };
         let tls = upstream::tls::ClientTls::new(trust, ca_file, "upstream", Some(tls_observer))
             .map_err(|e| AppError::Upstream(format!("upstream.ca_file: {e}")))?;
-        let endpoint = Endpoint {
+        let endpoint = Remote {
             base_url,
             connect_timeout: up.connect_timeout,
             request_timeout: up.request_timeout,

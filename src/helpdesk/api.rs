@@ -52,7 +52,7 @@ pub struct AgentApi {
 }
 
 /// What the agent API reaches besides its own settings.
-pub struct Reach {
+pub struct Links {
     pub store: storage::Store,
     pub writer: storage::Writer,
     pub upstream: upstream::handle::UpstreamHandle,
@@ -65,7 +65,7 @@ impl AgentApi {
         config: HelpdeskConfig,
         waiters: Arc<Waiters>,
         metrics: &crate::ops::metrics::Metrics,
-        reach: Reach,
+        reach: Links,
     ) -> Self {
         AgentApi {
             tokens: TokenSet::new(config.tokens.clone()),

@@ -2,7 +2,7 @@
 
 use super::admin::{blocking, list_page, PageQuery};
 use super::Ops;
-use crate::queries::{List, Page};
+use crate::queries::{List, PageRequest};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use api_error::ApiError;
@@ -136,7 +136,7 @@ async fn retry_all(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
     let mut after = None;
     loop {
         let store = shared.store.clone();
-        let page = Page {
+        let page = PageRequest {
             after,
             limit: crate::queries::PAGE,
         };

@@ -5,9 +5,9 @@
 use super::backoff::{after_failure, AfterFailure};
 use super::breaker::Transition;
 use super::ledger::Ledger;
-use super::scheduler::{Outcome, Scheduler};
+use super::scheduler::{Finish, Scheduler};
 use super::sink::{Attempt, Dead, Job, Reach, Sink, SinkKind, Transient};
-use super::{Clock, ExecutorHandle, ExecutorSettings, Msg};
+use super::{ExecutorHandle, ExecutorSettings, Msg, NowFn};
 use crate::ops::metrics::Metrics;
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::webhook::model::Millis;
@@ -95,7 +95,7 @@ pub(super) struct Runner {
     pub settings: ExecutorSettings,
     pub handle: ExecutorHandle,
     pub progress: watch::Sender<usize>,
-    pub clock: Clock,
+    pub clock: NowFn,
 }
 
 /// When an attempt started and ended, in daemon time.
@@ -109,7 +109,7 @@ struct AttemptTimes {
 struct Finished {
     queue: String,
     seq: u64,
-    outcome: Outcome,
+    outcome: Finish,
     reached: Vec<(String, Reach)>,
 }
 
@@ -375,9 +375,9 @@ impl Runner {
                 if report.attempted {
                     self.save_state(seq, &state).await;
                 }
-                Outcome::Held(state)
+                Finish::Held(state)
             }
-            Attempt::Stopped => Outcome::Again(state),
+            Attempt::Stopped => Finish::Again(state),
         };
         Finished {
             queue,
@@ -396,7 +396,7 @@ impl Runner {
         state: RetryState,
         delivered: bool,
         now: Millis,
-    ) -> Outcome {
+    ) -> Finish {
         if delivered {
             self.metrics
                 .action_latency_seconds
@@ -415,7 +415,7 @@ impl Runner {
         state: RetryState,
         dead: Dead,
         at: AttemptTimes,
-    ) -> Outcome {
+    ) -> Finish {
         let blocking = self.settings.blocking.contains(entry.action.name());
         tracing::warn!(reason = %dead.reason, error = %dead.error, blocking, "action failed for good; moved to dead letters");
         let letter = DeadLetter {
@@ -442,7 +442,7 @@ impl Runner {
         after: Option<Duration>,
         failure: Transient,
         at: AttemptTimes,
-    ) -> Outcome {
+    ) -> Finish {
         // `after_failure` counts the attempt itself.
         state.attempts = state.attempts.saturating_sub(1);
         let error = failure.to_string();
@@ -476,7 +476,7 @@ impl Runner {
         error: &str,
         retry_after: Option<Duration>,
         now: Millis,
-    ) -> Outcome {
+    ) -> Finish {
         let next = state.next_attempt_at.unwrap_or(now);
         if state.failures == 1 {
             tracing::warn!(error = %error, retry_in_ms = next - now, "action failed; its queue waits and it is tried again");
@@ -488,7 +488,7 @@ impl Runner {
             let d = d.min(self.settings.retry.max_retry_after);
             now.saturating_add(super::backoff::millis(d))
         });
-        Outcome::Retry { state, not_before }
+        Finish::Retry { state, not_before }
     }
 
     /// Failed for `outbox.give_up_after`: moved to the dead letters.
@@ -500,7 +500,7 @@ impl Runner {
         failure: Transient,
         error: String,
         at: AttemptTimes,
-    ) -> Outcome {
+    ) -> Finish {
         let blocking = self.settings.blocking.contains(entry.action.name());
         let reason = failure.give_up_reason();
         tracing::warn!(reason = %reason, error = %error, attempts = state.attempts, blocking, "action failed for outbox.give_up_after; moved to dead letters");
@@ -532,7 +532,7 @@ impl Runner {
     }
 
     /// Through the [`record_done`] task, with the outcomes of the entries finished meanwhile.
-    async fn record_done(&self, entry: OutboxEntry, state: RetryState, now: Millis) -> Outcome {
+    async fn record_done(&self, entry: OutboxEntry, state: RetryState, now: Millis) -> Finish {
         let record = DoneRecord {
             entry,
             outcome: "done".into(),
@@ -546,17 +546,17 @@ impl Runner {
             Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
             Err(_) => Err(stopped()),
         };
-        self.recorded(recorded.map(|()| Outcome::Done), state).await
+        self.recorded(recorded.map(|()| Finish::Done), state).await
     }
 
-    async fn record_dead(&self, letter: DeadLetter, state: RetryState) -> Outcome {
+    async fn record_dead(&self, letter: DeadLetter, state: RetryState) -> Finish {
         let metrics = self.metrics.clone();
         let blocking = letter.blocking;
         let reason = letter.reason.clone();
         let recorded = self.store(move |l| l.dead(&letter)).await.map(|()| {
             metrics.dead_letters.with_label_values(&[&reason]).inc();
             metrics.dead_letter_entries.inc();
-            Outcome::Dead { blocking }
+            Finish::Dead { blocking }
         });
         self.recorded(recorded.map_err(Arc::new), state).await
     }
@@ -564,15 +564,15 @@ impl Runner {
     /// The outcome once recorded; an entry whose outcome could not be recorded runs again.
     async fn recorded(
         &self,
-        recorded: Result<Outcome, Arc<StoreError>>,
+        recorded: Result<Finish, Arc<StoreError>>,
         state: RetryState,
-    ) -> Outcome {
+    ) -> Finish {
         match recorded {
             Ok(outcome) => outcome,
             Err(e) => {
                 tracing::error!(error = %e, "cannot record the action's outcome; it will run again");
                 tokio::time::sleep(STORE_RETRY_PAUSE).await;
-                Outcome::Again(state)
+                Finish::Again(state)
             }
         }
     }

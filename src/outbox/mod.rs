@@ -73,7 +73,7 @@ impl ExecutorSettings {
 
 /// The daemon's time as the executor reads it: the store's clock in the daemon, a clock on
 /// tokio's paused time in tests.
-pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
+pub type NowFn = Arc<dyn Fn() -> Millis + Send + Sync>;
 
 enum Msg {
     /// Durable entries to run; counted in `in_transit` until they arrive.
@@ -309,7 +309,7 @@ pub fn start(
         helpdesk: Arc::new(hd),
     };
     let daemon = store.clock().clone();
-    let clock: Clock = Arc::new(move || daemon.now_millis());
+    let clock: NowFn = Arc::new(move || daemon.now_millis());
     start_with(
         Arc::new(store),
         sinks,
@@ -328,7 +328,7 @@ pub fn start_with(
     destinations: &[String],
     metrics: Metrics,
     settings: ExecutorSettings,
-    clock: Clock,
+    clock: NowFn,
     stop: watch::Receiver<bool>,
 ) -> Result<(ExecutorHandle, Tasks), StoreError> {
     let pending = ledger.pending()?;

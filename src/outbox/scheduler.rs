@@ -61,7 +61,7 @@ struct Cursor {
 
 /// How a finished attempt ended, for the scheduler.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Finish {
     Done,
     Dead {
         blocking: bool,
@@ -419,7 +419,7 @@ impl Scheduler {
         &mut self,
         queue: &str,
         seq: u64,
-        outcome: Outcome,
+        outcome: Finish,
         reached: &[(String, Reach)],
         now: Millis,
     ) -> Vec<Transition> {
@@ -445,7 +445,7 @@ impl Scheduler {
         }
         let mut held_on = Vec::new();
         match outcome {
-            Outcome::Done | Outcome::Dead { .. } => {
+            Finish::Done | Finish::Dead { .. } => {
                 self.depth -= 1;
                 if let Some(slot) = self
                     .queues
@@ -460,11 +460,11 @@ impl Scheduler {
                     }
                     self.finished.push_back(seq);
                 }
-                if matches!(outcome, Outcome::Dead { blocking: true }) {
+                if matches!(outcome, Finish::Dead { blocking: true }) {
                     self.blocked.insert(queue.to_owned());
                 }
             }
-            Outcome::Retry { state, not_before } => {
+            Finish::Retry { state, not_before } => {
                 if let Some(slot) = self.slot(queue, seq) {
                     slot.state = state;
                     slot.last_dests = all.clone();
@@ -482,13 +482,13 @@ impl Scheduler {
                     }
                 }
             }
-            Outcome::Again(state) => {
+            Finish::Again(state) => {
                 if let Some(slot) = self.slot(queue, seq) {
                     slot.state = state;
                     slot.last_dests = all;
                 }
             }
-            Outcome::Held(state) => {
+            Finish::Held(state) => {
                 if let Some(slot) = self.slot(queue, seq) {
                     slot.state = state;
                     slot.last_dests = all.clone();
@@ -612,7 +612,7 @@ mod tests {
             s.next(0, &openapi).is_none(),
             "a's next waits for a's first"
         );
-        s.finish("a", 1, Outcome::Done, &[], 0);
+        s.finish("a", 1, Finish::Done, &[], 0);
         assert_eq!(seq(s.next(0, &openapi)), Some(2));
         assert_eq!(s.depth(), 2);
     }
@@ -625,7 +625,7 @@ mod tests {
         s.finish(
             "a",
             a1.entry.seq,
-            Outcome::Retry {
+            Finish::Retry {
                 state: failed(5_000),
                 not_before: None,
             },
@@ -648,7 +648,7 @@ mod tests {
         let mut s = sched(100);
         s.decided(vec![entry(1, "a"), entry(2, "a"), entry(3, "b")], 0);
         s.next(0, &openapi).expect("a1");
-        s.finish("a", 1, Outcome::Dead { blocking: true }, &[], 0);
+        s.finish("a", 1, Finish::Dead { blocking: true }, &[], 0);
         assert_eq!(seq(s.next(0, &openapi)), Some(3));
         assert!(s.next(0, &openapi).is_none(), "a is blocked");
         s.unblock("a", 0);
@@ -663,7 +663,7 @@ mod tests {
             s.finish(
                 q,
                 n,
-                Outcome::Retry {
+                Finish::Retry {
                     state: failed(now + 60_000),
                     not_before: None,
                 },
@@ -689,7 +689,7 @@ mod tests {
         s.finish(
             &probe.entry.queue,
             probe.entry.seq,
-            Outcome::Retry {
+            Finish::Retry {
                 state: failed(80_000),
                 not_before: None,
             },
@@ -702,7 +702,7 @@ mod tests {
         let closed = s.finish(
             &probe.entry.queue,
             probe.entry.seq,
-            Outcome::Done,
+            Finish::Done,
             &reached,
             30_003,
         );
@@ -746,7 +746,7 @@ mod tests {
                 break;
             };
             ran.push(job.entry.seq);
-            s.finish("a", job.entry.seq, Outcome::Done, &[], 0);
+            s.finish("a", job.entry.seq, Finish::Done, &[], 0);
             if job.entry.seq == 10 {
                 // 11 is durable in the store now, where the cursor reads it.
                 s.refilled(SinkKind::OpenApi, vec![(entry(11, "a"), None)], PAGE, 0);
@@ -789,7 +789,7 @@ mod tests {
         s.finish(
             &first.entry.queue,
             first.entry.seq,
-            Outcome::Retry {
+            Finish::Retry {
                 state: failed(60_000),
                 not_before: None,
             },
@@ -823,7 +823,7 @@ mod tests {
         // b took it; a still needs it: held for a's circuit, no failure counted.
         let only_a = |_: &OutboxEntry| vec!["helpdesk:a".to_owned()];
         let reached = [("helpdesk:b".to_owned(), Reach::Answered)];
-        s.finish("helpdesk:c1", 1, Outcome::Held(failed(20)), &reached, 20);
+        s.finish("helpdesk:c1", 1, Finish::Held(failed(20)), &reached, 20);
         assert!(s.next(21, &only_a).is_none(), "held until a's probe");
         let probe = s.next(15_010, &only_a).expect("a's probe");
         assert_eq!(probe.allowed, ["helpdesk:a"]);
@@ -834,7 +834,7 @@ mod tests {
         let mut s = sched(100);
         s.decided(vec![entry(5, "a")], 0);
         let five = s.next(0, &openapi).expect("5");
-        s.finish("a", five.entry.seq, Outcome::Done, &[], 0);
+        s.finish("a", five.entry.seq, Finish::Done, &[], 0);
         // 3 was decided elsewhere (a replay) and handed over after 5.
         s.decided(vec![entry(3, "b")], 0);
         assert_eq!(seq(s.next(0, &openapi)), Some(3));

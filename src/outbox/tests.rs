@@ -101,11 +101,11 @@ struct FakeSink {
     /// Entries refused for good (a permanent 4xx) whatever the answer.
     refuse: HashSet<u64>,
     calls: Mutex<Vec<(u64, Millis, bool)>>,
-    clock: Clock,
+    clock: NowFn,
 }
 
 impl FakeSink {
-    fn new(clock: Clock, answer: Answer, refuse: &[u64]) -> Arc<Self> {
+    fn new(clock: NowFn, answer: Answer, refuse: &[u64]) -> Arc<Self> {
         Arc::new(FakeSink {
             answer: Mutex::new(answer),
             refuse: refuse.iter().copied().collect(),
@@ -214,7 +214,7 @@ fn entry(seq: u64, queue: &str) -> OutboxEntry {
 }
 
 /// The daemon's clock on tokio's (paused) time.
-fn paused_clock() -> Clock {
+fn paused_clock() -> NowFn {
     let start = tokio::time::Instant::now();
     Arc::new(move || T0 + super::backoff::millis(start.elapsed()))
 }
@@ -243,7 +243,7 @@ struct Run {
     sink: Arc<FakeSink>,
     handle: ExecutorHandle,
     metrics: Metrics,
-    clock: Clock,
+    clock: NowFn,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }

@@ -65,7 +65,7 @@ pub enum SweepError {
 
 /// What one pass did (the admin API's answer).
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct PassReport {
+pub struct SweepReport {
     pub dry_run: bool,
     /// Daemon time the pass started (Unix ms).
     pub started_at: Millis,
@@ -149,7 +149,7 @@ impl Sweeper {
 
     /// Run one pass now (after a pass in progress ends). A dry run reads and compares but hands
     /// nothing to the writer and counts nothing.
-    pub async fn pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
+    pub async fn pass(&self, dry_run: bool) -> Result<SweepReport, SweepError> {
         let _one = self.inner.running.lock().await;
         let started = std::time::Instant::now();
         let result = self.run_pass(dry_run).await;
@@ -163,13 +163,13 @@ impl Sweeper {
         result
     }
 
-    async fn run_pass(&self, dry_run: bool) -> Result<PassReport, SweepError> {
+    async fn run_pass(&self, dry_run: bool) -> Result<SweepReport, SweepError> {
         let inner = &self.inner;
         let now = self.inner.store.clock().now_millis();
-        let mut report = PassReport {
+        let mut report = SweepReport {
             dry_run,
             started_at: now,
-            ..PassReport::default()
+            ..SweepReport::default()
         };
         let candidates = self.candidates(now).await?;
         let before = std::mem::take(&mut *lock(&inner.unfolded));
@@ -205,7 +205,7 @@ impl Sweeper {
         candidates: Vec<ConversationId>,
         before: &std::collections::HashMap<String, u64>,
         unfolded: &mut std::collections::HashMap<String, u64>,
-        report: &mut PassReport,
+        report: &mut SweepReport,
     ) -> Result<(), SweepError> {
         if self.inner.executor.openapi_down() {
             // The service is down (the outbox's circuit is open): nothing to read, so neither
@@ -232,7 +232,7 @@ impl Sweeper {
         pending: &PendingQueues,
         before: &std::collections::HashMap<String, u64>,
         unfolded: &mut std::collections::HashMap<String, u64>,
-        report: &mut PassReport,
+        report: &mut SweepReport,
     ) -> Vec<(ConversationState, Drift)> {
         let inner = &self.inner;
         let mut found = Vec::new();
@@ -281,7 +281,7 @@ impl Sweeper {
         &self,
         found: Vec<(ConversationState, Drift)>,
         unfolded: &mut std::collections::HashMap<String, u64>,
-        report: &mut PassReport,
+        report: &mut SweepReport,
     ) -> Result<(), SweepError> {
         if found.is_empty() {
             return Ok(());

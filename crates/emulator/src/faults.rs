@@ -134,7 +134,7 @@ impl Fault {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Decision {
+pub struct FaultDecision {
     pub latency: Option<Duration>,
     pub fault: Option<Fault>,
 }
@@ -157,13 +157,13 @@ impl FaultState {
     }
 
     /// Picks the fault for a call to `path`, consuming a counter.
-    pub fn decide(&mut self, path: &str) -> Decision {
+    pub fn decide(&mut self, path: &str) -> FaultDecision {
         let c = &mut self.config;
         if c.path_prefix
             .as_deref()
             .is_some_and(|p| !path.starts_with(p))
         {
-            return Decision::default();
+            return FaultDecision::default();
         }
         let latency = (c.latency_ms > 0).then(|| Duration::from_millis(c.latency_ms));
         let fault = if take(&mut c.hang_next) {
@@ -187,7 +187,7 @@ impl FaultState {
         } else {
             None
         };
-        Decision { latency, fault }
+        FaultDecision { latency, fault }
     }
 }
 
@@ -228,7 +228,7 @@ mod tests {
             path_prefix: Some("/openapi/bot".into()),
             ..FaultConfig::default()
         });
-        assert_eq!(s.decide("/openapi/messages"), Decision::default());
+        assert_eq!(s.decide("/openapi/messages"), FaultDecision::default());
         let faults: Vec<_> = (0..6).map(|_| s.decide("/openapi/bot/B1").fault).collect();
         assert_eq!(
             faults,

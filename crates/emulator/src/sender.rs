@@ -9,7 +9,7 @@
 //! again, and what was not delivered is re-sent with the same event ids. The state
 //! (`GET /_emulator/state`, `GET /_emulator/webhook`) and the journal show each change and why.
 
-use super::state::PendingEvent;
+use super::state::PendingWebhook;
 use super::Emulator;
 use actix_web::{web, HttpResponse};
 use api_error::ApiError;
@@ -302,7 +302,7 @@ fn failure(f: super::state::ErrorAnswer) -> ApiError {
 }
 
 /// A delivery envelope around events, as the service sends it.
-pub fn delivery(webhook_id: &str, url: &str, events: &[PendingEvent]) -> Value {
+pub fn delivery(webhook_id: &str, url: &str, events: &[PendingWebhook]) -> Value {
     let messages: Vec<Value> = events
         .iter()
         .map(|e| {
@@ -414,7 +414,7 @@ fn http_client(config: &SenderConfig) -> awc::Client {
 fn take_delivery(
     emulator: &Emulator,
     config: &SenderConfig,
-) -> Option<(Vec<PendingEvent>, String)> {
+) -> Option<(Vec<PendingWebhook>, String)> {
     emulator.with_state(|s| {
         let w = s.webhook();
         if !w.enabled {

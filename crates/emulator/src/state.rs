@@ -169,7 +169,7 @@ pub struct EmulatorState {
     next_id: u64,
     /// Webhook events caused by changes, waiting for the webhook sender; collected only while
     /// a sender is attached, so a plain API emulator does not accumulate them.
-    events: Option<std::collections::VecDeque<PendingEvent>>,
+    events: Option<std::collections::VecDeque<PendingWebhook>>,
     /// Events emitted and not yet delivered (taken but unanswered count too).
     undelivered: u64,
     /// Woken whenever deliveries complete, for `/_emulator/webhook/flushed`.
@@ -185,7 +185,7 @@ pub const MAX_HELD_EVENTS: usize = 100_000;
 /// An event the service would send by webhook: its id (the same on every re-send), type and
 /// `data` object.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PendingEvent {
+pub struct PendingWebhook {
     pub id: String,
     pub kind: String,
     pub bot_id: String,
@@ -1092,7 +1092,7 @@ impl EmulatorState {
     }
 
     /// Events collected since the last call, oldest first.
-    pub fn take_events(&mut self) -> Vec<PendingEvent> {
+    pub fn take_events(&mut self) -> Vec<PendingWebhook> {
         self.events
             .as_mut()
             .map(|events| std::mem::take(events).into())
@@ -1100,7 +1100,7 @@ impl EmulatorState {
     }
 
     /// The oldest `max` events collected (a delivery's worth), the rest left for the next.
-    pub fn take_events_up_to(&mut self, max: usize) -> Vec<PendingEvent> {
+    pub fn take_events_up_to(&mut self, max: usize) -> Vec<PendingWebhook> {
         match self.events.as_mut() {
             Some(events) if events.len() > max => events.drain(..max).collect(),
             Some(events) => std::mem::take(events).into(),
@@ -1110,7 +1110,7 @@ impl EmulatorState {
 
     /// Taken events the sender could not deliver (the webhook was disabled meanwhile) go back in
     /// front of the queue, to be re-sent with the same ids once it is enabled again.
-    pub fn requeue_events(&mut self, taken: Vec<PendingEvent>) {
+    pub fn requeue_events(&mut self, taken: Vec<PendingWebhook>) {
         if let Some(events) = self.events.as_mut() {
             for event in taken.into_iter().rev() {
                 events.push_front(event);
@@ -1143,7 +1143,7 @@ impl EmulatorState {
             } else {
                 self.undelivered += 1;
             }
-            events.push_back(PendingEvent {
+            events.push_back(PendingWebhook {
                 id: super::sender::uuid_like(),
                 kind: kind.to_owned(),
                 bot_id: bot_id.map(|b| b.as_str().to_owned()).unwrap_or_default(),

@@ -32,7 +32,7 @@ impl Drop for Home {
 
 /// Where and how to reach the upstream.
 #[derive(Clone, Debug)]
-pub struct Endpoint {
+pub struct Remote {
     pub base_url: String,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
@@ -42,7 +42,7 @@ pub struct Endpoint {
 
 impl UpstreamHandle {
     pub fn start(
-        endpoint: Endpoint,
+        endpoint: Remote,
         settings: ClientSettings,
         limits: &LimitsConfig,
         observer: Option<AttemptObserver>,

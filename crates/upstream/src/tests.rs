@@ -280,7 +280,7 @@ async fn every_attempt_is_reported_to_the_observer_with_its_outcome() {
 /// is heard by whoever started it.
 #[actix_rt::test]
 async fn a_task_beside_the_client_runs_on_its_thread_and_its_end_is_heard() {
-    use super::handle::{Endpoint as Upstream, UpstreamHandle};
+    use super::handle::{Remote as Upstream, UpstreamHandle};
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")

@@ -14,7 +14,7 @@ use serde_json::Value;
 /// What happened to one rule for one event.
 #[derive(Debug, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
+pub enum Judgement {
     Disabled,
     /// It does not listen to the event's type.
     NotListening,
@@ -52,7 +52,7 @@ pub struct RuleVerdict {
     pub file: String,
     pub priority: i64,
     #[serde(flatten)]
-    pub verdict: Verdict,
+    pub verdict: Judgement,
 }
 
 /// Every rule's verdict for `event` on `state` (the state after the event was folded in, as the
@@ -72,20 +72,20 @@ pub fn explain(
     let mut out = Vec::with_capacity(set.rules.len());
     for rule in &set.rules {
         let verdict = if !rule.enabled {
-            Verdict::Disabled
+            Judgement::Disabled
         } else if !rule.listens(event.kind.as_str()) {
-            Verdict::NotListening
+            Judgement::NotListening
         } else if let Some(of) = echo.filter(|_| !rule.echoes) {
-            Verdict::Echo { of: of.to_owned() }
+            Judgement::Echo { of: of.to_owned() }
         } else if let Some(by) = &stopped_by {
-            Verdict::Stopped { by: by.clone() }
+            Judgement::Stopped { by: by.clone() }
         } else if let Some(failure) = rule.when.as_ref().and_then(|c| c.explain(&ctx, "when")) {
-            Verdict::NoMatch { failure }
+            Judgement::NoMatch { failure }
         } else if let Some(fired) = rule.capped(state, now) {
             if rule.stop {
                 stopped_by = Some(rule.name.clone());
             }
-            Verdict::Capped {
+            Judgement::Capped {
                 fired,
                 per: rule.max_firings.per,
                 stops: rule.stop,
@@ -99,7 +99,7 @@ pub fn explain(
             if rule.stop {
                 stopped_by = Some(rule.name.clone());
             }
-            Verdict::Matched {
+            Judgement::Matched {
                 actions,
                 stops: rule.stop,
             }
@@ -258,23 +258,23 @@ pub fn render_text(verdicts: &[RuleVerdict]) -> String {
     for v in verdicts {
         let head = format!("{} (priority {}, {})", v.rule, v.priority, v.file);
         match &v.verdict {
-            Verdict::Disabled => out.push_str(&format!("disabled     {head}\n")),
-            Verdict::NotListening => out.push_str(&format!("not for it   {head}\n")),
-            Verdict::Echo { of } => out.push_str(&format!(
+            Judgement::Disabled => out.push_str(&format!("disabled     {head}\n")),
+            Judgement::NotListening => out.push_str(&format!("not for it   {head}\n")),
+            Judgement::Echo { of } => out.push_str(&format!(
                 "echo         {head}: the bridge's own message (action {of}); the rule has no \
                  `echoes = true`\n"
             )),
-            Verdict::Capped { fired, per, stops } => {
+            Judgement::Capped { fired, per, stops } => {
                 let stop = if *stops { ", stops" } else { "" };
                 out.push_str(&format!(
                     "capped       {head}{stop}: fired {fired} times in the last {}\n",
                     humantime::format_duration(*per)
                 ));
             }
-            Verdict::Stopped { by } => {
+            Judgement::Stopped { by } => {
                 out.push_str(&format!("not run      {head}: `{by}` stopped the event\n"))
             }
-            Verdict::NoMatch { failure } => {
+            Judgement::NoMatch { failure } => {
                 let shown = |v: Option<&Value>| v.map_or("absent".to_owned(), Value::to_string);
                 let actual = shown(failure.actual.as_ref());
                 // `changed`: both values; a `null` before is an absent one.
@@ -290,7 +290,7 @@ pub fn render_text(verdicts: &[RuleVerdict]) -> String {
                     failure.at, failure.test
                 ));
             }
-            Verdict::Matched { actions, stops } => {
+            Judgement::Matched { actions, stops } => {
                 let stop = if *stops { ", stops" } else { "" };
                 out.push_str(&format!("MATCHED      {head}{stop}\n"));
                 for (i, action) in actions.iter().enumerate() {

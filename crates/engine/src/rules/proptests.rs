@@ -102,7 +102,7 @@ proptest! {
                     let rendered: usize = verdicts
                         .iter()
                         .map(|v| match &v.verdict {
-                            explain::Verdict::Matched { actions, .. } => {
+                            explain::Judgement::Matched { actions, .. } => {
                                 actions.iter().filter(|a| a.is_ok()).count()
                             }
                             _ => 0,

@@ -57,7 +57,7 @@ fn a_match_renders_its_actions_and_a_stop_holds_back_the_rest() {
         "evaluation order"
     );
     match &verdicts[0].verdict {
-        Verdict::Matched { actions, stops } => {
+        Judgement::Matched { actions, stops } => {
             assert!(*stops);
             assert!(matches!(
                 actions[0],
@@ -71,9 +71,9 @@ fn a_match_renders_its_actions_and_a_stop_holds_back_the_rest() {
         }
         other => panic!("agent: {other:?}"),
     }
-    assert!(matches!(verdicts[1].verdict, Verdict::Disabled));
-    assert!(matches!(&verdicts[2].verdict, Verdict::Stopped { by } if by == "agent"));
-    assert!(matches!(verdicts[3].verdict, Verdict::NotListening));
+    assert!(matches!(verdicts[1].verdict, Judgement::Disabled));
+    assert!(matches!(&verdicts[2].verdict, Judgement::Stopped { by } if by == "agent"));
+    assert!(matches!(verdicts[3].verdict, Judgement::NotListening));
 }
 
 #[test]
@@ -82,7 +82,7 @@ fn a_failed_condition_names_its_place_its_test_and_the_value_seen() {
     let (event, state) = user_message("hello");
     let verdicts = explain(&rules, &event, &state, Inputs::default(), 5_000);
     match &verdicts[0].verdict {
-        Verdict::NoMatch { failure } => {
+        Judgement::NoMatch { failure } => {
             assert_eq!(failure.at, "when.all[1]");
             assert_eq!(failure.test, r#"message.data.text matches "agent""#);
             assert_eq!(failure.actual, Some(Value::String("hello".into())));
@@ -90,7 +90,7 @@ fn a_failed_condition_names_its_place_its_test_and_the_value_seen() {
         other => panic!("agent: {other:?}"),
     }
     assert!(
-        matches!(verdicts[2].verdict, Verdict::Matched { .. }),
+        matches!(verdicts[2].verdict, Judgement::Matched { .. }),
         "greet runs"
     );
     let text = render_text(&verdicts);
@@ -121,7 +121,7 @@ actions = [{ type = "send_message", text = "x" }]
 "#);
     let (event, state) = user_message("x");
     let verdicts = explain(&rules, &event, &state, Inputs::default(), 5_000);
-    let Verdict::NoMatch { failure } = &verdicts[0].verdict else {
+    let Judgement::NoMatch { failure } = &verdicts[0].verdict else {
         panic!("a: {:?}", verdicts[0].verdict)
     };
     assert_eq!(failure.at, "when.any[0]");
@@ -131,7 +131,7 @@ actions = [{ type = "send_message", text = "x" }]
         failure.test
     );
     assert_eq!(failure.actual, None, "the variable is absent");
-    let Verdict::NoMatch { failure } = &verdicts[1].verdict else {
+    let Judgement::NoMatch { failure } = &verdicts[1].verdict else {
         panic!("b: {:?}", verdicts[1].verdict)
     };
     assert_eq!(failure.at, "when.not");

@@ -322,7 +322,7 @@ fn bad_max_firings_are_load_errors_with_their_place() {
 
 #[test]
 fn rules_test_shows_a_capped_rule_and_an_echo_as_their_own_verdicts() {
-    use crate::rules::explain::{explain, render_text, Verdict};
+    use crate::rules::explain::{explain, render_text, Judgement};
     let set = rules(
         r#"
         [[rule]]
@@ -341,7 +341,7 @@ fn rules_test_shows_a_capped_rule_and_an_echo_as_their_own_verdicts() {
     assert!(
         matches!(
             verdicts[0].verdict,
-            Verdict::Capped {
+            Judgement::Capped {
                 fired: 2,
                 stops: false,
                 ..
@@ -356,7 +356,7 @@ fn rules_test_shows_a_capped_rule_and_an_echo_as_their_own_verdicts() {
     );
     // Past the window (by `--at`), it matches again.
     let later = explain(&set, &event, &state, Inputs::default(), NOW + 600_000);
-    assert!(matches!(later[0].verdict, Verdict::Matched { .. }));
+    assert!(matches!(later[0].verdict, Judgement::Matched { .. }));
 
     let echo = echo_of("e4", "c1", "e3/reply/0");
     let verdicts = explain(&set, &echo, &state, Inputs::default(), NOW);
