@@ -86,7 +86,7 @@ pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
                     path: store_dir.display().to_string(),
                 }
             }
-            other => StoreError::Sled(other),
+            other => other.into(),
         })?;
     let meta = db.open_tree(super::keys::tree::META)?;
     let found = meta.get(super::keys::meta::LAYOUT_VERSION)?;

@@ -69,10 +69,15 @@ pub const LAYOUT_VERSION: u32 = 4;
 /// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
 const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
+/// A failure of the store's backend (sled here), kept opaque: no backend type crosses the port.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct BackendError(sled::Error);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store I/O failed: {0}")]
-    Sled(#[from] sled::Error),
+    Backend(BackendError),
     #[error("store is corrupt: {0}")]
     Corrupt(String),
     #[error("store layout version {found} is newer than this binary supports ({supported})")]
@@ -110,8 +115,14 @@ impl StoreError {
     pub fn is_disk_failure(&self) -> bool {
         matches!(
             self,
-            StoreError::Sled(sled::Error::Io(_)) | StoreError::Sync(_)
+            StoreError::Backend(BackendError(sled::Error::Io(_))) | StoreError::Sync(_)
         )
+    }
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Backend(BackendError(e))
     }
 }
 
@@ -119,7 +130,7 @@ impl From<TransactionError<String>> for StoreError {
     fn from(e: TransactionError<String>) -> Self {
         match e {
             TransactionError::Abort(msg) => StoreError::Corrupt(msg),
-            TransactionError::Storage(e) => StoreError::Sled(e),
+            TransactionError::Storage(e) => e.into(),
         }
     }
 }
