@@ -36,6 +36,11 @@ impl Proxies {
         Self::new(Vec::new(), ProxyHeader::XForwardedFor)
     }
 
+    /// The client address of `req`: its TCP peer, or what a trusted proxy says.
+    pub fn of_request(&self, req: &actix_web::HttpRequest) -> Option<IpAddr> {
+        self.client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
+    }
+
     /// The client address of a request whose TCP peer is `peer`.
     pub fn client_ip(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
         let peer = peer.map(canonical)?;

@@ -82,12 +82,6 @@ impl AgentApi {
             body_read_timeout: reach.body_read_timeout,
         }
     }
-
-    /// The client's address, as `server.trusted_proxies` lets a proxy name it.
-    fn client_ip(&self, req: &HttpRequest) -> Option<std::net::IpAddr> {
-        self.proxies
-            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
-    }
 }
 
 /// The API's routes, as a scope both the server and the OpenAPI document are built from.
@@ -1311,7 +1305,7 @@ fn verdict_answer(v: &Verdict, state: &ConversationState) -> Answer {
 // ---- Helpers ----
 
 fn authorize(shared: &AgentApi, req: &HttpRequest) -> Result<(), ApiError> {
-    crate::helpdesk::auth::check_peer(&shared.cidrs, shared.client_ip(req))?;
+    crate::helpdesk::auth::check_peer(&shared.cidrs, shared.proxies.of_request(req))?;
     let header = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)

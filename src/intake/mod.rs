@@ -213,9 +213,7 @@ fn authenticate(
     path_token: Option<&str>,
     intake: &Intake,
 ) -> Result<(), (&'static str, ApiError)> {
-    let client = intake
-        .proxies
-        .client_ip(req.peer_addr().map(|a| a.ip()), req.headers());
+    let client = intake.proxies.of_request(req);
     if !intake.cidrs.allows(client) {
         return Err((
             "forbidden",

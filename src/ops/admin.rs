@@ -89,7 +89,10 @@ async fn guard(
     let Some(shared) = req.app_data::<web::Data<Ops>>().cloned() else {
         return Err(ApiError::unavailable("admin API not configured").into());
     };
-    if !shared.admin_cidrs.allows(shared.client_ip(req.request())) {
+    if !shared
+        .admin_cidrs
+        .allows(shared.proxies.of_request(req.request()))
+    {
         return Ok(req
             .error_response(ApiError::forbidden("admin API is not open to this address"))
             .map_into_right_body());

@@ -47,14 +47,6 @@ impl Ops {
     }
 }
 
-impl Ops {
-    /// The client address the allow-lists judge: the peer, or what a trusted proxy says.
-    pub fn client_ip(&self, req: &actix_web::HttpRequest) -> Option<std::net::IpAddr> {
-        self.proxies
-            .client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
-    }
-}
-
 /// The probes, served on both listeners (a probe may use either).
 pub fn probe_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/healthz", web::get().to(healthz))
