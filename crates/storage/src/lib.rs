@@ -1802,31 +1802,6 @@ impl FoldBatch {
         }
     }
 
-    /// The conversation `id` as this batch has it (read from the store the first time, when
-    /// what the journal compares is noted too).
-    fn conversation(
-        &mut self,
-        store: &Store,
-        id: &ConversationId,
-    ) -> Result<&mut ConversationState, StoreError> {
-        let new = || ConversationState::new(id.clone());
-        let (state, created) = cached(&store.conversations, &mut self.convs, id.as_str(), new)?;
-        if !self.timers_before.contains_key(id.as_str()) {
-            self.timers_before
-                .insert(id.as_str().to_owned(), state.timers.clone());
-            // A new conversation's keys are all new (none is in the tree yet).
-            let found = match created {
-                true => Vec::new(),
-                false => derived::derived_keys(state),
-            };
-            self.derived_before.insert(id.as_str().to_owned(), found);
-            let key = (!created).then(|| retention::conversation_key(state));
-            self.convs_active.insert(id.as_str().to_owned(), key);
-        }
-        self.out.new_conversations += u64::from(created);
-        Ok(state)
-    }
-
     /// The end user `id` as this batch has it, noting its retention key as found.
     fn end_user(
         &mut self,
@@ -1871,12 +1846,13 @@ impl FoldBatch {
             now: self.now,
             received_at,
         };
-        self.conversation(store, id)?;
-        let Some(state) = self.convs.get_mut(id.as_str()) else {
-            return Err(StoreError::Internal(
-                "fold: a conversation read went missing".into(),
-            ));
+        let first_read = FirstRead {
+            timers: &mut self.timers_before,
+            derived: &mut self.derived_before,
+            active: &mut self.convs_active,
+            created: &mut self.out.new_conversations,
         };
+        let state = first_read.conversation(store, &mut self.convs, id)?;
         let user = if rules.needs().end_user {
             end_user_of(state, event, &self.users, &store.end_users)?
         } else {
@@ -1916,6 +1892,43 @@ impl FoldBatch {
             }
         }
         Ok(())
+    }
+}
+
+/// What a fold batch notes of a conversation when it first reads it: its timers, derived index
+/// keys and retention key as found (the journal writes the difference), and whether it is new.
+struct FirstRead<'a> {
+    timers: &'a mut HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
+    derived: &'a mut HashMap<String, Vec<Vec<u8>>>,
+    active: &'a mut HashMap<String, Option<Vec<u8>>>,
+    created: &'a mut u64,
+}
+
+impl FirstRead<'_> {
+    /// The conversation `id` as the batch has it in `convs` (read from the store the first
+    /// time, when what the journal compares is noted too).
+    fn conversation<'c>(
+        self,
+        store: &Store,
+        convs: &'c mut HashMap<String, ConversationState>,
+        id: &ConversationId,
+    ) -> Result<&'c mut ConversationState, StoreError> {
+        let new = || ConversationState::new(id.clone());
+        let (state, created) = cached(&store.conversations, convs, id.as_str(), new)?;
+        if !self.timers.contains_key(id.as_str()) {
+            self.timers
+                .insert(id.as_str().to_owned(), state.timers.clone());
+            // A new conversation's keys are all new (none is in the tree yet).
+            let found = match created {
+                true => Vec::new(),
+                false => derived::derived_keys(state),
+            };
+            self.derived.insert(id.as_str().to_owned(), found);
+            let key = (!created).then(|| retention::conversation_key(state));
+            self.active.insert(id.as_str().to_owned(), key);
+        }
+        *self.created += u64::from(created);
+        Ok(state)
     }
 }
 
