@@ -194,3 +194,84 @@ pub fn now_secs() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
 }
+
+/// The daemon with the shipped rules telling the help desk, at any hour, and `desk` as its one
+/// endpoint with both secrets; `retry` is the `[outbox]` settings (give-up, backoff, breaker); in a
+/// process of its own when `own_process` (a test that reads its log or kills it).
+pub fn spawn_desk(
+    root: &std::path::Path,
+    desk: &HelpDesk,
+    retry: &str,
+    own_process: bool,
+) -> super::TestApp {
+    let config = format!(
+        "[helpdesk]\ntranscript_messages = 5\n\n{}\n{retry}\n",
+        endpoint(
+            "desk",
+            desk,
+            Some(r#"["handoff.*", "conversation.message"]"#)
+        )
+    );
+    spawn_configured(root, &config, &[], own_process)
+}
+
+/// One `[[helpdesk.endpoints]]` table for `desk`, signed with both secrets; `events` is the
+/// TOML array of patterns (`None`: the default, every kind).
+pub fn endpoint(name: &str, desk: &HelpDesk, events: Option<&str>) -> String {
+    let events = events.map_or(String::new(), |e| format!("events = {e}\n"));
+    format!(
+        "[[helpdesk.endpoints]]\nname = \"{name}\"\nurl = \"{url}\"\nsecrets = [\"{OLD_SECRET}\", \"{NEW_SECRET}\"]\n{events}\n",
+        url = desk.url
+    )
+}
+
+/// The daemon on the configuration file `config`, with the shipped rules telling the help desk at
+/// any hour, and `env` added (more settings, the test clock, agent API tokens); in a process of its
+/// own when `own_process`.
+pub fn spawn_configured(
+    root: &std::path::Path,
+    config: &str,
+    env: &[(&str, &str)],
+    own_process: bool,
+) -> super::TestApp {
+    let path = root.join("bridge.toml");
+    std::fs::write(&path, config).expect("config");
+    let mut all = vec![
+        (
+            "HANDOFF_BRIDGE__RULES__SETTINGS__NOTIFY_HELPDESK".to_owned(),
+            "true".to_owned(),
+        ),
+        (
+            "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS".to_owned(),
+            "false".to_owned(),
+        ),
+    ];
+    all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    super::TestApp::spawn_in(
+        &root.join("data"),
+        super::Spawn {
+            env: all,
+            args: vec!["--config".into(), path.to_str().expect("utf-8").into()],
+            own_process,
+        },
+    )
+}
+
+/// Fast retries and probes, an hour before giving up.
+pub const FAST_RETRY: &str = r#"[outbox]
+give_up_after = "1h"
+[outbox.retry]
+base = "50ms"
+cap = "200ms"
+[outbox.breaker]
+probe_interval = "100ms""#;
+
+/// The dead letters, through the admin API.
+pub fn dead_letters(app: &super::TestApp) -> Vec<serde_json::Value> {
+    let (status, body) = app.admin_get("/admin/v1/dead-letters");
+    assert_eq!(status, 200, "{body}");
+    body["dead_letters"]
+        .as_array()
+        .cloned()
+        .expect("dead_letters")
+}

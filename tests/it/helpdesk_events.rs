@@ -16,79 +16,13 @@ const CONV: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 /// The daemon with the shipped rules telling the help desk, at any hour, and `desk` as its one
 /// endpoint with both secrets; `retry` is the `[outbox]` settings (give-up, backoff, breaker).
 fn spawn(root: &Path, desk: &HelpDesk, retry: &str) -> TestApp {
-    spawn_as(root, desk, retry, false)
-}
-
-/// [`spawn`], in a process of its own when `own_process` (a test that reads its log).
-fn spawn_as(root: &Path, desk: &HelpDesk, retry: &str, own_process: bool) -> TestApp {
-    let config = format!(
-        "[helpdesk]\ntranscript_messages = 5\n\n{}\n{retry}\n",
-        endpoint(
-            "desk",
-            desk,
-            Some(r#"["handoff.*", "conversation.message"]"#)
-        )
-    );
-    spawn_in_dir(root, &config, &[], own_process)
-}
-
-/// One `[[helpdesk.endpoints]]` table for `desk`, signed with both secrets; `events` is the
-/// TOML array of patterns (`None`: the default, every kind).
-fn endpoint(name: &str, desk: &HelpDesk, events: Option<&str>) -> String {
-    let events = events.map_or(String::new(), |e| format!("events = {e}\n"));
-    format!(
-        "[[helpdesk.endpoints]]\nname = \"{name}\"\nurl = \"{url}\"\nsecrets = [\"{OLD_SECRET}\", \"{NEW_SECRET}\"]\n{events}\n",
-        url = desk.url
-    )
+    spawn_desk(root, desk, retry, false)
 }
 
 /// The daemon on the configuration file `config`, with the shipped rules telling the help desk at
 /// any hour, and `env` added (more settings, the test clock, agent API tokens).
 fn spawn_with(root: &Path, config: &str, env: &[(&str, &str)]) -> TestApp {
-    spawn_in_dir(root, config, env, false)
-}
-
-/// [`spawn_with`], in a process of its own when `own_process`.
-fn spawn_in_dir(root: &Path, config: &str, env: &[(&str, &str)], own_process: bool) -> TestApp {
-    let path = root.join("bridge.toml");
-    std::fs::write(&path, config).expect("config");
-    let mut all = vec![
-        (
-            "HANDOFF_BRIDGE__RULES__SETTINGS__NOTIFY_HELPDESK".to_owned(),
-            "true".to_owned(),
-        ),
-        (
-            "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS".to_owned(),
-            "false".to_owned(),
-        ),
-    ];
-    all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    TestApp::spawn_in(
-        &root.join("data"),
-        Spawn {
-            env: all,
-            args: vec!["--config".into(), path.to_str().expect("utf-8").into()],
-            own_process,
-        },
-    )
-}
-
-const FAST_RETRY: &str = r#"[outbox]
-give_up_after = "1h"
-[outbox.retry]
-base = "50ms"
-cap = "200ms"
-[outbox.breaker]
-probe_interval = "100ms""#;
-
-/// The dead letters, through the admin API.
-fn dead_letters(app: &TestApp) -> Vec<Value> {
-    let (status, body) = app.admin_get("/admin/v1/dead-letters");
-    assert_eq!(status, 200, "{body}");
-    body["dead_letters"]
-        .as_array()
-        .cloned()
-        .expect("dead_letters")
+    spawn_configured(root, config, env, false)
 }
 
 /// Calls the daemon made to the Open API for [`CONV`] that took effect: endpoint names.
@@ -109,7 +43,7 @@ fn a_user_asking_for_an_agent_reaches_the_help_desk_signed_with_its_context() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let desk = HelpDesk::start(&[], 200);
     // Its own process: the test reads the daemon's log for the secrets.
-    let app = spawn_as(tmp.path(), &desk, FAST_RETRY, true);
+    let app = spawn_desk(tmp.path(), &desk, FAST_RETRY, true);
     app.emulator_act(CONV, "say", json!({"text": "상담원 연결해 주세요"}));
     app.settle();
 
