@@ -796,17 +796,21 @@ impl Application {
             })
             .map_err(data_dir_error(config))?;
         self.start_emulator_webhooks(&running.webhook_token.0)?;
+        let remote_upstream = self
+            .upstream
+            .emulator
+            .is_none()
+            .then(|| crate::config::mask_url(&config.upstream.url));
+        if let Some(url) = &remote_upstream {
+            tracing::info!(%url, "upstream is the service's Open API");
+        }
         let (generated, tokens) = (running.webhook_token.1, &running.webhook_token.0);
         let started = Started {
             addrs: self.addrs,
             webhook_path: config.webhook.path.clone(),
             generated_token: tokens.first().filter(|_| generated).cloned(),
             token_file: self.data.root().join(WEBHOOK_TOKEN_FILE),
-            remote_upstream: self
-                .upstream
-                .emulator
-                .is_none()
-                .then(|| crate::config::mask_url(&config.upstream.url)),
+            remote_upstream,
         };
         let task = tokio::spawn(server);
         let (admin_handle, admin_task) = match admin {
@@ -833,11 +837,6 @@ impl Application {
     /// (over TLS too, trusting exactly the listener's certificate).
     fn start_emulator_webhooks(&self, tokens: &[Secret]) -> Result<(), AppError> {
         let (Some(embedded), Some(token)) = (&self.upstream.emulator, tokens.first()) else {
-            if let Some(url) = (self.upstream.emulator.is_none())
-                .then(|| crate::config::mask_url(&self.config.upstream.url))
-            {
-                tracing::info!(%url, "upstream is the service's Open API");
-            }
             return Ok(());
         };
         let mut to = self.addrs.public;
