@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use storage::{Store, StoreError};
+use storage::{SledStore, StoreError};
 
 /// Written into every manifest; a restore refuses other versions.
 pub const FORMAT_VERSION: u32 = 1;
@@ -89,7 +89,7 @@ pub fn backup(data: &DataDir, out: &Path, cache_capacity: u64) -> Result<Manifes
         _ => {}
     }
     // Opening runs the store's own recovery, so a store left by a crash is backed up consistent.
-    let store = Store::open(&data.store_path(), cache_capacity)?;
+    let store = SledStore::open(&data.store_path(), cache_capacity)?;
     private_dir(out)?;
     private_dir(&out.join(EVENTS))?;
     let mut files = Vec::new();
@@ -179,7 +179,7 @@ pub fn restore(
     remove_dir_if_present(&staging)?;
     let built = build_store(from, &staging).and_then(|()| {
         // Open once: checks the restored store and rebuilds the event log's id caches.
-        drop(Store::open(&staging, cache_capacity)?);
+        drop(SledStore::open(&staging, cache_capacity)?);
         stage_secrets(from, data)
     });
     if let Err(e) = built {

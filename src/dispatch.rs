@@ -24,7 +24,8 @@ use model::ids::PartitionKey;
 use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
-use storage::eventlog::Location;
+use storage::eventlog::LogPosition;
+use storage::Storage;
 use storage::{NewEvent, Position, QuarantineRecord, Store};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -43,12 +44,12 @@ const MAX_EVENTS_IN_MEMORY: usize = 10_000;
 /// An event as queued: where it is in the log, and its typed form when intake handed it over.
 #[derive(Debug)]
 struct Entry {
-    at: Location,
+    at: LogPosition,
     typed: Option<Box<(Millis, Event)>>,
 }
 
 /// Newly durable events, and where the log ended after them.
-type Received = (Vec<NewEvent>, Location);
+type Received = (Vec<NewEvent>, LogPosition);
 
 /// The dispatcher's progress, for [`DispatchHandle::wait_drained`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,7 +88,7 @@ impl DispatchHandle {
     }
 
     /// Hand over newly durable events with their typed form, and where the log ends after them.
-    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: Location) {
+    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: LogPosition) {
         if !events.is_empty() {
             // Counted by the store already (`Store::count_hand_over`); a stopped dispatcher
             // leaves them to the next start's scan.
@@ -113,9 +114,7 @@ impl DispatchHandle {
             // Progress first: any step that ends after this read changes it again, and wakes us.
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
             let now = *progress.borrow_and_update();
-            let handed_on = store.intake_log().all_indexed();
-            let sent = store.intake_log().handed_over();
-            handed_on && now.received == sent && now.depth == 0
+            store.handed_over() == Some(now.received) && now.depth == 0
         };
         loop {
             if drained(&mut progress) {
@@ -213,10 +212,10 @@ struct Queues {
     /// How many events queued or being folded each frame holds: the oldest frame with one not
     /// in a fold is that fold's watermark. Counted per frame, not per event: a burst's frames
     /// hold several events each, and this map is as large as the backlog.
-    unfinished: BTreeMap<Location, u32>,
+    unfinished: BTreeMap<LogPosition, u32>,
     /// Where the log ended after the newest event received: every event not received yet is
     /// past it.
-    received_end: Location,
+    received_end: LogPosition,
 }
 
 /// One fold job: the next batch of each of several partitions.
@@ -247,7 +246,7 @@ impl Queues {
 
     /// Queue newly durable events (typed while the queues hold fewer than
     /// [`MAX_EVENTS_IN_MEMORY`]), and where the log ended after them.
-    fn receive(&mut self, events: Vec<NewEvent>, log_end: Location) {
+    fn receive(&mut self, events: Vec<NewEvent>, log_end: LogPosition) {
         for e in events {
             let keep = self.depth < MAX_EVENTS_IN_MEMORY;
             let typed = keep.then(|| Box::new((e.received_at, e.event)));
@@ -288,8 +287,8 @@ impl Queues {
     /// The watermark for a job: the oldest unfinished event not in it, or the received end.
     /// Whatever is not folded once the job commits was unfinished then (and not in the job), or
     /// comes later, past the received end.
-    fn watermark(&self, job: &Job) -> Location {
-        let mut mine: HashMap<Location, u32> = HashMap::new();
+    fn watermark(&self, job: &Job) -> LogPosition {
+        let mut mine: HashMap<LogPosition, u32> = HashMap::new();
         for (_, entry) in job.iter().flat_map(|(_, batch)| batch) {
             *mine.entry(entry.at).or_default() += 1;
         }
@@ -340,7 +339,7 @@ impl Queues {
     }
 
     /// One event (a copy) queued or being folded is gone.
-    fn settle(&mut self, at: Location) {
+    fn settle(&mut self, at: LogPosition) {
         self.depth = self.depth.saturating_sub(1);
         if let Some(count) = self.unfinished.get_mut(&at) {
             *count = count.saturating_sub(1);
@@ -374,8 +373,8 @@ const KEEP_CAPACITY: usize = 1024;
 #[derive(Debug)]
 struct Finished {
     partition: PartitionKey,
-    done: Vec<(u64, Location)>,
-    failed: Vec<(u64, Location)>,
+    done: Vec<(u64, LogPosition)>,
+    failed: Vec<(u64, LogPosition)>,
 }
 
 type JobResult = Vec<Finished>;
@@ -445,7 +444,7 @@ impl FoldThreads {
 /// a job ran.) At most once per `RAISE_EVERY`, and once more that long after the last if still
 /// behind; and once at a stop, so a raise held back is not lost.
 struct Watermark {
-    written: Location,
+    written: LogPosition,
     last_raise: Option<tokio::time::Instant>,
 }
 
@@ -454,13 +453,13 @@ struct Watermark {
 enum Raise {
     Nothing,
     /// Write this (the log's end as received).
-    Now(Location),
+    Now(LogPosition),
     /// Look again then.
     Later(tokio::time::Instant),
 }
 
 impl Watermark {
-    fn new(written: Location) -> Self {
+    fn new(written: LogPosition) -> Self {
         Watermark {
             written,
             last_raise: None,
@@ -468,20 +467,20 @@ impl Watermark {
     }
 
     /// A fold committed the watermark its job started with.
-    fn committed(&mut self, fold_from: Location) {
+    fn committed(&mut self, fold_from: LogPosition) {
         self.written = fold_from;
     }
 
     /// At a stop: the end to raise the watermark to, if drained and behind, whenever the last
     /// raise.
-    fn at_stop(&mut self, drained: bool, end: Location) -> Option<Location> {
+    fn at_stop(&mut self, drained: bool, end: LogPosition) -> Option<LogPosition> {
         (drained && self.written < end).then(|| {
             self.written = end;
             end
         })
     }
 
-    fn next(&mut self, drained: bool, end: Location, now: tokio::time::Instant) -> Raise {
+    fn next(&mut self, drained: bool, end: LogPosition, now: tokio::time::Instant) -> Raise {
         if !drained || self.written >= end {
             return Raise::Nothing;
         }
@@ -584,7 +583,7 @@ impl Lifter {
 /// partitions' batches (an error: it panicked).
 type Folded = (
     tokio::time::Instant,
-    Location,
+    LogPosition,
     Result<JobResult, oneshot::error::RecvError>,
 );
 
@@ -667,7 +666,7 @@ fn spawn_fold(
     metrics: &Metrics,
     settings: &DispatchSettings,
     job: Job,
-    fold_from: Location,
+    fold_from: LogPosition,
 ) -> oneshot::Receiver<JobResult> {
     let (store, metrics) = (store.clone(), metrics.clone());
     let events: usize = job.iter().map(|(_, b)| b.len()).sum();
@@ -678,7 +677,7 @@ fn spawn_fold(
     pool.spawn(move || {
         let results = span.in_scope(|| {
             let fold = Fold {
-                store: &store,
+                store: &*store,
                 metrics: &metrics,
                 rules: rules.as_ref(),
                 decided: decided.as_ref(),
@@ -767,7 +766,7 @@ async fn wind_down(
 
 /// Raise the folds' watermark to `to` on a fold thread (`Store::advance_fold_from` takes the fold
 /// lock); the receiver says when it is done.
-fn raise_watermark(pool: &FoldThreads, store: &Store, to: Location) -> oneshot::Receiver<()> {
+fn raise_watermark(pool: &FoldThreads, store: &Store, to: LogPosition) -> oneshot::Receiver<()> {
     let (done_tx, done_rx) = oneshot::channel();
     let store = store.clone();
     pool.spawn(move || {
@@ -789,7 +788,7 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 
 /// What a fold job works with.
 struct Fold<'a> {
-    store: &'a Store,
+    store: &'a dyn Storage,
     metrics: &'a Metrics,
     rules: &'a dyn engine::decide::Decide,
     decided: Option<&'a crate::outbox::DecidedSender>,
@@ -798,7 +797,7 @@ struct Fold<'a> {
 
 /// Fold one job (several partitions' batches) in one atomic write, which also records
 /// `fold_from` as the folds' watermark. Runs on a fold thread.
-fn process(fold: &Fold<'_>, job: Job, fold_from: Location) -> JobResult {
+fn process(fold: &Fold<'_>, job: Job, fold_from: LogPosition) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
     let Prepared {
         batch,
@@ -847,14 +846,14 @@ struct Prepared {
     /// The events passed over (quarantined); the watermark is set later.
     position: Position,
     /// Per partition: the entries this fold settles (folded or passed over), in order.
-    settled: Vec<Vec<(u64, Location)>>,
+    settled: Vec<Vec<(u64, LogPosition)>>,
     /// Per partition: the entries that go back to its queue (nothing done yet).
     results: JobResult,
 }
 
 impl Prepared {
     /// Each queued event of `job` in its typed form, read back from the log when it has none.
-    fn read(store: &Store, metrics: &Metrics, job: Job) -> Self {
+    fn read(store: &dyn Storage, metrics: &Metrics, job: Job) -> Self {
         let mut prepared = Prepared {
             batch: Vec::new(),
             partitions: Vec::new(),
@@ -873,7 +872,7 @@ impl Prepared {
     /// it go back to the queue, in order).
     fn add(
         &mut self,
-        store: &Store,
+        store: &dyn Storage,
         metrics: &Metrics,
         partition: PartitionKey,
         entries: Vec<(u64, Entry)>,
@@ -918,7 +917,7 @@ impl Prepared {
 /// The watermark the fold writes: the job's own counted every entry of the job as folded by
 /// this commit, so it is held back to the first that goes back to its queue (a failed read,
 /// and what follows it in its partition).
-fn job_fold_from(results: &JobResult, fold_from: Location) -> Location {
+fn job_fold_from(results: &JobResult, fold_from: LogPosition) -> LogPosition {
     let first_failed = results
         .iter()
         .flat_map(|r| r.failed.iter().map(|(_, at)| *at))
@@ -968,7 +967,7 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
 
 /// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
 /// a restart completes it: the daemon exits), else a pause before its batches are tried again.
-fn fold_failed(store: &Store, metrics: &Metrics, e: storage::StoreError) {
+fn fold_failed(store: &dyn Storage, metrics: &Metrics, e: storage::StoreError) {
     metrics.dispatch_errors.inc();
     if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
         // Only a restart completes the fold (from its journal); while the disk is still
@@ -993,7 +992,7 @@ enum Loaded {
 }
 
 /// Read a queued event back from the log (after a restart, or a backlog).
-fn load(store: &Store, metrics: &Metrics, seq: u64, at: Location) -> Loaded {
+fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: LogPosition) -> Loaded {
     match store.event_at(seq, at) {
         Ok(Some(record)) => match model::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
@@ -1016,7 +1015,7 @@ fn load(store: &Store, metrics: &Metrics, seq: u64, at: Location) -> Loaded {
 }
 
 fn quarantine_unreadable(
-    store: &Store,
+    store: &dyn Storage,
     metrics: &Metrics,
     seq: u64,
     raw: &str,
@@ -1050,8 +1049,8 @@ mod tests {
     }
 
     /// Event `seq`'s frame: the tests put one event per frame, in sequence order.
-    fn at(seq: u64) -> Location {
-        Location {
+    fn at(seq: u64) -> LogPosition {
+        LogPosition {
             segment: 0,
             offset: seq * 100,
         }
@@ -1062,7 +1061,7 @@ mod tests {
     }
 
     /// An entry to read back from the log at `at` (as after a restart).
-    fn untyped(at: Location) -> Entry {
+    fn untyped(at: LogPosition) -> Entry {
         Entry { at, typed: None }
     }
 
@@ -1094,13 +1093,20 @@ mod tests {
     }
 
     fn new_store() -> (tempfile::TempDir, Store) {
+        let (dir, store) = sled_store();
+        (dir, std::sync::Arc::new(store))
+    }
+
+    /// The backend itself, for what reaches under the port (its event log).
+    fn sled_store() -> (tempfile::TempDir, storage::SledStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let path = dir.path().join("store");
+        let store = storage::SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         (dir, store)
     }
 
     /// Store a delivery of one user message of conversation `conv`; its typed event.
-    fn accept(store: &Store, delivery: &str, event: &str, conv: &str) -> Event {
+    fn accept(store: &dyn Storage, delivery: &str, event: &str, conv: &str) -> Event {
         let body = format!(
             r#"{{"id":"{delivery}","webhookId":"w","webhookUrl":"u","messages":[{{"id":"{event}","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-{event}","conversationId":"{conv}","isUser":true,"meta":null,"data":{{"type":"text","text":"x"}}}}}}}}]}}"#
         );
@@ -1125,7 +1131,7 @@ mod tests {
     }
 
     /// Fold a job as a fold thread does, without rules.
-    fn process_without_rules(store: &Store, job: Job, fold_from: Location) -> JobResult {
+    fn process_without_rules(store: &dyn Storage, job: Job, fold_from: LogPosition) -> JobResult {
         let metrics = Metrics::new().expect("metrics");
         let fold = Fold {
             store,
@@ -1299,10 +1305,10 @@ mod tests {
     #[test]
     fn an_unreadable_event_is_quarantined_and_the_partitions_later_events_still_fold() {
         use storage::eventlog::{FrameEvent, Frames};
-        let (_dir, store) = new_store();
+        let (_dir, backend) = sled_store();
         // An event this model cannot read (valid JSON, not an event), then a readable one, both
         // of conversation c1.
-        let bad_seq = store.next_seq();
+        let bad_seq = backend.next_seq();
         let mut frames = Frames::default();
         let partition = conv("c1").encode();
         frames.push(
@@ -1315,9 +1321,10 @@ mod tests {
                 raw: r#"{"id":"e0"}"#,
             }],
         );
-        store.intake_log().log_queue(frames).expect("queue");
-        store.intake_log().log_commit().expect("commit");
-        accept(&store, "d1", "e1", "c1");
+        backend.intake_log().log_queue(frames).expect("queue");
+        backend.intake_log().log_commit().expect("commit");
+        let store: Store = std::sync::Arc::new(backend);
+        accept(&*store, "d1", "e1", "c1");
         let pending = store.pending().expect("pending");
         assert_eq!(pending.len(), 2);
         let job: Job = vec![(
@@ -1328,7 +1335,7 @@ mod tests {
                 .map(|p| (p.seq, untyped(p.at)))
                 .collect(),
         )];
-        let results = process_without_rules(&store, job, pending.end);
+        let results = process_without_rules(&*store, job, pending.end);
         assert_eq!(results.len(), 1);
         assert_eq!(results[0].done.len(), 2, "both settled");
         assert!(results[0].failed.is_empty());
@@ -1344,13 +1351,13 @@ mod tests {
     #[test]
     fn a_fold_whose_read_failed_keeps_the_watermark_at_or_before_that_event() {
         let (_dir, store) = new_store();
-        accept(&store, "d0", "e0", "c0");
+        accept(&*store, "d0", "e0", "c0");
         let folded = store.pending().expect("pending");
         let e0 = &folded.events[0];
         let job = vec![(conv("c0"), vec![(e0.seq, untyped(e0.at))])];
-        process_without_rules(&store, job, folded.end);
-        accept(&store, "d1", "e1", "c1");
-        accept(&store, "d2", "e2", "c2");
+        process_without_rules(&*store, job, folded.end);
+        accept(&*store, "d1", "e1", "c1");
+        accept(&*store, "d2", "e2", "c2");
         let pending = store.pending().expect("pending");
         let (e1, e2) = (&pending.events[0], &pending.events[1]);
         // e1's read fails (its entry names a frame that does not hold it, as a read error
@@ -1360,7 +1367,7 @@ mod tests {
             (conv("c2"), vec![(e2.seq, untyped(e2.at))]),
         ];
         // The dispatcher's watermark for a job holding every unfinished event: the log's end.
-        let results = process_without_rules(&store, job, pending.end);
+        let results = process_without_rules(&*store, job, pending.end);
         assert_eq!(results[0].failed.len(), 1, "e1 goes back to its queue");
         assert_eq!(results[1].done.len(), 1, "e2 folded");
         assert!(
@@ -1421,7 +1428,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_fold_waiting_past_lift_after_lifts_the_fold_threads_until_the_inbox_is_empty() {
         let (_dir, store) = new_store();
-        accept(&store, "d1", "e1", "c1");
+        accept(&*store, "d1", "e1", "c1");
         let (open, gate) = std::sync::mpsc::channel();
         let settings = DispatchSettings {
             concurrency: 1,
@@ -1480,7 +1487,7 @@ mod tests {
     /// being folded, or when a fold already wrote the log's end.
     #[test]
     fn the_watermark_is_raised_at_most_once_a_second() {
-        let at = |offset| Location { segment: 1, offset };
+        let at = |offset| LogPosition { segment: 1, offset };
         let t0 = tokio::time::Instant::now();
         let mut w = Watermark::new(at(0));
         assert_eq!(w.next(false, at(10), t0), Raise::Nothing, "not drained");
@@ -1502,7 +1509,7 @@ mod tests {
 
     /// Fold every event still to fold with the oldest possible watermark, as by a job that started
     /// first and committed last.
-    fn fold_pending_behind(store: &Store) {
+    fn fold_pending_behind(store: &dyn Storage) {
         let job: Job = store
             .pending()
             .expect("pending")
@@ -1510,7 +1517,7 @@ mod tests {
             .iter()
             .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
             .collect();
-        process_without_rules(store, job, Location::default());
+        process_without_rules(store, job, LogPosition::default());
     }
 
     /// Wait in real time until `done`, yielding to the dispatcher's task in between, without
@@ -1535,13 +1542,13 @@ mod tests {
     async fn held_back_raise(
         store: &Store,
     ) -> (
-        Location,
+        LogPosition,
         DispatchHandle,
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     ) {
-        accept(store, "d1", "e1", "c1");
-        fold_pending_behind(store);
+        accept(store.as_ref(), "d1", "e1", "c1");
+        fold_pending_behind(store.as_ref());
         let first_end = store.pending().expect("pending").end;
         let settings = DispatchSettings {
             concurrency: 2,
@@ -1557,8 +1564,8 @@ mod tests {
         wait_unpaused("the start's raise", at_first_end).await;
 
         handle.pause();
-        let typed =
-            [("d2", "e2", "c2"), ("d3", "e3", "c3")].map(|(d, e, c)| accept(store, d, e, c));
+        let typed = [("d2", "e2", "c2"), ("d3", "e3", "c3")]
+            .map(|(d, e, c)| accept(store.as_ref(), d, e, c));
         let pending = store.pending().expect("pending");
         let new: Vec<NewEvent> = pending
             .events
@@ -1617,11 +1624,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_drained_dispatcher_raises_the_watermark_to_the_log_s_end() {
         let (_dir, store) = new_store();
-        accept(&store, "d1", "e1", "c1");
-        accept(&store, "d2", "e2", "c2");
+        accept(&*store, "d1", "e1", "c1");
+        accept(&*store, "d2", "e2", "c2");
         let end = store.pending().expect("pending").end;
-        fold_pending_behind(&store);
-        assert_eq!(store.fold_from().expect("watermark"), Location::default());
+        fold_pending_behind(&*store);
+        assert_eq!(
+            store.fold_from().expect("watermark"),
+            LogPosition::default()
+        );
         assert!(store.pending().expect("pending").events.is_empty());
 
         let settings = plain_settings();

@@ -1,11 +1,12 @@
 //! Read-only views shared by the admin API and the offline CLI, so both print the same JSON.
 
 use serde_json::{json, Value};
-use storage::{Store, StoreError};
+use storage::Storage;
+use storage::StoreError;
 
 /// An end user by messenger identity, with their newest conversation's state.
 pub fn find_end_user(
-    store: &Store,
+    store: &dyn Storage,
     platform: &str,
     user_key: &str,
 ) -> Result<Option<Value>, StoreError> {
@@ -296,7 +297,7 @@ pub enum ListQuery {
 impl ListQuery {
     /// The page from the store, as the admin API answers it (the outbox's caller adds what the
     /// executor knows: `depth`, `paused`).
-    pub fn read(self, store: &Store) -> Result<Value, StoreError> {
+    pub fn read(self, store: &dyn Storage) -> Result<Value, StoreError> {
         match self {
             ListQuery::Conversations(page) => conversations_list(store, page),
             ListQuery::EndUsers(page) => end_users_list(store, page),
@@ -375,7 +376,10 @@ impl From<engine::state::EndUserState> for EndUserSummary {
 
 /// One page of the conversations in id order, as summaries: `{"count", "conversations",
 /// "next"}`, read from the store a page at a time (`Store::conversations_page`).
-pub fn conversations_list(store: &Store, page: PageRequest<IdCursor>) -> Result<Value, StoreError> {
+pub fn conversations_list(
+    store: &dyn Storage,
+    page: PageRequest<IdCursor>,
+) -> Result<Value, StoreError> {
     let (states, next) = paged(
         page,
         |a, l| store.conversations_page(a.as_ref().map(IdCursor::id), l),
@@ -386,7 +390,10 @@ pub fn conversations_list(store: &Store, page: PageRequest<IdCursor>) -> Result<
 }
 
 /// One page of the end users in id order, as summaries: `{"count", "end_users", "next"}`.
-pub fn end_users_list(store: &Store, page: PageRequest<IdCursor>) -> Result<Value, StoreError> {
+pub fn end_users_list(
+    store: &dyn Storage,
+    page: PageRequest<IdCursor>,
+) -> Result<Value, StoreError> {
     let (users, next) = paged(
         page,
         |a, l| store.end_users_page(a.as_ref().map(IdCursor::id), l),
@@ -398,7 +405,7 @@ pub fn end_users_list(store: &Store, page: PageRequest<IdCursor>) -> Result<Valu
 
 /// One page of the quarantine list, metadata only: `{"count", "records", "next"}`, and
 /// `next_after` (the same cursor, the name this list answered with first) while more remain.
-pub fn quarantine_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
+pub fn quarantine_list(store: &dyn Storage, page: PageRequest) -> Result<Value, StoreError> {
     let limit = page.limit.clamp(1, PAGE_MAX);
     let (records, next) = store.quarantine_page(page.after, limit)?;
     let mut value = page_json(List::Quarantine.items(), &records, next);
@@ -410,20 +417,20 @@ pub fn quarantine_list(store: &Store, page: PageRequest) -> Result<Value, StoreE
 
 /// One page of the pending outbox entries, in decision order: `{"count", "entries", "next"}`.
 /// The caller adds what the executor knows (`depth`, `paused`).
-pub fn outbox_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
+pub fn outbox_list(store: &dyn Storage, page: PageRequest) -> Result<Value, StoreError> {
     let (entries, next) = paged(page, |a, l| store.outbox_page(a, l), |e| e.seq)?;
     Ok(page_json(List::Outbox.items(), &entries, next))
 }
 
 /// One page of the finished entries (done or dropped) still in the audit window, newest (highest
 /// seq) first: `{"count", "finished", "next"}`; `after` a seq gives the older ones below it.
-pub fn done_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
+pub fn done_list(store: &dyn Storage, page: PageRequest) -> Result<Value, StoreError> {
     let (records, next) = paged(page, |a, l| store.finished_page(a, l), |r| r.entry.seq)?;
     Ok(page_json(List::Done.items(), &records, next))
 }
 
 /// One page of the dead letters, oldest decision first: `{"count", "dead_letters", "next"}`.
-pub fn dead_letters_list(store: &Store, page: PageRequest) -> Result<Value, StoreError> {
+pub fn dead_letters_list(store: &dyn Storage, page: PageRequest) -> Result<Value, StoreError> {
     let (letters, next) = paged(page, |a, l| store.dead_letters_page(a, l), |l| l.entry.seq)?;
     Ok(page_json(List::DeadLetters.items(), &letters, next))
 }
@@ -441,10 +448,12 @@ pub fn dead_letters_list(store: &Store, page: PageRequest) -> Result<Value, Stor
 /// the event). Then every action recorded for the event with its outcome (done, dropped, dead
 /// letter, pending, and `template_error` for an action whose template failed when the fold
 /// decided it) and the rule-set version that decided it. Events older than the event retention
-/// are gone from the timeline.
+/// are gone from the timeline. `explain`: the rule set behind `rules`, when it is one (each
+/// rule's verdict is then explained; `LiveRules::current_explained` gives both).
 pub fn audit(
-    store: &Store,
+    store: &dyn Storage,
     rules: &dyn engine::decide::Decide,
+    explain: Option<&engine::rules::RuleSet>,
     conversation: &model::ids::ConversationId,
 ) -> Result<Option<Value>, StoreError> {
     let Some(current) = store.conversation(conversation)? else {
@@ -452,7 +461,7 @@ pub fn audit(
     };
     let partition = model::ids::PartitionKey::Conversation(conversation.clone()).encode();
     let mut records = Vec::new();
-    store.scan_events(|record, pending| {
+    store.scan_events(&mut |record, pending| {
         if record.partition == partition {
             records.push((record, pending));
         }
@@ -462,6 +471,7 @@ pub fn audit(
     let mut rebuild = Rebuild {
         store,
         rules,
+        explain,
         state: engine::state::ConversationState::new(conversation.clone()),
         end_user: None,
     };
@@ -489,7 +499,7 @@ pub fn audit(
 /// actions, found through the ledger (a prefix range per event, then the records by seq: never
 /// the whole ledger, dead letters or outbox, whatever their size), and failed templates.
 fn recorded_actions(
-    store: &Store,
+    store: &dyn Storage,
     records: &[(storage::EventRecord, bool)],
     current: &engine::state::ConversationState,
 ) -> Result<std::collections::HashMap<String, Vec<Value>>, StoreError> {
@@ -548,8 +558,9 @@ fn recorded_actions(
 
 /// The conversation's state rebuilt event by event as the fold did, for the audit's timeline.
 struct Rebuild<'a> {
-    store: &'a Store,
+    store: &'a dyn Storage,
     rules: &'a dyn engine::decide::Decide,
+    explain: Option<&'a engine::rules::RuleSet>,
     state: engine::state::ConversationState,
     /// The end user as stored now (read once, when the conversation first names them).
     end_user: Option<Option<engine::state::EndUserState>>,
@@ -612,7 +623,7 @@ impl Rebuild<'_> {
                 _ => item["stale_timer"] = json!(true),
             }
         }
-        if let (Some(set), true) = (self.rules.rule_set(), decides) {
+        if let (Some(set), true) = (self.explain, decides) {
             let inputs = engine::decide::Inputs {
                 before: Some(&before),
                 end_user: user,

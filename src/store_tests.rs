@@ -3,6 +3,7 @@
 //! own tests.
 
 use model::ids::ConversationId;
+use storage::port::*;
 use storage::test_support::*;
 use storage::*;
 
@@ -63,7 +64,7 @@ fn the_audit_finds_each_events_actions_through_the_ledger_and_only_its_own() {
         .outbox_dead(&dead_letter(dead, "http_400", true))
         .expect("dead");
     store.outbox_done(other, 1, 2_000).expect("done");
-    let audit = crate::queries::audit(&store, &rules, &ConversationId::new("c1"))
+    let audit = crate::queries::audit(&store, &rules, Some(&rules), &ConversationId::new("c1"))
         .expect("audit")
         .expect("conversation");
     let actions = |i: usize| -> Vec<(String, String)> {
@@ -116,7 +117,7 @@ fn the_fold_a_replay_and_the_audit_compare_with_the_state_before_each_event() {
     let replayed: Vec<&str> = report.items.iter().map(|i| i.id.as_str()).collect();
     assert_eq!(replayed, vec!["e1/first/0"]);
 
-    let audit = crate::queries::audit(&store, &rules, &ConversationId::new("c1"))
+    let audit = crate::queries::audit(&store, &rules, Some(&rules), &ConversationId::new("c1"))
         .expect("audit")
         .expect("conversation");
     let second = &audit["timeline"][1]["rules"][0];
@@ -146,7 +147,7 @@ fn the_audit_shows_a_firing_of_a_cancelled_timer_as_stale_and_a_live_one_as_matc
     let applied = drain_with(&store, &set);
     assert_eq!(applied.outbox.len(), 1, "x fired");
 
-    let audit = crate::queries::audit(&store, &set, &ConversationId::new("c1"))
+    let audit = crate::queries::audit(&store, &set, Some(&set), &ConversationId::new("c1"))
         .expect("audit")
         .expect("conversation");
     let firings: Vec<&serde_json::Value> = audit["timeline"]
@@ -230,6 +231,7 @@ fn the_quarantine_list_pages_metadata_with_the_body_size_as_received() {
 fn the_executor_reads_the_dead_letters_page_by_page_on_start() {
     use crate::outbox::Ledger;
     let (_d, store) = store();
+    let store: Store = std::sync::Arc::new(store);
     let n = 2_345u64;
     for seq in 1..=n {
         let entry = crate::test_support::outbox_entry(seq, &format!("c:q{}", seq % 7));

@@ -51,7 +51,7 @@ async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Re
         wakeup.looking();
         fired.retain(|key| store.has_timer(key).unwrap_or(true));
         let now = store.clock().now_millis();
-        let wait = match store.due_timers(now, BATCH, |key| fired.contains(key)) {
+        let wait = match store.due_timers(now, BATCH, &|key| fired.contains(key)) {
             Ok((due, next)) if due.is_empty() => until(next, now),
             Ok((due, _)) => match fire(&writer, &metrics, due, now).await {
                 Fired::Done(keys) => {
@@ -169,6 +169,8 @@ mod tests {
     struct Setup {
         _dir: tempfile::TempDir,
         store: Store,
+        /// The backend under `store`, for what tests read beside the port.
+        backend: storage::SledStore,
         writer: Writer,
         durable: mpsc::UnboundedReceiver<NewEvent>,
         rules: engine::rules::RuleSet,
@@ -178,7 +180,8 @@ mod tests {
     /// start timer `t<text>` after `<text>` for a user message `<text>` ("50ms", "1h"...).
     fn setup() -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store =
+            storage::SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         let (tx, durable) = mpsc::unbounded_channel();
         let hooks = WriterHooks {
             observe: Box::new(|_, _| {}),
@@ -189,6 +192,7 @@ mod tests {
             }),
         };
         let writer = Writer::start(store.clone(), hooks).expect("writer");
+        let (backend, store): (_, Store) = (store.clone(), std::sync::Arc::new(store));
         let rule = |after: &str| {
             format!(
                 "[[rule]]\nname = \"t{after}\"\non = [\"bot.message.received\"]\n\
@@ -202,6 +206,7 @@ mod tests {
         Setup {
             _dir: dir,
             store,
+            backend,
             writer,
             durable,
             rules,
@@ -228,7 +233,7 @@ mod tests {
 
     fn fold(s: &Setup, new: NewEvent) {
         let received = [new.received_at];
-        s.store
+        s.backend
             .apply_with(&[(new.seq, new.event)], &s.rules, &received)
             .expect("fold");
     }
@@ -262,7 +267,7 @@ mod tests {
         );
         // Stored like a delivery: in the inbox, readable back from the log.
         let stored = s
-            .store
+            .backend
             .event(first.seq)
             .expect("read")
             .expect("in the inbox");
@@ -297,7 +302,7 @@ mod tests {
             .expect("joins");
         let (due, next) = s
             .store
-            .due_timers(model::webhook::model::Millis::MAX, 10, |_| false)
+            .due_timers(model::webhook::model::Millis::MAX, 10, &|_| false)
             .expect("timers");
         let names: Vec<&str> = due.iter().map(|t| t.firing.name.as_str()).collect();
         assert_eq!((names, next), (vec!["t50ms", "t1h"], None));
@@ -309,7 +314,7 @@ mod tests {
         let metrics = Metrics::new().expect("metrics");
         say(&mut s, 1, "1h").await;
         let now = model::webhook::model::Millis::MAX;
-        let (due, _) = s.store.due_timers(now, 10, |_| false).expect("timers");
+        let (due, _) = s.store.due_timers(now, 10, &|_| false).expect("timers");
         assert_eq!(due.len(), 1);
         let key = due[0].key.clone();
         for round in 0..2 {

@@ -23,6 +23,7 @@ use crate::ops::metrics::Metrics;
 use crate::ops::Ops;
 use actix_web::web;
 use early::{EarlyIntake, EarlyParts};
+use engine::rules::live::LiveRules;
 use model::secret::Secret;
 use service::{client_tls, Upstream};
 use std::future::Future;
@@ -31,8 +32,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::port::Lifecycle as _;
 use storage::writer::WriterHooks;
-use storage::{Store, StoreError, Writer};
+use storage::{SledStore, Store, StoreError, Writer};
 use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
@@ -102,11 +104,9 @@ pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json
 
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
 /// before anything is touched.
-pub fn load_rules(
-    config: &Config,
-) -> Result<Arc<dyn engine::decide::Decide>, engine::rules::LoadError> {
+pub fn load_rules(config: &Config) -> Result<LiveRules, engine::rules::LoadError> {
     let Some(set) = rule_set(config)? else {
-        return Ok(Arc::new(engine::decide::NoRules));
+        return Ok(LiveRules::new(Arc::new(engine::decide::NoRules)));
     };
     tracing::info!(
         dir = if config.rules.dir.is_empty() {
@@ -118,7 +118,7 @@ pub fn load_rules(
         version = set.version(),
         "rules loaded"
     );
-    Ok(Arc::new(set))
+    Ok(LiveRules::of_set(set))
 }
 
 /// The listening sockets, bound by the caller (`127.0.0.1:0` for an ephemeral port).
@@ -178,7 +178,7 @@ pub enum Stopped {
 }
 
 /// The store being opened off the runtime's threads.
-type Opening = tokio::task::JoinHandle<Result<Result<Store, AppError>, std::io::Error>>;
+type Opening = tokio::task::JoinHandle<Result<Result<SledStore, AppError>, std::io::Error>>;
 
 /// A daemon built and not yet running: see the module's docs.
 pub struct Application {
@@ -214,7 +214,7 @@ impl Application {
         for note in &config.deprecated {
             tracing::warn!("config: {note}");
         }
-        let rules = engine::rules::live::LiveRules::new(load_rules(&config)?);
+        let rules = load_rules(&config)?;
         // This application's time: its test clock moves it, and no other's.
         let clock = model::clock::Clock::new();
         let (stuck, stuck_rx) = storage::Stuck::new();
@@ -236,7 +236,7 @@ impl Application {
             storage::IntakeLog::open_early(&data.store_path(), storage::eventlog::SEGMENT_BYTES)?;
         let metrics = Metrics::new()?;
         let public_tls =
-            crate::tls::PublicTls::from_config(&config.server.tls).map_err(AppError::Tls)?;
+            crate::tls::PublicTls::from_files(config.server.tls.files()).map_err(AppError::Tls)?;
         let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
         let body_budget = web::Data::new(crate::body_budget::BodyBudget::new(
             config.server.max_inflight_body_bytes,
@@ -451,7 +451,9 @@ impl Application {
     /// The store's gauges, the pipeline (help desks, executor, dispatcher, writer) and the
     /// background tasks (timers, reconciliation, backfill, pruning, rule reloads), and the
     /// handlers' state.
-    fn start_services(&mut self, store: Store) -> Result<Running, AppError> {
+    fn start_services(&mut self, backend: SledStore) -> Result<Running, AppError> {
+        // The rest of the daemon sees the store through its port only.
+        let store: Store = Arc::new(backend.clone());
         let webhook_token = match &self.early {
             Some(early) => early.tokens.clone(),
             None => webhook_tokens(&self.config, &self.data)?,
@@ -462,13 +464,13 @@ impl Application {
         } else {
             self.config.admin.token.clone()
         };
-        record_sizes(&store, &self.metrics);
+        record_sizes(&*store, &self.metrics);
         let (stop_tx, stop_rx) = watch::channel(false);
         self.metrics
             .upstream_info
             .with_label_values(&[self.config.upstream.mode()])
             .set(1);
-        let pipeline = self.start_pipeline(&store, &stop_rx)?;
+        let pipeline = self.start_pipeline(&store, backend, &stop_rx)?;
         let writer = pipeline.writer.clone();
         let background = self.start_background(&store, &pipeline, &stop_rx)?;
         let config = &self.config;
@@ -629,6 +631,7 @@ impl Application {
     fn start_pipeline(
         &self,
         store: &Store,
+        backend: SledStore,
         stop_rx: &watch::Receiver<bool>,
     ) -> Result<Pipeline, AppError> {
         let config = &self.config;
@@ -680,11 +683,11 @@ impl Application {
         let writer = match &self.early {
             Some(early) => {
                 // What it logged meanwhile is indexed and handed to the dispatcher now.
-                early.intake.writer.attach(store.clone(), durable);
+                early.intake.writer.attach(backend, durable);
                 early.intake.writer.clone()
             }
             None => Writer::start(
-                store.clone(),
+                backend,
                 WriterHooks {
                     observe: observe_groups(metrics),
                     durable,
@@ -1063,8 +1066,8 @@ fn open_store(
         #[cfg(debug_assertions)]
         early::hold_store_open_for_tests();
         let store = match early_log {
-            Some(log) => Store::open_after_log(&store_path, cache_capacity, log)?,
-            None => Store::open(&store_path, cache_capacity)?,
+            Some(log) => SledStore::open_after_log(&store_path, cache_capacity, log)?,
+            None => SledStore::open(&store_path, cache_capacity)?,
         };
         store.start_io_threads()?;
         Ok::<_, AppError>(store.with_clock(clock).with_stuck(stuck))
@@ -1075,7 +1078,7 @@ fn open_store(
 }
 
 /// The store's size gauges, as it opened.
-fn record_sizes(store: &Store, metrics: &Metrics) {
+fn record_sizes(store: &dyn storage::Storage, metrics: &Metrics) {
     let sizes = store.sizes();
     for (kind, count) in [
         ("conversations", sizes.conversations),

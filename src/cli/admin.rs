@@ -5,7 +5,7 @@ use super::CliError;
 use handoff_bridge::config::Config;
 use handoff_bridge::datadir::{DataDir, ADMIN_TOKEN_FILE};
 use serde_json::Value;
-use storage::Store;
+use storage::Storage;
 
 /// `text` percent-encoded for a path segment or a query value.
 pub(super) fn enc(text: &str) -> String {
@@ -17,14 +17,13 @@ pub(super) fn read(
     config: &Config,
     method: &str,
     path: &str,
-    offline: impl FnOnce(&Store) -> Result<Option<Value>, storage::StoreError>,
+    offline: impl FnOnce(&dyn Storage) -> Result<Option<Value>, storage::StoreError>,
 ) -> Result<Option<Value>, CliError> {
     if let Some(found) = online(config, method, path)? {
         return Ok(found);
     }
-    let data = DataDir::new(&config.store.data_dir);
-    let store = Store::open(&data.store_path(), config.store.cache_capacity_bytes)?;
-    Ok(offline(&store)?)
+    let store = super::open_store(config)?;
+    Ok(offline(&*store)?)
 }
 
 /// Through the running daemon's admin API; `None` when no daemon runs on this data directory.

@@ -56,7 +56,7 @@ use std::process::ExitCode;
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: CliCommand,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -70,7 +70,7 @@ pub struct ConfigArgs {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub enum CliCommand {
     /// Run the daemon.
     Serve {
         #[command(flatten)]
@@ -444,49 +444,60 @@ fn load_with(args: &ConfigArgs, overrides: Overrides) -> Result<Config, ConfigEr
     Config::load(args.config.as_deref(), &overrides)
 }
 
+/// The configured store, opened for a command run with no daemon (which would hold it).
+fn open_store(config: &Config) -> Result<storage::Store, storage::StoreError> {
+    let data = handoff_bridge::datadir::DataDir::new(&config.store.data_dir);
+    let store = storage::SledStore::open(&data.store_path(), config.store.cache_capacity_bytes)?;
+    Ok(std::sync::Arc::new(store))
+}
+
 /// Run a parsed command. `serve` blocks until shutdown.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve {
+        CliCommand::Serve {
             config,
             listen,
             admin_listen,
             upstream,
         } => serve::serve_command(&config, listen, admin_listen, upstream),
-        Command::Api { config, call } => api::api_command(&config, call),
-        Command::Emulator {
+        CliCommand::Api { config, call } => api::api_command(&config, call),
+        CliCommand::Emulator {
             listen,
             seed,
             api_key,
             webhook_url,
         } => emulate::emulator(listen, seed, api_key, webhook_url),
-        Command::Check {
+        CliCommand::Check {
             config,
             listen,
             admin_listen,
         } => rules::check(&config, listen, admin_listen),
-        Command::Rules { config, action } => rules::rules_command(&config, action),
-        Command::Backup { config, out } => backup::backup(&config, &out),
-        Command::Restore {
+        CliCommand::Rules { config, action } => rules::rules_command(&config, action),
+        CliCommand::Backup { config, out } => backup::backup(&config, &out),
+        CliCommand::Restore {
             config,
             from,
             force,
         } => backup::restore(&config, &from, force),
-        Command::Audit {
+        CliCommand::Audit {
             config,
             conversation_id,
         } => query::audit(&load(&config, None)?, &conversation_id),
-        Command::State { config, action } => query::state(&load(&config, None)?, action),
-        Command::Outbox { config, action } => query::outbox(&load(&config, None)?, action),
-        Command::Reconcile { config, dry_run } => query::reconcile(&load(&config, None)?, dry_run),
-        Command::Dlq { config, action } => query::dlq(&load(&config, None)?, action),
-        Command::Replay {
+        CliCommand::State { config, action } => query::state(&load(&config, None)?, action),
+        CliCommand::Outbox { config, action } => query::outbox(&load(&config, None)?, action),
+        CliCommand::Reconcile { config, dry_run } => {
+            query::reconcile(&load(&config, None)?, dry_run)
+        }
+        CliCommand::Dlq { config, action } => query::dlq(&load(&config, None)?, action),
+        CliCommand::Replay {
             config,
             from,
             to,
             dry_run,
             force,
         } => query::replay(&load(&config, None)?, &from, &to, dry_run, force),
-        Command::Quarantine { config, action } => query::quarantine(&load(&config, None)?, action),
+        CliCommand::Quarantine { config, action } => {
+            query::quarantine(&load(&config, None)?, action)
+        }
     }
 }

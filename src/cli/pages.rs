@@ -3,7 +3,6 @@
 use super::admin::{enc, online, print_found};
 use super::{CliError, PageArgs};
 use handoff_bridge::config::Config;
-use handoff_bridge::datadir::DataDir;
 use handoff_bridge::queries::{List, PAGE_MAX};
 use serde_json::Value;
 use storage::Store;
@@ -50,12 +49,9 @@ impl<'a> Pager<'a> {
         }
         let store = match self.store.take() {
             Some(store) => store,
-            None => {
-                let data = DataDir::new(&self.config.store.data_dir);
-                Store::open(&data.store_path(), self.config.store.cache_capacity_bytes)?
-            }
+            None => super::open_store(self.config)?,
         };
-        let value = query.read(&store).map(|mut value| {
+        let value = query.read(&*store).map(|mut value| {
             // What the daemon's executor adds: a stopped store has no executor running.
             if let (List::Outbox, Some(obj)) = (self.list, value.as_object_mut()) {
                 obj.insert("paused".into(), Value::Bool(false));

@@ -7,14 +7,15 @@ use super::{CliError, DlqCommand, OutboxCommand, QuarantineCommand, StateCommand
 use handoff_bridge::config::Config;
 use handoff_bridge::queries::{List, PAGE_MAX};
 use serde_json::Value;
-use storage::Store;
+use storage::Storage;
 
 /// `handoff-bridge audit`: a conversation's timeline with the rules re-evaluated.
 pub(super) fn audit(config: &Config, conversation_id: &str) -> Result<(), CliError> {
     let path = format!("/admin/v1/conversations/{}/audit", enc(conversation_id));
-    let rules = handoff_bridge::app::load_rules(config)?;
+    let (rules, set) = handoff_bridge::app::load_rules(config)?.current_explained();
     let value = read(config, "GET", &path, |store| {
-        handoff_bridge::queries::audit(store, rules.as_ref(), &conversation_id.into())
+        let id = conversation_id.into();
+        handoff_bridge::queries::audit(store, rules.as_ref(), set.as_deref(), &id)
     })?;
     print_found(value, || format!("no conversation {conversation_id}"))
 }
@@ -198,7 +199,7 @@ pub(super) fn replay(
     if request.from >= request.to {
         return Err(CliError::Usage("--from must be before --to".into()));
     }
-    let rules = handoff_bridge::app::load_rules(config)?;
+    let rules = handoff_bridge::app::load_rules(config)?.current();
     let path = format!(
         "/admin/v1/replay?from={}&to={}&dry_run={dry_run}&force={force}",
         request.from, request.to
@@ -305,7 +306,7 @@ fn dlq_drop(
 }
 
 /// The seqs of a page of dead letters after `after`.
-fn first_letters(store: &Store, after: Option<u64>) -> Result<Vec<u64>, storage::StoreError> {
+fn first_letters(store: &dyn Storage, after: Option<u64>) -> Result<Vec<u64>, storage::StoreError> {
     Ok(store
         .dead_letters_page(after, handoff_bridge::queries::PAGE)?
         .iter()

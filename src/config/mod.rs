@@ -195,6 +195,12 @@ impl ServerTlsConfig {
     pub fn enabled(&self) -> bool {
         !self.cert_file.is_empty() || !self.key_file.is_empty()
     }
+
+    /// The certificate and key files, when TLS is on.
+    pub fn files(&self) -> Option<(&Path, &Path)> {
+        self.enabled()
+            .then(|| (Path::new(&self.cert_file), Path::new(&self.key_file)))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

@@ -178,9 +178,12 @@ pub fn document() -> utoipa::openapi::OpenApi {
 
 // ---- Request and answer bodies ----
 
+// Named `ErrorBody` in the document, as it always was; `AgentError` here, so it is not mistaken
+// for the Open API's `model::contract::ErrorBody`. (A doc comment would change the schema's text.)
 /// The one error body: `{"error": {"code", "message", "field"?}}`.
 #[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
+#[schema(as = ErrorBody)]
+pub struct AgentError {
     pub error: ErrorInner,
 }
 
@@ -451,10 +454,10 @@ async fn openapi_json() -> HttpResponse {
     params(QueueQuery),
     responses(
         (status = 200, body = QueueAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_query"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
+        (status = 400, body = AgentError, description = "invalid_query"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable"),
     )
 )]
 #[get("/conversations")]
@@ -524,10 +527,10 @@ async fn list_conversations(
     params(("id" = String, Path, description = "conversation id", min_length = 1)),
     responses(
         (status = 200, body = ConversationAnswer),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "conversation_not_found"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable"),
     )
 )]
 #[get("/conversations/{id}")]
@@ -582,16 +585,16 @@ async fn get_conversation(
     request_body = AcceptBody,
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, already_accepted (by another agent), idempotency_key_in_progress"),
-        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
-        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending: stored, not yet applied; retry with the same key"),
+        (status = 400, body = AgentError, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "conversation_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, already_accepted (by another agent), idempotency_key_in_progress"),
+        (status = 408, body = AgentError, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
+        (status = 413, body = AgentError, description = "payload_too_large: a body over 64 KiB"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending: stored, not yet applied; retry with the same key"),
     )
 )]
 #[post("/conversations/{id}/accept")]
@@ -629,16 +632,16 @@ async fn accept(
     request_body = MessageBody,
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
-        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
-        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "conversation_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 408, body = AgentError, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
+        (status = 413, body = AgentError, description = "payload_too_large: a body over 64 KiB"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[post("/conversations/{id}/messages")]
@@ -687,16 +690,16 @@ async fn send_message(
     request_body(content = Option<ReleaseTarget>, description = "optional: where the bot picks up"),
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
-        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
-        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "conversation_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, not_with_agent, idempotency_key_in_progress"),
+        (status = 408, body = AgentError, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
+        (status = 413, body = AgentError, description = "payload_too_large: a body over 64 KiB"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[post("/conversations/{id}/release")]
@@ -736,16 +739,16 @@ async fn release(
     request_body = FlowTarget,
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "conversation_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, idempotency_key_in_progress"),
-        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
-        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "conversation_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, idempotency_key_in_progress"),
+        (status = 408, body = AgentError, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
+        (status = 413, body = AgentError, description = "payload_too_large: a body over 64 KiB"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[post("/conversations/{id}/transfer")]
@@ -786,16 +789,16 @@ async fn transfer(
     request_body(content = Option<BlockBody>),
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_body (with field), invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
-        (status = 408, body = ErrorBody, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
-        (status = 413, body = ErrorBody, description = "payload_too_large: a body over 64 KiB"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_body (with field), invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "user_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
+        (status = 408, body = AgentError, description = "body_timeout: the body did not arrive within server.body_read_timeout"),
+        (status = 413, body = AgentError, description = "payload_too_large: a body over 64 KiB"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[post("/users/{platform}/{user_key}/block")]
@@ -838,14 +841,14 @@ async fn block(
     ),
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "user_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[post("/users/{platform}/{user_key}/unblock")]
@@ -880,14 +883,14 @@ async fn unblock(
     ),
     responses(
         (status = 200, body = CommandAnswer),
-        (status = 400, body = ErrorBody, description = "invalid_header"),
-        (status = 401, body = ErrorBody, description = "unauthorized"),
-        (status = 403, body = ErrorBody, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
-        (status = 404, body = ErrorBody, description = "user_not_found"),
-        (status = 409, body = ErrorBody, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
-        (status = 422, body = ErrorBody, description = "idempotency_key_reused, no_partner_channel"),
-        (status = 503, body = ErrorBody, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
-        (status = 504, body = ErrorBody, description = "command_pending"),
+        (status = 400, body = AgentError, description = "invalid_header"),
+        (status = 401, body = AgentError, description = "unauthorized"),
+        (status = 403, body = AgentError, description = "forbidden: the caller's address is outside helpdesk.allow_cidrs"),
+        (status = 404, body = AgentError, description = "user_not_found"),
+        (status = 409, body = AgentError, description = "command_already_applied, not_partner_messenger, idempotency_key_in_progress"),
+        (status = 422, body = AgentError, description = "idempotency_key_reused, no_partner_channel"),
+        (status = 503, body = AgentError, description = "helpdesk_api_disabled, store_unavailable, too_many_pending"),
+        (status = 504, body = AgentError, description = "command_pending"),
     )
 )]
 #[delete("/users/{platform}/{user_key}/session")]
@@ -1214,7 +1217,7 @@ async fn submit(
         let found = blocking(shared, move |shared| {
             // The mark first: a fold writes its states before its marks, so once the event reads
             // as folded its verdict is there to read (a fold may be half applied meanwhile).
-            let pending = still_pending(&shared.store, &eid).map_err(store_error)?;
+            let pending = still_pending(&*shared.store, &eid).map_err(store_error)?;
             let state = shared.store.conversation(&id).map_err(store_error)?;
             if let Some(s) = state.filter(|s| s.desk.verdict(&eid).is_some()) {
                 return Ok(Err(s));
@@ -1269,7 +1272,10 @@ async fn submit(
 }
 
 /// Whether the stored event `event_id` is still to fold.
-fn still_pending(store: &storage::Store, event_id: &str) -> Result<bool, storage::StoreError> {
+fn still_pending(
+    store: &dyn storage::Storage,
+    event_id: &str,
+) -> Result<bool, storage::StoreError> {
     let status = store.event_status(&model::ids::EventId::new(event_id))?;
     Ok(status.is_some_and(|(_, pending)| pending))
 }

@@ -17,6 +17,7 @@ use model::webhook;
 use model::webhook::model::EventKind;
 use serde::{Deserialize, Serialize};
 use storage::writer::WriterError;
+use storage::Storage;
 use storage::{AcceptJob, Accepted, QuarantineRecord, Store, StoreError};
 use tracing::Instrument;
 
@@ -323,7 +324,7 @@ async fn store_delivery(
         Err((reason, detail)) => {
             let store = store_when_open(&intake.writer).await?;
             let quarantine = move || {
-                quarantine_delivery(&store, &body, Some(&content_type), reason, &detail, now)
+                quarantine_delivery(&*store, &body, Some(&content_type), reason, &detail, now)
             };
             match off_worker_if(large, quarantine).await {
                 Ok(Ok(ingested)) => intake.writer.flush().await.map(|()| ingested),
@@ -537,7 +538,7 @@ fn accept_job(
 }
 
 fn quarantine_delivery(
-    store: &Store,
+    store: &dyn Storage,
     body: &[u8],
     content_type: Option<&str>,
     reason: &str,
@@ -588,7 +589,7 @@ pub enum Reprocess {
 /// may run beside it). Step 3 is [`finish_reprocess`]. The body is scrubbed again: a record stored
 /// by an older build may still hold a token.
 pub fn prepare_reprocess(
-    store: &Store,
+    store: &dyn Storage,
     id: u64,
     checks: &webhook::Checks,
     now: i64,
@@ -676,7 +677,7 @@ pub fn prepare_reprocess(
 
 /// Step 3: the stored body leaves quarantine.
 pub fn finish_reprocess(
-    store: &Store,
+    store: &dyn Storage,
     id: u64,
     accepted: Accepted,
     kinds: Vec<EventKind>,
@@ -702,7 +703,7 @@ pub fn finish_reprocess(
 /// Re-process a quarantine record on a store no writer runs on (the offline CLI). Durable when it
 /// returns.
 pub fn reprocess_offline(
-    store: &Store,
+    store: &dyn Storage,
     id: u64,
     checks: &webhook::Checks,
     now: i64,
@@ -730,7 +731,9 @@ mod tests {
     #[test]
     fn a_record_pruned_during_its_reprocess_is_counted_once() {
         let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store: Store = std::sync::Arc::new(
+            storage::SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open"),
+        );
         let body = br#"{"id":"d-1","webhookId":"w","webhookUrl":"u","messages":[{"id":"e-1","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{"message":{"id":"m-1","conversationId":"c-1","isUser":true,"meta":null,"data":{"type":"text","text":"x"}}}}]}"#;
         let record = QuarantineRecord::new("delivery", "invalid_format", "older rules", body, 1);
         let scrubber = scrub::Scrubber::new(["t0ken"]).expect("scrubber");
@@ -739,7 +742,7 @@ mod tests {
         let raced = store.quarantine(record).expect("quarantine");
         let finish = |id| {
             let Some(Reprocess::Accept(job, kinds)) =
-                prepare_reprocess(&store, id, &webhook::Checks::NONE, 2, &scrubber)
+                prepare_reprocess(&*store, id, &webhook::Checks::NONE, 2, &scrubber)
                     .expect("prepare")
             else {
                 panic!("the body is valid today");
@@ -752,11 +755,11 @@ mod tests {
             (accepted, kinds)
         };
         let (accepted, kinds) = finish(alone);
-        let out = finish_reprocess(&store, alone, accepted, kinds).expect("finish");
+        let out = finish_reprocess(&*store, alone, accepted, kinds).expect("finish");
         assert!(out.released, "removed by the re-process");
         let (accepted, kinds) = finish(raced);
         assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 1);
-        let out = finish_reprocess(&store, raced, accepted, kinds).expect("finish");
+        let out = finish_reprocess(&*store, raced, accepted, kinds).expect("finish");
         assert!(!out.released, "the pass removed it and counted it");
         assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 0);
     }
@@ -764,7 +767,9 @@ mod tests {
     #[test]
     fn an_events_record_with_an_empty_array_is_still_invalid_not_a_panic() {
         let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store: Store = std::sync::Arc::new(
+            storage::SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open"),
+        );
         let id = store
             .quarantine(QuarantineRecord::new(
                 "events",
@@ -775,7 +780,7 @@ mod tests {
             ))
             .expect("quarantine");
         let scrubber = scrub::Scrubber::new(["t0ken"]).expect("scrubber");
-        let outcome = prepare_reprocess(&store, id, &webhook::Checks::NONE, 2, &scrubber)
+        let outcome = prepare_reprocess(&*store, id, &webhook::Checks::NONE, 2, &scrubber)
             .expect("store")
             .expect("the record");
         match outcome {

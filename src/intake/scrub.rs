@@ -318,7 +318,9 @@ mod tests {
     #[test]
     fn a_body_quarantined_by_an_older_build_is_scrubbed_when_reprocessed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = storage::Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store: storage::Store = std::sync::Arc::new(
+            storage::SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open"),
+        );
         let body = format!(
             r#"{{"id":"d-old","webhookId":"w","webhookUrl":"https://h/webhook/{TOKEN}","messages":[{{"id":"e-old","event":"bot.message.received","sourceType":"bot","sourceId":"B1","timestamp":1,"data":{{"message":{{"id":"m-1","conversationId":"c-1","isUser":true,"meta":null,"data":{{"type":"text","text":"my hook: {TOKEN}"}}}}}}}}]}}"#
         );
@@ -332,7 +334,7 @@ mod tests {
         let id = store.quarantine(record).expect("quarantine");
         let scrubber = Scrubber::new([TOKEN]).expect("scrubber");
         let out = crate::intake::reprocess_offline(
-            &store,
+            &*store,
             id,
             &model::webhook::Checks::NONE,
             2,

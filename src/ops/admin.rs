@@ -1,6 +1,7 @@
 //! The admin API (`/admin/v1`): read state, inspect and re-process quarantine. Bearer token of its
 //! own, and loopback-only unless configured otherwise.
 
+use super::reading::{blocking, json_bytes, list_page, parse_id, store_error, PageQuery};
 use super::Ops;
 use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -17,10 +18,9 @@ pub const PREFIX: &str = "/admin/v1";
 /// The longest body it reads (actix's default limit for `web::Bytes`).
 pub const MAX_BODY: usize = 256 * 1024;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    let scope = super::outbox_admin::routes(web::scope(PREFIX));
-    let scope = super::reconcile_admin::routes(scope);
-    let scope = super::prune_admin::routes(scope);
+/// The reads, quarantine and operator switches, added to `scope` (the admin API's, which the
+/// other `*_admin` modules fill too), behind the admin token's guard.
+pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
     cfg.service(
         scope
             .wrap(actix_web::middleware::from_fn(guard))
@@ -150,7 +150,7 @@ async fn clock_advance(shared: web::Data<Ops>, body: web::Bytes) -> Result<HttpR
     let store = shared.store.clone();
     let due = blocking(move || {
         store
-            .due_timers(now, 100_000, |_| false)
+            .due_timers(now, 100_000, &|_| false)
             .map(|(due, _)| due.len())
     })
     .await?;
@@ -159,28 +159,6 @@ async fn clock_advance(shared: web::Data<Ops>, body: web::Bytes) -> Result<HttpR
         "now": now,
         "due_timers": due,
     })))
-}
-
-pub(super) fn store_error(e: storage::StoreError) -> ApiError {
-    tracing::error!(error = %e, "admin read failed");
-    ApiError::unavailable("the store cannot be read now")
-}
-
-/// Store work of an admin call, on the blocking pool: sled calls can wait for its lock (a
-/// transaction) or its I/O, and must not hold an HTTP worker, which also answers the webhook.
-pub(super) async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, storage::StoreError> + Send + 'static,
-) -> Result<T, ApiError> {
-    web::block(work)
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-        })?
-        .map_err(store_error)
 }
 
 async fn conversation(
@@ -198,47 +176,16 @@ async fn conversation(
 /// The conversation's timeline (`queries::audit`), with the rules in force.
 async fn audit(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = ConversationId::new(id.into_inner());
-    let (store, rules) = (shared.store.clone(), shared.rules.live.current());
+    let store = shared.store.clone();
+    let (rules, set) = shared.rules.live.current_explained();
     let lookup = id.clone();
-    let found = blocking(move || crate::queries::audit(&store, rules.as_ref(), &lookup)).await?;
+    let found =
+        blocking(move || crate::queries::audit(&*store, rules.as_ref(), set.as_deref(), &lookup))
+            .await?;
     match found {
         Some(timeline) => Ok(HttpResponse::Ok().json(timeline)),
         None => Err(ApiError::not_found(format!("no conversation {id}"))),
     }
-}
-
-/// `?limit=` (default 100, 1 to 1000) and `?after=` (the previous page's `next`), as text: a
-/// bad value is answered 400 with its own code (`invalid_limit`, `invalid_cursor`), not the
-/// extractor's.
-#[derive(Deserialize)]
-pub(super) struct PageQuery {
-    limit: Option<String>,
-    after: Option<String>,
-}
-
-/// One page of `list` (`queries::List`) with the fields of `extra` added, read and encoded on
-/// the blocking pool (a page of a thousand items is not encoded on an HTTP worker).
-pub(super) async fn list_page(
-    shared: &Ops,
-    list: List,
-    q: &PageQuery,
-    extra: serde_json::Map<String, serde_json::Value>,
-) -> Result<HttpResponse, ApiError> {
-    let query = list
-        .query(q.limit.as_deref(), q.after.as_deref())
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code(), e.to_string()))?;
-    let store = shared.store.clone();
-    let json = blocking(move || {
-        let mut page = query.read(&store)?;
-        if let Some(obj) = page.as_object_mut() {
-            obj.extend(extra);
-        }
-        json_bytes(&page)
-    })
-    .await?;
-    Ok(HttpResponse::Ok()
-        .content_type(actix_web::http::header::ContentType::json())
-        .body(json))
 }
 
 /// One page of the conversations in id order, as summaries.
@@ -284,7 +231,7 @@ async fn find_end_user(
 ) -> Result<HttpResponse, ApiError> {
     let store = shared.store.clone();
     let (p, k) = (platform.clone(), user_key.clone());
-    let found = blocking(move || crate::queries::find_end_user(&store, &p, &k)).await?;
+    let found = blocking(move || crate::queries::find_end_user(&*store, &p, &k)).await?;
     match found {
         Some(v) => Ok(HttpResponse::Ok().json(v)),
         None => Err(ApiError::not_found(format!(
@@ -331,22 +278,6 @@ async fn quarantine_body(
     }
 }
 
-/// A value as JSON text (for answers encoded off the HTTP workers; a `Value` always encodes).
-fn json_bytes(value: &serde_json::Value) -> Result<Vec<u8>, storage::StoreError> {
-    serde_json::to_vec(value).map_err(|e| storage::StoreError::Corrupt(e.to_string()))
-}
-
-/// A numeric record id from the path; `what` names it in the error ("quarantine id").
-pub(super) fn parse_id(text: &str, what: &str) -> Result<u64, ApiError> {
-    text.parse().map_err(|_| {
-        ApiError::new(
-            actix_web::http::StatusCode::BAD_REQUEST,
-            "invalid_id",
-            format!("{what} must be a number"),
-        )
-    })
-}
-
 async fn quarantine_show(
     shared: web::Data<Ops>,
     id: web::Path<String>,
@@ -378,7 +309,7 @@ async fn quarantine_reprocess(
     let store = shared.store.clone();
     let scrubber = shared.intake.scrubber.clone();
     let prepared =
-        blocking(move || crate::intake::prepare_reprocess(&store, id, &checks, now, &scrubber))
+        blocking(move || crate::intake::prepare_reprocess(&*store, id, &checks, now, &scrubber))
             .await?;
     let unavailable = |_| ApiError::unavailable("the store cannot persist now");
     let outcome = match prepared {
@@ -389,7 +320,7 @@ async fn quarantine_reprocess(
             let accepted = shared.writer.accept(job).await.map_err(unavailable)?;
             let store = shared.store.clone();
             let outcome =
-                blocking(move || crate::intake::finish_reprocess(&store, id, accepted, kinds))
+                blocking(move || crate::intake::finish_reprocess(&*store, id, accepted, kinds))
                     .await?;
             shared.writer.flush().await.map_err(unavailable)?;
             outcome

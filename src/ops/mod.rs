@@ -4,6 +4,7 @@ pub mod admin;
 pub mod metrics;
 pub mod outbox_admin;
 pub mod prune_admin;
+mod reading;
 pub mod reconcile_admin;
 pub mod reload;
 
@@ -57,7 +58,10 @@ pub fn probe_routes(cfg: &mut web::ServiceConfig) {
 /// `/metrics` (unauthenticated, Prometheus's convention) and the admin API.
 pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/metrics", web::get().to(metrics));
-    admin::routes(cfg);
+    let scope = outbox_admin::routes(web::scope(admin::PREFIX));
+    let scope = reconcile_admin::routes(scope);
+    let scope = prune_admin::routes(scope);
+    admin::routes(cfg, scope);
 }
 
 /// Alive: the process answers.

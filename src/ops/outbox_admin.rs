@@ -1,6 +1,6 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
-use super::admin::{blocking, list_page, PageQuery};
+use super::reading::{self, blocking, list_page, PageQuery};
 use super::Ops;
 use crate::queries::{List, PageRequest};
 use actix_web::http::StatusCode;
@@ -27,7 +27,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
 }
 
 fn parse_id(text: &str) -> Result<u64, ApiError> {
-    super::admin::parse_id(text, "dead-letter id")
+    reading::parse_id(text, "dead-letter id")
 }
 
 fn not_found(id: u64) -> ApiError {
@@ -51,7 +51,7 @@ async fn show_pending(
     shared: web::Data<Ops>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = super::admin::parse_id(&id, "outbox entry id")?;
+    let id = reading::parse_id(&id, "outbox entry id")?;
     let store = shared.store.clone();
     match blocking(move || store.outbox_entry(id)).await? {
         Some(entry) => Ok(HttpResponse::Ok().json(entry)),

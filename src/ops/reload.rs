@@ -8,7 +8,6 @@ use engine::rules::live::LiveRules;
 use engine::rules::{LoadError, RuleSet};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -83,7 +82,7 @@ impl Reloader {
         let rules = set.rules().len();
         let changed = version != previous;
         if changed {
-            self.live.replace(Arc::new(set));
+            self.live.replace(set);
             count("loaded");
             tracing::info!(trigger = trigger.label(), %previous, %version, rules, "rules reloaded");
         } else {

@@ -17,15 +17,20 @@ pub fn helpdesk_destination(endpoint: &str) -> String {
     format!("helpdesk:{endpoint}")
 }
 
-/// Which sink carries an entry out (each has its own window and store cursor).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which sink carries an entry out (each has its own window and store cursor, indexed by the
+/// discriminant). The list of all kinds ([`SinkKind::ALL`]) comes from the enum itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray, strum::EnumCount)]
 pub enum SinkKind {
     OpenApi = 0,
     Helpdesk = 1,
 }
 
 impl SinkKind {
-    pub const ALL: [SinkKind; 2] = [SinkKind::OpenApi, SinkKind::Helpdesk];
+    /// Every kind, in declaration order (each at its discriminant's index).
+    pub const ALL: [SinkKind; <SinkKind as strum::EnumCount>::COUNT] =
+        *<SinkKind as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .unwrap();
 
     pub fn of(entry: &OutboxEntry) -> SinkKind {
         match entry.action {
@@ -246,6 +251,14 @@ mod tests {
             body: String::new(),
             retry_after: None,
         })
+    }
+
+    #[test]
+    fn all_lists_each_sink_kind_once_at_its_index() {
+        assert_eq!(SinkKind::ALL, [SinkKind::OpenApi, SinkKind::Helpdesk]);
+        for (i, kind) in SinkKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i);
+        }
     }
 
     fn dead(e: ExecuteError) -> Dead {

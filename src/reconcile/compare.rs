@@ -2,12 +2,12 @@
 
 use engine::state::belief::{believed, believes_manual};
 use engine::state::{ConversationState, HandoffPhase};
-use model::contract::Manual;
+use model::contract::ManualStatus;
 use model::webhook::drift::{Drift, DriftKind, Observed};
 use model::webhook::model::Millis;
 
 /// The service's answer to `GET /openapi/conversation/{id}/manual`, as a drift records it.
-pub fn observed(manual: &Manual) -> Observed {
+pub fn observed(manual: &ManualStatus) -> Observed {
     Observed {
         manual: manual.enabled,
         status: manual.status.clone(),

@@ -197,12 +197,13 @@ impl rustls::client::danger::ServerCertVerifier for PinnedToListener {
 pub struct PublicTls(Option<Arc<ServerCert>>);
 
 impl PublicTls {
-    /// From `server.tls` (validated: both files or neither).
-    pub fn from_config(config: &crate::config::ServerTlsConfig) -> Result<PublicTls, String> {
-        if !config.enabled() {
+    /// Plain without files, else TLS with the certificate of `(cert_file, key_file)` (the
+    /// config's `server.tls`, validated: both files or neither).
+    pub fn from_files(files: Option<(&Path, &Path)>) -> Result<PublicTls, String> {
+        let Some((cert_file, key_file)) = files else {
             return Ok(PublicTls(None));
-        }
-        let cert = ServerCert::load(Path::new(&config.cert_file), Path::new(&config.key_file))?;
+        };
+        let cert = ServerCert::load(cert_file, key_file)?;
         Ok(PublicTls(Some(cert)))
     }
 

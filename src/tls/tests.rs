@@ -1,26 +1,9 @@
 use super::*;
 use crate::config::{Config, ConfigError, Overrides};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::CertificateError as C;
 use rustls::ClientConfig;
 use std::sync::Arc;
-
-/// A CA and a leaf for `names` signed by it: (CA PEM, leaf PEM, leaf key PEM).
-fn ca_and_leaf(names: &[&str]) -> (String, String, String) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "handoff-bridge unit test CA");
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let leaf = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        .expect("leaf params")
-        .signed_by(&key, &ca)
-        .expect("leaf");
-    (ca.pem(), leaf.pem(), key.serialize_pem())
-}
+use upstream::test_support::ca_and_leaf;
 
 #[test]
 fn a_server_certificate_needs_its_own_key() {
@@ -194,7 +177,7 @@ fn the_loopback_client_trusts_exactly_the_certificate_the_listener_serves() {
     )
     .expect("other");
 
-    let listener = PublicTls::from_config(&own).expect("listener");
+    let listener = PublicTls::from_files(own.files()).expect("listener");
     let client = listener
         .loopback_client()
         .expect("client")
@@ -216,14 +199,11 @@ fn the_loopback_client_trusts_exactly_the_certificate_the_listener_serves() {
         "{err:?}"
     );
     assert!(
-        PublicTls::from_config(&crate::config::ServerTlsConfig {
-            cert_file: String::new(),
-            key_file: String::new(),
-        })
-        .expect("plain")
-        .loopback_client()
-        .expect("client")
-        .is_none(),
+        PublicTls::from_files(None)
+            .expect("plain")
+            .loopback_client()
+            .expect("client")
+            .is_none(),
         "no TLS, no client"
     );
 }

@@ -53,6 +53,7 @@ pub mod seed;
 pub mod sender;
 pub mod state;
 pub mod validate;
+pub mod webhook_status;
 
 pub use faults::{Fault, FaultConfig};
 pub use journal::JournalEntry;

@@ -12,9 +12,9 @@ use super::validate;
 use model::clock::{format_iso_millis, parse_iso_millis};
 use model::contract::{
     BlockRequest, BotConversationsQuery, ChannelSetting, ConversationsQuery, EndUsersQuery,
-    Endpoint, ErrorBody, ErrorDetail, Flow, FlowList, Manual, MessageRangeQuery, MessagesQuery,
-    NotifyRequest, NotifyResult, Page, PageQuery, Paging, PbConversation, PbSent, PbSession,
-    PbStatus, SendMessage, SendToEndUser, UpdatePbConversation,
+    Endpoint, ErrorBody, ErrorDetail, Flow, FlowList, ManualStatus, MessageRangeQuery,
+    MessagesQuery, NotifyRequest, NotifyResult, Page, PageQuery, Paging, PbConversation, PbSent,
+    PbSession, PbStatus, SendMessage, SendToEndUser, UpdatePbConversation,
 };
 use model::ids::{BotId, ConversationId, EndUserId, UserKey};
 // Some request types share their names with endpoints.
@@ -175,7 +175,7 @@ pub struct EmulatorState {
     /// Woken whenever deliveries complete, for `/_emulator/webhook/flushed`.
     delivery_progress: std::sync::Arc<tokio::sync::Notify>,
     /// The webhook's health as the service judges it (the rule that disables it).
-    webhook: super::sender::WebhookStatus,
+    webhook: crate::webhook_status::WebhookStatus,
 }
 
 /// Events held for the webhook at most (the oldest go past it, counted in the webhook status):
@@ -238,7 +238,7 @@ impl EmulatorState {
             events: None,
             undelivered: 0,
             delivery_progress: std::sync::Arc::new(tokio::sync::Notify::new()),
-            webhook: super::sender::WebhookStatus::default(),
+            webhook: crate::webhook_status::WebhookStatus::default(),
             notifications: Vec::new(),
             next_id: 1,
         };
@@ -916,9 +916,9 @@ impl EmulatorState {
             })
     }
 
-    fn manual(&self, i: usize) -> Manual {
+    fn manual(&self, i: usize) -> ManualStatus {
         let r = &self.conversations[i];
-        Manual {
+        ManualStatus {
             conversation_id: r.conversation.id.as_str().to_owned(),
             enabled: r.manual.enabled,
             status: r.manual.enabled.then(|| HANDOVER.to_owned()),
@@ -934,7 +934,7 @@ impl EmulatorState {
         conversation_id: &str,
         enabled: bool,
         now: Millis,
-    ) -> Result<Manual, ErrorAnswer> {
+    ) -> Result<ManualStatus, ErrorAnswer> {
         let i = self.conversation_index(conversation_id)?;
         self.set_manual(i, enabled, now);
         Ok(self.manual(i))
@@ -1126,11 +1126,11 @@ impl EmulatorState {
     }
 
     /// The webhook's health (enabled or disabled, and why).
-    pub fn webhook(&self) -> &super::sender::WebhookStatus {
+    pub fn webhook(&self) -> &crate::webhook_status::WebhookStatus {
         &self.webhook
     }
 
-    pub fn webhook_mut(&mut self) -> &mut super::sender::WebhookStatus {
+    pub fn webhook_mut(&mut self) -> &mut crate::webhook_status::WebhookStatus {
         &mut self.webhook
     }
 
@@ -1144,7 +1144,7 @@ impl EmulatorState {
                 self.undelivered += 1;
             }
             events.push_back(PendingWebhook {
-                id: super::sender::uuid_like(),
+                id: uuid::Uuid::new_v4().to_string(),
                 kind: kind.to_owned(),
                 bot_id: bot_id.map(|b| b.as_str().to_owned()).unwrap_or_default(),
                 at,

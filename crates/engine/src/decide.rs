@@ -172,11 +172,6 @@ pub trait Decide: Send + Sync {
     fn version(&self) -> &str {
         "none"
     }
-
-    /// The rule set behind it, when it is one (audits re-evaluate with it to explain).
-    fn rule_set(&self) -> Option<&crate::rules::RuleSet> {
-        None
-    }
 }
 
 /// Decides nothing: the bridge only keeps state.

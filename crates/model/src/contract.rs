@@ -8,8 +8,22 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// Every endpoint of the Open API. The names are stable: they label metrics, rate-limit classes
-/// and the `api` CLI command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// and the `api` CLI command. The names ([`Endpoint::name`], kebab-case) and the list of all
+/// endpoints ([`Endpoint::ALL`]) come from the enum itself.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Endpoint {
     ListBots,
     GetBot,
@@ -48,62 +62,15 @@ pub enum EndpointClass {
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 24] = [
-        Endpoint::ListBots,
-        Endpoint::GetBot,
-        Endpoint::ListBotConversations,
-        Endpoint::ListFlows,
-        Endpoint::GetConversation,
-        Endpoint::UpdateConversation,
-        Endpoint::SetManual,
-        Endpoint::GetManual,
-        Endpoint::ListConversationMessages,
-        Endpoint::SendConversationMessage,
-        Endpoint::SetNavigation,
-        Endpoint::ListConversations,
-        Endpoint::GetEndUser,
-        Endpoint::ListEndUsers,
-        Endpoint::SendEndUserMessage,
-        Endpoint::ListMessages,
-        Endpoint::PbGetConversation,
-        Endpoint::PbUpdateConversation,
-        Endpoint::PbBlock,
-        Endpoint::PbUnblock,
-        Endpoint::PbRemoveSession,
-        Endpoint::PbSendMessage,
-        Endpoint::PbUpdateSetting,
-        Endpoint::NotifySend,
-    ];
+    /// Every endpoint, in declaration order.
+    pub const ALL: [Endpoint; <Endpoint as strum::EnumCount>::COUNT] =
+        *<Endpoint as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .unwrap();
 
     /// Kebab-case name (CLI and metric label).
     pub fn name(self) -> &'static str {
-        use Endpoint::*;
-        match self {
-            ListBots => "list-bots",
-            GetBot => "get-bot",
-            ListBotConversations => "list-bot-conversations",
-            ListFlows => "list-flows",
-            GetConversation => "get-conversation",
-            UpdateConversation => "update-conversation",
-            SetManual => "set-manual",
-            GetManual => "get-manual",
-            ListConversationMessages => "list-conversation-messages",
-            SendConversationMessage => "send-conversation-message",
-            SetNavigation => "set-navigation",
-            ListConversations => "list-conversations",
-            GetEndUser => "get-end-user",
-            ListEndUsers => "list-end-users",
-            SendEndUserMessage => "send-end-user-message",
-            ListMessages => "list-messages",
-            PbGetConversation => "pb-get-conversation",
-            PbUpdateConversation => "pb-update-conversation",
-            PbBlock => "pb-block",
-            PbUnblock => "pb-unblock",
-            PbRemoveSession => "pb-remove-session",
-            PbSendMessage => "pb-send-message",
-            PbUpdateSetting => "pb-update-setting",
-            NotifySend => "notify-send",
-        }
+        self.into()
     }
 
     pub fn from_name(name: &str) -> Option<Endpoint> {
@@ -313,10 +280,11 @@ pub struct SetManual {
     pub enabled: bool,
 }
 
-/// The agent-connection ("manual") status of a conversation.
+/// The agent-connection ("manual") status of a conversation: the answer of `GET` and `PUT
+/// .../manual` (not the webhook's `context.manual`, [`crate::webhook::model::Manual`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Manual {
+pub struct ManualStatus {
     pub conversation_id: String,
     pub enabled: bool,
     pub status: Option<String>,
@@ -495,5 +463,13 @@ mod tests {
         assert_eq!(Endpoint::PbSendMessage.class(), EndpointClass::PartnerSend);
         assert_eq!(Endpoint::GetManual.class(), EndpointClass::Read);
         assert_eq!(Endpoint::SetManual.class(), EndpointClass::Write);
+        // The names are kebab-case of the variants (metric labels, the `api` CLI command).
+        assert_eq!(Endpoint::ListBots.name(), "list-bots");
+        assert_eq!(Endpoint::ListEndUsers.name(), "list-end-users");
+        assert_eq!(Endpoint::PbGetConversation.name(), "pb-get-conversation");
+        assert_eq!(Endpoint::NotifySend.name(), "notify-send");
+        assert_eq!(Endpoint::ALL[0], Endpoint::ListBots);
+        assert_eq!(Endpoint::ALL[23], Endpoint::NotifySend);
+        assert_eq!(Endpoint::from_name("ListBots"), None);
     }
 }

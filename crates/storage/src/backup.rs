@@ -9,7 +9,7 @@
 //! Dump file: `MAGIC`, then per collection `1u8`, type, name, per record `2u8`, key, value, and
 //! `0u8`; then a final `0u8`. Each byte string is a `u64` little-endian length and the bytes.
 
-use super::{eventlog, Store, StoreError, EVENT_LOG_DIR};
+use super::{eventlog, SledStore, StoreError, EVENT_LOG_DIR};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -27,7 +27,7 @@ pub struct DumpStats {
     pub records: u64,
 }
 
-impl Store {
+impl SledStore {
     /// Write every sled tree to `out` (see the module doc). The store must not change meanwhile:
     /// backups open it offline.
     pub fn export_sled(&self, out: &mut impl Write) -> Result<DumpStats, StoreError> {
@@ -64,7 +64,7 @@ impl Store {
     }
 }
 
-/// The layout version of the store at `store_dir` without opening it as a [`Store`] (which would
+/// The layout version of the store at `store_dir` without opening it as a [`SledStore`] (which would
 /// migrate an older one); `None` for a store that never recorded one (a new, empty store).
 pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
     // The event log's lock first: a daemon taking deliveries before its sled opens holds only
@@ -235,7 +235,7 @@ mod tests {
     #[test]
     fn a_dump_loads_into_a_new_store_with_every_tree_and_record() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("a"), 1 << 20).expect("open");
+        let store = SledStore::open(&dir.path().join("a"), 1 << 20).expect("open");
         let tree = store.db.open_tree("extra").expect("tree");
         tree.insert(b"k1", b"v1".to_vec()).expect("insert");
         tree.insert(b"k2", vec![0u8; 70_000]).expect("insert");
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn a_cut_dump_is_refused_as_damaged() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("a"), 1 << 20).expect("open");
+        let store = SledStore::open(&dir.path().join("a"), 1 << 20).expect("open");
         let mut dump = Vec::new();
         store.export_sled(&mut dump).expect("export");
         dump.truncate(dump.len() - 3);

@@ -6,7 +6,7 @@
 //! algorithm: hashes are written to disk) to the frames that may hold it.
 //!
 //! A hash match is a candidate, not a verdict: the caller reads the frame and compares the id
-//! ([`Store::seen_event`](super::Store)), so a collision can never drop an event. That is why
+//! ([`SledStore::seen_event`](super::SledStore)), so a collision can never drop an event. That is why
 //! sealed ids keep only 48 bits of their hash: a false match costs a rare extra frame read.
 //!
 //! The newest segment's ids are in a hash map; when the log moves to a new segment the old one is
@@ -25,7 +25,7 @@
 //! without a sync, checked by length and CRC when read, and rebuilt from the segment when
 //! missing or bad.
 
-use super::eventlog::{self, Location};
+use super::eventlog::{self, LogPosition};
 use std::collections::HashMap;
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -450,7 +450,7 @@ impl Merged {
         count
     }
 
-    fn find(&self, hash: u64, out: &mut Vec<Location>) {
+    fn find(&self, hash: u64, out: &mut Vec<LogPosition>) {
         let range = self.ids.range(bucket(hash));
         let Some(lows) = self.ids.low.get(range.clone()) else {
             return;
@@ -462,7 +462,7 @@ impl Merged {
                 break;
             }
             if let Some((segment, _)) = self.segments.get(usize::from(self.ids.ordinals[i])) {
-                out.push(Location {
+                out.push(LogPosition {
                     segment: *segment,
                     offset: u64::from(self.ids.offsets[i]),
                 });
@@ -517,7 +517,7 @@ impl DedupeIndex {
                 segment,
                 ..Open::default()
             };
-            let start = Location { segment, offset: 0 };
+            let start = LogPosition { segment, offset: 0 };
             eventlog::scan(dir, start, |at, record, _| {
                 if at.segment != segment {
                     return ControlFlow::Break(());
@@ -547,9 +547,14 @@ impl DedupeIndex {
     ///
     /// Refused when the frame would seal the open segment into a full sealed index: nothing
     /// changes then (the open segment keeps its ids), and the same frames may come again.
-    pub fn insert(&mut self, at: Location, delivery: &str, ids: &[&str]) -> Result<(), IndexFull> {
+    pub fn insert(
+        &mut self,
+        at: LogPosition,
+        delivery: &str,
+        ids: &[&str],
+    ) -> Result<(), IndexFull> {
         let Ok(offset) = u32::try_from(at.offset) else {
-            // Segments are far smaller than 4 GiB (`Store::open_with` checks the size).
+            // Segments are far smaller than 4 GiB (`SledStore::open_with` checks the size).
             tracing::error!(?at, "event log offset out of range for the dedupe index");
             return Ok(());
         };
@@ -600,17 +605,17 @@ impl DedupeIndex {
     }
 
     /// Frames that may hold an id of this hash.
-    pub fn candidates(&self, hash: u64) -> Vec<Location> {
+    pub fn candidates(&self, hash: u64) -> Vec<LogPosition> {
         let mut out = Vec::new();
         let segment = self.open.segment;
         if let Some(o) = self.open.first.get(&hash) {
-            out.push(Location {
+            out.push(LogPosition {
                 segment,
                 offset: u64::from(*o),
             });
             for (h, o) in &self.open.more {
                 if *h == hash {
-                    out.push(Location {
+                    out.push(LogPosition {
                         segment,
                         offset: u64::from(*o),
                     });
@@ -692,7 +697,7 @@ mod tests {
     use super::*;
     use crate::eventlog::{Appender, FrameEvent, Frames};
 
-    fn append(log: &mut Appender, delivery: &str, ids: &[&str]) -> Location {
+    fn append(log: &mut Appender, delivery: &str, ids: &[&str]) -> LogPosition {
         let mut frames = Frames::default();
         let events: Vec<FrameEvent<'_>> = ids
             .iter()
@@ -844,7 +849,7 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..12),
         ) {
             let mut merged = Merged::default();
-            let mut plain: Vec<(u64, Location)> = Vec::new();
+            let mut plain: Vec<(u64, LogPosition)> = Vec::new();
             // What is sealed now, run by run, to load all at once at the end.
             let mut runs: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
             for op in ops {
@@ -853,7 +858,7 @@ mod tests {
                         let segment = SEGMENT_NUMBERS[s];
                         let sealed = Sealed::from_pairs(pairs.clone());
                         for (hash, o) in sealed.hashes.iter().zip(&sealed.offsets) {
-                            plain.push((*hash, Location { segment, offset: u64::from(*o) }));
+                            plain.push((*hash, LogPosition { segment, offset: u64::from(*o) }));
                         }
                         merged.add(vec![(segment, sealed)]).expect("room");
                         runs.push((segment, pairs));
@@ -899,10 +904,10 @@ mod tests {
             for hash in asked {
                 let mut found = Vec::new();
                 merged.find(hash, &mut found);
-                let mut exact: Vec<Location> =
+                let mut exact: Vec<LogPosition> =
                     plain.iter().filter(|(h, _)| *h == hash).map(|(_, at)| *at).collect();
                 exact.sort();
-                let mut want: Vec<Location> = plain
+                let mut want: Vec<LogPosition> = plain
                     .iter()
                     .filter(|(h, _)| kept_bits(*h) == kept_bits(hash))
                     .map(|(_, at)| *at)
@@ -977,7 +982,7 @@ mod tests {
             let first = hashes(segment).next().expect("a hash");
             assert!(index
                 .candidates(first)
-                .contains(&Location { segment, offset: 0 }));
+                .contains(&LogPosition { segment, offset: 0 }));
         }
         // Forgetting one shrinks the columns to fit.
         assert_eq!(index.forget(4), per_segment);
@@ -1007,7 +1012,7 @@ mod tests {
                 Sealed::from_pairs(vec![(hash_of(segment), offset)]),
             )
         };
-        let frame_of = |segment: u64| Location {
+        let frame_of = |segment: u64| LogPosition {
             segment,
             offset: segment % 1000,
         };
@@ -1037,11 +1042,11 @@ mod tests {
 
         // Nor can the open segment be sealed: the frame that would seal it is refused and the
         // open segment keeps its ids (the indexer tries that frame again).
-        let open = Location {
+        let open = LogPosition {
             segment: 100_000,
             offset: 0,
         };
-        let next = Location {
+        let next = LogPosition {
             segment: 100_001,
             offset: 0,
         };
@@ -1110,14 +1115,14 @@ mod tests {
     fn the_same_hash_at_two_frames_keeps_both_candidates() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut index = DedupeIndex::load(dir.path(), 1).expect("load");
-        let at = |offset| Location { segment: 1, offset };
+        let at = |offset| LogPosition { segment: 1, offset };
         index.insert(at(0), "d1", &["e1"]).expect("insert");
         index.insert(at(50), "d2", &["e1"]).expect("insert");
         index.insert(at(50), "d2", &["e1"]).expect("insert");
         assert_eq!(index.candidates(event_hash("e1")), vec![at(0), at(50)]);
         index
             .insert(
-                Location {
+                LogPosition {
                     segment: 2,
                     offset: 0,
                 },

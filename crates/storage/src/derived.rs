@@ -4,12 +4,12 @@
 //! ([`derived_keys`]); a fold notes a conversation's keys as it found it and writes, in its
 //! journal, the difference with its keys after the fold ([`derived_writes`]). Only folds write
 //! these keys, so the indexes always equal the states. A store from before an index gets it once,
-//! on open, behind its own `meta` flag ([`Store::index_once`]).
+//! on open, behind its own `meta` flag ([`SledStore::index_once`]).
 //!
 //! (The waiting queue, `store::queue`, is kept beside them in the same way but apart: a fold also
 //! reads it, with its own changes over it, for the rules' `queue` input.)
 
-use super::{desk, watch, ConversationState, Store, StoreError};
+use super::{desk, watch, ConversationState, SledStore, StoreError};
 use std::collections::HashMap;
 
 /// Every key the state derives (none, one or several per index).
@@ -45,7 +45,7 @@ pub(super) fn derived_writes(
     out
 }
 
-impl Store {
+impl SledStore {
     /// A store from before an index: index its conversations once, on open (before any fold,
     /// so nothing races with it), then set `flag` in `meta`. A new store has none and only marks
     /// it.

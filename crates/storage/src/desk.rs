@@ -9,7 +9,7 @@
 //! before and after the fold, in the fold's journal), so the index always equals the states;
 //! a store from before it is indexed once, on open.
 
-use super::{decode, keys, queue, Store, StoreError};
+use super::{decode, keys, queue, SledStore, StoreError};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use engine::state::desk::DeskPhase;
@@ -76,11 +76,11 @@ pub struct DeskPage {
     pub next: Option<DeskCursor>,
 }
 
-impl Store {
+impl SledStore {
     /// Up to `limit` conversations in `phase` (every phase when `None`), of `bot` when given,
     /// after `after`, in listing order. Reads one range per phase (merged by position for all
     /// phases), then each listed conversation's state.
-    pub fn desk_page(
+    pub(crate) fn desk_page(
         &self,
         phase: Option<DeskPhase>,
         bot: Option<&str>,
@@ -161,7 +161,7 @@ impl Store {
     /// `states` that wait. Counted once per bot, up to its first waiting conversation in
     /// `states`, then on from there to each next one (`states` in listing order, so each count
     /// is short); never a read of a whole queue per conversation.
-    pub fn waiting_positions(
+    pub(crate) fn waiting_positions(
         &self,
         states: &[ConversationState],
     ) -> Result<HashMap<String, usize>, StoreError> {
@@ -207,7 +207,7 @@ mod tests {
     use model::webhook::model::Event;
     use model::webhook::IncomingEvent;
 
-    fn command(store: &Store, id: &str, command: Command) -> crate::Applied {
+    fn command(store: &SledStore, id: &str, command: Command) -> crate::Applied {
         let cmd = AgentCommand {
             conversation_id: "c1".into(),
             command,
@@ -268,12 +268,12 @@ mod tests {
     }
 
     /// Every phase index key, scanned (sorted).
-    fn index(store: &Store) -> Vec<Vec<u8>> {
+    fn index(store: &SledStore) -> Vec<Vec<u8>> {
         queue_keys(store, &[keys::DESK_PHASE, keys::DESK_BOT])
     }
 
     /// Every state, scanned.
-    fn states(store: &Store) -> Vec<ConversationState> {
+    fn states(store: &SledStore) -> Vec<ConversationState> {
         store
             .conversations
             .iter()
@@ -282,7 +282,7 @@ mod tests {
     }
 
     /// What a scan of the states says the index holds.
-    fn scanned(store: &Store) -> Vec<Vec<u8>> {
+    fn scanned(store: &SledStore) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> = states(store).iter().flat_map(desk_keys).collect();
         keys.sort();
         keys
@@ -290,7 +290,7 @@ mod tests {
 
     /// Random conversation events and agent commands over `conversations` conversations of two
     /// bots, with times that go back and forth, folded in batches of 1 to 20.
-    fn random_history(store: &Store, seed: u64, events: usize, conversations: usize) {
+    fn random_history(store: &SledStore, seed: u64, events: usize, conversations: usize) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let kinds = [
@@ -325,7 +325,7 @@ mod tests {
     }
 
     /// The listing a scan of the states gives: `phase` (all when `None`) and `bot`, in order.
-    fn listing(store: &Store, phase: Option<DeskPhase>, bot: Option<&str>) -> Vec<String> {
+    fn listing(store: &SledStore, phase: Option<DeskPhase>, bot: Option<&str>) -> Vec<String> {
         let mut found: Vec<ConversationState> = states(store)
             .into_iter()
             .filter(|s| phase.is_none_or(|p| DeskPhase::of(s) == p))
@@ -339,7 +339,7 @@ mod tests {
 
     /// Every page of a listing, `limit` at a time, through the cursors' text.
     fn paged(
-        store: &Store,
+        store: &SledStore,
         phase: Option<DeskPhase>,
         bot: Option<&str>,
         limit: usize,
@@ -371,7 +371,7 @@ mod tests {
     fn the_index_equals_a_scan_of_the_states_after_random_folds() {
         for seed in 0..6 {
             let dir = tempfile::tempdir().expect("tempdir");
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             for round in 0..4 {
                 random_history(&store, seed * 10 + round, 60, 12);
                 assert_eq!(index(&store), scanned(&store), "seed {seed} round {round}");
@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn pages_walk_every_entry_once_in_order_and_positions_are_the_queue_ranks() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         random_history(&store, 99, 400, 40);
         let mut phases: Vec<Option<DeskPhase>> = DeskPhase::ALL.iter().copied().map(Some).collect();
         phases.push(None);
@@ -461,7 +461,7 @@ mod tests {
     fn a_store_from_before_the_index_gets_it_on_open() {
         let dir = tempfile::tempdir().expect("tempdir");
         let expected = {
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             random_history(&store, 7, 80, 15);
             let expected = scanned(&store);
             assert!(!expected.is_empty());
@@ -477,7 +477,7 @@ mod tests {
                 .is_empty());
             expected
         };
-        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(index(&store), expected);
         assert_eq!(paged(&store, None, None, 4), listing(&store, None, None));
     }
@@ -509,7 +509,7 @@ mod tests {
     #[test]
     fn the_fold_judges_agent_commands_in_order_and_decides_their_actions() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
 
         let early = command(
             &store,

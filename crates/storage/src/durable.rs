@@ -6,7 +6,7 @@
 //! flusher `fsync`s the file only every `flush_every_ms` (500 ms). After a power loss a write
 //! `Db::flush` returned for up to that long before can be missing, and with it what the daemon
 //! did on the strength of it: a quarantined delivery answered 200, a decision carried out.
-//! [`Store::flush`](super::Store::flush) therefore syncs sled's file (`db`) after sled's flush,
+//! [`SledStore::flush`](super::SledStore::flush) therefore syncs sled's file (`db`) after sled's flush,
 //! and an open syncs the store's directory once, for a new store's files.
 //!
 //! Values over a quarter of a segment (about 128 KiB) sled keeps in files of their own under

@@ -8,7 +8,7 @@
 //!
 //! This log is also what makes a delivery durable: the syncer appends a group's frames and
 //! `fdatasync`s once, then acknowledges, then indexes the events in sled. On open, frames past the
-//! index checkpoint are indexed again (see `Store::open`).
+//! index checkpoint are indexed again (see `SledStore::open`).
 //!
 //! Segment files are `<number>.log` (20 digits, so names sort numerically) in the log directory.
 //! Frame: `len: u32 LE`, `crc32(payload): u32 LE`, `payload` (JSON [`LogRecord`]). A frame cut
@@ -35,12 +35,12 @@ const SUFFIX: &str = ".log";
 /// Where a frame starts: segment number and byte offset. Encoded big-endian so that locations
 /// sort in log order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Location {
+pub struct LogPosition {
     pub segment: u64,
     pub offset: u64,
 }
 
-impl Location {
+impl LogPosition {
     pub const LEN: usize = 16;
 
     pub fn encode(self) -> [u8; Self::LEN] {
@@ -50,8 +50,8 @@ impl Location {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<Location> {
-        Some(Location {
+    pub fn decode(bytes: &[u8]) -> Option<LogPosition> {
+        Some(LogPosition {
             segment: u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
             offset: u64::from_be_bytes(bytes.get(8..Self::LEN)?.try_into().ok()?),
         })
@@ -205,12 +205,12 @@ impl Appender {
     }
 
     /// Queue frames for the next [`commit`](Appender::commit); returns where each will be.
-    pub fn queue(&mut self, frames: Frames) -> Vec<Location> {
+    pub fn queue(&mut self, frames: Frames) -> Vec<LogPosition> {
         let base = self.len + self.buf.len() as u64;
         let at = frames
             .starts
             .iter()
-            .map(|s| Location {
+            .map(|s| LogPosition {
                 segment: self.segment,
                 offset: base + *s as u64,
             })
@@ -257,8 +257,8 @@ impl Appender {
     }
 
     /// Where the next frame will go: everything before it is on disk.
-    pub fn end(&self) -> Location {
-        Location {
+    pub fn end(&self) -> LogPosition {
+        LogPosition {
             segment: self.segment,
             offset: self.len,
         }
@@ -320,7 +320,7 @@ pub fn remove_segment(dir: &Path, segment: u64) -> std::io::Result<()> {
 }
 
 /// The frame at `at`, if it is there and intact.
-pub fn read_at(dir: &Path, at: Location) -> std::io::Result<Option<LogRecord>> {
+pub fn read_at(dir: &Path, at: LogPosition) -> std::io::Result<Option<LogRecord>> {
     let mut file = match File::open(segment_path(dir, at.segment)) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -336,7 +336,7 @@ pub fn read_at(dir: &Path, at: Location) -> std::io::Result<Option<LogRecord>> {
 /// The frame an index points at: `None` when its segment is gone (pruned meanwhile), an error
 /// when the frame is not there or damaged (an index pointing at nothing is corruption, not "no
 /// such event": the dedupe path must not take it for a new id).
-pub fn read_indexed(dir: &Path, at: Location) -> std::io::Result<Option<LogRecord>> {
+pub fn read_indexed(dir: &Path, at: LogPosition) -> std::io::Result<Option<LogRecord>> {
     let mut file = match File::open(segment_path(dir, at.segment)) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -360,7 +360,7 @@ pub fn read_indexed(dir: &Path, at: Location) -> std::io::Result<Option<LogRecor
 #[derive(Debug, PartialEq, Eq)]
 pub struct ScanEnd {
     /// Where the next frame would start (after the last intact one visited).
-    pub next: Location,
+    pub next: LogPosition,
     /// The newest segment ended in a torn or corrupt frame.
     pub torn_tail: bool,
 }
@@ -371,8 +371,8 @@ pub struct ScanEnd {
 /// being written ends the scan the same way.
 pub fn scan(
     dir: &Path,
-    from: Location,
-    mut f: impl FnMut(Location, LogRecord, Location) -> ControlFlow<()>,
+    from: LogPosition,
+    mut f: impl FnMut(LogPosition, LogRecord, LogPosition) -> ControlFlow<()>,
 ) -> std::io::Result<ScanEnd> {
     let all = segments(dir)?;
     let mut end = ScanEnd {
@@ -395,13 +395,13 @@ pub fn scan(
             0
         };
         reader.seek(SeekFrom::Start(offset))?;
-        end.next = Location { segment, offset };
+        end.next = LogPosition { segment, offset };
         loop {
             match next_frame(&mut reader)? {
                 Frame::Record(record, len) => {
-                    let here = Location { segment, offset };
+                    let here = LogPosition { segment, offset };
                     offset += len;
-                    let next = Location { segment, offset };
+                    let next = LogPosition { segment, offset };
                     end.next = next;
                     if f(here, record, next).is_break() {
                         return Ok(end);
@@ -431,9 +431,9 @@ pub fn scan(
 /// the returned end.
 pub fn scan_before(
     dir: &Path,
-    from: Location,
-    until: Option<Location>,
-    mut f: impl FnMut(Location, LogRecord, Location) -> ControlFlow<()>,
+    from: LogPosition,
+    until: Option<LogPosition>,
+    mut f: impl FnMut(LogPosition, LogRecord, LogPosition) -> ControlFlow<()>,
 ) -> std::io::Result<ScanEnd> {
     let mut end = scan(dir, from, |at, record, next| match until {
         Some(until) if at >= until => ControlFlow::Break(()),
@@ -503,7 +503,7 @@ pub enum Tail {
 impl Tail {
     /// Refuse a torn tail that begins before `indexed`: those frames were indexed, so
     /// acknowledged, and a crash cannot have damaged them.
-    pub fn check_indexed(&self, dir: &Path, indexed: Location) -> std::io::Result<()> {
+    pub fn check_indexed(&self, dir: &Path, indexed: LogPosition) -> std::io::Result<()> {
         match *self {
             Tail::Torn { segment, good } if indexed.segment == segment && good < indexed.offset => {
                 Err(corrupt_at(
@@ -605,7 +605,7 @@ fn intact_length(file: &mut File) -> std::io::Result<(u64, bool)> {
 pub fn last_seq(dir: &Path) -> std::io::Result<Option<u64>> {
     for &segment in segments(dir)?.iter().rev() {
         let mut last = None;
-        let start = Location { segment, offset: 0 };
+        let start = LogPosition { segment, offset: 0 };
         scan(dir, start, |at, record, _| {
             if at.segment != segment {
                 return ControlFlow::Break(());

@@ -1,8 +1,8 @@
 //! The agent API's idempotency records: the first answer to each `Idempotency-Key`, so a retried
 //! call gets it again instead of acting twice. Kept for `helpdesk.idempotency_retention`, pruned
-//! by the pruning loop. Opened by name on use (sled keeps opened trees), not kept in [`Store`].
+//! by the pruning loop. Opened by name on use (sled keeps opened trees), not kept in [`SledStore`].
 
-use super::{decode, encode, Store, StoreError};
+use super::{decode, encode, SledStore, StoreError};
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -29,13 +29,13 @@ fn key(route: &str, idempotency_key: &str) -> Vec<u8> {
     k
 }
 
-impl Store {
+impl SledStore {
     fn idempotency_tree(&self) -> Result<sled::Tree, StoreError> {
         Ok(self.db.open_tree(TREE)?)
     }
 
     /// The answer recorded under a route's key, if any.
-    pub fn idempotent_answer(
+    pub(crate) fn idempotent_answer(
         &self,
         route: &str,
         idempotency_key: &str,
@@ -50,7 +50,7 @@ impl Store {
     /// command it answers is durable in the event log under an id made from the same key, so
     /// after a crash that lost this record a retry is a duplicate event and gets the verdict
     /// the fold recorded.
-    pub fn record_idempotent_answer(
+    pub(crate) fn record_idempotent_answer(
         &self,
         route: &str,
         idempotency_key: &str,
@@ -62,7 +62,11 @@ impl Store {
     }
 
     /// Drop records answered before `before`, at most `limit`; returns how many went.
-    pub fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+    pub(crate) fn prune_idempotency(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
         let tree = self.idempotency_tree()?;
         let mut removed = 0;
         for item in tree.iter() {
@@ -97,7 +101,7 @@ mod tests {
     #[test]
     fn answers_are_kept_per_route_and_key_until_pruned() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 1 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 1 << 20).expect("open");
         store
             .record_idempotent_answer("accept", "k1", &record(10))
             .expect("record");

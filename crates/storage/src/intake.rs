@@ -1,24 +1,24 @@
 //! Accepting events: dedupe and the event log.
 //!
 //! A group of deliveries goes through three steps, which the writer and syncer threads run in a
-//! pipeline (`writer`), and [`Store::accept_many`] runs in a row:
-//! 1. [`Store::check`]: drop duplicates (against the event log, through the dedupe index, and
+//! pipeline (`writer`), and [`SledStore::accept_many`] runs in a row:
+//! 1. [`SledStore::check`]: drop duplicates (against the event log, through the dedupe index, and
 //!    against events still on their way, the in-flight set), give each new event its sequence
 //!    number, frame it for the log;
-//! 2. [`Store::log_queue`] + [`Store::log_commit`]: append and `fdatasync` (the delivery is now
+//! 2. [`SledStore::log_queue`] + [`SledStore::log_commit`]: append and `fdatasync` (the delivery is now
 //!    durable and may be acknowledged);
-//! 3. [`Store::index`]: the frames' ids go into the dedupe index, the checkpoint advances (one
+//! 3. [`SledStore::index`]: the frames' ids go into the dedupe index, the checkpoint advances (one
 //!    sled write per group, not per event: the log is the inbox), and the events are handed to
 //!    the dispatcher; then the in-flight entries are released.
 //!
 //! A crash between 2 and 3 loses nothing: the dedupe index is rebuilt from the log on open, the
-//! checkpoint is advanced over the tail ([`Store::recover_log`]), and a start's scan finds the
+//! checkpoint is advanced over the tail ([`SledStore::recover_log`]), and a start's scan finds the
 //! tail's events still to fold. A crash before 2 completes leaves at most a torn tail, which
 //! nobody was told about.
 
-use super::eventlog::{self, FrameEvent, Frames, Location};
+use super::eventlog::{self, FrameEvent, Frames, LogPosition};
 use super::{
-    dedupe, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord, Store, StoreError,
+    dedupe, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord, SledStore, StoreError,
 };
 use model::ids::{DeliveryId, EventId};
 use sled::transaction::Transactional;
@@ -64,17 +64,17 @@ impl Checked {
 /// A frame's events: (sequence number, id, partition).
 type Rows = Vec<(u64, EventId, String)>;
 
-/// What [`Store::index`] writes for a group, once its frames have locations.
+/// What [`SledStore::index`] writes for a group, once its frames have locations.
 #[derive(Default)]
 pub struct Unindexed {
     /// Per frame, in frame order: its delivery and events (sequence number, id, partition).
     frames: Vec<(DeliveryId, Rows)>,
     /// Where each frame went (filled by [`Unindexed::located`]).
-    at: Vec<Location>,
+    at: Vec<LogPosition>,
 }
 
 impl Unindexed {
-    pub fn located(&mut self, at: Vec<Location>) {
+    pub fn located(&mut self, at: Vec<LogPosition>) {
         self.at = at;
     }
 
@@ -83,7 +83,7 @@ impl Unindexed {
     }
 
     /// Each event's sequence number and frame location, in log order (once located).
-    pub fn locations(&self) -> impl Iterator<Item = (u64, Location)> + '_ {
+    pub fn locations(&self) -> impl Iterator<Item = (u64, LogPosition)> + '_ {
         self.frames
             .iter()
             .zip(&self.at)
@@ -91,7 +91,7 @@ impl Unindexed {
     }
 }
 
-impl Store {
+impl SledStore {
     /// [`IntakeLog::check`] with this store.
     pub fn check(&self, requests: &[AcceptRequest<'_>]) -> Result<Checked, StoreError> {
         self.log.check(requests, Some(self))
@@ -110,7 +110,7 @@ impl Store {
     /// Step 3: put committed groups' ids into the dedupe index and advance the checkpoint to `to`
     /// (every frame before it is in these groups or indexed earlier). The caller then releases
     /// their ids ([`IntakeLog::release`]) and hands the events on.
-    pub fn index(&self, groups: &[Unindexed], to: Location) -> Result<(), StoreError> {
+    pub fn index(&self, groups: &[Unindexed], to: LogPosition) -> Result<(), StoreError> {
         if groups.iter().any(|g| g.at.len() != g.frames.len()) {
             return Err(StoreError::Internal(
                 "index: frames without locations".into(),
@@ -151,7 +151,7 @@ impl IntakeLog {
     pub fn check(
         &self,
         requests: &[AcceptRequest<'_>],
-        store: Option<&Store>,
+        store: Option<&SledStore>,
     ) -> Result<Checked, StoreError> {
         self.check_group(requests, true, store)
     }
@@ -162,7 +162,7 @@ impl IntakeLog {
         &self,
         requests: &[AcceptRequest<'_>],
         delivery_dedupe: bool,
-        store: Option<&Store>,
+        store: Option<&SledStore>,
     ) -> Result<Checked, StoreError> {
         if store.is_none() && requests.iter().any(|r| !r.invalid.is_empty()) {
             return Err(StoreError::Opening);
@@ -248,13 +248,13 @@ impl IntakeLog {
     }
 
     /// Step 2a: queue frames for the next commit; returns where each will be.
-    pub fn log_queue(&self, frames: Frames) -> Result<Vec<Location>, StoreError> {
+    pub fn log_queue(&self, frames: Frames) -> Result<Vec<LogPosition>, StoreError> {
         Ok(self.appender.lock().map_err(|_| poisoned())?.queue(frames))
     }
 
     /// Step 2b: write and sync what is queued. Returns where the log ends: every frame before it
     /// is durable. On error nothing queued is in the log.
-    pub fn log_commit(&self) -> Result<Location, StoreError> {
+    pub fn log_commit(&self) -> Result<LogPosition, StoreError> {
         let mut log = self.appender.lock().map_err(|_| poisoned())?;
         log.commit().map_err(io)?;
         Ok(log.end())
@@ -268,7 +268,7 @@ impl IntakeLog {
     }
 
     /// True when no accepted event is between its check and its hand-over to the dispatcher
-    /// (counted by [`count_hand_over`](Store::count_hand_over) before its id is released).
+    /// (counted by [`count_hand_over`](SledStore::count_hand_over) before its id is released).
     pub fn all_indexed(&self) -> bool {
         self.in_flight
             .lock()
@@ -335,7 +335,7 @@ impl IntakeLog {
     pub(super) fn locate_event(
         &self,
         id: &str,
-    ) -> Result<Option<(eventlog::LogRecord, usize, Location)>, StoreError> {
+    ) -> Result<Option<(eventlog::LogRecord, usize, LogPosition)>, StoreError> {
         for at in self.candidates(dedupe::event_hash(id))? {
             if let Some(record) = eventlog::read_indexed(&self.dir, at).map_err(io)? {
                 if let Some(i) = record.ids.iter().position(|x| x == id) {
@@ -346,15 +346,18 @@ impl IntakeLog {
         Ok(None)
     }
 
-    pub(super) fn candidates(&self, hash: u64) -> Result<Vec<Location>, StoreError> {
+    pub(super) fn candidates(&self, hash: u64) -> Result<Vec<LogPosition>, StoreError> {
         Ok(self.dedupe.lock().map_err(|_| poisoned())?.candidates(hash))
     }
 }
 
-impl Store {
+impl SledStore {
     /// All three steps for one group, in a row: for offline tools, tests and recovery. Durable
     /// when it returns. Not to be run while a writer runs on the same store.
-    pub fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
+    pub(crate) fn accept_many(
+        &self,
+        requests: &[AcceptRequest<'_>],
+    ) -> Result<Vec<Accepted>, StoreError> {
         if self
             .log
             .writer_started
@@ -402,7 +405,7 @@ impl Store {
 
     /// Advance the checkpoint (and the sequence floor) over every frame past it: written and
     /// synced, maybe acknowledged, but the checkpoint write did not reach the disk before a
-    /// crash. A start's scan ([`Store::pending`]) finds their events still to fold. Frames a
+    /// crash. A start's scan ([`SledStore::pending`]) finds their events still to fold. Frames a
     /// writer appended since it started (an early start's, see `log`) are its indexer's.
     pub(super) fn recover_log(&self, torn_tail: bool) -> Result<(), StoreError> {
         let from = self.meta_location(keys::meta::INDEXED_TO)?;
@@ -462,7 +465,7 @@ impl Store {
         // frames past it, and not in the inbox, as still to fold.
         let wal_from = match self.meta.get(keys::meta::LEGACY_WAL_FROM)? {
             Some(b) => {
-                Location::decode(&b).ok_or_else(|| super::corrupt("legacy intake log start"))?
+                LogPosition::decode(&b).ok_or_else(|| super::corrupt("legacy intake log start"))?
             }
             None => {
                 let end = self.log.appender.lock().map_err(|_| poisoned())?.end();
@@ -573,7 +576,7 @@ impl Store {
     }
 }
 
-impl Store {
+impl SledStore {
     /// Layout 2 or 3 -> 4: the sled inbox becomes folded marks and a low watermark. The
     /// watermark is the inbox's oldest entry (or the checkpoint, if the inbox is empty); from
     /// there, an event of a frame before the checkpoint and not in the inbox was folded (its

@@ -9,7 +9,7 @@
 //! values kept in its log: see `MAX_VALUE_BYTES` for why none is a blob), so after a crash either
 //! a chunk is missing and so is every write applied after it (the journal is dropped and the
 //! fold done again: its events are above their marks), or the journal is whole and an open
-//! applies it again ([`Store::finish_journal`]): its writes are absolute values (record counts
+//! applies it again ([`SledStore::finish_journal`]): its writes are absolute values (record counts
 //! included), so applying them twice is applying them once. Only one fold writes at a time (the
 //! fold lock), so one journal is enough.
 //!
@@ -21,15 +21,15 @@
 //!
 //! If the store fails between the journal and its removal, the fold is left half applied in the
 //! trees: whatever writes what folds write (folds, the retention pass, replay: all through
-//! [`Store::fold_guard`]) refuses ([`StoreError::HalfApplied`]) until a restart completes it,
+//! [`SledStore::fold_guard`]) refuses ([`StoreError::HalfApplied`]) until a restart completes it,
 //! and the dispatcher exits for that restart (`writer::STORE_STUCK_EXIT`) once the store's disk
 //! takes writes again.
 
-use super::{keys, Store, StoreError, MAX_VALUE_BYTES};
+use super::{keys, SledStore, StoreError, MAX_VALUE_BYTES};
 
 /// Defines the trees a fold writes once: the enum, the code the journal stores for each (stored,
 /// so never renumbered), the list of all ([`TreeId::ALL`]) and the store's tree for each
-/// ([`Store::journal_tree`]). No second list is kept by hand.
+/// ([`SledStore::journal_tree`]). No second list is kept by hand.
 macro_rules! journal_trees {
     ($($variant:ident = $code:literal => $field:ident,)*) => {
         /// The trees a fold writes, by a number the journal stores.
@@ -56,7 +56,7 @@ macro_rules! journal_trees {
             }
         }
 
-        impl Store {
+        impl SledStore {
             fn journal_tree(&self, tree: TreeId) -> &sled::Tree {
                 match tree {
                     $(TreeId::$variant => &self.$field,)*
@@ -196,7 +196,7 @@ fn take_bytes(from: &[u8]) -> Option<(&[u8], &[u8])> {
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
-impl Store {
+impl SledStore {
     /// The fold lock, for whoever writes what folds write (folds, the retention pass, replay);
     /// refused while a fold is half applied (see the module).
     pub(super) fn fold_guard(&self) -> Result<std::sync::MutexGuard<'_, ()>, StoreError> {
@@ -435,7 +435,7 @@ mod tests {
 
     /// Fold every event still to fold with `rules`.
     fn fold_all(
-        store: &Store,
+        store: &SledStore,
         rules: &dyn engine::decide::Decide,
     ) -> Result<super::super::Applied, StoreError> {
         let batch: Vec<(u64, model::webhook::model::Event)> = pending_records(store)
@@ -451,7 +451,7 @@ mod tests {
     }
 
     /// One message event for each of `conversations`, c0 to c(n-1).
-    fn accept_messages(store: &Store, conversations: usize) {
+    fn accept_messages(store: &SledStore, conversations: usize) {
         let ids: Vec<(String, String)> = (0..conversations)
             .map(|i| (format!("e{i}"), format!("c{i}")))
             .collect();
@@ -467,14 +467,14 @@ mod tests {
     }
 
     /// The journal left in the store, read as an open would (complete ones only).
-    fn left_journal(store: &Store) -> Option<Journal> {
+    fn left_journal(store: &SledStore) -> Option<Journal> {
         let (keys, whole) = store.stored_journal().expect("read");
         assert!(keys.is_empty() || whole.is_some(), "every chunk is there");
         whole
     }
 
     /// How many of the journal's writes the trees show.
-    fn shown(store: &Store, journal: &Journal) -> usize {
+    fn shown(store: &SledStore, journal: &Journal) -> usize {
         journal
             .ops
             .iter()
@@ -493,7 +493,7 @@ mod tests {
             let path = dir.path().join("store");
             let rules = one_message_rule("greet");
             let journal = {
-                let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+                let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
                 accept_messages(&store, conversations);
                 FAIL_AT.with(|f| f.set(Some(fail_at)));
                 let failed = fold_all(&store, &rules);
@@ -510,7 +510,7 @@ mod tests {
                 store.flush().expect("flush");
                 journal
             };
-            let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+            let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
             let case = format!("{conversations} conversations, failed at {fail_at}");
             assert_eq!(shown(&store, &journal), journal.ops.len(), "{case}");
             assert_eq!(store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count(), 0);
@@ -528,7 +528,7 @@ mod tests {
         let path = dir.path().join("store");
         let rules = one_message_rule("greet");
         {
-            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
             accept_messages(&store, 120);
             FAIL_AT.with(|f| f.set(Some(0)));
             assert!(fold_all(&store, &rules).is_err());
@@ -540,7 +540,7 @@ mod tests {
             }
             store.flush().expect("flush");
         }
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
         assert_eq!(store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count(), 0);
         assert_eq!(store.sizes().conversations, 0, "nothing of it applied");
         let again = fold_all(&store, &rules).expect("fold");

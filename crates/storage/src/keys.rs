@@ -4,7 +4,7 @@
 pub mod tree {
     /// Layouts 1 and 2 (kept read-only after the upgrade until past the dedupe window; layout 3
     /// indexes the event log's ids in memory): event id -> its sequence number (8 bytes) and where
-    /// its frame is in the event log ([`Location`](super::super::eventlog::Location), 16 bytes).
+    /// its frame is in the event log ([`LogPosition`](super::super::eventlog::LogPosition), 16 bytes).
     /// Layout 1 had the sequence number only.
     pub const SEEN: &str = "seen/v1";
     /// Layouts 1 and 2 (like `SEEN`): delivery id -> receive time.
@@ -29,7 +29,7 @@ pub mod tree {
     /// quarantine id -> quarantined delivery or event.
     pub const QUARANTINE: &str = "quarantine/v1";
     /// quarantine id + chunk index (u32 BE) -> a part of a large record's body (its base64
-    /// text), written before the record (see `Store::quarantine`).
+    /// text), written before the record (see `SledStore::quarantine`).
     pub const QUARANTINE_BODIES: &str = "quarantine_bodies/v1";
     /// sequence number -> decided action not yet carried out.
     pub const OUTBOX: &str = "outbox/v1";
@@ -94,7 +94,7 @@ pub mod meta {
     /// from here against `FOLDED`. Written by the folds (conservatively: it may lag, never lead).
     pub const FOLD_FROM: &[u8] = b"fold_from";
     /// The highest event sequence number handed on so far (u64 BE), written just before
-    /// `INDEXED_TO`: a start numbers new events above it (see `Store::next_seq`).
+    /// `INDEXED_TO`: a start numbers new events above it (see `SledStore::next_seq`).
     pub const SEQ_FLOOR: &[u8] = b"event_seq_floor";
     /// A fold's writes while it applies them (see `store::journal`): present after a crash
     /// only if the fold was not all applied, and then applied on open.
@@ -112,7 +112,7 @@ pub mod meta {
     pub const ACTIVITY_INDEXED: &[u8] = b"activity_indexed";
     /// Set once the agent API's phase index (in `queue/v1`) was built from the states.
     pub const DESK_INDEXED: &[u8] = b"desk_indexed";
-    /// When the daemon last opened the store (u64 BE millis; see `Store::start_io_threads`).
+    /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
     /// known to the bridge (delivered by the webhook or backfilled). Written by backfill only.
@@ -120,7 +120,7 @@ pub mod meta {
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.
-pub fn seen_value(seq: u64, at: super::eventlog::Location) -> [u8; 24] {
+pub fn seen_value(seq: u64, at: super::eventlog::LogPosition) -> [u8; 24] {
     let mut out = [0; 24];
     out[..8].copy_from_slice(&seq.to_be_bytes());
     out[8..].copy_from_slice(&at.encode());
@@ -128,16 +128,18 @@ pub fn seen_value(seq: u64, at: super::eventlog::Location) -> [u8; 24] {
 }
 
 /// The sequence number and (layout 2) location of a dedupe record.
-pub fn parse_seen(bytes: &[u8]) -> Option<(u64, Option<super::eventlog::Location>)> {
+pub fn parse_seen(bytes: &[u8]) -> Option<(u64, Option<super::eventlog::LogPosition>)> {
     let seq = parse_seq(bytes.get(..8)?)?;
     Some((
         seq,
-        bytes.get(8..).and_then(super::eventlog::Location::decode),
+        bytes
+            .get(8..)
+            .and_then(super::eventlog::LogPosition::decode),
     ))
 }
 
 /// An inbox entry's value: the event's frame location, then its partition key.
-pub fn inbox_value(at: super::eventlog::Location, partition: &str) -> Vec<u8> {
+pub fn inbox_value(at: super::eventlog::LogPosition, partition: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + partition.len());
     out.extend_from_slice(&at.encode());
     out.extend_from_slice(partition.as_bytes());
@@ -145,8 +147,8 @@ pub fn inbox_value(at: super::eventlog::Location, partition: &str) -> Vec<u8> {
 }
 
 /// The location and partition key of an inbox entry.
-pub fn parse_inbox(bytes: &[u8]) -> Option<(super::eventlog::Location, &str)> {
-    let at = super::eventlog::Location::decode(bytes)?;
+pub fn parse_inbox(bytes: &[u8]) -> Option<(super::eventlog::LogPosition, &str)> {
+    let at = super::eventlog::LogPosition::decode(bytes)?;
     let partition = std::str::from_utf8(bytes.get(16..)?).ok()?;
     Some((at, partition))
 }

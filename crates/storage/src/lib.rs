@@ -25,9 +25,11 @@ pub mod keys;
 mod log;
 pub mod outbox;
 mod pages;
+pub mod port;
 pub mod queue;
 pub mod replay;
 pub mod retention;
+mod sled_port;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 pub mod timers;
@@ -51,8 +53,12 @@ pub use durable::sled_file;
 pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
+pub use port::Storage;
 pub use timers::DueTimer;
 pub use writer::{AcceptJob, NewEvent, Writer};
+
+/// The daemon's store: whichever backend was opened, shared (see [`port`]).
+pub type Store = Arc<dyn Storage>;
 
 /// Layout 1's intake log, inside the store directory (read once, when migrating).
 const LEGACY_WAL_FILE: &str = "intake.wal";
@@ -199,12 +205,12 @@ impl EventRecord {
     }
 }
 
-/// The events still to fold when a store opens (see [`Store::pending`]).
+/// The events still to fold when a store opens (see [`SledStore::pending`]).
 #[derive(Debug, Default)]
 pub struct Pending {
     pub events: Vec<PendingEvent>,
     /// Where the log ended: every event after it reaches the dispatcher from intake.
-    pub end: eventlog::Location,
+    pub end: eventlog::LogPosition,
 }
 
 impl Pending {
@@ -227,7 +233,7 @@ impl Pending {
 pub struct PendingEvent {
     pub seq: u64,
     pub partition: PartitionKey,
-    pub at: eventlog::Location,
+    pub at: eventlog::LogPosition,
 }
 
 /// What a fold records beside the events' effects: how far the folds have come.
@@ -235,7 +241,7 @@ pub struct PendingEvent {
 pub struct Position {
     /// A location at or before every event still to fold once this fold commits (written as
     /// [`keys::meta::FOLD_FROM`]); `None` leaves it as it is.
-    pub fold_from: Option<eventlog::Location>,
+    pub fold_from: Option<eventlog::LogPosition>,
     /// Events passed over without folding (unreadable, so quarantined instead): marked folded.
     pub passed: Vec<(PartitionKey, u64)>,
 }
@@ -249,7 +255,7 @@ struct Marks {
 }
 
 impl Marks {
-    fn get(&mut self, store: &Store, partition: &str) -> Result<Option<u64>, StoreError> {
+    fn get(&mut self, store: &SledStore, partition: &str) -> Result<Option<u64>, StoreError> {
         if let Some(mark) = self.read.get(partition) {
             return Ok(*mark);
         }
@@ -259,7 +265,12 @@ impl Marks {
     }
 
     /// Raise a partition's mark to `seq` if it is above it; returns whether it was.
-    fn raise(&mut self, store: &Store, partition: String, seq: u64) -> Result<bool, StoreError> {
+    fn raise(
+        &mut self,
+        store: &SledStore,
+        partition: String,
+        seq: u64,
+    ) -> Result<bool, StoreError> {
         if !self.above(store, &partition, seq)? {
             return Ok(false);
         }
@@ -273,9 +284,9 @@ impl Marks {
     /// its partition's mark.
     fn is_pending(
         &mut self,
-        store: &Store,
-        fold_from: eventlog::Location,
-        at: eventlog::Location,
+        store: &SledStore,
+        fold_from: eventlog::LogPosition,
+        at: eventlog::LogPosition,
         partition: &str,
         seq: u64,
     ) -> Result<bool, StoreError> {
@@ -283,7 +294,7 @@ impl Marks {
     }
 
     /// Above its partition's mark (a fold's check: the batch is pending by construction).
-    fn above(&mut self, store: &Store, partition: &str, seq: u64) -> Result<bool, StoreError> {
+    fn above(&mut self, store: &SledStore, partition: &str, seq: u64) -> Result<bool, StoreError> {
         Ok(self.get(store, partition)?.is_none_or(|mark| seq > mark))
     }
 }
@@ -610,7 +621,7 @@ pub struct Pruned {
 }
 
 #[derive(Clone)]
-pub struct Store {
+pub struct SledStore {
     db: sled::Db,
     /// Dedupe records of a store from before layout 3, consulted until they are past the dedupe
     /// window (see [`Legacy`]).
@@ -622,7 +633,7 @@ pub struct Store {
     user_index: sled::Tree,
     bots: sled::Tree,
     quarantine: sled::Tree,
-    /// Large quarantine bodies, in chunks (see [`Store::quarantine`]).
+    /// Large quarantine bodies, in chunks (see [`SledStore::quarantine`]).
     quarantine_bodies: sled::Tree,
     outbox: sled::Tree,
     dead_letters: sled::Tree,
@@ -637,7 +648,7 @@ pub struct Store {
     meta: sled::Tree,
     /// sled's file, synced after each flush (see `durable`).
     sled_file: durable::SledFile,
-    /// See [`Store::timer_wakeup`].
+    /// See [`SledStore::timer_wakeup`].
     timer_wakeup: Arc<timers::TimerWakeup>,
     log_dir: PathBuf,
     /// The event log's intake side: appending end, dedupe index, ids in flight, sequence
@@ -649,11 +660,11 @@ pub struct Store {
     fold_lock: std::sync::Arc<std::sync::Mutex<()>>,
     /// A fold's journal was written but not all applied (see `journal`).
     half_applied: Arc<std::sync::atomic::AtomicBool>,
-    /// The waiting queue's request times, counted (see [`Store::queue_summary`]).
+    /// The waiting queue's request times, counted (see [`SledStore::queue_summary`]).
     waiting: Arc<Mutex<queue::WaitingCounts>>,
-    /// The daemon's time (its test clock's offset included): see [`Store::with_clock`].
+    /// The daemon's time (its test clock's offset included): see [`SledStore::with_clock`].
     clock: model::clock::Clock,
-    /// Where a failure only a restart mends is reported: see [`Store::stuck`].
+    /// Where a failure only a restart mends is reported: see [`SledStore::stuck`].
     stuck: Stuck,
 }
 
@@ -683,7 +694,7 @@ struct Legacy {
     since: Millis,
 }
 
-impl Store {
+impl SledStore {
     /// The store reading the daemon's time from `clock` (the application's, which its test clock
     /// moves) instead of a clock of its own at the system's time. Set before it is cloned.
     pub fn with_clock(mut self, clock: model::clock::Clock) -> Self {
@@ -692,7 +703,7 @@ impl Store {
     }
 
     /// The daemon's time as this store reads it.
-    pub fn clock(&self) -> &model::clock::Clock {
+    pub(crate) fn clock(&self) -> &model::clock::Clock {
         &self.clock
     }
 
@@ -705,7 +716,7 @@ impl Store {
 
     /// Only a restart mends the store: report `exit_code` and stop the calling thread for good
     /// (what it was doing is found again by the next start, as after a crash).
-    pub fn stuck(&self, exit_code: i32) -> ! {
+    pub(crate) fn stuck(&self, exit_code: i32) -> ! {
         self.stuck.0.send_replace(Some(exit_code));
         loop {
             std::thread::park();
@@ -717,7 +728,7 @@ impl Store {
         Self::open_with(dir, cache_capacity, eventlog::SEGMENT_BYTES)
     }
 
-    /// [`open`](Store::open) with a given event log segment size (tests use small ones).
+    /// [`open`](SledStore::open) with a given event log segment size (tests use small ones).
     pub fn open_with(
         dir: &Path,
         cache_capacity: u64,
@@ -743,16 +754,16 @@ impl Store {
         // Frames up to the index checkpoint were acknowledged: damage there is no torn write.
         let indexed = meta
             .get(keys::meta::INDEXED_TO)?
-            .and_then(|b| eventlog::Location::decode(&b))
+            .and_then(|b| eventlog::LogPosition::decode(&b))
             .unwrap_or_default();
         tail.check_indexed(&log_dir, indexed)
             .map_err(log_check_error(&log_dir))?;
         let dedupe_from = meta
             .get(keys::meta::DEDUPE_PRUNED_TO)?
-            .and_then(|b| eventlog::Location::decode(&b))
+            .and_then(|b| eventlog::LogPosition::decode(&b))
             .map_or(0, |at| at.segment);
         let log = IntakeLog::open_locked(&log_dir, segment_bytes, dedupe_from, lock)?;
-        Store::finish_open(dir, db, log)
+        SledStore::finish_open(dir, db, log)
     }
 
     /// Open sled for an event log opened before it ([`IntakeLog::open_early`]), whose writer
@@ -763,7 +774,7 @@ impl Store {
         log: IntakeLog,
     ) -> Result<Self, StoreError> {
         let db = open_sled(dir, cache_capacity)?;
-        Store::finish_open(dir, db, log)
+        SledStore::finish_open(dir, db, log)
     }
 
     fn finish_open(dir: &Path, db: sled::Db, log: IntakeLog) -> Result<Self, StoreError> {
@@ -773,7 +784,7 @@ impl Store {
         })?;
         let t = |name: &str| db.open_tree(name);
         let torn_tail = log.torn_tail;
-        let store = Store {
+        let store = SledStore {
             legacy: Default::default(),
             folded: t(keys::tree::FOLDED)?,
             conversations: t(keys::tree::CONVERSATIONS)?,
@@ -960,7 +971,7 @@ impl Store {
     /// Record indexed frames in the dedupe index.
     fn remember<'a>(
         &self,
-        frames: impl Iterator<Item = (eventlog::Location, &'a str, Vec<&'a str>)>,
+        frames: impl Iterator<Item = (eventlog::LogPosition, &'a str, Vec<&'a str>)>,
     ) -> Result<(), StoreError> {
         let mut index = self.log.dedupe.lock().map_err(|_| poisoned_dedupe())?;
         for (at, delivery, ids) in frames {
@@ -974,7 +985,7 @@ impl Store {
     /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
     /// again). After a sled call failed with an I/O error, this tells a disk that is still full
     /// from one that has space again (see `writer::index_loop`).
-    pub fn dir_takes_writes(&self) -> bool {
+    pub(crate) fn dir_takes_writes(&self) -> bool {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let probe = self.log_dir.join(".write-probe");
@@ -992,13 +1003,13 @@ impl Store {
     /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
     /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
     /// only the writer's indexer calls it.
-    pub fn flush(&self) -> Result<(), StoreError> {
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         self.sled_file.sync().map_err(StoreError::Sync)
     }
 
     /// The kept failure of a sync of sled's file: every flush fails until the store is reopened.
-    pub fn sync_failure(&self) -> Result<(), StoreError> {
+    pub(crate) fn sync_failure(&self) -> Result<(), StoreError> {
         self.sled_file.check().map_err(StoreError::Sync)
     }
 
@@ -1008,7 +1019,7 @@ impl Store {
         self.sync_failure().is_err()
     }
 
-    /// How many times [`flush`](Store::flush) synced sled's file since the store was opened.
+    /// How many times [`flush`](SledStore::flush) synced sled's file since the store was opened.
     #[cfg(test)]
     pub(crate) fn file_syncs(&self) -> u64 {
         self.sled_file.syncs()
@@ -1018,7 +1029,7 @@ impl Store {
     /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
     /// recovery of an existing store does, a new store's first write of its log does, and so does
     /// a flush with something to write. Notes when the store was opened, which is that something.
-    pub fn start_io_threads(&self) -> Result<(), StoreError> {
+    pub(crate) fn start_io_threads(&self) -> Result<(), StoreError> {
         let now = self.clock.now_millis().max(0) as u64;
         self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
         self.flush()?;
@@ -1027,7 +1038,7 @@ impl Store {
 
     /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
     /// tools and tests; the daemon goes through the [`Writer`].
-    pub fn accept(
+    pub(crate) fn accept(
         &self,
         delivery: &DeliveryId,
         events: &[IncomingEvent],
@@ -1046,18 +1057,18 @@ impl Store {
     /// Every event still to fold, oldest first, and where the log ended when it was read: a
     /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
     /// partitions' folded marks.
-    pub fn pending(&self) -> Result<Pending, StoreError> {
+    pub(crate) fn pending(&self) -> Result<Pending, StoreError> {
         self.pending_until(None)
     }
 
-    /// [`pending`](Store::pending) up to where the writer's frames begin, once a writer runs
+    /// [`pending`](SledStore::pending) up to where the writer's frames begin, once a writer runs
     /// (an early start's, which logs deliveries while sled opens): its indexer hands those to
     /// the dispatcher, so a start's scan must not queue them too.
-    pub fn pending_before_writer(&self) -> Result<Pending, StoreError> {
+    pub(crate) fn pending_before_writer(&self) -> Result<Pending, StoreError> {
         self.pending_until(self.log.writer_from())
     }
 
-    fn pending_until(&self, until: Option<eventlog::Location>) -> Result<Pending, StoreError> {
+    fn pending_until(&self, until: Option<eventlog::LogPosition>) -> Result<Pending, StoreError> {
         let mut marks = Marks::default();
         let mut events = Vec::new();
         let fold_from = self.fold_from()?;
@@ -1099,7 +1110,7 @@ impl Store {
     }
 
     /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
-    pub fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
+    pub(crate) fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
         Ok(self
             .meta
             .get(keys::meta::BACKFILL_CURSOR)?
@@ -1109,7 +1120,7 @@ impl Store {
 
     /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
     /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
-    pub fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
+    pub(crate) fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
         self.meta
             .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
         Ok(())
@@ -1118,7 +1129,7 @@ impl Store {
     /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
     /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
     /// the next flush; an older watermark after a crash only makes a start scan more.
-    pub fn advance_fold_from(&self, to: eventlog::Location) -> Result<(), StoreError> {
+    pub(crate) fn advance_fold_from(&self, to: eventlog::LogPosition) -> Result<(), StoreError> {
         let _folding = self.fold_guard()?;
         if self.fold_from()? < to {
             self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
@@ -1127,16 +1138,16 @@ impl Store {
     }
 
     /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
-    pub fn fold_from(&self) -> Result<eventlog::Location, StoreError> {
+    pub(crate) fn fold_from(&self) -> Result<eventlog::LogPosition, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)
     }
 
     /// A log location kept in `meta` (the start of the log if there is none yet).
-    fn meta_location(&self, key: &[u8]) -> Result<eventlog::Location, StoreError> {
+    fn meta_location(&self, key: &[u8]) -> Result<eventlog::LogPosition, StoreError> {
         Ok(self
             .meta
             .get(key)?
-            .and_then(|b| eventlog::Location::decode(&b))
+            .and_then(|b| eventlog::LogPosition::decode(&b))
             .unwrap_or_default())
     }
 
@@ -1150,9 +1161,12 @@ impl Store {
         }
     }
 
-    /// The stored event of an id (as [`event_by_id`](Store::event_by_id)), and whether it is
+    /// The stored event of an id (as [`event_by_id`](SledStore::event_by_id)), and whether it is
     /// still to fold.
-    pub fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError> {
+    pub(crate) fn event_status(
+        &self,
+        id: &EventId,
+    ) -> Result<Option<(EventRecord, bool)>, StoreError> {
         let Some((frame, i, at)) = self.log.locate_event(id.as_str())? else {
             return Ok(None);
         };
@@ -1164,7 +1178,7 @@ impl Store {
     }
 
     /// The stored event of an id, while its segment is in the dedupe window.
-    pub fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
+    pub(crate) fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
         match self
             .log
             .locate_event(id.as_str())?
@@ -1175,12 +1189,12 @@ impl Store {
         }
     }
 
-    /// The event `seq` of the frame at `at` (where [`pending`](Store::pending) or intake found
+    /// The event `seq` of the frame at `at` (where [`pending`](SledStore::pending) or intake found
     /// it), read back from the log.
-    pub fn event_at(
+    pub(crate) fn event_at(
         &self,
         seq: u64,
-        at: eventlog::Location,
+        at: eventlog::LogPosition,
     ) -> Result<Option<EventRecord>, StoreError> {
         let record = eventlog::read_at(&self.log_dir, at).map_err(log_error)?;
         match record {
@@ -1193,11 +1207,11 @@ impl Store {
     }
 
     /// When the oldest stored event was received (the event log is in acceptance order).
-    pub fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
+    pub(crate) fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
         let mut oldest = None;
         eventlog::scan(
             &self.log_dir,
-            eventlog::Location::default(),
+            eventlog::LogPosition::default(),
             |_, record, _| {
                 oldest = Some(record.received_at);
                 ControlFlow::Break(())
@@ -1209,7 +1223,7 @@ impl Store {
 
     /// Visit the stored events in acceptance order, with whether each is still to fold, until `f`
     /// breaks.
-    pub fn scan_events(
+    pub(crate) fn scan_events(
         &self,
         mut f: impl FnMut(EventRecord, bool) -> ControlFlow<()>,
     ) -> Result<(), StoreError> {
@@ -1227,7 +1241,7 @@ impl Store {
         };
         eventlog::scan(
             &self.log_dir,
-            eventlog::Location::default(),
+            eventlog::LogPosition::default(),
             |at, record, _| match visit(at, record) {
                 Ok(flow) => flow,
                 Err(e) => {
@@ -1247,7 +1261,7 @@ impl Store {
         self.apply_with(batch, &engine::decide::NoRules, &[])
     }
 
-    /// [`apply`](Store::apply) with rules (see [`fold`](Store::fold)).
+    /// [`apply`](SledStore::apply) with rules (see [`fold`](SledStore::fold)).
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
@@ -1271,7 +1285,7 @@ impl Store {
     /// Reading and folding happen before anything is written, and the journal then only writes.
     /// That is safe because folds are serialised by `fold_lock` and nothing else writes state or
     /// folded marks (the retention pass removes them under the same lock).
-    pub fn fold(
+    pub(crate) fn fold(
         &self,
         batch: &[(u64, Event)],
         partitions: &[PartitionKey],
@@ -1342,7 +1356,7 @@ impl Store {
         activity.of(&users_active, &users, retention::end_user_key);
         let writes = FoldWrites {
             marks: marks.raised,
-            fold_from: position.fold_from.map(eventlog::Location::encode),
+            fold_from: position.fold_from.map(eventlog::LogPosition::encode),
             created: [
                 (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
                 (keys::meta::COUNT_END_USERS, out.new_end_users),
@@ -1464,23 +1478,23 @@ impl Store {
         Ok(())
     }
 
-    pub fn conversation(
+    pub(crate) fn conversation(
         &self,
         id: &ConversationId,
     ) -> Result<Option<ConversationState>, StoreError> {
         get_decoded(&self.conversations, id.as_str(), "conversation state")
     }
 
-    pub fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
+    pub(crate) fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
         get_decoded(&self.end_users, id.as_str(), "end-user state")
     }
 
-    pub fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
+    pub(crate) fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
         get_decoded(&self.bots, id.as_bytes(), "bot state")
     }
 
     /// Look an end user up by their messenger identity.
-    pub fn find_end_user(
+    pub(crate) fn find_end_user(
         &self,
         platform: &str,
         user_key: &str,
@@ -1499,7 +1513,7 @@ impl Store {
     /// A body longer than [`MAX_VALUE_BYTES`] goes in chunks of that size
     /// (`quarantine_bodies/v1`), written before the record, which notes their number: sled
     /// recovers a prefix of its writes, so a record found has all its chunks.
-    pub fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
+    pub(crate) fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
         record.id = self.db.generate_id()?;
         let mut stored = StoredQuarantine {
             body_chunks: None,
@@ -1542,8 +1556,8 @@ impl Store {
     }
 
     /// Every record, bodies included: for tests and small stores only; lists use
-    /// [`Store::quarantine_page`].
-    pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
+    /// [`SledStore::quarantine_page`].
+    pub(crate) fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
         self.quarantine
             .iter()
             .map(|item| self.quarantined_whole(&item?.1))
@@ -1553,7 +1567,7 @@ impl Store {
     /// At most `limit` records after id `after` (from the first when `None`), in id order,
     /// without their bodies (a body is neither copied nor decoded), and the id to continue after
     /// when more remain.
-    pub fn quarantine_page(
+    pub(crate) fn quarantine_page(
         &self,
         after: Option<u64>,
         limit: usize,
@@ -1576,7 +1590,7 @@ impl Store {
         Ok((page, None))
     }
 
-    pub fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
+    pub(crate) fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
         self.quarantine
             .get(keys::seq(id))?
             .map(|bytes| self.quarantined_whole(&bytes))
@@ -1585,8 +1599,8 @@ impl Store {
 
     /// Remove a quarantine record (after it was re-processed, or past its retention), then its
     /// body's chunks: a crash between leaves chunks without a record, which an open removes
-    /// ([`Store::drop_orphan_quarantine_bodies`]), never a record without its body.
-    pub fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
+    /// ([`SledStore::drop_orphan_quarantine_bodies`]), never a record without its body.
+    pub(crate) fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
         let removed = self.quarantine.remove(keys::seq(id))?.is_some();
         for key in self.quarantine_bodies.scan_prefix(keys::seq(id)).keys() {
             self.quarantine_bodies.remove(key?)?;
@@ -1625,7 +1639,7 @@ impl Store {
     }
 
     /// Record counts. Linear in the store size: call on start, then track changes.
-    pub fn sizes(&self) -> Sizes {
+    pub(crate) fn sizes(&self) -> Sizes {
         Sizes {
             conversations: self.count(keys::meta::COUNT_CONVERSATIONS, &self.conversations),
             end_users: self.count(keys::meta::COUNT_END_USERS, &self.end_users),
@@ -1651,7 +1665,7 @@ impl Store {
     }
 
     /// Bytes on disk: sled's files and the event log.
-    pub fn size_on_disk(&self) -> u64 {
+    pub(crate) fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0) + eventlog::size(&self.log_dir)
     }
 
@@ -1661,7 +1675,7 @@ impl Store {
     /// receive-time) order: a segment's events are all older than the first event of the next.
     ///
     /// Offline (no writer running): it reads the folds' watermark and flushes sled itself. The
-    /// daemon uses [`prune_with`](Store::prune_with).
+    /// daemon uses [`prune_with`](SledStore::prune_with).
     pub fn prune(
         &self,
         dedupe_before: Millis,
@@ -1672,15 +1686,15 @@ impl Store {
         self.prune_with(dedupe_before, events_before, fold_from)
     }
 
-    /// [`prune`](Store::prune) with the folds' watermark read before a sled flush that has
+    /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
     /// completed since: segments go only below a watermark whose folds (state and marks) are on
     /// disk, so a crash cannot bring back an older watermark that points into a deleted
     /// segment's unfolded events.
-    pub fn prune_with(
+    pub(crate) fn prune_with(
         &self,
         dedupe_before: Millis,
         events_before: Millis,
-        fold_from: eventlog::Location,
+        fold_from: eventlog::LogPosition,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
         let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
@@ -1693,7 +1707,7 @@ impl Store {
             .sealed_segments();
         let mut pruned_to = None;
         for (segment, _) in sealed {
-            let first_of_next = eventlog::Location {
+            let first_of_next = eventlog::LogPosition {
                 segment: segment + 1,
                 offset: 0,
             };
@@ -1724,7 +1738,7 @@ impl Store {
             let (segment, next) = (pair[0], pair[1]);
             let path = eventlog::segment_path(&self.log_dir, segment);
             let len = std::fs::metadata(&path).map_err(log_error)?.len();
-            let end = eventlog::Location {
+            let end = eventlog::LogPosition {
                 segment,
                 offset: len,
             };
@@ -1733,7 +1747,7 @@ impl Store {
                 break;
             }
             // Everything in `segment` is older than the first event of the next one.
-            let start_of_next = eventlog::Location {
+            let start_of_next = eventlog::LogPosition {
                 segment: next,
                 offset: 0,
             };
@@ -1805,7 +1819,7 @@ impl FoldBatch {
     /// The end user `id` as this batch has it, noting its retention key as found.
     fn end_user(
         &mut self,
-        store: &Store,
+        store: &SledStore,
         id: &str,
         new: impl FnOnce() -> EndUserState,
     ) -> Result<&mut EndUserState, StoreError> {
@@ -1818,7 +1832,7 @@ impl FoldBatch {
     }
 
     /// Bot events, and events of unknown types, belong to the bot.
-    fn bot_event(&mut self, store: &Store, event: &Event) -> Result<(), StoreError> {
+    fn bot_event(&mut self, store: &SledStore, event: &Event) -> Result<(), StoreError> {
         let id = match &event.payload {
             Payload::Bot(b) => &b.id,
             _ => &event.source_id,
@@ -1834,7 +1848,7 @@ impl FoldBatch {
     /// the waiting queue it reads), queue its decisions, and note its end user.
     fn conversation_event(
         &mut self,
-        store: &Store,
+        store: &SledStore,
         (id, event): (&ConversationId, &Event),
         rules: &dyn engine::decide::Decide,
         received_at: Millis,
@@ -1909,7 +1923,7 @@ impl FirstRead<'_> {
     /// time, when what the journal compares is noted too).
     fn conversation<'c>(
         self,
-        store: &Store,
+        store: &SledStore,
         convs: &'c mut HashMap<String, ConversationState>,
         id: &ConversationId,
     ) -> Result<&'c mut ConversationState, StoreError> {
@@ -2015,7 +2029,7 @@ fn cached<'a, T: for<'de> Deserialize<'de>>(
 struct FoldWrites {
     /// Partitions' folded marks raised.
     marks: HashMap<String, u64>,
-    fold_from: Option<[u8; eventlog::Location::LEN]>,
+    fold_from: Option<[u8; eventlog::LogPosition::LEN]>,
     /// Records each state tree gains, by its count key in `meta`.
     created: [(&'static [u8], u64); 3],
     timers: timers::TimerWrites,
@@ -2139,7 +2153,7 @@ fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
 }
 
 /// Whether another process holds the exclusive lock sled takes on the store's `db` file, probed
-/// without opening sled. Tried as long as [`Store::open`] waits for a lock this process just
+/// without opening sled. Tried as long as [`SledStore::open`] waits for a lock this process just
 /// released.
 fn held_by_another_process(dir: &Path) -> bool {
     use fs2::FileExt;

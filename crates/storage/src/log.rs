@@ -2,7 +2,7 @@
 //! sequence numbers, and the log's lock. Everything intake needs up to the acknowledgment, none
 //! of it in sled.
 //!
-//! A [`Store`](super::Store) holds one, opened with sled (`Store::open`). A start can also open
+//! A [`SledStore`](super::SledStore) holds one, opened with sled (`SledStore::open`). A start can also open
 //! it first, without sled ([`IntakeLog::open_early`]), so the writer takes deliveries while
 //! sled replays its own log, which after a long run takes seconds to minutes
 //! (`docs/operations.md`, "Start time"). That needs the two things an open otherwise reads from
@@ -19,7 +19,7 @@
 //! an older layout's dedupe trees in sled.
 
 use super::dedupe::DedupeIndex;
-use super::eventlog::{self, Appender, Location, Tail};
+use super::eventlog::{self, Appender, LogPosition, Tail};
 use super::intake::InFlight;
 use super::{StoreError, LOCK_RETRIES};
 use serde::{Deserialize, Serialize};
@@ -87,15 +87,15 @@ pub struct IntakeLog {
     pub(super) in_flight: Arc<Mutex<InFlight>>,
     /// The next event's sequence number (see [`IntakeLog::next_seq`]).
     pub(super) next_seq: Arc<AtomicU64>,
-    /// Messages of new events handed to the dispatcher (see `Store::count_hand_over`).
+    /// Messages of new events handed to the dispatcher (see `SledStore::count_hand_over`).
     pub(super) handed_over: Arc<AtomicU64>,
-    /// A [`Writer`](super::Writer) owns intake: `Store::accept_many` must not run beside it
+    /// A [`Writer`](super::Writer) owns intake: `SledStore::accept_many` must not run beside it
     /// (both would advance the index checkpoint over the other's frames).
     pub(super) writer_started: Arc<AtomicBool>,
     /// Where the log ended when the writer started: frames before it were there at the open
     /// (a start's recovery and scan take them), frames from it on are the writer's (its indexer
     /// indexes them and hands them to the dispatcher).
-    pub(super) writer_from: Arc<OnceLock<Location>>,
+    pub(super) writer_from: Arc<OnceLock<LogPosition>>,
     /// The newest segment ended in a torn write, cut off at the open.
     pub(super) torn_tail: bool,
     _lock: Arc<File>,
@@ -176,7 +176,7 @@ impl IntakeLog {
     }
 
     /// Where the writer's frames begin, once a writer started (see the field).
-    pub fn writer_from(&self) -> Option<Location> {
+    pub fn writer_from(&self) -> Option<LogPosition> {
         self.writer_from.get().copied()
     }
 

@@ -7,14 +7,14 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in a fold's or a replay's journal (`Store::fold`, `replay`). An
+//! Entries enter the outbox only in a fold's or a replay's journal (`SledStore::fold`, `replay`). An
 //! entry leaves the outbox only after its outcome is recorded: a dead letter in one transaction
 //! with the removal; a `done` record by plain writes, the record first and the removal last (see
-//! [`Store::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
-//! and the next open finishes the move (`Store::settle_done_moves`) before anything reads the
+//! [`SledStore::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
+//! and the next open finishes the move (`SledStore::settle_done_moves`) before anything reads the
 //! outbox.
 
-use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, Store, StoreError};
+use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, SledStore, StoreError};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,7 @@ pub(super) fn journal_pending(
     Ok(())
 }
 
-impl Store {
+impl SledStore {
     /// Every pending outbox entry, in decision order (used on start).
     pub fn outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
         all_decoded(&self.outbox, "outbox entry")
@@ -68,7 +68,7 @@ impl Store {
 
     /// At most `limit` pending entries after seq `after` (from the first when `None`), in
     /// decision order: a page of the outbox, which is never read whole while the daemon runs.
-    pub fn outbox_page(
+    pub(crate) fn outbox_page(
         &self,
         after: Option<u64>,
         limit: usize,
@@ -77,7 +77,7 @@ impl Store {
     }
 
     /// At most `limit` dead letters after seq `after` (from the first when `None`), in order.
-    pub fn dead_letters_page(
+    pub(crate) fn dead_letters_page(
         &self,
         after: Option<u64>,
         limit: usize,
@@ -86,24 +86,24 @@ impl Store {
     }
 
     /// One pending entry.
-    pub fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
+    pub(crate) fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
         get_decoded(&self.outbox, keys::seq(seq), "outbox entry")
     }
 
-    pub fn outbox_len(&self) -> usize {
+    pub(crate) fn outbox_len(&self) -> usize {
         self.outbox.len()
     }
 
     /// The highest seq in the outbox (`None`: empty).
-    pub fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
+    pub(crate) fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
         Ok(self.outbox.last()?.and_then(|(k, _)| keys::parse_seq(&k)))
     }
 
-    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
+    pub(crate) fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
         all_decoded(&self.dead_letters, "dead letter")
     }
 
-    pub fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
+    pub(crate) fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
         get_decoded(&self.dead_letters, keys::seq(seq), "dead letter")
     }
 
@@ -115,7 +115,7 @@ impl Store {
     /// `{event id}/{rule}/{index}`): a prefix range of the ledger, not a scan. An event id that is
     /// a prefix of another's (`a` and `a/b`) brings the other's too: callers check the entry's
     /// event id.
-    pub fn action_seqs_of_event(&self, event_id: &str) -> Result<Vec<u64>, StoreError> {
+    pub(crate) fn action_seqs_of_event(&self, event_id: &str) -> Result<Vec<u64>, StoreError> {
         self.actions
             .scan_prefix(format!("{event_id}/").as_bytes())
             .map(|item| {
@@ -127,12 +127,12 @@ impl Store {
     }
 
     /// The finished (done or dropped) entry `seq`, if its record is still in the audit window.
-    pub fn finished_one(&self, seq: u64) -> Result<Option<DoneRecord>, StoreError> {
+    pub(crate) fn finished_one(&self, seq: u64) -> Result<Option<DoneRecord>, StoreError> {
         get_decoded(&self.done, keys::seq(seq), "finished entry")
     }
 
     /// The entry was carried out: it leaves the outbox and the ledger says `done`.
-    pub fn outbox_done(
+    pub(crate) fn outbox_done(
         &self,
         entry: &OutboxEntry,
         attempts: u32,
@@ -159,7 +159,7 @@ impl Store {
     /// `done` transactions were most of that pool's CPU (`docs/benchmarks.md`). Not flushed,
     /// as before: a crash may lose the last records, and their entries run again with the same
     /// idempotency keys.
-    pub fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
+    pub(crate) fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -192,9 +192,9 @@ impl Store {
         Ok(())
     }
 
-    /// Finish the moves a crash interrupted in [`outbox_done_many`](Store::outbox_done_many):
+    /// Finish the moves a crash interrupted in [`outbox_done_many`](SledStore::outbox_done_many):
     /// a pending entry with a `done` record was carried out, and leaves the outbox (with its
-    /// retry state). Run by [`open`](Store::open) before anything reads the outbox. Returns how
+    /// retry state). Run by [`open`](SledStore::open) before anything reads the outbox. Returns how
     /// many it removed.
     pub(super) fn settle_done_moves(&self) -> Result<usize, StoreError> {
         let mut settled = 0;
@@ -216,13 +216,17 @@ impl Store {
     }
 
     /// Why the pending entry `seq` waits (its failed attempts), if it failed before.
-    pub fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError> {
+    pub(crate) fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError> {
         get_decoded(&self.outbox_retry, keys::seq(seq), "outbox retry state")
     }
 
     /// Record why the pending entry `seq` waits, after a failed attempt. Not flushed: a crash
     /// may lose the last few, which costs an attempt count and a later give-up, never an entry.
-    pub fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
+    pub(crate) fn set_outbox_retry_state(
+        &self,
+        seq: u64,
+        state: &RetryState,
+    ) -> Result<(), StoreError> {
         self.outbox_retry
             .insert(keys::seq(seq), encode(state)?)
             .map(drop)
@@ -243,7 +247,11 @@ impl Store {
     /// them: their ledger entries and their records. Both are scanned (the ledger is keyed by
     /// action id, and records finish out of seq order when a dead letter is retried late).
     /// Returns (ledger entries, records) removed.
-    pub fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError> {
+    pub(crate) fn prune_ledger(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<(u64, u64), StoreError> {
         let mut pruned = 0;
         for item in self.actions.iter() {
             if pruned as usize >= limit {
@@ -273,7 +281,7 @@ impl Store {
     }
 
     /// The entry failed for good: it moves from the outbox to the dead letters.
-    pub fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+    pub(crate) fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
         let status = ActionStatus {
             state: "dead".into(),
             seq: letter.entry.seq,
@@ -303,7 +311,7 @@ impl Store {
     /// unless the upstream refused it for good (then a fresh one, see [`DeadLetter::answered`]).
     /// Read and moved in one transaction: of two concurrent retries (or a retry and a drop) only
     /// one finds the letter.
-    pub fn retry_dead_letter(
+    pub(crate) fn retry_dead_letter(
         &self,
         seq: u64,
         now: Millis,
@@ -332,8 +340,8 @@ impl Store {
     }
 
     /// Remove a dead letter for good; the ledger and the audit record keep why. One
-    /// transaction, like [`Store::retry_dead_letter`].
-    pub fn drop_dead_letter(
+    /// transaction, like [`SledStore::retry_dead_letter`].
+    pub(crate) fn drop_dead_letter(
         &self,
         seq: u64,
         reason: &str,

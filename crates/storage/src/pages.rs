@@ -1,9 +1,9 @@
 //! Pages of the admin lists that have no reader of their own elsewhere: the end users in id
 //! order and the finished entries newest first. Each reads one page with a sled `range` from its
-//! cursor, never a whole tree (the conversations' pages are `Store::conversations_page`, the
+//! cursor, never a whole tree (the conversations' pages are `SledStore::conversations_page`, the
 //! sweeper's sample).
 
-use super::{decode, keys, Store, StoreError};
+use super::{decode, keys, SledStore, StoreError};
 use engine::state::EndUserState;
 use model::action::DoneRecord;
 
@@ -28,10 +28,10 @@ pub(super) fn id_page<T: for<'de> serde::Deserialize<'de>>(
         .collect()
 }
 
-impl Store {
+impl SledStore {
     /// At most `limit` end users with ids after `after` (from the first when `None`), in id
     /// order.
-    pub fn end_users_page(
+    pub(crate) fn end_users_page(
         &self,
         after: Option<&str>,
         limit: usize,
@@ -41,7 +41,7 @@ impl Store {
 
     /// At most `limit` finished entries (done or dropped) with seqs below `before` (from the
     /// newest when `None`), newest first: the ledger's records are keyed by their entry's seq.
-    pub fn finished_page(
+    pub(crate) fn finished_page(
         &self,
         before: Option<u64>,
         limit: usize,
@@ -64,9 +64,9 @@ mod tests {
     use model::action::{Action, OutboxEntry};
     use model::ids::{ConversationId, EndUserId, EventId};
 
-    fn store() -> (tempfile::TempDir, Store) {
+    fn store() -> (tempfile::TempDir, SledStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         (dir, store)
     }
 

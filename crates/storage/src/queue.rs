@@ -7,7 +7,7 @@
 //! so the tree equals the states under the fold lock (by `state::queue::waiting_since`). Folds run one at a
 //! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
 
-use super::{encode, get_decoded, keys, Store, StoreError};
+use super::{encode, get_decoded, keys, SledStore, StoreError};
 use engine::state::queue::{self, Accept, AcceptHistory, Standing};
 use engine::state::ConversationState;
 use model::ids::ConversationId;
@@ -35,7 +35,7 @@ pub(super) struct QueueFold {
     history: HashMap<String, (AcceptHistory, bool)>,
 }
 
-/// The waiting queue over all bots (`Store::queue_summary`).
+/// The waiting queue over all bots (`SledStore::queue_summary`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QueueSummary {
     /// Conversations waiting for an agent.
@@ -202,7 +202,7 @@ impl QueueFold {
     }
 }
 
-impl Store {
+impl SledStore {
     /// After an event was folded into `after`: the conversation's entry now, and an accept
     /// recorded in its bot's history when it left the queue because someone took it
     /// (`waited_since`: since when it waited before the event; `at`: the event's time).
@@ -294,7 +294,7 @@ impl Store {
 
     /// A conversation's standing now (outside folds: the help-desk events, the agent API);
     /// `None` for a conversation the bridge does not know.
-    pub fn queue_standing(
+    pub(crate) fn queue_standing(
         &self,
         conversation: &ConversationId,
     ) -> Result<Option<Standing>, StoreError> {
@@ -322,7 +322,7 @@ impl Store {
     /// longest-waiting one does (for the stuck-handoff gauges). Kept in memory: counted from the
     /// tree on open and changed by each committed fold, so a scrape costs no scan and is right
     /// from the first one after a restart.
-    pub fn queue_summary(&self) -> QueueSummary {
+    pub(crate) fn queue_summary(&self) -> QueueSummary {
         match self.waiting.lock() {
             Ok(counts) => counts.summary(),
             Err(poisoned) => poisoned.into_inner().summary(),
@@ -372,7 +372,7 @@ impl Store {
     }
 }
 
-impl Store {
+impl SledStore {
     /// A store from before the waiting queue: index its waiting conversations once, on open
     /// (before any fold, so nothing races with it). A new store has none and only marks it.
     pub(super) fn index_queue_once(&self) -> Result<(), StoreError> {
@@ -419,7 +419,7 @@ pub(super) mod tests {
     /// Accept `events` as delivery `delivery` and return the new ones as the dispatcher hands
     /// them to a fold: (sequence number, event), in order.
     pub(crate) fn accepted_batch(
-        store: &Store,
+        store: &SledStore,
         delivery: &str,
         events: &[model::webhook::IncomingEvent],
     ) -> Vec<(u64, Event)> {
@@ -435,7 +435,7 @@ pub(super) mod tests {
     }
 
     /// Every key in `queue/v1` that starts with one of `prefixes` (first bytes), sorted.
-    pub(crate) fn queue_keys(store: &Store, prefixes: &[u8]) -> Vec<Vec<u8>> {
+    pub(crate) fn queue_keys(store: &SledStore, prefixes: &[u8]) -> Vec<Vec<u8>> {
         let mut keys: Vec<Vec<u8>> = prefixes
             .iter()
             .flat_map(|p| store.queue.scan_prefix([*p]).keys())
@@ -446,7 +446,11 @@ pub(super) mod tests {
     }
 
     /// Accept and fold `events` as one batch (like the dispatcher).
-    pub(crate) fn fold(store: &Store, delivery: &str, events: Vec<model::webhook::IncomingEvent>) {
+    pub(crate) fn fold(
+        store: &SledStore,
+        delivery: &str,
+        events: Vec<model::webhook::IncomingEvent>,
+    ) {
         let batch = accepted_batch(store, delivery, &events);
         assert_eq!(batch.len(), events.len());
         store.apply(&batch).expect("apply");
@@ -455,7 +459,7 @@ pub(super) mod tests {
     /// Accept and fold `events` as one batch with `rules` deciding; the texts of the messages they
     /// decided, in order.
     fn fold_with(
-        store: &Store,
+        store: &SledStore,
         delivery: &str,
         events: Vec<model::webhook::IncomingEvent>,
         rules: &engine::rules::RuleSet,
@@ -503,7 +507,7 @@ pub(super) mod tests {
 
     /// The kept summary, checked against a count of the tree; and each bot's kept entries (what
     /// a fold's standings count) against the tree's.
-    fn summary(store: &Store) -> QueueSummary {
+    fn summary(store: &SledStore) -> QueueSummary {
         let kept = store.queue_summary();
         let scanned = store.queue_summary_scanned().expect("scan");
         assert_eq!(kept, scanned.summary(), "the kept counts equal the tree");
@@ -512,7 +516,7 @@ pub(super) mod tests {
         kept
     }
 
-    fn position(store: &Store, conversation: &str) -> Option<u32> {
+    fn position(store: &SledStore, conversation: &str) -> Option<u32> {
         store
             .queue_standing(&conversation.into())
             .expect("read")
@@ -523,7 +527,7 @@ pub(super) mod tests {
     #[test]
     fn rules_see_the_standing_after_each_event_within_one_batch() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         let rules = engine::rules::RuleSet::from_sources(&[(
             "q.toml".into(),
             r#"
@@ -567,7 +571,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
         let dir = tempfile::tempdir().expect("tempdir");
         let requested = "bot.conversation.agent_call_requested";
         {
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             fold(
                 &store,
                 "d1",
@@ -588,7 +592,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             );
             store.flush().expect("flush");
         }
-        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(
             store.queue_summary(),
             QueueSummary {
@@ -615,7 +619,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
     fn a_store_from_before_the_queue_indexes_its_waiting_conversations_on_open() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             let requested = "bot.conversation.agent_call_requested";
             fold(
                 &store,
@@ -631,7 +635,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             store.db.flush().expect("flush");
             assert!(store.waiting_for("B1").expect("queue").is_empty());
         }
-        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         let waiting = store.waiting_for("B1").expect("queue");
         assert_eq!(waiting, [ConversationId::new("c1")]);
     }
@@ -639,7 +643,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
     #[test]
     fn the_fold_keeps_the_queue_in_request_order_and_learns_the_accept_rate() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         let requested = "bot.conversation.agent_call_requested";
         // c2 asks first; c1 and c3 in the same batch (c3 at the same time as c1).
         fold(
@@ -655,7 +659,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
                 conversation_event("e3", requested, "c3", 2_000),
             ],
         );
-        let order = |store: &Store| {
+        let order = |store: &SledStore| {
             store
                 .waiting_for("B1")
                 .expect("queue")

@@ -14,7 +14,7 @@
 //! unless forced: a forced action gets a new id, and with it a new idempotency key, because the
 //! upstream would otherwise answer the old call's result without acting.
 
-use super::{decode, outbox::ActionStatus, EventRecord, Store, StoreError};
+use super::{decode, outbox::ActionStatus, EventRecord, SledStore, StoreError};
 use engine::decide::Decide;
 use engine::state::{ConversationState, EndUserState};
 use model::action::{action_id, Action, Decision, OutboxEntry};
@@ -93,10 +93,10 @@ impl ReplayRequest {
     }
 }
 
-impl Store {
+impl SledStore {
     /// Re-run the window's events through `rules`; unless `dry_run`, queue what is new (or forced)
     /// in one journal, as a fold would. The caller makes it durable (flush) before telling the executor.
-    pub fn replay(
+    pub(crate) fn replay(
         &self,
         request: &ReplayRequest,
         rules: &dyn Decide,
@@ -180,7 +180,7 @@ impl Store {
 
 /// A replay under way: what it decides with, the ids it has queued, and its report so far.
 struct Replay<'a> {
-    store: &'a Store,
+    store: &'a SledStore,
     request: &'a ReplayRequest,
     rules: &'a dyn Decide,
     now: Millis,
@@ -320,7 +320,7 @@ impl Replay<'_> {
 
 /// The end user `id` as stored now, looked up once per replay.
 fn end_user<'u>(
-    store: &Store,
+    store: &SledStore,
     users: &'u mut HashMap<String, Option<EndUserState>>,
     id: &EndUserId,
 ) -> Result<Option<&'u EndUserState>, StoreError> {

@@ -17,7 +17,7 @@
 //! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
-use super::{decode, keys, ConversationState, EndUserState, Store, StoreError};
+use super::{decode, keys, ConversationState, EndUserState, SledStore, StoreError};
 use model::ids::PartitionKey;
 use model::webhook::model::Millis;
 use serde::Serialize;
@@ -139,7 +139,7 @@ struct PendingQueues {
 }
 
 impl PendingQueues {
-    fn refresh(&mut self, store: &Store) -> Result<(), StoreError> {
+    fn refresh(&mut self, store: &SledStore) -> Result<(), StoreError> {
         loop {
             let page = store.outbox_page(self.after, CHUNK)?;
             let Some(last) = page.last() else {
@@ -175,7 +175,7 @@ struct Unfolded {
     events: usize,
     max: usize,
     /// Where the next scan starts (the watermark before the first).
-    from: Option<super::eventlog::Location>,
+    from: Option<super::eventlog::LogPosition>,
     overflow: bool,
 }
 
@@ -210,7 +210,7 @@ impl Default for Unfolded {
 }
 
 impl Unfolded {
-    fn refresh(&mut self, store: &Store) -> Result<(), StoreError> {
+    fn refresh(&mut self, store: &SledStore) -> Result<(), StoreError> {
         if self.overflow {
             return Ok(());
         }
@@ -291,7 +291,7 @@ struct Committed {
     waiting: super::queue::WaitingChanges,
 }
 
-impl Store {
+impl SledStore {
     /// Prune the conversation states, then the end-user states, whose newest activity is before
     /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
     /// removed under the fold lock in one transaction).
@@ -301,9 +301,9 @@ impl Store {
         Ok(out)
     }
 
-    /// [`Store::prune_states`], adding to `out` as each chunk commits: after an error it holds
+    /// [`SledStore::prune_states`], adding to `out` as each chunk commits: after an error it holds
     /// what the chunks before it removed (for the gauges that follow the store).
-    pub fn prune_states_into(
+    pub(crate) fn prune_states_into(
         &self,
         before: Millis,
         chunk: usize,
@@ -529,7 +529,7 @@ impl Store {
         }))
     }
 
-    /// An end-user candidate, like [`Store::judge_conversation`]; kept while the conversation it
+    /// An end-user candidate, like [`SledStore::judge_conversation`]; kept while the conversation it
     /// last had is (pruning conversations first, a pass usually takes both).
     fn judge_end_user(&self, id: &str, key: &[u8]) -> Result<Judged, StoreError> {
         let Some(bytes) = self.end_users.get(id)? else {
@@ -571,7 +571,7 @@ impl Store {
     /// the watermark ends a segment); none there, any number.
     fn watermark_seq(&self) -> Result<u64, StoreError> {
         let at = self.fold_from()?;
-        let next = super::eventlog::Location {
+        let next = super::eventlog::LogPosition {
             segment: at.segment + 1,
             offset: 0,
         };
@@ -587,14 +587,14 @@ impl Store {
     /// Remove the quarantine records received before `before`, in id (arrival) order, read
     /// `chunk` at a time, up to the first one still within retention. Returns how many it
     /// removed (not counting one a re-process took meanwhile).
-    pub fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
+    pub(crate) fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
         let mut removed = 0;
         self.prune_quarantine_into(before, chunk, &mut removed)?;
         Ok(removed)
     }
 
-    /// [`Store::prune_quarantine`], adding to `removed` as each chunk goes.
-    pub fn prune_quarantine_into(
+    /// [`SledStore::prune_quarantine`], adding to `removed` as each chunk goes.
+    pub(crate) fn prune_quarantine_into(
         &self,
         before: Millis,
         chunk: usize,
@@ -703,7 +703,7 @@ mod tests {
     /// Accept and fold `events` as one batch, without moving the folds' watermark (like a job
     /// while an older event is still in another).
     fn fold_only(
-        store: &Store,
+        store: &SledStore,
         delivery: &str,
         events: Vec<IncomingEvent>,
     ) -> super::super::Applied {
@@ -715,7 +715,7 @@ mod tests {
     }
 
     /// Move the folds' watermark to the log's end (nothing left to fold), as the dispatcher does.
-    fn settle(store: &Store) {
+    fn settle(store: &SledStore) {
         let pending = store.pending().expect("pending");
         assert!(pending.is_empty(), "everything folded");
         let position = Position {
@@ -727,7 +727,11 @@ mod tests {
             .expect("settle");
     }
 
-    fn fold(store: &Store, delivery: &str, events: Vec<IncomingEvent>) -> super::super::Applied {
+    fn fold(
+        store: &SledStore,
+        delivery: &str,
+        events: Vec<IncomingEvent>,
+    ) -> super::super::Applied {
         let applied = fold_only(store, delivery, events);
         settle(store);
         applied
@@ -740,9 +744,9 @@ mod tests {
             .collect()
     }
 
-    fn open() -> (tempfile::TempDir, Store) {
+    fn open() -> (tempfile::TempDir, SledStore) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         (dir, store)
     }
 
@@ -1199,7 +1203,7 @@ mod tests {
     fn a_store_from_before_the_index_builds_it_on_open() {
         let dir = tempfile::tempdir().expect("tempdir");
         let expected = {
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             fold(
                 &store,
                 "d1",
@@ -1218,7 +1222,7 @@ mod tests {
             store.db.flush().expect("flush");
             expected
         };
-        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(keys_of(&store.activity), expected);
     }
 }

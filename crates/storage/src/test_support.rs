@@ -6,9 +6,9 @@ use crate::*;
 use model::webhook::model::{Event, Millis};
 use model::webhook::{parse_delivery, parse_event};
 
-pub fn store() -> (tempfile::TempDir, Store) {
+pub fn store() -> (tempfile::TempDir, SledStore) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+    let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
     (dir, store)
 }
 
@@ -29,7 +29,7 @@ pub fn delivery(id: &str, events: &[(&str, &str, i64)]) -> Vec<u8> {
     .into_bytes()
 }
 
-pub fn accept(store: &Store, body: &[u8]) -> Accepted {
+pub fn accept(store: &SledStore, body: &[u8]) -> Accepted {
     let parsed = parse_delivery(body).expect("valid delivery");
     store
         .accept(&parsed.id, &parsed.events, 1_000)
@@ -37,7 +37,9 @@ pub fn accept(store: &Store, body: &[u8]) -> Accepted {
 }
 
 /// Every event still to fold, read back once each, and where the log ended.
-pub fn pending_records(store: &Store) -> (Vec<(PendingEvent, EventRecord)>, eventlog::Location) {
+pub fn pending_records(
+    store: &SledStore,
+) -> (Vec<(PendingEvent, EventRecord)>, eventlog::LogPosition) {
     let pending = store.pending().expect("pending");
     let records = pending
         .events
@@ -52,7 +54,7 @@ pub fn pending_records(store: &Store) -> (Vec<(PendingEvent, EventRecord)>, even
 
 /// Fold the events of `records` that `keep` picks, without rules, recording `position`.
 pub fn fold_picked(
-    store: &Store,
+    store: &SledStore,
     records: &[(PendingEvent, EventRecord)],
     keep: impl Fn(&EventRecord) -> bool,
     position: &Position,
@@ -72,7 +74,7 @@ pub fn fold_picked(
 
 /// Fold everything still to fold, as the dispatcher would: in one batch whose watermark is the
 /// log's end.
-pub fn drain(store: &Store) -> Applied {
+pub fn drain(store: &SledStore) -> Applied {
     let (records, end) = pending_records(store);
     let position = Position {
         fold_from: Some(end),
@@ -81,7 +83,7 @@ pub fn drain(store: &Store) -> Applied {
     fold_picked(store, &records, |_| true, &position)
 }
 
-pub fn accept_at(store: &Store, body: &[u8], received_at: Millis) {
+pub fn accept_at(store: &SledStore, body: &[u8], received_at: Millis) {
     let parsed = parse_delivery(body).expect("valid delivery");
     store
         .accept(&parsed.id, &parsed.events, received_at)
@@ -113,7 +115,7 @@ pub fn dead_letter(
     }
 }
 
-pub fn drain_with(store: &Store, rules: &dyn engine::decide::Decide) -> Applied {
+pub fn drain_with(store: &SledStore, rules: &dyn engine::decide::Decide) -> Applied {
     let batch: Vec<(u64, Event)> = pending_records(store)
         .0
         .iter()
@@ -163,7 +165,7 @@ pub fn timer_rules() -> engine::rules::RuleSet {
     engine::rules::RuleSet::from_sources(&[("timers.toml".into(), text)]).expect("rules")
 }
 
-pub fn all_timers(store: &Store) -> Vec<DueTimer> {
+pub fn all_timers(store: &SledStore) -> Vec<DueTimer> {
     let (due, next) = store
         .due_timers(Millis::MAX, 1_000, |_| false)
         .expect("timers");
@@ -172,7 +174,7 @@ pub fn all_timers(store: &Store) -> Vec<DueTimer> {
 }
 
 /// Fire a due timer as the firer does (its deterministic event, through intake's dedupe).
-pub fn fire(store: &Store, timer: &DueTimer) -> Accepted {
+pub fn fire(store: &SledStore, timer: &DueTimer) -> Accepted {
     let event = model::webhook::timer_event(&timer.firing, &timer.bot_id).expect("timer event");
     let delivery = DeliveryId::new(event.event.id.as_str());
     store.accept(&delivery, &[event], 2_000).expect("accept")

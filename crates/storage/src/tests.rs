@@ -64,16 +64,16 @@ fn state_and_inbox_survive_reopening() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
         store.flush().expect("flush");
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(store.pending().expect("pending").len(), 2);
     drain(&store);
     store.flush().expect("flush");
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(store.pending().expect("pending").is_empty());
     assert_eq!(
         store
@@ -114,7 +114,7 @@ fn end_users_are_found_by_platform_and_user_key() {
 fn prune_drops_old_dedupe_records_and_whole_old_folded_segments_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Tiny segments: every delivery gets its own.
-    let store = Store::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
+    let store = SledStore::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
     for (d, e, at) in [("d1", "e1", 100), ("d2", "e2", 200), ("d3", "e3", 10_000)] {
         accept_at(&store, &delivery(d, &[(e, "c1", 1)]), at);
     }
@@ -150,7 +150,7 @@ fn prune_drops_old_dedupe_records_and_whole_old_folded_segments_only() {
     }
     // A restart keeps what pruning forgot forgotten, and the rest.
     drop(store);
-    let store = Store::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
+    let store = SledStore::open_with(&dir.path().join("store"), 8 * 1024 * 1024, 10).expect("open");
     let again = parse_delivery(&delivery("d1c", &[("e1", "c1", 2)])).expect("parse");
     let out = store
         .accept(&again.id, &again.events, 10_002)
@@ -187,7 +187,7 @@ fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
         })
         .collect();
     let (big, small) = {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         let record = QuarantineRecord::new("delivery", "invalid_json", "x", &body, 5);
         assert!(
             record.body_base64.len() > 4 * MAX_VALUE_BYTES,
@@ -212,7 +212,7 @@ fn a_body_that_stays_large_compressed_goes_in_chunks_sled_keeps_in_its_log() {
         store.flush().expect("flush");
         (big, small)
     };
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(longest_value(&store.quarantine) <= MAX_VALUE_BYTES);
     assert!(longest_value(&store.quarantine_bodies) <= MAX_VALUE_BYTES);
     let chunks = store.quarantine_bodies.len();
@@ -308,7 +308,7 @@ fn a_flush_syncs_sleds_file_and_a_failed_sync_fails_every_later_flush_until_reop
     assert_eq!(store.file_syncs(), before + 1);
 
     drop(store);
-    let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("reopen");
     store.flush().expect("a reopened store flushes");
     assert_eq!(store.pending().expect("pending").events.len(), 1);
 }
@@ -347,7 +347,7 @@ fn a_second_process_cannot_open_a_store_in_use() {
     let (dir, _store) = store();
     // sled locks the directory: a second open in this process fails the same way another
     // process would, and must not be mistaken for an empty store.
-    match Store::open(&dir.path().join("store"), 8 * 1024 * 1024) {
+    match SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024) {
         Err(StoreError::Locked { .. }) => {}
         Err(other) => panic!("expected Locked, got {other}"),
         Ok(_) => panic!("second open succeeded"),
@@ -356,7 +356,7 @@ fn a_second_process_cannot_open_a_store_in_use() {
 
 /// Check and log a delivery without indexing it: the state a crash between the log's sync (the
 /// acknowledgment) and the index transaction leaves.
-fn log_only(store: &Store, body: &[u8], received_at: Millis) {
+fn log_only(store: &SledStore, body: &[u8], received_at: Millis) {
     let parsed = parse_delivery(body).expect("valid");
     let request = AcceptRequest {
         delivery: &parsed.id,
@@ -369,7 +369,7 @@ fn log_only(store: &Store, body: &[u8], received_at: Millis) {
     store.log.log_commit().expect("commit");
 }
 
-fn pending_ids(store: &Store) -> Vec<String> {
+fn pending_ids(store: &SledStore) -> Vec<String> {
     pending_records(store)
         .0
         .into_iter()
@@ -383,7 +383,7 @@ fn opening_the_store_indexes_what_only_the_event_log_holds_once() {
     let path = dir.path().join("store");
     let logged = delivery("d2", &[("e2", "c1", 2), ("e3", "c2", 3)]);
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept_at(&store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
         log_only(&store, &logged, 2_000);
         assert_eq!(
@@ -392,7 +392,7 @@ fn opening_the_store_indexes_what_only_the_event_log_holds_once() {
             "the event log is the inbox: logged is pending"
         );
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(pending_ids(&store), vec!["e1", "e2", "e3"]);
     let e2 = store
         .event_by_id(&EventId::new("e2"))
@@ -405,7 +405,7 @@ fn opening_the_store_indexes_what_only_the_event_log_holds_once() {
     assert!(accept(&store, &logged).duplicate_delivery);
 
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen again");
     assert_eq!(pending_ids(&store).len(), 3, "nothing indexed twice");
 }
 
@@ -414,7 +414,7 @@ fn a_torn_log_tail_is_cut_and_the_intact_frames_indexed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     let intact = {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         log_only(&store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
         let intact = store.log.log_commit().expect("end");
         log_only(&store, &delivery("d2", &[("e2", "c1", 2)]), 2_000);
@@ -426,7 +426,7 @@ fn a_torn_log_tail_is_cut_and_the_intact_frames_indexed() {
         .open(&segment)
         .expect("open log");
     file.set_len(intact.offset + 11).expect("tear");
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(pending_ids(&store), vec!["e1"]);
     assert_eq!(
         std::fs::metadata(&segment).expect("segment").len(),
@@ -488,7 +488,7 @@ fn a_layout_1_store_is_migrated_without_losing_or_repeating_an_event() {
         frame.extend_from_slice(payload.as_bytes());
         std::fs::write(path.join(LEGACY_WAL_FILE), frame).expect("intake log");
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("migrate");
     assert_eq!(pending_ids(&store), vec!["e2", "e3"]);
     for id in ["e1", "e2", "e3"] {
         let record = store.event_by_id(&EventId::new(id)).expect("read");
@@ -509,7 +509,7 @@ fn a_layout_1_store_is_migrated_without_losing_or_repeating_an_event() {
         1
     );
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(pending_ids(&store), vec!["e2", "e3"], "migrated once");
 }
 
@@ -668,7 +668,7 @@ fn an_entry_recorded_done_before_a_crash_left_the_outbox_leaves_it_on_open() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     let (interrupted, finished, waiting) = {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept_at(
             &store,
             &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c3", 3)]),
@@ -704,7 +704,7 @@ fn an_entry_recorded_done_before_a_crash_left_the_outbox_leaves_it_on_open() {
         store.flush().expect("flush");
         (interrupted.clone(), finished.clone(), waiting.clone())
     };
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     let pending: Vec<u64> = store
         .outbox()
         .expect("outbox")
@@ -989,7 +989,7 @@ fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     store.flush().expect("flush");
     let path = dir.path().join("store");
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(all_timers(&store), timers[..1]);
 }
 
@@ -1072,7 +1072,7 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
 
 /// Fold everything pending with `rules`, each event with its stored receive time (as the
 /// dispatcher does).
-fn drain_received(store: &Store, rules: &dyn engine::decide::Decide) -> Applied {
+fn drain_received(store: &SledStore, rules: &dyn engine::decide::Decide) -> Applied {
     let mut batch = Vec::new();
     let mut received = Vec::new();
     for (p, rec) in pending_records(store).0 {
@@ -1244,7 +1244,7 @@ fn a_template_reads_the_end_users_params_from_the_batch_or_the_store() {
 fn record_counts_are_kept_by_the_folds_so_a_start_need_not_walk_the_trees() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
-    let counted = |store: &Store| {
+    let counted = |store: &SledStore| {
         let meta = |key: &[u8]| {
             store
                 .meta
@@ -1258,7 +1258,7 @@ fn record_counts_are_kept_by_the_folds_so_a_start_need_not_walk_the_trees() {
         )
     };
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         // A fresh store: counted once (nothing), kept from then on.
         assert_eq!(store.sizes().conversations, 0);
         accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
@@ -1276,7 +1276,7 @@ fn record_counts_are_kept_by_the_folds_so_a_start_need_not_walk_the_trees() {
         );
         store.flush().expect("flush");
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(store.sizes().conversations, 3, "read from the kept count");
     // A store from before the counts: counted once, then kept.
     store
@@ -1306,11 +1306,11 @@ fn a_delivery_of_only_invalid_events_is_known_after_a_restart() {
         received_at: 5,
     };
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         let out = store.accept_many(&[request]).expect("accept");
         assert_eq!(out[0].quarantined.len(), 1);
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     let out = store.accept_many(&[request]).expect("accept again");
     assert!(out[0].duplicate_delivery, "recorded by its (empty) frame");
     assert_eq!(
@@ -1352,7 +1352,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
     {
         // A layout-2 store: its dedupe records in sled, one of them for an event no longer in
         // the log (layout 1 pruned its body before migrating), and a delivery likewise.
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept(&store, &delivery("d1", &[("e1", "c1", 1)]));
         store
             .meta
@@ -1369,7 +1369,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
             .expect("delivery");
         store.flush().expect("flush");
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("upgrade");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("upgrade");
     let layout = store.meta.get(keys::meta::LAYOUT_VERSION).expect("read");
     assert_eq!(layout.as_deref(), Some(&LAYOUT_VERSION.to_be_bytes()[..]));
     let out = accept(
@@ -1384,7 +1384,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
     // Still inside the window (the upgrade was just now): kept, across a restart too.
     assert_eq!(store.prune(0, 0).expect("prune").dedupe_records, 0);
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(store.seen_event("gone").expect("seen"));
     // Past the window: the trees go, and the ids are new again.
     let later = model::clock::system_millis() + 1_000;
@@ -1396,7 +1396,7 @@ fn a_layout_2_stores_dedupe_records_hold_until_past_the_window_then_go() {
         .iter()
         .any(|n| n.as_ref() == keys::tree::SEEN.as_bytes()));
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(!store.seen_delivery("d-gone").expect("seen"));
     assert!(store.seen_event("e1").expect("seen"), "the log's ids stay");
 }
@@ -1426,7 +1426,7 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         for i in 0..50 {
             let body = delivery(&format!("d{i}"), &[(&format!("e{i}"), "c1", i)]);
             assert_eq!(accept(&store, &body).new.len(), 1);
@@ -1438,7 +1438,7 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
             2_000,
         );
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     let seen: Vec<u64> = store
         .pending()
         .expect("pending")
@@ -1455,7 +1455,7 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
         after[0].0
     );
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen again");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen again");
     let again = accept(&store, &delivery("dm", &[("em", "c3", 80)])).new;
     assert!(
         again[0].0 > after[0].0,
@@ -1464,7 +1464,7 @@ fn event_numbers_keep_growing_across_restarts_and_past_a_recovered_tail() {
 }
 
 /// The conversation's folded event count.
-fn events_applied(store: &Store, conversation: &str) -> Option<u64> {
+fn events_applied(store: &SledStore, conversation: &str) -> Option<u64> {
     store
         .conversation(&conversation.into())
         .expect("read")
@@ -1472,7 +1472,7 @@ fn events_applied(store: &Store, conversation: &str) -> Option<u64> {
 }
 
 /// Fold the pending events with these ids, with a given watermark.
-fn fold_ids(store: &Store, ids: &[&str], fold_from: Option<eventlog::Location>) -> Applied {
+fn fold_ids(store: &SledStore, ids: &[&str], fold_from: Option<eventlog::LogPosition>) -> Applied {
     let position = Position {
         fold_from,
         passed: Vec::new(),
@@ -1488,7 +1488,7 @@ fn fold_ids(store: &Store, ids: &[&str], fold_from: Option<eventlog::Location>) 
 
 /// Fold the pending event `folded` while `passed` (of the same partition) is passed over in the
 /// same fold, as an unreadable event is.
-fn fold_passing_over(store: &Store, folded: &str, passed: &str) -> Applied {
+fn fold_passing_over(store: &SledStore, folded: &str, passed: &str) -> Applied {
     let (records, end) = pending_records(store);
     let find = |id: &str| {
         records
@@ -1506,7 +1506,7 @@ fn fold_passing_over(store: &Store, folded: &str, passed: &str) -> Applied {
 }
 
 /// Turn a store into what layout 3 left, inbox aside: no folded marks, no watermark.
-fn as_layout_3(store: &Store) {
+fn as_layout_3(store: &SledStore) {
     store.folded.clear().expect("marks");
     store.meta.remove(keys::meta::FOLD_FROM).expect("watermark");
     store
@@ -1521,7 +1521,7 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept(
             &store,
             &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2), ("e3", "c1", 3)]),
@@ -1534,7 +1534,7 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
         assert_eq!(pending_ids(&store), vec!["e3", "e4"]);
         store.flush().expect("flush");
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert_eq!(pending_ids(&store), vec!["e3", "e4"]);
     // The rest folds on; then a batch repeating a folded event (e1) skips it.
     let applied = fold_ids(&store, &["e3"], None);
@@ -1557,7 +1557,7 @@ fn a_restart_resumes_each_partition_after_its_folded_mark_wherever_the_watermark
         store.pending().expect("p").end
     );
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(store.pending().expect("pending").is_empty());
 }
 
@@ -1578,7 +1578,7 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept(
             &store,
             &delivery("d1", &[("e1", "c1", 1), ("e2", "c1", 2), ("e3", "c2", 3)]),
@@ -1615,7 +1615,7 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
         }
         as_layout_3(&store);
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("migrate");
     assert_eq!(pending_ids(&store), vec!["e2", "e4", "e5", "e6"]);
     assert_eq!(store.check_layout().expect("layout"), LAYOUT_VERSION);
     assert!(
@@ -1635,7 +1635,7 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
     assert_eq!(events_applied(&store, "c2"), Some(1));
     assert_eq!(events_applied(&store, "c3"), Some(1));
     drop(store);
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
     assert!(
         store.pending().expect("pending").is_empty(),
         "migrated once"
@@ -1659,13 +1659,13 @@ fn events_folded_before_a_migration_are_not_pending_though_they_have_no_mark() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("store");
     {
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         accept(&store, &delivery("d1", &[("e1", "c1", 1), ("e2", "c2", 2)]));
         drain(&store);
         // What layout 3 left with everything folded: an empty inbox, no marks, no watermark.
         as_layout_3(&store);
     }
-    let store = Store::open(&path, 8 * 1024 * 1024).expect("migrate");
+    let store = SledStore::open(&path, 8 * 1024 * 1024).expect("migrate");
     assert!(store.pending().expect("pending").is_empty());
     let (_, e1_pending) = store.event_status(&"e1".into()).expect("read").expect("e1");
     assert!(!e1_pending, "folded before the watermark");

@@ -8,7 +8,7 @@
 //! key. (Removing it after the firing was accepted, outside a fold, would race with a fold that
 //! restarts the timer; this way nothing does.)
 
-use super::{decode, encode, keys, Store, StoreError};
+use super::{decode, encode, keys, SledStore, StoreError};
 use engine::state::{ConversationState, Timer};
 use model::ids::ConversationId;
 use model::webhook::model::{Millis, TimerFiring};
@@ -44,7 +44,7 @@ pub(super) struct TimerWrites {
     pub earliest: Option<Millis>,
 }
 
-impl Store {
+impl SledStore {
     /// The fold's timer writes: each conversation's timers as the batch found them (`before`)
     /// against its state now, plus the keys of the folded firings (`fired`), which go unless the
     /// timer runs again under the same key.
@@ -106,7 +106,7 @@ impl Store {
     /// Due timers (at or before `now`), earliest first, at most `limit`, leaving out those `skip`
     /// names (already fired, their firing not folded yet); and when the next one is due (`now`
     /// when the limit cut the list short). Unreadable entries are logged and left out.
-    pub fn due_timers(
+    pub(crate) fn due_timers(
         &self,
         now: Millis,
         limit: usize,
@@ -150,18 +150,18 @@ impl Store {
     }
 
     /// Whether a timer key is still there (its firing not folded yet).
-    pub fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError> {
+    pub(crate) fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError> {
         Ok(self.timers.contains_key(key)?)
     }
 
     /// Running timers. Linear in their number: call on start, then track the folds' changes.
-    pub fn timers_pending(&self) -> u64 {
+    pub(crate) fn timers_pending(&self) -> u64 {
         self.timers.len() as u64
     }
 
     /// How the firer is woken before the time it sleeps towards: by a fold that started or
     /// restarted a timer due before it, or by the test clock.
-    pub fn timer_wakeup(&self) -> std::sync::Arc<TimerWakeup> {
+    pub(crate) fn timer_wakeup(&self) -> std::sync::Arc<TimerWakeup> {
         self.timer_wakeup.clone()
     }
 }

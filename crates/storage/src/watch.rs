@@ -11,7 +11,7 @@
 //! while its conversation is unchanged (one key per conversation that ever had a handoff); the
 //! sweeper reads only those released within `reconcile.recent`.
 
-use super::{keys, ConversationState, Store, StoreError};
+use super::{keys, ConversationState, SledStore, StoreError};
 use engine::state::belief;
 use model::webhook::model::Millis;
 
@@ -32,10 +32,14 @@ pub struct Watched {
     pub released: Vec<String>,
 }
 
-impl Store {
+impl SledStore {
     /// The sweeper's candidates: every active conversation and those released at or after
     /// `released_since`, at most `limit` in all (active first). Reads the index only.
-    pub fn watched(&self, released_since: Millis, limit: usize) -> Result<Watched, StoreError> {
+    pub(crate) fn watched(
+        &self,
+        released_since: Millis,
+        limit: usize,
+    ) -> Result<Watched, StoreError> {
         let mut out = Watched::default();
         for item in self.queue.scan_prefix([keys::WATCH_ACTIVE]) {
             if out.active.len() >= limit {
@@ -64,7 +68,7 @@ impl Store {
 
     /// Up to `limit` conversation states after id `after` (from the first when `None`), in id
     /// order: the sweeper's rotating sample of the conversations it does not watch.
-    pub fn conversations_page(
+    pub(crate) fn conversations_page(
         &self,
         after: Option<&str>,
         limit: usize,
@@ -86,14 +90,14 @@ mod tests {
     use crate::queue::tests::{conversation_event, fold, queue_keys};
 
     /// Every index entry, scanned.
-    fn index(store: &Store) -> Vec<Vec<u8>> {
+    fn index(store: &SledStore) -> Vec<Vec<u8>> {
         queue_keys(store, &[keys::WATCH_ACTIVE, keys::WATCH_RELEASED])
     }
 
     #[test]
     fn the_fold_keeps_active_and_released_conversations_indexed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), 8 << 20).expect("open");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         let requested = "bot.conversation.agent_call_requested";
         fold(
             &store,
@@ -160,7 +164,7 @@ mod tests {
     fn a_store_from_before_the_index_builds_it_on_open_and_the_sample_pages_round() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let store = Store::open(dir.path(), 8 << 20).expect("open");
+            let store = SledStore::open(dir.path(), 8 << 20).expect("open");
             fold(
                 &store,
                 "d1",
@@ -180,7 +184,7 @@ mod tests {
             store.db.flush().expect("flush");
             assert_eq!(store.watched(0, 10).expect("watched"), Watched::default());
         }
-        let store = Store::open(dir.path(), 8 << 20).expect("reopen");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(store.watched(0, 10).expect("watched").active, ["c1"]);
         let ids = |page: Vec<ConversationState>| -> Vec<String> {
             page.iter().map(|s| s.id.as_str().to_owned()).collect()

@@ -1,7 +1,7 @@
 //! The writer: two threads that own the intake write path.
 //!
 //! Handlers hand it parsed deliveries and wait. The writer thread takes every delivery queued at
-//! that moment and checks the whole group for duplicates ([`Store::check`]: sled reads, no
+//! that moment and checks the whole group for duplicates ([`SledStore::check`]: sled reads, no
 //! transaction). The syncer thread appends the group's new events to the event log, syncs it
 //! (once for all groups that are ready) and answers them; the indexer thread then puts their ids
 //! into the dedupe index, advances the checkpoint (one small sled write) and passes the events on
@@ -12,8 +12,8 @@
 //! Sled itself flushes in the background (every 500 ms); a checkpoint it has not flushed at a
 //! crash is advanced again from the log on open. An explicit [`Writer::flush`] flushes it at once.
 
-use super::eventlog::Location;
-use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, Store, Unindexed};
+use super::eventlog::LogPosition;
+use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Unindexed};
 use model::ids::{DeliveryId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
@@ -50,7 +50,7 @@ pub struct NewEvent {
     pub seq: u64,
     pub partition: PartitionKey,
     /// Its frame in the event log (where a fold reads it back, and the folds' watermark).
-    pub at: Location,
+    pub at: LogPosition,
     pub received_at: Millis,
     pub event: Event,
 }
@@ -66,7 +66,7 @@ pub struct WriterHooks {
 /// See [`WriterHooks::observe`].
 pub type Observe = Box<dyn Fn(Duration, usize) + Send>;
 /// See [`WriterHooks::durable`].
-pub type Durable = Box<dyn Fn(Vec<NewEvent>, Location) + Send>;
+pub type Durable = Box<dyn Fn(Vec<NewEvent>, LogPosition) + Send>;
 
 enum Job {
     Accept(AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>),
@@ -82,7 +82,7 @@ pub struct Writer {
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     health: Arc<Health>,
     /// The store, once sled is open (see [`Writer::start_early`]).
-    store: Arc<tokio::sync::watch::Sender<Option<Store>>>,
+    store: Arc<tokio::sync::watch::Sender<Option<SledStore>>>,
 }
 
 /// Set by the writer and syncer (checks, log writes) and by the indexer (checkpoint writes).
@@ -141,7 +141,7 @@ impl IndexBacklog {
 
 impl Writer {
     /// Start the writer thread. The store has already replayed any leftover log on open.
-    pub fn start(store: Store, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
+    pub fn start(store: SledStore, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
         let writer = Writer::start_early(store.intake_log().clone(), hooks.observe)?;
         writer.attach(store, hooks.durable);
         Ok(writer)
@@ -179,7 +179,7 @@ impl Writer {
     /// Give a writer started early its store, now open, and the hook that hands new events to
     /// the dispatcher: the indexer indexes what was logged meanwhile, hands it on, and goes on
     /// as after [`start`](Writer::start).
-    pub fn attach(&self, store: Store, durable: Durable) {
+    pub fn attach(&self, store: SledStore, durable: Durable) {
         self.store.send_replace(Some(store.clone()));
         if self
             .indexer
@@ -192,13 +192,14 @@ impl Writer {
     }
 
     /// The store, once attached (at once after [`start`](Writer::start)).
-    pub async fn store(&self) -> Result<Store, WriterError> {
+    pub async fn store(&self) -> Result<crate::Store, WriterError> {
         let mut rx = self.store.subscribe();
         let store = rx
             .wait_for(Option::is_some)
             .await
             .map_err(|_| WriterError::Stopped)?;
-        store.clone().ok_or(WriterError::Stopped)
+        let store = store.clone().ok_or(WriterError::Stopped)?;
+        Ok(std::sync::Arc::new(store))
     }
 
     /// Whether the store is attached (an early start's sled is open).
@@ -277,7 +278,7 @@ struct Group {
 /// next.
 fn run(
     log: IntakeLog,
-    store_rx: tokio::sync::watch::Receiver<Option<Store>>,
+    store_rx: tokio::sync::watch::Receiver<Option<SledStore>>,
     mut rx: mpsc::UnboundedReceiver<Job>,
     indexer: IndexerChannel,
     observe: Observe,
@@ -287,7 +288,7 @@ fn run(
     let (to_syncer, from_writer) = std::sync::mpsc::channel::<Group>();
     let syncer = spawn_syncer(&log, &store_rx, from_writer, indexer, observe, &health);
     // Known once attached (see `Writer::start_early`).
-    let mut store: Option<Store> = None;
+    let mut store: Option<SledStore> = None;
     let syncer = match syncer {
         Ok(handle) => handle,
         Err(e) => {
@@ -313,7 +314,7 @@ fn run(
 /// Start the syncer thread on the writer's log, store and channels.
 fn spawn_syncer(
     log: &IntakeLog,
-    store_rx: &tokio::sync::watch::Receiver<Option<Store>>,
+    store_rx: &tokio::sync::watch::Receiver<Option<SledStore>>,
     from_writer: std::sync::mpsc::Receiver<Group>,
     indexer: IndexerChannel,
     observe: Observe,
@@ -367,8 +368,8 @@ fn take_jobs(
 fn check_group(
     log: &IntakeLog,
     (store_rx, store): (
-        &tokio::sync::watch::Receiver<Option<Store>>,
-        &mut Option<Store>,
+        &tokio::sync::watch::Receiver<Option<SledStore>>,
+        &mut Option<SledStore>,
     ),
     accepts: Vec<PendingAccept>,
     flushes: Vec<oneshot::Sender<Result<(), WriterError>>>,
@@ -422,7 +423,7 @@ fn fill_group(group: &mut Group, accepts: Vec<PendingAccept>, checked: Checked) 
                     seq: *seq,
                     partition: partition.clone(),
                     // Known once the syncer queues the frames.
-                    at: Location::default(),
+                    at: LogPosition::default(),
                     received_at,
                     event: ev.event,
                 }
@@ -440,7 +441,7 @@ struct Backlog {
     groups: Vec<Unindexed>,
     new_events: Vec<NewEvent>,
     /// The log's end after the newest of them.
-    to: Option<Location>,
+    to: Option<LogPosition>,
 }
 
 /// Callers waiting for a sled flush, answered by the indexer after its next round.
@@ -476,7 +477,7 @@ impl FlushWaiters {
 impl Backlog {
     /// Index everything waiting; on success hand the events on. The hand-over is counted before
     /// their ids leave the in-flight set and sent after (see `DispatchHandle::wait_drained`).
-    fn index(&mut self, store: &Store, durable: &Durable) -> Result<(), super::StoreError> {
+    fn index(&mut self, store: &SledStore, durable: &Durable) -> Result<(), super::StoreError> {
         let Some(to) = self.to else { return Ok(()) };
         store.index(&self.groups, to).inspect_err(|e| {
             tracing::error!(error = %e, "cannot index logged events; will retry (they are durable)");
@@ -511,10 +512,10 @@ enum ToIndexer {
     /// Callers to answer after a sled flush.
     Flush(FlushWaiters),
     /// The store is open (see [`Writer::attach`]): index from now on.
-    Attach(Box<(Store, Durable)>),
+    Attach(Box<(SledStore, Durable)>),
 }
 
-fn flush_store(store: &Store) -> Result<(), WriterError> {
+fn flush_store(store: &SledStore) -> Result<(), WriterError> {
     answer_of(&store.flush())
 }
 
@@ -541,7 +542,7 @@ fn index_loop(
     let mut waiters = FlushWaiters::default();
     // Until attached (an early start's sled still opening), logged groups and flush waiters
     // only gather.
-    let mut attached: Option<(Store, Durable)> = None;
+    let mut attached: Option<(SledStore, Durable)> = None;
     // The last failed attempt was followed by a successful probe write: another failure means
     // sled is stuck, not the disk full.
     let mut disk_was_writable = false;
@@ -594,7 +595,7 @@ fn next_for_indexer(
 fn absorb(
     backlog: &mut Backlog,
     waiters: &mut FlushWaiters,
-    attached: &mut Option<(Store, Durable)>,
+    attached: &mut Option<(SledStore, Durable)>,
     message: ToIndexer,
 ) {
     match message {
@@ -613,7 +614,7 @@ fn absorb(
 fn index_round(
     backlog: &mut Backlog,
     waiters: &mut FlushWaiters,
-    (store, durable): (&Store, &Durable),
+    (store, durable): (&SledStore, &Durable),
     health: &Health,
     waiting: &IndexBacklog,
 ) -> Result<(), super::StoreError> {
@@ -649,7 +650,7 @@ fn index_round(
 /// restart).
 fn judge_index_round(
     indexed: Result<(), super::StoreError>,
-    store: &Store,
+    store: &SledStore,
     disk_was_writable: bool,
 ) -> bool {
     match indexed {
@@ -678,7 +679,7 @@ fn judge_index_round(
 fn finish_indexing(
     mut backlog: Backlog,
     waiters: FlushWaiters,
-    attached: Option<(Store, Durable)>,
+    attached: Option<(SledStore, Durable)>,
 ) {
     match attached {
         Some((store, durable)) => {
@@ -728,7 +729,7 @@ const INDEX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// hand them to the indexer, and with them those who wait for a sled flush (so an
 /// acknowledgment never waits for sled).
 fn sync_loop(
-    (store, attached): (IntakeLog, tokio::sync::watch::Receiver<Option<Store>>),
+    (store, attached): (IntakeLog, tokio::sync::watch::Receiver<Option<SledStore>>),
     rx: std::sync::mpsc::Receiver<Group>,
     (to_indexer, from_syncer): IndexerChannel,
     observe: Observe,
@@ -875,7 +876,7 @@ fn answer_groups(
 
 /// A flush of the attached store, if any (see [`Writer::attach`]).
 fn flush_attached(
-    attached: &tokio::sync::watch::Receiver<Option<Store>>,
+    attached: &tokio::sync::watch::Receiver<Option<SledStore>>,
 ) -> Result<(), WriterError> {
     let store = attached.borrow().clone();
     match store {
@@ -946,7 +947,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn flushes_and_quarantined_deliveries_are_answered_after_sleds_file_is_synced() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         let writer = Writer::start(
             store.clone(),
             WriterHooks {
@@ -1001,7 +1002,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_deliveries_are_logged_once_indexed_and_handed_on_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
         // The indexer hands events on after their checkpoint, on its own thread.
         let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
         let handed_tx = Mutex::new(handed_tx);
@@ -1099,7 +1100,7 @@ mod tests {
         let seg = super::super::eventlog::SEGMENT_BYTES;
         // A store that ran before: one event folded, one still to fold.
         {
-            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
             for (d, e) in [("d1", "e1"), ("d2", "e2")] {
                 let job = job(d, e);
                 store.accept_many(&[job.request()]).expect("accepted");
@@ -1116,7 +1117,7 @@ mod tests {
             .expect("a store this build opened takes deliveries before sled");
         assert!(
             matches!(
-                Store::open(&path, 8 * 1024 * 1024),
+                SledStore::open(&path, 8 * 1024 * 1024),
                 Err(crate::StoreError::Locked { .. })
             ),
             "nobody else opens the store meanwhile"
@@ -1146,7 +1147,7 @@ mod tests {
         assert!(writer.is_healthy(), "refused, not failed");
 
         // sled opens: a start's scan leaves the writer's frames to its indexer.
-        let store = Store::open_after_log(&path, 8 * 1024 * 1024, log).expect("open sled");
+        let store = SledStore::open_after_log(&path, 8 * 1024 * 1024, log).expect("open sled");
         let scanned: Vec<u64> = store
             .pending_before_writer()
             .expect("pending")
@@ -1186,7 +1187,7 @@ mod tests {
             .await
             .expect("quarantined once open");
         drop((writer, store));
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("reopen");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
         let pending: Vec<u64> = store
             .pending()
             .expect("pending")
@@ -1204,7 +1205,7 @@ mod tests {
         let path = dir.path().join("store");
         let seg = super::super::eventlog::SEGMENT_BYTES;
         {
-            let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+            let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
             let job = job("d1", "e1");
             store.accept_many(&[job.request()]).expect("accepted");
         }
@@ -1216,16 +1217,16 @@ mod tests {
         std::fs::write(&segment, &bytes).expect("write");
         assert!(IntakeLog::open_early(&path, seg).expect("open").is_none());
         // The open with sled cuts it and keeps the file up to date.
-        drop(Store::open(&path, 8 * 1024 * 1024).expect("open"));
+        drop(SledStore::open(&path, 8 * 1024 * 1024).expect("open"));
         assert!(IntakeLog::open_early(&path, seg).expect("open").is_some());
         // A store whose older layout's dedupe records are still in sled has no file.
-        let store = Store::open(&path, 8 * 1024 * 1024).expect("open");
+        let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
         store
             .meta
             .insert(crate::keys::meta::LEGACY_DEDUPE_SINCE, &crate::keys::seq(1))
             .expect("insert");
         drop(store);
-        drop(Store::open(&path, 8 * 1024 * 1024).expect("open"));
+        drop(SledStore::open(&path, 8 * 1024 * 1024).expect("open"));
         assert!(IntakeLog::open_early(&path, seg).expect("open").is_none());
     }
 }

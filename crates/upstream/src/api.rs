@@ -122,7 +122,7 @@ impl<E: Execute> OpenApi<E> {
         conversation_id: &str,
         enabled: bool,
         key: &str,
-    ) -> Result<Manual, UpstreamError> {
+    ) -> Result<ManualStatus, UpstreamError> {
         let call = Self::with_body(
             Self::call(Endpoint::SetManual, &[conversation_id]),
             &SetManual { enabled },
@@ -131,7 +131,7 @@ impl<E: Execute> OpenApi<E> {
         self.run(call).await
     }
 
-    pub async fn get_manual(&self, conversation_id: &str) -> Result<Manual, UpstreamError> {
+    pub async fn get_manual(&self, conversation_id: &str) -> Result<ManualStatus, UpstreamError> {
         self.run(Self::call(Endpoint::GetManual, &[conversation_id]))
             .await
     }

@@ -9,6 +9,8 @@ pub mod execute;
 pub mod handle;
 pub mod limits;
 pub mod retry;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod tls;
 pub mod transport;
 

@@ -97,8 +97,21 @@ impl Trust {
     }
 }
 
-/// Why a TLS handshake failed: a small fixed set (a metric label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a TLS handshake failed: a small fixed set (a metric label). The labels
+/// ([`TlsReason::label`], snake_case) and the list of all reasons ([`TlsReason::ALL`]) come from
+/// the enum itself.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum TlsReason {
     /// The chain does not lead to a trusted root (unknown or private CA not configured).
     UnknownIssuer,
@@ -113,25 +126,15 @@ pub enum TlsReason {
 }
 
 impl TlsReason {
-    pub const ALL: [TlsReason; 6] = [
-        TlsReason::UnknownIssuer,
-        TlsReason::Expired,
-        TlsReason::NotYetValid,
-        TlsReason::NameMismatch,
-        TlsReason::BadCertificate,
-        TlsReason::Handshake,
-    ];
+    /// Every reason, in declaration order.
+    pub const ALL: [TlsReason; <TlsReason as strum::EnumCount>::COUNT] =
+        *<TlsReason as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .unwrap();
 
     /// The metric label and dead-letter suffix.
     pub fn label(self) -> &'static str {
-        match self {
-            TlsReason::UnknownIssuer => "unknown_issuer",
-            TlsReason::Expired => "expired",
-            TlsReason::NotYetValid => "not_yet_valid",
-            TlsReason::NameMismatch => "name_mismatch",
-            TlsReason::BadCertificate => "bad_certificate",
-            TlsReason::Handshake => "handshake",
-        }
+        self.into()
     }
 
     fn text(self) -> &'static str {

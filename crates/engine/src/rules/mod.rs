@@ -848,10 +848,6 @@ impl Decide for RuleSet {
     fn version(&self) -> &str {
         &self.version
     }
-
-    fn rule_set(&self) -> Option<&RuleSet> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

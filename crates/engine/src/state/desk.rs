@@ -225,56 +225,59 @@ pub fn builtin_actions(
     }
 }
 
-/// Defines the agent API's phases once: the enum, its wire names ([`DeskPhase::as_str`], serde),
-/// the byte its index keys carry ([`DeskPhase::byte`]: stored, so never renumbered) and the list
-/// of all phases ([`DeskPhase::ALL`], from which the API's allowed values are built). No second
-/// list is kept by hand.
-macro_rules! desk_phases {
-    ($($(#[$doc:meta])* $variant:ident => $text:literal, $byte:literal,)*) => {
-        /// The phase a conversation is in as the agent API shows it: the service's handoff phase,
-        /// refined by what the agent API did ([`DeskPhase::of`]).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub enum DeskPhase {
-            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
-        }
-
-        impl DeskPhase {
-            /// Every phase, in declaration order (the first is the queue's default).
-            pub const ALL: &'static [DeskPhase] = &[$(DeskPhase::$variant,)*];
-
-            /// The phase's wire name.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(DeskPhase::$variant => $text,)*
-                }
-            }
-
-            /// The byte that names the phase in the store's index keys.
-            pub const fn byte(self) -> u8 {
-                match self {
-                    $(DeskPhase::$variant => $byte,)*
-                }
-            }
-        }
-    };
-}
-
-desk_phases! {
+/// The phase a conversation is in as the agent API shows it: the service's handoff phase, refined
+/// by what the agent API did ([`DeskPhase::of`]). Its wire names ([`DeskPhase::as_str`], serde),
+/// the byte its index keys carry ([`DeskPhase::byte`], the discriminant: stored, so never
+/// renumbered) and the list of all phases ([`DeskPhase::ALL`], from which the API's allowed values
+/// are built) come from the enum itself: no second list is kept by hand.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", const_into_str)]
+#[repr(u8)]
+pub enum DeskPhase {
     /// Waiting for an agent: exactly the conversations in the waiting queue
     /// ([`super::queue::waiting_since`]).
-    Requested => "requested", b'1',
+    Requested = b'1',
     /// Taken by an agent through the agent API.
-    Accepted => "accepted", b'2',
+    Accepted = b'2',
     /// Connected to an agent by the service.
-    Connected => "connected", b'3',
+    Connected = b'3',
     /// Handed back after an accept that served its request.
-    Released => "released", b'4',
+    Released = b'4',
     /// The request was cancelled.
-    Cancelled => "cancelled", b'5',
+    Cancelled = b'5',
     /// The agent call ended.
-    Ended => "ended", b'6',
+    Ended = b'6',
     /// With the bot, never handed off.
-    Bot => "bot", b'7',
+    Bot = b'7',
+}
+
+impl DeskPhase {
+    /// Every phase, in declaration order (the first is the queue's default).
+    pub const ALL: &'static [DeskPhase] = <DeskPhase as strum::VariantArray>::VARIANTS;
+
+    /// The phase's wire name.
+    pub const fn as_str(self) -> &'static str {
+        self.into_str()
+    }
+
+    /// The byte that names the phase in the store's index keys.
+    pub const fn byte(self) -> u8 {
+        self as u8
+    }
 }
 
 impl DeskPhase {
@@ -338,13 +341,30 @@ mod tests {
         assert_eq!(bytes.len(), DeskPhase::ALL.len(), "bytes are distinct");
         for phase in DeskPhase::ALL {
             assert_eq!(DeskPhase::parse(phase.as_str()), Some(*phase));
-            assert_eq!(
-                serde_json::to_value(phase).expect("json"),
-                serde_json::json!(phase.as_str())
-            );
+            let json = serde_json::to_value(phase).expect("json");
+            assert_eq!(json, serde_json::json!(phase.as_str()));
+            let back: DeskPhase = serde_json::from_value(json).expect("back");
+            assert_eq!(back, *phase);
         }
         assert_eq!(DeskPhase::parse("all"), None);
         assert_eq!(DeskPhase::ALL[0], DeskPhase::Requested);
+        // The wire names and the stored bytes, pinned: neither may change.
+        let pinned: Vec<(&str, u8)> = DeskPhase::ALL
+            .iter()
+            .map(|p| (p.as_str(), p.byte()))
+            .collect();
+        assert_eq!(
+            pinned,
+            [
+                ("requested", b'1'),
+                ("accepted", b'2'),
+                ("connected", b'3'),
+                ("released", b'4'),
+                ("cancelled", b'5'),
+                ("ended", b'6'),
+                ("bot", b'7'),
+            ]
+        );
     }
 
     #[test]

@@ -17,38 +17,43 @@ pub const DRIFT_EVENT: &str = "reconcile.drift";
 /// The event types the bridge makes for reconciliation (one today).
 pub const RECONCILE_EVENT_PREFIX: &str = "reconcile.";
 
-/// Defines the drift kinds once: the enum, its snake_case names ([`DriftKind::as_str`], serde)
-/// and the list of all kinds ([`DriftKind::ALL`], which metrics, docs tests and rules' checks
-/// read). No second list is kept by hand.
-macro_rules! drift_kinds {
-    ($($(#[$doc:meta])* $variant:ident => $text:literal,)*) => {
-        /// What kind of difference a drift is.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub enum DriftKind {
-            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
-        }
-
-        impl DriftKind {
-            /// Every kind, in declaration order.
-            pub const ALL: &'static [DriftKind] = &[$(DriftKind::$variant,)*];
-
-            /// The kind's name (event field, metric label, rules' `drift.kind`).
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(DriftKind::$variant => $text,)*
-                }
-            }
-        }
-    };
-}
-
-drift_kinds! {
+/// What kind of difference a drift is. Its snake_case names ([`DriftKind::as_str`], serde, the
+/// event field, metric label and rules' `drift.kind`) and the list of all kinds
+/// ([`DriftKind::ALL`], which metrics, docs tests and rules' checks read) come from the enum
+/// itself: no second list is kept by hand.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum DriftKind {
     /// Manual mode is on at the service, while the bridge believes it off and knows of no agent
     /// and no wait (someone turned it on where the bridge could not see, or a webhook was lost).
-    ManualOnUnknown => "manual_on_unknown",
+    ManualOnUnknown,
     /// The bridge believes manual mode on (it set it, or an agent is connected), while the
     /// service says it is off (an agent turned it off in the builder, which sends no webhook).
-    ManualOffUnknown => "manual_off_unknown",
+    ManualOffUnknown,
+}
+
+impl DriftKind {
+    /// Every kind, in declaration order.
+    pub const ALL: &'static [DriftKind] = <DriftKind as strum::VariantArray>::VARIANTS;
+
+    /// The kind's name (event field, metric label, rules' `drift.kind`).
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 impl std::fmt::Display for DriftKind {

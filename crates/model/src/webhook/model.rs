@@ -13,7 +13,15 @@ use serde_json::{Map, Value};
 pub type Millis = i64;
 
 /// A string-backed enum that keeps values it does not know, so a new event type or platform is
-/// recorded rather than rejected.
+/// recorded rather than rejected. Each value's name is written once, here: `as_str`, serde (both
+/// ways), `Display` and the list of the known values (`KNOWN`) come from it.
+///
+/// Kept as a macro rather than strum derives: strum's `EnumString` (`#[strum(default)]` on
+/// `Other`) and `AsRefStr` (`#[strum(transparent)]`) would give the parser and the name, but serde
+/// would still need a hand-written `From<String>` and `From<_> for String` per type (serde's
+/// `try_from = "&str"` refuses strings it cannot borrow, e.g. from a `Value` or with escapes),
+/// and `VariantArray` cannot list an enum with a non-unit variant (`Other`), so `KNOWN` would
+/// stay a list kept by hand.
 macro_rules! open_enum {
     ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),* $(,)? }) => {
         $(#[$doc])*
@@ -25,6 +33,9 @@ macro_rules! open_enum {
         }
 
         impl $name {
+            /// Every known value, in declaration order (for metrics, docs and checks).
+            pub const KNOWN: [$name; [$($text),*].len()] = [$($name::$variant),*];
+
             pub fn as_str(&self) -> &str {
                 match self {
                     $($name::$variant => $text,)*
@@ -83,24 +94,6 @@ open_enum!(
 );
 
 impl EventKind {
-    /// Every known event type, for metrics and docs.
-    pub const KNOWN: [EventKind; 14] = [
-        EventKind::BotUpdated,
-        EventKind::BotDeleted,
-        EventKind::EndUserCreated,
-        EventKind::EndUserUpdated,
-        EventKind::EndUserDeleted,
-        EventKind::ConversationCreated,
-        EventKind::ConversationUpdated,
-        EventKind::ConversationDeleted,
-        EventKind::AgentCallRequested,
-        EventKind::AgentCallConnected,
-        EventKind::AgentCallCancelled,
-        EventKind::AgentCallDisconnected,
-        EventKind::MessageSent,
-        EventKind::MessageReceived,
-    ];
-
     /// The `data` key this event type carries, or `None` for types the bridge does not know.
     pub fn data_key(&self) -> Option<&'static str> {
         use EventKind::*;
@@ -527,4 +520,55 @@ pub struct Location {
     pub title: Option<String>,
     pub latitude: f64,
     pub longitude: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each known value's name round-trips through the parser (`From<String>`) and serde, and
+    /// names no other value; an unknown name is kept as it came.
+    fn names_round_trip<T>(known: &[T], unknown: &str)
+    where
+        T: Clone
+            + std::fmt::Debug
+            + PartialEq
+            + From<String>
+            + Serialize
+            + for<'de> Deserialize<'de>,
+        String: From<T>,
+    {
+        let mut names = std::collections::HashSet::new();
+        for value in known {
+            let name = String::from(value.clone());
+            assert!(names.insert(name.clone()), "{name} twice");
+            assert_eq!(T::from(name.clone()), *value);
+            let json = serde_json::to_value(value).expect("json");
+            assert_eq!(json, Value::String(name));
+            let back: T = serde_json::from_value(json).expect("back");
+            assert_eq!(back, *value);
+        }
+        let other = T::from(unknown.to_owned());
+        assert!(!known.contains(&other));
+        assert_eq!(String::from(other.clone()), unknown);
+        let json = serde_json::to_string(&other).expect("json");
+        assert_eq!(serde_json::from_str::<T>(&json).expect("back"), other);
+    }
+
+    #[test]
+    fn open_enums_round_trip_their_known_names_and_keep_unknown_ones() {
+        names_round_trip(&EventKind::KNOWN, "timer.t1");
+        names_round_trip(&Platform::KNOWN, "telegram");
+        names_round_trip(&MessageType::KNOWN, "sticker");
+        assert_eq!(EventKind::KNOWN.len(), 14);
+        assert_eq!(EventKind::KNOWN[0].as_str(), "bot.updated");
+        assert_eq!(EventKind::KNOWN[13].as_str(), "bot.message.received");
+        assert!(EventKind::KNOWN.iter().all(EventKind::is_known));
+        assert_eq!(
+            EventKind::from("timer.t1".to_owned()),
+            EventKind::Other("timer.t1".into())
+        );
+        assert_eq!(Platform::KNOWN.len(), 9);
+        assert_eq!(MessageType::KNOWN.len(), 4);
+    }
 }

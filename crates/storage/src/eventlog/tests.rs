@@ -17,9 +17,9 @@ fn frames(records: &[(&str, Millis, &[FrameEvent<'_>])]) -> Frames {
     f
 }
 
-fn all(dir: &Path) -> (Vec<(Location, LogRecord)>, ScanEnd) {
+fn all(dir: &Path) -> (Vec<(LogPosition, LogRecord)>, ScanEnd) {
     let mut out = Vec::new();
-    let end = scan(dir, Location::default(), |at, record, _| {
+    let end = scan(dir, LogPosition::default(), |at, record, _| {
         out.push((at, record));
         ControlFlow::Continue(())
     })
@@ -113,7 +113,7 @@ fn segments_rotate_at_the_size_limit_and_a_scan_crosses_them() {
     assert_eq!(segs, vec![1, 2, 3, 4, 5, 6], "each frame fills a segment");
     assert_eq!(
         log.end(),
-        Location {
+        LogPosition {
             segment: 6,
             offset: 0
         }
@@ -150,7 +150,7 @@ fn a_bad_frame_in_an_older_segment_is_corruption() {
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[12] ^= 0xff;
     std::fs::write(&path, &bytes).expect("write");
-    let err = scan(dir.path(), Location::default(), |_, _, _| {
+    let err = scan(dir.path(), LogPosition::default(), |_, _, _| {
         ControlFlow::Continue(())
     })
     .expect_err("corrupt");
@@ -160,11 +160,11 @@ fn a_bad_frame_in_an_older_segment_is_corruption() {
 
 #[test]
 fn discarded_frames_are_never_written_and_locations_sort_in_log_order() {
-    let a = Location {
+    let a = LogPosition {
         segment: 1,
         offset: 900,
     };
-    let b = Location {
+    let b = LogPosition {
         segment: 2,
         offset: 3,
     };
@@ -172,8 +172,8 @@ fn discarded_frames_are_never_written_and_locations_sort_in_log_order() {
         a.encode() < b.encode(),
         "encoded locations sort in log order"
     );
-    assert_eq!(Location::decode(&b.encode()), Some(b));
-    assert_eq!(Location::decode(b"short"), None);
+    assert_eq!(LogPosition::decode(&b.encode()), Some(b));
+    assert_eq!(LogPosition::decode(b"short"), None);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut log, _) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
@@ -182,7 +182,7 @@ fn discarded_frames_are_never_written_and_locations_sort_in_log_order() {
     log.commit().expect("nothing to commit");
     assert_eq!(
         log.end(),
-        Location {
+        LogPosition {
             segment: 1,
             offset: 0
         }
@@ -211,7 +211,7 @@ fn a_layout_1_intake_log_reads_with_empty_index_fields() {
 }
 
 /// Three committed frames; returns the log's directory and where each frame starts.
-fn three_frames() -> (tempfile::TempDir, Vec<Location>, Location) {
+fn three_frames() -> (tempfile::TempDir, Vec<LogPosition>, LogPosition) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut log, _) = Appender::open(dir.path(), SEGMENT_BYTES).expect("open");
     let at = log.queue(frames(&[

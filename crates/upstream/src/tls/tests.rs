@@ -1,23 +1,6 @@
 use super::*;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use crate::test_support::ca_and_leaf;
 use rustls::CertificateError as C;
-
-/// A CA and a leaf for `names` signed by it: (CA PEM, leaf PEM, leaf key PEM).
-fn ca_and_leaf(names: &[&str]) -> (String, String, String) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "handoff-bridge unit test CA");
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let leaf = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        .expect("leaf params")
-        .signed_by(&key, &ca)
-        .expect("leaf");
-    (ca.pem(), leaf.pem(), key.serialize_pem())
-}
 
 fn failure(e: rustls::Error) -> TlsReason {
     TlsFailure::from_rustls(&e).reason
@@ -41,6 +24,19 @@ fn rustls_errors_map_to_a_small_set_of_reasons() {
     let labels: std::collections::HashSet<&str> =
         TlsReason::ALL.iter().map(|r| r.label()).collect();
     assert_eq!(labels.len(), TlsReason::ALL.len(), "labels are distinct");
+    // The labels are metric labels and dead-letter suffixes (`tls_<label>`): pinned.
+    let pinned: Vec<&str> = TlsReason::ALL.iter().map(|r| r.label()).collect();
+    assert_eq!(
+        pinned,
+        [
+            "unknown_issuer",
+            "expired",
+            "not_yet_valid",
+            "name_mismatch",
+            "bad_certificate",
+            "handshake"
+        ]
+    );
     let text = TlsFailure::from_rustls(&cert(C::UnknownIssuer)).to_string();
     assert!(
         text.contains("certificate not trusted") && text.contains("UnknownIssuer"),
