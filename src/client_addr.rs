@@ -41,6 +41,32 @@ impl Proxies {
         self.client_ip(req.peer_addr().map(|a| a.ip()), req.headers())
     }
 
+    /// Whether `req` reached the client over TLS: this listener's own, or a trusted proxy's that
+    /// says so (`X-Forwarded-Proto: https`, or `proto=https` in `Forwarded`, the header it is
+    /// configured with). An untrusted peer's headers are not believed.
+    pub fn over_tls(&self, req: &actix_web::HttpRequest) -> bool {
+        if req.app_config().secure() {
+            return true;
+        }
+        let peer = req.peer_addr().map(|a| canonical(a.ip()));
+        if !peer.is_some_and(|p| self.trusted.contains(p)) {
+            return false;
+        }
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_ascii_lowercase)
+        };
+        match self.header {
+            ProxyHeader::XForwardedFor => {
+                header("x-forwarded-proto").is_some_and(|v| v.trim() == "https")
+            }
+            ProxyHeader::Forwarded => header("forwarded")
+                .is_some_and(|v| v.split([';', ',']).any(|p| p.trim() == "proto=https")),
+        }
+    }
+
     /// The client address of a request whose TCP peer is `peer`.
     pub fn client_ip(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
         let peer = peer.map(canonical)?;
@@ -195,6 +221,41 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("ip")
+    }
+
+    #[test]
+    fn only_a_trusted_proxy_is_believed_when_it_says_the_client_used_tls() {
+        use actix_web::test::TestRequest;
+        let proxies = Proxies::new(
+            vec!["10.0.0.0/8".parse().expect("net")],
+            ProxyHeader::XForwardedFor,
+        );
+        let req = |peer: &str, proto: &str| {
+            TestRequest::default()
+                .peer_addr(format!("{peer}:4000").parse().expect("addr"))
+                .insert_header(("x-forwarded-proto", proto))
+                .to_http_request()
+        };
+        assert!(proxies.over_tls(&req("10.1.2.3", "https")));
+        assert!(proxies.over_tls(&req("10.1.2.3", " HTTPS ")));
+        assert!(!proxies.over_tls(&req("10.1.2.3", "http")));
+        assert!(
+            !proxies.over_tls(&req("192.0.2.1", "https")),
+            "an untrusted peer"
+        );
+        let plain = TestRequest::default()
+            .peer_addr("10.1.2.3:4000".parse().expect("addr"))
+            .to_http_request();
+        assert!(!proxies.over_tls(&plain));
+        let forwarded = Proxies::new(
+            vec!["10.0.0.0/8".parse().expect("net")],
+            ProxyHeader::Forwarded,
+        );
+        let req = TestRequest::default()
+            .peer_addr("10.1.2.3:4000".parse().expect("addr"))
+            .insert_header(("forwarded", "for=192.0.2.9;proto=https"))
+            .to_http_request();
+        assert!(forwarded.over_tls(&req));
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

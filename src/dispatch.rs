@@ -953,6 +953,17 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
             .with_label_values(&[rule])
             .inc();
     }
+    for (exit, waited_ms) in &applied.queue_exits {
+        metrics
+            .queue_exits
+            .with_label_values(&[exit.as_str()])
+            .inc();
+        if let Some(ms) = waited_ms {
+            metrics
+                .time_to_accept_seconds
+                .observe((*ms).max(0) as f64 / 1000.0);
+        }
+    }
     let entries = &metrics.state_entries;
     entries
         .with_label_values(&["conversations"])
@@ -1159,6 +1170,60 @@ mod tests {
         job.iter()
             .map(|(p, b)| (p.clone(), b.iter().map(|(s, _)| *s).collect()))
             .collect()
+    }
+
+    #[test]
+    fn a_committed_fold_counts_its_queue_exits_and_the_accepted_waits() {
+        use engine::state::stats::QueueExit;
+        let (_dir, store) = new_store();
+        let metrics = Metrics::new().expect("metrics");
+        let fold = Fold {
+            store: store.as_ref(),
+            metrics: &metrics,
+            rules: &engine::decide::NoRules,
+            decided: None,
+            verdicts: None,
+        };
+        let applied = storage::Applied {
+            queue_exits: vec![
+                (QueueExit::Accepted, Some(40_000)),
+                (QueueExit::Accepted, Some(7_000_000)),
+                (QueueExit::Cancelled, None),
+                (QueueExit::TimedOut, None),
+            ],
+            ..Default::default()
+        };
+        fold_committed(&fold, applied, Vec::new());
+        let exits = |exit: QueueExit| {
+            metrics
+                .queue_exits
+                .with_label_values(&[exit.as_str()])
+                .get()
+        };
+        assert_eq!(exits(QueueExit::Accepted), 2);
+        assert_eq!(exits(QueueExit::Cancelled), 1);
+        assert_eq!(exits(QueueExit::TimedOut), 1);
+        assert_eq!(exits(QueueExit::Ended), 0);
+        let waits = &metrics.time_to_accept_seconds;
+        assert_eq!(waits.get_sample_count(), 2);
+        assert_eq!(waits.get_sample_sum(), 7_040.0);
+        let text = metrics.render();
+        assert!(
+            text.contains("handoff_time_to_accept_seconds_bucket{le=\"30\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("handoff_time_to_accept_seconds_bucket{le=\"45\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("handoff_time_to_accept_seconds_bucket{le=\"3600\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("handoff_time_to_accept_seconds_bucket{le=\"+Inf\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]

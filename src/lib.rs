@@ -13,6 +13,7 @@ pub mod backup;
 mod body_budget;
 mod client_addr;
 pub mod config;
+mod console;
 pub mod datadir;
 mod dispatch;
 mod helpdesk;

@@ -2,7 +2,8 @@
 //! time. It forgets dedupe ids and deletes event log segments past their retention
 //! (`Store::prune_with`), drops finished actions from the ledger, the agent API's old answers,
 //! and the conversation and end-user states past `store.state_retention` with every key derived
-//! from them (`store::retention`), and the quarantine records past `store.quarantine_retention`.
+//! from them (`store::retention`), the quarantine records past `store.quarantine_retention`, and
+//! the handoff figures' hour records past `engine::state::stats::KEPT_MS` (48 h).
 //!
 //! The event log, the ledger and the answers are judged by real time (the test clock must not
 //! make data look old enough to drop); states and quarantine records by the daemon's clock (the
@@ -39,6 +40,8 @@ pub struct PruneReport {
     /// Transactions the state pruning took (each a chunk of at most `store::retention::CHUNK`).
     pub state_chunks: u64,
     pub quarantine: u64,
+    /// Hour records of the handoff figures (older than 48 hours).
+    pub handoff_hours: u64,
     /// How long the pass took.
     pub took_ms: u64,
 }
@@ -114,6 +117,7 @@ impl Pruner {
         let states_before = (!r.states.is_zero()).then(|| daemon_now - millis(r.states));
         let quarantine_before =
             (!r.quarantine.is_zero()).then(|| daemon_now - millis(r.quarantine));
+        let figures_before = daemon_now.saturating_sub(engine::state::stats::KEPT_MS);
         // The folds' watermark, then a flush (the writer's: the one flusher): segments below it
         // go only once the folds before it are on disk.
         let fold_from = self.store.fold_from()?;
@@ -139,6 +143,8 @@ impl Pruner {
                     break;
                 }
             }
+            // A few small records (about one an hour), before the long steps.
+            report.handoff_hours = store.prune_handoff_stats(figures_before, BATCH)?;
             // The quarantine first: a state the pass cannot read stops it, and must not keep
             // the quarantine's records past their retention too.
             if let Some(before) = quarantine_before {
@@ -179,6 +185,7 @@ impl Pruner {
             ("conversations", report.conversations),
             ("end_users", report.end_users),
             ("quarantine", report.quarantine),
+            ("handoff_hours", report.handoff_hours),
         ] {
             m.pruned.with_label_values(&[kind]).inc_by(n);
         }

@@ -750,6 +750,11 @@ impl Application {
             Some(listener) => Some(servers::admin_server(
                 config,
                 &running.shared,
+                web::Data::new(crate::console::Console::new(
+                    running.shared.clone(),
+                    running.agent_api.clone(),
+                    &config.admin,
+                )),
                 self.body_budget.clone(),
                 listener,
             )?),
@@ -983,7 +988,8 @@ fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
         crate::ops::admin::PREFIX.to_owned(),
         crate::ops::admin::MAX_BODY,
     );
-    crate::body_budget::RouteCaps::new(vec![admin])
+    let console = (crate::console::PREFIX.to_owned(), crate::console::MAX_BODY);
+    crate::body_budget::RouteCaps::new(vec![admin, console])
         .handled_by_route(&config.webhook.path, config.webhook.max_body_bytes)
         .handled_by_route(crate::helpdesk::api::PREFIX, crate::helpdesk::api::MAX_BODY)
 }

@@ -76,6 +76,7 @@ pub(super) fn public_server(
 pub(super) fn admin_server(
     config: &Config,
     shared: &web::Data<Ops>,
+    console: web::Data<crate::console::Console>,
     body_budget: web::Data<BodyBudget>,
     listener: TcpListener,
 ) -> Result<(actix_web::dev::Server, SocketAddr), AppError> {
@@ -90,9 +91,12 @@ pub(super) fn admin_server(
             .wrap(actix_web::middleware::from_fn(crate::body_budget::limit))
             .app_data(body_budget.clone())
             .app_data(app_data.clone())
+            .app_data(console.clone())
             .app_data(api_error::query_config())
             .configure(crate::ops::probe_routes)
             .configure(crate::ops::admin_routes)
+            // The console: on the admin listener only, never the public one.
+            .configure(crate::console::routes)
             .default_service(web::to(api_error::not_found))
     })
     // Operators' and Prometheus' calls: a couple of workers are plenty.

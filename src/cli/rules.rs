@@ -3,14 +3,11 @@
 use super::{load, load_with, CliError, ConfigArgs, RulesCommand};
 use engine::rules::{explain, RuleSet};
 use engine::state::{ConversationState, EndUserState};
+use explain::EventReport;
 use handoff_bridge::config::Overrides;
-use model::webhook::model::{Event, Millis};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-
-/// One event's heading and, for a conversation event, every rule's verdict on it.
-type Report = (String, Option<Vec<explain::RuleVerdict>>);
 
 /// `handoff-bridge check`: validate the config and its rules, print the effective values.
 pub(super) fn check(
@@ -130,7 +127,7 @@ struct TestInputs<'a> {
 
 /// `rules test`: what `set` decides for each event of the input, as text or JSON.
 fn rules_test(set: &RuleSet, inputs: TestInputs<'_>, json: bool) -> Result<(), CliError> {
-    let events = events_of(&read_input(inputs.event)?)
+    let events = model::webhook::events_of(&read_input(inputs.event)?)
         .map_err(|e| CliError::Usage(format!("{}: {e}", inputs.event.display())))?;
     let before = inputs
         .state
@@ -144,7 +141,7 @@ fn rules_test(set: &RuleSet, inputs: TestInputs<'_>, json: bool) -> Result<(), C
         Some(t) => model::clock::parse_time(t).map_err(CliError::Usage)?,
         None => model::clock::system_millis(),
     };
-    let reports = explain_events(set, events, before.as_ref(), end_user.as_ref(), now);
+    let reports = explain::explain_events(set, events, before.as_ref(), end_user.as_ref(), now);
     print_reports(&reports, json);
     Ok(())
 }
@@ -160,49 +157,8 @@ fn parse_input<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T, CliErr
         .map_err(|e| CliError::Usage(format!("{}: not {what}: {e}", path.display())))
 }
 
-/// Every event folded into the state `before` (a new conversation when `None`) and explained.
-fn explain_events(
-    set: &RuleSet,
-    events: Vec<Event>,
-    before: Option<&ConversationState>,
-    end_user: Option<&EndUserState>,
-    now: Millis,
-) -> Vec<Report> {
-    let mut reports = Vec::new();
-    for ev in events {
-        let Some(conversation) = ev.payload.conversation_id().cloned() else {
-            let note = format!(
-                "event {} ({}): not a conversation event; rules do not run for it",
-                ev.id, ev.kind
-            );
-            reports.push((note, None));
-            continue;
-        };
-        // `--state` is the state before the event: `changed` conditions compare with it.
-        let prior = before
-            .cloned()
-            .unwrap_or_else(|| ConversationState::new(conversation.clone()));
-        let mut state = prior.clone();
-        state.apply(&ev);
-        let inputs = engine::decide::Inputs {
-            before: Some(&prior),
-            end_user,
-            queue: None,
-        };
-        let head = format!(
-            "event {} ({}), conversation {}, at {now}, rules version {}",
-            ev.id,
-            ev.kind,
-            conversation,
-            set.version()
-        );
-        reports.push((head, Some(explain::explain(set, &ev, &state, inputs, now))));
-    }
-    reports
-}
-
 /// The reports of `rules test`: one JSON array, or each heading with its verdicts as text.
-fn print_reports(reports: &[Report], json: bool) {
+fn print_reports(reports: &[EventReport], json: bool) {
     if json {
         let out: Vec<Value> = reports
             .iter()
@@ -230,20 +186,4 @@ fn rule_line(rule: &engine::rules::Rule) -> String {
         rule.on.join(","),
         rule.action_types().join(", ")
     )
-}
-
-/// The events of a file holding one event or a whole delivery.
-fn events_of(bytes: &[u8]) -> Result<Vec<Event>, String> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    if value.get("messages").is_some() {
-        let parsed = model::webhook::parse_delivery(bytes).map_err(|e| e.to_string())?;
-        if let Some(bad) = parsed.invalid.first() {
-            return Err(format!("invalid event in the delivery: {}", bad.reason));
-        }
-        return Ok(parsed.events.into_iter().map(|e| e.event).collect());
-    }
-    let raw =
-        serde_json::value::RawValue::from_string(value.to_string()).map_err(|e| e.to_string())?;
-    let event = model::webhook::validate_event(&raw).map_err(|e| e.to_string())?;
-    Ok(vec![event.event])
 }

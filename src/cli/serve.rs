@@ -81,6 +81,7 @@ fn banner(started: &handoff_bridge::app::Started) {
     }
     if let Some(at) = addrs.admin {
         say!("admin listening: http://{at}");
+        say!("console: http://{at}/console/ (sign in with the admin token)");
     }
     say!("listening: {scheme}://{bound}");
 }

@@ -351,6 +351,12 @@ pub struct AdminConfig {
     /// Allow `POST /admin/v1/clock/advance`, which moves the daemon's time forward (timers,
     /// business hours, waits): for rehearsing a handoff and for tests, never in production.
     pub test_clock: bool,
+    /// Tokens that sign in to the console (`/console/` on `admin.listen`) read-only: they see
+    /// what an operator sees and change nothing. The admin token signs in as an operator.
+    pub viewer_tokens: Vec<Secret>,
+    /// How long a console sign-in lasts (then the browser signs in again).
+    #[serde(with = "humantime_serde")]
+    pub console_session: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -900,6 +906,7 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 const SECRET_KEYS: &[&str] = &[
     "webhook.tokens",
     "admin.token",
+    "admin.viewer_tokens",
     "upstream.api_key",
     "helpdesk.endpoints",
     "helpdesk.tokens",

@@ -281,6 +281,30 @@ fn admin(c: &Config, p: &mut Problems) {
     if !c.admin.token.is_empty() && c.admin.token.expose().len() < 16 {
         p.add("admin.token", &"****", "must be at least 16 characters");
     }
+    for (i, t) in c.admin.viewer_tokens.iter().enumerate() {
+        if t.expose().len() < 16 {
+            p.add(
+                &format!("admin.viewer_tokens[{i}]"),
+                &"****",
+                "must be at least 16 characters",
+            );
+        } else if !c.admin.token.is_empty() && t.expose() == c.admin.token.expose() {
+            p.add(
+                &format!("admin.viewer_tokens[{i}]"),
+                &"****",
+                "is the admin token, which signs in as an operator",
+            );
+        }
+    }
+    if c.admin.console_session < std::time::Duration::from_secs(60)
+        || c.admin.console_session > std::time::Duration::from_secs(7 * 24 * 3600)
+    {
+        p.add(
+            "admin.console_session",
+            &humantime::format_duration(c.admin.console_session),
+            "must be 1m to 7d",
+        );
+    }
     let tls = &c.server.tls;
     if c.admin.listen.is_empty() && !(tls.cert_file.is_empty() && tls.key_file.is_empty()) {
         p.add(

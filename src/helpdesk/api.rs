@@ -917,7 +917,7 @@ async fn remove_session(
 
 /// The newest `n` messages of a conversation, oldest first. The Open API lists oldest first, so
 /// a longer conversation takes a second call at the offset of its last `n`.
-async fn transcript(
+pub(crate) async fn transcript(
     shared: &AgentApi,
     conversation: &str,
     n: u32,
@@ -1016,6 +1016,114 @@ async fn run(
             |v| v.to_string()
         )
     );
+    let built = move |shared: &AgentApi| build(shared, &body);
+    let (answer, replayed) = answer_command(shared, route, request, key, share, built).await;
+    respond(answer, replayed)
+}
+
+/// What an operator asks of a conversation from the console (as `agent`, the name they signed in
+/// with, or another they typed).
+pub(crate) enum ConsoleCommand {
+    Accept { agent: String },
+    Reply { agent: String, text: String },
+    Release,
+    Transfer { flow_id: i64 },
+}
+
+impl ConsoleCommand {
+    /// Its route, as the agent API names it (the idempotency records are kept per route).
+    pub(crate) fn route(&self) -> &'static str {
+        match self {
+            ConsoleCommand::Accept { .. } => "accept",
+            ConsoleCommand::Reply { .. } => "message",
+            ConsoleCommand::Release => "release",
+            ConsoleCommand::Transfer { .. } => "transfer",
+        }
+    }
+
+    /// The command, checked as the agent API checks its bodies.
+    fn build(self, shared: &AgentApi, id: &str) -> Result<(ConversationState, Command), ApiError> {
+        let agent_named = |name: String| {
+            let body = AgentBody {
+                id: name.clone(),
+                name: Some(name),
+            };
+            agent_of(body, "agent")
+        };
+        let command = match self {
+            ConsoleCommand::Accept { agent } => Command::Accept {
+                agent: agent_named(agent)?,
+            },
+            ConsoleCommand::Reply { agent, text } => {
+                let message = message_of(ReplyMessage {
+                    kind: ReplyType::Text,
+                    text: Some(text),
+                    media: None,
+                    cards: None,
+                })?;
+                let state = conversation(shared, id)?;
+                let partner = match state.platform {
+                    Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
+                    _ => None,
+                };
+                let command = Command::Message {
+                    agent: Some(agent_named(agent)?),
+                    message: Box::new(message),
+                    partner,
+                };
+                return Ok((state, command));
+            }
+            ConsoleCommand::Release => Command::Release {
+                target: configured_release(&shared.config.release_flow),
+            },
+            ConsoleCommand::Transfer { flow_id } => Command::Transfer {
+                target: target_of(FlowTarget {
+                    flow_id: Some(flow_id),
+                    flow: None,
+                    node_id: None,
+                })?,
+            },
+        };
+        Ok((conversation(shared, id)?, command))
+    }
+}
+
+/// A command from the console: the agent API's path after its HTTP (the same claim of `key`,
+/// idempotent answer, event, fold, verdict and answer), keyed by the form it came from, so a
+/// form sent twice is one command. Returns the status and body the agent API would answer, and
+/// whether this was a repeated form's (answered from the first).
+pub(crate) async fn console_command(
+    shared: &web::Data<AgentApi>,
+    conversation_id: String,
+    command: ConsoleCommand,
+    key: String,
+) -> (StatusCode, Value, bool) {
+    let route = command.route();
+    let Some(_claim) = shared.in_progress.claim(route, &key) else {
+        let e = ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_key_in_progress",
+            "this form is being answered already",
+        );
+        return (e.status, e.body(), false);
+    };
+    let request = format!("{route} {conversation_id} console");
+    let build = move |shared: &AgentApi| command.build(shared, &conversation_id);
+    let (answer, replayed) = answer_command(shared, route, request, Some(key), None, build).await;
+    (answer.status, answer.body, replayed)
+}
+
+/// Answer a command: the answer kept for `key` when this is a retry, else build it (`build`
+/// validates and resolves: the 400s and 404s), store it as an event, wait for its verdict and
+/// keep the answer for `key`. Returns the answer and whether it was a retry's.
+async fn answer_command(
+    shared: &web::Data<AgentApi>,
+    route: &'static str,
+    request: String,
+    key: Option<String>,
+    share: Option<crate::body_budget::Share>,
+    build: impl FnOnce(&AgentApi) -> Result<(ConversationState, Command), ApiError> + Send + 'static,
+) -> (Answer, bool) {
     if let Some(key) = key.clone() {
         let first = blocking(shared, move |shared| {
             shared
@@ -1028,7 +1136,7 @@ async fn run(
             Ok(Some(first)) if first.request == request => {
                 let status =
                     StatusCode::from_u16(first.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                return respond(
+                return (
                     Answer {
                         status,
                         body: first.body,
@@ -1042,16 +1150,16 @@ async fn run(
                     "idempotency_key_reused",
                     "this Idempotency-Key was used for a different request",
                 );
-                return respond(e.into(), false);
+                return (e.into(), false);
             }
             Ok(None) => {}
-            Err(e) => return respond(e.into(), false),
+            Err(e) => return (e.into(), false),
         }
     }
     // Only a command that was stored has an answer to keep: a refusal before that (bad body,
     // unknown conversation, no channel) took no effect, and a retry is judged again, against
     // what may have changed since.
-    let built = blocking(shared, move |shared| build(shared, &body)).await;
+    let built = blocking(shared, move |shared| build(shared)).await;
     drop(share);
     let (answer, submitted) = match built {
         Ok((state, command)) => (
@@ -1081,7 +1189,7 @@ async fn run(
             tracing::warn!(error = %e, route, "cannot record an idempotent answer");
         }
     }
-    respond(answer, false)
+    (answer, false)
 }
 
 /// Longest request body.

@@ -1,7 +1,7 @@
 //! The admin API (`/admin/v1`): read state, inspect and re-process quarantine. Bearer token of its
 //! own, and loopback-only unless configured otherwise.
 
-use super::reading::{blocking, json_bytes, list_page, parse_id, store_error, PageQuery};
+use super::reading::{blocking, json_bytes, list_page, parse_id, store_error, ListQuery};
 use super::Ops;
 use crate::queries::List;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -191,7 +191,7 @@ async fn audit(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResp
 /// One page of the conversations in id order, as summaries.
 async fn conversations_list(
     shared: web::Data<Ops>,
-    q: web::Query<PageQuery>,
+    q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Conversations, &q, Default::default()).await
 }
@@ -204,7 +204,7 @@ struct EndUsersQuery {
     platform: Option<String>,
     user_key: Option<String>,
     #[serde(flatten)]
-    page: PageQuery,
+    page: ListQuery,
 }
 
 async fn end_users(
@@ -257,7 +257,7 @@ async fn event(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResp
 /// `/quarantine/{id}/body`).
 async fn quarantine_list(
     shared: web::Data<Ops>,
-    q: web::Query<PageQuery>,
+    q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Quarantine, &q, Default::default()).await
 }
@@ -304,6 +304,21 @@ async fn quarantine_reprocess(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id, "quarantine id")?;
+    let outcome = reprocess(&shared, id).await?;
+    let status = if outcome.status == "still_invalid" {
+        actix_web::http::StatusCode::CONFLICT
+    } else {
+        actix_web::http::StatusCode::OK
+    };
+    Ok(HttpResponse::build(status).json(outcome))
+}
+
+/// Re-process quarantine record `id` through today's checks (the admin API's and the
+/// console's path).
+pub(crate) async fn reprocess(
+    shared: &Ops,
+    id: u64,
+) -> Result<crate::intake::Reprocessed, ApiError> {
     let now = shared.store.clock().now_millis();
     let checks = shared.webhook_checks(now);
     let store = shared.store.clone();
@@ -339,12 +354,7 @@ async fn quarantine_reprocess(
             .with_label_values(&[kind.metric_label()])
             .inc();
     }
-    let status = if outcome.status == "still_invalid" {
-        actix_web::http::StatusCode::CONFLICT
-    } else {
-        actix_web::http::StatusCode::OK
-    };
-    Ok(HttpResponse::build(status).json(outcome))
+    Ok(outcome)
 }
 
 #[derive(Deserialize)]

@@ -76,6 +76,12 @@ pub struct Metrics {
     /// How long the longest-waiting of them has waited (0 when none does): the stuck-handoff
     /// alert's input.
     pub queue_oldest_wait_seconds: prometheus::Gauge,
+    /// Conversations that left the waiting queue, by outcome (`stats::QueueExit::ALL`), counted
+    /// after each committed fold.
+    pub queue_exits: IntCounterVec,
+    /// How long each accepted conversation had waited (seconds), in the buckets of
+    /// `stats::TIME_TO_ACCEPT_BOUNDS` (the same as the store's hour records).
+    pub time_to_accept_seconds: Histogram,
     /// Rule timers running (started, not yet fired into a fold, cancelled or replaced).
     pub timers_pending: IntGauge,
     /// Agent API calls holding an `Idempotency-Key` (being read, stored or waiting for a verdict).
@@ -169,6 +175,8 @@ impl Metrics {
             rules_reloads: rules.rules_reloads,
             queue_waiting: queue.queue_waiting,
             queue_oldest_wait_seconds: queue.queue_oldest_wait_seconds,
+            queue_exits: queue.queue_exits,
+            time_to_accept_seconds: queue.time_to_accept_seconds,
             timers_pending: rules.timers_pending,
             helpdesk_calls_in_progress: helpdesk.helpdesk_calls_in_progress,
             timers_fired: rules.timers_fired,
@@ -543,15 +551,34 @@ impl Rules {
     }
 }
 
-/// The agents' queue: conversations waiting, the longest wait.
+/// The agents' queue: conversations waiting, the longest wait, those that left it and how long
+/// the accepted ones waited.
 struct Queue {
     queue_waiting: IntGauge,
     queue_oldest_wait_seconds: Gauge,
+    queue_exits: IntCounterVec,
+    time_to_accept_seconds: Histogram,
+}
+
+/// The time-to-accept buckets (seconds): the bounds the store's hour records use.
+fn time_to_accept_buckets() -> Vec<f64> {
+    engine::state::stats::TIME_TO_ACCEPT_BOUNDS
+        .iter()
+        .map(|s| *s as f64)
+        .collect()
 }
 
 impl Queue {
-    /// Register the queue's metrics.
+    /// Register the queue's metrics, every exit outcome visible from the first scrape.
     fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        let queue_exits = r.counter_vec(
+            "queue_exits_total",
+            "Conversations that left the waiting queue, by outcome",
+            &["outcome"],
+        )?;
+        for exit in engine::state::stats::QueueExit::ALL {
+            queue_exits.with_label_values(&[exit.as_str()]);
+        }
         Ok(Queue {
             queue_waiting: r.gauge(
                 "queue_waiting",
@@ -561,6 +588,12 @@ impl Queue {
                 "queue_oldest_wait_seconds",
                 "How long the longest-waiting conversation has waited for an agent",
             )?)?,
+            queue_exits,
+            time_to_accept_seconds: r.histogram(
+                "time_to_accept_seconds",
+                "How long a conversation waited in the queue before an agent took it",
+                time_to_accept_buckets(),
+            )?,
         })
     }
 }
@@ -646,5 +679,26 @@ impl Sweeps {
                 vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0],
             )?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_exits_and_the_time_to_accept_are_there_from_the_first_scrape() {
+        let metrics = Metrics::new().expect("metrics");
+        let text = metrics.render();
+        for exit in engine::state::stats::QueueExit::ALL {
+            let line = format!("handoff_queue_exits_total{{outcome=\"{exit}\"}} 0");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        for bound in engine::state::stats::TIME_TO_ACCEPT_BOUNDS {
+            let line = format!("handoff_time_to_accept_seconds_bucket{{le=\"{bound}\"}} 0");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert!(text.contains("handoff_time_to_accept_seconds_bucket{le=\"+Inf\"} 0"));
+        assert!(text.contains("handoff_time_to_accept_seconds_count 0"));
     }
 }

@@ -74,26 +74,24 @@ async fn healthz() -> HttpResponse {
 /// bridge taken out of rotation would answer the service's deliveries with errors, and the
 /// service disables a webhook after three of them, which loses far more than a slow outbox.
 async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
-    let store_ok = shared.writer.is_healthy();
-    let stopping = shared.shutting_down.load(Ordering::Relaxed);
-    let outbox_ok = !shared.executor.backed_up();
-    let ready = store_ok && !stopping;
+    let h = health(&shared);
+    let ready = h.store_ok && !h.stopping;
     let body = json!({
         "status": if ready { "ready" } else { "not_ready" },
         "checks": {
-            "store": if store_ok { "ok" } else { "failing" },
-            "shutting_down": stopping,
+            "store": if h.store_ok { "ok" } else { "failing" },
+            "shutting_down": h.stopping,
             "inbox_depth": shared.metrics.inbox_depth.get(),
-            "outbox": if outbox_ok { "ok" } else { "backed_up" },
+            "outbox": if h.outbox_backed_up { "backed_up" } else { "ok" },
             "outbox_depth": shared.executor.depth(),
-            "outbox_paused": shared.executor.is_paused(),
+            "outbox_paused": h.outbox_paused,
             // Detail only, never a reason for 503: a bridge taken out of rotation while the
             // upstream is down would get the service to disable its webhook.
             "circuits": shared.executor.circuits(),
-            "dispatch_paused": shared.dispatch.is_paused(),
+            "dispatch_paused": h.dispatch_paused,
             "rules_version": shared.rules.live.current().version(),
             "upstream": {
-                "mode": if shared.emulator.is_some() { "embedded" } else { "remote" },
+                "mode": h.upstream_mode,
             },
             // Detail only: a silent webhook is never a reason for 503.
             "webhook": shared.backfill.watch().detail(),
@@ -103,6 +101,37 @@ async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+/// The daemon's health as the probes see it (`/readyz`, the console's overview).
+pub(crate) struct Health {
+    /// The store is open and its last flush worked.
+    pub store_ok: bool,
+    pub stopping: bool,
+    /// More outbox entries pending than `outbox.max_depth`.
+    pub outbox_backed_up: bool,
+    pub outbox_paused: bool,
+    pub dispatch_paused: bool,
+    /// `embedded` or `remote`.
+    pub upstream_mode: &'static str,
+    /// The webhook has been silent long enough that backfill reads the Open API.
+    pub webhook_silent: bool,
+}
+
+pub(crate) fn health(shared: &Ops) -> Health {
+    Health {
+        store_ok: shared.writer.is_healthy(),
+        stopping: shared.shutting_down.load(Ordering::Relaxed),
+        outbox_backed_up: shared.executor.backed_up(),
+        outbox_paused: shared.executor.is_paused(),
+        dispatch_paused: shared.dispatch.is_paused(),
+        upstream_mode: if shared.emulator.is_some() {
+            "embedded"
+        } else {
+            "remote"
+        },
+        webhook_silent: shared.backfill.watch().is_silent(),
     }
 }
 

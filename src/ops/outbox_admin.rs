@@ -1,6 +1,6 @@
 //! Admin endpoints of the outbox and the dead letters (mounted under `/admin/v1` by `admin`).
 
-use super::reading::{self, blocking, list_page, PageQuery};
+use super::reading::{self, blocking, list_page, ListQuery};
 use super::Ops;
 use crate::queries::{List, PageRequest};
 use actix_web::http::StatusCode;
@@ -38,7 +38,7 @@ fn not_found(id: u64) -> ApiError {
 /// what it holds pending, in its window or not, `in_memory` how many of them are in the window.
 async fn list_outbox(
     shared: web::Data<Ops>,
-    q: web::Query<PageQuery>,
+    q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let mut executor = serde_json::Map::new();
     executor.insert("paused".into(), json!(shared.executor.is_paused()));
@@ -63,7 +63,7 @@ async fn show_pending(
 /// at a time (`after`: a seq; the next page holds the older ones).
 async fn list_done(
     shared: web::Data<Ops>,
-    q: web::Query<PageQuery>,
+    q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::Done, &q, Default::default()).await
 }
@@ -100,7 +100,7 @@ async fn idle(shared: web::Data<Ops>, q: web::Query<IdleQuery>) -> HttpResponse 
 /// One page of the dead letters (`count` is the page's).
 async fn list_dead(
     shared: web::Data<Ops>,
-    q: web::Query<PageQuery>,
+    q: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     list_page(&shared, List::DeadLetters, &q, Default::default()).await
 }
@@ -160,7 +160,7 @@ async fn retry_all(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
 
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
-async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
+pub(crate) async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
     let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
@@ -212,11 +212,24 @@ async fn drop_dead(
                 "dropping a dead letter needs a reason (?reason=...)",
             )
         })?;
-    let now = shared.store.clock().now_millis();
-    let (store, why) = (shared.store.clone(), reason.clone());
-    let letter = blocking(move || store.drop_dead_letter(id, &why, now))
+    drop_letter(&shared, id, &reason)
         .await?
         .ok_or_else(|| not_found(id))?;
+    Ok(HttpResponse::Ok().json(json!({ "dropped": id, "reason": reason })))
+}
+
+/// Drop dead letter `id` for `reason`, made durable, and tell the executor (the admin API's
+/// and the console's path). `None`: no such letter.
+pub(crate) async fn drop_letter(
+    shared: &Ops,
+    id: u64,
+    reason: &str,
+) -> Result<Option<model::action::DeadLetter>, ApiError> {
+    let now = shared.store.clock().now_millis();
+    let (store, why) = (shared.store.clone(), reason.to_owned());
+    let Some(letter) = blocking(move || store.drop_dead_letter(id, &why, now)).await? else {
+        return Ok(None);
+    };
     shared
         .writer
         .flush()
@@ -225,7 +238,7 @@ async fn drop_dead(
     shared.metrics.dead_letter_entries.dec();
     tracing::info!(action_id = %letter.entry.id, reason = %reason, "dead letter dropped by an operator");
     shared.executor.dropped(letter.entry.queue.clone());
-    Ok(HttpResponse::Ok().json(json!({ "dropped": id, "reason": reason })))
+    Ok(Some(letter))
 }
 
 /// Re-run stored events through the current rules (`POST /admin/v1/replay?from=&to=`, times as

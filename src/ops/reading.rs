@@ -50,7 +50,7 @@ pub(super) fn parse_id(text: &str, what: &str) -> Result<u64, ApiError> {
 /// bad value is answered 400 with its own code (`invalid_limit`, `invalid_cursor`), not the
 /// extractor's.
 #[derive(Deserialize)]
-pub(super) struct PageQuery {
+pub(super) struct ListQuery {
     limit: Option<String>,
     after: Option<String>,
 }
@@ -60,7 +60,7 @@ pub(super) struct PageQuery {
 pub(super) async fn list_page(
     shared: &Ops,
     list: List,
-    q: &PageQuery,
+    q: &ListQuery,
     extra: serde_json::Map<String, serde_json::Value>,
 ) -> Result<HttpResponse, ApiError> {
     let query = list

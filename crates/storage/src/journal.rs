@@ -522,6 +522,63 @@ mod tests {
         }
     }
 
+    /// The handoff figures' hour record is written whole in the fold's journal: a fold an open
+    /// completes from its journal adds its events to the hour once, whichever of its writes the
+    /// failure stopped at, and folding again afterwards adds nothing.
+    #[test]
+    fn a_fold_completed_from_its_journal_counts_its_handoff_figures_once() {
+        use crate::queue::tests::conversation_event;
+        let requested = "bot.conversation.agent_call_requested";
+        let hour = 1_763_690_400_000;
+        let mut stopped_before_the_record = std::collections::BTreeSet::new();
+        for fail_at in [0, 2, 3, 4, 6, 12] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("store");
+            {
+                let store = SledStore::open(&path, 8 * 1024 * 1024).expect("open");
+                let first = [conversation_event("e0", requested, "c0", hour + 1)];
+                store.accept(&"d0".into(), &first, 1_000).expect("accept");
+                fold_all(&store, &engine::decide::NoRules).expect("fold");
+                let events: Vec<_> = (1..4)
+                    .map(|i| {
+                        conversation_event(&format!("e{i}"), requested, &format!("c{i}"), hour + i)
+                    })
+                    .collect();
+                store.accept(&"d1".into(), &events, 1_000).expect("accept");
+                FAIL_AT.with(|f| f.set(Some(fail_at)));
+                let failed = fold_all(&store, &engine::decide::NoRules);
+                assert!(matches!(failed, Err(StoreError::HalfApplied)), "{failed:?}");
+                let journal = left_journal(&store).expect("the journal is left");
+                let record = journal
+                    .ops
+                    .iter()
+                    .position(|op| {
+                        op.tree == TreeId::Queue && op.key.first() == Some(&keys::QUEUE_STATS)
+                    })
+                    .expect("the hour record is in the journal");
+                // Failures before and after the record's own write are both tried.
+                stopped_before_the_record.insert(fail_at <= record);
+                store.flush().expect("flush");
+            }
+            let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
+            let figures = |store: &SledStore| {
+                store
+                    .handoff_stats(hour, hour + engine::state::stats::HOUR_MS)
+                    .expect("figures")
+            };
+            assert_eq!(figures(&store).joined, 4, "failed at write {fail_at}");
+            let again = fold_all(&store, &engine::decide::NoRules).expect("fold");
+            assert_eq!(again.applied, 0);
+            assert_eq!(figures(&store).joined, 4, "failed at write {fail_at}");
+            assert_eq!(store.waiting_for("B1").expect("queue").len(), 4);
+        }
+        assert_eq!(
+            stopped_before_the_record.len(),
+            2,
+            "both sides of the record's write"
+        );
+    }
+
     #[test]
     fn a_journal_cut_before_its_last_chunk_is_dropped_and_its_fold_done_again() {
         let dir = tempfile::tempdir().expect("tempdir");

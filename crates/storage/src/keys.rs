@@ -55,7 +55,9 @@ pub mod tree {
     /// (`state::queue::waiting_since`): only the fold writes it, in the journal that writes
     /// those states. Also the reconciliation sweeper's index (`a` active, `r` released: see
     /// `store::watch`), and the agent API's phase index (`p` by phase, `b` by bot and phase: see
-    /// `store::desk`), kept the same way.
+    /// `store::desk`), kept the same way. And the handoff figures: `s` + hour -> that hour's
+    /// [`HandoffStats`](engine::state::stats::HandoffStats) (JSON), added to by the folds in
+    /// their journal (see `store::queue`), pruned after `engine::state::stats::KEPT_MS`.
     pub const QUEUE: &str = "queue/v1";
     /// The retention index: `c` (newest activity time, conversation id) and `u` (newest activity
     /// time, end user id) -> nothing, oldest first (see `store::retention`), so a pruning pass
@@ -243,6 +245,23 @@ pub fn queue_history(bot: &str) -> Vec<u8> {
     key.push(b'h');
     key.extend_from_slice(bot.as_bytes());
     key
+}
+
+/// The first byte of the handoff figures' hour records (in `queue/v1`; see `store::queue`).
+pub const QUEUE_STATS: u8 = b's';
+
+/// An hour record's key: `s`, then the hour's start (ms, 8 bytes, big-endian, before 1970 as 0),
+/// so the hours sort in time order and a window is a range.
+pub fn queue_stats(hour: i64) -> [u8; 9] {
+    let mut key = [QUEUE_STATS; 9];
+    key[1..].copy_from_slice(&u64::try_from(hour).unwrap_or(0).to_be_bytes());
+    key
+}
+
+/// The hour of an hour record's key.
+pub fn parse_queue_stats(key: &[u8]) -> Option<i64> {
+    let rest = key.strip_prefix(&[QUEUE_STATS])?;
+    i64::try_from(u64::from_be_bytes(rest.try_into().ok()?)).ok()
 }
 
 /// The first byte of the reconciliation index's active entries (in `queue/v1`; see
@@ -435,6 +454,27 @@ mod tests {
             Some(1_763_690_400_000)
         );
         assert_eq!(parse_queue_requested_at(&queue_bot("bot-7")), None);
+    }
+
+    #[test]
+    fn hour_record_keys_sort_by_hour_apart_from_every_other_queue_key_and_parse_back() {
+        let hour = 3_600_000;
+        assert!(queue_stats(5 * hour) < queue_stats(6 * hour));
+        assert!(queue_stats(i64::MAX).to_vec() < prefix_end(&[QUEUE_STATS]));
+        assert_eq!(queue_stats(-hour), queue_stats(0));
+        assert_eq!(parse_queue_stats(&queue_stats(7 * hour)), Some(7 * hour));
+        assert_eq!(parse_queue_stats(b"s123"), None);
+        assert_eq!(parse_queue_stats(&queue_bot("b")), None);
+        for other in [
+            QUEUE_WAITING,
+            b'h',
+            WATCH_ACTIVE,
+            WATCH_RELEASED,
+            DESK_PHASE,
+            DESK_BOT,
+        ] {
+            assert_ne!(other, QUEUE_STATS);
+        }
     }
 
     #[test]

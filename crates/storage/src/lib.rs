@@ -610,6 +610,9 @@ pub struct Applied {
     pub template_errors: Vec<String>,
     /// The verdict on each folded agent command (the agent API waits for them).
     pub agent_verdicts: Vec<engine::state::desk::Verdict>,
+    /// Each conversation that left the waiting queue in this fold: why, and how long it had
+    /// waited (ms) when it was accepted (for the metrics; the hour records hold the same).
+    pub queue_exits: Vec<(engine::state::stats::QueueExit, Option<Millis>)>,
 }
 
 /// What a prune pass removed.
@@ -1371,6 +1374,7 @@ impl SledStore {
             index_entries,
             bots: encoded(&bots)?,
         };
+        out.queue_exits = queue_fold.into_exits();
         let waiting = writes.queue.waiting_changes();
         let journal = self.fold_journal(writes, &out.outbox)?;
         self.commit_journal(&journal)?;

@@ -11,7 +11,7 @@
 use crate::desk::{DeskCursor, DeskPage};
 use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
-use crate::queue::QueueSummary;
+use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
 use crate::timers::{DueTimer, TimerWakeup};
@@ -23,6 +23,7 @@ use crate::{
 use engine::decide::Decide;
 use engine::state::desk::DeskPhase;
 use engine::state::queue::Standing;
+use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
@@ -204,7 +205,13 @@ pub trait Reads {
     /// after `released_since`, at most `limit` in all (the index only).
     fn watched(&self, released_since: Millis, limit: usize) -> Result<Watched, StoreError>;
     fn queue_summary(&self) -> QueueSummary;
+    /// Each bot's waiting count and oldest request, in bot order (kept by the folds in memory).
+    fn waiting_by_bot(&self) -> Vec<BotWaiting>;
     fn queue_standing(&self, id: &ConversationId) -> Result<Option<Standing>, StoreError>;
+    /// The handoff figures the folds keep by the hour, merged over the hours that overlap
+    /// `[since, until)` (whole hours; at most `engine::state::stats::KEPT_MS` back): joined,
+    /// exits by outcome, the time-to-accept histogram. Reads the hour records only.
+    fn handoff_stats(&self, since: Millis, until: Millis) -> Result<HandoffStats, StoreError>;
     /// An event by id, and whether it is folded.
     fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError>;
     fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError>;
@@ -250,6 +257,8 @@ pub trait Retention {
     fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError>;
     fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError>;
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
+    /// Remove at most `limit` handoff-figure hour records of hours before `before`'s.
+    fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
     fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError>;
 }
 

@@ -6,13 +6,24 @@
 //! batch found it with its entry after the batch and writes the difference in its own journal,
 //! so the tree equals the states under the fold lock (by `state::queue::waiting_since`). Folds run one at a
 //! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
+//!
+//! The same folds keep the handoff figures there: one record per hour (`keys::queue_stats`,
+//! [`HandoffStats`]) of the conversations that joined the queue, those that left it by outcome
+//! and the accepted ones' waits, each counted in the hour of the event that moved it
+//! (`state::stats::queue_move`). A fold reads an hour's record on first use, adds its events to it
+//! and writes it whole in its journal, so events of one hour folded in several batches add up.
+//! Nothing is counted twice: the record is written in the same journal as the folded marks, and
+//! that journal is applied wholly or not at all (an open completes one a crash cut after its
+//! chunks, and its values are absolute, so applying it again writes the same record); a fold done
+//! again after a crash is one whose journal was dropped, its events still above their marks.
 
 use super::{encode, get_decoded, keys, SledStore, StoreError};
 use engine::state::queue::{self, Accept, AcceptHistory, Standing};
+use engine::state::stats::{self, HandoffStats, QueueExit, QueueMove};
 use engine::state::ConversationState;
 use model::ids::ConversationId;
 use model::webhook::model::Millis;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 
 /// A conversation's key in the queue, when it waits.
@@ -33,12 +44,28 @@ pub(super) struct QueueFold {
     entries: HashMap<String, EntryChange>,
     /// Bot -> its accept history (read on first use) and whether the fold changed it.
     history: HashMap<String, (AcceptHistory, bool)>,
+    /// Hour (its start, at least 0) -> its figures (read on first use, then added to; every one
+    /// is written).
+    stats: BTreeMap<Millis, HandoffStats>,
+    /// Why each conversation that left the queue in this fold left, and its wait when accepted
+    /// (ms), in fold order (`Applied::queue_exits`).
+    exits: Vec<(QueueExit, Option<Millis>)>,
 }
 
 /// The waiting queue over all bots (`SledStore::queue_summary`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QueueSummary {
     /// Conversations waiting for an agent.
+    pub waiting: u64,
+    /// The earliest request time among them.
+    pub oldest_since: Option<Millis>,
+}
+
+/// One bot's waiting queue (`SledStore::waiting_by_bot`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotWaiting {
+    pub bot: String,
+    /// Conversations of the bot waiting for an agent.
     pub waiting: u64,
     /// The earliest request time among them.
     pub oldest_since: Option<Millis>,
@@ -168,6 +195,25 @@ impl WaitingCounts {
             oldest_since: self.by_time.keys().next().copied(),
         }
     }
+
+    /// Each bot's count and oldest request (its first entry: they sort by request time), in bot
+    /// order: one step per bot, no entry walked.
+    fn by_bot(&self) -> Vec<BotWaiting> {
+        let mut out: Vec<BotWaiting> = self
+            .by_bot
+            .iter()
+            .map(|(prefix, entries)| BotWaiting {
+                bot: String::from_utf8_lossy(prefix.get(3..).unwrap_or_default()).into_owned(),
+                waiting: entries.len() as u64,
+                oldest_since: entries
+                    .iter()
+                    .next()
+                    .and_then(|k| keys::parse_queue_requested_at(k)),
+            })
+            .collect();
+        out.sort_by(|a, b| a.bot.cmp(&b.bot));
+        out
+    }
 }
 
 impl QueueFold {
@@ -198,7 +244,16 @@ impl QueueFold {
                     .push((keys::queue_history(bot), encode(history)?));
             }
         }
+        for (hour, figures) in &self.stats {
+            out.insert
+                .push((keys::queue_stats(*hour).to_vec(), encode(figures)?));
+        }
         Ok(out)
+    }
+
+    /// The queue exits of the fold's events, in order (once its writes are taken).
+    pub fn into_exits(self) -> Vec<(QueueExit, Option<Millis>)> {
+        self.exits
     }
 }
 
@@ -227,7 +282,58 @@ impl SledStore {
                 history.1 = true;
             }
         }
+        if let Some(change) = stats::queue_move(waited_since, after, at) {
+            self.hour_stats(fold, at)?.record(change);
+            if let QueueMove::Left { exit, waited_ms } = change {
+                fold.exits.push((exit, waited_ms));
+            }
+        }
         Ok(())
+    }
+
+    /// The figures of the hour `at` is in, as the fold knows them: the stored record the first
+    /// time (under the fold lock nothing else writes it), then the fold's own. A record that does
+    /// not decode is logged and its hour counted afresh: the figures never hold the folds up.
+    fn hour_stats<'a>(
+        &self,
+        fold: &'a mut QueueFold,
+        at: Millis,
+    ) -> Result<&'a mut HandoffStats, StoreError> {
+        let hour = stats::hour_of(at).max(0);
+        if let std::collections::btree_map::Entry::Vacant(slot) = fold.stats.entry(hour) {
+            let stored = match get_decoded(&self.queue, keys::queue_stats(hour), "handoff stats") {
+                Err(StoreError::Corrupt(e)) => {
+                    tracing::error!(hour, error = %e, "unreadable handoff figures; the hour is counted afresh");
+                    None
+                }
+                other => other?,
+            };
+            slot.insert(stored.unwrap_or_default());
+        }
+        fold.stats
+            .get_mut(&hour)
+            .ok_or_else(|| StoreError::Corrupt("handoff stats cache".into()))
+    }
+
+    /// The handoff figures of the hours that overlap `[since, until)`, merged: every hour record
+    /// from `since`'s hour to the hour before `until` (the first and last hours count whole), a
+    /// range of at most 25 keys for a day; no conversation is read. Empty when `until <= since`.
+    pub(crate) fn handoff_stats(
+        &self,
+        since: Millis,
+        until: Millis,
+    ) -> Result<HandoffStats, StoreError> {
+        let mut out = HandoffStats::default();
+        if until <= since {
+            return Ok(out);
+        }
+        let from = keys::queue_stats(stats::hour_of(since));
+        let to = keys::queue_stats(stats::hour_of(until - 1));
+        for item in self.queue.range(from..=to) {
+            let (_, bytes) = item?;
+            out.merge(&super::decode(&bytes, "handoff stats")?);
+        }
+        Ok(out)
     }
 
     /// A bot's accept history as the fold knows it.
@@ -326,6 +432,14 @@ impl SledStore {
         match self.waiting.lock() {
             Ok(counts) => counts.summary(),
             Err(poisoned) => poisoned.into_inner().summary(),
+        }
+    }
+
+    /// The waiting queue per bot, from the same counts in memory as [`Self::queue_summary`].
+    pub(crate) fn waiting_by_bot(&self) -> Vec<BotWaiting> {
+        match self.waiting.lock() {
+            Ok(counts) => counts.by_bot(),
+            Err(poisoned) => poisoned.into_inner().by_bot(),
         }
     }
 
@@ -750,5 +864,275 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             None,
             "no standing: the help desk is told nothing (position and wait null)"
         );
+    }
+
+    /// Handoff figures: an hour on the hour (2025-11-21 02:00 UTC), and the kinds of the events.
+    const H0: Millis = 1_763_690_400_000;
+    const HOUR: Millis = stats::HOUR_MS;
+    const MIN: Millis = 60_000;
+    const REQUESTED: &str = "bot.conversation.agent_call_requested";
+    const CANCELLED: &str = "bot.conversation.agent_call_cancelled";
+    const CONNECTED: &str = "bot.conversation.agent_call_connected";
+
+    fn figures(store: &SledStore, since: Millis, until: Millis) -> HandoffStats {
+        store.handoff_stats(since, until).expect("figures")
+    }
+
+    /// Accept and fold `events` as one batch; the queue exits the fold reports.
+    fn fold_exits(
+        store: &SledStore,
+        delivery: &str,
+        events: Vec<model::webhook::IncomingEvent>,
+    ) -> Vec<(QueueExit, Option<Millis>)> {
+        let batch = accepted_batch(store, delivery, &events);
+        store.apply(&batch).expect("apply").queue_exits
+    }
+
+    #[test]
+    fn a_join_then_an_accept_records_the_wait_in_its_bucket() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let joined = fold_exits(
+            &store,
+            "d1",
+            vec![conversation_event("e1", REQUESTED, "c1", H0 + MIN)],
+        );
+        assert!(joined.is_empty());
+        let hour = figures(&store, H0, H0 + HOUR);
+        assert_eq!((hour.joined, hour.exits.accepted), (1, 0));
+        assert_eq!(hour.percentile(0.5), None, "no accepts yet");
+        // An agent takes it 40 s later: in the (30 s, 45 s] bucket.
+        let exits = fold_exits(&store, "d2", vec![accept("c1", "a1", H0 + MIN + 40_000)]);
+        assert_eq!(exits, [(QueueExit::Accepted, Some(40_000))]);
+        let hour = figures(&store, H0, H0 + HOUR);
+        assert_eq!(hour.joined, 1);
+        assert_eq!(hour.exits.accepted, 1);
+        assert_eq!((hour.abandoned(), hour.abandonment_rate()), (0, Some(0.0)));
+        let bucket = stats::TIME_TO_ACCEPT_BOUNDS
+            .iter()
+            .position(|b| *b == 45)
+            .expect("45 s");
+        assert_eq!(hour.time_to_accept.counts[bucket], 1);
+        assert_eq!(hour.time_to_accept.count(), 1);
+        assert_eq!(hour.time_to_accept.sum_ms, 40_000);
+        assert_eq!(
+            hour.percentile(0.5),
+            Some(37_500),
+            "halfway through the bucket"
+        );
+        // The service connecting it afterwards is no second exit.
+        let again = fold_exits(
+            &store,
+            "d3",
+            vec![conversation_event("e2", CONNECTED, "c1", H0 + 2 * MIN)],
+        );
+        assert!(again.is_empty());
+        assert_eq!(figures(&store, H0, H0 + HOUR), hour);
+    }
+
+    #[test]
+    fn a_join_then_a_cancel_is_an_abandonment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let exits = fold_exits(
+            &store,
+            "d1",
+            vec![
+                conversation_event("e1", REQUESTED, "c1", H0 + MIN),
+                conversation_event("e2", REQUESTED, "c2", H0 + MIN),
+                conversation_event("e3", CANCELLED, "c1", H0 + 5 * MIN),
+            ],
+        );
+        assert_eq!(exits, [(QueueExit::Cancelled, None)]);
+        let hour = figures(&store, H0, H0 + HOUR);
+        assert_eq!(hour.joined, 2);
+        assert_eq!(hour.exits.cancelled, 1);
+        assert_eq!(hour.abandoned(), 1);
+        assert_eq!(hour.abandonment_rate(), Some(0.5));
+        assert_eq!(hour.percentile(0.9), None, "no accepts: no time to accept");
+        // The service ends the other one's call before anyone took it.
+        let exits = fold_exits(
+            &store,
+            "d2",
+            vec![conversation_event(
+                "e4",
+                "bot.conversation.agent_call_disconnected",
+                "c2",
+                H0 + 6 * MIN,
+            )],
+        );
+        assert_eq!(exits, [(QueueExit::Ended, None)]);
+        let hour = figures(&store, H0, H0 + HOUR);
+        assert_eq!((hour.exits.ended, hour.abandoned()), (1, 2));
+        assert_eq!(hour.abandonment_rate(), Some(1.0));
+    }
+
+    /// The shipped rules' answer to a wait that runs out (`timer.agent-wait`, rule `no-agent`)
+    /// turns manual mode off and hands the user back to the bot's flow, but leaves the handoff
+    /// phase `requested`: nothing in the state moves it back to `bot`, so the conversation stays
+    /// in the queue, not counted as `timed_out`, until the service reports the call cancelled
+    /// (or ended), which counts it there. A release to phase `bot` would count as `timed_out`
+    /// (`QueueExit::of`; engine tests).
+    #[test]
+    fn a_wait_run_out_under_the_shipped_rules_leaves_the_queue_when_the_service_cancels() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let mut overrides = serde_json::Map::new();
+        overrides.insert("check_business_hours".into(), false.into());
+        let sources = engine::rules::shipped::sources();
+        let rules =
+            engine::rules::RuleSet::from_sources_with(&sources, &overrides).expect("shipped");
+        let t0 = stats::hour_of(model::clock::system_millis());
+        let events = [conversation_event("e1", REQUESTED, "c1", t0)];
+        accepted_batch(&store, "d1", &events);
+        crate::test_support::drain_with(&store, &rules);
+        let timers = crate::test_support::all_timers(&store);
+        let wait = timers
+            .iter()
+            .find(|t| t.firing.name == "agent-wait")
+            .expect("the wait is timed");
+        crate::test_support::fire(&store, wait);
+        let fired = crate::test_support::drain_with(&store, &rules);
+        assert_eq!(fired.applied, 1);
+        assert!(
+            fired.outbox.iter().any(|e| matches!(
+                e.action,
+                model::action::Action::SetManual { enabled: false, .. }
+            )),
+            "no-agent ran: {:?}",
+            fired.outbox
+        );
+        assert!(fired.queue_exits.is_empty(), "still in the queue");
+        assert_eq!(store.waiting_for("B1").expect("queue").len(), 1);
+        let window = (t0 - HOUR, t0 + 2 * HOUR);
+        let day = figures(&store, window.0, window.1);
+        assert_eq!((day.joined, day.abandoned()), (1, 0));
+        let events = [conversation_event("e2", CANCELLED, "c1", t0 + 6 * MIN)];
+        accepted_batch(&store, "d2", &events);
+        let cancelled = crate::test_support::drain_with(&store, &rules);
+        assert_eq!(cancelled.queue_exits, [(QueueExit::Cancelled, None)]);
+        let day = figures(&store, window.0, window.1);
+        assert_eq!(day.exits.cancelled, 1);
+        assert_eq!(day.exits.timed_out, 0);
+        assert_eq!(day.abandonment_rate(), Some(1.0));
+    }
+
+    #[test]
+    fn each_hour_has_its_record_and_batches_of_one_hour_add_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let h1 = H0 + HOUR;
+        // c1 joins in H0 and is accepted in H1 after 55 minutes; c2 and c3 join in H0 in two
+        // batches; c3 is taken 10 s later, c2 cancels in H1.
+        fold(
+            &store,
+            "d1",
+            vec![
+                conversation_event("e1", REQUESTED, "c1", H0 + 10 * MIN),
+                conversation_event("e2", REQUESTED, "c2", H0 + 20 * MIN),
+            ],
+        );
+        fold(
+            &store,
+            "d2",
+            vec![
+                conversation_event("e3", REQUESTED, "c3", H0 + 30 * MIN),
+                accept("c3", "a3", H0 + 30 * MIN + 10_000),
+            ],
+        );
+        let exits = fold_exits(
+            &store,
+            "d3",
+            vec![
+                conversation_event("e4", CONNECTED, "c1", h1 + 5 * MIN),
+                conversation_event("e5", CANCELLED, "c2", h1 + 6 * MIN),
+            ],
+        );
+        assert_eq!(
+            exits,
+            [
+                (QueueExit::Accepted, Some(55 * MIN)),
+                (QueueExit::Cancelled, None)
+            ]
+        );
+        let first = figures(&store, H0, h1);
+        assert_eq!(first.joined, 3, "the batches of one hour add up");
+        assert_eq!(first.exits.accepted, 1);
+        assert_eq!(first.percentile(0.5), Some(7_500), "c3's 10 s");
+        let second = figures(&store, h1, h1 + HOUR);
+        assert_eq!(second.joined, 0);
+        assert_eq!((second.exits.accepted, second.exits.cancelled), (1, 1));
+        assert_eq!(
+            second.percentile(0.5),
+            Some(2_700_000),
+            "c1's 55 min: halfway through (30 min, 60 min]"
+        );
+        // Both hours: merged.
+        let both = figures(&store, H0, h1 + HOUR);
+        let mut merged = first.clone();
+        merged.merge(&second);
+        assert_eq!(both, merged);
+        assert_eq!((both.joined, both.abandoned()), (3, 1));
+        assert_eq!(both.time_to_accept.count(), 2);
+        // Stored as two records, apart from the queue's other keys.
+        assert_eq!(
+            queue_keys(&store, &[keys::QUEUE_STATS]),
+            [
+                keys::queue_stats(H0).to_vec(),
+                keys::queue_stats(h1).to_vec()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_window_reads_only_the_hours_it_overlaps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let day = 24 * HOUR;
+        let now = H0 + 30 * HOUR + 17 * MIN;
+        fold(
+            &store,
+            "d1",
+            vec![
+                // Older than the day before `now`: outside the window.
+                conversation_event("e1", REQUESTED, "old", now - day - 2 * HOUR),
+                // In the hour `now - day` is in: counted whole.
+                conversation_event("e2", REQUESTED, "edge", now - day - 10 * MIN),
+                conversation_event("e3", REQUESTED, "new", now - MIN),
+            ],
+        );
+        assert_eq!(figures(&store, now - day, now).joined, 2);
+        assert_eq!(figures(&store, now - day + HOUR, now).joined, 1);
+        assert_eq!(figures(&store, now - 3 * day, now).joined, 3);
+        assert_eq!(figures(&store, now, now), HandoffStats::default(), "empty");
+        assert_eq!(figures(&store, now, now - day), HandoffStats::default());
+        // `until` on the hour leaves that hour out.
+        let hour_of_new = stats::hour_of(now - MIN);
+        assert_eq!(figures(&store, hour_of_new - HOUR, hour_of_new).joined, 0);
+        assert_eq!(figures(&store, hour_of_new, hour_of_new + 1).joined, 1);
+    }
+
+    #[test]
+    fn hour_records_before_the_kept_window_are_pruned_a_bounded_number_at_a_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path(), 8 << 20).expect("open");
+        let events: Vec<_> = (0..5)
+            .map(|i| {
+                conversation_event(&format!("e{i}"), REQUESTED, &format!("c{i}"), H0 + i * HOUR)
+            })
+            .collect();
+        fold(&store, "d1", events);
+        let now = H0 + 4 * HOUR + stats::KEPT_MS + MIN;
+        let before = now - stats::KEPT_MS;
+        assert_eq!(store.prune_handoff_stats(before, 2).expect("prune"), 2);
+        assert_eq!(store.prune_handoff_stats(before, 2).expect("prune"), 2);
+        assert_eq!(store.prune_handoff_stats(before, 2).expect("prune"), 0);
+        assert_eq!(
+            queue_keys(&store, &[keys::QUEUE_STATS]),
+            [keys::queue_stats(H0 + 4 * HOUR).to_vec()],
+            "the hour `before` is in stays"
+        );
+        assert_eq!(figures(&store, H0, now).joined, 1);
+        assert_eq!(summary(&store).waiting, 5, "the queue itself is untouched");
     }
 }

@@ -1,5 +1,6 @@
-//! Retention of conversation and end-user states (`store.state_retention`) and of quarantine
-//! records (`store.quarantine_retention`).
+//! Retention of conversation and end-user states (`store.state_retention`), of quarantine
+//! records (`store.quarantine_retention`) and of the handoff figures' hour records (kept
+//! `engine::state::stats::KEPT_MS`).
 //!
 //! The retention index (`activity/v1`) holds every conversation and end user by its newest
 //! activity time ([`conversation_activity`], [`end_user_activity`]), oldest first. Like the
@@ -622,6 +623,30 @@ impl SledStore {
             }
             after = next;
         }
+    }
+
+    /// Remove the handoff figures' hour records (`keys::queue_stats`) of the hours before the
+    /// one `before` is in, oldest first, at most `limit` (a pass normally finds the hour or so
+    /// that aged since the last). Under the fold lock: a fold reads an hour's record and writes
+    /// it back whole, so a removal beside it could be undone. Returns how many it removed.
+    pub(crate) fn prune_handoff_stats(
+        &self,
+        before: Millis,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let _folding = self.fold_guard()?;
+        let from = [keys::QUEUE_STATS].to_vec();
+        let to = keys::queue_stats(engine::state::stats::hour_of(before)).to_vec();
+        let old = self
+            .queue
+            .range(from..to)
+            .keys()
+            .take(limit)
+            .collect::<Result<Vec<_>, _>>()?;
+        for key in &old {
+            self.queue.remove(key)?;
+        }
+        Ok(old.len() as u64)
     }
 
     /// A store from before the retention index: index its states once, on open (before any

@@ -5,7 +5,7 @@ use crate::desk::{DeskCursor, DeskPage};
 use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
 use crate::port::*;
-use crate::queue::QueueSummary;
+use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
 use crate::timers::{DueTimer, TimerWakeup};
@@ -17,6 +17,7 @@ use crate::{
 use engine::decide::Decide;
 use engine::state::desk::DeskPhase;
 use engine::state::queue::Standing;
+use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
@@ -289,8 +290,16 @@ impl Reads for SledStore {
         SledStore::queue_summary(self)
     }
 
+    fn waiting_by_bot(&self) -> Vec<BotWaiting> {
+        SledStore::waiting_by_bot(self)
+    }
+
     fn queue_standing(&self, id: &ConversationId) -> Result<Option<Standing>, StoreError> {
         SledStore::queue_standing(self, id)
+    }
+
+    fn handoff_stats(&self, since: Millis, until: Millis) -> Result<HandoffStats, StoreError> {
+        SledStore::handoff_stats(self, since, until)
     }
 
     fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError> {
@@ -370,6 +379,10 @@ impl Retention for SledStore {
 
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         SledStore::prune_idempotency(self, before, limit)
+    }
+
+    fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        SledStore::prune_handoff_stats(self, before, limit)
     }
 
     fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {

@@ -5,7 +5,7 @@
 use super::condition::{Condition, Observation, Op};
 use super::{Rule, RuleSet};
 use crate::decide::Inputs;
-use crate::state::ConversationState;
+use crate::state::{ConversationState, EndUserState};
 use model::action::Action;
 use model::webhook::model::{Event, Millis};
 use serde::Serialize;
@@ -304,6 +304,50 @@ pub fn render_text(verdicts: &[RuleVerdict]) -> String {
         }
     }
     out
+}
+
+/// One event's heading and, for a conversation event, every rule's verdict on it.
+pub type EventReport = (String, Option<Vec<RuleVerdict>>);
+
+/// Every event folded into the state `before` (a new conversation when `None`) and explained.
+pub fn explain_events(
+    set: &RuleSet,
+    events: Vec<Event>,
+    before: Option<&ConversationState>,
+    end_user: Option<&EndUserState>,
+    now: Millis,
+) -> Vec<EventReport> {
+    let mut reports = Vec::new();
+    for ev in events {
+        let Some(conversation) = ev.payload.conversation_id().cloned() else {
+            let note = format!(
+                "event {} ({}): not a conversation event; rules do not run for it",
+                ev.id, ev.kind
+            );
+            reports.push((note, None));
+            continue;
+        };
+        // `--state` is the state before the event: `changed` conditions compare with it.
+        let prior = before
+            .cloned()
+            .unwrap_or_else(|| ConversationState::new(conversation.clone()));
+        let mut state = prior.clone();
+        state.apply(&ev);
+        let inputs = crate::decide::Inputs {
+            before: Some(&prior),
+            end_user,
+            queue: None,
+        };
+        let head = format!(
+            "event {} ({}), conversation {}, at {now}, rules version {}",
+            ev.id,
+            ev.kind,
+            conversation,
+            set.version()
+        );
+        reports.push((head, Some(explain(set, &ev, &state, inputs, now))));
+    }
+    reports
 }
 
 #[cfg(test)]

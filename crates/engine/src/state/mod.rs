@@ -19,6 +19,7 @@ pub mod belief;
 pub mod desk;
 mod firings;
 pub mod queue;
+pub mod stats;
 pub use desk::Desk;
 pub use firings::{CapHit, FiringCap, Firings, TemplateError, TEMPLATE_ERRORS_KEPT};
 

@@ -669,6 +669,23 @@ fn classify(err: serde_json::Error) -> DeliveryError {
     }
 }
 
+/// The events of a file holding one event or a whole delivery.
+pub fn events_of(bytes: &[u8]) -> Result<Vec<Event>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if value.get("messages").is_some() {
+        let parsed = parse_delivery(bytes).map_err(|e| e.to_string())?;
+        if let Some(bad) = parsed.invalid.first() {
+            return Err(format!("invalid event in the delivery: {}", bad.reason));
+        }
+        return Ok(parsed.events.into_iter().map(|e| e.event).collect());
+    }
+    let raw =
+        serde_json::value::RawValue::from_string(value.to_string()).map_err(|e| e.to_string())?;
+    let event = validate_event(&raw).map_err(|e| e.to_string())?;
+    Ok(vec![event.event])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
