@@ -20,11 +20,16 @@
 //!    conversation, which must find exactly `--waiting` of them.
 //! 3. **admin lists**: `GET /admin/v1/conversations` and `/admin/v1/endusers` first pages, then a
 //!    cursor walk into deep pages.
-//! 4. **intake ratio**: the same short closed-loop load (user messages to random conversation ids
+//! 4. **console**: signs in to the operator console as a browser does (the sign-in form and its
+//!    cookie, then the form posted with the admin token: the session cookie), then times GETs of
+//!    its overview, its queue (all bots, then one bot), and a waiting conversation's page (its
+//!    summary, its audit timeline re-evaluated from the event log and its newest messages read
+//!    from the embedded emulator's Open API); target p99 < 100 ms each.
+//! 5. **intake ratio**: the same short closed-loop load (user messages to random conversation ids
 //!    of the large store's id space) on a fresh empty daemon and on the large one, alternating,
 //!    twice: accepted events/s on the large store over the empty one (target >= 0.8).
-//! 5. **prune**: `POST /admin/v1/prune` (one pruning pass), its time and the daemon's RSS.
-//! 6. **restart**: SIGTERM, time to exit, start again, time to `accepting webhooks:` (the webhook
+//! 6. **prune**: `POST /admin/v1/prune` (one pruning pass), its time and the daemon's RSS.
+//! 7. **restart**: SIGTERM, time to exit, start again, time to `accepting webhooks:` (the webhook
 //!    answered while sled opens), to `listening:` and to `/readyz` 200;
 //!    then stop and start once more, time to `listening:` (sled replays the log written since
 //!    the previous start: the first start after the build reads all of it).
@@ -95,6 +100,8 @@ struct Options {
     admin_queries: usize,
     /// The most pages of an admin cursor walk.
     walk_pages: usize,
+    /// GETs of each console page timed.
+    console_queries: usize,
     /// Each reading step stops after this long (what it did is reported).
     step_limit: Duration,
     /// The build stops posting after this long.
@@ -113,7 +120,8 @@ struct Options {
 
 const USAGE: &str = "\
 usage: cargo bench --bench scale -- [options]
-  --quick                 smoke run: 20,000 conversations, 2,000 end users, 200 waiting, 10 s per reading step
+  --quick                 smoke run: 20,000 conversations, 2,000 end users, 200 waiting, 10 s per reading step,
+                          50 GETs per console page
   --conversations N       conversations built through the webhook (default 1000000)
   --end-users N           end users they belong to (default 100000)
   --waiting N             conversations left waiting for an agent (default 10000)
@@ -124,6 +132,7 @@ usage: cargo bench --bench scale -- [options]
   --page N                page size of the queue and admin lists (default 100)
   --admin-queries N       first pages requested per admin list (default 500)
   --walk-pages N          the most pages of an admin cursor walk (default 2000)
+  --console-queries N     GETs of each console page timed (default 200)
   --step-limit SECS       each reading step stops after this long (default 300)
   --build-limit SECS      stop posting the build after this long (default 3600)
   --drain-limit SECS      longest wait for the folds after the build (default 3600)
@@ -158,6 +167,7 @@ const KEYS: &[&str] = &[
     "page",
     "admin-queries",
     "walk-pages",
+    "console-queries",
     "step-limit",
     "build-limit",
     "drain-limit",
@@ -181,6 +191,7 @@ impl BenchOptions for Options {
             page: 100,
             admin_queries: 500,
             walk_pages: 2_000,
+            console_queries: 200,
             step_limit: Duration::from_secs(300),
             build_limit: Duration::from_secs(3600),
             drain_limit: Duration::from_secs(3600),
@@ -202,6 +213,7 @@ impl BenchOptions for Options {
             queries: 200,
             admin_queries: 50,
             walk_pages: 100,
+            console_queries: 50,
             step_limit: Duration::from_secs(10),
             build_limit: Duration::from_secs(60),
             drain_limit: Duration::from_secs(60),
@@ -227,6 +239,7 @@ impl BenchOptions for Options {
             "page" => self.page = s.size()?,
             "admin-queries" => self.admin_queries = s.size()?,
             "walk-pages" => self.walk_pages = s.size()?,
+            "console-queries" => self.console_queries = s.size()?,
             "step-limit" => self.step_limit = s.secs()?,
             "build-limit" => self.build_limit = s.secs()?,
             "drain-limit" => self.drain_limit = s.secs()?,
@@ -964,6 +977,465 @@ fn first_pages(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The operator console
+
+/// Rows the console's queue page shows at most (`PAGE` in `src/console/pages.rs`).
+const CONSOLE_ROWS: u64 = 100;
+/// The least time between the starts of two conversation pages: each reads the Open API (the
+/// embedded emulator), and the daemon's shipped global upstream limit is 50 calls/s (burst 20),
+/// so pages back to back would time its rate limiter; 20 pages/s stays under it even with the
+/// second call a conversation of more than 10 messages takes.
+const CONVERSATION_PACE: Duration = Duration::from_millis(50);
+
+/// A browser's side of the console: no redirect followed (the sign-in's 303 carries the session
+/// cookie), cookies sent by hand.
+struct Browser {
+    agent: ureq::Agent,
+    base: String,
+    session: String,
+}
+
+/// What a console answer was: its status, its `Set-Cookie` name/value pairs, its content type and
+/// its body.
+struct Page {
+    status: u16,
+    cookies: Vec<(String, String)>,
+    html: bool,
+    body: String,
+}
+
+fn browser_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into()
+}
+
+fn read_page(what: &str, mut resp: ureq::http::Response<ureq::Body>) -> Result<Page, String> {
+    let status = resp.status().as_u16();
+    let cookies = resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| {
+            let pair = v.split(';').next()?;
+            let (name, value) = pair.split_once('=')?;
+            Some((name.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect();
+    let html = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/html"));
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(BODY.limit)
+        .lossy_utf8(true)
+        .read_to_string()
+        .map_err(|e| format!("{what}: body: {e}"))?;
+    Ok(Page {
+        status,
+        cookies,
+        html,
+        body,
+    })
+}
+
+fn cookie_of<'a>(page: &'a Page, name: &str) -> Option<&'a str> {
+    page.cookies
+        .iter()
+        .find(|(n, v)| n == name && !v.is_empty())
+        .map(|(_, v)| v.as_str())
+}
+
+/// An HTML answer that is a page (not an empty body).
+fn is_html_page(page: &Page) -> bool {
+    page.html && page.body.len() > 100 && page.body.contains("</html>")
+}
+
+impl Browser {
+    /// Sign in as a browser does: the form (its token in a hidden field and in the cookie
+    /// `hb_console_sign_in`), then the form posted with the admin token, which answers 303 with
+    /// the session cookie `hb_console`. `Ok(Err(why))`: the daemon has no console (`n/a`).
+    fn sign_in(admin_base: &str) -> Result<Result<Browser, String>, String> {
+        let agent = browser_agent();
+        let url = format!("{admin_base}/console/sign-in");
+        let resp = agent
+            .get(&url)
+            .call()
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let form = read_page("GET /console/sign-in", resp)?;
+        if form.status == 404 {
+            return Ok(Err("endpoint absent: 404".into()));
+        }
+        if form.status != 200 || !is_html_page(&form) {
+            return Err(format!(
+                "GET /console/sign-in answered {} ({} bytes, html {})",
+                form.status,
+                form.body.len(),
+                form.html
+            ));
+        }
+        let cookie = cookie_of(&form, "hb_console_sign_in")
+            .ok_or("GET /console/sign-in set no hb_console_sign_in cookie")?
+            .to_owned();
+        let marker = "name=\"form\" value=\"";
+        let token = form
+            .body
+            .find(marker)
+            .map(|at| &form.body[at + marker.len()..])
+            .and_then(|rest| rest.split('"').next())
+            .filter(|t| !t.is_empty())
+            .ok_or("the sign-in page has no hidden `form` field")?;
+        let resp = agent
+            .post(&url)
+            .header("cookie", format!("hb_console_sign_in={cookie}"))
+            .content_type("application/x-www-form-urlencoded")
+            .send(format!(
+                "token={}&name=bench&form={}",
+                encode(ADMIN_TOKEN),
+                encode(token)
+            ))
+            .map_err(|e| format!("POST {url}: {e}"))?;
+        let signed = read_page("POST /console/sign-in", resp)?;
+        let session = match (signed.status, cookie_of(&signed, "hb_console")) {
+            (303, Some(id)) => id.to_owned(),
+            (status, _) => {
+                return Err(format!(
+                    "POST /console/sign-in answered {status} without a session cookie: {}",
+                    signed.body.chars().take(300).collect::<String>()
+                ))
+            }
+        };
+        Ok(Ok(Browser {
+            agent,
+            base: admin_base.to_owned(),
+            session,
+        }))
+    }
+
+    /// One signed-in GET of `path`, timed to the last byte of the body.
+    fn get(&self, path: &str) -> Result<(Page, Duration), String> {
+        let url = format!("{}{path}", self.base);
+        let t0 = Instant::now();
+        let resp = self
+            .agent
+            .get(&url)
+            .header("cookie", format!("hb_console={}", self.session))
+            .call()
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let page = read_page(&format!("GET {path}"), resp)?;
+        Ok((page, t0.elapsed()))
+    }
+}
+
+/// The console's pages timed, each a [`Series`]: (name, an example path, its series).
+struct ConsolePages {
+    pages: Vec<(&'static str, String, Series)>,
+    /// What the conversation page showed of its messages (the Open API's part).
+    messages: Option<String>,
+}
+
+impl ConsolePages {
+    fn absent(why: &str) -> Result<Self, String> {
+        let mut pages = Vec::new();
+        for (name, path) in CONSOLE_PAGES {
+            let mut s = Series::new()?;
+            s.absent = Some(why.to_owned());
+            pages.push((name, path.to_owned(), s));
+        }
+        Ok(ConsolePages {
+            pages,
+            messages: None,
+        })
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "pages": self.pages.iter().map(|(name, path, s)| {
+                let mut v = s.json();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("page".into(), json!(name));
+                    o.insert("path".into(), json!(path));
+                    if !o.contains_key("na") {
+                        o.insert("target_p99_ms".into(), json!(100));
+                        o.insert("met".into(), json!(console_met(s)));
+                    }
+                }
+                v
+            }).collect::<Vec<_>>(),
+            "conversation_messages": self.messages,
+        })
+    }
+}
+
+/// The pages and the paths the report names them by.
+const CONSOLE_PAGES: [(&str, &str); 4] = [
+    ("overview", "/console/"),
+    ("queue", "/console/queue"),
+    ("queue of one bot", "/console/queue?bot=B"),
+    ("conversation", "/console/conversations/{id}"),
+];
+
+/// Whether a console page met its target (p99 < 100 ms with every answer right).
+fn console_met(s: &Series) -> bool {
+    s.absent.is_none()
+        && s.requests > 0
+        && s.wrong == 0
+        && common::quantile_ms(&s.hist, 0.99) < 100.0
+}
+
+/// How many rows a console queue page lists.
+fn queue_rows(body: &str) -> u64 {
+    body.matches("<td><a href=\"/console/conversations/")
+        .count() as u64
+}
+
+/// The timeline's events on a conversation page.
+fn timeline_items(body: &str) -> u64 {
+    body.matches("<article class=\"event\">").count() as u64
+}
+
+/// What the conversation page shows of the Open API's messages.
+fn messages_shown(body: &str) -> String {
+    let Some(at) = body.find("<h2 id=\"messages\">") else {
+        return "no messages section".into();
+    };
+    let section = &body[at..];
+    let section = &section[..section.find("</section>").unwrap_or(section.len())];
+    if let Some(note) = section
+        .split("<p class=\"error\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</p>").next())
+    {
+        return format!("a note: \"{note}\"");
+    }
+    let rows = section.matches("<td class=\"message\">").count();
+    if rows == 0 {
+        "\"No messages.\" (the Open API answered, with none for it)".into()
+    } else {
+        format!("{rows} messages")
+    }
+}
+
+/// `count` signed-in GETs of `path_of(i)`, one after the other (starts at least `pace` apart);
+/// `check(i, body)` says whether a page is right (else it counts as wrong, with a note). A
+/// status other than 200 or an answer that is not an HTML page stops the series: `Err` says
+/// which (the phase fails).
+#[allow(clippy::too_many_arguments)]
+fn console_series(
+    browser: &Browser,
+    name: &str,
+    count: usize,
+    limit: Duration,
+    pace: Duration,
+    path_of: impl Fn(usize) -> String,
+    check: impl Fn(usize, &str) -> Result<(), String>,
+    mut seen: impl FnMut(&str),
+) -> Result<(Series, Option<String>), String> {
+    let t0 = Instant::now();
+    let mut s = Series::new()?;
+    let mut failed = None;
+    let mut last_start: Option<Instant> = None;
+    for i in 0..count {
+        if t0.elapsed() >= limit {
+            s.cut = true;
+            break;
+        }
+        if let Some(wait) = last_start.and_then(|at| pace.checked_sub(at.elapsed())) {
+            std::thread::sleep(wait);
+        }
+        last_start = Some(Instant::now());
+        let path = path_of(i);
+        let (page, took) = browser.get(&path)?;
+        if page.status != 200 || !is_html_page(&page) {
+            failed = Some(format!(
+                "console {name}: GET {path} (request {}) answered {} with {} bytes{}",
+                i + 1,
+                page.status,
+                page.body.len(),
+                if page.html { "" } else { ", not HTML" }
+            ));
+            break;
+        }
+        s.record(took);
+        if i == 0 {
+            seen(&page.body);
+        }
+        if let Err(why) = check(i, &page.body) {
+            if s.wrong == 0 {
+                s.notes.push(format!(
+                    "console {name}: first wrong page: request {}: {why}",
+                    i + 1
+                ));
+            }
+            s.wrong += 1;
+        }
+    }
+    s.elapsed = t0.elapsed();
+    Ok((s, failed))
+}
+
+/// The console phase: sign in, then each page timed; the failures it met go to `failures`.
+fn console_phase(
+    opts: &Options,
+    shape: &Shape,
+    admin_base: &str,
+    failures: &mut Vec<String>,
+) -> Result<ConsolePages, String> {
+    let browser = match Browser::sign_in(admin_base) {
+        Ok(Ok(b)) => b,
+        Ok(Err(why)) => return ConsolePages::absent(&why),
+        Err(e) => {
+            failures.push(format!("console sign-in: {e}"));
+            return ConsolePages::absent("sign-in failed");
+        }
+    };
+    let per_bot = shape.waiting_per_bot();
+    let bots_waiting: Vec<u64> = (0..opts.bots)
+        .filter(|b| per_bot.get(*b as usize).copied().unwrap_or(0) > 0)
+        .collect();
+    let n = opts.console_queries;
+    let limit = opts.step_limit;
+    let mut out = ConsolePages {
+        pages: Vec::new(),
+        messages: None,
+    };
+    let mut record = |name: &'static str, path: &str, result: (Series, Option<String>)| {
+        let (series, failed) = result;
+        eprintln!("[console] {name}: {}", series.cell());
+        if let Some(f) = failed {
+            eprintln!("[console] FAILED: {f}");
+            failures.push(f);
+        }
+        out.pages.push((name, path.to_owned(), series));
+    };
+
+    let waiting = opts.waiting;
+    let figure = format!("data-figure=\"waiting\">{waiting}</dd>");
+    record(
+        "overview",
+        "/console/",
+        console_series(
+            &browser,
+            "overview",
+            n,
+            limit,
+            Duration::ZERO,
+            |_| "/console/".into(),
+            |_, body| {
+                if body.contains(&figure) {
+                    Ok(())
+                } else {
+                    Err(format!("no `{figure}`"))
+                }
+            },
+            |_| {},
+        )?,
+    );
+
+    let rows_check = |want: u64, body: &str| {
+        let rows = queue_rows(body);
+        if rows == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{rows} rows where {want} wait (up to {CONSOLE_ROWS})"
+            ))
+        }
+    };
+    record(
+        "queue",
+        "/console/queue",
+        console_series(
+            &browser,
+            "queue",
+            n,
+            limit,
+            Duration::ZERO,
+            |_| "/console/queue".into(),
+            |_, body| rows_check(waiting.min(CONSOLE_ROWS), body),
+            |_| {},
+        )?,
+    );
+
+    if bots_waiting.is_empty() {
+        let mut s = Series::new()?;
+        s.absent = Some("no bot has waiting conversations".into());
+        record("queue of one bot", "/console/queue?bot=B", (s, None));
+    } else {
+        let bot_of = |i: usize| bots_waiting[i % bots_waiting.len()];
+        record(
+            "queue of one bot",
+            &format!("/console/queue?bot={}", bot_id(bots_waiting[0])),
+            console_series(
+                &browser,
+                "queue of one bot",
+                n,
+                limit,
+                Duration::ZERO,
+                |i| format!("/console/queue?bot={}", bot_id(bot_of(i))),
+                |i, body| {
+                    let want = per_bot.get(bot_of(i) as usize).copied().unwrap_or(0);
+                    rows_check(want.min(CONSOLE_ROWS), body)
+                },
+                |_| {},
+            )?,
+        );
+    }
+
+    if waiting == 0 {
+        let mut s = Series::new()?;
+        s.absent = Some("no conversation waits".into());
+        record("conversation", "/console/conversations/{id}", (s, None));
+    } else {
+        // The waiting conversations in turn, newest first: each has 3 events of its own
+        // (created, a user message, the agent call).
+        let conversation = |i: usize| {
+            let mut id = String::new();
+            write_conversation_id(&mut id, opts.conversations - 1 - (i as u64 % waiting));
+            id
+        };
+        let mut messages = None;
+        let result = console_series(
+            &browser,
+            "conversation",
+            n,
+            limit,
+            CONVERSATION_PACE,
+            |i| format!("/console/conversations/{}", conversation(i)),
+            |i, body| {
+                let id = conversation(i);
+                let items = timeline_items(body);
+                if !body.contains(&format!("<code>{id}</code></h1>")) {
+                    Err(format!("not the page of {id}"))
+                } else if items != 3 {
+                    Err(format!("{items} timeline events where it has 3"))
+                } else {
+                    Ok(())
+                }
+            },
+            |body| messages = Some(messages_shown(body)),
+        )?;
+        record(
+            "conversation",
+            &format!("/console/conversations/{}", conversation(0)),
+            result,
+        );
+        if let Some(m) = &messages {
+            eprintln!("[console] the conversation page's messages: {m}");
+        }
+        out.messages = messages;
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
 // The benchmark
 
 struct Build {
@@ -1212,7 +1684,10 @@ fn run(opts: &Options) -> Result<(), String> {
         admin_lists.push((name, first, deep));
     }
 
-    // 4. Intake on the large store against an empty one, alternating, twice.
+    // 4. The operator console.
+    let console = console_phase(opts, &shape, &admin, &mut failures)?;
+
+    // 5. Intake on the large store against an empty one, alternating, twice.
     let mut ratio = Ratio { runs: Vec::new() };
     let mut run_tag: u16 = 1;
     for round in 1..=2 {
@@ -1259,7 +1734,7 @@ fn run(opts: &Options) -> Result<(), String> {
         }
     }
 
-    // 5. A pruning pass.
+    // 6. A pruning pass.
     let prune = prune_pass(&http, &daemon, &data)?;
     eprintln!(
         "[prune] {}",
@@ -1269,7 +1744,7 @@ fn run(opts: &Options) -> Result<(), String> {
         }
     );
 
-    // 6. Restart.
+    // 7. Restart.
     let (shutdown, status) = daemon.stop(STOP_POLL)?;
     if !status.success() {
         return Err(format!(
@@ -1345,6 +1820,7 @@ fn run(opts: &Options) -> Result<(), String> {
         queue,
         queue_walk,
         admin_lists,
+        console,
         ratio,
         prune,
         restart,
@@ -1406,6 +1882,7 @@ struct Results {
     queue: Series,
     queue_walk: Walk,
     admin_lists: Vec<(&'static str, Series, Walk)>,
+    console: ConsolePages,
     ratio: Ratio,
     prune: Prune,
     restart: Restart,
@@ -1442,6 +1919,7 @@ fn json_results(opts: &Options, r: &Results) -> Value {
         "admin": r.admin_lists.iter().map(|(name, first, deep)| json!({
             "list": name, "first_pages": first.json(), "walk": deep.json(),
         })).collect::<Vec<_>>(),
+        "console": r.console.json(),
         "intake": {
             "runs": r.ratio.runs.iter().map(|(round, store, eps, p50, p99, errors)| json!({
                 "round": round, "store": store, "events_per_s": eps, "p50_ms": p50, "p99_ms": p99, "errors": errors,
@@ -1600,6 +2078,29 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
             },
         );
     }
+    for (name, path, s) in &res.console.pages {
+        row(
+            &mut r,
+            &format!("console {name} (p50 / p99 / max)"),
+            s.cell(),
+            if s.absent.is_some() {
+                String::new()
+            } else {
+                format!(
+                    "`GET {path}` signed in{}; target p99 < 100 ms **{}**",
+                    match (*name, &res.console.messages) {
+                        ("conversation", Some(m)) => format!(
+                            ", waiting conversations in turn, at most {:.0}/s; includes an upstream call to the embedded emulator (messages: {m})",
+                            1.0 / CONVERSATION_PACE.as_secs_f64()
+                        ),
+                        ("queue of one bot", _) => ", bots with waiting conversations in turn".into(),
+                        _ => String::new(),
+                    },
+                    if console_met(s) { "met" } else { "not met" }
+                )
+            },
+        );
+    }
     let ratio = res.ratio.ratio();
     row(
         &mut r,
@@ -1674,6 +2175,7 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
                 .iter()
                 .flat_map(|(_, a, b)| [&a.notes, &b.pages.notes]),
         )
+        .chain(res.console.pages.iter().map(|(_, _, s)| &s.notes))
         .flatten()
         .collect();
     if !notes.is_empty() || !res.failures.is_empty() {
