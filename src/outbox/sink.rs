@@ -26,7 +26,8 @@ pub enum SinkKind {
 }
 
 impl SinkKind {
-    /// Every kind, in declaration order (each at its discriminant's index).
+    /// Every kind, in declaration order (each at its discriminant's index). A constant: the
+    /// `unwrap` runs at compile time (strum's list has exactly `COUNT` kinds), never at run time.
     pub const ALL: [SinkKind; <SinkKind as strum::EnumCount>::COUNT] =
         *<SinkKind as strum::VariantArray>::VARIANTS
             .first_chunk()

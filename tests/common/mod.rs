@@ -166,9 +166,14 @@ impl Spawn {
 impl TestApp {
     /// A daemon on a fresh data directory.
     pub fn spawn() -> TestApp {
+        Self::spawn_with(Spawn::default())
+    }
+
+    /// A daemon with these options on a fresh data directory, removed when the app is dropped.
+    pub fn spawn_with(opts: Spawn) -> TestApp {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("data");
-        let mut app = Self::spawn_in(&dir, Spawn::default());
+        let mut app = Self::spawn_in(&dir, opts);
         app._tmp = Some(tmp);
         app
     }

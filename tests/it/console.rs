@@ -13,10 +13,10 @@ const VIEWER_TOKEN: &str = "test-viewer-token-0123456789";
 const CONVERSATION: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 
 fn app() -> TestApp {
-    TestApp::spawn_in(
-        &tempfile::tempdir().expect("tmp").keep().join("data"),
-        Spawn::with_env(&[("HANDOFF_BRIDGE__ADMIN__VIEWER_TOKENS", VIEWER_TOKEN)]),
-    )
+    TestApp::spawn_with(Spawn::with_env(&[(
+        "HANDOFF_BRIDGE__ADMIN__VIEWER_TOKENS",
+        VIEWER_TOKEN,
+    )]))
 }
 
 /// A browser without JavaScript: a cookie jar, no redirects followed (each is checked).
@@ -437,10 +437,10 @@ fn markup_in_a_users_message_is_shown_as_text() {
 
 #[test]
 fn the_rules_dry_run_explains_a_pasted_event_and_stores_nothing() {
-    let app = TestApp::spawn_in(
-        &tempfile::tempdir().expect("tmp").keep().join("data"),
-        Spawn::with_env(&[("HANDOFF_BRIDGE__RULES__ENABLED", "true")]),
-    );
+    let app = TestApp::spawn_with(Spawn::with_env(&[(
+        "HANDOFF_BRIDGE__RULES__ENABLED",
+        "true",
+    )]));
     let mut b = Browser::new(&app);
     b.sign_in(ADMIN_TOKEN, "Kim");
     let page = b.get("/console/rules");
@@ -646,10 +646,10 @@ fn a_quarantined_body_is_shown_escaped_and_re_processed_from_the_console() {
 
 #[test]
 fn the_console_answers_only_the_admin_apis_addresses() {
-    let app = TestApp::spawn_in(
-        &tempfile::tempdir().expect("tmp").keep().join("data"),
-        Spawn::with_env(&[("HANDOFF_BRIDGE__ADMIN__ALLOW_CIDRS", "10.0.0.0/8")]),
-    );
+    let app = TestApp::spawn_with(Spawn::with_env(&[(
+        "HANDOFF_BRIDGE__ADMIN__ALLOW_CIDRS",
+        "10.0.0.0/8",
+    )]));
     let mut b = Browser::new(&app);
     for path in [
         "/console/sign-in",
