@@ -896,10 +896,15 @@ impl Prepared {
                     self.received.push(received_at);
                     self.batch.push((seq, event));
                     self.partitions.push(partition.clone());
+                    self.position.frames.push(at);
                     mine.push((seq, at));
                 }
                 Loaded::Quarantined => {
-                    self.position.passed.push((partition.clone(), seq));
+                    self.position.passed.push(storage::PendingEvent {
+                        seq,
+                        partition: partition.clone(),
+                        at,
+                    });
                     mine.push((seq, at));
                 }
                 Loaded::Failed => failed.push((seq, at)),

@@ -3,7 +3,8 @@
 //! (`Store::prune_with`), drops finished actions from the ledger, the agent API's old answers,
 //! and the conversation and end-user states past `store.state_retention` with every key derived
 //! from them (`store::retention`), the quarantine records past `store.quarantine_retention`, and
-//! the handoff figures' hour records past `engine::state::stats::KEPT_MS` (48 h).
+//! the handoff figures' hour records past `engine::state::stats::KEPT_MS` (48 h), and the
+//! console's audit list past `admin.console_audit_retention`.
 //!
 //! The event log, the ledger and the answers are judged by real time (the test clock must not
 //! make data look old enough to drop); states and quarantine records by the daemon's clock (the
@@ -42,6 +43,8 @@ pub struct PruneReport {
     pub quarantine: u64,
     /// Hour records of the handoff figures (older than 48 hours).
     pub handoff_hours: u64,
+    /// Entries of the console's audit list (past `admin.console_audit_retention`).
+    pub console_actions: u64,
     /// How long the pass took.
     pub took_ms: u64,
 }
@@ -66,6 +69,7 @@ struct Retentions {
     answers: Duration,
     states: Duration,
     quarantine: Duration,
+    console_audit: Duration,
 }
 
 /// Runs passes, one at a time.
@@ -95,6 +99,7 @@ impl Pruner {
                 answers: config.helpdesk.idempotency_retention,
                 states: config.store.state_retention,
                 quarantine: config.store.quarantine_retention,
+                console_audit: config.admin.console_audit_retention,
             },
             running: Default::default(),
         }
@@ -118,6 +123,7 @@ impl Pruner {
         let quarantine_before =
             (!r.quarantine.is_zero()).then(|| daemon_now - millis(r.quarantine));
         let figures_before = daemon_now.saturating_sub(engine::state::stats::KEPT_MS);
+        let console_before = daemon_now - millis(r.console_audit);
         // The folds' watermark, then a flush (the writer's: the one flusher): segments below it
         // go only once the folds before it are on disk.
         let fold_from = self.store.fold_from()?;
@@ -145,6 +151,7 @@ impl Pruner {
             }
             // A few small records (about one an hour), before the long steps.
             report.handoff_hours = store.prune_handoff_stats(figures_before, BATCH)?;
+            report.console_actions = store.prune_operator_actions(console_before, BATCH)?;
             // The quarantine first: a state the pass cannot read stops it, and must not keep
             // the quarantine's records past their retention too.
             if let Some(before) = quarantine_before {
@@ -186,6 +193,7 @@ impl Pruner {
             ("end_users", report.end_users),
             ("quarantine", report.quarantine),
             ("handoff_hours", report.handoff_hours),
+            ("console_actions", report.console_actions),
         ] {
             m.pruned.with_label_values(&[kind]).inc_by(n);
         }

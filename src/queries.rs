@@ -459,14 +459,8 @@ pub fn audit(
     let Some(current) = store.conversation(conversation)? else {
         return Ok(None);
     };
-    let partition = model::ids::PartitionKey::Conversation(conversation.clone()).encode();
-    let mut records = Vec::new();
-    store.scan_events(&mut |record, pending| {
-        if record.partition == partition {
-            records.push((record, pending));
-        }
-        std::ops::ControlFlow::Continue(())
-    })?;
+    let partition = model::ids::PartitionKey::Conversation(conversation.clone());
+    let records = store.partition_events(&partition)?;
     let mut recorded = recorded_actions(store, &records, &current)?;
     let mut rebuild = Rebuild {
         store,

@@ -357,6 +357,9 @@ pub struct AdminConfig {
     /// How long a console sign-in lasts (then the browser signs in again).
     #[serde(with = "humantime_serde")]
     pub console_session: Duration,
+    /// How long the console's audit list keeps an action (then the pruning pass drops it).
+    #[serde(with = "humantime_serde")]
+    pub console_audit_retention: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

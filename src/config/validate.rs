@@ -305,6 +305,13 @@ fn admin(c: &Config, p: &mut Problems) {
             "must be 1m to 7d",
         );
     }
+    if c.admin.console_audit_retention < std::time::Duration::from_secs(3600) {
+        p.add(
+            "admin.console_audit_retention",
+            &humantime::format_duration(c.admin.console_audit_retention),
+            "must be 1h or more",
+        );
+    }
     let tls = &c.server.tls;
     if c.admin.listen.is_empty() && !(tls.cert_file.is_empty() && tls.key_file.is_empty()) {
         p.add(

@@ -3,7 +3,6 @@
 //! needs the operator role (the dry run, which changes nothing, any role). An action takes the
 //! path its API takes, goes into the audit list, and redirects back (303) with a notice.
 
-use super::audit::Entry;
 use super::pages::{rules_page, SignInPage};
 use super::session::{self, Session};
 use super::view::Frame;
@@ -175,7 +174,7 @@ async fn command(
     if replayed {
         result.push_str(" (the same form again: its first answer, nothing done twice)");
     }
-    record(&console, session, what, result.clone());
+    record(&console, session, what, result.clone()).await;
     if status.is_success() {
         return Ok(see_other(&format!(
             "{PREFIX}/conversations/{}?done={done}",
@@ -274,16 +273,17 @@ async fn letter(
             session,
             what,
             "refused: no such dead letter".into(),
-        );
+        )
+        .await;
         return Err(ConsoleError::NotFound(format!("no dead letter {seq}")));
     }
-    record(&console, session, what, "applied".into());
+    record(&console, session, what, "applied".into()).await;
     Ok(see_other(&format!("{PREFIX}/outbox?done={done}")))
 }
 
 /// Which dead letters "retry all matching" takes: those whose reason and queue contain these
 /// (empty: any).
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct Matching {
     #[serde(default)]
     reason: String,
@@ -308,22 +308,14 @@ impl Matching {
 
 /// Every matching dead letter's number, a page at a time (never all letters in memory).
 async fn matching_letters(console: &Console, m: &Matching) -> Result<Vec<u64>, ConsoleError> {
-    let mut found = Vec::new();
-    let mut after = None;
+    let (mut found, mut after) = (Vec::new(), None);
     loop {
-        let store = console.ops.store.clone();
-        let page = web::block(move || store.dead_letters_page(after, LETTERS_PAGE))
-            .await
-            .map_err(|_| ConsoleError::Unavailable("the console is busy; retry".into()))??;
-        let Some(last) = page.last().map(|l| l.entry.seq) else {
-            break;
-        };
-        let full = page.len() == LETTERS_PAGE;
-        found.extend(page.iter().filter(|l| m.takes(l)).map(|l| l.entry.seq));
-        if !full {
-            break;
-        }
-        after = Some(last);
+        let m = m.clone();
+        let page = crate::ops::outbox_admin::letters_page(&console.ops, after, move |l| m.takes(l));
+        let (seqs, next) = page.await?;
+        found.extend(seqs);
+        let Some(next) = next else { break };
+        after = Some(next);
     }
     Ok(found)
 }
@@ -373,7 +365,8 @@ async fn retry_matching(
         session,
         what,
         format!("applied: {retried} retried"),
-    );
+    )
+    .await;
     Ok(see_other(&format!("{PREFIX}/outbox?done=retried_all")))
 }
 
@@ -390,11 +383,11 @@ async fn reprocess(
     let what = format!("re-process quarantine record {id}");
     match crate::ops::admin::reprocess(&console.ops, id).await {
         Ok(outcome) => {
-            record(&console, session, what, outcome.status.clone());
+            record(&console, session, what, outcome.status.clone()).await;
             Ok(see_other(&format!("{PREFIX}/quarantine?done=reprocessed")))
         }
         Err(e) => {
-            record(&console, session, what, format!("refused: {}", e.message));
+            record(&console, session, what, format!("refused: {}", e.message)).await;
             Err(e.into())
         }
     }
@@ -447,14 +440,15 @@ async fn rules_test(
 // ---- Helpers ----
 
 /// An action into the audit list.
-fn record(console: &Console, session: &Session, what: String, result: String) {
-    console.audit.record(Entry {
+async fn record(console: &Console, session: &Session, what: String, result: String) {
+    let action = storage::operators::OperatorAction {
         at: console.ops.store.clock().now_millis(),
         who: session.name.clone(),
-        role: session.role.as_str(),
+        role: session.role.as_str().to_owned(),
         what,
         result,
-    });
+    };
+    super::audit::record(&console.ops, action).await;
 }
 
 /// A path segment, percent-encoded (RFC 3986's unreserved characters kept).

@@ -1,50 +1,42 @@
 //! The console's audit list: who did what from the console, when, as which role, and how it
-//! ended. Kept in memory, newest first, at most [`KEPT`] entries (a restart empties it), and
-//! each entry is also logged (`console action` at info), so the log keeps the whole history.
+//! ended. Kept in the store (`storage::operators`) for `admin.console_audit_retention` and made
+//! durable before the action's page answers; each entry is also logged (`console action` at
+//! info).
 
-use serde::Serialize;
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use crate::ops::Ops;
+use storage::operators::OperatorAction;
 
-/// Entries kept.
-pub const KEPT: usize = 1_000;
+/// Entries a page of the list shows.
+pub const PAGE: usize = 100;
 
-/// One action taken from the console.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Entry {
-    /// The daemon's time (ms).
-    pub at: i64,
-    /// The name the person signed in with.
-    pub who: String,
-    pub role: &'static str,
-    /// What, e.g. `accept c-1`, `retry dead letter 7`.
-    pub what: String,
-    /// How it ended: `applied`, `rejected: ...`, `refused: ...`, `failed: ...`.
-    pub result: String,
+/// Record an action taken from the console (and log it). An action is done when this runs: a
+/// store that cannot keep its entry is logged with the entry, and the action's answer stands.
+pub async fn record(ops: &Ops, action: OperatorAction) {
+    tracing::info!(who = %action.who, role = %action.role, what = %action.what, result = %action.result, "console action");
+    let store = ops.store.clone();
+    let kept =
+        actix_web::web::block(move || store.record_operator_action(&action).map(|_| action)).await;
+    let failed = match kept {
+        Ok(Ok(_)) => ops.writer.flush_own().await.err().map(|e| e.to_string()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(error) = failed {
+        tracing::error!(%error, "the console's audit list could not keep an action; this log line is its record");
+    }
 }
 
-#[derive(Default)]
-pub struct AuditLog(Mutex<VecDeque<Entry>>);
-
-impl AuditLog {
-    /// Record an entry (and log it).
-    pub fn record(&self, entry: Entry) {
-        tracing::info!(who = %entry.who, role = entry.role, what = %entry.what, result = %entry.result, "console action");
-        let mut list = match self.0.lock() {
-            Ok(list) => list,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        list.push_front(entry);
-        list.truncate(KEPT);
-    }
-
-    /// The entries, newest first.
-    pub fn entries(&self) -> Vec<Entry> {
-        match self.0.lock() {
-            Ok(list) => list.iter().cloned().collect(),
-            Err(poisoned) => poisoned.into_inner().iter().cloned().collect(),
-        }
-    }
+/// A page of the list, newest first: up to [`PAGE`] entries recorded before number `before`
+/// (the newest when `None`), and the number to ask for the next (older) page, if any.
+pub fn page(
+    store: &dyn storage::Storage,
+    before: Option<u64>,
+) -> Result<(Vec<OperatorAction>, Option<u64>), storage::StoreError> {
+    let mut entries = store.operator_actions_page(before, PAGE + 1)?;
+    let more = entries.len() > PAGE;
+    entries.truncate(PAGE);
+    let next = more.then(|| entries.last().map(|(id, _)| *id)).flatten();
+    Ok((entries.into_iter().map(|(_, a)| a).collect(), next))
 }
 
 #[cfg(test)]
@@ -52,20 +44,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_list_is_newest_first_and_bounded() {
-        let log = AuditLog::default();
-        for i in 0..(KEPT as i64 + 5) {
-            log.record(Entry {
-                at: i,
+    fn pages_go_back_from_the_newest_a_hundred_at_a_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: storage::Store =
+            std::sync::Arc::new(storage::SledStore::open(dir.path(), 1 << 20).expect("open"));
+        for at in 0..(PAGE as i64 + 1) {
+            let action = OperatorAction {
+                at,
                 who: "Kim".into(),
-                role: "operator",
-                what: format!("accept c-{i}"),
+                role: "operator".into(),
+                what: format!("accept c-{at}"),
                 result: "applied".into(),
-            });
+            };
+            store.record_operator_action(&action).expect("record");
         }
-        let entries = log.entries();
-        assert_eq!(entries.len(), KEPT);
-        assert_eq!(entries[0].at, KEPT as i64 + 4);
-        assert_eq!(entries[KEPT - 1].at, 5);
+        let (first, older) = page(&*store, None).expect("page");
+        assert_eq!(first.len(), PAGE);
+        assert_eq!(first[0].at, PAGE as i64, "newest first");
+        let (second, end) = page(&*store, older).expect("older page");
+        assert_eq!(second.iter().map(|a| a.at).collect::<Vec<_>>(), [0]);
+        assert_eq!(end, None, "nothing older");
     }
 }

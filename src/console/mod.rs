@@ -37,7 +37,6 @@ pub struct Console {
     agent_api: web::Data<crate::helpdesk::api::AgentApi>,
     viewers: crate::intake::auth::TokenSet,
     sessions: Sessions,
-    audit: audit::AuditLog,
 }
 
 impl Console {
@@ -51,7 +50,6 @@ impl Console {
             agent_api,
             viewers: crate::intake::auth::TokenSet::new(config.viewer_tokens.clone()),
             sessions: Sessions::new(config.console_session),
-            audit: audit::AuditLog::default(),
         }
     }
 

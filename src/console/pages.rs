@@ -562,18 +562,7 @@ async fn quarantine_one(
             return Ok(None);
         };
         let body = record.body_prefix(BODY_SHOWN + 1)?;
-        let meta = storage::QuarantineMeta {
-            id: record.id,
-            received_at: record.received_at,
-            body_bytes: record.body_len(),
-            body_gzip: record.body_gzip,
-            scope: record.scope,
-            reason: record.reason,
-            detail: record.detail,
-            delivery_id: record.delivery_id,
-            content_type: record.content_type,
-        };
-        Ok(Some((meta, body)))
+        Ok(Some((record.meta(), body)))
     })
     .await?;
     let Some((record, mut body)) = found else {
@@ -666,21 +655,29 @@ async fn rules(console: web::Data<Console>, signed: Signed) -> HttpResponse {
 #[template(path = "console/audit.html")]
 struct AuditPage {
     frame: Frame,
-    entries: Vec<(String, super::audit::Entry)>,
+    entries: Vec<(String, storage::operators::OperatorAction)>,
+    /// The number to ask for the next (older) page.
+    older: Option<u64>,
 }
 
-async fn audit(console: web::Data<Console>, signed: Signed) -> HttpResponse {
-    let entries = console
-        .audit
-        .entries()
-        .into_iter()
-        .map(|e| (view::time(e.at), e))
-        .collect();
+#[derive(Deserialize)]
+struct AuditQuery {
+    before: Option<u64>,
+}
+
+async fn audit(
+    console: web::Data<Console>,
+    signed: Signed,
+    q: web::Query<AuditQuery>,
+) -> Result<HttpResponse, ConsoleError> {
+    let (store, before) = (console.ops.store.clone(), q.before);
+    let (entries, older) = blocking(move || super::audit::page(&*store, before)).await?;
     let page = AuditPage {
         frame: Frame::new(&signed.0, "audit", None),
-        entries,
+        entries: entries.into_iter().map(|e| (view::time(e.at), e)).collect(),
+        older,
     };
-    html(StatusCode::OK, page)
+    Ok(html(StatusCode::OK, page))
 }
 
 // ---- Sign-in ----

@@ -2,7 +2,7 @@
 
 use super::reading::{self, blocking, list_page, ListQuery};
 use super::Ops;
-use crate::queries::{List, PageRequest};
+use crate::queries::List;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use api_error::ApiError;
@@ -132,30 +132,37 @@ async fn retry_dead(
 /// Every dead letter back to the outbox, 100 at a time (never all letters in memory at once):
 /// each page is retried, made durable and handed to the executor before the next is read.
 async fn retry_all(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
-    let mut retried = Vec::new();
-    let mut after = None;
+    let (mut retried, mut after) = (Vec::new(), None);
     loop {
-        let store = shared.store.clone();
-        let page = PageRequest {
-            after,
-            limit: crate::queries::PAGE,
-        };
-        let ids: Vec<u64> = blocking(move || {
-            Ok(store
-                .dead_letters_page(page.after, page.limit)?
-                .iter()
-                .map(|l| l.entry.seq)
-                .collect())
-        })
-        .await?;
-        let Some(&last) = ids.last() else { break };
+        let (ids, next) = letters_page(&shared, after, |_| true).await?;
         retried.extend(retry(&shared, &ids).await?);
-        if ids.len() < page.limit {
-            break;
-        }
-        after = Some(last);
+        let Some(next) = next else { break };
+        after = Some(next);
     }
     Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
+}
+
+/// One page of the dead letters after number `after`, oldest first ([`crate::queries::PAGE`]
+/// read): the numbers of those `takes` keeps, and where the next page starts (`None`: no more).
+pub(crate) async fn letters_page(
+    shared: &Ops,
+    after: Option<u64>,
+    takes: impl Fn(&model::action::DeadLetter) -> bool + Send + 'static,
+) -> Result<(Vec<u64>, Option<u64>), ApiError> {
+    let (store, limit) = (shared.store.clone(), crate::queries::PAGE);
+    blocking(move || {
+        let page = store.dead_letters_page(after, limit)?;
+        let next = page.last().filter(|_| page.len() == limit);
+        let next = next.map(|l| l.entry.seq);
+        Ok((
+            page.iter()
+                .filter(|l| takes(l))
+                .map(|l| l.entry.seq)
+                .collect(),
+            next,
+        ))
+    })
+    .await
 }
 
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that

@@ -194,3 +194,25 @@ pub fn daemon_env(rules: &Path, extra: &[(&str, &str)]) -> Vec<(String, String)>
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
 }
+
+/// A rule that answers each user message with `echo <text>` (up to 1,000 a minute): one action
+/// per message, for the outbox and dead-letter tests.
+pub const ECHO_RULE: &str = r#"
+[[rule]]
+name = "echo"
+on = ["bot.message.received"]
+max_firings = { count = 1000, per = "1m" }
+when = { field = "sender", equals = "user" }
+actions = [{ type = "send_message", text = "echo {{ message.data.text }}" }]
+"#;
+
+/// User message `n` of the fixtures' seeded conversation, its ids fresh under `prefix` (two
+/// letters: each test its own), its text `m<n>`, its time `n` ms after the fixture's.
+pub fn seeded_message(prefix: &str, n: usize) -> Value {
+    let mut ev = super::fixture_value("message-received-text.json")["messages"][0].clone();
+    ev["id"] = json!(format!("{prefix}000000-0000-4000-8000-{n:012}"));
+    ev["timestamp"] = json!(1_763_690_500_000_i64 + n as i64);
+    ev["data"]["message"]["id"] = json!(format!("{prefix}-m-{n}"));
+    ev["data"]["message"]["data"]["text"] = json!(format!("m{n}"));
+    ev
+}

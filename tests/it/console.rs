@@ -467,24 +467,6 @@ fn the_rules_dry_run_explains_a_pasted_event_and_stores_nothing() {
 }
 
 /// Rules that answer every user message: each answer is an outbox entry to make a dead letter of.
-const ECHO: &str = r#"
-[[rule]]
-name = "echo"
-on = ["bot.message.received"]
-max_firings = { count = 1000, per = "1m" }
-when = { field = "sender", equals = "user" }
-actions = [{ type = "send_message", text = "echo {{ message.data.text }}" }]
-"#;
-
-/// A user message of the fixtures' conversation, with fresh ids.
-fn message(n: usize) -> Value {
-    let mut ev = crate::common::fixture_value("message-received-text.json")["messages"][0].clone();
-    ev["id"] = json!(format!("cs000000-0000-4000-8000-{n:012}"));
-    ev["data"]["message"]["id"] = json!(format!("cs-m-{n}"));
-    ev["data"]["message"]["data"]["text"] = json!(format!("m{n}"));
-    ev
-}
-
 fn dead_letters(app: &TestApp) -> Vec<u64> {
     let (status, page) = app.admin_get("/admin/v1/dead-letters");
     assert_eq!(status, 200, "{page}");
@@ -503,9 +485,9 @@ fn idle(app: &TestApp) {
 
 #[test]
 fn dead_letters_are_retried_one_by_one_or_by_filter_and_discarded_each_after_a_confirmation() {
-    use crate::common::relay::{clear_faults, rules_dir, set_faults};
+    use crate::common::relay::{clear_faults, rules_dir, seeded_message, set_faults, ECHO_RULE};
     let tmp = tempfile::tempdir().expect("tmp");
-    let rules = rules_dir(tmp.path(), ECHO);
+    let rules = rules_dir(tmp.path(), ECHO_RULE);
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
         Spawn::with_env(&[("HANDOFF_BRIDGE__RULES__DIR", rules.to_str().expect("utf-8"))]),
@@ -515,7 +497,7 @@ fn dead_letters_are_retried_one_by_one_or_by_filter_and_discarded_each_after_a_c
         &emu,
         json!({"fail_next": 3, "status": 400, "path_prefix": "/openapi/"}),
     );
-    let events: Vec<Value> = (0..3).map(message).collect();
+    let events: Vec<Value> = (0..3).map(|n| seeded_message("cs", n)).collect();
     let (status, _) = app.post(&crate::common::delivery("cs-d-1", &events));
     assert_eq!(status, 200);
     crate::common::wait_drained(&app);
@@ -666,4 +648,39 @@ fn the_console_answers_only_the_admin_apis_addresses() {
     );
     assert_eq!(refused.status, 403);
     assert!(!b.cookies.contains_key("hb_console"));
+}
+
+#[test]
+fn the_audit_list_outlives_a_restart_and_goes_with_its_retention() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let opts = Spawn::with_env(&[
+        ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK", "true"),
+        ("HANDOFF_BRIDGE__ADMIN__CONSOLE_AUDIT_RETENTION", "2h"),
+    ]);
+    let accepted = format!("accept {CONVERSATION}");
+    {
+        let app = TestApp::spawn_in(&data, opts.clone());
+        waiting(&app);
+        let mut b = Browser::new(&app);
+        b.sign_in(ADMIN_TOKEN, "Kim");
+        assert_eq!(b.command("accept", &[("agent", "Kim")]).status, 303);
+    }
+    let app = TestApp::spawn_in(&data, opts);
+    let mut b = Browser::new(&app);
+    b.sign_in(ADMIN_TOKEN, "Lee");
+    let audit = b.get("/console/audit").body;
+    assert!(
+        audit.contains(&accepted) && audit.contains("<td>Kim</td>"),
+        "kept over the restart: {audit}"
+    );
+    app.advance_clock_unsettled("3h");
+    let (status, report) = app.admin_post("/admin/v1/prune");
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["console_actions"], 1, "{report}");
+    let audit = b.get("/console/audit").body;
+    assert!(
+        !audit.contains(&accepted) && audit.contains("No actions yet."),
+        "past its retention: {audit}"
+    );
 }

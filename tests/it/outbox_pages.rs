@@ -3,20 +3,14 @@
 //! with a stable code; `depth` stays the executor's exact count; retrying every dead letter walks
 //! them a page at a time (more than one page here).
 
-use crate::common::relay::{clear_faults, set_faults};
-use crate::common::{cli, cli_ok, delivery, fixture_value, wait_drained, Spawn, TestApp};
+use crate::common::relay::{clear_faults, seeded_message, set_faults, ECHO_RULE};
+use crate::common::{cli, cli_ok, delivery, wait_drained, Spawn, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-const RULES: &str = r#"
-[[rule]]
-name = "echo"
-on = ["bot.message.received"]
-max_firings = { count = 1000, per = "1m" }
-when = { field = "sender", equals = "user" }
-actions = [{ type = "send_message", text = "echo {{ message.data.text }}" }]
-
-# A second action per message: more than a page of letters within the firing caps.
+/// A second action per message besides the echo: more than a page of letters within the
+/// firing caps.
+const AGAIN: &str = r#"
 [[rule]]
 name = "again"
 on = ["bot.message.received"]
@@ -25,14 +19,12 @@ when = { field = "sender", equals = "user" }
 actions = [{ type = "send_message", text = "again {{ message.data.text }}" }]
 "#;
 
-/// A user message of the fixtures' seeded conversation, with fresh ids.
+fn rules(root: &std::path::Path) -> std::path::PathBuf {
+    crate::common::relay::rules_dir(root, &format!("{ECHO_RULE}{AGAIN}"))
+}
+
 fn message(n: usize) -> Value {
-    let mut ev = fixture_value("message-received-text.json")["messages"][0].clone();
-    ev["id"] = json!(format!("pg000000-0000-4000-8000-{n:012}"));
-    ev["timestamp"] = json!(1_763_690_500_000_i64 + n as i64);
-    ev["data"]["message"]["id"] = json!(format!("pg-m-{n}"));
-    ev["data"]["message"]["data"]["text"] = json!(format!("m{n}"));
-    ev
+    seeded_message("pg", n)
 }
 
 fn post_messages(app: &TestApp, range: std::ops::Range<usize>) {
@@ -106,7 +98,7 @@ fn cli_json(app: &TestApp, args: &[&str]) -> Value {
 #[test]
 fn the_outbox_and_dead_letter_lists_page_online_and_offline() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = crate::common::relay::rules_dir(tmp.path(), RULES);
+    let rules = rules(tmp.path());
     let data = tmp.path().join("data");
     let app = TestApp::spawn_in(
         &data,
@@ -257,7 +249,7 @@ fn the_outbox_and_dead_letter_lists_page_online_and_offline() {
 #[test]
 fn retrying_every_dead_letter_walks_them_a_page_at_a_time() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = crate::common::relay::rules_dir(tmp.path(), RULES);
+    let rules = rules(tmp.path());
     let data = tmp.path().join("data");
     let app = TestApp::spawn_in(
         &data,

@@ -78,6 +78,7 @@ journal_trees! {
     Queue = 8 => queue,
     Activity = 9 => activity,
     Meta = 10 => meta,
+    PartitionEvents = 11 => partition_events,
 }
 
 /// One write: a value put under a key, or the key removed.
@@ -411,6 +412,7 @@ mod tests {
             (TreeId::Queue, 8),
             (TreeId::Activity, 9),
             (TreeId::Meta, 10),
+            (TreeId::PartitionEvents, 11),
         ];
         assert_eq!(pinned.len(), TreeId::ALL.len());
         for (tree, code) in pinned {

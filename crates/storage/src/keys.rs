@@ -65,6 +65,11 @@ pub mod tree {
     /// fold writes it (and the pass that prunes a state removes its key), in the journal that
     /// writes those states.
     pub const ACTIVITY: &str = "activity/v1";
+    /// The event log by partition: segment, partition key, sequence number ([`partition_event`])
+    /// -> the offset of the event's frame in its segment (u64 BE). Written by the folds in their
+    /// journal for each event they fold or pass over; a segment's keys are one range, read only
+    /// while the segment exists and removed after it (see `store::history`).
+    pub const PARTITION_EVENTS: &str = "partition_events/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
 }
@@ -114,6 +119,9 @@ pub mod meta {
     pub const ACTIVITY_INDEXED: &[u8] = b"activity_indexed";
     /// Set once the agent API's phase index (in `queue/v1`) was built from the states.
     pub const DESK_INDEXED: &[u8] = b"desk_indexed";
+    /// Set once the event log was indexed by partition (`partition_events/v1`): a store from
+    /// before that index gets its logged events indexed on its first open.
+    pub const PARTITION_EVENTS_INDEXED: &[u8] = b"partition_events_indexed";
     /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_io_threads`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
@@ -162,6 +170,31 @@ pub fn seq(n: u64) -> [u8; 8] {
 
 pub fn parse_seq(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// A [`tree::PARTITION_EVENTS`] key: [`partition_events`]'s prefix, then the sequence number
+/// (big-endian, so a partition's events in a segment sort in log order).
+pub fn partition_event(segment: u64, partition: &str, seq: u64) -> Vec<u8> {
+    let mut key = partition_events(segment, partition);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// The prefix of a partition's [`tree::PARTITION_EVENTS`] keys in one event log segment: the
+/// segment's number (8 bytes, big-endian, so a segment's keys are one range), the partition key's
+/// length (4 bytes), then the key, so no partition's prefix is another's.
+pub fn partition_events(segment: u64, partition: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(20 + partition.len());
+    let len = u32::try_from(partition.len()).unwrap_or(u32::MAX);
+    key.extend_from_slice(&segment.to_be_bytes());
+    key.extend_from_slice(&len.to_be_bytes());
+    key.extend_from_slice(partition.as_bytes());
+    key
+}
+
+/// The sequence number of a [`partition_event`] key.
+pub fn parse_partition_event(key: &[u8]) -> Option<u64> {
+    parse_seq(key.get(key.len().checked_sub(8)?..)?)
 }
 
 /// `(platform, userKey)`: the platform is length-prefixed so no user key can forge another

@@ -18,11 +18,13 @@ mod derived;
 pub mod desk;
 mod durable;
 pub mod eventlog;
+mod history;
 pub mod idempotency;
 pub mod intake;
 mod journal;
 pub mod keys;
 mod log;
+pub mod operators;
 pub mod outbox;
 mod pages;
 pub mod port;
@@ -242,8 +244,13 @@ pub struct Position {
     /// A location at or before every event still to fold once this fold commits (written as
     /// [`keys::meta::FOLD_FROM`]); `None` leaves it as it is.
     pub fold_from: Option<eventlog::LogPosition>,
-    /// Events passed over without folding (unreadable, so quarantined instead): marked folded.
-    pub passed: Vec<(PartitionKey, u64)>,
+    /// Events passed over without folding (unreadable, so quarantined instead): marked folded
+    /// and indexed by partition.
+    pub passed: Vec<PendingEvent>,
+    /// Where each event of the batch is in the log, parallel to it: each folded event is
+    /// indexed by partition (see [`history`]). Empty for events that are in no log (offline
+    /// folds, tests), which are then not indexed.
+    pub frames: Vec<eventlog::LogPosition>,
 }
 
 /// Folded marks read so far (a scan or a fold reads each partition's once), and those a fold
@@ -456,6 +463,22 @@ impl QuarantineRecord {
         body_len(&self.body_base64, self.body_gzip)
     }
 
+    /// What a list shows of it (as [`Quarantine::quarantine_page`](crate::port::Quarantine)
+    /// reads it), without the body.
+    pub fn meta(&self) -> QuarantineMeta {
+        QuarantineMeta {
+            id: self.id,
+            received_at: self.received_at,
+            scope: self.scope.clone(),
+            reason: self.reason.clone(),
+            detail: self.detail.clone(),
+            delivery_id: self.delivery_id.clone(),
+            content_type: self.content_type.clone(),
+            body_bytes: self.body_len(),
+            body_gzip: self.body_gzip,
+        }
+    }
+
     /// At most the first `limit` bytes of the body as received (a compressed body is expanded
     /// only that far).
     pub fn body_prefix(&self, limit: usize) -> Result<Vec<u8>, StoreError> {
@@ -648,6 +671,8 @@ pub struct SledStore {
     queue: sled::Tree,
     /// The retention index (see [`retention`]).
     activity: sled::Tree,
+    /// The event log by partition (see [`history`]).
+    partition_events: sled::Tree,
     meta: sled::Tree,
     /// sled's file, synced after each flush (see `durable`).
     sled_file: durable::SledFile,
@@ -804,6 +829,7 @@ impl SledStore {
             timers: t(keys::tree::TIMERS)?,
             queue: t(keys::tree::QUEUE)?,
             activity: t(keys::tree::ACTIVITY)?,
+            partition_events: t(keys::tree::PARTITION_EVENTS)?,
             meta: t(keys::tree::META)?,
             sled_file,
             timer_wakeup: Default::default(),
@@ -839,6 +865,7 @@ impl SledStore {
         store.index_watch_once()?;
         store.index_desk_once()?;
         store.index_activity_once()?;
+        store.index_partition_events_once()?;
         store.count_waiting()?;
         store.write_intake_state()?;
         Ok(store)
@@ -1296,9 +1323,10 @@ impl SledStore {
         received: &[Millis],
         position: &Position,
     ) -> Result<Applied, StoreError> {
-        if partitions.len() != batch.len() {
+        let framed = !position.frames.is_empty();
+        if partitions.len() != batch.len() || (framed && position.frames.len() != batch.len()) {
             return Err(StoreError::Internal(
-                "fold: a partition per event expected".into(),
+                "fold: a partition (and a frame, if any) per event expected".into(),
             ));
         }
         let _folding = self.fold_guard()?;
@@ -1309,6 +1337,10 @@ impl SledStore {
                 continue;
             }
             fold.out.applied += 1;
+            if let Some(at) = position.frames.get(i) {
+                fold.history
+                    .push(history::entry(*at, &partition.encode(), *seq));
+            }
             if let Some(id) = event.payload.conversation_id() {
                 let at = received.get(i).copied().unwrap_or(event.timestamp);
                 fold.conversation_event(self, (id, event), rules, at)?;
@@ -1322,8 +1354,11 @@ impl SledStore {
         }
         // After the batch: a passed-over event may come after events of its partition that this
         // fold folds, and a mark raised first would skip them.
-        for (partition, seq) in &position.passed {
-            fold.marks.raise(self, partition.encode(), *seq)?;
+        for passed in &position.passed {
+            let partition = passed.partition.encode();
+            fold.history
+                .push(history::entry(passed.at, &partition, passed.seq));
+            fold.marks.raise(self, partition, passed.seq)?;
         }
         self.commit_fold(fold, position)
     }
@@ -1342,6 +1377,7 @@ impl SledStore {
             derived_before,
             convs_active,
             users_active,
+            history,
             ..
         } = fold;
         let index_entries: Vec<(Vec<u8>, String)> = users
@@ -1373,6 +1409,7 @@ impl SledStore {
             end_users: encoded(&users)?,
             index_entries,
             bots: encoded(&bots)?,
+            history,
         };
         out.queue_exits = queue_fold.into_exits();
         let waiting = writes.queue.waiting_changes();
@@ -1442,6 +1479,9 @@ impl SledStore {
                 .and_then(|b| keys::parse_seq(&b))
                 .unwrap_or(0);
             j.insert(T::Meta, *key, keys::seq(count + new));
+        }
+        for (key, offset) in writes.history {
+            j.insert(T::PartitionEvents, key, keys::seq(offset));
         }
         for (partition, seq) in writes.marks {
             j.insert(T::Folded, partition, keys::seq(seq));
@@ -1693,7 +1733,8 @@ impl SledStore {
     /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
     /// completed since: segments go only below a watermark whose folds (state and marks) are on
     /// disk, so a crash cannot bring back an older watermark that points into a deleted
-    /// segment's unfolded events.
+    /// segment's unfolded events. Then the index by partition forgets the segments gone (see
+    /// `history`).
     pub(crate) fn prune_with(
         &self,
         dedupe_before: Millis,
@@ -1701,7 +1742,33 @@ impl SledStore {
         fold_from: eventlog::LogPosition,
     ) -> Result<Pruned, StoreError> {
         let mut out = Pruned::default();
-        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
+        let pruned_to = self.forget_old_ids(dedupe_before, &mut out)?;
+        for segment in self.old_segments(dedupe_before, events_before, fold_from, pruned_to)? {
+            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
+            dedupe::remove_ids(&self.log_dir, segment);
+            out.event_segments += 1;
+        }
+        self.unindex_removed_segments()?;
+        // What an early start reads instead of sled (see `log`): where the dedupe index starts
+        // now, and a floor above every number given out, since the segments that held the
+        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
+        // the pass itself did its work.
+        if let Err(e) = self.write_intake_state() {
+            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
+            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
+                tracing::error!(error = %e, "cannot remove the event log's stale state file");
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forget the dedupe ids of the sealed segments whose events are all older than
+    /// `dedupe_before`; where the dedupe index starts now.
+    fn forget_old_ids(
+        &self,
+        dedupe_before: Millis,
+        out: &mut Pruned,
+    ) -> Result<eventlog::LogPosition, StoreError> {
         let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
         let sealed = self
             .log
@@ -1735,9 +1802,22 @@ impl SledStore {
                 .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
         }
         out.dedupe_records += self.prune_legacy(dedupe_before)?;
-        let pruned_to = pruned_to.unwrap_or(start);
-        // The folds' low watermark bounds what may go: a start scans the log from it.
+        Ok(pruned_to.unwrap_or(start))
+    }
+
+    /// The oldest segments that may go, in order: each all folded (below the watermark),
+    /// indexed, past the dedupe index's start (`pruned_to`), and older than the first event of
+    /// the next, which is older than both `events_before` and `dedupe_before`.
+    fn old_segments(
+        &self,
+        dedupe_before: Millis,
+        events_before: Millis,
+        fold_from: eventlog::LogPosition,
+        pruned_to: eventlog::LogPosition,
+    ) -> Result<Vec<u64>, StoreError> {
+        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
         let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
+        let mut old = Vec::new();
         for pair in segments.windows(2) {
             let (segment, next) = (pair[0], pair[1]);
             let path = eventlog::segment_path(&self.log_dir, segment);
@@ -1760,21 +1840,9 @@ impl SledStore {
                 Some(r) if r.received_at < events_before && r.received_at < dedupe_before => {}
                 _ => break,
             }
-            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
-            dedupe::remove_ids(&self.log_dir, segment);
-            out.event_segments += 1;
+            old.push(segment);
         }
-        // What an early start reads instead of sled (see `log`): where the dedupe index starts
-        // now, and a floor above every number given out, since the segments that held the
-        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
-        // the pass itself did its work.
-        if let Err(e) = self.write_intake_state() {
-            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
-            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
-                tracing::error!(error = %e, "cannot remove the event log's stale state file");
-            }
-        }
-        Ok(out)
+        Ok(old)
     }
 }
 
@@ -1799,6 +1867,8 @@ struct FoldBatch {
     /// Each state's key in the retention index as this fold found it (`None`: created).
     convs_active: HashMap<String, Option<Vec<u8>>>,
     users_active: HashMap<String, Option<Vec<u8>>>,
+    /// The index by partition's entries for the events this fold folds or passes over.
+    history: Vec<(Vec<u8>, u64)>,
 }
 
 impl FoldBatch {
@@ -1817,6 +1887,7 @@ impl FoldBatch {
             derived_before: HashMap::new(),
             convs_active: HashMap::new(),
             users_active: HashMap::new(),
+            history: Vec::new(),
         }
     }
 
@@ -2045,6 +2116,8 @@ struct FoldWrites {
     /// `(platform, userKey)` index keys and the end user each names.
     index_entries: Vec<(Vec<u8>, String)>,
     bots: Vec<(String, Vec<u8>)>,
+    /// The index by partition's new entries (see [`history`]).
+    history: Vec<(Vec<u8>, u64)>,
 }
 
 /// Each cached record, encoded for writing.

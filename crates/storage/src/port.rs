@@ -11,6 +11,7 @@
 use crate::desk::{DeskCursor, DeskPage};
 use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
+use crate::operators::OperatorAction;
 use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
@@ -30,17 +31,36 @@ use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// Every group of the port: what the daemon's store is.
 pub trait Storage:
-    Ingest + Folds + Outbox + Timers + Reads + Quarantine + Retention + Lifecycle + Send + Sync
+    Ingest
+    + Folds
+    + Outbox
+    + Timers
+    + Reads
+    + Quarantine
+    + OperatorLog
+    + Retention
+    + Lifecycle
+    + Send
+    + Sync
 {
 }
 
 impl<T> Storage for T where
-    T: Ingest + Folds + Outbox + Timers + Reads + Quarantine + Retention + Lifecycle + Send + Sync
+    T: Ingest
+        + Folds
+        + Outbox
+        + Timers
+        + Reads
+        + Quarantine
+        + OperatorLog
+        + Retention
+        + Lifecycle
+        + Send
+        + Sync
 {
 }
 
@@ -212,6 +232,13 @@ pub trait Reads {
     /// `[since, until)` (whole hours; at most `engine::state::stats::KEPT_MS` back): joined,
     /// exits by outcome, the time-to-accept histogram. Reads the hour records only.
     fn handoff_stats(&self, since: Millis, until: Millis) -> Result<HandoffStats, StoreError>;
+    /// A partition's stored events, oldest first, with whether each is still to fold: its own
+    /// frames through an index by partition, and the log's tail past the folds' watermark (never
+    /// the whole log). The audit's timeline.
+    fn partition_events(
+        &self,
+        partition: &PartitionKey,
+    ) -> Result<Vec<(EventRecord, bool)>, StoreError>;
     /// An event by id, and whether it is folded.
     fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError>;
     fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError>;
@@ -231,6 +258,20 @@ pub trait Quarantine {
     ) -> Result<(Vec<QuarantineMeta>, Option<u64>), StoreError>;
     /// Remove a record (it was re-processed); whether it was there.
     fn release_quarantined(&self, id: u64) -> Result<bool, StoreError>;
+}
+
+/// The console's audit list: each operator action, kept for its retention (pruned by
+/// [`Retention::prune_operator_actions`]).
+pub trait OperatorLog {
+    /// Add an action; its number (later actions have higher ones).
+    fn record_operator_action(&self, action: &OperatorAction) -> Result<u64, StoreError>;
+    /// Up to `limit` actions recorded before number `before` (the newest when `None`), newest
+    /// first, with their numbers.
+    fn operator_actions_page(
+        &self,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(u64, OperatorAction)>, StoreError>;
 }
 
 /// Retention: bounded passes that never remove what a fold, the dedupe window or an open outbox
@@ -257,12 +298,14 @@ pub trait Retention {
     fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError>;
     fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError>;
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
+    /// Remove at most `limit` of the oldest console actions taken before `before`.
+    fn prune_operator_actions(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
     /// Remove at most `limit` handoff-figure hour records of hours before `before`'s.
     fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
     fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError>;
 }
 
-/// The store as a whole: its clock, its health, durability and a scan of every event.
+/// The store as a whole: its clock, its health and durability.
 pub trait Lifecycle {
     /// The daemon's time as this store reads it (the application's clock).
     fn clock(&self) -> &model::clock::Clock;
@@ -276,9 +319,4 @@ pub trait Lifecycle {
     /// Whether the store's directory takes a write now (a probe).
     fn dir_takes_writes(&self) -> bool;
     fn start_io_threads(&self) -> Result<(), StoreError>;
-    /// Every stored event, oldest first, with whether it is folded, until `f` breaks.
-    fn scan_events(
-        &self,
-        f: &mut dyn FnMut(EventRecord, bool) -> ControlFlow<()>,
-    ) -> Result<(), StoreError>;
 }

@@ -745,7 +745,7 @@ mod tests {
         assert!(pending.is_empty(), "everything folded");
         let position = Position {
             fold_from: Some(pending.end),
-            passed: Vec::new(),
+            ..Default::default()
         };
         store
             .fold(&[], &[], &engine::decide::NoRules, &[], &position)
@@ -892,7 +892,7 @@ mod tests {
                 &[],
                 &Position {
                     fold_from: Some(at),
-                    passed: Vec::new(),
+                    ..Default::default()
                 },
             )
             .expect("watermark");

@@ -4,6 +4,7 @@
 use crate::desk::{DeskCursor, DeskPage};
 use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
+use crate::operators::OperatorAction;
 use crate::port::*;
 use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
@@ -24,7 +25,6 @@ use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 impl Ingest for SledStore {
@@ -302,6 +302,13 @@ impl Reads for SledStore {
         SledStore::handoff_stats(self, since, until)
     }
 
+    fn partition_events(
+        &self,
+        partition: &PartitionKey,
+    ) -> Result<Vec<(EventRecord, bool)>, StoreError> {
+        SledStore::partition_events(self, partition)
+    }
+
     fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError> {
         SledStore::event_status(self, id)
     }
@@ -381,6 +388,10 @@ impl Retention for SledStore {
         SledStore::prune_idempotency(self, before, limit)
     }
 
+    fn prune_operator_actions(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        SledStore::prune_operator_actions(self, before, limit)
+    }
+
     fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         SledStore::prune_handoff_stats(self, before, limit)
     }
@@ -418,11 +429,18 @@ impl Lifecycle for SledStore {
     fn start_io_threads(&self) -> Result<(), StoreError> {
         SledStore::start_io_threads(self)
     }
+}
 
-    fn scan_events(
+impl OperatorLog for SledStore {
+    fn record_operator_action(&self, action: &OperatorAction) -> Result<u64, StoreError> {
+        SledStore::record_operator_action(self, action)
+    }
+
+    fn operator_actions_page(
         &self,
-        f: &mut dyn FnMut(EventRecord, bool) -> ControlFlow<()>,
-    ) -> Result<(), StoreError> {
-        SledStore::scan_events(self, f)
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(u64, OperatorAction)>, StoreError> {
+        SledStore::operator_actions_page(self, before, limit)
     }
 }

@@ -59,16 +59,29 @@ pub fn fold_picked(
     keep: impl Fn(&EventRecord) -> bool,
     position: &Position,
 ) -> Applied {
-    let (batch, partitions): (Vec<(u64, Event)>, Vec<PartitionKey>) = records
+    let picked: Vec<&(PendingEvent, EventRecord)> =
+        records.iter().filter(|(_, rec)| keep(rec)).collect();
+    let (batch, partitions): (Vec<(u64, Event)>, Vec<PartitionKey>) = picked
         .iter()
-        .filter(|(_, rec)| keep(rec))
         .map(|(p, rec)| {
             let event = parse_event(rec.event.get()).expect("parse");
             ((p.seq, event), p.partition.clone())
         })
         .unzip();
+    // As the dispatcher does: each event's frame, so the fold indexes it by partition.
+    let position = Position {
+        fold_from: position.fold_from,
+        passed: position.passed.clone(),
+        frames: picked.iter().map(|(p, _)| p.at).collect(),
+    };
     store
-        .fold(&batch, &partitions, &engine::decide::NoRules, &[], position)
+        .fold(
+            &batch,
+            &partitions,
+            &engine::decide::NoRules,
+            &[],
+            &position,
+        )
         .expect("fold")
 }
 
@@ -78,7 +91,7 @@ pub fn drain(store: &SledStore) -> Applied {
     let (records, end) = pending_records(store);
     let position = Position {
         fold_from: Some(end),
-        passed: Vec::new(),
+        ..Default::default()
     };
     fold_picked(store, &records, |_| true, &position)
 }

@@ -1475,7 +1475,7 @@ fn events_applied(store: &SledStore, conversation: &str) -> Option<u64> {
 fn fold_ids(store: &SledStore, ids: &[&str], fold_from: Option<eventlog::LogPosition>) -> Applied {
     let position = Position {
         fold_from,
-        passed: Vec::new(),
+        ..Default::default()
     };
     let records = pending_records(store).0;
     fold_picked(
@@ -1500,7 +1500,8 @@ fn fold_passing_over(store: &SledStore, folded: &str, passed: &str) -> Applied {
     let passed = find(passed);
     let position = Position {
         fold_from: Some(end),
-        passed: vec![(passed.partition.clone(), passed.seq)],
+        passed: vec![passed.clone()],
+        ..Default::default()
     };
     fold_picked(store, &records, |rec| rec.id.as_str() == folded, &position)
 }
