@@ -149,11 +149,11 @@ impl BodyBudget {
                 p
             }
             Err(_) => {
-                self.metrics.body_budget_waiting.inc();
+                let counted = Waiting::count(&self.metrics.body_budget_waiting);
                 let waited =
                     tokio::time::timeout(self.wait, self.permits.clone().acquire_many_owned(kib))
                         .await;
-                self.metrics.body_budget_waiting.dec();
+                drop(counted);
                 match waited {
                     Ok(Ok(p)) => {
                         outcome("waited");
@@ -286,6 +286,23 @@ pub async fn admit(req: &HttpRequest) -> Result<Option<Share>, HttpResponse> {
     budget.admit(req).await.map_err(|_| busy_response())
 }
 
+/// One caller counted in `body_budget_waiting` while it waits, uncounted when dropped: also when
+/// the caller goes away mid-wait (a client that disconnects drops its request's future).
+struct Waiting(prometheus::IntGauge);
+
+impl Waiting {
+    fn count(gauge: &prometheus::IntGauge) -> Waiting {
+        gauge.inc();
+        Waiting(gauge.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +315,22 @@ mod tests {
             Duration::from_millis(wait_ms),
             metrics,
         )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_gone_while_it_waits_is_no_longer_counted_as_waiting() {
+        let b = budget(16, 60_000);
+        let _full = b.take(16 * 1024).await.expect("room");
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.take(1).await.map(|_| ()) })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(b.metrics.body_budget_waiting.get(), 1);
+        // A client that disconnects: its request's future is dropped mid-wait.
+        waiting.abort();
+        assert!(waiting.await.is_err_and(|e| e.is_cancelled()));
+        assert_eq!(b.metrics.body_budget_waiting.get(), 0);
     }
 
     #[tokio::test(start_paused = true)]

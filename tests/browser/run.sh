@@ -17,9 +17,12 @@
 #
 # One daemon on loopback with a temporary data directory, the embedded emulator as upstream, known
 # admin, viewer and webhook tokens, and business hours off (the queue must not depend on the day).
-# The venv lives in target/venv-browser and is rebuilt when requirements.txt changes.
+# The venv lives in target/venv-browser and is rebuilt when requirements.txt changes. The venv and
+# the daemon's start, readiness wait and stop are tests/lib/daemon.sh's, shared with
+# tests/contract/schemathesis.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/lib/daemon.sh
 
 bin=${1:-target/debug/handoff-bridge}
 chromium=${BROWSER_CHROMIUM:-/usr/bin/chromium}
@@ -32,10 +35,7 @@ admin_token=console-check-admin-token-0123456789
 viewer_token=console-check-viewer-token-0123456789
 webhook_token=console-check-webhook-token-0123456789
 
-if [ ! -x "$bin" ]; then
-  echo "no daemon binary at $bin (cargo build first)" >&2
-  exit 1
-fi
+require_daemon_binary "$bin"
 if [ ! -x "$chromium" ]; then
   echo "no Chromium at $chromium (apt-get install chromium chromium-driver; nothing here downloads one)" >&2
   exit 1
@@ -44,35 +44,13 @@ if [ ! -f "$fixtures/agent-call-requested.json" ]; then
   echo "$fixtures is missing: the check posts the service's sample deliveries" >&2
   exit 1
 fi
-for tool in python3 curl; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
-# Debian's python3 lacks venv's ensurepip until python3-venv is installed (CI runs as root).
-if ! python3 -c 'import ensurepip' 2>/dev/null && command -v apt-get >/dev/null; then
-  apt-get update -qq >/dev/null 2>&1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null 2>&1
-fi
-if ! cmp -s "$requirements" "$venv/requirements.txt"; then
-  echo "-- installing Playwright into $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  # The Python package only: its browsers are never downloaded (the check launches $chromium).
-  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-  cp "$requirements" "$venv/requirements.txt"
-fi
+require_tools python3 curl
+# The Python package only: its browsers are never downloaded (the check launches $chromium).
+make_venv "$venv" "$requirements" Playwright PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
-work=$(mktemp -d)
-pid=
-stop() {
-  # The daemon this script started, by its PID; it stops on SIGTERM.
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap stop EXIT
-trap 'exit 130' INT TERM
+# $work: the config, the data directory and the daemon's output, removed on exit with the daemon
+# stopped (by its PID).
+daemon_workdir
 
 # Two free loopback ports, chosen here: bound to port 0, read, closed, handed to the daemon.
 read -r public admin < <(python3 -c '
@@ -107,38 +85,11 @@ fold_niceness = 0
 check_business_hours = false
 EOF
 
-env -i PATH="$PATH" HOME="${HOME:-/tmp}" NO_COLOR=1 \
+# Ready when the admin listener's /readyz answers 200 (at most 60 s); sets $daemon_pid and $emulator.
+start_daemon "readyz=http://127.0.0.1:$admin" 60 NO_COLOR=1 -- \
   "$bin" serve --config "$work/bridge.toml" --data-dir "$work/data" \
-  --listen "127.0.0.1:$public" --admin-listen "127.0.0.1:$admin" \
-  >"$work/stdout" 2>"$work/daemon.log" &
-pid=$!
-
-ready=
-for _ in $(seq 600); do
-  if [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$admin/readyz")" = 200 ]; then
-    ready=1
-    break
-  fi
-  if ! kill -0 "$pid" 2>/dev/null; then
-    echo "the daemon exited before it was ready:" >&2
-    cat "$work/stdout" "$work/daemon.log" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-if [ -z "$ready" ]; then
-  echo "the daemon's /readyz did not answer 200 within 60 s:" >&2
-  cat "$work/stdout" >&2
-  tail -50 "$work/daemon.log" >&2
-  exit 1
-fi
-emulator=$(sed -n 's/^upstream: embedded emulator at //p' "$work/stdout")
-if [ -z "$emulator" ]; then
-  echo "the daemon did not print its 'upstream: embedded emulator at' line:" >&2
-  cat "$work/stdout" >&2
-  exit 1
-fi
-echo "-- daemon $pid: public 127.0.0.1:$public, admin 127.0.0.1:$admin, emulator $emulator"
+  --listen "127.0.0.1:$public" --admin-listen "127.0.0.1:$admin"
+echo "-- daemon $daemon_pid: public 127.0.0.1:$public, admin 127.0.0.1:$admin, emulator $emulator"
 
 status=0
 mkdir -p "$screenshots"
@@ -147,15 +98,10 @@ timeout --kill-after=10 "$check_timeout" "$venv/bin/python" tests/browser/consol
   --admin-token "$admin_token" --viewer-token "$viewer_token" --webhook-token "$webhook_token" \
   --fixtures "$fixtures" --chromium "$chromium" --screenshots "$screenshots" || status=$?
 
-if ! kill -0 "$pid" 2>/dev/null; then
-  echo "the daemon died during the browser check:" >&2
-  tail -50 "$work/daemon.log" >&2
-  status=1
-fi
+daemon_alive "the browser check" || status=1
 if [ "$status" -ne 0 ]; then
   [ "$status" -eq 124 ] && echo "the browser check did not finish within ${check_timeout} s" >&2
-  echo "-- daemon log (last 50 lines):"
-  tail -50 "$work/daemon.log"
+  show_daemon_log
   echo "console browser check FAILED" >&2
 fi
 exit "$status"

@@ -18,9 +18,12 @@
 #   1. every parameter generated: paths, queries, headers and bodies, mostly unknown ids;
 #   2. the path parameters fixed to the seeded conversations and user, so commands reach the
 #      fold and answer from real verdicts (200 and 409s), checked against the document too.
-# The venv lives in target/venv-schemathesis and is rebuilt when requirements.txt changes.
+# The venv lives in target/venv-schemathesis and is rebuilt when requirements.txt changes. The venv
+# and the daemon's start, readiness wait and stop are tests/lib/daemon.sh's, shared with
+# tests/browser/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/lib/daemon.sh
 
 bin=${1:-target/debug/handoff-bridge}
 examples=${CONTRACT_EXAMPLES:-100}
@@ -33,38 +36,13 @@ kakao=5c0e9b1f-2222-4d3e-9f10-000000000002
 kakao_user=kb-user-77a9f2
 token=contract-check-token-0123456789
 
-if [ ! -x "$bin" ]; then
-  echo "no daemon binary at $bin (cargo build first)" >&2
-  exit 1
-fi
-for tool in python3 curl; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
-# Debian's python3 lacks venv's ensurepip until python3-venv is installed (CI runs as root).
-if ! python3 -c 'import ensurepip' 2>/dev/null && command -v apt-get >/dev/null; then
-  apt-get update -qq >/dev/null 2>&1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null 2>&1
-fi
-if ! cmp -s "$requirements" "$venv/requirements.txt"; then
-  echo "-- installing schemathesis into $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-  cp "$requirements" "$venv/requirements.txt"
-fi
+require_daemon_binary "$bin"
+require_tools python3 curl
+make_venv "$venv" "$requirements" schemathesis
 
-work=$(mktemp -d)
-pid=
-stop() {
-  # The daemon this script started, by its PID; it stops on SIGTERM.
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap stop EXIT
-trap 'exit 130' INT TERM
+# $work: the config, the data directory, the daemon's output and the tester's files, removed on
+# exit with the daemon stopped (by its PID).
+daemon_workdir
 
 cat >"$work/bridge.toml" <<EOF
 [dispatch]
@@ -82,34 +60,13 @@ args=(serve --config "$work/bridge.toml" --listen 127.0.0.1:0 --data-dir "$work/
 if "$bin" serve --help | grep -q -- '--admin-listen'; then
   args+=(--admin-listen 127.0.0.1:0)
 fi
-env -i PATH="$PATH" HOME="${HOME:-/tmp}" RUST_LOG=warn \
-  HANDOFF_BRIDGE_HELPDESK_TOKENS="$token" HANDOFF_BRIDGE__RULES__ENABLED=false \
-  "$bin" "${args[@]}" >"$work/stdout" 2>"$work/daemon.log" &
-pid=$!
-
-base=
-emulator=
-for _ in $(seq 300); do
-  base=$(sed -n 's/^listening: //p' "$work/stdout")
-  [ -n "$base" ] && break
-  if ! kill -0 "$pid" 2>/dev/null; then
-    echo "the daemon exited before listening:" >&2
-    cat "$work/stdout" "$work/daemon.log" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-if [ -z "$base" ]; then
-  echo "the daemon did not print its listening: line within 30 s" >&2
-  exit 1
-fi
-emulator=$(sed -n 's/^upstream: embedded emulator at //p' "$work/stdout")
-if [ -z "$emulator" ]; then
-  echo "the daemon did not print its 'upstream: embedded emulator at' line:" >&2
-  cat "$work/stdout" >&2
-  exit 1
-fi
-echo "-- daemon $pid at $base (emulator $emulator)"
+# Ready once it prints its `listening: URL` line (at most 30 s); sets $daemon_pid, $daemon_base
+# and $emulator.
+start_daemon listening 30 RUST_LOG=warn \
+  HANDOFF_BRIDGE_HELPDESK_TOKENS="$token" HANDOFF_BRIDGE__RULES__ENABLED=false -- \
+  "$bin" "${args[@]}"
+base=$daemon_base
+echo "-- daemon $daemon_pid at $base (emulator $emulator)"
 
 # Seed: both users ask for an agent; wait until the emulator's webhooks are delivered.
 for conversation in "$web" "$kakao"; do
@@ -152,14 +109,9 @@ status=0
 run generated --config-file "$work/generated.toml" || status=1
 run seeded --config-file "$work/seeded.toml" || status=1
 
-if ! kill -0 "$pid" 2>/dev/null; then
-  echo "the daemon died during the contract check:" >&2
-  tail -50 "$work/daemon.log" >&2
-  status=1
-fi
+daemon_alive "the contract check" || status=1
 if [ "$status" -ne 0 ]; then
-  echo "-- daemon log (last 50 lines):"
-  tail -50 "$work/daemon.log"
+  show_daemon_log
   echo "contract check FAILED" >&2
 fi
 exit "$status"

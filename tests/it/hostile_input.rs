@@ -328,12 +328,50 @@ fn stalled_body(app: &TestApp, length: usize) -> std::net::TcpStream {
     stream
 }
 
+/// Open a connection that sends part of a request head and never the rest, and wait until the
+/// daemon cuts it off (`server.client_request_timeout` after it was opened, on the daemon's own
+/// clock): whatever the daemon began before the call is then at least that much older.
+fn cut_off_head(app: &TestApp, limit: Duration) {
+    use std::io::{Read as _, Write as _};
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .expect("part of a head");
+    stream.set_read_timeout(Some(limit)).expect("read timeout");
+    let mut answer = Vec::new();
+    // Ends on the daemon's close (EOF, or a reset after its 408); a timeout is a hang.
+    if let Err(e) = stream.read_to_end(&mut answer) {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the daemon did not cut off an unfinished head within {limit:?}"
+        );
+    }
+}
+
 #[test]
 fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
     // A budget of one body at the limit. Bodies that never finish arriving hold it: each for
     // the body read timeout, which is also the longest a body waits for room.
+    //
+    // Every order the test relies on comes from the daemon's own timers and is checked on its
+    // gauges and counters, never assumed from how long a step takes. One timeout both ends a
+    // stalled body's hold and a waiting body's wait, so a hold and a wait that begin close
+    // together end close together, and which ends first is a race. So the second stalled body
+    // gets in line only once the daemon has cut off a connection opened after the first took
+    // the budget (`server.client_request_timeout`: `CUT_OFF` later, on the daemon's clock): the
+    // first's read times out at least `CUT_OFF` before the second would stop waiting. The small
+    // body gets in line right after the second and is seen waiting while the first still holds
+    // the budget; its wait ends about `READ_TIMEOUT - CUT_OFF` before the second's read does.
+    const READ_TIMEOUT: Duration = Duration::from_secs(6);
+    const CUT_OFF: Duration = Duration::from_secs(2);
     let tmp = tempfile::tempdir().expect("tmp");
     // Its own process: the test reads the daemon's log.
+    let read_timeout = format!("{}s", READ_TIMEOUT.as_secs());
+    let cut_off = format!("{}s", CUT_OFF.as_secs());
     let app = TestApp::spawn_in(
         &tmp.path().join("data"),
         Spawn {
@@ -341,74 +379,118 @@ fn bodies_over_the_in_flight_budget_wait_then_get_503_with_retry_after() {
             ..Spawn::with_env(&[
                 ("HANDOFF_BRIDGE__WEBHOOK__MAX_BODY_BYTES", "1048576"),
                 ("HANDOFF_BRIDGE__SERVER__MAX_INFLIGHT_BODY_BYTES", "1048576"),
-                ("HANDOFF_BRIDGE__SERVER__BODY_READ_TIMEOUT", "3s"),
+                ("HANDOFF_BRIDGE__SERVER__BODY_READ_TIMEOUT", &read_timeout),
+                ("HANDOFF_BRIDGE__SERVER__CLIENT_REQUEST_TIMEOUT", &cut_off),
             ])
         },
     );
-    let first = stalled_body(&app, 1_048_576);
+    let budget = |outcome: &str| {
+        app.metric(&format!(
+            "handoff_body_budget_total{{outcome=\"{outcome}\"}}"
+        ))
+    };
+    // Bounds on waits that end on an event: generous, they only turn a hang into a failure.
+    let patience = Duration::from_secs(30);
+    let mut first = stalled_body(&app, 1_048_576);
     poll_until(
         "the first stalled body to hold the budget",
-        Duration::from_secs(10),
+        patience,
         || (app.metric("handoff_inflight_body_bytes") >= 1_048_576.0).then_some(()),
     );
+    cut_off_head(&app, patience);
     // The second waits first in line: it takes the budget when the first's read times out, and
     // holds it for its own read timeout.
     let second = stalled_body(&app, 1_048_576);
-    poll_until(
-        "the second stalled body to wait",
-        Duration::from_secs(10),
-        || (app.metric("handoff_body_budget_waiting") == 1.0).then_some(()),
-    );
-    // A caller without the token takes no share and never queues behind them: 401 at once
-    // (it would otherwise wait in line ahead of real deliveries).
-    let started = std::time::Instant::now();
+    poll_until("the second stalled body to wait", patience, || {
+        (app.metric("handoff_body_budget_waiting") == 1.0).then_some(())
+    });
+    // A caller without the token takes no share and never queues behind them: 401 while the
+    // budget is still full, and nothing waited for room, took it or was refused meanwhile (it
+    // would otherwise wait in line ahead of real deliveries).
     let wrong = format!("{}/webhook/wrong-token-0123456789", app.base);
     let body = delivery("d-stranger", &[bot_updated("stranger-1", 1)]);
     let (status, answer) = app.post_to(&wrong, &body, Some("application/json"));
     assert_eq!(status, 401, "{answer}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "answered without waiting for room: {:?}",
-        started.elapsed()
+    assert_eq!(
+        (
+            app.metric("handoff_body_budget_waiting"),
+            budget("waited"),
+            budget("refused")
+        ),
+        (1.0, 0.0, 0.0),
+        "answered without waiting for room: only the second body waits, and no room came up"
     );
-    assert_eq!(app.metric("handoff_body_budget_waiting"), 1.0);
     // A small body waits behind them, then is refused with a stable code and Retry-After.
-    let started = std::time::Instant::now();
-    let mut resp = app
-        .agent
-        .post(&app.webhook_url)
-        .header("content-type", "application/json")
-        .send(delivery("d-budget", &[bot_updated("budget-1", 1)]))
-        .expect("POST");
-    let waited = started.elapsed();
-    assert_eq!(resp.status().as_u16(), 503);
+    let small = {
+        let (agent, url) = (app.agent.clone(), app.webhook_url.clone());
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let mut resp = agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(delivery("d-budget", &[bot_updated("budget-1", 1)]))
+                .expect("POST");
+            let waited = started.elapsed();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let text = resp.body_mut().read_to_string().expect("body");
+            (resp.status().as_u16(), retry_after, text, waited)
+        })
+    };
+    poll_until("the small body to wait behind them", patience, || {
+        (app.metric("handoff_body_budget_waiting") == 2.0).then_some(())
+    });
+    // Both got in line while the first still held the budget: the second is ahead of the small
+    // body when room comes up.
     assert_eq!(
-        resp.headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("1")
+        (budget("waited"), budget("refused")),
+        (0.0, 0.0),
+        "the first stalled body still holds the budget while both wait"
     );
-    let answer: Value =
-        serde_json::from_str(&resp.body_mut().read_to_string().expect("body")).expect("JSON");
-    assert_eq!(answer["error"]["code"], "server_busy", "{answer}");
-    assert!(
-        waited >= Duration::from_secs(2),
-        "it waited first: {waited:?}"
-    );
-    assert_eq!(
-        app.metric("handoff_body_budget_total{outcome=\"refused\"}"),
-        1.0
-    );
-    assert_eq!(
-        app.metric("handoff_body_budget_total{outcome=\"waited\"}"),
-        1.0
-    );
-    // Requests without a body are not held back.
+    assert!(!small.is_finished(), "the small body waits for room");
+    // Requests without a body are not held back, not even while the budget is full.
     let (status, _) = app.get("/healthz");
     assert_eq!(status, 200);
+    let (status, retry_after, text, waited) = small.join().expect("thread");
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let answer: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(answer["error"]["code"], "server_busy", "{answer}");
+    assert!(
+        waited >= READ_TIMEOUT,
+        "it waited for room as long as a body may: {waited:?}"
+    );
+    // The first's read timed out, which gave the second its room; the second holds the whole
+    // budget still, and nothing waits any more.
+    assert_eq!(
+        (budget("refused"), budget("waited")),
+        (1.0, 1.0),
+        "the small body was refused, the second body waited and got in"
+    );
+    assert_eq!(app.metric("handoff_body_budget_waiting"), 0.0);
+    assert_eq!(app.metric("handoff_inflight_body_bytes"), 1_048_576.0);
+    {
+        use std::io::Read as _;
+        first
+            .set_read_timeout(Some(patience))
+            .expect("read timeout");
+        let mut head = [0u8; 12];
+        first
+            .read_exact(&mut head)
+            .expect("the first body's answer");
+        assert_eq!(
+            &head,
+            b"HTTP/1.1 408",
+            "the first body's read timed out: {}",
+            String::from_utf8_lossy(&head)
+        );
+    }
     // The stalled connections end, which ends their reads and gives their shares back.
     drop((first, second));
-    poll_until("the budget to be free", Duration::from_secs(10), || {
+    poll_until("the budget to be free", patience, || {
         (app.metric("handoff_inflight_body_bytes") == 0.0).then_some(())
     });
     let (status, receipt) = app.post(&delivery("d-budget-2", &[bot_updated("budget-2", 1)]));
