@@ -206,6 +206,17 @@ when = { field = "sender", equals = "user" }
 actions = [{ type = "send_message", text = "echo {{ message.data.text }}" }]
 "#;
 
+/// A second rule answering each user message (`again <text>`): two actions per message with
+/// [`ECHO_RULE`], more letters or finished entries than a page within the firing caps.
+pub const AGAIN_RULE: &str = r#"
+[[rule]]
+name = "again"
+on = ["bot.message.received"]
+max_firings = { count = 1000, per = "1m" }
+when = { field = "sender", equals = "user" }
+actions = [{ type = "send_message", text = "again {{ message.data.text }}" }]
+"#;
+
 /// User message `n` of the fixtures' seeded conversation, its ids fresh under `prefix` (two
 /// letters: each test its own), its text `m<n>`, its time `n` ms after the fixture's.
 pub fn seeded_message(prefix: &str, n: usize) -> Value {

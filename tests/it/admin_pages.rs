@@ -5,28 +5,11 @@
 //! JSON lines, through the running daemon and on the stopped store alike. (The outbox and the
 //! dead letters: tests/it/outbox_pages.rs.)
 
-use crate::common::relay::{daemon_env, rules_dir, SEEDED};
+use crate::common::relay::{daemon_env, rules_dir, seeded_message, AGAIN_RULE, ECHO_RULE, SEEDED};
 use crate::common::{cli, cli_ok, delivery, fixture_value, Spawn, TestApp};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
-
-/// Two sends per user message: 250 finished entries from 125 messages.
-const RULES: &str = r#"
-[[rule]]
-name = "echo"
-on = ["bot.message.received"]
-max_firings = { count = 1000, per = "1m" }
-when = { field = "sender", equals = "user" }
-actions = [{ type = "send_message", text = "echo {{ message.data.text }}" }]
-
-[[rule]]
-name = "again"
-on = ["bot.message.received"]
-max_firings = { count = 1000, per = "1m" }
-when = { field = "sender", equals = "user" }
-actions = [{ type = "send_message", text = "again {{ message.data.text }}" }]
-"#;
 
 const CONVERSATIONS: usize = 250;
 const MESSAGES: usize = 125;
@@ -57,14 +40,8 @@ fn conversation_created(n: usize) -> Value {
     ev
 }
 
-/// A user message of the emulator's seeded conversation, with fresh ids.
 fn message(n: usize) -> Value {
-    let mut ev = fixture_value("message-received-text.json")["messages"][0].clone();
-    ev["id"] = json!(format!("ap000000-0000-4000-8000-{n:012}"));
-    ev["timestamp"] = json!(1_763_690_500_000_i64 + n as i64);
-    ev["data"]["message"]["id"] = json!(format!("ap-m-{n}"));
-    ev["data"]["message"]["data"]["text"] = json!(format!("m{n}"));
-    ev
+    seeded_message("ap", n)
 }
 
 fn post_all(app: &TestApp, name: &str, events: Vec<Value>) {
@@ -152,7 +129,8 @@ fn bad_queries(app: &TestApp, path: &str) {
 #[test]
 fn every_admin_list_pages_online_and_offline() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rules = rules_dir(tmp.path(), RULES);
+    // Two sends per user message: 250 finished entries from 125 messages.
+    let rules = rules_dir(tmp.path(), &format!("{ECHO_RULE}{AGAIN_RULE}"));
     let data = tmp.path().join("data");
     let env = daemon_env(&rules, &[]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

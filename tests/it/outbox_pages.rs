@@ -3,24 +3,13 @@
 //! with a stable code; `depth` stays the executor's exact count; retrying every dead letter walks
 //! them a page at a time (more than one page here).
 
-use crate::common::relay::{clear_faults, seeded_message, set_faults, ECHO_RULE};
+use crate::common::relay::{clear_faults, seeded_message, set_faults, AGAIN_RULE, ECHO_RULE};
 use crate::common::{cli, cli_ok, delivery, wait_drained, Spawn, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// A second action per message besides the echo: more than a page of letters within the
-/// firing caps.
-const AGAIN: &str = r#"
-[[rule]]
-name = "again"
-on = ["bot.message.received"]
-max_firings = { count = 1000, per = "1m" }
-when = { field = "sender", equals = "user" }
-actions = [{ type = "send_message", text = "again {{ message.data.text }}" }]
-"#;
-
 fn rules(root: &std::path::Path) -> std::path::PathBuf {
-    crate::common::relay::rules_dir(root, &format!("{ECHO_RULE}{AGAIN}"))
+    crate::common::relay::rules_dir(root, &format!("{ECHO_RULE}{AGAIN_RULE}"))
 }
 
 fn message(n: usize) -> Value {
