@@ -662,7 +662,8 @@ struct AuditPage {
 
 #[derive(Deserialize)]
 struct AuditQuery {
-    before: Option<u64>,
+    /// Read as text, so a bad one is the console's own 400 page.
+    before: Option<String>,
 }
 
 async fn audit(
@@ -670,7 +671,15 @@ async fn audit(
     signed: Signed,
     q: web::Query<AuditQuery>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (store, before) = (console.ops.store.clone(), q.before);
+    let before = match q.before.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(text.parse::<u64>().map_err(|_| {
+            ConsoleError::BadRequest(
+                "`before` is an entry's number (from \"Older actions\")".into(),
+            )
+        })?),
+    };
+    let store = console.ops.store.clone();
     let (entries, older) = blocking(move || super::audit::page(&*store, before)).await?;
     let page = AuditPage {
         frame: Frame::new(&signed.0, "audit", None),

@@ -674,6 +674,9 @@ fn the_audit_list_outlives_a_restart_and_goes_with_its_retention() {
         audit.contains(&accepted) && audit.contains("<td>Kim</td>"),
         "kept over the restart: {audit}"
     );
+    let bad = b.get("/console/audit?before=abc");
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("is an entry"), "{}", bad.body);
     app.advance_clock_unsettled("3h");
     let (status, report) = app.admin_post("/admin/v1/prune");
     assert_eq!(status, 200, "{report}");
