@@ -292,17 +292,22 @@ impl Rig {
     }
 
     /// After recovery at daemon time `recovered`: step the clock by 5 s until a call takes
-    /// effect, which must come within 30 s of daemon time; returns that call's daemon time.
+    /// effect, which must come within 30 s of daemon time; returns that call's daemon time. Each
+    /// step waits up to 1.5 s of real time for it, the last one within the bound up to 15 s (no
+    /// more daemon time passes then, so a loaded machine's slowness cannot fail the test, and
+    /// the call's daemon time still must be within the bound).
     fn first_effect_after(&mut self, journal_len: usize, recovered: i64) -> i64 {
         let step = Duration::from_secs(5);
         loop {
+            let last = self.daemon_now() - recovered + step.as_millis() as i64 > MOVES_WITHIN_MS;
+            let budget = Duration::from_millis(if last { 15_000 } else { 1_500 });
             let waited = Instant::now();
             let found = loop {
                 let j = self.journal();
                 if let Some(e) = j.iter().skip(journal_len).find(|e| effective(e)) {
                     break Some(self.daemon_time_of(e));
                 }
-                if waited.elapsed() > Duration::from_millis(1500) {
+                if waited.elapsed() > budget {
                     break None;
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -311,7 +316,7 @@ impl Rig {
                 return at;
             }
             assert!(
-                self.daemon_now() - recovered <= MOVES_WITHIN_MS,
+                !last,
                 "no call took effect within {MOVES_WITHIN_MS} ms of daemon time after the \
                  upstream recovered (circuit: {})",
                 self.circuit_detail()
