@@ -456,12 +456,23 @@ pub fn audit(
     explain: Option<&engine::rules::RuleSet>,
     conversation: &model::ids::ConversationId,
 ) -> Result<Option<Value>, StoreError> {
-    let Some(current) = store.conversation(conversation)? else {
-        return Ok(None);
-    };
+    match store.conversation(conversation)? {
+        Some(current) => audit_of(store, rules, explain, &current).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// [`audit`] of a conversation whose state the caller read already.
+pub fn audit_of(
+    store: &dyn Storage,
+    rules: &dyn engine::decide::Decide,
+    explain: Option<&engine::rules::RuleSet>,
+    current: &engine::state::ConversationState,
+) -> Result<Value, StoreError> {
+    let conversation = &current.id;
     let partition = model::ids::PartitionKey::Conversation(conversation.clone());
     let records = store.partition_events(&partition)?;
-    let mut recorded = recorded_actions(store, &records, &current)?;
+    let mut recorded = recorded_actions(store, &records, current)?;
     let mut rebuild = Rebuild {
         store,
         rules,
@@ -478,7 +489,7 @@ pub fn audit(
         item["actions"] = Value::Array(actions);
         timeline.push(item);
     }
-    Ok(Some(json!({
+    Ok(json!({
         "conversation_id": conversation.as_str(),
         "rules_version": rules.version(),
         "note": "rules are re-evaluated with the rules in force now; each action shows the version that decided it",
@@ -486,7 +497,7 @@ pub fn audit(
         "labels": current.labels,
         "phase": current.handoff.phase.value,
         "timeline": timeline,
-    })))
+    }))
 }
 
 /// What was recorded for each event of the audit (by event id): finished, dead and pending

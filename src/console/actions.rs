@@ -14,8 +14,6 @@ use serde::Deserialize;
 
 /// The longest reply typed in the console: the agent API's.
 const MAX_REPLY: usize = crate::helpdesk::contract::MAX_TEXT;
-/// Dead letters one "retry all matching" reads per page.
-const LETTERS_PAGE: usize = 100;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/sign-in", web::post().to(sign_in))
@@ -181,12 +179,7 @@ async fn command(
             encode(&id)
         )));
     }
-    Err(match status {
-        StatusCode::NOT_FOUND => ConsoleError::NotFound(result),
-        StatusCode::CONFLICT => ConsoleError::Conflict(result),
-        s if s.is_client_error() => ConsoleError::BadRequest(result),
-        _ => ConsoleError::Unavailable(result),
-    })
+    Err(ConsoleError::of_status(status, result))
 }
 
 /// How a command ended, from the agent API's answer.
@@ -354,7 +347,7 @@ async fn retry_matching(
     let session = signed.acting(&form.csrf)?;
     let seqs = matching_letters(&console, &form.matching).await?;
     let mut retried = 0;
-    for chunk in seqs.chunks(LETTERS_PAGE) {
+    for chunk in seqs.chunks(crate::queries::PAGE) {
         retried += crate::ops::outbox_admin::retry(&console.ops, chunk)
             .await?
             .len();

@@ -179,15 +179,21 @@ impl From<storage::StoreError> for ConsoleError {
     }
 }
 
-impl From<api_error::ApiError> for ConsoleError {
-    fn from(e: api_error::ApiError) -> Self {
-        let text = e.message.clone();
-        match e.status {
+impl ConsoleError {
+    /// The page for an API's refusal with `status`, saying `text`.
+    fn of_status(status: StatusCode, text: String) -> Self {
+        match status {
             StatusCode::NOT_FOUND => ConsoleError::NotFound(text),
             StatusCode::CONFLICT => ConsoleError::Conflict(text),
             s if s.is_client_error() => ConsoleError::BadRequest(text),
             _ => ConsoleError::Unavailable(text),
         }
+    }
+}
+
+impl From<api_error::ApiError> for ConsoleError {
+    fn from(e: api_error::ApiError) -> Self {
+        ConsoleError::of_status(e.status, e.message)
     }
 }
 

@@ -283,13 +283,15 @@ async fn conversation(
     let store = console.ops.store.clone();
     let (rules, set) = console.ops.rules.live.current_explained();
     let key = id.clone();
-    let (state, audit) = blocking(move || {
-        let state = store.conversation(&key)?;
-        let audit = crate::queries::audit(&*store, rules.as_ref(), set.as_deref(), &key)?;
-        Ok((state, audit))
+    let found = blocking(move || {
+        let Some(state) = store.conversation(&key)? else {
+            return Ok(None);
+        };
+        let audit = crate::queries::audit_of(&*store, rules.as_ref(), set.as_deref(), &state)?;
+        Ok(Some((state, audit)))
     })
     .await?;
-    let Some(state) = state else {
+    let Some((state, audit)) = found else {
         return Err(ConsoleError::NotFound(format!("no conversation {id}")));
     };
     let (messages, messages_note) = messages(&console, id.as_str()).await;
@@ -299,7 +301,7 @@ async fn conversation(
         summary: summary(&state),
         messages,
         messages_note,
-        timeline: timeline(audit.as_ref()),
+        timeline: timeline(&audit),
         form_key: super::session::random_token(),
     };
     Ok(html(StatusCode::OK, page))
@@ -380,8 +382,8 @@ async fn messages(console: &Console, id: &str) -> (Vec<(String, String, String)>
 }
 
 /// The audit's timeline, made into rows.
-fn timeline(audit: Option<&Value>) -> Vec<TimelineItem> {
-    let Some(items) = audit.and_then(|a| a["timeline"].as_array()) else {
+fn timeline(audit: &Value) -> Vec<TimelineItem> {
+    let Some(items) = audit["timeline"].as_array() else {
         return Vec::new();
     };
     items
@@ -398,9 +400,9 @@ fn timeline(audit: Option<&Value>) -> Vec<TimelineItem> {
                 ("message", &item["message_type"]),
                 ("pending", &item["pending"]),
             ]
-            .iter()
-            .filter(|(_, v)| !v.is_null() && **v != Value::Bool(false))
-            .map(|(k, v)| format!("{k}: {}", view::text(v)))
+            .into_iter()
+            .filter(|(_, v)| **v != Value::Bool(false))
+            .filter_map(field)
             .collect::<Vec<_>>()
             .join(", "),
             rules: item["rules"]
@@ -416,28 +418,34 @@ fn timeline(audit: Option<&Value>) -> Vec<TimelineItem> {
 /// A rule's verdict: its name, whether it matched, and why (its conditions, or what failed).
 fn rule_row(r: &Value) -> (String, bool, String) {
     let matched = r["matched"].as_bool() == Some(true);
-    let why = [
+    let keys = [
         "failed",
         "stopped_by",
         "echo_of",
         "conditions",
         "actions",
         "cap",
-    ]
-    .iter()
-    .filter(|k| !r[**k].is_null())
-    .map(|k| format!("{k}: {}", view::text(&r[*k])))
-    .collect::<Vec<_>>()
-    .join("; ");
+    ];
+    let why = keys
+        .map(|k| (k, &r[k]))
+        .into_iter()
+        .filter_map(field)
+        .collect::<Vec<_>>()
+        .join("; ");
     (view::text(&r["rule"]), matched, why)
+}
+
+/// `key: value` for a value that is there (not null).
+fn field((key, value): (&str, &Value)) -> Option<String> {
+    (!value.is_null()).then(|| format!("{key}: {}", view::text(value)))
 }
 
 /// An action: its type, status and detail (attempts, reason, when).
 fn action_row(a: &Value) -> (String, String, String) {
     let detail = ["attempts", "reason", "error", "note"]
-        .iter()
-        .filter(|k| !a[**k].is_null())
-        .map(|k| format!("{k}: {}", view::text(&a[*k])))
+        .map(|k| (k, &a[k]))
+        .into_iter()
+        .filter_map(field)
         .chain(a["at"].as_i64().map(|at| format!("at {}", view::time(at))))
         .collect::<Vec<_>>()
         .join(", ");

@@ -661,20 +661,8 @@ async fn send_message(
         move |shared, body| {
             let b: MessageBody = parse_body(body, false)?;
             let agent = b.agent.map(|a| agent_of(a, "agent")).transpose()?;
-            let message = Box::new(message_of(b.message)?);
-            let state = conversation(shared, &id)?;
-            let partner = match state.platform {
-                Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
-                _ => None,
-            };
-            Ok((
-                state,
-                Command::Message {
-                    agent,
-                    message,
-                    partner,
-                },
-            ))
+            let message = message_of(b.message)?;
+            message_command(shared, &id, agent, message)
         },
     )
     .await
@@ -1061,17 +1049,7 @@ impl ConsoleCommand {
                     media: None,
                     cards: None,
                 })?;
-                let state = conversation(shared, id)?;
-                let partner = match state.platform {
-                    Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
-                    _ => None,
-                };
-                let command = Command::Message {
-                    agent: Some(agent_named(agent)?),
-                    message: Box::new(message),
-                    partner,
-                };
-                return Ok((state, command));
+                return message_command(shared, id, Some(agent_named(agent)?), message);
             }
             ConsoleCommand::Release => Command::Release {
                 target: configured_release(&shared.config.release_flow),
@@ -1675,6 +1653,27 @@ fn conversation(shared: &AgentApi, id: &str) -> Result<ConversationState, ApiErr
             format!("no conversation {id}"),
         )),
     }
+}
+
+/// A message to send in conversation `id` as `agent`, through its partner channel when it is
+/// on one (KakaoTalk counseling): the agent API's and the console's replies.
+fn message_command(
+    shared: &AgentApi,
+    id: &str,
+    agent: Option<DeskAgent>,
+    message: MessageData,
+) -> Result<(ConversationState, Command), ApiError> {
+    let state = conversation(shared, id)?;
+    let partner = match state.platform {
+        Some(Platform::Kakaobiz) => Some(partner_of(shared, &state)?),
+        _ => None,
+    };
+    let command = Command::Message {
+        agent,
+        message: Box::new(message),
+        partner,
+    };
+    Ok((state, command))
 }
 
 /// The partner channel of a conversation's bot.

@@ -1332,15 +1332,17 @@ impl SledStore {
         let _folding = self.fold_guard()?;
         let mut fold = FoldBatch::new(self.clock.now_millis());
         for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
-            if !fold.marks.raise(self, partition.encode(), *seq)? {
+            let key = partition.encode();
+            let indexed = position
+                .frames
+                .get(i)
+                .map(|at| history::entry(*at, &key, *seq));
+            if !fold.marks.raise(self, key, *seq)? {
                 fold.out.skipped += 1;
                 continue;
             }
             fold.out.applied += 1;
-            if let Some(at) = position.frames.get(i) {
-                fold.history
-                    .push(history::entry(*at, &partition.encode(), *seq));
-            }
+            fold.history.extend(indexed);
             if let Some(id) = event.payload.conversation_id() {
                 let at = received.get(i).copied().unwrap_or(event.timestamp);
                 fold.conversation_event(self, (id, event), rules, at)?;

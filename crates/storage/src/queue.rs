@@ -299,20 +299,20 @@ impl SledStore {
         fold: &'a mut QueueFold,
         at: Millis,
     ) -> Result<&'a mut HandoffStats, StoreError> {
+        use std::collections::btree_map::Entry;
         let hour = stats::hour_of(at).max(0);
-        if let std::collections::btree_map::Entry::Vacant(slot) = fold.stats.entry(hour) {
-            let stored = match get_decoded(&self.queue, keys::queue_stats(hour), "handoff stats") {
-                Err(StoreError::Corrupt(e)) => {
-                    tracing::error!(hour, error = %e, "unreadable handoff figures; the hour is counted afresh");
-                    None
-                }
-                other => other?,
-            };
-            slot.insert(stored.unwrap_or_default());
-        }
-        fold.stats
-            .get_mut(&hour)
-            .ok_or_else(|| StoreError::Corrupt("handoff stats cache".into()))
+        let slot = match fold.stats.entry(hour) {
+            Entry::Occupied(known) => return Ok(known.into_mut()),
+            Entry::Vacant(slot) => slot,
+        };
+        let stored = match get_decoded(&self.queue, keys::queue_stats(hour), "handoff stats") {
+            Err(StoreError::Corrupt(e)) => {
+                tracing::error!(hour, error = %e, "unreadable handoff figures; the hour is counted afresh");
+                None
+            }
+            other => other?,
+        };
+        Ok(slot.insert(stored.unwrap_or_default()))
     }
 
     /// The handoff figures of the hours that overlap `[since, until)`, merged: every hour record
