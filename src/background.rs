@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn every_nice_value_from_0_to_19_has_a_priority() {
-        for n in 1..=MAX_NICENESS {
+        for n in 0..=MAX_NICENESS {
             assert!(priority_for(n).is_some(), "nice {n}");
         }
     }

@@ -44,6 +44,7 @@ fn queue(app: &TestApp, phase: &str) -> Vec<Value> {
 #[test]
 fn agents_take_answer_hand_back_and_move_conversations_through_the_ordered_path() {
     let (_tmp, app) = spawn();
+    let asked = std::time::Instant::now();
     // Both users ask for an agent, the web visitor first.
     app.emulator_act(WEB, "request-agent", json!({}));
     app.emulator_delivered();
@@ -59,7 +60,13 @@ fn agents_take_answer_hand_back_and_move_conversations_through_the_ordered_path(
     assert_eq!(waiting[0]["platform"], "web");
     assert_eq!(waiting[1]["platform"], "kakaobiz");
     assert_eq!(waiting[0]["bot_id"], "B7f3a2c");
-    assert!(waiting[0]["wait_seconds"].as_i64().is_some_and(|s| s >= 0));
+    // Waiting since the request: no longer than this test has run (the daemon's clock is real).
+    let most = i64::try_from(asked.elapsed().as_secs()).unwrap_or(i64::MAX) + 1;
+    let wait = waiting[0]["wait_seconds"].as_i64();
+    assert!(
+        wait.is_some_and(|s| (0..=most).contains(&s)),
+        "{wait:?}, at most {most}"
+    );
 
     // Accept: recorded, and manual mode on in the emulator, once for a repeated key.
     let alice = json!({"agent": {"id": "alice", "name": "Alice"}});
