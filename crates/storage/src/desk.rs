@@ -12,6 +12,7 @@
 use super::{decode, keys, queue, SledStore, StoreError};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use engine::index::Derived;
 use engine::state::desk::DeskPhase;
 use engine::state::ConversationState;
 use std::collections::HashMap;
@@ -22,13 +23,9 @@ pub const MAX_CURSOR_LEN: usize = 4096;
 
 /// A conversation's keys in the phase index: by phase, and by bot and phase when it has a bot.
 pub(super) fn desk_keys(s: &ConversationState) -> Vec<Vec<u8>> {
-    let phase = DeskPhase::of(s).byte();
-    let (at, id) = (s.handoff.requested_at, s.id.as_str());
-    let mut out = vec![keys::desk_phase(phase, at, id)];
-    if let Some(bot) = &s.bot_id {
-        out.push(keys::desk_bot(bot.as_str(), phase, at, id));
-    }
-    out
+    let entries = engine::index::derived(s).into_iter();
+    let desk = entries.filter(|e| matches!(e, Derived::Phase { .. } | Derived::BotPhase { .. }));
+    desk.map(|e| crate::derived::key(&e)).collect()
 }
 
 /// Where a page of the listing ends: the last listed conversation's position (request time,

@@ -244,10 +244,18 @@ pub fn queue_bot(bot: &str) -> Vec<u8> {
 /// A waiting conversation's key: its bot's prefix, the request time (8 bytes, big-endian, before
 /// 1970 as 0), the conversation id; so a bot's entries sort by request time, then id.
 pub fn queue_entry(bot: &str, requested_at: i64, conversation: &str) -> Vec<u8> {
-    let mut key = queue_bot(bot);
+    let mut key = Vec::new();
+    queue_entry_into(&mut key, &queue_bot(bot), requested_at, conversation);
+    key
+}
+
+/// [`queue_entry`] into `key` (cleared first), given its bot's prefix ([`queue_bot`]): one buffer
+/// for many keys.
+pub fn queue_entry_into(key: &mut Vec<u8>, prefix: &[u8], requested_at: i64, conversation: &str) {
+    key.clear();
+    key.extend_from_slice(prefix);
     key.extend_from_slice(&u64::try_from(requested_at).unwrap_or(0).to_be_bytes());
     key.extend_from_slice(conversation.as_bytes());
-    key
 }
 
 /// The conversation id of a waiting entry of the bot whose prefix is `prefix`.

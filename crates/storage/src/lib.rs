@@ -18,6 +18,7 @@ mod derived;
 pub mod desk;
 mod durable;
 pub mod eventlog;
+mod fold;
 mod history;
 pub mod idempotency;
 pub mod intake;
@@ -41,7 +42,7 @@ pub mod writer;
 use engine::state::{BotState, ConversationState, EndUserState};
 use journal::Journal;
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
-use model::webhook::model::{Event, Millis, Payload};
+use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -253,12 +254,29 @@ pub struct Position {
     pub frames: Vec<eventlog::LogPosition>,
 }
 
-/// Folded marks read so far (a scan or a fold reads each partition's once), and those a fold
-/// raises, for its journal to write.
+impl Position {
+    /// As the engine's batch fold takes it.
+    pub(crate) fn to_engine(&self) -> engine::batch::Position {
+        engine::batch::Position {
+            fold_from: self.fold_from.map(Into::into),
+            passed: self
+                .passed
+                .iter()
+                .map(|p| engine::batch::PendingEvent {
+                    seq: p.seq,
+                    partition: p.partition.clone(),
+                    at: p.at.into(),
+                })
+                .collect(),
+            frames: self.frames.iter().map(|at| (*at).into()).collect(),
+        }
+    }
+}
+
+/// Folded marks read so far (a scan reads each partition's once).
 #[derive(Default)]
 struct Marks {
     read: HashMap<String, Option<u64>>,
-    raised: HashMap<String, u64>,
 }
 
 impl Marks {
@@ -269,21 +287,6 @@ impl Marks {
         let mark = store.mark(partition)?;
         self.read.insert(partition.to_owned(), mark);
         Ok(mark)
-    }
-
-    /// Raise a partition's mark to `seq` if it is above it; returns whether it was.
-    fn raise(
-        &mut self,
-        store: &SledStore,
-        partition: String,
-        seq: u64,
-    ) -> Result<bool, StoreError> {
-        if !self.above(store, &partition, seq)? {
-            return Ok(false);
-        }
-        self.read.insert(partition.clone(), Some(seq));
-        self.raised.insert(partition, seq);
-        Ok(true)
     }
 
     /// Still to fold: at or past the watermark (everything before it is folded, and a store
@@ -300,7 +303,7 @@ impl Marks {
         Ok(at >= fold_from && self.above(store, partition, seq)?)
     }
 
-    /// Above its partition's mark (a fold's check: the batch is pending by construction).
+    /// Above its partition's mark.
     fn above(&mut self, store: &SledStore, partition: &str, seq: u64) -> Result<bool, StoreError> {
         Ok(self.get(store, partition)?.is_none_or(|mark| seq > mark))
     }
@@ -612,31 +615,7 @@ pub struct Sizes {
     pub quarantine: u64,
 }
 
-/// What folding a batch did.
-#[derive(Debug, Default, PartialEq)]
-pub struct Applied {
-    pub applied: usize,
-    pub skipped: usize,
-    pub new_conversations: u64,
-    pub new_end_users: u64,
-    pub new_bots: u64,
-    /// Actions the rules decided, now in the outbox (not yet durable: flush before running them).
-    pub outbox: Vec<model::action::OutboxEntry>,
-    /// Decided actions skipped because their id was decided before.
-    pub repeated_actions: usize,
-    /// Running timers gained minus lost (started, minus fired, cancelled or replaced).
-    pub timers_change: i64,
-    /// The rule of each event a firing cap held a rule back for (one per hit, for the metric).
-    pub capped: Vec<String>,
-    /// The rule of each action whose template failed at run time (one per action, for the
-    /// metric; the state keeps the error).
-    pub template_errors: Vec<String>,
-    /// The verdict on each folded agent command (the agent API waits for them).
-    pub agent_verdicts: Vec<engine::state::desk::Verdict>,
-    /// Each conversation that left the waiting queue in this fold: why, and how long it had
-    /// waited (ms) when it was accepted (for the metrics; the hour records hold the same).
-    pub queue_exits: Vec<(engine::state::stats::QueueExit, Option<Millis>)>,
-}
+pub use engine::batch::Applied;
 
 /// What a prune pass removed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -1291,7 +1270,7 @@ impl SledStore {
         self.apply_with(batch, &engine::decide::NoRules, &[])
     }
 
-    /// [`apply`](SledStore::apply) with rules (see [`fold`](SledStore::fold)).
+    /// [`apply`](SledStore::apply) with rules (see [`Folds::fold`](port::Folds::fold)).
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
@@ -1302,226 +1281,8 @@ impl SledStore {
             .iter()
             .map(|(_, event)| model::webhook::partition_of(event))
             .collect();
-        self.fold(batch, &partitions, rules, received, &Position::default())
-    }
-
-    /// Fold a batch, with the rules deciding actions for each folded event from the
-    /// conversation's state after the fold. Internal state actions are applied at once; the
-    /// others go to the outbox in the same atomic write (the fold's journal, `journal`), and so
-    /// do the changes to the timers tree (timers started, restarted, cancelled or fired), the
-    /// partitions' folded marks and the `position`. `partitions` and `received` run parallel to
-    /// `batch`: each event's partition as intake stored it (the marks' key) and its receive time.
-    ///
-    /// Reading and folding happen before anything is written, and the journal then only writes.
-    /// That is safe because folds are serialised by `fold_lock` and nothing else writes state or
-    /// folded marks (the retention pass removes them under the same lock).
-    pub(crate) fn fold(
-        &self,
-        batch: &[(u64, Event)],
-        partitions: &[PartitionKey],
-        rules: &dyn engine::decide::Decide,
-        received: &[Millis],
-        position: &Position,
-    ) -> Result<Applied, StoreError> {
-        let framed = !position.frames.is_empty();
-        if partitions.len() != batch.len() || (framed && position.frames.len() != batch.len()) {
-            return Err(StoreError::Internal(
-                "fold: a partition (and a frame, if any) per event expected".into(),
-            ));
-        }
-        let _folding = self.fold_guard()?;
-        let mut fold = FoldBatch::new(self.clock.now_millis());
-        for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
-            let key = partition.encode();
-            let indexed = position
-                .frames
-                .get(i)
-                .map(|at| history::entry(*at, &key, *seq));
-            if !fold.marks.raise(self, key, *seq)? {
-                fold.out.skipped += 1;
-                continue;
-            }
-            fold.out.applied += 1;
-            fold.history.extend(indexed);
-            if let Some(id) = event.payload.conversation_id() {
-                let at = received.get(i).copied().unwrap_or(event.timestamp);
-                fold.conversation_event(self, (id, event), rules, at)?;
-            } else if let Payload::EndUser(u) = &event.payload {
-                let new = || EndUserState::new(u.id.clone());
-                let user = fold.end_user(self, u.id.as_str(), new)?;
-                user.apply(event, u);
-            } else {
-                fold.bot_event(self, event)?;
-            }
-        }
-        // After the batch: a passed-over event may come after events of its partition that this
-        // fold folds, and a mark raised first would skip them.
-        for passed in &position.passed {
-            let partition = passed.partition.encode();
-            fold.history
-                .push(history::entry(passed.at, &partition, passed.seq));
-            fold.marks.raise(self, partition, passed.seq)?;
-        }
-        self.commit_fold(fold, position)
-    }
-
-    /// Write what a fold batch changed in one journal, under the fold lock the caller holds.
-    fn commit_fold(&self, fold: FoldBatch, position: &Position) -> Result<Applied, StoreError> {
-        let FoldBatch {
-            mut out,
-            convs,
-            users,
-            bots,
-            marks,
-            timers_before,
-            fired,
-            queue_fold,
-            derived_before,
-            convs_active,
-            users_active,
-            history,
-            ..
-        } = fold;
-        let index_entries: Vec<(Vec<u8>, String)> = users
-            .iter()
-            .filter_map(|(id, u)| match (&u.platform, &u.user_key) {
-                (Some(p), Some(k)) => Some((keys::user_index(p.as_str(), k.as_str()), id.clone())),
-                _ => None,
-            })
-            .collect();
-        let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
-        out.timers_change = timer_writes.change;
-        let earliest_timer = timer_writes.earliest;
-        let mut activity = retention::ActivityWrites::default();
-        activity.of(&convs_active, &convs, retention::conversation_key);
-        activity.of(&users_active, &users, retention::end_user_key);
-        let writes = FoldWrites {
-            marks: marks.raised,
-            fold_from: position.fold_from.map(eventlog::LogPosition::encode),
-            created: [
-                (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
-                (keys::meta::COUNT_END_USERS, out.new_end_users),
-                (keys::meta::COUNT_BOTS, out.new_bots),
-            ],
-            timers: timer_writes,
-            queue: queue_fold.writes()?,
-            derived: derived::derived_writes(&derived_before, &convs),
-            activity,
-            conversations: encoded(&convs)?,
-            end_users: encoded(&users)?,
-            index_entries,
-            bots: encoded(&bots)?,
-            history,
-        };
-        out.queue_exits = queue_fold.into_exits();
-        let waiting = writes.queue.waiting_changes();
-        let journal = self.fold_journal(writes, &out.outbox)?;
-        self.commit_journal(&journal)?;
-        // Still under the fold lock: the counts follow the commits in order.
-        self.note_waiting(&waiting);
-        if let Some(due_at) = earliest_timer {
-            self.timer_wakeup.started(due_at);
-        }
-        Ok(out)
-    }
-
-    /// A fold's writes (and the entries it `decided`) as one journal (see `journal`), in the
-    /// order they are applied, which is
-    /// what a reader outside the fold lock may see half done: the outbox entries before the
-    /// states that decided them, and the folded marks and the watermark last (a reader that
-    /// finds an event folded finds its state). Record counts are read here, under the fold lock,
-    /// and written as absolute values, so applying the journal twice is harmless.
-    fn fold_journal(
-        &self,
-        writes: FoldWrites,
-        decided: &[model::action::OutboxEntry],
-    ) -> Result<Journal, StoreError> {
-        use journal::TreeId as T;
-        let mut j = Journal::default();
-        for key in writes.timers.remove {
-            j.remove(T::Timers, key);
-        }
-        for (key, entry) in writes.timers.insert {
-            j.insert(T::Timers, key, entry);
-        }
-        for key in writes.queue.remove.into_iter().chain(writes.derived.remove) {
-            j.remove(T::Queue, key);
-        }
-        for (key, value) in writes.queue.insert {
-            j.insert(T::Queue, key, value);
-        }
-        for key in writes.derived.insert {
-            j.insert(T::Queue, key, Vec::new());
-        }
-        for key in writes.activity.remove {
-            j.remove(T::Activity, key);
-        }
-        for key in writes.activity.insert {
-            j.insert(T::Activity, key, Vec::new());
-        }
-        outbox::journal_pending(&mut j, decided)?;
-        for (id, bytes) in writes.conversations {
-            j.insert(T::Conversations, id, bytes);
-        }
-        for (key, id) in writes.index_entries {
-            j.insert(T::UserIndex, key, id);
-        }
-        for (id, bytes) in writes.end_users {
-            j.insert(T::EndUsers, id, bytes);
-        }
-        for (id, bytes) in writes.bots {
-            j.insert(T::Bots, id, bytes);
-        }
-        // Record counts kept with the records, so a start need not count whole trees (which
-        // makes sled load every page: most of a restarted daemon's memory).
-        for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
-            let count = self
-                .meta
-                .get(key)?
-                .and_then(|b| keys::parse_seq(&b))
-                .unwrap_or(0);
-            j.insert(T::Meta, *key, keys::seq(count + new));
-        }
-        for (key, offset) in writes.history {
-            j.insert(T::PartitionEvents, key, keys::seq(offset));
-        }
-        for (partition, seq) in writes.marks {
-            j.insert(T::Folded, partition, keys::seq(seq));
-        }
-        if let Some(at) = writes.fold_from {
-            j.insert(T::Meta, keys::meta::FOLD_FROM, at);
-        }
-        Ok(j)
-    }
-
-    /// Apply a fold's internal state actions to `state` and turn the others into outbox entries,
-    /// skipping any id decided before (in this fold, or ever: the `actions` ledger).
-    fn queue_decisions(
-        &self,
-        event: &Event,
-        state: &mut ConversationState,
-        decisions: Vec<model::action::Decision>,
-        decided_by: (&str, Millis, Millis),
-        decided: &mut std::collections::HashSet<String>,
-        out: &mut Applied,
-    ) -> Result<(), StoreError> {
-        use model::action::{action_id, OutboxEntry};
-        for decision in decisions {
-            let id = action_id(&event.id, &decision.rule, decision.index);
-            if engine::decide::apply_to_state(&decision.action, state, decided_by.2, &id) {
-                continue;
-            }
-            if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
-                out.repeated_actions += 1;
-                continue;
-            }
-            decided.insert(id.clone());
-            let seq = self.db.generate_id()?;
-            out.outbox.push(OutboxEntry::decided(
-                seq, id, &event.id, decision, decided_by,
-            ));
-        }
-        Ok(())
+        let position = Position::default();
+        port::Folds::fold(self, batch, &partitions, rules, received, &position)
     }
 
     pub(crate) fn conversation(
@@ -1846,288 +1607,6 @@ impl SledStore {
         }
         Ok(old)
     }
-}
-
-/// What one fold batch has read and changed so far: the states it touched (read once, then kept
-/// here), the marks it raises and what the journal at its end must also write.
-struct FoldBatch {
-    out: Applied,
-    /// The decision's clock for the whole batch.
-    now: Millis,
-    convs: HashMap<String, ConversationState>,
-    users: HashMap<String, EndUserState>,
-    bots: HashMap<String, BotState>,
-    /// Partitions' marks, and those this fold raises (to its last event of each).
-    marks: Marks,
-    decided: std::collections::HashSet<String>,
-    /// Each conversation's timers as this fold found them, and the keys of folded firings.
-    timers_before: HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
-    fired: Vec<Vec<u8>>,
-    queue_fold: queue::QueueFold,
-    /// Each conversation's derived index keys (`derived`) as this fold found it.
-    derived_before: HashMap<String, Vec<Vec<u8>>>,
-    /// Each state's key in the retention index as this fold found it (`None`: created).
-    convs_active: HashMap<String, Option<Vec<u8>>>,
-    users_active: HashMap<String, Option<Vec<u8>>>,
-    /// The index by partition's entries for the events this fold folds or passes over.
-    history: Vec<(Vec<u8>, u64)>,
-}
-
-impl FoldBatch {
-    fn new(now: Millis) -> Self {
-        FoldBatch {
-            out: Applied::default(),
-            now,
-            convs: HashMap::new(),
-            users: HashMap::new(),
-            bots: HashMap::new(),
-            marks: Marks::default(),
-            decided: std::collections::HashSet::new(),
-            timers_before: HashMap::new(),
-            fired: Vec::new(),
-            queue_fold: queue::QueueFold::default(),
-            derived_before: HashMap::new(),
-            convs_active: HashMap::new(),
-            users_active: HashMap::new(),
-            history: Vec::new(),
-        }
-    }
-
-    /// The end user `id` as this batch has it, noting its retention key as found.
-    fn end_user(
-        &mut self,
-        store: &SledStore,
-        id: &str,
-        new: impl FnOnce() -> EndUserState,
-    ) -> Result<&mut EndUserState, StoreError> {
-        let (user, created) = cached(&store.end_users, &mut self.users, id, new)?;
-        self.users_active
-            .entry(id.to_owned())
-            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
-        self.out.new_end_users += u64::from(created);
-        Ok(user)
-    }
-
-    /// Bot events, and events of unknown types, belong to the bot.
-    fn bot_event(&mut self, store: &SledStore, event: &Event) -> Result<(), StoreError> {
-        let id = match &event.payload {
-            Payload::Bot(b) => &b.id,
-            _ => &event.source_id,
-        };
-        let new = || BotState::new(id.clone());
-        let (bot, created) = cached(&store.bots, &mut self.bots, id.as_str(), new)?;
-        bot.apply(event);
-        self.out.new_bots += u64::from(created);
-        Ok(())
-    }
-
-    /// Fold a conversation's event and decide for it (`fold_and_decide`, with the end user and
-    /// the waiting queue it reads), queue its decisions, and note its end user.
-    fn conversation_event(
-        &mut self,
-        store: &SledStore,
-        (id, event): (&ConversationId, &Event),
-        rules: &dyn engine::decide::Decide,
-        received_at: Millis,
-    ) -> Result<(), StoreError> {
-        if let Payload::Timer(t) = &event.payload {
-            self.fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
-        }
-        let time = engine::decide::DecisionTime {
-            now: self.now,
-            received_at,
-        };
-        let first_read = FirstRead {
-            timers: &mut self.timers_before,
-            derived: &mut self.derived_before,
-            active: &mut self.convs_active,
-            created: &mut self.out.new_conversations,
-        };
-        let state = first_read.conversation(store, &mut self.convs, id)?;
-        let user = if rules.needs().end_user {
-            end_user_of(state, event, &self.users, &store.end_users)?
-        } else {
-            None
-        };
-        let queue_fold = &mut self.queue_fold;
-        let waited_since = queue_fold.before(state);
-        let mut after_fold = |after: &ConversationState| {
-            store.queue_after(queue_fold, after, waited_since, event.timestamp)?;
-            match rules.needs().queue {
-                true => store.standing_in(queue_fold, after).map(Some),
-                false => Ok(None),
-            }
-        };
-        let outcome = engine::fold::fold_and_decide(
-            state,
-            event,
-            rules,
-            user.as_deref(),
-            time,
-            &mut after_fold,
-        )?;
-        note_held_back(&mut self.out, id, event, &outcome);
-        if let Payload::Agent(_) = &event.payload {
-            if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
-                self.out.agent_verdicts.push(verdict.clone());
-            }
-        }
-        let decided_by = (rules.version(), received_at, self.now);
-        let (decided, out) = (&mut self.decided, &mut self.out);
-        store.queue_decisions(event, state, outcome.decisions, decided_by, decided, out)?;
-        if let Payload::Conversation(c) = &event.payload {
-            if let Some(uid) = &c.end_user_id {
-                let new = || EndUserState::new(uid.clone());
-                self.end_user(store, uid.as_str(), new)?
-                    .observe_conversation(event, c);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What a fold batch notes of a conversation when it first reads it: its timers, derived index
-/// keys and retention key as found (the journal writes the difference), and whether it is new.
-struct FirstRead<'a> {
-    timers: &'a mut HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
-    derived: &'a mut HashMap<String, Vec<Vec<u8>>>,
-    active: &'a mut HashMap<String, Option<Vec<u8>>>,
-    created: &'a mut u64,
-}
-
-impl FirstRead<'_> {
-    /// The conversation `id` as the batch has it in `convs` (read from the store the first
-    /// time, when what the journal compares is noted too).
-    fn conversation<'c>(
-        self,
-        store: &SledStore,
-        convs: &'c mut HashMap<String, ConversationState>,
-        id: &ConversationId,
-    ) -> Result<&'c mut ConversationState, StoreError> {
-        let new = || ConversationState::new(id.clone());
-        let (state, created) = cached(&store.conversations, convs, id.as_str(), new)?;
-        if !self.timers.contains_key(id.as_str()) {
-            self.timers
-                .insert(id.as_str().to_owned(), state.timers.clone());
-            // A new conversation's keys are all new (none is in the tree yet).
-            let found = match created {
-                true => Vec::new(),
-                false => derived::derived_keys(state),
-            };
-            self.derived.insert(id.as_str().to_owned(), found);
-            let key = (!created).then(|| retention::conversation_key(state));
-            self.active.insert(id.as_str().to_owned(), key);
-        }
-        *self.created += u64::from(created);
-        Ok(state)
-    }
-}
-
-/// The rules a fold held back for an event (a firing cap, a failed template): logged, and
-/// counted in what the fold applied.
-fn note_held_back(
-    out: &mut Applied,
-    id: &ConversationId,
-    event: &Event,
-    outcome: &engine::decide::Decided,
-) {
-    for hit in &outcome.capped {
-        tracing::warn!(
-            rule = %hit.rule,
-            conversation_id = %id,
-            event_id = %event.id,
-            fired = hit.fired,
-            per = %humantime::format_duration(hit.cap.per),
-            "rule firing cap reached: the rule is held back for this event"
-        );
-        out.capped.push(hit.rule.clone());
-    }
-    for failed in &outcome.failed {
-        tracing::warn!(
-            rule = %failed.rule,
-            conversation_id = %id,
-            event_id = %event.id,
-            index = failed.index,
-            error = %failed.error,
-            "rule action's template failed: recorded in the state, the action skipped"
-        );
-        out.template_errors.push(failed.rule.clone());
-    }
-}
-
-/// The end user of the conversation `event` belongs to (the one a conversation event names, else
-/// the state's), as this fold knows them: from its cache (an end-user event earlier in the batch),
-/// else from the tree. Read only: a user the bridge has not seen stays unknown and is not created.
-fn end_user_of<'a>(
-    state: &ConversationState,
-    event: &Event,
-    cache: &'a HashMap<String, EndUserState>,
-    tree: &sled::Tree,
-) -> Result<Option<std::borrow::Cow<'a, EndUserState>>, StoreError> {
-    let named = match &event.payload {
-        Payload::Conversation(c) => c.end_user_id.as_ref(),
-        _ => None,
-    };
-    let Some(id) = named.or(state.end_user_id.as_ref()) else {
-        return Ok(None);
-    };
-    if let Some(user) = cache.get(id.as_str()) {
-        return Ok(Some(std::borrow::Cow::Borrowed(user)));
-    }
-    Ok(get_decoded(tree, id.as_str(), "end-user state")?.map(std::borrow::Cow::Owned))
-}
-
-/// A state record for the rest of the fold: from the cache, else from the tree, else new.
-/// Returns whether it was created now.
-fn cached<'a, T: for<'de> Deserialize<'de>>(
-    tree: &sled::Tree,
-    cache: &'a mut HashMap<String, T>,
-    key: &str,
-    new: impl FnOnce() -> T,
-) -> Result<(&'a mut T, bool), StoreError> {
-    let mut created = false;
-    if !cache.contains_key(key) {
-        let state = match tree.get(key.as_bytes())? {
-            Some(b) => decode(&b, "state record")?,
-            None => {
-                created = true;
-                new()
-            }
-        };
-        cache.insert(key.to_owned(), state);
-    }
-    let state = cache
-        .get_mut(key)
-        .ok_or_else(|| StoreError::Corrupt("state cache".to_owned()))?;
-    Ok((state, created))
-}
-
-/// Everything a fold writes, by kind, before it becomes the fold's journal.
-struct FoldWrites {
-    /// Partitions' folded marks raised.
-    marks: HashMap<String, u64>,
-    fold_from: Option<[u8; eventlog::LogPosition::LEN]>,
-    /// Records each state tree gains, by its count key in `meta`.
-    created: [(&'static [u8], u64); 3],
-    timers: timers::TimerWrites,
-    queue: queue::QueueWrites,
-    derived: derived::DerivedWrites,
-    activity: retention::ActivityWrites,
-    conversations: Vec<(String, Vec<u8>)>,
-    end_users: Vec<(String, Vec<u8>)>,
-    /// `(platform, userKey)` index keys and the end user each names.
-    index_entries: Vec<(Vec<u8>, String)>,
-    bots: Vec<(String, Vec<u8>)>,
-    /// The index by partition's new entries (see [`history`]).
-    history: Vec<(Vec<u8>, u64)>,
-}
-
-/// Each cached record, encoded for writing.
-fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    cache
-        .iter()
-        .map(|(id, state)| Ok((id.clone(), encode(state)?)))
-        .collect()
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {

@@ -7,7 +7,8 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in a fold's or a replay's journal (`SledStore::fold`, `replay`). An
+//! Entries enter the outbox only in a fold's or a replay's journal (the commit of the engine's
+//! write set: `fold`; the port's `Folds::fold`, `Folds::replay`). An
 //! entry leaves the outbox only after its outcome is recorded: a dead letter in one transaction
 //! with the removal; a `done` record by plain writes, the record first and the removal last (see
 //! [`SledStore::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,

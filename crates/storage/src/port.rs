@@ -21,7 +21,9 @@ use crate::{
     AcceptRequest, Accepted, Applied, EventRecord, Pending, Position, Pruned, QuarantineMeta,
     QuarantineRecord, Sizes, StoreError,
 };
+use engine::batch::{FoldReads, WriteSet};
 use engine::decide::Decide;
+use engine::replay::Replayed;
 use engine::state::desk::DeskPhase;
 use engine::state::queue::Standing;
 use engine::state::stats::HandoffStats;
@@ -97,7 +99,10 @@ pub trait Ingest {
     ) -> Result<(), StoreError>;
 }
 
-/// The fold: read a batch's states, call the engine per event, commit the write set atomically.
+/// The fold: the events still to fold, and fold sessions in which the engine's batch fold
+/// (`engine::batch::fold_batch`) reads what it needs and the store commits its write set
+/// atomically. A backend implements the reads and the commit ([`FoldSession`]); the loop is the
+/// engine's ([`Folds::fold`], [`Folds::replay`]).
 pub trait Folds {
     /// The events still to fold, oldest first.
     fn pending(&self) -> Result<Pending, StoreError>;
@@ -106,8 +111,19 @@ pub trait Folds {
     fn pending_before_writer(&self) -> Result<Pending, StoreError>;
     /// Event `seq`, stored at `at`.
     fn event_at(&self, seq: u64, at: LogPosition) -> Result<Option<EventRecord>, StoreError>;
-    /// Fold a batch (events of several partitions, in order per partition) in one atomic write:
-    /// states, folded marks, decided outbox entries, timers, queue, indexes and counters.
+    /// A fold session: folds run one at a time (the store's fold lock, or a transaction that
+    /// serialises them), and whatever else writes what folds write (retention, a replay's
+    /// decisions) waits for it. Refused while an earlier fold is half applied
+    /// ([`StoreError::HalfApplied`]).
+    fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError>;
+    /// A position at or before every event still to fold (the folds' low watermark).
+    fn fold_from(&self) -> Result<LogPosition, StoreError>;
+    fn advance_fold_from(&self, to: LogPosition) -> Result<(), StoreError>;
+
+    /// Fold a batch (events of several partitions, in order per partition) with `rules`
+    /// deciding, in one session and one atomic write: states, folded marks, decided outbox
+    /// entries (numbered by the commit), timers, queue, indexes and counters. The engine's loop;
+    /// backends do not override it.
     fn fold(
         &self,
         batch: &[(u64, Event)],
@@ -115,16 +131,108 @@ pub trait Folds {
         rules: &dyn Decide,
         received: &[Millis],
         position: &Position,
-    ) -> Result<Applied, StoreError>;
-    /// A position at or before every event still to fold (the folds' low watermark).
-    fn fold_from(&self) -> Result<LogPosition, StoreError>;
-    fn advance_fold_from(&self, to: LogPosition) -> Result<(), StoreError>;
-    /// Fold stored events again with `rules`, writing nothing (the audit and `replay`).
+    ) -> Result<Applied, StoreError> {
+        let session = self.begin_fold()?;
+        fold_in(session, (batch, partitions, received), rules, position)
+    }
+
+    /// Re-run stored events through `rules` (`engine::replay`); unless a dry run, queue what is
+    /// new (or forced) in one commit, as a fold would. The caller makes it durable (flush)
+    /// before telling the executor. The engine's loop; backends do not override it.
     fn replay(
         &self,
         request: &ReplayRequest,
         rules: &dyn Decide,
-    ) -> Result<ReplayReport, StoreError>;
+    ) -> Result<ReplayReport, StoreError> {
+        replay_in(self.begin_fold()?, request, rules)
+    }
+}
+
+/// A fold under way: the reads of the engine's batch fold, and the commit of its write set.
+/// Dropping it uncommitted writes nothing.
+pub trait FoldSession: FoldReads<Error = StoreError> {
+    /// The decisions' clock: the daemon's time now.
+    fn now(&self) -> Millis;
+    /// What a replay of the events received in `[from, to)` re-runs: the folded events of the
+    /// conversations with a folded event in the window, from each one's first stored event up
+    /// to the window's last, in acceptance order (those that no longer parse left out); and how
+    /// many of the window's conversation events are still to fold.
+    fn replay_events(&mut self, from: Millis, to: Millis) -> Result<ReplayEvents, StoreError>;
+    /// Commit `writes` in one atomic write, numbering its decided outbox entries in order (each
+    /// number above every earlier one); what the batch did, those entries with their numbers.
+    fn commit(self: Box<Self>, writes: WriteSet) -> Result<Applied, StoreError>;
+}
+
+/// See [`FoldSession::replay_events`].
+#[derive(Default)]
+pub struct ReplayEvents {
+    pub events: Vec<Replayed>,
+    pub pending: u64,
+}
+
+/// [`Folds::fold`] in `session`.
+fn fold_in(
+    mut session: Box<dyn FoldSession + '_>,
+    (events, partitions, received): (&[(u64, Event)], &[PartitionKey], &[Millis]),
+    rules: &dyn Decide,
+    position: &Position,
+) -> Result<Applied, StoreError> {
+    let position = position.to_engine();
+    let batch = engine::batch::Batch {
+        events,
+        partitions,
+        received,
+        position: &position,
+        now: session.now(),
+    };
+    let writes = engine::batch::fold_batch(&mut *session, batch, rules)?;
+    log_held_back(&writes.held_back);
+    session.commit(writes)
+}
+
+/// The rules a fold held back (firing caps, failed templates), logged.
+fn log_held_back(held_back: &[engine::batch::HeldBack]) {
+    for held in held_back {
+        let (conversation_id, event_id) = (&held.conversation, &held.event);
+        for hit in &held.capped {
+            tracing::warn!(
+                rule = %hit.rule,
+                %conversation_id,
+                %event_id,
+                fired = hit.fired,
+                per = %humantime::format_duration(hit.cap.per),
+                "rule firing cap reached: the rule is held back for this event"
+            );
+        }
+        for failed in &held.failed {
+            tracing::warn!(
+                rule = %failed.rule,
+                %conversation_id,
+                %event_id,
+                index = failed.index,
+                error = %failed.error,
+                "rule action's template failed: recorded in the state, the action skipped"
+            );
+        }
+    }
+}
+
+/// [`Folds::replay`] in `session`.
+fn replay_in(
+    mut session: Box<dyn FoldSession + '_>,
+    request: &ReplayRequest,
+    rules: &dyn Decide,
+) -> Result<ReplayReport, StoreError> {
+    let stored = session.replay_events(request.from, request.to)?;
+    let now = session.now();
+    let mut report = engine::replay::replay(&mut *session, (request, rules, now), stored.events)?;
+    report.pending_events = stored.pending;
+    if report.entries.is_empty() {
+        return Ok(report);
+    }
+    let entries = std::mem::take(&mut report.entries);
+    report.entries = session.commit(WriteSet::outbox_only(entries))?.outbox;
+    Ok(report)
 }
 
 /// The outbox: pending entries in decision order, their retry states, and each outcome recorded

@@ -3,7 +3,7 @@
 //! `engine::state::stats::KEPT_MS`).
 //!
 //! The retention index (`activity/v1`) holds every conversation and end user by its newest
-//! activity time ([`conversation_activity`], [`end_user_activity`]), oldest first. Like the
+//! activity time (`engine::index::Activity`), oldest first. Like the
 //! waiting queue and the sweeper's index, only folds write it, in their journal, as the
 //! difference between a state's key before and after the fold; so a pruning pass reads the
 //! states past retention as a range, in chunks, without reading every state. A store from before
@@ -19,42 +19,30 @@
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
 use super::{decode, keys, ConversationState, EndUserState, SledStore, StoreError};
+use engine::index::{Activity, StateKind};
 use model::ids::PartitionKey;
 use model::webhook::model::Millis;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 /// States examined per transaction (and per hold of the fold lock).
 pub const CHUNK: usize = 1_000;
 
-/// When a conversation was last active: its newest event (a deletion is one), or a running
-/// timer's due time if later (a conversation waiting on a timer is not idle).
-pub fn conversation_activity(s: &ConversationState) -> Millis {
-    let timers = s.timers.values().map(|t| t.due_at);
-    timers
-        .chain(s.deleted_at)
-        .fold(s.last_event_at, Millis::max)
-}
-
-/// When an end user was last active: their newest own event, or the newest conversation event
-/// that named them.
-pub fn end_user_activity(u: &EndUserState) -> Millis {
-    u.deleted_at.into_iter().fold(
-        u.last_event_at.max(u.last_conversation_id.stamp.at),
-        Millis::max,
-    )
+/// A retention index entry's key: kind, activity time, id.
+pub(crate) fn key(entry: &Activity) -> Vec<u8> {
+    let kind = match entry.kind {
+        StateKind::Conversation => keys::ACTIVITY_CONVERSATION,
+        StateKind::EndUser => keys::ACTIVITY_END_USER,
+    };
+    keys::activity(kind, entry.at, &entry.id)
 }
 
 pub(super) fn conversation_key(s: &ConversationState) -> Vec<u8> {
-    keys::activity(
-        keys::ACTIVITY_CONVERSATION,
-        conversation_activity(s),
-        s.id.as_str(),
-    )
+    key(&Activity::of_conversation(s))
 }
 
 pub(super) fn end_user_key(u: &EndUserState) -> Vec<u8> {
-    keys::activity(keys::ACTIVITY_END_USER, end_user_activity(u), u.id.as_str())
+    key(&Activity::of_end_user(u))
 }
 
 /// Every key kept outside the `conversations` tree that is derived from a conversation's state:
@@ -83,34 +71,6 @@ pub(super) fn state_keys(s: &ConversationState) -> StateKeys {
             .map(|(name, t)| keys::timer(t.due_at, id, name))
             .collect(),
         activity: vec![conversation_key(s)],
-    }
-}
-
-/// What a fold writes to the retention index.
-#[derive(Debug, Default)]
-pub(super) struct ActivityWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<Vec<u8>>,
-}
-
-impl ActivityWrites {
-    /// The index's changes: each folded state's key as the fold found it (`before`, by id; `None`
-    /// for a state the fold created) against its key now.
-    pub fn of<T>(
-        &mut self,
-        before: &HashMap<String, Option<Vec<u8>>>,
-        states: &HashMap<String, T>,
-        key: impl Fn(&T) -> Vec<u8>,
-    ) {
-        for (id, state) in states {
-            let old = before.get(id).cloned().flatten();
-            let now = key(state);
-            if old.as_ref() == Some(&now) {
-                continue;
-            }
-            self.remove.extend(old);
-            self.insert.push(now);
-        }
     }
 }
 
@@ -431,11 +391,7 @@ impl SledStore {
             .iter()
             .flat_map(|r| r.derived.queue.iter().cloned())
             .collect();
-        let waiting = super::queue::QueueWrites {
-            remove: queue_removed,
-            insert: Vec::new(),
-        }
-        .waiting_changes();
+        let waiting = super::queue::WaitingChanges::removing(queue_removed);
         let mut timers = 0;
         for r in removals {
             for key in &r.derived.timers {
@@ -679,7 +635,9 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::Folds;
     use crate::{Position, QuarantineRecord};
+    use engine::index::{conversation_activity, end_user_activity};
     use model::ids::DeliveryId;
     use model::webhook::IncomingEvent;
 

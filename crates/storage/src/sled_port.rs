@@ -7,22 +7,20 @@ use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
 use crate::port::*;
 use crate::queue::{BotWaiting, QueueSummary};
-use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
 use crate::timers::{DueTimer, TimerWakeup};
 use crate::watch::Watched;
 use crate::{
-    AcceptRequest, Accepted, Applied, EventRecord, Pending, Position, Pruned, QuarantineMeta,
-    QuarantineRecord, Sizes, SledStore, StoreError,
+    AcceptRequest, Accepted, EventRecord, Pending, Pruned, QuarantineMeta, QuarantineRecord, Sizes,
+    SledStore, StoreError,
 };
-use engine::decide::Decide;
 use engine::state::desk::DeskPhase;
 use engine::state::queue::Standing;
 use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
-use model::webhook::model::{Event, Millis};
+use model::webhook::model::Millis;
 use model::webhook::IncomingEvent;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -85,15 +83,8 @@ impl Folds for SledStore {
         SledStore::event_at(self, seq, at)
     }
 
-    fn fold(
-        &self,
-        batch: &[(u64, Event)],
-        partitions: &[PartitionKey],
-        rules: &dyn Decide,
-        received: &[Millis],
-        position: &Position,
-    ) -> Result<Applied, StoreError> {
-        SledStore::fold(self, batch, partitions, rules, received, position)
+    fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
+        Ok(Box::new(SledStore::begin_fold(self)?))
     }
 
     fn fold_from(&self) -> Result<LogPosition, StoreError> {
@@ -102,14 +93,6 @@ impl Folds for SledStore {
 
     fn advance_fold_from(&self, to: LogPosition) -> Result<(), StoreError> {
         SledStore::advance_fold_from(self, to)
-    }
-
-    fn replay(
-        &self,
-        request: &ReplayRequest,
-        rules: &dyn Decide,
-    ) -> Result<ReplayReport, StoreError> {
-        SledStore::replay(self, request, rules)
     }
 }
 

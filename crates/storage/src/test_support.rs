@@ -2,6 +2,7 @@
 //! temporary directory, deliveries made from a few fields, and folding as the dispatcher would.
 //! Built for tests only (and with the `test-support` feature).
 
+use crate::port::Folds;
 use crate::*;
 use model::webhook::model::{Event, Millis};
 use model::webhook::{parse_delivery, parse_event};

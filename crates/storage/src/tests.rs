@@ -1,5 +1,6 @@
 use super::test_support::*;
 use super::*;
+use crate::port::Folds;
 use model::webhook::{parse_delivery, parse_event};
 
 #[test]

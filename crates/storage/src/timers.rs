@@ -9,11 +9,11 @@
 //! restarts the timer; this way nothing does.)
 
 use super::{decode, encode, keys, SledStore, StoreError};
-use engine::state::{ConversationState, Timer};
+use engine::batch::TimerStart;
+use engine::index::TimerRef;
 use model::ids::ConversationId;
 use model::webhook::model::{Millis, TimerFiring};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// A timer key's value: what firing it needs besides its key.
@@ -33,76 +33,20 @@ pub struct DueTimer {
     pub bot_id: String,
 }
 
-/// What one fold writes to the timers tree.
-#[derive(Debug, Default)]
-pub(super) struct TimerWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Keys the tree gains minus keys it loses (for the pending-timers gauge).
-    pub change: i64,
-    /// The earliest due time among `insert` (for [`TimerWakeup::started`]).
-    pub earliest: Option<Millis>,
+/// A running timer's key in the tree: due time, conversation, name.
+pub(crate) fn key(timer: &TimerRef) -> Vec<u8> {
+    keys::timer(timer.due_at, &timer.conversation, &timer.name)
+}
+
+/// A started timer's value in the tree.
+pub(crate) fn value(start: &TimerStart) -> Result<Vec<u8>, StoreError> {
+    encode(&Entry {
+        started_by: start.started_by.clone(),
+        bot_id: start.bot_id.clone(),
+    })
 }
 
 impl SledStore {
-    /// The fold's timer writes: each conversation's timers as the batch found them (`before`)
-    /// against its state now, plus the keys of the folded firings (`fired`), which go unless the
-    /// timer runs again under the same key.
-    pub(super) fn timer_writes(
-        &self,
-        before: &HashMap<String, BTreeMap<String, Timer>>,
-        states: &HashMap<String, ConversationState>,
-        fired: &[Vec<u8>],
-    ) -> Result<TimerWrites, StoreError> {
-        let mut out = TimerWrites::default();
-        let mut kept = HashSet::new();
-        let empty = BTreeMap::new();
-        // Only folds write the tree, one at a time (the fold lock), so it holds exactly the
-        // timers the batch found in its states (`before` has every conversation of `states`):
-        // what is in it is known without reading it.
-        let stored: HashSet<Vec<u8>> = before
-            .iter()
-            .flat_map(|(id, timers)| {
-                timers
-                    .iter()
-                    .map(move |(name, timer)| keys::timer(timer.due_at, id, name))
-            })
-            .collect();
-        for (id, state) in states {
-            let old = before.get(id).unwrap_or(&empty);
-            for (name, timer) in &state.timers {
-                let key = keys::timer(timer.due_at, id, name);
-                kept.insert(key.clone());
-                if old.get(name) == Some(timer) {
-                    continue;
-                }
-                let entry = Entry {
-                    started_by: timer.started_by.clone(),
-                    bot_id: state
-                        .bot_id
-                        .as_ref()
-                        .map(|b| b.to_string())
-                        .unwrap_or_default(),
-                };
-                out.change += i64::from(!stored.contains(&key));
-                out.insert.push((key, encode(&entry)?));
-                out.earliest = Some(out.earliest.map_or(timer.due_at, |e| e.min(timer.due_at)));
-            }
-            let gone = old
-                .iter()
-                .map(|(name, timer)| keys::timer(timer.due_at, id, name));
-            out.remove.extend(gone.filter(|key| !kept.contains(key)));
-        }
-        out.remove
-            .extend(fired.iter().filter(|key| !kept.contains(*key)).cloned());
-        out.remove.sort();
-        out.remove.dedup();
-        for key in &out.remove {
-            out.change -= i64::from(stored.contains(key));
-        }
-        Ok(out)
-    }
-
     /// Due timers (at or before `now`), earliest first, at most `limit`, leaving out those `skip`
     /// names (already fired, their firing not folded yet); and when the next one is due (`now`
     /// when the limit cut the list short). Unreadable entries are logged and left out.

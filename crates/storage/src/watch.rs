@@ -12,15 +12,15 @@
 //! sweeper reads only those released within `reconcile.recent`.
 
 use super::{keys, ConversationState, SledStore, StoreError};
-use engine::state::belief;
+use engine::index::Derived;
 use model::webhook::model::Millis;
 
 /// A conversation's key in the sweeper's index, if any.
 pub(super) fn watch_key(s: &ConversationState) -> Option<Vec<u8>> {
-    if belief::is_active(s) {
-        return Some(keys::watch_active(s.id.as_str()));
-    }
-    belief::released_at(s).map(|at| keys::watch_released(at, s.id.as_str()))
+    let entries = engine::index::derived(s).into_iter();
+    let mut watched =
+        entries.filter(|e| matches!(e, Derived::Active { .. } | Derived::Released { .. }));
+    watched.next().map(|e| crate::derived::key(&e))
 }
 
 /// The conversations a sweep looks at (ids), from the index.
