@@ -20,11 +20,11 @@
 use crate::ops::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
+use model::cursor::Cursor;
 use model::ids::PartitionKey;
 use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
-use storage::eventlog::LogPosition;
 use storage::Storage;
 use storage::{NewEvent, Position, QuarantineRecord, Store};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -44,12 +44,12 @@ const MAX_EVENTS_IN_MEMORY: usize = 10_000;
 /// An event as queued: where it is in the log, and its typed form when intake handed it over.
 #[derive(Debug)]
 struct Entry {
-    at: LogPosition,
+    at: Cursor,
     typed: Option<Box<(Millis, Event)>>,
 }
 
 /// Newly durable events, and where the log ended after them.
-type Received = (Vec<NewEvent>, LogPosition);
+type Received = (Vec<NewEvent>, Cursor);
 
 /// The dispatcher's progress, for [`DispatchHandle::wait_drained`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl DispatchHandle {
     }
 
     /// Hand over newly durable events with their typed form, and where the log ends after them.
-    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: LogPosition) {
+    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: Cursor) {
         if !events.is_empty() {
             // Counted by the store already (`Store::count_hand_over`); a stopped dispatcher
             // leaves them to the next start's scan.
@@ -212,10 +212,10 @@ struct Queues {
     /// How many events queued or being folded each frame holds: the oldest frame with one not
     /// in a fold is that fold's watermark. Counted per frame, not per event: a burst's frames
     /// hold several events each, and this map is as large as the backlog.
-    unfinished: BTreeMap<LogPosition, u32>,
+    unfinished: BTreeMap<Cursor, u32>,
     /// Where the log ended after the newest event received: every event not received yet is
     /// past it.
-    received_end: LogPosition,
+    received_end: Cursor,
 }
 
 /// One fold job: the next batch of each of several partitions.
@@ -246,7 +246,7 @@ impl Queues {
 
     /// Queue newly durable events (typed while the queues hold fewer than
     /// [`MAX_EVENTS_IN_MEMORY`]), and where the log ended after them.
-    fn receive(&mut self, events: Vec<NewEvent>, log_end: LogPosition) {
+    fn receive(&mut self, events: Vec<NewEvent>, log_end: Cursor) {
         for e in events {
             let keep = self.depth < MAX_EVENTS_IN_MEMORY;
             let typed = keep.then(|| Box::new((e.received_at, e.event)));
@@ -287,8 +287,8 @@ impl Queues {
     /// The watermark for a job: the oldest unfinished event not in it, or the received end.
     /// Whatever is not folded once the job commits was unfinished then (and not in the job), or
     /// comes later, past the received end.
-    fn watermark(&self, job: &Job) -> LogPosition {
-        let mut mine: HashMap<LogPosition, u32> = HashMap::new();
+    fn watermark(&self, job: &Job) -> Cursor {
+        let mut mine: HashMap<Cursor, u32> = HashMap::new();
         for (_, entry) in job.iter().flat_map(|(_, batch)| batch) {
             *mine.entry(entry.at).or_default() += 1;
         }
@@ -339,7 +339,7 @@ impl Queues {
     }
 
     /// One event (a copy) queued or being folded is gone.
-    fn settle(&mut self, at: LogPosition) {
+    fn settle(&mut self, at: Cursor) {
         self.depth = self.depth.saturating_sub(1);
         if let Some(count) = self.unfinished.get_mut(&at) {
             *count = count.saturating_sub(1);
@@ -373,8 +373,8 @@ const KEEP_CAPACITY: usize = 1024;
 #[derive(Debug)]
 struct Finished {
     partition: PartitionKey,
-    done: Vec<(u64, LogPosition)>,
-    failed: Vec<(u64, LogPosition)>,
+    done: Vec<(u64, Cursor)>,
+    failed: Vec<(u64, Cursor)>,
 }
 
 type JobResult = Vec<Finished>;
@@ -444,7 +444,7 @@ impl FoldThreads {
 /// a job ran.) At most once per `RAISE_EVERY`, and once more that long after the last if still
 /// behind; and once at a stop, so a raise held back is not lost.
 struct Watermark {
-    written: LogPosition,
+    written: Cursor,
     last_raise: Option<tokio::time::Instant>,
 }
 
@@ -453,13 +453,13 @@ struct Watermark {
 enum Raise {
     Nothing,
     /// Write this (the log's end as received).
-    Now(LogPosition),
+    Now(Cursor),
     /// Look again then.
     Later(tokio::time::Instant),
 }
 
 impl Watermark {
-    fn new(written: LogPosition) -> Self {
+    fn new(written: Cursor) -> Self {
         Watermark {
             written,
             last_raise: None,
@@ -467,20 +467,20 @@ impl Watermark {
     }
 
     /// A fold committed the watermark its job started with.
-    fn committed(&mut self, fold_from: LogPosition) {
+    fn committed(&mut self, fold_from: Cursor) {
         self.written = fold_from;
     }
 
     /// At a stop: the end to raise the watermark to, if drained and behind, whenever the last
     /// raise.
-    fn at_stop(&mut self, drained: bool, end: LogPosition) -> Option<LogPosition> {
+    fn at_stop(&mut self, drained: bool, end: Cursor) -> Option<Cursor> {
         (drained && self.written < end).then(|| {
             self.written = end;
             end
         })
     }
 
-    fn next(&mut self, drained: bool, end: LogPosition, now: tokio::time::Instant) -> Raise {
+    fn next(&mut self, drained: bool, end: Cursor, now: tokio::time::Instant) -> Raise {
         if !drained || self.written >= end {
             return Raise::Nothing;
         }
@@ -583,7 +583,7 @@ impl Lifter {
 /// partitions' batches (an error: it panicked).
 type Folded = (
     tokio::time::Instant,
-    LogPosition,
+    Cursor,
     Result<JobResult, oneshot::error::RecvError>,
 );
 
@@ -666,7 +666,7 @@ fn spawn_fold(
     metrics: &Metrics,
     settings: &DispatchSettings,
     job: Job,
-    fold_from: LogPosition,
+    fold_from: Cursor,
 ) -> oneshot::Receiver<JobResult> {
     let (store, metrics) = (store.clone(), metrics.clone());
     let events: usize = job.iter().map(|(_, b)| b.len()).sum();
@@ -766,7 +766,7 @@ async fn wind_down(
 
 /// Raise the folds' watermark to `to` on a fold thread (`Store::advance_fold_from` takes the fold
 /// lock); the receiver says when it is done.
-fn raise_watermark(pool: &FoldThreads, store: &Store, to: LogPosition) -> oneshot::Receiver<()> {
+fn raise_watermark(pool: &FoldThreads, store: &Store, to: Cursor) -> oneshot::Receiver<()> {
     let (done_tx, done_rx) = oneshot::channel();
     let store = store.clone();
     pool.spawn(move || {
@@ -797,7 +797,7 @@ struct Fold<'a> {
 
 /// Fold one job (several partitions' batches) in one atomic write, which also records
 /// `fold_from` as the folds' watermark. Runs on a fold thread.
-fn process(fold: &Fold<'_>, job: Job, fold_from: LogPosition) -> JobResult {
+fn process(fold: &Fold<'_>, job: Job, fold_from: Cursor) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
     let Prepared {
         batch,
@@ -846,7 +846,7 @@ struct Prepared {
     /// The events passed over (quarantined); the watermark is set later.
     position: Position,
     /// Per partition: the entries this fold settles (folded or passed over), in order.
-    settled: Vec<Vec<(u64, LogPosition)>>,
+    settled: Vec<Vec<(u64, Cursor)>>,
     /// Per partition: the entries that go back to its queue (nothing done yet).
     results: JobResult,
 }
@@ -922,7 +922,7 @@ impl Prepared {
 /// The watermark the fold writes: the job's own counted every entry of the job as folded by
 /// this commit, so it is held back to the first that goes back to its queue (a failed read,
 /// and what follows it in its partition).
-fn job_fold_from(results: &JobResult, fold_from: LogPosition) -> LogPosition {
+fn job_fold_from(results: &JobResult, fold_from: Cursor) -> Cursor {
     let first_failed = results
         .iter()
         .flat_map(|r| r.failed.iter().map(|(_, at)| *at))
@@ -1008,7 +1008,7 @@ enum Loaded {
 }
 
 /// Read a queued event back from the log (after a restart, or a backlog).
-fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: LogPosition) -> Loaded {
+fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: Cursor) -> Loaded {
     match store.event_at(seq, at) {
         Ok(Some(record)) => match model::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
@@ -1065,11 +1065,8 @@ mod tests {
     }
 
     /// Event `seq`'s frame: the tests put one event per frame, in sequence order.
-    fn at(seq: u64) -> LogPosition {
-        LogPosition {
-            segment: 0,
-            offset: seq * 100,
-        }
+    fn at(seq: u64) -> Cursor {
+        Cursor::from_raw(u128::from(seq) * 100)
     }
 
     fn entry(seq: u64) -> Entry {
@@ -1077,7 +1074,7 @@ mod tests {
     }
 
     /// An entry to read back from the log at `at` (as after a restart).
-    fn untyped(at: LogPosition) -> Entry {
+    fn untyped(at: Cursor) -> Entry {
         Entry { at, typed: None }
     }
 
@@ -1147,7 +1144,7 @@ mod tests {
     }
 
     /// Fold a job as a fold thread does, without rules.
-    fn process_without_rules(store: &dyn Storage, job: Job, fold_from: LogPosition) -> JobResult {
+    fn process_without_rules(store: &dyn Storage, job: Job, fold_from: Cursor) -> JobResult {
         let metrics = Metrics::new().expect("metrics");
         let fold = Fold {
             store,
@@ -1557,7 +1554,7 @@ mod tests {
     /// being folded, or when a fold already wrote the log's end.
     #[test]
     fn the_watermark_is_raised_at_most_once_a_second() {
-        let at = |offset| LogPosition { segment: 1, offset };
+        let at = |offset: u128| Cursor::from_raw((1 << 64) + offset);
         let t0 = tokio::time::Instant::now();
         let mut w = Watermark::new(at(0));
         assert_eq!(w.next(false, at(10), t0), Raise::Nothing, "not drained");
@@ -1587,7 +1584,7 @@ mod tests {
             .iter()
             .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
             .collect();
-        process_without_rules(store, job, LogPosition::default());
+        process_without_rules(store, job, Cursor::START);
     }
 
     /// Wait in real time until `done`, yielding to the dispatcher's task in between, without
@@ -1612,7 +1609,7 @@ mod tests {
     async fn held_back_raise(
         store: &Store,
     ) -> (
-        LogPosition,
+        Cursor,
         DispatchHandle,
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
@@ -1698,10 +1695,7 @@ mod tests {
         accept(&*store, "d2", "e2", "c2");
         let end = store.pending().expect("pending").end;
         fold_pending_behind(&*store);
-        assert_eq!(
-            store.fold_from().expect("watermark"),
-            LogPosition::default()
-        );
+        assert_eq!(store.fold_from().expect("watermark"), Cursor::START);
         assert!(store.pending().expect("pending").events.is_empty());
 
         let settings = plain_settings();

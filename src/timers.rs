@@ -17,7 +17,7 @@ use model::webhook::model::Millis;
 use std::collections::HashSet;
 use std::time::Duration;
 use storage::writer::WriterError;
-use storage::{AcceptJob, DueTimer, Store, Writer};
+use storage::{AcceptJob, DueTimer, Store, TimerKey, Writer};
 use tokio::sync::watch;
 
 /// Firings handed to the writer at once (they share its syncs).
@@ -43,7 +43,7 @@ pub fn start(
 async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Receiver<bool>) {
     let wakeup = store.timer_wakeup();
     // Keys fired by this process whose firing is not folded yet.
-    let mut fired: HashSet<Vec<u8>> = HashSet::new();
+    let mut fired: HashSet<TimerKey> = HashSet::new();
     loop {
         if *stop.borrow() {
             break;
@@ -94,9 +94,9 @@ fn until(next: Option<Millis>, now: Millis) -> Duration {
 
 enum Fired {
     /// The keys handed over (new or duplicate: either way stored).
-    Done(Vec<Vec<u8>>),
+    Done(Vec<TimerKey>),
     /// Some were handed over, the others failed and will be fired again.
-    Failed(Vec<Vec<u8>>, WriterError),
+    Failed(Vec<TimerKey>, WriterError),
     WriterStopped,
 }
 

@@ -53,13 +53,13 @@ impl SledStore {
                 };
             }
         }
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         self.tail_of(&key, fold_from, &mut frames)?;
         let mark = self.mark(&key)?;
         let mut out = Vec::with_capacity(frames.len());
         for (seq, at) in frames {
             // Its segment pruned since the listing: gone with it.
-            if let Some(record) = self.event_at(seq, at)? {
+            if let Some(record) = self.event_at(seq, at.into())? {
                 let pending = at >= fold_from && mark.is_none_or(|m| seq > m);
                 out.push((record, pending));
             }

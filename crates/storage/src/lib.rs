@@ -41,6 +41,7 @@ pub mod writer;
 
 use engine::state::{BotState, ConversationState, EndUserState};
 use journal::Journal;
+use model::cursor::Cursor;
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
@@ -57,7 +58,7 @@ pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
 pub use port::Storage;
-pub use timers::DueTimer;
+pub use timers::{DueTimer, TimerKey};
 pub use writer::{AcceptJob, NewEvent, Writer};
 
 /// The daemon's store: whichever backend was opened, shared (see [`port`]).
@@ -213,7 +214,7 @@ impl EventRecord {
 pub struct Pending {
     pub events: Vec<PendingEvent>,
     /// Where the log ended: every event after it reaches the dispatcher from intake.
-    pub end: eventlog::LogPosition,
+    pub end: Cursor,
 }
 
 impl Pending {
@@ -228,48 +229,6 @@ impl Pending {
     /// Numbers and partitions, oldest first.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &PartitionKey)> {
         self.events.iter().map(|p| (p.seq, &p.partition))
-    }
-}
-
-/// An event still to fold: its number, ordering domain and frame.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PendingEvent {
-    pub seq: u64,
-    pub partition: PartitionKey,
-    pub at: eventlog::LogPosition,
-}
-
-/// What a fold records beside the events' effects: how far the folds have come.
-#[derive(Debug, Default)]
-pub struct Position {
-    /// A location at or before every event still to fold once this fold commits (written as
-    /// [`keys::meta::FOLD_FROM`]); `None` leaves it as it is.
-    pub fold_from: Option<eventlog::LogPosition>,
-    /// Events passed over without folding (unreadable, so quarantined instead): marked folded
-    /// and indexed by partition.
-    pub passed: Vec<PendingEvent>,
-    /// Where each event of the batch is in the log, parallel to it: each folded event is
-    /// indexed by partition (see [`history`]). Empty for events that are in no log (offline
-    /// folds, tests), which are then not indexed.
-    pub frames: Vec<eventlog::LogPosition>,
-}
-
-impl Position {
-    /// As the engine's batch fold takes it.
-    pub(crate) fn to_engine(&self) -> engine::batch::Position {
-        engine::batch::Position {
-            fold_from: self.fold_from.map(Into::into),
-            passed: self
-                .passed
-                .iter()
-                .map(|p| engine::batch::PendingEvent {
-                    seq: p.seq,
-                    partition: p.partition.clone(),
-                    at: p.at.into(),
-                })
-                .collect(),
-            frames: self.frames.iter().map(|at| (*at).into()).collect(),
-        }
     }
 }
 
@@ -615,7 +574,7 @@ pub struct Sizes {
     pub quarantine: u64,
 }
 
-pub use engine::batch::Applied;
+pub use engine::batch::{Applied, PendingEvent, Position};
 
 /// What a prune pass removed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -1080,12 +1039,16 @@ impl SledStore {
     fn pending_until(&self, until: Option<eventlog::LogPosition>) -> Result<Pending, StoreError> {
         let mut marks = Marks::default();
         let mut events = Vec::new();
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         let mut visit = |at, seq, partition: &str| -> Result<(), StoreError> {
             if marks.is_pending(self, fold_from, at, partition, seq)? {
                 let partition = PartitionKey::decode(partition)
                     .ok_or_else(|| corrupt("event log partition"))?;
-                events.push(PendingEvent { seq, partition, at });
+                events.push(PendingEvent {
+                    seq,
+                    partition,
+                    at: at.into(),
+                });
             }
             Ok(())
         };
@@ -1104,7 +1067,7 @@ impl SledStore {
             Some(e) => Err(e),
             None => Ok(Pending {
                 events,
-                end: end.next,
+                end: end.next.into(),
             }),
         }
     }
@@ -1138,16 +1101,17 @@ impl SledStore {
     /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
     /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
     /// the next flush; an older watermark after a crash only makes a start scan more.
-    pub(crate) fn advance_fold_from(&self, to: eventlog::LogPosition) -> Result<(), StoreError> {
+    pub(crate) fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
         let _folding = self.fold_guard()?;
-        if self.fold_from()? < to {
+        if Cursor::from(self.watermark()?) < to {
             self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
         }
         Ok(())
     }
 
-    /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
-    pub(crate) fn fold_from(&self) -> Result<eventlog::LogPosition, StoreError> {
+    /// The folds' low watermark, where a start scans the log from (see
+    /// [`keys::meta::FOLD_FROM`]; the port's cursor is its encoding).
+    pub(crate) fn watermark(&self) -> Result<eventlog::LogPosition, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)
     }
 
@@ -1182,7 +1146,7 @@ impl SledStore {
         let record = EventRecord::from_log(&frame, i)?;
         let mut marks = Marks::default();
         let pending =
-            marks.is_pending(self, self.fold_from()?, at, &record.partition, record.seq)?;
+            marks.is_pending(self, self.watermark()?, at, &record.partition, record.seq)?;
         Ok(Some((record, pending)))
     }
 
@@ -1200,12 +1164,8 @@ impl SledStore {
 
     /// The event `seq` of the frame at `at` (where [`pending`](SledStore::pending) or intake found
     /// it), read back from the log.
-    pub(crate) fn event_at(
-        &self,
-        seq: u64,
-        at: eventlog::LogPosition,
-    ) -> Result<Option<EventRecord>, StoreError> {
-        let record = eventlog::read_at(&self.log_dir, at).map_err(log_error)?;
+    pub(crate) fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError> {
+        let record = eventlog::read_at(&self.log_dir, at.into()).map_err(log_error)?;
         match record {
             Some(record) => match record.position(seq) {
                 Some(i) => Ok(Some(EventRecord::from_log(&record, i)?)),
@@ -1238,7 +1198,7 @@ impl SledStore {
     ) -> Result<(), StoreError> {
         let mut failed = None;
         let mut marks = Marks::default();
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         let mut visit = |at, record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
             for (i, (seq, partition)) in record.seqs.iter().zip(&record.partitions).enumerate() {
                 let pending = marks.is_pending(self, fold_from, at, partition, *seq)?;
@@ -1488,9 +1448,9 @@ impl SledStore {
         dedupe_before: Millis,
         events_before: Millis,
     ) -> Result<Pruned, StoreError> {
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         self.flush()?;
-        self.prune_with(dedupe_before, events_before, fold_from)
+        self.prune_with(dedupe_before, events_before, fold_from.into())
     }
 
     /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
@@ -1502,8 +1462,9 @@ impl SledStore {
         &self,
         dedupe_before: Millis,
         events_before: Millis,
-        fold_from: eventlog::LogPosition,
+        fold_from: Cursor,
     ) -> Result<Pruned, StoreError> {
+        let fold_from = eventlog::LogPosition::from(fold_from);
         let mut out = Pruned::default();
         let pruned_to = self.forget_old_ids(dedupe_before, &mut out)?;
         for segment in self.old_segments(dedupe_before, events_before, fold_from, pruned_to)? {

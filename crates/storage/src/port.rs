@@ -9,13 +9,12 @@
 //! are `dyn`), so backends are chosen at start, not compiled in.
 
 use crate::desk::{DeskCursor, DeskPage};
-use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
 use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
-use crate::timers::{DueTimer, TimerWakeup};
+use crate::timers::{DueTimer, TimerKey, TimerWakeup};
 use crate::watch::Watched;
 use crate::{
     AcceptRequest, Accepted, Applied, EventRecord, Pending, Position, Pruned, QuarantineMeta,
@@ -29,6 +28,7 @@ use engine::state::queue::Standing;
 use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
+use model::cursor::Cursor;
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
@@ -110,15 +110,15 @@ pub trait Folds {
     /// started).
     fn pending_before_writer(&self) -> Result<Pending, StoreError>;
     /// Event `seq`, stored at `at`.
-    fn event_at(&self, seq: u64, at: LogPosition) -> Result<Option<EventRecord>, StoreError>;
+    fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError>;
     /// A fold session: folds run one at a time (the store's fold lock, or a transaction that
     /// serialises them), and whatever else writes what folds write (retention, a replay's
     /// decisions) waits for it. Refused while an earlier fold is half applied
     /// ([`StoreError::HalfApplied`]).
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError>;
     /// A position at or before every event still to fold (the folds' low watermark).
-    fn fold_from(&self) -> Result<LogPosition, StoreError>;
-    fn advance_fold_from(&self, to: LogPosition) -> Result<(), StoreError>;
+    fn fold_from(&self) -> Result<Cursor, StoreError>;
+    fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError>;
 
     /// Fold a batch (events of several partitions, in order per partition) with `rules`
     /// deciding, in one session and one atomic write: states, folded marks, decided outbox
@@ -177,12 +177,11 @@ fn fold_in(
     rules: &dyn Decide,
     position: &Position,
 ) -> Result<Applied, StoreError> {
-    let position = position.to_engine();
     let batch = engine::batch::Batch {
         events,
         partitions,
         received,
-        position: &position,
+        position,
         now: session.now(),
     };
     let writes = engine::batch::fold_batch(&mut *session, batch, rules)?;
@@ -288,9 +287,10 @@ pub trait Timers {
         &self,
         now: Millis,
         limit: usize,
-        skip: &dyn Fn(&[u8]) -> bool,
+        skip: &dyn Fn(&TimerKey) -> bool,
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError>;
-    fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError>;
+    /// Whether the timer still runs (its firing not folded yet).
+    fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError>;
     fn timers_pending(&self) -> u64;
     /// Woken by a fold that starts a timer earlier than the firer's next.
     fn timer_wakeup(&self) -> Arc<TimerWakeup>;
@@ -389,7 +389,7 @@ pub trait Retention {
         &self,
         dedupe_before: Millis,
         events_before: Millis,
-        fold_from: LogPosition,
+        fold_from: Cursor,
     ) -> Result<Pruned, StoreError>;
     fn prune_states_into(
         &self,

@@ -177,7 +177,7 @@ impl Unfolded {
         }
         let from = match self.from {
             Some(at) => at,
-            None => store.fold_from()?,
+            None => store.watermark()?,
         };
         let (partitions, events, overflow, max) = (
             &mut self.partitions,
@@ -527,7 +527,7 @@ impl SledStore {
     /// at least: the first event at the folds' watermark (or at the next segment's start when
     /// the watermark ends a segment); none there, any number.
     fn watermark_seq(&self) -> Result<u64, StoreError> {
-        let at = self.fold_from()?;
+        let at = self.watermark()?;
         let next = super::eventlog::LogPosition {
             segment: at.segment + 1,
             offset: 0,

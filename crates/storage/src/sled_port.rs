@@ -2,13 +2,12 @@
 //! [`port`](crate::port)).
 
 use crate::desk::{DeskCursor, DeskPage};
-use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
 use crate::port::*;
 use crate::queue::{BotWaiting, QueueSummary};
 use crate::retention::StatesPruned;
-use crate::timers::{DueTimer, TimerWakeup};
+use crate::timers::{DueTimer, TimerKey, TimerWakeup};
 use crate::watch::Watched;
 use crate::{
     AcceptRequest, Accepted, EventRecord, Pending, Pruned, QuarantineMeta, QuarantineRecord, Sizes,
@@ -19,6 +18,7 @@ use engine::state::queue::Standing;
 use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
+use model::cursor::Cursor;
 use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::Millis;
 use model::webhook::IncomingEvent;
@@ -79,7 +79,7 @@ impl Folds for SledStore {
         SledStore::pending_before_writer(self)
     }
 
-    fn event_at(&self, seq: u64, at: LogPosition) -> Result<Option<EventRecord>, StoreError> {
+    fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError> {
         SledStore::event_at(self, seq, at)
     }
 
@@ -87,11 +87,11 @@ impl Folds for SledStore {
         Ok(Box::new(SledStore::begin_fold(self)?))
     }
 
-    fn fold_from(&self) -> Result<LogPosition, StoreError> {
-        SledStore::fold_from(self)
+    fn fold_from(&self) -> Result<Cursor, StoreError> {
+        Ok(SledStore::watermark(self)?.into())
     }
 
-    fn advance_fold_from(&self, to: LogPosition) -> Result<(), StoreError> {
+    fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
         SledStore::advance_fold_from(self, to)
     }
 }
@@ -193,12 +193,12 @@ impl Timers for SledStore {
         &self,
         now: Millis,
         limit: usize,
-        skip: &dyn Fn(&[u8]) -> bool,
+        skip: &dyn Fn(&TimerKey) -> bool,
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError> {
         SledStore::due_timers(self, now, limit, skip)
     }
 
-    fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError> {
+    fn has_timer(&self, key: &TimerKey) -> Result<bool, StoreError> {
         SledStore::has_timer(self, key)
     }
 
@@ -336,7 +336,7 @@ impl Retention for SledStore {
         &self,
         dedupe_before: Millis,
         events_before: Millis,
-        fold_from: LogPosition,
+        fold_from: Cursor,
     ) -> Result<Pruned, StoreError> {
         SledStore::prune_with(self, dedupe_before, events_before, fold_from)
     }

@@ -38,9 +38,7 @@ pub fn accept(store: &SledStore, body: &[u8]) -> Accepted {
 }
 
 /// Every event still to fold, read back once each, and where the log ended.
-pub fn pending_records(
-    store: &SledStore,
-) -> (Vec<(PendingEvent, EventRecord)>, eventlog::LogPosition) {
+pub fn pending_records(store: &SledStore) -> (Vec<(PendingEvent, EventRecord)>, Cursor) {
     let pending = store.pending().expect("pending");
     let records = pending
         .events

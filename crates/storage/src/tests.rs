@@ -972,7 +972,7 @@ fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     let (due, next) = store.due_timers(Millis::MAX, 1, |_| false).expect("due");
     assert_eq!((due.len(), next), (1, Some(Millis::MAX)), "cut short");
     let (due, _) = store
-        .due_timers(Millis::MAX, 10, |k| k == timers[0].key.as_slice())
+        .due_timers(Millis::MAX, 10, |k| *k == timers[0].key)
         .expect("due");
     assert_eq!(due, timers[1..]);
 
@@ -1473,7 +1473,7 @@ fn events_applied(store: &SledStore, conversation: &str) -> Option<u64> {
 }
 
 /// Fold the pending events with these ids, with a given watermark.
-fn fold_ids(store: &SledStore, ids: &[&str], fold_from: Option<eventlog::LogPosition>) -> Applied {
+fn fold_ids(store: &SledStore, ids: &[&str], fold_from: Option<Cursor>) -> Applied {
     let position = Position {
         fold_from,
         ..Default::default()
@@ -1611,7 +1611,7 @@ fn a_layout_3_store_moves_its_inbox_into_folded_marks_exactly_once() {
             inbox
                 .insert(
                     keys::seq(p.seq),
-                    keys::inbox_value(p.at, &p.partition.encode()),
+                    keys::inbox_value(p.at.into(), &p.partition.encode()),
                 )
                 .expect("inbox");
         }

@@ -24,11 +24,28 @@ struct Entry {
     bot_id: String,
 }
 
+/// A running timer as the port names it, opaque above the store: the firer keeps the keys of the
+/// timers it fired until their firings are folded, and compares them, nothing more.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TimerKey(TimerRef);
+
+impl TimerKey {
+    /// For backends: the timer a key names.
+    pub fn of(timer: TimerRef) -> TimerKey {
+        TimerKey(timer)
+    }
+
+    /// For backends: the timer this key names.
+    pub fn timer(&self) -> &TimerRef {
+        &self.0
+    }
+}
+
 /// A timer that is due, as the firer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueTimer {
-    /// Its key in the tree, which stays until the firing is folded.
-    pub key: Vec<u8>,
+    /// The timer, which runs until its firing is folded.
+    pub key: TimerKey,
     pub firing: TimerFiring,
     pub bot_id: String,
 }
@@ -54,18 +71,23 @@ impl SledStore {
         &self,
         now: Millis,
         limit: usize,
-        skip: impl Fn(&[u8]) -> bool,
+        skip: impl Fn(&TimerKey) -> bool,
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError> {
         let mut due = Vec::new();
         for item in self.timers.iter() {
             let (key, value) = item?;
-            if skip(&key) {
-                continue;
-            }
             let Some((due_at, conversation, name)) = keys::parse_timer(&key) else {
                 tracing::error!(key = ?key, "unreadable timer key; left alone");
                 continue;
             };
+            let timer = TimerKey(TimerRef {
+                due_at,
+                conversation: conversation.to_owned(),
+                name: name.to_owned(),
+            });
+            if skip(&timer) {
+                continue;
+            }
             if due_at > now {
                 return Ok((due, Some(due_at)));
             }
@@ -87,15 +109,15 @@ impl SledStore {
                     started_by: entry.started_by,
                 },
                 bot_id: entry.bot_id,
-                key: key.to_vec(),
+                key: timer,
             });
         }
         Ok((due, None))
     }
 
-    /// Whether a timer key is still there (its firing not folded yet).
-    pub(crate) fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.timers.contains_key(key)?)
+    /// Whether a timer still runs (its firing not folded yet).
+    pub(crate) fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError> {
+        Ok(self.timers.contains_key(key(timer.timer()))?)
     }
 
     /// Running timers. Linear in their number: call on start, then track the folds' changes.

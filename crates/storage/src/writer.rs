@@ -14,6 +14,7 @@
 
 use super::eventlog::LogPosition;
 use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Unindexed};
+use model::cursor::Cursor;
 use model::ids::{DeliveryId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
@@ -49,8 +50,8 @@ impl AcceptJob {
 pub struct NewEvent {
     pub seq: u64,
     pub partition: PartitionKey,
-    /// Its frame in the event log (where a fold reads it back, and the folds' watermark).
-    pub at: LogPosition,
+    /// Where it is in the log (where a fold reads it back, and the folds' watermark).
+    pub at: Cursor,
     pub received_at: Millis,
     pub event: Event,
 }
@@ -66,7 +67,7 @@ pub struct WriterHooks {
 /// See [`WriterHooks::observe`].
 pub type Observe = Box<dyn Fn(Duration, usize) + Send>;
 /// See [`WriterHooks::durable`].
-pub type Durable = Box<dyn Fn(Vec<NewEvent>, LogPosition) + Send>;
+pub type Durable = Box<dyn Fn(Vec<NewEvent>, Cursor) + Send>;
 
 enum Job {
     Accept(AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>),
@@ -423,7 +424,7 @@ fn fill_group(group: &mut Group, accepts: Vec<PendingAccept>, checked: Checked) 
                     seq: *seq,
                     partition: partition.clone(),
                     // Known once the syncer queues the frames.
-                    at: LogPosition::default(),
+                    at: Cursor::START,
                     received_at,
                     event: ev.event,
                 }
@@ -492,7 +493,7 @@ impl Backlog {
         log.release(&self.groups);
         self.groups.clear();
         if handing_on {
-            durable(events, to);
+            durable(events, to.into());
         }
         Ok(())
     }
@@ -713,7 +714,7 @@ fn locate(events: &mut [NewEvent], group: &Unindexed) {
             }
         };
         if let Some(at) = at {
-            event.at = at;
+            event.at = at.into();
         }
     }
 }
