@@ -105,7 +105,7 @@ impl DispatchHandle {
     /// by a progress change (the send comes after the release), which wakes the waiter.
     pub async fn wait_drained(
         &self,
-        store: &Store,
+        writer: &storage::Writer,
         timeout: Duration,
     ) -> Result<bool, storage::StoreError> {
         let mut progress = self.progress.clone();
@@ -114,7 +114,7 @@ impl DispatchHandle {
             // Progress first: any step that ends after this read changes it again, and wakes us.
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
             let now = *progress.borrow_and_update();
-            store.handed_over() == Some(now.received) && now.depth == 0
+            writer.handed_over() == Some(now.received) && now.depth == 0
         };
         loop {
             if drained(&mut progress) {
@@ -1494,8 +1494,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fold_waiting_past_lift_after_lifts_the_fold_threads_until_the_inbox_is_empty() {
-        let (_dir, store) = new_store();
+        let (_dir, backend) = sled_store();
+        let store: Store = std::sync::Arc::new(backend.clone());
         accept(&*store, "d1", "e1", "c1");
+        // The intake a drain waits for (nothing reaches the dispatcher through it here).
+        let hooks = storage::writer::WriterHooks {
+            observe: Box::new(|_, _| {}),
+            durable: Box::new(|_, _| {}),
+        };
+        let writer = storage::writer::SledWriter::start(backend, hooks).expect("writer");
         let (open, gate) = std::sync::mpsc::channel();
         let settings = DispatchSettings {
             concurrency: 1,
@@ -1535,7 +1542,7 @@ mod tests {
         tokio::time::resume();
         open.send(()).expect("open the gate");
         let drained = handle
-            .wait_drained(&store, Duration::from_secs(60))
+            .wait_drained(&writer, Duration::from_secs(60))
             .await
             .expect("store");
         assert!(drained, "the held fold finished");

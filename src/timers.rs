@@ -191,7 +191,7 @@ mod tests {
                 }
             }),
         };
-        let writer = Writer::start(store.clone(), hooks).expect("writer");
+        let writer = storage::writer::SledWriter::start(store.clone(), hooks).expect("writer");
         let (backend, store): (_, Store) = (store.clone(), std::sync::Arc::new(store));
         let rule = |after: &str| {
             format!(

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use storage::port::Lifecycle as _;
-use storage::writer::WriterHooks;
+use storage::writer::{SledWriter, WriterHooks};
 use storage::{SledStore, Store, StoreError, Writer};
 use tokio::sync::watch;
 
@@ -262,7 +262,7 @@ impl Application {
         let (public, early) = match early_log.clone() {
             None => (Some(listeners.public), None),
             Some(log) => {
-                let writer = Writer::start_early(log, observe_groups(&metrics))?;
+                let (writer, attach) = SledWriter::start_early(log, observe_groups(&metrics))?;
                 let tokens = webhook_tokens(&config, &data)?;
                 let intake = intake_state(
                     &config,
@@ -274,6 +274,7 @@ impl Application {
                 let parts = EarlyParts {
                     tokens,
                     intake,
+                    attach,
                     body_budget: body_budget.clone(),
                     workers,
                 };
@@ -683,10 +684,10 @@ impl Application {
         let writer = match &self.early {
             Some(early) => {
                 // What it logged meanwhile is indexed and handed to the dispatcher now.
-                early.intake.writer.attach(backend, durable);
+                early.attach.attach(backend, durable);
                 early.intake.writer.clone()
             }
-            None => Writer::start(
+            None => SledWriter::start(
                 backend,
                 WriterHooks {
                     observe: observe_groups(metrics),

@@ -57,9 +57,9 @@ pub use durable::sled_file;
 pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
-pub use port::Storage;
+pub use port::{Storage, Writer};
 pub use timers::{DueTimer, TimerKey};
-pub use writer::{AcceptJob, NewEvent, Writer};
+pub use writer::{AcceptJob, NewEvent};
 
 /// The daemon's store: whichever backend was opened, shared (see [`port`]).
 pub type Store = Arc<dyn Storage>;

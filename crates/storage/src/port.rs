@@ -16,6 +16,7 @@ use crate::replay::{ReplayReport, ReplayRequest};
 use crate::retention::StatesPruned;
 use crate::timers::{DueTimer, TimerKey, TimerWakeup};
 use crate::watch::Watched;
+use crate::writer::{AcceptJob, WriterError};
 use crate::{
     AcceptRequest, Accepted, Applied, EventRecord, Pending, Position, Pruned, QuarantineMeta,
     QuarantineRecord, Sizes, StoreError,
@@ -66,8 +67,93 @@ impl<T> Storage for T where
 {
 }
 
-/// Ingest beside the [`Writer`](crate::Writer) (which appends the daemon's deliveries in
-/// groups): what stores a delivery with no writer running, and the backfill's position.
+/// Intake: a backend's group commit of deliveries, reached through the [`Writer`] handle. Each
+/// call answers on its `reply` (a dropped reply: the intake stopped).
+pub trait Intake: Send + Sync {
+    /// Take a delivery: answered once its new events are durable (deduplicated against the
+    /// dedupe window), or it failed.
+    fn accept(&self, job: AcceptJob, reply: Reply<Accepted>);
+    /// Answered once everything written to the store before this call is durable (ordered after
+    /// the deliveries taken before it).
+    fn flush(&self, reply: Reply<()>);
+    /// Answered once what the caller itself wrote to the store before this call is durable (a
+    /// fold's decisions); not ordered after the deliveries taken before it, so it may be quicker.
+    fn flush_own(&self, reply: Reply<()>);
+    /// False after a write or sync failed, until one succeeds again (`/readyz`).
+    fn is_healthy(&self) -> bool;
+    /// The store, once open (`None` while an early start's store opens).
+    fn store(&self) -> tokio::sync::watch::Receiver<Option<crate::Store>>;
+    /// Hand-overs to the dispatcher counted so far, or `None` while an accepted event is still
+    /// between its check and its hand-over (a drain waiter then waits).
+    fn handed_over(&self) -> Option<u64>;
+}
+
+/// Where an [`Intake`] call is answered.
+pub type Reply<T> = tokio::sync::oneshot::Sender<Result<T, WriterError>>;
+
+/// The daemon's handle on the intake, whichever backend's: cheap to clone, each call waits for
+/// its answer.
+#[derive(Clone)]
+pub struct Writer(Arc<dyn Intake>);
+
+impl Writer {
+    /// A backend's intake as the daemon holds it.
+    pub fn new(intake: Arc<dyn Intake>) -> Writer {
+        Writer(intake)
+    }
+
+    /// Store a delivery; returns once it is durable.
+    pub async fn accept(&self, job: AcceptJob) -> Result<Accepted, WriterError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0.accept(job, reply);
+        answer.await.map_err(|_| WriterError::Stopped)?
+    }
+
+    /// Wait until everything written to the store before this call is on disk.
+    pub async fn flush(&self) -> Result<(), WriterError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0.flush(reply);
+        answer.await.map_err(|_| WriterError::Stopped)?
+    }
+
+    /// Wait until what the caller itself wrote to the store (in a transaction or a plain write
+    /// that returned before this call) is on disk ([`Intake::flush_own`]): for a fold's
+    /// decisions, not for anything the writer wrote.
+    pub async fn flush_own(&self) -> Result<(), WriterError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0.flush_own(reply);
+        answer.await.map_err(|_| WriterError::Stopped)?
+    }
+
+    /// False after a write or sync failed, until one succeeds again.
+    pub fn is_healthy(&self) -> bool {
+        self.0.is_healthy()
+    }
+
+    /// The store, once open (at once unless an early start's store still opens).
+    pub async fn store(&self) -> Result<crate::Store, WriterError> {
+        let mut rx = self.0.store();
+        let store = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| WriterError::Stopped)?;
+        store.clone().ok_or(WriterError::Stopped)
+    }
+
+    /// See [`Intake::handed_over`].
+    pub fn handed_over(&self) -> Option<u64> {
+        self.0.handed_over()
+    }
+
+    /// Whether the store is open (an early start's is once attached).
+    #[cfg(test)]
+    pub(crate) fn has_store(&self) -> bool {
+        self.0.store().borrow().is_some()
+    }
+}
+
+/// Ingest beside the [`Writer`] (which appends the daemon's deliveries in groups): what stores a
+/// delivery with no writer running, and the backfill's position.
 pub trait Ingest {
     /// Store one delivery's new events (deduplicated), durable before it returns.
     fn accept(
@@ -78,9 +164,6 @@ pub trait Ingest {
     ) -> Result<Accepted, StoreError>;
     /// Store several deliveries in one append (offline: no writer may run beside it).
     fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError>;
-    /// Hand-overs to the dispatcher counted so far, or `None` while an accepted event is still
-    /// between its check and its hand-over (a drain waiter then waits).
-    fn handed_over(&self) -> Option<u64>;
     /// Up to when the backfill has read the service's events.
     fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError>;
     fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError>;

@@ -39,11 +39,6 @@ impl Ingest for SledStore {
         SledStore::accept_many(self, requests)
     }
 
-    fn handed_over(&self) -> Option<u64> {
-        let log = self.intake_log();
-        log.all_indexed().then(|| log.handed_over())
-    }
-
     fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
         SledStore::backfill_cursor(self)
     }
