@@ -140,6 +140,8 @@ pub struct DispatchSettings {
     pub decided: Option<crate::outbox::DecidedSender>,
     /// Agent API calls waiting for their command's verdict.
     pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
+    /// Where a fold that only a restart completes is reported (the daemon exits).
+    pub stuck: Option<storage::Stuck>,
     /// How the fold threads are scheduled.
     pub priority: crate::background::Priority,
     /// Under `SCHED_IDLE`: lift the fold threads to the daemon's scheduling when a fold has been
@@ -672,7 +674,7 @@ fn spawn_fold(
     let events: usize = job.iter().map(|(_, b)| b.len()).sum();
     let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
     let (rules, decided) = (settings.rules.current(), settings.decided.clone());
-    let verdicts = settings.verdicts.clone();
+    let (verdicts, stuck) = (settings.verdicts.clone(), settings.stuck.clone());
     let (done_tx, done_rx) = oneshot::channel();
     pool.spawn(move || {
         let results = span.in_scope(|| {
@@ -682,6 +684,7 @@ fn spawn_fold(
                 rules: rules.as_ref(),
                 decided: decided.as_ref(),
                 verdicts: verdicts.as_deref(),
+                stuck: stuck.as_ref(),
             };
             process(&fold, job, fold_from)
         });
@@ -793,6 +796,7 @@ struct Fold<'a> {
     rules: &'a dyn engine::decide::Decide,
     decided: Option<&'a crate::outbox::DecidedSender>,
     verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
+    stuck: Option<&'a storage::Stuck>,
 }
 
 /// Fold one job (several partitions' batches) in one atomic write, which also records
@@ -824,7 +828,7 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: Cursor) -> JobResult {
             results
         }
         Err(e) => {
-            fold_failed(store, metrics, e);
+            fold_failed(fold, e);
             // Queues are ordered by sequence, so putting these back restores each partition's
             // order. A passed-over event is quarantined again on the retry.
             for (result, mine) in results.iter_mut().zip(settled) {
@@ -983,17 +987,18 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
 
 /// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
 /// a restart completes it: the daemon exits), else a pause before its batches are tried again.
-fn fold_failed(store: &dyn Storage, metrics: &Metrics, e: storage::StoreError) {
-    metrics.dispatch_errors.inc();
-    if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
+fn fold_failed(fold: &Fold<'_>, e: storage::StoreError) {
+    fold.metrics.dispatch_errors.inc();
+    if matches!(e, storage::StoreError::HalfApplied) && fold.store.takes_writes() {
         // Only a restart completes the fold (from its journal); while the disk is still
         // full, a restart could not, so folds keep failing here until it has room.
-        let code = storage::writer::STORE_STUCK_EXIT;
         tracing::error!(
-            exit_code = code,
+            exit_code = storage::writer::STORE_STUCK_EXIT,
             "a fold is half applied; exiting so a restart completes it"
         );
-        store.stuck(code);
+        if let Some(stuck) = fold.stuck {
+            stuck.report();
+        }
     }
     tracing::error!(error = %e, "folding batch failed; will retry");
     std::thread::sleep(RETRY_PAUSE);
@@ -1138,6 +1143,7 @@ mod tests {
             )),
             decided: None,
             verdicts: None,
+            stuck: None,
             priority: crate::background::Priority::Nice(0),
             lift_after: None,
         }
@@ -1152,6 +1158,7 @@ mod tests {
             rules: &engine::decide::NoRules,
             decided: None,
             verdicts: None,
+            stuck: None,
         };
         process(&fold, job, fold_from)
     }
@@ -1185,6 +1192,7 @@ mod tests {
             rules: &engine::decide::NoRules,
             decided: None,
             verdicts: None,
+            stuck: None,
         };
         let applied = storage::Applied {
             queue_exits: vec![
@@ -1502,7 +1510,8 @@ mod tests {
             observe: Box::new(|_, _| {}),
             durable: Box::new(|_, _| {}),
         };
-        let writer = storage::writer::SledWriter::start(backend, hooks).expect("writer");
+        let stuck = storage::Stuck::new().0;
+        let writer = storage::writer::SledWriter::start(backend, hooks, stuck).expect("writer");
         let (open, gate) = std::sync::mpsc::channel();
         let settings = DispatchSettings {
             concurrency: 1,
@@ -1512,6 +1521,7 @@ mod tests {
             ))),
             decided: None,
             verdicts: None,
+            stuck: None,
             priority: crate::background::Priority::Idle,
             lift_after: Some(Duration::from_secs(1)),
         };

@@ -6,14 +6,16 @@
 //! That is safe because folds are serialised by the fold lock and nothing else writes states or
 //! folded marks (the retention pass removes them under the same lock).
 
+use super::{corrupt, eventlog, log_error, EventRecord, Pending};
 use super::{encode, get_decoded, keys, outbox, SledStore, StoreError};
 use crate::journal::{Journal, TreeId as T};
-use crate::port::{FoldSession, ReplayEvents};
+use crate::port::{FoldSession, Folds, ReplayEvents};
 use engine::batch::{Applied, FoldError, FoldReads, StateWrite, WriteSet};
 use engine::index::QueueSpot;
 use engine::state::queue::AcceptHistory;
 use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
+use model::cursor::Cursor;
 use model::ids::{ConversationId, EndUserId};
 use model::webhook::model::Millis;
 use serde::Serialize;
@@ -30,13 +32,55 @@ impl From<FoldError> for StoreError {
     }
 }
 
-impl SledStore {
+impl Folds for SledStore {
+    /// Every event still to fold, oldest first, and where the log ended when it was read: a
+    /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
+    /// partitions' folded marks.
+    fn pending(&self) -> Result<Pending, StoreError> {
+        self.pending_until(None)
+    }
+
+    /// [`pending`](SledStore::pending) up to where the writer's frames begin, once a writer runs
+    /// (an early start's, which logs deliveries while sled opens): its indexer hands those to
+    /// the dispatcher, so a start's scan must not queue them too.
+    fn pending_before_writer(&self) -> Result<Pending, StoreError> {
+        self.pending_until(self.log.writer_from())
+    }
+
+    /// The event `seq` of the frame at `at` (where [`pending`](SledStore::pending) or intake found
+    /// it), read back from the log.
+    fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError> {
+        let record = eventlog::read_at(&self.log_dir, at.into()).map_err(log_error)?;
+        match record {
+            Some(record) => match record.position(seq) {
+                Some(i) => Ok(Some(EventRecord::from_log(&record, i)?)),
+                None => Err(corrupt("event log frame (sequence number not in it)")),
+            },
+            None => Ok(None),
+        }
+    }
+
     /// A fold session: the fold lock, refused while a fold is half applied (`journal`).
-    pub(crate) fn begin_fold(&self) -> Result<SledFold<'_>, StoreError> {
-        Ok(SledFold {
+    fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
+        Ok(Box::new(SledFold {
             store: self,
             _folding: self.fold_guard()?,
-        })
+        }))
+    }
+
+    fn fold_from(&self) -> Result<Cursor, StoreError> {
+        Ok(self.watermark()?.into())
+    }
+
+    /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
+    /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
+    /// the next flush; an older watermark after a crash only makes a start scan more.
+    fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
+        let _folding = self.fold_guard()?;
+        if Cursor::from(self.watermark()?) < to {
+            self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
+        }
+        Ok(())
     }
 }
 

@@ -122,7 +122,7 @@ pub mod meta {
     /// Set once the event log was indexed by partition (`partition_events/v1`): a store from
     /// before that index gets its logged events indexed on its first open.
     pub const PARTITION_EVENTS_INDEXED: &[u8] = b"partition_events_indexed";
-    /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_io_threads`).
+    /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_background`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
     /// known to the bridge (delivered by the webhook or backfilled). Written by backfill only.

@@ -29,20 +29,21 @@ pub mod operators;
 pub mod outbox;
 mod pages;
 pub mod port;
+mod quarantine;
 pub mod queue;
+mod reads;
 pub mod replay;
 pub mod retention;
-mod sled_port;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 pub mod timers;
 pub mod watch;
 pub mod writer;
 
-use engine::state::{BotState, ConversationState, EndUserState};
+use engine::state::{ConversationState, EndUserState};
 use journal::Journal;
 use model::cursor::Cursor;
-use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
+use model::ids::{DeliveryId, EventId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,7 @@ pub use durable::sled_file;
 pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
+use port::{Lifecycle, Retention};
 pub use port::{Storage, Writer};
 pub use timers::{DueTimer, TimerKey};
 pub use writer::{AcceptJob, NewEvent};
@@ -79,10 +81,44 @@ pub const LAYOUT_VERSION: u32 = 4;
 /// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
 const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
-/// A failure of the store's backend (sled here), kept opaque: no backend type crosses the port.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct BackendError(sled::Error);
+/// A failure of the store's backend, kept opaque: no backend type crosses the port. It says
+/// whether the disk (or whatever holds the store) failed, which the daemon tells apart from a
+/// store that holds something wrong ([`StoreError::is_disk_failure`]). Shown as its cause.
+#[derive(Debug)]
+pub struct BackendError {
+    cause: Box<dyn std::error::Error + Send + Sync>,
+    disk: bool,
+}
+
+impl BackendError {
+    /// For backends: a failure, and whether it is the disk's (an I/O error).
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>, disk: bool) -> Self {
+        BackendError {
+            cause: cause.into(),
+            disk,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.cause.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.source()
+    }
+}
+
+/// sled's failures: its I/O errors are the disk's.
+impl From<sled::Error> for BackendError {
+    fn from(e: sled::Error) -> Self {
+        let disk = matches!(e, sled::Error::Io(_));
+        BackendError::new(e, disk)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -97,7 +133,7 @@ pub enum StoreError {
     /// sled refused to open its files (damaged, unreadable): named with the path, since the
     /// daemon stops on it.
     #[error("cannot open the store at {path}: {source}")]
-    Open { path: String, source: sled::Error },
+    Open { path: String, source: BackendError },
     #[error("event log: {0}")]
     Log(String),
     /// An `fsync`/`fdatasync` of sled's files failed (`durable`), now or earlier (a failure is
@@ -114,6 +150,10 @@ pub enum StoreError {
     /// what needs sled (a quarantine record) waits for it.
     #[error("the store is still opening")]
     Opening,
+    /// Only a restart mends the store (a backend that keeps failing although its disk takes
+    /// writes again, a fold half applied): whoever finds it reports it to [`Stuck`].
+    #[error("the store fails until it is reopened; a restart mends it")]
+    Stuck,
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
@@ -123,16 +163,17 @@ impl StoreError {
     /// Whether the disk failed the store (an I/O error from sled, or a failed sync of its file),
     /// as opposed to what it holds being wrong.
     pub fn is_disk_failure(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Backend(BackendError(sled::Error::Io(_))) | StoreError::Sync(_)
-        )
+        match self {
+            StoreError::Backend(e) => e.disk,
+            StoreError::Sync(_) => true,
+            _ => false,
+        }
     }
 }
 
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
-        StoreError::Backend(BackendError(e))
+        StoreError::Backend(e.into())
     }
 }
 
@@ -576,12 +617,13 @@ pub struct Sizes {
 
 pub use engine::batch::{Applied, PendingEvent, Position};
 
-/// What a prune pass removed.
+/// What a pass of [`Retention::prune_events`](port::Retention::prune_events) removed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Pruned {
-    pub dedupe_records: u64,
-    /// Event log segments deleted.
-    pub event_segments: u64,
+    /// Event and delivery ids the dedupe window no longer holds.
+    pub ids_forgotten: u64,
+    /// The stored events' units removed (the sled backend's: event log segment files).
+    pub event_chunks: u64,
 }
 
 #[derive(Clone)]
@@ -630,22 +672,27 @@ pub struct SledStore {
     waiting: Arc<Mutex<queue::WaitingCounts>>,
     /// The daemon's time (its test clock's offset included): see [`SledStore::with_clock`].
     clock: model::clock::Clock,
-    /// Where a failure only a restart mends is reported: see [`SledStore::stuck`].
-    stuck: Stuck,
 }
 
 /// Where a failure of the store that only a restart mends is reported (a store that still fails
-/// after its disk takes writes again; a fold left half applied): the thread that finds it hands
-/// its exit code to whoever watches (the daemon ends at once, as a crash would, with that code)
-/// and stops for good.
+/// after its disk takes writes again; a fold left half applied): whoever finds it
+/// ([`StoreError::Stuck`]) reports it, and whoever watches ends the daemon at once, as a crash
+/// would, with the exit code it carries. Nothing parks: what was under way is found again by the
+/// next start.
 #[derive(Clone, Debug)]
 pub struct Stuck(Arc<tokio::sync::watch::Sender<Option<i32>>>);
 
 impl Stuck {
-    /// A report point, and what watches it.
+    /// A report point, and what watches it (the exit code the daemon ends with).
     pub fn new() -> (Stuck, tokio::sync::watch::Receiver<Option<i32>>) {
         let (tx, rx) = tokio::sync::watch::channel(None);
         (Stuck(Arc::new(tx)), rx)
+    }
+
+    /// Only a restart mends the store ([`StoreError::Stuck`]): the daemon ends at once, with
+    /// [`writer::STORE_STUCK_EXIT`], as a crash would.
+    pub fn report(&self) {
+        self.0.send_replace(Some(writer::STORE_STUCK_EXIT));
     }
 }
 
@@ -666,27 +713,6 @@ impl SledStore {
     pub fn with_clock(mut self, clock: model::clock::Clock) -> Self {
         self.clock = clock;
         self
-    }
-
-    /// The daemon's time as this store reads it.
-    pub(crate) fn clock(&self) -> &model::clock::Clock {
-        &self.clock
-    }
-
-    /// The store reporting a failure only a restart mends to `stuck` (see [`Stuck`]). Set before
-    /// it is cloned.
-    pub fn with_stuck(mut self, stuck: Stuck) -> Self {
-        self.stuck = stuck;
-        self
-    }
-
-    /// Only a restart mends the store: report `exit_code` and stop the calling thread for good
-    /// (what it was doing is found again by the next start, as after a crash).
-    pub(crate) fn stuck(&self, exit_code: i32) -> ! {
-        self.stuck.0.send_replace(Some(exit_code));
-        loop {
-            std::thread::park();
-        }
     }
 
     /// Open (or create) the store under `dir`.
@@ -746,7 +772,7 @@ impl SledStore {
     fn finish_open(dir: &Path, db: sled::Db, log: IntakeLog) -> Result<Self, StoreError> {
         let sled_file = durable::SledFile::open(dir).map_err(|e| StoreError::Open {
             path: dir.display().to_string(),
-            source: sled::Error::Io(e),
+            source: sled::Error::Io(e).into(),
         })?;
         let t = |name: &str| db.open_tree(name);
         let torn_tail = log.torn_tail;
@@ -779,7 +805,6 @@ impl SledStore {
             half_applied: Default::default(),
             waiting: Default::default(),
             clock: model::clock::Clock::new(),
-            stuck: Stuck::new().0,
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
@@ -950,32 +975,6 @@ impl SledStore {
         Ok(())
     }
 
-    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
-    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
-    /// from one that has space again (see `writer::index_loop`).
-    pub(crate) fn dir_takes_writes(&self) -> bool {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let probe = self.log_dir.join(".write-probe");
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&probe)
-            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
-        let _ = std::fs::remove_file(&probe);
-        written.is_ok()
-    }
-
-    /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
-    /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
-    /// only the writer's indexer calls it.
-    pub(crate) fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        self.sled_file.sync().map_err(StoreError::Sync)
-    }
-
     /// The kept failure of a sync of sled's file: every flush fails until the store is reopened.
     pub(crate) fn sync_failure(&self) -> Result<(), StoreError> {
         self.sled_file.check().map_err(StoreError::Sync)
@@ -991,49 +990,6 @@ impl SledStore {
     #[cfg(test)]
     pub(crate) fn file_syncs(&self) -> u64 {
         self.sled_file.syncs()
-    }
-
-    /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
-    /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
-    /// recovery of an existing store does, a new store's first write of its log does, and so does
-    /// a flush with something to write. Notes when the store was opened, which is that something.
-    pub(crate) fn start_io_threads(&self) -> Result<(), StoreError> {
-        let now = self.clock.now_millis().max(0) as u64;
-        self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
-        self.flush()?;
-        Ok(())
-    }
-
-    /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
-    /// tools and tests; the daemon goes through the [`Writer`].
-    pub(crate) fn accept(
-        &self,
-        delivery: &DeliveryId,
-        events: &[IncomingEvent],
-        now: Millis,
-    ) -> Result<Accepted, StoreError> {
-        let request = AcceptRequest {
-            delivery,
-            events,
-            invalid: &[],
-            received_at: now,
-        };
-        let mut out = self.accept_many(&[request])?;
-        out.pop().ok_or_else(|| corrupt("accept result"))
-    }
-
-    /// Every event still to fold, oldest first, and where the log ended when it was read: a
-    /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
-    /// partitions' folded marks.
-    pub(crate) fn pending(&self) -> Result<Pending, StoreError> {
-        self.pending_until(None)
-    }
-
-    /// [`pending`](SledStore::pending) up to where the writer's frames begin, once a writer runs
-    /// (an early start's, which logs deliveries while sled opens): its indexer hands those to
-    /// the dispatcher, so a start's scan must not queue them too.
-    pub(crate) fn pending_before_writer(&self) -> Result<Pending, StoreError> {
-        self.pending_until(self.log.writer_from())
     }
 
     fn pending_until(&self, until: Option<eventlog::LogPosition>) -> Result<Pending, StoreError> {
@@ -1075,38 +1031,11 @@ impl SledStore {
     /// A pending event by number, read back (a scan from the watermark: tests only).
     #[cfg(any(test, feature = "test-support"))]
     pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
+        use port::Folds;
         match self.pending()?.events.into_iter().find(|p| p.seq == seq) {
             Some(p) => self.event_at(seq, p.at),
             None => Ok(None),
         }
-    }
-
-    /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
-    pub(crate) fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
-        Ok(self
-            .meta
-            .get(keys::meta::BACKFILL_CURSOR)?
-            .and_then(|v| keys::parse_seq(&v))
-            .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
-    }
-
-    /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
-    /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
-    pub(crate) fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
-        self.meta
-            .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
-        Ok(())
-    }
-
-    /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
-    /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
-    /// the next flush; an older watermark after a crash only makes a start scan more.
-    pub(crate) fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
-        let _folding = self.fold_guard()?;
-        if Cursor::from(self.watermark()?) < to {
-            self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
-        }
-        Ok(())
     }
 
     /// The folds' low watermark, where a start scans the log from (see
@@ -1132,62 +1061,6 @@ impl SledStore {
                 keys::parse_seq(&b).ok_or_else(|| corrupt("folded mark"))?,
             )),
         }
-    }
-
-    /// The stored event of an id (as [`event_by_id`](SledStore::event_by_id)), and whether it is
-    /// still to fold.
-    pub(crate) fn event_status(
-        &self,
-        id: &EventId,
-    ) -> Result<Option<(EventRecord, bool)>, StoreError> {
-        let Some((frame, i, at)) = self.log.locate_event(id.as_str())? else {
-            return Ok(None);
-        };
-        let record = EventRecord::from_log(&frame, i)?;
-        let mut marks = Marks::default();
-        let pending =
-            marks.is_pending(self, self.watermark()?, at, &record.partition, record.seq)?;
-        Ok(Some((record, pending)))
-    }
-
-    /// The stored event of an id, while its segment is in the dedupe window.
-    pub(crate) fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
-        match self
-            .log
-            .locate_event(id.as_str())?
-            .map(|(record, i, _)| (record, i))
-        {
-            Some((record, i)) => Ok(Some(EventRecord::from_log(&record, i)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// The event `seq` of the frame at `at` (where [`pending`](SledStore::pending) or intake found
-    /// it), read back from the log.
-    pub(crate) fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError> {
-        let record = eventlog::read_at(&self.log_dir, at.into()).map_err(log_error)?;
-        match record {
-            Some(record) => match record.position(seq) {
-                Some(i) => Ok(Some(EventRecord::from_log(&record, i)?)),
-                None => Err(corrupt("event log frame (sequence number not in it)")),
-            },
-            None => Ok(None),
-        }
-    }
-
-    /// When the oldest stored event was received (the event log is in acceptance order).
-    pub(crate) fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
-        let mut oldest = None;
-        eventlog::scan(
-            &self.log_dir,
-            eventlog::LogPosition::default(),
-            |_, record, _| {
-                oldest = Some(record.received_at);
-                ControlFlow::Break(())
-            },
-        )
-        .map_err(log_error)?;
-        Ok(oldest)
     }
 
     /// Visit the stored events in acceptance order, with whether each is still to fold, until `f`
@@ -1245,197 +1118,6 @@ impl SledStore {
         port::Folds::fold(self, batch, &partitions, rules, received, &position)
     }
 
-    pub(crate) fn conversation(
-        &self,
-        id: &ConversationId,
-    ) -> Result<Option<ConversationState>, StoreError> {
-        get_decoded(&self.conversations, id.as_str(), "conversation state")
-    }
-
-    pub(crate) fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
-        get_decoded(&self.end_users, id.as_str(), "end-user state")
-    }
-
-    pub(crate) fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
-        get_decoded(&self.bots, id.as_bytes(), "bot state")
-    }
-
-    /// Look an end user up by their messenger identity.
-    pub(crate) fn find_end_user(
-        &self,
-        platform: &str,
-        user_key: &str,
-    ) -> Result<Option<EndUserState>, StoreError> {
-        match self.user_index.get(keys::user_index(platform, user_key))? {
-            None => Ok(None),
-            Some(id) => {
-                let id = std::str::from_utf8(&id).map_err(|_| corrupt("user index"))?;
-                self.end_user(&EndUserId::new(id))
-            }
-        }
-    }
-
-    /// Put a body in quarantine; returns its id.
-    ///
-    /// A body longer than [`MAX_VALUE_BYTES`] goes in chunks of that size
-    /// (`quarantine_bodies/v1`), written before the record, which notes their number: sled
-    /// recovers a prefix of its writes, so a record found has all its chunks.
-    pub(crate) fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
-        record.id = self.db.generate_id()?;
-        let mut stored = StoredQuarantine {
-            body_chunks: None,
-            body_bytes: None,
-            record,
-        };
-        if stored.record.body_base64.len() > MAX_VALUE_BYTES {
-            let text = std::mem::take(&mut stored.record.body_base64);
-            let mut chunks = 0u32;
-            for part in text.as_bytes().chunks(MAX_VALUE_BYTES) {
-                self.quarantine_bodies
-                    .insert(keys::quarantine_chunk(stored.record.id, chunks), part)?;
-                chunks += 1;
-            }
-            stored.body_chunks = Some(chunks);
-            stored.body_bytes = Some(body_len(&text, stored.record.body_gzip));
-        }
-        let id = stored.record.id;
-        self.quarantine.insert(keys::seq(id), encode(&stored)?)?;
-        Ok(id)
-    }
-
-    /// A stored record with its body (read back from its chunks when it has them).
-    fn quarantined_whole(&self, bytes: &[u8]) -> Result<QuarantineRecord, StoreError> {
-        let stored: StoredQuarantine = decode(bytes, "quarantine record")?;
-        let mut record = stored.record;
-        if let Some(chunks) = stored.body_chunks {
-            let mut text = Vec::new();
-            for i in 0..chunks {
-                let part = self
-                    .quarantine_bodies
-                    .get(keys::quarantine_chunk(record.id, i))?
-                    .ok_or_else(|| corrupt("quarantine body: a chunk is missing"))?;
-                text.extend_from_slice(&part);
-            }
-            record.body_base64 =
-                String::from_utf8(text).map_err(|_| corrupt("quarantine body: not base64"))?;
-        }
-        Ok(record)
-    }
-
-    /// Every record, bodies included: for tests and small stores only; lists use
-    /// [`SledStore::quarantine_page`].
-    pub(crate) fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .iter()
-            .map(|item| self.quarantined_whole(&item?.1))
-            .collect()
-    }
-
-    /// At most `limit` records after id `after` (from the first when `None`), in id order,
-    /// without their bodies (a body is neither copied nor decoded), and the id to continue after
-    /// when more remain.
-    pub(crate) fn quarantine_page(
-        &self,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Result<(Vec<QuarantineMeta>, Option<u64>), StoreError> {
-        let start = match after {
-            None => 0,
-            Some(u64::MAX) => return Ok((Vec::new(), None)),
-            Some(id) => id + 1,
-        };
-        let mut page = Vec::new();
-        for item in self.quarantine.range(keys::seq(start)..) {
-            let (_, value) = item?;
-            if page.len() == limit {
-                let next = page.last().map(|m: &QuarantineMeta| m.id);
-                return Ok((page, next));
-            }
-            let raw: QuarantineMetaRaw<'_> = decode_borrowed(&value, "quarantine record")?;
-            page.push(raw.into_meta());
-        }
-        Ok((page, None))
-    }
-
-    pub(crate) fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .get(keys::seq(id))?
-            .map(|bytes| self.quarantined_whole(&bytes))
-            .transpose()
-    }
-
-    /// Remove a quarantine record (after it was re-processed, or past its retention), then its
-    /// body's chunks: a crash between leaves chunks without a record, which an open removes
-    /// ([`SledStore::drop_orphan_quarantine_bodies`]), never a record without its body.
-    pub(crate) fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
-        let removed = self.quarantine.remove(keys::seq(id))?.is_some();
-        for key in self.quarantine_bodies.scan_prefix(keys::seq(id)).keys() {
-            self.quarantine_bodies.remove(key?)?;
-        }
-        Ok(removed)
-    }
-
-    /// On open: remove body chunks whose record is gone (a crash after the record's removal, or
-    /// before it was written: a delivery never acknowledged). Nothing quarantines meanwhile.
-    fn drop_orphan_quarantine_bodies(&self) -> Result<(), StoreError> {
-        let mut dropped = 0;
-        let mut checked: Option<(Vec<u8>, bool)> = None;
-        for key in self.quarantine_bodies.iter().keys() {
-            let key = key?;
-            let id = key.get(..8).unwrap_or(&key).to_vec();
-            let kept = match &checked {
-                Some((seen, kept)) if *seen == id => *kept,
-                _ => {
-                    let kept = self.quarantine.contains_key(&id)?;
-                    checked = Some((id, kept));
-                    kept
-                }
-            };
-            if !kept {
-                self.quarantine_bodies.remove(key)?;
-                dropped += 1;
-            }
-        }
-        if dropped > 0 {
-            tracing::info!(
-                chunks = dropped,
-                "removed quarantine body chunks without a record"
-            );
-        }
-        Ok(())
-    }
-
-    /// Record counts. Linear in the store size: call on start, then track changes.
-    pub(crate) fn sizes(&self) -> Sizes {
-        Sizes {
-            conversations: self.count(keys::meta::COUNT_CONVERSATIONS, &self.conversations),
-            end_users: self.count(keys::meta::COUNT_END_USERS, &self.end_users),
-            bots: self.count(keys::meta::COUNT_BOTS, &self.bots),
-            quarantine: self.quarantine.len() as u64,
-        }
-    }
-
-    /// A state tree's record count, as the folds keep it in `meta`. A store from before the counts
-    /// is counted once (walking the tree) and the count kept from then on. Folds run after this
-    /// (the dispatcher starts after the count), so the two cannot race.
-    fn count(&self, key: &[u8], tree: &sled::Tree) -> u64 {
-        if let Ok(Some(bytes)) = self.meta.get(key) {
-            if let Some(count) = keys::parse_seq(&bytes) {
-                return count;
-            }
-        }
-        let count = tree.len() as u64;
-        if let Err(e) = self.meta.insert(key, &keys::seq(count)) {
-            tracing::warn!(error = %e, "cannot keep a record count; it will be counted again");
-        }
-        count
-    }
-
-    /// Bytes on disk: sled's files and the event log.
-    pub(crate) fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0) + eventlog::size(&self.log_dir)
-    }
-
     /// Forget the dedupe ids of segments whose events are all older than `dedupe_before`, and
     /// delete the event log's segments that hold only events older than `events_before`, all
     /// folded, and past the dedupe window. Driven by the event log, which is in acceptance (so
@@ -1450,123 +1132,7 @@ impl SledStore {
     ) -> Result<Pruned, StoreError> {
         let fold_from = self.watermark()?;
         self.flush()?;
-        self.prune_with(dedupe_before, events_before, fold_from.into())
-    }
-
-    /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
-    /// completed since: segments go only below a watermark whose folds (state and marks) are on
-    /// disk, so a crash cannot bring back an older watermark that points into a deleted
-    /// segment's unfolded events. Then the index by partition forgets the segments gone (see
-    /// `history`).
-    pub(crate) fn prune_with(
-        &self,
-        dedupe_before: Millis,
-        events_before: Millis,
-        fold_from: Cursor,
-    ) -> Result<Pruned, StoreError> {
-        let fold_from = eventlog::LogPosition::from(fold_from);
-        let mut out = Pruned::default();
-        let pruned_to = self.forget_old_ids(dedupe_before, &mut out)?;
-        for segment in self.old_segments(dedupe_before, events_before, fold_from, pruned_to)? {
-            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
-            dedupe::remove_ids(&self.log_dir, segment);
-            out.event_segments += 1;
-        }
-        self.unindex_removed_segments()?;
-        // What an early start reads instead of sled (see `log`): where the dedupe index starts
-        // now, and a floor above every number given out, since the segments that held the
-        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
-        // the pass itself did its work.
-        if let Err(e) = self.write_intake_state() {
-            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
-            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
-                tracing::error!(error = %e, "cannot remove the event log's stale state file");
-            }
-        }
-        Ok(out)
-    }
-
-    /// Forget the dedupe ids of the sealed segments whose events are all older than
-    /// `dedupe_before`; where the dedupe index starts now.
-    fn forget_old_ids(
-        &self,
-        dedupe_before: Millis,
-        out: &mut Pruned,
-    ) -> Result<eventlog::LogPosition, StoreError> {
-        let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
-        let sealed = self
-            .log
-            .dedupe
-            .lock()
-            .map_err(|_| poisoned_dedupe())?
-            .sealed_segments();
-        let mut pruned_to = None;
-        for (segment, _) in sealed {
-            let first_of_next = eventlog::LogPosition {
-                segment: segment + 1,
-                offset: 0,
-            };
-            // Sealed means indexed: the log had moved on to the next segment.
-            let newer = eventlog::read_at(&self.log_dir, first_of_next).map_err(log_error)?;
-            match newer {
-                Some(r) if r.received_at < dedupe_before => {}
-                _ => break,
-            }
-            let forgotten = self
-                .log
-                .dedupe
-                .lock()
-                .map_err(|_| poisoned_dedupe())?
-                .forget(segment);
-            out.dedupe_records += forgotten as u64;
-            pruned_to = Some(first_of_next);
-        }
-        if let Some(to) = pruned_to {
-            self.meta
-                .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
-        }
-        out.dedupe_records += self.prune_legacy(dedupe_before)?;
-        Ok(pruned_to.unwrap_or(start))
-    }
-
-    /// The oldest segments that may go, in order: each all folded (below the watermark),
-    /// indexed, past the dedupe index's start (`pruned_to`), and older than the first event of
-    /// the next, which is older than both `events_before` and `dedupe_before`.
-    fn old_segments(
-        &self,
-        dedupe_before: Millis,
-        events_before: Millis,
-        fold_from: eventlog::LogPosition,
-        pruned_to: eventlog::LogPosition,
-    ) -> Result<Vec<u64>, StoreError> {
-        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
-        let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
-        let mut old = Vec::new();
-        for pair in segments.windows(2) {
-            let (segment, next) = (pair[0], pair[1]);
-            let path = eventlog::segment_path(&self.log_dir, segment);
-            let len = std::fs::metadata(&path).map_err(log_error)?.len();
-            let end = eventlog::LogPosition {
-                segment,
-                offset: len,
-            };
-            let folded = fold_from.segment > segment;
-            if !folded || pruned_to < end || indexed_to < end {
-                break;
-            }
-            // Everything in `segment` is older than the first event of the next one.
-            let start_of_next = eventlog::LogPosition {
-                segment: next,
-                offset: 0,
-            };
-            let newer = eventlog::read_at(&self.log_dir, start_of_next).map_err(log_error)?;
-            match newer {
-                Some(r) if r.received_at < events_before && r.received_at < dedupe_before => {}
-                _ => break,
-            }
-            old.push(segment);
-        }
-        Ok(old)
+        self.prune_events(dedupe_before, events_before, fold_from.into())
     }
 }
 
@@ -1620,6 +1186,55 @@ fn page_decoded<T: for<'de> Deserialize<'de>>(
         .collect()
 }
 
+impl port::Lifecycle for SledStore {
+    /// The daemon's time as this store reads it.
+    fn clock(&self) -> &model::clock::Clock {
+        &self.clock
+    }
+
+    /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
+    /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
+    /// only the writer's indexer calls it.
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        self.sled_file.sync().map_err(StoreError::Sync)
+    }
+
+    /// Bytes on disk: sled's files and the event log.
+    fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()? + eventlog::size(&self.log_dir))
+    }
+
+    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
+    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
+    /// from one that has space again (see `writer::index_loop`).
+    fn takes_writes(&self) -> bool {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let probe = self.log_dir.join(".write-probe");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&probe)
+            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
+        let _ = std::fs::remove_file(&probe);
+        written.is_ok()
+    }
+
+    /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
+    /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
+    /// recovery of an existing store does, a new store's first write of its log does, and so does
+    /// a flush with something to write. Notes when the store was opened, which is that something.
+    fn start_background(&self) -> Result<(), StoreError> {
+        let now = self.clock.now_millis().max(0) as u64;
+        self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
+        self.flush()?;
+        Ok(())
+    }
+}
+
 /// Whether some process (another one, or another open of the file) holds the lock sled takes on
 /// the store at `dir` while it is open: one probe of the `db` file's lock, without opening sled
 /// and without waiting. A missing store is not held.
@@ -1655,7 +1270,7 @@ fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
                 },
                 other => StoreError::Open {
                     path: dir.display().to_string(),
-                    source: other,
+                    source: other.into(),
                 },
             })
     };

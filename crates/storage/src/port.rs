@@ -323,7 +323,8 @@ pub trait Outbox {
     fn outbox_page(&self, after: Option<u64>, limit: usize)
         -> Result<Vec<OutboxEntry>, StoreError>;
     fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError>;
-    fn outbox_len(&self) -> usize;
+    /// Entries pending.
+    fn outbox_len(&self) -> Result<usize, StoreError>;
     fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError>;
     fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError>;
     fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError>;
@@ -374,7 +375,8 @@ pub trait Timers {
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError>;
     /// Whether the timer still runs (its firing not folded yet).
     fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError>;
-    fn timers_pending(&self) -> u64;
+    /// Timers running.
+    fn timers_pending(&self) -> Result<u64, StoreError>;
     /// Woken by a fold that starts a timer earlier than the firer's next.
     fn timer_wakeup(&self) -> Arc<TimerWakeup>;
 }
@@ -415,9 +417,11 @@ pub trait Reads {
     /// The reconcile sweep's candidates: every active conversation, then those released at or
     /// after `released_since`, at most `limit` in all (the index only).
     fn watched(&self, released_since: Millis, limit: usize) -> Result<Watched, StoreError>;
-    fn queue_summary(&self) -> QueueSummary;
-    /// Each bot's waiting count and oldest request, in bot order (kept by the folds in memory).
-    fn waiting_by_bot(&self) -> Vec<BotWaiting>;
+    /// How many conversations wait for an agent and since when the longest-waiting one does
+    /// (kept by the folds: no scan).
+    fn queue_summary(&self) -> Result<QueueSummary, StoreError>;
+    /// Each bot's waiting count and oldest request, in bot order (kept by the folds).
+    fn waiting_by_bot(&self) -> Result<Vec<BotWaiting>, StoreError>;
     fn queue_standing(&self, id: &ConversationId) -> Result<Option<Standing>, StoreError>;
     /// The handoff figures the folds keep by the hour, merged over the hours that overlap
     /// `[since, until)` (whole hours; at most `engine::state::stats::KEPT_MS` back): joined,
@@ -433,7 +437,8 @@ pub trait Reads {
     /// An event by id, and whether it is folded.
     fn event_status(&self, id: &EventId) -> Result<Option<(EventRecord, bool)>, StoreError>;
     fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError>;
-    fn sizes(&self) -> Sizes;
+    /// Record counts (kept by the folds: no scan).
+    fn sizes(&self) -> Result<Sizes, StoreError>;
 }
 
 /// Quarantine records: durable before the delivery is answered, bodies kept whole.
@@ -468,25 +473,22 @@ pub trait OperatorLog {
 /// Retention: bounded passes that never remove what a fold, the dedupe window or an open outbox
 /// entry still needs.
 pub trait Retention {
-    fn prune_with(
+    /// Forget the event ids the dedupe window no longer covers (received before
+    /// `dedupe_before`), and remove stored events received before `events_before` that are all
+    /// folded: before `fold_from`, the folds' watermark as read before a flush that has completed
+    /// since (so a crash cannot bring back an older one that names removed events).
+    fn prune_events(
         &self,
         dedupe_before: Millis,
         events_before: Millis,
         fold_from: Cursor,
     ) -> Result<Pruned, StoreError>;
-    fn prune_states_into(
-        &self,
-        before: Millis,
-        chunk: usize,
-        out: &mut StatesPruned,
-    ) -> Result<(), StoreError>;
-    fn prune_quarantine_into(
-        &self,
-        before: Millis,
-        chunk: usize,
-        removed: &mut u64,
-    ) -> Result<(), StoreError>;
-    fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError>;
+    /// Remove the conversation and end-user states whose newest activity is before `before`,
+    /// each with every key derived from it, `chunk` at a time, each chunk under the fold lock;
+    /// never one with a pending outbox entry or an event still to fold.
+    fn prune_states(&self, before: Millis, chunk: usize) -> Removed<StatesPruned>;
+    /// Remove the quarantine records received before `before`, `chunk` at a time.
+    fn prune_quarantine(&self, before: Millis, chunk: usize) -> Removed<u64>;
     fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError>;
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError>;
     /// Remove at most `limit` of the oldest console actions taken before `before`.
@@ -496,18 +498,41 @@ pub trait Retention {
     fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError>;
 }
 
-/// The store as a whole: its clock, its health and durability.
+/// What a bounded removal removed: everything it had to, or what it had when a failure stopped
+/// it (gone all the same, so counted).
+#[derive(Debug)]
+pub struct Removed<T> {
+    pub removed: T,
+    pub failed: Option<StoreError>,
+}
+
+impl<T> Removed<T> {
+    /// What was removed, and how the removal ended.
+    pub fn split(self) -> (T, Result<(), StoreError>) {
+        (self.removed, self.failed.map_or(Ok(()), Err))
+    }
+
+    /// What was removed, unless a failure stopped it.
+    pub fn into_result(self) -> Result<T, StoreError> {
+        match self.failed {
+            None => Ok(self.removed),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// The store as a whole: its clock, its durability and the room it takes.
 pub trait Lifecycle {
     /// The daemon's time as this store reads it (the application's clock).
     fn clock(&self) -> &model::clock::Clock;
-    /// Report a failure only a restart mends (see [`Stuck`](crate::Stuck)) and stop this thread.
-    fn stuck(&self, exit_code: i32) -> !;
     /// Make every write so far durable.
     fn flush(&self) -> Result<(), StoreError>;
-    /// An earlier failed sync, kept until the store is reopened.
-    fn sync_failure(&self) -> Result<(), StoreError>;
-    fn size_on_disk(&self) -> u64;
-    /// Whether the store's directory takes a write now (a probe).
-    fn dir_takes_writes(&self) -> bool;
-    fn start_io_threads(&self) -> Result<(), StoreError>;
+    /// The room the store takes on its disk, in bytes (the daemon's size gauge).
+    fn bytes_on_disk(&self) -> Result<u64, StoreError>;
+    /// Whether the store takes a write now (a probe): after a failure, tells a disk that is still
+    /// full from one with room again (a fold half applied is then mended only by a restart).
+    fn takes_writes(&self) -> bool;
+    /// Start the store's own background work, if it has any, from the calling thread, whose
+    /// scheduling it inherits (the daemon calls it at the folds' priority).
+    fn start_background(&self) -> Result<(), StoreError>;
 }

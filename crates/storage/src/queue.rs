@@ -22,8 +22,7 @@
 use super::{get_decoded, keys, SledStore, StoreError};
 use engine::batch::QueueChanges;
 use engine::index::{QueueEntry, QueueSpot};
-use engine::state::queue::{AcceptHistory, Standing};
-use engine::state::stats::{self, HandoffStats};
+use engine::state::queue::AcceptHistory;
 use engine::state::ConversationState;
 use model::ids::ConversationId;
 use model::webhook::model::Millis;
@@ -180,7 +179,7 @@ impl WaitingCounts {
 
     /// Each bot's count and oldest request (its first entry: they sort by request time), in bot
     /// order: one step per bot, no entry walked.
-    fn by_bot(&self) -> Vec<BotWaiting> {
+    pub(super) fn by_bot(&self) -> Vec<BotWaiting> {
         let mut out: Vec<BotWaiting> = self
             .by_bot
             .iter()
@@ -199,27 +198,6 @@ impl WaitingCounts {
 }
 
 impl SledStore {
-    /// The handoff figures of the hours that overlap `[since, until)`, merged: every hour record
-    /// from `since`'s hour to the hour before `until` (the first and last hours count whole), a
-    /// range of at most 25 keys for a day; no conversation is read. Empty when `until <= since`.
-    pub(crate) fn handoff_stats(
-        &self,
-        since: Millis,
-        until: Millis,
-    ) -> Result<HandoffStats, StoreError> {
-        let mut out = HandoffStats::default();
-        if until <= since {
-            return Ok(out);
-        }
-        let from = keys::queue_stats(stats::hour_of(since));
-        let to = keys::queue_stats(stats::hour_of(until - 1));
-        for item in self.queue.range(from..=to) {
-            let (_, bytes) = item?;
-            out.merge(&super::decode(&bytes, "handoff stats")?);
-        }
-        Ok(out)
-    }
-
     /// The committed queue of `bot` (its copy in memory, [`WaitingCounts`]): how many wait and
     /// how many sort before `own`, leaving out those of `found` that are in it (see
     /// `engine::batch::FoldReads::waiting_standing`). Counts in memory, never a scan of sled.
@@ -247,27 +225,6 @@ impl SledStore {
         (length, ahead)
     }
 
-    /// A conversation's standing now (outside folds: the help-desk events, the agent API);
-    /// `None` for a conversation the bridge does not know.
-    pub(crate) fn queue_standing(
-        &self,
-        conversation: &ConversationId,
-    ) -> Result<Option<Standing>, StoreError> {
-        let Some(state) = self.conversation(conversation)? else {
-            return Ok(None);
-        };
-        let Some(bot) = &state.bot_id else {
-            return Ok(Some(Standing::default()));
-        };
-        let own = QueueEntry::of(&state);
-        let own = own.as_ref().map(QueueEntry::spot);
-        let (length, ahead) = self.waiting_standing(bot.as_str(), own, &mut std::iter::empty());
-        let history = self.accept_history(bot.as_str())?;
-        let position = own.map(|_| u32::try_from(ahead).unwrap_or(u32::MAX).saturating_add(1));
-        let length = u32::try_from(length).unwrap_or(u32::MAX);
-        Ok(Some(Standing::new(position, length, &history)))
-    }
-
     /// The conversations waiting for `bot`, in queue order (1 is next).
     pub fn waiting_for(&self, bot: &str) -> Result<Vec<ConversationId>, StoreError> {
         let prefix = keys::queue_bot(bot);
@@ -281,25 +238,6 @@ impl SledStore {
         Ok(out)
     }
 
-    /// Every bot's queue at once: how many conversations wait for an agent and since when the
-    /// longest-waiting one does (for the stuck-handoff gauges). Kept in memory: counted from the
-    /// tree on open and changed by each committed fold, so a scrape costs no scan and is right
-    /// from the first one after a restart.
-    pub(crate) fn queue_summary(&self) -> QueueSummary {
-        match self.waiting.lock() {
-            Ok(counts) => counts.summary(),
-            Err(poisoned) => poisoned.into_inner().summary(),
-        }
-    }
-
-    /// The waiting queue per bot, from the same counts in memory as [`Self::queue_summary`].
-    pub(crate) fn waiting_by_bot(&self) -> Vec<BotWaiting> {
-        match self.waiting.lock() {
-            Ok(counts) => counts.by_bot(),
-            Err(poisoned) => poisoned.into_inner().by_bot(),
-        }
-    }
-
     /// The summary counted from the tree (on open; and tests compare with it).
     pub(super) fn queue_summary_scanned(&self) -> Result<WaitingCounts, StoreError> {
         let mut out = WaitingCounts::default();
@@ -308,6 +246,15 @@ impl SledStore {
             out.add(&key);
         }
         Ok(out)
+    }
+
+    /// The waiting entries in memory (a poisoned lock's counts are still whole: every change
+    /// is made before the guard drops).
+    pub(super) fn waiting_counts(&self) -> std::sync::MutexGuard<'_, WaitingCounts> {
+        match self.waiting.lock() {
+            Ok(counts) => counts,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// Count the waiting entries once, on open.
@@ -356,7 +303,8 @@ impl SledStore {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use engine::state::stats::QueueExit;
+    use crate::port::*;
+    use engine::state::stats::{self, HandoffStats, QueueExit};
     use model::ids::DeliveryId;
     use model::webhook::agent::{AgentCommand, Command, DeskAgent};
     use model::webhook::model::Event;
@@ -480,7 +428,7 @@ pub(super) mod tests {
     /// The kept summary, checked against a count of the tree; and each bot's kept entries (what
     /// a fold's standings count) against the tree's.
     fn summary(store: &SledStore) -> QueueSummary {
-        let kept = store.queue_summary();
+        let kept = store.queue_summary().expect("queue summary");
         let scanned = store.queue_summary_scanned().expect("scan");
         assert_eq!(kept, scanned.summary(), "the kept counts equal the tree");
         let by_bot = store.waiting.lock().expect("counts").by_bot.clone();
@@ -566,7 +514,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
         }
         let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(
-            store.queue_summary(),
+            store.queue_summary().expect("queue summary"),
             QueueSummary {
                 waiting: 1,
                 oldest_since: Some(9_000)

@@ -2,7 +2,7 @@
 //! temporary directory, deliveries made from a few fields, and folding as the dispatcher would.
 //! Built for tests only (and with the `test-support` feature).
 
-use crate::port::Folds;
+use crate::port::*;
 use crate::*;
 use model::webhook::model::{Event, Millis};
 use model::webhook::{parse_delivery, parse_event};
@@ -179,7 +179,7 @@ pub fn timer_rules() -> engine::rules::RuleSet {
 
 pub fn all_timers(store: &SledStore) -> Vec<DueTimer> {
     let (due, next) = store
-        .due_timers(Millis::MAX, 1_000, |_| false)
+        .due_timers(Millis::MAX, 1_000, &|_| false)
         .expect("timers");
     assert_eq!(next, None);
     due

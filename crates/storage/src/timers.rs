@@ -9,12 +9,14 @@
 //! restarts the timer; this way nothing does.)
 
 use super::{decode, encode, keys, SledStore, StoreError};
+use crate::port::Timers;
 use engine::batch::TimerStart;
 use engine::index::TimerRef;
 use model::ids::ConversationId;
 use model::webhook::model::{Millis, TimerFiring};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 /// A timer key's value: what firing it needs besides its key.
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,15 +65,15 @@ pub(crate) fn value(start: &TimerStart) -> Result<Vec<u8>, StoreError> {
     })
 }
 
-impl SledStore {
+impl Timers for SledStore {
     /// Due timers (at or before `now`), earliest first, at most `limit`, leaving out those `skip`
     /// names (already fired, their firing not folded yet); and when the next one is due (`now`
     /// when the limit cut the list short). Unreadable entries are logged and left out.
-    pub(crate) fn due_timers(
+    fn due_timers(
         &self,
         now: Millis,
         limit: usize,
-        skip: impl Fn(&TimerKey) -> bool,
+        skip: &dyn Fn(&TimerKey) -> bool,
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError> {
         let mut due = Vec::new();
         for item in self.timers.iter() {
@@ -116,18 +118,18 @@ impl SledStore {
     }
 
     /// Whether a timer still runs (its firing not folded yet).
-    pub(crate) fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError> {
+    fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError> {
         Ok(self.timers.contains_key(key(timer.timer()))?)
     }
 
     /// Running timers. Linear in their number: call on start, then track the folds' changes.
-    pub(crate) fn timers_pending(&self) -> u64 {
-        self.timers.len() as u64
+    fn timers_pending(&self) -> Result<u64, StoreError> {
+        Ok(self.timers.len() as u64)
     }
 
     /// How the firer is woken before the time it sleeps towards: by a fold that started or
     /// restarted a timer due before it, or by the test clock.
-    pub(crate) fn timer_wakeup(&self) -> std::sync::Arc<TimerWakeup> {
+    fn timer_wakeup(&self) -> Arc<TimerWakeup> {
         self.timer_wakeup.clone()
     }
 }

@@ -17,7 +17,7 @@ use super::{
     AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Store, Unindexed,
 };
 pub use crate::port::Writer;
-use crate::port::{Intake, Reply};
+use crate::port::{Intake, Lifecycle, Reply};
 use model::cursor::Cursor;
 use model::ids::{DeliveryId, PartitionKey};
 use model::webhook::model::{Event, Millis};
@@ -114,6 +114,8 @@ pub struct EarlyAttach {
 struct Health {
     log: AtomicBool,
     index: AtomicBool,
+    /// Where the indexer reports a store only a restart mends.
+    stuck: super::Stuck,
 }
 
 /// At most this many logged events wait for the indexer (see [`IndexBacklog`]).
@@ -165,8 +167,14 @@ impl IndexBacklog {
 
 impl SledWriter {
     /// Start the writer threads on an open store (which has already replayed any leftover log).
-    pub fn start(store: SledStore, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
-        let (writer, attach) = SledWriter::start_early(store.intake_log().clone(), hooks.observe)?;
+    /// A store only a restart mends is reported to `stuck`.
+    pub fn start(
+        store: SledStore,
+        hooks: WriterHooks,
+        stuck: super::Stuck,
+    ) -> Result<Writer, super::StoreError> {
+        let log = store.intake_log().clone();
+        let (writer, attach) = SledWriter::start_early(log, hooks.observe, stuck)?;
         attach.attach(store, hooks.durable);
         Ok(writer)
     }
@@ -180,6 +188,7 @@ impl SledWriter {
     pub fn start_early(
         log: IntakeLog,
         observe: Observe,
+        stuck: super::Stuck,
     ) -> Result<(Writer, EarlyAttach), super::StoreError> {
         log.start_writer()?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -187,6 +196,7 @@ impl SledWriter {
         let health = Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(true),
+            stuck,
         });
         let (sled, store_rx) = tokio::sync::watch::channel(None);
         let store = Arc::new(Stores {
@@ -604,7 +614,14 @@ fn index_loop(
             &health,
             &waiting,
         );
-        disk_was_writable = judge_index_round(indexed, store, disk_was_writable);
+        match judge_index_round(indexed, store, disk_was_writable) {
+            Ok(writable) => disk_was_writable = writable,
+            // Reported; the indexer stops (the daemon ends for a restart).
+            Err(_) => {
+                health.stuck.report();
+                break;
+            }
+        }
     }
     finish_indexing(backlog, waiters, attached);
 }
@@ -681,15 +698,15 @@ fn index_round(
 }
 
 /// After a round: whether it failed on a disk that takes writes (probed); a second disk failure
-/// once it does means sled is stuck: the store is reported stuck (the daemon exits for a
-/// restart).
+/// once it does means sled is stuck ([`StoreError::Stuck`](super::StoreError::Stuck): the daemon
+/// exits for a restart).
 fn judge_index_round(
     indexed: Result<(), super::StoreError>,
     store: &SledStore,
     disk_was_writable: bool,
-) -> bool {
+) -> Result<bool, super::StoreError> {
     match indexed {
-        Ok(()) => false,
+        Ok(()) => Ok(false),
         Err(e) if disk_was_writable && e.is_disk_failure() => {
             // sled 0.34 keeps the first I/O error of its log writer and returns it from
             // every later call: a store that once hit a full disk stays failed after space
@@ -702,10 +719,10 @@ fn judge_index_round(
                 "the store still fails although its disk takes writes again; exiting so a \
                  restart reopens it"
             );
-            store.stuck(STORE_STUCK_EXIT);
+            Err(super::StoreError::Stuck)
         }
-        Err(e) if e.is_disk_failure() => store.dir_takes_writes(),
-        Err(_) => false,
+        Err(e) if e.is_disk_failure() => Ok(store.takes_writes()),
+        Err(_) => Ok(false),
     }
 }
 
@@ -923,6 +940,7 @@ fn flush_attached(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
     use model::webhook::parse_delivery;
     use std::sync::Mutex;
 
@@ -930,6 +948,7 @@ mod tests {
         Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(index),
+            stuck: crate::Stuck::new().0,
         })
     }
 
@@ -989,6 +1008,7 @@ mod tests {
                 observe: Box::new(|_, _| {}),
                 durable: Box::new(|_, _| {}),
             },
+            crate::Stuck::new().0,
         )
         .expect("start");
         let before = store.file_syncs();
@@ -1052,6 +1072,7 @@ mod tests {
                     }
                 }),
             },
+            crate::Stuck::new().0,
         )
         .expect("start");
         let mut tasks = Vec::new();
@@ -1158,7 +1179,8 @@ mod tests {
             "nobody else opens the store meanwhile"
         );
         let (writer, attach) =
-            SledWriter::start_early(log.clone(), Box::new(|_, _| {})).expect("start");
+            SledWriter::start_early(log.clone(), Box::new(|_, _| {}), crate::Stuck::new().0)
+                .expect("start");
         assert!(!writer.has_store());
 
         // Answered with sled closed: new, a duplicate of a logged event, a re-send in flight.
