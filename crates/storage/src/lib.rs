@@ -25,6 +25,8 @@ pub mod intake;
 mod journal;
 pub mod keys;
 mod log;
+#[cfg(any(test, feature = "test-support"))]
+pub mod mem;
 pub mod operators;
 pub mod outbox;
 mod pages;

@@ -179,7 +179,7 @@ impl TimerWakeup {
     }
 
     /// A fold wrote a timer due at `due_at` (after writing it).
-    pub(super) fn started(&self, due_at: Millis) {
+    pub(crate) fn started(&self, due_at: Millis) {
         // After the tree was written: either the firer's read sees the timer, or this sees the
         // firer looking (`looking`).
         std::sync::atomic::fence(Ordering::SeqCst);
