@@ -330,7 +330,7 @@ fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::port::*;
     use crate::test_support::{delivery, one_message_rule, pending_records};
@@ -339,6 +339,11 @@ mod tests {
         /// The journal writes applied on this thread fail (as a failing store would) after this
         /// many more succeeded.
         static FAIL_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// The journal writes on this thread fail after `n` more succeeded (a failing store).
+    pub(crate) fn fail_writes_after(n: usize) {
+        FAIL_AT.with(|f| f.set(Some(n)));
     }
 
     pub(super) fn before_write() -> Result<(), StoreError> {

@@ -13,6 +13,8 @@
 //!   (`meta/fold_from`), which each fold also writes.
 
 pub mod backup;
+#[cfg(any(test, feature = "test-support"))]
+pub mod conformance;
 pub mod dedupe;
 mod derived;
 pub mod desk;
