@@ -1,8 +1,14 @@
-//! The durable store: the event log (segment files, [`eventlog`]) and, in sled, per-conversation
-//! state, the folds' position, outbox and quarantine. This is the only module that imports
-//! sled; keys are built in [`keys`].
+//! The durable store: the storage port ([`port`]: what the daemon asks of a store, in nine groups,
+//! the intake [`Writer`] and the fold sessions in which the engine's batch fold reads and a
+//! backend commits its write set), and its backend today, [`SledStore`]: the event log (segment
+//! files, [`eventlog`]) and, in sled, per-conversation state, the folds' position, outbox and
+//! quarantine, each port group implemented in the module that owns it (`intake`, `fold`,
+//! `outbox`, `timers`, `reads`, `quarantine`, `operators`, `retention`, this one). This is the only
+//! crate that imports sled; keys are built in [`keys`]. For tests (`test-support`): an
+//! in-memory backend (`mem`) and the port's conformance suite (`conformance`), which runs against
+//! both.
 //!
-//! Invariants kept here:
+//! Invariants the sled backend keeps:
 //! - an event is acknowledged only once its frame is synced in the event log; its ids then go
 //!   into the in-memory dedupe index (rebuilt from the log on open), so an acknowledged event is
 //!   never lost and never accepted twice;

@@ -1,12 +1,17 @@
 //! The storage port: what the daemon asks of a store, named for its needs and cut in the groups
 //! of `docs/storage-port.md` (each group's guarantees are written there). [`Storage`] is all of
-//! them; the daemon holds a [`Store`](crate::Store), a shared `dyn Storage`, and never names a
-//! backend outside its composition root (which opens one) and the offline backup (which copies
-//! one). [`SledStore`](crate::SledStore) is today's backend: sled plus the event log.
+//! them; the daemon holds a [`Store`](crate::Store), a shared `dyn Storage`, and its intake as a
+//! [`Writer`] (a handle on a backend's [`Intake`]), and never names a backend outside its
+//! composition root (which opens one and starts its writer) and the offline backup (which copies
+//! one).
 //!
-//! A second backend implements these traits (and its own intake [`Writer`](crate::Writer)
-//! inside): the engine and the HTTP surfaces do not change. Every method is object safe (callbacks
-//! are `dyn`), so backends are chosen at start, not compiled in.
+//! A backend implements the groups' traits, a [`FoldSession`] (the reads of the engine's batch
+//! fold, `engine::batch::FoldReads`, and the atomic commit of its `WriteSet`) and an [`Intake`]:
+//! the fold's loop, replay's and the audit's are the engine's ([`Folds::fold`] and
+//! [`Folds::replay`] are provided). Positions in the event log cross the port as opaque
+//! cursors (`model::cursor::Cursor`), running timers as [`TimerKey`](crate::TimerKey)s. Every
+//! method is object safe (callbacks are `dyn`). [`SledStore`](crate::SledStore) is today's backend;
+//! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both.
 
 use crate::desk::{DeskCursor, DeskPage};
 use crate::idempotency::IdempotencyRecord;
