@@ -425,13 +425,15 @@ impl FoldBatch {
                 self.out.agent_verdicts.push(verdict.clone());
             }
         }
-        let held = HeldBack {
-            conversation: id.clone(),
-            event: event.id.clone(),
-            capped: decided.capped,
-            failed: decided.failed,
-        };
-        note_held_back(&mut self.out, &mut self.held_back, held);
+        if !decided.capped.is_empty() || !decided.failed.is_empty() {
+            let held = HeldBack {
+                conversation: id.clone(),
+                event: event.id.clone(),
+                capped: decided.capped,
+                failed: decided.failed,
+            };
+            note_held_back(&mut self.out, &mut self.held_back, held);
+        }
         let decided_by = (rules.version(), received_at, self.now);
         let queued = Queued {
             decided: &mut self.decided,
@@ -450,9 +452,6 @@ impl FoldBatch {
 /// The rules a fold held back for an event (a firing cap, a failed template): counted in what the
 /// fold applied, and kept for the store to log.
 fn note_held_back(out: &mut Applied, kept: &mut Vec<HeldBack>, held: HeldBack) {
-    if held.capped.is_empty() && held.failed.is_empty() {
-        return;
-    }
     out.capped
         .extend(held.capped.iter().map(|hit| hit.rule.clone()));
     out.template_errors
