@@ -91,7 +91,7 @@ fn shown(text: &str) -> String {
 }
 
 /// A list's position: what a page's `next` holds and the next page's `after` gives back.
-pub trait Cursor: Sized {
+pub trait PageCursor: Sized {
     /// From the query's text; `None` when it is not a cursor of this list.
     fn parse(text: &str) -> Option<Self>;
     /// As a page's `next`.
@@ -100,7 +100,7 @@ pub trait Cursor: Sized {
 
 /// The lists in seq order (outbox, dead letters, finished entries) and the quarantine (by record
 /// id) continue after a number.
-impl Cursor for u64 {
+impl PageCursor for u64 {
     fn parse(text: &str) -> Option<Self> {
         text.parse().ok()
     }
@@ -132,7 +132,7 @@ impl IdCursor {
     }
 }
 
-impl Cursor for IdCursor {
+impl PageCursor for IdCursor {
     fn parse(text: &str) -> Option<Self> {
         use base64::Engine as _;
         if text.is_empty() || text.len() > Self::MAX_TEXT {
@@ -162,7 +162,7 @@ pub struct PageRequest<C = u64> {
     pub limit: usize,
 }
 
-impl<C: Cursor> PageRequest<C> {
+impl<C: PageCursor> PageRequest<C> {
     /// From the query's text values, as given (absent: the default).
     pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<PageRequest<C>, PageError> {
         let limit = match limit.map(str::trim) {
@@ -216,7 +216,7 @@ fn paged<T, C>(
 
 /// A page as every list answers it: `{"count": n in this page, <items>: [...], "next": the
 /// cursor to the next page, or null after the last}`.
-fn page_json<T: serde::Serialize, C: Cursor>(
+fn page_json<T: serde::Serialize, C: PageCursor>(
     items_key: &str,
     items: &[T],
     next: Option<C>,

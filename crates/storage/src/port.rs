@@ -1,12 +1,12 @@
 //! The storage port: what the daemon asks of a store, named for its needs and cut in the groups
 //! of `docs/storage-port.md` (each group's guarantees are written there). [`Storage`] is all of
 //! them; the daemon holds a [`Store`](crate::Store), a shared `dyn Storage`, and its intake as a
-//! [`Writer`] (a handle on a backend's [`Intake`]), and never names a backend outside its
+//! [`Writer`] (a handle on a backend's [`IntakeWriter`]), and never names a backend outside its
 //! composition root (which opens one and starts its writer) and the offline backup (which copies
 //! one).
 //!
 //! A backend implements the groups' traits, a [`FoldSession`] (the reads of the engine's batch
-//! fold, `engine::batch::FoldReads`, and the atomic commit of its `WriteSet`) and an [`Intake`]:
+//! fold, `engine::batch::FoldReads`, and the atomic commit of its `WriteSet`) and an [`IntakeWriter`]:
 //! the fold's loop, replay's and the audit's are the engine's ([`Folds::fold`] and
 //! [`Folds::replay`] are provided). Positions in the event log cross the port as opaque
 //! cursors (`model::cursor::Cursor`), running timers as [`TimerKey`](crate::TimerKey)s. Every
@@ -72,18 +72,18 @@ impl<T> Storage for T where
 {
 }
 
-/// Intake: a backend's group commit of deliveries, reached through the [`Writer`] handle. Each
+/// A backend's intake writer: its group commit of deliveries, reached through the [`Writer`] handle. Each
 /// call answers on its `reply` (a dropped reply: the intake stopped).
-pub trait Intake: Send + Sync {
+pub trait IntakeWriter: Send + Sync {
     /// Take a delivery: answered once its new events are durable (deduplicated against the
     /// dedupe window), or it failed.
-    fn accept(&self, job: AcceptJob, reply: Reply<Accepted>);
+    fn accept(&self, job: AcceptJob, reply: IntakeReply<Accepted>);
     /// Answered once everything written to the store before this call is durable (ordered after
     /// the deliveries taken before it).
-    fn flush(&self, reply: Reply<()>);
+    fn flush(&self, reply: IntakeReply<()>);
     /// Answered once what the caller itself wrote to the store before this call is durable (a
     /// fold's decisions); not ordered after the deliveries taken before it, so it may be quicker.
-    fn flush_own(&self, reply: Reply<()>);
+    fn flush_own(&self, reply: IntakeReply<()>);
     /// False after a write or sync failed, until one succeeds again (`/readyz`).
     fn is_healthy(&self) -> bool;
     /// The store, once open (`None` while an early start's store opens).
@@ -93,17 +93,17 @@ pub trait Intake: Send + Sync {
     fn handed_over(&self) -> Option<u64>;
 }
 
-/// Where an [`Intake`] call is answered.
-pub type Reply<T> = tokio::sync::oneshot::Sender<Result<T, WriterError>>;
+/// Where an [`IntakeWriter`] call is answered.
+pub type IntakeReply<T> = tokio::sync::oneshot::Sender<Result<T, WriterError>>;
 
 /// The daemon's handle on the intake, whichever backend's: cheap to clone, each call waits for
 /// its answer.
 #[derive(Clone)]
-pub struct Writer(Arc<dyn Intake>);
+pub struct Writer(Arc<dyn IntakeWriter>);
 
 impl Writer {
     /// A backend's intake as the daemon holds it.
-    pub fn new(intake: Arc<dyn Intake>) -> Writer {
+    pub fn new(intake: Arc<dyn IntakeWriter>) -> Writer {
         Writer(intake)
     }
 
@@ -122,7 +122,7 @@ impl Writer {
     }
 
     /// Wait until what the caller itself wrote to the store (in a transaction or a plain write
-    /// that returned before this call) is on disk ([`Intake::flush_own`]): for a fold's
+    /// that returned before this call) is on disk ([`IntakeWriter::flush_own`]): for a fold's
     /// decisions, not for anything the writer wrote.
     pub async fn flush_own(&self) -> Result<(), WriterError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -145,7 +145,7 @@ impl Writer {
         store.clone().ok_or(WriterError::Stopped)
     }
 
-    /// See [`Intake::handed_over`].
+    /// See [`IntakeWriter::handed_over`].
     pub fn handed_over(&self) -> Option<u64> {
         self.0.handed_over()
     }

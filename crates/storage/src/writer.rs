@@ -17,7 +17,7 @@ use super::{
     AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Store, Unindexed,
 };
 pub use crate::port::Writer;
-use crate::port::{Intake, Lifecycle, Reply};
+use crate::port::{IntakeReply, IntakeWriter, Lifecycle};
 use model::cursor::Cursor;
 use model::ids::{DeliveryId, PartitionKey};
 use model::webhook::model::{Event, Millis};
@@ -79,19 +79,19 @@ enum Job {
     Flush(oneshot::Sender<Result<(), WriterError>>),
 }
 
-/// The sled backend's intake ([`Intake`]): the writer, syncer and indexer threads, reached
+/// The sled backend's intake ([`IntakeWriter`]): the writer, syncer and indexer threads, reached
 /// through the port's [`Writer`] handle. Cloning is cheap; the threads end when every handle is
 /// gone.
 #[derive(Clone)]
 pub struct SledWriter {
     tx: mpsc::UnboundedSender<Job>,
-    /// Straight to the indexer, for [`Intake::flush_own`].
+    /// Straight to the indexer, for [`IntakeWriter::flush_own`].
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     health: Arc<Health>,
     /// The store, once sled is open (see [`SledWriter::start_early`]), for the threads and for
     /// the port.
     store: Arc<Stores>,
-    /// The event log (its hand-over count, [`Intake::handed_over`]).
+    /// The event log (its hand-over count, [`IntakeWriter::handed_over`]).
     log: IntakeLog,
 }
 
@@ -254,19 +254,19 @@ impl EarlyAttach {
     }
 }
 
-impl Intake for SledWriter {
-    fn accept(&self, job: AcceptJob, reply: Reply<Accepted>) {
+impl IntakeWriter for SledWriter {
+    fn accept(&self, job: AcceptJob, reply: IntakeReply<Accepted>) {
         // A stopped writer drops the job and its reply: the caller hears it stopped.
         let _ = self.tx.send(Job::Accept(job, reply));
     }
 
-    fn flush(&self, reply: Reply<()>) {
+    fn flush(&self, reply: IntakeReply<()>) {
         let _ = self.tx.send(Job::Flush(reply));
     }
 
     /// One `Db::flush` by the indexer, which it shares with every flush asked for meanwhile,
     /// without the writer and the syncer (two thread hops).
-    fn flush_own(&self, reply: Reply<()>) {
+    fn flush_own(&self, reply: IntakeReply<()>) {
         let waiters = FlushWaiters {
             flushes: vec![reply],
             replies: Vec::new(),

@@ -15,7 +15,7 @@ mod retention;
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
 use crate::outbox::ActionStatus;
-use crate::port::{Ingest, Intake, Lifecycle, Reply, Writer};
+use crate::port::{Ingest, IntakeReply, IntakeWriter, Lifecycle, Writer};
 use crate::timers::TimerWakeup;
 use crate::writer::{AcceptJob, Durable, WriterError, WriterHooks};
 use crate::{AcceptRequest, Accepted, EventRecord, NewEvent, QuarantineRecord, Store, StoreError};
@@ -343,8 +343,8 @@ struct MemWriter {
     port: tokio::sync::watch::Sender<Option<Store>>,
 }
 
-impl Intake for MemWriter {
-    fn accept(&self, job: AcceptJob, reply: Reply<Accepted>) {
+impl IntakeWriter for MemWriter {
+    fn accept(&self, job: AcceptJob, reply: IntakeReply<Accepted>) {
         let durable = self.durable.lock().unwrap_or_else(|p| p.into_inner());
         let accepted = self.store.store(&[job.request()]).and_then(|mut out| {
             out.pop()
@@ -378,11 +378,11 @@ impl Intake for MemWriter {
         let _ = reply.send(Ok(accepted));
     }
 
-    fn flush(&self, reply: Reply<()>) {
+    fn flush(&self, reply: IntakeReply<()>) {
         let _ = reply.send(Ok(()));
     }
 
-    fn flush_own(&self, reply: Reply<()>) {
+    fn flush_own(&self, reply: IntakeReply<()>) {
         let _ = reply.send(Ok(()));
     }
 
