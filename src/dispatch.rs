@@ -20,11 +20,11 @@
 use crate::ops::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
+use model::cursor::Cursor;
 use model::ids::PartitionKey;
 use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
-use storage::eventlog::LogPosition;
 use storage::Storage;
 use storage::{NewEvent, Position, QuarantineRecord, Store};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -44,12 +44,12 @@ const MAX_EVENTS_IN_MEMORY: usize = 10_000;
 /// An event as queued: where it is in the log, and its typed form when intake handed it over.
 #[derive(Debug)]
 struct Entry {
-    at: LogPosition,
+    at: Cursor,
     typed: Option<Box<(Millis, Event)>>,
 }
 
 /// Newly durable events, and where the log ended after them.
-type Received = (Vec<NewEvent>, LogPosition);
+type Received = (Vec<NewEvent>, Cursor);
 
 /// The dispatcher's progress, for [`DispatchHandle::wait_drained`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl DispatchHandle {
     }
 
     /// Hand over newly durable events with their typed form, and where the log ends after them.
-    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: LogPosition) {
+    pub fn notify_events(&self, events: Vec<NewEvent>, log_end: Cursor) {
         if !events.is_empty() {
             // Counted by the store already (`Store::count_hand_over`); a stopped dispatcher
             // leaves them to the next start's scan.
@@ -105,7 +105,7 @@ impl DispatchHandle {
     /// by a progress change (the send comes after the release), which wakes the waiter.
     pub async fn wait_drained(
         &self,
-        store: &Store,
+        writer: &storage::Writer,
         timeout: Duration,
     ) -> Result<bool, storage::StoreError> {
         let mut progress = self.progress.clone();
@@ -114,7 +114,7 @@ impl DispatchHandle {
             // Progress first: any step that ends after this read changes it again, and wakes us.
             // Queue depth reaches 0 only after the batch's bookkeeping (metrics) is done.
             let now = *progress.borrow_and_update();
-            store.handed_over() == Some(now.received) && now.depth == 0
+            writer.handed_over() == Some(now.received) && now.depth == 0
         };
         loop {
             if drained(&mut progress) {
@@ -140,6 +140,8 @@ pub struct DispatchSettings {
     pub decided: Option<crate::outbox::DecidedSender>,
     /// Agent API calls waiting for their command's verdict.
     pub verdicts: Option<std::sync::Arc<crate::helpdesk::commands::Waiters>>,
+    /// Where a fold that only a restart completes is reported (the daemon exits).
+    pub stuck: Option<storage::Stuck>,
     /// How the fold threads are scheduled.
     pub priority: crate::background::Priority,
     /// Under `SCHED_IDLE`: lift the fold threads to the daemon's scheduling when a fold has been
@@ -212,10 +214,10 @@ struct Queues {
     /// How many events queued or being folded each frame holds: the oldest frame with one not
     /// in a fold is that fold's watermark. Counted per frame, not per event: a burst's frames
     /// hold several events each, and this map is as large as the backlog.
-    unfinished: BTreeMap<LogPosition, u32>,
+    unfinished: BTreeMap<Cursor, u32>,
     /// Where the log ended after the newest event received: every event not received yet is
     /// past it.
-    received_end: LogPosition,
+    received_end: Cursor,
 }
 
 /// One fold job: the next batch of each of several partitions.
@@ -246,7 +248,7 @@ impl Queues {
 
     /// Queue newly durable events (typed while the queues hold fewer than
     /// [`MAX_EVENTS_IN_MEMORY`]), and where the log ended after them.
-    fn receive(&mut self, events: Vec<NewEvent>, log_end: LogPosition) {
+    fn receive(&mut self, events: Vec<NewEvent>, log_end: Cursor) {
         for e in events {
             let keep = self.depth < MAX_EVENTS_IN_MEMORY;
             let typed = keep.then(|| Box::new((e.received_at, e.event)));
@@ -287,8 +289,8 @@ impl Queues {
     /// The watermark for a job: the oldest unfinished event not in it, or the received end.
     /// Whatever is not folded once the job commits was unfinished then (and not in the job), or
     /// comes later, past the received end.
-    fn watermark(&self, job: &Job) -> LogPosition {
-        let mut mine: HashMap<LogPosition, u32> = HashMap::new();
+    fn watermark(&self, job: &Job) -> Cursor {
+        let mut mine: HashMap<Cursor, u32> = HashMap::new();
         for (_, entry) in job.iter().flat_map(|(_, batch)| batch) {
             *mine.entry(entry.at).or_default() += 1;
         }
@@ -339,7 +341,7 @@ impl Queues {
     }
 
     /// One event (a copy) queued or being folded is gone.
-    fn settle(&mut self, at: LogPosition) {
+    fn settle(&mut self, at: Cursor) {
         self.depth = self.depth.saturating_sub(1);
         if let Some(count) = self.unfinished.get_mut(&at) {
             *count = count.saturating_sub(1);
@@ -373,8 +375,8 @@ const KEEP_CAPACITY: usize = 1024;
 #[derive(Debug)]
 struct Finished {
     partition: PartitionKey,
-    done: Vec<(u64, LogPosition)>,
-    failed: Vec<(u64, LogPosition)>,
+    done: Vec<(u64, Cursor)>,
+    failed: Vec<(u64, Cursor)>,
 }
 
 type JobResult = Vec<Finished>;
@@ -444,7 +446,7 @@ impl FoldThreads {
 /// a job ran.) At most once per `RAISE_EVERY`, and once more that long after the last if still
 /// behind; and once at a stop, so a raise held back is not lost.
 struct Watermark {
-    written: LogPosition,
+    written: Cursor,
     last_raise: Option<tokio::time::Instant>,
 }
 
@@ -453,13 +455,13 @@ struct Watermark {
 enum Raise {
     Nothing,
     /// Write this (the log's end as received).
-    Now(LogPosition),
+    Now(Cursor),
     /// Look again then.
     Later(tokio::time::Instant),
 }
 
 impl Watermark {
-    fn new(written: LogPosition) -> Self {
+    fn new(written: Cursor) -> Self {
         Watermark {
             written,
             last_raise: None,
@@ -467,20 +469,20 @@ impl Watermark {
     }
 
     /// A fold committed the watermark its job started with.
-    fn committed(&mut self, fold_from: LogPosition) {
+    fn committed(&mut self, fold_from: Cursor) {
         self.written = fold_from;
     }
 
     /// At a stop: the end to raise the watermark to, if drained and behind, whenever the last
     /// raise.
-    fn at_stop(&mut self, drained: bool, end: LogPosition) -> Option<LogPosition> {
+    fn at_stop(&mut self, drained: bool, end: Cursor) -> Option<Cursor> {
         (drained && self.written < end).then(|| {
             self.written = end;
             end
         })
     }
 
-    fn next(&mut self, drained: bool, end: LogPosition, now: tokio::time::Instant) -> Raise {
+    fn next(&mut self, drained: bool, end: Cursor, now: tokio::time::Instant) -> Raise {
         if !drained || self.written >= end {
             return Raise::Nothing;
         }
@@ -583,7 +585,7 @@ impl Lifter {
 /// partitions' batches (an error: it panicked).
 type Folded = (
     tokio::time::Instant,
-    LogPosition,
+    Cursor,
     Result<JobResult, oneshot::error::RecvError>,
 );
 
@@ -666,13 +668,13 @@ fn spawn_fold(
     metrics: &Metrics,
     settings: &DispatchSettings,
     job: Job,
-    fold_from: LogPosition,
+    fold_from: Cursor,
 ) -> oneshot::Receiver<JobResult> {
     let (store, metrics) = (store.clone(), metrics.clone());
     let events: usize = job.iter().map(|(_, b)| b.len()).sum();
     let span = tracing::debug_span!("dispatch", partitions = job.len(), events);
     let (rules, decided) = (settings.rules.current(), settings.decided.clone());
-    let verdicts = settings.verdicts.clone();
+    let (verdicts, stuck) = (settings.verdicts.clone(), settings.stuck.clone());
     let (done_tx, done_rx) = oneshot::channel();
     pool.spawn(move || {
         let results = span.in_scope(|| {
@@ -682,6 +684,7 @@ fn spawn_fold(
                 rules: rules.as_ref(),
                 decided: decided.as_ref(),
                 verdicts: verdicts.as_deref(),
+                stuck: stuck.as_ref(),
             };
             process(&fold, job, fold_from)
         });
@@ -766,7 +769,7 @@ async fn wind_down(
 
 /// Raise the folds' watermark to `to` on a fold thread (`Store::advance_fold_from` takes the fold
 /// lock); the receiver says when it is done.
-fn raise_watermark(pool: &FoldThreads, store: &Store, to: LogPosition) -> oneshot::Receiver<()> {
+fn raise_watermark(pool: &FoldThreads, store: &Store, to: Cursor) -> oneshot::Receiver<()> {
     let (done_tx, done_rx) = oneshot::channel();
     let store = store.clone();
     pool.spawn(move || {
@@ -793,11 +796,12 @@ struct Fold<'a> {
     rules: &'a dyn engine::decide::Decide,
     decided: Option<&'a crate::outbox::DecidedSender>,
     verdicts: Option<&'a crate::helpdesk::commands::Waiters>,
+    stuck: Option<&'a storage::Stuck>,
 }
 
 /// Fold one job (several partitions' batches) in one atomic write, which also records
 /// `fold_from` as the folds' watermark. Runs on a fold thread.
-fn process(fold: &Fold<'_>, job: Job, fold_from: LogPosition) -> JobResult {
+fn process(fold: &Fold<'_>, job: Job, fold_from: Cursor) -> JobResult {
     let (store, metrics) = (fold.store, fold.metrics);
     let Prepared {
         batch,
@@ -824,7 +828,7 @@ fn process(fold: &Fold<'_>, job: Job, fold_from: LogPosition) -> JobResult {
             results
         }
         Err(e) => {
-            fold_failed(store, metrics, e);
+            fold_failed(fold, e);
             // Queues are ordered by sequence, so putting these back restores each partition's
             // order. A passed-over event is quarantined again on the retry.
             for (result, mine) in results.iter_mut().zip(settled) {
@@ -846,7 +850,7 @@ struct Prepared {
     /// The events passed over (quarantined); the watermark is set later.
     position: Position,
     /// Per partition: the entries this fold settles (folded or passed over), in order.
-    settled: Vec<Vec<(u64, LogPosition)>>,
+    settled: Vec<Vec<(u64, Cursor)>>,
     /// Per partition: the entries that go back to its queue (nothing done yet).
     results: JobResult,
 }
@@ -922,7 +926,7 @@ impl Prepared {
 /// The watermark the fold writes: the job's own counted every entry of the job as folded by
 /// this commit, so it is held back to the first that goes back to its queue (a failed read,
 /// and what follows it in its partition).
-fn job_fold_from(results: &JobResult, fold_from: LogPosition) -> LogPosition {
+fn job_fold_from(results: &JobResult, fold_from: Cursor) -> Cursor {
     let first_failed = results
         .iter()
         .flat_map(|r| r.failed.iter().map(|(_, at)| *at))
@@ -983,17 +987,18 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
 
 /// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
 /// a restart completes it: the daemon exits), else a pause before its batches are tried again.
-fn fold_failed(store: &dyn Storage, metrics: &Metrics, e: storage::StoreError) {
-    metrics.dispatch_errors.inc();
-    if matches!(e, storage::StoreError::HalfApplied) && store.dir_takes_writes() {
+fn fold_failed(fold: &Fold<'_>, e: storage::StoreError) {
+    fold.metrics.dispatch_errors.inc();
+    if matches!(e, storage::StoreError::HalfApplied) && fold.store.takes_writes() {
         // Only a restart completes the fold (from its journal); while the disk is still
         // full, a restart could not, so folds keep failing here until it has room.
-        let code = storage::writer::STORE_STUCK_EXIT;
         tracing::error!(
-            exit_code = code,
+            exit_code = storage::writer::STORE_STUCK_EXIT,
             "a fold is half applied; exiting so a restart completes it"
         );
-        store.stuck(code);
+        if let Some(stuck) = fold.stuck {
+            stuck.report();
+        }
     }
     tracing::error!(error = %e, "folding batch failed; will retry");
     std::thread::sleep(RETRY_PAUSE);
@@ -1008,7 +1013,7 @@ enum Loaded {
 }
 
 /// Read a queued event back from the log (after a restart, or a backlog).
-fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: LogPosition) -> Loaded {
+fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: Cursor) -> Loaded {
     match store.event_at(seq, at) {
         Ok(Some(record)) => match model::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
@@ -1065,11 +1070,8 @@ mod tests {
     }
 
     /// Event `seq`'s frame: the tests put one event per frame, in sequence order.
-    fn at(seq: u64) -> LogPosition {
-        LogPosition {
-            segment: 0,
-            offset: seq * 100,
-        }
+    fn at(seq: u64) -> Cursor {
+        Cursor::from_raw(u128::from(seq) * 100)
     }
 
     fn entry(seq: u64) -> Entry {
@@ -1077,7 +1079,7 @@ mod tests {
     }
 
     /// An entry to read back from the log at `at` (as after a restart).
-    fn untyped(at: LogPosition) -> Entry {
+    fn untyped(at: Cursor) -> Entry {
         Entry { at, typed: None }
     }
 
@@ -1141,13 +1143,14 @@ mod tests {
             )),
             decided: None,
             verdicts: None,
+            stuck: None,
             priority: crate::background::Priority::Nice(0),
             lift_after: None,
         }
     }
 
     /// Fold a job as a fold thread does, without rules.
-    fn process_without_rules(store: &dyn Storage, job: Job, fold_from: LogPosition) -> JobResult {
+    fn process_without_rules(store: &dyn Storage, job: Job, fold_from: Cursor) -> JobResult {
         let metrics = Metrics::new().expect("metrics");
         let fold = Fold {
             store,
@@ -1155,6 +1158,7 @@ mod tests {
             rules: &engine::decide::NoRules,
             decided: None,
             verdicts: None,
+            stuck: None,
         };
         process(&fold, job, fold_from)
     }
@@ -1188,6 +1192,7 @@ mod tests {
             rules: &engine::decide::NoRules,
             decided: None,
             verdicts: None,
+            stuck: None,
         };
         let applied = storage::Applied {
             queue_exits: vec![
@@ -1497,8 +1502,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fold_waiting_past_lift_after_lifts_the_fold_threads_until_the_inbox_is_empty() {
-        let (_dir, store) = new_store();
+        let (_dir, backend) = sled_store();
+        let store: Store = std::sync::Arc::new(backend.clone());
         accept(&*store, "d1", "e1", "c1");
+        // The intake a drain waits for (nothing reaches the dispatcher through it here).
+        let hooks = storage::writer::WriterHooks {
+            observe: Box::new(|_, _| {}),
+            durable: Box::new(|_, _| {}),
+        };
+        let stuck = storage::Stuck::new().0;
+        let writer = storage::writer::SledWriter::start(backend, hooks, stuck).expect("writer");
         let (open, gate) = std::sync::mpsc::channel();
         let settings = DispatchSettings {
             concurrency: 1,
@@ -1508,6 +1521,7 @@ mod tests {
             ))),
             decided: None,
             verdicts: None,
+            stuck: None,
             priority: crate::background::Priority::Idle,
             lift_after: Some(Duration::from_secs(1)),
         };
@@ -1538,7 +1552,7 @@ mod tests {
         tokio::time::resume();
         open.send(()).expect("open the gate");
         let drained = handle
-            .wait_drained(&store, Duration::from_secs(60))
+            .wait_drained(&writer, Duration::from_secs(60))
             .await
             .expect("store");
         assert!(drained, "the held fold finished");
@@ -1557,7 +1571,7 @@ mod tests {
     /// being folded, or when a fold already wrote the log's end.
     #[test]
     fn the_watermark_is_raised_at_most_once_a_second() {
-        let at = |offset| LogPosition { segment: 1, offset };
+        let at = |offset: u128| Cursor::from_raw((1 << 64) + offset);
         let t0 = tokio::time::Instant::now();
         let mut w = Watermark::new(at(0));
         assert_eq!(w.next(false, at(10), t0), Raise::Nothing, "not drained");
@@ -1587,7 +1601,7 @@ mod tests {
             .iter()
             .map(|p| (p.partition.clone(), vec![(p.seq, untyped(p.at))]))
             .collect();
-        process_without_rules(store, job, LogPosition::default());
+        process_without_rules(store, job, Cursor::START);
     }
 
     /// Wait in real time until `done`, yielding to the dispatcher's task in between, without
@@ -1612,7 +1626,7 @@ mod tests {
     async fn held_back_raise(
         store: &Store,
     ) -> (
-        LogPosition,
+        Cursor,
         DispatchHandle,
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
@@ -1698,10 +1712,7 @@ mod tests {
         accept(&*store, "d2", "e2", "c2");
         let end = store.pending().expect("pending").end;
         fold_pending_behind(&*store);
-        assert_eq!(
-            store.fold_from().expect("watermark"),
-            LogPosition::default()
-        );
+        assert_eq!(store.fold_from().expect("watermark"), Cursor::START);
         assert!(store.pending().expect("pending").events.is_empty());
 
         let settings = plain_settings();

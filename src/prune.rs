@@ -131,9 +131,9 @@ impl Pruner {
         let store = self.store.clone();
         let pruner = self.clone();
         let removing = move |report: &mut PruneReport, states: &mut StatesPruned| {
-            let pruned = store.prune_with(dedupe_before, events_before, fold_from)?;
-            report.dedupe_records = pruned.dedupe_records;
-            report.event_segments = pruned.event_segments;
+            let pruned = store.prune_events(dedupe_before, events_before, fold_from)?;
+            report.dedupe_records = pruned.ids_forgotten;
+            report.event_segments = pruned.event_chunks;
             // Event pruning can lag its retention (it stops at an event still in the inbox): the
             // ledger outlives every stored event, so a replay of any of them still knows what
             // already ran.
@@ -155,10 +155,16 @@ impl Pruner {
             // The quarantine first: a state the pass cannot read stops it, and must not keep
             // the quarantine's records past their retention too.
             if let Some(before) = quarantine_before {
-                store.prune_quarantine_into(before, BATCH, &mut report.quarantine)?;
+                let ended;
+                (report.quarantine, ended) = store.prune_quarantine(before, BATCH).split();
+                ended?;
             }
             if let Some(before) = states_before {
-                store.prune_states_into(before, storage::retention::CHUNK, states)?;
+                let ended;
+                (*states, ended) = store
+                    .prune_states(before, storage::retention::CHUNK)
+                    .split();
+                ended?;
             }
             Ok::<_, StoreError>(())
         };

@@ -91,7 +91,7 @@ fn shown(text: &str) -> String {
 }
 
 /// A list's position: what a page's `next` holds and the next page's `after` gives back.
-pub trait Cursor: Sized {
+pub trait PageCursor: Sized {
     /// From the query's text; `None` when it is not a cursor of this list.
     fn parse(text: &str) -> Option<Self>;
     /// As a page's `next`.
@@ -100,7 +100,7 @@ pub trait Cursor: Sized {
 
 /// The lists in seq order (outbox, dead letters, finished entries) and the quarantine (by record
 /// id) continue after a number.
-impl Cursor for u64 {
+impl PageCursor for u64 {
     fn parse(text: &str) -> Option<Self> {
         text.parse().ok()
     }
@@ -132,7 +132,7 @@ impl IdCursor {
     }
 }
 
-impl Cursor for IdCursor {
+impl PageCursor for IdCursor {
     fn parse(text: &str) -> Option<Self> {
         use base64::Engine as _;
         if text.is_empty() || text.len() > Self::MAX_TEXT {
@@ -162,7 +162,7 @@ pub struct PageRequest<C = u64> {
     pub limit: usize,
 }
 
-impl<C: Cursor> PageRequest<C> {
+impl<C: PageCursor> PageRequest<C> {
     /// From the query's text values, as given (absent: the default).
     pub fn parse(limit: Option<&str>, after: Option<&str>) -> Result<PageRequest<C>, PageError> {
         let limit = match limit.map(str::trim) {
@@ -216,7 +216,7 @@ fn paged<T, C>(
 
 /// A page as every list answers it: `{"count": n in this page, <items>: [...], "next": the
 /// cursor to the next page, or null after the last}`.
-fn page_json<T: serde::Serialize, C: Cursor>(
+fn page_json<T: serde::Serialize, C: PageCursor>(
     items_key: &str,
     items: &[T],
     next: Option<C>,
@@ -436,7 +436,7 @@ pub fn dead_letters_list(store: &dyn Storage, page: PageRequest) -> Result<Value
 }
 
 /// A conversation's timeline, to answer "why did the bot (not) do that?": each stored event in
-/// order, rebuilt through the fold's own path (`fold_and_decide`, as a replay does: with the rules
+/// order, rebuilt through the fold's own step (`engine::replay::Rebuilt`, as a replay does: with the rules
 /// in force, on the state rebuilt from the conversation's events, with its end user as stored now,
 /// at the event's receive time), so a rule its firing cap held back shows as capped, a timer
 /// firing whose timer was cancelled or restarted decides nothing (`stale_timer`), a message the
@@ -477,8 +477,8 @@ pub fn audit_of(
         store,
         rules,
         explain,
-        state: engine::state::ConversationState::new(conversation.clone()),
-        end_user: None,
+        rebuilt: engine::replay::Rebuilt::new(conversation.clone()),
+        end_users: engine::replay::EndUsers::default(),
     };
     let mut timeline = Vec::with_capacity(records.len());
     for (record, pending) in records {
@@ -561,14 +561,15 @@ fn recorded_actions(
     Ok(recorded)
 }
 
-/// The conversation's state rebuilt event by event as the fold did, for the audit's timeline.
+/// The conversation's state rebuilt event by event as the fold did, for the audit's timeline
+/// (the step a replay takes too: `engine::replay::Rebuilt`).
 struct Rebuild<'a> {
     store: &'a dyn Storage,
     rules: &'a dyn engine::decide::Decide,
     explain: Option<&'a engine::rules::RuleSet>,
-    state: engine::state::ConversationState,
-    /// The end user as stored now (read once, when the conversation first names them).
-    end_user: Option<Option<engine::state::EndUserState>>,
+    rebuilt: engine::replay::Rebuilt,
+    /// End users as stored now, each read once.
+    end_users: engine::replay::EndUsers,
 }
 
 impl Rebuild<'_> {
@@ -591,35 +592,25 @@ impl Rebuild<'_> {
         if let Some(of) = model::action::echo::echo_of(&event) {
             item["echo_of"] = json!(of);
         }
-        let named = match &event.payload {
-            model::webhook::model::Payload::Conversation(c) => c.end_user_id.clone(),
-            _ => None,
-        };
-        if let (None, Some(id)) = (
-            &self.end_user,
-            named.or_else(|| self.state.end_user_id.clone()),
-        ) {
-            self.end_user = Some(self.store.end_user(&id)?);
-        }
-        let user = self.end_user.as_ref().and_then(Option::as_ref);
-        // The state the rules see (after the fold, before their firings are recorded), for the
-        // explanation; the decision itself comes from the fold's path below.
-        let before = self.state.clone();
-        let mut folded = self.state.clone();
-        let decides = folded.apply(&event);
+        let store = self.store;
+        let state = &self.rebuilt.state;
+        let user = self.end_users.of(state, &event, |id| store.end_user(id))?;
+        // The states the rules see, for the explanation (before the event, and after it is
+        // folded in, before their firings are recorded); the decision itself is the fold's.
+        let before = self.explain.map(|_| state.clone());
+        let mut folded = None;
         let time = engine::decide::DecisionTime::at(record.received_at);
-        let decided = engine::fold::fold_and_decide(
-            &mut self.state,
-            &event,
-            self.rules,
-            user,
-            time,
-            &mut |_| Ok::<_, StoreError>(None),
-        )?;
+        let decided = self
+            .rebuilt
+            .step(&event, self.rules, user, time, &mut |after| {
+                if before.is_some() {
+                    folded = Some(after.clone());
+                }
+            });
         if model::webhook::is_backfilled(&event) {
             item["source"] = json!(model::webhook::BACKFILL_SOURCE);
         }
-        if !decides {
+        let Some(decided) = decided else {
             match &event.payload {
                 // The same message came by the other path (webhook or backfill) first.
                 model::webhook::model::Payload::Message(m) => {
@@ -627,24 +618,15 @@ impl Rebuild<'_> {
                 }
                 _ => item["stale_timer"] = json!(true),
             }
-        }
-        if let (Some(set), true) = (self.explain, decides) {
+            return Ok(item);
+        };
+        if let (Some(set), Some(before), Some(folded)) = (self.explain, &before, &folded) {
             let inputs = engine::decide::Inputs {
-                before: Some(&before),
+                before: Some(before),
                 end_user: user,
                 queue: None,
             };
-            item["rules"] = explained(set, (&event, &folded), inputs, record.received_at, &decided);
-        }
-        // Rebuild as the fold did: internal actions shape the state for later events.
-        for decision in &decided.decisions {
-            let id = model::action::action_id(&event.id, &decision.rule, decision.index);
-            engine::decide::apply_to_state(
-                &decision.action,
-                &mut self.state,
-                record.received_at,
-                &id,
-            );
+            item["rules"] = explained(set, (&event, folded), inputs, record.received_at, &decided);
         }
         Ok(item)
     }

@@ -17,7 +17,7 @@ use model::webhook::model::Millis;
 use std::collections::HashSet;
 use std::time::Duration;
 use storage::writer::WriterError;
-use storage::{AcceptJob, DueTimer, Store, Writer};
+use storage::{AcceptJob, DueTimer, Store, TimerKey, Writer};
 use tokio::sync::watch;
 
 /// Firings handed to the writer at once (they share its syncs).
@@ -43,7 +43,7 @@ pub fn start(
 async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Receiver<bool>) {
     let wakeup = store.timer_wakeup();
     // Keys fired by this process whose firing is not folded yet.
-    let mut fired: HashSet<Vec<u8>> = HashSet::new();
+    let mut fired: HashSet<TimerKey> = HashSet::new();
     loop {
         if *stop.borrow() {
             break;
@@ -94,9 +94,9 @@ fn until(next: Option<Millis>, now: Millis) -> Duration {
 
 enum Fired {
     /// The keys handed over (new or duplicate: either way stored).
-    Done(Vec<Vec<u8>>),
+    Done(Vec<TimerKey>),
     /// Some were handed over, the others failed and will be fired again.
-    Failed(Vec<Vec<u8>>, WriterError),
+    Failed(Vec<TimerKey>, WriterError),
     WriterStopped,
 }
 
@@ -191,7 +191,9 @@ mod tests {
                 }
             }),
         };
-        let writer = Writer::start(store.clone(), hooks).expect("writer");
+        let stuck = storage::Stuck::new().0;
+        let writer =
+            storage::writer::SledWriter::start(store.clone(), hooks, stuck).expect("writer");
         let (backend, store): (_, Store) = (store.clone(), std::sync::Arc::new(store));
         let rule = |after: &str| {
             format!(
@@ -274,7 +276,11 @@ mod tests {
         let back = model::webhook::parse_event(stored.event.get()).expect("parses");
         assert_eq!(back.id, first.event.id);
         fold(&s, first);
-        assert_eq!(s.store.timers_pending(), 0, "the fold removed its key");
+        assert_eq!(
+            s.store.timers_pending().expect("timers"),
+            0,
+            "the fold removed its key"
+        );
 
         // The firer now sleeps with nothing due; a timer started meanwhile wakes it.
         say(&mut s, 2, "50ms").await;

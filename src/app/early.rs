@@ -17,6 +17,8 @@ use std::time::Duration;
 pub(super) struct EarlyIntake {
     pub(super) tokens: (Vec<Secret>, bool),
     pub(super) intake: web::Data<Intake>,
+    /// Attaches the intake's writer to the store once it is open.
+    pub(super) attach: storage::writer::EarlyAttach,
     /// Taken by the server (the early server has its own handle on the socket).
     pub(super) listener: Option<TcpListener>,
     pub(super) handle: actix_web::dev::ServerHandle,
@@ -42,6 +44,7 @@ pub(super) fn hold_store_open_for_tests() {
 pub(super) struct EarlyParts {
     pub(super) tokens: (Vec<Secret>, bool),
     pub(super) intake: web::Data<Intake>,
+    pub(super) attach: storage::writer::EarlyAttach,
     pub(super) body_budget: web::Data<BodyBudget>,
     pub(super) workers: usize,
 }
@@ -82,6 +85,7 @@ impl EarlyIntake {
         Ok(EarlyIntake {
             tokens: parts.tokens,
             intake: parts.intake,
+            attach: parts.attach,
             listener: Some(listener),
             handle,
             task,
@@ -107,7 +111,7 @@ pub fn listen_on(addr: SocketAddr) -> Result<TcpListener, AppError> {
 }
 
 /// The public listener while the store opens: the webhook only (deliveries are logged and
-/// answered; see `Writer::start_early`); every other path answers 503 `starting`.
+/// answered; see `SledWriter::start_early`); every other path answers 503 `starting`.
 fn early_server(
     config: &Config,
     listener: TcpListener,

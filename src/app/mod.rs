@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use storage::port::Lifecycle as _;
-use storage::writer::WriterHooks;
+use storage::writer::{SledWriter, WriterHooks};
 use storage::{SledStore, Store, StoreError, Writer};
 use tokio::sync::watch;
 
@@ -200,7 +200,9 @@ pub struct Application {
     tls_observer: upstream::tls::TlsObserver,
     fold_priority: crate::background::Priority,
     clock: model::clock::Clock,
-    /// A store only a restart mends (see `storage::Stuck`).
+    /// A store only a restart mends (see `storage::Stuck`): where it is reported, and what
+    /// watches that.
+    stuck_report: storage::Stuck,
     stuck: watch::Receiver<Option<i32>>,
     opening: Opening,
     opening_since: Instant,
@@ -262,7 +264,8 @@ impl Application {
         let (public, early) = match early_log.clone() {
             None => (Some(listeners.public), None),
             Some(log) => {
-                let writer = Writer::start_early(log, observe_groups(&metrics))?;
+                let observe = observe_groups(&metrics);
+                let (writer, attach) = SledWriter::start_early(log, observe, stuck.clone())?;
                 let tokens = webhook_tokens(&config, &data)?;
                 let intake = intake_state(
                     &config,
@@ -274,6 +277,7 @@ impl Application {
                 let parts = EarlyParts {
                     tokens,
                     intake,
+                    attach,
                     body_budget: body_budget.clone(),
                     workers,
                 };
@@ -285,12 +289,7 @@ impl Application {
         let (trust, tls_observer) = client_tls(&config, &metrics);
         let upstream = Upstream::start(&config, &metrics, &clock, (&trust, tls_observer.clone()))?;
         let fold_priority = fold_priority(&config.dispatch);
-        let opening = open_store(
-            &config,
-            &data,
-            early_log,
-            (fold_priority, clock.clone(), stuck),
-        );
+        let opening = open_store(&config, &data, early_log, (fold_priority, clock.clone()));
         let addrs = Addrs {
             public: public_addr,
             admin: admin_addr,
@@ -315,6 +314,7 @@ impl Application {
             tls_observer,
             fold_priority,
             clock,
+            stuck_report: stuck,
             stuck: stuck_rx,
             opening,
             opening_since: Instant::now(),
@@ -464,7 +464,7 @@ impl Application {
         } else {
             self.config.admin.token.clone()
         };
-        record_sizes(&*store, &self.metrics);
+        record_sizes(&*store, &self.metrics)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         self.metrics
             .upstream_info
@@ -672,6 +672,7 @@ impl Application {
             rules: self.rules.clone(),
             decided: Some(decided_tx),
             verdicts: Some(verdicts.clone()),
+            stuck: Some(self.stuck_report.clone()),
             priority: self.fold_priority,
             lift_after: config.dispatch.lift_after(),
         };
@@ -683,15 +684,16 @@ impl Application {
         let writer = match &self.early {
             Some(early) => {
                 // What it logged meanwhile is indexed and handed to the dispatcher now.
-                early.intake.writer.attach(backend, durable);
+                early.attach.attach(backend, durable);
                 early.intake.writer.clone()
             }
-            None => Writer::start(
+            None => SledWriter::start(
                 backend,
                 WriterHooks {
                     observe: observe_groups(metrics),
                     durable,
                 },
+                self.stuck_report.clone(),
             )?,
         };
         // The executor and the task that hands it durable decisions run beside the Open API
@@ -1052,11 +1054,7 @@ fn open_store(
     config: &Config,
     data: &DataDir,
     early_log: Option<storage::IntakeLog>,
-    (priority, clock, stuck): (
-        crate::background::Priority,
-        model::clock::Clock,
-        storage::Stuck,
-    ),
+    (priority, clock): (crate::background::Priority, model::clock::Clock),
 ) -> Opening {
     let store_path = data.store_path();
     let cache_capacity = config.store.cache_capacity_bytes;
@@ -1075,8 +1073,8 @@ fn open_store(
             Some(log) => SledStore::open_after_log(&store_path, cache_capacity, log)?,
             None => SledStore::open(&store_path, cache_capacity)?,
         };
-        store.start_io_threads()?;
-        Ok::<_, AppError>(store.with_clock(clock).with_stuck(stuck))
+        store.start_background()?;
+        Ok::<_, AppError>(store.with_clock(clock))
     };
     tokio::task::spawn_blocking(move || {
         crate::background::on_thread_at(priority, "store-open", open)
@@ -1084,8 +1082,8 @@ fn open_store(
 }
 
 /// The store's size gauges, as it opened.
-fn record_sizes(store: &dyn storage::Storage, metrics: &Metrics) {
-    let sizes = store.sizes();
+fn record_sizes(store: &dyn storage::Storage, metrics: &Metrics) -> Result<(), StoreError> {
+    let sizes = store.sizes()?;
     for (kind, count) in [
         ("conversations", sizes.conversations),
         ("end_users", sizes.end_users),
@@ -1097,10 +1095,11 @@ fn record_sizes(store: &dyn storage::Storage, metrics: &Metrics) {
             .set(count as i64);
     }
     metrics.quarantine_entries.set(sizes.quarantine as i64);
-    metrics.timers_pending.set(store.timers_pending() as i64);
+    metrics.timers_pending.set(store.timers_pending()? as i64);
     metrics
         .store_bytes
-        .set(i64::try_from(store.size_on_disk()).unwrap_or(i64::MAX));
+        .set(i64::try_from(store.bytes_on_disk()?).unwrap_or(i64::MAX));
+    Ok(())
 }
 
 /// The writer's report of each group, as metrics.
@@ -1146,10 +1145,12 @@ async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiv
             _ = stop.changed() => return,
         }
         let store = store.clone();
-        if let Ok(bytes) = tokio::task::spawn_blocking(move || store.size_on_disk()).await {
-            metrics
+        match tokio::task::spawn_blocking(move || store.bytes_on_disk()).await {
+            Ok(Ok(bytes)) => metrics
                 .store_bytes
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot measure the store's size"),
+            Err(_) => {}
         }
     }
 }

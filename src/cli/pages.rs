@@ -51,13 +51,13 @@ impl<'a> Pager<'a> {
             Some(store) => store,
             None => super::open_store(self.config)?,
         };
-        let value = query.read(&*store).map(|mut value| {
+        let value = query.read(&*store).and_then(|mut value| {
             // What the daemon's executor adds: a stopped store has no executor running.
             if let (List::Outbox, Some(obj)) = (self.list, value.as_object_mut()) {
                 obj.insert("paused".into(), Value::Bool(false));
-                obj.insert("depth".into(), store.outbox_len().into());
+                obj.insert("depth".into(), store.outbox_len()?.into());
             }
-            value
+            Ok(value)
         });
         self.store = Some(store);
         Ok(value?)

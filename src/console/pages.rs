@@ -102,11 +102,11 @@ async fn overview(
 ) -> Result<HttpResponse, ConsoleError> {
     let ops = &console.ops;
     let now = ops.store.clock().now_millis();
-    let summary = ops.store.queue_summary();
+    let summary = ops.store.queue_summary()?;
     let store = ops.store.clone();
     let (stats, by_bot) = blocking(move || {
         let stats = store.handoff_stats(now - DAY_MS, now + 1)?;
-        Ok((stats, store.waiting_by_bot()))
+        Ok((stats, store.waiting_by_bot()?))
     })
     .await?;
     let bots = by_bot

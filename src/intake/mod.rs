@@ -758,10 +758,22 @@ mod tests {
         let out = finish_reprocess(&*store, alone, accepted, kinds).expect("finish");
         assert!(out.released, "removed by the re-process");
         let (accepted, kinds) = finish(raced);
-        assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 1);
+        assert_eq!(
+            store
+                .prune_quarantine(i64::MAX, 10)
+                .into_result()
+                .expect("prune"),
+            1
+        );
         let out = finish_reprocess(&*store, raced, accepted, kinds).expect("finish");
         assert!(!out.released, "the pass removed it and counted it");
-        assert_eq!(store.prune_quarantine(i64::MAX, 10).expect("prune"), 0);
+        assert_eq!(
+            store
+                .prune_quarantine(i64::MAX, 10)
+                .into_result()
+                .expect("prune"),
+            0
+        );
     }
 
     #[test]

@@ -372,7 +372,7 @@ async fn inbox_drained(
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
     let drained = shared
         .dispatch
-        .wait_drained(&shared.store, timeout)
+        .wait_drained(&shared.writer, timeout)
         .await
         .map_err(store_error)?;
     let depth = shared.metrics.inbox_depth.get();

@@ -143,14 +143,18 @@ async fn metrics(shared: web::Data<Ops>) -> HttpResponse {
     m.dispatch_paused
         .set(i64::from(shared.dispatch.is_paused()));
     m.outbox_paused.set(i64::from(shared.executor.is_paused()));
-    let q = shared.store.queue_summary();
-    m.queue_waiting
-        .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
-    // The age on the daemon's clock (the test clock included) at the scrape.
-    let age = q.oldest_since.map_or(0.0, |since| {
-        (shared.store.clock().now_millis() - since).max(0) as f64 / 1000.0
-    });
-    m.queue_oldest_wait_seconds.set(age);
+    match shared.store.queue_summary() {
+        Ok(q) => {
+            m.queue_waiting
+                .set(i64::try_from(q.waiting).unwrap_or(i64::MAX));
+            // The age on the daemon's clock (the test clock included) at the scrape.
+            let age = q.oldest_since.map_or(0.0, |since| {
+                (shared.store.clock().now_millis() - since).max(0) as f64 / 1000.0
+            });
+            m.queue_oldest_wait_seconds.set(age);
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the waiting queue's counts"),
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(shared.metrics.render())

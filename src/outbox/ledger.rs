@@ -43,7 +43,7 @@ pub trait Ledger: Send + Sync + 'static {
 
 impl Ledger for Store {
     fn pending(&self) -> Result<usize, StoreError> {
-        Ok(self.outbox_len())
+        self.outbox_len()
     }
 
     fn last_seq(&self) -> Result<Option<u64>, StoreError> {

@@ -193,8 +193,17 @@ impl Decide for NoRules {
     }
 }
 
+/// Whether an action changes the conversation's state in the fold itself (labels, variables,
+/// timers: [`apply_to_state`]) rather than go to the outbox.
+pub fn is_internal(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::UpdateState { .. } | Action::StartTimer { .. } | Action::CancelTimer { .. }
+    )
+}
+
 /// Apply an internal state action to `state` (in the fold, never queued); false for the
-/// actions that go to the outbox. `now` is the decision's clock (a timer is due `after` it)
+/// actions that go to the outbox ([`is_internal`]). `now` is the decision's clock (a timer is due `after` it)
 /// and `id` the action's id (a timer remembers what started it).
 pub fn apply_to_state(
     action: &Action,

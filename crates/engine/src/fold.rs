@@ -1,11 +1,23 @@
-//! Folding one event and deciding for it: the one path the live fold, a replay and the audit
-//! share. The caller reads what it needs (the end user, the waiting queue) and writes what comes
-//! out; this only changes the state it is handed and returns what was decided.
+//! Folding one event and deciding for it: the one step the live fold ([`crate::batch`]), a
+//! replay and the audit ([`crate::replay`]) share. The caller reads what it needs (the end user,
+//! the waiting queue) and writes what comes out; this only changes the state it is handed and
+//! returns what was decided.
 
 use crate::decide::{Decided, Inputs};
 use crate::state::queue::Standing;
 use crate::state::{ConversationState, EndUserState};
+use model::ids::EndUserId;
 use model::webhook::model::{Event, Payload};
+
+/// The end user whom the rules see for `event` of the conversation in `state`: the one a
+/// conversation event names, else the conversation's own.
+pub fn end_user_named<'a>(state: &'a ConversationState, event: &'a Event) -> Option<&'a EndUserId> {
+    let named = match &event.payload {
+        Payload::Conversation(c) => c.end_user_id.as_ref(),
+        _ => None,
+    };
+    named.or(state.end_user_id.as_ref())
+}
 
 /// Fold `event` into its conversation's state, decide for it with the state after (and the state
 /// before, which `changed` conditions compare: the fold keeps a copy, so deciding stays pure), and
@@ -16,7 +28,8 @@ use model::webhook::model::{Event, Payload};
 /// refused decides nothing. `after_fold` sees the state right after the event is folded, before
 /// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
 /// in it when the rules read it. The live fold, a replay and the audit all call it, so they fold
-/// and decide alike.
+/// and decide alike. `None`: the event decides nothing (a stale timer firing, a message the other
+/// path brought first).
 pub fn fold_and_decide<E>(
     state: &mut ConversationState,
     event: &Event,
@@ -24,7 +37,7 @@ pub fn fold_and_decide<E>(
     end_user: Option<&EndUserState>,
     time: crate::decide::DecisionTime,
     after_fold: &mut dyn FnMut(&ConversationState) -> Result<Option<Standing>, E>,
-) -> Result<Decided, E> {
+) -> Result<Option<Decided>, E> {
     let before = rules.needs().before.then(|| state.clone());
     let decides = state.apply(event);
     let queue = after_fold(state)?;
@@ -52,9 +65,9 @@ pub fn fold_and_decide<E>(
         // What the bridge asked of manual mode is what it believes of it (until the service says
         // otherwise): the reconciliation sweeper compares that with the service.
         state.note_decided(event, decided.decisions.iter().map(|d| &d.action));
-        Ok(decided)
+        Ok(Some(decided))
     } else {
-        // A stale timer firing: no rules.
-        Ok(Decided::default())
+        // A stale timer firing, or a message already folded: no rules.
+        Ok(None)
     }
 }

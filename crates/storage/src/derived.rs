@@ -1,48 +1,40 @@
 //! The keys a conversation's state derives in the `queue/v1` tree, kept by the folds: the
 //! reconciliation sweeper's index (`store::watch`) and the agent API's phase index
-//! (`store::desk`). One mechanism for both: each is a pure function of the state
-//! ([`derived_keys`]); a fold notes a conversation's keys as it found it and writes, in its
-//! journal, the difference with its keys after the fold ([`derived_writes`]). Only folds write
-//! these keys, so the indexes always equal the states. A store from before an index gets it once,
-//! on open, behind its own `meta` flag ([`SledStore::index_once`]).
+//! (`store::desk`). One mechanism for both: each entry is a pure function of the state
+//! (`engine::index::Derived`, here as a key: [`key`]); the engine's batch fold compares a
+//! conversation's entries as it found it with its entries after the fold, and the fold's journal
+//! writes the difference. Only folds write these keys, so the indexes always equal the states. A
+//! store from before an index gets it once, on open, behind its own `meta` flag
+//! ([`SledStore::index_once`]).
 //!
 //! (The waiting queue, `store::queue`, is kept beside them in the same way but apart: a fold also
 //! reads it, with its own changes over it, for the rules' `queue` input.)
 
-use super::{desk, watch, ConversationState, SledStore, StoreError};
-use std::collections::HashMap;
+use super::{keys, ConversationState, SledStore, StoreError};
+use engine::index::Derived;
+
+/// A derived entry's key.
+pub(crate) fn key(entry: &Derived) -> Vec<u8> {
+    match entry {
+        Derived::Phase {
+            phase,
+            requested_at,
+            conversation,
+        } => keys::desk_phase(phase.byte(), *requested_at, conversation),
+        Derived::BotPhase {
+            bot,
+            phase,
+            requested_at,
+            conversation,
+        } => keys::desk_bot(bot, phase.byte(), *requested_at, conversation),
+        Derived::Active { conversation } => keys::watch_active(conversation),
+        Derived::Released { at, conversation } => keys::watch_released(*at, conversation),
+    }
+}
 
 /// Every key the state derives (none, one or several per index).
 pub(super) fn derived_keys(s: &ConversationState) -> Vec<Vec<u8>> {
-    let mut out = desk::desk_keys(s);
-    out.extend(watch::watch_key(s));
-    out
-}
-
-/// What a fold writes to the derived indexes.
-#[derive(Debug, Default)]
-pub(super) struct DerivedWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<Vec<u8>>,
-}
-
-/// The indexes' changes: each folded conversation's keys before the fold (`before`, by id)
-/// against its keys now.
-pub(super) fn derived_writes(
-    before: &HashMap<String, Vec<Vec<u8>>>,
-    states: &HashMap<String, ConversationState>,
-) -> DerivedWrites {
-    let mut out = DerivedWrites::default();
-    let none = Vec::new();
-    for (id, state) in states {
-        let old = before.get(id).unwrap_or(&none);
-        let now = derived_keys(state);
-        out.remove
-            .extend(old.iter().filter(|k| !now.contains(k)).cloned());
-        out.insert
-            .extend(now.iter().filter(|k| !old.contains(k)).cloned());
-    }
-    out
+    engine::index::derived(s).iter().map(key).collect()
 }
 
 impl SledStore {

@@ -9,12 +9,11 @@
 //! before and after the fold, in the fold's journal), so the index always equals the states;
 //! a store from before it is indexed once, on open.
 
-use super::{decode, keys, queue, SledStore, StoreError};
+use super::{keys, SledStore, StoreError};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use engine::state::desk::DeskPhase;
+use engine::index::Derived;
 use engine::state::ConversationState;
-use std::collections::HashMap;
 
 /// Longest cursor accepted, in characters (a position of a conversation id far longer than any
 /// real one).
@@ -22,19 +21,15 @@ pub const MAX_CURSOR_LEN: usize = 4096;
 
 /// A conversation's keys in the phase index: by phase, and by bot and phase when it has a bot.
 pub(super) fn desk_keys(s: &ConversationState) -> Vec<Vec<u8>> {
-    let phase = DeskPhase::of(s).byte();
-    let (at, id) = (s.handoff.requested_at, s.id.as_str());
-    let mut out = vec![keys::desk_phase(phase, at, id)];
-    if let Some(bot) = &s.bot_id {
-        out.push(keys::desk_bot(bot.as_str(), phase, at, id));
-    }
-    out
+    let entries = engine::index::derived(s).into_iter();
+    let desk = entries.filter(|e| matches!(e, Derived::Phase { .. } | Derived::BotPhase { .. }));
+    desk.map(|e| crate::derived::key(&e)).collect()
 }
 
 /// Where a page of the listing ends: the last listed conversation's position (request time,
 /// id). Opaque to callers: base64url of [`keys::desk_position`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeskCursor(Vec<u8>);
+pub struct DeskCursor(pub(crate) Vec<u8>);
 
 /// A cursor that is not one this API gave out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -77,119 +72,6 @@ pub struct DeskPage {
 }
 
 impl SledStore {
-    /// Up to `limit` conversations in `phase` (every phase when `None`), of `bot` when given,
-    /// after `after`, in listing order. Reads one range per phase (merged by position for all
-    /// phases), then each listed conversation's state.
-    pub(crate) fn desk_page(
-        &self,
-        phase: Option<DeskPhase>,
-        bot: Option<&str>,
-        after: Option<&DeskCursor>,
-        limit: usize,
-    ) -> Result<DeskPage, StoreError> {
-        if bot.is_some_and(|b| b.len() > usize::from(u16::MAX)) {
-            return Ok(DeskPage::default()); // no bot id is that long
-        }
-        let phases = match phase {
-            Some(p) => vec![p],
-            None => DeskPhase::ALL.to_vec(),
-        };
-        let prefix_of = |p: DeskPhase| match bot {
-            Some(b) => keys::desk_bot_prefix(b, p.byte()),
-            None => keys::desk_phase_prefix(p.byte()),
-        };
-        // One range per phase, and its head: the merge takes the least position each time.
-        let mut ranges = Vec::with_capacity(phases.len());
-        for p in phases {
-            let prefix = prefix_of(p);
-            let mut start = prefix.clone();
-            if let Some(cursor) = after {
-                start.extend_from_slice(&cursor.0);
-                start.push(0); // the first key after the cursor's
-            }
-            let mut range = self.queue.range(start..keys::prefix_end(&prefix));
-            let head = range.next().transpose()?;
-            ranges.push((prefix.len(), range, head));
-        }
-        let mut listed: Vec<sled::IVec> = Vec::with_capacity(limit.min(1024) + 1);
-        while listed.len() <= limit {
-            let least = ranges
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (len, _, head))| Some((i, head.as_ref()?.0.get(*len..)?)))
-                .min_by(|a, b| a.1.cmp(b.1))
-                .map(|(i, _)| i);
-            let Some(i) = least else { break };
-            let (len, range, head) = &mut ranges[i];
-            if let Some((key, _)) = head.take() {
-                listed.push(sled::IVec::from(key.get(*len..).unwrap_or_default()));
-            }
-            *head = range.next().transpose()?;
-        }
-        let next = match listed.len() > limit {
-            true => limit
-                .checked_sub(1)
-                .and_then(|last| listed.get(last))
-                .map(|p| DeskCursor(p.to_vec())),
-            false => None,
-        };
-        listed.truncate(limit);
-        let mut out = Vec::with_capacity(listed.len());
-        for position in &listed {
-            let Some((at, id)) = keys::parse_desk_position(position) else {
-                tracing::error!(key = ?position, "unreadable phase index key; left out");
-                continue;
-            };
-            let Some(bytes) = self.conversations.get(id.as_bytes())? else {
-                continue;
-            };
-            let state: ConversationState = decode(&bytes, "conversation state")?;
-            let moved = state.handoff.requested_at != at
-                || phase.is_some_and(|p| DeskPhase::of(&state) != p)
-                || bot.is_some_and(|b| state.bot_id.as_ref().map(|i| i.as_str()) != Some(b));
-            if !moved {
-                out.push(state);
-            }
-        }
-        Ok(DeskPage {
-            conversations: out,
-            next,
-        })
-    }
-
-    /// The 1-based positions, in their bot's waiting queue (`store::queue`), of those of
-    /// `states` that wait. Counted once per bot, up to its first waiting conversation in
-    /// `states`, then on from there to each next one (`states` in listing order, so each count
-    /// is short); never a read of a whole queue per conversation.
-    pub(crate) fn waiting_positions(
-        &self,
-        states: &[ConversationState],
-    ) -> Result<HashMap<String, usize>, StoreError> {
-        // Bot -> the last entry counted and its position.
-        let mut counted: HashMap<&str, (Vec<u8>, usize)> = HashMap::new();
-        let mut out = HashMap::new();
-        for s in states {
-            let (Some(key), Some(bot)) = (queue::entry_of(s), s.bot_id.as_ref()) else {
-                continue;
-            };
-            let (from, base) = match counted.get(bot.as_str()) {
-                // position(key) = position(prev) + entries in [prev, key)
-                Some((prev, at)) if prev.as_slice() <= key.as_slice() => (prev.clone(), *at),
-                // position(key) = 1 + entries in [bot's first, key)
-                _ => (keys::queue_bot(bot.as_str()), 1),
-            };
-            let mut ahead = 0;
-            for item in self.queue.range(from..key.clone()).keys() {
-                item?;
-                ahead += 1;
-            }
-            let position = base + ahead;
-            out.insert(s.id.as_str().to_owned(), position);
-            counted.insert(bot.as_str(), (key, position));
-        }
-        Ok(out)
-    }
-
     /// A store from before the phase index: index its conversations once, on open.
     pub(super) fn index_desk_once(&self) -> Result<(), StoreError> {
         self.index_once(keys::meta::DESK_INDEXED, "agent API phases", desk_keys)
@@ -199,13 +81,17 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode;
+    use crate::port::*;
     use crate::queue::tests::{fold, queue_keys};
+    use engine::state::desk::DeskPhase;
     use engine::state::desk::{Outcome, Rejection};
     use model::action::Action;
     use model::ids::DeliveryId;
     use model::webhook::agent::{AgentCommand, Command, DeskAgent, Target};
     use model::webhook::model::Event;
     use model::webhook::IncomingEvent;
+    use std::collections::HashMap;
 
     fn command(store: &SledStore, id: &str, command: Command) -> crate::Applied {
         let cmd = AgentCommand {

@@ -40,6 +40,25 @@ pub struct LogPosition {
     pub offset: u64,
 }
 
+/// A log position as the port's opaque cursor: segment and offset in one number, in the same
+/// order (and the same 16 bytes encoded).
+impl From<LogPosition> for model::cursor::Cursor {
+    fn from(at: LogPosition) -> Self {
+        model::cursor::Cursor::from_raw((u128::from(at.segment) << 64) | u128::from(at.offset))
+    }
+}
+
+/// A cursor this backend made, back as its log position.
+impl From<model::cursor::Cursor> for LogPosition {
+    fn from(cursor: model::cursor::Cursor) -> Self {
+        let raw = cursor.raw();
+        LogPosition {
+            segment: (raw >> 64) as u64,
+            offset: raw as u64,
+        }
+    }
+}
+
 impl LogPosition {
     pub const LEN: usize = 16;
 

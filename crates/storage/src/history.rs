@@ -12,8 +12,7 @@
 //! crash kept are removed by the next pass, and never read meanwhile). Nothing reads a segment to
 //! forget it. A store from before the index gets its log indexed once, on open.
 
-use super::{eventlog, keys, log_error, EventRecord, SledStore, StoreError};
-use model::ids::PartitionKey;
+use super::{eventlog, keys, log_error, SledStore, StoreError};
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
@@ -27,48 +26,8 @@ pub(super) fn entry(at: eventlog::LogPosition, partition: &str, seq: u64) -> (Ve
 }
 
 impl SledStore {
-    /// A partition's stored events, oldest first, with whether each is still to fold: the index's
-    /// entries in the live segments, then the log's tail from the folds' watermark (events not
-    /// folded yet, and those folded since). Reads the partition's own frames and the tail, never
-    /// the whole log.
-    pub(crate) fn partition_events(
-        &self,
-        partition: &PartitionKey,
-    ) -> Result<Vec<(EventRecord, bool)>, StoreError> {
-        let key = partition.encode();
-        let mut frames = BTreeMap::new();
-        for segment in eventlog::segments(&self.log_dir).map_err(log_error)? {
-            for item in self
-                .partition_events
-                .scan_prefix(keys::partition_events(segment, &key))
-            {
-                let (k, v) = item?;
-                let seq = keys::parse_partition_event(&k);
-                let offset = keys::parse_seq(&v);
-                match seq.zip(offset) {
-                    Some((seq, offset)) => {
-                        frames.insert(seq, eventlog::LogPosition { segment, offset })
-                    }
-                    None => return Err(super::corrupt("partition index entry")),
-                };
-            }
-        }
-        let fold_from = self.fold_from()?;
-        self.tail_of(&key, fold_from, &mut frames)?;
-        let mark = self.mark(&key)?;
-        let mut out = Vec::with_capacity(frames.len());
-        for (seq, at) in frames {
-            // Its segment pruned since the listing: gone with it.
-            if let Some(record) = self.event_at(seq, at)? {
-                let pending = at >= fold_from && mark.is_none_or(|m| seq > m);
-                out.push((record, pending));
-            }
-        }
-        Ok(out)
-    }
-
     /// Add the frames of `partition`'s events from `from` to the log's end.
-    fn tail_of(
+    pub(super) fn tail_of(
         &self,
         partition: &str,
         from: eventlog::LogPosition,
@@ -158,9 +117,11 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
     use crate::test_support::*;
     use crate::Position;
     use model::ids::ConversationId;
+    use model::ids::PartitionKey;
 
     fn conversation(id: &str) -> PartitionKey {
         PartitionKey::Conversation(ConversationId::new(id))
@@ -263,7 +224,7 @@ mod tests {
         drain(&store);
         assert_eq!(entries(&store), 3);
         let pruned = store.prune(5_000, 5_000).expect("prune");
-        assert_eq!(pruned.event_segments, 1, "segment 1 (e1) goes");
+        assert_eq!(pruned.event_chunks, 1, "segment 1 (e1) goes");
         assert_eq!(entries(&store), 2);
         assert_eq!(
             events_of(&store, "c1"),
@@ -284,7 +245,7 @@ mod tests {
             .insert(key, &keys::seq(offset))
             .expect("insert");
         assert_eq!(events_of(&store, "c1").len(), 2);
-        assert_eq!(store.prune(5_000, 5_000).expect("prune").event_segments, 0);
+        assert_eq!(store.prune(5_000, 5_000).expect("prune").event_chunks, 0);
         assert_eq!(entries(&store), 2);
     }
 

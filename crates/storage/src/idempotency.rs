@@ -2,7 +2,7 @@
 //! call gets it again instead of acting twice. Kept for `helpdesk.idempotency_retention`, pruned
 //! by the pruning loop. Opened by name on use (sled keeps opened trees), not kept in [`SledStore`].
 
-use super::{decode, encode, SledStore, StoreError};
+use super::{SledStore, StoreError};
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +21,7 @@ pub struct IdempotencyRecord {
 
 /// A record's key: the route and the caller's key (not the token, so a rotated token still finds
 /// the answer).
-fn key(route: &str, idempotency_key: &str) -> Vec<u8> {
+pub(super) fn key(route: &str, idempotency_key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(route.len() + 1 + idempotency_key.len());
     k.extend_from_slice(route.as_bytes());
     k.push(0);
@@ -30,64 +30,15 @@ fn key(route: &str, idempotency_key: &str) -> Vec<u8> {
 }
 
 impl SledStore {
-    fn idempotency_tree(&self) -> Result<sled::Tree, StoreError> {
+    pub(super) fn idempotency_tree(&self) -> Result<sled::Tree, StoreError> {
         Ok(self.db.open_tree(TREE)?)
-    }
-
-    /// The answer recorded under a route's key, if any.
-    pub(crate) fn idempotent_answer(
-        &self,
-        route: &str,
-        idempotency_key: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let tree = self.idempotency_tree()?;
-        tree.get(key(route, idempotency_key))?
-            .map(|b| decode(&b, "idempotency record"))
-            .transpose()
-    }
-
-    /// Record the first answer under a route's key. Written without a flush of its own: the
-    /// command it answers is durable in the event log under an id made from the same key, so
-    /// after a crash that lost this record a retry is a duplicate event and gets the verdict
-    /// the fold recorded.
-    pub(crate) fn record_idempotent_answer(
-        &self,
-        route: &str,
-        idempotency_key: &str,
-        record: &IdempotencyRecord,
-    ) -> Result<(), StoreError> {
-        self.idempotency_tree()?
-            .insert(key(route, idempotency_key), encode(record)?)?;
-        Ok(())
-    }
-
-    /// Drop records answered before `before`, at most `limit`; returns how many went.
-    pub(crate) fn prune_idempotency(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        let tree = self.idempotency_tree()?;
-        let mut removed = 0;
-        for item in tree.iter() {
-            if removed >= limit as u64 {
-                break;
-            }
-            let (k, v) = item?;
-            let old = decode::<IdempotencyRecord>(&v, "idempotency record")
-                .map_or(true, |r| r.at < before);
-            if old {
-                tree.remove(k)?;
-                removed += 1;
-            }
-        }
-        Ok(removed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
 
     fn record(at: Millis) -> IdempotencyRecord {
         IdempotencyRecord {

@@ -18,9 +18,14 @@
 
 use super::eventlog::{self, FrameEvent, Frames, LogPosition};
 use super::{
-    dedupe, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord, SledStore, StoreError,
+    corrupt, decode, dedupe, encode, keys, AcceptRequest, Accepted, IntakeLog, QuarantineRecord,
+    SledStore, StoreError,
 };
+use crate::idempotency::{key, IdempotencyRecord};
+use crate::port::{Ingest, Lifecycle, Quarantine};
 use model::ids::{DeliveryId, EventId};
+use model::webhook::model::Millis;
+use model::webhook::IncomingEvent;
 use sled::transaction::Transactional;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -352,24 +357,6 @@ impl IntakeLog {
 }
 
 impl SledStore {
-    /// All three steps for one group, in a row: for offline tools, tests and recovery. Durable
-    /// when it returns. Not to be run while a writer runs on the same store.
-    pub(crate) fn accept_many(
-        &self,
-        requests: &[AcceptRequest<'_>],
-    ) -> Result<Vec<Accepted>, StoreError> {
-        if self
-            .log
-            .writer_started
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(StoreError::Internal(
-                "accept_many called while a writer owns intake".into(),
-            ));
-        }
-        self.accept_in_a_row(requests, true)
-    }
-
     fn accept_in_a_row(
         &self,
         requests: &[AcceptRequest<'_>],
@@ -672,4 +659,83 @@ fn io(e: std::io::Error) -> StoreError {
 
 fn poisoned() -> StoreError {
     StoreError::Corrupt("intake lock poisoned (a writer panicked)".into())
+}
+
+impl Ingest for SledStore {
+    /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
+    /// tools and tests; the daemon goes through the [`Writer`].
+    fn accept(
+        &self,
+        delivery: &DeliveryId,
+        events: &[IncomingEvent],
+        now: Millis,
+    ) -> Result<Accepted, StoreError> {
+        let request = AcceptRequest {
+            delivery,
+            events,
+            invalid: &[],
+            received_at: now,
+        };
+        let mut out = self.accept_many(&[request])?;
+        out.pop().ok_or_else(|| corrupt("accept result"))
+    }
+
+    /// All three steps for one group, in a row: for offline tools, tests and recovery. Durable
+    /// when it returns. Not to be run while a writer runs on the same store.
+    fn accept_many(&self, requests: &[AcceptRequest<'_>]) -> Result<Vec<Accepted>, StoreError> {
+        if self
+            .log
+            .writer_started
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Internal(
+                "accept_many called while a writer owns intake".into(),
+            ));
+        }
+        self.accept_in_a_row(requests, true)
+    }
+
+    /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
+    fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
+        Ok(self
+            .meta
+            .get(keys::meta::BACKFILL_CURSOR)?
+            .and_then(|v| keys::parse_seq(&v))
+            .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
+    }
+
+    /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
+    /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
+    fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
+        self.meta
+            .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
+        Ok(())
+    }
+
+    /// The answer recorded under a route's key, if any.
+    fn idempotent_answer(
+        &self,
+        route: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let tree = self.idempotency_tree()?;
+        tree.get(key(route, idempotency_key))?
+            .map(|b| decode(&b, "idempotency record"))
+            .transpose()
+    }
+
+    /// Record the first answer under a route's key. Written without a flush of its own: the
+    /// command it answers is durable in the event log under an id made from the same key, so
+    /// after a crash that lost this record a retry is a duplicate event and gets the verdict
+    /// the fold recorded.
+    fn record_idempotent_answer(
+        &self,
+        route: &str,
+        idempotency_key: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<(), StoreError> {
+        self.idempotency_tree()?
+            .insert(key(route, idempotency_key), encode(record)?)?;
+        Ok(())
+    }
 }

@@ -26,6 +26,7 @@
 //! takes writes again.
 
 use super::{keys, SledStore, StoreError, MAX_VALUE_BYTES};
+use crate::port::Lifecycle;
 
 /// Defines the trees a fold writes once: the enum, the code the journal stores for each (stored,
 /// so never renumbered), the list of all ([`TreeId::ALL`]) and the store's tree for each
@@ -329,14 +330,20 @@ fn journal_chunks(encoded: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::port::*;
     use crate::test_support::{delivery, one_message_rule, pending_records};
 
     thread_local! {
         /// The journal writes applied on this thread fail (as a failing store would) after this
         /// many more succeeded.
         static FAIL_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// The journal writes on this thread fail after `n` more succeeded (a failing store).
+    pub(crate) fn fail_writes_after(n: usize) {
+        FAIL_AT.with(|f| f.set(Some(n)));
     }
 
     pub(super) fn before_write() -> Result<(), StoreError> {
@@ -520,7 +527,10 @@ mod tests {
             let again = fold_all(&store, &rules).expect("fold");
             assert_eq!((again.applied, again.outbox.len()), (0, 0), "{case}");
             assert_eq!(store.outbox().expect("outbox").len(), conversations);
-            assert_eq!(store.sizes().conversations, conversations as u64);
+            assert_eq!(
+                store.sizes().expect("sizes").conversations,
+                conversations as u64
+            );
         }
     }
 
@@ -601,7 +611,11 @@ mod tests {
         }
         let store = SledStore::open(&path, 8 * 1024 * 1024).expect("reopen");
         assert_eq!(store.meta.scan_prefix(keys::meta::FOLD_JOURNAL).count(), 0);
-        assert_eq!(store.sizes().conversations, 0, "nothing of it applied");
+        assert_eq!(
+            store.sizes().expect("sizes").conversations,
+            0,
+            "nothing of it applied"
+        );
         let again = fold_all(&store, &rules).expect("fold");
         assert_eq!((again.applied, again.outbox.len()), (120, 120));
     }

@@ -122,7 +122,7 @@ pub mod meta {
     /// Set once the event log was indexed by partition (`partition_events/v1`): a store from
     /// before that index gets its logged events indexed on its first open.
     pub const PARTITION_EVENTS_INDEXED: &[u8] = b"partition_events_indexed";
-    /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_io_threads`).
+    /// When the daemon last opened the store (u64 BE millis; see `SledStore::start_background`).
     pub const OPENED_AT: &[u8] = b"opened_at";
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
     /// known to the bridge (delivered by the webhook or backfilled). Written by backfill only.
@@ -244,10 +244,18 @@ pub fn queue_bot(bot: &str) -> Vec<u8> {
 /// A waiting conversation's key: its bot's prefix, the request time (8 bytes, big-endian, before
 /// 1970 as 0), the conversation id; so a bot's entries sort by request time, then id.
 pub fn queue_entry(bot: &str, requested_at: i64, conversation: &str) -> Vec<u8> {
-    let mut key = queue_bot(bot);
+    let mut key = Vec::new();
+    queue_entry_into(&mut key, &queue_bot(bot), requested_at, conversation);
+    key
+}
+
+/// [`queue_entry`] into `key` (cleared first), given its bot's prefix ([`queue_bot`]): one buffer
+/// for many keys.
+pub fn queue_entry_into(key: &mut Vec<u8>, prefix: &[u8], requested_at: i64, conversation: &str) {
+    key.clear();
+    key.extend_from_slice(prefix);
     key.extend_from_slice(&u64::try_from(requested_at).unwrap_or(0).to_be_bytes());
     key.extend_from_slice(conversation.as_bytes());
-    key
 }
 
 /// The conversation id of a waiting entry of the bot whose prefix is `prefix`.

@@ -1,8 +1,14 @@
-//! The durable store: the event log (segment files, [`eventlog`]) and, in sled, per-conversation
-//! state, the folds' position, outbox and quarantine. This is the only module that imports
-//! sled; keys are built in [`keys`].
+//! The durable store: the storage port ([`port`]: what the daemon asks of a store, in nine groups,
+//! the intake [`Writer`] and the fold sessions in which the engine's batch fold reads and a
+//! backend commits its write set), and its backend today, [`SledStore`]: the event log (segment
+//! files, [`eventlog`]) and, in sled, per-conversation state, the folds' position, outbox and
+//! quarantine, each port group implemented in the module that owns it (`intake`, `fold`,
+//! `outbox`, `timers`, `reads`, `quarantine`, `operators`, `retention`, this one). This is the only
+//! crate that imports sled; keys are built in [`keys`]. For tests (`test-support`): an
+//! in-memory backend (`mem`) and the port's conformance suite (`conformance`), which runs against
+//! both.
 //!
-//! Invariants kept here:
+//! Invariants the sled backend keeps:
 //! - an event is acknowledged only once its frame is synced in the event log; its ids then go
 //!   into the in-memory dedupe index (rebuilt from the log on open), so an acknowledged event is
 //!   never lost and never accepted twice;
@@ -13,35 +19,42 @@
 //!   (`meta/fold_from`), which each fold also writes.
 
 pub mod backup;
+#[cfg(any(test, feature = "test-support"))]
+pub mod conformance;
 pub mod dedupe;
 mod derived;
 pub mod desk;
 mod durable;
 pub mod eventlog;
+mod fold;
 mod history;
 pub mod idempotency;
 pub mod intake;
 mod journal;
 pub mod keys;
 mod log;
+#[cfg(any(test, feature = "test-support"))]
+pub mod mem;
 pub mod operators;
 pub mod outbox;
 mod pages;
 pub mod port;
+mod quarantine;
 pub mod queue;
+mod reads;
 pub mod replay;
 pub mod retention;
-mod sled_port;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 pub mod timers;
 pub mod watch;
 pub mod writer;
 
-use engine::state::{BotState, ConversationState, EndUserState};
+use engine::state::{ConversationState, EndUserState};
 use journal::Journal;
-use model::ids::{ConversationId, DeliveryId, EndUserId, EventId, PartitionKey};
-use model::webhook::model::{Event, Millis, Payload};
+use model::cursor::Cursor;
+use model::ids::{DeliveryId, EventId, PartitionKey};
+use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -55,9 +68,10 @@ pub use durable::sled_file;
 pub use eventlog::sync_dir;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
-pub use port::Storage;
-pub use timers::DueTimer;
-pub use writer::{AcceptJob, NewEvent, Writer};
+use port::{Lifecycle, Retention};
+pub use port::{Storage, Writer};
+pub use timers::{DueTimer, TimerKey};
+pub use writer::{AcceptJob, NewEvent};
 
 /// The daemon's store: whichever backend was opened, shared (see [`port`]).
 pub type Store = Arc<dyn Storage>;
@@ -77,10 +91,44 @@ pub const LAYOUT_VERSION: u32 = 4;
 /// Event log segments larger than this would not fit the dedupe index's 32-bit offsets.
 const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 
-/// A failure of the store's backend (sled here), kept opaque: no backend type crosses the port.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct BackendError(sled::Error);
+/// A failure of the store's backend, kept opaque: no backend type crosses the port. It says
+/// whether the disk (or whatever holds the store) failed, which the daemon tells apart from a
+/// store that holds something wrong ([`StoreError::is_disk_failure`]). Shown as its cause.
+#[derive(Debug)]
+pub struct BackendError {
+    cause: Box<dyn std::error::Error + Send + Sync>,
+    disk: bool,
+}
+
+impl BackendError {
+    /// For backends: a failure, and whether it is the disk's (an I/O error).
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>, disk: bool) -> Self {
+        BackendError {
+            cause: cause.into(),
+            disk,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.cause.fmt(f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.source()
+    }
+}
+
+/// sled's failures: its I/O errors are the disk's.
+impl From<sled::Error> for BackendError {
+    fn from(e: sled::Error) -> Self {
+        let disk = matches!(e, sled::Error::Io(_));
+        BackendError::new(e, disk)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -95,7 +143,7 @@ pub enum StoreError {
     /// sled refused to open its files (damaged, unreadable): named with the path, since the
     /// daemon stops on it.
     #[error("cannot open the store at {path}: {source}")]
-    Open { path: String, source: sled::Error },
+    Open { path: String, source: BackendError },
     #[error("event log: {0}")]
     Log(String),
     /// An `fsync`/`fdatasync` of sled's files failed (`durable`), now or earlier (a failure is
@@ -112,6 +160,10 @@ pub enum StoreError {
     /// what needs sled (a quarantine record) waits for it.
     #[error("the store is still opening")]
     Opening,
+    /// Only a restart mends the store (a backend that keeps failing although its disk takes
+    /// writes again, a fold half applied): whoever finds it reports it to [`Stuck`].
+    #[error("the store fails until it is reopened; a restart mends it")]
+    Stuck,
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
@@ -121,16 +173,17 @@ impl StoreError {
     /// Whether the disk failed the store (an I/O error from sled, or a failed sync of its file),
     /// as opposed to what it holds being wrong.
     pub fn is_disk_failure(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Backend(BackendError(sled::Error::Io(_))) | StoreError::Sync(_)
-        )
+        match self {
+            StoreError::Backend(e) => e.disk,
+            StoreError::Sync(_) => true,
+            _ => false,
+        }
     }
 }
 
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
-        StoreError::Backend(BackendError(e))
+        StoreError::Backend(e.into())
     }
 }
 
@@ -212,7 +265,7 @@ impl EventRecord {
 pub struct Pending {
     pub events: Vec<PendingEvent>,
     /// Where the log ended: every event after it reaches the dispatcher from intake.
-    pub end: eventlog::LogPosition,
+    pub end: Cursor,
 }
 
 impl Pending {
@@ -230,35 +283,10 @@ impl Pending {
     }
 }
 
-/// An event still to fold: its number, ordering domain and frame.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PendingEvent {
-    pub seq: u64,
-    pub partition: PartitionKey,
-    pub at: eventlog::LogPosition,
-}
-
-/// What a fold records beside the events' effects: how far the folds have come.
-#[derive(Debug, Default)]
-pub struct Position {
-    /// A location at or before every event still to fold once this fold commits (written as
-    /// [`keys::meta::FOLD_FROM`]); `None` leaves it as it is.
-    pub fold_from: Option<eventlog::LogPosition>,
-    /// Events passed over without folding (unreadable, so quarantined instead): marked folded
-    /// and indexed by partition.
-    pub passed: Vec<PendingEvent>,
-    /// Where each event of the batch is in the log, parallel to it: each folded event is
-    /// indexed by partition (see [`history`]). Empty for events that are in no log (offline
-    /// folds, tests), which are then not indexed.
-    pub frames: Vec<eventlog::LogPosition>,
-}
-
-/// Folded marks read so far (a scan or a fold reads each partition's once), and those a fold
-/// raises, for its journal to write.
+/// Folded marks read so far (a scan reads each partition's once).
 #[derive(Default)]
 struct Marks {
     read: HashMap<String, Option<u64>>,
-    raised: HashMap<String, u64>,
 }
 
 impl Marks {
@@ -269,21 +297,6 @@ impl Marks {
         let mark = store.mark(partition)?;
         self.read.insert(partition.to_owned(), mark);
         Ok(mark)
-    }
-
-    /// Raise a partition's mark to `seq` if it is above it; returns whether it was.
-    fn raise(
-        &mut self,
-        store: &SledStore,
-        partition: String,
-        seq: u64,
-    ) -> Result<bool, StoreError> {
-        if !self.above(store, &partition, seq)? {
-            return Ok(false);
-        }
-        self.read.insert(partition.clone(), Some(seq));
-        self.raised.insert(partition, seq);
-        Ok(true)
     }
 
     /// Still to fold: at or past the watermark (everything before it is folded, and a store
@@ -300,7 +313,7 @@ impl Marks {
         Ok(at >= fold_from && self.above(store, partition, seq)?)
     }
 
-    /// Above its partition's mark (a fold's check: the batch is pending by construction).
+    /// Above its partition's mark.
     fn above(&mut self, store: &SledStore, partition: &str, seq: u64) -> Result<bool, StoreError> {
         Ok(self.get(store, partition)?.is_none_or(|mark| seq > mark))
     }
@@ -612,38 +625,15 @@ pub struct Sizes {
     pub quarantine: u64,
 }
 
-/// What folding a batch did.
-#[derive(Debug, Default, PartialEq)]
-pub struct Applied {
-    pub applied: usize,
-    pub skipped: usize,
-    pub new_conversations: u64,
-    pub new_end_users: u64,
-    pub new_bots: u64,
-    /// Actions the rules decided, now in the outbox (not yet durable: flush before running them).
-    pub outbox: Vec<model::action::OutboxEntry>,
-    /// Decided actions skipped because their id was decided before.
-    pub repeated_actions: usize,
-    /// Running timers gained minus lost (started, minus fired, cancelled or replaced).
-    pub timers_change: i64,
-    /// The rule of each event a firing cap held a rule back for (one per hit, for the metric).
-    pub capped: Vec<String>,
-    /// The rule of each action whose template failed at run time (one per action, for the
-    /// metric; the state keeps the error).
-    pub template_errors: Vec<String>,
-    /// The verdict on each folded agent command (the agent API waits for them).
-    pub agent_verdicts: Vec<engine::state::desk::Verdict>,
-    /// Each conversation that left the waiting queue in this fold: why, and how long it had
-    /// waited (ms) when it was accepted (for the metrics; the hour records hold the same).
-    pub queue_exits: Vec<(engine::state::stats::QueueExit, Option<Millis>)>,
-}
+pub use engine::batch::{Applied, PendingEvent, Position};
 
-/// What a prune pass removed.
+/// What a pass of [`Retention::prune_events`](port::Retention::prune_events) removed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Pruned {
-    pub dedupe_records: u64,
-    /// Event log segments deleted.
-    pub event_segments: u64,
+    /// Event and delivery ids the dedupe window no longer holds.
+    pub ids_forgotten: u64,
+    /// The stored events' units removed (the sled backend's: event log segment files).
+    pub event_chunks: u64,
 }
 
 #[derive(Clone)]
@@ -692,22 +682,27 @@ pub struct SledStore {
     waiting: Arc<Mutex<queue::WaitingCounts>>,
     /// The daemon's time (its test clock's offset included): see [`SledStore::with_clock`].
     clock: model::clock::Clock,
-    /// Where a failure only a restart mends is reported: see [`SledStore::stuck`].
-    stuck: Stuck,
 }
 
 /// Where a failure of the store that only a restart mends is reported (a store that still fails
-/// after its disk takes writes again; a fold left half applied): the thread that finds it hands
-/// its exit code to whoever watches (the daemon ends at once, as a crash would, with that code)
-/// and stops for good.
+/// after its disk takes writes again; a fold left half applied): whoever finds it
+/// ([`StoreError::Stuck`]) reports it, and whoever watches ends the daemon at once, as a crash
+/// would, with the exit code it carries. Nothing parks: what was under way is found again by the
+/// next start.
 #[derive(Clone, Debug)]
 pub struct Stuck(Arc<tokio::sync::watch::Sender<Option<i32>>>);
 
 impl Stuck {
-    /// A report point, and what watches it.
+    /// A report point, and what watches it (the exit code the daemon ends with).
     pub fn new() -> (Stuck, tokio::sync::watch::Receiver<Option<i32>>) {
         let (tx, rx) = tokio::sync::watch::channel(None);
         (Stuck(Arc::new(tx)), rx)
+    }
+
+    /// Only a restart mends the store ([`StoreError::Stuck`]): the daemon ends at once, with
+    /// [`writer::STORE_STUCK_EXIT`], as a crash would.
+    pub fn report(&self) {
+        self.0.send_replace(Some(writer::STORE_STUCK_EXIT));
     }
 }
 
@@ -728,27 +723,6 @@ impl SledStore {
     pub fn with_clock(mut self, clock: model::clock::Clock) -> Self {
         self.clock = clock;
         self
-    }
-
-    /// The daemon's time as this store reads it.
-    pub(crate) fn clock(&self) -> &model::clock::Clock {
-        &self.clock
-    }
-
-    /// The store reporting a failure only a restart mends to `stuck` (see [`Stuck`]). Set before
-    /// it is cloned.
-    pub fn with_stuck(mut self, stuck: Stuck) -> Self {
-        self.stuck = stuck;
-        self
-    }
-
-    /// Only a restart mends the store: report `exit_code` and stop the calling thread for good
-    /// (what it was doing is found again by the next start, as after a crash).
-    pub(crate) fn stuck(&self, exit_code: i32) -> ! {
-        self.stuck.0.send_replace(Some(exit_code));
-        loop {
-            std::thread::park();
-        }
     }
 
     /// Open (or create) the store under `dir`.
@@ -808,7 +782,7 @@ impl SledStore {
     fn finish_open(dir: &Path, db: sled::Db, log: IntakeLog) -> Result<Self, StoreError> {
         let sled_file = durable::SledFile::open(dir).map_err(|e| StoreError::Open {
             path: dir.display().to_string(),
-            source: sled::Error::Io(e),
+            source: sled::Error::Io(e).into(),
         })?;
         let t = |name: &str| db.open_tree(name);
         let torn_tail = log.torn_tail;
@@ -841,7 +815,6 @@ impl SledStore {
             half_applied: Default::default(),
             waiting: Default::default(),
             clock: model::clock::Clock::new(),
-            stuck: Stuck::new().0,
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;
@@ -1012,32 +985,6 @@ impl SledStore {
         Ok(())
     }
 
-    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
-    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
-    /// from one that has space again (see `writer::index_loop`).
-    pub(crate) fn dir_takes_writes(&self) -> bool {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let probe = self.log_dir.join(".write-probe");
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&probe)
-            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
-        let _ = std::fs::remove_file(&probe);
-        written.is_ok()
-    }
-
-    /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
-    /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
-    /// only the writer's indexer calls it.
-    pub(crate) fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        self.sled_file.sync().map_err(StoreError::Sync)
-    }
-
     /// The kept failure of a sync of sled's file: every flush fails until the store is reopened.
     pub(crate) fn sync_failure(&self) -> Result<(), StoreError> {
         self.sled_file.check().map_err(StoreError::Sync)
@@ -1055,58 +1002,19 @@ impl SledStore {
         self.sled_file.syncs()
     }
 
-    /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
-    /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
-    /// recovery of an existing store does, a new store's first write of its log does, and so does
-    /// a flush with something to write. Notes when the store was opened, which is that something.
-    pub(crate) fn start_io_threads(&self) -> Result<(), StoreError> {
-        let now = self.clock.now_millis().max(0) as u64;
-        self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
-        self.flush()?;
-        Ok(())
-    }
-
-    /// Store the new events of a delivery, dedupe the rest; durable when it returns. Offline
-    /// tools and tests; the daemon goes through the [`Writer`].
-    pub(crate) fn accept(
-        &self,
-        delivery: &DeliveryId,
-        events: &[IncomingEvent],
-        now: Millis,
-    ) -> Result<Accepted, StoreError> {
-        let request = AcceptRequest {
-            delivery,
-            events,
-            invalid: &[],
-            received_at: now,
-        };
-        let mut out = self.accept_many(&[request])?;
-        out.pop().ok_or_else(|| corrupt("accept result"))
-    }
-
-    /// Every event still to fold, oldest first, and where the log ended when it was read: a
-    /// start's work for the dispatcher. Scans the log from the folds' low watermark, against the
-    /// partitions' folded marks.
-    pub(crate) fn pending(&self) -> Result<Pending, StoreError> {
-        self.pending_until(None)
-    }
-
-    /// [`pending`](SledStore::pending) up to where the writer's frames begin, once a writer runs
-    /// (an early start's, which logs deliveries while sled opens): its indexer hands those to
-    /// the dispatcher, so a start's scan must not queue them too.
-    pub(crate) fn pending_before_writer(&self) -> Result<Pending, StoreError> {
-        self.pending_until(self.log.writer_from())
-    }
-
     fn pending_until(&self, until: Option<eventlog::LogPosition>) -> Result<Pending, StoreError> {
         let mut marks = Marks::default();
         let mut events = Vec::new();
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         let mut visit = |at, seq, partition: &str| -> Result<(), StoreError> {
             if marks.is_pending(self, fold_from, at, partition, seq)? {
                 let partition = PartitionKey::decode(partition)
                     .ok_or_else(|| corrupt("event log partition"))?;
-                events.push(PendingEvent { seq, partition, at });
+                events.push(PendingEvent {
+                    seq,
+                    partition,
+                    at: at.into(),
+                });
             }
             Ok(())
         };
@@ -1125,7 +1033,7 @@ impl SledStore {
             Some(e) => Err(e),
             None => Ok(Pending {
                 events,
-                end: end.next,
+                end: end.next.into(),
             }),
         }
     }
@@ -1133,42 +1041,16 @@ impl SledStore {
     /// A pending event by number, read back (a scan from the watermark: tests only).
     #[cfg(any(test, feature = "test-support"))]
     pub fn event(&self, seq: u64) -> Result<Option<EventRecord>, StoreError> {
+        use port::Folds;
         match self.pending()?.events.into_iter().find(|p| p.seq == seq) {
             Some(p) => self.event_at(seq, p.at),
             None => Ok(None),
         }
     }
 
-    /// Backfill's cursor (see [`keys::meta::BACKFILL_CURSOR`]); `None` before its first pass.
-    pub(crate) fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
-        Ok(self
-            .meta
-            .get(keys::meta::BACKFILL_CURSOR)?
-            .and_then(|v| keys::parse_seq(&v))
-            .map(|ms| Millis::try_from(ms).unwrap_or(Millis::MAX)))
-    }
-
-    /// Moves backfill's cursor: a plain insert, made durable by the writer's next flush (which
-    /// backfill asks for). An older cursor only makes a pass read more, which dedupe absorbs.
-    pub(crate) fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
-        self.meta
-            .insert(keys::meta::BACKFILL_CURSOR, &keys::seq(at.max(0) as u64))?;
-        Ok(())
-    }
-
-    /// Raise the folds' watermark to `to` (never lower it), under the fold lock: for the
-    /// dispatcher once everything it received up to `to` is folded. A plain insert, durable with
-    /// the next flush; an older watermark after a crash only makes a start scan more.
-    pub(crate) fn advance_fold_from(&self, to: eventlog::LogPosition) -> Result<(), StoreError> {
-        let _folding = self.fold_guard()?;
-        if self.fold_from()? < to {
-            self.meta.insert(keys::meta::FOLD_FROM, &to.encode())?;
-        }
-        Ok(())
-    }
-
-    /// Where a start scans the log from (see [`keys::meta::FOLD_FROM`]).
-    pub(crate) fn fold_from(&self) -> Result<eventlog::LogPosition, StoreError> {
+    /// The folds' low watermark, where a start scans the log from (see
+    /// [`keys::meta::FOLD_FROM`]; the port's cursor is its encoding).
+    pub(crate) fn watermark(&self) -> Result<eventlog::LogPosition, StoreError> {
         self.meta_location(keys::meta::FOLD_FROM)
     }
 
@@ -1191,66 +1073,6 @@ impl SledStore {
         }
     }
 
-    /// The stored event of an id (as [`event_by_id`](SledStore::event_by_id)), and whether it is
-    /// still to fold.
-    pub(crate) fn event_status(
-        &self,
-        id: &EventId,
-    ) -> Result<Option<(EventRecord, bool)>, StoreError> {
-        let Some((frame, i, at)) = self.log.locate_event(id.as_str())? else {
-            return Ok(None);
-        };
-        let record = EventRecord::from_log(&frame, i)?;
-        let mut marks = Marks::default();
-        let pending =
-            marks.is_pending(self, self.fold_from()?, at, &record.partition, record.seq)?;
-        Ok(Some((record, pending)))
-    }
-
-    /// The stored event of an id, while its segment is in the dedupe window.
-    pub(crate) fn event_by_id(&self, id: &EventId) -> Result<Option<EventRecord>, StoreError> {
-        match self
-            .log
-            .locate_event(id.as_str())?
-            .map(|(record, i, _)| (record, i))
-        {
-            Some((record, i)) => Ok(Some(EventRecord::from_log(&record, i)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// The event `seq` of the frame at `at` (where [`pending`](SledStore::pending) or intake found
-    /// it), read back from the log.
-    pub(crate) fn event_at(
-        &self,
-        seq: u64,
-        at: eventlog::LogPosition,
-    ) -> Result<Option<EventRecord>, StoreError> {
-        let record = eventlog::read_at(&self.log_dir, at).map_err(log_error)?;
-        match record {
-            Some(record) => match record.position(seq) {
-                Some(i) => Ok(Some(EventRecord::from_log(&record, i)?)),
-                None => Err(corrupt("event log frame (sequence number not in it)")),
-            },
-            None => Ok(None),
-        }
-    }
-
-    /// When the oldest stored event was received (the event log is in acceptance order).
-    pub(crate) fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
-        let mut oldest = None;
-        eventlog::scan(
-            &self.log_dir,
-            eventlog::LogPosition::default(),
-            |_, record, _| {
-                oldest = Some(record.received_at);
-                ControlFlow::Break(())
-            },
-        )
-        .map_err(log_error)?;
-        Ok(oldest)
-    }
-
     /// Visit the stored events in acceptance order, with whether each is still to fold, until `f`
     /// breaks.
     pub(crate) fn scan_events(
@@ -1259,7 +1081,7 @@ impl SledStore {
     ) -> Result<(), StoreError> {
         let mut failed = None;
         let mut marks = Marks::default();
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         let mut visit = |at, record: eventlog::LogRecord| -> Result<ControlFlow<()>, StoreError> {
             for (i, (seq, partition)) in record.seqs.iter().zip(&record.partitions).enumerate() {
                 let pending = marks.is_pending(self, fold_from, at, partition, *seq)?;
@@ -1291,7 +1113,7 @@ impl SledStore {
         self.apply_with(batch, &engine::decide::NoRules, &[])
     }
 
-    /// [`apply`](SledStore::apply) with rules (see [`fold`](SledStore::fold)).
+    /// [`apply`](SledStore::apply) with rules (see [`Folds::fold`](port::Folds::fold)).
     pub fn apply_with(
         &self,
         batch: &[(u64, Event)],
@@ -1302,417 +1124,8 @@ impl SledStore {
             .iter()
             .map(|(_, event)| model::webhook::partition_of(event))
             .collect();
-        self.fold(batch, &partitions, rules, received, &Position::default())
-    }
-
-    /// Fold a batch, with the rules deciding actions for each folded event from the
-    /// conversation's state after the fold. Internal state actions are applied at once; the
-    /// others go to the outbox in the same atomic write (the fold's journal, `journal`), and so
-    /// do the changes to the timers tree (timers started, restarted, cancelled or fired), the
-    /// partitions' folded marks and the `position`. `partitions` and `received` run parallel to
-    /// `batch`: each event's partition as intake stored it (the marks' key) and its receive time.
-    ///
-    /// Reading and folding happen before anything is written, and the journal then only writes.
-    /// That is safe because folds are serialised by `fold_lock` and nothing else writes state or
-    /// folded marks (the retention pass removes them under the same lock).
-    pub(crate) fn fold(
-        &self,
-        batch: &[(u64, Event)],
-        partitions: &[PartitionKey],
-        rules: &dyn engine::decide::Decide,
-        received: &[Millis],
-        position: &Position,
-    ) -> Result<Applied, StoreError> {
-        let framed = !position.frames.is_empty();
-        if partitions.len() != batch.len() || (framed && position.frames.len() != batch.len()) {
-            return Err(StoreError::Internal(
-                "fold: a partition (and a frame, if any) per event expected".into(),
-            ));
-        }
-        let _folding = self.fold_guard()?;
-        let mut fold = FoldBatch::new(self.clock.now_millis());
-        for (i, ((seq, event), partition)) in batch.iter().zip(partitions).enumerate() {
-            let key = partition.encode();
-            let indexed = position
-                .frames
-                .get(i)
-                .map(|at| history::entry(*at, &key, *seq));
-            if !fold.marks.raise(self, key, *seq)? {
-                fold.out.skipped += 1;
-                continue;
-            }
-            fold.out.applied += 1;
-            fold.history.extend(indexed);
-            if let Some(id) = event.payload.conversation_id() {
-                let at = received.get(i).copied().unwrap_or(event.timestamp);
-                fold.conversation_event(self, (id, event), rules, at)?;
-            } else if let Payload::EndUser(u) = &event.payload {
-                let new = || EndUserState::new(u.id.clone());
-                let user = fold.end_user(self, u.id.as_str(), new)?;
-                user.apply(event, u);
-            } else {
-                fold.bot_event(self, event)?;
-            }
-        }
-        // After the batch: a passed-over event may come after events of its partition that this
-        // fold folds, and a mark raised first would skip them.
-        for passed in &position.passed {
-            let partition = passed.partition.encode();
-            fold.history
-                .push(history::entry(passed.at, &partition, passed.seq));
-            fold.marks.raise(self, partition, passed.seq)?;
-        }
-        self.commit_fold(fold, position)
-    }
-
-    /// Write what a fold batch changed in one journal, under the fold lock the caller holds.
-    fn commit_fold(&self, fold: FoldBatch, position: &Position) -> Result<Applied, StoreError> {
-        let FoldBatch {
-            mut out,
-            convs,
-            users,
-            bots,
-            marks,
-            timers_before,
-            fired,
-            queue_fold,
-            derived_before,
-            convs_active,
-            users_active,
-            history,
-            ..
-        } = fold;
-        let index_entries: Vec<(Vec<u8>, String)> = users
-            .iter()
-            .filter_map(|(id, u)| match (&u.platform, &u.user_key) {
-                (Some(p), Some(k)) => Some((keys::user_index(p.as_str(), k.as_str()), id.clone())),
-                _ => None,
-            })
-            .collect();
-        let timer_writes = self.timer_writes(&timers_before, &convs, &fired)?;
-        out.timers_change = timer_writes.change;
-        let earliest_timer = timer_writes.earliest;
-        let mut activity = retention::ActivityWrites::default();
-        activity.of(&convs_active, &convs, retention::conversation_key);
-        activity.of(&users_active, &users, retention::end_user_key);
-        let writes = FoldWrites {
-            marks: marks.raised,
-            fold_from: position.fold_from.map(eventlog::LogPosition::encode),
-            created: [
-                (keys::meta::COUNT_CONVERSATIONS, out.new_conversations),
-                (keys::meta::COUNT_END_USERS, out.new_end_users),
-                (keys::meta::COUNT_BOTS, out.new_bots),
-            ],
-            timers: timer_writes,
-            queue: queue_fold.writes()?,
-            derived: derived::derived_writes(&derived_before, &convs),
-            activity,
-            conversations: encoded(&convs)?,
-            end_users: encoded(&users)?,
-            index_entries,
-            bots: encoded(&bots)?,
-            history,
-        };
-        out.queue_exits = queue_fold.into_exits();
-        let waiting = writes.queue.waiting_changes();
-        let journal = self.fold_journal(writes, &out.outbox)?;
-        self.commit_journal(&journal)?;
-        // Still under the fold lock: the counts follow the commits in order.
-        self.note_waiting(&waiting);
-        if let Some(due_at) = earliest_timer {
-            self.timer_wakeup.started(due_at);
-        }
-        Ok(out)
-    }
-
-    /// A fold's writes (and the entries it `decided`) as one journal (see `journal`), in the
-    /// order they are applied, which is
-    /// what a reader outside the fold lock may see half done: the outbox entries before the
-    /// states that decided them, and the folded marks and the watermark last (a reader that
-    /// finds an event folded finds its state). Record counts are read here, under the fold lock,
-    /// and written as absolute values, so applying the journal twice is harmless.
-    fn fold_journal(
-        &self,
-        writes: FoldWrites,
-        decided: &[model::action::OutboxEntry],
-    ) -> Result<Journal, StoreError> {
-        use journal::TreeId as T;
-        let mut j = Journal::default();
-        for key in writes.timers.remove {
-            j.remove(T::Timers, key);
-        }
-        for (key, entry) in writes.timers.insert {
-            j.insert(T::Timers, key, entry);
-        }
-        for key in writes.queue.remove.into_iter().chain(writes.derived.remove) {
-            j.remove(T::Queue, key);
-        }
-        for (key, value) in writes.queue.insert {
-            j.insert(T::Queue, key, value);
-        }
-        for key in writes.derived.insert {
-            j.insert(T::Queue, key, Vec::new());
-        }
-        for key in writes.activity.remove {
-            j.remove(T::Activity, key);
-        }
-        for key in writes.activity.insert {
-            j.insert(T::Activity, key, Vec::new());
-        }
-        outbox::journal_pending(&mut j, decided)?;
-        for (id, bytes) in writes.conversations {
-            j.insert(T::Conversations, id, bytes);
-        }
-        for (key, id) in writes.index_entries {
-            j.insert(T::UserIndex, key, id);
-        }
-        for (id, bytes) in writes.end_users {
-            j.insert(T::EndUsers, id, bytes);
-        }
-        for (id, bytes) in writes.bots {
-            j.insert(T::Bots, id, bytes);
-        }
-        // Record counts kept with the records, so a start need not count whole trees (which
-        // makes sled load every page: most of a restarted daemon's memory).
-        for (key, new) in writes.created.iter().filter(|(_, new)| *new > 0) {
-            let count = self
-                .meta
-                .get(key)?
-                .and_then(|b| keys::parse_seq(&b))
-                .unwrap_or(0);
-            j.insert(T::Meta, *key, keys::seq(count + new));
-        }
-        for (key, offset) in writes.history {
-            j.insert(T::PartitionEvents, key, keys::seq(offset));
-        }
-        for (partition, seq) in writes.marks {
-            j.insert(T::Folded, partition, keys::seq(seq));
-        }
-        if let Some(at) = writes.fold_from {
-            j.insert(T::Meta, keys::meta::FOLD_FROM, at);
-        }
-        Ok(j)
-    }
-
-    /// Apply a fold's internal state actions to `state` and turn the others into outbox entries,
-    /// skipping any id decided before (in this fold, or ever: the `actions` ledger).
-    fn queue_decisions(
-        &self,
-        event: &Event,
-        state: &mut ConversationState,
-        decisions: Vec<model::action::Decision>,
-        decided_by: (&str, Millis, Millis),
-        decided: &mut std::collections::HashSet<String>,
-        out: &mut Applied,
-    ) -> Result<(), StoreError> {
-        use model::action::{action_id, OutboxEntry};
-        for decision in decisions {
-            let id = action_id(&event.id, &decision.rule, decision.index);
-            if engine::decide::apply_to_state(&decision.action, state, decided_by.2, &id) {
-                continue;
-            }
-            if decided.contains(&id) || self.actions.contains_key(id.as_bytes())? {
-                out.repeated_actions += 1;
-                continue;
-            }
-            decided.insert(id.clone());
-            let seq = self.db.generate_id()?;
-            out.outbox.push(OutboxEntry::decided(
-                seq, id, &event.id, decision, decided_by,
-            ));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn conversation(
-        &self,
-        id: &ConversationId,
-    ) -> Result<Option<ConversationState>, StoreError> {
-        get_decoded(&self.conversations, id.as_str(), "conversation state")
-    }
-
-    pub(crate) fn end_user(&self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
-        get_decoded(&self.end_users, id.as_str(), "end-user state")
-    }
-
-    pub(crate) fn bot(&self, id: &str) -> Result<Option<BotState>, StoreError> {
-        get_decoded(&self.bots, id.as_bytes(), "bot state")
-    }
-
-    /// Look an end user up by their messenger identity.
-    pub(crate) fn find_end_user(
-        &self,
-        platform: &str,
-        user_key: &str,
-    ) -> Result<Option<EndUserState>, StoreError> {
-        match self.user_index.get(keys::user_index(platform, user_key))? {
-            None => Ok(None),
-            Some(id) => {
-                let id = std::str::from_utf8(&id).map_err(|_| corrupt("user index"))?;
-                self.end_user(&EndUserId::new(id))
-            }
-        }
-    }
-
-    /// Put a body in quarantine; returns its id.
-    ///
-    /// A body longer than [`MAX_VALUE_BYTES`] goes in chunks of that size
-    /// (`quarantine_bodies/v1`), written before the record, which notes their number: sled
-    /// recovers a prefix of its writes, so a record found has all its chunks.
-    pub(crate) fn quarantine(&self, mut record: QuarantineRecord) -> Result<u64, StoreError> {
-        record.id = self.db.generate_id()?;
-        let mut stored = StoredQuarantine {
-            body_chunks: None,
-            body_bytes: None,
-            record,
-        };
-        if stored.record.body_base64.len() > MAX_VALUE_BYTES {
-            let text = std::mem::take(&mut stored.record.body_base64);
-            let mut chunks = 0u32;
-            for part in text.as_bytes().chunks(MAX_VALUE_BYTES) {
-                self.quarantine_bodies
-                    .insert(keys::quarantine_chunk(stored.record.id, chunks), part)?;
-                chunks += 1;
-            }
-            stored.body_chunks = Some(chunks);
-            stored.body_bytes = Some(body_len(&text, stored.record.body_gzip));
-        }
-        let id = stored.record.id;
-        self.quarantine.insert(keys::seq(id), encode(&stored)?)?;
-        Ok(id)
-    }
-
-    /// A stored record with its body (read back from its chunks when it has them).
-    fn quarantined_whole(&self, bytes: &[u8]) -> Result<QuarantineRecord, StoreError> {
-        let stored: StoredQuarantine = decode(bytes, "quarantine record")?;
-        let mut record = stored.record;
-        if let Some(chunks) = stored.body_chunks {
-            let mut text = Vec::new();
-            for i in 0..chunks {
-                let part = self
-                    .quarantine_bodies
-                    .get(keys::quarantine_chunk(record.id, i))?
-                    .ok_or_else(|| corrupt("quarantine body: a chunk is missing"))?;
-                text.extend_from_slice(&part);
-            }
-            record.body_base64 =
-                String::from_utf8(text).map_err(|_| corrupt("quarantine body: not base64"))?;
-        }
-        Ok(record)
-    }
-
-    /// Every record, bodies included: for tests and small stores only; lists use
-    /// [`SledStore::quarantine_page`].
-    pub(crate) fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .iter()
-            .map(|item| self.quarantined_whole(&item?.1))
-            .collect()
-    }
-
-    /// At most `limit` records after id `after` (from the first when `None`), in id order,
-    /// without their bodies (a body is neither copied nor decoded), and the id to continue after
-    /// when more remain.
-    pub(crate) fn quarantine_page(
-        &self,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Result<(Vec<QuarantineMeta>, Option<u64>), StoreError> {
-        let start = match after {
-            None => 0,
-            Some(u64::MAX) => return Ok((Vec::new(), None)),
-            Some(id) => id + 1,
-        };
-        let mut page = Vec::new();
-        for item in self.quarantine.range(keys::seq(start)..) {
-            let (_, value) = item?;
-            if page.len() == limit {
-                let next = page.last().map(|m: &QuarantineMeta| m.id);
-                return Ok((page, next));
-            }
-            let raw: QuarantineMetaRaw<'_> = decode_borrowed(&value, "quarantine record")?;
-            page.push(raw.into_meta());
-        }
-        Ok((page, None))
-    }
-
-    pub(crate) fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
-        self.quarantine
-            .get(keys::seq(id))?
-            .map(|bytes| self.quarantined_whole(&bytes))
-            .transpose()
-    }
-
-    /// Remove a quarantine record (after it was re-processed, or past its retention), then its
-    /// body's chunks: a crash between leaves chunks without a record, which an open removes
-    /// ([`SledStore::drop_orphan_quarantine_bodies`]), never a record without its body.
-    pub(crate) fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
-        let removed = self.quarantine.remove(keys::seq(id))?.is_some();
-        for key in self.quarantine_bodies.scan_prefix(keys::seq(id)).keys() {
-            self.quarantine_bodies.remove(key?)?;
-        }
-        Ok(removed)
-    }
-
-    /// On open: remove body chunks whose record is gone (a crash after the record's removal, or
-    /// before it was written: a delivery never acknowledged). Nothing quarantines meanwhile.
-    fn drop_orphan_quarantine_bodies(&self) -> Result<(), StoreError> {
-        let mut dropped = 0;
-        let mut checked: Option<(Vec<u8>, bool)> = None;
-        for key in self.quarantine_bodies.iter().keys() {
-            let key = key?;
-            let id = key.get(..8).unwrap_or(&key).to_vec();
-            let kept = match &checked {
-                Some((seen, kept)) if *seen == id => *kept,
-                _ => {
-                    let kept = self.quarantine.contains_key(&id)?;
-                    checked = Some((id, kept));
-                    kept
-                }
-            };
-            if !kept {
-                self.quarantine_bodies.remove(key)?;
-                dropped += 1;
-            }
-        }
-        if dropped > 0 {
-            tracing::info!(
-                chunks = dropped,
-                "removed quarantine body chunks without a record"
-            );
-        }
-        Ok(())
-    }
-
-    /// Record counts. Linear in the store size: call on start, then track changes.
-    pub(crate) fn sizes(&self) -> Sizes {
-        Sizes {
-            conversations: self.count(keys::meta::COUNT_CONVERSATIONS, &self.conversations),
-            end_users: self.count(keys::meta::COUNT_END_USERS, &self.end_users),
-            bots: self.count(keys::meta::COUNT_BOTS, &self.bots),
-            quarantine: self.quarantine.len() as u64,
-        }
-    }
-
-    /// A state tree's record count, as the folds keep it in `meta`. A store from before the counts
-    /// is counted once (walking the tree) and the count kept from then on. Folds run after this
-    /// (the dispatcher starts after the count), so the two cannot race.
-    fn count(&self, key: &[u8], tree: &sled::Tree) -> u64 {
-        if let Ok(Some(bytes)) = self.meta.get(key) {
-            if let Some(count) = keys::parse_seq(&bytes) {
-                return count;
-            }
-        }
-        let count = tree.len() as u64;
-        if let Err(e) = self.meta.insert(key, &keys::seq(count)) {
-            tracing::warn!(error = %e, "cannot keep a record count; it will be counted again");
-        }
-        count
-    }
-
-    /// Bytes on disk: sled's files and the event log.
-    pub(crate) fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0) + eventlog::size(&self.log_dir)
+        let position = Position::default();
+        port::Folds::fold(self, batch, &partitions, rules, received, &position)
     }
 
     /// Forget the dedupe ids of segments whose events are all older than `dedupe_before`, and
@@ -1727,407 +1140,10 @@ impl SledStore {
         dedupe_before: Millis,
         events_before: Millis,
     ) -> Result<Pruned, StoreError> {
-        let fold_from = self.fold_from()?;
+        let fold_from = self.watermark()?;
         self.flush()?;
-        self.prune_with(dedupe_before, events_before, fold_from)
+        self.prune_events(dedupe_before, events_before, fold_from.into())
     }
-
-    /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
-    /// completed since: segments go only below a watermark whose folds (state and marks) are on
-    /// disk, so a crash cannot bring back an older watermark that points into a deleted
-    /// segment's unfolded events. Then the index by partition forgets the segments gone (see
-    /// `history`).
-    pub(crate) fn prune_with(
-        &self,
-        dedupe_before: Millis,
-        events_before: Millis,
-        fold_from: eventlog::LogPosition,
-    ) -> Result<Pruned, StoreError> {
-        let mut out = Pruned::default();
-        let pruned_to = self.forget_old_ids(dedupe_before, &mut out)?;
-        for segment in self.old_segments(dedupe_before, events_before, fold_from, pruned_to)? {
-            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
-            dedupe::remove_ids(&self.log_dir, segment);
-            out.event_segments += 1;
-        }
-        self.unindex_removed_segments()?;
-        // What an early start reads instead of sled (see `log`): where the dedupe index starts
-        // now, and a floor above every number given out, since the segments that held the
-        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
-        // the pass itself did its work.
-        if let Err(e) = self.write_intake_state() {
-            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
-            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
-                tracing::error!(error = %e, "cannot remove the event log's stale state file");
-            }
-        }
-        Ok(out)
-    }
-
-    /// Forget the dedupe ids of the sealed segments whose events are all older than
-    /// `dedupe_before`; where the dedupe index starts now.
-    fn forget_old_ids(
-        &self,
-        dedupe_before: Millis,
-        out: &mut Pruned,
-    ) -> Result<eventlog::LogPosition, StoreError> {
-        let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
-        let sealed = self
-            .log
-            .dedupe
-            .lock()
-            .map_err(|_| poisoned_dedupe())?
-            .sealed_segments();
-        let mut pruned_to = None;
-        for (segment, _) in sealed {
-            let first_of_next = eventlog::LogPosition {
-                segment: segment + 1,
-                offset: 0,
-            };
-            // Sealed means indexed: the log had moved on to the next segment.
-            let newer = eventlog::read_at(&self.log_dir, first_of_next).map_err(log_error)?;
-            match newer {
-                Some(r) if r.received_at < dedupe_before => {}
-                _ => break,
-            }
-            let forgotten = self
-                .log
-                .dedupe
-                .lock()
-                .map_err(|_| poisoned_dedupe())?
-                .forget(segment);
-            out.dedupe_records += forgotten as u64;
-            pruned_to = Some(first_of_next);
-        }
-        if let Some(to) = pruned_to {
-            self.meta
-                .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
-        }
-        out.dedupe_records += self.prune_legacy(dedupe_before)?;
-        Ok(pruned_to.unwrap_or(start))
-    }
-
-    /// The oldest segments that may go, in order: each all folded (below the watermark),
-    /// indexed, past the dedupe index's start (`pruned_to`), and older than the first event of
-    /// the next, which is older than both `events_before` and `dedupe_before`.
-    fn old_segments(
-        &self,
-        dedupe_before: Millis,
-        events_before: Millis,
-        fold_from: eventlog::LogPosition,
-        pruned_to: eventlog::LogPosition,
-    ) -> Result<Vec<u64>, StoreError> {
-        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
-        let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
-        let mut old = Vec::new();
-        for pair in segments.windows(2) {
-            let (segment, next) = (pair[0], pair[1]);
-            let path = eventlog::segment_path(&self.log_dir, segment);
-            let len = std::fs::metadata(&path).map_err(log_error)?.len();
-            let end = eventlog::LogPosition {
-                segment,
-                offset: len,
-            };
-            let folded = fold_from.segment > segment;
-            if !folded || pruned_to < end || indexed_to < end {
-                break;
-            }
-            // Everything in `segment` is older than the first event of the next one.
-            let start_of_next = eventlog::LogPosition {
-                segment: next,
-                offset: 0,
-            };
-            let newer = eventlog::read_at(&self.log_dir, start_of_next).map_err(log_error)?;
-            match newer {
-                Some(r) if r.received_at < events_before && r.received_at < dedupe_before => {}
-                _ => break,
-            }
-            old.push(segment);
-        }
-        Ok(old)
-    }
-}
-
-/// What one fold batch has read and changed so far: the states it touched (read once, then kept
-/// here), the marks it raises and what the journal at its end must also write.
-struct FoldBatch {
-    out: Applied,
-    /// The decision's clock for the whole batch.
-    now: Millis,
-    convs: HashMap<String, ConversationState>,
-    users: HashMap<String, EndUserState>,
-    bots: HashMap<String, BotState>,
-    /// Partitions' marks, and those this fold raises (to its last event of each).
-    marks: Marks,
-    decided: std::collections::HashSet<String>,
-    /// Each conversation's timers as this fold found them, and the keys of folded firings.
-    timers_before: HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
-    fired: Vec<Vec<u8>>,
-    queue_fold: queue::QueueFold,
-    /// Each conversation's derived index keys (`derived`) as this fold found it.
-    derived_before: HashMap<String, Vec<Vec<u8>>>,
-    /// Each state's key in the retention index as this fold found it (`None`: created).
-    convs_active: HashMap<String, Option<Vec<u8>>>,
-    users_active: HashMap<String, Option<Vec<u8>>>,
-    /// The index by partition's entries for the events this fold folds or passes over.
-    history: Vec<(Vec<u8>, u64)>,
-}
-
-impl FoldBatch {
-    fn new(now: Millis) -> Self {
-        FoldBatch {
-            out: Applied::default(),
-            now,
-            convs: HashMap::new(),
-            users: HashMap::new(),
-            bots: HashMap::new(),
-            marks: Marks::default(),
-            decided: std::collections::HashSet::new(),
-            timers_before: HashMap::new(),
-            fired: Vec::new(),
-            queue_fold: queue::QueueFold::default(),
-            derived_before: HashMap::new(),
-            convs_active: HashMap::new(),
-            users_active: HashMap::new(),
-            history: Vec::new(),
-        }
-    }
-
-    /// The end user `id` as this batch has it, noting its retention key as found.
-    fn end_user(
-        &mut self,
-        store: &SledStore,
-        id: &str,
-        new: impl FnOnce() -> EndUserState,
-    ) -> Result<&mut EndUserState, StoreError> {
-        let (user, created) = cached(&store.end_users, &mut self.users, id, new)?;
-        self.users_active
-            .entry(id.to_owned())
-            .or_insert_with(|| (!created).then(|| retention::end_user_key(user)));
-        self.out.new_end_users += u64::from(created);
-        Ok(user)
-    }
-
-    /// Bot events, and events of unknown types, belong to the bot.
-    fn bot_event(&mut self, store: &SledStore, event: &Event) -> Result<(), StoreError> {
-        let id = match &event.payload {
-            Payload::Bot(b) => &b.id,
-            _ => &event.source_id,
-        };
-        let new = || BotState::new(id.clone());
-        let (bot, created) = cached(&store.bots, &mut self.bots, id.as_str(), new)?;
-        bot.apply(event);
-        self.out.new_bots += u64::from(created);
-        Ok(())
-    }
-
-    /// Fold a conversation's event and decide for it (`fold_and_decide`, with the end user and
-    /// the waiting queue it reads), queue its decisions, and note its end user.
-    fn conversation_event(
-        &mut self,
-        store: &SledStore,
-        (id, event): (&ConversationId, &Event),
-        rules: &dyn engine::decide::Decide,
-        received_at: Millis,
-    ) -> Result<(), StoreError> {
-        if let Payload::Timer(t) = &event.payload {
-            self.fired.push(keys::timer(t.due_at, id.as_str(), &t.name));
-        }
-        let time = engine::decide::DecisionTime {
-            now: self.now,
-            received_at,
-        };
-        let first_read = FirstRead {
-            timers: &mut self.timers_before,
-            derived: &mut self.derived_before,
-            active: &mut self.convs_active,
-            created: &mut self.out.new_conversations,
-        };
-        let state = first_read.conversation(store, &mut self.convs, id)?;
-        let user = if rules.needs().end_user {
-            end_user_of(state, event, &self.users, &store.end_users)?
-        } else {
-            None
-        };
-        let queue_fold = &mut self.queue_fold;
-        let waited_since = queue_fold.before(state);
-        let mut after_fold = |after: &ConversationState| {
-            store.queue_after(queue_fold, after, waited_since, event.timestamp)?;
-            match rules.needs().queue {
-                true => store.standing_in(queue_fold, after).map(Some),
-                false => Ok(None),
-            }
-        };
-        let outcome = engine::fold::fold_and_decide(
-            state,
-            event,
-            rules,
-            user.as_deref(),
-            time,
-            &mut after_fold,
-        )?;
-        note_held_back(&mut self.out, id, event, &outcome);
-        if let Payload::Agent(_) = &event.payload {
-            if let Some(verdict) = state.desk.verdict(event.id.as_str()) {
-                self.out.agent_verdicts.push(verdict.clone());
-            }
-        }
-        let decided_by = (rules.version(), received_at, self.now);
-        let (decided, out) = (&mut self.decided, &mut self.out);
-        store.queue_decisions(event, state, outcome.decisions, decided_by, decided, out)?;
-        if let Payload::Conversation(c) = &event.payload {
-            if let Some(uid) = &c.end_user_id {
-                let new = || EndUserState::new(uid.clone());
-                self.end_user(store, uid.as_str(), new)?
-                    .observe_conversation(event, c);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What a fold batch notes of a conversation when it first reads it: its timers, derived index
-/// keys and retention key as found (the journal writes the difference), and whether it is new.
-struct FirstRead<'a> {
-    timers: &'a mut HashMap<String, std::collections::BTreeMap<String, engine::state::Timer>>,
-    derived: &'a mut HashMap<String, Vec<Vec<u8>>>,
-    active: &'a mut HashMap<String, Option<Vec<u8>>>,
-    created: &'a mut u64,
-}
-
-impl FirstRead<'_> {
-    /// The conversation `id` as the batch has it in `convs` (read from the store the first
-    /// time, when what the journal compares is noted too).
-    fn conversation<'c>(
-        self,
-        store: &SledStore,
-        convs: &'c mut HashMap<String, ConversationState>,
-        id: &ConversationId,
-    ) -> Result<&'c mut ConversationState, StoreError> {
-        let new = || ConversationState::new(id.clone());
-        let (state, created) = cached(&store.conversations, convs, id.as_str(), new)?;
-        if !self.timers.contains_key(id.as_str()) {
-            self.timers
-                .insert(id.as_str().to_owned(), state.timers.clone());
-            // A new conversation's keys are all new (none is in the tree yet).
-            let found = match created {
-                true => Vec::new(),
-                false => derived::derived_keys(state),
-            };
-            self.derived.insert(id.as_str().to_owned(), found);
-            let key = (!created).then(|| retention::conversation_key(state));
-            self.active.insert(id.as_str().to_owned(), key);
-        }
-        *self.created += u64::from(created);
-        Ok(state)
-    }
-}
-
-/// The rules a fold held back for an event (a firing cap, a failed template): logged, and
-/// counted in what the fold applied.
-fn note_held_back(
-    out: &mut Applied,
-    id: &ConversationId,
-    event: &Event,
-    outcome: &engine::decide::Decided,
-) {
-    for hit in &outcome.capped {
-        tracing::warn!(
-            rule = %hit.rule,
-            conversation_id = %id,
-            event_id = %event.id,
-            fired = hit.fired,
-            per = %humantime::format_duration(hit.cap.per),
-            "rule firing cap reached: the rule is held back for this event"
-        );
-        out.capped.push(hit.rule.clone());
-    }
-    for failed in &outcome.failed {
-        tracing::warn!(
-            rule = %failed.rule,
-            conversation_id = %id,
-            event_id = %event.id,
-            index = failed.index,
-            error = %failed.error,
-            "rule action's template failed: recorded in the state, the action skipped"
-        );
-        out.template_errors.push(failed.rule.clone());
-    }
-}
-
-/// The end user of the conversation `event` belongs to (the one a conversation event names, else
-/// the state's), as this fold knows them: from its cache (an end-user event earlier in the batch),
-/// else from the tree. Read only: a user the bridge has not seen stays unknown and is not created.
-fn end_user_of<'a>(
-    state: &ConversationState,
-    event: &Event,
-    cache: &'a HashMap<String, EndUserState>,
-    tree: &sled::Tree,
-) -> Result<Option<std::borrow::Cow<'a, EndUserState>>, StoreError> {
-    let named = match &event.payload {
-        Payload::Conversation(c) => c.end_user_id.as_ref(),
-        _ => None,
-    };
-    let Some(id) = named.or(state.end_user_id.as_ref()) else {
-        return Ok(None);
-    };
-    if let Some(user) = cache.get(id.as_str()) {
-        return Ok(Some(std::borrow::Cow::Borrowed(user)));
-    }
-    Ok(get_decoded(tree, id.as_str(), "end-user state")?.map(std::borrow::Cow::Owned))
-}
-
-/// A state record for the rest of the fold: from the cache, else from the tree, else new.
-/// Returns whether it was created now.
-fn cached<'a, T: for<'de> Deserialize<'de>>(
-    tree: &sled::Tree,
-    cache: &'a mut HashMap<String, T>,
-    key: &str,
-    new: impl FnOnce() -> T,
-) -> Result<(&'a mut T, bool), StoreError> {
-    let mut created = false;
-    if !cache.contains_key(key) {
-        let state = match tree.get(key.as_bytes())? {
-            Some(b) => decode(&b, "state record")?,
-            None => {
-                created = true;
-                new()
-            }
-        };
-        cache.insert(key.to_owned(), state);
-    }
-    let state = cache
-        .get_mut(key)
-        .ok_or_else(|| StoreError::Corrupt("state cache".to_owned()))?;
-    Ok((state, created))
-}
-
-/// Everything a fold writes, by kind, before it becomes the fold's journal.
-struct FoldWrites {
-    /// Partitions' folded marks raised.
-    marks: HashMap<String, u64>,
-    fold_from: Option<[u8; eventlog::LogPosition::LEN]>,
-    /// Records each state tree gains, by its count key in `meta`.
-    created: [(&'static [u8], u64); 3],
-    timers: timers::TimerWrites,
-    queue: queue::QueueWrites,
-    derived: derived::DerivedWrites,
-    activity: retention::ActivityWrites,
-    conversations: Vec<(String, Vec<u8>)>,
-    end_users: Vec<(String, Vec<u8>)>,
-    /// `(platform, userKey)` index keys and the end user each names.
-    index_entries: Vec<(Vec<u8>, String)>,
-    bots: Vec<(String, Vec<u8>)>,
-    /// The index by partition's new entries (see [`history`]).
-    history: Vec<(Vec<u8>, u64)>,
-}
-
-/// Each cached record, encoded for writing.
-fn encoded<T: Serialize>(cache: &HashMap<String, T>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    cache
-        .iter()
-        .map(|(id, state)| Ok((id.clone(), encode(state)?)))
-        .collect()
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -2180,6 +1196,55 @@ fn page_decoded<T: for<'de> Deserialize<'de>>(
         .collect()
 }
 
+impl port::Lifecycle for SledStore {
+    /// The daemon's time as this store reads it.
+    fn clock(&self) -> &model::clock::Clock {
+        &self.clock
+    }
+
+    /// Make every write before this call durable: sled's flush, then a sync of its file (sled's
+    /// own flush does not reach the disk for certain: see `durable`). Blocking; in the daemon
+    /// only the writer's indexer calls it.
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        self.sled_file.sync().map_err(StoreError::Sync)
+    }
+
+    /// Bytes on disk: sled's files and the event log.
+    fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()? + eventlog::size(&self.log_dir))
+    }
+
+    /// Whether the store's directory takes a synced write now (a probe file of 64 KiB, removed
+    /// again). After a sled call failed with an I/O error, this tells a disk that is still full
+    /// from one that has space again (see `writer::index_loop`).
+    fn takes_writes(&self) -> bool {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let probe = self.log_dir.join(".write-probe");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&probe)
+            .and_then(|mut f| f.write_all(&[0u8; 64 * 1024]).and_then(|()| f.sync_data()));
+        let _ = std::fs::remove_file(&probe);
+        written.is_ok()
+    }
+
+    /// Make sure sled has started its I/O thread pool, from the calling thread, whose scheduling
+    /// its threads inherit (see `background`). The pool starts when sled first hands it work: a
+    /// recovery of an existing store does, a new store's first write of its log does, and so does
+    /// a flush with something to write. Notes when the store was opened, which is that something.
+    fn start_background(&self) -> Result<(), StoreError> {
+        let now = self.clock.now_millis().max(0) as u64;
+        self.meta.insert(keys::meta::OPENED_AT, &keys::seq(now))?;
+        self.flush()?;
+        Ok(())
+    }
+}
+
 /// Whether some process (another one, or another open of the file) holds the lock sled takes on
 /// the store at `dir` while it is open: one probe of the `db` file's lock, without opening sled
 /// and without waiting. A missing store is not held.
@@ -2215,7 +1280,7 @@ fn open_sled(dir: &Path, cache_capacity: u64) -> Result<sled::Db, StoreError> {
                 },
                 other => StoreError::Open {
                     path: dir.display().to_string(),
-                    source: other,
+                    source: other.into(),
                 },
             })
     };

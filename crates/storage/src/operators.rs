@@ -4,6 +4,7 @@
 //! Opened by name on use (sled keeps opened trees), not kept in [`SledStore`].
 
 use super::{decode, encode, keys, SledStore, StoreError};
+use crate::port::OperatorLog;
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -25,15 +26,14 @@ pub struct OperatorAction {
 }
 
 impl SledStore {
-    fn operators_tree(&self) -> Result<sled::Tree, StoreError> {
+    pub(super) fn operators_tree(&self) -> Result<sled::Tree, StoreError> {
         Ok(self.db.open_tree(TREE)?)
     }
+}
 
+impl OperatorLog for SledStore {
     /// Add an action to the list; its number (actions recorded later have higher ones).
-    pub(crate) fn record_operator_action(
-        &self,
-        action: &OperatorAction,
-    ) -> Result<u64, StoreError> {
+    fn record_operator_action(&self, action: &OperatorAction) -> Result<u64, StoreError> {
         let id = self.db.generate_id()?;
         self.operators_tree()?
             .insert(keys::seq(id), encode(action)?)?;
@@ -42,7 +42,7 @@ impl SledStore {
 
     /// Up to `limit` actions recorded before number `before` (from the newest when `None`),
     /// newest first, with their numbers.
-    pub(crate) fn operator_actions_page(
+    fn operator_actions_page(
         &self,
         before: Option<u64>,
         limit: usize,
@@ -60,33 +60,12 @@ impl SledStore {
         }
         Ok(out)
     }
-
-    /// Drop at most `limit` of the oldest actions taken before `before`; how many went. An
-    /// unreadable record goes too.
-    pub(crate) fn prune_operator_actions(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        let tree = self.operators_tree()?;
-        let mut removed = 0;
-        for item in tree.iter().take(limit) {
-            let (k, v) = item?;
-            let old =
-                decode::<OperatorAction>(&v, "operator action").map_or(true, |a| a.at < before);
-            if !old {
-                break;
-            }
-            tree.remove(k)?;
-            removed += 1;
-        }
-        Ok(removed)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
 
     fn action(at: Millis, what: &str) -> OperatorAction {
         OperatorAction {

@@ -7,7 +7,8 @@
 //! - `actions`: action id -> [`ActionStatus`], every action ever decided (pruned after the audit
 //!   window), so a re-decided action is recognised and never queued twice.
 //!
-//! Entries enter the outbox only in a fold's or a replay's journal (`SledStore::fold`, `replay`). An
+//! Entries enter the outbox only in a fold's or a replay's journal (the commit of the engine's
+//! write set: `fold`; the port's `Folds::fold`, `Folds::replay`). An
 //! entry leaves the outbox only after its outcome is recorded: a dead letter in one transaction
 //! with the removal; a `done` record by plain writes, the record first and the removal last (see
 //! [`SledStore::outbox_done_many`]), so a crash between leaves it pending *and* done, never neither,
@@ -15,6 +16,7 @@
 //! outbox.
 
 use super::{all_decoded, decode, encode, get_decoded, keys, page_decoded, SledStore, StoreError};
+use crate::port::Outbox;
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
@@ -66,9 +68,48 @@ impl SledStore {
         all_decoded(&self.outbox, "outbox entry")
     }
 
+    pub fn action_status(&self, id: &str) -> Result<Option<ActionStatus>, StoreError> {
+        get_decoded(&self.actions, id.as_bytes(), "action status")
+    }
+
+    /// Finish the moves a crash interrupted in [`outbox_done_many`](SledStore::outbox_done_many):
+    /// a pending entry with a `done` record was carried out, and leaves the outbox (with its
+    /// retry state). Run by [`open`](SledStore::open) before anything reads the outbox. Returns how
+    /// many it removed.
+    pub(super) fn settle_done_moves(&self) -> Result<usize, StoreError> {
+        let mut settled = 0;
+        for key in self.outbox.iter().keys() {
+            let key = key?;
+            if self.done.contains_key(&key)? {
+                self.outbox_retry.remove(&key)?;
+                self.outbox.remove(&key)?;
+                settled += 1;
+            }
+        }
+        if settled > 0 {
+            tracing::info!(
+                entries = settled,
+                "outbox entries recorded done before a crash removed from the outbox"
+            );
+        }
+        Ok(settled)
+    }
+
+    /// Finished entries (done or dropped) still in the audit window, newest first.
+    pub fn finished(&self, limit: usize) -> Result<Vec<DoneRecord>, StoreError> {
+        self.done
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|item| decode(&item?.1, "finished entry"))
+            .collect()
+    }
+}
+
+impl Outbox for SledStore {
     /// At most `limit` pending entries after seq `after` (from the first when `None`), in
     /// decision order: a page of the outbox, which is never read whole while the daemon runs.
-    pub(crate) fn outbox_page(
+    fn outbox_page(
         &self,
         after: Option<u64>,
         limit: usize,
@@ -76,63 +117,36 @@ impl SledStore {
         page_decoded(&self.outbox, after, limit, "outbox entry")
     }
 
-    /// At most `limit` dead letters after seq `after` (from the first when `None`), in order.
-    pub(crate) fn dead_letters_page(
-        &self,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        page_decoded(&self.dead_letters, after, limit, "dead letter")
-    }
-
     /// One pending entry.
-    pub(crate) fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
+    fn outbox_entry(&self, seq: u64) -> Result<Option<OutboxEntry>, StoreError> {
         get_decoded(&self.outbox, keys::seq(seq), "outbox entry")
     }
 
-    pub(crate) fn outbox_len(&self) -> usize {
-        self.outbox.len()
+    fn outbox_len(&self) -> Result<usize, StoreError> {
+        Ok(self.outbox.len())
     }
 
     /// The highest seq in the outbox (`None`: empty).
-    pub(crate) fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
+    fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
         Ok(self.outbox.last()?.and_then(|(k, _)| keys::parse_seq(&k)))
     }
 
-    pub(crate) fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
-        all_decoded(&self.dead_letters, "dead letter")
+    /// Why the pending entry `seq` waits (its failed attempts), if it failed before.
+    fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError> {
+        get_decoded(&self.outbox_retry, keys::seq(seq), "outbox retry state")
     }
 
-    pub(crate) fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
-        get_decoded(&self.dead_letters, keys::seq(seq), "dead letter")
-    }
-
-    pub fn action_status(&self, id: &str) -> Result<Option<ActionStatus>, StoreError> {
-        get_decoded(&self.actions, id.as_bytes(), "action status")
-    }
-
-    /// The seqs of the actions the ledger holds for event `event_id` (action ids are
-    /// `{event id}/{rule}/{index}`): a prefix range of the ledger, not a scan. An event id that is
-    /// a prefix of another's (`a` and `a/b`) brings the other's too: callers check the entry's
-    /// event id.
-    pub(crate) fn action_seqs_of_event(&self, event_id: &str) -> Result<Vec<u64>, StoreError> {
-        self.actions
-            .scan_prefix(format!("{event_id}/").as_bytes())
-            .map(|item| {
-                let (_, bytes) = item?;
-                let status: ActionStatus = decode(&bytes, "action status")?;
-                Ok(status.seq)
-            })
-            .collect()
-    }
-
-    /// The finished (done or dropped) entry `seq`, if its record is still in the audit window.
-    pub(crate) fn finished_one(&self, seq: u64) -> Result<Option<DoneRecord>, StoreError> {
-        get_decoded(&self.done, keys::seq(seq), "finished entry")
+    /// Record why the pending entry `seq` waits, after a failed attempt. Not flushed: a crash
+    /// may lose the last few, which costs an attempt count and a later give-up, never an entry.
+    fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
+        self.outbox_retry
+            .insert(keys::seq(seq), encode(state)?)
+            .map(drop)
+            .map_err(StoreError::from)
     }
 
     /// The entry was carried out: it leaves the outbox and the ledger says `done`.
-    pub(crate) fn outbox_done(
+    fn outbox_done(
         &self,
         entry: &OutboxEntry,
         attempts: u32,
@@ -159,7 +173,7 @@ impl SledStore {
     /// `done` transactions were most of that pool's CPU (`docs/benchmarks.md`). Not flushed,
     /// as before: a crash may lose the last records, and their entries run again with the same
     /// idempotency keys.
-    pub(crate) fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
+    fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -192,96 +206,8 @@ impl SledStore {
         Ok(())
     }
 
-    /// Finish the moves a crash interrupted in [`outbox_done_many`](SledStore::outbox_done_many):
-    /// a pending entry with a `done` record was carried out, and leaves the outbox (with its
-    /// retry state). Run by [`open`](SledStore::open) before anything reads the outbox. Returns how
-    /// many it removed.
-    pub(super) fn settle_done_moves(&self) -> Result<usize, StoreError> {
-        let mut settled = 0;
-        for key in self.outbox.iter().keys() {
-            let key = key?;
-            if self.done.contains_key(&key)? {
-                self.outbox_retry.remove(&key)?;
-                self.outbox.remove(&key)?;
-                settled += 1;
-            }
-        }
-        if settled > 0 {
-            tracing::info!(
-                entries = settled,
-                "outbox entries recorded done before a crash removed from the outbox"
-            );
-        }
-        Ok(settled)
-    }
-
-    /// Why the pending entry `seq` waits (its failed attempts), if it failed before.
-    pub(crate) fn outbox_retry_state(&self, seq: u64) -> Result<Option<RetryState>, StoreError> {
-        get_decoded(&self.outbox_retry, keys::seq(seq), "outbox retry state")
-    }
-
-    /// Record why the pending entry `seq` waits, after a failed attempt. Not flushed: a crash
-    /// may lose the last few, which costs an attempt count and a later give-up, never an entry.
-    pub(crate) fn set_outbox_retry_state(
-        &self,
-        seq: u64,
-        state: &RetryState,
-    ) -> Result<(), StoreError> {
-        self.outbox_retry
-            .insert(keys::seq(seq), encode(state)?)
-            .map(drop)
-            .map_err(StoreError::from)
-    }
-
-    /// Finished entries (done or dropped) still in the audit window, newest first.
-    pub fn finished(&self, limit: usize) -> Result<Vec<DoneRecord>, StoreError> {
-        self.done
-            .iter()
-            .rev()
-            .take(limit)
-            .map(|item| decode(&item?.1, "finished entry"))
-            .collect()
-    }
-
-    /// Forget finished actions (done or dropped) recorded before `before`, at most `limit` of
-    /// them: their ledger entries and their records. Both are scanned (the ledger is keyed by
-    /// action id, and records finish out of seq order when a dead letter is retried late).
-    /// Returns (ledger entries, records) removed.
-    pub(crate) fn prune_ledger(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<(u64, u64), StoreError> {
-        let mut pruned = 0;
-        for item in self.actions.iter() {
-            if pruned as usize >= limit {
-                break;
-            }
-            let (key, value) = item?;
-            let status: ActionStatus = decode(&value, "action status")?;
-            let finished = status.state == "done" || status.state == "dropped";
-            if finished && status.at < before {
-                self.actions.remove(&key)?;
-                pruned += 1;
-            }
-        }
-        let mut records = 0;
-        for item in self.done.iter() {
-            if records >= limit {
-                break;
-            }
-            let (key, value) = item?;
-            let record: DoneRecord = decode(&value, "finished entry")?;
-            if record.at < before {
-                self.done.remove(&key)?;
-                records += 1;
-            }
-        }
-        Ok((pruned, records as u64))
-    }
-
     /// The entry failed for good: it moves from the outbox to the dead letters.
-    pub(crate) fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
+    fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
         let status = ActionStatus {
             state: "dead".into(),
             seq: letter.entry.seq,
@@ -307,15 +233,28 @@ impl SledStore {
         Ok(())
     }
 
+    fn dead_letter(&self, seq: u64) -> Result<Option<DeadLetter>, StoreError> {
+        get_decoded(&self.dead_letters, keys::seq(seq), "dead letter")
+    }
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetter>, StoreError> {
+        all_decoded(&self.dead_letters, "dead letter")
+    }
+
+    /// At most `limit` dead letters after seq `after` (from the first when `None`), in order.
+    fn dead_letters_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        page_decoded(&self.dead_letters, after, limit, "dead letter")
+    }
+
     /// Put a dead letter back in the outbox (same seq and id). It keeps its idempotency key,
     /// unless the upstream refused it for good (then a fresh one, see [`DeadLetter::answered`]).
     /// Read and moved in one transaction: of two concurrent retries (or a retry and a drop) only
     /// one finds the letter.
-    pub(crate) fn retry_dead_letter(
-        &self,
-        seq: u64,
-        now: Millis,
-    ) -> Result<Option<OutboxEntry>, StoreError> {
+    fn retry_dead_letter(&self, seq: u64, now: Millis) -> Result<Option<OutboxEntry>, StoreError> {
         let key = keys::seq(seq);
         let entry = (&self.outbox, &self.dead_letters, &self.actions).transaction(
             |(outbox, dead, actions)| {
@@ -341,7 +280,7 @@ impl SledStore {
 
     /// Remove a dead letter for good; the ledger and the audit record keep why. One
     /// transaction, like [`SledStore::retry_dead_letter`].
-    pub(crate) fn drop_dead_letter(
+    fn drop_dead_letter(
         &self,
         seq: u64,
         reason: &str,
@@ -376,5 +315,42 @@ impl SledStore {
             },
         )?;
         Ok(letter)
+    }
+
+    /// At most `limit` finished entries (done or dropped) with seqs below `before` (from the
+    /// newest when `None`), newest first: the ledger's records are keyed by their entry's seq.
+    fn finished_page(
+        &self,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DoneRecord>, StoreError> {
+        let iter = match before {
+            Some(seq) => self.done.range(..keys::seq(seq)),
+            None => self.done.iter(),
+        };
+        iter.rev()
+            .take(limit)
+            .map(|item| decode(&item?.1, "finished entry"))
+            .collect()
+    }
+
+    /// The finished (done or dropped) entry `seq`, if its record is still in the audit window.
+    fn finished_one(&self, seq: u64) -> Result<Option<DoneRecord>, StoreError> {
+        get_decoded(&self.done, keys::seq(seq), "finished entry")
+    }
+
+    /// The seqs of the actions the ledger holds for event `event_id` (action ids are
+    /// `{event id}/{rule}/{index}`): a prefix range of the ledger, not a scan. An event id that is
+    /// a prefix of another's (`a` and `a/b`) brings the other's too: callers check the entry's
+    /// event id.
+    fn action_seqs_of_event(&self, event_id: &str) -> Result<Vec<u64>, StoreError> {
+        self.actions
+            .scan_prefix(format!("{event_id}/").as_bytes())
+            .map(|item| {
+                let (_, bytes) = item?;
+                let status: ActionStatus = decode(&bytes, "action status")?;
+                Ok(status.seq)
+            })
+            .collect()
     }
 }

@@ -1,11 +1,8 @@
-//! Pages of the admin lists that have no reader of their own elsewhere: the end users in id
-//! order and the finished entries newest first. Each reads one page with a sled `range` from its
-//! cursor, never a whole tree (the conversations' pages are `SledStore::conversations_page`, the
-//! sweeper's sample).
+//! Keyed pages of a tree keyed by id ([`id_page`]): one sled `range` from the cursor, never a
+//! whole tree (the end users' and the conversations' pages in `reads`, the finished entries'
+//! in `outbox`).
 
-use super::{decode, keys, SledStore, StoreError};
-use engine::state::EndUserState;
-use model::action::DoneRecord;
+use super::{decode, StoreError};
 
 /// At most `limit` records of a tree keyed by id, with ids after `after` (from the first when
 /// `None`), in id order (byte order: the id right after `after` is `after` and a zero byte).
@@ -28,39 +25,13 @@ pub(super) fn id_page<T: for<'de> serde::Deserialize<'de>>(
         .collect()
 }
 
-impl SledStore {
-    /// At most `limit` end users with ids after `after` (from the first when `None`), in id
-    /// order.
-    pub(crate) fn end_users_page(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<EndUserState>, StoreError> {
-        id_page(&self.end_users, after, limit, "end-user state")
-    }
-
-    /// At most `limit` finished entries (done or dropped) with seqs below `before` (from the
-    /// newest when `None`), newest first: the ledger's records are keyed by their entry's seq.
-    pub(crate) fn finished_page(
-        &self,
-        before: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<DoneRecord>, StoreError> {
-        let iter = match before {
-            Some(seq) => self.done.range(..keys::seq(seq)),
-            None => self.done.iter(),
-        };
-        iter.rev()
-            .take(limit)
-            .map(|item| decode(&item?.1, "finished entry"))
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::encode;
-    use super::*;
+    use crate::port::*;
+    use crate::{keys, SledStore};
+    use engine::state::EndUserState;
+    use model::action::DoneRecord;
     use model::action::{Action, OutboxEntry};
     use model::ids::{ConversationId, EndUserId, EventId};
 

@@ -2,10 +2,12 @@
 //! in request order, and each bot's recent accepts, so a position and an expected wait are a
 //! short range read, not a scan of every conversation.
 //!
-//! Like the timers tree, the fold is the only writer: it compares each conversation's entry as the
-//! batch found it with its entry after the batch and writes the difference in its own journal,
-//! so the tree equals the states under the fold lock (by `state::queue::waiting_since`). Folds run one at a
-//! time, so inside a fold the tree plus the batch's own changes ([`QueueFold`]) is exact.
+//! Like the timers tree, the fold is the only writer: the engine's batch fold compares each
+//! conversation's entry as the batch found it with its entry after the batch
+//! (`engine::batch`'s queue, `QueueChanges` in its write set), and the fold's journal writes the
+//! difference, so the tree equals the states under the fold lock (by
+//! `state::queue::waiting_since`). Folds run one at a time, so inside a fold the tree (its copy in
+//! memory, [`WaitingCounts`]) plus the batch's own changes is exact.
 //!
 //! The same folds keep the handoff figures there: one record per hour (`keys::queue_stats`,
 //! [`HandoffStats`]) of the conversations that joined the queue, those that left it by outcome
@@ -17,39 +19,24 @@
 //! chunks, and its values are absolute, so applying it again writes the same record); a fold done
 //! again after a crash is one whose journal was dropped, its events still above their marks.
 
-use super::{encode, get_decoded, keys, SledStore, StoreError};
-use engine::state::queue::{self, Accept, AcceptHistory, Standing};
-use engine::state::stats::{self, HandoffStats, QueueExit, QueueMove};
+use super::{get_decoded, keys, SledStore, StoreError};
+use engine::batch::QueueChanges;
+use engine::index::{QueueEntry, QueueSpot};
+use engine::state::queue::AcceptHistory;
 use engine::state::ConversationState;
 use model::ids::ConversationId;
 use model::webhook::model::Millis;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 
 /// A conversation's key in the queue, when it waits.
 pub(super) fn entry_of(s: &ConversationState) -> Option<Vec<u8>> {
-    let since = queue::waiting_since(s)?;
-    let bot = s.bot_id.as_ref()?;
-    Some(keys::queue_entry(bot.as_str(), since, s.id.as_str()))
+    QueueEntry::of(s).as_ref().map(key)
 }
 
-/// A conversation's entry as a fold found it (what the tree holds) and its entry now.
-type EntryChange = (Option<Vec<u8>>, Option<Vec<u8>>);
-
-/// What a fold has done to the queue so far: the overlay over the tree that its reads add, and
-/// its writes at the end.
-#[derive(Debug, Default)]
-pub(super) struct QueueFold {
-    /// Conversation id -> its entry as the fold found it (what the tree holds) and its entry now.
-    entries: HashMap<String, EntryChange>,
-    /// Bot -> its accept history (read on first use) and whether the fold changed it.
-    history: HashMap<String, (AcceptHistory, bool)>,
-    /// Hour (its start, at least 0) -> its figures (read on first use, then added to; every one
-    /// is written).
-    stats: BTreeMap<Millis, HandoffStats>,
-    /// Why each conversation that left the queue in this fold left, and its wait when accepted
-    /// (ms), in fold order (`Applied::queue_exits`).
-    exits: Vec<(QueueExit, Option<Millis>)>,
+/// A waiting entry's key: its bot's prefix, request time, conversation.
+pub(crate) fn key(entry: &QueueEntry) -> Vec<u8> {
+    keys::queue_entry(&entry.bot, entry.since, &entry.conversation)
 }
 
 /// The waiting queue over all bots (`SledStore::queue_summary`).
@@ -71,35 +58,29 @@ pub struct BotWaiting {
     pub oldest_since: Option<Millis>,
 }
 
-/// What one fold writes to the queue tree.
-#[derive(Debug, Default)]
-pub(super) struct QueueWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
-impl QueueWrites {
-    /// The waiting entries this fold removes and adds (accept histories and the watch index
-    /// left out).
-    pub fn waiting_changes(&self) -> WaitingChanges {
-        let waiting = |key: &[u8]| key.first() == Some(&keys::QUEUE_WAITING);
-        WaitingChanges {
-            removed: self.remove.iter().filter(|k| waiting(k)).cloned().collect(),
-            added: self
-                .insert
-                .iter()
-                .filter(|(k, _)| waiting(k))
-                .map(|(k, _)| k.clone())
-                .collect(),
-        }
-    }
-}
-
 /// A fold's changes to the waiting entries (their keys).
 #[derive(Debug, Default)]
 pub(super) struct WaitingChanges {
-    removed: Vec<Vec<u8>>,
-    added: Vec<Vec<u8>>,
+    pub removed: Vec<Vec<u8>>,
+    pub added: Vec<Vec<u8>>,
+}
+
+impl WaitingChanges {
+    /// The waiting entries among `removed` (keys of the queue tree), removed.
+    pub fn removing(mut removed: Vec<Vec<u8>>) -> Self {
+        removed.retain(|key| key.first() == Some(&keys::QUEUE_WAITING));
+        WaitingChanges {
+            removed,
+            added: Vec::new(),
+        }
+    }
+
+    pub fn of(changes: &QueueChanges) -> Self {
+        WaitingChanges {
+            removed: changes.left.iter().map(key).collect(),
+            added: changes.joined.iter().map(key).collect(),
+        }
+    }
 }
 
 /// The queue tree's waiting entries in memory: how many conversations wait since each request
@@ -198,7 +179,7 @@ impl WaitingCounts {
 
     /// Each bot's count and oldest request (its first entry: they sort by request time), in bot
     /// order: one step per bot, no entry walked.
-    fn by_bot(&self) -> Vec<BotWaiting> {
+    pub(super) fn by_bot(&self) -> Vec<BotWaiting> {
         let mut out: Vec<BotWaiting> = self
             .by_bot
             .iter()
@@ -216,199 +197,32 @@ impl WaitingCounts {
     }
 }
 
-impl QueueFold {
-    /// Before an event of this conversation is folded: remember the entry the tree holds (on the
-    /// conversation's first event of the fold). Returns since when it waits now.
-    pub fn before(&mut self, s: &ConversationState) -> Option<Millis> {
-        let key = entry_of(s);
-        self.entries
-            .entry(s.id.as_str().to_owned())
-            .or_insert_with(|| (key.clone(), key));
-        queue::waiting_since(s)
-    }
-
-    /// The fold's writes: entries that changed, histories that grew.
-    pub fn writes(&self) -> Result<QueueWrites, StoreError> {
-        let mut out = QueueWrites::default();
-        for (first, now) in self.entries.values() {
-            if first == now {
-                continue;
-            }
-            out.remove.extend(first.iter().cloned());
-            out.insert
-                .extend(now.iter().map(|k| (k.clone(), Vec::new())));
-        }
-        for (bot, (history, changed)) in &self.history {
-            if *changed {
-                out.insert
-                    .push((keys::queue_history(bot), encode(history)?));
-            }
-        }
-        for (hour, figures) in &self.stats {
-            out.insert
-                .push((keys::queue_stats(*hour).to_vec(), encode(figures)?));
-        }
-        Ok(out)
-    }
-
-    /// The queue exits of the fold's events, in order (once its writes are taken).
-    pub fn into_exits(self) -> Vec<(QueueExit, Option<Millis>)> {
-        self.exits
-    }
-}
-
 impl SledStore {
-    /// After an event was folded into `after`: the conversation's entry now, and an accept
-    /// recorded in its bot's history when it left the queue because someone took it
-    /// (`waited_since`: since when it waited before the event; `at`: the event's time).
-    pub(super) fn queue_after(
+    /// The committed queue of `bot` (its copy in memory, [`WaitingCounts`]): how many wait and
+    /// how many sort before `own`, leaving out those of `found` that are in it (see
+    /// `engine::batch::FoldReads::waiting_standing`). Counts in memory, never a scan of sled.
+    pub(super) fn waiting_standing(
         &self,
-        fold: &mut QueueFold,
-        after: &ConversationState,
-        waited_since: Option<Millis>,
-        at: Millis,
-    ) -> Result<(), StoreError> {
-        let now = entry_of(after);
-        if let Some(slot) = fold.entries.get_mut(after.id.as_str()) {
-            slot.1 = now.clone();
-        }
-        if let (Some(since), None, Some(bot)) = (waited_since, &now, &after.bot_id) {
-            if queue::left_by_accept(after) {
-                let history = self.history(fold, bot.as_str())?;
-                history.0.record(Accept {
-                    at,
-                    waited_ms: at.saturating_sub(since).max(0),
-                });
-                history.1 = true;
-            }
-        }
-        if let Some(change) = stats::queue_move(waited_since, after, at) {
-            self.hour_stats(fold, at)?.record(change);
-            if let QueueMove::Left { exit, waited_ms } = change {
-                fold.exits.push((exit, waited_ms));
-            }
-        }
-        Ok(())
-    }
-
-    /// The figures of the hour `at` is in, as the fold knows them: the stored record the first
-    /// time (under the fold lock nothing else writes it), then the fold's own. A record that does
-    /// not decode is logged and its hour counted afresh: the figures never hold the folds up.
-    fn hour_stats<'a>(
-        &self,
-        fold: &'a mut QueueFold,
-        at: Millis,
-    ) -> Result<&'a mut HandoffStats, StoreError> {
-        use std::collections::btree_map::Entry;
-        let hour = stats::hour_of(at).max(0);
-        let slot = match fold.stats.entry(hour) {
-            Entry::Occupied(known) => return Ok(known.into_mut()),
-            Entry::Vacant(slot) => slot,
-        };
-        let stored = match get_decoded(&self.queue, keys::queue_stats(hour), "handoff stats") {
-            Err(StoreError::Corrupt(e)) => {
-                tracing::error!(hour, error = %e, "unreadable handoff figures; the hour is counted afresh");
-                None
-            }
-            other => other?,
-        };
-        Ok(slot.insert(stored.unwrap_or_default()))
-    }
-
-    /// The handoff figures of the hours that overlap `[since, until)`, merged: every hour record
-    /// from `since`'s hour to the hour before `until` (the first and last hours count whole), a
-    /// range of at most 25 keys for a day; no conversation is read. Empty when `until <= since`.
-    pub(crate) fn handoff_stats(
-        &self,
-        since: Millis,
-        until: Millis,
-    ) -> Result<HandoffStats, StoreError> {
-        let mut out = HandoffStats::default();
-        if until <= since {
-            return Ok(out);
-        }
-        let from = keys::queue_stats(stats::hour_of(since));
-        let to = keys::queue_stats(stats::hour_of(until - 1));
-        for item in self.queue.range(from..=to) {
-            let (_, bytes) = item?;
-            out.merge(&super::decode(&bytes, "handoff stats")?);
-        }
-        Ok(out)
-    }
-
-    /// A bot's accept history as the fold knows it.
-    fn history<'a>(
-        &self,
-        fold: &'a mut QueueFold,
         bot: &str,
-    ) -> Result<&'a mut (AcceptHistory, bool), StoreError> {
-        if !fold.history.contains_key(bot) {
-            let stored = get_decoded(&self.queue, keys::queue_history(bot), "accept history")?;
-            fold.history
-                .insert(bot.to_owned(), (stored.unwrap_or_default(), false));
-        }
-        fold.history
-            .get_mut(bot)
-            .ok_or_else(|| StoreError::Corrupt("accept history cache".into()))
-    }
-
-    /// A conversation's standing in its bot's queue: the tree (its copy in memory, see
-    /// [`WaitingCounts`]) with the fold's changes over it. The tree's entries of the conversations
-    /// the fold changed are taken out and their entries now put in, so the cost is the count of
-    /// the entries ahead in memory plus the fold's own conversations, never a scan of sled.
-    pub(super) fn standing_in(
-        &self,
-        fold: &mut QueueFold,
-        s: &ConversationState,
-    ) -> Result<Standing, StoreError> {
-        let Some(bot) = &s.bot_id else {
-            return Ok(Standing::default());
+        own: Option<QueueSpot<'_>>,
+        found: &mut dyn Iterator<Item = QueueSpot<'_>>,
+    ) -> (usize, usize) {
+        let prefix = keys::queue_bot(bot);
+        let own_key = own.map(|o| keys::queue_entry(bot, o.since, o.conversation));
+        let counts = match self.waiting.lock() {
+            Ok(counts) => counts,
+            Err(poisoned) => poisoned.into_inner(),
         };
-        let prefix = keys::queue_bot(bot.as_str());
-        let own = entry_of(s);
-        let before_own = |key: &[u8]| own.as_deref().is_some_and(|o| key < o);
-        let (mut length, mut ahead) = {
-            let counts = match self.waiting.lock() {
-                Ok(counts) => counts,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            let (mut length, mut ahead) = counts.bot_standing(&prefix, own.as_deref());
-            // The fold's entries decide for its conversations: the tree's go.
-            for (first, _) in fold.entries.values() {
-                if let Some(key) = first.as_deref().filter(|k| k.starts_with(&prefix)) {
-                    if counts.contains(&prefix, key) {
-                        length = length.saturating_sub(1);
-                        ahead = ahead.saturating_sub(usize::from(before_own(key)));
-                    }
-                }
-            }
-            (
-                u32::try_from(length).unwrap_or(u32::MAX),
-                u32::try_from(ahead).unwrap_or(u32::MAX),
-            )
-        };
-        for (_, now) in fold.entries.values() {
-            if let Some(key) = now.as_deref().filter(|k| k.starts_with(&prefix)) {
-                length = length.saturating_add(1);
-                ahead = ahead.saturating_add(u32::from(before_own(key)));
+        let (mut length, mut ahead) = counts.bot_standing(&prefix, own_key.as_deref());
+        let mut key = Vec::new();
+        for spot in found {
+            keys::queue_entry_into(&mut key, &prefix, spot.since, spot.conversation);
+            if counts.contains(&prefix, &key) {
+                length = length.saturating_sub(1);
+                ahead = ahead.saturating_sub(usize::from(own.is_some_and(|o| spot < o)));
             }
         }
-        let history = self.history(fold, bot.as_str())?.0.clone();
-        let position = own.map(|_| ahead.saturating_add(1));
-        Ok(Standing::new(position, length, &history))
-    }
-
-    /// A conversation's standing now (outside folds: the help-desk events, the agent API);
-    /// `None` for a conversation the bridge does not know.
-    pub(crate) fn queue_standing(
-        &self,
-        conversation: &ConversationId,
-    ) -> Result<Option<Standing>, StoreError> {
-        let Some(state) = self.conversation(conversation)? else {
-            return Ok(None);
-        };
-        self.standing_in(&mut QueueFold::default(), &state)
-            .map(Some)
+        (length, ahead)
     }
 
     /// The conversations waiting for `bot`, in queue order (1 is next).
@@ -424,25 +238,6 @@ impl SledStore {
         Ok(out)
     }
 
-    /// Every bot's queue at once: how many conversations wait for an agent and since when the
-    /// longest-waiting one does (for the stuck-handoff gauges). Kept in memory: counted from the
-    /// tree on open and changed by each committed fold, so a scrape costs no scan and is right
-    /// from the first one after a restart.
-    pub(crate) fn queue_summary(&self) -> QueueSummary {
-        match self.waiting.lock() {
-            Ok(counts) => counts.summary(),
-            Err(poisoned) => poisoned.into_inner().summary(),
-        }
-    }
-
-    /// The waiting queue per bot, from the same counts in memory as [`Self::queue_summary`].
-    pub(crate) fn waiting_by_bot(&self) -> Vec<BotWaiting> {
-        match self.waiting.lock() {
-            Ok(counts) => counts.by_bot(),
-            Err(poisoned) => poisoned.into_inner().by_bot(),
-        }
-    }
-
     /// The summary counted from the tree (on open; and tests compare with it).
     pub(super) fn queue_summary_scanned(&self) -> Result<WaitingCounts, StoreError> {
         let mut out = WaitingCounts::default();
@@ -451,6 +246,15 @@ impl SledStore {
             out.add(&key);
         }
         Ok(out)
+    }
+
+    /// The waiting entries in memory (a poisoned lock's counts are still whole: every change
+    /// is made before the guard drops).
+    pub(super) fn waiting_counts(&self) -> std::sync::MutexGuard<'_, WaitingCounts> {
+        match self.waiting.lock() {
+            Ok(counts) => counts,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// Count the waiting entries once, on open.
@@ -499,6 +303,8 @@ impl SledStore {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::port::*;
+    use engine::state::stats::{self, HandoffStats, QueueExit};
     use model::ids::DeliveryId;
     use model::webhook::agent::{AgentCommand, Command, DeskAgent};
     use model::webhook::model::Event;
@@ -622,7 +428,7 @@ pub(super) mod tests {
     /// The kept summary, checked against a count of the tree; and each bot's kept entries (what
     /// a fold's standings count) against the tree's.
     fn summary(store: &SledStore) -> QueueSummary {
-        let kept = store.queue_summary();
+        let kept = store.queue_summary().expect("queue summary");
         let scanned = store.queue_summary_scanned().expect("scan");
         assert_eq!(kept, scanned.summary(), "the kept counts equal the tree");
         let by_bot = store.waiting.lock().expect("counts").by_bot.clone();
@@ -708,7 +514,7 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
         }
         let store = SledStore::open(dir.path(), 8 << 20).expect("reopen");
         assert_eq!(
-            store.queue_summary(),
+            store.queue_summary().expect("queue summary"),
             QueueSummary {
                 waiting: 1,
                 oldest_since: Some(9_000)

@@ -3,7 +3,7 @@
 //! `engine::state::stats::KEPT_MS`).
 //!
 //! The retention index (`activity/v1`) holds every conversation and end user by its newest
-//! activity time ([`conversation_activity`], [`end_user_activity`]), oldest first. Like the
+//! activity time (`engine::index::Activity`), oldest first. Like the
 //! waiting queue and the sweeper's index, only folds write it, in their journal, as the
 //! difference between a state's key before and after the fold; so a pruning pass reads the
 //! states past retention as a range, in chunks, without reading every state. A store from before
@@ -18,43 +18,41 @@
 //! key), its folded mark and its count. A later event of a pruned conversation folds into a fresh
 //! state, as for one never seen (see ARCHITECTURE.md, "Retention").
 
-use super::{decode, keys, ConversationState, EndUserState, SledStore, StoreError};
+use super::{
+    decode, dedupe, eventlog, keys, log, log_error, poisoned_dedupe, ConversationState,
+    EndUserState, Pruned, SledStore, StoreError,
+};
+use crate::idempotency::IdempotencyRecord;
+use crate::operators::OperatorAction;
+use crate::outbox::ActionStatus;
+use crate::port::{Outbox, Quarantine, Removed, Retention};
+use engine::index::{Activity, StateKind};
+use model::action::DoneRecord;
+use model::cursor::Cursor;
 use model::ids::PartitionKey;
 use model::webhook::model::Millis;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::ops::ControlFlow;
 
 /// States examined per transaction (and per hold of the fold lock).
 pub const CHUNK: usize = 1_000;
 
-/// When a conversation was last active: its newest event (a deletion is one), or a running
-/// timer's due time if later (a conversation waiting on a timer is not idle).
-pub fn conversation_activity(s: &ConversationState) -> Millis {
-    let timers = s.timers.values().map(|t| t.due_at);
-    timers
-        .chain(s.deleted_at)
-        .fold(s.last_event_at, Millis::max)
-}
-
-/// When an end user was last active: their newest own event, or the newest conversation event
-/// that named them.
-pub fn end_user_activity(u: &EndUserState) -> Millis {
-    u.deleted_at.into_iter().fold(
-        u.last_event_at.max(u.last_conversation_id.stamp.at),
-        Millis::max,
-    )
+/// A retention index entry's key: kind, activity time, id.
+pub(crate) fn key(entry: &Activity) -> Vec<u8> {
+    let kind = match entry.kind {
+        StateKind::Conversation => keys::ACTIVITY_CONVERSATION,
+        StateKind::EndUser => keys::ACTIVITY_END_USER,
+    };
+    keys::activity(kind, entry.at, &entry.id)
 }
 
 pub(super) fn conversation_key(s: &ConversationState) -> Vec<u8> {
-    keys::activity(
-        keys::ACTIVITY_CONVERSATION,
-        conversation_activity(s),
-        s.id.as_str(),
-    )
+    key(&Activity::of_conversation(s))
 }
 
 pub(super) fn end_user_key(u: &EndUserState) -> Vec<u8> {
-    keys::activity(keys::ACTIVITY_END_USER, end_user_activity(u), u.id.as_str())
+    key(&Activity::of_end_user(u))
 }
 
 /// Every key kept outside the `conversations` tree that is derived from a conversation's state:
@@ -83,34 +81,6 @@ pub(super) fn state_keys(s: &ConversationState) -> StateKeys {
             .map(|(name, t)| keys::timer(t.due_at, id, name))
             .collect(),
         activity: vec![conversation_key(s)],
-    }
-}
-
-/// What a fold writes to the retention index.
-#[derive(Debug, Default)]
-pub(super) struct ActivityWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<Vec<u8>>,
-}
-
-impl ActivityWrites {
-    /// The index's changes: each folded state's key as the fold found it (`before`, by id; `None`
-    /// for a state the fold created) against its key now.
-    pub fn of<T>(
-        &mut self,
-        before: &HashMap<String, Option<Vec<u8>>>,
-        states: &HashMap<String, T>,
-        key: impl Fn(&T) -> Vec<u8>,
-    ) {
-        for (id, state) in states {
-            let old = before.get(id).cloned().flatten();
-            let now = key(state);
-            if old.as_ref() == Some(&now) {
-                continue;
-            }
-            self.remove.extend(old);
-            self.insert.push(now);
-        }
     }
 }
 
@@ -217,7 +187,7 @@ impl Unfolded {
         }
         let from = match self.from {
             Some(at) => at,
-            None => store.fold_from()?,
+            None => store.watermark()?,
         };
         let (partitions, events, overflow, max) = (
             &mut self.partitions,
@@ -293,18 +263,9 @@ struct Committed {
 }
 
 impl SledStore {
-    /// Prune the conversation states, then the end-user states, whose newest activity is before
-    /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
-    /// removed under the fold lock in one transaction).
-    pub fn prune_states(&self, before: Millis, chunk: usize) -> Result<StatesPruned, StoreError> {
-        let mut out = StatesPruned::default();
-        self.prune_states_into(before, chunk, &mut out)?;
-        Ok(out)
-    }
-
     /// [`SledStore::prune_states`], adding to `out` as each chunk commits: after an error it holds
     /// what the chunks before it removed (for the gauges that follow the store).
-    pub(crate) fn prune_states_into(
+    fn prune_states_into(
         &self,
         before: Millis,
         chunk: usize,
@@ -431,11 +392,7 @@ impl SledStore {
             .iter()
             .flat_map(|r| r.derived.queue.iter().cloned())
             .collect();
-        let waiting = super::queue::QueueWrites {
-            remove: queue_removed,
-            insert: Vec::new(),
-        }
-        .waiting_changes();
+        let waiting = super::queue::WaitingChanges::removing(queue_removed);
         let mut timers = 0;
         for r in removals {
             for key in &r.derived.timers {
@@ -571,7 +528,7 @@ impl SledStore {
     /// at least: the first event at the folds' watermark (or at the next segment's start when
     /// the watermark ends a segment); none there, any number.
     fn watermark_seq(&self) -> Result<u64, StoreError> {
-        let at = self.fold_from()?;
+        let at = self.watermark()?;
         let next = super::eventlog::LogPosition {
             segment: at.segment + 1,
             offset: 0,
@@ -585,17 +542,8 @@ impl SledStore {
         Ok(u64::MAX)
     }
 
-    /// Remove the quarantine records received before `before`, in id (arrival) order, read
-    /// `chunk` at a time, up to the first one still within retention. Returns how many it
-    /// removed (not counting one a re-process took meanwhile).
-    pub(crate) fn prune_quarantine(&self, before: Millis, chunk: usize) -> Result<u64, StoreError> {
-        let mut removed = 0;
-        self.prune_quarantine_into(before, chunk, &mut removed)?;
-        Ok(removed)
-    }
-
     /// [`SledStore::prune_quarantine`], adding to `removed` as each chunk goes.
-    pub(crate) fn prune_quarantine_into(
+    fn prune_quarantine_into(
         &self,
         before: Millis,
         chunk: usize,
@@ -625,30 +573,6 @@ impl SledStore {
         }
     }
 
-    /// Remove the handoff figures' hour records (`keys::queue_stats`) of the hours before the
-    /// one `before` is in, oldest first, at most `limit` (a pass normally finds the hour or so
-    /// that aged since the last). Under the fold lock: a fold reads an hour's record and writes
-    /// it back whole, so a removal beside it could be undone. Returns how many it removed.
-    pub(crate) fn prune_handoff_stats(
-        &self,
-        before: Millis,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        let _folding = self.fold_guard()?;
-        let from = [keys::QUEUE_STATS].to_vec();
-        let to = keys::queue_stats(engine::state::stats::hour_of(before)).to_vec();
-        let old = self
-            .queue
-            .range(from..to)
-            .keys()
-            .take(limit)
-            .collect::<Result<Vec<_>, _>>()?;
-        for key in &old {
-            self.queue.remove(key)?;
-        }
-        Ok(old.len() as u64)
-    }
-
     /// A store from before the retention index: index its states once, on open (before any
     /// fold). A new store has none and only marks it.
     pub(super) fn index_activity_once(&self) -> Result<(), StoreError> {
@@ -676,10 +600,259 @@ impl SledStore {
     }
 }
 
+impl Retention for SledStore {
+    /// [`prune`](SledStore::prune) with the folds' watermark read before a sled flush that has
+    /// completed since: segments go only below a watermark whose folds (state and marks) are on
+    /// disk, so a crash cannot bring back an older watermark that points into a deleted
+    /// segment's unfolded events. Then the index by partition forgets the segments gone (see
+    /// `history`).
+    fn prune_events(
+        &self,
+        dedupe_before: Millis,
+        events_before: Millis,
+        fold_from: Cursor,
+    ) -> Result<Pruned, StoreError> {
+        let fold_from = eventlog::LogPosition::from(fold_from);
+        let mut out = Pruned::default();
+        let pruned_to = self.forget_old_ids(dedupe_before, &mut out)?;
+        for segment in self.old_segments(dedupe_before, events_before, fold_from, pruned_to)? {
+            eventlog::remove_segment(&self.log_dir, segment).map_err(log_error)?;
+            dedupe::remove_ids(&self.log_dir, segment);
+            out.event_chunks += 1;
+        }
+        self.unindex_removed_segments()?;
+        // What an early start reads instead of sled (see `log`): where the dedupe index starts
+        // now, and a floor above every number given out, since the segments that held the
+        // highest ones may be gone. Without it (a full disk), the next start opens sled first;
+        // the pass itself did its work.
+        if let Err(e) = self.write_intake_state() {
+            tracing::warn!(error = %e, "cannot keep the event log's state file; the next start opens the store before taking deliveries");
+            if let Err(e) = log::IntakeState::remove(&self.log_dir) {
+                tracing::error!(error = %e, "cannot remove the event log's stale state file");
+            }
+        }
+        Ok(out)
+    }
+
+    /// Prune the conversation states, then the end-user states, whose newest activity is before
+    /// `before`, `chunk` candidates at a time (each chunk read from the index, then judged and
+    /// removed under the fold lock in one transaction); what the chunks before a failure removed
+    /// is counted.
+    fn prune_states(&self, before: Millis, chunk: usize) -> Removed<StatesPruned> {
+        let mut removed = StatesPruned::default();
+        let failed = self.prune_states_into(before, chunk, &mut removed).err();
+        Removed { removed, failed }
+    }
+
+    /// Remove the quarantine records received before `before`, in id (arrival) order, read
+    /// `chunk` at a time, up to the first one still within retention; counts what it removed
+    /// (not one a re-process took meanwhile).
+    fn prune_quarantine(&self, before: Millis, chunk: usize) -> Removed<u64> {
+        let mut removed = 0;
+        let failed = self
+            .prune_quarantine_into(before, chunk, &mut removed)
+            .err();
+        Removed { removed, failed }
+    }
+
+    /// Forget finished actions (done or dropped) recorded before `before`, at most `limit` of
+    /// them: their ledger entries and their records. Both are scanned (the ledger is keyed by
+    /// action id, and records finish out of seq order when a dead letter is retried late).
+    /// Returns (ledger entries, records) removed.
+    fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError> {
+        let mut pruned = 0;
+        for item in self.actions.iter() {
+            if pruned as usize >= limit {
+                break;
+            }
+            let (key, value) = item?;
+            let status: ActionStatus = decode(&value, "action status")?;
+            let finished = status.state == "done" || status.state == "dropped";
+            if finished && status.at < before {
+                self.actions.remove(&key)?;
+                pruned += 1;
+            }
+        }
+        let mut records = 0;
+        for item in self.done.iter() {
+            if records >= limit {
+                break;
+            }
+            let (key, value) = item?;
+            let record: DoneRecord = decode(&value, "finished entry")?;
+            if record.at < before {
+                self.done.remove(&key)?;
+                records += 1;
+            }
+        }
+        Ok((pruned, records as u64))
+    }
+
+    /// Drop records answered before `before`, at most `limit`; returns how many went.
+    fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        let tree = self.idempotency_tree()?;
+        let mut removed = 0;
+        for item in tree.iter() {
+            if removed >= limit as u64 {
+                break;
+            }
+            let (k, v) = item?;
+            let old = decode::<IdempotencyRecord>(&v, "idempotency record")
+                .map_or(true, |r| r.at < before);
+            if old {
+                tree.remove(k)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Drop at most `limit` of the oldest actions taken before `before`; how many went. An
+    /// unreadable record goes too.
+    fn prune_operator_actions(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        let tree = self.operators_tree()?;
+        let mut removed = 0;
+        for item in tree.iter().take(limit) {
+            let (k, v) = item?;
+            let old =
+                decode::<OperatorAction>(&v, "operator action").map_or(true, |a| a.at < before);
+            if !old {
+                break;
+            }
+            tree.remove(k)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Remove the handoff figures' hour records (`keys::queue_stats`) of the hours before the
+    /// one `before` is in, oldest first, at most `limit` (a pass normally finds the hour or so
+    /// that aged since the last). Under the fold lock: a fold reads an hour's record and writes
+    /// it back whole, so a removal beside it could be undone. Returns how many it removed.
+    fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
+        let _folding = self.fold_guard()?;
+        let from = [keys::QUEUE_STATS].to_vec();
+        let to = keys::queue_stats(engine::state::stats::hour_of(before)).to_vec();
+        let old = self
+            .queue
+            .range(from..to)
+            .keys()
+            .take(limit)
+            .collect::<Result<Vec<_>, _>>()?;
+        for key in &old {
+            self.queue.remove(key)?;
+        }
+        Ok(old.len() as u64)
+    }
+
+    /// When the oldest stored event was received (the event log is in acceptance order).
+    fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
+        let mut oldest = None;
+        eventlog::scan(
+            &self.log_dir,
+            eventlog::LogPosition::default(),
+            |_, record, _| {
+                oldest = Some(record.received_at);
+                ControlFlow::Break(())
+            },
+        )
+        .map_err(log_error)?;
+        Ok(oldest)
+    }
+}
+
+impl SledStore {
+    /// Forget the dedupe ids of the sealed segments whose events are all older than
+    /// `dedupe_before`; where the dedupe index starts now.
+    fn forget_old_ids(
+        &self,
+        dedupe_before: Millis,
+        out: &mut Pruned,
+    ) -> Result<eventlog::LogPosition, StoreError> {
+        let start = self.meta_location(keys::meta::DEDUPE_PRUNED_TO)?;
+        let sealed = self
+            .log
+            .dedupe
+            .lock()
+            .map_err(|_| poisoned_dedupe())?
+            .sealed_segments();
+        let mut pruned_to = None;
+        for (segment, _) in sealed {
+            let first_of_next = eventlog::LogPosition {
+                segment: segment + 1,
+                offset: 0,
+            };
+            // Sealed means indexed: the log had moved on to the next segment.
+            let newer = eventlog::read_at(&self.log_dir, first_of_next).map_err(log_error)?;
+            match newer {
+                Some(r) if r.received_at < dedupe_before => {}
+                _ => break,
+            }
+            let forgotten = self
+                .log
+                .dedupe
+                .lock()
+                .map_err(|_| poisoned_dedupe())?
+                .forget(segment);
+            out.ids_forgotten += forgotten as u64;
+            pruned_to = Some(first_of_next);
+        }
+        if let Some(to) = pruned_to {
+            self.meta
+                .insert(keys::meta::DEDUPE_PRUNED_TO, &to.encode())?;
+        }
+        out.ids_forgotten += self.prune_legacy(dedupe_before)?;
+        Ok(pruned_to.unwrap_or(start))
+    }
+
+    /// The oldest segments that may go, in order: each all folded (below the watermark),
+    /// indexed, past the dedupe index's start (`pruned_to`), and older than the first event of
+    /// the next, which is older than both `events_before` and `dedupe_before`.
+    fn old_segments(
+        &self,
+        dedupe_before: Millis,
+        events_before: Millis,
+        fold_from: eventlog::LogPosition,
+        pruned_to: eventlog::LogPosition,
+    ) -> Result<Vec<u64>, StoreError> {
+        let indexed_to = self.meta_location(keys::meta::INDEXED_TO)?;
+        let segments = eventlog::segments(&self.log_dir).map_err(log_error)?;
+        let mut old = Vec::new();
+        for pair in segments.windows(2) {
+            let (segment, next) = (pair[0], pair[1]);
+            let path = eventlog::segment_path(&self.log_dir, segment);
+            let len = std::fs::metadata(&path).map_err(log_error)?.len();
+            let end = eventlog::LogPosition {
+                segment,
+                offset: len,
+            };
+            let folded = fold_from.segment > segment;
+            if !folded || pruned_to < end || indexed_to < end {
+                break;
+            }
+            // Everything in `segment` is older than the first event of the next one.
+            let start_of_next = eventlog::LogPosition {
+                segment: next,
+                offset: 0,
+            };
+            let newer = eventlog::read_at(&self.log_dir, start_of_next).map_err(log_error)?;
+            match newer {
+                Some(r) if r.received_at < events_before && r.received_at < dedupe_before => {}
+                _ => break,
+            }
+            old.push(segment);
+        }
+        Ok(old)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::Folds;
+    use crate::port::*;
     use crate::{Position, QuarantineRecord};
+    use engine::index::{conversation_activity, end_user_activity};
     use model::ids::DeliveryId;
     use model::webhook::IncomingEvent;
 
@@ -789,9 +962,9 @@ mod tests {
             ],
         );
         // Everything derived from c1 is there: waiting entry, sweeper key, timer, marks.
-        assert_eq!(store.queue_summary().waiting, 1);
+        assert_eq!(store.queue_summary().expect("queue summary").waiting, 1);
         assert_eq!(store.watched(0, 10).expect("watched").active, ["c1"]);
-        assert_eq!(store.timers_pending(), 1);
+        assert_eq!(store.timers_pending().expect("timers"), 1);
         assert_eq!(keys_of(&store.activity).len(), 3, "c1, c2, U1");
         assert!(store.mark("c:c1").expect("mark").is_some());
         assert!(store
@@ -799,13 +972,16 @@ mod tests {
             .expect("find")
             .is_some());
         assert_eq!(
-            (store.sizes().conversations, store.sizes().end_users),
+            (
+                store.sizes().expect("sizes").conversations,
+                store.sizes().expect("sizes").end_users
+            ),
             (2, 1)
         );
 
         // c1 is not yet past retention (its timer runs until now + 5m); U1 is, but stays while
         // the conversation it last had is kept.
-        let early = store.prune_states(now, CHUNK).expect("prune");
+        let early = store.prune_states(now, CHUNK).into_result().expect("prune");
         assert_eq!(
             early,
             StatesPruned {
@@ -816,7 +992,10 @@ mod tests {
         );
         assert!(store.end_user(&"U1".into()).expect("read").is_some());
 
-        let pruned = store.prune_states(now + DAY, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(now + DAY, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!(
             pruned,
             StatesPruned {
@@ -835,7 +1014,7 @@ mod tests {
         assert!(waiting.is_empty());
         assert_eq!(store.watched(0, 10).expect("watched"), Default::default());
         assert!(keys_of(&store.timers).is_empty());
-        assert_eq!(store.timers_pending(), 0);
+        assert_eq!(store.timers_pending().expect("timers"), 0);
         let c2 = store.conversation(&"c2".into()).expect("read").expect("c2");
         assert_eq!(keys_of(&store.activity), [conversation_key(&c2)]);
         assert_eq!(store.mark("c:c1").expect("mark"), None);
@@ -845,16 +1024,22 @@ mod tests {
         );
         assert!(keys_of(&store.user_index).is_empty());
         assert_eq!(
-            (store.sizes().conversations, store.sizes().end_users),
+            (
+                store.sizes().expect("sizes").conversations,
+                store.sizes().expect("sizes").end_users
+            ),
             (1, 0)
         );
-        assert_eq!(store.queue_summary().waiting, 0);
+        assert_eq!(store.queue_summary().expect("queue summary").waiting, 0);
         assert_eq!(
             store.queue_summary_scanned().expect("scan").summary(),
-            store.queue_summary()
+            store.queue_summary().expect("queue summary")
         );
         // A second pass finds nothing.
-        let again = store.prune_states(now + DAY, CHUNK).expect("prune");
+        let again = store
+            .prune_states(now + DAY, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!((again.conversations, again.end_users), (0, 0));
     }
 
@@ -864,7 +1049,10 @@ mod tests {
         let applied = fold(&store, "d1", vec![message("e1", "c1", 1_000)]);
         assert_eq!(applied.outbox.len(), 1);
         let cutoff = 10 * DAY;
-        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(cutoff, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.skipped),
             (0, 1),
@@ -874,7 +1062,10 @@ mod tests {
         store
             .outbox_done(&applied.outbox[0], 1, 2_000)
             .expect("done");
-        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(cutoff, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.skipped),
             (1, 0),
@@ -901,12 +1092,18 @@ mod tests {
             "d2",
             vec![event("e2", "bot.conversation.updated", "c2", None, 1_000)],
         );
-        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(cutoff, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (0, 1));
         settle(&store);
-        let pruned = store.prune_states(cutoff, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(cutoff, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (1, 0));
-        assert_eq!(store.sizes().conversations, 0);
+        assert_eq!(store.sizes().expect("sizes").conversations, 0);
     }
 
     #[test]
@@ -926,7 +1123,10 @@ mod tests {
             &[event("e2", updated, "c1", Some("U1"), 20 * DAY)],
         );
         assert_eq!(batch.len(), 1);
-        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(10 * DAY, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.end_users, pruned.skipped),
             (0, 0, 2),
@@ -938,7 +1138,10 @@ mod tests {
         let c1 = store.conversation(&"c1".into()).expect("read").expect("c1");
         assert_eq!(c1.events_applied, 2);
         settle(&store);
-        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(10 * DAY, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!((pruned.conversations, pruned.skipped), (0, 0), "active now");
     }
 
@@ -957,7 +1160,10 @@ mod tests {
             "d2",
             &[event("e2", updated, "c9", Some("U1"), 20 * DAY)],
         );
-        let pruned = store.prune_states(10 * DAY, CHUNK).expect("prune");
+        let pruned = store
+            .prune_states(10 * DAY, CHUNK)
+            .into_result()
+            .expect("prune");
         assert_eq!(
             (pruned.conversations, pruned.end_users, pruned.skipped),
             (1, 0, 1),
@@ -1017,7 +1223,11 @@ mod tests {
         let timer = old.timers.get("t").expect("timer").clone();
         let far = model::clock::system_millis() + DAY;
         assert_eq!(
-            store.prune_states(far, CHUNK).expect("prune").conversations,
+            store
+                .prune_states(far, CHUNK)
+                .into_result()
+                .expect("prune")
+                .conversations,
             1
         );
 
@@ -1048,7 +1258,7 @@ mod tests {
         assert_eq!(fresh.handoff.requested_at, None, "nothing from before");
         assert!(keys_of(&store.timers).is_empty());
         assert_eq!(keys_of(&store.activity), [conversation_key(&fresh)]);
-        assert_eq!(store.sizes().conversations, 1);
+        assert_eq!(store.sizes().expect("sizes").conversations, 1);
         // A duplicate of the old event is still caught by intake's dedupe (the event log's ids).
         let again = store
             .accept(
@@ -1086,10 +1296,10 @@ mod tests {
                 5 * DAY,
             )],
         );
-        let pruned = store.prune_states(DAY, 4).expect("prune");
+        let pruned = store.prune_states(DAY, 4).into_result().expect("prune");
         assert_eq!(pruned.conversations, 25);
         assert_eq!(pruned.chunks, 7, "25 in chunks of 4");
-        assert_eq!(store.sizes().conversations, 1);
+        assert_eq!(store.sizes().expect("sizes").conversations, 1);
         assert_eq!(
             keys_of(&store.activity).len(),
             1,
@@ -1120,7 +1330,7 @@ mod tests {
             .prune_states_into(DAY, 2, &mut out)
             .expect_err("c3 is unreadable");
         assert_eq!((out.conversations, out.chunks), (2, 1), "c0 and c1 went");
-        assert_eq!(store.sizes().conversations, 3);
+        assert_eq!(store.sizes().expect("sizes").conversations, 3);
         assert!(store.conversation(&"c2".into()).expect("read").is_some());
     }
 
@@ -1177,7 +1387,7 @@ mod tests {
         let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
         store.activity.clear().expect("clear");
         store.activity.insert(&stale, Vec::new()).expect("insert");
-        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        let pruned = store.prune_states(DAY, CHUNK).into_result().expect("prune");
         assert_eq!(
             pruned.conversations, 0,
             "c1 is within retention by its state"
@@ -1198,7 +1408,7 @@ mod tests {
         // past retention, in one chunk.
         let stale = keys::activity(keys::ACTIVITY_CONVERSATION, 1_000, "c1");
         store.activity.insert(&stale, Vec::new()).expect("insert");
-        let pruned = store.prune_states(DAY, CHUNK).expect("prune");
+        let pruned = store.prune_states(DAY, CHUNK).into_result().expect("prune");
         assert_eq!((pruned.conversations, pruned.chunks), (1, 1));
         assert_eq!(store.conversation(&"c1".into()).expect("read"), None);
         assert!(keys_of(&store.activity).is_empty(), "no key left behind");
@@ -1213,7 +1423,10 @@ mod tests {
                 store.quarantine(record).expect("quarantine")
             })
             .collect();
-        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 3);
+        assert_eq!(
+            store.prune_quarantine(350, 2).into_result().expect("prune"),
+            3
+        );
         let left: Vec<u64> = store
             .quarantined()
             .expect("list")
@@ -1221,7 +1434,10 @@ mod tests {
             .map(|r| r.id)
             .collect();
         assert_eq!(left, ids[3..]);
-        assert_eq!(store.prune_quarantine(350, 2).expect("prune"), 0);
+        assert_eq!(
+            store.prune_quarantine(350, 2).into_result().expect("prune"),
+            0
+        );
     }
 
     #[test]

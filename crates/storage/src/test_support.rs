@@ -2,6 +2,7 @@
 //! temporary directory, deliveries made from a few fields, and folding as the dispatcher would.
 //! Built for tests only (and with the `test-support` feature).
 
+use crate::port::*;
 use crate::*;
 use model::webhook::model::{Event, Millis};
 use model::webhook::{parse_delivery, parse_event};
@@ -37,9 +38,7 @@ pub fn accept(store: &SledStore, body: &[u8]) -> Accepted {
 }
 
 /// Every event still to fold, read back once each, and where the log ended.
-pub fn pending_records(
-    store: &SledStore,
-) -> (Vec<(PendingEvent, EventRecord)>, eventlog::LogPosition) {
+pub fn pending_records(store: &SledStore) -> (Vec<(PendingEvent, EventRecord)>, Cursor) {
     let pending = store.pending().expect("pending");
     let records = pending
         .events
@@ -180,7 +179,7 @@ pub fn timer_rules() -> engine::rules::RuleSet {
 
 pub fn all_timers(store: &SledStore) -> Vec<DueTimer> {
     let (due, next) = store
-        .due_timers(Millis::MAX, 1_000, |_| false)
+        .due_timers(Millis::MAX, 1_000, &|_| false)
         .expect("timers");
     assert_eq!(next, None);
     due

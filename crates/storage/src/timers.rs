@@ -9,12 +9,14 @@
 //! restarts the timer; this way nothing does.)
 
 use super::{decode, encode, keys, SledStore, StoreError};
-use engine::state::{ConversationState, Timer};
+use crate::port::Timers;
+use engine::batch::TimerStart;
+use engine::index::TimerRef;
 use model::ids::ConversationId;
 use model::webhook::model::{Millis, TimerFiring};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 /// A timer key's value: what firing it needs besides its key.
 #[derive(Debug, Serialize, Deserialize)]
@@ -24,104 +26,70 @@ struct Entry {
     bot_id: String,
 }
 
+/// A running timer as the port names it, opaque above the store: the firer keeps the keys of the
+/// timers it fired until their firings are folded, and compares them, nothing more.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TimerKey(TimerRef);
+
+impl TimerKey {
+    /// For backends: the timer a key names.
+    pub fn of(timer: TimerRef) -> TimerKey {
+        TimerKey(timer)
+    }
+
+    /// For backends: the timer this key names.
+    pub fn timer(&self) -> &TimerRef {
+        &self.0
+    }
+}
+
 /// A timer that is due, as the firer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueTimer {
-    /// Its key in the tree, which stays until the firing is folded.
-    pub key: Vec<u8>,
+    /// The timer, which runs until its firing is folded.
+    pub key: TimerKey,
     pub firing: TimerFiring,
     pub bot_id: String,
 }
 
-/// What one fold writes to the timers tree.
-#[derive(Debug, Default)]
-pub(super) struct TimerWrites {
-    pub remove: Vec<Vec<u8>>,
-    pub insert: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Keys the tree gains minus keys it loses (for the pending-timers gauge).
-    pub change: i64,
-    /// The earliest due time among `insert` (for [`TimerWakeup::started`]).
-    pub earliest: Option<Millis>,
+/// A running timer's key in the tree: due time, conversation, name.
+pub(crate) fn key(timer: &TimerRef) -> Vec<u8> {
+    keys::timer(timer.due_at, &timer.conversation, &timer.name)
 }
 
-impl SledStore {
-    /// The fold's timer writes: each conversation's timers as the batch found them (`before`)
-    /// against its state now, plus the keys of the folded firings (`fired`), which go unless the
-    /// timer runs again under the same key.
-    pub(super) fn timer_writes(
-        &self,
-        before: &HashMap<String, BTreeMap<String, Timer>>,
-        states: &HashMap<String, ConversationState>,
-        fired: &[Vec<u8>],
-    ) -> Result<TimerWrites, StoreError> {
-        let mut out = TimerWrites::default();
-        let mut kept = HashSet::new();
-        let empty = BTreeMap::new();
-        // Only folds write the tree, one at a time (the fold lock), so it holds exactly the
-        // timers the batch found in its states (`before` has every conversation of `states`):
-        // what is in it is known without reading it.
-        let stored: HashSet<Vec<u8>> = before
-            .iter()
-            .flat_map(|(id, timers)| {
-                timers
-                    .iter()
-                    .map(move |(name, timer)| keys::timer(timer.due_at, id, name))
-            })
-            .collect();
-        for (id, state) in states {
-            let old = before.get(id).unwrap_or(&empty);
-            for (name, timer) in &state.timers {
-                let key = keys::timer(timer.due_at, id, name);
-                kept.insert(key.clone());
-                if old.get(name) == Some(timer) {
-                    continue;
-                }
-                let entry = Entry {
-                    started_by: timer.started_by.clone(),
-                    bot_id: state
-                        .bot_id
-                        .as_ref()
-                        .map(|b| b.to_string())
-                        .unwrap_or_default(),
-                };
-                out.change += i64::from(!stored.contains(&key));
-                out.insert.push((key, encode(&entry)?));
-                out.earliest = Some(out.earliest.map_or(timer.due_at, |e| e.min(timer.due_at)));
-            }
-            let gone = old
-                .iter()
-                .map(|(name, timer)| keys::timer(timer.due_at, id, name));
-            out.remove.extend(gone.filter(|key| !kept.contains(key)));
-        }
-        out.remove
-            .extend(fired.iter().filter(|key| !kept.contains(*key)).cloned());
-        out.remove.sort();
-        out.remove.dedup();
-        for key in &out.remove {
-            out.change -= i64::from(stored.contains(key));
-        }
-        Ok(out)
-    }
+/// A started timer's value in the tree.
+pub(crate) fn value(start: &TimerStart) -> Result<Vec<u8>, StoreError> {
+    encode(&Entry {
+        started_by: start.started_by.clone(),
+        bot_id: start.bot_id.clone(),
+    })
+}
 
+impl Timers for SledStore {
     /// Due timers (at or before `now`), earliest first, at most `limit`, leaving out those `skip`
     /// names (already fired, their firing not folded yet); and when the next one is due (`now`
     /// when the limit cut the list short). Unreadable entries are logged and left out.
-    pub(crate) fn due_timers(
+    fn due_timers(
         &self,
         now: Millis,
         limit: usize,
-        skip: impl Fn(&[u8]) -> bool,
+        skip: &dyn Fn(&TimerKey) -> bool,
     ) -> Result<(Vec<DueTimer>, Option<Millis>), StoreError> {
         let mut due = Vec::new();
         for item in self.timers.iter() {
             let (key, value) = item?;
-            if skip(&key) {
-                continue;
-            }
             let Some((due_at, conversation, name)) = keys::parse_timer(&key) else {
                 tracing::error!(key = ?key, "unreadable timer key; left alone");
                 continue;
             };
+            let timer = TimerKey(TimerRef {
+                due_at,
+                conversation: conversation.to_owned(),
+                name: name.to_owned(),
+            });
+            if skip(&timer) {
+                continue;
+            }
             if due_at > now {
                 return Ok((due, Some(due_at)));
             }
@@ -143,25 +111,25 @@ impl SledStore {
                     started_by: entry.started_by,
                 },
                 bot_id: entry.bot_id,
-                key: key.to_vec(),
+                key: timer,
             });
         }
         Ok((due, None))
     }
 
-    /// Whether a timer key is still there (its firing not folded yet).
-    pub(crate) fn has_timer(&self, key: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.timers.contains_key(key)?)
+    /// Whether a timer still runs (its firing not folded yet).
+    fn has_timer(&self, timer: &TimerKey) -> Result<bool, StoreError> {
+        Ok(self.timers.contains_key(key(timer.timer()))?)
     }
 
     /// Running timers. Linear in their number: call on start, then track the folds' changes.
-    pub(crate) fn timers_pending(&self) -> u64 {
-        self.timers.len() as u64
+    fn timers_pending(&self) -> Result<u64, StoreError> {
+        Ok(self.timers.len() as u64)
     }
 
     /// How the firer is woken before the time it sleeps towards: by a fold that started or
     /// restarted a timer due before it, or by the test clock.
-    pub(crate) fn timer_wakeup(&self) -> std::sync::Arc<TimerWakeup> {
+    fn timer_wakeup(&self) -> Arc<TimerWakeup> {
         self.timer_wakeup.clone()
     }
 }
@@ -211,7 +179,7 @@ impl TimerWakeup {
     }
 
     /// A fold wrote a timer due at `due_at` (after writing it).
-    pub(super) fn started(&self, due_at: Millis) {
+    pub(crate) fn started(&self, due_at: Millis) {
         // After the tree was written: either the firer's read sees the timer, or this sees the
         // firer looking (`looking`).
         std::sync::atomic::fence(Ordering::SeqCst);

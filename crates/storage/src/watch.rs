@@ -12,15 +12,14 @@
 //! sweeper reads only those released within `reconcile.recent`.
 
 use super::{keys, ConversationState, SledStore, StoreError};
-use engine::state::belief;
-use model::webhook::model::Millis;
+use engine::index::Derived;
 
 /// A conversation's key in the sweeper's index, if any.
 pub(super) fn watch_key(s: &ConversationState) -> Option<Vec<u8>> {
-    if belief::is_active(s) {
-        return Some(keys::watch_active(s.id.as_str()));
-    }
-    belief::released_at(s).map(|at| keys::watch_released(at, s.id.as_str()))
+    let entries = engine::index::derived(s).into_iter();
+    let mut watched =
+        entries.filter(|e| matches!(e, Derived::Active { .. } | Derived::Released { .. }));
+    watched.next().map(|e| crate::derived::key(&e))
 }
 
 /// The conversations a sweep looks at (ids), from the index.
@@ -33,49 +32,6 @@ pub struct Watched {
 }
 
 impl SledStore {
-    /// The sweeper's candidates: every active conversation and those released at or after
-    /// `released_since`, at most `limit` in all (active first). Reads the index only.
-    pub(crate) fn watched(
-        &self,
-        released_since: Millis,
-        limit: usize,
-    ) -> Result<Watched, StoreError> {
-        let mut out = Watched::default();
-        for item in self.queue.scan_prefix([keys::WATCH_ACTIVE]) {
-            if out.active.len() >= limit {
-                return Ok(out);
-            }
-            let (key, _) = item?;
-            match keys::parse_watch_active(&key) {
-                Some(id) => out.active.push(id.to_owned()),
-                None => tracing::error!(key = ?key, "unreadable watch key; left out"),
-            }
-        }
-        let from = keys::watch_released(released_since, "");
-        let end = [keys::WATCH_RELEASED + 1];
-        for item in self.queue.range(from..end.to_vec()) {
-            if out.active.len() + out.released.len() >= limit {
-                break;
-            }
-            let (key, _) = item?;
-            match keys::parse_watch_released(&key) {
-                Some((_, id)) => out.released.push(id.to_owned()),
-                None => tracing::error!(key = ?key, "unreadable watch key; left out"),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Up to `limit` conversation states after id `after` (from the first when `None`), in id
-    /// order: the sweeper's rotating sample of the conversations it does not watch.
-    pub(crate) fn conversations_page(
-        &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ConversationState>, StoreError> {
-        super::pages::id_page(&self.conversations, after, limit, "conversation state")
-    }
-
     /// A store from before the sweeper's index: index its conversations once, on open.
     pub(super) fn index_watch_once(&self) -> Result<(), StoreError> {
         self.index_once(keys::meta::WATCH_INDEXED, "reconciliation", |s| {
@@ -87,6 +43,7 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
     use crate::queue::tests::{conversation_event, fold, queue_keys};
 
     /// Every index entry, scanned.

@@ -13,7 +13,12 @@
 //! crash is advanced again from the log on open. An explicit [`Writer::flush`] flushes it at once.
 
 use super::eventlog::LogPosition;
-use super::{AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Unindexed};
+use super::{
+    AcceptRequest, Accepted, Checked, IntakeLog, QuarantineRecord, SledStore, Store, Unindexed,
+};
+pub use crate::port::Writer;
+use crate::port::{IntakeReply, IntakeWriter, Lifecycle};
+use model::cursor::Cursor;
 use model::ids::{DeliveryId, PartitionKey};
 use model::webhook::model::{Event, Millis};
 use model::webhook::IncomingEvent;
@@ -49,8 +54,8 @@ impl AcceptJob {
 pub struct NewEvent {
     pub seq: u64,
     pub partition: PartitionKey,
-    /// Its frame in the event log (where a fold reads it back, and the folds' watermark).
-    pub at: LogPosition,
+    /// Where it is in the log (where a fold reads it back, and the folds' watermark).
+    pub at: Cursor,
     pub received_at: Millis,
     pub event: Event,
 }
@@ -66,7 +71,7 @@ pub struct WriterHooks {
 /// See [`WriterHooks::observe`].
 pub type Observe = Box<dyn Fn(Duration, usize) + Send>;
 /// See [`WriterHooks::durable`].
-pub type Durable = Box<dyn Fn(Vec<NewEvent>, LogPosition) + Send>;
+pub type Durable = Box<dyn Fn(Vec<NewEvent>, Cursor) + Send>;
 
 enum Job {
     Accept(AcceptJob, oneshot::Sender<Result<Accepted, WriterError>>),
@@ -74,15 +79,34 @@ enum Job {
     Flush(oneshot::Sender<Result<(), WriterError>>),
 }
 
-/// Handle to the writer thread. Cloning is cheap; the thread ends when every handle is gone.
+/// The sled backend's intake ([`IntakeWriter`]): the writer, syncer and indexer threads, reached
+/// through the port's [`Writer`] handle. Cloning is cheap; the threads end when every handle is
+/// gone.
 #[derive(Clone)]
-pub struct Writer {
+pub struct SledWriter {
     tx: mpsc::UnboundedSender<Job>,
-    /// Straight to the indexer, for [`Writer::flush_own`].
+    /// Straight to the indexer, for [`IntakeWriter::flush_own`].
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     health: Arc<Health>,
-    /// The store, once sled is open (see [`Writer::start_early`]).
-    store: Arc<tokio::sync::watch::Sender<Option<SledStore>>>,
+    /// The store, once sled is open (see [`SledWriter::start_early`]), for the threads and for
+    /// the port.
+    store: Arc<Stores>,
+    /// The event log (its hand-over count, [`IntakeWriter::handed_over`]).
+    log: IntakeLog,
+}
+
+/// The store as the writer's threads take it, and as the port hands it out.
+struct Stores {
+    sled: tokio::sync::watch::Sender<Option<SledStore>>,
+    port: tokio::sync::watch::Sender<Option<Store>>,
+}
+
+/// What attaches a writer started early to its store once sled is open
+/// ([`SledWriter::start_early`]). It lets go of the writer once it has attached, so the writer's
+/// threads (and the store) end with their last handle, as after [`SledWriter::start`].
+pub struct EarlyAttach {
+    writer: std::sync::Mutex<Option<(std::sync::mpsc::Sender<ToIndexer>, Arc<Stores>)>>,
+    health: Arc<Health>,
 }
 
 /// Set by the writer and syncer (checks, log writes) and by the indexer (checkpoint writes).
@@ -90,6 +114,8 @@ pub struct Writer {
 struct Health {
     log: AtomicBool,
     index: AtomicBool,
+    /// Where the indexer reports a store only a restart mends.
+    stuck: super::Stuck,
 }
 
 /// At most this many logged events wait for the indexer (see [`IndexBacklog`]).
@@ -139,50 +165,86 @@ impl IndexBacklog {
     }
 }
 
-impl Writer {
-    /// Start the writer thread. The store has already replayed any leftover log on open.
-    pub fn start(store: SledStore, hooks: WriterHooks) -> Result<Writer, super::StoreError> {
-        let writer = Writer::start_early(store.intake_log().clone(), hooks.observe)?;
-        writer.attach(store, hooks.durable);
+impl SledWriter {
+    /// Start the writer threads on an open store (which has already replayed any leftover log).
+    /// A store only a restart mends is reported to `stuck`.
+    pub fn start(
+        store: SledStore,
+        hooks: WriterHooks,
+        stuck: super::Stuck,
+    ) -> Result<Writer, super::StoreError> {
+        let log = store.intake_log().clone();
+        let (writer, attach) = SledWriter::start_early(log, hooks.observe, stuck)?;
+        attach.attach(store, hooks.durable);
         Ok(writer)
     }
 
     /// Start on an event log opened before sled ([`IntakeLog::open_early`]): deliveries are
     /// checked, logged, synced and answered at once, while their indexing (the checkpoint, in
-    /// sled) and their hand-over wait for [`attach`](Writer::attach). So at most
+    /// sled) and their hand-over wait for [`EarlyAttach::attach`]. So at most
     /// [`MAX_INDEX_BACKLOG`] events are answered before the store is attached; later deliveries
     /// wait for it. A delivery with events to quarantine (in sled) is refused until then
-    /// ([`super::StoreError::Opening`]): intake waits for [`store`](Writer::store) first.
-    pub fn start_early(log: IntakeLog, observe: Observe) -> Result<Writer, super::StoreError> {
+    /// ([`super::StoreError::Opening`]): intake waits for [`Writer::store`] first.
+    pub fn start_early(
+        log: IntakeLog,
+        observe: Observe,
+        stuck: super::Stuck,
+    ) -> Result<(Writer, EarlyAttach), super::StoreError> {
         log.start_writer()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (indexer, from_syncer) = std::sync::mpsc::channel::<ToIndexer>();
         let health = Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(true),
+            stuck,
         });
-        let (store, store_rx) = tokio::sync::watch::channel(None);
-        let flag = health.clone();
-        let to_indexer = indexer.clone();
+        let (sled, store_rx) = tokio::sync::watch::channel(None);
+        let store = Arc::new(Stores {
+            sled,
+            port: tokio::sync::watch::channel(None).0,
+        });
+        let (flag, to_indexer, thread_log) = (health.clone(), indexer.clone(), log.clone());
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run(log, store_rx, rx, (to_indexer, from_syncer), observe, flag))
+            .spawn(move || {
+                run(
+                    thread_log,
+                    store_rx,
+                    rx,
+                    (to_indexer, from_syncer),
+                    observe,
+                    flag,
+                )
+            })
             .map_err(|e| super::StoreError::Internal(format!("cannot start the writer: {e}")))?;
-        Ok(Writer {
+        let attach = EarlyAttach {
+            writer: std::sync::Mutex::new(Some((indexer.clone(), store.clone()))),
+            health: health.clone(),
+        };
+        let writer = SledWriter {
             tx,
             indexer,
             health,
-            store: Arc::new(store),
-        })
+            store,
+            log,
+        };
+        Ok((Writer::new(Arc::new(writer)), attach))
     }
+}
 
+impl EarlyAttach {
     /// Give a writer started early its store, now open, and the hook that hands new events to
     /// the dispatcher: the indexer indexes what was logged meanwhile, hands it on, and goes on
-    /// as after [`start`](Writer::start).
+    /// as after [`SledWriter::start`].
     pub fn attach(&self, store: SledStore, durable: Durable) {
-        self.store.send_replace(Some(store.clone()));
-        if self
-            .indexer
+        let writer = self.writer.lock().ok().and_then(|mut w| w.take());
+        let Some((indexer, stores)) = writer else {
+            tracing::error!("a writer attached twice; the second store is left alone");
+            return;
+        };
+        stores.sled.send_replace(Some(store.clone()));
+        stores.port.send_replace(Some(Arc::new(store.clone())));
+        if indexer
             .send(ToIndexer::Attach(Box::new((store, durable))))
             .is_err()
         {
@@ -190,63 +252,46 @@ impl Writer {
             self.health.index.store(false, Ordering::Relaxed);
         }
     }
+}
 
-    /// The store, once attached (at once after [`start`](Writer::start)).
-    pub async fn store(&self) -> Result<crate::Store, WriterError> {
-        let mut rx = self.store.subscribe();
-        let store = rx
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| WriterError::Stopped)?;
-        let store = store.clone().ok_or(WriterError::Stopped)?;
-        Ok(std::sync::Arc::new(store))
+impl IntakeWriter for SledWriter {
+    fn accept(&self, job: AcceptJob, reply: IntakeReply<Accepted>) {
+        // A stopped writer drops the job and its reply: the caller hears it stopped.
+        let _ = self.tx.send(Job::Accept(job, reply));
     }
 
-    /// Whether the store is attached (an early start's sled is open).
-    #[cfg(test)]
-    fn has_store(&self) -> bool {
-        self.store.borrow().is_some()
+    fn flush(&self, reply: IntakeReply<()>) {
+        let _ = self.tx.send(Job::Flush(reply));
     }
 
-    /// Store a delivery; returns once it is durable.
-    pub async fn accept(&self, job: AcceptJob) -> Result<Accepted, WriterError> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Accept(job, tx))
-            .map_err(|_| WriterError::Stopped)?;
-        rx.await.map_err(|_| WriterError::Stopped)?
-    }
-
-    /// Wait until everything written to the store before this call is on disk.
-    pub async fn flush(&self) -> Result<(), WriterError> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Job::Flush(tx))
-            .map_err(|_| WriterError::Stopped)?;
-        rx.await.map_err(|_| WriterError::Stopped)?
-    }
-
-    /// Wait until what the caller itself wrote to the store (in a transaction or a plain write
-    /// that returned before this call) is on disk: one `Db::flush` by the indexer, which it shares
-    /// with every flush asked for meanwhile. Unlike [`flush`](Self::flush) it does not go through
-    /// the writer and the syncer (two thread hops), so it is not ordered after the deliveries
-    /// accepted before it: for a fold's decisions, not for anything the writer wrote.
-    pub async fn flush_own(&self) -> Result<(), WriterError> {
-        let (tx, rx) = oneshot::channel();
+    /// One `Db::flush` by the indexer, which it shares with every flush asked for meanwhile,
+    /// without the writer and the syncer (two thread hops).
+    fn flush_own(&self, reply: IntakeReply<()>) {
         let waiters = FlushWaiters {
-            flushes: vec![tx],
+            flushes: vec![reply],
             replies: Vec::new(),
         };
-        if self.indexer.send(ToIndexer::Flush(waiters)).is_err() {
+        if let Err(std::sync::mpsc::SendError(ToIndexer::Flush(mut waiters))) =
+            self.indexer.send(ToIndexer::Flush(waiters))
+        {
             // No indexer (it failed to start, or stopped): the writer's way.
-            return self.flush().await;
+            if let Some(reply) = waiters.flushes.pop() {
+                self.flush(reply);
+            }
         }
-        rx.await.map_err(|_| WriterError::Stopped)?
     }
 
     /// False after a write or sync failed, until one succeeds again.
-    pub fn is_healthy(&self) -> bool {
+    fn is_healthy(&self) -> bool {
         self.health.log.load(Ordering::Relaxed) && self.health.index.load(Ordering::Relaxed)
+    }
+
+    fn store(&self) -> tokio::sync::watch::Receiver<Option<Store>> {
+        self.store.port.subscribe()
+    }
+
+    fn handed_over(&self) -> Option<u64> {
+        self.log.all_indexed().then(|| self.log.handed_over())
     }
 }
 
@@ -423,7 +468,7 @@ fn fill_group(group: &mut Group, accepts: Vec<PendingAccept>, checked: Checked) 
                     seq: *seq,
                     partition: partition.clone(),
                     // Known once the syncer queues the frames.
-                    at: LogPosition::default(),
+                    at: Cursor::START,
                     received_at,
                     event: ev.event,
                 }
@@ -492,7 +537,7 @@ impl Backlog {
         log.release(&self.groups);
         self.groups.clear();
         if handing_on {
-            durable(events, to);
+            durable(events, to.into());
         }
         Ok(())
     }
@@ -569,7 +614,14 @@ fn index_loop(
             &health,
             &waiting,
         );
-        disk_was_writable = judge_index_round(indexed, store, disk_was_writable);
+        match judge_index_round(indexed, store, disk_was_writable) {
+            Ok(writable) => disk_was_writable = writable,
+            // Reported; the indexer stops (the daemon ends for a restart).
+            Err(_) => {
+                health.stuck.report();
+                break;
+            }
+        }
     }
     finish_indexing(backlog, waiters, attached);
 }
@@ -646,15 +698,15 @@ fn index_round(
 }
 
 /// After a round: whether it failed on a disk that takes writes (probed); a second disk failure
-/// once it does means sled is stuck: the store is reported stuck (the daemon exits for a
-/// restart).
+/// once it does means sled is stuck ([`StoreError::Stuck`](super::StoreError::Stuck): the daemon
+/// exits for a restart).
 fn judge_index_round(
     indexed: Result<(), super::StoreError>,
     store: &SledStore,
     disk_was_writable: bool,
-) -> bool {
+) -> Result<bool, super::StoreError> {
     match indexed {
-        Ok(()) => false,
+        Ok(()) => Ok(false),
         Err(e) if disk_was_writable && e.is_disk_failure() => {
             // sled 0.34 keeps the first I/O error of its log writer and returns it from
             // every later call: a store that once hit a full disk stays failed after space
@@ -667,10 +719,10 @@ fn judge_index_round(
                 "the store still fails although its disk takes writes again; exiting so a \
                  restart reopens it"
             );
-            store.stuck(STORE_STUCK_EXIT);
+            Err(super::StoreError::Stuck)
         }
-        Err(e) if e.is_disk_failure() => store.dir_takes_writes(),
-        Err(_) => false,
+        Err(e) if e.is_disk_failure() => Ok(store.takes_writes()),
+        Err(_) => Ok(false),
     }
 }
 
@@ -713,7 +765,7 @@ fn locate(events: &mut [NewEvent], group: &Unindexed) {
             }
         };
         if let Some(at) = at {
-            event.at = at;
+            event.at = at.into();
         }
     }
 }
@@ -888,6 +940,7 @@ fn flush_attached(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::*;
     use model::webhook::parse_delivery;
     use std::sync::Mutex;
 
@@ -895,6 +948,7 @@ mod tests {
         Arc::new(Health {
             log: AtomicBool::new(true),
             index: AtomicBool::new(index),
+            stuck: crate::Stuck::new().0,
         })
     }
 
@@ -948,12 +1002,13 @@ mod tests {
     async fn flushes_and_quarantined_deliveries_are_answered_after_sleds_file_is_synced() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(&dir.path().join("store"), 8 * 1024 * 1024).expect("open");
-        let writer = Writer::start(
+        let writer = SledWriter::start(
             store.clone(),
             WriterHooks {
                 observe: Box::new(|_, _| {}),
                 durable: Box::new(|_, _| {}),
             },
+            crate::Stuck::new().0,
         )
         .expect("start");
         let before = store.file_syncs();
@@ -1006,7 +1061,7 @@ mod tests {
         // The indexer hands events on after their checkpoint, on its own thread.
         let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
         let handed_tx = Mutex::new(handed_tx);
-        let writer = Writer::start(
+        let writer = SledWriter::start(
             store.clone(),
             WriterHooks {
                 observe: Box::new(|_, _| {}),
@@ -1017,6 +1072,7 @@ mod tests {
                     }
                 }),
             },
+            crate::Stuck::new().0,
         )
         .expect("start");
         let mut tasks = Vec::new();
@@ -1122,7 +1178,9 @@ mod tests {
             ),
             "nobody else opens the store meanwhile"
         );
-        let writer = Writer::start_early(log.clone(), Box::new(|_, _| {})).expect("start");
+        let (writer, attach) =
+            SledWriter::start_early(log.clone(), Box::new(|_, _| {}), crate::Stuck::new().0)
+                .expect("start");
         assert!(!writer.has_store());
 
         // Answered with sled closed: new, a duplicate of a logged event, a re-send in flight.
@@ -1161,7 +1219,7 @@ mod tests {
         );
         let (handed_tx, handed_rx) = std::sync::mpsc::channel::<u64>();
         let handed_tx = Mutex::new(handed_tx);
-        writer.attach(
+        attach.attach(
             store.clone(),
             Box::new(move |events, _| {
                 let tx = handed_tx.lock().expect("lock");
