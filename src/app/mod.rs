@@ -399,7 +399,9 @@ impl Application {
 /// stop waits for.
 struct Running {
     shared: web::Data<Ops>,
-    agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+    agent_api: web::Data<crate::helpdesk::agent_api::AgentApi>,
+    /// The command path the agent API, the console and the desks' webhooks share.
+    commands: Arc<crate::helpdesk::commands::Commands>,
     intake: web::Data<crate::intake::Intake>,
     writer: Writer,
     /// The webhook tokens in force, and whether this start generated the one.
@@ -491,16 +493,23 @@ impl Application {
             config.server.trusted_proxies.clone(),
             config.server.proxy_header,
         );
-        let agent_api = web::Data::new(crate::helpdesk::api::AgentApi::new(
-            config.helpdesk.clone(),
+        let commands = Arc::new(crate::helpdesk::commands::Commands::new(
+            crate::helpdesk::commands::Settings::of(&config.helpdesk),
+            store.clone(),
+            writer.clone(),
             pipeline.verdicts.clone(),
-            metrics,
-            crate::helpdesk::api::Links {
+            Arc::new(crate::helpdesk::idempotency::InProgress::with_gauge(
+                metrics.helpdesk_calls_in_progress.clone(),
+            )),
+        ));
+        let agent_api = web::Data::new(crate::helpdesk::agent_api::AgentApi::new(
+            &config.helpdesk,
+            crate::helpdesk::agent_api::Links {
                 store: store.clone(),
-                writer: writer.clone(),
                 upstream: upstream.clone(),
                 proxies: proxies.clone(),
                 body_read_timeout: config.server.body_read_timeout,
+                commands: commands.clone(),
             },
         ));
         let shared = web::Data::new(Ops {
@@ -524,6 +533,7 @@ impl Application {
         Ok(Running {
             shared,
             agent_api,
+            commands,
             intake,
             writer,
             webhook_token,
@@ -752,7 +762,8 @@ impl Application {
                 &running.shared,
                 web::Data::new(crate::console::Console::new(
                     running.shared.clone(),
-                    running.agent_api.clone(),
+                    running.commands.clone(),
+                    self.upstream.handle.clone(),
                     &config.admin,
                 )),
                 self.body_budget.clone(),
@@ -991,7 +1002,10 @@ fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
     let console = (crate::console::PREFIX.to_owned(), crate::console::MAX_BODY);
     crate::body_budget::RouteCaps::new(vec![admin, console])
         .handled_by_route(&config.webhook.path, config.webhook.max_body_bytes)
-        .handled_by_route(crate::helpdesk::api::PREFIX, crate::helpdesk::api::MAX_BODY)
+        .handled_by_route(
+            crate::helpdesk::agent_api::PREFIX,
+            crate::helpdesk::agent_api::MAX_BODY,
+        )
 }
 
 /// A failure of the data directory, named by its configured path.

@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener};
 /// The public server's handler states and the budget every listener shares.
 pub(super) struct PublicData {
     pub(super) shared: web::Data<Ops>,
-    pub(super) agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+    pub(super) agent_api: web::Data<crate::helpdesk::agent_api::AgentApi>,
     pub(super) intake: web::Data<Intake>,
     pub(super) body_budget: web::Data<BodyBudget>,
 }
@@ -50,7 +50,7 @@ pub(super) fn public_server(
                     crate::ops::admin_routes(cfg);
                 }
             })
-            .service(crate::helpdesk::api::scope())
+            .service(crate::helpdesk::agent_api::scope())
             .default_service(web::to(api_error::not_found))
     })
     .workers(workers)

@@ -343,7 +343,7 @@ fn summary(s: &engine::state::ConversationState) -> Vec<(&'static str, String)> 
 
 /// The newest messages, from the Open API (a failure is said, not fatal).
 async fn messages(console: &Console, id: &str) -> (Vec<(String, String, String)>, Option<String>) {
-    match crate::helpdesk::api::transcript(&console.agent_api, id, MESSAGES).await {
+    match crate::helpdesk::agent_api::transcript(&console.upstream, id, MESSAGES).await {
         Ok(Value::Array(list)) => {
             let rows = list
                 .iter()
