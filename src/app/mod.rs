@@ -94,13 +94,23 @@ pub fn rule_set(
         .map(Some)
 }
 
-/// `rules.settings` as JSON values, for the rule loader.
+/// `rules.settings` as JSON values, for the rule loader. With the shipped rules and a help desk
+/// configured (an endpoint, or Chatwoot), `notify_helpdesk` is on unless set: configuring a desk
+/// is all it takes for handoffs to reach it.
 pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(&config.rules.settings) {
+    let mut map = match serde_json::to_value(&config.rules.settings) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
+    };
+    if config.rules.dir.is_empty() && config.helpdesk.has_desk() {
+        map.entry(NOTIFY_HELPDESK)
+            .or_insert(serde_json::Value::Bool(true));
     }
+    map
 }
+
+/// The shipped rules' switch that tells the help desks of handoffs (rules/settings.toml).
+const NOTIFY_HELPDESK: &str = "notify_helpdesk";
 
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
 /// before anything is touched.
@@ -1165,5 +1175,39 @@ async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiv
                 .store_bytes
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("bridge.toml");
+        std::fs::write(&path, toml).expect("write");
+        Config::load_from(Some(&path), Vec::new(), &Default::default()).expect("config")
+    }
+
+    #[test]
+    fn a_configured_desk_turns_the_shipped_rules_notifications_on_unless_set() {
+        let none = config("");
+        assert!(!settings_overrides(&none).contains_key(NOTIFY_HELPDESK));
+        let desk = r#"
+[helpdesk.chatwoot]
+url = "https://chat.example.com"
+account_id = 1
+inbox_id = 2
+api_token = "t0ken-0123456789"
+webhook_secret = "s3cret-0123456789"
+"#;
+        let on = config(desk);
+        assert_eq!(settings_overrides(&on)[NOTIFY_HELPDESK], true);
+        let off = config(&format!(
+            "[rules.settings]\nnotify_helpdesk = false\n{desk}"
+        ));
+        assert_eq!(settings_overrides(&off)[NOTIFY_HELPDESK], false);
+        // The shipped set compiles with it.
+        assert!(rule_set(&on).expect("rules").is_some());
     }
 }
