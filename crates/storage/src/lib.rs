@@ -16,6 +16,7 @@ pub mod backup;
 pub mod dedupe;
 mod derived;
 pub mod desk;
+pub mod desk_links;
 mod durable;
 pub mod eventlog;
 mod history;

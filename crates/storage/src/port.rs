@@ -9,6 +9,7 @@
 //! are `dyn`), so backends are chosen at start, not compiled in.
 
 use crate::desk::{DeskCursor, DeskPage};
+use crate::desk_links::DeskLinks;
 use crate::eventlog::LogPosition;
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
@@ -44,6 +45,7 @@ pub trait Storage:
     + OperatorLog
     + Retention
     + Lifecycle
+    + DeskLinks
     + Send
     + Sync
 {
@@ -59,6 +61,7 @@ impl<T> Storage for T where
         + OperatorLog
         + Retention
         + Lifecycle
+        + DeskLinks
         + Send
         + Sync
 {
