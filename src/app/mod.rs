@@ -412,6 +412,8 @@ struct Running {
     agent_api: web::Data<crate::helpdesk::agent_api::AgentApi>,
     /// The command path the agent API, the console and the desks' webhooks share.
     commands: Arc<crate::helpdesk::commands::Commands>,
+    /// Chatwoot's webhook, when the connector is configured.
+    chatwoot_hook: Option<web::Data<crate::helpdesk::chatwoot::webhook::ChatwootHook>>,
     intake: web::Data<crate::intake::Intake>,
     writer: Writer,
     /// The webhook tokens in force, and whether this start generated the one.
@@ -454,6 +456,8 @@ struct Pipeline {
     writer: Writer,
     dispatch: DispatchHandle,
     executor: crate::outbox::ExecutorHandle,
+    /// The Chatwoot connector's view (health, links), when it is configured.
+    chatwoot: Option<crate::helpdesk::chatwoot::ChatwootView>,
     verdicts: Arc<crate::helpdesk::commands::Waiters>,
     executor_task: tokio::sync::oneshot::Receiver<()>,
     dispatcher: tokio::task::JoinHandle<()>,
@@ -512,6 +516,18 @@ impl Application {
                 metrics.helpdesk_calls_in_progress.clone(),
             )),
         ));
+        let chatwoot_hook = match config.helpdesk.chatwoot.enabled() {
+            true => Some(web::Data::new(
+                crate::helpdesk::chatwoot::webhook::ChatwootHook::new(
+                    &config.helpdesk.chatwoot,
+                    commands.clone(),
+                    (store.clone(), metrics.clone()),
+                    config.server.body_read_timeout,
+                )
+                .map_err(AppError::Upstream)?,
+            )),
+            false => None,
+        };
         let agent_api = web::Data::new(crate::helpdesk::agent_api::AgentApi::new(
             &config.helpdesk,
             crate::helpdesk::agent_api::Links {
@@ -539,11 +555,13 @@ impl Application {
             reconcile: background.sweeper,
             backfill: background.backfill,
             pruner: background.pruner,
+            chatwoot: pipeline.chatwoot.clone(),
         });
         Ok(Running {
             shared,
             agent_api,
             commands,
+            chatwoot_hook,
             intake,
             writer,
             webhook_token,
@@ -664,14 +682,21 @@ impl Application {
         .map_err(AppError::Upstream)?;
         // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
         helpdesk.queue = Arc::new(store.clone());
+        let chatwoot = if config.helpdesk.chatwoot.enabled() {
+            let (target, view) = crate::helpdesk::chatwoot::Chatwoot::start(
+                &config.helpdesk,
+                (&self.trust, Some(self.tls_observer.clone())),
+                store.clone(),
+                metrics.clone(),
+            )
+            .map_err(AppError::Upstream)?;
+            helpdesk.add(target);
+            Some(view)
+        } else {
+            None
+        };
         if helpdesk.is_configured() {
-            let names: Vec<&str> = config
-                .helpdesk
-                .endpoints
-                .iter()
-                .map(|e| e.name.as_str())
-                .collect();
-            tracing::info!(endpoints = ?names, "help-desk events go to the configured endpoints");
+            tracing::info!(targets = ?helpdesk.names(), "help-desk events go to the configured desks");
         }
         let upstream = &self.upstream.handle;
         let (executor, executor_tasks) = crate::outbox::start(
@@ -727,6 +752,7 @@ impl Application {
             writer,
             dispatch,
             executor,
+            chatwoot,
             verdicts,
             executor_task,
             dispatcher,
@@ -802,6 +828,7 @@ impl Application {
         let data = servers::PublicData {
             shared: running.shared.clone(),
             agent_api: running.agent_api.clone(),
+            chatwoot: running.chatwoot_hook.clone(),
             intake: running.intake.clone(),
             body_budget: self.body_budget.clone(),
         };
@@ -1010,12 +1037,17 @@ fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
         crate::ops::admin::MAX_BODY,
     );
     let console = (crate::console::PREFIX.to_owned(), crate::console::MAX_BODY);
-    crate::body_budget::RouteCaps::new(vec![admin, console])
+    let caps = crate::body_budget::RouteCaps::new(vec![admin, console])
         .handled_by_route(&config.webhook.path, config.webhook.max_body_bytes)
         .handled_by_route(
             crate::helpdesk::agent_api::PREFIX,
             crate::helpdesk::agent_api::MAX_BODY,
-        )
+        );
+    use crate::helpdesk::chatwoot::webhook as chatwoot;
+    match config.helpdesk.chatwoot.enabled() {
+        true => caps.handled_by_route(chatwoot::PATH, chatwoot::MAX_BODY),
+        false => caps,
+    }
 }
 
 /// A failure of the data directory, named by its configured path.

@@ -14,6 +14,7 @@
 
 pub mod agent_api;
 pub mod auth;
+pub mod chatwoot;
 pub mod commands;
 pub mod contract;
 pub mod events;

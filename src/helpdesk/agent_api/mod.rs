@@ -204,7 +204,7 @@ async fn run(
         None => None,
     };
     let body = match payload {
-        Some(p) => match read_body(req, p, shared.body_read_timeout).await {
+        Some(p) => match read_body(req, p, MAX_BODY, shared.body_read_timeout).await {
             Ok(b) => b,
             Err(e) => return respond(e.into(), false),
         },
@@ -229,12 +229,13 @@ async fn run(
 /// Longest request body.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// Read the body, at most [`MAX_BODY`] bytes, within `timeout` (`server.body_read_timeout`, as
+/// Read the body, at most `limit` bytes, within `timeout` (`server.body_read_timeout`, as
 /// the webhook's): a caller that stops sending gets 408 instead of holding the call open. A
 /// `Content-Length` over the maximum is refused at once, before any of the body is read.
-async fn read_body(
+pub(crate) async fn read_body(
     req: &HttpRequest,
     mut payload: web::Payload,
+    limit: usize,
     timeout: std::time::Duration,
 ) -> Result<web::Bytes, ApiError> {
     use futures_util::StreamExt as _;
@@ -242,7 +243,7 @@ async fn read_body(
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            format!("the body is over {MAX_BODY} bytes"),
+            format!("the body is over {limit} bytes"),
         )
     };
     let claimed = req
@@ -250,14 +251,14 @@ async fn read_body(
         .get(actix_web::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if claimed.is_some_and(|n| n > MAX_BODY as u64) {
+    if claimed.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
     let read = async {
         let mut body = web::BytesMut::new();
         while let Some(chunk) = payload.next().await {
             let chunk = chunk.map_err(|e| convert::invalid_body("body", e.to_string()))?;
-            if body.len() + chunk.len() > MAX_BODY {
+            if body.len() + chunk.len() > limit {
                 return Err(too_large());
             }
             body.extend_from_slice(&chunk);

@@ -81,6 +81,12 @@ impl From<ApiError> for Answer {
 /// A built command: the state it was judged against and the command.
 pub type Built = (ConversationState, Command);
 
+/// One command of a connector's delivery, with its event id (made from the delivery's).
+pub struct Stored {
+    pub event_id: String,
+    pub state: ConversationState,
+    pub command: Command,
+}
 impl Commands {
     pub fn new(
         settings: Settings,
@@ -207,6 +213,38 @@ impl Commands {
         actix_web::web::block(move || f(&commands))
             .await
             .map_err(|_| store_unavailable())?
+    }
+
+    /// Store a connector's commands (in order) as events of their conversations, without waiting
+    /// for their fold. Event ids are the caller's (made from its delivery id), so a delivery
+    /// posted twice is a duplicate. Returns how many were new.
+    pub async fn store(
+        &self,
+        delivery: &str,
+        commands: Vec<Stored>,
+    ) -> Result<usize, storage::writer::WriterError> {
+        let now = self.store.clock().now_millis();
+        let mut events = Vec::with_capacity(commands.len());
+        for c in commands {
+            match command_event(&c.state, c.command, &c.event_id, now) {
+                Ok(event) => events.push(event),
+                Err(e) => {
+                    tracing::error!(error = %e, "a desk's command does not make a valid event")
+                }
+            }
+        }
+        let job = AcceptJob {
+            delivery: DeliveryId::new(delivery),
+            events,
+            invalid: Vec::new(),
+            received_at: now,
+        };
+        Ok(self.writer.accept(job).await?.new.len())
+    }
+
+    /// Make what the writer took durable (a quarantine record written beside it).
+    pub async fn flush(&self) -> Result<(), storage::writer::WriterError> {
+        self.writer.flush().await
     }
 
     /// Store the command as an event of its conversation and answer from the fold's verdict.

