@@ -21,8 +21,8 @@ use std::time::Duration;
 const WEB: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
 const ALICE: (u64, &str) = (5, "Alice");
 
-/// The daemon with `[helpdesk.chatwoot]` pointing at `url`; the token and secret from their
-/// variables; shipped rules, any time of day; `extra` config appended.
+/// The daemon with `[helpdesk.chatwoot]` pointing at `url` (and `extra` keys of it); the token
+/// and secret from their variables; shipped rules, any time of day.
 fn spawn(root: &std::path::Path, url: &str, extra: &str) -> TestApp {
     let config = root.join("bridge.toml");
     std::fs::write(
@@ -36,11 +36,11 @@ transcript_messages = 5
 url = "{url}"
 account_id = {account}
 inbox_id = {inbox}
+{extra}
 
 [outbox.retry]
 base = "50ms"
 cap = "200ms"
-{extra}
 "#,
             account = cw::ACCOUNT,
             inbox = cw::INBOX,
@@ -250,6 +250,224 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
     assert_eq!(body["kind"], "stale", "{body}");
     assert_eq!(
         app.metric(r#"handoff_desk_webhooks_total{connector="chatwoot",kind="agent_message",verdict="relayed"}"#),
+        1.0
+    );
+}
+
+/// The Chatwoot state's incoming (user) messages of `c`, in order.
+fn user_texts(c: &cw::Conversation) -> Vec<String> {
+    c.messages
+        .iter()
+        .filter(|m| m["message_type"] == 0)
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn while_chatwoot_is_unreachable_for_ten_minutes_the_events_wait_then_go_in_order() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    let mut fwd = crate::common::forwarder::Forwarder::start(fake.addr);
+    let app = spawn(tmp.path(), &fwd.url(), "");
+    fwd.close();
+
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.emulator_act(WEB, "say", json!({"text": "first"}));
+    app.emulator_act(WEB, "say", json!({"text": "second"}));
+    app.emulator_delivered();
+    wait_drained(&app);
+    // Ten minutes of daemon time pass (the wait runs out at five: a timed_out goes behind).
+    for _ in 0..10 {
+        app.advance_clock_unsettled("1m");
+        wait_drained(&app);
+    }
+    assert!(fake.calls().is_empty(), "nothing reached Chatwoot");
+    let (status, ready) = app.get("/readyz");
+    assert_eq!(status, 200, "intake goes on: {ready}");
+    let ready: Value = serde_json::from_str(&ready).expect("json");
+    assert_eq!(
+        ready["checks"]["desks"]["chatwoot"], "circuit open",
+        "{ready}"
+    );
+    assert_eq!(
+        app.metric(r#"handoff_circuit_open{destination="chatwoot"}"#),
+        1.0
+    );
+
+    // Back: the next probe goes, the circuit closes, everything goes in order.
+    fwd.open();
+    app.advance_clock_unsettled("20s");
+    let c = poll_until(
+        "the held events carried out",
+        Duration::from_secs(60),
+        || {
+            fake.conversations()
+                .into_iter()
+                .find(|c| c.status == "resolved")
+        },
+    );
+    app.settle();
+    let c = fake.conversation(c.id).expect("conversation");
+    let texts = user_texts(&c);
+    let at = |t: &str| texts.iter().position(|x| x == t);
+    assert!(
+        at("first") < at("second") && at("first").is_some(),
+        "{texts:?}"
+    );
+    // The hand-back's note comes after the user's messages, and the resolve last.
+    let last = c.messages.last().expect("messages");
+    assert_eq!(last["private"], true, "{c:?}");
+    assert!(
+        last["content"]
+            .as_str()
+            .is_some_and(|t| t.contains("in time")),
+        "{last}"
+    );
+    let calls: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.status == 200)
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.method,
+                c.path.split('?').next().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls.first().map(String::as_str),
+        Some("GET /contacts/search")
+    );
+    assert_eq!(
+        calls.last().map(String::as_str),
+        Some(format!("POST /conversations/{}/toggle_status", c.id).as_str())
+    );
+    assert_eq!(
+        app.admin_get("/admin/v1/dead-letters").1["dead_letters"]
+            .as_array()
+            .map_or(0, Vec::len),
+        0
+    );
+}
+
+#[test]
+fn a_refused_token_dead_letters_with_its_reason_and_a_retry_from_the_console_goes_through() {
+    use crate::common::browser::Browser;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    fake.set_token("a-token-nobody-has");
+    let app = spawn(tmp.path(), &fake.url, "");
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let (status, letters) = app.admin_get("/admin/v1/dead-letters");
+    assert_eq!(status, 200, "{letters}");
+    let letters = letters["dead_letters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["reason"], "chatwoot_http_401", "{letters:?}");
+    let seq = letters[0]["entry"]["seq"].as_u64().expect("seq");
+
+    // The console shows it, and says why Chatwoot is not used.
+    let mut b = Browser::new(&app);
+    b.sign_in(ADMIN_TOKEN, "Kim");
+    let outbox = b.get("/console/outbox");
+    assert!(outbox.body.contains("chatwoot_http_401"), "{}", outbox.body);
+    let overview = b.get("/console/");
+    assert!(overview.body.contains("unauthorized"), "{}", overview.body);
+
+    // The token is valid again at Chatwoot: retried from the console, carried out.
+    fake.set_token(cw::TOKEN);
+    let confirm = b.get(&format!("/console/dead-letters/{seq}/retry"));
+    let csrf = confirm.field("csrf", "");
+    let done = b.post(
+        &format!("/console/dead-letters/{seq}/retry"),
+        &[("csrf", &csrf)],
+    );
+    assert_eq!(done.status, 303, "{}", done.body);
+    app.settle();
+    let c = opened(&fake, WEB, 0);
+    assert_eq!(c.status, "open");
+    let (_, letters) = app.admin_get("/admin/v1/dead-letters");
+    assert_eq!(letters["dead_letters"].as_array().map_or(0, Vec::len), 0);
+    let overview = b.get("/console/");
+    assert!(!overview.body.contains("unauthorized"), "{}", overview.body);
+    // The conversation page links to the Chatwoot conversation.
+    let page = b.get(&format!("/console/conversations/{WEB}"));
+    let link = format!(
+        "{}/app/accounts/{}/conversations/{}",
+        fake.url,
+        cw::ACCOUNT,
+        c.id
+    );
+    assert!(page.body.contains(&link), "{}", page.body);
+}
+
+/// POST `body` to `path` without a signature.
+fn post_unsigned(app: &TestApp, path: &str, body: &Value) -> (u16, Value) {
+    app.post_to(
+        &format!("{}{path}", app.base),
+        body.to_string().as_bytes(),
+        Some("application/json"),
+    )
+}
+
+#[test]
+fn a_signed_but_unreadable_delivery_is_quarantined_and_an_unsigned_one_needs_the_path_token() {
+    const PATH_TOKEN: &str = "old-chatwoot-path-token-0123";
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    let app = spawn(
+        tmp.path(),
+        &fake.url,
+        &format!("unsigned_path_token = \"{PATH_TOKEN}\""),
+    );
+    // Signed, but a message without its conversation: quarantined, 200.
+    let broken = json!({"event": "message_created", "id": 1, "message_type": "outgoing"});
+    let (status, body) = cw::deliver(&app, &broken, "d-broken");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("quarantined")),
+        "{body}"
+    );
+    let (_, records) = app.admin_get("/admin/v1/quarantine");
+    assert!(
+        records.to_string().contains("invalid_chatwoot_payload"),
+        "{records}"
+    );
+    // An event the connector does not read: counted, ignored.
+    let (status, body) = cw::deliver(&app, &json!({"event": "contact_created", "id": 3}), "d-c");
+    assert_eq!(
+        (status, body["kind"].as_str()),
+        (200, Some("other_event")),
+        "{body}"
+    );
+    // Unsigned: refused on the signed path, taken on the token's, refused with another token.
+    let typing = json!({"event": "conversation_typing_on"});
+    assert_eq!(
+        post_unsigned(&app, "/helpdesk/chatwoot/webhook", &typing).0,
+        401
+    );
+    let (status, body) = post_unsigned(
+        &app,
+        &format!("/helpdesk/chatwoot/webhook/{PATH_TOKEN}"),
+        &typing,
+    );
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("ignored")),
+        "{body}"
+    );
+    let (status, _) = post_unsigned(
+        &app,
+        "/helpdesk/chatwoot/webhook/not-the-token-0123456",
+        &typing,
+    );
+    assert_eq!(status, 401);
+    assert_eq!(
+        app.metric(r#"handoff_desk_webhooks_total{connector="chatwoot",kind="malformed",verdict="quarantined"}"#),
         1.0
     );
 }

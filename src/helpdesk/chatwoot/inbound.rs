@@ -81,6 +81,9 @@ pub fn decide(
     holder: Option<&DeskAgent>,
     relay_csat: bool,
 ) -> Decision {
+    if let Payload::Other(_) = p {
+        return Decision::ignored("other_event");
+    }
     let ours = match mapped {
         Mapped::No => return Decision::ignored("unmapped"),
         Mapped::Stale => return Decision::ignored("stale"),
