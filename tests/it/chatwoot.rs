@@ -24,6 +24,16 @@ const ALICE: (u64, &str) = (5, "Alice");
 /// The daemon with `[helpdesk.chatwoot]` pointing at `url` (and `extra` keys of it); the token
 /// and secret from their variables; shipped rules, any time of day.
 fn spawn(root: &std::path::Path, url: &str, extra: &str) -> TestApp {
+    spawn_with_env(root, url, extra, &[])
+}
+
+/// [`spawn`] with more environment.
+fn spawn_with_env(
+    root: &std::path::Path,
+    url: &str,
+    extra: &str,
+    more: &[(&str, &str)],
+) -> TestApp {
     let config = root.join("bridge.toml");
     std::fs::write(
         &config,
@@ -61,7 +71,10 @@ cap = "200ms"
                     "false".into(),
                 ),
                 ("HANDOFF_BRIDGE__ADMIN__TEST_CLOCK".into(), "true".into()),
-            ],
+            ]
+            .into_iter()
+            .chain(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+            .collect(),
             args: vec!["--config".into(), config.display().to_string()],
             ..Spawn::default()
         },
@@ -469,5 +482,90 @@ fn a_signed_but_unreadable_delivery_is_quarantined_and_an_unsigned_one_needs_the
     assert_eq!(
         app.metric(r#"handoff_desk_webhooks_total{connector="chatwoot",kind="malformed",verdict="quarantined"}"#),
         1.0
+    );
+}
+
+/// The agent API's listing of `phase` (with the desk token).
+fn queue_ids(app: &TestApp, phase: &str) -> Vec<String> {
+    let mut resp = app
+        .agent
+        .get(format!(
+            "{}/helpdesk/v1/conversations?phase={phase}",
+            app.base
+        ))
+        .header("authorization", format!("Bearer {DESK_TOKEN}"))
+        .call()
+        .expect("queue");
+    let body: Value =
+        serde_json::from_str(&resp.body_mut().read_to_string().unwrap_or_default()).expect("json");
+    body["conversations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+const DESK_TOKEN: &str = "desk-token-for-the-queue-0123";
+
+/// The console overview's figure `name`.
+fn figure(page: &str, name: &str) -> String {
+    let marker = format!("data-figure=\"{name}\">");
+    let at = page
+        .find(&marker)
+        .map(|i| i + marker.len())
+        .expect("figure");
+    page[at..].split('<').next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn a_wait_that_runs_out_leaves_the_queue_timed_out_and_the_queue_console_and_figures_agree() {
+    use crate::common::browser::Browser;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    let app = spawn_with_env(
+        tmp.path(),
+        &fake.url,
+        "",
+        &[("HANDOFF_BRIDGE_HELPDESK_TOKENS", DESK_TOKEN)],
+    );
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let opened = opened(&fake, WEB, 0);
+    assert_eq!(queue_ids(&app, "requested"), [WEB]);
+    let mut b = Browser::new(&app);
+    b.sign_in(ADMIN_TOKEN, "Kim");
+    assert_eq!(figure(&b.get("/console/").body, "waiting"), "1");
+
+    // Five minutes: nobody took it; the rules hand the user back to the bot.
+    app.advance_clock("5m");
+    app.settle();
+    assert!(queue_ids(&app, "requested").is_empty(), "out of the queue");
+    assert_eq!(queue_ids(&app, "bot"), [WEB]);
+    let overview = b.get("/console/").body;
+    assert_eq!(figure(&overview, "waiting"), "0");
+    assert_eq!(figure(&overview, "abandoned-24h"), "1");
+    assert_eq!(
+        app.metric(r#"handoff_queue_exits_total{outcome="timed_out"}"#),
+        1.0
+    );
+    // Chatwoot heard the queue update of the wait and the hand-back, and resolved it.
+    let c = fake.conversation(opened.id).expect("conversation");
+    assert_eq!(c.status, "resolved");
+    let notes: Vec<&str> = c
+        .messages
+        .iter()
+        .filter(|m| m["private"] == true)
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("Still waiting") && n.contains("place in line: 1")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.last().is_some_and(|n| n.contains("in time")),
+        "{notes:?}"
     );
 }

@@ -45,6 +45,7 @@ impl Chatwoot {
             | DeskEventKind::HandoffCancelled
             | DeskEventKind::HandoffEnded => self.hand_back(event, again).await,
             DeskEventKind::HandoffReminder
+            | DeskEventKind::QueueUpdated
             | DeskEventKind::HandoffConnected
             | DeskEventKind::UserBlocked
             | DeskEventKind::UserUnblocked => {
@@ -463,6 +464,7 @@ fn note_text(event: &DeskEvent) -> String {
         DeskEventKind::HandoffEnded => "Handed back to the bot",
         DeskEventKind::HandoffConnected => "Taken by an agent",
         DeskEventKind::HandoffReminder => "Reminder",
+        DeskEventKind::QueueUpdated => "Still waiting",
         DeskEventKind::ConversationMessage => "A message",
         DeskEventKind::UserBlocked => "The user is blocked",
         DeskEventKind::UserUnblocked => "The user is unblocked",
@@ -477,7 +479,13 @@ fn note_text(event: &DeskEvent) -> String {
     {
         text.push_str(&format!("; agent: {agent}"));
     }
-    if let Some(position) = event.payload["queue_position"].as_u64() {
+    let position = &event.payload["queue_position"];
+    if let Some(position) = position.as_u64().map(|p| p.to_string()).or_else(|| {
+        position
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+    }) {
         text.push_str(&format!("; place in line: {position}"));
     }
     text

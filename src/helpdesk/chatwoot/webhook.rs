@@ -198,7 +198,7 @@ fn authenticate(
     };
     if !signature::fresh(&timestamp, now_secs) {
         return Err((
-            "stale",
+            "stale_timestamp",
             unauthorized("X-Chatwoot-Timestamp is more than five minutes from the bridge's clock"),
         ));
     }

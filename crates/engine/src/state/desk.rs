@@ -263,7 +263,8 @@ pub enum DeskPhase {
     Cancelled = b'5',
     /// The agent call ended.
     Ended = b'6',
-    /// With the bot, never handed off.
+    /// With the bot: never handed off, or handed back by the rules before anyone took it (the
+    /// wait ran out, after hours).
     Bot = b'7',
 }
 
@@ -305,7 +306,10 @@ impl DeskPhase {
             _ => false,
         };
         match s.handoff.phase.value {
-            // Not waiting although requested: an accept served this request.
+            // Not waiting although requested: an accept served this request, or the rules
+            // handed the user back to the bot without one.
+            HandoffPhase::Requested if served => DeskPhase::Released,
+            HandoffPhase::Requested if super::queue::handed_back(s) => DeskPhase::Bot,
             HandoffPhase::Requested => DeskPhase::Released,
             HandoffPhase::Bot if served => DeskPhase::Released,
             HandoffPhase::Bot => DeskPhase::Bot,
