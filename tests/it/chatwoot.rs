@@ -257,6 +257,19 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
     let second = opened(&fake, WEB, 1);
     assert_ne!(second.id, first.id);
     assert_eq!(fake.conversation(first.id).expect("c").status, "resolved");
+    let (status, desks) = app.admin_get(&format!("/admin/v1/conversations/{WEB}/desks"));
+    assert_eq!(status, 200, "{desks}");
+    assert_eq!(
+        desks["chatwoot"]["conversation"],
+        second.id.to_string(),
+        "{desks}"
+    );
+    assert_eq!(desks["chatwoot"]["open"], true, "{desks}");
+    assert_eq!(
+        desks["chatwoot"]["earlier"],
+        json!([first.id.to_string()]),
+        "{desks}"
+    );
     // An event of the earlier conversation is stale now.
     let late = cw::agent_reply(first.id, 9200, ALICE, "late");
     let (_, body) = cw::deliver(&app, &late, "d-late");
