@@ -88,52 +88,57 @@ impl ChatwootConfig {
 
     /// Semantic problems: (key, value shown, why). Secrets are never shown.
     pub fn problems(&self) -> Vec<(String, String, String)> {
-        let mut p = Vec::new();
-        let mut add = |key: &str, value: &str, why: &str| {
-            p.push((
-                format!("helpdesk.chatwoot.{key}"),
-                value.to_owned(),
-                why.to_owned(),
-            ));
-        };
+        let mut p = Problems::default();
         if !self.enabled() {
             if !self.api_token.is_empty() || !self.webhook_secret.is_empty() || self.account_id != 0
             {
-                add(
+                p.add(
                     "url",
                     "(not set)",
                     "Chatwoot settings are given but no url: set it to the installation's base \
                      address (https://chat.example.com)",
                 );
             }
-            return p;
+            return p.0;
         }
+        self.where_problems(&mut p);
+        self.secret_problems(&mut p);
+        self.bot_problems(&mut p);
+        p.0
+    }
+
+    /// The address, the account and the inbox.
+    fn where_problems(&self, p: &mut Problems) {
         match self.url.parse::<actix_web::http::Uri>() {
             Ok(uri)
                 if matches!(uri.scheme_str(), Some("http" | "https"))
                     && uri.host().is_some()
                     && !self.url.ends_with('/')
                     && uri.query().is_none() => {}
-            _ => add(
+            _ => p.add(
                 "url",
                 &super::mask_url(&self.url),
                 "must be an http:// or https:// base address, without a trailing slash or query",
             ),
         }
         if self.account_id == 0 {
-            add(
+            p.add(
                 "account_id",
                 "0",
                 "the account's id is required (1 or more)",
             );
         }
         if self.inbox_id == 0 {
-            add(
+            p.add(
                 "inbox_id",
                 "0",
                 "the API inbox's id is required (1 or more)",
             );
         }
+    }
+
+    /// The token and the webhook secret (each once, inline or in a file), the path token.
+    fn secret_problems(&self, p: &mut Problems) {
         for (key, secret, file, env) in [
             (
                 "api_token",
@@ -149,7 +154,7 @@ impl ChatwootConfig {
             ),
         ] {
             if !secret.is_empty() && !file.is_empty() {
-                add(
+                p.add(
                     &format!("{key}_file"),
                     file,
                     &format!("give {key} or {key}_file, not both"),
@@ -157,7 +162,7 @@ impl ChatwootConfig {
             }
             let unsigned = key == "webhook_secret" && !self.unsigned_path_token.is_empty();
             if secret.is_empty() && file.is_empty() && !unsigned {
-                add(
+                p.add(
                     key,
                     "(not set)",
                     &format!("required: set {key}, {env} or {key}_file"),
@@ -171,30 +176,45 @@ impl ChatwootConfig {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
         {
-            add(
+            p.add(
                 "unsigned_path_token",
                 "****",
                 "must be at least 16 characters of A-Z a-z 0-9 - _",
             );
         }
+    }
+
+    /// Each bot's inbox, team and labels.
+    fn bot_problems(&self, p: &mut Problems) {
         for (bot, b) in &self.bots {
             if b.inbox_id == Some(0) {
-                add(&format!("bots.{bot}.inbox_id"), "0", "must be 1 or more");
+                p.add(&format!("bots.{bot}.inbox_id"), "0", "must be 1 or more");
             }
             if b.team_id == Some(0) {
-                add(&format!("bots.{bot}.team_id"), "0", "must be 1 or more");
+                p.add(&format!("bots.{bot}.team_id"), "0", "must be 1 or more");
             }
-            for label in &b.labels {
-                if !valid_label(label) {
-                    add(
-                        &format!("bots.{bot}.labels"),
-                        label,
-                        "a label is 1 to 255 characters of letters, digits, - and _",
-                    );
-                }
+            for label in b.labels.iter().filter(|l| !valid_label(l)) {
+                p.add(
+                    &format!("bots.{bot}.labels"),
+                    label,
+                    "a label is 1 to 255 characters of letters, digits, - and _",
+                );
             }
         }
-        p
+    }
+}
+
+/// Problems of the section: (key under `helpdesk.chatwoot`, value shown, why).
+#[derive(Default)]
+struct Problems(Vec<(String, String, String)>);
+
+impl Problems {
+    fn add(&mut self, key: &str, value: &str, why: &str) {
+        self.0.push((
+            format!("helpdesk.chatwoot.{key}"),
+            value.to_owned(),
+            why.to_owned(),
+        ));
     }
 }
 
