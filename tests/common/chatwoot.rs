@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -117,41 +117,15 @@ impl FakeChatwoot {
 
     /// One request per connection (answered with `connection: close`).
     fn serve(&self, stream: std::net::TcpStream) {
-        let Ok(clone) = stream.try_clone() else {
+        let Some(request) = super::helpdesk::read_request(&stream) else {
             return;
         };
-        let mut reader = BufReader::new(clone);
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut parts = line.split_whitespace();
-        let (method, target) = (
-            parts.next().unwrap_or_default().to_owned(),
-            parts.next().unwrap_or_default().to_owned(),
-        );
-        let mut headers = HashMap::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-            }
-        }
-        let len: usize = headers
-            .get("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        let super::helpdesk::Request {
+            method,
+            target,
+            headers,
+            body,
+        } = request;
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let (status, answer) = self.answer(&method, &target, &headers, &body);
         let text = answer.to_string();
