@@ -582,3 +582,40 @@ fn a_wait_that_runs_out_leaves_the_queue_timed_out_and_the_queue_console_and_fig
         "{notes:?}"
     );
 }
+
+#[test]
+fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_csat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fake = FakeChatwoot::start();
+    let app = spawn(tmp.path(), &fake.url, "relay_csat = true");
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let c = opened(&fake, WEB, 0);
+    let reply = cw::agent_reply(c.id, 9001, ALICE, "Done, anything else?");
+    assert_eq!(cw::deliver(&app, &reply, "d-1").0, 200);
+    assert_eq!(
+        cw::deliver(&app, &cw::status_changed(c.id, "resolved"), "d-2").0,
+        200
+    );
+    app.settle();
+    // `CsatSurveyService`'s template; the webhook's content is the survey text and its link.
+    let link = format!("{}/survey/responses/uuid-{}", fake.url, c.id);
+    let survey = cw::message_created(
+        c.id,
+        json!({"id": 9002, "message_type": "template", "content_type": "input_csat",
+               "content": format!("Please rate this conversation, {link}"),
+               "content_attributes": {"display_type": "emoji"}}),
+    );
+    let (status, body) = cw::deliver(&app, &survey, "d-3");
+    assert_eq!(
+        (status, body["kind"].as_str()),
+        (200, Some("csat")),
+        "{body}"
+    );
+    app.settle();
+    assert!(
+        sent(&app, WEB).iter().any(|t| t.contains(&link)),
+        "{:?}",
+        sent(&app, WEB)
+    );
+}
