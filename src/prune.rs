@@ -45,6 +45,8 @@ pub struct PruneReport {
     pub handoff_hours: u64,
     /// Entries of the console's audit list (past `admin.console_audit_retention`).
     pub console_actions: u64,
+    /// Desk mappings handed back longer than `store.state_retention` ago.
+    pub desk_links: u64,
     /// How long the pass took.
     pub took_ms: u64,
 }
@@ -160,6 +162,8 @@ impl Pruner {
                 ended?;
             }
             if let Some(before) = states_before {
+                // A handed-back conversation's desk mapping goes with its state's retention.
+                report.desk_links = store.prune_desk_links(before, BATCH)?;
                 let ended;
                 (*states, ended) = store
                     .prune_states(before, storage::retention::CHUNK)
@@ -200,6 +204,7 @@ impl Pruner {
             ("quarantine", report.quarantine),
             ("handoff_hours", report.handoff_hours),
             ("console_actions", report.console_actions),
+            ("desk_links", report.desk_links),
         ] {
             m.pruned.with_label_values(&[kind]).inc_by(n);
         }

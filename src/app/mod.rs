@@ -94,13 +94,23 @@ pub fn rule_set(
         .map(Some)
 }
 
-/// `rules.settings` as JSON values, for the rule loader.
+/// `rules.settings` as JSON values, for the rule loader. With the shipped rules and a help desk
+/// configured (an endpoint, or Chatwoot), `notify_helpdesk` is on unless set: configuring a desk
+/// is all it takes for handoffs to reach it.
 pub fn settings_overrides(config: &Config) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::to_value(&config.rules.settings) {
+    let mut map = match serde_json::to_value(&config.rules.settings) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
+    };
+    if config.rules.dir.is_empty() && config.helpdesk.has_desk() {
+        map.entry(NOTIFY_HELPDESK)
+            .or_insert(serde_json::Value::Bool(true));
     }
+    map
 }
+
+/// The shipped rules' switch that tells the help desks of handoffs (rules/settings.toml).
+const NOTIFY_HELPDESK: &str = "notify_helpdesk";
 
 /// The configured rules; loaded before the store opens, so a bad rule file stops the start
 /// before anything is touched.
@@ -399,7 +409,11 @@ impl Application {
 /// stop waits for.
 struct Running {
     shared: web::Data<Ops>,
-    agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+    agent_api: web::Data<crate::helpdesk::agent_api::AgentApi>,
+    /// The command path the agent API, the console and the desks' webhooks share.
+    commands: Arc<crate::helpdesk::commands::Commands>,
+    /// Chatwoot's webhook, when the connector is configured.
+    chatwoot_hook: Option<web::Data<crate::helpdesk::chatwoot::webhook::ChatwootHook>>,
     intake: web::Data<crate::intake::Intake>,
     writer: Writer,
     /// The webhook tokens in force, and whether this start generated the one.
@@ -442,6 +456,8 @@ struct Pipeline {
     writer: Writer,
     dispatch: DispatchHandle,
     executor: crate::outbox::ExecutorHandle,
+    /// The Chatwoot connector's view (health, links), when it is configured.
+    chatwoot: Option<crate::helpdesk::chatwoot::ChatwootView>,
     verdicts: Arc<crate::helpdesk::commands::Waiters>,
     executor_task: tokio::sync::oneshot::Receiver<()>,
     dispatcher: tokio::task::JoinHandle<()>,
@@ -491,16 +507,35 @@ impl Application {
             config.server.trusted_proxies.clone(),
             config.server.proxy_header,
         );
-        let agent_api = web::Data::new(crate::helpdesk::api::AgentApi::new(
-            config.helpdesk.clone(),
+        let commands = Arc::new(crate::helpdesk::commands::Commands::new(
+            crate::helpdesk::commands::Settings::of(&config.helpdesk),
+            store.clone(),
+            writer.clone(),
             pipeline.verdicts.clone(),
-            metrics,
-            crate::helpdesk::api::Links {
+            Arc::new(crate::helpdesk::idempotency::InProgress::with_gauge(
+                metrics.helpdesk_calls_in_progress.clone(),
+            )),
+        ));
+        let chatwoot_hook = match config.helpdesk.chatwoot.enabled() {
+            true => Some(web::Data::new(
+                crate::helpdesk::chatwoot::webhook::ChatwootHook::new(
+                    &config.helpdesk.chatwoot,
+                    commands.clone(),
+                    (store.clone(), metrics.clone()),
+                    config.server.body_read_timeout,
+                )
+                .map_err(AppError::Upstream)?,
+            )),
+            false => None,
+        };
+        let agent_api = web::Data::new(crate::helpdesk::agent_api::AgentApi::new(
+            &config.helpdesk,
+            crate::helpdesk::agent_api::Links {
                 store: store.clone(),
-                writer: writer.clone(),
                 upstream: upstream.clone(),
                 proxies: proxies.clone(),
                 body_read_timeout: config.server.body_read_timeout,
+                commands: commands.clone(),
             },
         ));
         let shared = web::Data::new(Ops {
@@ -520,10 +555,13 @@ impl Application {
             reconcile: background.sweeper,
             backfill: background.backfill,
             pruner: background.pruner,
+            chatwoot: pipeline.chatwoot.clone(),
         });
         Ok(Running {
             shared,
             agent_api,
+            commands,
+            chatwoot_hook,
             intake,
             writer,
             webhook_token,
@@ -644,14 +682,21 @@ impl Application {
         .map_err(AppError::Upstream)?;
         // `handoff.requested` carries the conversation's place in the waiting queue the folds keep.
         helpdesk.queue = Arc::new(store.clone());
+        let chatwoot = if config.helpdesk.chatwoot.enabled() {
+            let (target, view) = crate::helpdesk::chatwoot::Chatwoot::start(
+                &config.helpdesk,
+                (&self.trust, Some(self.tls_observer.clone())),
+                store.clone(),
+                metrics.clone(),
+            )
+            .map_err(AppError::Upstream)?;
+            helpdesk.add(target);
+            Some(view)
+        } else {
+            None
+        };
         if helpdesk.is_configured() {
-            let names: Vec<&str> = config
-                .helpdesk
-                .endpoints
-                .iter()
-                .map(|e| e.name.as_str())
-                .collect();
-            tracing::info!(endpoints = ?names, "help-desk events go to the configured endpoints");
+            tracing::info!(targets = ?helpdesk.names(), "help-desk events go to the configured desks");
         }
         let upstream = &self.upstream.handle;
         let (executor, executor_tasks) = crate::outbox::start(
@@ -709,6 +754,7 @@ impl Application {
             writer,
             dispatch,
             executor,
+            chatwoot,
             verdicts,
             executor_task,
             dispatcher,
@@ -754,7 +800,8 @@ impl Application {
                 &running.shared,
                 web::Data::new(crate::console::Console::new(
                     running.shared.clone(),
-                    running.agent_api.clone(),
+                    running.commands.clone(),
+                    self.upstream.handle.clone(),
                     &config.admin,
                 )),
                 self.body_budget.clone(),
@@ -783,6 +830,7 @@ impl Application {
         let data = servers::PublicData {
             shared: running.shared.clone(),
             agent_api: running.agent_api.clone(),
+            chatwoot: running.chatwoot_hook.clone(),
             intake: running.intake.clone(),
             body_budget: self.body_budget.clone(),
         };
@@ -991,9 +1039,17 @@ fn route_caps(config: &Config) -> crate::body_budget::RouteCaps {
         crate::ops::admin::MAX_BODY,
     );
     let console = (crate::console::PREFIX.to_owned(), crate::console::MAX_BODY);
-    crate::body_budget::RouteCaps::new(vec![admin, console])
+    let caps = crate::body_budget::RouteCaps::new(vec![admin, console])
         .handled_by_route(&config.webhook.path, config.webhook.max_body_bytes)
-        .handled_by_route(crate::helpdesk::api::PREFIX, crate::helpdesk::api::MAX_BODY)
+        .handled_by_route(
+            crate::helpdesk::agent_api::PREFIX,
+            crate::helpdesk::agent_api::MAX_BODY,
+        );
+    use crate::helpdesk::chatwoot::webhook as chatwoot;
+    match config.helpdesk.chatwoot.enabled() {
+        true => caps.handled_by_route(chatwoot::PATH, chatwoot::MAX_BODY),
+        false => caps,
+    }
 }
 
 /// A failure of the data directory, named by its configured path.
@@ -1152,5 +1208,39 @@ async fn store_size_loop(store: Store, metrics: Metrics, mut stop: watch::Receiv
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot measure the store's size"),
             Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("bridge.toml");
+        std::fs::write(&path, toml).expect("write");
+        Config::load_from(Some(&path), Vec::new(), &Default::default()).expect("config")
+    }
+
+    #[test]
+    fn a_configured_desk_turns_the_shipped_rules_notifications_on_unless_set() {
+        let none = config("");
+        assert!(!settings_overrides(&none).contains_key(NOTIFY_HELPDESK));
+        let desk = r#"
+[helpdesk.chatwoot]
+url = "https://chat.example.com"
+account_id = 1
+inbox_id = 2
+api_token = "t0ken-0123456789"
+webhook_secret = "s3cret-0123456789"
+"#;
+        let on = config(desk);
+        assert_eq!(settings_overrides(&on)[NOTIFY_HELPDESK], true);
+        let off = config(&format!(
+            "[rules.settings]\nnotify_helpdesk = false\n{desk}"
+        ));
+        assert_eq!(settings_overrides(&off)[NOTIFY_HELPDESK], false);
+        // The shipped set compiles with it.
+        assert!(rule_set(&on).expect("rules").is_some());
     }
 }

@@ -12,7 +12,9 @@ use std::net::{SocketAddr, TcpListener};
 /// The public server's handler states and the budget every listener shares.
 pub(super) struct PublicData {
     pub(super) shared: web::Data<Ops>,
-    pub(super) agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+    pub(super) agent_api: web::Data<crate::helpdesk::agent_api::AgentApi>,
+    /// Chatwoot's webhook, when the connector is configured.
+    pub(super) chatwoot: Option<web::Data<crate::helpdesk::chatwoot::webhook::ChatwootHook>>,
     pub(super) intake: web::Data<Intake>,
     pub(super) body_budget: web::Data<BodyBudget>,
 }
@@ -31,6 +33,7 @@ pub(super) fn public_server(
     let PublicData {
         shared,
         agent_api,
+        chatwoot,
         intake,
         body_budget,
     } = data;
@@ -50,7 +53,13 @@ pub(super) fn public_server(
                     crate::ops::admin_routes(cfg);
                 }
             })
-            .service(crate::helpdesk::api::scope())
+            .service(crate::helpdesk::agent_api::scope())
+            .configure(|cfg| {
+                if let Some(hook) = &chatwoot {
+                    cfg.app_data(hook.clone());
+                    crate::helpdesk::chatwoot::webhook::routes(cfg);
+                }
+            })
             .default_service(web::to(api_error::not_found))
     })
     .workers(workers)

@@ -42,6 +42,8 @@ pub struct HelpdeskConfig {
     /// One delivery attempt, answer included.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// The Chatwoot connector (off without its `url`).
+    pub chatwoot: super::chatwoot::ChatwootConfig,
 }
 
 /// Partner-messenger counseling channels, so agents address users by conversation, not by
@@ -90,6 +92,11 @@ fn all_events() -> Vec<String> {
 }
 
 impl HelpdeskConfig {
+    /// A desk events go to: an endpoint, or Chatwoot.
+    pub fn has_desk(&self) -> bool {
+        !self.endpoints.is_empty() || self.chatwoot.enabled()
+    }
+
     /// Semantic problems: (key, value shown, why).
     pub fn problems(&self) -> Vec<(String, String, String)> {
         let mut p = Vec::new();
@@ -130,6 +137,7 @@ impl HelpdeskConfig {
                 "must be 0..=100 (one page of the Open API)".into(),
             ));
         }
+        p.extend(self.chatwoot.problems());
         for (bot, key) in &self.partner.bots {
             if key.is_empty() {
                 p.push((

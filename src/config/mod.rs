@@ -1,6 +1,7 @@
 //! Configuration: embedded defaults, then a TOML file, then `HANDOFF_BRIDGE_*` variables, then
 //! flags. Validated once; every problem is reported together, with the key, the value and why.
 
+pub mod chatwoot;
 pub mod helpdesk;
 pub mod legacy;
 pub mod reconcile;
@@ -432,6 +433,14 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_UPSTREAM_URL", "upstream.url"),
     ("HANDOFF_BRIDGE_UPSTREAM_API_KEY", "upstream.api_key"),
     ("HANDOFF_BRIDGE_HELPDESK_TOKENS", "helpdesk.tokens"),
+    (
+        "HANDOFF_BRIDGE_CHATWOOT_API_TOKEN",
+        "helpdesk.chatwoot.api_token",
+    ),
+    (
+        "HANDOFF_BRIDGE_CHATWOOT_WEBHOOK_SECRET",
+        "helpdesk.chatwoot.webhook_secret",
+    ),
 ];
 
 impl Config {
@@ -487,6 +496,24 @@ impl Config {
             if !ep.ca_file.is_empty() {
                 if let Err(e) = upstream::tls::read_ca_file(Path::new(&ep.ca_file)) {
                     bad(&format!("helpdesk.endpoints[{i}].ca_file"), &ep.ca_file, &e);
+                }
+            }
+        }
+        let cw = &self.helpdesk.chatwoot;
+        if cw.enabled() {
+            if let Err(e) = cw.resolve_api_token() {
+                bad("helpdesk.chatwoot.api_token_file", &cw.api_token_file, &e);
+            }
+            if let Err(e) = cw.resolve_webhook_secret() {
+                bad(
+                    "helpdesk.chatwoot.webhook_secret_file",
+                    &cw.webhook_secret_file,
+                    &e,
+                );
+            }
+            if !cw.ca_file.is_empty() {
+                if let Err(e) = upstream::tls::read_ca_file(Path::new(&cw.ca_file)) {
+                    bad("helpdesk.chatwoot.ca_file", &cw.ca_file, &e);
                 }
             }
         }
@@ -663,7 +690,11 @@ impl Layers {
 
 /// The one table whose keys are not known in advance (checked by the rule loader instead).
 /// Tables whose keys are names the config does not know: rule settings, and the agent API's bots.
-const FREE_FORM: &[&str] = &["rules.settings", "helpdesk.partner.bots"];
+const FREE_FORM: &[&str] = &[
+    "rules.settings",
+    "helpdesk.partner.bots",
+    "helpdesk.chatwoot.bots",
+];
 
 /// Deep-merge `src` into `dst`, checking each key and type against the defaults.
 fn merge(
@@ -913,6 +944,9 @@ const SECRET_KEYS: &[&str] = &[
     "upstream.api_key",
     "helpdesk.endpoints",
     "helpdesk.tokens",
+    "helpdesk.chatwoot.api_token",
+    "helpdesk.chatwoot.webhook_secret",
+    "helpdesk.chatwoot.unsigned_path_token",
 ];
 
 /// A deserialization error quotes the value it could not take (`invalid type: string "...",

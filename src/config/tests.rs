@@ -741,3 +741,61 @@ fn state_and_quarantine_retention_load_off_keeps_forever_and_short_values_are_re
     let (_d, path) = write("[store]\nstate_retention = \"168h\"\n");
     Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect("equal is enough");
 }
+
+#[test]
+fn the_chatwoot_section_takes_its_secrets_from_the_environment_and_never_shows_them() {
+    let (_dir, path) = write(
+        r#"
+[helpdesk.chatwoot]
+url = "https://chat.example.com"
+account_id = 1
+inbox_id = 7
+
+[helpdesk.chatwoot.bots.B1]
+inbox_id = 9
+labels = ["vip"]
+"#,
+    );
+    let c = Config::load_from(
+        Some(&path),
+        env(&[
+            ("HANDOFF_BRIDGE_CHATWOOT_API_TOKEN", "cw-token-0123456789"),
+            (
+                "HANDOFF_BRIDGE_CHATWOOT_WEBHOOK_SECRET",
+                "cw-secret-0123456789",
+            ),
+        ]),
+        &Overrides::default(),
+    )
+    .expect("valid");
+    let cw = &c.helpdesk.chatwoot;
+    assert!(cw.enabled());
+    assert_eq!(cw.api_token.expose(), "cw-token-0123456789");
+    assert_eq!(cw.bot(Some("B1")).0, 9);
+    let shown = format!("{}{:?}", c.to_masked_toml(), c);
+    assert!(
+        !shown.contains("cw-token") && !shown.contains("cw-secret"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_bad_chatwoot_section_is_refused_with_every_problem() {
+    let (_dir, path) = write(
+        r#"
+[helpdesk.chatwoot]
+url = "chat.example.com"
+"#,
+    );
+    let err = Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("bad");
+    let keys: Vec<String> = problems(err).into_iter().map(|p| p.key).collect();
+    for key in [
+        "helpdesk.chatwoot.url",
+        "helpdesk.chatwoot.account_id",
+        "helpdesk.chatwoot.inbox_id",
+        "helpdesk.chatwoot.api_token",
+        "helpdesk.chatwoot.webhook_secret",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+    }
+}

@@ -7,7 +7,7 @@ use super::pages::{rules_page, SignInPage};
 use super::session::{self, Session};
 use super::view::Frame;
 use super::{html, see_other, Console, ConsoleError, Signed, PREFIX};
-use crate::helpdesk::api::{console_command, ConsoleCommand};
+use crate::helpdesk::commands::ConsoleCommand;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
@@ -167,7 +167,7 @@ async fn command(
     }
     let what = format!("{name} {id}");
     let key = format!("console:{}", form.key);
-    let (status, body, replayed) = console_command(&console.agent_api, id.clone(), cmd, key).await;
+    let (status, body, replayed) = console.commands.console(id.clone(), cmd, key).await;
     let mut result = command_result(status, &body);
     if replayed {
         result.push_str(" (the same form again: its first answer, nothing done twice)");

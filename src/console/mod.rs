@@ -34,7 +34,10 @@ pub const MAX_BODY: usize = 256 * 1024;
 /// The console's handler state.
 pub struct Console {
     ops: web::Data<crate::ops::Ops>,
-    agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+    /// The command path (the agent API's): accept, reply, release, transfer.
+    commands: std::sync::Arc<crate::helpdesk::commands::Commands>,
+    /// The Open API, for a conversation's transcript.
+    upstream: upstream::handle::UpstreamHandle,
     viewers: crate::intake::auth::TokenSet,
     sessions: Sessions,
 }
@@ -42,12 +45,14 @@ pub struct Console {
 impl Console {
     pub fn new(
         ops: web::Data<crate::ops::Ops>,
-        agent_api: web::Data<crate::helpdesk::api::AgentApi>,
+        commands: std::sync::Arc<crate::helpdesk::commands::Commands>,
+        upstream: upstream::handle::UpstreamHandle,
         config: &crate::config::AdminConfig,
     ) -> Self {
         Console {
             ops,
-            agent_api,
+            commands,
+            upstream,
             viewers: crate::intake::auth::TokenSet::new(config.viewer_tokens.clone()),
             sessions: Sessions::new(config.console_session),
         }

@@ -137,6 +137,12 @@ async fn overview(
             "paused",
         ),
     ];
+    let mut checks = checks;
+    for (name, status) in crate::ops::desks(ops) {
+        let status = status.as_str().unwrap_or_default().to_owned();
+        let ok = status == "ok" || status == "not called yet";
+        checks.push((format!("desk {name}"), status, ok));
+    }
     let circuits = ops
         .executor
         .circuits()
@@ -259,6 +265,8 @@ struct ConversationPage {
     summary: Vec<(&'static str, String)>,
     messages: Vec<(String, String, String)>,
     messages_note: Option<String>,
+    /// Its conversation at each desk: (connector, what, link).
+    desks: Vec<(String, String, Option<String>)>,
     timeline: Vec<TimelineItem>,
     /// A key per form: the console's commands are idempotent per form shown.
     form_key: String,
@@ -288,10 +296,11 @@ async fn conversation(
             return Ok(None);
         };
         let audit = crate::queries::audit_of(&*store, rules.as_ref(), set.as_deref(), &state)?;
-        Ok(Some((state, audit)))
+        let link = store.desk_link(crate::helpdesk::chatwoot::client::NAME, &key)?;
+        Ok(Some((state, audit, link)))
     })
     .await?;
-    let Some((state, audit)) = found else {
+    let Some((state, audit, link)) = found else {
         return Err(ConsoleError::NotFound(format!("no conversation {id}")));
     };
     let (messages, messages_note) = messages(&console, id.as_str()).await;
@@ -301,10 +310,29 @@ async fn conversation(
         summary: summary(&state),
         messages,
         messages_note,
+        desks: desk_rows(&console, link),
         timeline: timeline(&audit),
         form_key: super::session::random_token(),
     };
     Ok(html(StatusCode::OK, page))
+}
+
+/// The conversation at its desks: the Chatwoot conversation (a link to it), open or handed back.
+fn desk_rows(
+    console: &Console,
+    link: Option<storage::desk_links::DeskLink>,
+) -> Vec<(String, String, Option<String>)> {
+    let (Some(view), Some(link)) = (&console.ops.chatwoot, link) else {
+        return Vec::new();
+    };
+    let Some(remote) = link.remote else {
+        return vec![(link.connector, "being opened".into(), None)];
+    };
+    let state = match link.closed_at {
+        Some(at) => format!("conversation {remote}, handed back {}", view::time(at)),
+        None => format!("conversation {remote}, open"),
+    };
+    vec![(link.connector, state, Some(view.conversation_url(&remote)))]
 }
 
 /// The state's summary: phase, agent, manual status, navigation, who and where.
@@ -343,7 +371,7 @@ fn summary(s: &engine::state::ConversationState) -> Vec<(&'static str, String)> 
 
 /// The newest messages, from the Open API (a failure is said, not fatal).
 async fn messages(console: &Console, id: &str) -> (Vec<(String, String, String)>, Option<String>) {
-    match crate::helpdesk::api::transcript(&console.agent_api, id, MESSAGES).await {
+    match crate::helpdesk::agent_api::transcript(&console.upstream, id, MESSAGES).await {
         Ok(Value::Array(list)) => {
             let rows = list
                 .iter()

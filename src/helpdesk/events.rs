@@ -56,12 +56,20 @@ impl QueueSource for storage::Store {
 }
 
 /// The last messages of a conversation, oldest first, as read through the Open API.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Transcript {
-    pub messages: Vec<Value>,
+    pub messages: Vec<model::webhook::model::Message>,
     /// False when the Open API could not be read: the event goes out without (all of) it rather
     /// than keeping a waiting user from the help desk.
     pub complete: bool,
+}
+
+impl Transcript {
+    /// As the body carries it: `{"messages": [...], "complete"}`.
+    fn json(&self) -> Value {
+        let messages: Vec<Value> = self.messages.iter().map(message).collect();
+        json!({ "messages": messages, "complete": self.complete })
+    }
 }
 
 /// Everything a body is made of.
@@ -81,9 +89,9 @@ pub struct Source<'a> {
     /// Whatever else the rule put in (`payload`), passed through.
     pub payload: &'a Value,
     /// `conversation.message`: the message as the service reported it.
-    pub message: Option<Value>,
+    pub message: Option<&'a model::webhook::model::Message>,
     /// `handoff.requested`: the context packet's transcript and queue standing.
-    pub transcript: Option<Transcript>,
+    pub transcript: Option<&'a Transcript>,
     pub queue: Option<QueueInfo>,
 }
 
@@ -118,11 +126,11 @@ pub fn body(source: &Source<'_>) -> Value {
     if !source.payload.is_null() {
         data.insert("payload".into(), source.payload.clone());
     }
-    if let Some(message) = &source.message {
-        data.insert("message".into(), message.clone());
+    if let Some(m) = source.message {
+        data.insert("message".into(), message(m));
     }
     if let Some(transcript) = &source.transcript {
-        data.insert("transcript".into(), json!(transcript));
+        data.insert("transcript".into(), transcript.json());
     }
     if let Some(queue) = &source.queue {
         data.insert("queue".into(), json!(queue));
@@ -197,6 +205,14 @@ mod tests {
         let mut state = ConversationState::new(id.clone());
         state.params.value.insert("orderNo".into(), json!("A-7"));
         let payload = json!({ "team": "billing" });
+        let transcript = Transcript {
+            messages: vec![serde_json::from_value(json!({
+                "id": "m1", "conversationId": "c1", "isUser": true,
+                "data": { "type": "text", "text": "hi" }
+            }))
+            .expect("message")],
+            complete: true,
+        };
         let source = Source {
             kind: "handoff.requested",
             occurred_at: 1_763_690_402_211,
@@ -209,10 +225,7 @@ mod tests {
             reason: Some("user asked"),
             payload: &payload,
             message: None,
-            transcript: Some(Transcript {
-                messages: vec![json!({ "id": "m1" })],
-                complete: true,
-            }),
+            transcript: Some(&transcript),
             queue: Some(QueueInfo::default()),
         };
         let body = body(&source);

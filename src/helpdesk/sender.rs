@@ -1,19 +1,24 @@
-//! Delivering one event to the help desks: sign, POST, and judge the answer. The outbox decides
-//! when to try again (`outbox::Runner`); this makes single attempts, so an unreachable help desk
+//! The generic connector's outbound side: each `[[helpdesk.endpoints]]` entry a [`DeskTarget`]
+//! that signs the event's Standard Webhooks body and POSTs it; and [`Desks`], every target the
+//! configuration names (these endpoints, and a connector such as Chatwoot). The outbox decides
+//! when to try again (`outbox::Runner`); a target makes single attempts, so an unreachable desk
 //! holds no executor slot while it waits.
 
 use super::events::pattern_matches;
+use super::port::{judge, DeskEvent, DeskTarget};
 use super::signing::{self, SigningKey};
 use super::{NoQueue, QueueSource};
 use crate::config::HelpdeskConfig;
+use futures_util::future::BoxFuture;
+use model::helpdesk::DeskEventKind;
 use std::sync::Arc;
-use std::time::Duration;
 use upstream::handle::TransportHandle;
-use upstream::retry::parse_retry_after;
-use upstream::transport::{RawRequest, Transport, TransportError};
+use upstream::transport::{RawRequest, Transport};
 
-/// One configured help desk, its secrets decoded, and its own client (its own TLS trust).
-struct Endpoint<T> {
+pub use super::port::DeskError;
+
+/// One configured endpoint, its secrets decoded, and its own client (its own TLS trust).
+pub struct Endpoint<T> {
     name: String,
     url: String,
     keys: Vec<SigningKey>,
@@ -21,187 +26,157 @@ struct Endpoint<T> {
     http: Option<T>,
 }
 
-/// Why an attempt failed. Names the endpoint by its configured name, never its URL (which may
-/// carry credentials).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DeskError {
-    /// A 4xx other than 408/425/429 (or a redirect): the help desk will not take it as it is.
-    #[error("help desk {endpoint} refused the event: HTTP {status}")]
-    Refused { endpoint: String, status: u16 },
-    /// Down, slow, overloaded: worth another attempt later.
-    #[error("help desk {endpoint} is unavailable ({cause})")]
-    Unavailable {
-        endpoint: String,
-        /// `http_<status>`, `connect`, `timeout` or `transport`.
-        cause: String,
-        retry_after: Option<Duration>,
-    },
-    /// Its TLS handshake failed (certificate not trusted, expired, for another name...): tried
-    /// again later like a connect failure, the certificate may be fixed meanwhile.
-    #[error("help desk {endpoint}: {failure}")]
-    Tls {
-        endpoint: String,
-        failure: upstream::tls::TlsFailure,
-    },
-}
-
-impl DeskError {
-    /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`, `tls`.
-    pub fn outcome(&self) -> String {
-        match self {
-            DeskError::Refused { status, .. } => format!("http_{status}"),
-            DeskError::Unavailable { cause, .. } => cause.clone(),
-            DeskError::Tls { .. } => "tls".into(),
-        }
-    }
-}
-
-/// The help desks and how to reach them. Generic over the transport so tests can script answers.
-pub struct Desks<T = TransportHandle> {
-    endpoints: Vec<Endpoint<T>>,
+/// The help desks: every target events go to, and what the events carry. Tests build their own
+/// targets.
+pub struct Desks {
+    targets: Vec<Arc<dyn DeskTarget>>,
     pub transcript_messages: u32,
     pub bot_messages: bool,
     /// Position and expected wait of a waiting conversation.
     pub queue: Arc<dyn QueueSource>,
 }
 
-impl Desks<TransportHandle> {
-    /// From the validated `[helpdesk]` configuration; starts one HTTP client thread per
-    /// endpoint (none without endpoints), each trusting the platform's roots (`trust`) and its
-    /// `ca_file`. A failed TLS handshake is logged and told to `observer`.
+impl Desks {
+    /// From the validated `[helpdesk]` configuration: one HTTP client thread per endpoint
+    /// (none without endpoints), each trusting the platform's roots (`trust`) and its `ca_file`.
+    /// A failed TLS handshake is logged and told to `observer`.
     pub fn start(
         config: &HelpdeskConfig,
         trust: &upstream::tls::Trust,
         observer: Option<upstream::tls::TlsObserver>,
     ) -> Result<Self, String> {
-        let mut http = Vec::new();
+        let mut targets: Vec<Arc<dyn DeskTarget>> = Vec::new();
         for (i, ep) in config.endpoints.iter().enumerate() {
             let tls = upstream::tls::ClientTls::new(trust, &ep.ca_file, &ep.name, observer.clone())
                 .map_err(|e| format!("helpdesk.endpoints[{i}].ca_file: {e}"))?;
-            http.push(Some(TransportHandle::start(
-                config.connect_timeout,
-                config.timeout,
-                tls,
-            )?));
+            let http = TransportHandle::start(config.connect_timeout, config.timeout, tls)?;
+            targets.push(Arc::new(Endpoint::new(config, i, Some(http))?));
         }
-        Self::build(config, http)
-    }
-}
-
-impl<T: Transport> Desks<T> {
-    /// Every endpoint sends through (a clone of) `http`; `None`: nothing to send with.
-    pub fn with_transport(config: &HelpdeskConfig, http: Option<T>) -> Result<Self, String>
-    where
-        T: Clone,
-    {
-        Self::build(
-            config,
-            config.endpoints.iter().map(|_| http.clone()).collect(),
-        )
+        Ok(Self::with_targets(config, targets))
     }
 
-    /// `http[i]` is the client of the `i`th endpoint.
-    fn build(config: &HelpdeskConfig, http: Vec<Option<T>>) -> Result<Self, String> {
-        let mut endpoints = Vec::new();
-        for ((i, ep), http) in config.endpoints.iter().enumerate().zip(http) {
-            let keys = ep
-                .secrets
-                .iter()
-                .enumerate()
-                .map(|(j, s)| {
-                    SigningKey::from_secret(s)
-                        .map_err(|e| format!("helpdesk.endpoints[{i}].secrets[{j}]: {e}"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            endpoints.push(Endpoint {
-                name: ep.name.clone(),
-                url: ep.url.expose().to_owned(),
-                keys,
-                events: ep.events.clone(),
-                http,
-            });
-        }
-        Ok(Desks {
-            endpoints,
+    /// The desks of `config` with these targets.
+    pub fn with_targets(config: &HelpdeskConfig, targets: Vec<Arc<dyn DeskTarget>>) -> Self {
+        Desks {
+            targets,
             transcript_messages: config.transcript_messages,
             bot_messages: config.bot_messages,
             queue: Arc::new(NoQueue),
+        }
+    }
+
+    /// Add a target (a connector).
+    pub fn add(&mut self, target: Arc<dyn DeskTarget>) {
+        self.targets.push(target);
+    }
+
+    /// Any desk to send to.
+    pub fn is_configured(&self) -> bool {
+        !self.targets.is_empty() && self.targets.iter().all(|t| t.ready())
+    }
+
+    /// Every target's destination, in configuration order.
+    pub fn destinations(&self) -> Vec<String> {
+        self.targets.iter().map(|t| t.destination()).collect()
+    }
+
+    /// Every target's name, in configuration order.
+    pub fn names(&self) -> Vec<&str> {
+        self.targets.iter().map(|t| t.name()).collect()
+    }
+
+    /// The targets that take `kind`, in configuration order.
+    pub fn targets(&self, kind: DeskEventKind) -> Vec<Arc<dyn DeskTarget>> {
+        self.targets
+            .iter()
+            .filter(|t| t.takes(kind))
+            .cloned()
+            .collect()
+    }
+}
+
+impl<T> Endpoint<T> {
+    /// The `i`th endpoint of `config`, sending through `http` (`None`: nothing to send with).
+    pub fn new(config: &HelpdeskConfig, i: usize, http: Option<T>) -> Result<Self, String> {
+        let ep = config
+            .endpoints
+            .get(i)
+            .ok_or_else(|| format!("helpdesk.endpoints[{i}]: no such endpoint"))?;
+        let keys = ep
+            .secrets
+            .iter()
+            .enumerate()
+            .map(|(j, s)| {
+                SigningKey::from_secret(s)
+                    .map_err(|e| format!("helpdesk.endpoints[{i}].secrets[{j}]: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Endpoint {
+            name: ep.name.clone(),
+            url: ep.url.expose().to_owned(),
+            keys,
+            events: ep.events.clone(),
+            http,
         })
     }
 
-    /// Any help desk to send to.
-    pub fn is_configured(&self) -> bool {
-        !self.endpoints.is_empty() && self.endpoints.iter().all(|ep| ep.http.is_some())
+    fn selects(&self, kind: &str) -> bool {
+        self.events.iter().any(|p| pattern_matches(p, kind))
     }
+}
 
-    /// Every endpoint's name, in configuration order.
-    pub fn endpoint_names(&self) -> impl Iterator<Item = &str> {
-        self.endpoints.iter().map(|ep| ep.name.as_str())
-    }
-
-    /// The names of the endpoints that take `kind`, in configuration order.
-    pub fn targets(&self, kind: &str) -> Vec<&str> {
-        self.endpoints
-            .iter()
-            .filter(|ep| ep.events.iter().any(|p| pattern_matches(p, kind)))
-            .map(|ep| ep.name.as_str())
-            .collect()
-    }
-
-    /// One signed POST of `body` to the endpoint `name`. `id` is the event's stable id (the
-    /// help desk dedupes by it); `timestamp` (Unix seconds) is the attempt's, signed with it.
-    pub async fn post(
-        &self,
-        name: &str,
-        id: &str,
-        body: &[u8],
-        timestamp: i64,
-    ) -> Result<(), DeskError> {
-        let unavailable = |cause: &str| DeskError::Unavailable {
-            endpoint: name.to_owned(),
-            cause: cause.to_owned(),
-            retry_after: None,
-        };
-        let Some((ep, Some(http))) = self
-            .endpoints
-            .iter()
-            .find(|ep| ep.name == name)
-            .map(|ep| (ep, ep.http.as_ref()))
-        else {
-            return Err(unavailable("transport"));
+impl<T: Transport> Endpoint<T> {
+    /// One signed POST of `body`. `id` is the event's stable id (the help desk dedupes by it);
+    /// `timestamp` (Unix seconds) is the attempt's, signed with it.
+    pub async fn post(&self, id: &str, body: &[u8], timestamp: i64) -> Result<(), DeskError> {
+        let Some(http) = &self.http else {
+            return Err(DeskError::Unavailable {
+                endpoint: self.name.clone(),
+                cause: "transport".into(),
+                retry_after: None,
+            });
         };
         let mut headers = vec![("accept".to_owned(), "application/json".to_owned())];
-        headers.extend(signing::headers(&ep.keys, id, timestamp, body));
+        headers.extend(signing::headers(&self.keys, id, timestamp, body));
         let request = RawRequest {
             method: "POST",
-            path: ep.url.clone(),
+            path: self.url.clone(),
             headers,
             body: Some(body.to_vec()),
         };
-        match http.send(request).await {
-            Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
-            Ok(resp) if upstream::error::is_retryable_status(resp.status) => {
-                Err(DeskError::Unavailable {
-                    endpoint: name.to_owned(),
-                    cause: format!("http_{}", resp.status),
-                    retry_after: resp
-                        .retry_after
-                        .as_deref()
-                        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
-                })
-            }
-            Ok(resp) => Err(DeskError::Refused {
-                endpoint: name.to_owned(),
-                status: resp.status,
-            }),
-            Err(TransportError::Connect(_)) => Err(unavailable("connect")),
-            Err(TransportError::Tls(failure)) => Err(DeskError::Tls {
-                endpoint: name.to_owned(),
-                failure,
-            }),
-            Err(TransportError::Timeout) => Err(unavailable("timeout")),
-            Err(TransportError::Other(_)) => Err(unavailable("transport")),
-        }
+        judge(&self.name, http.send(request).await).map(|_| ())
+    }
+}
+
+impl DeskTarget for Endpoint<TransportHandle> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn destination(&self) -> String {
+        crate::outbox::sink::helpdesk_destination(&self.name)
+    }
+
+    fn reason_prefix(&self) -> &'static str {
+        "helpdesk"
+    }
+
+    fn takes(&self, kind: DeskEventKind) -> bool {
+        self.selects(kind.as_str())
+    }
+
+    fn ready(&self) -> bool {
+        self.http.is_some()
+    }
+
+    fn deliver<'a>(
+        &'a self,
+        event: &'a DeskEvent,
+        _again: bool,
+    ) -> BoxFuture<'a, Result<(), DeskError>> {
+        // Real time: the help desk checks the signature's timestamp against its own clock.
+        let timestamp = model::clock::system_millis().div_euclid(1000);
+        Box::pin(self.post(&event.action_id, &event.body, timestamp))
     }
 }
 
@@ -210,7 +185,8 @@ mod tests {
     use super::*;
     use crate::config::{HelpdeskEndpoint, Secret};
     use std::sync::Mutex;
-    use upstream::transport::RawResponse;
+    use std::time::Duration;
+    use upstream::transport::{RawResponse, TransportError};
 
     /// Answers with the scripted statuses in turn and keeps every request.
     #[derive(Default)]
@@ -266,12 +242,20 @@ mod tests {
 
     #[test]
     fn endpoints_take_the_kinds_they_select() {
-        let hd =
-            Desks::with_transport(&config(&["handoff.*"]), Some(Arc::new(Scripted::default())))
-                .expect("helpdesk");
-        assert!(hd.is_configured());
-        assert_eq!(hd.targets("handoff.ended"), vec!["desk", "audit"]);
-        assert_eq!(hd.targets("user.blocked"), vec!["audit"]);
+        let config = config(&["handoff.*"]);
+        let endpoints: Vec<Endpoint<Arc<Scripted>>> = (0..2)
+            .map(|i| Endpoint::new(&config, i, Some(Arc::new(Scripted::default()))).expect("ep"))
+            .collect();
+        assert!(endpoints.iter().all(|ep| ep.http.is_some()));
+        let takes = |kind: &str| -> Vec<&str> {
+            endpoints
+                .iter()
+                .filter(|ep| ep.selects(kind))
+                .map(|ep| ep.name.as_str())
+                .collect()
+        };
+        assert_eq!(takes("handoff.ended"), vec!["desk", "audit"]);
+        assert_eq!(takes("user.blocked"), vec!["audit"]);
     }
 
     #[test]
@@ -291,11 +275,11 @@ mod tests {
                 detail: "invalid peer certificate: Expired".into(),
             })),
         ];
-        let hd = Desks::with_transport(&config(&["*"]), Some(http.clone())).expect("helpdesk");
+        let hd = Endpoint::new(&config(&["*"]), 0, Some(http.clone())).expect("endpoint");
         let results = run(async {
             let mut out = Vec::new();
             for _ in 0..9 {
-                out.push(hd.post("desk", "ev/r/0", b"{}", 1_700_000_000).await);
+                out.push(hd.post("ev/r/0", b"{}", 1_700_000_000).await);
             }
             out
         });

@@ -27,6 +27,7 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
             .route("/conversations", web::get().to(conversations_list))
             .route("/conversations/{id}", web::get().to(conversation))
             .route("/conversations/{id}/audit", web::get().to(audit))
+            .route("/conversations/{id}/desks", web::get().to(desks))
             .route("/endusers", web::get().to(end_users))
             .route("/events/{id}", web::get().to(event))
             .route("/inbox/drained", web::get().to(inbox_drained))
@@ -171,6 +172,30 @@ async fn conversation(
         Some(state) => Ok(HttpResponse::Ok().json(state)),
         None => Err(ApiError::not_found(format!("no conversation {id}"))),
     }
+}
+
+/// The conversation at its desks (the console's conversation page): the Chatwoot conversation,
+/// its link, whether it is still open; `{}` without a connector or a mapping.
+async fn desks(shared: web::Data<Ops>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = ConversationId::new(id.into_inner());
+    let (store, key) = (shared.store.clone(), id.clone());
+    let name = crate::helpdesk::chatwoot::client::NAME;
+    let link = blocking(move || store.desk_link(name, &key)).await?;
+    let mut out = serde_json::Map::new();
+    if let (Some(view), Some(link)) = (&shared.chatwoot, link) {
+        out.insert(
+            name.to_owned(),
+            serde_json::json!({
+                "conversation": link.remote,
+                "url": link.remote.as_deref().map(|r| view.conversation_url(r)),
+                "contact": link.contact,
+                "open": link.remote.is_some() && link.closed_at.is_none(),
+                "closed_at": link.closed_at,
+                "earlier": link.earlier,
+            }),
+        );
+    }
+    Ok(HttpResponse::Ok().json(out))
 }
 
 /// The conversation's timeline (`queries::audit`), with the rules in force.

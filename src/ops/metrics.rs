@@ -56,6 +56,12 @@ pub struct Metrics {
     /// Help-desk delivery attempts by endpoint (its configured name, never its URL) and outcome
     /// (`delivered`, `http_<status>`, `connect`, `timeout`, `transport`).
     pub helpdesk_deliveries: IntCounterVec,
+    /// A connector's calls to its desk, by connector (`chatwoot`), operation
+    /// (`chatwoot::Operation`) and outcome (`ok`, `http_<status>`, `connect`, `timeout`...).
+    pub desk_calls: IntCounterVec,
+    /// A connector's webhook deliveries, by connector, kind (what the delivery was) and verdict
+    /// (`relayed`, `ignored`, `duplicate`, `refused`, `quarantined`).
+    pub desk_webhooks: IntCounterVec,
     /// 1 while a destination's circuit is open (`openapi`, `helpdesk:<endpoint>`).
     pub circuit_open: IntGaugeVec,
     /// Entries moved to the dead letters, by reason.
@@ -166,6 +172,8 @@ impl Metrics {
             upstream_attempts: upstream.upstream_attempts,
             upstream_info: upstream.upstream_info,
             helpdesk_deliveries: helpdesk.helpdesk_deliveries,
+            desk_calls: helpdesk.desk_calls,
+            desk_webhooks: helpdesk.desk_webhooks,
             circuit_open: outbox.circuit_open,
             dead_letters: outbox.dead_letters,
             dead_letter_entries: outbox.dead_letter_entries,
@@ -471,6 +479,8 @@ impl Upstream {
 struct Helpdesk {
     helpdesk_deliveries: IntCounterVec,
     helpdesk_calls_in_progress: IntGauge,
+    desk_calls: IntCounterVec,
+    desk_webhooks: IntCounterVec,
 }
 
 impl Helpdesk {
@@ -485,6 +495,16 @@ impl Helpdesk {
             helpdesk_calls_in_progress: r.gauge(
                 "helpdesk_calls_in_progress",
                 "Agent API calls holding an Idempotency-Key",
+            )?,
+            desk_calls: r.counter_vec(
+                "desk_calls_total",
+                "A connector's calls to its help desk, by connector, operation and outcome",
+                &["connector", "operation", "outcome"],
+            )?,
+            desk_webhooks: r.counter_vec(
+                "desk_webhooks_total",
+                "A connector's webhook deliveries, by connector, kind and verdict",
+                &["connector", "kind", "verdict"],
             )?,
         })
     }

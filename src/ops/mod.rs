@@ -39,6 +39,8 @@ pub struct Ops {
     pub backfill: crate::backfill::Backfill,
     /// The pruning passes (periodic, and `POST /admin/v1/prune`).
     pub pruner: crate::prune::Pruner,
+    /// The Chatwoot connector, when configured: its health (`/readyz` detail, the console).
+    pub chatwoot: Option<crate::helpdesk::chatwoot::ChatwootView>,
 }
 
 impl Ops {
@@ -95,6 +97,8 @@ async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
             },
             // Detail only: a silent webhook is never a reason for 503.
             "webhook": shared.backfill.watch().detail(),
+            // Detail only: a desk that is down never stops intake.
+            "desks": desks(&shared),
         }
     });
     if ready {
@@ -102,6 +106,18 @@ async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// Each connector's state as its calls found it (`ok`, `unauthorized`, `unreachable`,
+/// `circuit open`...): detail for `/readyz` and the console.
+pub(crate) fn desks(shared: &Ops) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    if let Some(cw) = &shared.chatwoot {
+        let name = crate::helpdesk::chatwoot::client::NAME;
+        let status = cw.health.status(shared.executor.circuit_open(name));
+        out.insert(name.to_owned(), json!(status));
+    }
+    out
 }
 
 /// The daemon's health as the probes see it (`/readyz`, the console's overview).

@@ -4,8 +4,9 @@
 //! whose circuit is open does not hold back the others; the entry is done when every target
 //! took it.
 
-use super::sink::{helpdesk_destination, Attempt, Dead, Job, Reach, Report, Sink, Transient};
+use super::sink::{Attempt, Dead, Job, Reach, Report, Sink, Transient};
 use crate::helpdesk::events::{self as hd_events, Transcript};
+use crate::helpdesk::port::{DeskEvent, DeskTarget};
 use crate::helpdesk::{DeskError, Desks};
 use crate::ops::metrics::Metrics;
 use futures_util::future::BoxFuture;
@@ -30,15 +31,18 @@ pub struct HelpdeskSink {
 
 #[derive(Default)]
 struct Delivery {
-    /// The body, built once so every attempt sends the same event.
-    body: Option<Arc<Vec<u8>>>,
-    /// Endpoints that took it already (not sent to again on a retry).
+    /// The event, built once so every attempt sends the same.
+    event: Option<Arc<DeskEvent>>,
+    /// Destinations that took it already (not sent to again on a retry).
     delivered: HashSet<String>,
 }
 
 impl Sink for HelpdeskSink {
     fn destinations(&self, entry: &OutboxEntry) -> Vec<String> {
         let Action::NotifyHelpdesk { kind, .. } = &entry.action else {
+            return Vec::new();
+        };
+        let Some(kind) = DeskEventKind::parse(kind) else {
             return Vec::new();
         };
         if !self.helpdesk.is_configured() {
@@ -49,8 +53,8 @@ impl Sink for HelpdeskSink {
         self.helpdesk
             .targets(kind)
             .into_iter()
-            .filter(|name| !delivered.is_some_and(|d| d.contains(*name)))
-            .map(helpdesk_destination)
+            .map(|t| t.destination())
+            .filter(|d| !delivered.is_some_and(|done| done.contains(d)))
             .collect()
     }
 
@@ -97,55 +101,49 @@ impl HelpdeskSink {
         }
     }
 
-    /// The endpoints' destination names.
+    /// The targets' destination names.
     pub fn destinations_known(&self) -> Vec<String> {
-        self.helpdesk
-            .endpoint_names()
-            .map(helpdesk_destination)
-            .collect()
+        self.helpdesk.destinations()
     }
 
-    /// One attempt at a help-desk event, to the endpoints its circuits allow.
+    /// One attempt at a help-desk event, to the targets its circuits allow.
     async fn deliver(&self, job: &Job, d: &mut Delivery) -> Report {
         let entry = &job.entry;
-        let Action::NotifyHelpdesk {
-            conversation_id,
-            kind,
-            reason,
-            payload,
-        } = &entry.action
-        else {
+        let Action::NotifyHelpdesk { kind, .. } = &entry.action else {
             return dead("invalid_call", "not a help-desk event".into());
         };
         let targets = match self.targets_left(kind, d) {
             ControlFlow::Continue(targets) => targets,
             ControlFlow::Break(report) => return report,
         };
-        let (now_targets, later): (Vec<String>, Vec<String>) = targets
+        let (now_targets, later): (Vec<_>, Vec<_>) = targets
             .into_iter()
-            .partition(|name| job.allowed.contains(&helpdesk_destination(name)));
-        let body = match &d.body {
-            Some(body) => body.clone(),
+            .partition(|t| job.allowed.contains(&t.destination()));
+        let event = match &d.event {
+            Some(event) => event.clone(),
             None => {
-                let built = self
-                    .helpdesk_body(entry, conversation_id, kind, reason.as_deref(), payload)
-                    .await;
-                let Some(built) = built else {
+                let Some(built) = self.desk_event(entry).await else {
                     return Report::new(Attempt::Done, "skipped");
                 };
                 let built = Arc::new(built);
-                d.body = Some(built.clone());
+                d.event = Some(built.clone());
                 built
             }
         };
-        let posted = self.post_to(&now_targets, entry, kind, &body, d).await;
+        // An earlier attempt failed: a call of it may have taken effect.
+        let again = job.state.attempts > 0;
+        let posted = self.post_to(&now_targets, &event, again, d).await;
         posted.report(job, !now_targets.is_empty(), !later.is_empty())
     }
 
-    /// The endpoints that take `kind` and have not taken the event yet, or the attempt's report
-    /// when none is left (an unknown kind, no help desk, no endpoint for it, every one took it).
-    fn targets_left(&self, kind: &str, d: &Delivery) -> ControlFlow<Report, Vec<String>> {
-        if DeskEventKind::parse(kind).is_none() {
+    /// The targets that take `kind` and have not taken the event yet, or the attempt's report
+    /// when none is left (an unknown kind, no help desk, no target for it, every one took it).
+    fn targets_left(
+        &self,
+        kind: &str,
+        d: &Delivery,
+    ) -> ControlFlow<Report, Vec<Arc<dyn DeskTarget>>> {
+        let Some(kind) = DeskEventKind::parse(kind) else {
             // Rules refuse unknown kinds at load; this is an entry from an older rule set.
             return ControlFlow::Break(dead(
                 "unknown_event_kind",
@@ -154,21 +152,20 @@ impl HelpdeskSink {
                     DeskEventKind::names()
                 ),
             ));
-        }
+        };
         if !self.helpdesk.is_configured() {
-            tracing::debug!(kind = %kind, "no help desk configured; the event is recorded as done");
+            tracing::debug!(kind = %kind.as_str(), "no help desk configured; the event is recorded as done");
             return ControlFlow::Break(Report::new(Attempt::Done, "no_helpdesk"));
         }
-        let targets: Vec<String> = self
+        let targets: Vec<_> = self
             .helpdesk
             .targets(kind)
             .into_iter()
-            .filter(|name| !d.delivered.contains(*name))
-            .map(str::to_owned)
+            .filter(|t| !d.delivered.contains(&t.destination()))
             .collect();
         if targets.is_empty() {
             if d.delivered.is_empty() {
-                tracing::debug!(kind = %kind, "no help-desk endpoint takes this kind; recorded as done");
+                tracing::debug!(kind = %kind.as_str(), "no help-desk endpoint takes this kind; recorded as done");
                 return ControlFlow::Break(Report::new(Attempt::Done, "no_endpoint"));
             }
             return ControlFlow::Break(Report::delivered());
@@ -176,21 +173,19 @@ impl HelpdeskSink {
         ControlFlow::Continue(targets)
     }
 
-    /// POST the event to each of `names` in turn, counting each outcome; an endpoint that took
-    /// it is added to `d.delivered`.
+    /// Give the event to each of `targets` in turn, counting each outcome; a target that took it
+    /// is added to `d.delivered`.
     async fn post_to(
         &self,
-        names: &[String],
-        entry: &OutboxEntry,
-        kind: &str,
-        body: &[u8],
+        targets: &[Arc<dyn DeskTarget>],
+        event: &DeskEvent,
+        again: bool,
         d: &mut Delivery,
     ) -> Posted {
-        // Real time: the help desk checks the signature's timestamp against its own clock.
-        let timestamp = model::clock::system_millis().div_euclid(1000);
         let mut posted = Posted::default();
-        for name in names {
-            let result = self.helpdesk.post(name, entry.key(), body, timestamp).await;
+        for target in targets {
+            let name = target.name();
+            let result = target.deliver(event, again).await;
             let outcome = match &result {
                 Ok(()) => "delivered".to_owned(),
                 Err(e) => e.outcome(),
@@ -199,16 +194,16 @@ impl HelpdeskSink {
                 .helpdesk_deliveries
                 .with_label_values(&[name, &outcome])
                 .inc();
-            let destination = helpdesk_destination(name);
+            let destination = target.destination();
             match result {
                 Ok(()) => {
-                    tracing::info!(endpoint = %name, kind = %kind, "help-desk event delivered");
-                    d.delivered.insert(name.clone());
+                    tracing::info!(endpoint = %name, kind = %event.kind.as_str(), "help-desk event delivered");
+                    d.delivered.insert(destination.clone());
                     posted.reached.push((destination, Reach::Answered));
                 }
-                Err(e @ DeskError::Refused { .. }) => {
+                Err(e) if !e.is_transient() => {
                     posted.reached.push((destination, Reach::Answered));
-                    posted.refused.get_or_insert(e);
+                    posted.refused.get_or_insert((e, target.reason_prefix()));
                 }
                 Err(e) => {
                     posted.reached.push((destination, Reach::Failed));
@@ -219,20 +214,23 @@ impl HelpdeskSink {
         posted
     }
 
-    /// The event's JSON body, from the conversation's state, the source event and (for
-    /// `handoff.requested`) the transcript and queue standing. `None`: not to be sent (a bot's
-    /// message while `helpdesk.bot_messages` is off).
-    async fn helpdesk_body(
-        &self,
-        entry: &OutboxEntry,
-        conversation_id: &model::ids::ConversationId,
-        kind: &str,
-        reason: Option<&str>,
-        payload: &serde_json::Value,
-    ) -> Option<Vec<u8>> {
+    /// The event as the targets receive it: the conversation's state, the source event's message
+    /// and (for `handoff.requested`) the transcript and queue standing. `None`: not to be sent (a
+    /// bot's message while `helpdesk.bot_messages` is off).
+    async fn desk_event(&self, entry: &OutboxEntry) -> Option<DeskEvent> {
+        let Action::NotifyHelpdesk {
+            conversation_id,
+            kind,
+            reason,
+            payload,
+        } = &entry.action
+        else {
+            return None;
+        };
+        let kind = DeskEventKind::parse(kind)?;
         // A state that cannot be read leaves its part out: the help desk still learns of the
         // event, which matters more than its details.
-        let conversation = self
+        let mut conversation = self
             .store
             .conversation(conversation_id)
             .inspect_err(|e| tracing::warn!(error = %e, "cannot read the conversation's state for a help-desk event"))
@@ -242,20 +240,19 @@ impl HelpdeskSink {
             .as_ref()
             .and_then(|c| c.end_user_id.as_ref())
             .and_then(|id| self.store.end_user(id).ok().flatten());
-        let requested = kind == DeskEventKind::HandoffRequested.as_str();
-        let mut conversation = conversation;
+        let requested = kind == DeskEventKind::HandoffRequested;
         if requested {
             self.complete_from_api(conversation_id, &mut conversation, &mut end_user)
                 .await;
         }
-        let mut message = None;
-        if kind == DeskEventKind::ConversationMessage.as_str() {
-            if let Some(m) = self.source_message(entry) {
-                if m.sender() == model::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
-                    tracing::debug!("a bot message; helpdesk.bot_messages is off");
-                    return None;
-                }
-                message = Some(hd_events::message(&m));
+        let message = match kind {
+            DeskEventKind::ConversationMessage => self.source_message(entry),
+            _ => None,
+        };
+        if let Some(m) = &message {
+            if m.sender() == model::webhook::model::Sender::Bot && !self.helpdesk.bot_messages {
+                tracing::debug!("a bot message; helpdesk.bot_messages is off");
+                return None;
             }
         }
         let (transcript, queue) = if requested {
@@ -267,7 +264,7 @@ impl HelpdeskSink {
             (None, None)
         };
         let source = hd_events::Source {
-            kind,
+            kind: kind.as_str(),
             occurred_at: entry.received_at,
             conversation_id,
             conversation: conversation.as_ref(),
@@ -275,13 +272,27 @@ impl HelpdeskSink {
             event_id: entry.event_id.as_str(),
             rule: &entry.rule,
             action_id: &entry.id,
-            reason,
+            reason: reason.as_deref(),
             payload,
+            message: message.as_ref(),
+            transcript: transcript.as_ref(),
+            queue,
+        };
+        let body = serde_json::to_vec(&hd_events::body(&source)).ok()?;
+        Some(DeskEvent {
+            action_id: entry.id.clone(),
+            kind,
+            occurred_at: entry.received_at,
+            conversation_id: conversation_id.clone(),
+            conversation,
+            end_user,
+            reason: reason.clone(),
+            payload: payload.clone(),
             message,
             transcript,
             queue,
-        };
-        serde_json::to_vec(&hd_events::body(&source)).ok()
+            body,
+        })
     }
 
     /// The context packet needs who the user is, which the state lacks when the bridge has seen
@@ -364,9 +375,8 @@ impl HelpdeskSink {
             conversation_id: Some(conversation_id.as_str().to_owned()),
             ..MessagesQuery::default()
         };
-        let messages = |page: &model::contract::Page<model::webhook::model::Message>| {
-            page.data.iter().map(hd_events::message).collect::<Vec<_>>()
-        };
+        let messages =
+            |page: &model::contract::Page<model::webhook::model::Message>| page.data.clone();
         let first = match self.api.list_messages(&query(None)).await {
             Ok(page) => page,
             Err(e) => {
@@ -417,7 +427,8 @@ fn dead(reason: &str, error: String) -> Report {
 #[derive(Default)]
 struct Posted {
     reached: Vec<(String, Reach)>,
-    refused: Option<DeskError>,
+    /// The first refusal, with its target's reason prefix.
+    refused: Option<(DeskError, &'static str)>,
     unavailable: Option<DeskError>,
 }
 
@@ -431,8 +442,8 @@ impl Posted {
             refused,
             unavailable,
         } = self;
-        let mut report = if let Some(e) = refused {
-            dead(&format!("helpdesk_{}", e.outcome()), e.to_string())
+        let mut report = if let Some((e, prefix)) = refused {
+            dead(&format!("{prefix}_{}", e.outcome()), e.to_string())
         } else if let Some(e) = unavailable {
             let status = e.outcome();
             // Warned once per event; the attempts after it (up to a day of them) are counted in

@@ -67,36 +67,10 @@ impl HelpDesk {
 
     /// One request per connection (answered with `connection: close`).
     pub fn serve(&self, stream: std::net::TcpStream) {
-        let mut reader = BufReader::new(match stream.try_clone() {
-            Ok(s) => s,
-            Err(_) => return,
-        });
-        let mut headers = HashMap::new();
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        let Some(request) = read_request(&stream) else {
             return;
-        }
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-            }
-        }
-        let len: usize = headers
-            .get("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        };
+        let (headers, body) = (request.headers, request.body);
         let status = self
             .script
             .lock()
@@ -131,6 +105,54 @@ impl HelpDesk {
     pub fn set_then(&self, status: u16) {
         *self.then.lock().expect("then") = status;
     }
+}
+
+/// One HTTP/1.1 request as a test server reads it: no keep-alive, a `content-length` body.
+pub struct Request {
+    pub method: String,
+    /// Path and query.
+    pub target: String,
+    /// Names lowercased.
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// Read one request from `stream` (`None`: the client went away or sent garbage).
+pub fn read_request(stream: &std::net::TcpStream) -> Option<Request> {
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let target = parts.next().unwrap_or_default().to_owned();
+    let mut headers = HashMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    Some(Request {
+        method,
+        target,
+        headers,
+        body,
+    })
 }
 
 /// A Standard Webhooks verifier written from the specification: the signed content is

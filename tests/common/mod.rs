@@ -7,6 +7,8 @@
 #![allow(dead_code)]
 
 pub mod agent_api;
+pub mod browser;
+pub mod chatwoot;
 pub mod emulator;
 pub mod forwarder;
 pub mod helpdesk;

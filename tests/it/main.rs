@@ -18,6 +18,8 @@ mod actions_execute;
 mod admin_pages;
 mod bad_input;
 mod body_budget_routes;
+mod chatwoot;
+mod chatwoot_prism;
 mod console;
 mod deploy_files;
 mod emulator_http;

@@ -937,3 +937,27 @@ fn an_abusive_tenth_message_is_one_block_for_abuse_not_also_a_flood() {
         "{labels}"
     );
 }
+
+/// Issue 37's queue definition after hours: the service's agent call is answered with the
+/// hours, and the conversation leaves the waiting queue at once, counted as `timed_out`.
+#[test]
+fn outside_business_hours_an_agent_call_leaves_the_queue_timed_out() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = rules(tmp.path(), |name, text| {
+        if name == "hours.toml" {
+            text.replace("[\"09:00-18:00\"]", "[]")
+        } else {
+            text
+        }
+    });
+    let app = spawn(tmp.path(), &rules, &[]);
+    act(&app, "request-agent", json!({}));
+    poll_until("the wait over", Duration::from_secs(30), || {
+        (app.metric(r#"handoff_queue_exits_total{outcome="timed_out"}"#) == 1.0).then_some(())
+    });
+    app.settle();
+    let state = state(&app);
+    assert!(state["handoff"]["handed_back_at"].is_i64(), "{state}");
+    let (_, queue) = app.admin_get("/admin/v1/queue");
+    assert!(!queue.to_string().contains(CONV), "{queue}");
+}

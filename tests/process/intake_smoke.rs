@@ -141,6 +141,7 @@ fn folds_and_sleds_io_threads_run_at_the_fold_nice_value_when_asked() {
 #[test]
 fn the_allocator_purges_from_its_own_threads() {
     let app = TestApp::spawn();
-    let purgers = named(&threads_of(app.pid()), "jemalloc_bg_thd");
+    let threads = threads_of(app.pid());
+    let purgers = named(&threads, "jemalloc_bg_thd");
     assert!(!purgers.is_empty(), "jemalloc's purging threads run");
 }

@@ -24,6 +24,10 @@ pub enum DeskEventKind {
     UserBlocked,
     #[strum(serialize = "user.unblocked")]
     UserUnblocked,
+    /// A waiting user's place in line, told again while they wait (the shipped handoff's queue
+    /// updates).
+    #[strum(serialize = "queue.updated")]
+    QueueUpdated,
 }
 
 impl DeskEventKind {

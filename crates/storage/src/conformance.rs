@@ -166,6 +166,10 @@ macro_rules! conformance_tests {
             fn keyed_pages_continue_right_after_their_cursor() {
                 c::keyed_pages_continue_right_after_their_cursor(&mut *subject());
             }
+            #[test]
+            fn desk_mappings_are_found_both_ways_and_closed_ones_pruned() {
+                c::desk_mappings_are_found_both_ways_and_closed_ones_pruned(&mut *subject());
+            }
         }
     };
 }
@@ -650,6 +654,86 @@ fn quarantine_and_operator_pages(store: &dyn Storage) {
         older.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
         [numbers[0]]
     );
+}
+
+/// Desk mappings (`DeskLinks`): a link found by its conversation and by its desk conversations
+/// (earlier ones too), per connector; contacts per connector; only closed links pruned, with
+/// their index entries.
+pub fn desk_mappings_are_found_both_ways_and_closed_ones_pruned(subject: &mut dyn Subject) {
+    use crate::desk_links::{DeskContact, DeskLink};
+    let store = subject.store();
+    let link = |conversation: &str, remote: &str| DeskLink {
+        connector: "chatwoot".into(),
+        conversation_id: conversation.into(),
+        remote: Some(remote.into()),
+        contact: Some("c9".into()),
+        opened_by: "e1/tell-helpdesk/0".into(),
+        updated_at: 10,
+        ..DeskLink::default()
+    };
+    let mut l = link("c1", "41");
+    l.posted("hb:m1");
+    store.put_desk_link(&l).expect("put");
+    let id = ConversationId::new("c1");
+    assert_eq!(
+        store.desk_link("chatwoot", &id).expect("get"),
+        Some(l.clone())
+    );
+    assert_eq!(store.desk_link("other", &id).expect("get"), None);
+    assert_eq!(
+        store.desk_link_of_remote("chatwoot", "41").expect("get"),
+        Some(l.clone())
+    );
+    assert_eq!(
+        store.desk_link_of_remote("chatwoot", "42").expect("get"),
+        None
+    );
+
+    // Reopened: the earlier desk conversation still leads to the link, whose current is new.
+    l.closed_at = Some(20);
+    l.reopen("e2/tell-helpdesk/0");
+    l.remote = Some("57".into());
+    store.put_desk_link(&l).expect("put");
+    let old = store
+        .desk_link_of_remote("chatwoot", "41")
+        .expect("get")
+        .expect("found");
+    assert_eq!(
+        (old.remote.as_deref(), old.earlier.as_slice()),
+        (Some("57"), &["41".to_owned()][..])
+    );
+
+    let contact = DeskContact {
+        connector: "chatwoot".into(),
+        user: "u1".into(),
+        contact: "c9".into(),
+        extra: serde_json::json!({"7": "src-1"}),
+        updated_at: 5,
+    };
+    store.put_desk_contact(&contact).expect("put");
+    assert_eq!(
+        store.desk_contact("chatwoot", "u1").expect("get"),
+        Some(contact)
+    );
+    assert_eq!(store.desk_contact("other", "u1").expect("get"), None);
+
+    let mut closed = link("c2", "42");
+    closed.closed_at = Some(10);
+    store.put_desk_link(&closed).expect("put");
+    assert_eq!(
+        store.prune_desk_links(11, 10).expect("prune"),
+        1,
+        "only the closed one"
+    );
+    assert_eq!(
+        store.desk_link_of_remote("chatwoot", "42").expect("get"),
+        None
+    );
+    assert!(store
+        .desk_link_of_remote("chatwoot", "57")
+        .expect("get")
+        .is_some());
+    assert_eq!(store.prune_desk_links(11, 10).expect("prune"), 0);
 }
 
 #[cfg(test)]

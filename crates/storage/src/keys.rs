@@ -72,6 +72,13 @@ pub mod tree {
     pub const PARTITION_EVENTS: &str = "partition_events/v1";
     /// Bookkeeping: layout version, prune cursor.
     pub const META: &str = "meta";
+    /// The desks' mappings (`storage::desk_links`).
+    pub const DESK_LINKS: &str = "desk_links/v1";
+}
+
+/// A desk mapping's key (`storage::desk_links`): its kind, connector and id, NUL-separated.
+pub fn desk_link(kind: u8, connector: &str, id: &str) -> Vec<u8> {
+    [&[kind, 0][..], connector.as_bytes(), &[0], id.as_bytes()].concat()
 }
 
 /// A quarantine body's chunk: the record's id (as [`seq`]) and the chunk's index (u32 BE).

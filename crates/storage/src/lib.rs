@@ -24,6 +24,7 @@ pub mod conformance;
 pub mod dedupe;
 mod derived;
 pub mod desk;
+pub mod desk_links;
 mod durable;
 pub mod eventlog;
 mod fold;

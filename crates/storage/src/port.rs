@@ -14,6 +14,7 @@
 //! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both.
 
 use crate::desk::{DeskCursor, DeskPage};
+use crate::desk_links::DeskLinks;
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
 use crate::queue::{BotWaiting, QueueSummary};
@@ -52,6 +53,7 @@ pub trait Storage:
     + OperatorLog
     + Retention
     + Lifecycle
+    + DeskLinks
     + Send
     + Sync
 {
@@ -67,6 +69,7 @@ impl<T> Storage for T where
         + OperatorLog
         + Retention
         + Lifecycle
+        + DeskLinks
         + Send
         + Sync
 {

@@ -774,13 +774,11 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
     }
 
     /// The shipped rules' answer to a wait that runs out (`timer.agent-wait`, rule `no-agent`)
-    /// turns manual mode off and hands the user back to the bot's flow, but leaves the handoff
-    /// phase `requested`: nothing in the state moves it back to `bot`, so the conversation stays
-    /// in the queue, not counted as `timed_out`, until the service reports the call cancelled
-    /// (or ended), which counts it there. A release to phase `bot` would count as `timed_out`
-    /// (`QueueExit::of`; engine tests).
+    /// hands the user back to the bot: the conversation leaves the queue at the firing, counted
+    /// as `timed_out` (issue 37: `state::queue::hand_back`); the service's cancel that follows
+    /// moves nothing more.
     #[test]
-    fn a_wait_run_out_under_the_shipped_rules_leaves_the_queue_when_the_service_cancels() {
+    fn a_wait_run_out_under_the_shipped_rules_leaves_the_queue_timed_out() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::open(dir.path(), 8 << 20).expect("open");
         let mut overrides = serde_json::Map::new();
@@ -808,18 +806,17 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             "no-agent ran: {:?}",
             fired.outbox
         );
-        assert!(fired.queue_exits.is_empty(), "still in the queue");
-        assert_eq!(store.waiting_for("B1").expect("queue").len(), 1);
+        assert_eq!(fired.queue_exits, [(QueueExit::TimedOut, None)]);
+        assert!(store.waiting_for("B1").expect("queue").is_empty());
         let window = (t0 - HOUR, t0 + 2 * HOUR);
         let day = figures(&store, window.0, window.1);
-        assert_eq!((day.joined, day.abandoned()), (1, 0));
+        assert_eq!((day.joined, day.abandoned()), (1, 1));
         let events = [conversation_event("e2", CANCELLED, "c1", t0 + 6 * MIN)];
         accepted_batch(&store, "d2", &events);
         let cancelled = crate::test_support::drain_with(&store, &rules);
-        assert_eq!(cancelled.queue_exits, [(QueueExit::Cancelled, None)]);
+        assert!(cancelled.queue_exits.is_empty(), "it had left already");
         let day = figures(&store, window.0, window.1);
-        assert_eq!(day.exits.cancelled, 1);
-        assert_eq!(day.exits.timed_out, 0);
+        assert_eq!((day.exits.timed_out, day.exits.cancelled), (1, 0));
         assert_eq!(day.abandonment_rate(), Some(1.0));
     }
 

@@ -126,7 +126,8 @@ impl ConversationState {
             | Command::Transfer { .. }
             | Command::Block { .. }
             | Command::Unblock { .. }
-            | Command::RemoveSession { .. } => Outcome::Applied { changed: true },
+            | Command::RemoveSession { .. }
+            | Command::Notice { .. } => Outcome::Applied { changed: true },
         };
         let applied = matches!(outcome, Outcome::Applied { .. });
         desk.record(Verdict {
@@ -168,7 +169,8 @@ pub fn builtin_actions(
         }],
         Command::Message {
             message, partner, ..
-        } => vec![match partner {
+        }
+        | Command::Notice { message, partner } => vec![match partner {
             Some(p) => Action::PartnerSendMessage {
                 sender_key: p.sender_key.clone(),
                 user_key: p.user_key.clone(),
@@ -261,7 +263,8 @@ pub enum DeskPhase {
     Cancelled = b'5',
     /// The agent call ended.
     Ended = b'6',
-    /// With the bot, never handed off.
+    /// With the bot: never handed off, or handed back by the rules before anyone took it (the
+    /// wait ran out, after hours).
     Bot = b'7',
 }
 
@@ -303,7 +306,10 @@ impl DeskPhase {
             _ => false,
         };
         match s.handoff.phase.value {
-            // Not waiting although requested: an accept served this request.
+            // Not waiting although requested: an accept served this request, or the rules
+            // handed the user back to the bot without one.
+            HandoffPhase::Requested if served => DeskPhase::Released,
+            HandoffPhase::Requested if super::queue::handed_back(s) => DeskPhase::Bot,
             HandoffPhase::Requested => DeskPhase::Released,
             HandoffPhase::Bot if served => DeskPhase::Released,
             HandoffPhase::Bot => DeskPhase::Bot,

@@ -94,6 +94,11 @@ pub struct Handoff {
     pub connected_at: Option<Millis>,
     pub cancelled_at: Option<Millis>,
     pub ended_at: Option<Millis>,
+    /// When the rules handed the waiting user back to the bot without anyone taking the
+    /// conversation (the wait ran out, after hours): the wait for that request is over
+    /// ([`queue::hand_back`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_back_at: Option<Millis>,
     /// The agent who answered last (from `meta.sender` of agent messages).
     pub agent: Lww<Option<AgentRef>>,
 }
@@ -301,15 +306,25 @@ impl ConversationState {
         if self.bot_id.is_none() {
             self.bot_id = Some(event.source_id.clone());
         }
-        match &event.payload {
-            Payload::Conversation(c) => self.apply_conversation(&event.kind, c, &stamp),
-            Payload::Message(m) => self.apply_message(m, &stamp),
-            Payload::Timer(t) => return self.fire_timer(t),
-            Payload::Agent(cmd) => return self.fold_agent(event, cmd),
-            Payload::Reconcile(drift) => self.fold_drift(drift, &stamp),
-            _ => {}
-        }
-        true
+        let decides = match &event.payload {
+            Payload::Conversation(c) => {
+                self.apply_conversation(&event.kind, c, &stamp);
+                true
+            }
+            Payload::Message(m) => {
+                self.apply_message(m, &stamp);
+                true
+            }
+            Payload::Timer(t) => self.fire_timer(t),
+            Payload::Agent(cmd) => self.fold_agent(event, cmd),
+            Payload::Reconcile(drift) => {
+                self.fold_drift(drift, &stamp);
+                true
+            }
+            _ => true,
+        };
+        queue::hand_back(self, event, decides);
+        decides
     }
 
     fn apply_conversation(&mut self, kind: &EventKind, c: &Conversation, stamp: &Stamp) {

@@ -4,7 +4,7 @@
 //! journal; keeping them here, without I/O, lets the index, the agent API and the tests agree.
 
 use super::{ConversationState, HandoffPhase};
-use model::webhook::model::Millis;
+use model::webhook::model::{Event, Millis, Payload};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -12,18 +12,55 @@ use std::collections::VecDeque;
 /// slow afternoon does not weigh on the next morning.
 pub const KEPT_ACCEPTS: usize = 20;
 
+/// The timer a wait for an agent is timed with (the shipped rules' `agent-wait`,
+/// `settings.agent_wait`): when it fires while the conversation waits, the wait ran out.
+pub const WAIT_TIMER: &str = "agent-wait";
+
 /// Since when a conversation waits for an agent, if it does: its handoff phase is `requested`
-/// (the service's agent call), no agent accepted it through the agent API, and no accept served
-/// this request (a release after an accept does not put it back in line). The same rule as the
-/// agent API's `requested` phase.
+/// (the service's agent call), no agent accepted it through the agent API, no accept served this
+/// request (a release after an accept does not put it back in line), and the rules did not hand
+/// the user back to the bot since ([`handed_back`]). The same rule as the agent API's `requested`
+/// phase.
 pub fn waiting_since(s: &ConversationState) -> Option<Millis> {
     if s.desk.agent.is_some() || s.handoff.phase.value != HandoffPhase::Requested {
         return None;
     }
-    let requested = s.handoff.requested_at.unwrap_or(s.handoff.phase.stamp.at);
+    let requested = requested_at(s);
     match s.desk.accepted_at {
         Some(accepted) if accepted >= requested => None,
+        _ if handed_back(s) => None,
         _ => Some(requested),
+    }
+}
+
+fn requested_at(s: &ConversationState) -> Millis {
+    s.handoff.requested_at.unwrap_or(s.handoff.phase.stamp.at)
+}
+
+/// Whether the rules handed the user back to the bot after their request, nobody having taken
+/// the conversation: it left the queue with the exit `timed_out`.
+pub fn handed_back(s: &ConversationState) -> bool {
+    s.handoff
+        .handed_back_at
+        .is_some_and(|at| at >= requested_at(s))
+}
+
+/// The fold's part of the queue's definition, after `event` is folded into `s` (`live`: it
+/// reaches the rules): a waiting conversation is handed back to the bot, and leaves the queue,
+/// when its wait runs out (a live firing of [`WAIT_TIMER`]), or at its next event once the
+/// rules turned manual mode off for this request without anyone taking it (the after-hours
+/// answer; the shipped rules follow it with a short timer, so that next event comes at once).
+/// Pure and stamped with the event's time, so a replay leaves the queue at the same event.
+pub(super) fn hand_back(s: &mut ConversationState, event: &Event, live: bool) {
+    let Some(since) = waiting_since(s) else {
+        return;
+    };
+    let ran_out = live && matches!(&event.payload, Payload::Timer(t) if t.name == WAIT_TIMER);
+    let turned_off = s.manual_set.value == Some(false) && s.manual_set.stamp.at >= since;
+    if ran_out || turned_off {
+        let at = event.timestamp.max(since);
+        let h = &mut s.handoff;
+        h.handed_back_at = Some(h.handed_back_at.map_or(at, |old| old.max(at)));
     }
 }
 

@@ -6,7 +6,7 @@
 //! small records, never a scan of conversations; the daemon also counts the same exits and waits
 //! in Prometheus ([`TIME_TO_ACCEPT_BOUNDS`] are both histograms' bounds).
 
-use super::queue::{left_by_accept, waiting_since};
+use super::queue::{handed_back, left_by_accept, waiting_since};
 use super::{ConversationState, HandoffPhase};
 use model::webhook::model::Millis;
 use serde::{Deserialize, Serialize};
@@ -59,8 +59,8 @@ pub enum QueueExit {
     Accepted,
     /// The service cancelled the agent call (`agent_call_cancelled`).
     Cancelled,
-    /// Handed back to the bot without an accept, cancel or end: its handoff phase is `bot` again
-    /// (a rule, or a rule's timer, released it).
+    /// Handed back to the bot without an accept, cancel or end: the wait ran out, or the rules
+    /// turned manual mode off (after hours) ([`handed_back`]).
     TimedOut,
     /// The agent call ended before anyone took it (`agent_call_disconnected`, or a drift that
     /// found manual mode off at the service).
@@ -80,7 +80,8 @@ impl QueueExit {
     /// queue, from `after` (its state with the event folded in). The rule, first match wins:
     /// - [`left_by_accept`] (an agent holds it, or the phase is `connected`): `accepted`;
     /// - phase `cancelled`: `cancelled`; phase `ended`: `ended`;
-    /// - phase `bot` (handed back without an accept): `timed_out`;
+    /// - phase `bot`, or `requested` and [`handed_back`] (the rules handed the user back without
+    ///   an accept): `timed_out`;
     /// - phase `requested` while not waiting and with no agent (an accept served this request:
     ///   [`waiting_since`]): `accepted`. One event cannot bring that about from a waiting
     ///   state (an accept leaves an agent holding it); it is listed so the rule is total.
@@ -92,6 +93,7 @@ impl QueueExit {
             HandoffPhase::Cancelled => QueueExit::Cancelled,
             HandoffPhase::Ended => QueueExit::Ended,
             HandoffPhase::Bot => QueueExit::TimedOut,
+            HandoffPhase::Requested if handed_back(after) => QueueExit::TimedOut,
             HandoffPhase::Requested | HandoffPhase::Connected => QueueExit::Accepted,
         }
     }

@@ -564,3 +564,68 @@ fn a_manual_off_drift_ends_the_wait_and_brings_manual_in_line() {
     state.note_manual_decided(false, &drift);
     assert!(!belief::believes_manual(&state));
 }
+
+/// Issue 37's queue definition: when the rules hand a waiting user back to the bot (the wait ran
+/// out, after hours), the conversation leaves the queue with the exit `timed_out`, and the agent
+/// API's phase is `bot`; a new request waits again.
+#[test]
+fn a_wait_that_runs_out_or_is_turned_off_by_the_rules_leaves_the_queue_timed_out() {
+    use super::desk::DeskPhase;
+    use super::stats::{queue_move, QueueExit, QueueMove};
+    let request = conv_event(
+        "e1",
+        "bot.conversation.agent_call_requested",
+        100,
+        "{}",
+        1,
+        None,
+    );
+    let mut state = fold(std::slice::from_ref(&request));
+    state.note_manual_decided(true, &request);
+    state.start_timer(queue::WAIT_TIMER, run(400, "e1/agent-requested/3"));
+    // A stale firing (another run) changes nothing.
+    assert!(!state.apply(&timer_event(queue::WAIT_TIMER, 400, "e0/old/3")));
+    assert_eq!(queue::waiting_since(&state), Some(100));
+    // The wait runs out: out of the queue at the firing, with the exit timed_out.
+    let before = queue::waiting_since(&state);
+    assert!(state.apply(&timer_event(queue::WAIT_TIMER, 400, "e1/agent-requested/3")));
+    assert_eq!(queue::waiting_since(&state), None);
+    assert_eq!(DeskPhase::of(&state), DeskPhase::Bot);
+    assert_eq!(
+        state.handoff.phase.value,
+        HandoffPhase::Requested,
+        "rules still read it"
+    );
+    assert_eq!(
+        queue_move(before, &state, 400),
+        Some(QueueMove::Left {
+            exit: QueueExit::TimedOut,
+            waited_ms: None
+        })
+    );
+    // Asked again: waits again.
+    let again = conv_event(
+        "e2",
+        "bot.conversation.agent_call_requested",
+        600,
+        "{}",
+        1,
+        None,
+    );
+    state.apply(&again);
+    assert_eq!(queue::waiting_since(&state), Some(600));
+    assert_eq!(DeskPhase::of(&state), DeskPhase::Requested);
+
+    // After hours: the rules turned manual mode off at the request; its next event hands it back.
+    state.note_manual_decided(false, &again);
+    assert_eq!(
+        queue::waiting_since(&state),
+        Some(600),
+        "until its next event"
+    );
+    let next = timer_event("after-hours", 601, "e2/after-hours-hand-back/0");
+    state.start_timer("after-hours", run(601, "e2/after-hours-hand-back/0"));
+    assert!(state.apply(&next));
+    assert_eq!(queue::waiting_since(&state), None);
+    assert_eq!(QueueExit::of(&state), QueueExit::TimedOut);
+}

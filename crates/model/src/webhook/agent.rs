@@ -94,6 +94,13 @@ pub enum Command {
     RemoveSession {
         partner: PartnerUser,
     },
+    /// A message from the help desk itself, not an agent (Chatwoot's satisfaction survey after a
+    /// resolve): needs no agent; through the partner channel when `partner` is set.
+    Notice {
+        message: Box<MessageData>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partner: Option<PartnerUser>,
+    },
 }
 
 impl Command {
@@ -107,12 +114,13 @@ impl Command {
             Command::Block { .. } => "block",
             Command::Unblock { .. } => "unblock",
             Command::RemoveSession { .. } => "remove_session",
+            Command::Notice { .. } => "notice",
         }
     }
 }
 
 /// Every command's name, as `agent.<name>` event types use them.
-pub const COMMANDS: [&str; 7] = [
+pub const COMMANDS: [&str; 8] = [
     "accept",
     "message",
     "release",
@@ -120,6 +128,7 @@ pub const COMMANDS: [&str; 7] = [
     "block",
     "unblock",
     "remove_session",
+    "notice",
 ];
 
 /// Whether `kind` is an agent command's event type (rules may listen to them).

@@ -8,6 +8,7 @@
 //! backend answers from an index (the agent API's listing, the sweeper's candidates, a
 //! partition's events) walk the maps here: the answers are the port's, the costs are not.
 
+mod desk_links;
 mod fold;
 mod groups;
 mod retention;
@@ -92,6 +93,11 @@ struct Data {
     operators: BTreeMap<u64, OperatorAction>,
     idempotency: HashMap<(String, String), IdempotencyRecord>,
     backfill_cursor: Option<Millis>,
+    /// The desks' mappings: links by (connector, conversation), the desk's conversations back
+    /// to theirs, contacts by (connector, user).
+    desk_links: BTreeMap<(String, String), crate::desk_links::DeskLink>,
+    desk_remotes: HashMap<(String, String), String>,
+    desk_contacts: HashMap<(String, String), crate::desk_links::DeskContact>,
 }
 
 impl Data {
