@@ -27,7 +27,9 @@ pub fn end_user_named<'a>(state: &'a ConversationState, event: &'a Event) -> Opt
 /// [`BUILTIN_RULE`](crate::state::desk::BUILTIN_RULE)), then the rules see it; one the state
 /// refused decides nothing. `after_fold` sees the state right after the event is folded, before
 /// rules decide (the fold keeps the waiting queue there), and returns the conversation's standing
-/// in it when the rules read it. The live fold, a replay and the audit all call it, so they fold
+/// in it when the rules read it; it sees the state once more when what the rules decided handed
+/// the waiting user back to the bot (manual mode turned off for the request, after hours), so
+/// the conversation leaves the queue at the deciding event (`queue::hand_back`). The live fold, a replay and the audit all call it, so they fold
 /// and decide alike. `None`: the event decides nothing (a stale timer firing, a message the other
 /// path brought first).
 pub fn fold_and_decide<E>(
@@ -65,6 +67,11 @@ pub fn fold_and_decide<E>(
         // What the bridge asked of manual mode is what it believes of it (until the service says
         // otherwise): the reconciliation sweeper compares that with the service.
         state.note_decided(event, decided.decisions.iter().map(|d| &d.action));
+        let waited = crate::state::queue::waiting_since(state).is_some();
+        crate::state::queue::hand_back(state, event, true);
+        if waited && crate::state::queue::waiting_since(state).is_none() {
+            after_fold(state)?;
+        }
         Ok(Some(decided))
     } else {
         // A stale timer firing, or a message already folded: no rules.

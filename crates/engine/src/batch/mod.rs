@@ -403,9 +403,12 @@ impl FoldBatch {
             false => None,
         };
         let queue = &mut self.queue;
-        let waited_since = queue.before(state);
+        // Since when it waited before each look at it (a second look follows a hand-back the
+        // rules decided: `fold_and_decide`).
+        let mut waited_since = queue.before(state);
         let mut after_fold = |after: &ConversationState| {
             queue.after(reads, after, waited_since, event.timestamp)?;
+            waited_since = crate::state::queue::waiting_since(after);
             match rules.needs().queue {
                 true => queue.standing(reads, after).map(Some),
                 false => Ok(None),

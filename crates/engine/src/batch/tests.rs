@@ -198,3 +198,39 @@ fn a_batch_whose_partitions_do_not_match_its_events_is_refused() {
     };
     assert!(fold_batch(&mut reads, batch, &greet()).is_err());
 }
+
+/// The queue's definition (issue 37): a rule that turns manual mode off for the request (after
+/// hours) hands the user back at the deciding event itself: the conversation never stays in
+/// the queue, and the figures count it joined and left `timed_out` in that one fold.
+#[test]
+fn a_request_the_rules_hand_back_leaves_the_queue_at_its_own_event_timed_out() {
+    let raw = r#"{"id":"e1","event":"bot.conversation.agent_call_requested","sourceType":"bot",
+        "sourceId":"B1","timestamp":5,"data":{"conversation":{"id":"c1","botId":"B1",
+        "platform":"web","userKey":"k1","params":{},"context":{"platform":"web"}}}}"#;
+    let events = [(1, parse_event(raw).expect("agent call"))];
+    let text = "[[rule]]\nname = \"closed\"\non = [\"bot.conversation.agent_call_requested\"]\n\
+                actions = [{ type = \"set_manual\", enabled = false }]\n";
+    let rules =
+        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.into())]).expect("rules");
+    let partitions = [model::webhook::partition_of(&events[0].1)];
+    let batch = Batch {
+        events: &events,
+        partitions: &partitions,
+        received: &[],
+        position: &Position::default(),
+        now: 1_000,
+    };
+    let writes = fold_batch(&mut Maps::default(), batch, &rules).expect("fold");
+    let state = &writes.conversations[0].state;
+    assert_eq!(crate::state::queue::waiting_since(state), None);
+    assert_eq!(state.handoff.handed_back_at, Some(5));
+    assert!(writes.queue.joined.is_empty(), "{:?}", writes.queue.joined);
+    assert_eq!(
+        writes.applied.queue_exits,
+        [(QueueExit::TimedOut, None)],
+        "one exit, timed out"
+    );
+    let (_, hour) = &writes.queue.hours[0];
+    assert_eq!(hour.joined, 1);
+    assert_eq!(hour.exits.timed_out, 1, "{hour:?}");
+}

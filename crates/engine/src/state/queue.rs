@@ -47,11 +47,11 @@ pub fn handed_back(s: &ConversationState) -> bool {
 
 /// The fold's part of the queue's definition, after `event` is folded into `s` (`live`: it
 /// reaches the rules): a waiting conversation is handed back to the bot, and leaves the queue,
-/// when its wait runs out (a live firing of [`WAIT_TIMER`]), or at its next event once the
-/// rules turned manual mode off for this request without anyone taking it (the after-hours
-/// answer; the shipped rules follow it with a short timer, so that next event comes at once).
+/// when its wait runs out (a live firing of [`WAIT_TIMER`]), or once the rules turned manual mode
+/// off for this request without anyone taking it (the after-hours answer: the fold judges again
+/// right after the rules decided, `fold::fold_and_decide`, so it leaves at the deciding event).
 /// Pure and stamped with the event's time, so a replay leaves the queue at the same event.
-pub(super) fn hand_back(s: &mut ConversationState, event: &Event, live: bool) {
+pub(crate) fn hand_back(s: &mut ConversationState, event: &Event, live: bool) {
     let Some(since) = waiting_since(s) else {
         return;
     };

@@ -616,16 +616,11 @@ fn a_wait_that_runs_out_or_is_turned_off_by_the_rules_leaves_the_queue_timed_out
     assert_eq!(queue::waiting_since(&state), Some(600));
     assert_eq!(DeskPhase::of(&state), DeskPhase::Requested);
 
-    // After hours: the rules turned manual mode off at the request; its next event hands it back.
+    // After hours: the rules turned manual mode off at the request; judged again after they
+    // decided (as `fold::fold_and_decide` does), it leaves the queue at that same event.
     state.note_manual_decided(false, &again);
-    assert_eq!(
-        queue::waiting_since(&state),
-        Some(600),
-        "until its next event"
-    );
-    let next = timer_event("after-hours", 601, "e2/after-hours-hand-back/0");
-    state.start_timer("after-hours", run(601, "e2/after-hours-hand-back/0"));
-    assert!(state.apply(&next));
+    queue::hand_back(&mut state, &again, true);
     assert_eq!(queue::waiting_since(&state), None);
+    assert_eq!(state.handoff.handed_back_at, Some(600));
     assert_eq!(QueueExit::of(&state), QueueExit::TimedOut);
 }
