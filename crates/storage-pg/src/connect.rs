@@ -61,9 +61,11 @@ impl FromStr for SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(PgError::Url(format!(
+            other => {
+                return Err(PgError::Url(format!(
                 "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            ))),
+            )))
+            }
         })
     }
 }
