@@ -12,8 +12,10 @@
 mod early;
 mod servers;
 mod service;
+mod store;
 
 pub use early::listen_on;
+pub use store::{open_offline, postgres_options, Backend};
 
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
@@ -63,6 +65,9 @@ pub enum AppError {
     Rules(#[from] engine::rules::LoadError),
     #[error("TLS: {0}")]
     Tls(String),
+    /// `store.url_file` or `store.ca_file` unusable.
+    #[error("store: {0}")]
+    StoreConfig(String),
     /// Only a restart mends the store (see `storage::Stuck`): end the process with this code, at
     /// once, as a crash would.
     #[error("the store is stuck; a restart mends it (exit code {exit_code})")]
@@ -188,7 +193,7 @@ pub enum Stopped {
 }
 
 /// The store being opened off the runtime's threads.
-type Opening = tokio::task::JoinHandle<Result<Result<SledStore, AppError>, std::io::Error>>;
+type Opening = tokio::task::JoinHandle<Result<Result<Backend, AppError>, std::io::Error>>;
 
 /// A daemon built and not yet running: see the module's docs.
 pub struct Application {
@@ -244,9 +249,17 @@ impl Application {
         // (docs/operations.md, "Start time"): the webhook is then answered during a start, not
         // refused. The log's lock is taken here, so a store in use stops the start before
         // anything else.
-        let early_log =
-            storage::IntakeLog::open_early(&data.store_path(), storage::eventlog::SEGMENT_BYTES)?;
         let metrics = Metrics::new()?;
+        let (trust, tls_observer) = client_tls(&config, &metrics);
+        let postgres = store::postgres_options(&config, &trust)?;
+        // PostgreSQL answers at once once connected: no early intake (sled's log only).
+        let early_log = match postgres {
+            Some(_) => None,
+            None => storage::IntakeLog::open_early(
+                &data.store_path(),
+                storage::eventlog::SEGMENT_BYTES,
+            )?,
+        };
         let public_tls =
             crate::tls::PublicTls::from_files(config.server.tls.files()).map_err(AppError::Tls)?;
         let webhook_watch = crate::backfill::WebhookWatch::new(&metrics);
@@ -296,10 +309,14 @@ impl Application {
                 (None, Some(early))
             }
         };
-        let (trust, tls_observer) = client_tls(&config, &metrics);
         let upstream = Upstream::start(&config, &metrics, &clock, (&trust, tls_observer.clone()))?;
         let fold_priority = fold_priority(&config.dispatch);
-        let opening = open_store(&config, &data, early_log, (fold_priority, clock.clone()));
+        let opening = open_store(
+            &config,
+            &data,
+            (early_log, postgres),
+            (fold_priority, clock.clone()),
+        );
         let addrs = Addrs {
             public: public_addr,
             admin: admin_addr,
@@ -467,9 +484,9 @@ impl Application {
     /// The store's gauges, the pipeline (help desks, executor, dispatcher, writer) and the
     /// background tasks (timers, reconciliation, backfill, pruning, rule reloads), and the
     /// handlers' state.
-    fn start_services(&mut self, backend: SledStore) -> Result<Running, AppError> {
+    fn start_services(&mut self, backend: Backend) -> Result<Running, AppError> {
         // The rest of the daemon sees the store through its port only.
-        let store: Store = Arc::new(backend.clone());
+        let store: Store = backend.port();
         let webhook_token = match &self.early {
             Some(early) => early.tokens.clone(),
             None => webhook_tokens(&self.config, &self.data)?,
@@ -669,7 +686,7 @@ impl Application {
     fn start_pipeline(
         &self,
         store: &Store,
-        backend: SledStore,
+        backend: Backend,
         stop_rx: &watch::Receiver<bool>,
     ) -> Result<Pipeline, AppError> {
         let config = &self.config;
@@ -726,20 +743,20 @@ impl Application {
         let to_dispatch = dispatch.clone();
         let durable: storage::writer::Durable =
             Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end));
-        let writer = match &self.early {
-            Some(early) => {
+        let hooks = WriterHooks {
+            observe: observe_groups(metrics),
+            durable,
+        };
+        let writer = match (backend, &self.early) {
+            (Backend::Sled(sled), Some(early)) => {
                 // What it logged meanwhile is indexed and handed to the dispatcher now.
-                early.attach.attach(backend, durable);
+                early.attach.attach(*sled, hooks.durable);
                 early.intake.writer.clone()
             }
-            None => SledWriter::start(
-                backend,
-                WriterHooks {
-                    observe: observe_groups(metrics),
-                    durable,
-                },
-                self.stuck_report.clone(),
-            )?,
+            (Backend::Sled(sled), None) => {
+                SledWriter::start(*sled, hooks, self.stuck_report.clone())?
+            }
+            (Backend::Postgres(pg), _) => storage_pg::PgWriter::start(pg, hooks)?,
         };
         // The executor and the task that hands it durable decisions run beside the Open API
         // client, so a handoff's calls reach the client without crossing threads (a hop each way
@@ -1109,9 +1126,14 @@ fn intake_state(
 fn open_store(
     config: &Config,
     data: &DataDir,
-    early_log: Option<storage::IntakeLog>,
+    (early_log, postgres): (Option<storage::IntakeLog>, Option<storage_pg::PgOptions>),
     (priority, clock): (crate::background::Priority, model::clock::Clock),
 ) -> Opening {
+    if let Some(options) = postgres {
+        return tokio::task::spawn_blocking(move || {
+            Ok(store::open_postgres(&options, clock).map_err(AppError::from))
+        });
+    }
     let store_path = data.store_path();
     let cache_capacity = config.store.cache_capacity_bytes;
     // sled replays what it wrote since the previous start: after a long run, seconds to minutes
@@ -1130,7 +1152,7 @@ fn open_store(
             None => SledStore::open(&store_path, cache_capacity)?,
         };
         store.start_background()?;
-        Ok::<_, AppError>(store.with_clock(clock))
+        Ok::<_, AppError>(Backend::Sled(Box::new(store.with_clock(clock))))
     };
     tokio::task::spawn_blocking(move || {
         crate::background::on_thread_at(priority, "store-open", open)

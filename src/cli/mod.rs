@@ -445,10 +445,8 @@ fn load_with(args: &ConfigArgs, overrides: Overrides) -> Result<Config, ConfigEr
 }
 
 /// The configured store, opened for a command run with no daemon (which would hold it).
-fn open_store(config: &Config) -> Result<storage::Store, storage::StoreError> {
-    let data = handoff_bridge::datadir::DataDir::new(&config.store.data_dir);
-    let store = storage::SledStore::open(&data.store_path(), config.store.cache_capacity_bytes)?;
-    Ok(std::sync::Arc::new(store))
+fn open_store(config: &Config) -> Result<storage::Store, handoff_bridge::app::AppError> {
+    handoff_bridge::app::open_offline(config)
 }
 
 /// Run a parsed command. `serve` blocks until shutdown.

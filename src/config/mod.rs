@@ -227,7 +227,16 @@ pub struct WebhookConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
+    /// sled's store, and the daemon's own files (tokens, `daemon.json`) with any backend.
     pub data_dir: PathBuf,
+    /// `postgres://user:password@host:port/database?sslmode=...`: the PostgreSQL store instead of
+    /// sled (`HANDOFF_BRIDGE_STORE_URL`). A secret (its password): never shown.
+    pub url: Secret,
+    /// A file whose first line is `url` (the password kept out of the config).
+    pub url_file: String,
+    /// A private CA (PEM) trusted for the database's certificate besides the platform's roots
+    /// (`sslmode=verify-ca` / `verify-full`; `sslrootcert` in the URL works too).
+    pub ca_file: String,
     /// sled's page cache; bounds most of the daemon's memory.
     pub cache_capacity_bytes: u64,
     /// How long processed events stay in the event log.
@@ -243,6 +252,23 @@ pub struct StoreConfig {
     /// re-processed.
     #[serde(with = "duration_or_off")]
     pub quarantine_retention: Duration,
+}
+
+impl StoreConfig {
+    /// The PostgreSQL store's URL: `url` (or its variable), else `url_file`'s first line;
+    /// `None`: sled in `data_dir`.
+    pub fn resolve_url(&self) -> Result<Option<Secret>, String> {
+        if !self.url.is_empty() {
+            return Ok(Some(self.url.clone()));
+        }
+        if self.url_file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&self.url_file)
+            .map_err(|e| format!("store.url_file {}: {e}", self.url_file))?;
+        let url = text.lines().next().unwrap_or_default().trim();
+        Ok((!url.is_empty()).then(|| Secret::new(url)))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -426,6 +452,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("HANDOFF_BRIDGE_LISTEN", "server.listen"),
     ("HANDOFF_BRIDGE_ADMIN_LISTEN", "admin.listen"),
     ("HANDOFF_BRIDGE_DATA_DIR", "store.data_dir"),
+    ("HANDOFF_BRIDGE_STORE_URL", "store.url"),
     ("HANDOFF_BRIDGE_WEBHOOK_TOKENS", "webhook.tokens"),
     ("HANDOFF_BRIDGE_ADMIN_TOKEN", "admin.token"),
     ("HANDOFF_BRIDGE_LOG_FORMAT", "log.format"),
@@ -484,6 +511,14 @@ impl Config {
                 crate::tls::load_certified_key(Path::new(&tls.cert_file), Path::new(&tls.key_file))
             {
                 bad("server.tls", &tls.cert_file, &e);
+            }
+        }
+        if let Err(e) = self.store.resolve_url() {
+            bad("store.url_file", &self.store.url_file, &e);
+        }
+        if !self.store.ca_file.is_empty() {
+            if let Err(e) = upstream::tls::read_ca_file(Path::new(&self.store.ca_file)) {
+                bad("store.ca_file", &self.store.ca_file, &e);
             }
         }
         let up = &self.upstream;
@@ -938,6 +973,7 @@ fn same_type(a: &toml::Value, b: &toml::Value) -> bool {
 
 /// Keys whose values are never shown, even in error messages.
 const SECRET_KEYS: &[&str] = &[
+    "store.url",
     "webhook.tokens",
     "admin.token",
     "admin.viewer_tokens",

@@ -12,6 +12,7 @@ pub(super) fn check_all(c: &Config, p: &mut Problems) {
     listeners(c, p);
     webhook(c, p);
     retention(c, p);
+    store(c, p);
     backfill(c, p);
     dispatch(c, p);
     outbox(c, p);
@@ -22,6 +23,27 @@ pub(super) fn check_all(c: &Config, p: &mut Problems) {
     reconcile(c, p);
     helpdesk(c, p);
     log_level(c, p);
+}
+
+/// `store.url` / `store.url_file`: one of them, a PostgreSQL URL (never shown).
+fn store(c: &Config, p: &mut Problems) {
+    let s = &c.store;
+    if !s.url.is_empty() && !s.url_file.is_empty() {
+        p.add(
+            "store.url_file",
+            &s.url_file,
+            "give url or url_file, not both",
+        );
+    }
+    let url = s.url.expose();
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if !(url.is_empty() || postgres) {
+        p.add(
+            "store.url",
+            &"****",
+            "not a postgres:// URL (empty: sled in store.data_dir)",
+        );
+    }
 }
 
 /// `server.listen`, `admin.listen`, and the public server's connection and shutdown limits.

@@ -188,8 +188,9 @@ async fn handle(
         Err(e) => {
             outcome("unavailable");
             tracing::error!(error = %e, "cannot store delivery");
-            return Err(ApiError::unavailable(
+            return Ok(api_error::unavailable_retry_after(
                 "the store cannot persist the delivery now; retry later",
+                STORE_RETRY_AFTER_SECS,
             ));
         }
     };
@@ -205,6 +206,9 @@ async fn handle(
     }
     Ok(HttpResponse::Ok().json(receipt))
 }
+
+/// What a delivery the store could not take is told to wait before it is sent again.
+const STORE_RETRY_AFTER_SECS: u32 = 5;
 
 /// The caller may deliver: its address is allowed and it carries a webhook token, as the last
 /// path segment or a `token` query parameter (both forms appear in registered URLs). Else the

@@ -42,6 +42,7 @@ mod outbox_backpressure;
 mod outbox_outages;
 mod outbox_pages;
 mod outbox_wake;
+mod postgres;
 mod quarantine_pages;
 mod reconcile;
 mod reconcile_outage;

@@ -118,6 +118,18 @@ pub fn starting_because(message: &str) -> HttpResponse {
     response
 }
 
+/// JSON 503 `store_unavailable` with `Retry-After` (seconds): the store cannot take a write now
+/// (the database away, a failing disk); nothing was acknowledged.
+pub fn unavailable_retry_after(message: &str, seconds: u32) -> HttpResponse {
+    let mut response = ApiError::unavailable(message).error_response();
+    if let Ok(value) = actix_web::http::header::HeaderValue::from_str(&seconds.to_string()) {
+        response
+            .headers_mut()
+            .insert(actix_web::http::header::RETRY_AFTER, value);
+    }
+    response
+}
+
 /// JSON 405 with the `Allow` header: the methods the path does serve (`allow`, e.g. `"GET"` or
 /// `"GET, POST"`), as RFC 9110 asks of a 405.
 pub fn method_not_allowed_allowing(allow: &str) -> HttpResponse {

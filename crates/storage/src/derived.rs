@@ -14,7 +14,7 @@ use super::{keys, ConversationState, SledStore, StoreError};
 use engine::index::Derived;
 
 /// A derived entry's key.
-pub(crate) fn key(entry: &Derived) -> Vec<u8> {
+pub fn key(entry: &Derived) -> Vec<u8> {
     match entry {
         Derived::Phase {
             phase,

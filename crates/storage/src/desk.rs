@@ -42,6 +42,16 @@ impl DeskCursor {
         DeskCursor(keys::desk_position(s.handoff.requested_at, s.id.as_str()))
     }
 
+    /// A cursor at a position in the listing's order (for backends: [`keys::desk_position`]).
+    pub fn at(position: Vec<u8>) -> Self {
+        DeskCursor(position)
+    }
+
+    /// The position this cursor names (for backends).
+    pub fn position(&self) -> &[u8] {
+        &self.0
+    }
+
     /// The cursor's text (base64url, no padding).
     pub fn encode(&self) -> String {
         URL_SAFE_NO_PAD.encode(&self.0)

@@ -294,7 +294,7 @@ fn journal_records<S: Serialize>(
 }
 
 /// A stored event re-run by a replay, parsed (one that no longer parses is left out).
-pub(crate) fn replayed(record: super::EventRecord) -> Option<engine::replay::Replayed> {
+pub fn replayed(record: super::EventRecord) -> Option<engine::replay::Replayed> {
     let event = model::webhook::parse_event(record.event.get()).ok()?;
     Some(engine::replay::Replayed {
         partition: record.partition,

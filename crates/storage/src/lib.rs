@@ -65,8 +65,10 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use derived::key as derived_key;
 pub use durable::sled_file;
 pub use eventlog::sync_dir;
+pub use fold::replayed;
 pub use intake::{Checked, Unindexed};
 pub use log::IntakeLog;
 use port::{Lifecycle, Retention};

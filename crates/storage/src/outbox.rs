@@ -36,7 +36,8 @@ pub struct ActionStatus {
 }
 
 impl ActionStatus {
-    pub(super) fn pending(seq: u64, at: Millis) -> Self {
+    /// A decided entry's status (for backends).
+    pub fn pending(seq: u64, at: Millis) -> Self {
         ActionStatus {
             state: "pending".into(),
             seq,

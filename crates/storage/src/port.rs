@@ -244,6 +244,17 @@ pub trait Folds {
 pub trait FoldSession: FoldReads<Error = StoreError> {
     /// The decisions' clock: the daemon's time now.
     fn now(&self) -> Millis;
+    /// Before the engine folds `events` (with their `partitions`): read what it will ask for in
+    /// a few round trips, so its reads one record at a time are answered from memory (a
+    /// backend across a network). Provided: nothing (a backend in process reads fast enough).
+    fn prefetch(
+        &mut self,
+        events: &[(u64, Event)],
+        partitions: &[PartitionKey],
+    ) -> Result<(), StoreError> {
+        let _ = (events, partitions);
+        Ok(())
+    }
     /// What a replay of the events received in `[from, to)` re-runs: the folded events of the
     /// conversations with a folded event in the window, from each one's first stored event up
     /// to the window's last, in acceptance order (those that no longer parse left out); and how
@@ -268,6 +279,7 @@ fn fold_in(
     rules: &dyn Decide,
     position: &Position,
 ) -> Result<Applied, StoreError> {
+    session.prefetch(events, partitions)?;
     let batch = engine::batch::Batch {
         events,
         partitions,

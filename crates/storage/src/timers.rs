@@ -178,8 +178,8 @@ impl TimerWakeup {
         self.notify.notify_one();
     }
 
-    /// A fold wrote a timer due at `due_at` (after writing it).
-    pub(crate) fn started(&self, due_at: Millis) {
+    /// A fold wrote a timer due at `due_at` (after writing it; for backends).
+    pub fn started(&self, due_at: Millis) {
         // After the tree was written: either the firer's read sees the timer, or this sees the
         // firer looking (`looking`).
         std::sync::atomic::fence(Ordering::SeqCst);

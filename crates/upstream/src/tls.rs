@@ -74,10 +74,9 @@ impl Trust {
         }
     }
 
-    /// A client config for one destination: the platform's roots plus the certificates of
-    /// `ca_file` (empty: none). Hostname verification is always on (rustls' webpki verifier;
-    /// there is no way to turn it off here).
-    pub fn client_config(&self, ca_file: &str) -> Result<Arc<ClientConfig>, String> {
+    /// The certificates one destination trusts: the platform's roots plus those of `ca_file`
+    /// (empty: none). For a client that builds its own config (the PostgreSQL store's).
+    pub fn roots(&self, ca_file: &str) -> Result<RootCertStore, String> {
         let mut roots = (*self.platform).clone();
         if !ca_file.is_empty() {
             for cert in read_ca_file(Path::new(ca_file)).map_err(|e| format!("{ca_file}: {e}"))? {
@@ -86,6 +85,14 @@ impl Trust {
                     .map_err(|e| format!("{ca_file}: not a usable CA certificate: {e}"))?;
             }
         }
+        Ok(roots)
+    }
+
+    /// A client config for one destination: the platform's roots plus the certificates of
+    /// `ca_file` (empty: none). Hostname verification is always on (rustls' webpki verifier;
+    /// there is no way to turn it off here).
+    pub fn client_config(&self, ca_file: &str) -> Result<Arc<ClientConfig>, String> {
+        let roots = self.roots(ca_file)?;
         let mut config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS setup: {e}"))?

@@ -1,0 +1,508 @@
+//! The folds: the events still to fold (above their partitions' marks from the watermark), and
+//! fold sessions. A session is one transaction on one connection, serialised (the store's fold
+//! lock, then `pg_advisory_xact_lock(fold lock)`); the engine's reads are answered from what
+//! `prefetch` read for the batch in one round trip where it can, and the write set is committed
+//! in a few pipelined statements, wholly or (any failure) not at all.
+
+use crate::rows::{big, cursor, json, num, parse, seq_of};
+use crate::{PgError, PgStore};
+use deadpool_postgres::Object;
+use engine::batch::{FoldReads, WriteSet};
+use engine::index::QueueSpot;
+use engine::state::queue::AcceptHistory;
+use engine::state::stats::HandoffStats;
+use engine::state::{BotState, ConversationState, EndUserState};
+use model::cursor::Cursor;
+use model::ids::{ConversationId, EndUserId, PartitionKey};
+use model::webhook::model::{Event, Millis, Payload};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::MutexGuard;
+use storage::port::{FoldSession, Folds, ReplayEvents};
+use storage::{Applied, EventRecord, Pending, PendingEvent, StoreError};
+use tokio_postgres::types::ToSql;
+
+/// An event row's columns, in this order, for [`record`].
+pub(crate) const EVENT_COLUMNS: &str = "e.seq, e.id, e.delivery, e.received_at, e.partition, \
+                                        e.kind, e.body";
+
+/// An event row (selected as [`EVENT_COLUMNS`]) as the port's record.
+pub(crate) fn record(row: &tokio_postgres::Row) -> Result<EventRecord, PgError> {
+    let body: String = row.get(6);
+    let event = serde_json::value::RawValue::from_string(body).map_err(|e| PgError::Corrupt {
+        what: "stored event",
+        detail: e.to_string(),
+    })?;
+    Ok(EventRecord {
+        seq: num(row.get(0)),
+        id: model::ids::EventId::new(row.get::<_, String>(1)),
+        delivery: model::ids::DeliveryId::new(row.get::<_, String>(2)),
+        received_at: row.get(3),
+        partition: row.get(4),
+        kind: row.get(5),
+        event,
+    })
+}
+
+/// Whether an event is still to fold, as SQL over `e` (events) and `f` (folded) with the
+/// watermark as `$1`.
+const PENDING: &str = "(e.seq >= $1 AND (f.mark IS NULL OR e.seq > f.mark))";
+
+impl PgStore {
+    fn pending_until(&self, until: Option<u64>) -> Result<Pending, StoreError> {
+        let until = until.map(big).unwrap_or(i64::MAX);
+        self.with_client(move |client| async move {
+            let from: i64 = client
+                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .await?
+                .get(0);
+            let sql = format!(
+                "SELECT e.seq, e.partition FROM events e LEFT JOIN folded f \
+                 ON f.partition = e.partition WHERE {PENDING} AND e.seq < $2 ORDER BY e.seq"
+            );
+            let rows = client.query(&sql, &[&from, &until]).await?;
+            let mut events = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let seq = num(row.get(0));
+                let partition = PartitionKey::decode(row.get(1)).ok_or(PgError::Corrupt {
+                    what: "event partition",
+                    detail: row.get(1),
+                })?;
+                events.push(PendingEvent {
+                    seq,
+                    partition,
+                    at: cursor(seq),
+                });
+            }
+            let end = match until {
+                i64::MAX => {
+                    let max: Option<i64> = client
+                        .query_one("SELECT max(seq) FROM events", &[])
+                        .await?
+                        .get(0);
+                    max.map_or(from, |m| (m + 1).max(from))
+                }
+                until => until,
+            };
+            Ok(Pending {
+                events,
+                end: cursor(num(end)),
+            })
+        })
+    }
+}
+
+impl Folds for PgStore {
+    fn pending(&self) -> Result<Pending, StoreError> {
+        self.pending_until(None)
+    }
+
+    fn pending_before_writer(&self) -> Result<Pending, StoreError> {
+        let until = *self.0.writer_from.lock().unwrap_or_else(|p| p.into_inner());
+        self.pending_until(until)
+    }
+
+    fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError> {
+        if seq_of(at) != seq {
+            return Err(StoreError::Corrupt(
+                "an event's cursor is its number".into(),
+            ));
+        }
+        self.with_client(move |client| async move {
+            let sql = format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = $1");
+            let row = client.query_opt(&sql, &[&big(seq)]).await?;
+            row.as_ref().map(record).transpose()
+        })
+    }
+
+    fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
+        let folding = self.fold_guard();
+        let (pool, lock) = (self.0.pool.clone(), self.0.locks.fold);
+        let handle = self.handle().clone();
+        let client = self.block(async move {
+            let client = TxClient(Some(pool.get().await?), handle);
+            client
+                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await?;
+            client
+                .execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+                .await?;
+            Ok(client)
+        })?;
+        Ok(Box::new(PgFold {
+            store: self,
+            _folding: folding,
+            client: Some(client),
+            cache: Cache::default(),
+        }))
+    }
+
+    fn fold_from(&self) -> Result<Cursor, StoreError> {
+        self.with_client(|client| async move {
+            let row = client
+                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .await?;
+            Ok(cursor(num(row.get(0))))
+        })
+    }
+
+    fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
+        let _folding = self.fold_guard();
+        let to = big(seq_of(to));
+        self.with_client(move |client| async move {
+            client
+                .execute(
+                    "UPDATE meta SET value = GREATEST(value, $1) WHERE key = 'fold_from'",
+                    &[&to],
+                )
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// A connection inside a fold's transaction. Dropped uncommitted (a failed read, a session
+/// given up, a timeout): rolled back before it goes back to the pool, or closed when that fails,
+/// so no other work ever runs inside it.
+pub(crate) struct TxClient(Option<Object>, tokio::runtime::Handle);
+
+impl std::ops::Deref for TxClient {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        match &self.0 {
+            Some(client) => client,
+            // Taken only by `done` and `drop`, which consume it.
+            None => unreachable!("a fold connection used after it was handed back"),
+        }
+    }
+}
+
+impl TxClient {
+    /// Committed: back to the pool as it is.
+    fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for TxClient {
+    fn drop(&mut self) {
+        let Some(client) = self.0.take() else { return };
+        self.1.spawn(async move {
+            let rollback = client.batch_execute("ROLLBACK");
+            if !matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(5), rollback).await,
+                Ok(Ok(()))
+            ) {
+                drop(Object::take(client));
+            }
+        });
+    }
+}
+
+/// What a session read ahead for its batch, taken by the engine's reads (`None` inside: read,
+/// not there).
+#[derive(Default)]
+struct Cache {
+    conversations: HashMap<String, Option<String>>,
+    end_users: HashMap<String, Option<String>>,
+    bots: HashMap<String, Option<String>>,
+    marks: HashMap<String, Option<u64>>,
+    /// The events whose ledger rows were read, and those rows (action id -> state).
+    ledger_events: HashSet<String>,
+    ledger: HashMap<String, String>,
+}
+
+/// A fold under way.
+struct PgFold<'s> {
+    store: &'s PgStore,
+    _folding: MutexGuard<'s, ()>,
+    client: Option<TxClient>,
+    cache: Cache,
+}
+
+impl PgFold<'_> {
+    /// `work` with the session's connection, on the store's runtime.
+    fn call<T, F, Fut>(&mut self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(TxClient) -> Fut + Send + 'static,
+        Fut: Future<Output = (TxClient, Result<T, PgError>)> + Send,
+    {
+        let client = self.client.take().ok_or_else(|| {
+            StoreError::Internal("the fold's connection was lost by an earlier failure".into())
+        })?;
+        let (client, out) = self.store.block(async move { Ok(work(client).await) })?;
+        self.client = Some(client);
+        out.map_err(StoreError::from)
+    }
+
+    /// One row's text column `sql` selects by `key`.
+    fn text(&mut self, sql: &'static str, key: String) -> Result<Option<String>, StoreError> {
+        self.call(move |c| async move {
+            let row = c.query_opt(sql, &[&key]).await;
+            (c, row.map(|r| r.map(|r| r.get(0))).map_err(PgError::from))
+        })
+    }
+
+    fn state<T: serde::de::DeserializeOwned>(
+        &mut self,
+        cached: Option<Option<String>>,
+        sql: &'static str,
+        key: &str,
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        let text = match cached {
+            Some(text) => text,
+            None => self.text(sql, key.to_owned())?,
+        };
+        Ok(text.map(|t| parse(&t, what)).transpose()?)
+    }
+}
+
+impl FoldReads for PgFold<'_> {
+    type Error = StoreError;
+
+    fn conversation(
+        &mut self,
+        id: &ConversationId,
+    ) -> Result<Option<ConversationState>, StoreError> {
+        let cached = self.cache.conversations.remove(id.as_str());
+        let sql = "SELECT state FROM conversations WHERE id = $1";
+        self.state(cached, sql, id.as_str(), "conversation state")
+    }
+
+    fn end_user(&mut self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
+        let cached = self.cache.end_users.remove(id.as_str());
+        let sql = "SELECT state FROM end_users WHERE id = $1";
+        self.state(cached, sql, id.as_str(), "end-user state")
+    }
+
+    fn bot(&mut self, id: &str) -> Result<Option<BotState>, StoreError> {
+        let cached = self.cache.bots.remove(id);
+        self.state(
+            cached,
+            "SELECT state FROM bots WHERE id = $1",
+            id,
+            "bot state",
+        )
+    }
+
+    fn folded_mark(&mut self, partition: &str) -> Result<Option<u64>, StoreError> {
+        if let Some(mark) = self.cache.marks.remove(partition) {
+            return Ok(mark);
+        }
+        let key = partition.to_owned();
+        self.call(move |c| async move {
+            let row = c
+                .query_opt("SELECT mark FROM folded WHERE partition = $1", &[&key])
+                .await;
+            (
+                c,
+                row.map(|r| r.map(|r| num(r.get(0)))).map_err(PgError::from),
+            )
+        })
+    }
+
+    fn decided_before(&mut self, action_id: &str) -> Result<bool, StoreError> {
+        Ok(self.ledger_state(action_id)?.is_some())
+    }
+
+    fn ledger_state(&mut self, action_id: &str) -> Result<Option<String>, StoreError> {
+        // An action id is `event/rule/index`.
+        let event = action_id.rsplitn(3, '/').nth(2).unwrap_or(action_id);
+        if self.cache.ledger_events.contains(event) {
+            return Ok(self.cache.ledger.get(action_id).cloned());
+        }
+        self.text(
+            "SELECT state FROM ledger WHERE id = $1",
+            action_id.to_owned(),
+        )
+    }
+
+    fn accept_history(&mut self, bot: &str) -> Result<Option<AcceptHistory>, StoreError> {
+        let sql = "SELECT history FROM accept_history WHERE bot = $1";
+        self.state(None, sql, bot, "accept history")
+    }
+
+    fn hour_stats(&mut self, hour: Millis) -> Result<Option<HandoffStats>, StoreError> {
+        let text = self.call(move |c| async move {
+            let row = c
+                .query_opt("SELECT stats FROM hour_stats WHERE hour = $1", &[&hour])
+                .await;
+            (
+                c,
+                row.map(|r| r.map(|r| r.get::<_, String>(0)))
+                    .map_err(PgError::from),
+            )
+        })?;
+        // A record that cannot be read is counted afresh: the figures never hold the folds up.
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+    }
+
+    fn waiting_standing(
+        &mut self,
+        bot: &str,
+        own: Option<QueueSpot<'_>>,
+        found: &mut dyn Iterator<Item = QueueSpot<'_>>,
+    ) -> Result<(usize, usize), StoreError> {
+        let found: Vec<(Millis, String)> = found
+            .map(|f| (f.since, f.conversation.to_owned()))
+            .collect();
+        let own = own.map(|o| (o.since, o.conversation.to_owned()));
+        let bot = bot.to_owned();
+        self.call(move |c| async move {
+            let out = crate::reads::standing(&*c, &bot, own.as_ref(), &found).await;
+            (c, out)
+        })
+    }
+}
+
+impl FoldSession for PgFold<'_> {
+    fn now(&self) -> Millis {
+        self.store.0.clock.now_millis()
+    }
+
+    /// The batch's states, marks and ledger rows, read in one pipelined round trip.
+    fn prefetch(
+        &mut self,
+        events: &[(u64, Event)],
+        partitions: &[PartitionKey],
+    ) -> Result<(), StoreError> {
+        let wanted = Wanted::of(events, partitions);
+        let cache = self.call(move |c| async move {
+            let read = wanted.read(&c).await;
+            (c, read)
+        })?;
+        self.cache = cache;
+        Ok(())
+    }
+
+    fn replay_events(&mut self, from: Millis, to: Millis) -> Result<ReplayEvents, StoreError> {
+        self.call(move |c| async move {
+            let out = crate::reads::replay_events(&*c, from, to).await;
+            (c, out)
+        })
+    }
+
+    fn commit(mut self: Box<Self>, writes: WriteSet) -> Result<Applied, StoreError> {
+        let fail = self
+            .store
+            .0
+            .fail_next_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        if fail {
+            return Err(StoreError::Internal("a commit failed on purpose".into()));
+        }
+        let earliest = writes.timers.earliest;
+        let client = self.client.take().ok_or_else(|| {
+            StoreError::Internal("the fold's connection was lost by an earlier failure".into())
+        })?;
+        let applied = self.store.block(async move {
+            let applied = crate::outbox::commit_writes(&client, writes).await?;
+            client.batch_execute("COMMIT").await?;
+            client.done();
+            Ok(applied)
+        })?;
+        if let Some(due_at) = earliest {
+            self.store.0.timer_wakeup.started(due_at);
+        }
+        Ok(applied)
+    }
+}
+
+/// The keys a batch will read.
+struct Wanted {
+    conversations: Vec<String>,
+    end_users: Vec<String>,
+    bots: Vec<String>,
+    partitions: Vec<String>,
+    events: Vec<String>,
+}
+
+impl Wanted {
+    fn of(events: &[(u64, Event)], partitions: &[PartitionKey]) -> Wanted {
+        let mut out = Wanted {
+            conversations: Vec::new(),
+            end_users: Vec::new(),
+            bots: Vec::new(),
+            partitions: partitions.iter().map(PartitionKey::encode).collect(),
+            events: events
+                .iter()
+                .map(|(_, e)| e.id.as_str().to_owned())
+                .collect(),
+        };
+        for (_, event) in events {
+            match &event.payload {
+                Payload::EndUser(u) => out.end_users.push(u.id.as_str().to_owned()),
+                Payload::Bot(b) => out.bots.push(b.id.as_str().to_owned()),
+                payload => match payload.conversation_id() {
+                    Some(id) => out.conversations.push(id.as_str().to_owned()),
+                    None => out.bots.push(event.source_id.as_str().to_owned()),
+                },
+            }
+            if let Payload::Conversation(c) = &event.payload {
+                out.end_users
+                    .extend(c.end_user_id.as_ref().map(|u| u.as_str().to_owned()));
+            }
+        }
+        out
+    }
+
+    /// Read every wanted key (those not found cached as not there).
+    async fn read(self, c: &Object) -> Result<Cache, PgError> {
+        fn by(keys: &Vec<String>) -> [&(dyn ToSql + Sync); 1] {
+            [keys]
+        }
+        let params = [
+            by(&self.conversations),
+            by(&self.end_users),
+            by(&self.bots),
+            by(&self.partitions),
+            by(&self.events),
+        ];
+        let (convs, users, bots, marks, ledger) = tokio::try_join!(
+            c.query(
+                "SELECT id, state FROM conversations WHERE id = ANY($1)",
+                &params[0]
+            ),
+            c.query(
+                "SELECT id, state FROM end_users WHERE id = ANY($1)",
+                &params[1]
+            ),
+            c.query("SELECT id, state FROM bots WHERE id = ANY($1)", &params[2]),
+            c.query(
+                "SELECT partition, mark FROM folded WHERE partition = ANY($1)",
+                &params[3]
+            ),
+            c.query(
+                "SELECT id, state FROM ledger WHERE event_id = ANY($1)",
+                &params[4]
+            ),
+        )?;
+        let states = |keys: Vec<String>, rows: Vec<tokio_postgres::Row>| {
+            let mut map: HashMap<String, Option<String>> =
+                keys.into_iter().map(|k| (k, None)).collect();
+            map.extend(rows.iter().map(|r| (r.get(0), Some(r.get(1)))));
+            map
+        };
+        let mut cache = Cache {
+            conversations: states(self.conversations, convs),
+            end_users: states(self.end_users, users),
+            bots: states(self.bots, bots),
+            ledger_events: self.events.into_iter().collect(),
+            ledger: ledger.iter().map(|r| (r.get(0), r.get(1))).collect(),
+            ..Cache::default()
+        };
+        cache.marks = self.partitions.into_iter().map(|p| (p, None)).collect();
+        cache
+            .marks
+            .extend(marks.iter().map(|r| (r.get(0), Some(num(r.get(1))))));
+        Ok(cache)
+    }
+}
+
+/// A JSON document of a state to write.
+pub(crate) fn state_json<T: serde::Serialize>(state: &T) -> Result<String, PgError> {
+    json(state)
+}

@@ -1,0 +1,295 @@
+//! The PostgreSQL backend of the storage port ([`PgStore`]): every group of `storage::port`, a
+//! fold session ([`fold`]) that reads and commits a batch's write set in one transaction, and a
+//! group-commit intake writer ([`PgWriter`]). The schema is embedded and migrated at open, in one
+//! transaction under an advisory lock ([`schema`]); a schema newer than this binary knows is
+//! refused.
+//!
+//! The port is synchronous, the client async: the store runs tokio-postgres on a small runtime
+//! of its own, and each port call spawns its work there and waits for the answer on a plain
+//! channel, so it may be called from any thread (fold threads, blocking threads, async threads of
+//! another runtime) and never runs `block_on` inside a runtime. No transaction outlives one
+//! port call except a fold session's, which spans only the fold's own reads and its commit
+//! (never an HTTP call).
+//!
+//! # Numbers commit in order
+//!
+//! Sequence numbers are handed out when drawn, not when their transaction commits, so a reader
+//! that moved past number `n` because `n + 1` was visible could miss an `n` committed later.
+//! Neither the events nor the outbox can have such a hole:
+//!
+//! - **Events.** Every transaction that inserts events (the writer's group, an offline `accept`)
+//!   first takes `pg_advisory_xact_lock(events lock)`, then draws its numbers from `event_seq`,
+//!   then commits, which releases the lock after the commit is visible. So transactions holding
+//!   the lock draw in the order they commit, each number above every number committed before
+//!   it: the committed events are always a prefix of the numbers drawn (less gaps of rolled-back
+//!   groups, which no one waits for), in every snapshot. The writer hands committed events to the
+//!   dispatcher in that order; a start reads what is above the marks from the watermark.
+//! - **Outbox.** Entries are numbered from `outbox_seq` inside fold transactions, and folds are
+//!   serialised: an in-process lock (sled's fold lock) and, for any other process on the same
+//!   database, `pg_advisory_xact_lock(fold lock)` taken first thing in the transaction. So entries
+//!   commit in their numbers' order too, and the executor's cursor never passes one that commits
+//!   later.
+//!
+//! Both are tested (`tests/commit_order.rs`): concurrent writers while a reader follows the
+//! numbers; it never sees a number above one it has not seen yet.
+//!
+//! Every transaction of the folds' work (fold commits, outbox outcomes, retention) goes through
+//! `begin_active`, the one place where a fencing check (an epoch, when several nodes share
+//! a database) would join it.
+
+mod connect;
+mod desk_links;
+mod fold;
+mod intake;
+mod outbox;
+mod reads;
+mod retention;
+mod rows;
+mod schema;
+#[cfg(feature = "test-support")]
+pub mod testing;
+
+pub use connect::{mask, PgOptions, SslMode};
+pub use intake::PgWriter;
+pub use schema::SCHEMA_VERSION;
+
+use deadpool_postgres::{Object, Pool};
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use storage::timers::TimerWakeup;
+use storage::{BackendError, StoreError};
+
+/// The longest a port call waits for the database before it fails (the database unreachable,
+/// or a lock held by a stuck client).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the database failed a call.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("store.url: {0}")]
+    Url(String),
+    #[error("TLS to the database: {0}")]
+    Tls(String),
+    #[error("database: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("no connection to the database: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("the database did not answer within {}s", CALL_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("the database schema is version {found}, newer than this binary knows ({known})")]
+    TooNew { found: u32, known: u32 },
+    #[error("{what} unreadable: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("{0}")]
+    Internal(&'static str),
+}
+
+impl PgError {
+    /// Whether the connection failed (the database away, a timeout) rather than a statement.
+    fn is_connection(&self) -> bool {
+        match self {
+            PgError::Pool(_) | PgError::Timeout => true,
+            PgError::Db(e) => e.is_closed() || e.as_db_error().is_none(),
+            _ => false,
+        }
+    }
+}
+
+impl From<PgError> for StoreError {
+    fn from(e: PgError) -> StoreError {
+        match e {
+            PgError::TooNew { found, known } => StoreError::TooNew {
+                found,
+                supported: known,
+            },
+            PgError::Corrupt { what, detail } => StoreError::Corrupt(format!("{what}: {detail}")),
+            PgError::Internal(what) => StoreError::Internal(what.into()),
+            e => {
+                let connection = e.is_connection();
+                StoreError::Backend(BackendError::new(e, connection))
+            }
+        }
+    }
+}
+
+/// The PostgreSQL store. Clones share it (its pool, its runtime, its fold lock).
+#[derive(Clone)]
+pub struct PgStore(Arc<Inner>);
+
+struct Inner {
+    pool: Pool,
+    runtime: OwnRuntime,
+    clock: model::clock::Clock,
+    locks: schema::Locks,
+    /// Held by a fold session (and whatever writes what folds write), as sled's fold lock.
+    fold_lock: Mutex<()>,
+    timer_wakeup: Arc<TimerWakeup>,
+    /// The first event number a running writer hands over itself (see `pending_before_writer`).
+    writer_from: Mutex<Option<u64>>,
+    fail_next_commit: AtomicBool,
+}
+
+/// The store's runtime, shut down without waiting when the store goes (which may be on another
+/// runtime's thread, where waiting is not allowed).
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl PgStore {
+    /// Connect, migrate the schema, and keep a pool. A database that cannot be reached, refuses
+    /// the login or holds a newer schema is an error naming the masked URL, never its password.
+    pub fn open(options: &PgOptions, clock: model::clock::Clock) -> Result<PgStore, StoreError> {
+        let masked = options.masked_url();
+        let failed = |e: PgError| match e {
+            PgError::TooNew { .. } => StoreError::from(e),
+            e => StoreError::Open {
+                path: masked.clone(),
+                source: BackendError::new(e, false),
+            },
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pg-store")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                failed(PgError::Url(format!(
+                    "cannot start the store's runtime: {e}"
+                )))
+            })?;
+        let pool = connect::pool(options).map_err(failed)?;
+        let migrating = pool.clone();
+        let locks = run_on(&runtime.handle().clone(), async move {
+            let mut client = migrating.get().await?;
+            schema::migrate(&mut client).await
+        })
+        .map_err(failed)?;
+        Ok(PgStore(Arc::new(Inner {
+            pool,
+            runtime: OwnRuntime(Some(runtime)),
+            clock,
+            locks,
+            fold_lock: Mutex::new(()),
+            timer_wakeup: Arc::default(),
+            writer_from: Mutex::new(None),
+            fail_next_commit: AtomicBool::new(false),
+        })))
+    }
+
+    /// The next fold commit fails before it commits, writing nothing (tests of a failing store).
+    pub fn fail_next_commit(&self) {
+        self.0
+            .fail_next_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Run `work` on the store's runtime and wait for it, within [`CALL_TIMEOUT`].
+    fn block<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, PgError>> + Send + 'static,
+    {
+        run_on(self.handle(), work).map_err(StoreError::from)
+    }
+
+    /// `work` with a pooled connection, on the store's runtime.
+    fn with_client<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Object) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, PgError>> + Send,
+    {
+        let pool = self.0.pool.clone();
+        self.block(async move { work(pool.get().await?).await })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match &self.0.runtime.0 {
+            Some(runtime) => runtime.handle(),
+            // Only taken in Drop.
+            None => unreachable!("the store's runtime is gone while the store is in use"),
+        }
+    }
+
+    fn fold_guard(&self) -> MutexGuard<'_, ()> {
+        // Nothing the lock guards is left half done by a panic: the transaction is the state.
+        self.0
+            .fold_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Begin a transaction of the folds' work (a fold's commit, an outbox outcome, retention): the
+/// one place a fencing check (an epoch compared in the same transaction) joins, once several
+/// nodes share a database.
+async fn begin_active(client: &mut Object) -> Result<deadpool_postgres::Transaction<'_>, PgError> {
+    Ok(client.transaction().await?)
+}
+
+/// Spawn `work` on `handle` and wait for it on a plain channel (safe on any thread but one of
+/// this runtime's own, where no caller is: the store's runtime runs only the store's futures).
+fn run_on<T, F>(handle: &tokio::runtime::Handle, work: F) -> Result<T, PgError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, PgError>> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    handle.spawn(async move {
+        let out = tokio::time::timeout(CALL_TIMEOUT, work)
+            .await
+            .unwrap_or(Err(PgError::Timeout));
+        let _ = tx.send(out);
+    });
+    rx.recv()
+        .map_err(|_| PgError::Internal("the store's runtime stopped"))?
+}
+
+impl storage::port::Lifecycle for PgStore {
+    fn clock(&self) -> &model::clock::Clock {
+        &self.0.clock
+    }
+
+    /// Every commit is durable already (`synchronous_commit = on`).
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The size of this store's tables, indexes and TOAST.
+    fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        self.with_client(|client| async move {
+            let row = client
+                .query_one(
+                    "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint \
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+                    &[],
+                )
+                .await?;
+            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        })
+    }
+
+    /// A probe write.
+    fn takes_writes(&self) -> bool {
+        self.with_client(|client| async move {
+            client
+                .execute("UPDATE meta SET value = value WHERE key = 'fold_from'", &[])
+                .await?;
+            Ok(())
+        })
+        .is_ok()
+    }
+
+    fn start_background(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
