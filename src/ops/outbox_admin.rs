@@ -42,7 +42,7 @@ async fn list_outbox(
 ) -> Result<HttpResponse, ApiError> {
     let mut executor = serde_json::Map::new();
     executor.insert("paused".into(), json!(shared.executor.is_paused()));
-    executor.insert("depth".into(), json!(shared.executor.depth()));
+    executor.insert("depth".into(), json!(super::outbox_depth(&shared).await));
     executor.insert("in_memory".into(), json!(shared.executor.in_memory()));
     list_page(&shared, List::Outbox, &q, executor).await
 }
@@ -88,8 +88,17 @@ struct IdleQuery {
 /// Wait until no action is pending (for scripts and tests): 200 when idle, 504 on timeout.
 async fn idle(shared: web::Data<Ops>, q: web::Query<IdleQuery>) -> HttpResponse {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
-    let idle = shared.executor.wait_idle(timeout).await;
-    let body = json!({"idle": idle, "depth": shared.executor.depth()});
+    let idle = match shared.cluster.shared() {
+        // Several nodes: the store's outbox, whichever node carries it out.
+        true => {
+            let empty = |s: &dyn storage::Storage| Ok(s.outbox_len()? == 0);
+            super::reading::wait_in_store(&shared.store, timeout, empty)
+                .await
+                .unwrap_or(false)
+        }
+        false => shared.executor.wait_idle(timeout).await,
+    };
+    let body = json!({"idle": idle, "depth": super::outbox_depth(&shared).await});
     if idle {
         HttpResponse::Ok().json(body)
     } else {
