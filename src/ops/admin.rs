@@ -51,6 +51,7 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
 /// Run a backfill pass now (after the one running, if any): what it read, what it stored, and
 /// whether the webhook looks silent.
 async fn backfill_pass(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
+    super::active_only(&shared).await?;
     match shared.backfill.pass().await {
         Ok(report) => Ok(HttpResponse::Ok().json(json!({
             "pass": report,

@@ -177,6 +177,7 @@ pub(crate) async fn letters_page(
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
 pub(crate) async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
+    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
@@ -241,6 +242,7 @@ pub(crate) async fn drop_letter(
     id: u64,
     reason: &str,
 ) -> Result<Option<model::action::DeadLetter>, ApiError> {
+    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, why) = (shared.store.clone(), reason.to_owned());
     let Some(letter) = blocking(move || store.drop_dead_letter(id, &why, now)).await? else {
@@ -264,6 +266,7 @@ async fn replay(
     q: web::Query<ReplayQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let request = q.into_inner().request()?;
+    super::active_only(&shared).await?;
     let store = shared.store.clone();
     let rules = shared.rules.live.current();
     let report = blocking(move || store.replay(&request, rules.as_ref())).await?;

@@ -231,3 +231,8 @@ fn an_entry_in_flight_when_the_active_died_is_replayed_once_and_counted() {
         "{outbox}"
     );
 }
+
+#[test]
+fn the_actives_work_asked_of_a_standby_is_refused_naming_the_active() {
+    cluster::the_actives_work_asked_of_a_standby_is_refused_naming_the_active(&MemNodes::start());
+}
