@@ -1218,9 +1218,16 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
 }
 
 /// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
-/// a restart completes it: the daemon exits), else a pause before its batches are tried again.
+/// a restart completes it: the daemon exits), else a pause before its batches are tried again
+/// (none when the store fenced it: this node is no longer the active one).
 fn fold_failed(fold: &Fold<'_>, e: storage::StoreError) {
     fold.metrics.dispatch_errors.inc();
+    if matches!(e, storage::StoreError::Fenced) {
+        // Several nodes: the lease moved on while the fold ran; the new active folds these
+        // events, and this node's term is ending (no pause: it waits for this fold).
+        tracing::warn!("the store refused a fold: this node no longer holds the lease");
+        return;
+    }
     if matches!(e, storage::StoreError::HalfApplied) && fold.store.takes_writes() {
         // Only a restart completes the fold (from its journal); while the disk is still
         // full, a restart could not, so folds keep failing here until it has room.
@@ -1411,6 +1418,46 @@ mod tests {
         job.iter()
             .map(|(p, b)| (p.clone(), b.iter().map(|(s, _)| *s).collect()))
             .collect()
+    }
+
+    /// Several nodes: the active's dispatcher folds what another node stored (never handed to
+    /// it), reading the store on from where it last read, each event once and in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_active_of_a_shared_store_folds_what_another_node_stored_once_each() {
+        let mem = storage::mem::MemStore::new();
+        let other = mem.another_node();
+        let lease = Duration::from_secs(3600);
+        storage::lease::Lease::claim(&mem, "active", lease).expect("claim");
+        let store: Store = std::sync::Arc::new(mem);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let terms = crate::cluster::Terms::single(&stop_rx);
+        let metrics = Metrics::new().expect("metrics");
+        let (handle, task) =
+            start_shared(store.clone(), metrics.clone(), plain_settings(), terms).expect("start");
+        let mut progress = handle.progress.clone();
+        let conversation = |id: &str| {
+            let state = store.conversation(&model::ids::ConversationId::new(id));
+            state.expect("read").map_or(0, |s| s.events_applied)
+        };
+        for round in 0..2 {
+            for i in 0..3 {
+                let n = round * 3 + i;
+                accept(
+                    &other,
+                    &format!("d{n}"),
+                    &format!("e{n}"),
+                    &format!("c{}", n % 2),
+                );
+            }
+            while !store.pending().expect("pending").is_empty() {
+                let changed = tokio::time::timeout(Duration::from_secs(20), progress.changed());
+                changed.await.expect("folded in time").expect("running");
+            }
+        }
+        assert_eq!((conversation("c0"), conversation("c1")), (3, 3));
+        assert_eq!(metrics.events_applied.get(), 6, "each once");
+        stop_tx.send(true).expect("stop");
+        task.await.expect("stopped");
     }
 
     #[test]
