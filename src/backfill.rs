@@ -690,18 +690,26 @@ fn differs(state: Option<&Known>, c: &Conversation, updated: Millis) -> bool {
     manual != state.manual_status || params_differ || nav_differs
 }
 
-/// Start the periodic passes (the first at once) on the current runtime; `None` when
-/// `backfill.interval` is off. Runs until `stop` turns true.
+/// Start the periodic passes on the current runtime, in each of `terms` (this node as the active
+/// one; a term's first pass at once); `None` when `backfill.interval` is off.
 pub fn start(
     backfill: Backfill,
-    mut stop: watch::Receiver<bool>,
+    terms: crate::cluster::Terms,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let interval = backfill.settings.interval;
-    if interval.is_zero() {
+    if backfill.settings.interval.is_zero() {
         tracing::info!("backfill passes are off (backfill.interval = 0)");
         return None;
     }
-    Some(tokio::spawn(async move {
+    Some(tokio::spawn(crate::cluster::each_term(
+        terms,
+        move |stop| run(backfill.clone(), stop),
+    )))
+}
+
+/// [`start`]'s passes until `stop` turns true.
+async fn run(backfill: Backfill, mut stop: watch::Receiver<bool>) {
+    let interval = backfill.settings.interval;
+    {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut waiting = false;
@@ -733,7 +741,7 @@ pub fn start(
             }
         }
         tracing::info!("backfill stopped");
-    }))
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@
 
 use crate::ops::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
 use model::cursor::Cursor;
 use model::ids::PartitionKey;
 use model::webhook::model::{Event, Millis};
@@ -157,8 +156,6 @@ pub fn start(
     settings: DispatchSettings,
     stop: watch::Receiver<bool>,
 ) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), storage::StoreError> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let (paused_tx, paused) = watch::channel(false);
     let mut queues = Queues::default();
     let pending = store.pending_before_writer()?;
     queues.received_end = pending.end;
@@ -169,40 +166,205 @@ pub fn start(
         };
         queues.push(event.partition, event.seq, entry);
     }
-    let (progress_tx, progress) = watch::channel(Progress {
-        depth: queues.depth,
-        received: 0,
-    });
     metrics.inbox_depth.set(queues.depth as i64);
     if queues.depth > 0 {
         tracing::info!(pending = queues.depth, "resuming the events still to fold");
     }
-    let inputs = Inputs {
-        typed: rx,
-        open: true,
-        paused,
-    };
-    let priority = settings.priority;
-    let lift = std::sync::Arc::new(crate::background::Lift::default());
-    let pool = FoldThreads::start(settings.concurrency.max(1), priority, &lift)
-        .map_err(|e| storage::StoreError::Internal(format!("cannot start fold threads: {e}")))?;
-    // Only threads under SCHED_IDLE starve on a busy host; a nice value keeps a share.
-    let lift_after = settings
-        .lift_after
-        .filter(|_| priority == crate::background::Priority::Idle);
-    let workers = Workers {
-        store,
-        metrics,
-        pool,
-        lift: Lifter::new(lift, lift_after),
-    };
-    let task = tokio::spawn(run(workers, settings, queues, inputs, stop, progress_tx));
-    let handle = DispatchHandle {
-        tx,
-        progress,
-        paused: std::sync::Arc::new(paused_tx),
-    };
+    let (handle, mut dispatcher) = Dispatcher::new(store, metrics, settings, queues.depth)?;
+    let task = tokio::spawn(async move {
+        let watermark = dispatcher.workers.store.fold_from().unwrap_or_default();
+        let term = TermState::new(queues, watermark, None);
+        dispatcher.term(term, stop).await;
+        tracing::info!("dispatcher stopped");
+    });
     Ok((handle, task))
+}
+
+/// Start the dispatcher of a node that shares the store with others: it folds only while this
+/// node is the active one, a term at a time (`cluster::Terms`). A term finds every event still
+/// to fold in the store, whichever node stored it, reading on from where its last read ended:
+/// at once when this node's writer stored something, else every [`POLL_EVERY`]. Between terms
+/// the writer's hand-overs are dropped (the store has them; the active reads them there).
+pub fn start_shared(
+    store: Store,
+    metrics: Metrics,
+    settings: DispatchSettings,
+    mut terms: crate::cluster::Terms,
+) -> Result<(DispatchHandle, tokio::task::JoinHandle<()>), storage::StoreError> {
+    metrics.inbox_depth.set(0);
+    let (handle, mut dispatcher) = Dispatcher::new(store, metrics, settings, 0)?;
+    let task = tokio::spawn(async move {
+        loop {
+            let term = tokio::select! {
+                term = terms.next() => term,
+                msg = dispatcher.inputs.typed.recv(), if dispatcher.inputs.open => {
+                    dispatcher.inputs.open = msg.is_some();
+                    continue;
+                }
+            };
+            let Some(term) = term else { break };
+            let store = dispatcher.workers.store.clone();
+            let from = match tokio::task::spawn_blocking(move || store.fold_from()).await {
+                Ok(Ok(from)) => from,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "cannot read the folds' watermark; folding waits");
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let poll = Poller::new(dispatcher.workers.store.clone(), from);
+            let state = TermState::new(Queues::default(), from, Some(poll));
+            let lost = dispatcher.term(state, term.stop.clone()).await;
+            if term.lost() {
+                tracing::info!(dropped = lost, "no longer the active node: folding stopped");
+            }
+        }
+        tracing::info!("dispatcher stopped");
+    });
+    Ok((handle, task))
+}
+
+/// How often the active of several nodes reads the store for what the others stored (its own
+/// writer's events make it read at once).
+const POLL_EVERY: Duration = Duration::from_millis(100);
+
+/// Events read from the store in one go by [`Poller`].
+const POLL_PAGE: usize = 1_000;
+
+/// The active's reads of what is still to fold, on from where the last read ended.
+struct Poller {
+    store: Store,
+    next: Cursor,
+    /// Read at the next turn of the loop.
+    due: bool,
+    tick: tokio::time::Interval,
+}
+
+impl Poller {
+    fn new(store: Store, from: Cursor) -> Poller {
+        let mut tick = tokio::time::interval(POLL_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Poller {
+            store,
+            next: from,
+            due: true,
+            tick,
+        }
+    }
+
+    /// Read the next page into `queues` when due and there is room (bounded memory): its events
+    /// (read back when folded), and the read's end as the received end.
+    async fn read(&mut self, queues: &mut Queues) {
+        if !self.due || queues.depth >= MAX_EVENTS_IN_MEMORY {
+            return;
+        }
+        let (store, from) = (self.store.clone(), self.next);
+        let read = tokio::task::spawn_blocking(move || store.pending_from(from, POLL_PAGE)).await;
+        let pending = match read {
+            Ok(Ok(pending)) => pending,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot read the events still to fold; trying again");
+                self.due = false;
+                return;
+            }
+            Err(_) => return,
+        };
+        self.due = pending.len() >= POLL_PAGE;
+        self.next = self.next.max(pending.end);
+        for event in pending.events {
+            let entry = Entry {
+                at: event.at,
+                typed: None,
+            };
+            queues.push(event.partition, event.seq, entry);
+        }
+        queues.received_end = queues.received_end.max(pending.end);
+    }
+}
+
+/// Tick until the next read is due (never without a poller).
+async fn poll_tick(poller: Option<&mut Poller>) {
+    match poller {
+        Some(p) => {
+            p.tick.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The dispatcher: what it folds with, and what outlives a term (its inputs and progress).
+struct Dispatcher {
+    workers: Workers,
+    settings: DispatchSettings,
+    inputs: Inputs,
+    progress: watch::Sender<Progress>,
+    /// Messages taken from intake so far.
+    received: u64,
+}
+
+/// A term's queues, the folds in flight and the watermark, and (several nodes) its reads.
+struct TermState {
+    queues: Queues,
+    watermark: Watermark,
+    poller: Option<Poller>,
+}
+
+impl TermState {
+    fn new(queues: Queues, watermark: Cursor, poller: Option<Poller>) -> Self {
+        TermState {
+            queues,
+            watermark: Watermark::new(watermark),
+            poller,
+        }
+    }
+}
+
+impl Dispatcher {
+    /// The handle and the dispatcher: its fold threads started, nothing queued yet.
+    fn new(
+        store: Store,
+        metrics: Metrics,
+        settings: DispatchSettings,
+        depth: usize,
+    ) -> Result<(DispatchHandle, Dispatcher), storage::StoreError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (paused_tx, paused) = watch::channel(false);
+        let (progress_tx, progress) = watch::channel(Progress { depth, received: 0 });
+        let priority = settings.priority;
+        let lift = std::sync::Arc::new(crate::background::Lift::default());
+        let pool =
+            FoldThreads::start(settings.concurrency.max(1), priority, &lift).map_err(|e| {
+                storage::StoreError::Internal(format!("cannot start fold threads: {e}"))
+            })?;
+        // Only threads under SCHED_IDLE starve on a busy host; a nice value keeps a share.
+        let lift_after = settings
+            .lift_after
+            .filter(|_| priority == crate::background::Priority::Idle);
+        let workers = Workers {
+            store,
+            metrics,
+            pool,
+            lift: Lifter::new(lift, lift_after),
+        };
+        let inputs = Inputs {
+            typed: rx,
+            open: true,
+            paused,
+        };
+        let handle = DispatchHandle {
+            tx,
+            progress,
+            paused: std::sync::Arc::new(paused_tx),
+        };
+        let dispatcher = Dispatcher {
+            workers,
+            settings,
+            inputs,
+            progress: progress_tx,
+            received: 0,
+        };
+        Ok((handle, dispatcher))
+    }
 }
 
 #[derive(Default)]
@@ -589,75 +751,142 @@ type Folded = (
     Result<JobResult, oneshot::error::RecvError>,
 );
 
-/// The dispatcher's loop, until `stop` turns true (or, in tests, every sender is gone and
-/// nothing is left); then the folds in flight commit.
-async fn run(
-    workers: Workers,
-    settings: DispatchSettings,
-    mut queues: Queues,
-    mut inputs: Inputs,
-    mut stop: watch::Receiver<bool>,
-    progress: watch::Sender<Progress>,
-) {
-    let mut received = 0u64;
-    let Workers {
-        store,
-        metrics,
-        pool,
-        mut lift,
-    } = workers;
-    // One receiver per fold on the pool (with the fold's start); a fold that panics drops its
-    // sender.
-    let mut inflight = FuturesUnordered::new();
-    let mut watermark = Watermark::new(store.fold_from().unwrap_or_default());
-    loop {
-        if *stop.borrow() {
-            break;
+/// A fold in flight: its partitions' batches when it ends, with when it started and the
+/// watermark its commit writes.
+struct InFlight {
+    started: tokio::time::Instant,
+    fold_from: Cursor,
+    done: oneshot::Receiver<JobResult>,
+}
+
+impl std::future::Future for InFlight {
+    type Output = Folded;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Folded> {
+        let (started, fold_from) = (self.started, self.fold_from);
+        std::pin::Pin::new(&mut self.done)
+            .poll(cx)
+            .map(|joined| (started, fold_from, joined))
+    }
+}
+
+impl Dispatcher {
+    /// The dispatcher's loop for one term, until `stop` turns true (or, in tests, every sender
+    /// is gone and nothing is left); then the folds in flight commit. Returns how many events
+    /// were left queued (found again by the next start, or the next term).
+    async fn term(&mut self, state: TermState, mut stop: watch::Receiver<bool>) -> usize {
+        let TermState {
+            mut queues,
+            mut watermark,
+            mut poller,
+        } = state;
+        // A fold that panics drops its sender.
+        let mut inflight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            if let Some(poller) = poller.as_mut() {
+                poller.read(&mut queues).await;
+            }
+            self.start_jobs(&mut queues, &mut inflight);
+            let drained = queues.depth == 0 && inflight.is_empty();
+            let (pool, store) = (&self.workers.pool, &self.workers.store);
+            let raise_at = raise_when_drained(&mut watermark, &queues, drained, pool, store);
+            let lift_at = self.workers.lift.deadline();
+            tokio::select! {
+                msg = self.inputs.typed.recv(), if self.inputs.open => match msg {
+                    Some(msg) => self.take(msg, &mut queues, poller.as_mut()),
+                    None => self.inputs.open = false,
+                },
+                Some(folded) = inflight.next(), if !inflight.is_empty() => {
+                    fold_ended(folded, &mut self.workers.lift, &mut watermark, &mut queues);
+                }
+                // A fold in flight has waited for a CPU past `lift_after`.
+                () = sleep_until_some(lift_at) => self.workers.lift.check(&self.workers.metrics),
+                // Time to raise the watermark (above), if still drained.
+                () = sleep_until_some(raise_at) => {}
+                // Time to read what the other nodes stored.
+                () = poll_tick(poller.as_mut()) => if let Some(p) = poller.as_mut() { p.due = true },
+                // A dropped sender stops it too: `changed` would be ready at once forever.
+                changed = stop.changed() => if changed.is_err() { break },
+                // Resumed (or paused): look at the queues again.
+                Ok(()) = self.inputs.paused.changed() => {}
+            }
+            let drained = queues.depth == 0 && inflight.is_empty();
+            let w = &self.workers;
+            publish(
+                &w.metrics,
+                &w.lift,
+                &self.progress,
+                &queues,
+                drained,
+                self.received,
+            );
+            if !self.inputs.open
+                && inflight.is_empty()
+                && queues.depth == 0
+                && queues.ready.is_empty()
+            {
+                // Every sender is gone and nothing is left: only happens in tests.
+                let _ = stop.changed().await;
+                break;
+            }
         }
-        let paused = *inputs.paused.borrow_and_update();
+        // Several nodes: the next term (here or elsewhere) reads from the watermark anyway.
+        let raise_at_stop = poller.is_none();
+        let w = &self.workers;
+        wind_down(
+            inflight,
+            watermark,
+            &mut queues,
+            (&w.pool, &w.store),
+            raise_at_stop,
+        )
+        .await;
+        w.metrics.inbox_depth.set(queues.depth as i64);
+        tracing::info!(left_to_fold = queues.depth, "folding stopped");
+        queues.depth
+    }
+
+    /// Start the next jobs while folding is not paused and fewer than `dispatch.concurrency`
+    /// are in flight.
+    fn start_jobs(&mut self, queues: &mut Queues, inflight: &mut FuturesUnordered<InFlight>) {
+        let paused = *self.inputs.paused.borrow_and_update();
+        let settings = &self.settings;
         while !paused && inflight.len() < settings.concurrency.max(1) {
             let Some(job) = queues.next_job(settings.batch_size.max(1)) else {
                 break;
             };
             let fold_from = queues.watermark(&job);
-            let done_rx = spawn_fold(&pool, &store, &metrics, &settings, job, fold_from);
-            let started = lift.started();
-            inflight.push(done_rx.map(move |r: Result<JobResult, _>| (started, fold_from, r)));
-        }
-        let drained = queues.depth == 0 && inflight.is_empty();
-        let raise_at = raise_when_drained(&mut watermark, &queues, drained, &pool, &store);
-        let lift_at = lift.deadline();
-        tokio::select! {
-            msg = inputs.typed.recv(), if inputs.open => match msg {
-                Some((events, log_end)) => {
-                    received += 1;
-                    queues.receive(events, log_end);
-                }
-                None => inputs.open = false,
-            },
-            Some(folded) = inflight.next(), if !inflight.is_empty() => {
-                fold_ended(folded, &mut lift, &mut watermark, &mut queues);
-            }
-            // A fold in flight has waited for a CPU past `lift_after`.
-            () = sleep_until_some(lift_at) => lift.check(&metrics),
-            // Time to raise the watermark (above), if still drained.
-            () = sleep_until_some(raise_at) => {}
-            // A dropped sender stops it too: `changed` would be ready at once forever.
-            changed = stop.changed() => if changed.is_err() { break },
-            // Resumed (or paused): look at the queues again.
-            Ok(()) = inputs.paused.changed() => {}
-        }
-        let drained = queues.depth == 0 && inflight.is_empty();
-        publish(&metrics, &lift, &progress, &queues, drained, received);
-        if !inputs.open && inflight.is_empty() && queues.depth == 0 && queues.ready.is_empty() {
-            // Every sender is gone and nothing is left: only happens in tests.
-            let _ = stop.changed().await;
-            break;
+            let w = &self.workers;
+            let done = spawn_fold(&w.pool, &w.store, &w.metrics, settings, job, fold_from);
+            let started = self.workers.lift.started();
+            inflight.push(InFlight {
+                started,
+                fold_from,
+                done,
+            });
         }
     }
-    wind_down(inflight, watermark, &mut queues, &pool, &store).await;
-    metrics.inbox_depth.set(queues.depth as i64);
-    tracing::info!(left_to_fold = queues.depth, "dispatcher stopped");
+
+    /// A hand-over from intake: queued (one node), or a read of the store made due (several
+    /// nodes: every node's events are read there, in the store's order).
+    fn take(
+        &mut self,
+        (events, log_end): Received,
+        queues: &mut Queues,
+        poller: Option<&mut Poller>,
+    ) {
+        self.received += 1;
+        match poller {
+            Some(poller) => poller.due = true,
+            None => queues.receive(events, log_end),
+        }
+    }
 }
 
 /// Start folding `job` on a fold thread, under the rules in force now, `fold_from` the watermark
@@ -753,14 +982,17 @@ async fn wind_down(
     mut inflight: impl futures_util::Stream<Item = Folded> + Unpin,
     mut watermark: Watermark,
     queues: &mut Queues,
-    pool: &FoldThreads,
-    store: &Store,
+    (pool, store): (&FoldThreads, &Store),
+    raise: bool,
 ) {
     while let Some((_, fold_from, joined)) = inflight.next().await {
         watermark.committed(fold_from);
         if let Ok(results) = joined {
             queues.finish_job(results);
         }
+    }
+    if !raise {
+        return;
     }
     if let Some(to) = watermark.at_stop(queues.depth == 0, queues.received_end) {
         let _ = raise_watermark(pool, store, to).await;
@@ -986,9 +1218,16 @@ fn fold_committed(fold: &Fold<'_>, applied: storage::Applied, received: Vec<Mill
 }
 
 /// A fold failed: counted, then the store is reported stuck when the fold is half applied (only
-/// a restart completes it: the daemon exits), else a pause before its batches are tried again.
+/// a restart completes it: the daemon exits), else a pause before its batches are tried again
+/// (none when the store fenced it: this node is no longer the active one).
 fn fold_failed(fold: &Fold<'_>, e: storage::StoreError) {
     fold.metrics.dispatch_errors.inc();
+    if matches!(e, storage::StoreError::Fenced) {
+        // Several nodes: the lease moved on while the fold ran; the new active folds these
+        // events, and this node's term is ending (no pause: it waits for this fold).
+        tracing::warn!("the store refused a fold: this node no longer holds the lease");
+        return;
+    }
     if matches!(e, storage::StoreError::HalfApplied) && fold.store.takes_writes() {
         // Only a restart completes the fold (from its journal); while the disk is still
         // full, a restart could not, so folds keep failing here until it has room.
@@ -1179,6 +1418,46 @@ mod tests {
         job.iter()
             .map(|(p, b)| (p.clone(), b.iter().map(|(s, _)| *s).collect()))
             .collect()
+    }
+
+    /// Several nodes: the active's dispatcher folds what another node stored (never handed to
+    /// it), reading the store on from where it last read, each event once and in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_active_of_a_shared_store_folds_what_another_node_stored_once_each() {
+        let mem = storage::mem::MemStore::new();
+        let other = mem.another_node();
+        let lease = Duration::from_secs(3600);
+        storage::lease::Lease::claim(&mem, "active", lease).expect("claim");
+        let store: Store = std::sync::Arc::new(mem);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let terms = crate::cluster::Terms::single(&stop_rx);
+        let metrics = Metrics::new().expect("metrics");
+        let (handle, task) =
+            start_shared(store.clone(), metrics.clone(), plain_settings(), terms).expect("start");
+        let mut progress = handle.progress.clone();
+        let conversation = |id: &str| {
+            let state = store.conversation(&model::ids::ConversationId::new(id));
+            state.expect("read").map_or(0, |s| s.events_applied)
+        };
+        for round in 0..2 {
+            for i in 0..3 {
+                let n = round * 3 + i;
+                accept(
+                    &other,
+                    &format!("d{n}"),
+                    &format!("e{n}"),
+                    &format!("c{}", n % 2),
+                );
+            }
+            while !store.pending().expect("pending").is_empty() {
+                let changed = tokio::time::timeout(Duration::from_secs(20), progress.changed());
+                changed.await.expect("folded in time").expect("running");
+            }
+        }
+        assert_eq!((conversation("c0"), conversation("c1")), (3, 3));
+        assert_eq!(metrics.events_applied.get(), 6, "each once");
+        stop_tx.send(true).expect("stop");
+        task.await.expect("stopped");
     }
 
     #[test]

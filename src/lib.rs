@@ -12,6 +12,7 @@ pub mod background;
 pub mod backup;
 mod body_budget;
 mod client_addr;
+mod cluster;
 pub mod config;
 mod console;
 pub mod datadir;

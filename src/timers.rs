@@ -30,14 +30,17 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// ran for one of its events).
 const NO_BOT: &str = "bridge";
 
-/// Start the firer on the current runtime; it runs until `stop` turns true (or the writer stops).
+/// Start the firer on the current runtime: in each of `terms` (this node as the active one),
+/// until the term ends (or the writer stops).
 pub fn start(
     store: Store,
     writer: Writer,
     metrics: Metrics,
-    stop: watch::Receiver<bool>,
+    terms: crate::cluster::Terms,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(store, writer, metrics, stop))
+    tokio::spawn(crate::cluster::each_term(terms, move |stop| {
+        run(store.clone(), writer.clone(), metrics.clone(), stop)
+    }))
 }
 
 async fn run(store: Store, writer: Writer, metrics: Metrics, mut stop: watch::Receiver<bool>) {
@@ -254,7 +257,8 @@ mod tests {
         let mut s = setup();
         let metrics = Metrics::new().expect("metrics");
         let (stop_tx, stop) = watch::channel(false);
-        let firer = start(s.store.clone(), s.writer.clone(), metrics.clone(), stop);
+        let terms = crate::cluster::Terms::single(&stop);
+        let firer = start(s.store.clone(), s.writer.clone(), metrics.clone(), terms);
         say(&mut s, 1, "1ms").await;
         let first = next_durable(&mut s).await;
         assert_eq!(first.event.kind.as_str(), "timer.t1ms");

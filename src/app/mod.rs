@@ -10,16 +10,18 @@
 //! [`Started`] and hands `run` its signal; tests start applications in process.
 
 mod early;
+mod roles;
 mod servers;
 mod service;
 mod store;
 
 pub use early::listen_on;
+pub use roles::GivenStore;
 pub use store::{open_offline, postgres_options, Backend};
 
 use crate::config::Config;
 use crate::datadir::{DaemonInfo, DataDir, ADMIN_TOKEN_FILE, WEBHOOK_TOKEN_FILE};
-use crate::dispatch::{self, DispatchHandle, DispatchSettings};
+use crate::dispatch::{DispatchHandle, DispatchSettings};
 use crate::intake::auth::{CidrList, TokenSet};
 use crate::ops::metrics::Metrics;
 use crate::ops::Ops;
@@ -227,13 +229,35 @@ impl Application {
     /// Everything that does not wait for the store: see the module's docs. Must run inside an
     /// actix system.
     pub async fn build(config: Config, listeners: Listeners) -> Result<Application, AppError> {
+        Self::build_with(config, listeners, None).await
+    }
+
+    /// [`build`](Application::build) on a store the caller opened instead of sled in the data
+    /// directory (which still holds the tokens and `daemon.json`), its clock the application's:
+    /// several applications in one process on one shared store are several nodes.
+    pub async fn build_on(
+        config: Config,
+        listeners: Listeners,
+        store: GivenStore,
+    ) -> Result<Application, AppError> {
+        Self::build_with(config, listeners, Some(store)).await
+    }
+
+    async fn build_with(
+        config: Config,
+        listeners: Listeners,
+        given: Option<GivenStore>,
+    ) -> Result<Application, AppError> {
         let data = DataDir::new(&config.store.data_dir);
         for note in &config.deprecated {
             tracing::warn!("config: {note}");
         }
         let rules = load_rules(&config)?;
-        // This application's time: its test clock moves it, and no other's.
-        let clock = model::clock::Clock::new();
+        // This application's time: its test clock moves it, and no other's (a given store's
+        // clock is the application's: its nodes share it).
+        let clock = given
+            .as_ref()
+            .map_or_else(model::clock::Clock::new, |g| g.store.clock().clone());
         let (stuck, stuck_rx) = storage::Stuck::new();
         data.create().map_err(data_dir_error(&config))?;
         if let Some(mode) = data.loose_mode() {
@@ -252,10 +276,11 @@ impl Application {
         let metrics = Metrics::new()?;
         let (trust, tls_observer) = client_tls(&config, &metrics);
         let postgres = store::postgres_options(&config, &trust)?;
-        // PostgreSQL answers at once once connected: no early intake (sled's log only).
-        let early_log = match postgres {
-            Some(_) => None,
-            None => storage::IntakeLog::open_early(
+        // PostgreSQL answers at once once connected, a given store is open: no early intake
+        // (sled's log only).
+        let early_log = match (&postgres, &given) {
+            (Some(_), _) | (_, Some(_)) => None,
+            (None, None) => storage::IntakeLog::open_early(
                 &data.store_path(),
                 storage::eventlog::SEGMENT_BYTES,
             )?,
@@ -311,12 +336,15 @@ impl Application {
         };
         let upstream = Upstream::start(&config, &metrics, &clock, (&trust, tls_observer.clone()))?;
         let fold_priority = fold_priority(&config.dispatch);
-        let opening = open_store(
-            &config,
-            &data,
-            (early_log, postgres),
-            (fold_priority, clock.clone()),
-        );
+        let opening = match given {
+            Some(given) => tokio::spawn(async move { Ok(Ok(Backend::Given(given))) }),
+            None => open_store(
+                &config,
+                &data,
+                (early_log, postgres),
+                (fold_priority, clock.clone()),
+            ),
+        };
         let addrs = Addrs {
             public: public_addr,
             admin: admin_addr,
@@ -437,6 +465,8 @@ struct Running {
     webhook_token: (Vec<Secret>, bool),
     stop_tx: watch::Sender<bool>,
     stop_rx: watch::Receiver<bool>,
+    /// This node among the nodes on the store (its lease given up after the stop).
+    cluster: crate::cluster::Cluster,
     tasks: Tasks,
 }
 
@@ -449,6 +479,8 @@ struct Tasks {
     pruner: tokio::task::JoinHandle<()>,
     watcher: tokio::task::JoinHandle<()>,
     cert_reloader: Option<tokio::task::JoinHandle<()>>,
+    /// The lease loop (a store other nodes may share).
+    lease: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The background work's handles (the admin API steers them) and tasks (the stop waits for them).
@@ -503,9 +535,13 @@ impl Application {
             .upstream_info
             .with_label_values(&[self.config.upstream.mode()])
             .set(1);
-        let pipeline = self.start_pipeline(&store, backend, &stop_rx)?;
+        let (cluster, role) = crate::cluster::Cluster::new(
+            crate::cluster::Settings::of(&self.config.cluster),
+            store.clone(),
+        )?;
+        let pipeline = self.start_pipeline(&store, backend, (&cluster, &stop_rx))?;
         let writer = pipeline.writer.clone();
-        let background = self.start_background(&store, &pipeline, &stop_rx)?;
+        let background = self.start_background(&store, &pipeline, (&cluster, &stop_rx))?;
         let config = &self.config;
         let metrics = &self.metrics;
         let upstream = &self.upstream.handle;
@@ -525,7 +561,7 @@ impl Application {
             config.server.proxy_header,
         );
         let commands = Arc::new(crate::helpdesk::commands::Commands::new(
-            crate::helpdesk::commands::Settings::of(&config.helpdesk),
+            roles::command_settings(&config.helpdesk, &cluster),
             store.clone(),
             writer.clone(),
             pipeline.verdicts.clone(),
@@ -573,7 +609,10 @@ impl Application {
             backfill: background.backfill,
             pruner: background.pruner,
             chatwoot: pipeline.chatwoot.clone(),
+            cluster: cluster.clone(),
         });
+        // Last: the active's work waits for its terms, which the lease loop starts.
+        let lease = cluster.start(role, self.metrics.clone(), stop_rx.clone());
         Ok(Running {
             shared,
             agent_api,
@@ -584,6 +623,7 @@ impl Application {
             webhook_token,
             stop_tx,
             stop_rx,
+            cluster,
             tasks: Tasks {
                 executor: pipeline.executor_task,
                 dispatcher: pipeline.dispatcher,
@@ -593,6 +633,7 @@ impl Application {
                 pruner: background.tasks.pruner,
                 watcher: background.tasks.watcher,
                 cert_reloader: None,
+                lease,
             },
         })
     }
@@ -603,7 +644,7 @@ impl Application {
         &self,
         store: &Store,
         pipeline: &Pipeline,
-        stop_rx: &watch::Receiver<bool>,
+        (cluster, stop_rx): (&crate::cluster::Cluster, &watch::Receiver<bool>),
     ) -> Result<Background, AppError> {
         let config = &self.config;
         let metrics = &self.metrics;
@@ -614,7 +655,7 @@ impl Application {
             store.clone(),
             writer.clone(),
             metrics.clone(),
-            stop_rx.clone(),
+            cluster.terms(stop_rx),
         );
         let executor = pipeline.executor.clone();
         let sweeper = crate::reconcile::Sweeper::new(
@@ -627,7 +668,7 @@ impl Application {
             self.webhook_watch.clone(),
         )
         .map_err(AppError::Upstream)?;
-        let sweeper_task = crate::reconcile::start(sweeper.clone(), stop_rx.clone());
+        let sweeper_task = crate::reconcile::start(sweeper.clone(), cluster.terms(stop_rx));
         let backfill = crate::backfill::Backfill::new(
             store.clone(),
             writer.clone(),
@@ -642,7 +683,7 @@ impl Application {
         )
         .map_err(AppError::Upstream)?;
         // The first pass at once: what the service did while the daemon was down.
-        let backfiller = crate::backfill::start(backfill.clone(), stop_rx.clone());
+        let backfiller = crate::backfill::start(backfill.clone(), cluster.terms(stop_rx));
         tokio::spawn(store_size_loop(
             store.clone(),
             metrics.clone(),
@@ -650,11 +691,10 @@ impl Application {
         ));
         let prune =
             crate::prune::Pruner::new(store.clone(), writer.clone(), metrics.clone(), config);
-        let pruner = tokio::spawn(crate::prune::run(
-            prune.clone(),
-            config.store.prune_interval,
-            stop_rx.clone(),
-        ));
+        let (pass, every) = (prune.clone(), config.store.prune_interval);
+        let pruner = roles::active_loop(cluster.terms(stop_rx), move |stop| {
+            crate::prune::run(pass.clone(), every, stop)
+        });
         let reloader = crate::ops::reload::Reloader {
             live: self.rules.clone(),
             // The shipped set is built in: there is nothing to reload.
@@ -687,7 +727,7 @@ impl Application {
         &self,
         store: &Store,
         backend: Backend,
-        stop_rx: &watch::Receiver<bool>,
+        (cluster, stop_rx): (&crate::cluster::Cluster, &watch::Receiver<bool>),
     ) -> Result<Pipeline, AppError> {
         let config = &self.config;
         let metrics = &self.metrics;
@@ -739,7 +779,7 @@ impl Application {
             lift_after: config.dispatch.lift_after(),
         };
         let (dispatch, dispatcher) =
-            dispatch::start(store.clone(), metrics.clone(), settings, stop_rx.clone())?;
+            roles::start_dispatch(store, metrics, settings, (cluster, stop_rx))?;
         let to_dispatch = dispatch.clone();
         let durable: storage::writer::Durable =
             Box::new(move |events, log_end| to_dispatch.notify_events(events, log_end));
@@ -757,12 +797,14 @@ impl Application {
                 SledWriter::start(*sled, hooks, self.stuck_report.clone())?
             }
             (Backend::Postgres(pg), _) => storage_pg::PgWriter::start(pg, hooks)?,
+            (Backend::Given(given), _) => roles::given_writer(given, hooks)?,
         };
         // The executor and the task that hands it durable decisions run beside the Open API
         // client, so a handoff's calls reach the client without crossing threads (a hop each way
         // per call).
+        let terms = cluster.terms(stop_rx);
         let executor_task = upstream
-            .spawn_beside(executor_tasks.run())
+            .spawn_beside(roles::run_executor(executor_tasks, terms, cluster.shared()))
             .map_err(AppError::Upstream)?;
         upstream
             .spawn_beside(executor.clone().forward_decided(decided_rx, writer.clone()))
@@ -962,11 +1004,18 @@ impl Application {
         }
         let _ = tasks.pruner.await;
         let _ = tasks.watcher.await;
+        if let Some(lease) = tasks.lease {
+            let _ = lease.await;
+        }
+        // Its work has stopped: another node takes over at once.
+        running.cluster.release().await;
         if let Some(reloader) = tasks.cert_reloader {
             let _ = reloader.await;
         }
+        // At once: the executor has stopped, so what the emulator still holds is a call whose
+        // caller gave up (a hung fault), which a graceful stop would wait 30 s for.
         if let Some(embedded) = self.upstream.emulator {
-            embedded.server.stop(true).await;
+            embedded.server.stop(false).await;
         }
         // Flush sled, so the next start has nothing to index again.
         let flushed = running.writer.flush().await;

@@ -12,6 +12,8 @@ use storage_pg::{PgOptions, PgStore};
 pub enum Backend {
     Sled(Box<SledStore>),
     Postgres(PgStore),
+    /// One the caller opened (`Application::build_on`): several nodes in one process.
+    Given(super::GivenStore),
 }
 
 impl Backend {
@@ -20,6 +22,7 @@ impl Backend {
         match self {
             Backend::Sled(sled) => Arc::new((**sled).clone()),
             Backend::Postgres(pg) => Arc::new(pg.clone()),
+            Backend::Given(given) => given.store.clone(),
         }
     }
 }

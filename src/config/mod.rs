@@ -35,6 +35,7 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub helpdesk: HelpdeskConfig,
     pub backfill: BackfillConfig,
+    pub cluster: ClusterConfig,
     /// Notes on old keys the configuration used ([`legacy`]), logged at start.
     #[serde(skip)]
     pub deprecated: Vec<String>,
@@ -60,6 +61,20 @@ pub struct BackfillConfig {
     /// `upstream.limits.global`, whatever is set: the outbox's calls come first, a backlog drains
     /// after an outage while backfill reads the gap).
     pub per_second: f64,
+}
+
+/// Several nodes on one database (`cluster`): this node's name and the lease that makes one of
+/// them the active one. Read only with a store several nodes can share.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name among the nodes (logs, `GET /admin/v1/cluster`, the console). Empty: the
+    /// host name and a random suffix, new at each start.
+    pub node_id: String,
+    /// How long the active node's lease lasts; it is renewed every third of it, and a standby
+    /// takes over within the lease and one renewal after the active stops renewing.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
 }
 
 /// A duration, or `"off"` for zero.

@@ -799,3 +799,29 @@ url = "chat.example.com"
         assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
     }
 }
+
+#[test]
+fn cluster_keys_load_from_the_environment_and_every_problem_is_reported() {
+    let c = Config::load_from(None, env(&[]), &Overrides::default()).expect("defaults");
+    assert_eq!(c.cluster.node_id, "", "generated at the start");
+    assert_eq!(c.cluster.lease, Duration::from_secs(10));
+    let c = Config::load_from(
+        None,
+        env(&[("HANDOFF_BRIDGE__CLUSTER__NODE_ID", "bridge-a.eu_1")]),
+        &Overrides::default(),
+    )
+    .expect("a node id from the environment");
+    assert_eq!(c.cluster.node_id, "bridge-a.eu_1");
+    let (_d, path) = write("[cluster]\nnode_id = \"a b/c\"\nlease = \"1s\"\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["cluster.node_id", "cluster.lease"]);
+    let (_d, path) = write("[cluster]\nlease = \"11m\"\n");
+    let p = problems(
+        Config::load_from(Some(&path), env(&[]), &Overrides::default()).expect_err("invalid"),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].why.contains("3s to 10m"), "{p:?}");
+}

@@ -22,6 +22,7 @@ pub(super) fn check_all(c: &Config, p: &mut Problems) {
     upstream_api(c, p);
     reconcile(c, p);
     helpdesk(c, p);
+    cluster(c, p);
     log_level(c, p);
 }
 
@@ -42,6 +43,29 @@ fn store(c: &Config, p: &mut Problems) {
             "store.url",
             &"****",
             "not a postgres:// URL (empty: sled in store.data_dir)",
+        );
+    }
+}
+
+/// `cluster.*`: the node's name (empty: generated) and the lease's length.
+fn cluster(c: &Config, p: &mut Problems) {
+    let id = &c.cluster.node_id;
+    let allowed = |ch: char| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.');
+    if id.len() > 64 || !id.chars().all(allowed) {
+        p.add(
+            "cluster.node_id",
+            id,
+            "must be at most 64 characters of A-Z a-z 0-9 - _ . (or empty: the host name and a \
+             random suffix)",
+        );
+    }
+    let lease = c.cluster.lease;
+    if lease < Duration::from_secs(3) || lease > Duration::from_secs(600) {
+        p.add(
+            "cluster.lease",
+            &humantime::format_duration(lease),
+            "must be from 3s to 10m (renewed every third of it; a standby takes over within the \
+             lease and one renewal)",
         );
     }
 }

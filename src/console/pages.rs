@@ -65,6 +65,42 @@ struct OverviewPage {
     bots: Vec<(String, u64, String)>,
     day: DayFigures,
     rules_version: String,
+    cluster: NodesView,
+}
+
+/// This node among the nodes on the store, as `GET /admin/v1/cluster` has it.
+struct NodesView {
+    node_id: String,
+    role: &'static str,
+    holder: String,
+    epoch: u64,
+    expires: String,
+    /// Each node seen in the last minute, and when.
+    nodes: Vec<(String, String)>,
+}
+
+impl NodesView {
+    fn of(view: crate::cluster::View) -> NodesView {
+        NodesView {
+            role: match view.role {
+                crate::cluster::Role::Active => "active",
+                crate::cluster::Role::Standby => "standby",
+            },
+            node_id: view.node_id,
+            holder: view.holder.unwrap_or_else(|| "none".into()),
+            epoch: view.epoch,
+            expires: match view.expires_at {
+                Some(at) if view.shared => view::time(at),
+                Some(_) => "never (one node on its own store)".into(),
+                None => "-".into(),
+            },
+            nodes: view
+                .nodes
+                .into_iter()
+                .map(|n| (n.node, view::time(n.seen_at)))
+                .collect(),
+        }
+    }
 }
 
 /// The last 24 hours' handoff figures, as the folds kept them (no scan).
@@ -166,6 +202,7 @@ async fn overview(
         bots,
         day: day_figures(&stats),
         rules_version: ops.rules.live.current().version().to_owned(),
+        cluster: NodesView::of(ops.cluster.view().await?),
     };
     Ok(html(StatusCode::OK, page))
 }

@@ -34,6 +34,7 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
             .route("/dispatch/pause", web::post().to(dispatch_pause))
             .route("/dispatch/resume", web::post().to(dispatch_resume))
             .route("/clock/advance", web::post().to(clock_advance))
+            .route("/cluster", web::get().to(cluster))
             .route("/backfill", web::post().to(backfill_pass))
             .route("/emulator/journal", web::get().to(emulator_journal))
             .route("/quarantine", web::get().to(quarantine_list))
@@ -50,6 +51,7 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
 /// Run a backfill pass now (after the one running, if any): what it read, what it stored, and
 /// whether the webhook looks silent.
 async fn backfill_pass(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
+    super::active_only(&shared).await?;
     match shared.backfill.pass().await {
         Ok(report) => Ok(HttpResponse::Ok().json(json!({
             "pass": report,
@@ -146,6 +148,8 @@ async fn clock_advance(shared: web::Data<Ops>, body: web::Bytes) -> Result<HttpR
     shared.store.timer_wakeup().wake();
     // And the executor: retries due in daemon time run now.
     shared.executor.wake();
+    // And the lease loop: a lease may have run out, or be due for renewal.
+    shared.cluster.wake();
     let now = shared.store.clock().now_millis();
     // How many timers are due now: a caller can wait for that many firings.
     let store = shared.store.clone();
@@ -160,6 +164,13 @@ async fn clock_advance(shared: web::Data<Ops>, body: web::Bytes) -> Result<HttpR
         "now": now,
         "due_timers": due,
     })))
+}
+
+/// This node among the nodes on the store: its id and role, the lease's holder, epoch and end,
+/// and the nodes seen in the last minute (read from the store).
+async fn cluster(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
+    let view = shared.cluster.view().await.map_err(store_error)?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 async fn conversation(
@@ -395,17 +406,23 @@ async fn inbox_drained(
     q: web::Query<DrainQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
-    let drained = shared
-        .dispatch
-        .wait_drained(&shared.writer, timeout)
-        .await
-        .map_err(store_error)?;
+    let drained = match shared.cluster.shared() {
+        // Several nodes: the store's truth, whichever node folds.
+        true => super::reading::wait_in_store(&shared.store, timeout, nothing_to_fold).await,
+        false => shared.dispatch.wait_drained(&shared.writer, timeout).await,
+    };
+    let drained = drained.map_err(store_error)?;
     let depth = shared.metrics.inbox_depth.get();
     if drained {
         Ok(HttpResponse::Ok().json(json!({"drained": true, "inbox_depth": depth})))
     } else {
         Ok(HttpResponse::GatewayTimeout().json(json!({"error": {"code": "not_drained", "message": format!("inbox still holds events after {} ms", timeout.as_millis())}, "inbox_depth": depth})))
     }
+}
+
+/// Nothing in the store is still to fold (several nodes: what any of them stored).
+fn nothing_to_fold(store: &dyn storage::Storage) -> Result<bool, storage::StoreError> {
+    Ok(store.pending_from(store.fold_from()?, 1)?.is_empty())
 }
 
 /// The embedded emulator's call journal: what the bridge really sent to the (emulated) service.

@@ -122,6 +122,12 @@ pub struct Metrics {
     pub reconcile_skipped: IntCounterVec,
     /// How long one pass took.
     pub reconcile_pass_seconds: Histogram,
+    /// 1 while this node is the active one (holds the lease), 0 while it stands by.
+    pub cluster_role: IntGauge,
+    /// The lease's epoch as this node last found it (sled: the starts counted).
+    pub lease_epoch: IntGauge,
+    /// Outbox entries carried out again by a new active after the one that began them died.
+    pub outbox_replayed: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -146,6 +152,7 @@ impl Metrics {
         let queue = Queue::register(&r)?;
         let body = BodyBudget::register(&r)?;
         let sweeps = Sweeps::register(&r)?;
+        let cluster = Cluster::register(&r)?;
         Ok(Metrics {
             deliveries: intake.deliveries,
             events: intake.events,
@@ -199,6 +206,9 @@ impl Metrics {
             reconcile_passes: sweeps.reconcile_passes,
             reconcile_skipped: sweeps.reconcile_skipped,
             reconcile_pass_seconds: sweeps.reconcile_pass_seconds,
+            cluster_role: cluster.cluster_role,
+            lease_epoch: cluster.lease_epoch,
+            outbox_replayed: cluster.outbox_replayed,
             registry,
         })
     }
@@ -697,6 +707,32 @@ impl Sweeps {
                 "reconcile_pass_seconds",
                 "Duration of one reconciliation pass",
                 vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0],
+            )?,
+        })
+    }
+}
+
+/// Several nodes on one store: this node's role, the lease's epoch, the outbox's replays.
+struct Cluster {
+    cluster_role: IntGauge,
+    lease_epoch: IntGauge,
+    outbox_replayed: IntCounter,
+}
+
+impl Cluster {
+    fn register(r: &Reg) -> Result<Self, prometheus::Error> {
+        Ok(Cluster {
+            cluster_role: r.gauge(
+                "cluster_role",
+                "1 while this node is the active one (holds the lease), 0 while it stands by",
+            )?,
+            lease_epoch: r.gauge(
+                "lease_epoch",
+                "The lease's epoch as this node last found it (it grows at each takeover)",
+            )?,
+            outbox_replayed: r.counter(
+                "outbox_replayed_total",
+                "Outbox entries carried out again by a new active node after the one that began them died",
             )?,
         })
     }

@@ -41,6 +41,8 @@ pub struct Ops {
     pub pruner: crate::prune::Pruner,
     /// The Chatwoot connector, when configured: its health (`/readyz` detail, the console).
     pub chatwoot: Option<crate::helpdesk::chatwoot::ChatwootView>,
+    /// This node among the nodes on the store: its role, the lease (`GET /admin/v1/cluster`).
+    pub cluster: crate::cluster::Cluster,
 }
 
 impl Ops {
@@ -77,7 +79,9 @@ async fn healthz() -> HttpResponse {
 /// service disables a webhook after three of them, which loses far more than a slow outbox.
 async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
     let h = health(&shared);
+    // Every node that can accept is ready, the active one and those standing by alike.
     let ready = h.store_ok && !h.stopping;
+    let outbox_depth = outbox_depth(&shared).await;
     let body = json!({
         "status": if ready { "ready" } else { "not_ready" },
         "checks": {
@@ -85,7 +89,7 @@ async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
             "shutting_down": h.stopping,
             "inbox_depth": shared.metrics.inbox_depth.get(),
             "outbox": if h.outbox_backed_up { "backed_up" } else { "ok" },
-            "outbox_depth": shared.executor.depth(),
+            "outbox_depth": outbox_depth,
             "outbox_paused": h.outbox_paused,
             // Detail only, never a reason for 503: a bridge taken out of rotation while the
             // upstream is down would get the service to disable its webhook.
@@ -99,6 +103,11 @@ async fn readyz(shared: web::Data<Ops>) -> HttpResponse {
             "webhook": shared.backfill.watch().detail(),
             // Detail only: a desk that is down never stops intake.
             "desks": desks(&shared),
+            // Detail only: a standby takes intake as the active one does.
+            "cluster": {
+                "node_id": shared.cluster.node_id(),
+                "role": shared.cluster.role(),
+            },
         }
     });
     if ready {
@@ -118,6 +127,71 @@ pub(crate) fn desks(shared: &Ops) -> serde_json::Map<String, serde_json::Value> 
         out.insert(name.to_owned(), json!(status));
     }
     out
+}
+
+/// The active's work asked of this node (a dead letter's retry or drop, a replay, a pass run
+/// now): refused on a standby, 409 `not_active` naming the active node (the store would refuse
+/// the writes, and the active's executor would not know of them).
+pub(crate) async fn active_only(shared: &Ops) -> Result<(), api_error::ApiError> {
+    if shared.cluster.is_active() {
+        return Ok(());
+    }
+    let view = shared.cluster.view().await.ok();
+    let holder = view
+        .and_then(|v| v.holder)
+        .unwrap_or_else(|| "none yet".into());
+    Err(api_error::ApiError::new(
+        actix_web::http::StatusCode::CONFLICT,
+        "not_active",
+        format!(
+            "this node ({}) stands by: the active node ({holder}) does this; call its admin API",
+            shared.cluster.node_id()
+        ),
+    ))
+}
+
+/// Pending outbox entries: this node's executor's count, or, with several nodes on the store,
+/// the store's (another node may carry it out).
+pub(crate) async fn outbox_depth(shared: &Ops) -> usize {
+    if !shared.cluster.shared() {
+        return shared.executor.depth();
+    }
+    let store = shared.store.clone();
+    let read = web::block(move || store.outbox_len()).await;
+    read.ok().and_then(Result::ok).unwrap_or(0)
+}
+
+/// Several nodes on one store: the gauges of the store's counts that the folds and the
+/// executor keep in this process (stale on a standby, short of the others' intake on the
+/// active) read from the store at the scrape instead.
+async fn store_gauges(shared: &Ops) {
+    let store = shared.store.clone();
+    let read = web::block(move || {
+        let sizes = store.sizes()?;
+        Ok::<_, storage::StoreError>((sizes, store.timers_pending()?, store.outbox_len()?))
+    })
+    .await;
+    let m = &shared.metrics;
+    match read {
+        Ok(Ok((sizes, timers, outbox))) => {
+            for (kind, count) in [
+                ("conversations", sizes.conversations),
+                ("end_users", sizes.end_users),
+                ("bots", sizes.bots),
+            ] {
+                let count = i64::try_from(count).unwrap_or(i64::MAX);
+                m.state_entries.with_label_values(&[kind]).set(count);
+            }
+            m.quarantine_entries
+                .set(i64::try_from(sizes.quarantine).unwrap_or(i64::MAX));
+            m.timers_pending
+                .set(i64::try_from(timers).unwrap_or(i64::MAX));
+            m.outbox_depth
+                .set(i64::try_from(outbox).unwrap_or(i64::MAX));
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the store's counts"),
+        Err(_) => {}
+    }
 }
 
 /// The daemon's health as the probes see it (`/readyz`, the console's overview).
@@ -153,8 +227,12 @@ pub(crate) fn health(shared: &Ops) -> Health {
 
 /// A scrape reads gauges only: no store scan, no directory walk. The store keeps the waiting
 /// queue's counts as folds change it, and the store size is refreshed by a periodic task
-/// (`app::store_size_loop`).
+/// (`app::store_size_loop`); with several nodes, the record counts too are read from the store
+/// (kept counts, no scan).
 async fn metrics(shared: web::Data<Ops>) -> HttpResponse {
+    if shared.cluster.shared() {
+        store_gauges(&shared).await;
+    }
     let m = &shared.metrics;
     m.dispatch_paused
         .set(i64::from(shared.dispatch.is_paused()));

@@ -42,7 +42,7 @@ async fn list_outbox(
 ) -> Result<HttpResponse, ApiError> {
     let mut executor = serde_json::Map::new();
     executor.insert("paused".into(), json!(shared.executor.is_paused()));
-    executor.insert("depth".into(), json!(shared.executor.depth()));
+    executor.insert("depth".into(), json!(super::outbox_depth(&shared).await));
     executor.insert("in_memory".into(), json!(shared.executor.in_memory()));
     list_page(&shared, List::Outbox, &q, executor).await
 }
@@ -88,8 +88,17 @@ struct IdleQuery {
 /// Wait until no action is pending (for scripts and tests): 200 when idle, 504 on timeout.
 async fn idle(shared: web::Data<Ops>, q: web::Query<IdleQuery>) -> HttpResponse {
     let timeout = std::time::Duration::from_millis(q.timeout_ms.unwrap_or(10_000).min(300_000));
-    let idle = shared.executor.wait_idle(timeout).await;
-    let body = json!({"idle": idle, "depth": shared.executor.depth()});
+    let idle = match shared.cluster.shared() {
+        // Several nodes: the store's outbox, whichever node carries it out.
+        true => {
+            let empty = |s: &dyn storage::Storage| Ok(s.outbox_len()? == 0);
+            super::reading::wait_in_store(&shared.store, timeout, empty)
+                .await
+                .unwrap_or(false)
+        }
+        false => shared.executor.wait_idle(timeout).await,
+    };
+    let body = json!({"idle": idle, "depth": super::outbox_depth(&shared).await});
     if idle {
         HttpResponse::Ok().json(body)
     } else {
@@ -168,6 +177,7 @@ pub(crate) async fn letters_page(
 /// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
 /// were dead letters.
 pub(crate) async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
+    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
@@ -232,6 +242,7 @@ pub(crate) async fn drop_letter(
     id: u64,
     reason: &str,
 ) -> Result<Option<model::action::DeadLetter>, ApiError> {
+    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, why) = (shared.store.clone(), reason.to_owned());
     let Some(letter) = blocking(move || store.drop_dead_letter(id, &why, now)).await? else {
@@ -255,6 +266,7 @@ async fn replay(
     q: web::Query<ReplayQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let request = q.into_inner().request()?;
+    super::active_only(&shared).await?;
     let store = shared.store.clone();
     let rules = shared.rules.live.current();
     let report = blocking(move || store.replay(&request, rules.as_ref())).await?;

@@ -13,6 +13,7 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
 }
 
 async fn prune(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
+    super::active_only(&shared).await?;
     tracing::info!("pruning pass asked for by an operator");
     match shared.pruner.pass().await {
         Ok(report) => Ok(HttpResponse::Ok().json(report)),

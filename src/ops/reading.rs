@@ -79,3 +79,27 @@ pub(super) async fn list_page(
         .content_type(actix_web::http::header::ContentType::json())
         .body(json))
 }
+
+/// How often [`wait_in_store`] looks.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Wait until `done` says so of the store (read on the blocking pool every [`LOOK_EVERY`]), at
+/// most `timeout`: whether it did. For several nodes on one store, where what this process
+/// holds in memory is not the whole truth (another node folds, carries the outbox out).
+pub(super) async fn wait_in_store(
+    store: &storage::Store,
+    timeout: std::time::Duration,
+    done: fn(&dyn storage::Storage) -> Result<bool, storage::StoreError>,
+) -> Result<bool, storage::StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let s = store.clone();
+        let found = web::block(move || done(&*s))
+            .await
+            .map_err(|e| storage::StoreError::Internal(e.to_string()))??;
+        if found || tokio::time::Instant::now() >= deadline {
+            return Ok(found);
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+}

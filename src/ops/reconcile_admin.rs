@@ -25,6 +25,10 @@ async fn reconcile(
     query: web::Query<ReconcileQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let dry_run = query.dry_run;
+    // A dry run changes nothing: any node may make one.
+    if !dry_run {
+        super::active_only(&shared).await?;
+    }
     tracing::info!(dry_run, "reconciliation pass asked for by an operator");
     match shared.reconcile.pass(dry_run).await {
         Ok(report) => Ok(HttpResponse::Ok().json(report)),

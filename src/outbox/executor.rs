@@ -123,14 +123,15 @@ impl Runner {
     }
 
     /// The executor's loop, until `stop` turns true or every sender is gone; then the calls in
-    /// flight finish.
+    /// flight finish, or are dropped when `lost` says the node is no longer the active one.
     pub(super) async fn run(
-        self,
+        self: &Arc<Self>,
         mut sched: Scheduler,
-        mut rx: mpsc::UnboundedReceiver<Msg>,
+        rx: &mut mpsc::UnboundedReceiver<Msg>,
         mut stop: watch::Receiver<bool>,
+        lost: &(dyn Fn() -> bool + Sync),
     ) {
-        let runner = Arc::new(self);
+        let runner = self;
         let mut inflight: JoinSet<Finished> = JoinSet::new();
         let mut page_failed_at: Option<tokio::time::Instant> = None;
         loop {
@@ -168,7 +169,10 @@ impl Runner {
             }
         }
         // Shutdown: calls in flight finish (bounded by the clients' timeouts); the rest stay in
-        // the outbox for the next start.
+        // the outbox for the next start. No longer the active node: dropped at once.
+        if lost() {
+            inflight.abort_all();
+        }
         while let Some(joined) = inflight.join_next().await {
             if let Ok(f) = joined {
                 runner.finished(&mut sched, f);
@@ -261,6 +265,21 @@ impl Runner {
         }
     }
 
+    /// A message while no term runs (this node stands by): what it hands over is in the store,
+    /// for the active to carry out; only its count in transit is settled.
+    pub(super) fn drop_msg(&self, msg: Msg) {
+        let arrived = match msg {
+            Msg::Entries(entries) => entries.len(),
+            Msg::Withdrawn(n) => n,
+            Msg::Retried(_) => 1,
+            Msg::Unblock(_) | Msg::Wake => 0,
+        };
+        if arrived > 0 {
+            self.handle.in_transit.fetch_sub(arrived, Ordering::SeqCst);
+            self.progress.send_modify(|_| {});
+        }
+    }
+
     /// A message to the executor, taken into the scheduler. Returns how many entries in transit
     /// it accounts for.
     fn take(&self, sched: &mut Scheduler, msg: Msg) -> usize {
@@ -341,6 +360,16 @@ impl Runner {
 
     /// One attempt through the entry's sink, and its outcome recorded.
     async fn carry_out(self: Arc<Self>, job: Job) -> Finished {
+        if let Err(e) = self.begin(&job.entry).await {
+            tracing::warn!(error = %e, "the action was not begun: it runs again");
+            tokio::time::sleep(STORE_RETRY_PAUSE).await;
+            return Finished {
+                queue: job.entry.queue.clone(),
+                seq: job.entry.seq,
+                outcome: Finish::Again(job.state),
+                reached: Vec::new(),
+            };
+        }
         let sink = self.sinks.of(&job.entry).clone();
         let started = (self.clock)();
         let report = sink.attempt(&job).await;
@@ -385,6 +414,28 @@ impl Runner {
             outcome,
             reached: report.reached,
         }
+    }
+
+    /// Several nodes on one store: mark the entry begun by this node's epoch before its call (a
+    /// refusal: this node is no longer the active one, and makes no call). An entry a node that
+    /// is gone had begun is carried out again, once, and counted
+    /// (`handoff_outbox_replayed_total`); the idempotency key it carries lets the destination
+    /// apply it once.
+    async fn begin(&self, entry: &OutboxEntry) -> Result<(), StoreError> {
+        if !self.ledger.shared() {
+            return Ok(());
+        }
+        let seq = entry.seq;
+        if let storage::lease::Start::Replay { epoch } = self.store(move |l| l.started(seq)).await?
+        {
+            self.metrics.outbox_replayed.inc();
+            tracing::warn!(
+                began_under_epoch = epoch,
+                "action begun by an active node that is gone: carried out again (its idempotency \
+                 key lets the destination apply it once)"
+            );
+        }
+        Ok(())
     }
 
     /// Done: its latency observed (when the destination took it now), the sink's memory of it

@@ -3,6 +3,7 @@
 
 use model::action::{DeadLetter, DoneRecord, OutboxEntry, RetryState};
 use std::collections::HashSet;
+use storage::lease::Start;
 use storage::{Store, StoreError};
 
 /// Dead letters read per page on start.
@@ -38,6 +39,16 @@ pub trait Ledger: Send + Sync + 'static {
     /// Calls go to the blocking pool (sled), not the async workers.
     fn on_blocking_pool(&self) -> bool {
         true
+    }
+    /// Whether other nodes share it (then an attempt is marked before its call, see
+    /// [`started`](Ledger::started)).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Mark the entry as begun by this node's epoch, before its call: whether a node that is gone
+    /// began it (a replay).
+    fn started(&self, _seq: u64) -> Result<Start, StoreError> {
+        Ok(Start::First)
     }
 }
 
@@ -97,5 +108,13 @@ impl Ledger for Store {
 
     fn dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
         self.outbox_dead(letter)
+    }
+
+    fn shared(&self) -> bool {
+        storage::lease::Lease::shared(&**self)
+    }
+
+    fn started(&self, seq: u64) -> Result<Start, StoreError> {
+        self.outbox_started(seq)
     }
 }

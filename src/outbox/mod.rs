@@ -331,20 +331,8 @@ pub fn start_with(
     clock: NowFn,
     stop: watch::Receiver<bool>,
 ) -> Result<(ExecutorHandle, Tasks), StoreError> {
-    let pending = ledger.pending()?;
-    let last = ledger.last_seq()?;
-    let mut breakers =
-        breaker::Breakers::new(settings.breaker.failures, settings.breaker.probe_interval);
-    for d in destinations {
-        breakers.known(d);
-        metrics.circuit_open.with_label_values(&[d]).set(0);
-    }
-    let mut scheduler = scheduler::Scheduler::new(settings.window, breakers, pending, last);
-    let letters = ledger.blocking_queues()?;
-    for queue in &letters.blocked {
-        scheduler.block(queue);
-    }
-    metrics.dead_letter_entries.set(letters.count as i64);
+    let scheduler = scheduler(&*ledger, &settings, destinations, &metrics)?;
+    let pending = scheduler.depth();
     let (tx, rx) = mpsc::unbounded_channel();
     let (progress_tx, progress) = watch::channel(scheduler.depth());
     let handle = ExecutorHandle {
@@ -377,8 +365,34 @@ pub fn start_with(
         rx,
         stop,
         done_rx,
+        destinations: destinations.to_vec(),
     };
     Ok((handle, tasks))
+}
+
+/// The scheduler over the outbox as the store has it: its pending entries counted, the highest
+/// known durable, the queues a blocking dead letter halts; every circuit closed.
+fn scheduler(
+    ledger: &dyn Ledger,
+    settings: &ExecutorSettings,
+    destinations: &[String],
+    metrics: &Metrics,
+) -> Result<scheduler::Scheduler, StoreError> {
+    let pending = ledger.pending()?;
+    let last = ledger.last_seq()?;
+    let mut breakers =
+        breaker::Breakers::new(settings.breaker.failures, settings.breaker.probe_interval);
+    for d in destinations {
+        breakers.known(d);
+        metrics.circuit_open.with_label_values(&[d]).set(0);
+    }
+    let mut scheduler = scheduler::Scheduler::new(settings.window, breakers, pending, last);
+    let letters = ledger.blocking_queues()?;
+    for queue in &letters.blocked {
+        scheduler.block(queue);
+    }
+    metrics.dead_letter_entries.set(letters.count as i64);
+    Ok(scheduler)
 }
 
 /// The executor's work, built by [`start`] and run where its caller puts it: the daemon runs it
@@ -389,16 +403,72 @@ pub struct Tasks {
     rx: mpsc::UnboundedReceiver<Msg>,
     stop: watch::Receiver<bool>,
     done_rx: mpsc::UnboundedReceiver<executor::DoneJob>,
+    /// Each term's scheduler knows them (several nodes).
+    destinations: Vec<String>,
 }
 
 impl Tasks {
     /// The loop until a stop (calls in flight finish first), with the task that records the
     /// `done` outcomes beside it on the same runtime.
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         tokio::spawn(executor::record_done(
             self.runner.ledger.clone(),
             self.done_rx,
         ));
-        self.runner.run(self.scheduler, self.rx, self.stop).await;
+        let runner = Arc::new(self.runner);
+        runner
+            .run(self.scheduler, &mut self.rx, self.stop, &|| false)
+            .await;
+    }
+
+    /// Several nodes on one store: the loop in each term of this node as the active one
+    /// (`cluster::Terms`), each on a scheduler read afresh from the store (the outbox where the
+    /// last active left it); a term that ends because the node is no longer active drops its
+    /// calls in flight at once (the store refuses their outcomes; the next active replays them).
+    /// Between terms, what is handed over is dropped (it is in the store).
+    pub async fn run_terms(self, mut terms: crate::cluster::Terms) {
+        let Tasks {
+            runner,
+            mut rx,
+            done_rx,
+            destinations,
+            ..
+        } = self;
+        tokio::spawn(executor::record_done(runner.ledger.clone(), done_rx));
+        let runner = Arc::new(runner);
+        loop {
+            let term = tokio::select! {
+                term = terms.next() => term,
+                msg = rx.recv() => match msg {
+                    Some(msg) => { runner.drop_msg(msg); continue }
+                    None => break,
+                },
+            };
+            let Some(term) = term else { break };
+            let (r, d) = (runner.clone(), destinations.clone());
+            let built = tokio::task::spawn_blocking(move || {
+                scheduler(&*r.ledger, &r.settings, &d, &r.metrics)
+            })
+            .await;
+            let sched = match built {
+                Ok(Ok(sched)) => sched,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "cannot read the outbox: this term carries nothing out");
+                    let mut stop = term.stop.clone();
+                    let _ = stop.wait_for(|s| *s).await;
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            if sched.depth() > 0 {
+                tracing::info!(
+                    pending = sched.depth(),
+                    "taking the outbox over where it stands"
+                );
+            }
+            runner
+                .run(sched, &mut rx, term.stop.clone(), &|| term.lost())
+                .await;
+        }
     }
 }

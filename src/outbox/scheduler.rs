@@ -90,6 +90,9 @@ pub struct Scheduler {
     per_sink: usize,
     /// The highest seq known durable (in the store at start, or handed over after a flush).
     durable: Option<u64>,
+    /// The highest seq in the store at start: entries up to it are counted in `depth` and read
+    /// from the store, so a hand-over of one (a fold of an earlier term) is not counted again.
+    counted_through: Option<u64>,
     /// Pending entries, loaded or not (signed: an entry may finish before its hand-over).
     depth: i64,
     /// seq -> decided_at of loaded entries (the oldest pending one).
@@ -115,6 +118,7 @@ impl Scheduler {
             cursors: [Cursor::default(); 2],
             per_sink: (window / 2).max(1),
             durable,
+            counted_through: durable,
             depth: i64::try_from(pending).unwrap_or(i64::MAX),
             loaded: BTreeMap::new(),
             finished: VecDeque::new(),
@@ -156,6 +160,9 @@ impl Scheduler {
     /// cursor is caught up and has room, else read from the store when the cursor gets there.
     pub fn decided(&mut self, entries: Vec<OutboxEntry>, now: Millis) {
         for entry in entries {
+            if self.counted_through.is_some_and(|c| entry.seq <= c) {
+                continue;
+            }
             self.depth += 1;
             self.durable = self.durable.max(Some(entry.seq));
             let kind = SinkKind::of(&entry) as usize;

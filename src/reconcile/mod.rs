@@ -506,73 +506,79 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| SweepError::Task(e.to_string()))
 }
 
-/// Run passes every `reconcile.interval` of daemon time (the test clock moves it) until `stop`;
-/// none when the interval is off. The first pass runs one interval after the start.
-pub fn start(sweeper: Sweeper, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let interval = sweeper.inner.config.interval;
-        if interval.is_zero() {
-            tracing::info!("reconciliation sweeper: periodic passes off (reconcile.interval)");
-            return;
+/// Run passes every `reconcile.interval` of daemon time (the test clock moves it) in each of
+/// `terms` (this node as the active one); none when the interval is off. A term's first pass
+/// runs one interval after it begins.
+pub fn start(sweeper: Sweeper, terms: crate::cluster::Terms) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(crate::cluster::each_term(terms, move |stop| {
+        run(sweeper.clone(), stop)
+    }))
+}
+
+/// [`start`]'s passes until `stop` turns true.
+async fn run(sweeper: Sweeper, mut stop: watch::Receiver<bool>) {
+    let interval = sweeper.inner.config.interval;
+    if interval.is_zero() {
+        tracing::info!("reconciliation sweeper: periodic passes off (reconcile.interval)");
+        return;
+    }
+    let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    let mut due = sweeper
+        .inner
+        .store
+        .clock()
+        .now_millis()
+        .saturating_add(every);
+    let mut waiting = false;
+    loop {
+        if *stop.borrow() {
+            break;
         }
-        let every = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-        let mut due = sweeper
-            .inner
-            .store
-            .clock()
-            .now_millis()
-            .saturating_add(every);
-        let mut waiting = false;
-        loop {
-            if *stop.borrow() {
-                break;
+        let now = sweeper.inner.store.clock().now_millis();
+        if now >= due && sweeper.inner.executor.openapi_down() {
+            // The service is down (the outbox's circuit is open): every read would fail.
+            // The pass waits for the next interval; nothing is lost, the drift stays.
+            if !waiting {
+                tracing::info!("reconciliation passes wait: the Open API's circuit is open");
+                waiting = true;
             }
-            let now = sweeper.inner.store.clock().now_millis();
-            if now >= due && sweeper.inner.executor.openapi_down() {
-                // The service is down (the outbox's circuit is open): every read would fail.
-                // The pass waits for the next interval; nothing is lost, the drift stays.
-                if !waiting {
-                    tracing::info!("reconciliation passes wait: the Open API's circuit is open");
-                    waiting = true;
-                }
-                sweeper
-                    .inner
-                    .metrics
-                    .reconcile_passes
-                    .with_label_values(&["skipped"])
-                    .inc();
-                due = now.saturating_add(every);
-                continue;
-            }
-            if now >= due {
-                waiting = false;
-                match sweeper.pass(false).await {
-                    Ok(report) if !report.drifts.is_empty() => tracing::info!(
-                        drifts = report.drifts.len(),
-                        checked = report.checked,
-                        "reconciliation pass found drift"
-                    ),
-                    Ok(report) => tracing::debug!(checked = report.checked, "reconciliation pass"),
-                    Err(SweepError::WriterStopped) => break,
-                    Err(e) => {
-                        tracing::error!(error = %e, "reconciliation pass failed; next interval")
-                    }
-                }
-                due = sweeper
-                    .inner
-                    .store
-                    .clock()
-                    .now_millis()
-                    .saturating_add(every);
-                continue;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(TICK) => {}
-                changed = stop.changed() => if changed.is_err() { break },
-            }
+            sweeper
+                .inner
+                .metrics
+                .reconcile_passes
+                .with_label_values(&["skipped"])
+                .inc();
+            due = now.saturating_add(every);
+            continue;
         }
-        tracing::info!("reconciliation sweeper stopped");
-    })
+        if now >= due {
+            waiting = false;
+            match sweeper.pass(false).await {
+                Ok(report) if !report.drifts.is_empty() => tracing::info!(
+                    drifts = report.drifts.len(),
+                    checked = report.checked,
+                    "reconciliation pass found drift"
+                ),
+                Ok(report) => tracing::debug!(checked = report.checked, "reconciliation pass"),
+                Err(SweepError::WriterStopped) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "reconciliation pass failed; next interval")
+                }
+            }
+            due = sweeper
+                .inner
+                .store
+                .clock()
+                .now_millis()
+                .saturating_add(every);
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TICK) => {}
+            changed = stop.changed() => if changed.is_err() { break },
+        }
+    }
+    tracing::info!("reconciliation sweeper stopped");
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 pub mod agent_api;
 pub mod browser;
 pub mod chatwoot;
+pub mod cluster;
 pub mod emulator;
 pub mod forwarder;
 pub mod helpdesk;
@@ -190,9 +191,29 @@ impl TestApp {
         }
     }
 
+    /// A daemon in this process on `store` instead of sled in its data directory (which holds
+    /// its tokens), its clock the store's: several of them on clones of one store (each its own
+    /// node's handle, `MemStore::another_node`) are several nodes on one database.
+    pub fn spawn_on(store: storage::mem::MemStore, opts: Spawn) -> TestApp {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("data");
+        let mut app = Self::start_in_process_on(&dir, opts, Some(store));
+        app._tmp = Some(tmp);
+        app
+    }
+
     /// The application in this process, on its own thread and runtime, on ephemeral loopback
     /// ports, configured as the binary would be by the same environment and flags.
     fn start_in_process(data_dir: &Path, opts: Spawn) -> TestApp {
+        Self::start_in_process_on(data_dir, opts, None)
+    }
+
+    /// [`start_in_process`](Self::start_in_process), on `store` when given.
+    fn start_in_process_on(
+        data_dir: &Path,
+        opts: Spawn,
+        store: Option<storage::mem::MemStore>,
+    ) -> TestApp {
         use handoff_bridge::app::{Application, Listeners};
         use handoff_bridge::config::{Config, Overrides};
         std::fs::create_dir_all(data_dir).expect("data dir");
@@ -215,9 +236,17 @@ impl TestApp {
         let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
                 let listeners = Listeners::bind(&config).map_err(|e| e.to_string())?;
-                let app = Application::build(config, listeners)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let app = match store {
+                    None => Application::build(config, listeners).await,
+                    Some(mem) => {
+                        let given = handoff_bridge::app::GivenStore {
+                            store: std::sync::Arc::new(mem.clone()),
+                            writer: Box::new(move |hooks| Ok(mem.writer(hooks))),
+                        };
+                        Application::build_on(config, listeners, given).await
+                    }
+                };
+                let app = app.map_err(|e| e.to_string())?;
                 let shutdown = async move {
                     let _ = stop_rx.await;
                     "the test's stop"

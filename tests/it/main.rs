@@ -20,6 +20,7 @@ mod bad_input;
 mod body_budget_routes;
 mod chatwoot;
 mod chatwoot_prism;
+mod cluster;
 mod console;
 mod deploy_files;
 mod emulator_http;

@@ -145,6 +145,10 @@ pub fn mask(url: &str) -> String {
     format!("{scheme}://{authority}{tail}")
 }
 
+/// How long a session may sit in a transaction waiting for its client (a fold computes for
+/// milliseconds between its reads and its commit).
+const IDLE_IN_TRANSACTION: &str = "5s";
+
 /// The pool of connections for `options`, in `schema` when given (each connection's
 /// `search_path`). Nothing is connected yet.
 pub(crate) fn pool(options: &PgOptions) -> Result<Pool, PgError> {
@@ -153,9 +157,13 @@ pub(crate) fn pool(options: &PgOptions) -> Result<Pool, PgError> {
         ssl,
         root_cert,
     } = parse(options.url.expose())?;
+    // A session that stops in the middle of a transaction (its node paused or cut off) is ended
+    // by the database, so the locks it holds (the lease row, `lease`) never hold others for good.
+    let mut session = format!("-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION}");
     if let Some(schema) = &options.schema {
-        config.options(format!("-c search_path={schema}"));
+        session.push_str(&format!(" -c search_path={schema}"));
     }
+    config.options(session);
     config.connect_timeout(CONNECT_TIMEOUT);
     config.keepalives_idle(Duration::from_secs(30));
     let tls = tls(ssl, options.roots.clone(), root_cert.as_deref())?;

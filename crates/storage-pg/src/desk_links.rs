@@ -28,10 +28,10 @@ impl DeskLinks for PgStore {
 
     /// The link and its index entries in one transaction.
     fn put_desk_link(&self, link: &DeskLink) -> Result<(), StoreError> {
-        let link = link.clone();
+        let (link, active) = (link.clone(), self.active());
         let text = json(&link)?;
         self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
+            let tx = crate::begin_active(&mut c, &active).await?;
             let remotes: Vec<&str> = link.remote.iter().chain(&link.earlier).map(String::as_str).collect();
             tx.execute(
                 "INSERT INTO desk_remotes (connector, remote, conversation) \
@@ -91,21 +91,24 @@ impl DeskLinks for PgStore {
             contact.user.clone(),
             json(contact)?,
         );
-        self.with_client(move |c| async move {
-            c.execute(
+        let active = self.active();
+        self.with_client(move |mut c| async move {
+            let tx = crate::begin_active(&mut c, &active).await?;
+            tx.execute(
                 "INSERT INTO desk_contacts (connector, user_id, contact) VALUES ($1, $2, $3) \
                  ON CONFLICT (connector, user_id) DO UPDATE SET contact = excluded.contact",
                 &[&connector, &user, &text],
             )
             .await?;
+            tx.commit().await?;
             Ok(())
         })
     }
 
     fn prune_desk_links(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
-        let limit = crate::rows::big(limit as u64);
+        let (limit, active) = (crate::rows::big(limit as u64), self.active());
         self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
+            let tx = crate::begin_active(&mut c, &active).await?;
             let rows = tx
                 .query(
                     "DELETE FROM desk_links WHERE (connector, conversation) IN \

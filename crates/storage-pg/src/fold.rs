@@ -49,10 +49,13 @@ pub(crate) fn record(row: &tokio_postgres::Row) -> Result<EventRecord, PgError> 
 const PENDING: &str = "(e.seq >= $1 AND (f.mark IS NULL OR e.seq > f.mark))";
 
 impl PgStore {
+    /// The events still to fold from the watermark, below `until` (all: `None`), and the log's
+    /// end, read in one snapshot.
     fn pending_until(&self, until: Option<u64>) -> Result<Pending, StoreError> {
         let until = until.map(big).unwrap_or(i64::MAX);
-        self.with_client(move |client| async move {
-            let from: i64 = client
+        self.with_client(move |mut c| async move {
+            let tx = snapshot(&mut c).await?;
+            let from: i64 = tx
                 .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
                 .await?
                 .get(0);
@@ -60,29 +63,40 @@ impl PgStore {
                 "SELECT e.seq, e.partition FROM events e LEFT JOIN folded f \
                  ON f.partition = e.partition WHERE {PENDING} AND e.seq < $2 ORDER BY e.seq"
             );
-            let rows = client.query(&sql, &[&from, &until]).await?;
-            let mut events = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let seq = num(row.get(0));
-                let partition = PartitionKey::decode(row.get(1)).ok_or(PgError::Corrupt {
-                    what: "event partition",
-                    detail: row.get(1),
-                })?;
-                events.push(PendingEvent {
-                    seq,
-                    partition,
-                    at: cursor(seq),
-                });
-            }
+            let rows = tx.query(&sql, &[&from, &until]).await?;
+            let events = pending_events(&rows)?;
             let end = match until {
-                i64::MAX => {
-                    let max: Option<i64> = client
-                        .query_one("SELECT max(seq) FROM events", &[])
-                        .await?
-                        .get(0);
-                    max.map_or(from, |m| (m + 1).max(from))
-                }
+                i64::MAX => log_end(&tx).await?.max(from),
                 until => until,
+            };
+            Ok(Pending {
+                events,
+                end: cursor(num(end)),
+            })
+        })
+    }
+
+    /// At most `limit` events still to fold at or past `from`, and where to read on (past the
+    /// last one listed, or the log's end when none is left): events commit in number order, so
+    /// nothing committed later comes below that end.
+    fn pending_on(&self, from: Cursor, limit: usize) -> Result<Pending, StoreError> {
+        let (from, limit) = (big(seq_of(from)), big(limit as u64));
+        self.with_client(move |mut c| async move {
+            let tx = snapshot(&mut c).await?;
+            let watermark: i64 = tx
+                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .await?
+                .get(0);
+            let sql = format!(
+                "SELECT e.seq, e.partition FROM events e LEFT JOIN folded f \
+                 ON f.partition = e.partition WHERE {PENDING} AND e.seq >= $2 \
+                 ORDER BY e.seq LIMIT $3"
+            );
+            let rows = tx.query(&sql, &[&watermark, &from, &limit]).await?;
+            let events = pending_events(&rows)?;
+            let end = match events.last() {
+                Some(last) if events.len() as i64 >= limit => big(last.seq) + 1,
+                _ => log_end(&tx).await?.max(from),
             };
             Ok(Pending {
                 events,
@@ -92,9 +106,55 @@ impl PgStore {
     }
 }
 
+/// A read-only transaction of one snapshot (`REPEATABLE READ`): what it lists and the log's end
+/// it reads agree.
+async fn snapshot(
+    c: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, PgError> {
+    Ok(c.build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?)
+}
+
+/// The pending events of `rows` (`seq`, `partition`).
+fn pending_events(rows: &[tokio_postgres::Row]) -> Result<Vec<PendingEvent>, PgError> {
+    rows.iter()
+        .map(|row| {
+            let seq = num(row.get(0));
+            let partition = PartitionKey::decode(row.get(1)).ok_or(PgError::Corrupt {
+                what: "event partition",
+                detail: row.get(1),
+            })?;
+            Ok(PendingEvent {
+                seq,
+                partition,
+                at: cursor(seq),
+            })
+        })
+        .collect()
+}
+
+/// One past the highest event number committed (events commit in number order: no later commit
+/// brings a lower one), 0 for an empty log.
+async fn log_end(c: &impl deadpool_postgres::GenericClient) -> Result<i64, PgError> {
+    let max: Option<i64> = c
+        .query_one("SELECT max(seq) FROM events", &[])
+        .await?
+        .get(0);
+    Ok(max.map_or(0, |m| m + 1))
+}
+
 impl Folds for PgStore {
     fn pending(&self) -> Result<Pending, StoreError> {
         self.pending_until(None)
+    }
+
+    /// Read on from `from`, at most `limit` (the active of several nodes, for what the others
+    /// stored): one bounded query, not all that is pending.
+    fn pending_from(&self, from: Cursor, limit: usize) -> Result<Pending, StoreError> {
+        self.pending_on(from, limit)
     }
 
     fn pending_before_writer(&self) -> Result<Pending, StoreError> {
@@ -118,7 +178,7 @@ impl Folds for PgStore {
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
         let folding = self.fold_guard();
         let (pool, lock) = (self.0.pool.clone(), self.0.locks.fold);
-        let handle = self.handle().clone();
+        let (handle, active) = (self.handle().clone(), self.active());
         let client = self.block(async move {
             let client = TxClient(Some(pool.get().await?), handle);
             client
@@ -127,6 +187,8 @@ impl Folds for PgStore {
             client
                 .execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
                 .await?;
+            // This node's epoch, the lease row share-locked to the commit: fenced otherwise.
+            crate::lease::check(&*client, &active).await?;
             Ok(client)
         })?;
         Ok(Box::new(PgFold {
@@ -148,14 +210,15 @@ impl Folds for PgStore {
 
     fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
         let _folding = self.fold_guard();
-        let to = big(seq_of(to));
-        self.with_client(move |client| async move {
-            client
-                .execute(
-                    "UPDATE meta SET value = GREATEST(value, $1) WHERE key = 'fold_from'",
-                    &[&to],
-                )
-                .await?;
+        let (to, active) = (big(seq_of(to)), self.active());
+        self.with_client(move |mut client| async move {
+            let tx = crate::begin_active(&mut client, &active).await?;
+            tx.execute(
+                "UPDATE meta SET value = GREATEST(value, $1) WHERE key = 'fold_from'",
+                &[&to],
+            )
+            .await?;
+            tx.commit().await?;
             Ok(())
         })
     }

@@ -283,14 +283,16 @@ impl Ingest for PgStore {
     }
 
     fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
-        self.with_client(move |client| async move {
-            client
-                .execute(
-                    "INSERT INTO meta (key, value) VALUES ('backfill_cursor', $1) \
-                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    &[&at],
-                )
-                .await?;
+        let active = self.active();
+        self.with_client(move |mut client| async move {
+            let tx = crate::begin_active(&mut client, &active).await?;
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('backfill_cursor', $1) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&at],
+            )
+            .await?;
+            tx.commit().await?;
             Ok(())
         })
     }

@@ -33,14 +33,16 @@
 //! Both are tested (`tests/commit_order.rs`): concurrent writers while a reader follows the
 //! numbers; it never sees a number above one it has not seen yet.
 //!
-//! Every transaction of the folds' work (fold commits, outbox outcomes, retention) goes through
-//! `begin_active`, the one place where a fencing check (an epoch, when several nodes share
-//! a database) would join it.
+//! Every transaction of the active's work (fold commits, outbox outcomes, retention, the
+//! watermark, the backfill cursor, the desks' mappings) goes through `begin_active`, which
+//! checks in the same transaction that this node still holds the lease's epoch (`lease`): a
+//! node that lost the lease commits nothing.
 
 mod connect;
 mod desk_links;
 mod fold;
 mod intake;
+mod lease;
 mod outbox;
 mod reads;
 mod retention;
@@ -84,6 +86,9 @@ pub enum PgError {
     Corrupt { what: &'static str, detail: String },
     #[error("{0}")]
     Internal(&'static str),
+    /// A write of the active's work after this node's lease moved on (`lease`).
+    #[error("this node no longer holds the lease")]
+    Fenced,
 }
 
 impl PgError {
@@ -106,6 +111,7 @@ impl From<PgError> for StoreError {
             },
             PgError::Corrupt { what, detail } => StoreError::Corrupt(format!("{what}: {detail}")),
             PgError::Internal(what) => StoreError::Internal(what.into()),
+            PgError::Fenced => StoreError::Fenced,
             e => {
                 let connection = e.is_connection();
                 StoreError::Backend(BackendError::new(e, connection))
@@ -129,6 +135,8 @@ struct Inner {
     /// The first event number a running writer hands over itself (see `pending_before_writer`).
     writer_from: Mutex<Option<u64>>,
     fail_next_commit: AtomicBool,
+    /// What this handle holds of the lease (`lease`).
+    fence: Mutex<lease::Fence>,
 }
 
 /// The store's runtime, shut down without waiting when the store goes (which may be on another
@@ -181,6 +189,7 @@ impl PgStore {
             timer_wakeup: Arc::default(),
             writer_from: Mutex::new(None),
             fail_next_commit: AtomicBool::new(false),
+            fence: Mutex::default(),
         })))
     }
 
@@ -228,11 +237,16 @@ impl PgStore {
     }
 }
 
-/// Begin a transaction of the folds' work (a fold's commit, an outbox outcome, retention): the
-/// one place a fencing check (an epoch compared in the same transaction) joins, once several
-/// nodes share a database.
-async fn begin_active(client: &mut Object) -> Result<deadpool_postgres::Transaction<'_>, PgError> {
-    Ok(client.transaction().await?)
+/// Begin a transaction of the active's work (a fold's commit, an outbox outcome, retention, the
+/// watermark...), refused unless this node still holds its epoch of the lease ([`lease::check`],
+/// the row share-locked to the commit).
+async fn begin_active<'c>(
+    client: &'c mut Object,
+    active: &lease::Active,
+) -> Result<deadpool_postgres::Transaction<'c>, PgError> {
+    let tx = client.transaction().await?;
+    lease::check(&tx, active).await?;
+    Ok(tx)
 }
 
 /// Spawn `work` on `handle` and wait for it on a plain channel (safe on any thread but one of

@@ -388,6 +388,8 @@ async fn settle(c: &impl GenericClient, seq: u64) -> Result<(), PgError> {
         .await?;
     c.execute("DELETE FROM outbox_retry WHERE seq = $1", &[&big(seq)])
         .await?;
+    c.execute("DELETE FROM outbox_started WHERE seq = $1", &[&big(seq)])
+        .await?;
     add_counts(c, &[("outbox", -(gone as i64))]).await
 }
 
@@ -490,14 +492,16 @@ impl Outbox for PgStore {
     }
 
     fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
-        let text = json(state)?;
-        self.with_client(move |c| async move {
-            c.execute(
+        let (text, active) = (json(state)?, self.active());
+        self.with_client(move |mut c| async move {
+            let tx = begin_active(&mut c, &active).await?;
+            tx.execute(
                 "INSERT INTO outbox_retry (seq, state) VALUES ($1, $2) \
                  ON CONFLICT (seq) DO UPDATE SET state = excluded.state",
                 &[&big(seq), &text],
             )
             .await?;
+            tx.commit().await?;
             Ok(())
         })
     }
@@ -520,9 +524,9 @@ impl Outbox for PgStore {
 
     /// Each record, its ledger status and the entry's leaving, in one transaction.
     fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
-        let records = records.to_vec();
+        let (records, active) = (records.to_vec(), self.active());
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = begin_active(&mut c, &active).await?;
             for r in &records {
                 let status = ActionStatus {
                     state: "done".into(),
@@ -541,9 +545,9 @@ impl Outbox for PgStore {
     }
 
     fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
-        let letter = letter.clone();
+        let (letter, active) = (letter.clone(), self.active());
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = begin_active(&mut c, &active).await?;
             let seq = letter.entry.seq;
             let status = ActionStatus {
                 state: "dead".into(),
@@ -586,9 +590,10 @@ impl Outbox for PgStore {
         self.documents(sql, (after_key(after), big(limit as u64)), "dead letter")
     }
 
+    /// An operator's: taken on every node, not fenced.
     fn retry_dead_letter(&self, seq: u64, now: Millis) -> Result<Option<OutboxEntry>, StoreError> {
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = c.transaction().await?;
             let row = tx
                 .query_opt("DELETE FROM dead_letters WHERE seq = $1 RETURNING letter", &[&big(seq)])
                 .await?;
@@ -618,9 +623,10 @@ impl Outbox for PgStore {
         reason: &str,
         now: Millis,
     ) -> Result<Option<DeadLetter>, StoreError> {
+        // An operator's: taken on every node, not fenced.
         let note = Some(reason.to_owned());
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = c.transaction().await?;
             let row = tx
                 .query_opt(
                     "DELETE FROM dead_letters WHERE seq = $1 RETURNING letter",

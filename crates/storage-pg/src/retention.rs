@@ -2,8 +2,9 @@
 //! outbox entry still needs. States are judged and removed a chunk at a time, each chunk in one
 //! transaction under the fold lock (the in-process one and the advisory one).
 
+use crate::lease::Active;
 use crate::outbox::add_counts;
-use crate::rows::{big, num, parse, seq_of};
+use crate::rows::{big, parse, seq_of};
 use crate::{begin_active, PgError, PgStore};
 use engine::state::EndUserState;
 use model::cursor::Cursor;
@@ -26,13 +27,28 @@ fn busy(partition: &str, queues: &str) -> String {
     )
 }
 
-/// Delete in chunks until `sql` (a `DELETE` taking `$1` = the chunk) removes fewer; how many.
-async fn delete_all(c: &deadpool_postgres::Object, sql: &str, before: i64) -> Result<u64, PgError> {
+/// `sql` (a `DELETE` taking `$1` = the chunk, `$2` = the bound, and `$3`, `$4`... = `more`) in
+/// passes until one removes fewer than the chunk, each pass a transaction of the active's work
+/// (fenced), adding `-removed` to the count `count` names in it; how many in all.
+async fn delete_all(
+    c: &mut deadpool_postgres::Object,
+    active: &Active,
+    (sql, count): (&str, Option<&'static str>),
+    (chunk, bound, more): (i64, i64, Option<i64>),
+) -> Result<u64, PgError> {
     let mut removed = 0;
     loop {
-        let n = c.execute(sql, &[&DELETE_CHUNK, &before]).await?;
+        let tx = begin_active(c, active).await?;
+        let n = match more {
+            Some(more) => tx.execute(sql, &[&chunk, &bound, &more]).await?,
+            None => tx.execute(sql, &[&chunk, &bound]).await?,
+        };
+        if let Some(count) = count {
+            add_counts(&tx, &[(count, -(n as i64))]).await?;
+        }
+        tx.commit().await?;
         removed += n;
-        if n < DELETE_CHUNK as u64 {
+        if n < chunk as u64 {
             return Ok(removed);
         }
     }
@@ -42,11 +58,11 @@ async fn delete_all(c: &deadpool_postgres::Object, sql: &str, before: i64) -> Re
 /// judged (`None`: none left).
 async fn conversations_chunk(
     c: &mut deadpool_postgres::Object,
-    (fold_lock, before, chunk): (i64, Millis, i64),
+    (active, fold_lock, before, chunk): (&Active, i64, Millis, i64),
     after: &(Millis, String),
     out: &mut StatesPruned,
 ) -> Result<Option<(Millis, String)>, PgError> {
-    let tx = begin_active(c).await?;
+    let tx = begin_active(c, active).await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
         .await?;
     let sql = format!(
@@ -114,11 +130,11 @@ async fn conversations_chunk(
 /// last conversation is kept stays too.
 async fn end_users_chunk(
     c: &mut deadpool_postgres::Object,
-    (fold_lock, before, chunk): (i64, Millis, i64),
+    (active, fold_lock, before, chunk): (&Active, i64, Millis, i64),
     after: &(Millis, String),
     out: &mut StatesPruned,
 ) -> Result<Option<(Millis, String)>, PgError> {
-    let tx = begin_active(c).await?;
+    let tx = begin_active(c, active).await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
         .await?;
     let sql = format!(
@@ -186,9 +202,10 @@ impl PgStore {
         let mut after = (i64::MIN, String::new());
         loop {
             let _folding = self.fold_guard();
-            let args = (self.0.locks.fold, before, big(chunk.max(1) as u64));
+            let (fold, active) = (self.0.locks.fold, self.active());
             let (from, mut pruned) = (after.clone(), *out);
             let (last, pruned) = self.with_client(move |mut c| async move {
+                let args = (&active, fold, before, big(chunk.max(1) as u64));
                 let last = match conversations {
                     true => conversations_chunk(&mut c, args, &from, &mut pruned).await?,
                     false => end_users_chunk(&mut c, args, &from, &mut pruned).await?,
@@ -203,9 +220,17 @@ impl PgStore {
         }
     }
 
-    /// A bounded delete of `sql` (`$1` the chunk, `$2` the bound), passes until done.
-    fn delete_passes(&self, sql: &'static str, bound: i64) -> Result<u64, StoreError> {
-        self.with_client(move |c| async move { delete_all(&c, sql, bound).await })
+    /// A bounded delete of `sql` (`$1` the chunk, `$2` the bound, `$3` `more`), in fenced passes
+    /// until done, `count` (a count in `meta`) lowered with it.
+    fn delete_passes(
+        &self,
+        (sql, count): (&'static str, Option<&'static str>),
+        (chunk, bound, more): (i64, i64, Option<i64>),
+    ) -> Result<u64, StoreError> {
+        let active = self.active();
+        self.with_client(move |mut c| async move {
+            delete_all(&mut c, &active, (sql, count), (chunk, bound, more)).await
+        })
     }
 }
 
@@ -217,28 +242,23 @@ impl Retention for PgStore {
         fold_from: Cursor,
     ) -> Result<Pruned, StoreError> {
         let deliveries = self.delete_passes(
-            "DELETE FROM deliveries WHERE id IN \
-             (SELECT id FROM deliveries WHERE received_at < $2 LIMIT $1)",
-            dedupe_before,
+            (
+                "DELETE FROM deliveries WHERE id IN \
+                 (SELECT id FROM deliveries WHERE received_at < $2 LIMIT $1)",
+                None,
+            ),
+            (DELETE_CHUNK, dedupe_before, None),
         )?;
         let below = big(seq_of(fold_from));
         let until = events_before.min(dedupe_before);
-        let events = self.with_client(move |c| async move {
-            let mut removed = 0;
-            loop {
-                let n = c
-                    .execute(
-                        "DELETE FROM events WHERE seq IN (SELECT seq FROM events \
-                         WHERE seq < $2 AND received_at < $3 ORDER BY seq LIMIT $1)",
-                        &[&DELETE_CHUNK, &below, &until],
-                    )
-                    .await?;
-                removed += n;
-                if n < DELETE_CHUNK as u64 {
-                    return Ok(removed);
-                }
-            }
-        })?;
+        let events = self.delete_passes(
+            (
+                "DELETE FROM events WHERE seq IN (SELECT seq FROM events \
+                 WHERE seq < $2 AND received_at < $3 ORDER BY seq LIMIT $1)",
+                None,
+            ),
+            (DELETE_CHUNK, below, Some(until)),
+        )?;
         Ok(Pruned {
             ids_forgotten: deliveries + events,
             event_chunks: events,
@@ -256,23 +276,14 @@ impl Retention for PgStore {
 
     fn prune_quarantine(&self, before: Millis, chunk: usize) -> Removed<u64> {
         let chunk = big(chunk.max(1) as u64);
-        let result = self.with_client(move |c| async move {
-            let mut removed = 0;
-            loop {
-                let n = c
-                    .execute(
-                        "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine \
-                         WHERE received_at < $2 ORDER BY id LIMIT $1)",
-                        &[&chunk, &before],
-                    )
-                    .await?;
-                add_counts(&c, &[("quarantine", -(n as i64))]).await?;
-                removed += n;
-                if n < num(chunk) {
-                    return Ok(removed);
-                }
-            }
-        });
+        let result = self.delete_passes(
+            (
+                "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine \
+                 WHERE received_at < $2 ORDER BY id LIMIT $1)",
+                Some("quarantine"),
+            ),
+            (chunk, before, None),
+        );
         match result {
             Ok(removed) => Removed {
                 removed,
@@ -286,9 +297,9 @@ impl Retention for PgStore {
     }
 
     fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError> {
-        let limit = big(limit as u64);
+        let (limit, active) = (big(limit as u64), self.active());
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = begin_active(&mut c, &active).await?;
             let ledger = tx
                 .execute(
                     "DELETE FROM ledger WHERE id IN (SELECT id FROM ledger \
@@ -309,27 +320,25 @@ impl Retention for PgStore {
     }
 
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
-        let limit = big(limit as u64);
-        self.with_client(move |c| async move {
-            Ok(c.execute(
+        self.delete_passes(
+            (
                 "DELETE FROM idempotency WHERE (route, key) IN (SELECT route, key FROM idempotency \
-                 WHERE at < $1 LIMIT $2)",
-                &[&before, &limit],
-            )
-            .await?)
-        })
+                 WHERE at < $2 LIMIT $1)",
+                None,
+            ),
+            (big(limit as u64), before, None),
+        )
     }
 
     fn prune_operator_actions(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
-        let limit = big(limit as u64);
-        self.with_client(move |c| async move {
-            Ok(c.execute(
+        self.delete_passes(
+            (
                 "DELETE FROM operator_actions WHERE id IN (SELECT id FROM operator_actions \
-                 WHERE at < $1 ORDER BY id LIMIT $2)",
-                &[&before, &limit],
-            )
-            .await?)
-        })
+                 WHERE at < $2 ORDER BY id LIMIT $1)",
+                None,
+            ),
+            (big(limit as u64), before, None),
+        )
     }
 
     fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
@@ -339,8 +348,9 @@ impl Retention for PgStore {
             big(limit as u64),
             self.0.locks.fold,
         );
+        let active = self.active();
         self.with_client(move |mut c| async move {
-            let tx = begin_active(&mut c).await?;
+            let tx = begin_active(&mut c, &active).await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
                 .await?;
             let n = tx

@@ -13,15 +13,19 @@ use storage_pg::{PgStore, PgWriter};
 struct PgSubject {
     db: TestDb,
     store: Option<PgStore>,
+    /// Every node's clock (the test moves it: the lease's times follow its offset).
+    clock: model::clock::Clock,
 }
 
 impl PgSubject {
     fn made() -> Option<Box<dyn Subject>> {
         let db = TestDb::fresh("the PostgreSQL conformance suite")?;
-        let store = PgStore::open(&db.options(), model::clock::Clock::new()).expect("open");
+        let clock = model::clock::Clock::new();
+        let store = PgStore::open(&db.options(), clock.clone()).expect("open");
         Some(Box::new(PgSubject {
             db,
             store: Some(store),
+            clock,
         }))
     }
 
@@ -45,9 +49,15 @@ impl Subject for PgSubject {
 
     fn reopen(&mut self) -> bool {
         self.store = None;
-        let store = PgStore::open(&self.db.options(), model::clock::Clock::new());
+        let store = PgStore::open(&self.db.options(), self.clock.clone());
         self.store = Some(store.expect("reopen"));
         true
+    }
+
+    /// Another process on the same schema, on the same clock.
+    fn another_node(&self) -> Option<Store> {
+        let other = PgStore::open(&self.db.options(), self.clock.clone()).expect("open");
+        Some(Arc::new(other))
     }
 
     fn fail_next_commit(&mut self) -> bool {

@@ -32,6 +32,9 @@ pub trait Subject {
     fn reopen(&mut self) -> bool;
     /// Make the next fold commit fail part way (or wholly); `false` when the backend cannot.
     fn fail_next_commit(&mut self) -> bool;
+    /// Another node's handle on the same store (its own lease epoch); `None` for a backend one
+    /// process holds (`Lease::shared` is false).
+    fn another_node(&self) -> Option<Store>;
 }
 
 fn no_hooks() -> WriterHooks {
@@ -91,6 +94,10 @@ impl Subject for SledSubject {
     fn fail_next_commit(&mut self) -> bool {
         false
     }
+
+    fn another_node(&self) -> Option<Store> {
+        None
+    }
 }
 
 /// The in-memory backend.
@@ -114,6 +121,10 @@ impl Subject for MemSubject {
         self.0.fail_next_commit();
         true
     }
+
+    fn another_node(&self) -> Option<Store> {
+        Some(Arc::new(self.0.another_node()))
+    }
 }
 
 /// A `#[test]` of every check for one backend: `conformance_tests!(name, subject)`, `subject` an
@@ -133,73 +144,36 @@ macro_rules! conformance_tests {
             fn subject() -> Option<Box<dyn c::Subject>> {
                 $subject
             }
-            #[test]
-            fn intake_stores_a_retried_delivery_once() {
-                if let Some(mut s) = subject() {
-                    c::intake_stores_a_retried_delivery_once(&mut *s);
-                }
-            }
-            #[test]
-            fn intake_acknowledges_only_what_is_durable() {
-                if let Some(mut s) = subject() {
-                    c::intake_acknowledges_only_what_is_durable(&mut *s);
-                }
-            }
-            #[test]
-            fn folds_keep_each_partitions_order_and_fold_each_event_once() {
-                if let Some(mut s) = subject() {
-                    c::folds_keep_each_partitions_order_and_fold_each_event_once(&mut *s);
-                }
-            }
-            #[test]
-            fn a_fold_batch_is_committed_whole_or_not_at_all() {
-                if let Some(mut s) = subject() {
-                    c::a_fold_batch_is_committed_whole_or_not_at_all(&mut *s);
-                }
-            }
-            #[test]
-            fn a_replay_queues_only_what_was_never_decided() {
-                if let Some(mut s) = subject() {
-                    c::a_replay_queues_only_what_was_never_decided(&mut *s);
-                }
-            }
-            #[test]
-            fn the_outbox_keeps_decision_order_and_records_each_outcome_once() {
-                if let Some(mut s) = subject() {
-                    c::the_outbox_keeps_decision_order_and_records_each_outcome_once(&mut *s);
-                }
-            }
-            #[test]
-            fn timers_are_found_by_due_time_and_an_earlier_one_wakes_the_firer() {
-                if let Some(mut s) = subject() {
-                    c::timers_are_found_by_due_time_and_an_earlier_one_wakes_the_firer(&mut *s);
-                }
-            }
-            #[test]
-            fn retention_keeps_what_folds_and_the_outbox_still_need() {
-                if let Some(mut s) = subject() {
-                    c::retention_keeps_what_folds_and_the_outbox_still_need(&mut *s);
-                }
-            }
-            #[test]
-            fn the_waiting_queue_and_its_figures_are_kept_by_the_folds() {
-                if let Some(mut s) = subject() {
-                    c::the_waiting_queue_and_its_figures_are_kept_by_the_folds(&mut *s);
-                }
-            }
-            #[test]
-            fn keyed_pages_continue_right_after_their_cursor() {
-                if let Some(mut s) = subject() {
-                    c::keyed_pages_continue_right_after_their_cursor(&mut *s);
-                }
-            }
-            #[test]
-            fn desk_mappings_are_found_both_ways_and_closed_ones_pruned() {
-                if let Some(mut s) = subject() {
-                    c::desk_mappings_are_found_both_ways_and_closed_ones_pruned(&mut *s);
-                }
-            }
+            $crate::conformance_tests!(@checks
+                intake_stores_a_retried_delivery_once,
+                intake_acknowledges_only_what_is_durable,
+                folds_keep_each_partitions_order_and_fold_each_event_once,
+                a_fold_batch_is_committed_whole_or_not_at_all,
+                a_replay_queues_only_what_was_never_decided,
+                the_outbox_keeps_decision_order_and_records_each_outcome_once,
+                timers_are_found_by_due_time_and_an_earlier_one_wakes_the_firer,
+                retention_keeps_what_folds_and_the_outbox_still_need,
+                the_waiting_queue_and_its_figures_are_kept_by_the_folds,
+                keyed_pages_continue_right_after_their_cursor,
+                desk_mappings_are_found_both_ways_and_closed_ones_pruned,
+                the_lease_is_renewed_by_its_holder_and_taken_over_with_a_higher_epoch,
+                a_write_of_a_node_whose_lease_moved_on_is_refused_and_leaves_nothing,
+                an_entry_begun_under_an_earlier_epoch_is_a_replay_once,
+                a_released_lease_is_free_at_once,
+                pending_events_are_read_on_from_where_a_read_ended,
+            );
         }
+    };
+    // One `#[test]` per check, each on a subject of its own.
+    (@checks $($check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                if let Some(mut s) = subject() {
+                    c::$check(&mut *s);
+                }
+            }
+        )*
     };
 }
 
@@ -763,6 +737,193 @@ pub fn desk_mappings_are_found_both_ways_and_closed_ones_pruned(subject: &mut dy
         .expect("get")
         .is_some());
     assert_eq!(store.prune_desk_links(11, 10).expect("prune"), 0);
+}
+
+const TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Move the store's clock (the daemon's, which judges the lease) forward by `secs`.
+fn advance(store: &dyn Storage, secs: u64) {
+    store.clock().advance(std::time::Duration::from_secs(secs));
+}
+
+/// Lease: acquired when free (a first epoch), renewed by its holder (same epoch, later expiry),
+/// refused to another node while held, taken over with a higher epoch once run out; each handle
+/// carries the epoch it holds; the nodes seen are listed. A backend one process holds: its
+/// node always holds it.
+pub fn the_lease_is_renewed_by_its_holder_and_taken_over_with_a_higher_epoch(
+    subject: &mut dyn Subject,
+) {
+    let store = subject.store();
+    let first = store.claim("n1", TTL).expect("claim");
+    let now = store.clock().now_millis();
+    assert_eq!(first.holder.as_deref(), Some("n1"));
+    assert!(first.epoch >= 1 && first.held_by("n1", now), "{first:?}");
+    assert_eq!(store.held_epoch(), Some(first.epoch));
+    advance(&*store, 3);
+    let renewed = store.claim("n1", TTL).expect("renew");
+    assert_eq!(renewed.epoch, first.epoch, "a renewal keeps the epoch");
+    assert!(renewed.expires_at > first.expires_at, "and runs later");
+    let Some(other) = subject.another_node() else {
+        assert!(!store.shared(), "a shared store has other nodes");
+        return;
+    };
+    store.note_seen("n1").expect("seen");
+    other.note_seen("n2").expect("seen");
+    let refused = other.claim("n2", TTL).expect("claim");
+    assert_eq!(
+        (refused.holder.as_deref(), other.held_epoch()),
+        (Some("n1"), None)
+    );
+    advance(&*store, 11);
+    let taken = other.claim("n2", TTL).expect("take over");
+    assert_eq!(taken.holder.as_deref(), Some("n2"));
+    assert_eq!(taken.epoch, first.epoch + 1, "a higher epoch");
+    assert_eq!(other.held_epoch(), Some(taken.epoch));
+    let lost = store.claim("n1", TTL).expect("claim");
+    assert_eq!(
+        (lost.holder.as_deref(), store.held_epoch()),
+        (Some("n2"), None)
+    );
+    assert_eq!(store.lease().expect("lease"), taken);
+    let since = store.clock().now_millis() - 60_000;
+    let seen: Vec<String> = store
+        .nodes_seen(since)
+        .expect("seen")
+        .into_iter()
+        .map(|n| n.node)
+        .collect();
+    assert_eq!(seen, ["n1", "n2"]);
+    assert!(store.nodes_seen(Millis::MAX).expect("seen").is_empty());
+}
+
+/// Fencing: a write of the active's work by a node that holds no epoch (a standby), or whose
+/// lease moved on, is refused (`StoreError::Fenced`) and leaves nothing: a fold, the
+/// watermark, an outbox outcome, the backfill cursor, a retention pass. Intake is taken on every
+/// node. The node that holds the lease writes.
+pub fn a_write_of_a_node_whose_lease_moved_on_is_refused_and_leaves_nothing(
+    subject: &mut dyn Subject,
+) {
+    let Some(standby) = subject.another_node() else {
+        return; // one process: its node always holds the lease, nothing to fence
+    };
+    let old = subject.store();
+    accept(&*old, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
+    old.claim("n1", TTL).expect("claim");
+    standby.claim("n2", TTL).expect("claim");
+    let greet = one_message_rule("greet");
+    let refused = fold_pending(&*standby, &greet);
+    assert!(matches!(refused, Err(StoreError::Fenced)), "{refused:?}");
+    advance(&*old, 11);
+    let new = standby;
+    new.claim("n2", TTL).expect("take over");
+    let late = fold_pending(&*old, &greet);
+    assert!(matches!(late, Err(StoreError::Fenced)), "{late:?}");
+    assert_eq!(pending_ids(&*new), ["e1"], "nothing folded");
+    assert!(outbox_ids(&*new).is_empty(), "nothing decided");
+    assert!(conversation(&*new, "c1").is_none());
+    let fenced = |r: Result<(), StoreError>| matches!(r, Err(StoreError::Fenced));
+    assert!(fenced(old.set_backfill_cursor(5)));
+    assert!(fenced(
+        old.advance_fold_from(model::cursor::Cursor::from_raw(u128::MAX))
+    ));
+    let pass = old.prune_states(Millis::MAX / 2, 10);
+    assert!(matches!(pass.failed, Some(StoreError::Fenced)));
+    assert_eq!(new.backfill_cursor().expect("cursor"), None);
+    accept(&*old, &delivery("d2", &[("e2", "c2", 2)]), 1_001);
+    assert_eq!(pending_ids(&*new), ["e1", "e2"], "intake is every node's");
+    let applied = fold_pending(&*new, &greet).expect("the active folds");
+    let entry = applied.outbox[0].clone();
+    assert!(fenced(old.outbox_done(&entry, 1, 2_000)));
+    assert!(
+        outbox_ids(&*new).contains(&entry.id),
+        "its outcome not recorded"
+    );
+    new.outbox_done(&entry, 1, 2_000)
+        .expect("the active records it");
+    assert!(!outbox_ids(&*new).contains(&entry.id));
+}
+
+/// Outbox under several nodes: an entry whose attempt began under an earlier epoch (its active
+/// died before recording the outcome) is a replay for the next active, once; its own further
+/// attempts are not.
+pub fn an_entry_begun_under_an_earlier_epoch_is_a_replay_once(subject: &mut dyn Subject) {
+    let store = subject.store();
+    accept(&*store, &delivery("d1", &[("e1", "c1", 1)]), 1_000);
+    store.claim("n1", TTL).expect("claim");
+    let applied = fold_pending(&*store, &one_message_rule("greet")).expect("fold");
+    let seq = applied.outbox[0].seq;
+    use crate::lease::Start;
+    assert_eq!(store.outbox_started(seq).expect("start"), Start::First);
+    assert_eq!(store.outbox_started(seq).expect("again"), Start::First);
+    let Some(next) = subject.another_node() else {
+        return;
+    };
+    let epoch = store.held_epoch().expect("held");
+    advance(&*store, 11);
+    next.claim("n2", TTL).expect("take over");
+    assert!(matches!(store.outbox_started(seq), Err(StoreError::Fenced)));
+    assert_eq!(
+        next.outbox_started(seq).expect("start"),
+        Start::Replay { epoch }
+    );
+    assert_eq!(next.outbox_started(seq).expect("again"), Start::First);
+}
+
+/// Lease: a release (a clean stop) frees it at once, for another node to take with a higher
+/// epoch without waiting for it to run out.
+pub fn a_released_lease_is_free_at_once(subject: &mut dyn Subject) {
+    let store = subject.store();
+    let held = store.claim("n1", TTL).expect("claim");
+    let Some(other) = subject.another_node() else {
+        store.release("n1").expect("release");
+        return;
+    };
+    store.release("n1").expect("release");
+    assert_eq!(store.held_epoch(), None);
+    assert_eq!(store.lease().expect("lease").holder, None);
+    let taken = other.claim("n2", TTL).expect("claim");
+    assert_eq!(
+        (taken.holder.as_deref(), taken.epoch),
+        (Some("n2"), held.epoch + 1)
+    );
+}
+
+/// Folds: the events still to fold are read on from where a read ended, a page at a time, none
+/// left out or read twice; folded ones are not returned.
+pub fn pending_events_are_read_on_from_where_a_read_ended(subject: &mut dyn Subject) {
+    let store = subject.store();
+    for (i, (event, conversation)) in [("e1", "c1"), ("e2", "c2"), ("e3", "c1")]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("d{i}");
+        accept(&*store, &delivery(&id, &[(event, conversation, 1)]), 1_000);
+    }
+    let from = store.fold_from().expect("watermark");
+    let first = store.pending_from(from, 2).expect("read");
+    assert_eq!(first.events.len(), 2);
+    let rest = store.pending_from(first.end, 2).expect("read on");
+    let seqs: Vec<u64> = first
+        .events
+        .iter()
+        .chain(&rest.events)
+        .map(|p| p.seq)
+        .collect();
+    let all: Vec<u64> = store
+        .pending()
+        .expect("pending")
+        .iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(seqs, all, "each once, in order");
+    let none = store.pending_from(rest.end, 2).expect("read on");
+    assert!(none.events.is_empty());
+    accept(&*store, &delivery("d9", &[("e4", "c3", 4)]), 1_001);
+    let new = store.pending_from(none.end, 2).expect("read on");
+    assert_eq!(new.events.len(), 1, "what came since");
+    fold_pending(&*store, &engine::decide::NoRules).expect("fold");
+    let after = store.pending_from(from, 10).expect("read");
+    assert!(after.events.is_empty(), "folded events are not pending");
 }
 
 #[cfg(test)]

@@ -134,6 +134,9 @@ pub mod meta {
     /// Backfill's cursor (u64 BE millis, the daemon's clock): the service's events up to it are
     /// known to the bridge (delivered by the webhook or backfilled). Written by backfill only.
     pub const BACKFILL_CURSOR: &[u8] = b"backfill_cursor";
+    /// The lease's epoch (u64 BE): how many times the daemon claimed it, once per open (see
+    /// `lease`: one process holds a sled store, so its lease is always its own).
+    pub const LEASE_EPOCH: &[u8] = b"lease_epoch";
 }
 
 /// A dedupe record's value: the sequence number, then the event's frame location.

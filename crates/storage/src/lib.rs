@@ -33,6 +33,7 @@ pub mod idempotency;
 pub mod intake;
 mod journal;
 pub mod keys;
+pub mod lease;
 mod log;
 #[cfg(any(test, feature = "test-support"))]
 pub mod mem;
@@ -167,6 +168,10 @@ pub enum StoreError {
     /// writes again, a fold half applied): whoever finds it reports it to [`Stuck`].
     #[error("the store fails until it is reopened; a restart mends it")]
     Stuck,
+    /// A write of the active's work by a node whose lease moved on or ran out (see [`lease`]):
+    /// refused, nothing written. The node is not the active one (any more).
+    #[error("this node no longer holds the lease: the write was refused (another node is active)")]
+    Fenced,
     /// A broken internal rule (a bug), refused instead of risking the store.
     #[error("internal error: {0}")]
     Internal(String),
@@ -685,6 +690,8 @@ pub struct SledStore {
     waiting: Arc<Mutex<queue::WaitingCounts>>,
     /// The daemon's time (its test clock's offset included): see [`SledStore::with_clock`].
     clock: model::clock::Clock,
+    /// This open's lease (see [`lease`]): always this node's.
+    lease: Arc<lease::SledLease>,
 }
 
 /// Where a failure of the store that only a restart mends is reported (a store that still fails
@@ -818,6 +825,7 @@ impl SledStore {
             half_applied: Default::default(),
             waiting: Default::default(),
             clock: model::clock::Clock::new(),
+            lease: Default::default(),
         };
         store.number_events_above_floor()?;
         let layout = store.check_layout()?;

@@ -11,11 +11,13 @@
 //! [`Folds::replay`] are provided). Positions in the event log cross the port as opaque
 //! cursors (`model::cursor::Cursor`), running timers as [`TimerKey`](crate::TimerKey)s. Every
 //! method is object safe (callbacks are `dyn`). [`SledStore`](crate::SledStore) is today's backend;
-//! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both.
+//! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both. Several
+//! nodes share a store through its [`Lease`] group (`storage::lease`).
 
 use crate::desk::{DeskCursor, DeskPage};
 use crate::desk_links::DeskLinks;
 use crate::idempotency::IdempotencyRecord;
+use crate::lease::Lease;
 use crate::operators::OperatorAction;
 use crate::queue::{BotWaiting, QueueSummary};
 use crate::replay::{ReplayReport, ReplayRequest};
@@ -54,6 +56,7 @@ pub trait Storage:
     + Retention
     + Lifecycle
     + DeskLinks
+    + Lease
     + Send
     + Sync
 {
@@ -70,6 +73,7 @@ impl<T> Storage for T where
         + Retention
         + Lifecycle
         + DeskLinks
+        + Lease
         + Send
         + Sync
 {
@@ -210,6 +214,34 @@ pub trait Folds {
     /// A position at or before every event still to fold (the folds' low watermark).
     fn fold_from(&self) -> Result<Cursor, StoreError>;
     fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError>;
+
+    /// About `limit` of the events still to fold stored at or after `from` (more when several
+    /// share one position, as a delivery's do in sled's log), oldest first, and
+    /// where to read on from (`end`: past every event it returned, the log's end when it found
+    /// no more): how the active of several nodes finds what the others stored, reading on from
+    /// where it ended. `end` never passes an event that is not stored yet at a lower position
+    /// (a table backend: an uncommitted sequence number). Provided over [`Folds::pending`] (a
+    /// backend that several nodes share reads only what it returns).
+    fn pending_from(&self, from: Cursor, limit: usize) -> Result<Pending, StoreError> {
+        let all = self.pending()?;
+        let mut events: Vec<_> = all.events.into_iter().filter(|p| p.at >= from).collect();
+        if events.len() <= limit {
+            return Ok(Pending {
+                events,
+                end: all.end.max(from),
+            });
+        }
+        // Cut before the first position left out (a delivery's events share one in sled's
+        // log): read on from there.
+        let cut = events[limit].at;
+        let mut keep = events.iter().take_while(|p| p.at < cut).count();
+        if keep == 0 {
+            keep = events.iter().take_while(|p| p.at == cut).count();
+        }
+        let end = events.get(keep).map_or(all.end.max(from), |p| p.at);
+        events.truncate(keep);
+        Ok(Pending { events, end })
+    }
 
     /// Fold a batch (events of several partitions, in order per partition) with `rules`
     /// deciding, in one session and one atomic write: states, folded marks, decided outbox

@@ -59,11 +59,18 @@ impl UpstreamHandle {
             );
             let client = Rc::new(Client::new(transport, settings, limits).with_observer(observer));
             actix_rt::spawn(async move {
-                while let Some((call, reply)) = rx.recv().await {
+                while let Some((call, mut reply)) = rx.recv().await {
                     let client = client.clone();
                     actix_rt::spawn(async move {
-                        // The caller may have given up; its answer is then dropped.
-                        let _ = reply.send(client.execute(call).await);
+                        tokio::select! {
+                            answer = client.execute(call) => {
+                                let _ = reply.send(answer);
+                            }
+                            // The caller gave up (its task was dropped: a node no longer the
+                            // active one drops its calls): the call goes too, its connection
+                            // closed.
+                            () = reply.closed() => {}
+                        }
                     });
                 }
             });

@@ -15,7 +15,7 @@ mod console;
 mod waiters;
 
 pub use console::ConsoleCommand;
-pub use waiters::Waiters;
+pub use waiters::{Waiter, Waiters};
 
 use crate::config::helpdesk::PartnerConfig;
 use crate::helpdesk::agent_api::dto::{AgentBody, CommandAnswer};
@@ -42,6 +42,10 @@ pub struct Settings {
     pub release_flow: String,
     /// `helpdesk.partner`: each bot's partner-messenger channel.
     pub partner: PartnerConfig,
+    /// Several nodes on one store: a command may be folded on another node (the active one),
+    /// whose verdict this node reads from the store this often while it waits. `None`: every
+    /// fold is this node's, and its waiters are told.
+    pub verdicts_elsewhere: Option<Duration>,
 }
 
 impl Settings {
@@ -50,6 +54,7 @@ impl Settings {
             command_timeout: config.command_timeout,
             release_flow: config.release_flow.clone(),
             partner: config.partner.clone(),
+            verdicts_elsewhere: None,
         }
     }
 }
@@ -304,7 +309,7 @@ impl Commands {
                 return answer;
             }
         }
-        match waiter.wait(self.settings.command_timeout).await {
+        match self.verdict(&mut waiter, &conversation, &event_id).await {
             Some(v) => self.answer_from(conversation, &v).await,
             None => ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -315,6 +320,41 @@ impl Commands {
                 ),
             )
             .into(),
+        }
+    }
+
+    /// The command's verdict, or `None` when `helpdesk.command_timeout` passed first: told by
+    /// this node's fold, or (several nodes) read from the conversation's state, where the active
+    /// node's fold recorded it.
+    async fn verdict(
+        self: &Arc<Self>,
+        waiter: &mut Waiter,
+        conversation: &ConversationId,
+        event_id: &str,
+    ) -> Option<Verdict> {
+        let timeout = self.settings.command_timeout;
+        let Some(every) = self.settings.verdicts_elsewhere else {
+            return waiter.wait(timeout).await;
+        };
+        let told = waiter.wait(timeout);
+        tokio::pin!(told);
+        let mut look = tokio::time::interval(every);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                told = &mut told => return told,
+                _ = look.tick() => {}
+            }
+            let (id, eid) = (conversation.clone(), event_id.to_owned());
+            let folded = self
+                .blocking(move |c| {
+                    let state = c.store.conversation(&id).map_err(store_error)?;
+                    Ok(state.and_then(|s| s.desk.verdict(&eid).cloned()))
+                })
+                .await;
+            if let Ok(Some(v)) = folded {
+                return Some(v);
+            }
         }
     }
 

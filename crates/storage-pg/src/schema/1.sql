@@ -137,3 +137,16 @@ CREATE TABLE desk_contacts (
   contact text COLLATE "C" NOT NULL,
   PRIMARY KEY (connector, user_id)
 );
+
+-- Several nodes on one database (storage-pg's `lease`): the lease on the active's work (one row;
+-- times are the database's clock in ms), the nodes seen, and each outbox entry begun (by which
+-- epoch: one begun by an earlier epoch is carried out again once, a replay).
+CREATE TABLE lease (
+  id integer PRIMARY KEY CHECK (id = 1),
+  holder text COLLATE "C",
+  epoch bigint NOT NULL,
+  expires_at bigint NOT NULL
+);
+INSERT INTO lease (id, holder, epoch, expires_at) VALUES (1, NULL, 0, 0);
+CREATE TABLE nodes (node text COLLATE "C" PRIMARY KEY, seen_at bigint NOT NULL);
+CREATE TABLE outbox_started (seq bigint PRIMARY KEY, epoch bigint NOT NULL);

@@ -25,6 +25,7 @@ impl DeskLinks for MemStore {
 
     fn put_desk_link(&self, link: &DeskLink) -> Result<(), StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         for remote in link.remote.iter().chain(&link.earlier) {
             let conversation = link.conversation_id.clone();
             data.desk_remotes
@@ -57,12 +58,15 @@ impl DeskLinks for MemStore {
 
     fn put_desk_contact(&self, contact: &DeskContact) -> Result<(), StoreError> {
         let at = key(&contact.connector, &contact.user);
-        self.data().desk_contacts.insert(at, contact.clone());
+        let mut data = self.data();
+        self.fenced(&data)?;
+        data.desk_contacts.insert(at, contact.clone());
         Ok(())
     }
 
     fn prune_desk_links(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let gone: Vec<DeskLink> = data
             .desk_links
             .values()

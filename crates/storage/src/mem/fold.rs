@@ -29,24 +29,30 @@ impl MemStore {
     fn pending_until(&self, until: Option<u64>) -> Result<Pending, StoreError> {
         let data = self.data();
         let mut events = Vec::new();
-        for (seq, e) in data.events.range(seq_of(data.fold_from)..) {
-            if until.is_some_and(|until| *seq >= until) {
+        for seq in data.events.range(seq_of(data.fold_from)..).map(|(s, _)| *s) {
+            if until.is_some_and(|until| seq >= until) {
                 break;
             }
-            if data.is_pending(*seq) {
-                let partition = PartitionKey::decode(&e.partition)
-                    .ok_or_else(|| StoreError::Corrupt("event partition".into()))?;
-                let at = cursor(*seq);
-                events.push(PendingEvent {
-                    seq: *seq,
-                    partition,
-                    at,
-                });
+            if data.is_pending(seq) {
+                events.push(pending_event(&data, seq)?);
             }
         }
         let end = cursor(until.unwrap_or(data.next_seq));
         Ok(Pending { events, end })
     }
+}
+
+/// Event `seq` (stored) as the dispatcher queues it.
+fn pending_event(data: &Data, seq: u64) -> Result<PendingEvent, StoreError> {
+    let partition = data.events.get(&seq).map(|e| e.partition.as_str());
+    let partition = partition
+        .and_then(PartitionKey::decode)
+        .ok_or_else(|| StoreError::Corrupt("event partition".into()))?;
+    Ok(PendingEvent {
+        seq,
+        partition,
+        at: cursor(seq),
+    })
 }
 
 impl Folds for MemStore {
@@ -79,9 +85,31 @@ impl Folds for MemStore {
         Ok(self.data().fold_from)
     }
 
+    /// A range of the events by number (the cursor), not a scan from the watermark.
+    fn pending_from(&self, from: Cursor, limit: usize) -> Result<Pending, StoreError> {
+        let data = self.data();
+        let mut events = Vec::new();
+        let start = seq_of(from.max(data.fold_from));
+        for seq in data.events.range(start..).map(|(s, _)| *s) {
+            if !data.is_pending(seq) {
+                continue;
+            }
+            if events.len() == limit {
+                return Ok(Pending {
+                    events,
+                    end: cursor(seq),
+                });
+            }
+            events.push(pending_event(&data, seq)?);
+        }
+        let end = cursor(data.next_seq).max(from);
+        Ok(Pending { events, end })
+    }
+
     fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
         let _folding = self.fold_guard();
         let mut data = self.data();
+        self.fenced(&data)?;
         data.fold_from = data.fold_from.max(to);
         Ok(())
     }
@@ -204,13 +232,18 @@ impl FoldSession for MemFold<'_> {
 
     /// Under the data lock at once: every write, or (a failure injected) none.
     fn commit(self: Box<Self>, writes: WriteSet) -> Result<Applied, StoreError> {
+        self.store.pass_commit();
         if self.store.0.fail_next_commit.swap(false, Ordering::SeqCst) {
             return Err(StoreError::Internal("a commit failed on purpose".into()));
         }
         let earliest = writes.timers.earliest;
-        let applied = commit(&mut self.store.data(), writes);
+        let applied = {
+            let mut data = self.store.data();
+            self.store.fenced(&data)?;
+            commit(&mut data, writes)
+        };
         if let Some(due_at) = earliest {
-            self.store.0.timer_wakeup.started(due_at);
+            self.store.1.timer_wakeup.started(due_at);
         }
         Ok(applied)
     }

@@ -252,6 +252,7 @@ impl Data {
     fn settle(&mut self, seq: u64) {
         self.outbox.remove(&seq);
         self.retry.remove(&seq);
+        self.started.remove(&seq);
     }
 }
 
@@ -281,7 +282,9 @@ impl Outbox for MemStore {
     }
 
     fn set_outbox_retry_state(&self, seq: u64, state: &RetryState) -> Result<(), StoreError> {
-        self.data().retry.insert(seq, state.clone());
+        let mut data = self.data();
+        self.fenced(&data)?;
+        data.retry.insert(seq, state.clone());
         Ok(())
     }
 
@@ -303,6 +306,7 @@ impl Outbox for MemStore {
 
     fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         for r in records {
             let status = ActionStatus {
                 state: "done".into(),
@@ -320,6 +324,7 @@ impl Outbox for MemStore {
 
     fn outbox_dead(&self, letter: &DeadLetter) -> Result<(), StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let seq = letter.entry.seq;
         let status = ActionStatus {
             state: "dead".into(),
@@ -462,7 +467,7 @@ impl Timers for MemStore {
     }
 
     fn timer_wakeup(&self) -> Arc<TimerWakeup> {
-        self.0.timer_wakeup.clone()
+        self.1.timer_wakeup.clone()
     }
 }
 

@@ -11,7 +11,10 @@
 mod desk_links;
 mod fold;
 mod groups;
+mod lease;
 mod retention;
+
+pub use lease::Held;
 
 use crate::idempotency::IdempotencyRecord;
 use crate::operators::OperatorAction;
@@ -33,17 +36,26 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// The in-memory store. Clones share it.
+/// The in-memory store. Clones share it, as one node; [`MemStore::another_node`] is another
+/// node's handle on the same data (see `lease`).
 #[derive(Clone)]
-pub struct MemStore(Arc<Shared>);
+pub struct MemStore(Arc<Shared>, Arc<Node>);
 
 struct Shared {
     data: Mutex<Data>,
     /// Held by a fold session (and whatever writes what folds write), as sled's fold lock.
     fold_lock: Mutex<()>,
     fail_next_commit: AtomicBool,
-    timer_wakeup: Arc<TimerWakeup>,
     clock: model::clock::Clock,
+}
+
+/// One node's handle: the epoch it holds, the wake-up of its timer firer (its folds wake it),
+/// and its door (calls a test holds back).
+#[derive(Default)]
+struct Node {
+    fence: Mutex<lease::Fence>,
+    timer_wakeup: Arc<TimerWakeup>,
+    gate: lease::Gate,
 }
 
 /// An accepted event as kept.
@@ -98,6 +110,11 @@ struct Data {
     desk_links: BTreeMap<(String, String), crate::desk_links::DeskLink>,
     desk_remotes: HashMap<(String, String), String>,
     desk_contacts: HashMap<(String, String), crate::desk_links::DeskContact>,
+    /// The lease, the nodes seen (node -> when), and the epoch that began each outbox entry's
+    /// attempts (see `lease`).
+    lease: lease::LeaseRow,
+    seen: BTreeMap<String, Millis>,
+    started: HashMap<u64, u64>,
 }
 
 impl Data {
@@ -146,13 +163,13 @@ impl MemStore {
             next_seq: 1,
             ..Data::default()
         };
-        MemStore(Arc::new(Shared {
+        let shared = Shared {
             data: Mutex::new(data),
             fold_lock: Mutex::new(()),
             fail_next_commit: AtomicBool::new(false),
-            timer_wakeup: Arc::default(),
             clock,
-        }))
+        };
+        MemStore(Arc::new(shared), Arc::default())
     }
 
     /// The next fold commit fails, writing nothing (a failing store).
@@ -292,7 +309,9 @@ impl Ingest for MemStore {
     }
 
     fn set_backfill_cursor(&self, at: Millis) -> Result<(), StoreError> {
-        self.data().backfill_cursor = Some(at);
+        let mut data = self.data();
+        self.fenced(&data)?;
+        data.backfill_cursor = Some(at);
         Ok(())
     }
 

@@ -113,6 +113,7 @@ impl Retention for MemStore {
         fold_from: Cursor,
     ) -> Result<Pruned, StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let ids = data.event_ids.len() + data.deliveries.len();
         data.event_ids.retain(|_, (_, at)| *at >= dedupe_before);
         data.deliveries.retain(|_, at| *at >= dedupe_before);
@@ -136,6 +137,12 @@ impl Retention for MemStore {
         let _folding = self.fold_guard();
         let mut data = self.data();
         let mut removed = StatesPruned::default();
+        if let Err(e) = self.fenced(&data) {
+            return Removed {
+                removed,
+                failed: Some(e),
+            };
+        }
         data.prune_conversations(before, chunk, &mut removed);
         data.prune_end_users(before, chunk, &mut removed);
         Removed {
@@ -146,6 +153,12 @@ impl Retention for MemStore {
 
     fn prune_quarantine(&self, before: Millis, _chunk: usize) -> Removed<u64> {
         let mut data = self.data();
+        if let Err(e) = self.fenced(&data) {
+            return Removed {
+                removed: 0,
+                failed: Some(e),
+            };
+        }
         let old: Vec<u64> = data
             .quarantine
             .iter()
@@ -163,6 +176,7 @@ impl Retention for MemStore {
 
     fn prune_ledger(&self, before: Millis, limit: usize) -> Result<(u64, u64), StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let finished = |s: &crate::outbox::ActionStatus| {
             (s.state == "done" || s.state == "dropped") && s.at < before
         };
@@ -191,6 +205,7 @@ impl Retention for MemStore {
 
     fn prune_idempotency(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let old: Vec<(String, String)> = data
             .idempotency
             .iter()
@@ -206,6 +221,7 @@ impl Retention for MemStore {
 
     fn prune_operator_actions(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         let mut data = self.data();
+        self.fenced(&data)?;
         let old: Vec<u64> = data
             .operators
             .iter()
@@ -222,6 +238,7 @@ impl Retention for MemStore {
     fn prune_handoff_stats(&self, before: Millis, limit: usize) -> Result<u64, StoreError> {
         let _folding = self.fold_guard();
         let mut data = self.data();
+        self.fenced(&data)?;
         let hour = engine::state::stats::hour_of(before);
         let old: Vec<Millis> = data
             .hours

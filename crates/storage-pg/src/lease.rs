@@ -1,0 +1,240 @@
+//! The lease of several nodes on one database (`storage::lease::Lease`): one `lease` row (holder,
+//! epoch, expiry), a `nodes` row per node seen, an `outbox_started` row per outbox entry begun.
+//!
+//! **Time.** Expiry is judged by the database's clock, never a node's: every time here is
+//! `clock_timestamp()` in milliseconds, plus the application's test-clock offset (0 unless an
+//! operator rehearsing a handoff moved it; `model::clock::Clock`), so nodes whose clocks drift
+//! agree on who holds the lease.
+//!
+//! **Fencing.** Each handle keeps the epoch its node holds ([`Fence`]). Every transaction of the
+//! active's work begins with [`check`]: it reads the lease row `FOR SHARE` and refuses
+//! ([`PgError::Fenced`]) unless this node holds that epoch and it has not run out. The share lock
+//! is held to the commit, so a takeover's `UPDATE` of the row waits for the transactions that
+//! passed the check: no write of an old epoch commits after a new epoch began. A node paused in
+//! the middle of such a transaction holds the row until the database ends its session
+//! (`idle_in_transaction_session_timeout`, set on every connection), and a claim waits for the
+//! row at most [`CLAIM_LOCK_TIMEOUT`], so a paused node delays a takeover by seconds, never for
+//! good.
+
+use crate::rows::{big, num};
+use crate::{PgError, PgStore};
+use deadpool_postgres::GenericClient;
+use model::webhook::model::Millis;
+use std::time::Duration;
+use storage::lease::{Lease, LeaseState, NodeSeen, Start};
+use storage::StoreError;
+
+/// How long a claim waits for the lease row (held `FOR SHARE` by the active's transactions).
+pub(crate) const CLAIM_LOCK_TIMEOUT: &str = "2s";
+
+/// The database's time in milliseconds plus the test clock's offset (`$1`).
+const DB_NOW: &str = "((extract(epoch from clock_timestamp()) * 1000)::bigint + $1)";
+
+/// What a handle holds of the lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// It never claimed the lease: one process alone (offline tools, tests), not fenced.
+    #[default]
+    Unclaimed,
+    /// It claimed and holds none (a standby), or gave it up.
+    Standby,
+    /// `node` holds `epoch`.
+    Holds { node: String, epoch: u64 },
+}
+
+/// What a transaction of the active's work checks, taken from the handle when it begins.
+#[derive(Clone, Debug)]
+pub(crate) struct Active {
+    fence: Fence,
+    offset: Millis,
+}
+
+impl PgStore {
+    /// The check the next transaction of the active's work makes.
+    pub(crate) fn active(&self) -> Active {
+        Active {
+            fence: self.fence().clone(),
+            offset: self.0.clock.offset_millis(),
+        }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.0.fence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Refuse the transaction `tx` unless its node still holds the epoch it claimed (see the
+/// module's docs); the lease row stays share-locked until `tx` ends.
+pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<(), PgError> {
+    let (node, epoch) = match &active.fence {
+        Fence::Unclaimed => return Ok(()),
+        Fence::Standby => return Err(PgError::Fenced),
+        Fence::Holds { node, epoch } => (node, *epoch),
+    };
+    let sql = format!(
+        "SELECT holder = $2 AND epoch = $3 AND expires_at > {DB_NOW} FROM lease WHERE id = 1 \
+         FOR SHARE"
+    );
+    let row = tx
+        .query_one(&sql, &[&active.offset, node, &big(epoch)])
+        .await?;
+    match row.get::<_, Option<bool>>(0) {
+        Some(true) => Ok(()),
+        _ => Err(PgError::Fenced),
+    }
+}
+
+fn state(row: &tokio_postgres::Row) -> LeaseState {
+    LeaseState {
+        holder: row.get(0),
+        epoch: num(row.get(1)),
+        expires_at: row.get(2),
+    }
+}
+
+/// Claim or renew for `node` in one transaction: acquired (a new epoch) when free or run out,
+/// renewed when `node` holds it; the lease as it then stands.
+async fn claim(
+    client: &mut deadpool_postgres::Object,
+    (node, ttl, offset): (&str, Millis, Millis),
+) -> Result<LeaseState, PgError> {
+    let tx = client.transaction().await?;
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT}'"))
+        .await?;
+    let sql =
+        format!("SELECT holder, epoch, expires_at, {DB_NOW} FROM lease WHERE id = 1 FOR UPDATE");
+    let row = tx.query_one(&sql, &[&offset]).await?;
+    let (found, now): (LeaseState, Millis) = (state(&row), row.get(3));
+    let new_epoch = found.holder.is_none() || now >= found.expires_at;
+    let holds = new_epoch || found.holder.as_deref() == Some(node);
+    if !holds {
+        return Ok(found);
+    }
+    let epoch = match new_epoch {
+        true => found.epoch + 1,
+        false => found.epoch,
+    };
+    let row = tx
+        .query_one(
+            "UPDATE lease SET holder = $1, epoch = $2, expires_at = $3 WHERE id = 1 \
+             RETURNING holder, epoch, expires_at",
+            &[&node, &big(epoch), &now.saturating_add(ttl)],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(state(&row))
+}
+
+impl Lease for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn claim(&self, node: &str, ttl: Duration) -> Result<LeaseState, StoreError> {
+        let ttl = Millis::try_from(ttl.as_millis()).unwrap_or(Millis::MAX);
+        let (owned, offset) = (node.to_owned(), self.0.clock.offset_millis());
+        let found = self
+            .with_client(move |mut c| async move { claim(&mut c, (&owned, ttl, offset)).await });
+        // A failed claim holds nothing for sure: fenced until a claim succeeds.
+        *self.fence() = match &found {
+            Ok(s) if s.holder.as_deref() == Some(node) => Fence::Holds {
+                node: node.to_owned(),
+                epoch: s.epoch,
+            },
+            _ => Fence::Standby,
+        };
+        found
+    }
+
+    fn release(&self, node: &str) -> Result<(), StoreError> {
+        *self.fence() = Fence::Standby;
+        let node = node.to_owned();
+        self.with_client(move |c| async move {
+            c.execute(
+                "UPDATE lease SET holder = NULL, expires_at = 0 WHERE id = 1 AND holder = $1",
+                &[&node],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn lease(&self) -> Result<LeaseState, StoreError> {
+        self.with_client(|c| async move {
+            let row = c
+                .query_one(
+                    "SELECT holder, epoch, expires_at FROM lease WHERE id = 1",
+                    &[],
+                )
+                .await?;
+            Ok(state(&row))
+        })
+    }
+
+    fn held_epoch(&self) -> Option<u64> {
+        match &*self.fence() {
+            Fence::Holds { epoch, .. } => Some(*epoch),
+            Fence::Unclaimed | Fence::Standby => None,
+        }
+    }
+
+    fn note_seen(&self, node: &str) -> Result<(), StoreError> {
+        let (node, offset) = (node.to_owned(), self.0.clock.offset_millis());
+        self.with_client(move |c| async move {
+            let sql = format!(
+                "INSERT INTO nodes (node, seen_at) VALUES ($2, {DB_NOW}) \
+                 ON CONFLICT (node) DO UPDATE SET seen_at = excluded.seen_at"
+            );
+            c.execute(&sql, &[&offset, &node]).await?;
+            Ok(())
+        })
+    }
+
+    fn nodes_seen(&self, since: Millis) -> Result<Vec<NodeSeen>, StoreError> {
+        self.with_client(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT node, seen_at FROM nodes WHERE seen_at >= $1 ORDER BY node",
+                    &[&since],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| NodeSeen {
+                    node: r.get(0),
+                    seen_at: r.get(1),
+                })
+                .collect())
+        })
+    }
+
+    fn outbox_started(&self, seq: u64) -> Result<Start, StoreError> {
+        let active = self.active();
+        let Fence::Holds { epoch, .. } = active.fence else {
+            // Never claimed: one process alone, nothing to tell apart. A standby: refused.
+            return match active.fence {
+                Fence::Standby => Err(StoreError::Fenced),
+                _ => Ok(Start::First),
+            };
+        };
+        self.with_client(move |mut c| async move {
+            let tx = c.transaction().await?;
+            check(&tx, &active).await?;
+            let row = tx
+                .query_opt(
+                    "INSERT INTO outbox_started (seq, epoch) \
+                     SELECT seq, $2 FROM outbox WHERE seq = $1 \
+                     ON CONFLICT (seq) DO UPDATE SET epoch = excluded.epoch \
+                     RETURNING (SELECT s.epoch FROM outbox_started s WHERE s.seq = $1)",
+                    &[&big(seq), &big(epoch)],
+                )
+                .await?;
+            tx.commit().await?;
+            let before: Option<i64> = row.and_then(|r| r.get(0));
+            Ok(match before.map(num) {
+                Some(earlier) if earlier < epoch => Start::Replay { epoch: earlier },
+                _ => Start::First,
+            })
+        })
+    }
+}
