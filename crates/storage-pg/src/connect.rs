@@ -35,6 +35,12 @@ impl PgOptions {
     pub fn masked_url(&self) -> String {
         mask(self.url.expose())
     }
+
+    /// Whether the URL is one this store can use (a `postgres://` URL, a known `sslmode`),
+    /// without connecting. The error never quotes the URL.
+    pub fn check(&self) -> Result<(), PgError> {
+        parse(self.url.expose()).map(drop)
+    }
 }
 
 /// `sslmode`, as libpq names them.

@@ -41,6 +41,7 @@ mod connect;
 mod desk_links;
 mod fold;
 mod intake;
+pub mod load;
 mod outbox;
 mod reads;
 mod retention;
@@ -80,6 +81,12 @@ pub enum PgError {
     Timeout,
     #[error("the database schema is version {found}, newer than this binary knows ({known})")]
     TooNew { found: u32, known: u32 },
+    /// `handoff-bridge store copy` into this database did not finish (`load`).
+    #[error(
+        "a copy into this database (handoff-bridge store copy) did not finish: it holds part of \
+         a store; empty it and copy again"
+    )]
+    CopyIncomplete,
     #[error("{what} unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("{0}")]
@@ -135,6 +142,35 @@ struct Inner {
 /// runtime's thread, where waiting is not allowed).
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
+impl OwnRuntime {
+    fn start() -> Result<OwnRuntime, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pg-store")
+            .enable_all()
+            .build()
+            .map_err(|e| PgError::Url(format!("cannot start the store's runtime: {e}")))?;
+        Ok(OwnRuntime(Some(runtime)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match &self.0 {
+            Some(runtime) => runtime.handle(),
+            // Only taken in Drop.
+            None => unreachable!("the store's runtime is gone while the store is in use"),
+        }
+    }
+}
+
+/// Why a store is opened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// For the daemon or an offline command: a database a copy left incomplete is refused.
+    Store,
+    /// For a copy's loader, which marks the database incomplete until it is done.
+    Copy,
+}
+
 impl Drop for OwnRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.0.take() {
@@ -147,6 +183,16 @@ impl PgStore {
     /// Connect, migrate the schema, and keep a pool. A database that cannot be reached, refuses
     /// the login or holds a newer schema is an error naming the masked URL, never its password.
     pub fn open(options: &PgOptions, clock: model::clock::Clock) -> Result<PgStore, StoreError> {
+        Self::open_as(options, clock, Opening::Store)
+    }
+
+    /// [`open`](Self::open) for `purpose`: a copy's loader opens a database its copy left
+    /// incomplete, which a store refuses.
+    fn open_as(
+        options: &PgOptions,
+        clock: model::clock::Clock,
+        purpose: Opening,
+    ) -> Result<PgStore, StoreError> {
         let masked = options.masked_url();
         let failed = |e: PgError| match e {
             PgError::TooNew { .. } => StoreError::from(e),
@@ -155,26 +201,21 @@ impl PgStore {
                 source: BackendError::new(e, false),
             },
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("pg-store")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                failed(PgError::Url(format!(
-                    "cannot start the store's runtime: {e}"
-                )))
-            })?;
+        let runtime = OwnRuntime::start().map_err(failed)?;
         let pool = connect::pool(options).map_err(failed)?;
         let migrating = pool.clone();
-        let locks = run_on(&runtime.handle().clone(), async move {
+        let locks = run_on(runtime.handle(), async move {
             let mut client = migrating.get().await?;
-            schema::migrate(&mut client).await
+            let locks = schema::migrate(&mut client).await?;
+            if purpose == Opening::Store {
+                load::refuse_incomplete(&client).await?;
+            }
+            Ok(locks)
         })
         .map_err(failed)?;
         Ok(PgStore(Arc::new(Inner {
             pool,
-            runtime: OwnRuntime(Some(runtime)),
+            runtime,
             clock,
             locks,
             fold_lock: Mutex::new(()),
@@ -212,11 +253,7 @@ impl PgStore {
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        match &self.0.runtime.0 {
-            Some(runtime) => runtime.handle(),
-            // Only taken in Drop.
-            None => unreachable!("the store's runtime is gone while the store is in use"),
-        }
+        self.0.runtime.handle()
     }
 
     fn fold_guard(&self) -> MutexGuard<'_, ()> {
