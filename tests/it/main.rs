@@ -48,6 +48,7 @@ mod reconcile;
 mod reconcile_outage;
 mod retention;
 mod shipped_rules;
+mod store_copy;
 mod stuck_handoffs;
 mod timers;
 mod trusted_proxies;
