@@ -4,7 +4,6 @@
 //! `HANDOFF_BRIDGE_TEST_PG_URL`.
 
 use super::*;
-use engine::rules::RuleSet;
 use model::ids::{ConversationId, DeliveryId, PartitionKey};
 use model::webhook::model::Millis;
 use model::webhook::{parse_delivery, parse_event, IncomingEvent};
@@ -45,7 +44,7 @@ fn accept(store: &dyn Storage, body: &[u8]) {
 
 /// Fold everything still to fold with `rules`, as the dispatcher does (the watermark moved to
 /// the log's end).
-fn fold_all(store: &dyn Storage, rules: &RuleSet) -> storage::Applied {
+fn fold_all(store: &dyn Storage, rules: &dyn engine::decide::Decide) -> storage::Applied {
     let pending = store.pending().expect("pending");
     let (mut batch, mut partitions, mut frames) = (Vec::new(), Vec::new(), Vec::new());
     for p in &pending.events {
@@ -350,4 +349,65 @@ fn a_schema_newer_than_this_binary_is_refused_with_nothing_written() {
         db.schema
     ));
     assert_eq!(tables, [1], "nothing created beside schema_version");
+}
+
+/// How long a copy of many events takes (a measurement, not run by default):
+/// `HANDOFF_BRIDGE_COPY_EVENTS=100000 cargo test --lib copy_speed -- --ignored --nocapture`
+/// with `HANDOFF_BRIDGE_TEST_PG_URL` set. The events are spread over 1,000 conversations, 10 a
+/// delivery, and folded (states, marks) before the copy.
+#[test]
+#[ignore = "a measurement: run it by name"]
+fn copy_speed() {
+    let Some(db) = TestDb::fresh("store copy speed") else {
+        return;
+    };
+    let n: usize = std::env::var("HANDOFF_BRIDGE_COPY_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = DataDir::new(&tmp.path().join("data"));
+    let sled = SledStore::open(&data.store_path(), 8 << 20).expect("open");
+    let built = Instant::now();
+    for chunk in 0..n.div_ceil(1_000) {
+        let bodies: Vec<Vec<u8>> = (0..100)
+            .map(|d| {
+                let events: Vec<(String, String)> = (0..10)
+                    .map(|e| {
+                        let i = chunk * 1_000 + d * 10 + e;
+                        (format!("e{i}"), format!("c{}", i % 1_000))
+                    })
+                    .collect();
+                let refs: Vec<(&str, &str, i64)> = events
+                    .iter()
+                    .map(|(e, c)| (e.as_str(), c.as_str(), 1))
+                    .collect();
+                storage::test_support::delivery(&format!("d{chunk}-{d}"), &refs)
+            })
+            .collect();
+        let parsed: Vec<_> = bodies
+            .iter()
+            .map(|b| parse_delivery(b).expect("delivery"))
+            .collect();
+        let requests: Vec<storage::AcceptRequest<'_>> = parsed
+            .iter()
+            .map(|p| storage::AcceptRequest {
+                delivery: &p.id,
+                events: &p.events,
+                invalid: &[],
+                received_at: 1_000,
+            })
+            .collect();
+        sled.accept_many(&requests).expect("accept");
+        fold_all(&sled, &engine::decide::NoRules);
+    }
+    drop(sled);
+    eprintln!("built {n} events in {:.1}s", built.elapsed().as_secs_f64());
+    let report = copy_into(&data, &db, false).expect("copy");
+    assert!(report.agrees(), "{report:#?}");
+    eprintln!(
+        "copied {} records ({n} events) in {:.1}s",
+        report.records,
+        report.took.as_secs_f64()
+    );
 }
