@@ -43,6 +43,7 @@ mod outbox_outages;
 mod outbox_pages;
 mod outbox_wake;
 mod postgres;
+mod postgres_tls;
 mod quarantine_pages;
 mod reconcile;
 mod reconcile_outage;

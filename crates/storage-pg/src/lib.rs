@@ -73,9 +73,9 @@ pub enum PgError {
     Url(String),
     #[error("TLS to the database: {0}")]
     Tls(String),
-    #[error("database: {0}")]
+    #[error("database: {}", connect::explain(.0))]
     Db(#[from] tokio_postgres::Error),
-    #[error("no connection to the database: {0}")]
+    #[error("no connection to the database: {}", connect::explain(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("the database did not answer within {}s", CALL_TIMEOUT.as_secs())]
     Timeout,
