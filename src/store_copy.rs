@@ -54,6 +54,12 @@ pub enum CopyError {
     Target(TargetError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A failure once the target was written to: it is left marked incomplete.
+    #[error(
+        "{0}; the target is left incomplete (no daemon starts on it): run the copy again with \
+         --discard-incomplete"
+    )]
+    CutShort(Box<CopyError>),
     #[error("the counts differ after the copy: {0}")]
     Differ(String),
 }
@@ -138,16 +144,30 @@ pub fn copy(
         e => CopyError::Url(e.to_string()),
     })?;
     let source = open_source(request.from, request.cache_capacity)?;
-    let mut loader =
-        Loader::start(request.to, request.discard_incomplete).map_err(|e| match e {
-            TargetError::Incomplete => CopyError::Incomplete,
-            e => CopyError::Target(e),
-        })?;
-    let dump = source.dump();
-    let mut lines = Vec::new();
-    let mut records = 0;
+    let loader = Loader::start(request.to, request.discard_incomplete).map_err(|e| match e {
+        TargetError::Incomplete => CopyError::Incomplete,
+        e => CopyError::Target(e),
+    })?;
+    let (target, mut lines, records) =
+        load_all(&source.dump(), loader, progress).map_err(|e| CopyError::CutShort(Box::new(e)))?;
+    lines.extend(kept_counts(&source, &target)?);
+    Ok(Report {
+        lines,
+        records,
+        took: started.elapsed(),
+    })
+}
+
+/// Every kind into the target, then its numbers set: the complete store, the lines of the
+/// check so far, the records copied.
+fn load_all(
+    dump: &Dump<'_>,
+    mut loader: Loader,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(PgStore, Vec<Line>, u64), CopyError> {
+    let (mut lines, mut records) = (Vec::new(), 0);
     for &kind in Kind::ALL {
-        let copied = copy_kind(&dump, &mut loader, kind, progress)?;
+        let copied = copy_kind(dump, &mut loader, kind, progress)?;
         records += copied.records;
         lines.extend(copied.lines(&loader)?);
     }
@@ -157,12 +177,7 @@ pub fn copy(
         loader.rows(Rows::Derived)?,
     ));
     let target = loader.finish(&dump.positions()?)?;
-    lines.extend(kept_counts(&source, &target)?);
-    Ok(Report {
-        lines,
-        records,
-        took: started.elapsed(),
-    })
+    Ok((target, lines, records))
 }
 
 /// The sled store, opened offline, after every reason to refuse it was looked for.

@@ -411,3 +411,45 @@ fn copy_speed() {
         report.took.as_secs_f64()
     );
 }
+
+fn event(seq: u64, id: &str, delivery: &str) -> storage::EventRecord {
+    let body = format!(r#"{{"id":"{id}","event":"bot.message.received"}}"#);
+    storage::EventRecord {
+        seq,
+        id: model::ids::EventId::new(id),
+        delivery: DeliveryId::new(delivery),
+        received_at: i64::try_from(seq).unwrap_or(0),
+        partition: "c:c1".into(),
+        kind: "bot.message.received".into(),
+        event: serde_json::value::RawValue::from_string(body).expect("raw"),
+    }
+}
+
+fn stored(id: &str, events: Vec<storage::EventRecord>) -> Record {
+    Record::Delivery {
+        id: DeliveryId::new(id),
+        received_at: events.first().map_or(0, |e| e.received_at),
+        events,
+    }
+}
+
+#[test]
+fn an_id_the_log_holds_twice_is_one_row_the_later_copy_and_counted() {
+    let Some(db) = TestDb::fresh("store copy of ids held twice") else {
+        return;
+    };
+    let mut loader = Loader::start(&db.options(), false).expect("start");
+    let first = vec![
+        stored("d1", vec![event(1, "e1", "d1"), event(2, "e2", "d1")]),
+        stored("d2", vec![event(3, "e1", "d2")]),
+    ];
+    loader.load(Kind::Delivery, first).expect("load");
+    let second = vec![stored("d1", vec![event(4, "e2", "d1")])];
+    loader.load(Kind::Delivery, second).expect("load");
+    let merged = loader.merged();
+    assert_eq!((merged.events, merged.deliveries), (2, 1));
+    assert_eq!(loader.rows(Rows::Events).expect("rows"), 2);
+    assert_eq!(loader.rows(Rows::Of(Kind::Delivery)).expect("rows"), 2);
+    let seqs = db.reader().numbers("SELECT seq FROM events ORDER BY id");
+    assert_eq!(seqs, [3, 4], "the later copies");
+}
