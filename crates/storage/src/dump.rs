@@ -181,9 +181,9 @@ impl<'a> Dump<'a> {
             }),
             Kind::Bot => each(&s.bots, |_, v| Ok(Record::Bot(decode(v, "bot state")?))),
             Kind::Timer => each(&s.timers, timer),
-            Kind::Waiting => prefixed(&s.queue, keys::QUEUE_WAITING, waiting),
-            Kind::AcceptHistory => prefixed(&s.queue, b'h', accept_history),
-            Kind::HourFigures => prefixed(&s.queue, keys::QUEUE_STATS, hour_figures),
+            Kind::Waiting => prefixed(s.queue.clone(), &[keys::QUEUE_WAITING], waiting),
+            Kind::AcceptHistory => prefixed(s.queue.clone(), b"h", accept_history),
+            Kind::HourFigures => prefixed(s.queue.clone(), &[keys::QUEUE_STATS], hour_figures),
             Kind::Outbox => each(&s.outbox, |_, v| {
                 Ok(Record::Outbox(decode(v, "outbox entry")?))
             }),
@@ -203,12 +203,13 @@ impl<'a> Dump<'a> {
                 let (_, value) = item?;
                 Ok(Record::Quarantine(Box::new(s.quarantined_whole(&value)?)))
             })),
-            Kind::OperatorAction => owned(s.operators_tree()?, operator_action),
-            Kind::Idempotency => owned(s.idempotency_tree()?, idempotency),
-            Kind::DeskLink => owned_prefixed(s.desk_links_tree()?, b'l', |_, v| {
+            Kind::OperatorAction => each(&s.operators_tree()?, operator_action),
+            Kind::Idempotency => each(&s.idempotency_tree()?, idempotency),
+            // A desk mapping's key: its kind byte, then a 0 (`keys::desk_link`).
+            Kind::DeskLink => prefixed(s.desk_links_tree()?, b"l\0", |_, v| {
                 Ok(Record::DeskLink(decode(v, "desk link")?))
             }),
-            Kind::DeskContact => owned_prefixed(s.desk_links_tree()?, b'u', |_, v| {
+            Kind::DeskContact => prefixed(s.desk_links_tree()?, b"u\0", |_, v| {
                 Ok(Record::DeskContact(decode(v, "desk contact")?))
             }),
         })
@@ -260,51 +261,25 @@ impl<'a> Dump<'a> {
     }
 }
 
+/// Each entry of `tree` whose key starts with `prefix` (all: an empty one) as a record (the
+/// iterator holds the tree: sled's handles are shared).
+fn prefixed<'a>(
+    tree: sled::Tree,
+    prefix: &[u8],
+    read: impl Fn(&[u8], &[u8]) -> Result<Record, StoreError> + 'a,
+) -> Records<'a> {
+    Box::new(tree.scan_prefix(prefix).map(move |item| {
+        let (key, value) = item?;
+        read(&key, &value)
+    }))
+}
+
 /// Each entry of `tree` as a record.
 fn each<'a>(
-    tree: &'a sled::Tree,
+    tree: &sled::Tree,
     read: impl Fn(&[u8], &[u8]) -> Result<Record, StoreError> + 'a,
 ) -> Records<'a> {
-    Box::new(tree.iter().map(move |item| {
-        let (key, value) = item?;
-        read(&key, &value)
-    }))
-}
-
-/// Each entry of `tree` whose key starts with `prefix`.
-fn prefixed<'a>(
-    tree: &'a sled::Tree,
-    prefix: u8,
-    read: impl Fn(&[u8], &[u8]) -> Result<Record, StoreError> + 'a,
-) -> Records<'a> {
-    Box::new(tree.scan_prefix([prefix]).map(move |item| {
-        let (key, value) = item?;
-        read(&key, &value)
-    }))
-}
-
-/// [`each`] of a tree opened by name (held by the iterator).
-fn owned<'a>(
-    tree: sled::Tree,
-    read: impl Fn(&[u8], &[u8]) -> Result<Record, StoreError> + 'a,
-) -> Records<'a> {
-    Box::new(tree.iter().map(move |item| {
-        let (key, value) = item?;
-        read(&key, &value)
-    }))
-}
-
-/// [`prefixed`] of a tree opened by name: the entries of one kind of desk mapping (its kind
-/// byte, then a 0: `keys::desk_link`).
-fn owned_prefixed<'a>(
-    tree: sled::Tree,
-    kind: u8,
-    read: impl Fn(&[u8], &[u8]) -> Result<Record, StoreError> + 'a,
-) -> Records<'a> {
-    Box::new(tree.scan_prefix([kind, 0]).map(move |item| {
-        let (key, value) = item?;
-        read(&key, &value)
-    }))
+    prefixed(tree.clone(), &[], read)
 }
 
 fn corrupt(what: &str) -> StoreError {
