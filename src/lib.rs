@@ -24,6 +24,7 @@ pub mod outbox;
 mod prune;
 pub mod queries;
 mod reconcile;
+pub mod store_copy;
 #[cfg(test)]
 mod store_tests;
 pub mod telemetry;

@@ -40,6 +40,7 @@ mod pages;
 mod query;
 mod rules;
 mod serve;
+mod store;
 
 pub use serve::shutdown_signal;
 
@@ -198,6 +199,11 @@ pub enum CliCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// The store as a whole: `store copy` moves a stopped sled store into PostgreSQL.
+    Store {
+        #[command(subcommand)]
+        action: StoreCommand,
+    },
     /// Restore a backup into a data directory (checked against its manifest first). Refused
     /// while a daemon runs there, and into a non-empty directory unless --force.
     Restore {
@@ -210,6 +216,53 @@ pub enum CliCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// Copy a stopped daemon's sled store into an empty PostgreSQL database and check it by
+    /// counts.
+    ///
+    /// Every kind of record a restart needs (events, states, folded marks, outbox, dead letters,
+    /// done records and the action ledger, timers, the waiting queue and its figures, quarantine,
+    /// the console's audit list, the agent API's idempotency answers, the desks' mappings, the
+    /// backfill cursor) goes into an empty PostgreSQL database, then is checked by counts: a table of
+    /// each kind's records on sled and rows in PostgreSQL, exit 1 when any differ. Refused,
+    /// with nothing written, while a daemon holds the store, into a database that is not empty
+    /// or whose schema is newer than this binary, and for a URL that is not postgres://. The
+    /// numbers continue: events, outbox entries, quarantine records and console actions keep
+    /// theirs, and PostgreSQL numbers new ones above them. Written in batches of 1,000 records,
+    /// each in one transaction; a copy cut short is not resumed: run it again with
+    /// --discard-incomplete. Then start the daemon with store.url set to the same database
+    /// (docs/operations.md, "Moving to PostgreSQL").
+    Copy {
+        /// The stopped daemon's data directory (its store is DATA_DIR/store).
+        #[arg(long, value_name = "DATA_DIR")]
+        from: PathBuf,
+        /// The target database: postgres://user:password@host:port/database?sslmode=...
+        /// (better from the environment, which other users cannot read as they can a command
+        /// line). Never shown: the output masks its password.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "HANDOFF_BRIDGE_STORE_URL",
+            hide_env_values = true,
+            value_parser = secret
+        )]
+        to: model::secret::Secret,
+        /// A private CA (PEM) to trust for TLS besides the platform's roots (as store.ca_file).
+        #[arg(long, value_name = "PEM")]
+        ca_file: Option<PathBuf>,
+        /// The target holds what an interrupted copy left: empty it first (its tables and
+        /// sequences are dropped), then copy. Refused for a target no copy left.
+        #[arg(long)]
+        discard_incomplete: bool,
+    },
+}
+
+/// A command-line value kept as a secret (never in `Debug`).
+fn secret(text: &str) -> Result<model::secret::Secret, std::convert::Infallible> {
+    Ok(model::secret::Secret::new(text))
 }
 
 #[derive(Subcommand, Debug)]
@@ -411,6 +464,8 @@ pub enum CliError {
     Rules(#[from] engine::rules::LoadError),
     #[error(transparent)]
     Backup(#[from] handoff_bridge::backup::BackupError),
+    #[error(transparent)]
+    Copy(#[from] handoff_bridge::store_copy::CopyError),
 }
 
 impl CliError {
@@ -477,6 +532,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             from,
             force,
         } => backup::restore(&config, &from, force),
+        CliCommand::Store { action } => store::store_command(action),
         CliCommand::Audit {
             config,
             conversation_id,

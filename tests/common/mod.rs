@@ -804,8 +804,18 @@ pub fn serve_command(data_dir: &Path) -> Command {
 /// instead of written into the directory, which must not change) and wait at most `limit` for
 /// it to exit. Returns the exit status and stderr; panics, after killing it, if it started.
 pub fn serve_refused(data_dir: &Path, limit: Duration) -> (ExitStatus, String) {
+    serve_refused_with(data_dir, &[], limit)
+}
+
+/// [`serve_refused`] with `env` added to the daemon's environment.
+pub fn serve_refused_with(
+    data_dir: &Path,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (ExitStatus, String) {
     use std::io::Read;
     let mut child = serve_command(data_dir)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

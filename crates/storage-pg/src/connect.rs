@@ -35,6 +35,12 @@ impl PgOptions {
     pub fn masked_url(&self) -> String {
         mask(self.url.expose())
     }
+
+    /// Whether the URL is one this store can use (a `postgres://` URL, a known `sslmode`),
+    /// without connecting. The error never quotes the URL.
+    pub fn check(&self) -> Result<(), PgError> {
+        parse(self.url.expose()).map(drop)
+    }
 }
 
 /// `sslmode`, as libpq names them.
@@ -149,6 +155,53 @@ pub fn mask(url: &str) -> String {
 /// milliseconds between its reads and its commit).
 const IDLE_IN_TRANSACTION: &str = "5s";
 
+/// An error's text with its causes (why a TLS handshake failed is only in a cause), and, for a
+/// server certificate TLS refused, what to check. Causes carry no secret: the URL is never in
+/// them.
+pub(crate) fn explain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut hint = None;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let shown = c.to_string();
+        if !text.contains(&shown) {
+            text = format!("{text}: {shown}");
+        }
+        hint = hint.or_else(|| certificate_hint(c));
+        cause = c.source();
+    }
+    match hint {
+        Some(hint) => format!("{text} ({hint})"),
+        None => text,
+    }
+}
+
+/// What to check when TLS refused the server's certificate (`e` a rustls error, or the I/O error
+/// a handshake wraps it in).
+fn certificate_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use rustls::CertificateError as Cert;
+    let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+        e.downcast_ref::<std::io::Error>()?
+            .get_ref()?
+            .downcast_ref::<rustls::Error>()
+    })?;
+    let rustls::Error::InvalidCertificate(why) = tls else {
+        return None;
+    };
+    Some(match why {
+        // A CA of the same name as the one that signed it: its signature does not verify.
+        Cert::UnknownIssuer | Cert::BadSignature => {
+            "the server's certificate is not signed by a CA trusted here: name its CA with \
+             store.ca_file (store copy: --ca-file) or sslrootcert in the URL"
+        }
+        Cert::NotValidForName | Cert::NotValidForNameContext { .. } => {
+            "the server's certificate is not for the host the URL names (verify-full checks the \
+             name; verify-ca does not)"
+        }
+        _ => "TLS refused the server's certificate",
+    })
+}
+
 /// The pool of connections for `options`, in `schema` when given (each connection's
 /// `search_path`). Nothing is connected yet.
 pub(crate) fn pool(options: &PgOptions) -> Result<Pool, PgError> {
@@ -159,7 +212,13 @@ pub(crate) fn pool(options: &PgOptions) -> Result<Pool, PgError> {
     } = parse(options.url.expose())?;
     // A session that stops in the middle of a transaction (its node paused or cut off) is ended
     // by the database, so the locks it holds (the lease row, `lease`) never hold others for good.
-    let mut session = format!("-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION}");
+    // Added to the URL's own `options` (a search_path, say), never in their place.
+    let mut session = config
+        .get_options()
+        .map_or_else(String::new, |own| format!("{own} "));
+    session.push_str(&format!(
+        "-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION}"
+    ));
     if let Some(schema) = &options.schema {
         session.push_str(&format!(" -c search_path={schema}"));
     }
@@ -312,6 +371,30 @@ impl ServerCertVerifier for Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_shows_its_causes_and_what_to_check_for_a_refused_certificate() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("error performing TLS handshake")]
+        struct Handshake(#[source] std::io::Error);
+        let refused = |why| {
+            let tls = rustls::Error::InvalidCertificate(why);
+            explain(&Handshake(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                tls,
+            )))
+        };
+        let text = refused(rustls::CertificateError::UnknownIssuer);
+        assert!(
+            text.starts_with("error performing TLS handshake: "),
+            "{text}"
+        );
+        assert!(text.contains("not signed by a CA trusted here"), "{text}");
+        let text = refused(rustls::CertificateError::NotValidForName);
+        assert!(text.contains("not for the host the URL names"), "{text}");
+        let plain = explain(&std::io::Error::other("connection refused"));
+        assert_eq!(plain, "connection refused");
+    }
 
     #[test]
     fn the_password_is_masked_and_ssl_settings_are_read() {

@@ -372,8 +372,7 @@ impl FoldReads for PgFold<'_> {
     }
 
     fn ledger_state(&mut self, action_id: &str) -> Result<Option<String>, StoreError> {
-        // An action id is `event/rule/index`.
-        let event = action_id.rsplitn(3, '/').nth(2).unwrap_or(action_id);
+        let event = crate::rows::event_of_action(action_id);
         if self.cache.ledger_events.contains(event) {
             return Ok(self.cache.ledger.get(action_id).cloned());
         }

@@ -43,6 +43,7 @@ mod desk_links;
 mod fold;
 mod intake;
 mod lease;
+pub mod load;
 mod outbox;
 mod reads;
 mod retention;
@@ -74,14 +75,20 @@ pub enum PgError {
     Url(String),
     #[error("TLS to the database: {0}")]
     Tls(String),
-    #[error("database: {0}")]
+    #[error("database: {}", connect::explain(.0))]
     Db(#[from] tokio_postgres::Error),
-    #[error("no connection to the database: {0}")]
+    #[error("no connection to the database: {}", connect::explain(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("the database did not answer within {}s", CALL_TIMEOUT.as_secs())]
     Timeout,
     #[error("the database schema is version {found}, newer than this binary knows ({known})")]
     TooNew { found: u32, known: u32 },
+    /// `handoff-bridge store copy` into this database did not finish (`load`).
+    #[error(
+        "a copy into this database (handoff-bridge store copy) did not finish: it holds part of \
+         a store; empty it and copy again"
+    )]
+    CopyIncomplete,
     #[error("{what} unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("{0}")]
@@ -143,6 +150,35 @@ struct Inner {
 /// runtime's thread, where waiting is not allowed).
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
+impl OwnRuntime {
+    fn start() -> Result<OwnRuntime, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pg-store")
+            .enable_all()
+            .build()
+            .map_err(|e| PgError::Url(format!("cannot start the store's runtime: {e}")))?;
+        Ok(OwnRuntime(Some(runtime)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match &self.0 {
+            Some(runtime) => runtime.handle(),
+            // Only taken in Drop.
+            None => unreachable!("the store's runtime is gone while the store is in use"),
+        }
+    }
+}
+
+/// Why a store is opened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// For the daemon or an offline command: a database a copy left incomplete is refused.
+    Store,
+    /// For a copy's loader, which marks the database incomplete until it is done.
+    Copy,
+}
+
 impl Drop for OwnRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.0.take() {
@@ -155,6 +191,16 @@ impl PgStore {
     /// Connect, migrate the schema, and keep a pool. A database that cannot be reached, refuses
     /// the login or holds a newer schema is an error naming the masked URL, never its password.
     pub fn open(options: &PgOptions, clock: model::clock::Clock) -> Result<PgStore, StoreError> {
+        Self::open_as(options, clock, Opening::Store)
+    }
+
+    /// [`open`](Self::open) for `purpose`: a copy's loader opens a database its copy left
+    /// incomplete, which a store refuses.
+    fn open_as(
+        options: &PgOptions,
+        clock: model::clock::Clock,
+        purpose: Opening,
+    ) -> Result<PgStore, StoreError> {
         let masked = options.masked_url();
         let failed = |e: PgError| match e {
             PgError::TooNew { .. } => StoreError::from(e),
@@ -163,26 +209,21 @@ impl PgStore {
                 source: BackendError::new(e, false),
             },
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("pg-store")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                failed(PgError::Url(format!(
-                    "cannot start the store's runtime: {e}"
-                )))
-            })?;
+        let runtime = OwnRuntime::start().map_err(failed)?;
         let pool = connect::pool(options).map_err(failed)?;
         let migrating = pool.clone();
-        let locks = run_on(&runtime.handle().clone(), async move {
+        let locks = run_on(runtime.handle(), async move {
             let mut client = migrating.get().await?;
-            schema::migrate(&mut client).await
+            let locks = schema::migrate(&mut client).await?;
+            if purpose == Opening::Store {
+                load::refuse_incomplete(&client).await?;
+            }
+            Ok(locks)
         })
         .map_err(failed)?;
         Ok(PgStore(Arc::new(Inner {
             pool,
-            runtime: OwnRuntime(Some(runtime)),
+            runtime,
             clock,
             locks,
             fold_lock: Mutex::new(()),
@@ -221,11 +262,7 @@ impl PgStore {
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        match &self.0.runtime.0 {
-            Some(runtime) => runtime.handle(),
-            // Only taken in Drop.
-            None => unreachable!("the store's runtime is gone while the store is in use"),
-        }
+        self.0.runtime.handle()
     }
 
     fn fold_guard(&self) -> MutexGuard<'_, ()> {

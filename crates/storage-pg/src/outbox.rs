@@ -125,8 +125,8 @@ async fn insert_decided(c: &Object, entries: &[OutboxEntry]) -> Result<(), PgErr
     Ok(())
 }
 
-async fn write_conversations(
-    c: &Object,
+pub(crate) async fn write_conversations(
+    c: &impl GenericClient,
     states: &[StateWrite<ConversationState>],
 ) -> Result<(), PgError> {
     if states.is_empty() {
@@ -151,7 +151,10 @@ async fn write_conversations(
     Ok(())
 }
 
-async fn write_end_users(c: &Object, states: &[StateWrite<EndUserState>]) -> Result<(), PgError> {
+pub(crate) async fn write_end_users(
+    c: &impl GenericClient,
+    states: &[StateWrite<EndUserState>],
+) -> Result<(), PgError> {
     if states.is_empty() {
         return Ok(());
     }
@@ -180,7 +183,10 @@ async fn write_end_users(c: &Object, states: &[StateWrite<EndUserState>]) -> Res
     Ok(())
 }
 
-async fn write_bots(c: &Object, states: &[StateWrite<BotState>]) -> Result<(), PgError> {
+pub(crate) async fn write_bots(
+    c: &impl GenericClient,
+    states: &[StateWrite<BotState>],
+) -> Result<(), PgError> {
     if states.is_empty() {
         return Ok(());
     }
@@ -225,7 +231,10 @@ async fn write_marks(
 }
 
 /// The agent API's listing and the sweeper's index: sled's keys as rows.
-async fn write_derived(c: &Object, changes: &IndexChanges<Derived>) -> Result<(), PgError> {
+pub(crate) async fn write_derived(
+    c: &impl GenericClient,
+    changes: &IndexChanges<Derived>,
+) -> Result<(), PgError> {
     let key = |d: &Derived| storage::derived_key(d);
     let conversation = |d: &Derived| match d {
         Derived::Phase { conversation, .. }
@@ -251,7 +260,10 @@ async fn write_derived(c: &Object, changes: &IndexChanges<Derived>) -> Result<()
     Ok(())
 }
 
-async fn write_timers(c: &Object, timers: &TimerChanges) -> Result<(), PgError> {
+pub(crate) async fn write_timers(
+    c: &impl GenericClient,
+    timers: &TimerChanges,
+) -> Result<(), PgError> {
     if !timers.stopped.is_empty() {
         let due: Vec<i64> = timers.stopped.iter().map(|t| t.due_at).collect();
         let conv: Vec<&str> = timers
@@ -288,7 +300,10 @@ async fn write_timers(c: &Object, timers: &TimerChanges) -> Result<(), PgError> 
 }
 
 /// The waiting queue's entries, each bot's count, accept histories and hour figures.
-async fn write_queue(c: &Object, queue: &QueueChanges) -> Result<(), PgError> {
+pub(crate) async fn write_queue(
+    c: &impl GenericClient,
+    queue: &QueueChanges,
+) -> Result<(), PgError> {
     let mut per_bot: BTreeMap<&str, i64> = BTreeMap::new();
     for (entries, sign) in [(&queue.left, -1), (&queue.joined, 1)] {
         if entries.is_empty() {
@@ -325,7 +340,7 @@ async fn write_queue(c: &Object, queue: &QueueChanges) -> Result<(), PgError> {
     write_figures(c, queue).await
 }
 
-async fn write_figures(c: &Object, queue: &QueueChanges) -> Result<(), PgError> {
+async fn write_figures(c: &impl GenericClient, queue: &QueueChanges) -> Result<(), PgError> {
     if !queue.accepts.is_empty() {
         let bots: Vec<&str> = queue.accepts.iter().map(|(b, _)| b.as_str()).collect();
         let texts = queue

@@ -107,6 +107,17 @@ pub(crate) async fn insert_quarantine(
         .await?
         .pop()
         .ok_or(PgError::Internal("no quarantine number"))?;
+    insert_quarantine_as(c, id, record).await?;
+    add_counts(c, &[("quarantine", 1)]).await?;
+    Ok(id)
+}
+
+/// Store a quarantine record under `id` (its body as bytes), not counted.
+pub(crate) async fn insert_quarantine_as(
+    c: &impl GenericClient,
+    id: u64,
+    record: &QuarantineRecord,
+) -> Result<(), PgError> {
     let body = base64::engine::general_purpose::STANDARD
         .decode(&record.body_base64)
         .map_err(|e| PgError::Corrupt {
@@ -131,8 +142,7 @@ pub(crate) async fn insert_quarantine(
         ],
     )
     .await?;
-    add_counts(c, &[("quarantine", 1)]).await?;
-    Ok(id)
+    Ok(())
 }
 
 /// A quarantine row (`meta`, `body`) as its record.

@@ -39,3 +39,8 @@ pub(crate) fn cursor(seq: u64) -> Cursor {
 pub(crate) fn seq_of(at: Cursor) -> u64 {
     u64::try_from(at.raw()).unwrap_or(u64::MAX)
 }
+
+/// The event an action id (`event/rule/index`) was decided for.
+pub(crate) fn event_of_action(action_id: &str) -> &str {
+    action_id.rsplitn(3, '/').nth(2).unwrap_or(action_id)
+}

@@ -11,6 +11,25 @@ const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("schema/1.sql"))];
 /// The newest schema this binary knows.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The tables and sequences the migrations create (read from their SQL: `CREATE TABLE name`,
+/// `CREATE SEQUENCE name` at a line's start), `schema_version` aside.
+pub(crate) fn objects() -> (Vec<&'static str>, Vec<&'static str>) {
+    let (mut tables, mut sequences) = (Vec::new(), Vec::new());
+    for line in MIGRATIONS.iter().flat_map(|(_, sql)| sql.lines()) {
+        let name = |rest: &'static str| {
+            rest.split(|c: char| c.is_whitespace() || c == '(' || c == ';')
+                .next()
+                .unwrap_or_default()
+        };
+        if let Some(rest) = line.strip_prefix("CREATE TABLE ") {
+            tables.push(name(rest));
+        } else if let Some(rest) = line.strip_prefix("CREATE SEQUENCE ") {
+            sequences.push(name(rest));
+        }
+    }
+    (tables, sequences)
+}
+
 /// The advisory locks of one store (one schema): keys derived from the schema's name, so stores
 /// in other schemas of the same database never wait for each other.
 #[derive(Clone, Copy, Debug)]

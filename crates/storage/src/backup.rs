@@ -74,20 +74,8 @@ pub fn stored_layout(store_dir: &Path) -> Result<Option<u32>, StoreError> {
         true => Some(super::log::lock(store_dir, &log_dir)?),
         false => None,
     };
-    let db = sled::Config::new()
-        .path(store_dir)
-        .open()
-        .map_err(|e| match e {
-            sled::Error::Io(io)
-                if io.kind() == std::io::ErrorKind::WouldBlock
-                    || io.to_string().contains("lock") =>
-            {
-                StoreError::Locked {
-                    path: store_dir.display().to_string(),
-                }
-            }
-            other => other.into(),
-        })?;
+    // As the store opens it: a lock this process just let go of is waited for a moment.
+    let db = super::open_sled(store_dir, 1 << 20)?;
     let meta = db.open_tree(super::keys::tree::META)?;
     let found = meta.get(super::keys::meta::LAYOUT_VERSION)?;
     found

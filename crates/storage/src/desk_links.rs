@@ -130,7 +130,7 @@ pub trait DeskLinks {
 }
 
 impl SledStore {
-    fn desk_links_tree(&self) -> Result<sled::Tree, StoreError> {
+    pub(super) fn desk_links_tree(&self) -> Result<sled::Tree, StoreError> {
         Ok(self.db.open_tree(keys::tree::DESK_LINKS)?)
     }
 }

@@ -25,6 +25,7 @@ pub mod dedupe;
 mod derived;
 pub mod desk;
 pub mod desk_links;
+pub mod dump;
 mod durable;
 pub mod eventlog;
 mod fold;

@@ -93,7 +93,7 @@ impl Quarantine for SledStore {
 
 impl SledStore {
     /// A stored record with its body (read back from its chunks when it has them).
-    fn quarantined_whole(&self, bytes: &[u8]) -> Result<QuarantineRecord, StoreError> {
+    pub(super) fn quarantined_whole(&self, bytes: &[u8]) -> Result<QuarantineRecord, StoreError> {
         let stored: StoredQuarantine = decode(bytes, "quarantine record")?;
         let mut record = stored.record;
         if let Some(chunks) = stored.body_chunks {

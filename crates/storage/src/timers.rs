@@ -20,10 +20,10 @@ use std::sync::Arc;
 
 /// A timer key's value: what firing it needs besides its key.
 #[derive(Debug, Serialize, Deserialize)]
-struct Entry {
-    started_by: String,
+pub(crate) struct Entry {
+    pub(crate) started_by: String,
     /// The conversation's bot (the firing event's `sourceId`).
-    bot_id: String,
+    pub(crate) bot_id: String,
 }
 
 /// A running timer as the port names it, opaque above the store: the firer keeps the keys of the
