@@ -96,6 +96,20 @@ cap = "200ms"
     )
 }
 
+/// The daemon (`extra` in its Chatwoot section) against a new fake, after the user of `WEB`
+/// asked for a person: the conversation that opened there.
+pub(crate) fn requested(
+    root: &std::path::Path,
+    extra: &str,
+) -> (FakeChatwoot, TestApp, cw::Conversation) {
+    let fake = FakeChatwoot::start();
+    let app = spawn(root, &fake.url, extra);
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let c = opened(&fake, WEB, 0);
+    (fake, app, c)
+}
+
 /// The Chatwoot conversation opened for `conversation`'s handoff number `nth` (0 the first).
 pub(crate) fn opened(fake: &FakeChatwoot, conversation: &str, nth: usize) -> cw::Conversation {
     poll_until(
@@ -618,11 +632,7 @@ fn a_wait_that_runs_out_leaves_the_queue_timed_out_and_the_queue_console_and_fig
 #[test]
 fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_csat() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "relay_csat = true");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let c = opened(&fake, WEB, 0);
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = true");
     let reply = cw::agent_reply(c.id, 9001, ALICE, "Done, anything else?");
     assert_eq!(cw::deliver(&app, &reply, "d-1").0, 200);
     assert_eq!(
@@ -630,14 +640,7 @@ fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_cs
         200
     );
     app.settle();
-    // `CsatSurveyService`'s template; the webhook's content is the survey text and its link.
-    let link = format!("{}/survey/responses/uuid-{}", fake.url, c.id);
-    let survey = cw::message_created(
-        c.id,
-        json!({"id": 9002, "message_type": "template", "content_type": "input_csat",
-               "content": format!("Please rate this conversation, {link}"),
-               "content_attributes": {"display_type": "emoji"}}),
-    );
+    let (survey, link) = survey(&fake, c.id);
     let (status, body) = cw::deliver(&app, &survey, "d-3");
     assert_eq!(
         (status, body["kind"].as_str()),
@@ -664,11 +667,7 @@ pub(crate) fn manual_mode(app: &TestApp) -> Vec<Value> {
 #[test]
 fn assigning_the_conversation_in_chatwoot_takes_it_for_that_agent() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let c = opened(&fake, WEB, 0);
+    let (fake, app, c) = requested(tmp.path(), "");
     let (status, body) = cw::deliver(&app, &cw::assigned(c.id, ALICE), "d-assigned");
     assert_eq!(
         (status, body["status"].as_str(), body["kind"].as_str()),
@@ -725,11 +724,7 @@ fn survey(fake: &FakeChatwoot, conversation: u64) -> (Value, String) {
 #[test]
 fn without_relay_csat_the_survey_never_reaches_the_user() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "relay_csat = false");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let c = opened(&fake, WEB, 0);
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = false");
     let reply = cw::agent_reply(c.id, 9001, ALICE, "Done, anything else?");
     assert_eq!(cw::deliver(&app, &reply, "d-1").1["status"], "relayed");
     let resolved = cw::deliver(&app, &cw::status_changed(c.id, "resolved"), "d-2");
@@ -751,11 +746,7 @@ fn without_relay_csat_the_survey_never_reaches_the_user() {
 #[test]
 fn the_survey_is_not_relayed_after_the_bridge_handed_back_a_user_nobody_answered() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "relay_csat = true");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let c = opened(&fake, WEB, 0);
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = true");
     // Nobody took it in five minutes: the bridge resolves it, and Chatwoot sends its survey.
     app.advance_clock("5m");
     app.settle();

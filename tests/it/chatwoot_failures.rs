@@ -12,7 +12,7 @@
 //! - `lock_to_single_conversation`: the conversation Chatwoot answers from before is opened again
 //!   for the new handoff.
 
-use crate::chatwoot::{opened, spawn, spawn_process, state, ALICE, WEB};
+use crate::chatwoot::{opened, requested, spawn, spawn_process, state, ALICE, WEB};
 use crate::common::chatwoot::{self as cw, FakeChatwoot};
 use crate::common::*;
 use serde_json::{json, Value};
@@ -142,11 +142,7 @@ fn after_a_refused_request_a_message_is_a_dead_letter_and_a_retry_after_the_end_
 #[test]
 fn a_conversation_or_contact_deleted_in_chatwoot_does_not_block_the_next_handoffs() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let first = opened(&fake, WEB, 0);
+    let (fake, app, first) = requested(tmp.path(), "");
     // An agent deletes it; then nobody answers in time: the hand-back's note and resolve find
     // nothing (404), the mapping is closed anyway.
     fake.delete_conversation(first.id);
