@@ -799,6 +799,10 @@ impl Application {
             (Backend::Postgres(pg), _) => storage_pg::PgWriter::start(pg, hooks)?,
             (Backend::Given(given), _) => roles::given_writer(given, hooks)?,
         };
+        if let Some(view) = &chatwoot {
+            // Its marks of calls that may take effect are flushed through the writer.
+            view.attach(writer.clone());
+        }
         // The executor and the task that hands it durable decisions run beside the Open API
         // client, so a handoff's calls reach the client without crossing threads (a hop each way
         // per call).

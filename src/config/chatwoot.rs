@@ -110,6 +110,13 @@ impl ChatwootConfig {
     /// The address, the account and the inbox.
     fn where_problems(&self, p: &mut Problems) {
         match self.url.parse::<actix_web::http::Uri>() {
+            // Credentials in the address would be shown in the console's links to Chatwoot.
+            Ok(uri) if uri.authority().is_some_and(|a| a.as_str().contains('@')) => p.add(
+                "url",
+                &super::mask_url(&self.url),
+                "must not carry credentials (user:password@): Chatwoot takes the token \
+                 (api_token), and the address is shown in the console's links",
+            ),
             Ok(uri)
                 if matches!(uri.scheme_str(), Some("http" | "https"))
                     && uri.host().is_some()
@@ -307,6 +314,23 @@ mod tests {
         );
         let shown = format!("{:?}", c.problems());
         assert!(!shown.contains("whs-0123456789") && !shown.contains("short"));
+    }
+
+    #[test]
+    fn a_url_carrying_credentials_is_refused_and_not_shown() {
+        for url in [
+            "https://admin:hunter2-secret@chat.example.com",
+            "https://token-secret@chat.example.com",
+        ] {
+            let mut c = configured();
+            c.url = url.into();
+            let problems = c.problems();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            let (key, shown, why) = &problems[0];
+            assert_eq!(key, "helpdesk.chatwoot.url");
+            assert!(why.contains("credentials"), "{why}");
+            assert!(!shown.contains("secret"), "{shown}");
+        }
     }
 
     #[test]

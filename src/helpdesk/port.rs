@@ -90,17 +90,26 @@ pub enum DeskError {
     /// It answered 2xx with a body the connector cannot read (what it needs is missing).
     #[error("help desk {endpoint} answered what the bridge cannot read: {detail}")]
     BadAnswer { endpoint: String, detail: String },
+    /// The desk cannot take the event as things stand there (Chatwoot: no conversation to post
+    /// into): a dead letter with `reason` (`chatwoot_not_opened`).
+    #[error("help desk {endpoint} cannot take the event: {detail}")]
+    Unusable {
+        endpoint: String,
+        reason: &'static str,
+        detail: String,
+    },
 }
 
 impl DeskError {
     /// The metric outcome: `http_<status>`, `connect`, `timeout`, `transport`, `tls`,
-    /// `bad_answer`.
+    /// `bad_answer`, or an unusable event's reason.
     pub fn outcome(&self) -> String {
         match self {
             DeskError::Refused { status, .. } => format!("http_{status}"),
             DeskError::Unavailable { cause, .. } => cause.clone(),
             DeskError::Tls { .. } => "tls".into(),
             DeskError::BadAnswer { .. } => "bad_answer".into(),
+            DeskError::Unusable { reason, .. } => (*reason).into(),
         }
     }
 

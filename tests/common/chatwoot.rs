@@ -2,7 +2,8 @@
 //! operations the bridge calls, answered as Chatwoot's running code answers them
 //! (`../shared/chatwoot/README.md`: `payload.contact` on a create, the search matching
 //! substrings, labels replacing the list, an `incoming` message reopening a resolved conversation,
-//! `lock_to_single_conversation`, 401 without the token), every call recorded; and the webhooks
+//! `lock_to_single_conversation`, 401 without the token, 404 for what was deleted), every call
+//! recorded, a create's answer held back on request (a crash before it comes); and the webhooks
 //! Chatwoot sends, built as its payload builders build them and signed as `Webhooks::Trigger`
 //! signs them (`sha256=` + hex HMAC-SHA256 of `"{timestamp}.{body}"`), written here from the
 //! README, not from the bridge's code.
@@ -13,7 +14,7 @@ use sha2::Sha256;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 pub const ACCOUNT: u64 = 1;
@@ -59,6 +60,8 @@ pub struct FakeChatwoot {
     pub url: String,
     pub addr: std::net::SocketAddr,
     state: Arc<Mutex<State>>,
+    /// While true, a conversation's create is made but its answer waits (see [`hold_creates`]).
+    hold: Arc<(Mutex<bool>, Condvar)>,
 }
 
 impl FakeChatwoot {
@@ -73,6 +76,7 @@ impl FakeChatwoot {
                 next_id: 100,
                 ..State::default()
             })),
+            hold: Arc::default(),
         };
         let server = fake.clone();
         // Serves until the test process ends; every read is bounded by a timeout.
@@ -93,6 +97,30 @@ impl FakeChatwoot {
 
     pub fn lock_to_single_conversation(&self) {
         self.state().lock_to_single_conversation = true;
+    }
+
+    /// From now on a conversation's create takes effect (it is in [`conversations`]) but its
+    /// answer waits until [`release`]: the bridge's call has happened, its answer not yet.
+    pub fn hold_creates(&self) {
+        *self.hold.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// Held answers go (to whoever still waits for them), and creates answer at once again.
+    pub fn release(&self) {
+        *self.hold.0.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.hold.1.notify_all();
+    }
+
+    /// An agent deletes the conversation in Chatwoot: its routes answer 404.
+    pub fn delete_conversation(&self, id: u64) {
+        self.state().conversations.retain(|c| c.id != id);
+    }
+
+    /// An agent deletes the contact: its conversations and contact inboxes go with it.
+    pub fn delete_contact(&self, id: u64) {
+        let mut state = self.state();
+        state.contacts.retain(|c| c["id"] != id);
+        state.conversations.retain(|c| c.contact_id != id);
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -128,6 +156,13 @@ impl FakeChatwoot {
         } = request;
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let (status, answer) = self.answer(&method, &target, &headers, &body);
+        if method == "POST" && target == format!("/api/v1/accounts/{ACCOUNT}/conversations") {
+            let (held, released) = &*self.hold;
+            let mut held = held.lock().unwrap_or_else(|e| e.into_inner());
+            while *held {
+                held = released.wait(held).unwrap_or_else(|e| e.into_inner());
+            }
+        }
         let text = answer.to_string();
         let mut stream = stream;
         let _ = write!(
@@ -225,6 +260,11 @@ fn conversation_route(
         ("GET", ["messages"]) => {
             let newest: Vec<Value> = c.messages.iter().rev().take(20).rev().cloned().collect();
             (200, json!({"meta": {}, "payload": newest}))
+        }
+        ("POST", ["custom_attributes"]) => {
+            // Replaces them (`ConversationsController#custom_attributes`).
+            c.custom_attributes = body["custom_attributes"].clone();
+            (200, json!({"custom_attributes": c.custom_attributes}))
         }
         ("POST", ["toggle_status"]) => {
             let status = body["status"].as_str().unwrap_or("resolved").to_owned();

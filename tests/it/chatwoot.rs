@@ -18,12 +18,12 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// A web conversation of bot B7f3a2c in the emulator's default seed.
-const WEB: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
-const ALICE: (u64, &str) = (5, "Alice");
+pub(crate) const WEB: &str = "5c0e9b1f-2222-4d3e-9f10-000000000001";
+pub(crate) const ALICE: (u64, &str) = (5, "Alice");
 
 /// The daemon with `[helpdesk.chatwoot]` pointing at `url` (and `extra` keys of it); the token
 /// and secret from their variables; shipped rules, any time of day.
-fn spawn(root: &std::path::Path, url: &str, extra: &str) -> TestApp {
+pub(crate) fn spawn(root: &std::path::Path, url: &str, extra: &str) -> TestApp {
     spawn_with_env(root, url, extra, &[])
 }
 
@@ -33,6 +33,21 @@ fn spawn_with_env(
     url: &str,
     extra: &str,
     more: &[(&str, &str)],
+) -> TestApp {
+    spawn_opts(root, url, extra, more, false)
+}
+
+/// [`spawn`] as a process of its own (a test that kills it).
+pub(crate) fn spawn_process(root: &std::path::Path, url: &str) -> TestApp {
+    spawn_opts(root, url, "", &[], true)
+}
+
+fn spawn_opts(
+    root: &std::path::Path,
+    url: &str,
+    extra: &str,
+    more: &[(&str, &str)],
+    own_process: bool,
 ) -> TestApp {
     let config = root.join("bridge.toml");
     std::fs::write(
@@ -76,13 +91,27 @@ cap = "200ms"
             .chain(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
             .collect(),
             args: vec!["--config".into(), config.display().to_string()],
-            ..Spawn::default()
+            own_process,
         },
     )
 }
 
+/// The daemon (`extra` in its Chatwoot section) against a new fake, after the user of `WEB`
+/// asked for a person: the conversation that opened there.
+pub(crate) fn requested(
+    root: &std::path::Path,
+    extra: &str,
+) -> (FakeChatwoot, TestApp, cw::Conversation) {
+    let fake = FakeChatwoot::start();
+    let app = spawn(root, &fake.url, extra);
+    app.emulator_act(WEB, "request-agent", json!({}));
+    app.settle();
+    let c = opened(&fake, WEB, 0);
+    (fake, app, c)
+}
+
 /// The Chatwoot conversation opened for `conversation`'s handoff number `nth` (0 the first).
-fn opened(fake: &FakeChatwoot, conversation: &str, nth: usize) -> cw::Conversation {
+pub(crate) fn opened(fake: &FakeChatwoot, conversation: &str, nth: usize) -> cw::Conversation {
     poll_until(
         &format!("Chatwoot conversation {nth} of {conversation}"),
         Duration::from_secs(30),
@@ -96,7 +125,7 @@ fn opened(fake: &FakeChatwoot, conversation: &str, nth: usize) -> cw::Conversati
 }
 
 /// The texts the service was asked to send into `conversation` (that took effect).
-fn sent(app: &TestApp, conversation: &str) -> Vec<String> {
+pub(crate) fn sent(app: &TestApp, conversation: &str) -> Vec<String> {
     app.journal()
         .into_iter()
         .filter(|e| e["endpoint"] == "send-conversation-message" && took_effect(e))
@@ -105,10 +134,17 @@ fn sent(app: &TestApp, conversation: &str) -> Vec<String> {
         .collect()
 }
 
-fn state(app: &TestApp, conversation: &str) -> Value {
+pub(crate) fn state(app: &TestApp, conversation: &str) -> Value {
     let (status, state) = app.admin_get(&format!("/admin/v1/conversations/{conversation}"));
     assert_eq!(status, 200, "{state}");
     state
+}
+
+/// Quarantine records, all scopes.
+fn quarantined(app: &TestApp) -> usize {
+    let (status, records) = app.admin_get("/admin/v1/quarantine");
+    assert_eq!(status, 200, "{records}");
+    records["records"].as_array().map_or(0, Vec::len)
 }
 
 /// Events stored for the conversation (its audit timeline's length).
@@ -167,9 +203,10 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
     assert_eq!(later["message_type"], 0, "{later}");
     assert_eq!(later["private"], false, "{later}");
 
-    // A bad signature and a stale timestamp: 401, nothing stored.
+    // A bad signature and a stale timestamp: 401, nothing stored (looked at once the daemon is
+    // idle: an event stored would have been folded by then), nothing quarantined.
     let reply = cw::agent_reply(first.id, 9001, ALICE, "Hello, Alice here");
-    let before = stored_events(&app, WEB);
+    let before = (stored_events(&app, WEB), quarantined(&app));
     let (status, body) = cw::deliver_with(&app, &reply, "d-bad", "not-the-secret", cw::now_secs());
     assert_eq!(
         (status, body["error"]["code"].as_str()),
@@ -177,7 +214,12 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
     );
     let (status, _) = cw::deliver_with(&app, &reply, "d-old", cw::SECRET, cw::now_secs() - 301);
     assert_eq!(status, 401);
-    assert_eq!(stored_events(&app, WEB), before, "nothing stored");
+    app.settle();
+    assert_eq!(
+        (stored_events(&app, WEB), quarantined(&app)),
+        before,
+        "nothing stored"
+    );
 
     // The agent's reply, signed: relayed to the user through the service, once, even posted
     // twice; the first reply also takes the conversation for the agent.
@@ -192,6 +234,15 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
         (status, body["status"].as_str()),
         (200, Some("duplicate")),
         "{body}"
+    );
+    // Captured and replayed: the same body signed again at another time, under another delivery
+    // id (neither is what names it).
+    let replayed = cw::deliver_with(&app, &reply, "d-replayed", cw::SECRET, cw::now_secs() - 60);
+    assert_eq!(
+        (replayed.0, replayed.1["status"].as_str()),
+        (200, Some("duplicate")),
+        "{}",
+        replayed.1
     );
     app.settle();
     let replies: Vec<String> = sent(&app, WEB)
@@ -242,12 +293,7 @@ fn a_whole_handoff_goes_through_chatwoot_and_back_to_the_bot() {
     app.settle();
     let back = state(&app, WEB);
     assert!(back["desk"]["agent"].is_null(), "{back}");
-    let manual: Vec<Value> = app
-        .journal()
-        .into_iter()
-        .filter(|e| e["endpoint"] == "set-manual" && took_effect(e))
-        .map(|e| e["body"]["enabled"].clone())
-        .collect();
+    let manual = manual_mode(&app);
     assert_eq!(manual.last(), Some(&json!(false)), "{manual:?}");
     assert_eq!(fake.conversation(first.id).expect("c").status, "resolved");
 
@@ -586,11 +632,7 @@ fn a_wait_that_runs_out_leaves_the_queue_timed_out_and_the_queue_console_and_fig
 #[test]
 fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_csat() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fake = FakeChatwoot::start();
-    let app = spawn(tmp.path(), &fake.url, "relay_csat = true");
-    app.emulator_act(WEB, "request-agent", json!({}));
-    app.settle();
-    let c = opened(&fake, WEB, 0);
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = true");
     let reply = cw::agent_reply(c.id, 9001, ALICE, "Done, anything else?");
     assert_eq!(cw::deliver(&app, &reply, "d-1").0, 200);
     assert_eq!(
@@ -598,14 +640,7 @@ fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_cs
         200
     );
     app.settle();
-    // `CsatSurveyService`'s template; the webhook's content is the survey text and its link.
-    let link = format!("{}/survey/responses/uuid-{}", fake.url, c.id);
-    let survey = cw::message_created(
-        c.id,
-        json!({"id": 9002, "message_type": "template", "content_type": "input_csat",
-               "content": format!("Please rate this conversation, {link}"),
-               "content_attributes": {"display_type": "emoji"}}),
-    );
+    let (survey, link) = survey(&fake, c.id);
     let (status, body) = cw::deliver(&app, &survey, "d-3");
     assert_eq!(
         (status, body["kind"].as_str()),
@@ -618,4 +653,112 @@ fn the_satisfaction_survey_reaches_the_user_after_the_resolve_only_with_relay_cs
         "{:?}",
         sent(&app, WEB)
     );
+}
+
+/// What the bridge set the service's manual mode to, in order (calls that took effect).
+pub(crate) fn manual_mode(app: &TestApp) -> Vec<Value> {
+    app.journal()
+        .into_iter()
+        .filter(|e| e["endpoint"] == "set-manual" && took_effect(e))
+        .map(|e| e["body"]["enabled"].clone())
+        .collect()
+}
+
+#[test]
+fn assigning_the_conversation_in_chatwoot_takes_it_for_that_agent() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (fake, app, c) = requested(tmp.path(), "");
+    let (status, body) = cw::deliver(&app, &cw::assigned(c.id, ALICE), "d-assigned");
+    assert_eq!(
+        (status, body["status"].as_str(), body["kind"].as_str()),
+        (200, Some("relayed"), Some("assignment")),
+        "{body}"
+    );
+    app.settle();
+    // Accepted as that agent: the service's manual mode on, Chatwoot told who took it.
+    let desk = &state(&app, WEB)["desk"];
+    assert_eq!(
+        (desk["agent"]["id"].as_str(), desk["agent"]["name"].as_str()),
+        (Some("chatwoot:5"), Some("Alice")),
+        "{desk}"
+    );
+    assert_eq!(manual_mode(&app).last(), Some(&json!(true)));
+    let notes: Vec<String> = fake
+        .conversation(c.id)
+        .expect("conversation")
+        .messages
+        .iter()
+        .filter(|m| m["private"] == true)
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("Taken by an agent") && n.contains("chatwoot:5")),
+        "{notes:?}"
+    );
+    // The same assignment again (re-signed): stored once.
+    let again = cw::deliver_with(
+        &app,
+        &cw::assigned(c.id, ALICE),
+        "d-assigned-again",
+        cw::SECRET,
+        cw::now_secs() - 30,
+    );
+    assert_eq!(again.1["status"], "duplicate", "{}", again.1);
+}
+
+/// Chatwoot's survey after a resolve (`CsatSurveyService`'s template; the webhook's content is
+/// its text and link).
+fn survey(fake: &FakeChatwoot, conversation: u64) -> (Value, String) {
+    let link = format!("{}/survey/responses/uuid-{conversation}", fake.url);
+    let survey = cw::message_created(
+        conversation,
+        json!({"id": 9002, "message_type": "template", "content_type": "input_csat",
+               "content": format!("Please rate this conversation, {link}"),
+               "content_attributes": {"display_type": "emoji"}}),
+    );
+    (survey, link)
+}
+
+#[test]
+fn without_relay_csat_the_survey_never_reaches_the_user() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = false");
+    let reply = cw::agent_reply(c.id, 9001, ALICE, "Done, anything else?");
+    assert_eq!(cw::deliver(&app, &reply, "d-1").1["status"], "relayed");
+    let resolved = cw::deliver(&app, &cw::status_changed(c.id, "resolved"), "d-2");
+    assert_eq!(resolved.1["status"], "relayed", "{}", resolved.1);
+    app.settle();
+    let (survey, link) = survey(&fake, c.id);
+    let (status, body) = cw::deliver(&app, &survey, "d-3");
+    assert_eq!(
+        (status, body["status"].as_str(), body["kind"].as_str()),
+        (200, Some("ignored"), Some("template")),
+        "{body}"
+    );
+    app.settle();
+    let sent = sent(&app, WEB);
+    assert!(sent.iter().any(|t| t == "Done, anything else?"), "{sent:?}");
+    assert!(!sent.iter().any(|t| t.contains(&link)), "{sent:?}");
+}
+
+#[test]
+fn the_survey_is_not_relayed_after_the_bridge_handed_back_a_user_nobody_answered() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (fake, app, c) = requested(tmp.path(), "relay_csat = true");
+    // Nobody took it in five minutes: the bridge resolves it, and Chatwoot sends its survey.
+    app.advance_clock("5m");
+    app.settle();
+    assert_eq!(fake.conversation(c.id).expect("c").status, "resolved");
+    let (survey, link) = survey(&fake, c.id);
+    let (status, body) = cw::deliver(&app, &survey, "d-survey");
+    assert_eq!(
+        (status, body["status"].as_str(), body["kind"].as_str()),
+        (200, Some("ignored"), Some("closed")),
+        "{body}"
+    );
+    app.settle();
+    let sent = sent(&app, WEB);
+    assert!(!sent.iter().any(|t| t.contains(&link)), "{sent:?}");
 }

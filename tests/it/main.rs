@@ -19,6 +19,7 @@ mod admin_pages;
 mod bad_input;
 mod body_budget_routes;
 mod chatwoot;
+mod chatwoot_failures;
 mod chatwoot_prism;
 mod cluster;
 mod console;

@@ -29,6 +29,7 @@ pub enum Operation {
     PostMessage,
     ListMessages,
     ToggleStatus,
+    SetCustomAttributes,
 }
 
 /// A message to post into a conversation.
@@ -141,9 +142,31 @@ impl Api {
 
     /// Resolve a conversation (the hand-back to the bot).
     pub async fn resolve(&self, conversation: &str) -> Result<(), DeskError> {
+        self.toggle_status(conversation, "resolved").await
+    }
+
+    /// Open a conversation again (one Chatwoot answered a create with).
+    pub async fn reopen(&self, conversation: &str) -> Result<(), DeskError> {
+        self.toggle_status(conversation, "open").await
+    }
+
+    async fn toggle_status(&self, conversation: &str, status: &str) -> Result<(), DeskError> {
         let path = format!("/conversations/{conversation}/toggle_status");
-        let body = json!({ "status": "resolved" });
+        let body = json!({ "status": status });
         self.call(Operation::ToggleStatus, "POST", &path, Some(body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Set a conversation's custom attributes (the object replaces the one it had).
+    pub async fn set_custom_attributes(
+        &self,
+        conversation: &str,
+        attributes: Value,
+    ) -> Result<(), DeskError> {
+        let path = format!("/conversations/{conversation}/custom_attributes");
+        let body = json!({ "custom_attributes": attributes });
+        self.call(Operation::SetCustomAttributes, "POST", &path, Some(body))
             .await
             .map(|_| ())
     }

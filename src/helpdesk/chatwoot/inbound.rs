@@ -7,13 +7,18 @@
 //! - `conversation_updated` with a new assignee (a user): `agent.accept` as that agent.
 //! - `conversation_status_changed` to `resolved`: `agent.release` (an accept first when no agent
 //!   holds it: the resolve ends the handoff whoever resolved).
+//! - Only while the handoff lasts: an agent holds the conversation, or it waits or is connected
+//!   (its desk phase); after the bridge handed it back (a closed mapping) or the rules did (the
+//!   wait ran out, after hours), `closed`.
 //! - never relayed: private notes, the bridge's own messages echoed back (its `source_id`),
-//!   templates (out-of-office, CSAT: the survey only with `relay_csat`), activity, the contact's
-//!   messages, events of conversations the bridge does not map or no longer does.
+//!   templates (out-of-office, CSAT: the survey only with `relay_csat`, and only after a handoff
+//!   an agent held or the desk resolved), activity, the contact's messages, events of
+//!   conversations the bridge does not map or no longer does.
 
 use super::outbound::SOURCE_PREFIX;
 use super::payload::{ConversationEvent, MessageEvent, MessageType, Payload, Person};
 use crate::helpdesk::contract::MAX_TEXT;
+use engine::state::desk::DeskPhase;
 use model::webhook::agent::DeskAgent;
 use model::webhook::model::{Media, MessageData};
 
@@ -28,6 +33,46 @@ pub enum Mapped {
     Closed,
     /// The current one, open.
     Open,
+}
+
+/// Where the delivery's conversation stands at the bridge.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Standing<'a> {
+    pub mapped: Mapped,
+    /// The agent who holds it now.
+    pub holder: Option<&'a DeskAgent>,
+    /// Its desk phase (`None`: its state was not read).
+    pub phase: Option<DeskPhase>,
+}
+
+impl Standing<'_> {
+    /// The handoff lasts: its mapping is open, and an agent holds it or it waits for one or is
+    /// connected at the service.
+    fn live(&self) -> bool {
+        self.mapped == Mapped::Open
+            && (self.holder.is_some()
+                || matches!(
+                    self.phase,
+                    None | Some(DeskPhase::Requested | DeskPhase::Connected)
+                ))
+    }
+
+    /// The handoff was served (the survey's condition): an agent held it, or the desk resolved
+    /// it (the mapping still open while it waits: the resolve's accept and release not folded
+    /// yet). Never after the bridge's own hand-back of a user nobody answered.
+    fn served(&self) -> bool {
+        self.holder.is_some()
+            || matches!(
+                self.phase,
+                Some(
+                    DeskPhase::Accepted
+                        | DeskPhase::Released
+                        | DeskPhase::Connected
+                        | DeskPhase::Ended
+                )
+            )
+            || (self.mapped == Mapped::Open && self.phase == Some(DeskPhase::Requested))
+    }
 }
 
 /// A command the delivery asks for.
@@ -74,32 +119,27 @@ pub fn account_of(p: &Payload) -> Option<&str> {
     }
 }
 
-/// What `p` asks of a conversation `mapped` so, held by `holder` (the agent who has it now).
-pub fn decide(
-    p: &Payload,
-    mapped: Mapped,
-    holder: Option<&DeskAgent>,
-    relay_csat: bool,
-) -> Decision {
+/// What `p` asks of a conversation standing so.
+pub fn decide(p: &Payload, standing: Standing<'_>, relay_csat: bool) -> Decision {
     if let Payload::Other(_) = p {
         return Decision::ignored("other_event");
     }
-    let ours = match mapped {
+    match standing.mapped {
         Mapped::No => return Decision::ignored("unmapped"),
         Mapped::Stale => return Decision::ignored("stale"),
-        Mapped::Closed => false,
-        Mapped::Open => true,
-    };
+        Mapped::Closed | Mapped::Open => {}
+    }
+    let live = standing.live();
     match p {
-        Payload::MessageCreated(m) => message(m, ours, holder, relay_csat),
-        Payload::ConversationUpdated(c) if ours => assignment(c),
-        Payload::StatusChanged(c) if ours => resolve(c, holder),
+        Payload::MessageCreated(m) => message(m, standing, relay_csat),
+        Payload::ConversationUpdated(c) if live => assignment(c),
+        Payload::StatusChanged(c) if live => resolve(c, standing.holder),
         Payload::ConversationUpdated(_) | Payload::StatusChanged(_) => Decision::ignored("closed"),
         Payload::Other(_) => Decision::ignored("other_event"),
     }
 }
 
-fn message(m: &MessageEvent, open: bool, holder: Option<&DeskAgent>, csat: bool) -> Decision {
+fn message(m: &MessageEvent, standing: Standing<'_>, csat: bool) -> Decision {
     if m.source_id
         .as_deref()
         .is_some_and(|s| s.starts_with(SOURCE_PREFIX))
@@ -113,7 +153,11 @@ fn message(m: &MessageEvent, open: bool, holder: Option<&DeskAgent>, csat: bool)
         MessageType::Incoming => Decision::ignored("incoming"),
         MessageType::Activity => Decision::ignored("activity"),
         MessageType::Template if m.content_type.as_deref() == Some("input_csat") && csat => {
-            // After a resolve the conversation is closed: the survey is its last word.
+            // After a resolve the conversation is closed: the survey is its last word, when
+            // somebody served the user.
+            if !standing.served() {
+                return Decision::ignored("closed");
+            }
             let intents = texts(m.content.as_deref().unwrap_or_default())
                 .into_iter()
                 .map(Intent::Notice)
@@ -124,9 +168,11 @@ fn message(m: &MessageEvent, open: bool, holder: Option<&DeskAgent>, csat: bool)
             }
         }
         MessageType::Template => Decision::ignored("template"),
-        MessageType::Outgoing if !open => Decision::ignored("closed"),
+        MessageType::Outgoing if !standing.live() => Decision::ignored("closed"),
         MessageType::Outgoing => match m.sender.as_ref() {
-            Some(agent) if agent.kind.as_deref() == Some("user") => agent_message(m, agent, holder),
+            Some(agent) if agent.kind.as_deref() == Some("user") => {
+                agent_message(m, agent, standing.holder)
+            }
             _ => Decision::ignored("bot_message"),
         },
     }
@@ -269,16 +315,37 @@ mod tests {
         }
     }
 
+    /// Mapped so, in `phase`, held by nobody.
+    fn at(mapped: Mapped, phase: DeskPhase) -> Standing<'static> {
+        Standing {
+            mapped,
+            holder: None,
+            phase: Some(phase),
+        }
+    }
+
+    /// The open mapping of a conversation waiting for an agent (or held by `holder`).
+    fn waiting(holder: Option<&DeskAgent>) -> Standing<'_> {
+        Standing {
+            mapped: Mapped::Open,
+            holder,
+            phase: Some(match holder {
+                Some(_) => DeskPhase::Accepted,
+                None => DeskPhase::Requested,
+            }),
+        }
+    }
+
     #[test]
     fn an_agents_first_reply_accepts_then_relays_and_the_next_only_relays() {
         let reply = message_event(json!({}));
-        let first = decide(&reply, Mapped::Open, None, false);
+        let first = decide(&reply, waiting(None), false);
         assert_eq!(first.kind, "agent_message");
         assert_eq!(first.intents[0], Intent::Accept(alice()));
         assert!(
             matches!(&first.intents[1], Intent::Message(a, d) if *a == alice() && d.text.as_deref() == Some("Hello"))
         );
-        let next = decide(&reply, Mapped::Open, Some(&alice()), false);
+        let next = decide(&reply, waiting(Some(&alice())), false);
         assert_eq!(next.intents.len(), 1);
     }
 
@@ -312,7 +379,11 @@ mod tests {
             (json!({}), Mapped::Closed, "closed"),
         ];
         for (changes, mapped, kind) in cases {
-            let d = decide(&message_event(changes.clone()), mapped, None, true);
+            let d = decide(
+                &message_event(changes.clone()),
+                at(mapped, DeskPhase::Requested),
+                true,
+            );
             assert_eq!((d.kind, d.intents.len()), (kind, 0), "{changes}");
         }
     }
@@ -323,8 +394,9 @@ mod tests {
             "message_type": "template", "content_type": "input_csat", "sender": null,
             "content": "Please rate this conversation, https://chat.example.com/survey/responses/u-1"
         }));
-        assert_eq!(decide(&csat, Mapped::Closed, None, false).kind, "template");
-        let relayed = decide(&csat, Mapped::Closed, None, true);
+        let resolved = at(Mapped::Closed, DeskPhase::Released);
+        assert_eq!(decide(&csat, resolved, false).kind, "template");
+        let relayed = decide(&csat, resolved, true);
         assert_eq!(relayed.kind, "csat");
         assert!(
             matches!(&relayed.intents[..], [Intent::Notice(d)] if d.text.as_deref().is_some_and(|t| t.contains("/survey/responses/u-1")))
@@ -369,13 +441,13 @@ mod tests {
             "changed_attributes": [{"assignee_id": {"previous_value": null, "current_value": 5}}],
             "meta": {"assignee": {"id": 5, "name": "Alice", "type": "user"}, "assignee_type": "User"}
         }).to_string().as_bytes()).expect("ok");
-        let d = decide(&assigned, Mapped::Open, None, false);
+        let d = decide(&assigned, waiting(None), false);
         assert_eq!(d.intents, [Intent::Accept(alice())]);
         let labels = parse(json!({
             "event": "conversation_updated", "id": 57, "status": "open",
             "changed_attributes": [{"label_list": {"previous_value": [], "current_value": ["x"]}}]
         }).to_string().as_bytes()).expect("ok");
-        assert_eq!(decide(&labels, Mapped::Open, None, false).kind, "update");
+        assert_eq!(decide(&labels, waiting(None), false).kind, "update");
         let resolved = parse(
             json!({
                 "event": "conversation_status_changed", "id": 57, "status": "resolved",
@@ -385,15 +457,69 @@ mod tests {
             .as_bytes(),
         )
         .expect("ok");
-        let d = decide(&resolved, Mapped::Open, Some(&alice()), false);
+        let d = decide(&resolved, waiting(Some(&alice())), false);
         assert_eq!(d.intents, [Intent::Release]);
-        let d = decide(&resolved, Mapped::Open, None, false);
+        let d = decide(&resolved, waiting(None), false);
         assert!(
             matches!(&d.intents[..], [Intent::Accept(a), Intent::Release] if a.id == "chatwoot")
         );
         assert_eq!(
-            decide(&resolved, Mapped::Closed, None, false).kind,
+            decide(&resolved, at(Mapped::Closed, DeskPhase::Released), false).kind,
             "closed"
         );
+    }
+
+    #[test]
+    fn after_the_rules_handed_the_user_back_replies_assignments_and_resolves_are_closed() {
+        let reply = message_event(json!({}));
+        let assigned = parse(json!({
+            "event": "conversation_updated", "id": 57, "status": "open",
+            "changed_attributes": [{"assignee_id": {"previous_value": null, "current_value": 5}}],
+            "meta": {"assignee": {"id": 5, "name": "Alice", "type": "user"}, "assignee_type": "User"}
+        }).to_string().as_bytes()).expect("ok");
+        let resolved = parse(
+            json!({"event": "conversation_status_changed", "id": 57, "status": "resolved"})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("ok");
+        // The mapping still open (the hand-back not carried out yet), the state with the bot.
+        for phase in [DeskPhase::Bot, DeskPhase::Cancelled, DeskPhase::Ended] {
+            for p in [&reply, &assigned, &resolved] {
+                let d = decide(p, at(Mapped::Open, phase), true);
+                assert_eq!((d.kind, d.intents.len()), ("closed", 0), "{phase}");
+            }
+        }
+        // Connected at the service, or held: still the handoff.
+        assert_eq!(
+            decide(&reply, at(Mapped::Open, DeskPhase::Connected), false).kind,
+            "agent_message"
+        );
+        let agent = alice();
+        let held = Standing {
+            holder: Some(&agent),
+            ..at(Mapped::Open, DeskPhase::Accepted)
+        };
+        assert_eq!(decide(&resolved, held, false).intents, [Intent::Release]);
+    }
+
+    #[test]
+    fn the_survey_is_not_relayed_after_the_bridges_hand_back_of_a_user_nobody_answered() {
+        let csat = message_event(json!({
+            "message_type": "template", "content_type": "input_csat", "sender": null,
+            "content": "Please rate this conversation, https://chat.example.com/survey/responses/u-1"
+        }));
+        for (standing, kind) in [
+            (at(Mapped::Closed, DeskPhase::Bot), "closed"),
+            (at(Mapped::Closed, DeskPhase::Cancelled), "closed"),
+            (at(Mapped::Open, DeskPhase::Bot), "closed"),
+            (at(Mapped::Closed, DeskPhase::Released), "csat"),
+            (at(Mapped::Closed, DeskPhase::Ended), "csat"),
+            // Resolved at the desk, its accept and release not folded yet.
+            (at(Mapped::Open, DeskPhase::Requested), "csat"),
+            (at(Mapped::Closed, DeskPhase::Requested), "closed"),
+        ] {
+            assert_eq!(decide(&csat, standing, true).kind, kind, "{standing:?}");
+        }
     }
 }

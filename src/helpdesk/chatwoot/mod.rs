@@ -14,6 +14,8 @@ pub mod client;
 pub mod health;
 pub mod inbound;
 pub mod outbound;
+#[cfg(test)]
+mod outbound_tests;
 pub mod payload;
 pub mod signature;
 pub mod webhook;
@@ -25,7 +27,7 @@ use client::{Api, NAME};
 use futures_util::future::BoxFuture;
 use health::Health;
 use model::helpdesk::DeskEventKind;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use upstream::handle::TransportHandle;
 
 /// The connector's outbound side.
@@ -33,7 +35,13 @@ pub struct Chatwoot {
     api: Api,
     config: ChatwootConfig,
     store: storage::Store,
+    /// The daemon's writer, once it runs ([`ChatwootView::attach`]): the mark of a call that may
+    /// take effect is made durable through it (the one flusher) before the call.
+    writer: Writer,
 }
+
+/// The writer, attached once the pipeline has one (it starts after the help desks).
+type Writer = Arc<OnceLock<storage::Writer>>;
 
 /// What the rest of the daemon sees of the connector: its health and where its conversations
 /// are shown (the console).
@@ -42,12 +50,21 @@ pub struct ChatwootView {
     pub health: Arc<Health>,
     /// `{url}/app/accounts/{account_id}/conversations/`.
     conversations_url: String,
+    writer: Writer,
 }
 
 impl ChatwootView {
     /// The agent's view of Chatwoot's conversation `display_id`.
     pub fn conversation_url(&self, display_id: &str) -> String {
         format!("{}{display_id}", self.conversations_url)
+    }
+
+    /// Give the connector the daemon's writer (before the executor runs; until then a call that
+    /// needs a durable mark waits as if the store were busy).
+    pub fn attach(&self, writer: storage::Writer) {
+        if self.writer.set(writer).is_err() {
+            tracing::error!("the Chatwoot connector was given a writer twice; the first is kept");
+        }
     }
 }
 
@@ -66,6 +83,7 @@ impl Chatwoot {
             .map_err(|e| format!("helpdesk.chatwoot.ca_file: {e}"))?;
         let http = TransportHandle::start(helpdesk.connect_timeout, helpdesk.timeout, tls)?;
         let health = Arc::new(Health::default());
+        let writer = Writer::default();
         let api = Api::new(
             &config.url,
             config.account_id,
@@ -79,11 +97,13 @@ impl Chatwoot {
                 "{}/app/accounts/{}/conversations/",
                 config.url, config.account_id
             ),
+            writer: writer.clone(),
         };
         let chatwoot = Chatwoot {
             api,
             config: config.clone(),
             store,
+            writer,
         };
         Ok((Arc::new(chatwoot), view))
     }

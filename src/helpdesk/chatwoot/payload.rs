@@ -133,6 +133,10 @@ pub struct ConversationEvent {
     pub changed_attributes: Option<Vec<serde_json::Map<String, Value>>>,
     #[serde(default)]
     pub account: Option<Named>,
+    /// When the conversation last changed (`updated_at.to_f`, seconds): with the event, what
+    /// makes one change's delivery unique (a replayed one is the same).
+    #[serde(default)]
+    pub updated_at: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

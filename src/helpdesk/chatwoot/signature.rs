@@ -32,7 +32,7 @@ pub fn fresh(timestamp: &str, now_secs: i64) -> bool {
     timestamp
         .trim()
         .parse::<i64>()
-        .is_ok_and(|at| (now_secs - at).abs() <= TOLERANCE_SECS)
+        .is_ok_and(|at| now_secs.abs_diff(at) <= TOLERANCE_SECS.unsigned_abs())
 }
 
 fn mac(secret: &[u8], timestamp: &str, body: &[u8]) -> Vec<u8> {
@@ -83,5 +83,15 @@ mod tests {
         assert!(!fresh("1301", 1000));
         assert!(!fresh("soon", 1000));
         assert!(!fresh("", 1000));
+    }
+
+    #[test]
+    fn a_timestamp_at_the_ends_of_the_range_is_stale_not_a_panic() {
+        let min = i64::MIN.to_string();
+        let max = i64::MAX.to_string();
+        assert!(!fresh(&min, 1_718_870_043));
+        assert!(!fresh(&max, 1_718_870_043));
+        assert!(!fresh(&min, i64::MAX));
+        assert!(fresh(&min, i64::MIN + 300));
     }
 }

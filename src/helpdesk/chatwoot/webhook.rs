@@ -8,12 +8,14 @@
 //!   an opt-in secret last path segment instead (`helpdesk.chatwoot.unsigned_path_token`).
 //! - Bounded: the body's share of the in-flight budget, at most [`MAX_BODY`], read within
 //!   `server.body_read_timeout`.
-//! - Once: the commands' event ids come from `X-Chatwoot-Delivery` (Chatwoot reuses it when it
-//!   retries), so a delivery posted twice is a duplicate (200, applied once).
+//! - Once: the commands' event ids come from the signed body (a message's id; a conversation's
+//!   id, the event and the signed `updated_at` of the change), so a delivery posted twice, or
+//!   replayed re-signed under another `X-Chatwoot-Delivery` (unsigned, kept for the logs), is a
+//!   duplicate (200, applied once).
 //! - Signed but unreadable: quarantined (scope `chatwoot`), 200.
 
 use super::client::NAME;
-use super::inbound::{self, Decision, Intent, Mapped};
+use super::inbound::{self, Decision, Intent, Mapped, Standing};
 use super::payload::{self, Payload};
 use super::signature;
 use crate::helpdesk::commands::{store_error, Commands, Stored};
@@ -22,6 +24,7 @@ use crate::ops::metrics::Metrics;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use api_error::ApiError;
+use engine::state::desk::DeskPhase;
 use model::secret::Secret;
 use model::webhook::agent::Command;
 use serde_json::json;
@@ -162,7 +165,11 @@ async fn handle(
     }
     let delivery = delivery_id(req, &body);
     match payload::parse(&body) {
-        Ok(p) => relay(hook, &delivery, p).await,
+        Ok(p) => {
+            let key = event_key(&p, &body);
+            tracing::debug!(delivery = %delivery, key = %key, "a Chatwoot delivery");
+            relay(hook, &key, p).await
+        }
         Err(e) => quarantine(hook, &delivery, &body, &e.0).await,
     }
 }
@@ -205,8 +212,8 @@ fn authenticate(
     Ok(Some((timestamp, signature)))
 }
 
-/// `X-Chatwoot-Delivery`, else the body's digest (a delivery without the header posted twice is
-/// still one).
+/// `X-Chatwoot-Delivery` (for the logs and the quarantine: it is not signed), else the body's
+/// digest.
 fn delivery_id(req: &HttpRequest, body: &[u8]) -> String {
     let header = req
         .headers()
@@ -216,24 +223,55 @@ fn delivery_id(req: &HttpRequest, body: &[u8]) -> String {
         .filter(|d| !d.is_empty() && d.len() <= 128 && d.bytes().all(|b| b.is_ascii_graphic()));
     match header {
         Some(d) => d.to_owned(),
-        None => {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(body);
-            digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-        }
+        None => digest(body),
     }
 }
 
-/// A readable delivery: decided against the mapping and the conversation's state, its commands
-/// stored.
-async fn relay(
-    hook: &web::Data<ChatwootHook>,
-    delivery: &str,
-    p: Payload,
-) -> Result<Verdict, Refusal> {
+/// What names a delivery's event, from the signed body: the message's id for
+/// `message_created`; for a conversation's event its id, the event, the status and when the
+/// change was made (`updated_at`: the change's own for `conversation_updated`, whose payload shows
+/// the conversation as it is when Chatwoot's job runs); else the body's digest. The same event
+/// re-signed (a new timestamp, another delivery id) has the same key.
+fn event_key(p: &Payload, body: &[u8]) -> String {
+    let key = match p {
+        Payload::MessageCreated(m) => Some(format!("m{}", m.id)),
+        Payload::ConversationUpdated(c) => c
+            .changed("updated_at")
+            .filter(|v| !v.is_null())
+            .or(c.updated_at.as_ref())
+            .map(|at| format!("u{}:{}:{}", c.id, c.status, at_text(at))),
+        Payload::StatusChanged(c) => c
+            .updated_at
+            .as_ref()
+            .map(|at| format!("s{}:{}:{}", c.id, c.status, at_text(at))),
+        Payload::Other(_) => None,
+    };
+    // Ids go into the bridge's event ids: short and plain, or the body's digest.
+    key.filter(|k| k.len() <= 96 && k.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or_else(|| format!("d{}", digest(body)))
+}
+
+/// A time as sent (a number's own digits, a text as it is).
+fn at_text(at: &serde_json::Value) -> String {
+    match at {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The first 16 bytes of the body's SHA-256, in hex.
+fn digest(body: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(body);
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A readable delivery (its event named `key`): decided against the mapping and the
+/// conversation's state, its commands stored.
+async fn relay(hook: &web::Data<ChatwootHook>, key: &str, p: Payload) -> Result<Verdict, Refusal> {
     let hook2 = hook.clone().into_inner();
     let (account, relay_csat) = (hook.account_id.clone(), hook.relay_csat);
-    let delivery_owned = delivery.to_owned();
+    let key_owned = key.to_owned();
     let planned = hook
         .commands
         .blocking(move |commands| {
@@ -244,12 +282,15 @@ async fn relay(
                 .transpose()
                 .ok()
                 .flatten();
-            let mapped = link.as_ref().map_or(Mapped::No, |(_, m)| *m);
-            let agent = state.as_ref().and_then(|s| s.desk.agent.as_ref());
-            let decision = inbound::decide(&p, mapped, agent, relay_csat);
+            let standing = Standing {
+                mapped: link.as_ref().map_or(Mapped::No, |(_, m)| *m),
+                holder: state.as_ref().and_then(|s| s.desk.agent.as_ref()),
+                phase: state.as_ref().map(DeskPhase::of),
+            };
+            let decision = inbound::decide(&p, standing, relay_csat);
             let stored = match (&decision.intents[..], link) {
                 ([], _) | (_, None) => Vec::new(),
-                (_, Some((link, _))) => match build(commands, &link, &decision, &delivery_owned) {
+                (_, Some((link, _))) => match build(commands, &link, &decision, &key_owned) {
                     Ok(stored) => stored,
                     // Gone, or no partner channel for its bot: nothing to relay it with.
                     Err(e) if e.status.is_client_error() => {
@@ -274,7 +315,7 @@ async fn relay(
     let new = hook
         .commands
         .store(
-            &model::ids::Internal::Agent.id(format_args!("chatwoot:{delivery}")),
+            &model::ids::Internal::Agent.id(format_args!("chatwoot:{key}")),
             stored,
         )
         .await
@@ -318,13 +359,13 @@ fn mapping(
 }
 
 /// The decision's commands for the link's service conversation, each with its event id (from
-/// the delivery's). A conversation the bridge no longer has (deleted) is refused like the agent
-/// API refuses it.
+/// the event's `key`). A conversation the bridge no longer has (deleted) is refused like the
+/// agent API refuses it.
 fn build(
     commands: &Commands,
     link: &DeskLink,
     decision: &Decision,
-    delivery: &str,
+    key: &str,
 ) -> Result<Vec<Stored>, ApiError> {
     let id = link.conversation_id.as_str();
     let mut out = Vec::with_capacity(decision.intents.len());
@@ -356,8 +397,8 @@ fn build(
                 built => built,
             },
         };
-        // Named by what it is, so a retried delivery that asks for less (an accept folded since)
-        // still makes the same ids for the same commands.
+        // Named by what it is, so a repeated delivery that asks for less (an accept folded
+        // since) still makes the same ids for the same commands.
         let what = match intent {
             Intent::Accept(_) => "accept".to_owned(),
             Intent::Release => "release".to_owned(),
@@ -366,8 +407,7 @@ fn build(
                 format!("{}:{parts}", command.name())
             }
         };
-        let event_id =
-            model::ids::Internal::Agent.id(format_args!("{id}:chatwoot:{delivery}:{what}"));
+        let event_id = model::ids::Internal::Agent.id(format_args!("{id}:chatwoot:{key}:{what}"));
         out.push(Stored {
             event_id,
             state,
@@ -414,4 +454,58 @@ async fn quarantine(
 
 fn unauthorized(message: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "invalid_signature", message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(body: &serde_json::Value) -> String {
+        let bytes = body.to_string().into_bytes();
+        let p = payload::parse(&bytes).expect("a payload");
+        event_key(&p, &bytes)
+    }
+
+    #[test]
+    fn an_event_is_named_by_its_signed_body_whatever_its_delivery() {
+        let reply = json!({
+            "event": "message_created", "id": 901, "message_type": "outgoing",
+            "conversation": {"id": 57}, "content": "Hello"
+        });
+        assert_eq!(key_of(&reply), "m901");
+        let mut other = reply.clone();
+        other["id"] = json!(902);
+        assert_ne!(key_of(&other), key_of(&reply));
+
+        // A status change: the conversation, its status and the signed time of the change.
+        let resolved = json!({
+            "event": "conversation_status_changed", "id": 57, "status": "resolved",
+            "updated_at": 1_718_870_043.512_f64, "changed_attributes": null
+        });
+        assert_eq!(key_of(&resolved), "s57:resolved:1718870043.512");
+        let mut reopened = resolved.clone();
+        reopened["status"] = json!("open");
+        assert_ne!(key_of(&reopened), key_of(&resolved));
+
+        // Two updates whose jobs both ran after the second change show the same conversation:
+        // their own changes tell them apart.
+        let update = |current: f64| {
+            json!({
+                "event": "conversation_updated", "id": 57, "status": "open",
+                "updated_at": 9.5,
+                "changed_attributes": [{"updated_at": {"previous_value": 1.5, "current_value": current}}]
+            })
+        };
+        assert_eq!(key_of(&update(2.5)), "u57:open:2.5");
+        assert_ne!(key_of(&update(2.5)), key_of(&update(3.5)));
+
+        // Nothing to name it by (or an id no event id may carry): the body's digest.
+        let bare = json!({"event": "conversation_status_changed", "id": 57, "status": "resolved"});
+        let named = key_of(&bare);
+        assert!(named.starts_with('d') && named.len() == 33, "{named}");
+        assert_eq!(key_of(&bare), named);
+        let mut odd = reply.clone();
+        odd["id"] = json!("has spaces in it");
+        assert!(key_of(&odd).starts_with('d'));
+    }
 }
