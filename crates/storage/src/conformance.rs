@@ -737,6 +737,17 @@ pub fn desk_mappings_are_found_both_ways_and_closed_ones_pruned(subject: &mut dy
         .expect("get")
         .is_some());
     assert_eq!(store.prune_desk_links(11, 10).expect("prune"), 0);
+
+    // A desk conversation a newer link took over stays that link's when the old one goes.
+    let mut old = link("c3", "61");
+    old.closed_at = Some(10);
+    store.put_desk_link(&old).expect("put");
+    let mut taker = link("c4", "62");
+    taker.earlier = vec!["61".into()];
+    store.put_desk_link(&taker).expect("put");
+    assert_eq!(store.prune_desk_links(11, 10).expect("prune"), 1);
+    let found = store.desk_link_of_remote("chatwoot", "61").expect("get");
+    assert_eq!(found.map(|l| l.conversation_id), Some("c4".to_owned()));
 }
 
 const TTL: std::time::Duration = std::time::Duration::from_secs(10);

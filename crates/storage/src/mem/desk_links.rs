@@ -75,8 +75,12 @@ impl DeskLinks for MemStore {
             .cloned()
             .collect();
         for link in &gone {
+            // Only the entries still leading to this link (another may own one since).
             for remote in link.remote.iter().chain(&link.earlier) {
-                data.desk_remotes.remove(&key(&link.connector, remote));
+                let at = key(&link.connector, remote);
+                if data.desk_remotes.get(&at) == Some(&link.conversation_id) {
+                    data.desk_remotes.remove(&at);
+                }
             }
             data.desk_links
                 .remove(&key(&link.connector, &link.conversation_id));
