@@ -177,7 +177,10 @@ fn a_timer_due_while_the_daemon_is_stopped_fires_once_on_start() {
         let (_, state) = app.admin_get(&format!("/admin/v1/conversations/{CONV}"));
         state["timers"]["restart-check"]["due_at"].as_i64()
     });
-    assert_eq!(app.metric("handoff_timers_pending"), 1.0);
+    // The gauge follows the fold's commit (the state is readable a moment before it moves).
+    poll_until("the timer counted", Duration::from_secs(10), || {
+        (app.metric("handoff_timers_pending") == 1.0).then_some(())
+    });
     assert!(sent(&app).is_empty());
     assert!(app.terminate().success(), "graceful stop");
 
