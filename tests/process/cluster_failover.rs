@@ -14,8 +14,9 @@
 //!   its lease ran out and a claim waits for the lease row its transaction holds. Either way the
 //!   lease moves on by one epoch, nothing is folded or carried out twice (the call in flight is
 //!   replayed once under its key, and counted), and the other node stands by.
-//! - PostgreSQL (a server of the test's own) stopped and started again under load: posts meanwhile
-//!   are refused 503 with `Retry-After`, nothing acknowledged is lost, every node resumes by itself.
+//! - PostgreSQL (a server of the test's own) stopped as if it crashed and started again under
+//!   load: posts meanwhile are refused 503 with `Retry-After`, nothing acknowledged is lost, every
+//!   node resumes by itself.
 //!
 //! Each test says on stderr that it was skipped, and passes, without `HANDOFF_BRIDGE_TEST_PG_URL`
 //! (`tests/lib/postgres.sh`). Backfill and reconciliation are off: events they read back from the
@@ -840,6 +841,10 @@ const DOWN: usize = 2;
 const STARTING: usize = 3;
 const UP: usize = 4;
 
+/// The database stopped as if it crashed (`pg_ctl stop -m immediate`: no checkpoint, sessions cut,
+/// recovered from its WAL at the next start, so a commit answered before its WAL was written
+/// would be lost), while 4 senders post to both nodes; started again once both nodes refuse posts
+/// and say they are not ready.
 #[test]
 fn postgres_restarted_under_load_loses_nothing_acknowledged_and_every_node_resumes() {
     const SENDERS: usize = 4;
@@ -855,7 +860,7 @@ fn postgres_restarted_under_load_loses_nothing_acknowledged_and_every_node_resum
             (load.acks() >= 40).then_some(())
         });
         load.stage.store(STOPPING, Ordering::SeqCst);
-        server.stop("fast");
+        server.stop("immediate");
         load.stage.store(DOWN, Ordering::SeqCst);
         let refused = [0, 1].map(|i| load.refused[i].load(Ordering::SeqCst));
         poll_until("both nodes refusing and not ready", WAIT, || {
