@@ -240,12 +240,7 @@ impl LeaseLoop {
 
     /// Publish `role`, logged when it changes.
     fn publish(&self, role: Role) {
-        let changed = self.role.0.send_if_modified(|r| {
-            let changed = *r != role;
-            *r = role;
-            changed
-        });
-        if !changed {
+        if !self.role.publish(role) {
             return;
         }
         self.metrics

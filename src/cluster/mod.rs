@@ -82,7 +82,7 @@ struct Inner {
     store: Store,
     /// Whether other nodes may share the store (else this node is always active).
     shared: bool,
-    role: watch::Receiver<Role>,
+    role: watch::Receiver<Turn>,
     /// Wakes the lease loop (the daemon's clock moved: the test clock).
     wake: Notify,
 }
@@ -118,7 +118,10 @@ impl Cluster {
                 Role::Active
             }
         };
-        let (tx, role) = watch::channel(first);
+        let (tx, role) = watch::channel(Turn {
+            role: first,
+            turn: 0,
+        });
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 settings,
@@ -141,7 +144,7 @@ impl Cluster {
     }
 
     pub fn role(&self) -> Role {
-        *self.inner.role.borrow()
+        self.inner.role.borrow().role
     }
 
     pub fn is_active(&self) -> bool {
@@ -236,12 +239,36 @@ impl Cluster {
     }
 }
 
+/// The role as published: this node's role, and how many times it became the active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Turn {
+    role: Role,
+    /// Counts the changes to active. A term belongs to one: it ends when the count moves on, even
+    /// if the role is active again by the time its watcher looks (the node stood down and took
+    /// the lease again at once, under a new epoch).
+    turn: u64,
+}
+
 /// Where the lease loop publishes the role.
-pub struct RoleSender(watch::Sender<Role>);
+pub struct RoleSender(watch::Sender<Turn>);
+
+impl RoleSender {
+    /// Publish `role`; whether it changed.
+    pub(crate) fn publish(&self, role: Role) -> bool {
+        self.0.send_if_modified(|t| {
+            let changed = t.role != role;
+            if changed {
+                t.role = role;
+                t.turn += u64::from(role == Role::Active);
+            }
+            changed
+        })
+    }
+}
 
 /// The turns of the active's work: [`Terms::next`] waits until this node is active.
 pub struct Terms {
-    role: watch::Receiver<Role>,
+    role: watch::Receiver<Turn>,
     stop: watch::Receiver<bool>,
     shared: bool,
     first: bool,
@@ -267,7 +294,11 @@ impl Terms {
     /// One term, until `stop` turns true: a node alone on its store (sled; tests).
     pub fn single(stop: &watch::Receiver<bool>) -> Terms {
         Terms {
-            role: watch::channel(Role::Active).1,
+            role: watch::channel(Turn {
+                role: Role::Active,
+                turn: 0,
+            })
+            .1,
             stop: stop.clone(),
             shared: false,
             first: true,
@@ -285,8 +316,8 @@ impl Terms {
                 daemon: self.stop.clone(),
             });
         }
-        tokio::select! {
-            active = self.role.wait_for(|r| *r == Role::Active) => active.ok()?,
+        let turn = tokio::select! {
+            active = self.role.wait_for(|t| t.role == Role::Active) => active.ok()?.turn,
             _ = self.stop.wait_for(|s| *s) => return None,
         };
         if *self.stop.borrow() {
@@ -296,7 +327,8 @@ impl Terms {
         let (mut role, mut daemon) = (self.role.clone(), self.stop.clone());
         tokio::spawn(async move {
             tokio::select! {
-                _ = role.wait_for(|r| *r != Role::Active) => {}
+                // Not active, or active again since: either way not this term's turn.
+                _ = role.wait_for(|t| t.role != Role::Active || t.turn != turn) => {}
                 _ = daemon.wait_for(|s| *s) => {}
                 () = tx.closed() => {}
             }
@@ -320,5 +352,43 @@ where
         work(term.stop.clone()).await;
         // A loop that ended by itself (its passes are off) waits for the term's end.
         let _ = term.stop.wait_for(|s| *s).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that stood down and took the lease again before a term's watcher looked (its role
+    /// is active again by then: a new epoch, another node perhaps active in between) still ends
+    /// that term, so the next one starts afresh: the outbox read again from the store, entries
+    /// begun under the earlier epoch replayed.
+    #[tokio::test]
+    async fn a_term_ends_when_the_node_stands_down_even_if_active_again_at_once() {
+        let (tx, rx) = watch::channel(Turn {
+            role: Role::Standby,
+            turn: 0,
+        });
+        let role = RoleSender(tx);
+        let (_daemon, stop) = watch::channel(false);
+        let mut terms = Terms {
+            role: rx,
+            stop,
+            shared: true,
+            first: true,
+        };
+        role.publish(Role::Active);
+        let mut term = terms.next().await.expect("a term");
+        // No await between: the term's watcher sees only the last.
+        assert!(role.publish(Role::Standby) && role.publish(Role::Active));
+        let ended = tokio::time::timeout(Duration::from_secs(5), term.stop.wait_for(|s| *s))
+            .await
+            .is_ok();
+        assert!(ended, "the term outlived the lease it began under");
+        assert!(term.lost(), "lost, not stopped");
+        let next = terms.next().await.expect("the next term");
+        assert!(!*next.stop.borrow(), "the next term runs");
+        role.publish(Role::Active);
+        assert!(!*next.stop.borrow(), "a renewal is no new turn");
     }
 }

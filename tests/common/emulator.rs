@@ -26,6 +26,12 @@ impl ExternalEmulator {
         Self::start_with(api_key, &["--webhook-url", url])
     }
 
+    /// [`start`](Self::start) with the seed file `seed` instead of the embedded default.
+    pub fn start_seeded(api_key: &str, seed: &std::path::Path) -> Self {
+        let seed = seed.to_str().expect("a UTF-8 seed path");
+        Self::start_with(api_key, &["--seed", seed])
+    }
+
     fn start_with(api_key: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(super::bin())
             .args(["emulator", "--listen", "127.0.0.1:0", "--api-key", api_key])

@@ -14,6 +14,7 @@ pub mod emulator;
 pub mod forwarder;
 pub mod helpdesk;
 pub mod load;
+pub mod pg_server;
 pub mod relay;
 pub mod tmpfs;
 

@@ -7,159 +7,20 @@
 //! checks the chain and not the name; `require` connects without verifying. Skipped (said on
 //! stderr) without `HANDOFF_BRIDGE_TEST_PG_URL` or PostgreSQL's programs.
 
+use crate::common::pg_server::PgServer;
 use crate::common::*;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 use storage::port::Reads;
 use storage_pg::{PgOptions, PgStore};
 
-/// A PostgreSQL cluster of this test's own with TLS on, stopped (`pg_ctl -D`) when dropped.
-struct TlsServer {
-    dir: tempfile::TempDir,
-    port: u16,
-    password: String,
-}
-
-/// PostgreSQL's programs (`tests/lib/postgres.sh`'s).
-fn pg_bin() -> PathBuf {
-    std::env::var_os("PG_BIN").map_or_else(|| "/usr/lib/postgresql/15/bin".into(), PathBuf::from)
-}
-
-/// Whether this process runs as root (then the cluster's owner is `postgres`: initdb refuses
-/// root).
-fn root() -> bool {
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-/// One of PostgreSQL's programs, run as the cluster's owner.
-fn as_owner(program: &str) -> Command {
-    let path = pg_bin().join(program);
-    if !root() {
-        return Command::new(path);
-    }
-    let mut cmd = Command::new("runuser");
-    cmd.args(["-u", "postgres", "--"]).arg(path);
-    cmd
-}
-
-fn run(cmd: &mut Command, log: &Path) {
-    let status = cmd.status().expect("run a PostgreSQL program");
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    assert!(status.success(), "{cmd:?}: {status}\n{text}");
-}
-
-/// `path`, and everything under it, owned by the cluster's owner.
-fn give_to_owner(path: &Path) {
-    if root() {
-        let status = Command::new("chown")
-            .args(["-R", "postgres"])
-            .arg(path)
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()),
-            "chown {}",
-            path.display()
-        );
-    }
-}
-
-fn write_private(path: &Path, text: &str) {
-    std::fs::write(path, text).expect("write");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-}
-
-impl TlsServer {
-    /// A new cluster serving `cert` and `key` (PEM) on 127.0.0.1; `None` (said) without
-    /// PostgreSQL.
-    fn start(cert: &str, key: &str) -> Option<TlsServer> {
-        let var = storage_pg::testing::URL_VAR;
-        if std::env::var(var).is_err() {
-            eprintln!("skipped: TLS to PostgreSQL needs PostgreSQL ({var} unset; see tests/lib/postgres.sh)");
-            return None;
-        }
-        if !pg_bin().join("initdb").exists() {
-            eprintln!(
-                "skipped: TLS to PostgreSQL: no initdb in {} (PG_BIN)",
-                pg_bin().display()
-            );
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let password = format!(
-            "{:016x}{:016x}",
-            rand::random::<u64>(),
-            rand::random::<u64>()
-        );
-        let (data, log) = (dir.path().join("data"), dir.path().join("server.log"));
-        write_private(&dir.path().join("pwfile"), &password);
-        give_to_owner(dir.path());
-        run(
-            as_owner("initdb")
-                .arg("-D")
-                .arg(&data)
-                .args([
-                    "-U",
-                    "bridge",
-                    "--auth=scram-sha-256",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                ])
-                .arg(format!("--pwfile={}", dir.path().join("pwfile").display()))
-                .stdout(std::fs::File::create(&log).expect("log"))
-                .stderr(std::process::Stdio::null()),
-            &log,
-        );
-        write_private(&data.join("server.crt"), cert);
-        write_private(&data.join("server.key"), key);
-        give_to_owner(dir.path());
-        let port = free_port();
-        let options = format!(
-            "-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={} \
-             -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c fsync=off",
-            dir.path().display()
-        );
-        let mut start = as_owner("pg_ctl");
-        start.arg("-D").arg(&data).arg("-l").arg(&log);
-        run(
-            start.args(["-w", "-t", "30", "-o", &options, "start"]),
-            &log,
-        );
-        Some(TlsServer {
-            dir,
-            port,
-            password,
-        })
-    }
-
-    /// Its URL for `host` (resolved, or reached at `hostaddr` in `query`), with `query`.
-    fn url(&self, host: &str, query: &str) -> String {
-        format!(
-            "postgres://bridge:{}@{host}:{}/postgres?{query}",
-            self.password, self.port
-        )
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let _ = as_owner("pg_ctl")
-            .arg("-D")
-            .arg(&data)
-            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
-            .stdout(std::process::Stdio::null())
-            .status();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").port()
+/// A PostgreSQL cluster of this test's own with TLS on (`cert` and `key`, PEM, for
+/// 127.0.0.1); `None` (said) without PostgreSQL.
+fn tls_server(cert: &str, key: &str) -> Option<PgServer> {
+    PgServer::start(
+        "TLS to PostgreSQL",
+        "-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c fsync=off",
+        &[("server.crt", cert), ("server.key", key)],
+    )
 }
 
 /// The store opened on `url` with no CA of the daemon's (only `sslrootcert`'s).
@@ -187,7 +48,7 @@ fn another_ca() -> String {
 #[test]
 fn tls_to_postgres_verifies_the_server_as_its_sslmode_says() {
     let (ca, cert, key) = upstream::test_support::ca_and_leaf(&["127.0.0.1"]);
-    let Some(server) = TlsServer::start(&cert, &key) else {
+    let Some(server) = tls_server(&cert, &key) else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");

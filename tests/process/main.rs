@@ -15,6 +15,7 @@ mod backfill;
 mod backup_restore;
 mod busy_host;
 mod cli_and_secrets;
+mod cluster_failover;
 mod config_files;
 mod crash_recovery;
 mod durable_syscalls;

@@ -90,6 +90,14 @@ impl Reader {
             .expect("query");
         rows.iter().map(|r| r.get(0)).collect()
     }
+
+    /// Run `statements` on this connection (a transaction it begins stays open, with its locks,
+    /// until a later call ends it).
+    pub fn execute(&self, statements: &str) {
+        self.runtime
+            .block_on(self.client.batch_execute(statements))
+            .expect("statement");
+    }
 }
 
 impl Drop for TestDb {
