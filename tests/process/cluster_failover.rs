@@ -9,11 +9,11 @@
 //!   acknowledged <= folded <= sent, each folded and carried out once, in order; the standby takes
 //!   over within the lease and one renewal of the kill.
 //! - The active paused with SIGSTOP past its lease, a call in flight and a fold's transaction open
-//!   (held at its write by a row lock of the test's): resumed once the standby took over (which
-//!   waits until PostgreSQL ends the paused session), or resumed before that session ends, once
-//!   its lease ran out and a claim waits for the lease row its transaction holds. Either way the
-//!   lease moves on by one epoch, nothing is folded or carried out twice (the call in flight is
-//!   replayed once under its key, and counted), and the other node stands by.
+//!   (held at its write by a row lock of the test's): PostgreSQL ends the paused transaction's
+//!   session before the lease runs out (its idle limit is a third of the lease), the standby
+//!   takes over once the lease ran out, the lease moves on by one epoch, nothing is folded or
+//!   carried out twice (the call in flight is replayed once under its key, and counted), and the
+//!   resumed node stands by.
 //! - PostgreSQL (a server of the test's own) stopped as if it crashed and started again under
 //!   load: posts meanwhile are refused 503 with `Retry-After`, nothing acknowledged is lost, every
 //!   node resumes by itself.
@@ -197,11 +197,6 @@ impl Pair {
 
     /// The one node every running node names as the active one: its index.
     fn active(&self) -> usize {
-        self.active_at(None)
-    }
-
-    /// [`active`](Self::active), once the lease is at `epoch` when given.
-    fn active_at(&self, epoch: Option<u64>) -> usize {
         poll_until("one active node every node names", WAIT, || {
             let running: Vec<(usize, Value)> = (0..self.nodes.len())
                 .filter(|i| self.nodes[*i].is_some())
@@ -217,8 +212,7 @@ impl Pair {
             let named = running
                 .iter()
                 .all(|(_, v)| v["holder"] == holder["node_id"] && v["epoch"] == holder["epoch"]);
-            let at = epoch.is_none_or(|e| holder["epoch"] == e);
-            (named && at).then_some(*a)
+            named.then_some(*a)
         })
     }
 
@@ -617,9 +611,9 @@ fn check_senders_after_kill(posts: &[Post], survivor: usize) {
 
 // ---- The active paused ----
 
-/// `idle_in_transaction_session_timeout` of the store's sessions (crates/storage-pg's
-/// `connect.rs`): how long PostgreSQL lets a paused node's open transaction hold the lease row.
-const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+/// How long PostgreSQL lets a paused active's open transaction hold the lease row: a third of the
+/// lease (crates/storage-pg's `lease::idle_limit`), so it is gone before the lease runs out.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(LEASE.as_secs() / 3);
 
 fn signal(app: &TestApp, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(app.pid() as i32);
@@ -680,33 +674,17 @@ fn work_in_flight(app: &TestApp, emulator: &str, db: &TestDb, tag: u32) -> InFli
     }
 }
 
-/// When the paused active is resumed.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Resume {
-    /// Once the standby took over, which it can only once PostgreSQL ended the paused node's
-    /// session (its open transaction holds the lease row).
-    AfterTakeover,
-    /// Its lease run out and the standby's claim waiting for the row, before PostgreSQL ends the
-    /// session: the paused transaction ends (committed or not) before the takeover, never after.
-    BeforeItsSessionEnds,
-}
-
 #[test]
 fn the_active_paused_past_its_lease_lands_nothing_after_and_comes_back_as_a_standby() {
-    paused_active(Resume::AfterTakeover);
-}
-
-#[test]
-fn the_active_resumed_with_its_transaction_open_past_its_lease_lands_nothing_twice() {
-    paused_active(Resume::BeforeItsSessionEnds);
+    paused_active();
 }
 
 /// The active paused (SIGSTOP) with a call in flight and a fold's transaction open, messages
-/// posted to the standby meanwhile, resumed as `resume` says: the lease moves on by one epoch (to
-/// the standby; resumed before its session ends, to whichever node claims first), every message
-/// is folded and carried out once, in order, the call in flight again once (replayed, counted),
-/// and the other node stands by.
-fn paused_active(resume: Resume) {
+/// posted to the standby meanwhile, resumed once the standby took over: PostgreSQL ended the
+/// paused transaction's session before the lease ran out, the lease moved on by one epoch, every
+/// message is folded and carried out once, in order, the call in flight again once (replayed,
+/// counted), and the old active stands by.
+fn paused_active() {
     let Some(db) = TestDb::fresh("failover after SIGSTOP") else {
         return;
     };
@@ -725,30 +703,18 @@ fn paused_active(resume: Resume) {
     let paused = Instant::now();
     work.lock.execute("COMMIT");
     posts.push(post_ok(pair.node(new), tag, 2, 1));
-    if resume == Resume::BeforeItsSessionEnds {
-        claim_waiting_on(&work, paused);
-        signal(pair.node(old), nix::sys::signal::Signal::SIGCONT);
-    }
-    let active = match resume {
-        Resume::AfterTakeover => {
-            poll_until("the standby active", WAIT, || {
-                (view(pair.node(new))["role"] == "active").then_some(())
-            });
-            new
-        }
-        // Either node: the resumed one may claim first.
-        Resume::BeforeItsSessionEnds => pair.active_at(Some(epoch0 + 1)),
-    };
+    session_ended_before_the_lease(&work, paused);
+    poll_until("the standby active", WAIT, || {
+        (view(pair.node(new))["role"] == "active").then_some(())
+    });
     let took = paused.elapsed();
-    check_takeover_after_pause(resume, took);
+    check_takeover_after_pause(took);
+    let (active, standby) = (new, old);
     assert_eq!(epoch(pair.node(active)), epoch0 + 1, "one new epoch");
     posts.push(post_ok(pair.node(new), tag, 2, 2));
     settle(pair.node(active));
 
-    if resume == Resume::AfterTakeover {
-        signal(pair.node(old), nix::sys::signal::Signal::SIGCONT);
-    }
-    let standby = 1 - active;
+    signal(pair.node(old), nix::sys::signal::Signal::SIGCONT);
     back_as_standby(&pair, standby, active, epoch0 + 1);
     posts.push(post_ok(pair.node(old), tag, 0, 2));
     settle(pair.node(active));
@@ -761,45 +727,39 @@ fn paused_active(resume: Resume) {
     );
     let errors = pair.node(old).metric("handoff_dispatch_errors_total");
     eprintln!(
-        "SIGSTOP ({resume:?}): node {active} active {took:?} after the pause; the paused node's \
-         fold errors: {errors}"
+        "SIGSTOP: node {active} active {took:?} after the pause; the paused node's fold errors: \
+         {errors}"
     );
 }
 
-/// Until the paused node's lease has run out (the database's clock) and the standby's claim
-/// waits for the lease row its open transaction holds; before PostgreSQL ends that session.
-fn claim_waiting_on(work: &InFlight, paused: Instant) {
-    let waiting = format!(
-        "SELECT (SELECT count(*) FROM lease \
-                 WHERE expires_at < (extract(epoch from clock_timestamp()) * 1000)::bigint) \
-              * (SELECT count(*) FROM pg_locks \
-                 WHERE NOT granted AND {} = ANY(pg_blocking_pids(pid)))",
+/// PostgreSQL ends the paused node's session, whose open transaction holds the lease row, within
+/// the idle limit of the pause, while the lease it holds has not yet run out (the database's
+/// clock): the takeover waits for the lease alone.
+fn session_ended_before_the_lease(work: &InFlight, paused: Instant) {
+    let gone = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = {}",
         work.fold_pid
     );
-    poll_until("a claim waiting on the paused transaction", WAIT, || {
-        (work.lock.numbers(&waiting)[0] > 0).then_some(())
+    poll_until("the paused transaction's session ended", WAIT, || {
+        (work.lock.numbers(&gone)[0] == 0).then_some(())
     });
-    let waited = paused.elapsed();
+    let ended = paused.elapsed();
+    let running = "SELECT count(*) FROM lease \
+                   WHERE expires_at > (extract(epoch from clock_timestamp()) * 1000)::bigint";
+    let held = work.lock.numbers(running)[0];
     assert!(
-        waited < IDLE_IN_TRANSACTION,
-        "the claim waited only {waited:?} after the pause: too late to resume the node before \
-         its session ends"
+        ended <= IDLE_IN_TRANSACTION + MARGIN && held == 1,
+        "the paused session ended {ended:?} after the pause, lease running then: {held}"
     );
 }
 
-/// The takeover after a pause at `took`: resumed after it, not before PostgreSQL ended the
-/// paused node's session, then within a renewal; resumed before, within the lease and a renewal
-/// of the pause (the paused transaction ended at the resume).
-fn check_takeover_after_pause(resume: Resume, took: Duration) {
-    let range = match resume {
-        Resume::AfterTakeover => {
-            IDLE_IN_TRANSACTION..=IDLE_IN_TRANSACTION + LEASE + LEASE / 3 + MARGIN
-        }
-        Resume::BeforeItsSessionEnds => LEASE / 3..=IDLE_IN_TRANSACTION + LEASE / 3 + MARGIN,
-    };
+/// The takeover `took` after the pause: once the paused node's lease ran out (renewed at most a
+/// renewal before the pause), within the lease and a renewal.
+fn check_takeover_after_pause(took: Duration) {
+    let range = LEASE - LEASE / 3..=LEASE + LEASE / 3 + MARGIN;
     assert!(
         range.contains(&took),
-        "taken over {took:?} after the pause ({resume:?}, expected {range:?})"
+        "taken over {took:?} after the pause (expected {range:?})"
     );
 }
 

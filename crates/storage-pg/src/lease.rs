@@ -10,11 +10,13 @@
 //! active's work begins with [`check`]: it reads the lease row `FOR SHARE` and refuses
 //! ([`PgError::Fenced`]) unless this node holds that epoch and it has not run out. The share lock
 //! is held to the commit, so a takeover's `UPDATE` of the row waits for the transactions that
-//! passed the check: no write of an old epoch commits after a new epoch began. A node paused in
-//! the middle of such a transaction holds the row until the database ends its session
-//! (`idle_in_transaction_session_timeout`, set on every connection), and a claim waits for the
-//! row at most [`CLAIM_LOCK_TIMEOUT`], so a paused node delays a takeover by seconds, never for
-//! good.
+//! passed the check: no write of an old epoch commits after a new epoch began (one that passed
+//! its check before the lease ran out may still commit after, but before any new epoch). A node
+//! paused in the middle of such a transaction holds the row until the database ends its session:
+//! the check sets the transaction's `idle_in_transaction_session_timeout` to a third of the lease
+//! ([`idle_limit`]; every connection has 5 s besides), and a claim waits for the row at most
+//! [`CLAIM_LOCK_TIMEOUT`], so a paused node's session is gone before its lease runs out and it
+//! delays no takeover.
 
 use crate::rows::{big, num};
 use crate::{PgError, PgStore};
@@ -38,8 +40,12 @@ pub(crate) enum Fence {
     Unclaimed,
     /// It claimed and holds none (a standby), or gave it up.
     Standby,
-    /// `node` holds `epoch`.
-    Holds { node: String, epoch: u64 },
+    /// `node` holds `epoch`, claimed for `ttl` milliseconds at a time.
+    Holds {
+        node: String,
+        epoch: u64,
+        ttl: Millis,
+    },
 }
 
 /// What a transaction of the active's work checks, taken from the handle when it begins.
@@ -66,22 +72,33 @@ impl PgStore {
 /// Refuse the transaction `tx` unless its node still holds the epoch it claimed (see the
 /// module's docs); the lease row stays share-locked until `tx` ends.
 pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<(), PgError> {
-    let (node, epoch) = match &active.fence {
+    let (node, epoch, ttl) = match &active.fence {
         Fence::Unclaimed => return Ok(()),
         Fence::Standby => return Err(PgError::Fenced),
-        Fence::Holds { node, epoch } => (node, *epoch),
+        Fence::Holds { node, epoch, ttl } => (node, *epoch, *ttl),
     };
     let sql = format!(
-        "SELECT holder = $2 AND epoch = $3 AND expires_at > {DB_NOW} FROM lease WHERE id = 1 \
+        "SELECT holder = $2 AND epoch = $3 AND expires_at > {DB_NOW}, \
+         set_config('idle_in_transaction_session_timeout', $4, true) FROM lease WHERE id = 1 \
          FOR SHARE"
     );
+    let limit = format!("{}ms", idle_limit(ttl));
     let row = tx
-        .query_one(&sql, &[&active.offset, node, &big(epoch)])
+        .query_one(&sql, &[&active.offset, node, &big(epoch), &limit])
         .await?;
     match row.get::<_, Option<bool>>(0) {
         Some(true) => Ok(()),
         _ => Err(PgError::Fenced),
     }
+}
+
+/// How long a transaction of the active's work may sit idle before the database ends its session:
+/// a third of the lease (at least 100 ms, at most the connections' 5 s). A node paused in the
+/// middle of one thus lets go of the lease row before its lease runs out, and a takeover waits
+/// for nothing but the lease. The active's transactions make no call outside the database, so
+/// they are never idle that long unless their node stopped.
+fn idle_limit(ttl: Millis) -> Millis {
+    (ttl / 3).clamp(100, 5_000)
 }
 
 fn state(row: &tokio_postgres::Row) -> LeaseState {
@@ -140,6 +157,7 @@ impl Lease for PgStore {
             Ok(s) if s.holder.as_deref() == Some(node) => Fence::Holds {
                 node: node.to_owned(),
                 epoch: s.epoch,
+                ttl,
             },
             _ => Fence::Standby,
         };
