@@ -48,6 +48,7 @@
 
 mod common;
 
+use common::pg::{PgDatabase, PgServer};
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, Http, OptionSpec, Proc, Response, Setting, Target,
     ADMIN_TOKEN, HTTP_TIMEOUT, WEBHOOK_TOKEN,
@@ -137,6 +138,8 @@ struct Options {
     /// The emulator sends its webhook events back to the target, as the service does: every
     /// message the bot sends comes back as `bot.message.sent` (batched over 50 ms).
     echo_webhooks: bool,
+    /// The PostgreSQL server the daemon runs on, a fresh database per run (else sled).
+    pg: PgServer,
     /// Data root, report, daemon binary and its extra environment.
     common: CommonOptions,
 }
@@ -214,6 +217,10 @@ usage: cargo bench --bench actions -- [options]
   --echo-webhooks on|off    the emulator posts its webhook events (each sent message's
                             `bot.message.sent` echo) back to the daemon or peer, as the service
                             does (default on)
+  --pg-url URL              run each daemon on PostgreSQL: a fresh database per run, made (and
+                            dropped) from this postgres:// URL's database with psql (default: sled)
+  --pg-data DIR             that server's data directory: its processes' CPU (the postmaster and
+                            its children) is measured and reported with the daemon's
   --data-root DIR           where data directories go (default target/tmp)
   --out FILE                also write the markdown report here (default target/tmp/actions-bench.md)
   --json FILE               also write the results as JSON here (read by benches/run)
@@ -253,6 +260,8 @@ const KEYS: &[&str] = &[
     "target",
     "target-pid",
     "echo-webhooks",
+    common::pg::KEYS[0],
+    common::pg::KEYS[1],
 ];
 
 impl BenchOptions for Options {
@@ -281,6 +290,7 @@ impl BenchOptions for Options {
             target: None,
             target_pid: 0,
             echo_webhooks: true,
+            pg: PgServer::default(),
             common: CommonOptions::new("actions-bench.md"),
         }
     }
@@ -304,6 +314,9 @@ impl BenchOptions for Options {
     }
 
     fn set(&mut self, s: &Setting) -> Result<bool, String> {
+        if self.pg.set(&s.key, &s.value)? {
+            return Ok(true);
+        }
         let rate = || {
             s.value
                 .parse::<f64>()
@@ -381,7 +394,10 @@ impl BenchOptions for Options {
         if self.duration.is_zero() || self.search_duration.is_zero() {
             return Err("duration and search-duration must be positive".into());
         }
-        Ok(())
+        if self.pg.enabled() && self.target.is_some() {
+            return Err("--pg-url is for the daemon, not a peer (--target)".into());
+        }
+        self.pg.check()
     }
 }
 
@@ -670,6 +686,8 @@ struct LoadOutcome {
     window_end_us: i64,
     /// CPU seconds over the window: daemon, emulator, this process, everything else.
     cpu: Option<[f64; 4]>,
+    /// The PostgreSQL server's CPU seconds over the window (the daemon on PostgreSQL).
+    postgres_cpu: Option<f64>,
 }
 
 struct LoadState {
@@ -689,6 +707,7 @@ fn run_load(
     plan: LoadPlan,
     connections: usize,
     pids: (u32, u32),
+    postmaster: Option<u32>,
 ) -> Result<LoadOutcome, String> {
     let hist = || common::histogram(600_000_000);
     // Instants to Unix time: both clocks read together once.
@@ -703,6 +722,7 @@ fn run_load(
         window_start_us: to_unix(plan.window_start),
         window_end_us: to_unix(plan.window_end),
         cpu: None,
+        postgres_cpu: None,
     };
     let state = LoadState {
         plan,
@@ -714,15 +734,19 @@ fn run_load(
         // CPU over exactly the measured window.
         let sampler = common::sample_cpu(
             [pids.0, pids.1],
+            postmaster,
             state.plan.window_start,
             state.plan.window_end,
         );
         common::run_workers(connections, || worker(state.clone(), target.clone())).await;
-        let cpu = sampler.await.ok().and_then(|w| {
+        let window = sampler.await.ok();
+        let cpu = window.as_ref().and_then(|w| {
             let [daemon, emulator] = w.servers;
             Some([daemon?, emulator?, w.me?, w.other?])
         });
-        state.out.borrow_mut().cpu = cpu;
+        let mut out = state.out.borrow_mut();
+        out.cpu = cpu;
+        out.postgres_cpu = window.and_then(|w| w.postgres);
     })?;
     Ok(state.out.into_inner())
 }
@@ -864,8 +888,17 @@ fn wait_echoes(http: &Http, emulator: &str, limit: Duration) -> Result<bool, Str
     }
 }
 
-fn daemon_command(opts: &Options, data_dir: &Path, rules: &Path, upstream: &str) -> Command {
+fn daemon_command(
+    opts: &Options,
+    data_dir: &Path,
+    rules: &Path,
+    upstream: &str,
+    db: Option<&PgDatabase>,
+) -> Command {
     let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
+    if let Some(db) = db {
+        cmd.env("HANDOFF_BRIDGE_STORE_URL", &db.url);
+    }
     match opts.scenario {
         Scenario::Echo => {
             cmd.env("HANDOFF_BRIDGE__RULES__DIR", rules);
@@ -1046,6 +1079,8 @@ struct RunResult {
     other_calls: u64,
     journal_overflow: bool,
     cpu: Option<[f64; 4]>,
+    /// The PostgreSQL server's CPU seconds over the window (`None`: on sled, or a peer).
+    postgres_cpu: Option<f64>,
     max_inbox: f64,
     max_outbox: f64,
     /// The daemon's own `handoff_action_latency_seconds` (event received -> upstream answered):
@@ -1069,6 +1104,12 @@ impl RunResult {
         let done = self.actions_in_window as f64;
         let c = self.cpu?;
         (done > 0.0).then(|| [c[0] * 1000.0 / done, c[1] * 1000.0 / done])
+    }
+    /// The PostgreSQL server's CPU over the window per event carried out in it, ms.
+    fn postgres_ms_per_event(&self) -> Option<f64> {
+        let done = self.actions_in_window as f64;
+        let c = self.postgres_cpu?;
+        (done > 0.0).then(|| c * 1000.0 / done)
     }
     fn ms(&self, q: f64) -> f64 {
         common::quantile_ms(&self.latency, q)
@@ -1127,6 +1168,11 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         emulator_command(opts, &inputs.seed),
         &dir.path().join("emulator.log"),
     )?;
+    // A fresh database for the daemon on PostgreSQL, dropped after it stopped (declared first).
+    let db = match opts.target {
+        Some(_) => None,
+        None => opts.pg.fresh(spec.case.name())?,
+    };
     // No daemon when the webhooks go to a peer (`--target`).
     let mut daemon = match opts.target {
         Some(_) => None,
@@ -1137,6 +1183,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
                 &dir.path().join("data"),
                 &inputs.rules,
                 &emulator.base(),
+                db.as_ref(),
             ),
             &dir.path().join("daemon.log"),
         )?),
@@ -1173,7 +1220,14 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
     let sampler = daemon
         .as_ref()
         .map(|d| start_sampler(d.admin_base(), stop.clone()));
-    let load = run_load(load_addr, plan, opts.connections, (load_pid, emulator.pid));
+    let postmaster = db.as_ref().and_then(|_| opts.pg.postmaster_pid());
+    let load = run_load(
+        load_addr,
+        plan,
+        opts.connections,
+        (load_pid, emulator.pid),
+        postmaster,
+    );
     let quiet = match (&load, &daemon) {
         (Ok(_), Some(d)) => wait_quiet(&http, &d.admin_base(), spec.drain_limit),
         // A peer has no drain or idle wait: wait until the journal holds every expected call.
@@ -1402,6 +1456,7 @@ fn one_run(opts: &Options, inputs: &Inputs, spec: &RunSpec) -> Result<RunResult,
         other_calls,
         journal_overflow,
         cpu: load.cpu,
+        postgres_cpu: load.postgres_cpu,
         max_inbox,
         max_outbox,
         daemon_mean_ms,
@@ -1481,7 +1536,10 @@ fn progress(r: &RunResult) {
         r.echo_deliveries
             .map_or("off".to_owned(), |n| n.to_string()),
         r.cpu_ms_per_event()
-            .map_or("n/a".to_owned(), |[server, _]| format!("{server:.2}")),
+            .map_or("n/a".to_owned(), |[server, _]| format!("{server:.2}"))
+            + &r
+                .postgres_ms_per_event()
+                .map_or(String::new(), |p| format!(" + postgres {p:.2}")),
         if r.sustained {
             "sustained".to_owned()
         } else {
@@ -1509,7 +1567,10 @@ fn run(opts: &Options) -> Result<(), String> {
         seed,
         rules,
     };
-    let machine = common::machine_info(&opts.common.data_root, false);
+    let mut machine = common::machine_info(&opts.common.data_root, false);
+    if let Some(store) = opts.pg.describe() {
+        machine.push(("store".into(), store));
+    }
     eprintln!(
         "actions bench: daemon {}, {} seeded conversations, data under {}",
         opts.common.bin.display(),
@@ -1669,15 +1730,8 @@ fn json_results(opts: &Options, max_rate: Option<f64>, results: &[RunResult]) ->
                 "dead_letters": x.dead_letters,
                 "echo_deliveries": x.echo_deliveries,
                 "errors": x.errors.values().sum::<u64>(),
-                "cpu_share": x.cpu.map(|c| {
-                    let w = x.window.as_secs_f64().max(1e-9);
-                    serde_json::json!({ "server": c[0] / w, "emulator": c[1] / w, "bench": c[2] / w, "other": c[3] / w })
-                }),
-                // CPU time over the window per event carried out in it (ms): the daemon or peer
-                // and the emulator.
-                "cpu_ms_per_event": x.cpu_ms_per_event().map(|[server, emulator]| {
-                    serde_json::json!({ "server": server, "emulator": emulator })
-                }),
+                "cpu_share": cpu_share_json(x),
+                "cpu_ms_per_event": cpu_per_event_json(x),
             })
         })
         .collect();
@@ -1692,10 +1746,29 @@ fn json_results(opts: &Options, max_rate: Option<f64>, results: &[RunResult]) ->
     })
 }
 
+/// Each process's share of one core over the window.
+fn cpu_share_json(x: &RunResult) -> Option<Value> {
+    let w = x.window.as_secs_f64().max(1e-9);
+    x.cpu.map(|c| {
+        serde_json::json!({ "server": c[0] / w, "emulator": c[1] / w, "bench": c[2] / w,
+            "other": c[3] / w, "postgres": x.postgres_cpu.map(|p| p / w) })
+    })
+}
+
+/// CPU time over the window per event carried out in it (ms): the daemon or peer, the emulator,
+/// and on PostgreSQL the server's processes and the daemon's and theirs together.
+fn cpu_per_event_json(x: &RunResult) -> Option<Value> {
+    let pg = x.postgres_ms_per_event();
+    x.cpu_ms_per_event().map(|[server, emulator]| {
+        serde_json::json!({ "server": server, "emulator": emulator, "postgres": pg,
+            "server_and_postgres": pg.map(|p| server + p) })
+    })
+}
+
 fn run_table(r: &mut String, runs: &[RunResult]) {
     let _ = writeln!(
         r,
-        "| case | # | target ev/s | window s | posted ev/s | **actions/s** | p50 ms | **p99 ms** | max ms | p50 / p99 from 200 ms | webhook ack p50 / p99 ms | backlog at end | last action after s | max inbox | max outbox | dead | missing | daemon / emulator / bench / other CPU | sustained |"
+        "| case | # | target ev/s | window s | posted ev/s | **actions/s** | p50 ms | **p99 ms** | max ms | p50 / p99 from 200 ms | webhook ack p50 / p99 ms | backlog at end | last action after s | max inbox | max outbox | dead | missing | daemon / emulator / bench / other CPU (postgres) | sustained |"
     );
     let _ = writeln!(
         r,
@@ -1710,7 +1783,9 @@ fn run_table(r: &mut String, runs: &[RunResult]) {
                 100.0 * c[1] / w,
                 100.0 * c[2] / w,
                 100.0 * c[3] / w
-            )
+            ) + &x
+                .postgres_cpu
+                .map_or(String::new(), |p| format!(" ({:.0}%)", 100.0 * p / w))
         });
         let _ = writeln!(
             r,
@@ -1756,7 +1831,7 @@ fn report(
     let _ = writeln!(
         r,
         "\nDaemon: `{}` (git {}), upstream: a standalone `handoff-bridge emulator` per run (fresh, \
-         seeded with {} extra conversations); {}. Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
+         seeded with {} extra conversations); {}. Store: {}. Daemon settings: {}. Load: open loop, {} connection(s), {} event(s) per \
          delivery, events spread round-robin over the {} conversations, {:.1} s warm-up before \
          each window. {}. Total time {:.0} s.\n",
         opts.common.bin.display(),
@@ -1777,6 +1852,14 @@ fn report(
                  `bot.conversation.agent_call_requested` makes `agent-requested`'s 2 upstream \
                  calls, `set_manual` and `send_message`; an event counts as done at the last"
                 .to_owned(),
+        },
+        match (opts.target, opts.pg.enabled()) {
+            (Some(_), _) => "the peer's own",
+            (None, false) => "sled in a fresh data directory per run",
+            (None, true) => {
+                "PostgreSQL, a fresh database per run; its server's processes' CPU (the \
+                 postmaster, its reaped children and every live child) in parentheses"
+            }
         },
         opts.daemon_settings()
             .iter()

@@ -519,16 +519,16 @@ fn run_load(
     };
     let target = Rc::new(Target::new(addr));
     let state = common::run_local(state, |state| async move {
-        let cpu_at_start = CpuSample::take([server_pid]);
+        let cpu_at_start = CpuSample::take([server_pid], None);
         let sampler = matches!(stop, Stop::Timed { .. })
-            .then(|| common::sample_cpu([server_pid], state.window_start, state.end));
+            .then(|| common::sample_cpu([server_pid], None, state.window_start, state.end));
         common::run_workers(connections, || {
             worker(state.clone(), target.clone(), plan.clone())
         })
         .await;
         let cpu = match sampler {
             Some(s) => s.await.ok(),
-            None => Some(cpu_at_start.window(&CpuSample::take([server_pid]))),
+            None => Some(cpu_at_start.window(&CpuSample::take([server_pid], None))),
         };
         let mut stats = state.stats.borrow_mut();
         if let Some(cpu) = cpu {

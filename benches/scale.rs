@@ -42,6 +42,7 @@
 #[allow(dead_code)]
 mod common;
 
+use common::pg::{PgDatabase, PgServer};
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, ConnectError, Http, OptionSpec, Proc, Setting,
     Target, ADMIN_TOKEN, HTTP_TIMEOUT,
@@ -115,6 +116,8 @@ struct Options {
     /// Webhook dedupe and event retention of 60 s (the shortest allowed), so the pruning pass
     /// has old data to remove; off: the shipped retention (nothing is old enough).
     short_retention: bool,
+    /// The PostgreSQL server the daemons run on, a fresh database per store (else sled).
+    pg: PgServer,
     common: CommonOptions,
 }
 
@@ -140,6 +143,10 @@ usage: cargo bench --bench scale -- [options]
   --ratio-warmup SECS     unmeasured time before it (default 1)
   --ratio-batch N         events per delivery of the intake-ratio load (default 10)
   --default-retention     keep the shipped retention (default: 60 s, so the pruning pass has work)
+  --pg-url URL            run the daemons on PostgreSQL: a fresh database for the large store and
+                          each empty one, made (and dropped) from this postgres:// URL's database
+                          with psql (default: sled)
+  --pg-data DIR           that server's data directory (accepted for symmetry with the actions bench)
   --data-root DIR         where data directories go (default target/tmp; must be a real disk)
   --out FILE              also write the markdown report here (default target/tmp/scale-bench.md)
   --json FILE             also write the results as JSON here (read by benches/run)
@@ -175,6 +182,8 @@ const KEYS: &[&str] = &[
     "ratio-warmup",
     "ratio-batch",
     "short-retention",
+    common::pg::KEYS[0],
+    common::pg::KEYS[1],
 ];
 
 impl BenchOptions for Options {
@@ -199,6 +208,7 @@ impl BenchOptions for Options {
             ratio_duration: Duration::from_secs(5),
             ratio_batch: 10,
             short_retention: true,
+            pg: PgServer::default(),
             common: CommonOptions::new("scale-bench.md"),
         }
     }
@@ -228,6 +238,9 @@ impl BenchOptions for Options {
     }
 
     fn set(&mut self, s: &Setting) -> Result<bool, String> {
+        if self.pg.set(&s.key, &s.value)? {
+            return Ok(true);
+        }
         match s.key.as_str() {
             "conversations" => self.conversations = s.num()?,
             "end-users" => self.end_users = s.num()?,
@@ -276,7 +289,7 @@ impl BenchOptions for Options {
         if self.batch > 1_000 || self.ratio_batch > 1_000 {
             return Err("batch and ratio-batch must be at most 1000".into());
         }
-        Ok(())
+        self.pg.check()
     }
 }
 
@@ -673,8 +686,11 @@ impl LoadState {
 /// and need an upstream. The agent API's token; with `short_retention`, 60 s dedupe and event
 /// retention (the shortest allowed) so the pruning pass removes what the build wrote; the
 /// periodic pruning is pushed out of the run so only the measured pass prunes.
-fn daemon_command(opts: &Options, data_dir: &Path) -> Command {
+fn daemon_command(opts: &Options, data_dir: &Path, db: Option<&PgDatabase>) -> Command {
     let mut cmd = common::daemon_command(&opts.common.bin, data_dir);
+    if let Some(db) = db {
+        cmd.env("HANDOFF_BRIDGE_STORE_URL", &db.url);
+    }
     cmd.env("HANDOFF_BRIDGE__RULES__ENABLED", "false")
         .env("HANDOFF_BRIDGE_HELPDESK_TOKENS", HELPDESK_TOKEN)
         .env("HANDOFF_BRIDGE__STORE__PRUNE_INTERVAL", "24h");
@@ -1445,6 +1461,8 @@ struct Build {
     rss_mib: Option<f64>,
     hwm_mib: Option<f64>,
     disk: (u64, u64),
+    /// The PostgreSQL database's size, bytes (on PostgreSQL).
+    database: Option<u64>,
     start: Duration,
 }
 
@@ -1506,7 +1524,10 @@ fn seconds_text(d: Option<Duration>) -> String {
 fn run(opts: &Options) -> Result<(), String> {
     opts.common.check()?;
     let shape = Shape::of(opts);
-    let machine = common::machine_info(&opts.common.data_root, true);
+    let mut machine = common::machine_info(&opts.common.data_root, true);
+    if let Some(store) = opts.pg.describe() {
+        machine.push(("store".into(), store));
+    }
     eprintln!(
         "scale bench: daemon {}, {} conversations over {} end users and {} bots, {} waiting; data under {}",
         opts.common.bin.display(),
@@ -1521,13 +1542,15 @@ fn run(opts: &Options) -> Result<(), String> {
         .tempdir_in(&opts.common.data_root)
         .map_err(|e| e.to_string())?;
     let data = dir.path().join("data");
+    // On PostgreSQL, the large store's database (dropped at the end, after every daemon).
+    let db = opts.pg.fresh("scale")?;
     let http = http();
     let mut failures: Vec<String> = Vec::new();
 
     // 1. Build.
     let (mut daemon, start) = Proc::spawn_timed(
         "daemon",
-        daemon_command(opts, &data),
+        daemon_command(opts, &data, db.as_ref()),
         &dir.path().join("daemon-1.log"),
     )?;
     let deliveries = opts.conversations.div_ceil(opts.batch);
@@ -1570,6 +1593,7 @@ fn run(opts: &Options) -> Result<(), String> {
         rss_mib: rss_mib(daemon.pid, "VmRSS"),
         hwm_mib: rss_mib(daemon.pid, "VmHWM"),
         disk: common::dir_size(&data),
+        database: db.as_ref().and_then(PgDatabase::size_bytes),
         stats,
         start,
     };
@@ -1701,9 +1725,10 @@ fn run(opts: &Options) -> Result<(), String> {
             let writer = Writer::new(run_tag, shape)?;
             let stats = if store == "empty" {
                 let empty_dir = dir.path().join(format!("empty-{round}"));
+                let empty_db = opts.pg.fresh("empty")?;
                 let mut empty = Proc::spawn(
                     "daemon (empty)",
-                    daemon_command(opts, &empty_dir),
+                    daemon_command(opts, &empty_dir, empty_db.as_ref()),
                     &dir.path().join(format!("empty-{round}.log")),
                 )?;
                 let stats = run_load(empty.addr, writer, opts.connections, load)?;
@@ -1755,7 +1780,7 @@ fn run(opts: &Options) -> Result<(), String> {
     let t0 = Instant::now();
     let (again, listening) = Proc::spawn_timed(
         "daemon (restart)",
-        daemon_command(opts, &data),
+        daemon_command(opts, &data, db.as_ref()),
         &dir.path().join("daemon-2.log"),
     )?;
     let ready_url = format!("{}/readyz", again.base());
@@ -1793,7 +1818,7 @@ fn run(opts: &Options) -> Result<(), String> {
     again.stop(STOP_POLL)?;
     let (mut third, listening_next) = Proc::spawn_timed(
         "daemon (second restart)",
-        daemon_command(opts, &data),
+        daemon_command(opts, &data, db.as_ref()),
         &dir.path().join("daemon-3.log"),
     )?;
     let accepting_next = third.accepting_after;
@@ -1912,6 +1937,7 @@ fn json_results(opts: &Options, r: &Results) -> Value {
             "rss_mib": b.rss_mib,
             "rss_peak_mib": b.hwm_mib,
             "disk_mib": b.disk.0 as f64 / 1048576.0,
+            "database_mib": b.database.map(|d| d as f64 / 1048576.0),
             "first_start_s": b.start.as_secs_f64(),
         },
         "queue_first_pages": r.queue.json(),
@@ -1993,10 +2019,14 @@ fn report(opts: &Options, machine: &[(String, String)], res: &Results) -> String
         &mut r,
         "store after the build",
         format!(
-            "VmRSS {} (peak {}), data dir {:.1} MiB",
+            "VmRSS {} (peak {}), data dir {:.1} MiB{}",
             mib_text(b.rss_mib),
             mib_text(b.hwm_mib),
-            b.disk.0 as f64 / 1048576.0
+            b.disk.0 as f64 / 1048576.0,
+            b.database.map_or(String::new(), |d| format!(
+                ", PostgreSQL database {:.1} MiB",
+                d as f64 / 1048576.0
+            ))
         ),
         String::new(),
     );

@@ -1,8 +1,9 @@
 //! What the two benchmark harnesses, `benches/intake.rs` and `benches/actions.rs`, share: option
 //! parsing, starting and stopping the processes under test (`setpriv --pdeathsig KILL`, the
 //! `listening:` line), the load generators' minimal HTTP/1.1 keep-alive webhook client, CPU and
-//! machine readings from /proc, admin/metrics GETs, HdrHistogram and markdown report helpers.
-//! One copy, so that both benches start, load, measure and report in the same way.
+//! machine readings from /proc, admin/metrics GETs, HdrHistogram and markdown report helpers;
+//! `pg`: a fresh PostgreSQL database per daemon and the server's CPU. One copy, so that the
+//! benches start, load, measure and report in the same way.
 //!
 //! It lives in a subdirectory so that cargo does not take it for a bench target of its own; each
 //! bench includes it with `mod common;`. Bench-specific code (load shapes, cases, reports) stays
@@ -23,6 +24,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+// The intake bench runs on sled only.
+#[allow(dead_code)]
+pub mod pg;
 
 pub const WEBHOOK_TOKEN: &str = "bench-webhook-token-0123456789";
 pub const ADMIN_TOKEN: &str = "bench-admin-token-0123456789";
@@ -723,9 +728,11 @@ pub fn write_message_id(out: &mut String, run: u16, e: u64) {
 // ---------------------------------------------------------------------------------------------
 // CPU time from /proc
 
-/// CPU time used so far by `N` server processes, by this process and by the whole machine.
+/// CPU time used so far by `N` server processes, by a PostgreSQL server (the postmaster and its
+/// children: [`pg::server_cpu_seconds`]), by this process and by the whole machine.
 pub struct CpuSample<const N: usize> {
     servers: [Option<f64>; N],
+    postgres: Option<f64>,
     me: Option<f64>,
     machine_busy: Option<f64>,
 }
@@ -734,6 +741,9 @@ pub struct CpuSample<const N: usize> {
 pub struct CpuWindow<const N: usize> {
     /// Each server process, in the order of the pids sampled.
     pub servers: [Option<f64>; N],
+    /// The PostgreSQL server's processes, when one was sampled (not by the intake bench).
+    #[allow(dead_code)]
+    pub postgres: Option<f64>,
     /// This (generator) process.
     pub me: Option<f64>,
     /// Every other process of the machine (noise); known when all the others are.
@@ -741,9 +751,11 @@ pub struct CpuWindow<const N: usize> {
 }
 
 impl<const N: usize> CpuSample<N> {
-    pub fn take(pids: [u32; N]) -> Self {
+    /// The CPU so far of `pids`, and of the PostgreSQL server of `postmaster` when given.
+    pub fn take(pids: [u32; N], postmaster: Option<u32>) -> Self {
         CpuSample {
             servers: pids.map(|pid| cpu_seconds(Some(pid))),
+            postgres: postmaster.and_then(pg::server_cpu_seconds),
             me: cpu_seconds(None),
             machine_busy: machine_busy_seconds(),
         }
@@ -754,33 +766,42 @@ impl<const N: usize> CpuSample<N> {
         let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(x, y)| y - x);
         let servers: [Option<f64>; N] =
             std::array::from_fn(|i| delta(self.servers[i], later.servers[i]));
+        let postgres = delta(self.postgres, later.postgres);
         let me = delta(self.me, later.me);
         let busy = delta(self.machine_busy, later.machine_busy);
-        let other = rest_of_machine(busy, &servers, me);
-        CpuWindow { servers, me, other }
+        let other = me.and_then(|me| rest_of_machine(busy, &servers, me + postgres.unwrap_or(0.0)));
+        CpuWindow {
+            servers,
+            postgres,
+            me,
+            other,
+        }
     }
 }
 
-/// The machine's busy time less the servers' and this process's (never below 0).
-fn rest_of_machine(busy: Option<f64>, servers: &[Option<f64>], me: Option<f64>) -> Option<f64> {
+/// The machine's busy time less the servers' and `counted` (this process's and PostgreSQL's),
+/// never below 0.
+fn rest_of_machine(busy: Option<f64>, servers: &[Option<f64>], counted: f64) -> Option<f64> {
     let mut rest = busy?;
     for server in servers {
         rest -= (*server)?;
     }
-    Some((rest - me?).max(0.0))
+    Some((rest - counted).max(0.0))
 }
 
-/// Sample the CPU of `pids` at `start` and `end` (in [`run_local`]): the measured window.
+/// Sample the CPU of `pids` (and of the PostgreSQL server of `postmaster`, when given) at
+/// `start` and `end` (in [`run_local`]): the measured window.
 pub fn sample_cpu<const N: usize>(
     pids: [u32; N],
+    postmaster: Option<u32>,
     start: Instant,
     end: Instant,
 ) -> tokio::task::JoinHandle<CpuWindow<N>> {
     tokio::task::spawn_local(async move {
         tokio::time::sleep_until(start.into()).await;
-        let a = CpuSample::take(pids);
+        let a = CpuSample::take(pids, postmaster);
         tokio::time::sleep_until(end.into()).await;
-        let b = CpuSample::take(pids);
+        let b = CpuSample::take(pids, postmaster);
         a.window(&b)
     })
 }
