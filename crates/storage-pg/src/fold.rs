@@ -462,7 +462,6 @@ impl FoldSession for PgFold<'_> {
         })?;
         let applied = self.store.block(async move {
             let applied = crate::outbox::commit_writes(&client, writes).await?;
-            crate::outbox::compact_counts(&*client).await?;
             client.batch_execute("COMMIT").await?;
             client.done();
             Ok(applied)

@@ -218,8 +218,6 @@ impl Loader {
                     "UPDATE meta SET value = (SELECT count(*) FROM {table}) WHERE key = '{key}'"
                 );
                 tx.execute(&sql, &[]).await?;
-                tx.execute("DELETE FROM meta_delta WHERE key = $1", &[&key])
-                    .await?;
             }
             tx.execute("DELETE FROM meta WHERE key = $1", &[&INCOMPLETE])
                 .await?;

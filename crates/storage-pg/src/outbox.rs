@@ -70,9 +70,7 @@ pub(crate) async fn commit_writes(
     Ok(applied)
 }
 
-/// Add to the counters in `meta`: rows of `meta_delta`, which no other transaction waits for
-/// (an UPDATE of the counter's row would wait for every other transaction that changed it to
-/// commit); read with [`COUNTS`], folded into `meta` by [`compact_counts`].
+/// Add to the counters in `meta`.
 pub(crate) async fn add_counts(
     c: &impl GenericClient,
     counts: &[(&str, i64)],
@@ -83,26 +81,9 @@ pub(crate) async fn add_counts(
         return Ok(());
     }
     c.execute(
-        "INSERT INTO meta_delta (key, delta) SELECT * FROM unnest($1::text[], $2::bigint[])",
+        "UPDATE meta SET value = value + d.delta FROM unnest($1::text[], $2::bigint[]) \
+         AS d(key, delta) WHERE meta.key = d.key",
         &[&keys, &deltas],
-    )
-    .await?;
-    Ok(())
-}
-
-/// Every row of `meta` as `(key, value)` with its changes not yet folded in, in one snapshot.
-pub(crate) const COUNTS: &str = "SELECT m.key, m.value + coalesce(sum(d.delta), 0)::bigint \
-     FROM meta m LEFT JOIN meta_delta d ON d.key = m.key GROUP BY m.key, m.value";
-
-/// Fold the counters' changes committed so far into `meta` (inside a fold's transaction, so one
-/// at a time): the rows deleted are the ones added, atomically; a change committed meanwhile
-/// stays for the next.
-pub(crate) async fn compact_counts(c: &impl GenericClient) -> Result<(), PgError> {
-    c.execute(
-        "WITH gone AS (DELETE FROM meta_delta RETURNING key, delta), \
-         sums AS (SELECT key, sum(delta)::bigint AS delta FROM gone GROUP BY key) \
-         UPDATE meta SET value = meta.value + sums.delta FROM sums WHERE meta.key = sums.key",
-        &[],
     )
     .await?;
     Ok(())
@@ -475,10 +456,10 @@ impl PgStore {
 
     fn meta_count(&self, key: &'static str) -> Result<u64, StoreError> {
         self.with_client(move |c| async move {
-            let sql = "SELECT (SELECT value FROM meta WHERE key = $1) \
-                       + coalesce((SELECT sum(delta) FROM meta_delta WHERE key = $1), 0)::bigint";
-            let row = c.query_one(sql, &[&key]).await?;
-            Ok(row.get::<_, Option<i64>>(0).map_or(0, num))
+            let row = c
+                .query_opt("SELECT value FROM meta WHERE key = $1", &[&key])
+                .await?;
+            Ok(row.map_or(0, |r| num(r.get(0))))
         })
     }
 }

@@ -521,7 +521,7 @@ impl Reads for PgStore {
 
     fn sizes(&self) -> Result<Sizes, StoreError> {
         self.with_client(|c| async move {
-            let rows = c.query(crate::outbox::COUNTS, &[]).await?;
+            let rows = c.query("SELECT key, value FROM meta", &[]).await?;
             let counts: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
             let count = |key: &str| counts.get(key).copied().map_or(0, num);
             Ok(Sizes {
