@@ -48,7 +48,7 @@
 
 mod common;
 
-use common::pg::{PgDatabase, PgServer};
+use common::pg::{PgDatabase, PgTarget};
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, Http, OptionSpec, Proc, Response, Setting, Target,
     ADMIN_TOKEN, HTTP_TIMEOUT, WEBHOOK_TOKEN,
@@ -139,7 +139,7 @@ struct Options {
     /// message the bot sends comes back as `bot.message.sent` (batched over 50 ms).
     echo_webhooks: bool,
     /// The PostgreSQL server the daemon runs on, a fresh database per run (else sled).
-    pg: PgServer,
+    pg: PgTarget,
     /// Data root, report, daemon binary and its extra environment.
     common: CommonOptions,
 }
@@ -290,7 +290,7 @@ impl BenchOptions for Options {
             target: None,
             target_pid: 0,
             echo_webhooks: true,
-            pg: PgServer::default(),
+            pg: PgTarget::default(),
             common: CommonOptions::new("actions-bench.md"),
         }
     }

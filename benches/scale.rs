@@ -42,7 +42,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::pg::{PgDatabase, PgServer};
+use common::pg::{PgDatabase, PgTarget};
 use common::{
     BenchOptions, BodyRead, CommonOptions, Conn, ConnectError, Http, OptionSpec, Proc, Setting,
     Target, ADMIN_TOKEN, HTTP_TIMEOUT,
@@ -117,7 +117,7 @@ struct Options {
     /// has old data to remove; off: the shipped retention (nothing is old enough).
     short_retention: bool,
     /// The PostgreSQL server the daemons run on, a fresh database per store (else sled).
-    pg: PgServer,
+    pg: PgTarget,
     common: CommonOptions,
 }
 
@@ -208,7 +208,7 @@ impl BenchOptions for Options {
             ratio_duration: Duration::from_secs(5),
             ratio_batch: 10,
             short_retention: true,
-            pg: PgServer::default(),
+            pg: PgTarget::default(),
             common: CommonOptions::new("scale-bench.md"),
         }
     }

@@ -21,16 +21,17 @@ const PSQL_DEADLINE: Duration = Duration::from_secs(120);
 /// Databases made by this process, numbered.
 static MADE: AtomicU32 = AtomicU32::new(0);
 
-/// A PostgreSQL server the daemons run on.
+/// The PostgreSQL server the daemons run on, as the options name it (started by someone else:
+/// unlike the tests' `pg_server::PgServer`, this starts nothing).
 #[derive(Clone, Debug, Default)]
-pub struct PgServer {
+pub struct PgTarget {
     /// A database on it to run `CREATE DATABASE` from (its password never printed).
     url: Option<String>,
     /// The cluster's data directory, for the postmaster's PID.
     data: Option<PathBuf>,
 }
 
-impl PgServer {
+impl PgTarget {
     /// Apply `--pg-url` or `--pg-data`; `Ok(false)` for another key.
     pub fn set(&mut self, key: &str, value: &str) -> Result<bool, String> {
         match key {
