@@ -25,7 +25,7 @@ use model::webhook::model::{Event, Millis};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use storage::Storage;
-use storage::{NewEvent, Position, QuarantineRecord, Store};
+use storage::{EventRecord, NewEvent, Position, QuarantineRecord, Store};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
@@ -1098,8 +1098,9 @@ impl Prepared {
             settled: Vec::with_capacity(job.len()),
             results: Vec::with_capacity(job.len()),
         };
+        let mut loaded = load_all(store, metrics, &job);
         for (partition, entries) in job {
-            prepared.add(store, metrics, partition, entries);
+            prepared.add(partition, entries, &mut loaded);
         }
         prepared
     }
@@ -1108,10 +1109,9 @@ impl Prepared {
     /// it go back to the queue, in order).
     fn add(
         &mut self,
-        store: &dyn Storage,
-        metrics: &Metrics,
         partition: PartitionKey,
         entries: Vec<(u64, Entry)>,
+        loaded: &mut HashMap<u64, Loaded>,
     ) {
         let mut mine = Vec::new();
         let mut failed = Vec::new();
@@ -1124,7 +1124,7 @@ impl Prepared {
             }
             let loaded = match entry.typed {
                 Some(typed) => Loaded::Event(typed),
-                None => load(store, metrics, seq, at),
+                None => loaded.remove(&seq).unwrap_or(Loaded::Failed),
             };
             match loaded {
                 Loaded::Event(typed) => {
@@ -1251,25 +1251,69 @@ enum Loaded {
     Failed,
 }
 
-/// Read a queued event back from the log (after a restart, or a backlog).
-fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, at: Cursor) -> Loaded {
+/// Read the queued events of `job` that have no typed form back from the log (after a restart,
+/// or a backlog), in one call; when it fails, each alone, so one that cannot be read holds back
+/// only its own partition.
+fn load_all(store: &dyn Storage, metrics: &Metrics, job: &Job) -> HashMap<u64, Loaded> {
+    let wanted: Vec<(u64, Cursor)> = job
+        .iter()
+        .flat_map(|(_, entries)| entries.iter())
+        .filter(|(_, entry)| entry.typed.is_none())
+        .map(|(seq, entry)| (*seq, entry.at))
+        .collect();
+    if wanted.is_empty() {
+        return HashMap::new();
+    }
+    match store.events_at(&wanted) {
+        Ok(records) => wanted
+            .iter()
+            .zip(records)
+            .map(|(&(seq, _), record)| (seq, load(store, metrics, seq, record)))
+            .collect(),
+        Err(_) => {
+            let mut loaded = HashMap::new();
+            for (_, entries) in job {
+                for (seq, entry) in entries.iter().filter(|(_, e)| e.typed.is_none()) {
+                    let one = load_one(store, metrics, *seq, entry.at);
+                    let failed = matches!(one, Loaded::Failed);
+                    loaded.insert(*seq, one);
+                    if failed {
+                        // The rest of its partition waits behind it (`Prepared::add`).
+                        break;
+                    }
+                }
+            }
+            loaded
+        }
+    }
+}
+
+/// One queued event read back from the log; a failed read is tried again later.
+fn load_one(store: &dyn Storage, metrics: &Metrics, seq: u64, at: Cursor) -> Loaded {
     match store.event_at(seq, at) {
-        Ok(Some(record)) => match model::webhook::parse_event(record.event.get()) {
+        Ok(record) => load(store, metrics, seq, record),
+        Err(e) => {
+            metrics.dispatch_errors.inc();
+            tracing::error!(error = %e, seq, "reading event failed");
+            std::thread::sleep(RETRY_PAUSE);
+            Loaded::Failed
+        }
+    }
+}
+
+/// A queued event as read back from the log.
+fn load(store: &dyn Storage, metrics: &Metrics, seq: u64, record: Option<EventRecord>) -> Loaded {
+    match record {
+        Some(record) => match model::webhook::parse_event(record.event.get()) {
             Ok(event) => Loaded::Event(Box::new((record.received_at, event))),
             // Only possible if a newer model is stricter than the one that accepted it.
             Err(e) => {
                 quarantine_unreadable(store, metrics, seq, record.event.get(), &e.to_string())
             }
         },
-        Ok(None) => {
+        None => {
             tracing::error!(seq, "queued event without its frame in the event log");
             quarantine_unreadable(store, metrics, seq, "", "event record missing")
-        }
-        Err(e) => {
-            metrics.dispatch_errors.inc();
-            tracing::error!(error = %e, seq, "reading event failed");
-            std::thread::sleep(RETRY_PAUSE);
-            Loaded::Failed
         }
     }
 }

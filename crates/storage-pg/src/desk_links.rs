@@ -1,6 +1,7 @@
 //! The desks' mappings (`DeskLinks`): links by (connector, conversation), the desk's
 //! conversations back to theirs, contacts by (connector, user).
 
+use crate::prepared::Prepared;
 use crate::rows::{json, parse};
 use crate::{PgError, PgStore};
 use model::ids::ConversationId;
@@ -17,7 +18,7 @@ impl DeskLinks for PgStore {
         let (connector, id) = (connector.to_owned(), conversation.as_str().to_owned());
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT link FROM desk_links WHERE connector = $1 AND conversation = $2",
                     &[&connector, &id],
                 )
@@ -33,14 +34,14 @@ impl DeskLinks for PgStore {
         self.with_client(move |mut c| async move {
             let tx = crate::begin_active(&mut c, &active).await?;
             let remotes: Vec<&str> = link.remote.iter().chain(&link.earlier).map(String::as_str).collect();
-            tx.execute(
+            tx.exec(
                 "INSERT INTO desk_remotes (connector, remote, conversation) \
                  SELECT $1, r, $2 FROM unnest($3::text[]) AS r \
                  ON CONFLICT (connector, remote) DO UPDATE SET conversation = excluded.conversation",
                 &[&link.connector, &link.conversation_id, &remotes],
             )
             .await?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO desk_links (connector, conversation, closed_at, updated_at, link) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (connector, conversation) DO UPDATE \
                  SET closed_at = excluded.closed_at, updated_at = excluded.updated_at, \
@@ -61,7 +62,7 @@ impl DeskLinks for PgStore {
         let (connector, remote) = (connector.to_owned(), remote.to_owned());
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT l.link FROM desk_remotes r JOIN desk_links l \
                      ON l.connector = r.connector AND l.conversation = r.conversation \
                      WHERE r.connector = $1 AND r.remote = $2",
@@ -76,7 +77,7 @@ impl DeskLinks for PgStore {
         let (connector, user) = (connector.to_owned(), user.to_owned());
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT contact FROM desk_contacts WHERE connector = $1 AND user_id = $2",
                     &[&connector, &user],
                 )
@@ -94,7 +95,7 @@ impl DeskLinks for PgStore {
         let active = self.active();
         self.with_client(move |mut c| async move {
             let tx = crate::begin_active(&mut c, &active).await?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO desk_contacts (connector, user_id, contact) VALUES ($1, $2, $3) \
                  ON CONFLICT (connector, user_id) DO UPDATE SET contact = excluded.contact",
                 &[&connector, &user, &text],
@@ -110,7 +111,7 @@ impl DeskLinks for PgStore {
         self.with_client(move |mut c| async move {
             let tx = crate::begin_active(&mut c, &active).await?;
             let rows = tx
-                .query(
+                .rows(
                     "DELETE FROM desk_links WHERE (connector, conversation) IN \
                      (SELECT connector, conversation FROM desk_links \
                       WHERE closed_at < $1 AND updated_at < $1 LIMIT $2) \
@@ -120,7 +121,7 @@ impl DeskLinks for PgStore {
                 .await?;
             let connectors: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
             let conversations: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
-            tx.execute(
+            tx.exec(
                 "DELETE FROM desk_remotes r USING unnest($1::text[], $2::text[]) AS d(connector, conversation) \
                  WHERE r.connector = d.connector AND r.conversation = d.conversation",
                 &[&connectors, &conversations],

@@ -4,6 +4,7 @@
 //! `prefetch` read for the batch in one round trip where it can, and the write set is committed
 //! in a few pipelined statements, wholly or (any failure) not at all.
 
+use crate::prepared::Prepared;
 use crate::rows::{big, cursor, json, num, parse, seq_of};
 use crate::{PgError, PgStore};
 use deadpool_postgres::Object;
@@ -56,14 +57,14 @@ impl PgStore {
         self.with_client(move |mut c| async move {
             let tx = snapshot(&mut c).await?;
             let from: i64 = tx
-                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
                 .await?
                 .get(0);
             let sql = format!(
                 "SELECT e.seq, e.partition FROM events e LEFT JOIN folded f \
                  ON f.partition = e.partition WHERE {PENDING} AND e.seq < $2 ORDER BY e.seq"
             );
-            let rows = tx.query(&sql, &[&from, &until]).await?;
+            let rows = tx.rows(&sql, &[&from, &until]).await?;
             let events = pending_events(&rows)?;
             let end = match until {
                 i64::MAX => log_end(&tx).await?.max(from),
@@ -84,7 +85,7 @@ impl PgStore {
         self.with_client(move |mut c| async move {
             let tx = snapshot(&mut c).await?;
             let watermark: i64 = tx
-                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
                 .await?
                 .get(0);
             let sql = format!(
@@ -92,7 +93,7 @@ impl PgStore {
                  ON f.partition = e.partition WHERE {PENDING} AND e.seq >= $2 \
                  ORDER BY e.seq LIMIT $3"
             );
-            let rows = tx.query(&sql, &[&watermark, &from, &limit]).await?;
+            let rows = tx.rows(&sql, &[&watermark, &from, &limit]).await?;
             let events = pending_events(&rows)?;
             let end = match events.last() {
                 Some(last) if events.len() as i64 >= limit => big(last.seq) + 1,
@@ -139,10 +140,7 @@ fn pending_events(rows: &[tokio_postgres::Row]) -> Result<Vec<PendingEvent>, PgE
 /// One past the highest event number committed (events commit in number order: no later commit
 /// brings a lower one), 0 for an empty log.
 async fn log_end(c: &impl deadpool_postgres::GenericClient) -> Result<i64, PgError> {
-    let max: Option<i64> = c
-        .query_one("SELECT max(seq) FROM events", &[])
-        .await?
-        .get(0);
+    let max: Option<i64> = c.row("SELECT max(seq) FROM events", &[]).await?.get(0);
     Ok(max.map_or(0, |m| m + 1))
 }
 
@@ -170,8 +168,27 @@ impl Folds for PgStore {
         }
         self.with_client(move |client| async move {
             let sql = format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = $1");
-            let row = client.query_opt(&sql, &[&big(seq)]).await?;
+            let row = client.row_opt(&sql, &[&big(seq)]).await?;
             row.as_ref().map(record).transpose()
+        })
+    }
+
+    /// One query for all of `wanted`.
+    fn events_at(&self, wanted: &[(u64, Cursor)]) -> Result<Vec<Option<EventRecord>>, StoreError> {
+        if wanted.iter().any(|&(seq, at)| seq_of(at) != seq) {
+            return Err(StoreError::Corrupt(
+                "an event's cursor is its number".into(),
+            ));
+        }
+        let seqs: Vec<i64> = wanted.iter().map(|&(seq, _)| big(seq)).collect();
+        self.with_client(move |client| async move {
+            let sql = format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ANY($1)");
+            let mut found: HashMap<u64, EventRecord> = HashMap::new();
+            for row in client.rows(&sql, &[&seqs]).await? {
+                let record = record(&row)?;
+                found.insert(record.seq, record);
+            }
+            Ok(seqs.iter().map(|&seq| found.remove(&num(seq))).collect())
         })
     }
 
@@ -185,9 +202,9 @@ impl Folds for PgStore {
                 .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                 .await?;
             client
-                .execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+                .exec("SELECT pg_advisory_xact_lock($1)", &[&lock])
                 .await?;
-            // This node's epoch, the lease row share-locked to the commit: fenced otherwise.
+            // This node's epoch, the lease row key-share-locked to the commit: fenced otherwise.
             crate::lease::check(&*client, &active).await?;
             Ok(client)
         })?;
@@ -202,7 +219,7 @@ impl Folds for PgStore {
     fn fold_from(&self) -> Result<Cursor, StoreError> {
         self.with_client(|client| async move {
             let row = client
-                .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+                .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
                 .await?;
             Ok(cursor(num(row.get(0))))
         })
@@ -213,7 +230,7 @@ impl Folds for PgStore {
         let (to, active) = (big(seq_of(to)), self.active());
         self.with_client(move |mut client| async move {
             let tx = crate::begin_active(&mut client, &active).await?;
-            tx.execute(
+            tx.exec(
                 "UPDATE meta SET value = GREATEST(value, $1) WHERE key = 'fold_from'",
                 &[&to],
             )
@@ -303,7 +320,7 @@ impl PgFold<'_> {
     /// One row's text column `sql` selects by `key`.
     fn text(&mut self, sql: &'static str, key: String) -> Result<Option<String>, StoreError> {
         self.call(move |c| async move {
-            let row = c.query_opt(sql, &[&key]).await;
+            let row = c.row_opt(sql, &[&key]).await;
             (c, row.map(|r| r.map(|r| r.get(0))).map_err(PgError::from))
         })
     }
@@ -335,10 +352,20 @@ impl FoldReads for PgFold<'_> {
         self.state(cached, sql, id.as_str(), "conversation state")
     }
 
+    /// Kept in the cache once read: the rules read a conversation's end user for each of its
+    /// events, and no commit changes it while the session holds the fold lock.
     fn end_user(&mut self, id: &EndUserId) -> Result<Option<EndUserState>, StoreError> {
-        let cached = self.cache.end_users.remove(id.as_str());
-        let sql = "SELECT state FROM end_users WHERE id = $1";
-        self.state(cached, sql, id.as_str(), "end-user state")
+        let text = match self.cache.end_users.get(id.as_str()) {
+            Some(text) => text.clone(),
+            None => {
+                let sql = "SELECT state FROM end_users WHERE id = $1";
+                let text = self.text(sql, id.as_str().to_owned())?;
+                let key = id.as_str().to_owned();
+                self.cache.end_users.insert(key, text.clone());
+                text
+            }
+        };
+        Ok(text.map(|t| parse(&t, "end-user state")).transpose()?)
     }
 
     fn bot(&mut self, id: &str) -> Result<Option<BotState>, StoreError> {
@@ -358,7 +385,7 @@ impl FoldReads for PgFold<'_> {
         let key = partition.to_owned();
         self.call(move |c| async move {
             let row = c
-                .query_opt("SELECT mark FROM folded WHERE partition = $1", &[&key])
+                .row_opt("SELECT mark FROM folded WHERE partition = $1", &[&key])
                 .await;
             (
                 c,
@@ -390,7 +417,7 @@ impl FoldReads for PgFold<'_> {
     fn hour_stats(&mut self, hour: Millis) -> Result<Option<HandoffStats>, StoreError> {
         let text = self.call(move |c| async move {
             let row = c
-                .query_opt("SELECT stats FROM hour_stats WHERE hour = $1", &[&hour])
+                .row_opt("SELECT stats FROM hour_stats WHERE hour = $1", &[&hour])
                 .await;
             (
                 c,
@@ -524,20 +551,20 @@ impl Wanted {
             by(&self.events),
         ];
         let (convs, users, bots, marks, ledger) = tokio::try_join!(
-            c.query(
+            c.rows(
                 "SELECT id, state FROM conversations WHERE id = ANY($1)",
                 &params[0]
             ),
-            c.query(
+            c.rows(
                 "SELECT id, state FROM end_users WHERE id = ANY($1)",
                 &params[1]
             ),
-            c.query("SELECT id, state FROM bots WHERE id = ANY($1)", &params[2]),
-            c.query(
+            c.rows("SELECT id, state FROM bots WHERE id = ANY($1)", &params[2]),
+            c.rows(
                 "SELECT partition, mark FROM folded WHERE partition = ANY($1)",
                 &params[3]
             ),
-            c.query(
+            c.rows(
                 "SELECT id, state FROM ledger WHERE event_id = ANY($1)",
                 &params[4]
             ),
@@ -548,9 +575,17 @@ impl Wanted {
             map.extend(rows.iter().map(|r| (r.get(0), Some(r.get(1)))));
             map
         };
+        let conversations = states(self.conversations, convs);
+        let mut end_users = states(self.end_users, users);
+        let theirs = conversation_end_users(&conversations, &end_users);
+        if !theirs.is_empty() {
+            let sql = "SELECT id, state FROM end_users WHERE id = ANY($1)";
+            let rows = c.rows(sql, &[&theirs]).await?;
+            end_users.extend(states(theirs, rows));
+        }
         let mut cache = Cache {
-            conversations: states(self.conversations, convs),
-            end_users: states(self.end_users, users),
+            conversations,
+            end_users,
             bots: states(self.bots, bots),
             ledger_events: self.events.into_iter().collect(),
             ledger: ledger.iter().map(|r| (r.get(0), r.get(1))).collect(),
@@ -562,6 +597,27 @@ impl Wanted {
             .extend(marks.iter().map(|r| (r.get(0), Some(num(r.get(1))))));
         Ok(cache)
     }
+}
+
+/// The end users the stored `conversations` name that `end_users` does not hold yet (the rules
+/// read a conversation's end user for each of its events).
+fn conversation_end_users(
+    conversations: &HashMap<String, Option<String>>,
+    end_users: &HashMap<String, Option<String>>,
+) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        end_user_id: Option<String>,
+    }
+    let mut wanted: Vec<String> = conversations
+        .values()
+        .flatten()
+        .filter_map(|text| serde_json::from_str::<Named>(text).ok()?.end_user_id)
+        .filter(|id| !end_users.contains_key(id))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
 }
 
 /// A JSON document of a state to write.

@@ -3,6 +3,7 @@
 //! ([`PgWriter`], the daemon's; [`Ingest`] for offline use); the backfill cursor and the agent
 //! API's idempotency records.
 
+use crate::prepared::Prepared;
 use crate::rows::{big, cursor, json, num, parse};
 use crate::{PgError, PgStore, CALL_TIMEOUT};
 use deadpool_postgres::GenericClient;
@@ -86,7 +87,7 @@ async fn store_group(
     requests: &[Request],
 ) -> Result<Vec<Accepted>, PgError> {
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&events_lock])
+    tx.exec("SELECT pg_advisory_xact_lock($1)", &[&events_lock])
         .await?;
     let (mut deliveries, mut ids) = known_ids(&tx, requests).await?;
     let mut rows = NewRows::default();
@@ -111,7 +112,7 @@ async fn store_group(
     }
     insert_events(&tx, &seqs, &rows).await?;
     let (names, times): (Vec<String>, Vec<i64>) = new_deliveries.into_iter().unzip();
-    tx.execute(
+    tx.exec(
         "INSERT INTO deliveries (id, received_at) SELECT * FROM unnest($1::text[], $2::bigint[]) \
          ON CONFLICT DO NOTHING",
         &[&names, &times],
@@ -144,8 +145,8 @@ async fn known_ids(
     let (deliveries, ids): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) =
         ([&deliveries], [&ids]);
     let (known_deliveries, known_ids) = tokio::try_join!(
-        tx.query("SELECT id FROM deliveries WHERE id = ANY($1)", &deliveries),
-        tx.query("SELECT id FROM events WHERE id = ANY($1)", &ids),
+        tx.rows("SELECT id FROM deliveries WHERE id = ANY($1)", &deliveries),
+        tx.rows("SELECT id FROM events WHERE id = ANY($1)", &ids),
     )?;
     let set = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
     Ok((set(known_deliveries), set(known_ids)))
@@ -197,7 +198,7 @@ pub(crate) async fn draw(
     }
     let sql =
         format!("SELECT nextval('{sequence}') AS n FROM generate_series(1, $1::bigint) ORDER BY n");
-    let rows = tx.query(&sql, &[&big(n as u64)]).await?;
+    let rows = tx.rows(&sql, &[&big(n as u64)]).await?;
     Ok(rows.iter().map(|r| num(r.get(0))).collect())
 }
 
@@ -210,7 +211,7 @@ async fn insert_events(
         return Ok(());
     }
     let seqs: Vec<i64> = seqs.iter().map(|s| big(*s)).collect();
-    tx.execute(
+    tx.exec(
         "INSERT INTO events (seq, id, delivery, received_at, partition, kind, body) \
          SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
          $6::text[], $7::text[])",
@@ -240,7 +241,7 @@ impl PgStore {
     fn next_event_seq(&self) -> Result<u64, StoreError> {
         self.with_client(|client| async move {
             let row = client
-                .query_one(
+                .row(
                     "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END \
                      FROM event_seq",
                     &[],
@@ -276,7 +277,7 @@ impl Ingest for PgStore {
     fn backfill_cursor(&self) -> Result<Option<Millis>, StoreError> {
         self.with_client(|client| async move {
             let row = client
-                .query_opt("SELECT value FROM meta WHERE key = 'backfill_cursor'", &[])
+                .row_opt("SELECT value FROM meta WHERE key = 'backfill_cursor'", &[])
                 .await?;
             Ok(row.map(|r| r.get(0)))
         })
@@ -286,7 +287,7 @@ impl Ingest for PgStore {
         let active = self.active();
         self.with_client(move |mut client| async move {
             let tx = crate::begin_active(&mut client, &active).await?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO meta (key, value) VALUES ('backfill_cursor', $1) \
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 &[&at],
@@ -305,7 +306,7 @@ impl Ingest for PgStore {
         let (route, key) = (route.to_owned(), idempotency_key.to_owned());
         self.with_client(move |client| async move {
             let row = client
-                .query_opt(
+                .row_opt(
                     "SELECT record FROM idempotency WHERE route = $1 AND key = $2",
                     &[&route, &key],
                 )
@@ -325,7 +326,7 @@ impl Ingest for PgStore {
         let text = json(record)?;
         self.with_client(move |client| async move {
             client
-                .execute(
+                .exec(
                     "INSERT INTO idempotency (route, key, at, record) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (route, key) DO UPDATE SET at = excluded.at, \
                      record = excluded.record",
@@ -462,7 +463,7 @@ async fn probe_database(store: &PgStore) -> bool {
     let pool = store.0.pool.clone();
     let probe = async move {
         let client = pool.get().await?;
-        client.query_one("SELECT 1", &[]).await?;
+        client.row("SELECT 1", &[]).await?;
         Ok::<(), PgError>(())
     };
     matches!(tokio::time::timeout(PROBE_EVERY, probe).await, Ok(Ok(())))

@@ -7,17 +7,20 @@
 //! agree on who holds the lease.
 //!
 //! **Fencing.** Each handle keeps the epoch its node holds ([`Fence`]). Every transaction of the
-//! active's work begins with [`check`]: it reads the lease row `FOR SHARE` and refuses
-//! ([`PgError::Fenced`]) unless this node holds that epoch and it has not run out. The share lock
-//! is held to the commit, so a takeover's `UPDATE` of the row waits for the transactions that
-//! passed the check: no write of an old epoch commits after a new epoch began (one that passed
-//! its check before the lease ran out may still commit after, but before any new epoch). A node
-//! paused in the middle of such a transaction holds the row until the database ends its session:
-//! the check sets the transaction's `idle_in_transaction_session_timeout` to a third of the lease
-//! ([`idle_limit`]; every connection has 5 s besides), and a claim waits for the row at most
-//! [`CLAIM_LOCK_TIMEOUT`], so a paused node's session is gone before its lease runs out and it
-//! delays no takeover.
+//! active's work begins with [`check`]: it reads the lease row `FOR KEY SHARE` and refuses
+//! ([`PgError::Fenced`]) unless this node holds that epoch and it has not run out. The lock is
+//! held to the commit, and a takeover locks the row `FOR UPDATE` before it writes a new epoch,
+//! which waits for every transaction that passed the check: no write of an old epoch commits
+//! after a new epoch began (one that passed its check before the lease ran out may still commit
+//! after, but before any new epoch). A renewal locks the row only `FOR NO KEY UPDATE`, which a
+//! check's lock does not conflict with: renewing waits for none of the active's transactions,
+//! nor they for it. A node paused in the middle of such a transaction holds the row until the
+//! database ends its session: the check sets the transaction's
+//! `idle_in_transaction_session_timeout` to a third of the lease ([`idle_limit`]; every
+//! connection has 5 s besides), and a claim waits for the row at most [`CLAIM_LOCK_TIMEOUT`], so
+//! a paused node's session is gone before its lease runs out and it delays no takeover.
 
+use crate::prepared::Prepared;
 use crate::rows::{big, num};
 use crate::{PgError, PgStore};
 use deadpool_postgres::GenericClient;
@@ -26,7 +29,7 @@ use std::time::Duration;
 use storage::lease::{Lease, LeaseState, NodeSeen, Start};
 use storage::StoreError;
 
-/// How long a claim waits for the lease row (held `FOR SHARE` by the active's transactions).
+/// How long a claim waits for the lease row (held `FOR KEY SHARE` by the active's transactions).
 pub(crate) const CLAIM_LOCK_TIMEOUT: &str = "2s";
 
 /// The database's time in milliseconds plus the test clock's offset (`$1`).
@@ -70,7 +73,7 @@ impl PgStore {
 }
 
 /// Refuse the transaction `tx` unless its node still holds the epoch it claimed (see the
-/// module's docs); the lease row stays share-locked until `tx` ends.
+/// module's docs); the lease row stays key-share-locked until `tx` ends.
 pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<(), PgError> {
     let (node, epoch, ttl) = match &active.fence {
         Fence::Unclaimed => return Ok(()),
@@ -80,11 +83,11 @@ pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<()
     let sql = format!(
         "SELECT holder = $2 AND epoch = $3 AND expires_at > {DB_NOW}, \
          set_config('idle_in_transaction_session_timeout', $4, true) FROM lease WHERE id = 1 \
-         FOR SHARE"
+         FOR KEY SHARE"
     );
     let limit = format!("{}ms", idle_limit(ttl));
     let row = tx
-        .query_one(&sql, &[&active.offset, node, &big(epoch), &limit])
+        .row(&sql, &[&active.offset, node, &big(epoch), &limit])
         .await?;
     match row.get::<_, Option<bool>>(0) {
         Some(true) => Ok(()),
@@ -110,7 +113,9 @@ fn state(row: &tokio_postgres::Row) -> LeaseState {
 }
 
 /// Claim or renew for `node` in one transaction: acquired (a new epoch) when free or run out,
-/// renewed when `node` holds it; the lease as it then stands.
+/// renewed when `node` holds it; the lease as it then stands. The row is locked `FOR NO KEY
+/// UPDATE` (claims wait for each other, not for the active's checks); a new epoch locks it
+/// `FOR UPDATE` too, waiting for the transactions that passed a check of the old one.
 async fn claim(
     client: &mut deadpool_postgres::Object,
     (node, ttl, offset): (&str, Millis, Millis),
@@ -118,9 +123,10 @@ async fn claim(
     let tx = client.transaction().await?;
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{CLAIM_LOCK_TIMEOUT}'"))
         .await?;
-    let sql =
-        format!("SELECT holder, epoch, expires_at, {DB_NOW} FROM lease WHERE id = 1 FOR UPDATE");
-    let row = tx.query_one(&sql, &[&offset]).await?;
+    let sql = format!(
+        "SELECT holder, epoch, expires_at, {DB_NOW} FROM lease WHERE id = 1 FOR NO KEY UPDATE"
+    );
+    let row = tx.row(&sql, &[&offset]).await?;
     let (found, now): (LeaseState, Millis) = (state(&row), row.get(3));
     let new_epoch = found.holder.is_none() || now >= found.expires_at;
     let holds = new_epoch || found.holder.as_deref() == Some(node);
@@ -128,11 +134,16 @@ async fn claim(
         return Ok(found);
     }
     let epoch = match new_epoch {
-        true => found.epoch + 1,
+        true => {
+            // Wait for the old epoch's transactions (their checks hold the row FOR KEY SHARE).
+            tx.exec("SELECT 1 FROM lease WHERE id = 1 FOR UPDATE", &[])
+                .await?;
+            found.epoch + 1
+        }
         false => found.epoch,
     };
     let row = tx
-        .query_one(
+        .row(
             "UPDATE lease SET holder = $1, epoch = $2, expires_at = $3 WHERE id = 1 \
              RETURNING holder, epoch, expires_at",
             &[&node, &big(epoch), &now.saturating_add(ttl)],
@@ -168,7 +179,7 @@ impl Lease for PgStore {
         *self.fence() = Fence::Standby;
         let node = node.to_owned();
         self.with_client(move |c| async move {
-            c.execute(
+            c.exec(
                 "UPDATE lease SET holder = NULL, expires_at = 0 WHERE id = 1 AND holder = $1",
                 &[&node],
             )
@@ -180,7 +191,7 @@ impl Lease for PgStore {
     fn lease(&self) -> Result<LeaseState, StoreError> {
         self.with_client(|c| async move {
             let row = c
-                .query_one(
+                .row(
                     "SELECT holder, epoch, expires_at FROM lease WHERE id = 1",
                     &[],
                 )
@@ -203,7 +214,7 @@ impl Lease for PgStore {
                 "INSERT INTO nodes (node, seen_at) VALUES ($2, {DB_NOW}) \
                  ON CONFLICT (node) DO UPDATE SET seen_at = excluded.seen_at"
             );
-            c.execute(&sql, &[&offset, &node]).await?;
+            c.exec(&sql, &[&offset, &node]).await?;
             Ok(())
         })
     }
@@ -211,7 +222,7 @@ impl Lease for PgStore {
     fn nodes_seen(&self, since: Millis) -> Result<Vec<NodeSeen>, StoreError> {
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT node, seen_at FROM nodes WHERE seen_at >= $1 ORDER BY node",
                     &[&since],
                 )
@@ -239,7 +250,7 @@ impl Lease for PgStore {
             let tx = c.transaction().await?;
             check(&tx, &active).await?;
             let row = tx
-                .query_opt(
+                .row_opt(
                     "INSERT INTO outbox_started (seq, epoch) \
                      SELECT seq, $2 FROM outbox WHERE seq = $1 \
                      ON CONFLICT (seq) DO UPDATE SET epoch = excluded.epoch \

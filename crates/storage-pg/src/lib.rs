@@ -45,6 +45,7 @@ mod intake;
 mod lease;
 pub mod load;
 mod outbox;
+mod prepared;
 mod reads;
 mod retention;
 mod rows;
@@ -56,6 +57,7 @@ pub use connect::{mask, PgOptions, SslMode};
 pub use intake::PgWriter;
 pub use schema::SCHEMA_VERSION;
 
+use crate::prepared::Prepared;
 use deadpool_postgres::{Object, Pool};
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -276,7 +278,7 @@ impl PgStore {
 
 /// Begin a transaction of the active's work (a fold's commit, an outbox outcome, retention, the
 /// watermark...), refused unless this node still holds its epoch of the lease ([`lease::check`],
-/// the row share-locked to the commit).
+/// the row key-share-locked to the commit).
 async fn begin_active<'c>(
     client: &'c mut Object,
     active: &lease::Active,
@@ -318,7 +320,7 @@ impl storage::port::Lifecycle for PgStore {
     fn bytes_on_disk(&self) -> Result<u64, StoreError> {
         self.with_client(|client| async move {
             let row = client
-                .query_one(
+                .row(
                     "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint \
                      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                      WHERE n.nspname = current_schema() AND c.relkind = 'r'",
@@ -333,7 +335,7 @@ impl storage::port::Lifecycle for PgStore {
     fn takes_writes(&self) -> bool {
         self.with_client(|client| async move {
             client
-                .execute("UPDATE meta SET value = value WHERE key = 'fold_from'", &[])
+                .exec("UPDATE meta SET value = value WHERE key = 'fold_from'", &[])
                 .await?;
             Ok(())
         })

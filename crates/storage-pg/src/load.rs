@@ -25,6 +25,7 @@
 
 mod insert;
 
+use crate::prepared::Prepared;
 use crate::rows::big;
 use crate::{run_on, Opening, OwnRuntime, PgError, PgOptions, PgStore};
 use deadpool_postgres::Object;
@@ -128,7 +129,7 @@ impl Loader {
         }
         let store = PgStore::open_as(options, model::clock::Clock::new(), Opening::Copy)?;
         store.with_client(|c| async move {
-            c.execute(
+            c.exec(
                 "INSERT INTO meta (key, value) VALUES ($1, 1) ON CONFLICT (key) DO NOTHING",
                 &[&INCOMPLETE],
             )
@@ -178,7 +179,7 @@ impl Loader {
         };
         let sql = format!("SELECT count(*) FROM {table}");
         self.store.with_client(move |c| async move {
-            Ok(crate::rows::num(c.query_one(&sql, &[]).await?.get(0)))
+            Ok(crate::rows::num(c.row(&sql, &[]).await?.get(0)))
         })
     }
 
@@ -198,15 +199,15 @@ impl Loader {
             let tx = c.transaction().await?;
             for (sequence, last) in numbers.iter().filter(|(_, n)| *n > 0) {
                 let sql = format!("SELECT setval('{sequence}', $1)");
-                tx.execute(&sql, &[&big(*last)]).await?;
+                tx.exec(&sql, &[&big(*last)]).await?;
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE meta SET value = $1 WHERE key = 'fold_from'",
                 &[&fold_from],
             )
             .await?;
             if let Some(at) = backfill {
-                tx.execute(
+                tx.exec(
                     "INSERT INTO meta (key, value) VALUES ('backfill_cursor', $1) \
                      ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     &[&at],
@@ -217,9 +218,9 @@ impl Loader {
                 let sql = format!(
                     "UPDATE meta SET value = (SELECT count(*) FROM {table}) WHERE key = '{key}'"
                 );
-                tx.execute(&sql, &[]).await?;
+                tx.exec(&sql, &[]).await?;
             }
-            tx.execute("DELETE FROM meta WHERE key = $1", &[&INCOMPLETE])
+            tx.exec("DELETE FROM meta WHERE key = $1", &[&INCOMPLETE])
                 .await?;
             tx.commit().await?;
             Ok(())
@@ -238,7 +239,7 @@ pub(crate) async fn refuse_incomplete(c: &Object) -> Result<(), PgError> {
 
 async fn is_incomplete(c: &Object) -> Result<bool, PgError> {
     let row = c
-        .query_opt("SELECT 1 FROM meta WHERE key = $1", &[&INCOMPLETE])
+        .row_opt("SELECT 1 FROM meta WHERE key = $1", &[&INCOMPLETE])
         .await?;
     Ok(row.is_some())
 }
@@ -256,7 +257,7 @@ enum Found {
 /// daemon that ran on the target shows in the others).
 async fn inspect(c: &Object) -> Result<Found, PgError> {
     let tables: Vec<String> = c
-        .query(
+        .rows(
             "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() \
              ORDER BY tablename",
             &[],
@@ -268,7 +269,7 @@ async fn inspect(c: &Object) -> Result<Found, PgError> {
     let has = |name: &str| tables.iter().any(|t| t == name);
     if has("schema_version") {
         let found: Option<i32> = c
-            .query_one("SELECT max(version) FROM schema_version", &[])
+            .row("SELECT max(version) FROM schema_version", &[])
             .await?
             .get(0);
         let found = found.map_or(0, |v| u32::try_from(v).unwrap_or(0));
@@ -283,12 +284,9 @@ async fn inspect(c: &Object) -> Result<Found, PgError> {
         .iter()
         .filter(|t| !["schema_version", "meta", "lease"].contains(&t.as_str()))
     {
-        let quoted: String = c
-            .query_one("SELECT quote_ident($1)", &[table])
-            .await?
-            .get(0);
+        let quoted: String = c.row("SELECT quote_ident($1)", &[table]).await?.get(0);
         let rows: bool = c
-            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {quoted})"), &[])
+            .row(&format!("SELECT EXISTS (SELECT 1 FROM {quoted})"), &[])
             .await?
             .get(0);
         if rows {

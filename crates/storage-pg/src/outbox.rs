@@ -4,6 +4,7 @@
 
 use crate::fold::state_json;
 use crate::intake::draw;
+use crate::prepared::Prepared;
 use crate::rows::{big, json, num, parse};
 use crate::{begin_active, PgError, PgStore};
 use deadpool_postgres::{GenericClient, Object};
@@ -80,7 +81,7 @@ pub(crate) async fn add_counts(
     if keys.is_empty() {
         return Ok(());
     }
-    c.execute(
+    c.exec(
         "UPDATE meta SET value = value + d.delta FROM unnest($1::text[], $2::bigint[]) \
          AS d(key, delta) WHERE meta.key = d.key",
         &[&keys, &deltas],
@@ -106,13 +107,13 @@ async fn insert_decided(c: &Object, entries: &[OutboxEntry]) -> Result<(), PgErr
         ats.push(e.decided_at);
         statuses.push(json(&ActionStatus::pending(e.seq, e.decided_at))?);
     }
-    c.execute(
+    c.exec(
         "INSERT INTO outbox (seq, queue, entry) \
          SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[])",
         &[&seqs, &queues, &texts],
     )
     .await?;
-    c.execute(
+    c.exec(
         "INSERT INTO ledger (id, event_id, state, seq, at, status) \
          SELECT id, ev, 'pending', seq, at, status \
          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[]) \
@@ -141,7 +142,7 @@ pub(crate) async fn write_conversations(
         .iter()
         .map(|w| state_json(&w.state))
         .collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO conversations (id, activity_at, state) \
          SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) ON CONFLICT (id) DO UPDATE \
          SET activity_at = excluded.activity_at, state = excluded.state",
@@ -172,7 +173,7 @@ pub(crate) async fn write_end_users(
         .iter()
         .map(|w| state_json(&w.state))
         .collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO end_users (id, activity_at, platform, user_key, state) \
          SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[]) \
          ON CONFLICT (id) DO UPDATE SET activity_at = excluded.activity_at, \
@@ -195,7 +196,7 @@ pub(crate) async fn write_bots(
         .iter()
         .map(|w| state_json(&w.state))
         .collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO bots (id, state) SELECT * FROM unnest($1::text[], $2::text[]) \
          ON CONFLICT (id) DO UPDATE SET state = excluded.state",
         &[&ids, &texts],
@@ -215,7 +216,7 @@ async fn write_marks(
         .filter_map(|p| Some((p.partition.encode(), big(p.mark?))))
         .unzip();
     if !names.is_empty() {
-        c.execute(
+        c.exec(
             "INSERT INTO folded (partition, mark) SELECT * FROM unnest($1::text[], $2::bigint[]) \
              ON CONFLICT (partition) DO UPDATE SET mark = GREATEST(folded.mark, excluded.mark)",
             &[&names, &marks],
@@ -224,7 +225,7 @@ async fn write_marks(
     }
     if let Some(at) = fold_from {
         let at = big(crate::rows::seq_of(at));
-        c.execute("UPDATE meta SET value = $1 WHERE key = 'fold_from'", &[&at])
+        c.exec("UPDATE meta SET value = $1 WHERE key = 'fold_from'", &[&at])
             .await?;
     }
     Ok(())
@@ -244,13 +245,13 @@ pub(crate) async fn write_derived(
     };
     if !changes.removed.is_empty() {
         let gone: Vec<Vec<u8>> = changes.removed.iter().map(key).collect();
-        c.execute("DELETE FROM derived WHERE key = ANY($1)", &[&gone])
+        c.exec("DELETE FROM derived WHERE key = ANY($1)", &[&gone])
             .await?;
     }
     if !changes.added.is_empty() {
         let keys: Vec<Vec<u8>> = changes.added.iter().map(key).collect();
         let ids: Vec<String> = changes.added.iter().map(conversation).collect();
-        c.execute(
+        c.exec(
             "INSERT INTO derived (key, conversation) SELECT * FROM unnest($1::bytea[], $2::text[]) \
              ON CONFLICT DO NOTHING",
             &[&keys, &ids],
@@ -272,7 +273,7 @@ pub(crate) async fn write_timers(
             .map(|t| t.conversation.as_str())
             .collect();
         let name: Vec<&str> = timers.stopped.iter().map(|t| t.name.as_str()).collect();
-        c.execute(
+        c.exec(
             "DELETE FROM timers t USING unnest($1::bigint[], $2::text[], $3::text[]) \
              AS d(due_at, conversation, name) WHERE t.due_at = d.due_at \
              AND t.conversation = d.conversation AND t.name = d.name",
@@ -287,7 +288,7 @@ pub(crate) async fn write_timers(
         let name: Vec<&str> = s.iter().map(|t| t.timer.name.as_str()).collect();
         let by: Vec<&str> = s.iter().map(|t| t.started_by.as_str()).collect();
         let bot: Vec<&str> = s.iter().map(|t| t.bot_id.as_str()).collect();
-        c.execute(
+        c.exec(
             "INSERT INTO timers (due_at, conversation, name, started_by, bot_id) \
              SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[]) \
              ON CONFLICT (due_at, conversation, name) DO UPDATE \
@@ -323,14 +324,14 @@ pub(crate) async fn write_queue(
                   SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[]) ON CONFLICT DO NOTHING"
             }
         };
-        c.execute(sql, &[&bots, &since, &convs]).await?;
+        c.exec(sql, &[&bots, &since, &convs]).await?;
         for bot in bots {
             *per_bot.entry(bot).or_default() += sign;
         }
     }
     let (bots, deltas): (Vec<&str>, Vec<i64>) = per_bot.into_iter().unzip();
     if !bots.is_empty() {
-        c.execute(
+        c.exec(
             "INSERT INTO waiting_bots (bot, waiting) SELECT * FROM unnest($1::text[], $2::bigint[]) \
              ON CONFLICT (bot) DO UPDATE SET waiting = waiting_bots.waiting + excluded.waiting",
             &[&bots, &deltas],
@@ -348,7 +349,7 @@ async fn write_figures(c: &impl GenericClient, queue: &QueueChanges) -> Result<(
             .iter()
             .map(|(_, h)| json(h))
             .collect::<Result<Vec<_>, _>>()?;
-        c.execute(
+        c.exec(
             "INSERT INTO accept_history (bot, history) SELECT * FROM unnest($1::text[], $2::text[]) \
              ON CONFLICT (bot) DO UPDATE SET history = excluded.history",
             &[&bots, &texts],
@@ -362,7 +363,7 @@ async fn write_figures(c: &impl GenericClient, queue: &QueueChanges) -> Result<(
             .iter()
             .map(|(_, s)| json(s))
             .collect::<Result<Vec<_>, _>>()?;
-        c.execute(
+        c.exec(
             "INSERT INTO hour_stats (hour, stats) SELECT * FROM unnest($1::bigint[], $2::text[]) \
              ON CONFLICT (hour) DO UPDATE SET stats = excluded.stats",
             &[&hours, &texts],
@@ -379,7 +380,7 @@ async fn set_status(
     status: &ActionStatus,
 ) -> Result<(), PgError> {
     let text = json(status)?;
-    c.execute(
+    c.exec(
         "INSERT INTO ledger (id, event_id, state, seq, at, status) VALUES ($1, $2, $3, $4, $5, $6) \
          ON CONFLICT (id) DO UPDATE SET state = excluded.state, seq = excluded.seq, \
          at = excluded.at, status = excluded.status",
@@ -399,20 +400,87 @@ async fn set_status(
 /// An entry leaves the outbox (with its retry state), counted.
 async fn settle(c: &impl GenericClient, seq: u64) -> Result<(), PgError> {
     let gone = c
-        .execute("DELETE FROM outbox WHERE seq = $1", &[&big(seq)])
+        .exec("DELETE FROM outbox WHERE seq = $1", &[&big(seq)])
         .await?;
-    c.execute("DELETE FROM outbox_retry WHERE seq = $1", &[&big(seq)])
+    c.exec("DELETE FROM outbox_retry WHERE seq = $1", &[&big(seq)])
         .await?;
-    c.execute("DELETE FROM outbox_started WHERE seq = $1", &[&big(seq)])
+    c.exec("DELETE FROM outbox_started WHERE seq = $1", &[&big(seq)])
         .await?;
     add_counts(c, &[("outbox", -(gone as i64))]).await
 }
 
 async fn record_done(c: &impl GenericClient, record: &DoneRecord) -> Result<(), PgError> {
-    c.execute(
+    c.exec(
         "INSERT INTO outbox_done (seq, at, record) VALUES ($1, $2, $3) \
          ON CONFLICT (seq) DO UPDATE SET at = excluded.at, record = excluded.record",
         &[&big(record.entry.seq), &record.at, &json(record)?],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The last record of each entry in `records` (an entry recorded twice in one batch is
+/// written once, as its last record says), in their order.
+fn last_of_each(records: &[DoneRecord]) -> Vec<DoneRecord> {
+    let mut last = BTreeMap::new();
+    for (i, r) in records.iter().enumerate() {
+        last.insert(r.entry.seq, i);
+    }
+    let mut keep: Vec<usize> = last.into_values().collect();
+    keep.sort_unstable();
+    keep.into_iter().map(|i| records[i].clone()).collect()
+}
+
+/// [`set_status`] of many entries (each once) in one statement.
+async fn set_statuses(
+    c: &impl GenericClient,
+    statuses: &[(&OutboxEntry, ActionStatus)],
+) -> Result<(), PgError> {
+    let (mut ids, mut events, mut states) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut seqs, mut ats, mut texts) = (Vec::new(), Vec::new(), Vec::new());
+    for (entry, status) in statuses {
+        ids.push(entry.id.as_str());
+        events.push(entry.event_id.as_str());
+        states.push(status.state.as_str());
+        seqs.push(big(status.seq));
+        ats.push(status.at);
+        texts.push(json(status)?);
+    }
+    c.exec(
+        "INSERT INTO ledger (id, event_id, state, seq, at, status) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], \
+         $6::text[]) ON CONFLICT (id) DO UPDATE SET state = excluded.state, seq = excluded.seq, \
+         at = excluded.at, status = excluded.status",
+        &[&ids, &events, &states, &seqs, &ats, &texts],
+    )
+    .await?;
+    Ok(())
+}
+
+/// [`record_done`] of many entries (each once) in one statement.
+async fn records_done(c: &impl GenericClient, records: &[DoneRecord]) -> Result<(), PgError> {
+    let seqs: Vec<i64> = records.iter().map(|r| big(r.entry.seq)).collect();
+    let ats: Vec<i64> = records.iter().map(|r| r.at).collect();
+    let texts = records.iter().map(json).collect::<Result<Vec<_>, _>>()?;
+    c.exec(
+        "INSERT INTO outbox_done (seq, at, record) \
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[]) \
+         ON CONFLICT (seq) DO UPDATE SET at = excluded.at, record = excluded.record",
+        &[&seqs, &ats, &texts],
+    )
+    .await?;
+    Ok(())
+}
+
+/// [`settle`] of many entries in one statement: they leave the outbox with their retry states
+/// and begin records, and the count goes down by those that were there.
+async fn settle_many(c: &impl GenericClient, seqs: &[i64]) -> Result<(), PgError> {
+    c.exec(
+        "WITH gone AS (DELETE FROM outbox WHERE seq = ANY($1) RETURNING 1), \
+         retry AS (DELETE FROM outbox_retry WHERE seq = ANY($1)), \
+         started AS (DELETE FROM outbox_started WHERE seq = ANY($1)) \
+         UPDATE meta SET value = value - (SELECT count(*) FROM gone) WHERE key = 'outbox'",
+        &[&seqs],
     )
     .await?;
     Ok(())
@@ -441,7 +509,7 @@ impl PgStore {
         what: &'static str,
     ) -> Result<Vec<T>, StoreError> {
         self.with_client(
-            move |c| async move { all(c.query(sql, &[&params.0, &params.1]).await?, what) },
+            move |c| async move { all(c.rows(sql, &[&params.0, &params.1]).await?, what) },
         )
     }
 
@@ -451,13 +519,13 @@ impl PgStore {
         key: i64,
         what: &'static str,
     ) -> Result<Option<T>, StoreError> {
-        self.with_client(move |c| async move { one(c.query_opt(sql, &[&key]).await?, what) })
+        self.with_client(move |c| async move { one(c.row_opt(sql, &[&key]).await?, what) })
     }
 
     fn meta_count(&self, key: &'static str) -> Result<u64, StoreError> {
         self.with_client(move |c| async move {
             let row = c
-                .query_opt("SELECT value FROM meta WHERE key = $1", &[&key])
+                .row_opt("SELECT value FROM meta WHERE key = $1", &[&key])
                 .await?;
             Ok(row.map_or(0, |r| num(r.get(0))))
         })
@@ -493,10 +561,7 @@ impl Outbox for PgStore {
 
     fn outbox_last_seq(&self) -> Result<Option<u64>, StoreError> {
         self.with_client(|c| async move {
-            let max: Option<i64> = c
-                .query_one("SELECT max(seq) FROM outbox", &[])
-                .await?
-                .get(0);
+            let max: Option<i64> = c.row("SELECT max(seq) FROM outbox", &[]).await?.get(0);
             Ok(max.map(num))
         })
     }
@@ -510,7 +575,7 @@ impl Outbox for PgStore {
         let (text, active) = (json(state)?, self.active());
         self.with_client(move |mut c| async move {
             let tx = begin_active(&mut c, &active).await?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO outbox_retry (seq, state) VALUES ($1, $2) \
                  ON CONFLICT (seq) DO UPDATE SET state = excluded.state",
                 &[&big(seq), &text],
@@ -537,23 +602,34 @@ impl Outbox for PgStore {
         self.outbox_done_many(&[record])
     }
 
-    /// Each record, its ledger status and the entry's leaving, in one transaction.
+    /// Each record, its ledger status and the entry's leaving, in one transaction of three
+    /// statements however many records it holds.
     fn outbox_done_many(&self, records: &[DoneRecord]) -> Result<(), StoreError> {
-        let (records, active) = (records.to_vec(), self.active());
+        let (records, active) = (last_of_each(records), self.active());
+        if records.is_empty() {
+            return Ok(());
+        }
         self.with_client(move |mut c| async move {
             let tx = begin_active(&mut c, &active).await?;
-            for r in &records {
-                let status = ActionStatus {
-                    state: "done".into(),
-                    seq: r.entry.seq,
-                    at: r.at,
-                    attempts: r.attempts,
-                    note: None,
-                };
-                set_status(&tx, &r.entry, &status).await?;
-                record_done(&tx, r).await?;
-                settle(&tx, r.entry.seq).await?;
-            }
+            let statuses = records
+                .iter()
+                .map(|r| {
+                    let status = ActionStatus {
+                        state: "done".into(),
+                        seq: r.entry.seq,
+                        at: r.at,
+                        attempts: r.attempts,
+                        note: None,
+                    };
+                    (&r.entry, status)
+                })
+                .collect::<Vec<_>>();
+            let seqs: Vec<i64> = records.iter().map(|r| big(r.entry.seq)).collect();
+            tokio::try_join!(
+                set_statuses(&tx, &statuses),
+                records_done(&tx, &records),
+                settle_many(&tx, &seqs),
+            )?;
             tx.commit().await?;
             Ok(())
         })
@@ -572,7 +648,7 @@ impl Outbox for PgStore {
                 note: Some(letter.reason.clone()),
             };
             settle(&tx, seq).await?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO dead_letters (seq, letter) VALUES ($1, $2) \
                  ON CONFLICT (seq) DO UPDATE SET letter = excluded.letter",
                 &[&big(seq), &json(&letter)?],
@@ -610,7 +686,7 @@ impl Outbox for PgStore {
         self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             let row = tx
-                .query_opt("DELETE FROM dead_letters WHERE seq = $1 RETURNING letter", &[&big(seq)])
+                .row_opt("DELETE FROM dead_letters WHERE seq = $1 RETURNING letter", &[&big(seq)])
                 .await?;
             let Some(letter) = one::<DeadLetter>(row, "dead letter")? else {
                 return Ok(None);
@@ -621,7 +697,7 @@ impl Outbox for PgStore {
             }
             set_status(&tx, &entry, &ActionStatus::pending(entry.seq, now)).await?;
             let added = tx
-                .execute(
+                .exec(
                     "INSERT INTO outbox (seq, queue, entry) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                     &[&big(seq), &entry.queue, &json(&entry)?],
                 )
@@ -643,7 +719,7 @@ impl Outbox for PgStore {
         self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             let row = tx
-                .query_opt(
+                .row_opt(
                     "DELETE FROM dead_letters WHERE seq = $1 RETURNING letter",
                     &[&big(seq)],
                 )
@@ -694,7 +770,7 @@ impl Outbox for PgStore {
         let event = event_id.to_owned();
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT seq FROM ledger WHERE event_id = $1 ORDER BY id",
                     &[&event],
                 )
@@ -720,7 +796,7 @@ impl Timers for PgStore {
             let from = after.clone();
             let page = self.with_client(move |c| async move {
                 let rows = c
-                    .query(
+                    .rows(
                         "SELECT due_at, conversation, name, started_by, bot_id FROM timers \
                          WHERE (due_at, conversation, name) > ($1, $2, $3) \
                          ORDER BY due_at, conversation, name LIMIT $4",
@@ -769,7 +845,7 @@ impl Timers for PgStore {
         let t = timer.timer().clone();
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT 1 FROM timers WHERE due_at = $1 AND conversation = $2 AND name = $3",
                     &[&t.due_at, &t.conversation, &t.name],
                 )

@@ -4,6 +4,7 @@
 use crate::fold::{record, EVENT_COLUMNS};
 use crate::intake::draw;
 use crate::outbox::add_counts;
+use crate::prepared::Prepared;
 use crate::rows::{big, json, num, parse};
 use crate::{PgError, PgStore};
 use base64::Engine as _;
@@ -14,7 +15,7 @@ use engine::state::stats::{self, HandoffStats};
 use engine::state::{BotState, ConversationState, EndUserState};
 use model::ids::{ConversationId, EndUserId, EventId, PartitionKey};
 use model::webhook::model::Millis;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use storage::desk::{DeskCursor, DeskPage};
 use storage::keys;
 use storage::operators::OperatorAction;
@@ -36,31 +37,18 @@ pub(crate) async fn standing(
     found: &[(Millis, String)],
 ) -> Result<(usize, usize), PgError> {
     let (since, conversation) = own.map_or((i64::MIN, ""), |(s, c)| (*s, c.as_str()));
+    let (sinces, ids): (Vec<Millis>, Vec<&str>) =
+        found.iter().map(|(s, c)| (*s, c.as_str())).unzip();
     let row = c
-        .query_one(
-            "SELECT count(*), count(*) FILTER (WHERE (since, conversation) < ($2, $3)) \
-             FROM waiting WHERE bot = $1",
-            &[&bot, &since, &conversation],
+        .row(
+            "SELECT count(*), count(*) FILTER (WHERE (w.since, w.conversation) < ($2, $3)) \
+             FROM waiting w WHERE w.bot = $1 AND NOT EXISTS (SELECT 1 FROM \
+             unnest($4::bigint[], $5::text[]) AS f(since, conversation) \
+             WHERE f.since = w.since AND f.conversation = w.conversation)",
+            &[&bot, &since, &conversation, &sinces, &ids],
         )
         .await?;
-    let (mut length, mut ahead) = (num(row.get(0)) as usize, num(row.get(1)) as usize);
-    if !found.is_empty() {
-        let ids: Vec<&str> = found.iter().map(|(_, c)| c.as_str()).collect();
-        let rows = c
-            .query(
-                "SELECT since, conversation FROM waiting WHERE bot = $1 AND conversation = ANY($2)",
-                &[&bot, &ids],
-            )
-            .await?;
-        let there: HashSet<(Millis, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        for spot in found.iter().filter(|f| there.contains(*f)) {
-            length -= 1;
-            if own.is_some_and(|o| (spot.0, spot.1.as_str()) < (o.0, o.1.as_str())) {
-                ahead -= 1;
-            }
-        }
-    }
-    Ok((length, ahead))
+    Ok((num(row.get(0)) as usize, num(row.get(1)) as usize))
 }
 
 /// The queue positions of `wanted` (conversation, bot, since): one plus how many of the bot's
@@ -83,7 +71,7 @@ async fn positions(
         sinces.push(since);
     }
     let rows = c
-        .query(
+        .rows(
             "SELECT w.id, (SELECT count(*) FROM waiting q WHERE q.bot = w.bot \
              AND (q.since, q.conversation) < (w.since, w.id)) \
              FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(id, bot, since)",
@@ -109,7 +97,7 @@ pub(crate) async fn replay_events(
     );
     let mut out = ReplayEvents::default();
     let (mut wanted, mut last) = (Vec::<String>::new(), None);
-    for row in c.query(&sql, &[&from, &to]).await? {
+    for row in c.rows(&sql, &[&from, &to]).await? {
         match row.get::<_, bool>(2) {
             true => out.pending += 1,
             false => {
@@ -125,7 +113,7 @@ pub(crate) async fn replay_events(
         "SELECT {EVENT_COLUMNS} FROM events e LEFT JOIN folded f ON f.partition = e.partition \
          WHERE e.partition = ANY($1) AND e.seq <= $2 AND NOT {PENDING} ORDER BY e.seq"
     );
-    for row in c.query(&sql, &[&wanted, &last]).await? {
+    for row in c.rows(&sql, &[&wanted, &last]).await? {
         out.events.extend(storage::replayed(record(&row)?));
     }
     Ok(out)
@@ -162,7 +150,7 @@ pub(crate) async fn insert_quarantine_as(
         body_base64: String::new(),
         ..record.clone()
     };
-    c.execute(
+    c.exec(
         "INSERT INTO quarantine (id, received_at, meta, body_gzip, body_bytes, body) \
          VALUES ($1, $2, $3, $4, $5, $6)",
         &[
@@ -193,7 +181,7 @@ impl PgStore {
         what: &'static str,
     ) -> Result<Option<T>, StoreError> {
         self.with_client(move |c| async move {
-            let row = c.query_opt(sql, &[&key]).await?;
+            let row = c.row_opt(sql, &[&key]).await?;
             row.map(|r| parse(r.get(0), what)).transpose()
         })
     }
@@ -207,7 +195,7 @@ impl PgStore {
     ) -> Result<Vec<T>, StoreError> {
         let after = after.map(str::to_owned);
         self.with_client(move |c| async move {
-            let rows = c.query(sql, &[&after, &big(limit as u64)]).await?;
+            let rows = c.rows(sql, &[&after, &big(limit as u64)]).await?;
             rows.iter().map(|r| parse(r.get(0), what)).collect()
         })
     }
@@ -222,7 +210,7 @@ impl PgStore {
             let mut out = Vec::with_capacity(ranges.len());
             for (from, to) in &ranges {
                 let rows = c
-                    .query(
+                    .rows(
                         "SELECT key FROM derived WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3",
                         &[from, to, &big(limit as u64)],
                     )
@@ -239,7 +227,7 @@ impl PgStore {
     ) -> Result<HashMap<String, ConversationState>, StoreError> {
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT id, state FROM conversations WHERE id = ANY($1)",
                     &[&ids],
                 )
@@ -256,7 +244,7 @@ impl PgStore {
         key: String,
     ) -> Result<Vec<(EventRecord, bool)>, StoreError> {
         self.with_client(move |c| async move {
-            let rows = c.query(&sql, &[&key]).await?;
+            let rows = c.rows(&sql, &[&key]).await?;
             rows.iter().map(|r| Ok((record(r)?, r.get(7)))).collect()
         })
     }
@@ -289,7 +277,7 @@ impl Reads for PgStore {
         let (platform, key) = (platform.to_owned(), user_key.to_owned());
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT state FROM end_users WHERE platform = $1 AND user_key = $2 \
                      ORDER BY id LIMIT 1",
                     &[&platform, &key],
@@ -420,11 +408,11 @@ impl Reads for PgStore {
     fn queue_summary(&self) -> Result<QueueSummary, StoreError> {
         self.with_client(|c| async move {
             let (count, oldest) = tokio::try_join!(
-                c.query_one(
+                c.row(
                     "SELECT coalesce(sum(waiting), 0)::bigint FROM waiting_bots",
                     &[]
                 ),
-                c.query_one("SELECT min(since) FROM waiting", &[]),
+                c.row("SELECT min(since) FROM waiting", &[]),
             )?;
             Ok(QueueSummary {
                 waiting: num(count.get(0)),
@@ -436,7 +424,7 @@ impl Reads for PgStore {
     fn waiting_by_bot(&self) -> Result<Vec<BotWaiting>, StoreError> {
         self.with_client(|c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT b.bot, b.waiting, (SELECT min(since) FROM waiting w WHERE w.bot = b.bot) \
                      FROM waiting_bots b WHERE b.waiting > 0 ORDER BY b.bot",
                     &[],
@@ -464,7 +452,7 @@ impl Reads for PgStore {
         self.with_client(move |c| async move {
             let (length, ahead) = standing(&c, &bot, own.as_ref(), &[]).await?;
             let row = c
-                .query_opt("SELECT history FROM accept_history WHERE bot = $1", &[&bot])
+                .row_opt("SELECT history FROM accept_history WHERE bot = $1", &[&bot])
                 .await?;
             let history = row
                 .map(|r| parse(r.get(0), "accept history"))
@@ -483,7 +471,7 @@ impl Reads for PgStore {
         let (from, to) = (stats::hour_of(since), stats::hour_of(until - 1));
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT stats FROM hour_stats WHERE hour >= $1 AND hour <= $2 ORDER BY hour",
                     &[&from, &to],
                 )
@@ -521,7 +509,7 @@ impl Reads for PgStore {
 
     fn sizes(&self) -> Result<Sizes, StoreError> {
         self.with_client(|c| async move {
-            let rows = c.query("SELECT key, value FROM meta", &[]).await?;
+            let rows = c.rows("SELECT key, value FROM meta", &[]).await?;
             let counts: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
             let count = |key: &str| counts.get(key).copied().map_or(0, num);
             Ok(Sizes {
@@ -542,7 +530,7 @@ impl Quarantine for PgStore {
     fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
         self.with_client(|c| async move {
             let rows = c
-                .query("SELECT meta, body FROM quarantine ORDER BY id", &[])
+                .rows("SELECT meta, body FROM quarantine ORDER BY id", &[])
                 .await?;
             rows.iter().map(quarantine_record).collect()
         })
@@ -551,7 +539,7 @@ impl Quarantine for PgStore {
     fn quarantined_one(&self, id: u64) -> Result<Option<QuarantineRecord>, StoreError> {
         self.with_client(move |c| async move {
             let row = c
-                .query_opt(
+                .row_opt(
                     "SELECT meta, body FROM quarantine WHERE id = $1",
                     &[&big(id)],
                 )
@@ -568,7 +556,7 @@ impl Quarantine for PgStore {
         let after = after.map_or(-1, big);
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT meta, body_bytes FROM quarantine WHERE id > $1 ORDER BY id LIMIT $2",
                     &[&after, &big(limit as u64 + 1)],
                 )
@@ -589,7 +577,7 @@ impl Quarantine for PgStore {
     fn release_quarantined(&self, id: u64) -> Result<bool, StoreError> {
         self.with_client(move |c| async move {
             let gone = c
-                .execute("DELETE FROM quarantine WHERE id = $1", &[&big(id)])
+                .exec("DELETE FROM quarantine WHERE id = $1", &[&big(id)])
                 .await?;
             add_counts(&c, &[("quarantine", -(gone as i64))]).await?;
             Ok(gone > 0)
@@ -602,7 +590,7 @@ impl OperatorLog for PgStore {
         let (at, text) = (action.at, json(action)?);
         self.with_client(move |c| async move {
             let row = c
-                .query_one(
+                .row(
                     "INSERT INTO operator_actions (id, at, action) \
                      VALUES (nextval('operator_seq'), $1, $2) RETURNING id",
                     &[&at, &text],
@@ -620,7 +608,7 @@ impl OperatorLog for PgStore {
         let before = before.map_or(i64::MAX, big);
         self.with_client(move |c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT id, action FROM operator_actions WHERE id < $1 ORDER BY id DESC LIMIT $2",
                     &[&before, &big(limit as u64)],
                 )

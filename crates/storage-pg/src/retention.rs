@@ -4,6 +4,7 @@
 
 use crate::lease::Active;
 use crate::outbox::add_counts;
+use crate::prepared::Prepared;
 use crate::rows::{big, parse, seq_of};
 use crate::{begin_active, PgError, PgStore};
 use engine::state::EndUserState;
@@ -40,8 +41,8 @@ async fn delete_all(
     loop {
         let tx = begin_active(c, active).await?;
         let n = match more {
-            Some(more) => tx.execute(sql, &[&chunk, &bound, &more]).await?,
-            None => tx.execute(sql, &[&chunk, &bound]).await?,
+            Some(more) => tx.exec(sql, &[&chunk, &bound, &more]).await?,
+            None => tx.exec(sql, &[&chunk, &bound]).await?,
         };
         if let Some(count) = count {
             add_counts(&tx, &[(count, -(n as i64))]).await?;
@@ -63,7 +64,7 @@ async fn conversations_chunk(
     out: &mut StatesPruned,
 ) -> Result<Option<(Millis, String)>, PgError> {
     let tx = begin_active(c, active).await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
+    tx.exec("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
         .await?;
     let sql = format!(
         "SELECT c.id, c.activity_at, {} FROM conversations c \
@@ -72,11 +73,11 @@ async fn conversations_chunk(
         busy("'c:' || c.id", "'c:' || c.id, 'helpdesk:' || c.id")
     );
     let fold_from: i64 = tx
-        .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+        .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
         .await?
         .get(0);
     let rows = tx
-        .query(&sql, &[&fold_from, &before, &after.0, &after.1, &chunk])
+        .rows(&sql, &[&fold_from, &before, &after.0, &after.1, &chunk])
         .await?;
     let last = rows.last().map(|r| (r.get(1), r.get(0)));
     let idle: Vec<String> = rows
@@ -88,17 +89,17 @@ async fn conversations_chunk(
     if !idle.is_empty() {
         out.chunks += 1;
         let marks: Vec<String> = idle.iter().map(|id| format!("c:{id}")).collect();
-        tx.execute("DELETE FROM conversations WHERE id = ANY($1)", &[&idle])
+        tx.exec("DELETE FROM conversations WHERE id = ANY($1)", &[&idle])
             .await?;
-        tx.execute("DELETE FROM folded WHERE partition = ANY($1)", &[&marks])
+        tx.exec("DELETE FROM folded WHERE partition = ANY($1)", &[&marks])
             .await?;
-        tx.execute("DELETE FROM derived WHERE conversation = ANY($1)", &[&idle])
+        tx.exec("DELETE FROM derived WHERE conversation = ANY($1)", &[&idle])
             .await?;
         let timers = tx
-            .execute("DELETE FROM timers WHERE conversation = ANY($1)", &[&idle])
+            .exec("DELETE FROM timers WHERE conversation = ANY($1)", &[&idle])
             .await?;
         let left = tx
-            .query(
+            .rows(
                 "DELETE FROM waiting WHERE conversation = ANY($1) RETURNING bot",
                 &[&idle],
             )
@@ -108,7 +109,7 @@ async fn conversations_chunk(
             *per_bot.entry(row.get(0)).or_default() -= 1;
         }
         let (bots, deltas): (Vec<String>, Vec<i64>) = per_bot.into_iter().unzip();
-        tx.execute(
+        tx.exec(
             "UPDATE waiting_bots b SET waiting = b.waiting + d.delta \
              FROM unnest($1::text[], $2::bigint[]) AS d(bot, delta) WHERE b.bot = d.bot",
             &[&bots, &deltas],
@@ -135,7 +136,7 @@ async fn end_users_chunk(
     out: &mut StatesPruned,
 ) -> Result<Option<(Millis, String)>, PgError> {
     let tx = begin_active(c, active).await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
+    tx.exec("SELECT pg_advisory_xact_lock($1)", &[&fold_lock])
         .await?;
     let sql = format!(
         "SELECT u.id, u.activity_at, {}, u.state FROM end_users u \
@@ -144,11 +145,11 @@ async fn end_users_chunk(
         busy("'u:' || u.id", "'u:' || u.id")
     );
     let fold_from: i64 = tx
-        .query_one("SELECT value FROM meta WHERE key = 'fold_from'", &[])
+        .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
         .await?
         .get(0);
     let rows = tx
-        .query(&sql, &[&fold_from, &before, &after.0, &after.1, &chunk])
+        .rows(&sql, &[&fold_from, &before, &after.0, &after.1, &chunk])
         .await?;
     let last = rows.last().map(|r| (r.get(1), r.get(0)));
     let mut candidates = Vec::new();
@@ -165,7 +166,7 @@ async fn end_users_chunk(
         .filter_map(|(_, l)| l.as_deref())
         .collect();
     let kept: HashSet<String> = tx
-        .query("SELECT id FROM conversations WHERE id = ANY($1)", &[&lasts])
+        .rows("SELECT id FROM conversations WHERE id = ANY($1)", &[&lasts])
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -179,9 +180,9 @@ async fn end_users_chunk(
     if !idle.is_empty() {
         out.chunks += 1;
         let marks: Vec<String> = idle.iter().map(|id| format!("u:{id}")).collect();
-        tx.execute("DELETE FROM end_users WHERE id = ANY($1)", &[&idle])
+        tx.exec("DELETE FROM end_users WHERE id = ANY($1)", &[&idle])
             .await?;
-        tx.execute("DELETE FROM folded WHERE partition = ANY($1)", &[&marks])
+        tx.exec("DELETE FROM folded WHERE partition = ANY($1)", &[&marks])
             .await?;
         add_counts(&tx, &[("end_users", -(idle.len() as i64))]).await?;
         out.end_users += idle.len() as u64;
@@ -301,14 +302,14 @@ impl Retention for PgStore {
         self.with_client(move |mut c| async move {
             let tx = begin_active(&mut c, &active).await?;
             let ledger = tx
-                .execute(
+                .exec(
                     "DELETE FROM ledger WHERE id IN (SELECT id FROM ledger \
                      WHERE state IN ('done', 'dropped') AND at < $1 LIMIT $2)",
                     &[&before, &limit],
                 )
                 .await?;
             let done = tx
-                .execute(
+                .exec(
                     "DELETE FROM outbox_done WHERE seq IN (SELECT seq FROM outbox_done \
                      WHERE at < $1 ORDER BY seq LIMIT $2)",
                     &[&before, &limit],
@@ -351,10 +352,10 @@ impl Retention for PgStore {
         let active = self.active();
         self.with_client(move |mut c| async move {
             let tx = begin_active(&mut c, &active).await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+            tx.exec("SELECT pg_advisory_xact_lock($1)", &[&lock])
                 .await?;
             let n = tx
-                .execute(
+                .exec(
                     "DELETE FROM hour_stats WHERE hour IN (SELECT hour FROM hour_stats \
                      WHERE hour < $1 ORDER BY hour LIMIT $2)",
                     &[&hour, &limit],
@@ -367,7 +368,7 @@ impl Retention for PgStore {
 
     fn oldest_event_received_at(&self) -> Result<Option<Millis>, StoreError> {
         self.with_client(|c| async move {
-            Ok(c.query_one("SELECT min(received_at) FROM events", &[])
+            Ok(c.row("SELECT min(received_at) FROM events", &[])
                 .await?
                 .get(0))
         })

@@ -206,6 +206,14 @@ pub trait Folds {
     fn pending_before_writer(&self) -> Result<Pending, StoreError>;
     /// Event `seq`, stored at `at`.
     fn event_at(&self, seq: u64, at: Cursor) -> Result<Option<EventRecord>, StoreError>;
+    /// [`event_at`](Folds::event_at) of each of `wanted`, in its order: a backend whose reads
+    /// are round trips answers them in one.
+    fn events_at(&self, wanted: &[(u64, Cursor)]) -> Result<Vec<Option<EventRecord>>, StoreError> {
+        wanted
+            .iter()
+            .map(|&(seq, at)| self.event_at(seq, at))
+            .collect()
+    }
     /// A fold session: folds run one at a time (the store's fold lock, or a transaction that
     /// serialises them), and whatever else writes what folds write (retention, a replay's
     /// decisions) waits for it. Refused while an earlier fold is half applied

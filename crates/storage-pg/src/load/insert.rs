@@ -6,6 +6,7 @@ use super::Merged;
 use crate::outbox::{
     write_bots, write_conversations, write_derived, write_end_users, write_queue, write_timers,
 };
+use crate::prepared::Prepared;
 use crate::rows::{big, event_of_action, json};
 use crate::PgError;
 use deadpool_postgres::Transaction;
@@ -142,7 +143,7 @@ async fn deliveries(c: &Transaction<'_>, batch: Vec<Record>) -> Result<Merged, P
     }
     let (ids, times): (Vec<String>, Vec<i64>) = deliveries.into_iter().unzip();
     merged.deliveries += known(c, "deliveries", &ids).await?;
-    c.execute(
+    c.exec(
         "INSERT INTO deliveries (id, received_at) SELECT * FROM unnest($1::text[], $2::bigint[]) \
          ON CONFLICT (id) DO UPDATE SET received_at = \
          GREATEST(deliveries.received_at, excluded.received_at)",
@@ -156,7 +157,7 @@ async fn deliveries(c: &Transaction<'_>, batch: Vec<Record>) -> Result<Merged, P
 /// How many of `ids` `table` holds already.
 async fn known(c: &Transaction<'_>, table: &str, ids: &[String]) -> Result<u64, PgError> {
     let sql = format!("SELECT count(*) FROM {table} WHERE id = ANY($1)");
-    Ok(crate::rows::num(c.query_one(&sql, &[&ids]).await?.get(0)))
+    Ok(crate::rows::num(c.row(&sql, &[&ids]).await?.get(0)))
 }
 
 async fn insert_events(
@@ -170,7 +171,7 @@ async fn insert_events(
     let column = |f: fn(&EventRow) -> String| rows.iter().map(f).collect::<Vec<_>>();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
     let received: Vec<i64> = rows.iter().map(|r| r.received_at).collect();
-    c.execute(
+    c.exec(
         "INSERT INTO events (seq, id, delivery, received_at, partition, kind, body) \
          SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
          $6::text[], $7::text[]) \
@@ -198,7 +199,7 @@ async fn folded_marks(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), PgE
     })?
     .into_iter()
     .unzip();
-    c.execute(
+    c.exec(
         "INSERT INTO folded (partition, mark) SELECT * FROM unnest($1::text[], $2::bigint[])",
         &[&partitions, &marks],
     )
@@ -288,7 +289,7 @@ async fn outbox(c: &Transaction<'_>, kind: Kind, batch: Vec<Record>) -> Result<(
     let sql = format!(
         "{sql} FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS x(s, q, a, d)"
     );
-    c.execute(&sql, &[&seqs, &queues, &ats, &docs]).await?;
+    c.exec(&sql, &[&seqs, &queues, &ats, &docs]).await?;
     Ok(())
 }
 
@@ -307,7 +308,7 @@ async fn ledger(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), PgError> 
         .iter()
         .map(|(_, s)| json(s))
         .collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO ledger (id, event_id, state, seq, at, status) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], \
          $6::text[])",
@@ -338,13 +339,13 @@ async fn operators(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), PgErro
             _ => return Err(PgError::Internal("a batch holds another kind")),
         }
     }
-    c.execute(
+    c.exec(
         "INSERT INTO operator_actions (id, at, action) \
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])",
         &[&ids, &ats, &docs],
     )
     .await?;
-    c.execute(
+    c.exec(
         "INSERT INTO idempotency (route, key, at, record) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])",
         &[&routes, &keys, &times, &records],
@@ -371,7 +372,7 @@ async fn desk_links(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), PgErr
     let closed: Vec<Option<i64>> = links.iter().map(|l| l.closed_at).collect();
     let updated: Vec<i64> = links.iter().map(|l| l.updated_at).collect();
     let docs = links.iter().map(json).collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO desk_links (connector, conversation, closed_at, updated_at, link) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[])",
         &[&connectors, &conversations, &closed, &updated, &docs],
@@ -379,7 +380,7 @@ async fn desk_links(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), PgErr
     .await?;
     let (keys, conversations): (Vec<(String, String)>, Vec<String>) = remotes.into_iter().unzip();
     let (connectors, remotes): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
-    c.execute(
+    c.exec(
         "INSERT INTO desk_remotes (connector, remote, conversation) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[])",
         &[&connectors, &remotes, &conversations],
@@ -396,7 +397,7 @@ async fn desk_contacts(c: &Transaction<'_>, batch: Vec<Record>) -> Result<(), Pg
     let connectors: Vec<&str> = contacts.iter().map(|d| d.connector.as_str()).collect();
     let users: Vec<&str> = contacts.iter().map(|d| d.user.as_str()).collect();
     let docs = contacts.iter().map(json).collect::<Result<Vec<_>, _>>()?;
-    c.execute(
+    c.exec(
         "INSERT INTO desk_contacts (connector, user_id, contact) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[])",
         &[&connectors, &users, &docs],
