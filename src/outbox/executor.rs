@@ -14,6 +14,7 @@ use model::webhook::model::Millis;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::lease::Start;
 use storage::StoreError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -25,34 +26,94 @@ const STORE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Page reads per turn of the loop (the rest on the next turns, which come at once).
 const PAGES_PER_TURN: usize = 4;
 
-/// Most `done` outcomes recorded in one write.
-const DONE_BATCH: usize = 512;
+/// Most items a recording task writes in one call.
+const RECORD_BATCH: usize = 512;
 
-/// A carried-out entry's record on its way to the [`record_done`] task, and who waits for it.
-pub(super) type DoneJob = (DoneRecord, oneshot::Sender<Result<(), Arc<StoreError>>>);
+/// An item on its way to a recording task ([`record`]), and who waits for its answer.
+type Recording<I, A> = (I, oneshot::Sender<Result<A, Arc<StoreError>>>);
 
-/// Records the outcomes of carried-out entries: every outcome that arrived while the last write
-/// ran goes in the next (one blocking-pool trip), not one per action. An entry leaves the outbox
-/// only once its outcome is recorded (`Store::outbox_done_many`), and its task waits for that
-/// write before its queue goes on. Ends when every sender is gone.
-pub(super) async fn record_done(ledger: Arc<dyn Ledger>, mut rx: mpsc::UnboundedReceiver<DoneJob>) {
-    while let Some(first) = rx.recv().await {
-        let mut records = vec![first.0];
-        let mut replies = vec![first.1];
-        while records.len() < DONE_BATCH {
-            let Ok((record, reply)) = rx.try_recv() else {
+/// The recording tasks, which run beside the executor's loop and write what arrives while their
+/// last write ran in the next (one blocking-pool trip), not one write per entry: the `done`
+/// outcomes of carried-out entries (an entry leaves the outbox only once its outcome is
+/// recorded, `Store::outbox_done_many`, and its task waits for that write before its queue goes
+/// on), and, with several nodes, the marks of entries begun (`Store::outbox_started`), each
+/// written before its call.
+pub(super) struct Recorders {
+    done: mpsc::UnboundedReceiver<Recording<DoneRecord, ()>>,
+    started: mpsc::UnboundedReceiver<Recording<u64, Start>>,
+}
+
+/// The way to the [`Recorders`], the runner's.
+pub(super) struct ToRecorders {
+    done: mpsc::UnboundedSender<Recording<DoneRecord, ()>>,
+    started: mpsc::UnboundedSender<Recording<u64, Start>>,
+}
+
+impl Recorders {
+    pub(super) fn new() -> (ToRecorders, Recorders) {
+        let (done, done_rx) = mpsc::unbounded_channel();
+        let (started, started_rx) = mpsc::unbounded_channel();
+        let recorders = Recorders {
+            done: done_rx,
+            started: started_rx,
+        };
+        (ToRecorders { done, started }, recorders)
+    }
+
+    /// Start both on the current runtime; each ends when its senders are gone.
+    pub(super) fn spawn(self, ledger: &Arc<dyn Ledger>) {
+        tokio::spawn(record(ledger.clone(), self.done, |l, records| {
+            l.done(records).map(|()| vec![(); records.len()])
+        }));
+        tokio::spawn(record(ledger.clone(), self.started, |l, seqs| {
+            l.started(seqs)
+        }));
+    }
+}
+
+/// Write what arrives on `rx` with `call`, a batch at a time (at most [`RECORD_BATCH`]); each
+/// waiter gets its item's answer, or the batch's error.
+async fn record<I: Send + 'static, A: Send + 'static>(
+    ledger: Arc<dyn Ledger>,
+    mut rx: mpsc::UnboundedReceiver<Recording<I, A>>,
+    call: fn(&dyn Ledger, &[I]) -> Result<Vec<A>, StoreError>,
+) {
+    while let Some((first, reply)) = rx.recv().await {
+        let (mut items, mut replies) = (vec![first], vec![reply]);
+        while items.len() < RECORD_BATCH {
+            let Ok((item, reply)) = rx.try_recv() else {
                 break;
             };
-            records.push(record);
+            items.push(item);
             replies.push(reply);
         }
-        let result = on_ledger(&ledger, move |l| l.done(&records))
-            .await
-            .map_err(Arc::new);
-        for reply in replies {
-            // The task may have gone (shutdown); its entry is recorded all the same.
-            let _ = reply.send(result.clone());
+        // A waiter may have gone (shutdown); its item is recorded all the same.
+        match on_ledger(&ledger, move |l| call(l, &items)).await {
+            Ok(answers) => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
         }
+    }
+}
+
+/// `item` through a recording task: its answer once written.
+async fn ask<I, A>(
+    to: &mpsc::UnboundedSender<Recording<I, A>>,
+    item: I,
+) -> Result<A, Arc<StoreError>> {
+    let stopped = || Arc::new(StoreError::Internal("the outcome recorder stopped".into()));
+    let (reply, answer) = oneshot::channel();
+    match to.send((item, reply)) {
+        Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
+        Err(_) => Err(stopped()),
     }
 }
 
@@ -88,8 +149,7 @@ impl Sinks {
 
 pub(super) struct Runner {
     pub ledger: Arc<dyn Ledger>,
-    /// To the [`record_done`] task.
-    pub done: mpsc::UnboundedSender<DoneJob>,
+    pub recorders: ToRecorders,
     pub sinks: Sinks,
     pub metrics: Metrics,
     pub settings: ExecutorSettings,
@@ -421,13 +481,11 @@ impl Runner {
     /// is gone had begun is carried out again, once, and counted
     /// (`handoff_outbox_replayed_total`); the idempotency key it carries lets the destination
     /// apply it once.
-    async fn begin(&self, entry: &OutboxEntry) -> Result<(), StoreError> {
+    async fn begin(&self, entry: &OutboxEntry) -> Result<(), Arc<StoreError>> {
         if !self.ledger.shared() {
             return Ok(());
         }
-        let seq = entry.seq;
-        if let storage::lease::Start::Replay { epoch } = self.store(move |l| l.started(seq)).await?
-        {
+        if let Start::Replay { epoch } = ask(&self.recorders.started, entry.seq).await? {
             self.metrics.outbox_replayed.inc();
             tracing::warn!(
                 began_under_epoch = epoch,
@@ -582,7 +640,7 @@ impl Runner {
         }
     }
 
-    /// Through the [`record_done`] task, with the outcomes of the entries finished meanwhile.
+    /// Through the recording task, with the outcomes of the entries finished meanwhile.
     async fn record_done(&self, entry: OutboxEntry, state: RetryState, now: Millis) -> Finish {
         let record = DoneRecord {
             entry,
@@ -591,12 +649,7 @@ impl Runner {
             attempts: state.attempts,
             note: None,
         };
-        let (reply, answer) = oneshot::channel();
-        let stopped = || Arc::new(StoreError::Internal("the outcome recorder stopped".into()));
-        let recorded = match self.done.send((record, reply)) {
-            Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
-            Err(_) => Err(stopped()),
-        };
+        let recorded = ask(&self.recorders.done, record).await;
         self.recorded(recorded.map(|()| Finish::Done), state).await
     }
 

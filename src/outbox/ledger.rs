@@ -45,10 +45,10 @@ pub trait Ledger: Send + Sync + 'static {
     fn shared(&self) -> bool {
         false
     }
-    /// Mark the entry as begun by this node's epoch, before its call: whether a node that is gone
-    /// began it (a replay).
-    fn started(&self, _seq: u64) -> Result<Start, StoreError> {
-        Ok(Start::First)
+    /// Mark the entries as begun by this node's epoch, before their calls: for each, whether a
+    /// node that is gone began it (a replay).
+    fn started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
+        Ok(vec![Start::First; seqs.len()])
     }
 }
 
@@ -114,7 +114,7 @@ impl Ledger for Store {
         storage::lease::Lease::shared(&**self)
     }
 
-    fn started(&self, seq: u64) -> Result<Start, StoreError> {
-        self.outbox_started(seq)
+    fn started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
+        self.outbox_started(seqs)
     }
 }

@@ -348,10 +348,10 @@ pub fn start_with(
     if pending > 0 {
         tracing::info!(pending, "resuming the outbox");
     }
-    let (done, done_rx) = mpsc::unbounded_channel();
+    let (to_recorders, recorders) = executor::Recorders::new();
     let runner = executor::Runner {
         ledger,
-        done,
+        recorders: to_recorders,
         sinks,
         metrics,
         settings,
@@ -364,7 +364,7 @@ pub fn start_with(
         scheduler,
         rx,
         stop,
-        done_rx,
+        recorders,
         destinations: destinations.to_vec(),
     };
     Ok((handle, tasks))
@@ -402,19 +402,16 @@ pub struct Tasks {
     scheduler: scheduler::Scheduler,
     rx: mpsc::UnboundedReceiver<Msg>,
     stop: watch::Receiver<bool>,
-    done_rx: mpsc::UnboundedReceiver<executor::DoneJob>,
+    recorders: executor::Recorders,
     /// Each term's scheduler knows them (several nodes).
     destinations: Vec<String>,
 }
 
 impl Tasks {
-    /// The loop until a stop (calls in flight finish first), with the task that records the
-    /// `done` outcomes beside it on the same runtime.
+    /// The loop until a stop (calls in flight finish first), with the tasks that record
+    /// outcomes and begun entries beside it on the same runtime.
     pub async fn run(mut self) {
-        tokio::spawn(executor::record_done(
-            self.runner.ledger.clone(),
-            self.done_rx,
-        ));
+        self.recorders.spawn(&self.runner.ledger);
         let runner = Arc::new(self.runner);
         runner
             .run(self.scheduler, &mut self.rx, self.stop, &|| false)
@@ -430,11 +427,11 @@ impl Tasks {
         let Tasks {
             runner,
             mut rx,
-            done_rx,
+            recorders,
             destinations,
             ..
         } = self;
-        tokio::spawn(executor::record_done(runner.ledger.clone(), done_rx));
+        recorders.spawn(&runner.ledger);
         let runner = Arc::new(runner);
         loop {
             let term = tokio::select! {

@@ -237,33 +237,44 @@ impl Lease for PgStore {
         })
     }
 
-    fn outbox_started(&self, seq: u64) -> Result<Start, StoreError> {
+    /// One transaction, one statement, for the whole batch.
+    fn outbox_started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
         let active = self.active();
         let Fence::Holds { epoch, .. } = active.fence else {
             // Never claimed: one process alone, nothing to tell apart. A standby: refused.
             return match active.fence {
                 Fence::Standby => Err(StoreError::Fenced),
-                _ => Ok(Start::First),
+                _ => Ok(vec![Start::First; seqs.len()]),
             };
         };
-        self.with_client(move |mut c| async move {
+        let wanted: Vec<i64> = seqs.iter().map(|&seq| big(seq)).collect();
+        let before = self.with_client(move |mut c| async move {
             let tx = c.transaction().await?;
             check(&tx, &active).await?;
-            let row = tx
-                .row_opt(
+            // The subquery in RETURNING reads the rows as they were before the statement.
+            let rows = tx
+                .rows(
                     "INSERT INTO outbox_started (seq, epoch) \
-                     SELECT seq, $2 FROM outbox WHERE seq = $1 \
+                     SELECT seq, $2 FROM outbox WHERE seq = ANY($1) \
                      ON CONFLICT (seq) DO UPDATE SET epoch = excluded.epoch \
-                     RETURNING (SELECT s.epoch FROM outbox_started s WHERE s.seq = $1)",
-                    &[&big(seq), &big(epoch)],
+                     RETURNING seq, \
+                     (SELECT s.epoch FROM outbox_started s WHERE s.seq = outbox_started.seq)",
+                    &[&wanted, &big(epoch)],
                 )
                 .await?;
             tx.commit().await?;
-            let before: Option<i64> = row.and_then(|r| r.get(0));
-            Ok(match before.map(num) {
-                Some(earlier) if earlier < epoch => Start::Replay { epoch: earlier },
+            let before: std::collections::HashMap<u64, u64> = rows
+                .iter()
+                .filter_map(|r| Some((num(r.get(0)), num(r.get::<_, Option<i64>>(1)?))))
+                .collect();
+            Ok(before)
+        })?;
+        Ok(seqs
+            .iter()
+            .map(|seq| match before.get(seq) {
+                Some(&earlier) if earlier < epoch => Start::Replay { epoch: earlier },
                 _ => Start::First,
             })
-        })
+            .collect())
     }
 }

@@ -84,10 +84,11 @@ pub trait Lease {
     fn note_seen(&self, node: &str) -> Result<(), StoreError>;
     /// The nodes seen at or after `since`, by name.
     fn nodes_seen(&self, since: Millis) -> Result<Vec<NodeSeen>, StoreError>;
-    /// Mark outbox entry `seq` as started by this handle's epoch, before its call (fenced):
-    /// whether an attempt of an earlier epoch had begun (a replay). `First` for an entry no
-    /// longer in the outbox, and for a store that is not [`shared`](Lease::shared).
-    fn outbox_started(&self, seq: u64) -> Result<Start, StoreError>;
+    /// Mark outbox entries `seqs` as started by this handle's epoch, before their calls (fenced,
+    /// all or none): for each, in order, whether an attempt of an earlier epoch had begun (a
+    /// replay). `First` for an entry no longer in the outbox, and for a store that is not
+    /// [`shared`](Lease::shared).
+    fn outbox_started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError>;
 }
 
 /// The sled backend's lease: this node's, always (one process holds the store).
@@ -178,8 +179,8 @@ impl Lease for SledStore {
     }
 
     /// No other node can have begun it: never a replay, and nothing written.
-    fn outbox_started(&self, _seq: u64) -> Result<Start, StoreError> {
-        Ok(Start::First)
+    fn outbox_started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
+        Ok(vec![Start::First; seqs.len()])
     }
 }
 
@@ -200,7 +201,7 @@ mod tests {
             let again = store.claim("n1", Duration::from_secs(10)).expect("renew");
             assert_eq!(again.epoch, 1, "a renewal keeps the epoch");
             assert_eq!(store.held_epoch(), Some(1));
-            assert_eq!(store.outbox_started(7).expect("start"), Start::First);
+            assert_eq!(store.outbox_started(&[7]).expect("start"), [Start::First]);
         }
         let store = SledStore::open(&path, 8 << 20).expect("reopen");
         let next = store.claim("n1", Duration::from_secs(10)).expect("claim");

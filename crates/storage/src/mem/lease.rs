@@ -221,19 +221,23 @@ impl Lease for MemStore {
             .collect())
     }
 
-    fn outbox_started(&self, seq: u64) -> Result<Start, StoreError> {
+    fn outbox_started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
         let mut data = self.data();
         self.fenced(&data)?;
         let Some(epoch) = self.held_epoch() else {
-            return Ok(Start::First);
+            return Ok(vec![Start::First; seqs.len()]);
         };
-        if !data.outbox.contains_key(&seq) {
-            return Ok(Start::First);
+        let mut out = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            if !data.outbox.contains_key(seq) {
+                out.push(Start::First);
+                continue;
+            }
+            out.push(match data.started.insert(*seq, epoch) {
+                Some(earlier) if earlier < epoch => Start::Replay { epoch: earlier },
+                _ => Start::First,
+            });
         }
-        let before = data.started.insert(seq, epoch);
-        Ok(match before {
-            Some(earlier) if earlier < epoch => Start::Replay { epoch: earlier },
-            _ => Start::First,
-        })
+        Ok(out)
     }
 }
