@@ -45,6 +45,10 @@ pub(crate) fn record(row: &tokio_postgres::Row) -> Result<EventRecord, PgError> 
     })
 }
 
+/// The longest bot queue a fold session holds in memory, read once for the batch instead of a
+/// round trip for every event's standing (a few hundred KiB at most).
+pub(crate) const QUEUE_HELD: usize = 4_096;
+
 /// Whether an event is still to fold, as SQL over `e` (events) and `f` (folded) with the
 /// watermark as `$1`.
 const PENDING: &str = "(e.seq >= $1 AND (f.mark IS NULL OR e.seq > f.mark))";
@@ -79,25 +83,35 @@ impl PgStore {
 
     /// At most `limit` events still to fold at or past `from`, and where to read on (past the
     /// last one listed, or the log's end when none is left): events commit in number order, so
-    /// nothing committed later comes below that end.
+    /// nothing committed later comes below that end. One statement, so one snapshot: the
+    /// watermark, the events and the log's end agree (the active polls this for every node's
+    /// events).
     fn pending_on(&self, from: Cursor, limit: usize) -> Result<Pending, StoreError> {
         let (from, limit) = (big(seq_of(from)), big(limit as u64));
-        self.with_client(move |mut c| async move {
-            let tx = snapshot(&mut c).await?;
-            let watermark: i64 = tx
-                .row("SELECT value FROM meta WHERE key = 'fold_from'", &[])
-                .await?
-                .get(0);
-            let sql = format!(
-                "SELECT e.seq, e.partition FROM events e LEFT JOIN folded f \
-                 ON f.partition = e.partition WHERE {PENDING} AND e.seq >= $2 \
-                 ORDER BY e.seq LIMIT $3"
-            );
-            let rows = tx.rows(&sql, &[&watermark, &from, &limit]).await?;
-            let events = pending_events(&rows)?;
+        self.with_client(move |c| async move {
+            let rows = c
+                .rows(
+                    "SELECT m.last, p.seq, p.partition FROM (SELECT max(seq) AS last FROM events) m \
+                     LEFT JOIN LATERAL (SELECT e.seq, e.partition FROM events e \
+                     LEFT JOIN folded f ON f.partition = e.partition \
+                     WHERE e.seq >= (SELECT value FROM meta WHERE key = 'fold_from') \
+                     AND (f.mark IS NULL OR e.seq > f.mark) AND e.seq >= $1 \
+                     ORDER BY e.seq LIMIT $2) p ON true ORDER BY p.seq",
+                    &[&from, &limit],
+                )
+                .await?;
+            let last: Option<i64> = rows.first().and_then(|r| r.get(0));
+            let listed: Vec<&tokio_postgres::Row> = rows
+                .iter()
+                .filter(|r| r.get::<_, Option<i64>>(1).is_some())
+                .collect();
+            let events = listed
+                .iter()
+                .map(|row| pending_event(row.get(1), row.get(2)))
+                .collect::<Result<Vec<_>, _>>()?;
             let end = match events.last() {
                 Some(last) if events.len() as i64 >= limit => big(last.seq) + 1,
-                _ => log_end(&tx).await?.max(from),
+                _ => last.map_or(0, |m| m + 1).max(from),
             };
             Ok(Pending {
                 events,
@@ -122,19 +136,24 @@ async fn snapshot(
 /// The pending events of `rows` (`seq`, `partition`).
 fn pending_events(rows: &[tokio_postgres::Row]) -> Result<Vec<PendingEvent>, PgError> {
     rows.iter()
-        .map(|row| {
-            let seq = num(row.get(0));
-            let partition = PartitionKey::decode(row.get(1)).ok_or(PgError::Corrupt {
-                what: "event partition",
-                detail: row.get(1),
-            })?;
-            Ok(PendingEvent {
-                seq,
-                partition,
-                at: cursor(seq),
-            })
-        })
+        .map(|row| pending_event(row.get(0), row.get(1)))
         .collect()
+}
+
+/// An event still to fold: its number and its partition's encoded key.
+fn pending_event(seq: i64, partition: String) -> Result<PendingEvent, PgError> {
+    let seq = num(seq);
+    let Some(partition) = PartitionKey::decode(&partition) else {
+        return Err(PgError::Corrupt {
+            what: "event partition",
+            detail: partition,
+        });
+    };
+    Ok(PendingEvent {
+        seq,
+        partition,
+        at: cursor(seq),
+    })
 }
 
 /// One past the highest event number committed (events commit in number order: no later commit
@@ -291,6 +310,9 @@ struct Cache {
     /// The events whose ledger rows were read, and those rows (action id -> state).
     ledger_events: HashSet<String>,
     ledger: HashMap<String, String>,
+    /// Each bot's committed waiting queue in order, read at its first standing: `None` when
+    /// longer than the store holds (each standing is then asked of the database).
+    queues: HashMap<String, Option<Vec<(Millis, String)>>>,
 }
 
 /// A fold under way.
@@ -338,6 +360,60 @@ impl PgFold<'_> {
         };
         Ok(text.map(|t| parse(&t, what)).transpose()?)
     }
+}
+
+impl PgFold<'_> {
+    /// `bot`'s committed waiting queue in order, `None` when longer than the store holds.
+    fn read_queue(&mut self, bot: &str) -> Result<Option<Vec<(Millis, String)>>, StoreError> {
+        let held = self
+            .store
+            .0
+            .queue_held
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let (bot, limit) = (bot.to_owned(), big(held as u64 + 1));
+        let rows = self.call(move |c| async move {
+            let rows = c
+                .rows(
+                    "SELECT since, conversation FROM waiting WHERE bot = $1 \
+                     ORDER BY since, conversation LIMIT $2",
+                    &[&bot, &limit],
+                )
+                .await;
+            (c, rows.map_err(PgError::from))
+        })?;
+        if rows.len() > held {
+            return Ok(None);
+        }
+        Ok(Some(rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    }
+}
+
+/// [`FoldReads::waiting_standing`] over a bot's whole committed queue (`queue`, in order;
+/// `"C"` collation is byte order, as `str`'s): how many wait, and how many sort before `own`,
+/// leaving out those of `found` that are there, each once.
+fn standing_in(
+    queue: &[(Millis, String)],
+    own: Option<QueueSpot<'_>>,
+    found: &mut dyn Iterator<Item = QueueSpot<'_>>,
+) -> (usize, usize) {
+    let rank = |spot: (Millis, &str)| queue.partition_point(|(s, c)| (*s, c.as_str()) < spot);
+    let there = |spot: (Millis, &str)| {
+        queue
+            .get(rank(spot))
+            .is_some_and(|(s, c)| (*s, c.as_str()) == spot)
+    };
+    let own = own.map(|o| (o.since, o.conversation));
+    let mut found: Vec<(Millis, &str)> = found.map(|f| (f.since, f.conversation)).collect();
+    found.sort_unstable();
+    found.dedup();
+    let (mut length, mut ahead) = (queue.len(), own.map_or(0, rank));
+    for spot in found.into_iter().filter(|spot| there(*spot)) {
+        length -= 1;
+        if own.is_some_and(|own| spot < own) {
+            ahead -= 1;
+        }
+    }
+    (length, ahead)
 }
 
 impl FoldReads for PgFold<'_> {
@@ -435,6 +511,13 @@ impl FoldReads for PgFold<'_> {
         own: Option<QueueSpot<'_>>,
         found: &mut dyn Iterator<Item = QueueSpot<'_>>,
     ) -> Result<(usize, usize), StoreError> {
+        if !self.cache.queues.contains_key(bot) {
+            let held = self.read_queue(bot)?;
+            self.cache.queues.insert(bot.to_owned(), held);
+        }
+        if let Some(Some(queue)) = self.cache.queues.get(bot) {
+            return Ok(standing_in(queue, own, found));
+        }
         let found: Vec<(Millis, String)> = found
             .map(|f| (f.since, f.conversation.to_owned()))
             .collect();
@@ -623,4 +706,56 @@ fn conversation_end_users(
 /// A JSON document of a state to write.
 pub(crate) fn state_json<T: serde::Serialize>(state: &T) -> Result<String, PgError> {
     json(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The standing as the SQL of `reads::standing` counts it, row by row.
+    fn counted(
+        queue: &[(Millis, String)],
+        own: Option<(Millis, &str)>,
+        found: &[(Millis, &str)],
+    ) -> (usize, usize) {
+        let left: Vec<&(Millis, String)> = queue
+            .iter()
+            .filter(|(s, c)| !found.contains(&(*s, c.as_str())))
+            .collect();
+        let ahead = own.map_or(0, |own| {
+            left.iter().filter(|(s, c)| (*s, c.as_str()) < own).count()
+        });
+        (left.len(), ahead)
+    }
+
+    #[test]
+    fn a_held_queue_answers_standings_as_the_database_counts_them() {
+        let queue: Vec<(Millis, String)> = [(1, "c1"), (2, "c2"), (2, "c2b"), (5, "c5"), (9, "c9")]
+            .iter()
+            .map(|(s, c)| (*s, (*c).to_owned()))
+            .collect();
+        let cases: [(Option<(Millis, &str)>, Vec<(Millis, &str)>); 7] = [
+            (None, vec![]),
+            (Some((2, "c2b")), vec![]),
+            (Some((10, "new")), vec![]),
+            (Some((0, "first")), vec![(5, "c5")]),
+            // Found there, found with another `since` (not there), found twice.
+            (Some((5, "c5")), vec![(1, "c1"), (2, "c2x"), (9, "c9")]),
+            (Some((5, "c5")), vec![(1, "c1"), (1, "c1")]),
+            (None, vec![(2, "c2"), (3, "gone")]),
+        ];
+        for (own, found) in cases {
+            let spot = |(since, conversation): (Millis, &'static str)| QueueSpot {
+                since,
+                conversation,
+            };
+            let mut spots = found.iter().map(|f| spot(*f));
+            let held = standing_in(&queue, own.map(spot), &mut spots);
+            assert_eq!(
+                held,
+                counted(&queue, own, &found),
+                "own {own:?}, found {found:?}"
+            );
+        }
+    }
 }

@@ -4,6 +4,10 @@
 //! transaction under an advisory lock ([`schema`]); a schema newer than this binary knows is
 //! refused.
 //!
+//! Every statement is prepared once per connection and kept ([`prepared`]); a batch of anything
+//! (events, states, outcomes, begin marks) is one statement over arrays (`unnest`), not one per
+//! row.
+//!
 //! The port is synchronous, the client async: the store runs tokio-postgres on a small runtime
 //! of its own, and each port call spawns its work there and waits for the answer on a plain
 //! channel, so it may be called from any thread (fold threads, blocking threads, async threads of
@@ -144,6 +148,8 @@ struct Inner {
     /// The first event number a running writer hands over itself (see `pending_before_writer`).
     writer_from: Mutex<Option<u64>>,
     fail_next_commit: AtomicBool,
+    /// The longest bot queue a fold session holds in memory (`fold::QUEUE_HELD`; tests lower it).
+    queue_held: std::sync::atomic::AtomicUsize,
     /// What this handle holds of the lease (`lease`).
     fence: Mutex<lease::Fence>,
 }
@@ -232,8 +238,18 @@ impl PgStore {
             timer_wakeup: Arc::default(),
             writer_from: Mutex::new(None),
             fail_next_commit: AtomicBool::new(false),
+            queue_held: std::sync::atomic::AtomicUsize::new(fold::QUEUE_HELD),
             fence: Mutex::default(),
         })))
+    }
+
+    /// Fold sessions hold a bot's waiting queue in memory only up to `n` entries (tests: 0 asks
+    /// the database for every standing, the path of longer queues).
+    #[cfg(feature = "test-support")]
+    pub fn hold_queues_up_to(&self, n: usize) {
+        self.0
+            .queue_held
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The next fold commit fails before it commits, writing nothing (tests of a failing store).

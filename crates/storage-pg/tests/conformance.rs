@@ -15,18 +15,39 @@ struct PgSubject {
     store: Option<PgStore>,
     /// Every node's clock (the test moves it: the lease's times follow its offset).
     clock: model::clock::Clock,
+    /// Fold sessions ask the database for every queue standing (the path of long queues).
+    unheld: bool,
 }
 
 impl PgSubject {
     fn made() -> Option<Box<dyn Subject>> {
-        let db = TestDb::fresh("the PostgreSQL conformance suite")?;
+        Self::with("the PostgreSQL conformance suite", false)
+    }
+
+    /// The suite again with no bot queue held in a fold session's memory.
+    fn unheld() -> Option<Box<dyn Subject>> {
+        Self::with("the PostgreSQL conformance suite, queues unheld", true)
+    }
+
+    fn with(what: &str, unheld: bool) -> Option<Box<dyn Subject>> {
+        let db = TestDb::fresh(what)?;
         let clock = model::clock::Clock::new();
-        let store = PgStore::open(&db.options(), clock.clone()).expect("open");
-        Some(Box::new(PgSubject {
+        let mut subject = PgSubject {
             db,
-            store: Some(store),
+            store: None,
             clock,
-        }))
+            unheld,
+        };
+        subject.store = Some(subject.open());
+        Some(Box::new(subject))
+    }
+
+    fn open(&self) -> PgStore {
+        let store = PgStore::open(&self.db.options(), self.clock.clone()).expect("open");
+        if self.unheld {
+            store.hold_queues_up_to(0);
+        }
+        store
     }
 
     fn pg(&self) -> PgStore {
@@ -49,15 +70,13 @@ impl Subject for PgSubject {
 
     fn reopen(&mut self) -> bool {
         self.store = None;
-        let store = PgStore::open(&self.db.options(), self.clock.clone());
-        self.store = Some(store.expect("reopen"));
+        self.store = Some(self.open());
         true
     }
 
     /// Another process on the same schema, on the same clock.
     fn another_node(&self) -> Option<Store> {
-        let other = PgStore::open(&self.db.options(), self.clock.clone()).expect("open");
-        Some(Arc::new(other))
+        Some(Arc::new(self.open()))
     }
 
     fn fail_next_commit(&mut self) -> bool {
@@ -67,3 +86,4 @@ impl Subject for PgSubject {
 }
 
 storage::conformance_tests!(postgres, optional crate::PgSubject::made());
+storage::conformance_tests!(postgres_unheld, optional crate::PgSubject::unheld());
