@@ -32,6 +32,9 @@ const RECORD_BATCH: usize = 512;
 /// An item on its way to a recording task ([`record`]), and who waits for its answer.
 type Recording<I, A> = (I, oneshot::Sender<Result<A, Arc<StoreError>>>);
 
+/// What a recording task writes a batch with: each item's answer, in order.
+type Write<I, A> = fn(&dyn Ledger, &[I]) -> Result<Vec<A>, StoreError>;
+
 /// The recording tasks, which run beside the executor's loop and write what arrives while their
 /// last write ran in the next (one blocking-pool trip), not one write per entry: the `done`
 /// outcomes of carried-out entries (an entry leaves the outbox only once its outcome is
@@ -76,7 +79,7 @@ impl Recorders {
 async fn record<I: Send + 'static, A: Send + 'static>(
     ledger: Arc<dyn Ledger>,
     mut rx: mpsc::UnboundedReceiver<Recording<I, A>>,
-    call: fn(&dyn Ledger, &[I]) -> Result<Vec<A>, StoreError>,
+    call: Write<I, A>,
 ) {
     while let Some((first, reply)) = rx.recv().await {
         let (mut items, mut replies) = (vec![first], vec![reply]);

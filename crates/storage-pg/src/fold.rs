@@ -734,7 +734,8 @@ mod tests {
             .iter()
             .map(|(s, c)| (*s, (*c).to_owned()))
             .collect();
-        let cases: [(Option<(Millis, &str)>, Vec<(Millis, &str)>); 7] = [
+        type Spot = (Millis, &'static str);
+        let cases: [(Option<Spot>, Vec<Spot>); 7] = [
             (None, vec![]),
             (Some((2, "c2b")), vec![]),
             (Some((10, "new")), vec![]),
