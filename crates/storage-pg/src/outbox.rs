@@ -613,16 +613,7 @@ impl Outbox for PgStore {
             let tx = begin_active(&mut c, &active).await?;
             let statuses = records
                 .iter()
-                .map(|r| {
-                    let status = ActionStatus {
-                        state: "done".into(),
-                        seq: r.entry.seq,
-                        at: r.at,
-                        attempts: r.attempts,
-                        note: None,
-                    };
-                    (&r.entry, status)
-                })
+                .map(|r| (&r.entry, ActionStatus::done(r)))
                 .collect::<Vec<_>>();
             let seqs: Vec<i64> = records.iter().map(|r| big(r.entry.seq)).collect();
             tokio::try_join!(

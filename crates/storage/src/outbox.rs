@@ -46,6 +46,17 @@ impl ActionStatus {
             note: None,
         }
     }
+
+    /// A carried-out entry's status, as its `done` record says (for backends).
+    pub fn done(record: &DoneRecord) -> Self {
+        ActionStatus {
+            state: "done".into(),
+            seq: record.entry.seq,
+            at: record.at,
+            attempts: record.attempts,
+            note: None,
+        }
+    }
 }
 
 /// Newly decided entries into a journal (a fold's, a replay's): each outbox entry with its
@@ -181,13 +192,7 @@ impl Outbox for SledStore {
         let rows = records
             .iter()
             .map(|r| {
-                let status = ActionStatus {
-                    state: "done".into(),
-                    seq: r.entry.seq,
-                    at: r.at,
-                    attempts: r.attempts,
-                    note: None,
-                };
+                let status = ActionStatus::done(r);
                 Ok((
                     keys::seq(r.entry.seq),
                     r.entry.id.as_bytes(),

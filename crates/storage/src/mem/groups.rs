@@ -308,13 +308,7 @@ impl Outbox for MemStore {
         let mut data = self.data();
         self.fenced(&data)?;
         for r in records {
-            let status = ActionStatus {
-                state: "done".into(),
-                seq: r.entry.seq,
-                at: r.at,
-                attempts: r.attempts,
-                note: None,
-            };
+            let status = ActionStatus::done(r);
             data.ledger.insert(r.entry.id.clone(), status);
             data.done.insert(r.entry.seq, r.clone());
             data.settle(r.entry.seq);
