@@ -112,7 +112,11 @@ async fn ask<I, A>(
     to: &mpsc::UnboundedSender<Recording<I, A>>,
     item: I,
 ) -> Result<A, Arc<StoreError>> {
-    let stopped = || Arc::new(StoreError::Internal("the outcome recorder stopped".into()));
+    let stopped = || {
+        Arc::new(StoreError::Internal(
+            "a recording task stopped (the executor is shutting down)".into(),
+        ))
+    };
     let (reply, answer) = oneshot::channel();
     match to.send((item, reply)) {
         Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
