@@ -481,6 +481,8 @@ struct Tasks {
     cert_reloader: Option<tokio::task::JoinHandle<()>>,
     /// The lease loop (a store other nodes may share).
     lease: Option<tokio::task::JoinHandle<()>>,
+    /// The active's loop over what other nodes ask of it (a store other nodes may share).
+    asks: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The background work's handles (the admin API steers them) and tasks (the stop waits for them).
@@ -611,6 +613,13 @@ impl Application {
             chatwoot: pipeline.chatwoot.clone(),
             cluster: cluster.clone(),
         });
+        // What other nodes ask of the active (none asks on a store one process holds).
+        let asks = cluster.shared().then(|| {
+            let ops = shared.clone();
+            roles::active_loop(cluster.terms(&stop_rx), move |stop| {
+                crate::ops::asks::serve(ops.clone(), stop)
+            })
+        });
         // Last: the active's work waits for its terms, which the lease loop starts.
         let lease = cluster.start(role, self.metrics.clone(), stop_rx.clone());
         Ok(Running {
@@ -634,6 +643,7 @@ impl Application {
                 watcher: background.tasks.watcher,
                 cert_reloader: None,
                 lease,
+                asks,
             },
         })
     }
@@ -1007,6 +1017,9 @@ impl Application {
             tracing::warn!("executor did not stop in time; its entries stay in the outbox");
         }
         let _ = tasks.pruner.await;
+        if let Some(asks) = tasks.asks {
+            let _ = asks.await;
+        }
         let _ = tasks.watcher.await;
         if let Some(lease) = tasks.lease {
             let _ = lease.await;

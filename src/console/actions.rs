@@ -8,9 +8,11 @@ use super::session::{self, Session};
 use super::view::Frame;
 use super::{html, see_other, Console, ConsoleError, Signed, PREFIX};
 use crate::helpdesk::commands::ConsoleCommand;
+use crate::ops::asks::Ran;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
+use storage::asks::Ask;
 
 /// The longest reply typed in the console: the agent API's.
 const MAX_REPLY: usize = crate::helpdesk::contract::MAX_TEXT;
@@ -244,22 +246,24 @@ async fn letter(
 ) -> Result<HttpResponse, ConsoleError> {
     let session = signed.acting(&form.csrf)?;
     let (seq, what) = path.into_inner();
-    let ops = &console.ops;
-    let (found, done) = match what.as_str() {
-        "retry" => (
-            !crate::ops::outbox_admin::retry(ops, &[seq])
-                .await?
-                .is_empty(),
-            "retried",
-        ),
+    let (ask, done) = match what.as_str() {
+        "retry" => (Ask::Retry { ids: vec![seq] }, "retried"),
         "discard" => {
             let reason = format!("discarded from the console by {}", session.name);
-            let dropped = crate::ops::outbox_admin::drop_letter(ops, seq, &reason).await?;
-            (dropped.is_some(), "discarded")
+            (Ask::Drop { id: seq, reason }, "discarded")
         }
         _ => return Err(ConsoleError::NotFound("no such action".into())),
     };
     let what = format!("{what} dead letter {seq}");
+    let found = match crate::ops::asks::run(&console.ops, ask).await? {
+        Ran::Done(body) => match done {
+            "retried" => body["retried"].as_array().is_some_and(|r| !r.is_empty()),
+            _ => true,
+        },
+        Ran::Relayed { status, .. } if status == StatusCode::NOT_FOUND => false,
+        Ran::Relayed { status, body } => return Err(relayed(status, &body)),
+        Ran::Waiting(id) => return Ok(asked(&console, session, what, id).await),
+    };
     if !found {
         record(
             &console,
@@ -272,6 +276,26 @@ async fn letter(
     }
     record(&console, session, what, "applied".into()).await;
     Ok(see_other(&format!("{PREFIX}/outbox?done={done}")))
+}
+
+/// The active node refused or failed what this standby asked of it: its message, as a page.
+fn relayed(status: StatusCode, body: &serde_json::Value) -> ConsoleError {
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or("the active node failed");
+    ConsoleError::of_status(status, message.to_owned())
+}
+
+/// Stored for the active node, not answered yet: recorded as asked, and said so.
+async fn asked(console: &Console, session: &Session, what: String, id: u64) -> HttpResponse {
+    record(
+        console,
+        session,
+        what,
+        format!("asked of the active node (ask {id})"),
+    )
+    .await;
+    see_other(&format!("{PREFIX}/outbox?done=asked"))
 }
 
 /// Which dead letters "retry all matching" takes: those whose reason and queue contain these
@@ -345,14 +369,16 @@ async fn retry_matching(
     form: web::Form<RetryMatchingForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     let session = signed.acting(&form.csrf)?;
-    let seqs = matching_letters(&console, &form.matching).await?;
-    let mut retried = 0;
-    for chunk in seqs.chunks(crate::queries::PAGE) {
-        retried += crate::ops::outbox_admin::retry(&console.ops, chunk)
-            .await?
-            .len();
-    }
     let what = format!("retry {}", form.matching.describe());
+    let ask = Ask::RetryMatching {
+        reason: form.matching.reason.clone(),
+        queue: form.matching.queue.clone(),
+    };
+    let retried = match crate::ops::asks::run(&console.ops, ask).await? {
+        Ran::Done(body) => body["retried"].as_array().map_or(0, Vec::len),
+        Ran::Relayed { status, body } => return Err(relayed(status, &body)),
+        Ran::Waiting(id) => return Ok(asked(&console, session, what, id).await),
+    };
     record(
         &console,
         session,

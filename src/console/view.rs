@@ -40,6 +40,7 @@ fn notice(code: &str) -> Option<&'static str> {
         "retried" => "Dead letter retried: it is back in the outbox.",
         "retried_all" => "Matching dead letters retried.",
         "discarded" => "Dead letter discarded.",
+        "asked" => "Asked of the active node, which has not answered yet: see the audit list.",
         "reprocessed" => "Quarantine record re-processed.",
         _ => return None,
     })

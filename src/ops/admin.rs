@@ -49,14 +49,19 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig, scope: actix_web::Scope) {
 }
 
 /// Run a backfill pass now (after the one running, if any): what it read, what it stored, and
-/// whether the webhook looks silent.
+/// whether the webhook looks silent. The active's work (see `asks`).
 async fn backfill_pass(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
-    super::active_only(&shared).await?;
+    let ask = storage::asks::Ask::Backfill;
+    super::asks::answer(&shared, ask, |body| Ok(HttpResponse::Ok().json(body))).await
+}
+
+/// A backfill pass on the active node: its report and the webhook's watch.
+pub(crate) async fn backfill_now(shared: &Ops) -> Result<serde_json::Value, ApiError> {
     match shared.backfill.pass().await {
-        Ok(report) => Ok(HttpResponse::Ok().json(json!({
+        Ok(report) => Ok(json!({
             "pass": report,
             "webhook": shared.backfill.watch().detail(),
-        }))),
+        })),
         Err(e) => {
             tracing::warn!(error = %e, "backfill pass failed");
             Err(ApiError::new(

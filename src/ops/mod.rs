@@ -1,6 +1,7 @@
 //! Operations endpoints: liveness, readiness, metrics, and the admin API.
 
 pub mod admin;
+pub(crate) mod asks;
 pub mod metrics;
 pub mod outbox_admin;
 pub mod prune_admin;
@@ -65,6 +66,7 @@ pub fn admin_routes(cfg: &mut web::ServiceConfig) {
     let scope = outbox_admin::routes(web::scope(admin::PREFIX));
     let scope = reconcile_admin::routes(scope);
     let scope = prune_admin::routes(scope);
+    let scope = asks::routes(scope);
     admin::routes(cfg, scope);
 }
 
@@ -127,27 +129,6 @@ pub(crate) fn desks(shared: &Ops) -> serde_json::Map<String, serde_json::Value> 
         out.insert(name.to_owned(), json!(status));
     }
     out
-}
-
-/// The active's work asked of this node (a dead letter's retry or drop, a replay, a pass run
-/// now): refused on a standby, 409 `not_active` naming the active node (the store would refuse
-/// the writes, and the active's executor would not know of them).
-pub(crate) async fn active_only(shared: &Ops) -> Result<(), api_error::ApiError> {
-    if shared.cluster.is_active() {
-        return Ok(());
-    }
-    let view = shared.cluster.view().await.ok();
-    let holder = view
-        .and_then(|v| v.holder)
-        .unwrap_or_else(|| "none yet".into());
-    Err(api_error::ApiError::new(
-        actix_web::http::StatusCode::CONFLICT,
-        "not_active",
-        format!(
-            "this node ({}) stands by: the active node ({holder}) does this; call its admin API",
-            shared.cluster.node_id()
-        ),
-    ))
 }
 
 /// Pending outbox entries: this node's executor's count, or, with several nodes on the store,

@@ -8,6 +8,7 @@ use actix_web::{web, HttpResponse};
 use api_error::ApiError;
 use serde::Deserialize;
 use serde_json::json;
+use storage::asks::Ask;
 
 pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
     scope
@@ -131,24 +132,45 @@ async fn retry_dead(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = parse_id(&id)?;
-    let retried = retry(&shared, &[id]).await?;
-    if retried.is_empty() {
-        return Err(not_found(id));
-    }
-    Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
+    let ask = Ask::Retry { ids: vec![id] };
+    super::asks::answer(&shared, ask, |body| {
+        match body["retried"].as_array().is_some_and(|r| !r.is_empty()) {
+            true => Ok(HttpResponse::Ok().json(body)),
+            false => Err(not_found(id)),
+        }
+    })
+    .await
 }
 
-/// Every dead letter back to the outbox, 100 at a time (never all letters in memory at once):
-/// each page is retried, made durable and handed to the executor before the next is read.
+/// Every dead letter back to the outbox ([`retry_matching`] of every letter).
 async fn retry_all(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
+    let ask = Ask::RetryMatching {
+        reason: String::new(),
+        queue: String::new(),
+    };
+    super::asks::answer(&shared, ask, |body| Ok(HttpResponse::Ok().json(body))).await
+}
+
+/// The dead letters whose reason and queue contain `reason` and `queue` (empty: any) back to the
+/// outbox, 100 at a time (never all letters in memory at once): each page is retried, made
+/// durable and handed to the executor before the next is read. The numbers retried.
+pub(crate) async fn retry_matching(
+    shared: &Ops,
+    reason: &str,
+    queue: &str,
+) -> Result<Vec<u64>, ApiError> {
     let (mut retried, mut after) = (Vec::new(), None);
     loop {
-        let (ids, next) = letters_page(&shared, after, |_| true).await?;
-        retried.extend(retry(&shared, &ids).await?);
+        let (reason, queue) = (reason.trim().to_owned(), queue.trim().to_owned());
+        let takes = move |l: &model::action::DeadLetter| {
+            l.reason.contains(&reason) && l.entry.queue.contains(&queue)
+        };
+        let (ids, next) = letters_page(shared, after, takes).await?;
+        retried.extend(retry(shared, &ids).await?);
         let Some(next) = next else { break };
         after = Some(next);
     }
-    Ok(HttpResponse::Ok().json(json!({ "retried": retried })))
+    Ok(retried)
 }
 
 /// One page of the dead letters after number `after`, oldest first ([`crate::queries::PAGE`]
@@ -174,10 +196,9 @@ pub(crate) async fn letters_page(
     .await
 }
 
-/// Back to the outbox, made durable with one flush, then to the executor. Returns the ids that
-/// were dead letters.
+/// Back to the outbox, made durable with one flush, then to the executor (the active's work:
+/// see `asks`). Returns the ids that were dead letters.
 pub(crate) async fn retry(shared: &Ops, ids: &[u64]) -> Result<Vec<u64>, ApiError> {
-    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, ids) = (shared.store.clone(), ids.to_vec());
     let entries = blocking(move || {
@@ -229,20 +250,17 @@ async fn drop_dead(
                 "dropping a dead letter needs a reason (?reason=...)",
             )
         })?;
-    drop_letter(&shared, id, &reason)
-        .await?
-        .ok_or_else(|| not_found(id))?;
-    Ok(HttpResponse::Ok().json(json!({ "dropped": id, "reason": reason })))
+    let ask = Ask::Drop { id, reason };
+    super::asks::answer(&shared, ask, |body| Ok(HttpResponse::Ok().json(body))).await
 }
 
-/// Drop dead letter `id` for `reason`, made durable, and tell the executor (the admin API's
-/// and the console's path). `None`: no such letter.
+/// Drop dead letter `id` for `reason`, made durable, and tell the executor (the active's work:
+/// see `asks`). `None`: no such letter.
 pub(crate) async fn drop_letter(
     shared: &Ops,
     id: u64,
     reason: &str,
 ) -> Result<Option<model::action::DeadLetter>, ApiError> {
-    super::active_only(shared).await?;
     let now = shared.store.clock().now_millis();
     let (store, why) = (shared.store.clone(), reason.to_owned());
     let Some(letter) = blocking(move || store.drop_dead_letter(id, &why, now)).await? else {
@@ -260,13 +278,22 @@ pub(crate) async fn drop_letter(
 }
 
 /// Re-run stored events through the current rules (`POST /admin/v1/replay?from=&to=`, times as
-/// Unix ms or RFC 3339). Queued actions are made durable before they reach the executor.
+/// Unix ms or RFC 3339): the active's work ([`replay_now`]).
 async fn replay(
     shared: web::Data<Ops>,
     q: web::Query<ReplayQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let request = q.into_inner().request()?;
-    super::active_only(&shared).await?;
+    let ask = Ask::Replay(request);
+    super::asks::answer(&shared, ask, |body| Ok(HttpResponse::Ok().json(body))).await
+}
+
+/// A replay on the active node: queued actions are made durable before they reach the executor.
+/// The report, as JSON.
+pub(crate) async fn replay_now(
+    shared: &Ops,
+    request: storage::replay::ReplayRequest,
+) -> Result<serde_json::Value, ApiError> {
     let store = shared.store.clone();
     let rules = shared.rules.live.current();
     let report = blocking(move || store.replay(&request, rules.as_ref())).await?;
@@ -282,7 +309,8 @@ async fn replay(
         );
         shared.executor.notify(report.entries.clone());
     }
-    Ok(HttpResponse::Ok().json(&report))
+    serde_json::to_value(&report)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }
 
 #[derive(Deserialize)]

@@ -12,11 +12,19 @@ pub fn routes(scope: actix_web::Scope) -> actix_web::Scope {
     scope.route("/prune", web::post().to(prune))
 }
 
+/// The active's work (see `asks`).
 async fn prune(shared: web::Data<Ops>) -> Result<HttpResponse, ApiError> {
-    super::active_only(&shared).await?;
+    let ask = storage::asks::Ask::Prune;
+    super::asks::answer(&shared, ask, |body| Ok(HttpResponse::Ok().json(body))).await
+}
+
+/// A pass on the active node: its report.
+pub(crate) async fn pass_now(shared: &Ops) -> Result<serde_json::Value, ApiError> {
     tracing::info!("pruning pass asked for by an operator");
     match shared.pruner.pass().await {
-        Ok(report) => Ok(HttpResponse::Ok().json(report)),
+        Ok(report) => serde_json::to_value(report).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        }),
         Err(PruneError::Flush(WriterError::Stopped)) => Err(ApiError::unavailable(
             "the daemon is shutting down: the pass was not run",
         )),

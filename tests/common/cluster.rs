@@ -5,7 +5,7 @@
 //! Each scenario finds which node is active itself and asserts through HTTP only.
 
 use super::agent_api::{self, TOKEN_NEW};
-use super::relay::{make_delivery, user_message, Ids, SEEDED};
+use super::relay::{journal, make_delivery, set_faults, user_message, Ids, SEEDED};
 use super::{fixture_bytes, poll_until, TestApp};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -295,31 +295,73 @@ fn seen_since(app: &TestApp, at: i64) -> Option<()> {
         .then_some(())
 }
 
-/// The active's work asked of a standby (a pass run now, a dead letter's retry, a replay) is
-/// refused, 409 `not_active` naming the active node, which does it; a dry run (it changes
-/// nothing) is any node's.
-pub fn the_actives_work_asked_of_a_standby_is_refused_naming_the_active(nodes: &dyn Nodes) {
+/// The active's work asked of a standby (a pass run now, a dead letter's retry or drop, a
+/// replay) is stored for the active, which carries it out; the standby answers with the active's
+/// answer, refusals included. A dead letter retried through the standby is carried out by the
+/// active's executor, and only by it.
+pub fn the_actives_work_asked_of_a_standby_is_carried_out_by_the_active(nodes: &dyn Nodes) {
     let a = active(nodes);
-    let standby = nodes.node((a + 1) % nodes.count());
-    let holder = view(nodes.node(a))["node_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
-    for path in [
-        "/admin/v1/prune",
-        "/admin/v1/backfill",
-        "/admin/v1/reconcile",
-        "/admin/v1/dead-letters/1/retry",
-        "/admin/v1/replay?from=0&to=1",
-    ] {
-        let (status, answer) = standby.admin_post(path);
-        assert_eq!(status, 409, "{path}: {answer}");
-        assert_eq!(answer["error"]["code"], "not_active", "{path}");
-        let message = answer["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(&holder), "{path}: {message}");
-    }
-    let (status, answer) = standby.admin_post("/admin/v1/reconcile?dry_run=true");
-    assert_ne!(status, 409, "{answer}");
-    let (status, answer) = nodes.node(a).admin_post("/admin/v1/prune");
-    assert_eq!(status, 200, "the active prunes: {answer}");
+    let (active_node, standby) = (nodes.node(a), nodes.node((a + 1) % nodes.count()));
+    let (status, pruned) = standby.admin_post("/admin/v1/prune");
+    assert_eq!(status, 200, "{pruned}");
+    assert!(pruned["took_ms"].is_u64(), "the pruning report: {pruned}");
+    let (status, swept) = standby.admin_post("/admin/v1/reconcile");
+    assert_eq!(status, 200, "{swept}");
+    let (status, replayed) = standby.admin_post("/admin/v1/replay?from=0&to=1");
+    assert_eq!(status, 200, "{replayed}");
+    assert_eq!(replayed["queued"], 0, "{replayed}");
+    let (status, refused) = standby.admin_post("/admin/v1/dead-letters/999999/retry");
+    assert_eq!(status, 404, "the active's refusal handed on: {refused}");
+    assert_eq!(refused["error"]["code"], "not_found", "{refused}");
+    let emulator = active_node.emulator();
+    set_faults(
+        emulator,
+        json!({"fail_next": 2, "status": 400, "path_prefix": "/openapi/"}),
+    );
+    let mut ids = Ids::new(0x0a5c_ed1e);
+    let asked = user_message(&mut ids, 2, "asked", 1_763_690_600_000);
+    let other = user_message(&mut ids, 2, "discarded", 1_763_690_600_001);
+    let (status, answer) = standby.post(&make_delivery(&mut ids, vec![asked, other]).body);
+    assert_eq!(status, 200, "{answer}");
+    let letters = poll_until("both echoes dead letters", Duration::from_secs(30), || {
+        let (_, page) = standby.admin_get("/admin/v1/dead-letters");
+        let seqs: Option<Vec<u64>> = page["dead_letters"]
+            .as_array()?
+            .iter()
+            .map(|l| l["entry"]["seq"].as_u64())
+            .collect();
+        seqs.filter(|s| s.len() == 2)
+    });
+    let (seq, discard) = (letters[0], letters[1]);
+    let mut console = super::browser::Browser::new(standby);
+    console.sign_in(super::ADMIN_TOKEN, "Kim");
+    let confirm = console.get(&format!("/console/dead-letters/{discard}/discard"));
+    let csrf = confirm.field("csrf", "");
+    let done = console.post(
+        &format!("/console/dead-letters/{discard}/discard"),
+        &[("csrf", &csrf)],
+    );
+    assert_eq!(done.status, 303, "{}", done.body);
+    assert_eq!(
+        done.header("location"),
+        Some("/console/outbox?done=discarded"),
+        "discarded by the active through the standby's console"
+    );
+    let (status, retried) = standby.admin_post(&format!("/admin/v1/dead-letters/{seq}/retry"));
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(retried["retried"], json!([seq]), "{retried}");
+    let echoed = |app: &TestApp| {
+        journal(app.emulator())
+            .into_iter()
+            .filter(|e| e.body.to_string().contains("echo asked") && (200..300).contains(&e.status))
+            .count()
+    };
+    poll_until(
+        "the retried letter carried out",
+        Duration::from_secs(30),
+        || (echoed(active_node) == 1).then_some(()),
+    );
+    assert_eq!(echoed(standby), 0, "the standby carries nothing out");
+    let (_, letters) = standby.admin_get("/admin/v1/dead-letters");
+    assert_eq!(letters["dead_letters"], json!([]), "{letters}");
 }

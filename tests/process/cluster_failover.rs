@@ -683,7 +683,7 @@ fn the_active_paused_past_its_lease_lands_nothing_after_and_comes_back_as_a_stan
 /// posted to the standby meanwhile, resumed once the standby took over: PostgreSQL ended the
 /// paused transaction's session before the lease ran out, the lease moved on by one epoch, every
 /// message is folded and carried out once, in order, the call in flight again once (replayed,
-/// counted), and the old active stands by.
+/// counted), and the old active stands by; a pass asked of it then is run by the active.
 fn paused_active() {
     let Some(db) = TestDb::fresh("failover after SIGSTOP") else {
         return;
@@ -716,6 +716,9 @@ fn paused_active() {
 
     signal(pair.node(old), nix::sys::signal::Signal::SIGCONT);
     back_as_standby(&pair, standby, active, epoch0 + 1);
+    let (status, pruned) = pair.node(standby).admin_post("/admin/v1/prune");
+    assert_eq!(status, 200, "a pass asked of the standby, run by the active: {pruned}");
+    assert!(pruned["took_ms"].is_u64(), "{pruned}");
     posts.push(post_ok(pair.node(old), tag, 0, 2));
     settle(pair.node(active));
     let journal = pair.journal();

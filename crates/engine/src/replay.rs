@@ -100,7 +100,7 @@ impl EndUsers {
 }
 
 /// Which events, and what to do with their actions.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 pub struct ReplayRequest {
     /// Events received at or after this time (Unix ms)...
     pub from: Millis,

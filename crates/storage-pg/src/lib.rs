@@ -42,6 +42,7 @@
 //! checks in the same transaction that this node still holds the lease's epoch (`lease`): a
 //! node that lost the lease commits nothing.
 
+mod asks;
 mod connect;
 mod desk_links;
 mod fold;

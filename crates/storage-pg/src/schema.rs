@@ -6,10 +6,13 @@ use crate::PgError;
 use deadpool_postgres::Object;
 
 /// The migrations, in order: version, SQL.
-const MIGRATIONS: &[(u32, &str)] = &[(1, include_str!("schema/1.sql"))];
+const MIGRATIONS: &[(u32, &str)] = &[
+    (1, include_str!("schema/1.sql")),
+    (2, include_str!("schema/2.sql")),
+];
 
 /// The newest schema this binary knows.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The tables and sequences the migrations create (read from their SQL: `CREATE TABLE name`,
 /// `CREATE SEQUENCE name` at a line's start), `schema_version` aside.

@@ -161,6 +161,7 @@ macro_rules! conformance_tests {
                 an_entry_begun_under_an_earlier_epoch_is_a_replay_once,
                 a_released_lease_is_free_at_once,
                 pending_events_are_read_on_from_where_a_read_ended,
+                asks_of_the_active_are_stored_by_any_node_and_answered_once_by_it,
             );
         }
     };
@@ -900,6 +901,75 @@ pub fn a_released_lease_is_free_at_once(subject: &mut dyn Subject) {
     assert_eq!(
         (taken.holder.as_deref(), taken.epoch),
         (Some("n2"), held.epoch + 1)
+    );
+}
+
+/// Asks of the active: any node stores one (numbered in order, bounded by
+/// [`WAITING_MAX`](crate::asks::WAITING_MAX)); the unanswered are read oldest first; the answer
+/// is the active's write (a standby's refused, the first answer kept) and survives a reopen;
+/// pruning takes only answers older than its bound.
+pub fn asks_of_the_active_are_stored_by_any_node_and_answered_once_by_it(
+    subject: &mut dyn Subject,
+) {
+    use crate::asks::{Answer, Ask, WAITING_MAX};
+    let store = subject.store();
+    store.claim("n1", TTL).expect("claim");
+    let asker = subject.another_node().unwrap_or_else(|| store.clone());
+    asker.claim("n2", TTL).expect("claim");
+    let prune = asker.ask(&Ask::Prune, "n2").expect("ask").expect("stored");
+    let retry = Ask::Retry { ids: vec![7, 9] };
+    let second = asker.ask(&retry, "n2").expect("ask").expect("stored");
+    assert!(second > prune, "later asks have higher numbers");
+    let waiting = store.unanswered(10).expect("unanswered");
+    let ids: Vec<u64> = waiting.iter().map(|a| a.id).collect();
+    assert_eq!(ids, [prune, second], "oldest first");
+    assert_eq!((&waiting[1].ask, waiting[1].by.as_str()), (&retry, "n2"));
+    let answer = |status: u16, at: Millis| Answer {
+        status,
+        body: format!("{{\"status\":{status}}}"),
+        by: "n1".into(),
+        at,
+    };
+    if subject.another_node().is_some() {
+        let refused = asker.answer(prune, &answer(200, 5));
+        assert!(matches!(refused, Err(StoreError::Fenced)), "{refused:?}");
+    }
+    assert!(store.answer(prune, &answer(200, 5)).expect("answer"));
+    assert!(
+        !store.answer(prune, &answer(500, 6)).expect("again"),
+        "answered once"
+    );
+    assert!(!store.answer(second + 1_000, &answer(200, 6)).expect("none"));
+    drop((store, asker));
+    subject.reopen();
+    let store = subject.store();
+    let record = store.ask_record(prune).expect("read").expect("kept");
+    assert_eq!(
+        record.answer,
+        Some(answer(200, 5)),
+        "the first answer stays"
+    );
+    let waiting = store.unanswered(10).expect("unanswered");
+    assert_eq!(waiting.iter().map(|a| a.id).collect::<Vec<_>>(), [second]);
+    assert!(store.answer(second, &answer(404, 50)).expect("answer"));
+    assert_eq!(
+        store.prune_asks(6, 10).expect("prune"),
+        1,
+        "only the older answer"
+    );
+    assert!(store.ask_record(prune).expect("read").is_none());
+    assert!(store.ask_record(second).expect("read").is_some());
+    for i in 0..WAITING_MAX {
+        let drop = Ask::Drop {
+            id: i as u64,
+            reason: "r".into(),
+        };
+        assert!(store.ask(&drop, "n1").expect("ask").is_some(), "ask {i}");
+    }
+    assert_eq!(
+        store.ask(&Ask::Backfill, "n1").expect("ask"),
+        None,
+        "bounded"
     );
 }
 

@@ -18,6 +18,7 @@
 //!   nor repeat the fold. A start scans the log from the folds' low watermark
 //!   (`meta/fold_from`), which each fold also writes.
 
+pub mod asks;
 pub mod backup;
 #[cfg(any(test, feature = "test-support"))]
 pub mod conformance;

@@ -14,6 +14,7 @@
 //! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both. Several
 //! nodes share a store through its [`Lease`] group (`storage::lease`).
 
+use crate::asks::Asks;
 use crate::desk::{DeskCursor, DeskPage};
 use crate::desk_links::DeskLinks;
 use crate::idempotency::IdempotencyRecord;
@@ -57,6 +58,7 @@ pub trait Storage:
     + Lifecycle
     + DeskLinks
     + Lease
+    + Asks
     + Send
     + Sync
 {
@@ -74,6 +76,7 @@ impl<T> Storage for T where
         + Lifecycle
         + DeskLinks
         + Lease
+        + Asks
         + Send
         + Sync
 {

@@ -8,6 +8,7 @@
 //! backend answers from an index (the agent API's listing, the sweeper's candidates, a
 //! partition's events) walk the maps here: the answers are the port's, the costs are not.
 
+mod asks;
 mod desk_links;
 mod fold;
 mod groups;
@@ -115,6 +116,8 @@ struct Data {
     lease: lease::LeaseRow,
     seen: BTreeMap<String, Millis>,
     started: HashMap<u64, u64>,
+    /// Work asked of the active node, by number (see `crate::asks`).
+    asks: BTreeMap<u64, crate::asks::AskRecord>,
 }
 
 impl Data {
