@@ -717,7 +717,10 @@ fn paused_active() {
     signal(pair.node(old), nix::sys::signal::Signal::SIGCONT);
     back_as_standby(&pair, standby, active, epoch0 + 1);
     let (status, pruned) = pair.node(standby).admin_post("/admin/v1/prune");
-    assert_eq!(status, 200, "a pass asked of the standby, run by the active: {pruned}");
+    assert_eq!(
+        status, 200,
+        "a pass asked of the standby, run by the active: {pruned}"
+    );
     assert!(pruned["took_ms"].is_u64(), "{pruned}");
     posts.push(post_ok(pair.node(old), tag, 0, 2));
     settle(pair.node(active));

@@ -12,7 +12,8 @@
 //! cursors (`model::cursor::Cursor`), running timers as [`TimerKey`](crate::TimerKey)s. Every
 //! method is object safe (callbacks are `dyn`). [`SledStore`](crate::SledStore) is today's backend;
 //! `storage::mem::MemStore` (tests) the second, and `storage::conformance` checks both. Several
-//! nodes share a store through its [`Lease`] group (`storage::lease`).
+//! nodes share a store through its [`Lease`] group (`storage::lease`), and ask the active node's
+//! work of it through [`Asks`] (`storage::asks`).
 
 use crate::asks::Asks;
 use crate::desk::{DeskCursor, DeskPage};
