@@ -20,10 +20,14 @@ use storage::StoreError;
 const WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting node reads whether its ask was answered.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
-/// How often the active looks for asks.
-const SERVE_EVERY: Duration = Duration::from_millis(250);
+/// How often the active looks for asks (a statement on an index of the unanswered).
+const SERVE_EVERY: Duration = Duration::from_secs(1);
+/// Every how many looks the active prunes the old answers (every 10 minutes).
+const PRUNE_EVERY: u32 = 600;
 /// Asks the active takes at a time.
 const SERVE_BATCH: usize = 16;
+/// Old answers pruned at a time.
+const PRUNE_BATCH: usize = 1_000;
 /// How long an answer stays readable (`GET /admin/v1/asks/{id}`).
 const KEPT: Duration = Duration::from_secs(24 * 3600);
 
@@ -129,16 +133,17 @@ async fn carry_out(shared: &Ops, ask: &Ask) -> Result<Value, ApiError> {
 }
 
 /// The active's loop over what other nodes asked of it, each turn as the active one: the
-/// unanswered asks, oldest first, carried out and answered; answers past [`KEPT`] pruned.
+/// unanswered asks, oldest first, carried out and answered; answers past [`KEPT`] pruned now and
+/// then.
 pub(crate) async fn serve(shared: web::Data<Ops>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SERVE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for turn in (0..PRUNE_EVERY).cycle() {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        match serve_once(&shared).await {
+        match serve_once(&shared, turn == 0).await {
             Ok(()) => {}
             // The lease moved on: the next active answers them.
             Err(StoreError::Fenced) => return,
@@ -147,7 +152,7 @@ pub(crate) async fn serve(shared: web::Data<Ops>, mut stop: tokio::sync::watch::
     }
 }
 
-async fn serve_once(shared: &Ops) -> Result<(), StoreError> {
+async fn serve_once(shared: &Ops, prune: bool) -> Result<(), StoreError> {
     let store = shared.store.clone();
     let waiting = on_blocking(move || store.unanswered(SERVE_BATCH)).await?;
     for record in waiting {
@@ -157,10 +162,12 @@ async fn serve_once(shared: &Ops) -> Result<(), StoreError> {
             tracing::info!(ask = id, status, by = %record.by, "carried out what another node was asked");
         }
     }
-    let now = shared.store.clock().now_millis();
-    let before = now.saturating_sub(KEPT.as_millis() as i64);
-    let store = shared.store.clone();
-    on_blocking(move || store.prune_asks(before, SERVE_BATCH)).await?;
+    if prune {
+        let now = shared.store.clock().now_millis();
+        let before = now.saturating_sub(KEPT.as_millis() as i64);
+        let store = shared.store.clone();
+        on_blocking(move || store.prune_asks(before, PRUNE_BATCH)).await?;
+    }
     Ok(())
 }
 
