@@ -18,9 +18,11 @@
 //! database ends its session: the check sets the transaction's
 //! `idle_in_transaction_session_timeout` to a third of the lease ([`idle_limit`]; every
 //! connection has 5 s besides), and a claim waits for the row at most [`CLAIM_LOCK_TIMEOUT`], so
-//! a paused node's session is gone before its lease runs out and it delays no takeover.
+//! a paused node's session is gone before its lease runs out and it delays no takeover. The
+//! begin marks ([`Lease::outbox_started`], one batch before each round of calls) are one
+//! statement instead, the same check a CTE of it: one round trip, no transaction left open.
 
-use crate::prepared::Prepared;
+use crate::prepared::{Params, Prepared};
 use crate::rows::{big, num};
 use crate::{PgError, PgStore};
 use deadpool_postgres::GenericClient;
@@ -93,6 +95,26 @@ pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<()
         Some(true) => Ok(()),
         _ => Err(PgError::Fenced),
     }
+}
+
+/// [`Lease::outbox_started`]'s one statement (no transaction held open, one round trip): the
+/// lease check of [`check`] as a CTE whose row the insert needs, so nothing is marked unless
+/// this node holds epoch `$3` (`$2` its node, `$1` the test clock's offset). Its rows: whether
+/// the lease was held, then each marked entry (`$4`) with the epoch that had begun it before
+/// (the subquery in RETURNING reads the rows as they were before the statement); one row of
+/// nulls after the flag when none was marked.
+fn started_sql() -> String {
+    format!(
+        "WITH ok AS (SELECT 1 FROM lease WHERE id = 1 AND holder = $2 AND epoch = $3 \
+         AND expires_at > {DB_NOW} FOR KEY SHARE), \
+         marked AS (INSERT INTO outbox_started (seq, epoch) \
+         SELECT seq, $3 FROM outbox WHERE seq = ANY($4) AND EXISTS (SELECT 1 FROM ok) \
+         ON CONFLICT (seq) DO UPDATE SET epoch = excluded.epoch \
+         RETURNING seq, \
+         (SELECT s.epoch FROM outbox_started s WHERE s.seq = outbox_started.seq) AS before) \
+         SELECT EXISTS (SELECT 1 FROM ok), m.seq, m.before \
+         FROM (SELECT 1) AS one LEFT JOIN marked AS m ON true"
+    )
 }
 
 /// How long a transaction of the active's work may sit idle before the database ends its session:
@@ -239,33 +261,26 @@ impl Lease for PgStore {
 
     /// One transaction, one statement, for the whole batch.
     fn outbox_started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
-        let active = self.active();
-        let Fence::Holds { epoch, .. } = active.fence else {
-            // Never claimed: one process alone, nothing to tell apart. A standby: refused.
-            return match active.fence {
-                Fence::Standby => Err(StoreError::Fenced),
-                _ => Ok(vec![Start::First; seqs.len()]),
-            };
+        let Active { fence, offset } = self.active();
+        let (node, epoch) = match fence {
+            Fence::Holds { node, epoch, .. } => (node, epoch),
+            // Never claimed: one process alone, nothing to tell apart.
+            Fence::Unclaimed => return Ok(vec![Start::First; seqs.len()]),
+            Fence::Standby => return Err(StoreError::Fenced),
         };
         let wanted: Vec<i64> = seqs.iter().map(|&seq| big(seq)).collect();
-        let before = self.with_client(move |mut c| async move {
-            let tx = c.transaction().await?;
-            check(&tx, &active).await?;
-            // The subquery in RETURNING reads the rows as they were before the statement.
-            let rows = tx
-                .rows(
-                    "INSERT INTO outbox_started (seq, epoch) \
-                     SELECT seq, $2 FROM outbox WHERE seq = ANY($1) \
-                     ON CONFLICT (seq) DO UPDATE SET epoch = excluded.epoch \
-                     RETURNING seq, \
-                     (SELECT s.epoch FROM outbox_started s WHERE s.seq = outbox_started.seq)",
-                    &[&wanted, &big(epoch)],
-                )
-                .await?;
-            tx.commit().await?;
+        let before = self.with_client(move |c| async move {
+            let params: Params<'_> = &[&offset, &node, &big(epoch), &wanted];
+            let rows = c.rows(&started_sql(), params).await?;
+            if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                return Err(PgError::Fenced);
+            }
             let before: std::collections::HashMap<u64, u64> = rows
                 .iter()
-                .filter_map(|r| Some((num(r.get(0)), num(r.get::<_, Option<i64>>(1)?))))
+                .filter_map(|r| {
+                    let seq = r.get::<_, Option<i64>>(1)?;
+                    Some((num(seq), num(r.get::<_, Option<i64>>(2)?)))
+                })
                 .collect();
             Ok(before)
         })?;
