@@ -9,7 +9,7 @@ use crate::rows::{big, cursor, json, num, parse, seq_of};
 use crate::{PgError, PgStore};
 use deadpool_postgres::Object;
 use engine::batch::{FoldReads, WriteSet};
-use engine::index::QueueSpot;
+use engine::index::{QueueEntry, QueueSpot};
 use engine::state::queue::AcceptHistory;
 use engine::state::stats::HandoffStats;
 use engine::state::{BotState, ConversationState, EndUserState};
@@ -18,6 +18,7 @@ use model::ids::{ConversationId, EndUserId, PartitionKey};
 use model::webhook::model::{Event, Millis, Payload};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use storage::port::{FoldSession, Folds, ReplayEvents};
 use storage::{Applied, EventRecord, Pending, PendingEvent, StoreError};
@@ -212,9 +213,10 @@ impl Folds for PgStore {
     }
 
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
-        let folding = self.fold_guard();
+        let mut folding = self.fold_guard_keeping();
         let (pool, lock) = (self.0.pool.clone(), self.0.locks.fold);
         let (handle, active) = (self.handle().clone(), self.active());
+        folding.for_epoch(active.epoch());
         let client = self.block(async move {
             let client = TxClient(Some(pool.get().await?), handle);
             client
@@ -229,7 +231,7 @@ impl Folds for PgStore {
         })?;
         Ok(Box::new(PgFold {
             store: self,
-            _folding: folding,
+            folding,
             client: Some(client),
             cache: Cache::default(),
         }))
@@ -245,7 +247,7 @@ impl Folds for PgStore {
     }
 
     fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError> {
-        let _folding = self.fold_guard();
+        let _folding = self.fold_guard_keeping();
         let (to, active) = (big(seq_of(to)), self.active());
         self.with_client(move |mut client| async move {
             let tx = crate::begin_active(&mut client, &active).await?;
@@ -310,15 +312,61 @@ struct Cache {
     /// The events whose ledger rows were read, and those rows (action id -> state).
     ledger_events: HashSet<String>,
     ledger: HashMap<String, String>,
-    /// Each bot's committed waiting queue in order, read at its first standing: `None` when
-    /// longer than the store holds (each standing is then asked of the database).
-    queues: HashMap<String, Option<Vec<(Millis, String)>>>,
+}
+
+/// Each bot's committed waiting queue in order, as the folds of this node hold it from one
+/// session to the next while it holds one epoch of the lease: only it folds then, and every
+/// change is its folds' (applied after each commit) or a retention pass's (which forgets them,
+/// `PgStore::fold_guard`). A new epoch, a handle that never claimed the lease and a commit
+/// whose outcome is unknown start afresh. Read at a bot's first standing; a bot whose queue is
+/// longer than the store holds (`None`: each standing asked of the database) is read again
+/// next session.
+#[derive(Default)]
+pub(crate) struct HeldQueues {
+    epoch: Option<u64>,
+    bots: HashMap<String, Option<Vec<(Millis, String)>>>,
+}
+
+impl HeldQueues {
+    pub(crate) fn forget(&mut self) {
+        self.bots.clear();
+    }
+
+    /// A session of `epoch` begins: what an earlier epoch (or no epoch) held is forgotten.
+    fn for_epoch(&mut self, epoch: Option<u64>) {
+        if epoch.is_none() || epoch != self.epoch {
+            self.forget();
+        }
+        self.epoch = epoch;
+    }
+
+    /// A commit's changes to the queues, as the database made them (a join already there and a
+    /// leave not there change nothing); a queue that grew past `held` is let go.
+    fn apply(&mut self, left: &[QueueEntry], joined: &[QueueEntry], held: usize) {
+        let spot = |e: &QueueEntry| (e.since, e.conversation.clone());
+        for (entries, joins) in [(left, false), (joined, true)] {
+            for e in entries {
+                let Some(Some(queue)) = self.bots.get_mut(&e.bot) else {
+                    continue;
+                };
+                let at = queue.binary_search(&spot(e));
+                match (at, joins) {
+                    (Ok(i), false) => drop(queue.remove(i)),
+                    (Err(i), true) => queue.insert(i, spot(e)),
+                    _ => {}
+                }
+            }
+        }
+        self.bots
+            .retain(|_, q| q.as_ref().is_some_and(|q| q.len() <= held));
+    }
 }
 
 /// A fold under way.
 struct PgFold<'s> {
     store: &'s PgStore,
-    _folding: MutexGuard<'s, ()>,
+    /// The fold lock, and the queues held across sessions.
+    folding: MutexGuard<'s, HeldQueues>,
     client: Option<TxClient>,
     cache: Cache,
 }
@@ -365,11 +413,7 @@ impl PgFold<'_> {
 impl PgFold<'_> {
     /// `bot`'s committed waiting queue in order, `None` when longer than the store holds.
     fn read_queue(&mut self, bot: &str) -> Result<Option<Vec<(Millis, String)>>, StoreError> {
-        let held = self
-            .store
-            .0
-            .queue_held
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let held = self.store.0.queue_held.load(Ordering::Relaxed);
         let (bot, limit) = (bot.to_owned(), big(held as u64 + 1));
         let rows = self.call(move |c| async move {
             let rows = c
@@ -511,11 +555,11 @@ impl FoldReads for PgFold<'_> {
         own: Option<QueueSpot<'_>>,
         found: &mut dyn Iterator<Item = QueueSpot<'_>>,
     ) -> Result<(usize, usize), StoreError> {
-        if !self.cache.queues.contains_key(bot) {
+        if !self.folding.bots.contains_key(bot) {
             let held = self.read_queue(bot)?;
-            self.cache.queues.insert(bot.to_owned(), held);
+            self.folding.bots.insert(bot.to_owned(), held);
         }
-        if let Some(Some(queue)) = self.cache.queues.get(bot) {
+        if let Some(Some(queue)) = self.folding.bots.get(bot) {
             return Ok(standing_in(queue, own, found));
         }
         let found: Vec<(Millis, String)> = found
@@ -570,12 +614,23 @@ impl FoldSession for PgFold<'_> {
         let client = self.client.take().ok_or_else(|| {
             StoreError::Internal("the fold's connection was lost by an earlier failure".into())
         })?;
-        let applied = self.store.block(async move {
+        let (left, joined) = (writes.queue.left.clone(), writes.queue.joined.clone());
+        let committed = self.store.block(async move {
             let applied = crate::outbox::commit_writes(&client, writes).await?;
             client.batch_execute("COMMIT").await?;
             client.done();
             Ok(applied)
-        })?;
+        });
+        let applied = match committed {
+            Ok(applied) => applied,
+            // Committed or not, it cannot tell: the queues are read again.
+            Err(e) => {
+                self.folding.forget();
+                return Err(e);
+            }
+        };
+        let held = self.store.0.queue_held.load(Ordering::Relaxed);
+        self.folding.apply(&left, &joined, held);
         if let Some(due_at) = earliest {
             self.store.0.timer_wakeup.started(due_at);
         }

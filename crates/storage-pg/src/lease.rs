@@ -60,6 +60,16 @@ pub(crate) struct Active {
     offset: Millis,
 }
 
+impl Active {
+    /// The epoch this node holds (`None`: never claimed, or a standby).
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        match self.fence {
+            Fence::Holds { epoch, .. } => Some(epoch),
+            _ => None,
+        }
+    }
+}
+
 impl PgStore {
     /// The check the next transaction of the active's work makes.
     pub(crate) fn active(&self) -> Active {

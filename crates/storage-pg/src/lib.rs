@@ -143,8 +143,9 @@ struct Inner {
     runtime: OwnRuntime,
     clock: model::clock::Clock,
     locks: schema::Locks,
-    /// Held by a fold session (and whatever writes what folds write), as sled's fold lock.
-    fold_lock: Mutex<()>,
+    /// Held by a fold session (and whatever writes what folds write), as sled's fold lock; what
+    /// it guards: the bot queues the folds hold from one session to the next.
+    fold_lock: Mutex<fold::HeldQueues>,
     timer_wakeup: Arc<TimerWakeup>,
     /// The first event number a running writer hands over itself (see `pending_before_writer`).
     writer_from: Mutex<Option<u64>>,
@@ -235,7 +236,7 @@ impl PgStore {
             runtime,
             clock,
             locks,
-            fold_lock: Mutex::new(()),
+            fold_lock: Mutex::new(fold::HeldQueues::default()),
             timer_wakeup: Arc::default(),
             writer_from: Mutex::new(None),
             fail_next_commit: AtomicBool::new(false),
@@ -284,8 +285,17 @@ impl PgStore {
         self.0.runtime.handle()
     }
 
-    fn fold_guard(&self) -> MutexGuard<'_, ()> {
-        // Nothing the lock guards is left half done by a panic: the transaction is the state.
+    /// The fold lock for a write beside the folds of what they write (a retention pass): the
+    /// queues they hold are forgotten, since the write may change them.
+    fn fold_guard(&self) -> MutexGuard<'_, fold::HeldQueues> {
+        let mut guard = self.fold_guard_keeping();
+        guard.forget();
+        guard
+    }
+
+    /// The fold lock for a fold session or the watermark, the queues held kept.
+    fn fold_guard_keeping(&self) -> MutexGuard<'_, fold::HeldQueues> {
+        // The queues are changed whole under the lock: a panic leaves them as they were.
         self.0
             .fold_lock
             .lock()
