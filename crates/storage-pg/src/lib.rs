@@ -154,6 +154,11 @@ struct Inner {
     queue_held: std::sync::atomic::AtomicUsize,
     /// What this handle holds of the lease (`lease`).
     fence: Mutex<lease::Fence>,
+    /// How long one port call may wait for the database, in ms ([`CALL_TIMEOUT`]; tests lower it).
+    call_timeout_ms: std::sync::atomic::AtomicU64,
+    /// Rows one chunk of a retention `DELETE` removes at most (`retention::DELETE_CHUNK`; tests
+    /// lower it).
+    delete_chunk: std::sync::atomic::AtomicI64,
 }
 
 /// The store's runtime, shut down without waiting when the store goes (which may be on another
@@ -222,7 +227,7 @@ impl PgStore {
         let runtime = OwnRuntime::start().map_err(failed)?;
         let pool = connect::pool(options).map_err(failed)?;
         let migrating = pool.clone();
-        let locks = run_on(runtime.handle(), async move {
+        let locks = run_on(runtime.handle(), CALL_TIMEOUT, async move {
             let mut client = migrating.get().await?;
             let locks = schema::migrate(&mut client).await?;
             if purpose == Opening::Store {
@@ -242,6 +247,8 @@ impl PgStore {
             fail_next_commit: AtomicBool::new(false),
             queue_held: std::sync::atomic::AtomicUsize::new(fold::QUEUE_HELD),
             fence: Mutex::default(),
+            call_timeout_ms: std::sync::atomic::AtomicU64::new(CALL_TIMEOUT.as_millis() as u64),
+            delete_chunk: std::sync::atomic::AtomicI64::new(retention::DELETE_CHUNK),
         })))
     }
 
@@ -252,6 +259,25 @@ impl PgStore {
         self.0
             .queue_held
             .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Port calls wait at most `limit` for the database, not [`CALL_TIMEOUT`] (tests of work
+    /// that must fit one call's time).
+    #[cfg(feature = "test-support")]
+    pub fn set_call_timeout(&self, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        self.0
+            .call_timeout_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Retention's `DELETE`s (events, deliveries) remove at most `rows` per chunk, not
+    /// `retention::DELETE_CHUNK` (tests of many chunks on a small store).
+    #[cfg(feature = "test-support")]
+    pub fn set_delete_chunk(&self, rows: i64) {
+        self.0
+            .delete_chunk
+            .store(rows.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The next fold commit fails before it commits, writing nothing (tests of a failing store).
@@ -267,7 +293,11 @@ impl PgStore {
         T: Send + 'static,
         F: Future<Output = Result<T, PgError>> + Send + 'static,
     {
-        run_on(self.handle(), work).map_err(StoreError::from)
+        let limit = self
+            .0
+            .call_timeout_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        run_on(self.handle(), Duration::from_millis(limit), work).map_err(StoreError::from)
     }
 
     /// `work` with a pooled connection, on the store's runtime.
@@ -315,16 +345,17 @@ async fn begin_active<'c>(
     Ok(tx)
 }
 
-/// Spawn `work` on `handle` and wait for it on a plain channel (safe on any thread but one of
-/// this runtime's own, where no caller is: the store's runtime runs only the store's futures).
-fn run_on<T, F>(handle: &tokio::runtime::Handle, work: F) -> Result<T, PgError>
+/// Spawn `work` on `handle` and wait for it on a plain channel, at most `limit` (safe on any
+/// thread but one of this runtime's own, where no caller is: the store's runtime runs only the
+/// store's futures).
+fn run_on<T, F>(handle: &tokio::runtime::Handle, limit: Duration, work: F) -> Result<T, PgError>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, PgError>> + Send + 'static,
 {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     handle.spawn(async move {
-        let out = tokio::time::timeout(CALL_TIMEOUT, work)
+        let out = tokio::time::timeout(limit, work)
             .await
             .unwrap_or(Err(PgError::Timeout));
         let _ = tx.send(out);

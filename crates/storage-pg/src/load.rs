@@ -326,9 +326,8 @@ where
     };
     let runtime = OwnRuntime::start().map_err(failed)?;
     let pool = crate::connect::pool(options).map_err(failed)?;
-    run_on(
-        runtime.handle(),
-        async move { work(pool.get().await?).await },
-    )
+    run_on(runtime.handle(), crate::CALL_TIMEOUT, async move {
+        work(pool.get().await?).await
+    })
     .map_err(failed)
 }
