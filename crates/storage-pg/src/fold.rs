@@ -219,14 +219,8 @@ impl Folds for PgStore {
         folding.for_epoch(active.epoch());
         let client = self.block(async move {
             let client = TxClient(Some(pool.get().await?), handle);
-            client
-                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                .await?;
-            client
-                .exec("SELECT pg_advisory_xact_lock($1)", &[&lock])
-                .await?;
             // This node's epoch, the lease row key-share-locked to the commit: fenced otherwise.
-            crate::lease::check(&*client, &active).await?;
+            crate::lease::begin_fold(&client, lock, &active).await?;
             Ok(client)
         })?;
         Ok(Box::new(PgFold {

@@ -107,6 +107,53 @@ pub(crate) async fn check(tx: &impl GenericClient, active: &Active) -> Result<()
     }
 }
 
+/// Begin a fold's transaction: `BEGIN`, the fold lock (`lock`) and [`check`] in one round trip
+/// (a simple query of three statements, the values written into its text), since the folds are
+/// serialised and each round trip of theirs caps the rate. A node whose name is not plain
+/// (`A-Z a-z 0-9 - _ . :`, which needs no quoting) takes two round trips instead.
+pub(crate) async fn begin_fold(
+    c: &deadpool_postgres::Object,
+    lock: i64,
+    active: &Active,
+) -> Result<(), PgError> {
+    let begin =
+        format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({lock})");
+    let (node, epoch, ttl) = match &active.fence {
+        Fence::Holds { node, epoch, ttl } if plain(node) => (node, *epoch, *ttl),
+        _ => {
+            c.batch_execute(&begin).await?;
+            return check(c, active).await;
+        }
+    };
+    let now = DB_NOW.replace("$1", &active.offset.to_string());
+    let sql = format!(
+        "{begin}; SELECT holder = '{node}' AND epoch = {epoch} AND expires_at > {now}, \
+         set_config('idle_in_transaction_session_timeout', '{limit}ms', true) FROM lease \
+         WHERE id = 1 FOR KEY SHARE",
+        limit = idle_limit(ttl)
+    );
+    // The last row is the check's (the lock's row comes before it).
+    let held = c
+        .simple_query(&sql)
+        .await?
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row.get(0) == Some("t")),
+            _ => None,
+        });
+    match held {
+        Some(true) => Ok(()),
+        _ => Err(PgError::Fenced),
+    }
+}
+
+/// Whether `text` can stand in a SQL string literal as it is.
+fn plain(text: &str) -> bool {
+    text.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
 /// [`Lease::outbox_started`]'s one statement (no transaction held open, one round trip): the
 /// lease check of [`check`] as a CTE whose row the insert needs, so nothing is marked unless
 /// this node holds epoch `$3` (`$2` its node, `$1` the test clock's offset). Its rows: whether
@@ -301,5 +348,16 @@ impl Lease for PgStore {
                 _ => Start::First,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_plain_name_needs_no_quoting_and_nothing_else_is_plain() {
+        assert!(super::plain("node-a.eu_1:2"));
+        for name in ["a'b", "a b", "a\\b", "é", "a;b", "a$b"] {
+            assert!(!super::plain(name), "{name:?}");
+        }
     }
 }
