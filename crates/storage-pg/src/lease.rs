@@ -18,9 +18,10 @@
 //! database ends its session: the check sets the transaction's
 //! `idle_in_transaction_session_timeout` to a third of the lease ([`idle_limit`]; every
 //! connection has 5 s besides), and a claim waits for the row at most [`CLAIM_LOCK_TIMEOUT`], so
-//! a paused node's session is gone before its lease runs out and it delays no takeover. The
-//! begin marks ([`Lease::outbox_started`], one batch before each round of calls) are one
-//! statement instead, the same check a CTE of it: one round trip, no transaction left open.
+//! a paused node's session is gone before its lease runs out and it delays no takeover. A
+//! fold's transaction begins with the same check in the text of its first round trip
+//! ([`begin_fold`]); the begin marks ([`Lease::outbox_started`], one batch before each round of
+//! calls) are one statement, the same check a CTE of it: no transaction left open.
 
 use crate::prepared::{Params, Prepared};
 use crate::rows::{big, num};
