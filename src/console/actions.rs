@@ -255,14 +255,17 @@ async fn letter(
         _ => return Err(ConsoleError::NotFound("no such action".into())),
     };
     let what = format!("{what} dead letter {seq}");
-    let found = match crate::ops::asks::run(&console.ops, ask).await? {
-        Ran::Done(body) => match done {
+    // A letter gone is refused whichever node found it so (here: an error; the active: its 404).
+    let found = match crate::ops::asks::run(&console.ops, ask).await {
+        Ok(Ran::Done(body)) => match done {
             "retried" => body["retried"].as_array().is_some_and(|r| !r.is_empty()),
             _ => true,
         },
-        Ran::Relayed { status, .. } if status == StatusCode::NOT_FOUND => false,
-        Ran::Relayed { status, body } => return Err(relayed(status, &body)),
-        Ran::Waiting(id) => return Ok(asked(&console, session, what, id).await),
+        Ok(Ran::Relayed { status, .. }) if status == StatusCode::NOT_FOUND => false,
+        Err(e) if e.status == StatusCode::NOT_FOUND => false,
+        Ok(Ran::Relayed { status, body }) => return Err(relayed(status, &body)),
+        Ok(Ran::Waiting(id)) => return Ok(asked(&console, session, what, id).await),
+        Err(e) => return Err(e.into()),
     };
     if !found {
         record(

@@ -447,12 +447,20 @@ fn dead_letters_are_retried_one_by_one_or_by_filter_and_discarded_each_after_a_c
     ] {
         assert!(audit.contains(&what), "{what} in {audit}");
     }
-    // A letter that is gone is said so, not retried twice.
-    let gone = b.post(
-        &format!("/console/dead-letters/{first}/retry"),
-        &[("csrf", &csrf)],
+    // A letter that is gone is said so, not retried or discarded twice, and listed as refused.
+    for what in ["retry", "discard"] {
+        let gone = b.post(
+            &format!("/console/dead-letters/{second}/{what}"),
+            &[("csrf", &csrf)],
+        );
+        assert_eq!(gone.status, 404, "{what}");
+    }
+    let audit = b.get("/console/audit").body;
+    assert_eq!(
+        audit.matches("refused: no such dead letter").count(),
+        2,
+        "{audit}"
     );
-    assert_eq!(gone.status, 404);
 }
 
 #[test]
