@@ -313,7 +313,7 @@ struct Matching {
 
 impl Matching {
     fn takes(&self, letter: &model::action::DeadLetter) -> bool {
-        letter.reason.contains(self.reason.trim()) && letter.entry.queue.contains(self.queue.trim())
+        crate::ops::outbox_admin::matches(letter, &self.reason, &self.queue)
     }
 
     fn describe(&self) -> String {

@@ -161,16 +161,19 @@ pub(crate) async fn retry_matching(
 ) -> Result<Vec<u64>, ApiError> {
     let (mut retried, mut after) = (Vec::new(), None);
     loop {
-        let (reason, queue) = (reason.trim().to_owned(), queue.trim().to_owned());
-        let takes = move |l: &model::action::DeadLetter| {
-            l.reason.contains(&reason) && l.entry.queue.contains(&queue)
-        };
+        let (reason, queue) = (reason.to_owned(), queue.to_owned());
+        let takes = move |l: &model::action::DeadLetter| matches(l, &reason, &queue);
         let (ids, next) = letters_page(shared, after, takes).await?;
         retried.extend(retry(shared, &ids).await?);
         let Some(next) = next else { break };
         after = Some(next);
     }
     Ok(retried)
+}
+
+/// Whether `letter`'s reason and queue contain `reason` and `queue` (trimmed; empty: any).
+pub(crate) fn matches(letter: &model::action::DeadLetter, reason: &str, queue: &str) -> bool {
+    letter.reason.contains(reason.trim()) && letter.entry.queue.contains(queue.trim())
 }
 
 /// One page of the dead letters after number `after`, oldest first ([`crate::queries::PAGE`]
