@@ -4,7 +4,7 @@
 //! `prefetch` read for the batch in one round trip where it can, and the write set is committed
 //! in a few pipelined statements, wholly or (any failure) not at all.
 
-use crate::prepared::Prepared;
+use crate::prepared::{by_keys, Prepared};
 use crate::rows::{big, cursor, json, num, parse, seq_of};
 use crate::{PgError, PgStore};
 use deadpool_postgres::Object;
@@ -22,7 +22,6 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use storage::port::{FoldSession, Folds, ReplayEvents};
 use storage::{Applied, EventRecord, Pending, PendingEvent, StoreError};
-use tokio_postgres::types::ToSql;
 
 /// An event row's columns, in this order, for [`record`].
 pub(crate) const EVENT_COLUMNS: &str = "e.seq, e.id, e.delivery, e.received_at, e.partition, \
@@ -672,33 +671,32 @@ impl Wanted {
 
     /// Read every wanted key (those not found cached as not there).
     async fn read(self, c: &Object) -> Result<Cache, PgError> {
-        fn by(keys: &Vec<String>) -> [&(dyn ToSql + Sync); 1] {
-            [keys]
-        }
-        let params = [
-            by(&self.conversations),
-            by(&self.end_users),
-            by(&self.bots),
-            by(&self.partitions),
-            by(&self.events),
-        ];
+        let c: &tokio_postgres::Client = c;
         let (convs, users, bots, marks, ledger) = tokio::try_join!(
-            c.rows(
+            by_keys(
+                c,
                 "SELECT id, state FROM conversations WHERE id = ANY($1)",
-                &params[0]
+                &self.conversations
             ),
-            c.rows(
+            by_keys(
+                c,
                 "SELECT id, state FROM end_users WHERE id = ANY($1)",
-                &params[1]
+                &self.end_users
             ),
-            c.rows("SELECT id, state FROM bots WHERE id = ANY($1)", &params[2]),
-            c.rows(
+            by_keys(
+                c,
+                "SELECT id, state FROM bots WHERE id = ANY($1)",
+                &self.bots
+            ),
+            by_keys(
+                c,
                 "SELECT partition, mark FROM folded WHERE partition = ANY($1)",
-                &params[3]
+                &self.partitions
             ),
-            c.rows(
+            by_keys(
+                c,
                 "SELECT id, state FROM ledger WHERE event_id = ANY($1)",
-                &params[4]
+                &self.events
             ),
         )?;
         let states = |keys: Vec<String>, rows: Vec<tokio_postgres::Row>| {
@@ -712,7 +710,7 @@ impl Wanted {
         let theirs = conversation_end_users(&conversations, &end_users);
         if !theirs.is_empty() {
             let sql = "SELECT id, state FROM end_users WHERE id = ANY($1)";
-            let rows = c.rows(sql, &[&theirs]).await?;
+            let rows = by_keys(c, sql, &theirs).await?;
             end_users.extend(states(theirs, rows));
         }
         let mut cache = Cache {

@@ -3,7 +3,7 @@
 //! ([`PgWriter`], the daemon's; [`Ingest`] for offline use); the backfill cursor and the agent
 //! API's idempotency records.
 
-use crate::prepared::Prepared;
+use crate::prepared::{by_keys, Prepared};
 use crate::rows::{big, cursor, json, num, parse};
 use crate::{PgError, PgStore, CALL_TIMEOUT};
 use deadpool_postgres::GenericClient;
@@ -19,7 +19,6 @@ use storage::port::{Ingest, IntakeReply, IntakeWriter, Writer};
 use storage::writer::{AcceptJob, WriterError, WriterHooks};
 use storage::{AcceptRequest, Accepted, NewEvent, QuarantineRecord, Store, StoreError};
 use tokio::sync::mpsc;
-use tokio_postgres::types::ToSql;
 
 /// At most this many deliveries share a group (one transaction).
 const MAX_GROUP: usize = 512;
@@ -142,11 +141,14 @@ async fn known_ids(
         .iter()
         .flat_map(|r| r.events.iter().map(|e| e.id.as_str()))
         .collect();
-    let (deliveries, ids): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) =
-        ([&deliveries], [&ids]);
+    let tx: &tokio_postgres::Transaction<'_> = tx;
     let (known_deliveries, known_ids) = tokio::try_join!(
-        tx.rows("SELECT id FROM deliveries WHERE id = ANY($1)", &deliveries),
-        tx.rows("SELECT id FROM events WHERE id = ANY($1)", &ids),
+        by_keys(
+            tx,
+            "SELECT id FROM deliveries WHERE id = ANY($1)",
+            &deliveries
+        ),
+        by_keys(tx, "SELECT id FROM events WHERE id = ANY($1)", &ids),
     )?;
     let set = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
     Ok((set(known_deliveries), set(known_ids)))
