@@ -4,9 +4,10 @@
 //! transaction under an advisory lock ([`schema`]); a schema newer than this binary knows is
 //! refused.
 //!
-//! Every statement is prepared once per connection and kept ([`prepared`]); a batch of anything
-//! (events, states, outcomes, begin marks) is one statement over arrays (`unnest`), not one per
-//! row.
+//! Every statement is prepared once per connection and kept ([`prepared`]), but the reads by key
+//! of tables that grow, planned for their keys on every call (`prepared::by_keys`); a batch of
+//! anything (events, states, outcomes, begin marks) is one statement over arrays (`unnest`), not
+//! one per row.
 //!
 //! The port is synchronous, the client async: the store runs tokio-postgres on a small runtime
 //! of its own, and each port call spawns its work there and waits for the answer on a plain
@@ -150,7 +151,8 @@ struct Inner {
     /// The first event number a running writer hands over itself (see `pending_before_writer`).
     writer_from: Mutex<Option<u64>>,
     fail_next_commit: AtomicBool,
-    /// The longest bot queue a fold session holds in memory (`fold::QUEUE_HELD`; tests lower it).
+    /// How many waiting conversations the folds hold in memory over all bots
+    /// (`fold::QUEUE_HELD`; tests lower it).
     queue_held: std::sync::atomic::AtomicUsize,
     /// What this handle holds of the lease (`lease`).
     fence: Mutex<lease::Fence>,
@@ -252,8 +254,8 @@ impl PgStore {
         })))
     }
 
-    /// Fold sessions hold a bot's waiting queue in memory only up to `n` entries (tests: 0 asks
-    /// the database for every standing, the path of longer queues).
+    /// Fold sessions hold waiting queues in memory only up to `n` entries over all bots (tests:
+    /// 0 asks the database for every standing, the path of longer queues).
     #[cfg(feature = "test-support")]
     pub fn hold_queues_up_to(&self, n: usize) {
         self.0

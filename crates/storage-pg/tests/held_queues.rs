@@ -14,18 +14,28 @@ use storage_pg::PgStore;
 const TTL: Duration = Duration::from_secs(10);
 
 fn entry(conversation: &str, since: i64) -> QueueEntry {
+    entry_of("b1", conversation, since)
+}
+
+fn entry_of(bot: &str, conversation: &str, since: i64) -> QueueEntry {
     QueueEntry {
-        bot: "b1".into(),
+        bot: bot.into(),
         since,
         conversation: conversation.into(),
     }
 }
 
-/// A fold session of `store` that commits these joins and leaves.
+/// A fold session of `store` that commits these joins and leaves (of b1's queue, after reading
+/// its standing).
 fn fold(store: &PgStore, joined: Vec<QueueEntry>, left: Vec<QueueEntry>) {
     let mut session = store.begin_fold().expect("begin");
+    let bot = joined
+        .iter()
+        .chain(&left)
+        .next()
+        .map_or("b1", |e| e.bot.as_str());
     session
-        .waiting_standing("b1", None, &mut std::iter::empty())
+        .waiting_standing(bot, None, &mut std::iter::empty())
         .expect("standing");
     let mut writes = WriteSet::default();
     writes.queue.joined = joined;
@@ -36,6 +46,10 @@ fn fold(store: &PgStore, joined: Vec<QueueEntry>, left: Vec<QueueEntry>) {
 /// The queue's length and how many wait before `own` (at `since`), as a session of `store` sees
 /// them.
 fn standing(store: &PgStore, own: &str, since: i64) -> (usize, usize) {
+    standing_of(store, "b1", own, since)
+}
+
+fn standing_of(store: &PgStore, bot: &str, own: &str, since: i64) -> (usize, usize) {
     let session = store.begin_fold().expect("begin");
     let mut session = session;
     let own = QueueSpot {
@@ -43,7 +57,7 @@ fn standing(store: &PgStore, own: &str, since: i64) -> (usize, usize) {
         conversation: own,
     };
     session
-        .waiting_standing("b1", Some(own), &mut std::iter::empty())
+        .waiting_standing(bot, Some(own), &mut std::iter::empty())
         .expect("standing")
 }
 
@@ -73,4 +87,39 @@ fn an_active_nodes_held_queues_answer_as_the_database_after_every_kind_of_change
     let pass = a.prune_states(0, 10);
     assert!(pass.failed.is_none(), "{:?}", pass.failed);
     assert_eq!(standing(&a, "c3", 30), (2, 1), "read again after the pass");
+}
+
+#[test]
+fn queues_beyond_what_the_folds_hold_answer_as_the_database_too() {
+    let Some(db) = TestDb::fresh("queues beyond the held budget") else {
+        return;
+    };
+    let clock = model::clock::Clock::new();
+    let a = PgStore::open(&db.options(), clock.clone()).expect("open");
+    a.claim("a", TTL).expect("claim");
+    a.hold_queues_up_to(3);
+    let join = |bot: &str, conversations: &[(&str, i64)]| {
+        let joined = conversations
+            .iter()
+            .map(|(c, since)| entry_of(bot, c, *since))
+            .collect();
+        fold(&a, joined, vec![]);
+    };
+    join("b1", &[("c1", 10), ("c2", 20)]);
+    assert_eq!(standing_of(&a, "b1", "c2", 20), (2, 1), "held");
+    join("b2", &[("d1", 10), ("d2", 20)]);
+    assert_eq!(
+        standing_of(&a, "b2", "d3", 30),
+        (2, 2),
+        "no room: counted by the database"
+    );
+    join("b1", &[("c3", 30), ("c4", 40)]);
+    assert_eq!(
+        standing_of(&a, "b1", "c4", 40),
+        (4, 3),
+        "grown past the budget, let go"
+    );
+    fold(&a, vec![], vec![entry_of("b2", "d1", 10)]);
+    assert_eq!(standing_of(&a, "b2", "d2", 20), (1, 0));
+    assert_eq!(standing_of(&a, "b1", "c1", 10), (4, 0));
 }
