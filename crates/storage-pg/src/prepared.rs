@@ -7,9 +7,9 @@
 //!
 //! The exception is a read of rows by their keys ([`by_keys`]) in a table that grows: a cached
 //! statement's plan becomes generic after five calls and stays until the table's statistics
-//! change, so one made while the table was nearly empty (a fresh database's first seconds, before
-//! autovacuum's first `ANALYZE`) scans the whole table on every call as it grows: 1.6 to 4.4 ms a
-//! call at 13,000 rows (session 45, `auto_explain`). [`by_keys`] sends an unnamed statement with
+//! change, so one made while the table was small (a fresh database's first minute, whose first
+//! `ANALYZE` by autovacuum saw a few pages) scans the whole table on every call as it grows: 1.6
+//! to 4.4 ms a call at 13,000 rows (session 45, `auto_explain`). [`by_keys`] sends an unnamed statement with
 //! its parameter's type, still one round trip, planned for its keys each time (an index scan).
 
 use deadpool_postgres::GenericClient;
