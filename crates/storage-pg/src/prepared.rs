@@ -9,13 +9,13 @@
 //! statement's plan becomes generic after five calls and stays until the table's statistics
 //! change, so one made while the table was small (a fresh database's first minute, whose first
 //! `ANALYZE` by autovacuum saw a few pages) scans the whole table on every call as it grows: 1.6
-//! to 4.4 ms a call at 13,000 rows (session 45, `auto_explain`). [`by_keys`] sends an unnamed statement with
-//! its parameter's type, still one round trip, planned for its keys each time (an index scan).
+//! to 4.4 ms a call at 13,000 rows (session 45, `auto_explain`). [`by_keys`] sends an unnamed
+//! statement with its parameter's type, still one round trip, planned for its keys each time (an
+//! index scan).
 
 use deadpool_postgres::GenericClient;
 use std::future::Future;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Error, Row};
 
 /// The parameters of a statement.

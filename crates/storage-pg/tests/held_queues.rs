@@ -25,8 +25,8 @@ fn entry_of(bot: &str, conversation: &str, since: i64) -> QueueEntry {
     }
 }
 
-/// A fold session of `store` that commits these joins and leaves (of b1's queue, after reading
-/// its standing).
+/// A fold session of `store` that reads the standing of the first entry's bot (b1 without
+/// entries), then commits these joins and leaves.
 fn fold(store: &PgStore, joined: Vec<QueueEntry>, left: Vec<QueueEntry>) {
     let mut session = store.begin_fold().expect("begin");
     let bot = joined
