@@ -774,7 +774,6 @@ impl Application {
             crate::outbox::ExecutorSettings::from_config(&config.outbox),
             stop_rx.clone(),
         )?;
-        let (decided_tx, decided_rx) = executor.decided_channel();
         let verdicts = Arc::new(crate::helpdesk::commands::Waiters::new(
             config.helpdesk.max_pending_commands,
         ));
@@ -782,7 +781,7 @@ impl Application {
             concurrency: config.dispatch.concurrency,
             batch_size: config.dispatch.batch_size,
             rules: self.rules.clone(),
-            decided: Some(decided_tx),
+            decided: Some(executor.decided_sender()),
             verdicts: Some(verdicts.clone()),
             stuck: Some(self.stuck_report.clone()),
             priority: self.fold_priority,
@@ -813,15 +812,11 @@ impl Application {
             // Its marks of calls that may take effect are flushed through the writer.
             view.attach(writer.clone());
         }
-        // The executor and the task that hands it durable decisions run beside the Open API
-        // client, so a handoff's calls reach the client without crossing threads (a hop each way
-        // per call).
+        // The executor runs beside the Open API client, so a handoff's calls reach the client
+        // without crossing threads (a hop each way per call).
         let terms = cluster.terms(stop_rx);
         let executor_task = upstream
             .spawn_beside(roles::run_executor(executor_tasks, terms, cluster.shared()))
-            .map_err(AppError::Upstream)?;
-        upstream
-            .spawn_beside(executor.clone().forward_decided(decided_rx, writer.clone()))
             .map_err(AppError::Upstream)?;
         Ok(Pipeline {
             writer,

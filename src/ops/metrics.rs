@@ -386,12 +386,12 @@ impl Store {
         Ok(Store {
             flush_seconds: r.histogram(
                 "store_flush_seconds",
-                "Duration of one group-commit flush",
+                "Duration of one group commit of the event log (append and fdatasync)",
                 latency_buckets(),
             )?,
             flush_writers: r.histogram(
                 "store_flush_writers",
-                "Writers covered by one flush",
+                "Deliveries answered by one group commit",
                 vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
             )?,
             state_entries: r.add(IntGaugeVec::new(

@@ -337,7 +337,6 @@ impl Runner {
     pub(super) fn drop_msg(&self, msg: Msg) {
         let arrived = match msg {
             Msg::Entries(entries) => entries.len(),
-            Msg::Withdrawn(n) => n,
             Msg::Retried(_) => 1,
             Msg::Unblock(_) | Msg::Wake => 0,
         };
@@ -360,7 +359,6 @@ impl Runner {
                 sched.retried(*entry, (self.clock)());
                 1
             }
-            Msg::Withdrawn(n) => n,
             Msg::Unblock(queue) => {
                 sched.unblock(&queue, (self.clock)());
                 0

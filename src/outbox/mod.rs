@@ -76,11 +76,9 @@ impl ExecutorSettings {
 pub type NowFn = Arc<dyn Fn() -> Millis + Send + Sync>;
 
 enum Msg {
-    /// Durable entries to run; counted in `in_transit` until they arrive.
+    /// Entries in the outbox to run (a fold's, committed); counted in `in_transit` until they
+    /// arrive.
     Entries(Vec<OutboxEntry>),
-    /// Entries sent through a [`DecidedSender`] that will not come (the writer stopped; they
-    /// stay in the outbox and run after the next start).
-    Withdrawn(usize),
     /// A dead letter back in the outbox (loaded whatever the window), its queue unblocked.
     Retried(Box<OutboxEntry>),
     /// A blocking dead letter of this queue was dropped.
@@ -98,7 +96,7 @@ pub struct ExecutorHandle {
     max_depth: usize,
     /// Changes whenever the executor's pending count, or `in_transit`, changes.
     progress: watch::Receiver<usize>,
-    /// Entries decided by a fold and on their way here (being flushed).
+    /// Entries decided by a fold and on their way here.
     in_transit: Arc<AtomicUsize>,
     /// Each destination's circuit, as the executor last published it.
     circuits: Arc<Mutex<BTreeMap<String, CircuitView>>>,
@@ -106,11 +104,12 @@ pub struct ExecutorHandle {
     in_memory: Arc<AtomicUsize>,
 }
 
-/// How the fold hands decided entries on. They count as pending from the moment they are sent,
-/// so [`ExecutorHandle::wait_idle`] cannot report idle while entries are still being flushed.
+/// How a fold hands decided entries to the executor ([`ExecutorHandle::decided_sender`]). They
+/// count as pending from the moment they are sent, so [`ExecutorHandle::wait_idle`] cannot report
+/// idle while entries are on their way.
 #[derive(Clone)]
 pub struct DecidedSender {
-    tx: mpsc::UnboundedSender<Vec<OutboxEntry>>,
+    tx: mpsc::UnboundedSender<Msg>,
     in_transit: Arc<AtomicUsize>,
 }
 
@@ -121,73 +120,30 @@ impl DecidedSender {
             return;
         }
         self.in_transit.fetch_add(n, Ordering::SeqCst);
-        if self.tx.send(entries).is_err() {
+        if self.tx.send(Msg::Entries(entries)).is_err() {
             self.in_transit.fetch_sub(n, Ordering::SeqCst);
         }
     }
 }
 
 impl ExecutorHandle {
-    /// The channel a fold sends decided entries into; its receiver goes to
-    /// [`forward_decided`](Self::forward_decided).
-    pub fn decided_channel(&self) -> (DecidedSender, mpsc::UnboundedReceiver<Vec<OutboxEntry>>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let sender = DecidedSender {
-            tx,
+    /// What a fold hands its decided entries to, straight to the executor: a fold's decisions
+    /// run once it committed them, before they reach the disk. Their events are durable in the
+    /// event log, and a fold lost in a crash is done again from there to the same decisions
+    /// (the decisions' clock is each event's receive time: `engine::batch`), with the same ids,
+    /// which the calls send as idempotency keys (ARCHITECTURE.md, "Decided with the fold").
+    /// Folds send in fold order, so the executor sees each queue's entries in decision order.
+    pub fn decided_sender(&self) -> DecidedSender {
+        DecidedSender {
+            tx: self.tx.clone(),
             in_transit: self.in_transit.clone(),
-        };
-        (sender, rx)
-    }
-
-    /// Hand newly decided actions (from [`decided_channel`](Self::decided_channel)) to the
-    /// executor once their decision is durable. A decision lost in a crash is made again when its
-    /// event is folded again, possibly differently (rules may read the clock), so an action must
-    /// not run before the fold that decided it is on disk. One task, in fold order, so the
-    /// executor sees each queue's entries in decision order.
-    pub async fn forward_decided(
-        self,
-        mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
-        writer: storage::writer::Writer,
-    ) {
-        while let Some(mut entries) = rx.recv().await {
-            while let Ok(more) = rx.try_recv() {
-                entries.extend(more);
-            }
-            // Entries are never dropped here while the writer runs: a later batch of the same
-            // conversation must not overtake them, and idle must not be reported without them.
-            let mut pause = Duration::from_millis(50);
-            loop {
-                match writer.flush_own().await {
-                    Ok(()) => {
-                        self.notify_decided(entries);
-                        break;
-                    }
-                    Err(storage::writer::WriterError::Stopped) => {
-                        // Shutting down: they stay in the outbox and run after the next start.
-                        self.withdraw_decided(entries.len());
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, actions = entries.len(), retry_in = ?pause, "cannot make decided actions durable");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
         }
     }
 
-    /// Hand over entries received from a [`DecidedSender`] (already counted), now durable.
+    /// Hand over entries already counted in transit.
     fn notify_decided(&self, entries: Vec<OutboxEntry>) {
         let n = entries.len();
         if n > 0 && self.tx.send(Msg::Entries(entries)).is_err() {
-            self.in_transit.fetch_sub(n, Ordering::SeqCst);
-        }
-    }
-
-    /// Entries received from a [`DecidedSender`] that will not come (the writer stopped).
-    fn withdraw_decided(&self, n: usize) {
-        if n > 0 && self.tx.send(Msg::Withdrawn(n)).is_err() {
             self.in_transit.fetch_sub(n, Ordering::SeqCst);
         }
     }

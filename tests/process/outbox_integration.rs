@@ -926,8 +926,8 @@ fn dead_letters_are_listed_dropped_and_retried_through_the_cli() {
 
 // ---- 4. `/outbox/idle` covers actions still on their way to the executor ----
 
-/// Once the inbox is drained every event is folded and its actions are in the durable outbox,
-/// but the executor hears of them only after a store flush (`forward_decided` in src/app.rs).
+/// Once the inbox is drained every event is folded and its actions are in the outbox, but the
+/// executor hears of them through the folds' channel (`outbox::DecidedSender`), a step later.
 /// `GET /admin/v1/outbox/idle` must not answer idle in that window. (Before bb3faeb it did: about
 /// one answer in three came before the action ran while other traffic kept the flushes busy.)
 #[test]

@@ -9,9 +9,10 @@ use model::ids::EventId;
 use model::webhook::model::{Event, Millis};
 
 /// The clocks of one decision. `now` is the decision's clock: conditions, templates and timer due
-/// times read it. `received_at` is when the event was received: firing caps count by it, so a
-/// replay (which decides with today's `now`) counts each rule's firings as the fold did, and
-/// decides the same events capped.
+/// times read it; a fold decides with the event's receive time (`engine::batch`), so a fold done
+/// again after a crash decides as the first did. `received_at` is when the event was received:
+/// firing caps count by it, so a replay (which decides with today's `now`) counts each rule's
+/// firings as the fold did, and decides the same events capped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecisionTime {
     pub now: Millis,

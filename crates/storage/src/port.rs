@@ -93,7 +93,8 @@ pub trait IntakeWriter: Send + Sync {
     /// the deliveries taken before it).
     fn flush(&self, reply: IntakeReply<()>);
     /// Answered once what the caller itself wrote to the store before this call is durable (a
-    /// fold's decisions); not ordered after the deliveries taken before it, so it may be quicker.
+    /// desk's link before its call); not ordered after the deliveries taken before it, so it may
+    /// be quicker.
     fn flush_own(&self, reply: IntakeReply<()>);
     /// False after a write or sync failed, until one succeeds again (`/readyz`).
     fn is_healthy(&self) -> bool;
@@ -133,8 +134,9 @@ impl Writer {
     }
 
     /// Wait until what the caller itself wrote to the store (in a transaction or a plain write
-    /// that returned before this call) is on disk ([`IntakeWriter::flush_own`]): for a fold's
-    /// decisions, not for anything the writer wrote.
+    /// that returned before this call) is on disk ([`IntakeWriter::flush_own`]): for a record
+    /// that must outlive a crash before a call is made (a desk's link, an operator's audit line),
+    /// not for anything the writer wrote.
     pub async fn flush_own(&self) -> Result<(), WriterError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.0.flush_own(reply);

@@ -343,8 +343,18 @@ pub(super) mod tests {
         delivery: &str,
         events: &[model::webhook::IncomingEvent],
     ) -> Vec<(u64, Event)> {
+        accepted_batch_at(store, delivery, events, 10)
+    }
+
+    /// [`accepted_batch`], received at `received_at` (the folds' decisions read it as now).
+    pub(crate) fn accepted_batch_at(
+        store: &SledStore,
+        delivery: &str,
+        events: &[model::webhook::IncomingEvent],
+        received_at: model::webhook::model::Millis,
+    ) -> Vec<(u64, Event)> {
         let accepted = store
-            .accept(&DeliveryId::new(delivery), events, 10)
+            .accept(&DeliveryId::new(delivery), events, received_at)
             .expect("accept");
         accepted
             .new
@@ -788,14 +798,14 @@ actions = [{ type = "send_message", text = "{{ conversation_id }} {{ queue.waiti
             engine::rules::RuleSet::from_sources_with(&sources, &overrides).expect("shipped");
         let t0 = stats::hour_of(model::clock::system_millis());
         let events = [conversation_event("e1", REQUESTED, "c1", t0)];
-        accepted_batch(&store, "d1", &events);
+        accepted_batch_at(&store, "d1", &events, t0);
         crate::test_support::drain_with(&store, &rules);
         let timers = crate::test_support::all_timers(&store);
         let wait = timers
             .iter()
             .find(|t| t.firing.name == "agent-wait")
             .expect("the wait is timed");
-        crate::test_support::fire(&store, wait);
+        crate::test_support::fire_at(&store, wait, wait.firing.due_at);
         let fired = crate::test_support::drain_with(&store, &rules);
         assert_eq!(fired.applied, 1);
         assert!(

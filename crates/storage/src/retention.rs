@@ -905,8 +905,10 @@ mod tests {
         delivery: &str,
         events: Vec<IncomingEvent>,
     ) -> super::super::Applied {
-        let batch = super::super::queue::tests::accepted_batch(store, delivery, &events);
-        let received = vec![10; batch.len()];
+        // Received now, as the tests' pruning clock reads it: timers count from the receive time.
+        let now = model::clock::system_millis();
+        let batch = super::super::queue::tests::accepted_batch_at(store, delivery, &events, now);
+        let received = vec![now; batch.len()];
         store
             .apply_with(&batch, &rules(), &received)
             .expect("apply")

@@ -128,12 +128,13 @@ pub fn dead_letter(
 }
 
 pub fn drain_with(store: &SledStore, rules: &dyn engine::decide::Decide) -> Applied {
-    let batch: Vec<(u64, Event)> = pending_records(store)
-        .0
+    let records = pending_records(store).0;
+    let batch: Vec<(u64, Event)> = records
         .iter()
         .map(|(p, rec)| (p.seq, parse_event(rec.event.get()).expect("parse")))
         .collect();
-    let received = vec![0; batch.len()];
+    // Each event's receive time as stored, the decisions' clock (as the dispatcher passes it).
+    let received: Vec<Millis> = records.iter().map(|(_, rec)| rec.received_at).collect();
     store.apply_with(&batch, rules, &received).expect("apply")
 }
 
@@ -187,7 +188,14 @@ pub fn all_timers(store: &SledStore) -> Vec<DueTimer> {
 
 /// Fire a due timer as the firer does (its deterministic event, through intake's dedupe).
 pub fn fire(store: &SledStore, timer: &DueTimer) -> Accepted {
+    fire_at(store, timer, 2_000)
+}
+
+/// [`fire`], the firing received at `received_at` (the firer's clock when it fired).
+pub fn fire_at(store: &SledStore, timer: &DueTimer, received_at: Millis) -> Accepted {
     let event = model::webhook::timer_event(&timer.firing, &timer.bot_id).expect("timer event");
     let delivery = DeliveryId::new(event.event.id.as_str());
-    store.accept(&delivery, &[event], 2_000).expect("accept")
+    store
+        .accept(&delivery, &[event], received_at)
+        .expect("accept")
 }

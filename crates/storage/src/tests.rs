@@ -913,10 +913,8 @@ fn a_re_send_judged_against_an_in_flight_original_is_voided_when_the_original_fa
 fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     let (dir, store) = store();
     let set = timer_rules();
-    let before = model::clock::system_millis();
-    accept(&store, &said("d1", "e1", "c1", "start"));
+    accept_at(&store, &said("d1", "e1", "c1", "start"), 7_000);
     let applied = drain_with(&store, &set);
-    let after = model::clock::system_millis();
     assert_eq!(applied.timers_change, 1);
     assert!(applied.outbox.is_empty(), "internal: nothing to carry out");
     let timers = all_timers(&store);
@@ -928,7 +926,11 @@ fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
     );
     assert_eq!(x.firing.started_by, "e1/start/0");
     assert_eq!(x.bot_id, "B1");
-    assert!((before + 300_000..=after + 300_000).contains(&x.firing.due_at));
+    assert_eq!(
+        x.firing.due_at,
+        7_000 + 300_000,
+        "5 minutes from its event's receive time"
+    );
     let state = store
         .conversation(&"c1".into())
         .expect("read")
@@ -965,7 +967,11 @@ fn the_fold_writes_replaces_and_cancels_timers_with_the_state() {
         [("c2", "y", "e3/other/0"), ("c1", "x", "e2/restart/0")],
         "due order"
     );
-    assert!(timers[1].firing.due_at >= x.firing.due_at + 300_000 - (after - before));
+    assert_eq!(
+        timers[1].firing.due_at,
+        1_000 + 600_000,
+        "from the restart's receive time"
+    );
     // Only what is due by `now`; the next due time; the limit; what the firer skips.
     let y_due = timers[0].firing.due_at;
     let (due, next) = store.due_timers(y_due, 10, &|_| false).expect("due");
@@ -1015,10 +1021,10 @@ fn a_live_firing_runs_its_rules_once_and_a_stale_one_none() {
     assert!(all_timers(&store).is_empty());
 
     // Restarted before its firing is folded: the firing is stale, the new run stays.
-    accept(&store, &said("d2", "e2", "c1", "start"));
+    accept_at(&store, &said("d2", "e2", "c1", "start"), 3_000);
     drain_with(&store, &set);
     let stale = all_timers(&store).remove(0);
-    accept(&store, &said("d3", "e3", "c1", "restart"));
+    accept_at(&store, &said("d3", "e3", "c1", "restart"), 4_000);
     drain_with(&store, &set);
     assert_eq!(fire(&store, &stale).new.len(), 1);
     let applied = drain_with(&store, &set);

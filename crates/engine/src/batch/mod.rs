@@ -101,7 +101,8 @@ pub struct Batch<'a> {
     /// Each event's receive time (firing caps count by it); the event's own time where missing.
     pub received: &'a [Millis],
     pub position: &'a Position,
-    /// The decisions' clock, one for the batch.
+    /// When the fold runs: a new record's first sight, an outbox entry's `decided_at`. Decisions
+    /// read each event's receive time instead (`received`), so they are the log's alone.
     pub now: Millis,
 }
 
@@ -114,7 +115,7 @@ pub struct Applied {
     pub new_end_users: u64,
     pub new_bots: u64,
     /// Actions the rules decided, in decision order: in the outbox once committed (numbered
-    /// then; not yet durable: flush before running them).
+    /// then), and run from there.
     pub outbox: Vec<OutboxEntry>,
     /// Decided actions skipped because their id was decided before.
     pub repeated_actions: usize,
@@ -308,7 +309,7 @@ impl Partitions {
 /// here), the marks it raises and what the write set at its end must also say.
 struct FoldBatch {
     out: Applied,
-    /// The decision's clock for the whole batch.
+    /// When the fold runs (`Batch::now`); not the decisions' clock.
     now: Millis,
     convs: HashMap<String, Cached<ConversationState, ConversationFound>>,
     /// End users, with their activity time as found (`None`: created).
@@ -393,8 +394,10 @@ impl FoldBatch {
                 name: t.name.clone(),
             });
         }
+        // The decisions' clock is the event's receive time, stored with it: a fold done again
+        // (after a crash lost the first, whose actions may have run) decides the same.
         let time = DecisionTime {
-            now: self.now,
+            now: received_at,
             received_at,
         };
         let state = conversation(reads, &mut self.convs, id, &mut self.out.new_conversations)?;
@@ -505,7 +508,8 @@ impl Queued<'_> {
     ) -> Result<(), R::Error> {
         for decision in decisions {
             let id = action_id(&event.id, &decision.rule, decision.index);
-            if apply_to_state(&decision.action, state, decided_by.2, &id) {
+            // Timers count from the decisions' clock, the event's receive time.
+            if apply_to_state(&decision.action, state, decided_by.1, &id) {
                 continue;
             }
             if self.decided.contains(&id) || reads.decided_before(&id)? {

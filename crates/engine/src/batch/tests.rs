@@ -234,3 +234,58 @@ fn a_request_the_rules_hand_back_leaves_the_queue_at_its_own_event_timed_out() {
     assert_eq!(hour.joined, 1);
     assert_eq!(hour.exits.timed_out, 1, "{hour:?}");
 }
+
+/// A fold lost in a crash (its actions may have run) is done again later, from the log: it must
+/// decide the same actions with the same texts and start the same timers, whenever it runs.
+#[test]
+fn a_fold_done_again_later_decides_as_the_first_did() {
+    let text = "[[rule]]\nname = \"stamp\"\non = [\"bot.message.received\"]\n\
+                actions = [{ type = \"send_message\", text = \"at {{ now }}\" },\n\
+                { type = \"start_timer\", name = \"wait\", after = \"60s\" }]\n";
+    let rules =
+        crate::rules::RuleSet::from_sources(&[("r.toml".into(), text.into())]).expect("rules");
+    let events = [(1, message("e1", "c1")), (2, message("e2", "c2"))];
+    let partitions: Vec<PartitionKey> = events
+        .iter()
+        .map(|(_, e)| model::webhook::partition_of(e))
+        .collect();
+    let fold_at = |now: Millis| {
+        let batch = Batch {
+            events: &events,
+            partitions: &partitions,
+            received: &[7_000, 8_000],
+            position: &Position::default(),
+            now,
+        };
+        fold_batch(&mut Maps::default(), batch, &rules).expect("fold")
+    };
+    let (first, again) = (fold_at(10_000), fold_at(3_600_000));
+    let decided = |w: &WriteSet| -> Vec<(String, model::action::Action)> {
+        let outbox = w.applied.outbox.iter();
+        outbox.map(|e| (e.id.clone(), e.action.clone())).collect()
+    };
+    assert_eq!(decided(&first), decided(&again));
+    let sent: Vec<String> = first
+        .applied
+        .outbox
+        .iter()
+        .map(|e| serde_json::to_string(&e.action).expect("json"))
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(
+        sent[0].contains("at 7000"),
+        "the first event's receive time: {sent:?}"
+    );
+    let due = |w: &WriteSet| -> Vec<Millis> {
+        // In no particular order (the batch keeps its states in a map).
+        let mut due: Vec<Millis> = w.timers.started.iter().map(|t| t.timer.due_at).collect();
+        due.sort_unstable();
+        due
+    };
+    assert_eq!(
+        due(&first),
+        [67_000, 68_000],
+        "from each event's receive time"
+    );
+    assert_eq!(due(&first), due(&again));
+}
