@@ -140,18 +140,9 @@ impl ExecutorHandle {
         }
     }
 
-    /// Hand over entries already counted in transit.
-    fn notify_decided(&self, entries: Vec<OutboxEntry>) {
-        let n = entries.len();
-        if n > 0 && self.tx.send(Msg::Entries(entries)).is_err() {
-            self.in_transit.fetch_sub(n, Ordering::SeqCst);
-        }
-    }
-
-    /// Hand over entries that are durable in the outbox.
+    /// Hand over entries that are in the outbox (as a fold's are).
     pub fn notify(&self, entries: Vec<OutboxEntry>) {
-        self.in_transit.fetch_add(entries.len(), Ordering::SeqCst);
-        self.notify_decided(entries);
+        self.decided_sender().send(entries);
     }
 
     /// A dead letter went back to the outbox: run it (and what waited behind it).

@@ -506,10 +506,11 @@ impl Queued<'_> {
         decisions: Vec<Decision>,
         decided_by: (&str, Millis, Millis),
     ) -> Result<(), R::Error> {
+        // Timers count from the decisions' clock, the event's receive time.
+        let (_, received_at, _) = decided_by;
         for decision in decisions {
             let id = action_id(&event.id, &decision.rule, decision.index);
-            // Timers count from the decisions' clock, the event's receive time.
-            if apply_to_state(&decision.action, state, decided_by.1, &id) {
+            if apply_to_state(&decision.action, state, received_at, &id) {
                 continue;
             }
             if self.decided.contains(&id) || reads.decided_before(&id)? {
