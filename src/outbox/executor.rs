@@ -29,6 +29,13 @@ const PAGES_PER_TURN: usize = 4;
 /// Most items a recording task writes in one call.
 const RECORD_BATCH: usize = 512;
 
+/// Batches of at most this many items a recording task writes on its own thread (the
+/// executor's), not on the blocking pool: a few sled inserts cost less than the two thread
+/// wake-ups of a trip there, which at a handoff every few milliseconds were a tenth of the
+/// daemon's CPU (docs/benchmarks.md, "Session 47"). Larger batches (a busy executor) still go
+/// to the pool, so the executor's thread never holds its calls for long.
+const RECORD_INLINE: usize = 4;
+
 /// An item on its way to a recording task ([`record`]), and who waits for its answer.
 type Recording<I, A> = (I, oneshot::Sender<Result<A, Arc<StoreError>>>);
 
@@ -36,7 +43,8 @@ type Recording<I, A> = (I, oneshot::Sender<Result<A, Arc<StoreError>>>);
 type Write<I, A> = fn(&dyn Ledger, &[I]) -> Result<Vec<A>, StoreError>;
 
 /// The recording tasks, which run beside the executor's loop and write what arrives while their
-/// last write ran in the next (one blocking-pool trip), not one write per entry: the `done`
+/// last write ran in the next (one store call, on the blocking pool unless the batch is small:
+/// [`RECORD_INLINE`]), not one write per entry: the `done`
 /// outcomes of carried-out entries (an entry leaves the outbox only once its outcome is
 /// recorded, `Store::outbox_done_many`, and its task waits for that write before its queue goes
 /// on), and, with several nodes, the marks of entries begun (`Store::outbox_started`), each
@@ -91,7 +99,11 @@ async fn record<I: Send + 'static, A: Send + 'static>(
             replies.push(reply);
         }
         // A waiter may have gone (shutdown); its item is recorded all the same.
-        match on_ledger(&ledger, move |l| call(l, &items)).await {
+        let written = match items.len() <= RECORD_INLINE {
+            true => call(ledger.as_ref(), &items),
+            false => on_ledger(&ledger, move |l| call(l, &items)).await,
+        };
+        match written {
             Ok(answers) => {
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(Ok(answer));
@@ -691,5 +703,74 @@ async fn sleep(wait: Option<Duration>) {
     match wait {
         Some(wait) => tokio::time::sleep(wait).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::ledger::Letters;
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
+    /// A store-like ledger (its calls belong on the blocking pool) that notes, for each batch of
+    /// begun marks it writes, its size and whether it ran on the given thread.
+    struct WhereWritten {
+        runtime: ThreadId,
+        batches: Mutex<Vec<(usize, bool)>>,
+    }
+
+    impl Ledger for WhereWritten {
+        fn pending(&self) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+        fn last_seq(&self) -> Result<Option<u64>, StoreError> {
+            Ok(None)
+        }
+        fn blocking_queues(&self) -> Result<Letters, StoreError> {
+            Ok(Letters::default())
+        }
+        fn page(
+            &self,
+            _after: Option<u64>,
+            _limit: usize,
+        ) -> Result<Vec<(OutboxEntry, Option<RetryState>)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn set_retry_state(&self, _seq: u64, _state: &RetryState) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn done(&self, _records: &[DoneRecord]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn dead(&self, _letter: &DeadLetter) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn started(&self, seqs: &[u64]) -> Result<Vec<Start>, StoreError> {
+            let here = std::thread::current().id() == self.runtime;
+            let mut batches = self.batches.lock().expect("batches");
+            batches.push((seqs.len(), here));
+            Ok(vec![Start::First; seqs.len()])
+        }
+    }
+
+    #[tokio::test]
+    async fn small_batches_are_recorded_on_the_executors_thread_large_ones_on_the_pool() {
+        let ledger = Arc::new(WhereWritten {
+            runtime: std::thread::current().id(),
+            batches: Mutex::new(Vec::new()),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared: Arc<dyn Ledger> = ledger.clone();
+        // A current-thread runtime: the task first runs when this one waits, and finds every
+        // item sent before then in one batch.
+        tokio::spawn(record(shared, rx, |l, seqs| l.started(seqs)));
+        let large = (0..=RECORD_INLINE as u64).map(|seq| ask(&tx, seq));
+        for answer in futures_util::future::join_all(large).await {
+            assert_eq!(answer.expect("recorded"), Start::First);
+        }
+        assert_eq!(ask(&tx, 99).await.expect("recorded"), Start::First);
+        let batches = ledger.batches.lock().expect("batches").clone();
+        assert_eq!(batches, [(RECORD_INLINE + 1, false), (1, true)]);
     }
 }

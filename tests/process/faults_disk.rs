@@ -216,11 +216,14 @@ fn assert_refused(dir: &Path, path: &Path, cause: &str) -> String {
     let started = Instant::now();
     let (status, stderr) = serve_refused(dir, Duration::from_secs(30));
     assert!(!status.success(), "started anyway: {status}\n{stderr}");
-    let line = stderr.lines().last().unwrap_or_default().to_owned();
-    assert!(
-        line.starts_with("handoff-bridge: "),
-        "last line is the error: {stderr}"
-    );
+    // The error is the daemon's last word; an actix worker thread may still log its own stop
+    // after it, as the process exits.
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("handoff-bridge: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"))
+        .to_owned();
     assert!(
         line.contains(&path.display().to_string()),
         "names {}: {line}",
