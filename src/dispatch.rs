@@ -15,7 +15,9 @@
 //!
 //! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_priority` (Linux's
 //! `SCHED_IDLE` by default, see `background`): they are never on an acknowledgment's path, so they
-//! yield the CPU to intake.
+//! yield the CPU to intake. A lone small job (nothing else in flight, at most
+//! [`FOLD_HERE_EVENTS`] events, an in-process store) is folded on the dispatcher's own thread
+//! instead: at a low rate the trip to a fold thread and back costs more than the fold.
 
 use crate::ops::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};

@@ -226,7 +226,8 @@ pub trait Folds {
     /// ([`StoreError::HalfApplied`]).
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError>;
     /// Whether a fold is work for this process alone (an embedded backend: its reads and commit
-    /// wait on no round trip), so a small one may run on the dispatcher's own thread.
+    /// wait on no round trip and on no other node's fold), so a small one may run on the
+    /// dispatcher's own thread.
     fn folds_in_process(&self) -> bool {
         false
     }

@@ -74,10 +74,6 @@ impl Folds for MemStore {
         }
     }
 
-    fn folds_in_process(&self) -> bool {
-        true
-    }
-
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
         Ok(Box::new(MemFold {
             store: self,
