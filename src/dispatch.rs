@@ -15,9 +15,7 @@
 //!
 //! Folds run on the dispatcher's own threads (`fold-N`), at `dispatch.fold_priority` (Linux's
 //! `SCHED_IDLE` by default, see `background`): they are never on an acknowledgment's path, so they
-//! yield the CPU to intake. A lone small job (nothing else in flight, at most
-//! [`FOLD_HERE_EVENTS`] events, an in-process store) is folded on the dispatcher's own thread
-//! instead: at a low rate the trip to a fold thread and back costs more than the fold.
+//! yield the CPU to intake.
 
 use crate::ops::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -32,13 +30,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 /// Pause before a partition whose batch failed is tried again (the store is likely in trouble).
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
-
-/// A job of at most this many events is folded on the dispatcher's own thread when no other fold
-/// is in flight and the store folds in process (sled): the fold lock is free then, and the fold
-/// costs less than the two thread wake-ups of a trip to a fold thread and back, which at a
-/// handoff every few milliseconds were a tenth of the daemon's CPU (docs/benchmarks.md,
-/// "Session 47"). A busy dispatcher's jobs are larger, and go to the fold threads.
-const FOLD_HERE_EVENTS: usize = 8;
 
 /// How often at most a drained dispatcher raises the folds' watermark to the log's end
 /// (`Watermark`). A raise follows every drain where an event arrived while a job ran (at 200
@@ -586,19 +577,14 @@ impl FoldThreads {
                     lift.register_this_thread();
                     // Ends when the sender is dropped.
                     for job in rx {
-                        run_caught(job);
+                        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        if ran.is_err() {
+                            tracing::error!("a fold panicked; its partitions stay queued");
+                        }
                     }
                 })?;
         }
         Ok(FoldThreads { jobs })
-    }
-
-    /// Run `job` on a fold thread, or on this one when `here` (see [`FOLD_HERE_EVENTS`]).
-    fn run(&self, here: bool, job: impl FnOnce() + Send + 'static) {
-        match here {
-            true => run_caught(job),
-            false => self.spawn(job),
-        }
     }
 
     fn spawn(&self, job: impl FnOnce() + Send + 'static) {
@@ -607,15 +593,6 @@ impl FoldThreads {
         if self.jobs.send(Box::new(job)).is_err() {
             tracing::error!("the fold threads are gone");
         }
-    }
-}
-
-/// Run a fold job; one that panics is logged (its result sender drops with it, and the
-/// dispatcher sees a failed fold).
-fn run_caught(job: impl FnOnce()) {
-    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-    if ran.is_err() {
-        tracing::error!("a fold panicked; its partitions stay queued");
     }
 }
 
@@ -886,16 +863,7 @@ impl Dispatcher {
             };
             let fold_from = queues.watermark(&job);
             let w = &self.workers;
-            let events: usize = job.iter().map(|(_, b)| b.len()).sum();
-            let here =
-                inflight.is_empty() && events <= FOLD_HERE_EVENTS && w.store.folds_in_process();
-            let done = spawn_fold(
-                &w.pool,
-                (&w.store, &w.metrics),
-                settings,
-                job,
-                (fold_from, here),
-            );
+            let done = spawn_fold(&w.pool, &w.store, &w.metrics, settings, job, fold_from);
             let started = self.workers.lift.started();
             inflight.push(InFlight {
                 started,
@@ -921,14 +889,15 @@ impl Dispatcher {
     }
 }
 
-/// Start folding `job` on a fold thread (or on this one, `here`), under the rules in force now,
-/// `fold_from` the watermark its commit writes; the receiver gets its partitions' batches.
+/// Start folding `job` on a fold thread, under the rules in force now, `fold_from` the watermark
+/// its commit writes; the receiver gets its partitions' batches.
 fn spawn_fold(
     pool: &FoldThreads,
-    (store, metrics): (&Store, &Metrics),
+    store: &Store,
+    metrics: &Metrics,
     settings: &DispatchSettings,
     job: Job,
-    (fold_from, here): (Cursor, bool),
+    fold_from: Cursor,
 ) -> oneshot::Receiver<JobResult> {
     let (store, metrics) = (store.clone(), metrics.clone());
     let events: usize = job.iter().map(|(_, b)| b.len()).sum();
@@ -936,7 +905,7 @@ fn spawn_fold(
     let (rules, decided) = (settings.rules.current(), settings.decided.clone());
     let (verdicts, stuck) = (settings.verdicts.clone(), settings.stuck.clone());
     let (done_tx, done_rx) = oneshot::channel();
-    pool.run(here, move || {
+    pool.spawn(move || {
         let results = span.in_scope(|| {
             let fold = Fold {
                 store: &*store,
@@ -1832,66 +1801,6 @@ mod tests {
         assert_eq!((q.depth, q.unfinished.len()), (0, 0));
     }
 
-    /// Rules that say which thread each event is folded on.
-    struct WhereFolded(tokio::sync::mpsc::UnboundedSender<Option<String>>);
-
-    impl engine::decide::Decide for WhereFolded {
-        fn needs(&self) -> engine::decide::Needs {
-            engine::decide::Needs::NONE
-        }
-
-        fn evaluate(
-            &self,
-            _: &Event,
-            _: &engine::state::ConversationState,
-            _: engine::decide::Inputs<'_>,
-            _: engine::decide::DecisionTime,
-        ) -> engine::decide::Decided {
-            let _ = self
-                .0
-                .send(std::thread::current().name().map(str::to_owned));
-            engine::decide::Decided::default()
-        }
-    }
-
-    /// The threads a dispatcher folds `events` events of one conversation on, stored before it
-    /// starts (one job: the batch size is above them).
-    async fn folded_on(events: usize) -> Vec<Option<String>> {
-        let (_dir, store) = new_store();
-        for i in 0..events {
-            accept(&*store, &format!("d{i}"), &format!("e{i}"), "c1");
-        }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let settings = DispatchSettings {
-            batch_size: 2 * FOLD_HERE_EVENTS,
-            rules: engine::rules::live::LiveRules::new(std::sync::Arc::new(WhereFolded(tx))),
-            ..plain_settings()
-        };
-        let metrics = Metrics::new().expect("metrics");
-        let (stop, stop_rx) = watch::channel(false);
-        let (_handle, task) = start(store, metrics, settings, stop_rx).expect("start");
-        let mut threads = Vec::new();
-        while threads.len() < events {
-            let next = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
-            threads.push(next.expect("folded in time").expect("rules kept"));
-        }
-        drop(stop);
-        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-        threads
-    }
-
-    #[tokio::test]
-    async fn a_small_job_is_folded_on_the_dispatchers_thread_a_larger_one_on_a_fold_thread() {
-        let fold_thread =
-            |name: &Option<String>| name.as_ref().is_some_and(|n| n.starts_with("fold-"));
-        let small = folded_on(1).await;
-        assert_eq!(small.len(), 1);
-        assert!(!fold_thread(&small[0]), "{small:?}");
-        assert_eq!(small[0], std::thread::current().name().map(str::to_owned));
-        let large = folded_on(FOLD_HERE_EVENTS + 1).await;
-        assert!(large.iter().all(fold_thread), "{large:?}");
-    }
-
     /// Rules that hold the fold until the test opens the gate: a fold that does not get a CPU.
     struct Gate(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
 
@@ -1918,10 +1827,7 @@ mod tests {
     async fn a_fold_waiting_past_lift_after_lifts_the_fold_threads_until_the_inbox_is_empty() {
         let (_dir, backend) = sled_store();
         let store: Store = std::sync::Arc::new(backend.clone());
-        // More events than a fold on the dispatcher's own thread takes: a job for a fold thread.
-        for i in 0..=FOLD_HERE_EVENTS {
-            accept(&*store, &format!("d{i}"), &format!("e{i}"), "c1");
-        }
+        accept(&*store, "d1", "e1", "c1");
         // The intake a drain waits for (nothing reaches the dispatcher through it here).
         let hooks = storage::writer::WriterHooks {
             observe: Box::new(|_, _| {}),
@@ -1967,7 +1873,7 @@ mod tests {
         // The fold gets its CPU: the inbox empties and the threads go back under SCHED_IDLE.
         // Real time from here: the fold runs on its own thread, outside tokio's paused clock.
         tokio::time::resume();
-        drop(open);
+        open.send(()).expect("open the gate");
         let drained = handle
             .wait_drained(&writer, Duration::from_secs(60))
             .await

@@ -60,10 +60,6 @@ impl Folds for SledStore {
         }
     }
 
-    fn folds_in_process(&self) -> bool {
-        true
-    }
-
     /// A fold session: the fold lock, refused while a fold is half applied (`journal`).
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError> {
         Ok(Box::new(SledFold {

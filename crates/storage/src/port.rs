@@ -225,12 +225,6 @@ pub trait Folds {
     /// decisions) waits for it. Refused while an earlier fold is half applied
     /// ([`StoreError::HalfApplied`]).
     fn begin_fold(&self) -> Result<Box<dyn FoldSession + '_>, StoreError>;
-    /// Whether a fold is work for this process alone (an embedded backend: its reads and commit
-    /// wait on no round trip and on no other node's fold), so a small one may run on the
-    /// dispatcher's own thread.
-    fn folds_in_process(&self) -> bool {
-        false
-    }
     /// A position at or before every event still to fold (the folds' low watermark).
     fn fold_from(&self) -> Result<Cursor, StoreError>;
     fn advance_fold_from(&self, to: Cursor) -> Result<(), StoreError>;
