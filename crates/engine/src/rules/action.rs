@@ -114,6 +114,49 @@ pub struct ActionSpec {
     templates: Vec<(String, String, Rendered)>,
     /// Fields to fill from the context: (field, context key).
     defaults: Vec<(&'static str, &'static str)>,
+    /// The context's top-level names its templates read (what their scope holds).
+    roots: Vec<String>,
+}
+
+/// The rule context as templates read it, converted to minijinja's values one top-level name at
+/// a time, the first time a rendered template names it, and kept for the event's other
+/// templates. (Converting the whole context for each event that renders was two fifths of rule
+/// evaluation's instructions: docs/benchmarks.md, "Session 47".) A template sees exactly what the
+/// whole context would show it: the names it reads, with the same values. The settings, the
+/// same for every event, come converted once with the rule set.
+pub(super) struct TemplateView<'a> {
+    ctx: &'a Value,
+    converted: Vec<(String, minijinja::Value)>,
+}
+
+impl<'a> TemplateView<'a> {
+    /// The view of `ctx`, whose `settings` are the rule set's, already converted (`settings`).
+    pub fn new(ctx: &'a Value, settings: &minijinja::Value) -> Self {
+        TemplateView {
+            ctx,
+            converted: vec![("settings".to_owned(), settings.clone())],
+        }
+    }
+
+    /// The scope of a template that reads `roots`: those of them the context has.
+    fn scope(&mut self, roots: &[String]) -> minijinja::Value {
+        let mut scope = std::collections::BTreeMap::new();
+        for root in roots {
+            if let Some(value) = self.root(root) {
+                scope.insert(root.clone(), value);
+            }
+        }
+        minijinja::Value::from_object(scope)
+    }
+
+    fn root(&mut self, name: &str) -> Option<minijinja::Value> {
+        if let Some((_, value)) = self.converted.iter().find(|(n, _)| n == name) {
+            return Some(value.clone());
+        }
+        let value = minijinja::Value::from(minijinja::value::Serde(self.ctx.get(name)?));
+        self.converted.push((name.to_owned(), value.clone()));
+        Some(value)
+    }
 }
 
 impl ActionSpec {
@@ -137,11 +180,13 @@ impl ActionSpec {
         }
         let defaults = defaults_for(&kind, &body);
         let templates = add_templates(&body, name, env)?;
+        let roots = template_roots(templates.iter().map(|(_, name, _)| name.as_str()), env);
         let spec = ActionSpec {
             kind,
             body,
             templates,
             defaults,
+            roots,
         };
         spec.check_shape()?;
         Ok(spec)
@@ -176,11 +221,12 @@ impl ActionSpec {
         &self,
         env: &Environment<'static>,
         ctx: &Value,
-        view: &minijinja::Value,
+        view: &mut TemplateView<'_>,
     ) -> Result<Action, String> {
+        let scope = view.scope(&self.roots);
         let render = |name: &str| {
             env.get_template(name)
-                .and_then(|t| t.render(view))
+                .and_then(|t| t.render(&scope))
                 .map_err(|e| format!("template {name}: {e}"))
         };
         self.fill(
@@ -318,6 +364,20 @@ fn add_templates(
     }
 }
 
+/// The context's top-level names the templates named `templates` read, each once.
+fn template_roots<'a>(
+    templates: impl Iterator<Item = &'a str>,
+    env: &Environment<'static>,
+) -> Vec<String> {
+    let mut roots = std::collections::BTreeSet::new();
+    for name in templates {
+        if let Ok(template) = env.get_template(name) {
+            roots.extend(template.undeclared_variables(false));
+        }
+    }
+    roots.into_iter().collect()
+}
+
 /// A timer action's own checks: a literal, well-formed `name`; for `start_timer` a literal
 /// duration over zero in `after`; no `conversation_id` (a timer is its event's conversation's).
 fn check_timer(kind: &str, body: &Map<String, Value>) -> Vec<(String, String)> {
@@ -435,4 +495,53 @@ fn pointer_to_key(pointer: &str) -> String {
         .replace('/', ".")
         .replace("~1", "/")
         .replace("~0", "~")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever a template does with the context (a path, a root it tests for, a whole root
+    /// sorted, a loop, a global), it renders the same through the view as from the whole context.
+    #[test]
+    fn a_template_renders_the_same_through_the_view_as_from_the_whole_context() {
+        let ctx = serde_json::json!({
+            "message": {"data": {"text": "hi", "n": 3}},
+            "state": {"labels": ["a", "b"], "phase": null, "variables": {}},
+            "queue": {"position": 2, "expected_wait": "5 minutes"},
+            "settings": {"x": "y"},
+        });
+        let texts = [
+            "{{ message.data.text }}",
+            "{{ state.labels | join(',') }} {{ state.variables.none is defined }}",
+            "{% if end_user is defined %}yes{% else %}no{% endif %}",
+            "{{ queue | dictsort }} {{ state | length }}",
+            "{% for l in state.labels %}{{ loop.index }}{{ l }}{% endfor %}",
+            "{{ settings.x ~ message.data.n }} {{ state.phase is none }} {{ range(2) | list }}",
+            "{% set m = message %}{{ m.data.text | upper }} {{ missing | default('none') }}",
+        ];
+        let mut env = Environment::new();
+        for (i, text) in texts.iter().enumerate() {
+            env.add_template_owned(format!("t{i}"), (*text).to_owned())
+                .expect("template");
+        }
+        let whole = minijinja::Value::from(minijinja::value::Serde(&ctx));
+        let settings = minijinja::Value::from(minijinja::value::Serde(&ctx["settings"]));
+        let mut view = TemplateView::new(&ctx, &settings);
+        for i in 0..texts.len() {
+            let name = format!("t{i}");
+            let template = env.get_template(&name).expect("added");
+            let roots = template_roots(std::iter::once(name.as_str()), &env);
+            let scoped = template.render(view.scope(&roots)).expect("renders");
+            assert_eq!(
+                scoped,
+                template.render(&whole).expect("renders"),
+                "{}",
+                texts[i]
+            );
+        }
+        // Only the names read were converted, each once (the settings were given).
+        let converted: Vec<&str> = view.converted.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(converted, ["settings", "message", "state", "queue"]);
+    }
 }

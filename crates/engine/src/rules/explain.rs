@@ -3,7 +3,7 @@
 //! Both are pure, like evaluation itself.
 
 use super::condition::{Condition, Observation, Op};
-use super::{Rule, RuleSet};
+use super::{Rule, RuleSet, TemplateView};
 use crate::decide::Inputs;
 use crate::state::{ConversationState, EndUserState};
 use model::action::Action;
@@ -66,7 +66,7 @@ pub fn explain(
     now: Millis,
 ) -> Vec<RuleVerdict> {
     let ctx = set.context(event, state, inputs, now);
-    let view = minijinja::Value::from(minijinja::value::Serde(&ctx));
+    let mut view = TemplateView::new(&ctx, &set.settings_view);
     let echo = model::action::echo::echo_of(event);
     let mut stopped_by: Option<String> = None;
     let mut out = Vec::with_capacity(set.rules.len());
@@ -94,7 +94,7 @@ pub fn explain(
             let actions = rule
                 .actions
                 .iter()
-                .map(|spec| spec.render(&set.env, &ctx, &view))
+                .map(|spec| spec.render(&set.env, &ctx, &mut view))
                 .collect();
             if rule.stop {
                 stopped_by = Some(rule.name.clone());

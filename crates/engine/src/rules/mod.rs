@@ -20,7 +20,7 @@ pub use condition::Observation;
 use crate::decide::{Capped, Decide, Decided, DecisionTime, Failed, Fired, Inputs};
 
 use crate::state::{ConversationState, FiringCap};
-use action::ActionSpec;
+use action::{ActionSpec, TemplateView};
 use calendar::{Calendars, RawCalendar};
 use condition::{Condition, RawCondition};
 use minijinja::{Environment, UndefinedBehavior};
@@ -222,6 +222,8 @@ pub struct RuleSet {
     version: String,
     /// `settings.*` of the rule context.
     settings: Value,
+    /// The same, as templates read it (converted once, not for every event).
+    settings_view: minijinja::Value,
     /// What its conditions and templates read besides the event and state.
     needs: crate::decide::Needs,
 }
@@ -298,11 +300,13 @@ impl RuleSet {
         rules.sort_by_key(|r| std::cmp::Reverse(r.priority));
         let version = set_version(sources, overrides);
         let needs = needs_of(&rules, &env);
+        let settings = Value::Object(settings);
         Ok(RuleSet {
             rules,
             env,
             version,
-            settings: Value::Object(settings),
+            settings_view: minijinja::Value::from(minijinja::value::Serde(&settings)),
+            settings,
             needs,
         })
     }
@@ -793,14 +797,14 @@ impl Decide for RuleSet {
     ) -> Decided {
         let kind = event.kind.as_str();
         let echo = model::action::echo::echo_of(event).is_some();
-        let mut ctx = None;
-        let mut view = None;
+        let ctx = std::cell::OnceCell::new();
+        let mut view: Option<TemplateView<'_>> = None;
         let mut out = Decided::default();
         for rule in &self.rules {
             if !rule.enabled || !rule.listens(kind) || (echo && !rule.echoes) {
                 continue;
             }
-            let ctx = ctx.get_or_insert_with(|| self.context(event, state, inputs, time.now));
+            let ctx = ctx.get_or_init(|| self.context(event, state, inputs, time.now));
             if rule.when.as_ref().is_some_and(|c| !c.holds(ctx)) {
                 continue;
             }
@@ -819,8 +823,7 @@ impl Decide for RuleSet {
                 rule: rule.name.clone(),
                 cap: rule.max_firings,
             });
-            let view =
-                view.get_or_insert_with(|| minijinja::Value::from(minijinja::value::Serde(&*ctx)));
+            let view = view.get_or_insert_with(|| TemplateView::new(ctx, &self.settings_view));
             for (index, spec) in rule.actions.iter().enumerate() {
                 match spec.render(&self.env, ctx, view) {
                     Ok(action) => out.decisions.push(Decision {
