@@ -528,17 +528,12 @@ mod tests {
         let whole = minijinja::Value::from(minijinja::value::Serde(&ctx));
         let settings = minijinja::Value::from(minijinja::value::Serde(&ctx["settings"]));
         let mut view = TemplateView::new(&ctx, &settings);
-        for i in 0..texts.len() {
+        for (i, text) in texts.iter().enumerate() {
             let name = format!("t{i}");
             let template = env.get_template(&name).expect("added");
             let roots = template_roots(std::iter::once(name.as_str()), &env);
             let scoped = template.render(view.scope(&roots)).expect("renders");
-            assert_eq!(
-                scoped,
-                template.render(&whole).expect("renders"),
-                "{}",
-                texts[i]
-            );
+            assert_eq!(scoped, template.render(&whole).expect("renders"), "{text}");
         }
         // Only the names read were converted, each once (the settings were given).
         let converted: Vec<&str> = view.converted.iter().map(|(n, _)| n.as_str()).collect();
