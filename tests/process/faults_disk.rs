@@ -216,8 +216,8 @@ fn assert_refused(dir: &Path, path: &Path, cause: &str) -> String {
     let started = Instant::now();
     let (status, stderr) = serve_refused(dir, Duration::from_secs(30));
     assert!(!status.success(), "started anyway: {status}\n{stderr}");
-    // The error is the daemon's last word; an actix worker thread may still log its own stop
-    // after it, as the process exits.
+    // The daemon's error line (an actix worker thread may log its own stop after it as the
+    // process exits, so it need not be the last).
     let line = stderr
         .lines()
         .rev()

@@ -364,7 +364,9 @@ fn add_templates(
     }
 }
 
-/// The context's top-level names the templates named `templates` read, each once.
+/// The context's top-level names the templates named `templates` read, each once. (minijinja is
+/// built without `multi_template`: no template brings in another, whose names would not be its
+/// own.)
 fn template_roots<'a>(
     templates: impl Iterator<Item = &'a str>,
     env: &Environment<'static>,
