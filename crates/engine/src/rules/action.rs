@@ -216,14 +216,15 @@ impl ActionSpec {
         &self.kind
     }
 
-    /// The action for one event; `view` is `ctx` as a template value (made once per event).
+    /// The action for one event, from its rule context as `view` holds it (one view per event:
+    /// what it converted serves the event's other templates).
     pub fn render(
         &self,
         env: &Environment<'static>,
-        ctx: &Value,
         view: &mut TemplateView<'_>,
     ) -> Result<Action, String> {
         let scope = view.scope(&self.roots);
+        let ctx = view.ctx;
         let render = |name: &str| {
             env.get_template(name)
                 .and_then(|t| t.render(&scope))

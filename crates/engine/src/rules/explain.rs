@@ -94,7 +94,7 @@ pub fn explain(
             let actions = rule
                 .actions
                 .iter()
-                .map(|spec| spec.render(&set.env, &ctx, &mut view))
+                .map(|spec| spec.render(&set.env, &mut view))
                 .collect();
             if rule.stop {
                 stopped_by = Some(rule.name.clone());

@@ -825,7 +825,7 @@ impl Decide for RuleSet {
             });
             let view = view.get_or_insert_with(|| TemplateView::new(ctx, &self.settings_view));
             for (index, spec) in rule.actions.iter().enumerate() {
-                match spec.render(&self.env, ctx, view) {
+                match spec.render(&self.env, view) {
                     Ok(action) => out.decisions.push(Decision {
                         rule: rule.name.clone(),
                         index,
