@@ -18,13 +18,17 @@
 use actix_web::{web, App, HttpResponse, HttpServer};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Its lifetime bound: it stops on its own if nobody stops it.
 const LIFETIME: Duration = Duration::from_secs(3600);
+
+/// The log starts again from empty past this size (as a real log drops segments it no longer
+/// needs), so a sitting's deliveries do not fill the disk.
+const LOG_ROLL_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What `encodeURIComponent` leaves as it is (the Node-RED flow's path segments).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -63,8 +67,8 @@ struct Conversation {
     id: String,
 }
 
-/// A delivery's body for the syncer, and who waits for its sync.
-type ToSync = (web::Bytes, oneshot::Sender<std::io::Result<()>>);
+/// A delivery's body for the syncer, and who waits for its sync (true: synced).
+type ToSync = (web::Bytes, oneshot::Sender<bool>);
 
 struct Settings {
     token: String,
@@ -135,13 +139,12 @@ fn start_syncer(path: &std::path::Path) -> Result<std::sync::mpsc::Sender<ToSync
                     buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
                     buf.extend_from_slice(body);
                 }
-                let synced = file.write_all(&buf).and_then(|()| file.sync_data());
+                let synced = file.write_all(&buf).and_then(|()| file.sync_data()).is_ok();
                 for (_, reply) in group {
-                    let answer = match &synced {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
-                    };
-                    let _ = reply.send(answer);
+                    let _ = reply.send(synced);
+                }
+                if file.stream_position().is_ok_and(|at| at > LOG_ROLL_BYTES) {
+                    let _ = file.set_len(0).and_then(|()| file.rewind());
                 }
             }
         })
@@ -195,7 +198,7 @@ async fn receive(
             .json(serde_json::json!({"error": {"code": "invalid_delivery"}}));
     };
     let (reply, synced) = oneshot::channel();
-    if shared.syncer.send((body, reply)).is_err() || !matches!(synced.await, Ok(Ok(()))) {
+    if shared.syncer.send((body, reply)).is_err() || !matches!(synced.await, Ok(true)) {
         return HttpResponse::ServiceUnavailable()
             .json(serde_json::json!({"error": {"code": "store_unavailable"}}));
     }
